@@ -1,0 +1,202 @@
+"""Python entry of our TileLang GDN chunked forward (Hopper, sm_90a).
+
+``chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
+output_final_state=False, use_qk_l2norm_in_kernel=False, state_v_first=False,
+cu_seqlens=None) -> (o, final_state)`` with the semantics of FLA's
+``fla.ops.gated_delta_rule.chunk_gated_delta_rule``:
+
+* q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``: bf16 or fp16 (all the same dtype),
+  ``K == V`` in {64, 128}, ``HV % H == 0`` (value head j reads q/k head
+  ``j // (HV // H)``);
+* g, beta ``[B, T, HV]``: fp32 or the input dtype (g is the log decay; the
+  cumsum and every exponent are fp32 whatever its dtype);
+* initial_state ``[N, HV, K, V]`` fp32 (``[N, HV, V, K]`` with
+  ``state_v_first=True``), N = B, or ``len(cu_seqlens) - 1`` with varlen;
+* cu_seqlens: int32/int64 ``[N + 1]``, requires B == 1; the state restarts at
+  every boundary;
+* returns o ``[B, T, HV, V]`` in the input dtype and the final state (fp32,
+  same layout as initial_state) or None.
+
+Bad input raises ``ValueError`` naming the problem.  Dense input is run as
+varlen (B sequences of length T), so both paths use the same two kernels:
+``gdn_intra_chunk`` (kkt_solve.py) then ``gdn_recurrent_fwd`` (chunk_h.py with
+chunk_o.py fused).  This module imports tilelang only when a kernel is needed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BT = 64
+_INPUT_DTYPES = (torch.bfloat16, torch.float16)
+_TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first):
+    tensors = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+    for name, x in tensors.items():
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D [B, T, H, K] / [B, T, HV, V]; got shapes "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape != k.shape:
+        raise ValueError(f"q and k must have the same shape, got {tuple(q.shape)} and {tuple(k.shape)}")
+    B, T, H, K = q.shape
+    if v.shape[0] != B or v.shape[1] != T:
+        raise ValueError(f"v must be [B, T, HV, V] with B={B}, T={T}; got {tuple(v.shape)}")
+    HV, V = v.shape[2], v.shape[3]
+    if q.dtype not in _INPUT_DTYPES:
+        raise ValueError(f"q/k/v dtype must be bfloat16 or float16, got {q.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if H == 0 or HV % H != 0:
+        raise ValueError(f"HV % H must be 0 (GVA: HV={HV} value heads, H={H} q/k heads)")
+    if K != V or K not in (64, 128):
+        raise ValueError(f"unsupported head dims K={K}, V={V}: this kernel needs K == V in (64, 128)")
+    for name, x in (("g", g), ("beta", beta)):
+        if tuple(x.shape) != (B, T, HV):
+            raise ValueError(f"{name} must be [B, T, HV] = {(B, T, HV)}, got {tuple(x.shape)}")
+        if x.dtype not in (torch.float32, q.dtype):
+            raise ValueError(f"{name} dtype must be float32 or the input dtype {q.dtype}, got {x.dtype}")
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ValueError("cu_seqlens must be a 1-D tensor [N + 1] with N >= 1")
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"cu_seqlens dtype must be int32 or int64, got {cu_seqlens.dtype}")
+        if B != 1:
+            raise ValueError(f"with cu_seqlens the batch size must be 1 (flattened varlen input), got B={B}")
+        N = cu_seqlens.numel() - 1
+    else:
+        N = B
+    if initial_state is not None:
+        if not isinstance(initial_state, torch.Tensor):
+            raise ValueError("initial_state must be a torch.Tensor or None")
+        want = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+        if tuple(initial_state.shape) != want:
+            lay = "[N, HV, V, K] (state_v_first)" if state_v_first else "[N, HV, K, V]"
+            raise ValueError(f"initial_state must be {lay} = {want}, got {tuple(initial_state.shape)}")
+        if not initial_state.is_floating_point():
+            raise ValueError(f"initial_state must be floating point (fp32), got {initial_state.dtype}")
+    if B * T >= 2 ** 31 - BT:
+        raise ValueError(f"B*T = {B * T} tokens is too many (int32 token indices)")
+    dev = q.device
+    if dev.type != "cuda":
+        raise ValueError(f"tensors must be on a CUDA device (sm_90), got {dev}")
+    others = dict(tensors, initial_state=initial_state)  # cu_seqlens may be on the host or the device
+    for name, x in others.items():
+        if x is not None and x.device != dev:
+            raise ValueError(f"{name} is on {x.device}, expected {dev} like q")
+    return B, T, H, HV, K, V, N
+
+
+def _seq_tables(B, T, cu_seqlens, dev):
+    """cu_seqlens (int32), chunk_indices [NC, 2] (int32), chunk_offsets [N + 1] (int32), NC."""
+    if cu_seqlens is None:
+        nt = -(-T // BT)
+        cu = torch.arange(0, B + 1, device=dev, dtype=torch.int32) * T
+        offs = torch.arange(0, B + 1, device=dev, dtype=torch.int32) * nt
+        seq = torch.arange(B, device=dev, dtype=torch.int32).repeat_interleave(nt)
+        ic = torch.arange(nt, device=dev, dtype=torch.int32).repeat(B)
+        return cu, torch.stack([seq, ic], 1).contiguous(), offs, B * nt
+    cu_host = [int(x) for x in cu_seqlens.tolist()]
+    if cu_host[0] != 0 or cu_host[-1] != T:
+        raise ValueError(f"cu_seqlens must start at 0 and end at T={T}, got {cu_host[0]} ... {cu_host[-1]}")
+    idx, offs = [], [0]
+    for n in range(len(cu_host) - 1):
+        L = cu_host[n + 1] - cu_host[n]
+        if L < 0:
+            raise ValueError(f"cu_seqlens must be non-decreasing (sequence {n} has length {L})")
+        nch = -(-L // BT)
+        idx.extend((n, i) for i in range(nch))
+        offs.append(offs[-1] + nch)
+    cu = torch.tensor(cu_host, dtype=torch.int32).to(dev, non_blocking=True)
+    ci = torch.tensor(idx if idx else [[0, 0]], dtype=torch.int32).reshape(-1, 2).to(dev, non_blocking=True)
+    co = torch.tensor(offs, dtype=torch.int32).to(dev, non_blocking=True)
+    return cu, ci, co, len(idx)
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+):
+    """GDN chunked forward.  See the module docstring for shapes and dtypes."""
+    B, T, H, HV, K, V, N = _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
+    if scale is None:
+        scale = K ** -0.5
+    scale = float(scale)
+    dev = q.device
+    major, minor = torch.cuda.get_device_capability(dev)
+    if (major, minor) != (9, 0):
+        raise RuntimeError(f"kernels.chunk_gated_delta_rule is built for sm_90a (Hopper); device is sm_{major}{minor}")
+
+    from .build import dispatch_configs, get_kernel
+
+    dt = q.dtype
+    Ttot = B * T
+    cu, chunk_indices, chunk_offsets, NC = _seq_tables(B, T, cu_seqlens, dev)
+
+    o = torch.empty(B, T, HV, V, device=dev, dtype=dt)
+    if initial_state is not None:
+        h0 = initial_state.to(torch.float32).contiguous()
+    else:
+        h0 = torch.zeros((1, HV, V, K) if state_v_first else (1, HV, K, V), device=dev, dtype=torch.float32)
+    ht_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+    if output_final_state:
+        ht = torch.empty(ht_shape, device=dev, dtype=torch.float32)
+    else:
+        ht = torch.empty((1,) + ht_shape[1:], device=dev, dtype=torch.float32)
+
+    if Ttot == 0 or NC == 0:
+        o.zero_()
+        if output_final_state:
+            ht.copy_(h0 if initial_state is not None else torch.zeros_like(ht))
+        return o, (ht if output_final_state else None)
+
+    q2 = q.reshape(Ttot, H, K).contiguous()
+    k2 = k.reshape(Ttot, H, K).contiguous()
+    v2 = v.reshape(Ttot, HV, V).contiguous()
+    g2 = g.reshape(Ttot, HV).to(torch.float32).contiguous()
+    b2 = beta.reshape(Ttot, HV).to(torch.float32).contiguous()
+
+    intra_cfg, rec_cfg = dispatch_configs(K, V, _TL_DTYPE[dt], state_v_first)
+    intra = get_kernel(intra_cfg)
+    rec = get_kernel(rec_cfg)
+
+    Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
+    Al = torch.empty_like(Ah)
+    Ph = torch.empty_like(Ah)
+    Pl = torch.empty_like(Ah)
+    F = torch.empty(HV, NC, 4, BT, device=dev, dtype=torch.float32)
+
+    intra(q2, k2, g2, b2, cu, chunk_indices, Ah, Al, Ph, Pl, F, scale, int(bool(use_qk_l2norm_in_kernel)))
+    rec(q2, k2, v2, Ah, Al, Ph, Pl, F, cu, chunk_offsets, h0, o.view(Ttot, HV, V), ht,
+        int(initial_state is not None), int(bool(output_final_state)))
+    return o, (ht if output_final_state else None)
+
+
+def intra_stage(q, k, g, beta, scale=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+    """Run only the intra-chunk kernel and return ``(Ah, Al, Ph, Pl, F)`` (for stage-by-stage checks)."""
+    B, T, H, K = q.shape
+    HV = g.shape[2]
+    from .build import IntraConfig, get_kernel
+    dev = q.device
+    scale = K ** -0.5 if scale is None else float(scale)
+    cu, ci, _, NC = _seq_tables(B, T, cu_seqlens, dev)
+    Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=q.dtype)
+    Al, Ph, Pl = torch.empty_like(Ah), torch.empty_like(Ah), torch.empty_like(Ah)
+    F = torch.empty(HV, NC, 4, BT, device=dev, dtype=torch.float32)
+    kern = get_kernel(IntraConfig(K, _TL_DTYPE[q.dtype]))
+    kern(q.reshape(B * T, H, K).contiguous(), k.reshape(B * T, H, K).contiguous(),
+         g.reshape(B * T, HV).float().contiguous(), beta.reshape(B * T, HV).float().contiguous(),
+         cu, ci, Ah, Al, Ph, Pl, F, scale, int(bool(use_qk_l2norm_in_kernel)))
+    return Ah, Al, Ph, Pl, F
