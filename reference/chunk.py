@@ -133,7 +133,7 @@ def chunk_gated_delta_rule(
         L = -(-dims.T // C) * C
         xs = [_neutral_pad(x, L) for x in (q, k, v, g, beta)]
     o, S, hs = _chunk_core(*xs, S0, scale, C, output_chunk_states)
-    o = unpad_varlen(o, cu_seqlens) if dims.varlen else o[:, : dims.T]
+    o = (unpad_varlen(o, cu_seqlens) if dims.varlen else o[:, : dims.T]).contiguous()
     final = state_out(S, state_v_first) if output_final_state else None
     if not output_chunk_states:
         return o, final

@@ -104,7 +104,8 @@ def chunk_gated_delta_rule(
     """Chunked GDN with ``dtype`` operands (default: q's dtype) and fp32 accumulation, on the inputs' device.
 
     Same arguments and shapes as reference.chunk.chunk_gated_delta_rule. Returns o in ``dtype`` and the final
-    state in fp32 (None unless output_final_state). Not meant for autograd.
+    state in fp32 (None unless output_final_state). Differentiable: autograd rounds the gradients at the
+    same storage points (the backward of a cast to ``dtype`` is a cast of the gradient).
     """
     dims = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first, A_log, dt_bias)
     dt = q.dtype if dtype is None else dtype
@@ -132,7 +133,7 @@ def chunk_gated_delta_rule(
     else:
         L = -(-dims.T // C) * C
         xs = [_neutral_pad(x, L) for x in (q, k, v, g, beta)]
-    with torch.no_grad(), _no_tf32():
+    with _no_tf32():
         o, S = _emulated_core(*xs, S0, scale, C, dt)
-    o = unpad_varlen(o, cu_seqlens) if dims.varlen else o[:, : dims.T]
+    o = (unpad_varlen(o, cu_seqlens) if dims.varlen else o[:, : dims.T]).contiguous()
     return o.to(dt), (state_out(S, state_v_first) if output_final_state else None)

@@ -1,0 +1,5 @@
+import sys
+
+from parity.cli import main
+
+sys.exit(main())

@@ -1,0 +1,60 @@
+"""``tilelang``: gdn-parity's own TileLang kernels from ``kernels/`` (SM90, chunk 64), with FLA's call
+signature. Available on an SM90 GPU with tilelang installed and the kernels present."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from cases.case import Case
+from cases.distributions import get_distribution
+from parity.backends.base import Backend, cuda_capability
+
+SUPPORTED_HEAD_DIMS = {64, 128}
+
+
+class TileLangKernels(Backend):
+    name = "tilelang"
+    description = "gdn-parity's TileLang GDN forward (kernels/), SM90"
+    has_backward = False
+    packages = ("tilelang",)
+
+    def available(self) -> tuple[bool, str]:
+        if importlib.util.find_spec("tilelang") is None:
+            return False, "package tilelang is not installed"
+        cap = cuda_capability()
+        if cap is None:
+            return False, "no CUDA GPU (our TileLang kernels target SM90)"
+        if cap != (9, 0):
+            return False, f"GPU is sm_{cap[0]}{cap[1]}; our TileLang kernels target SM90 (H100/H200)"
+        try:
+            import kernels
+
+            getattr(kernels, "chunk_gated_delta_rule")
+        except (ImportError, AttributeError) as err:
+            return False, f"kernels.chunk_gated_delta_rule is not importable: {err}"
+        return True, ""
+
+    def supports(self, case: Case, device: torch.device) -> tuple[bool, str]:
+        if case.dtype not in ("bf16", "fp16"):
+            return False, f"our TileLang kernels take fp16/bf16 q/k/v, got {case.dtype}"
+        if case.K != case.V or case.K not in SUPPORTED_HEAD_DIMS:
+            return False, f"our TileLang kernels need K=V in {sorted(SUPPORTED_HEAD_DIMS)}, got K={case.K}, V={case.V}"
+        dist = get_distribution(case.dist)
+        if dist.gate_in_kernel or dist.beta_sigmoid_in_kernel:
+            return False, "our TileLang kernels have no in-kernel gate or beta sigmoid"
+        if case.h0_dtype not in (None, "fp32"):
+            return False, f"our TileLang kernels take an fp32 initial state, got {case.h0_dtype}"
+        return True, ""
+
+    def _forward(self, inputs):
+        import kernels
+
+        o, ht = kernels.chunk_gated_delta_rule(
+            inputs.q, inputs.k, inputs.v, inputs.g, inputs.beta, scale=inputs.scale,
+            initial_state=inputs.initial_state, output_final_state=True,
+            use_qk_l2norm_in_kernel=inputs.use_qk_l2norm_in_kernel, state_v_first=inputs.state_v_first,
+            cu_seqlens=inputs.cu_seqlens,
+        )
+        return o, ht, "gdn-parity/tilelang"

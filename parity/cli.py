@@ -1,0 +1,180 @@
+"""Command line: ``python -m parity {run,list,report,merge}``.
+
+    python -m parity run --matrix standard [--backends fla-triton,flash-qla] [--T 8192,20468] [--dist qwen-gates]
+    python -m parity list
+    python -m parity report reports/<run>/results.jsonl
+    python -m parity merge shard1.jsonl shard2.jsonl --out reports/<run>/results.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+
+from cases.case import Case
+from cases.distributions import DISTRIBUTIONS
+from cases.layouts import LAYOUTS
+from cases.matrices import MATRICES, get_matrix
+
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
+
+
+def _csv(text: str | None) -> list[str] | None:
+    return [t.strip() for t in text.split(",") if t.strip()] if text else None
+
+
+def _shard(text: str | None):
+    if not text:
+        return None
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard takes k/n, e.g. 1/4; got {text!r}") from None
+    return k, n
+
+
+def select_cases(args) -> tuple[str, list[Case]]:
+    """The matrix's cases (or --case ids) filtered by --T/--dist/--layout/--dtype/--g-dtype."""
+    if args.case:
+        cases = [Case.from_id(c) for c in args.case]
+        return "custom", cases
+    name = args.matrix
+    if name == "auto":
+        import torch
+
+        name = "standard" if torch.cuda.is_available() else "smoke"
+    cases = get_matrix(name).cases(args.seeds)
+    filters = {"T": [int(t) for t in _csv(args.T) or []], "dist": _csv(args.dist), "layout": _csv(args.layout),
+               "dtype": _csv(args.dtype), "g_dtype": _csv(args.g_dtype)}
+    for field, allowed in filters.items():
+        if allowed:
+            cases = [c for c in cases if getattr(c, field) in allowed]
+    if args.limit:
+        cases = cases[: args.limit]
+    return name, cases
+
+
+def cmd_run(args) -> int:
+    from parity import environment, report, runner
+
+    matrix, cases = select_cases(args)
+    if not cases:
+        print("no case matches the filters", file=sys.stderr)
+        return 2
+    if args.out:
+        out = Path(args.out)
+    else:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        tag = environment.machine_tag(environment.gpu_info())
+        out = REPORTS / f"{stamp}-{matrix}-{tag}" / "results.jsonl"
+    cfg = runner.RunConfig(
+        cases=cases, out=out, backends=_csv(args.backends), matrix=matrix, seeds=args.seeds, workers=args.workers,
+        resume=args.resume, repeat=False if args.no_repeat else (True if args.repeat else None), pairwise=not args.no_pairwise,
+        cache_dir=("" if args.cache == "none" else args.cache), cell_timeout=args.cell_timeout,
+        progress=not args.no_progress, shard=_shard(args.shard))
+    print(f"running {len(runner.shard_cases(cases, cfg.shard))} cases of matrix {matrix!r} -> {out}", file=sys.stderr)
+    path = runner.run(cfg)
+    print(f"results: {path}")
+    if not args.no_report:
+        rep = report.write_report([path])
+        print(f"report:  {rep}")
+    return 0
+
+
+def cmd_list(args) -> int:
+    from tabulate import tabulate
+
+    from parity.backends import BACKENDS
+
+    print("Matrices:")
+    rows = []
+    for m in MATRICES.values():
+        cs = m.cases()
+        rows.append((m.name, len({c.group_id for c in cs}), m.seeds, len(cs), m.description))
+    print(tabulate(rows, headers=["matrix", "configs", "seeds", "cases", "what"], tablefmt="simple"))
+    print("\nDistributions:")
+    print(tabulate([(d.name, d.rationale) for d in DISTRIBUTIONS.values()], tablefmt="plain"))
+    print("\nLayouts:")
+    print(tabulate([(lay.name, lay.rationale) for lay in LAYOUTS.values()], tablefmt="plain"))
+    print("\nBackends:")
+    rows = []
+    for name, cls in BACKENDS.items():
+        ok, reason = cls().available()
+        rows.append((name, "yes" if ok else "no", reason, cls.description))
+    print(tabulate(rows, headers=["backend", "available", "reason / note", "what"], tablefmt="simple"))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from parity import report
+
+    out = report.write_report(args.results, args.out)
+    print(f"report: {out}")
+    return 0
+
+
+def cmd_merge(args) -> int:
+    from parity import report, results
+
+    rs = results.merge(args.results, args.out)
+    print(f"merged {len(args.results)} files: {len(rs.rows)} rows -> {args.out}")
+    if not args.no_report:
+        print(f"report: {report.write_report([args.out])}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m parity", description="GDN kernels against an fp64 reference")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a matrix and write results + report")
+    r.add_argument("--matrix", default="auto", help="smoke | standard | long | full | auto (standard with a GPU, "
+                   "else smoke)")
+    r.add_argument("--case", action="append", help="run exactly this case id (repeatable); overrides --matrix")
+    r.add_argument("--backends", help="comma-separated backend names or module:Class (default: all)")
+    r.add_argument("--T", help="only these T (comma-separated)")
+    r.add_argument("--dist", help="only these distributions")
+    r.add_argument("--layout", help="only these layouts")
+    r.add_argument("--dtype", help="only these q/k/v dtypes")
+    r.add_argument("--g-dtype", help="only these gate dtypes")
+    r.add_argument("--limit", type=int, help="only the first N cases")
+    r.add_argument("--seeds", type=int, help="seeds per configuration (default: the matrix's)")
+    r.add_argument("--out", help="result file (default: reports/<date>-<matrix>-<machine>/results.jsonl)")
+    r.add_argument("--resume", action="store_true", help="continue an existing result file, skipping finished cells")
+    r.add_argument("--shard", help="k/n: run every n-th case starting at the k-th (1-based)")
+    r.add_argument("--workers", type=int, help="worker processes (default: one per GPU, 2 on a CPU; 0: in-process)")
+    r.add_argument("--repeat", action="store_true", help="run each backend twice: determinism and warm time (the "
+                   "default on a GPU)")
+    r.add_argument("--no-repeat", action="store_true", help="run each backend once (the default on a CPU)")
+    r.add_argument("--no-pairwise", action="store_true", help="skip the backend-vs-backend comparisons")
+    r.add_argument("--cache", help="fp64 reference cache folder, or 'none' (default: ~/.cache/gdn-parity/ref)")
+    r.add_argument("--cell-timeout", type=float, default=900.0, help="seconds a cell may run before its worker is "
+                   "replaced")
+    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--no-report", action="store_true")
+    r.set_defaults(fn=cmd_run)
+
+    sub.add_parser("list", help="matrices, distributions, layouts, backends").set_defaults(fn=cmd_list)
+
+    rp = sub.add_parser("report", help="render report.md from result files")
+    rp.add_argument("results", nargs="+")
+    rp.add_argument("--out", help="report path (default: report.md next to the first file)")
+    rp.set_defaults(fn=cmd_report)
+
+    m = sub.add_parser("merge", help="join result files (shards) into one and render its report")
+    m.add_argument("results", nargs="+")
+    m.add_argument("--out", required=True)
+    m.add_argument("--no-report", action="store_true")
+    m.set_defaults(fn=cmd_merge)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ValueError, FileExistsError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

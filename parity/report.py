@@ -1,0 +1,283 @@
+"""The markdown report, rendered only from result files (parity.results).
+
+Sections: environment and backend availability; a summary (backend x distribution x dtype, worst cell
+each); per-T tables of every metric for the output and the final state against fp64; the pairwise
+view (each backend against each other, next to each side's error against fp64); the worst cells with
+where their max_diff sits; every unsupported or failed cell with its reason; the run's wall time and
+the share spent on the fp64 reference. Readable in a terminal and on GitHub (pipe tables).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+from tabulate import tabulate
+
+from parity.results import FLOOR_BACKEND, ResultSet, load
+
+CASE_COLS = ["layout", "B", "T", "H", "HV", "K", "V", "dtype", "g_dtype", "beta_dtype", "h0_dtype", "dist",
+             "state_v_first", "grad"]
+METRICS = ["max_diff", "mean_diff", "cos_sim", "max_ref", "rel_rmse"]
+REFERENCE_BACKENDS = ("ref-recurrent",)  # another fp64 path: its pairwise rows repeat "vs fp64"
+WORST = {"max_diff": "max", "mean_diff": "max", "rel_rmse": "max", "cos_sim": "min", "max_ref": "max"}
+
+
+def fmt(x, kind: str = "e") -> str:
+    """3 significant digits (scientific) for errors; 8 decimals for cos_sim; '-' for missing; 'nan' kept."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "nan" if isinstance(x, float) else "-"
+    if isinstance(x, str):
+        return x
+    if kind == "cos":
+        return f"{x:.8f}"
+    if kind == "s":
+        return f"{x:.2f}"
+    return f"{x:.2e}"
+
+
+def md_table(df: pd.DataFrame, formats: dict[str, str] | None = None) -> str:
+    """A pipe table; columns in ``formats`` are formatted ('e', 'cos' or 's')."""
+    formats = formats or {}
+    shown = df.copy()
+    for col, kind in formats.items():
+        if col in shown:
+            shown[col] = [fmt(v, kind) for v in shown[col]]
+    return tabulate(shown, headers="keys", tablefmt="pipe", showindex=False, disable_numparse=True)
+
+
+def _dtypes(row) -> str:
+    h0 = "" if row["h0_dtype"] in (None, "none") or pd.isna(row["h0_dtype"]) else f"/h0 {row['h0_dtype']}"
+    return f"{row['dtype']} g {row['g_dtype']} beta {row['beta_dtype']}{h0}"
+
+
+def frame(rs: ResultSet) -> pd.DataFrame:
+    df = rs.frame()
+    if df.empty:
+        return df
+    df["h0_dtype"] = df["h0_dtype"].where(df["h0_dtype"].notna(), "none")
+    df["dtypes"] = df.apply(_dtypes, axis=1)
+    for m in METRICS + ["where_seq", "where_token", "where_head", "wall_s", "wall2_s", "ref_s", "rerun_max_diff"]:
+        if m not in df:
+            df[m] = float("nan")
+    if "against" not in df:
+        df["against"] = "fp64"
+    return df
+
+
+def section_environment(rs: ResultSet) -> str:
+    lines = ["## Environment", ""]
+    for run in rs.runs:
+        env = run.get("env", {})
+        git = env.get("git", {}) or {}
+        pk = env.get("packages", {}) or {}
+        items = [
+            ("session", f"{run.get('session')} ({run.get('run_id')}, matrix {run.get('matrix')}, "
+                        f"shard {run.get('shard') or '-'})"),
+            ("date", env.get("date")), ("host", env.get("host")),
+            ("GPU", f"{env.get('gpu') or 'none'} x{env.get('gpu_count')} (sm_{env.get('sm')}), "
+                    f"driver {env.get('driver')}, CUDA {env.get('cuda')}"),
+            ("packages", ", ".join(f"{k} {v}" for k, v in pk.items())),
+            ("commit", f"{git.get('commit')}{' (dirty)' if git.get('dirty') else ''}"),
+            ("reference", f"{run.get('ref_version')} (chunked fp64, checked against the recurrent fp64 loop where "
+                          f"cheap: backend ref-recurrent)"),
+        ]
+        lines.append(tabulate(items, headers=["", ""], tablefmt="pipe", disable_numparse=True))
+        avail = run.get("availability", {})
+        if avail:
+            rows = [(b, "yes" if a.get("available") else "no", a.get("reason") or "",
+                     ", ".join(f"{k} {v}" for k, v in run.get("versions", {}).get(b, {}).items()))
+                    for b, a in avail.items()]
+            lines += ["", tabulate(rows, headers=["backend", "available", "note", "versions"], tablefmt="pipe",
+                                   disable_numparse=True)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _vs_fp64(df: pd.DataFrame) -> pd.DataFrame:
+    return df[(df["against"] == "fp64") & (df["status"] == "ok")]
+
+
+def section_summary(df: pd.DataFrame) -> str:
+    """Worst rel_rmse of o (and of the final state) per backend x distribution x dtype, next to the floor."""
+    ok = _vs_fp64(df)
+    out = ["## Summary: worst cell per backend x distribution x dtype", "",
+           "Worst rel_rmse = RMS(out - ref) / RMS(ref) against the fp64 reference over all T, layouts and seeds of "
+           "that distribution and dtype. `fp64-rounded` is the rounding floor: the fp64 reference rounded to the "
+           "output dtype.", ""]
+    for tensor, title in (("o", "output o"), ("ht", "final state")):
+        sub = ok[ok["tensor"] == tensor]
+        if sub.empty:
+            continue
+        piv = sub.pivot_table(index=["dist", "dtypes"], columns="backend", values="rel_rmse", aggfunc="max")
+        nan = df[(df["against"] == "fp64") & (df["status"] == "nan") & (df["tensor"] == tensor)]
+        cols = [FLOOR_BACKEND] + sorted(set(piv.columns) | set(nan["backend"]) - {FLOOR_BACKEND})
+        piv = piv.reindex(columns=cols).astype(object)
+        for (dist, dtypes, backend) in nan[["dist", "dtypes", "backend"]].itertuples(index=False):
+            piv.loc[(dist, dtypes), backend] = "NaN/Inf"
+        piv = piv.reset_index()
+        shown = piv.copy()
+        for c in cols:
+            shown[c] = [v if isinstance(v, str) else ("-" if pd.isna(v) else fmt(v)) for v in piv[c]]
+        out += [f"### {title}", "", md_table(shown), ""]
+    return "\n".join(out)
+
+
+def section_per_T(df: pd.DataFrame) -> str:
+    """Per-T tables for every configuration that was run at several T (worst over seeds)."""
+    ok = _vs_fp64(df)
+    shape_cols = [c for c in CASE_COLS if c != "T"]
+    out = ["## Error against fp64 by T", "",
+           "Worst over seeds: max of max_diff, mean_diff, rel_rmse and max_ref, min of cos_sim.", ""]
+    groups = ok.groupby(shape_cols, dropna=False)
+    for key, g in groups:
+        if g["T"].nunique() < 2:
+            continue
+        cfg = dict(zip(shape_cols, key))
+        title = (f"{cfg['dist']}, {cfg['layout']} B={cfg['B']}, H={cfg['H']} HV={cfg['HV']} K={cfg['K']} "
+                 f"V={cfg['V']}, {_dtypes(cfg)}{', V-first' if cfg['state_v_first'] else ''}"
+                 f"{', with gradients' if cfg['grad'] else ''}")
+        out += [f"### {title}", ""]
+        for tensor in ("o", "ht"):
+            sub = g[g["tensor"] == tensor]
+            if sub.empty:
+                continue
+            agg = sub.groupby(["T", "backend"]).agg({m: WORST[m] for m in METRICS}).reset_index()
+            agg["seeds"] = sub.groupby(["T", "backend"]).size().values
+            agg = agg.sort_values(["T", "backend"])
+            out += [f"`{tensor}`:", "", md_table(agg, {**{m: "e" for m in METRICS}, "cos_sim": "cos"}), ""]
+    return "\n".join(out)
+
+
+def section_pairwise(df: pd.DataFrame) -> str:
+    """Each pair of backends against each other, with each side's own error against fp64 on the same cell."""
+    pw = df[(df["against"] != "fp64") & (df["status"] == "ok") & (df["tensor"] == "o")
+            & ~df["backend"].isin(REFERENCE_BACKENDS) & ~df["against"].isin(REFERENCE_BACKENDS)]
+    if pw.empty:
+        return "## Backend against backend\n\nNo case had two backends that both ran.\n"
+    own = _vs_fp64(df)
+    own = own[own["tensor"] == "o"].set_index(["case_id", "backend"])["rel_rmse"]
+    rows = []
+    for (a, b), g in pw.groupby(["backend", "against"]):
+        worst = g.loc[g["rel_rmse"].idxmax()]
+        rows.append({
+            "A": a, "B": b, "cells": len(g), "worst A vs B rel_rmse": worst["rel_rmse"],
+            "A vs fp64": own.get((worst["case_id"], a), float("nan")),
+            "B vs fp64": own.get((worst["case_id"], b), float("nan")),
+            "A vs B max_diff": worst["max_diff"], "median A vs B": g["rel_rmse"].median(),
+            "worst case": worst["case_id"],
+        })
+    tab = pd.DataFrame(rows)
+    fm = {c: "e" for c in tab.columns if c not in ("A", "B", "cells", "worst case")}
+    text = ["## Backend against backend (output o)", "",
+            "How far two implementations are from each other, next to how far each is from fp64 on the same cell: "
+            "when A vs B is large, the side with the larger error against fp64 is the one that is off.", "",
+            md_table(tab, fm), ""]
+    main = pw[(pw["layout"] == "dense") & (pw["B"] == 1) & (pw["dist"] == "qwen-gates") & (pw["h0_dtype"] == "none")
+              & (~pw["grad"].astype(bool)) & (~pw["state_v_first"].astype(bool))]
+    if not main.empty:
+        per_t = []
+        for (T, dtypes, a, b), g in main.groupby(["T", "dtypes", "backend", "against"]):
+            worst = g.loc[g["rel_rmse"].idxmax()]
+            per_t.append({"T": T, "dtypes": dtypes, "A": a, "B": b, "A vs B rel_rmse": worst["rel_rmse"],
+                          "A vs fp64": own.get((worst["case_id"], a), float("nan")),
+                          "B vs fp64": own.get((worst["case_id"], b), float("nan"))})
+        tab = pd.DataFrame(per_t).sort_values(["dtypes", "T", "A", "B"])
+        text += ["### By T (qwen-gates, dense B=1; worst over seeds)", "",
+                 md_table(tab, {c: "e" for c in ("A vs B rel_rmse", "A vs fp64", "B vs fp64")}), ""]
+    return "\n".join(text)
+
+
+def section_worst(df: pd.DataFrame, n: int = 15) -> str:
+    """The cells furthest above their rounding floor, with where max_diff sits."""
+    ok = _vs_fp64(df)
+    floor = ok[ok["backend"] == FLOOR_BACKEND].set_index(["case_id", "tensor"])["rel_rmse"]
+    cand = ok[ok["backend"] != FLOOR_BACKEND].copy()
+    if cand.empty:
+        return ""
+    cand["floor"] = [floor.get((c, t), float("nan")) for c, t in zip(cand["case_id"], cand["tensor"])]
+    cand["x floor"] = cand["rel_rmse"] / cand["floor"].where(cand["floor"] > 0)
+    cand = cand.sort_values("x floor", ascending=False, na_position="last").head(n)
+    cand["where"] = [
+        f"seq {int(s)}, " + ("final" if (t is None or pd.isna(t)) else f"tok {int(t)}") + f", head {int(h)}, ch {c}"
+        if not pd.isna(s) else "-"
+        for s, t, h, c in zip(cand["where_seq"], cand["where_token"], cand["where_head"], cand["where_channel"])]
+    tab = cand[["backend", "tensor", "rel_rmse", "floor", "x floor", "max_diff", "max_ref", "where", "case_id"]]
+    return "\n".join(["## Worst cells (rel_rmse over the rounding floor)", "",
+                      md_table(tab, {"rel_rmse": "e", "floor": "e", "x floor": "s", "max_diff": "e",
+                                     "max_ref": "e"}), ""])
+
+
+def section_failures(df: pd.DataFrame) -> str:
+    bad = df[(df["status"] != "ok") & (df["against"] == "fp64")]
+    out = ["## Unsupported, unavailable and failed cells", ""]
+    if bad.empty:
+        return "\n".join(out + ["None: every backend ran every case.", ""])
+    bad = bad.assign(first_line=bad["reason"].fillna("").str.split("\n").str[0].str[:240])
+    rows = []
+    for (backend, status, reason), g in bad.groupby(["backend", "status", "first_line"]):
+        ids = sorted(g["case_id"].unique())
+        rows.append({"backend": backend, "status": status, "cells": len(ids), "reason": reason,
+                     "e.g.": ids[0] + (f" (+{len(ids) - 1} more)" if len(ids) > 1 else "")})
+    tab = pd.DataFrame(rows).sort_values(["status", "backend"])
+    return "\n".join(out + [md_table(tab), ""])
+
+
+def section_determinism(df: pd.DataFrame) -> str:
+    ok = _vs_fp64(df)
+    ok = ok[(ok["backend"] != FLOOR_BACKEND) & ok["rerun_max_diff"].notna()]
+    if ok.empty:
+        return ""
+    rows = []
+    for b, g in ok.groupby("backend"):
+        diffs = g["rerun_max_diff"].astype(float)
+        rows.append({"backend": b, "cells": len(g), "bitwise equal": int((diffs == 0).sum()),
+                     "worst run-to-run max diff": diffs.max()})
+    return "\n".join(["## Determinism (each backend run twice on the same inputs)", "",
+                      md_table(pd.DataFrame(rows), {"worst run-to-run max diff": "e"}), ""])
+
+
+def section_footer(rs: ResultSet, df: pd.DataFrame) -> str:
+    wall = sum(e.get("wall_s", 0.0) for e in rs.ends)
+    ref = sum(e.get("ref_s", 0.0) for e in rs.ends)
+    n_cases = df["case_id"].nunique() if not df.empty else 0
+    restarts = sum(e.get("worker_restarts", 0) for e in rs.ends)
+    share = f"{100 * ref / wall:.0f}%" if wall > 0 else "-"
+    unfinished = len(rs.runs) - len(rs.ends)
+    lines = ["---", "",
+             f"{n_cases} cases, {len(df)} rows; wall time {wall:.1f} s over {len(rs.ends)} finished session(s)"
+             f"{f' ({unfinished} unfinished)' if unfinished > 0 else ''}, of which the fp64 reference {ref:.1f} s "
+             f"({share}); {restarts} worker restart(s). Rendered from `{rs.path}` by `python -m parity report`."]
+    return "\n".join(lines) + "\n"
+
+
+def render(rs: ResultSet) -> str:
+    """The whole report as markdown."""
+    df = frame(rs)
+    run = rs.runs[0] if rs.runs else {}
+    env = run.get("env", {})
+    head = [f"# gdn-parity report: {run.get('run_id', '?')}", "",
+            f"Matrix `{run.get('matrix')}` on {env.get('gpu') or 'CPU (no GPU)'}; every backend against the fp64 "
+            f"reference (chunked WY form in float64).", ""]
+    if df.empty:
+        return "\n".join(head + ["No rows yet.", ""])
+    parts = [*head, section_environment(rs)]
+    try:
+        from parity import verdicts
+    except ImportError:
+        verdicts = None
+    if verdicts is not None:
+        parts.append(verdicts.section(df))
+    parts += [section_summary(df), section_per_T(df), section_pairwise(df), section_worst(df),
+              section_determinism(df), section_failures(df), section_footer(rs, df)]
+    return "\n\n".join(p.strip("\n") for p in parts if p) + "\n"
+
+
+def write_report(results: list[str | Path], out: str | Path | None = None) -> Path:
+    """Render the report of ``results`` to ``out`` (default: report.md next to the first file)."""
+    rs = load(*results)
+    out = Path(out) if out else Path(results[0]).with_name("report.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(rs))
+    return out

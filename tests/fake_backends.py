@@ -1,0 +1,63 @@
+"""Deliberately broken backends for the runner's tests (loaded by ``module:Class`` specs)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from parity.backends.reference import TorchEmulated
+
+
+class Raiser(TorchEmulated):
+    name = "fake-raiser"
+    description = "raises on every call"
+    has_backward = False
+
+    def _forward(self, inputs):
+        raise RuntimeError("boom: this backend always fails")
+
+
+class NaNer(TorchEmulated):
+    name = "fake-nan"
+    description = "writes one NaN into o"
+    has_backward = False
+
+    def _forward(self, inputs):
+        o, ht, impl = super()._forward(inputs)
+        o = o.contiguous().clone()
+        o.view(-1)[0] = float("nan")
+        return o, ht, "fake/nan"
+
+
+class Crasher(TorchEmulated):
+    """Kills its process (like an illegal memory access would) on cases with T == 65."""
+
+    name = "fake-crasher"
+    description = "exits the process on T=65"
+    has_backward = False
+
+    def _forward(self, inputs):
+        if inputs.q.shape[1] == 65:
+            os._exit(7)
+        return super()._forward(inputs)
+
+
+class Unavailable(TorchEmulated):
+    name = "fake-unavailable"
+
+    def available(self):
+        return False, "fake: never available"
+
+
+class WrongShape(TorchEmulated):
+    name = "fake-wrong-shape"
+    has_backward = False
+
+    def _forward(self, inputs):
+        o, ht, impl = super()._forward(inputs)
+        return o[:, :-1], ht, "fake/shape"
+
+
+def zeros_like_outputs(inputs):
+    return torch.zeros_like(inputs.v)
