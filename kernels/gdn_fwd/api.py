@@ -20,7 +20,10 @@ cu_seqlens=None) -> (o, final_state)`` with the semantics of FLA's
 Bad input raises ``ValueError`` naming the problem.  Dense input is run as
 varlen (B sequences of length T), so both paths use the same two kernels:
 ``gdn_intra_chunk`` (kkt_solve.py) then ``gdn_recurrent_fwd`` (chunk_h.py with
-chunk_o.py fused).  This module imports tilelang only when a kernel is needed.
+chunk_o.py fused).  The kernels are built for K == V == 128; K == V == 64 is
+zero-padded to 128 here (exact, but it costs the 128 kernel's time).  Both
+state layouts have the same shape (K == V), so the layout is a runtime flag.
+This module imports tilelang only when a kernel is needed.
 """
 
 from __future__ import annotations
@@ -128,8 +131,14 @@ def chunk_gated_delta_rule(
     use_qk_l2norm_in_kernel: bool = False,
     state_v_first: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    *,
+    _block_v: int | None = None,
 ):
-    """GDN chunked forward.  See the module docstring for shapes and dtypes."""
+    """GDN chunked forward.  See the module docstring for shapes and dtypes.
+
+    ``_block_v`` (private) overrides the recurrent kernel's value columns per CTA
+    (benchmarking / tuning only; any divisor of 128 that is a multiple of 16).
+    """
     B, T, H, HV, K, V, N = _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     if scale is None:
         scale = K ** -0.5
@@ -139,36 +148,47 @@ def chunk_gated_delta_rule(
     if (major, minor) != (9, 0):
         raise RuntimeError(f"kernels.chunk_gated_delta_rule is built for sm_90a (Hopper); device is sm_{major}{minor}")
 
-    from .build import dispatch_configs, get_kernel
+    from .build import KERNEL_HEAD_DIM, dispatch_configs, get_kernel
 
     dt = q.dtype
+    D = KERNEL_HEAD_DIM
     Ttot = B * T
     cu, chunk_indices, chunk_offsets, NC = _seq_tables(B, T, cu_seqlens, dev)
 
-    o = torch.empty(B, T, HV, V, device=dev, dtype=dt)
+    # K == V == 64 runs on the 128 kernels, zero-padded: q.k, the l2 norms and the state's
+    # leading 64x64 block are unchanged, the padded rows/columns of S stay exactly 0.
+    pad = D - K
+
+    def _pad_last(x, n):
+        return torch.nn.functional.pad(x, (0, n)) if n else x
+
+    h0 = None
     if initial_state is not None:
-        h0 = initial_state.to(torch.float32).contiguous()
+        h0 = initial_state.to(torch.float32)
+        if pad:
+            h0 = torch.nn.functional.pad(h0, (0, pad, 0, pad))
+        h0 = h0.contiguous()
     else:
-        h0 = torch.zeros((1, HV, V, K) if state_v_first else (1, HV, K, V), device=dev, dtype=torch.float32)
-    ht_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
-    if output_final_state:
-        ht = torch.empty(ht_shape, device=dev, dtype=torch.float32)
-    else:
-        ht = torch.empty((1,) + ht_shape[1:], device=dev, dtype=torch.float32)
+        h0 = torch.zeros((1, HV, D, D), device=dev, dtype=torch.float32)
+    ht = torch.empty((N if output_final_state else 1, HV, D, D), device=dev, dtype=torch.float32)
 
     if Ttot == 0 or NC == 0:
-        o.zero_()
-        if output_final_state:
-            ht.copy_(h0 if initial_state is not None else torch.zeros_like(ht))
-        return o, (ht if output_final_state else None)
+        o = torch.zeros(B, T, HV, V, device=dev, dtype=dt)
+        if not output_final_state:
+            return o, None
+        if initial_state is None:
+            return o, torch.zeros((N, HV, V, K) if state_v_first else (N, HV, K, V), device=dev,
+                                  dtype=torch.float32)
+        return o, initial_state.to(torch.float32).clone()
 
-    q2 = q.reshape(Ttot, H, K).contiguous()
-    k2 = k.reshape(Ttot, H, K).contiguous()
-    v2 = v.reshape(Ttot, HV, V).contiguous()
+    q2 = _pad_last(q.reshape(Ttot, H, K), pad).contiguous()
+    k2 = _pad_last(k.reshape(Ttot, H, K), pad).contiguous()
+    v2 = _pad_last(v.reshape(Ttot, HV, V), pad).contiguous()
     g2 = g.reshape(Ttot, HV).to(torch.float32).contiguous()
     b2 = beta.reshape(Ttot, HV).to(torch.float32).contiguous()
+    o2 = torch.empty(Ttot, HV, D, device=dev, dtype=dt)
 
-    intra_cfg, rec_cfg = dispatch_configs(K, V, _TL_DTYPE[dt], state_v_first)
+    intra_cfg, rec_cfg = dispatch_configs(_TL_DTYPE[dt], N, HV, _block_v)
     intra = get_kernel(intra_cfg)
     rec = get_kernel(rec_cfg)
 
@@ -179,9 +199,17 @@ def chunk_gated_delta_rule(
     F = torch.empty(HV, NC, 4, BT, device=dev, dtype=torch.float32)
 
     intra(q2, k2, g2, b2, cu, chunk_indices, Ah, Al, Ph, Pl, F, scale, int(bool(use_qk_l2norm_in_kernel)))
-    rec(q2, k2, v2, Ah, Al, Ph, Pl, F, cu, chunk_offsets, h0, o.view(Ttot, HV, V), ht,
-        int(initial_state is not None), int(bool(output_final_state)))
-    return o, (ht if output_final_state else None)
+    rec(q2, k2, v2, Ah, Al, Ph, Pl, F, cu, chunk_offsets, h0, o2, ht,
+        int(initial_state is not None), int(bool(output_final_state)), int(bool(state_v_first)))
+
+    o = (o2[..., :V] if pad else o2).reshape(B, T, HV, V)
+    if pad:
+        o = o.contiguous()
+    if not output_final_state:
+        return o, None
+    if pad:
+        ht = ht[..., :K, :V].contiguous()
+    return o, ht
 
 
 def intra_stage(q, k, g, beta, scale=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None):
@@ -189,13 +217,15 @@ def intra_stage(q, k, g, beta, scale=None, use_qk_l2norm_in_kernel=False, cu_seq
     B, T, H, K = q.shape
     HV = g.shape[2]
     from .build import IntraConfig, get_kernel
+    if K != 128:
+        raise ValueError("intra_stage is only exposed for K == 128")
     dev = q.device
     scale = K ** -0.5 if scale is None else float(scale)
     cu, ci, _, NC = _seq_tables(B, T, cu_seqlens, dev)
     Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=q.dtype)
     Al, Ph, Pl = torch.empty_like(Ah), torch.empty_like(Ah), torch.empty_like(Ah)
     F = torch.empty(HV, NC, 4, BT, device=dev, dtype=torch.float32)
-    kern = get_kernel(IntraConfig(K, _TL_DTYPE[q.dtype]))
+    kern = get_kernel(IntraConfig(_TL_DTYPE[q.dtype]))
     kern(q.reshape(B * T, H, K).contiguous(), k.reshape(B * T, H, K).contiguous(),
          g.reshape(B * T, HV).float().contiguous(), beta.reshape(B * T, HV).float().contiguous(),
          cu, ci, Ah, Al, Ph, Pl, F, scale, int(bool(use_qk_l2norm_in_kernel)))

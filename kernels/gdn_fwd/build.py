@@ -13,13 +13,15 @@ from dataclasses import dataclass
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 DTYPES = ("bfloat16", "float16")
-HEAD_DIMS = (64, 128)          # DK == DV required
+KERNEL_HEAD_DIM = 128          # the kernels are built for K == V == 128; K == V == 64 is zero-padded to 128
+BV_CHOICES = (64,)             # value columns per CTA of the recurrent kernel that the API dispatches
+NUM_STAGES = 2                 # software pipelining depth of the recurrent kernel's chunk loads
 
 
 @dataclass(frozen=True)
 class IntraConfig:
-    DK: int
     dtype: str
+    DK: int = KERNEL_HEAD_DIM
 
     @property
     def name(self) -> str:
@@ -28,41 +30,40 @@ class IntraConfig:
 
 @dataclass(frozen=True)
 class RecurrentConfig:
-    DK: int
-    DV: int
-    BV: int
     dtype: str
-    state_v_first: bool
+    BV: int = 64
+    DK: int = KERNEL_HEAD_DIM
+    num_stages: int = NUM_STAGES
 
     @property
     def name(self) -> str:
-        vf = ",v_first" if self.state_v_first else ""
-        return f"recurrent[DK={self.DK},DV={self.DV},BV={self.BV},{self.dtype}{vf}]"
+        return f"recurrent[DK=DV={self.DK},BV={self.BV},stages={self.num_stages},{self.dtype}]"
 
 
-def block_v(DV: int) -> int:
-    """Value columns per CTA of the recurrent kernel (the only choice dispatched today)."""
-    return min(64, DV)
+def block_v(n_seq: int, HV: int) -> int:
+    """Value columns per CTA of the recurrent kernel (only 64 is dispatched today)."""
+    return 64
 
 
-def dispatch_configs(DK: int, DV: int, dtype: str, state_v_first: bool):
+def dispatch_configs(dtype: str, n_seq: int, HV: int, BV: int | None = None):
     """The two kernel configurations one API call uses."""
-    return IntraConfig(DK, dtype), RecurrentConfig(DK, DV, block_v(DV), dtype, bool(state_v_first))
+    return IntraConfig(dtype), RecurrentConfig(dtype, BV or block_v(n_seq, HV))
 
 
 def all_configs():
     """Every configuration the API can dispatch (what the compile test builds).
 
     Everything else (T, B, N, H, HV, the GVA ratio, scale, h0 present or not,
-    final state stored or not, l2norm on/off, gate dtype (cast to fp32 on the
-    host), dense vs varlen (dense is run as varlen)) is a runtime argument.
+    final state stored or not, the state layout (K == V, so both layouts have
+    the same shape), l2norm on/off, gate dtype (cast to fp32 on the host),
+    dense vs varlen (dense is run as varlen), head dim 64 (zero-padded to 128))
+    is a runtime argument of the same binaries.
     """
     out = []
     for dtype in DTYPES:
-        for D in HEAD_DIMS:
-            out.append(IntraConfig(D, dtype))
-            for vf in (False, True):
-                out.append(RecurrentConfig(D, D, block_v(D), dtype, vf))
+        out.append(IntraConfig(dtype))
+        for bv in BV_CHOICES:
+            out.append(RecurrentConfig(dtype, bv))
     return out
 
 
@@ -71,7 +72,7 @@ def prim_func(cfg):
         from .kkt_solve import build_intra_kernel
         return build_intra_kernel(cfg.DK, cfg.dtype)
     from .chunk_h import build_recurrent_kernel
-    return build_recurrent_kernel(cfg.DK, cfg.DV, cfg.BV, cfg.dtype, cfg.state_v_first)
+    return build_recurrent_kernel(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.num_stages)
 
 
 def pass_configs():

@@ -32,13 +32,15 @@ BT = 64
 THREADS = 128
 
 
-def build_recurrent_kernel(DK: int, DV: int, BV: int, dtype: str, state_v_first: bool):
+def build_recurrent_kernel(DK: int, DV: int, BV: int, dtype: str, num_stages: int = 2):
     """Return the TileLang prim_func of the fused recurrence + output kernel.
 
-    Compile-time: ``DK``, ``DV`` (64 or 128), ``BV`` (value columns per CTA),
-    ``dtype`` ("bfloat16" | "float16"), ``state_v_first`` (h0/ht layout).
+    Compile-time: ``DK == DV`` (64 or 128), ``BV`` (value columns per CTA),
+    ``dtype`` ("bfloat16" | "float16"), ``num_stages`` (software pipelining of
+    the chunk loads).
     Runtime (symbolic): Ttot, H, HV, N sequences, NC chunks, Nh (h0 batch, 1 when
-    absent), Nt (ht batch, 1 when not stored); flags ``use_h0``, ``store_ht``.
+    absent), Nt (ht batch, 1 when not stored); int flags ``use_h0``, ``store_ht``
+    and ``v_first`` (state layout ``[.., V, K]``; same shape since DK == DV).
 
     Arguments:
       q, k            [Ttot, H, DK]            dtype
@@ -47,12 +49,12 @@ def build_recurrent_kernel(DK: int, DV: int, BV: int, dtype: str, state_v_first:
       F               [HV, NC, 4, 64]          fp32    (intra kernel)
       cu_seqlens      [N + 1]                  int32
       chunk_offsets   [N + 1]                  int32   (first chunk id of each sequence)
-      h0              [Nh, HV, DK, DV] fp32 (or [Nh, HV, DV, DK] if state_v_first)
+      h0              [Nh, HV, DK, DV] fp32 (read as [.., DV, DK] when v_first)
       o               [Ttot, HV, DV]           dtype   (output)
-      ht              [Nt, HV, DK, DV] fp32 (or V-first)  (output)
+      ht              [Nt, HV, DK, DV] fp32 (written as [.., DV, DK] when v_first)
     """
-    assert DK in (64, 128) and DV in (64, 128)
-    assert DV % BV == 0 and BV in (32, 64, 128)
+    assert DK in (64, 128) and DV == DK
+    assert DV % BV == 0 and BV in (16, 32, 64, 128)
     assert dtype in ("bfloat16", "float16")
     f32 = "float32"
     NV = DV // BV
@@ -64,8 +66,8 @@ def build_recurrent_kernel(DK: int, DV: int, BV: int, dtype: str, state_v_first:
     NC = T.dynamic("NC")
     Nh = T.dynamic("Nh")
     Nt = T.dynamic("Nt")
-    state_shape_h0 = (Nh, HV, DV, DK) if state_v_first else (Nh, HV, DK, DV)
-    state_shape_ht = (Nt, HV, DV, DK) if state_v_first else (Nt, HV, DK, DV)
+    state_shape_h0 = (Nh, HV, DK, DV)
+    state_shape_ht = (Nt, HV, DK, DV)
 
     @T.prim_func
     def gdn_recurrent_fwd(
@@ -84,6 +86,7 @@ def build_recurrent_kernel(DK: int, DV: int, BV: int, dtype: str, state_v_first:
         ht: T.Tensor(state_shape_ht, f32),
         use_h0: T.int32,
         store_ht: T.int32,
+        v_first: T.int32,
     ):
         with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, n):
             h = hv // (HV // H)
@@ -115,7 +118,7 @@ def build_recurrent_kernel(DK: int, DV: int, BV: int, dtype: str, state_v_first:
 
             # ---- initial state ----
             if use_h0 != 0:
-                if state_v_first:
+                if v_first != 0:
                     for i, j in T.Parallel(DK, BV):
                         s_f[i, j] = h0[n, hv, v0 + j, i]
                 else:
@@ -123,7 +126,7 @@ def build_recurrent_kernel(DK: int, DV: int, BV: int, dtype: str, state_v_first:
             else:
                 T.clear(s_f)
 
-            for ic in T.serial(nchunks):
+            for ic in T.Pipelined(nchunks, num_stages=num_stages):
                 t0 = bos + ic * BT
                 c = c0 + ic
                 T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
@@ -173,7 +176,7 @@ def build_recurrent_kernel(DK: int, DV: int, BV: int, dtype: str, state_v_first:
 
             # ---- final state ----
             if store_ht != 0:
-                if state_v_first:
+                if v_first != 0:
                     for i, j in T.Parallel(DK, BV):
                         ht[n, hv, v0 + j, i] = s_f[i, j]
                 else:

@@ -12,9 +12,10 @@ round:
 
 A wgmma with fp32 accumulation is emulated as an fp64 product of the (exact)
 rounded operands followed by one rounding to fp32; this matches the kernel up
-to the order of the fp32 additions.  The triangular solve is emulated as an
-fp64 solve rounded to fp32 (the kernel's fp32 forward substitution agrees to a
-few fp32 ulps).
+to the order of the fp32 additions.  The 16x16 diagonal-block inverses are
+emulated as fp64 solves rounded to fp32 (the kernel's fp32 forward
+substitution agrees to a few fp32 ulps); the block merges are emulated exactly
+as the kernel does them (split operands, fp32 results).
 
 ``intra(...)`` is the intra-chunk kernel (`kkt_solve.py`) and returns its
 outputs in its layout, so the GPU check can compare the kernel stage by stage;
@@ -55,6 +56,31 @@ def chunk_tables(cu_seqlens: list[int]):
         idx.extend((n, i) for i in range(nch))
         offs.append(offs[-1] + nch)
     return idx, offs
+
+
+def _solve(A: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+    """(I + A)^{-1} for strictly lower ``A [..., 64, 64]`` the way the intra kernel does it:
+    fp32 inverses of the 16x16 diagonal blocks (exact forward substitution, emulated by an fp64
+    solve rounded to fp32), then ``L <- L - L A_o L`` at widths 16 and 32 with two-term split
+    operands (hi*hi + lo*hi + hi*lo, fp32 results)."""
+    dev = A.device
+    eye16 = torch.eye(16, dtype=f64, device=dev)
+    L = torch.zeros_like(A)
+    for b in range(4):
+        sl = slice(16 * b, 16 * b + 16)
+        L[..., sl, sl] = _f32(torch.linalg.solve_triangular(eye16 + A[..., sl, sl], eye16.expand_as(A[..., sl, sl]),
+                                                            upper=False, unitriangular=True))
+    rows = torch.arange(BT, device=dev)
+    for w in (16, 32):
+        rb, cb = rows[:, None] // w, rows[None, :] // w
+        Ao = torch.where((rb % 2 == 1) & (cb == rb - 1), A, torch.zeros_like(A))
+        Lh, Ll = _split(L, dt)
+        Oh, Ol = _split(Ao, dt)
+        X = _f32(Oh @ Lh + Ol @ Lh + Oh @ Ll)
+        Xh, Xl = _split(X, dt)
+        Y = _f32(Lh @ Xh + Ll @ Xh + Lh @ Xl)
+        L = _f32(L - Y)
+    return L
 
 
 def intra(q, k, g, beta, cu_seqlens: list[int], scale: float, use_l2: bool, dt: torch.dtype):
@@ -103,8 +129,7 @@ def intra(q, k, g, beta, cu_seqlens: list[int], scale: float, use_l2: bool, dt: 
     e_causal = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
     A = _f32(bc[..., :, None] * rk[..., :, None] * rk[..., None, :] * e_strict * KK)
     P = _f32(scale * rq[..., :, None] * rk[..., None, :] * e_causal * QK) * vmask[..., :, None]
-    eye = torch.eye(BT, dtype=f64, device=dev)
-    Tinv = _f32(torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True))
+    Tinv = _solve(A, dt)
     Ag = _f32(Tinv * bc[..., None, :])
     Ah, Al = _split(Ag, dt)
     Ph, Pl = _split(P, dt)

@@ -9,9 +9,11 @@ One CTA (128 threads) per (chunk, value head).  Fused in it:
 * ``KK^T`` and ``QK^T`` (wgmma, bf16/fp16 operands, fp32 accumulation: the
   products are exact, the sums are fp32);
 * ``A[t, j] = beta_t rk_t rk_j exp(G_t - G_j) (k_t . k_j)`` for ``j < t``, in fp32;
-* the triangular solve ``Tinv = (I + A)^{-1}`` by exact fp32 forward
-  substitution on the CUDA cores (thread ``j`` owns column ``j`` in registers;
-  no TF32 anywhere);
+* the triangular solve ``Tinv = (I + A)^{-1}``: exact fp32 forward substitution
+  on the four 16x16 diagonal blocks (CUDA cores, one thread per column, in
+  registers), then two block merges ``L <- L - L A_o L`` (widths 16 and 32) as
+  64x64x64 wgmmas on two-term bf16/fp16 splits (3 products each, fp32
+  accumulation, ~2^-16 relative; no TF32 anywhere);
 * ``Ag = Tinv diag(beta)`` and ``P[t, j] = scale rq_t rk_j exp(G_t - G_j) (q_t . k_j)``
   (``j <= t``), both written as a two-term split ``hi + lo`` in the input
   dtype (``hi = round(x)``, ``lo = round(x - hi)``), i.e. about 16 mantissa bits,
@@ -39,6 +41,38 @@ import tilelang.language as T
 from .cumsum import BT, LOG2E, load_chunk_gate_cumsum
 
 THREADS = 128
+
+
+@T.macro
+def merge_level(w, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype):
+    """One block-merge level of the triangular inverse, in place on ``l_s`` (fp32).
+
+    On entry ``l_s = L = blockdiag(L_0, L_1, ...)`` holds the inverses of the
+    diagonal ``w x w`` blocks of ``M = I + A``.  With ``A_o`` = the blocks
+    ``(2i+1, 2i)`` of ``A`` (the coupling inside each ``2w x 2w`` diagonal block),
+    ``[[M0, 0], [A10, M1]]^{-1} = [[L0, 0], [-L1 A10 L0, L1]]``, i.e.
+    ``L <- L - L A_o L``: two 64x64x64 products, each as 3 wgmmas of two-term
+    splits (hi*hi + lo*hi + hi*lo, fp32 accumulation; ~2^-16 relative).
+    """
+    for r, m in T.Parallel(BT, BT):
+        lh_s[r, m] = T.cast(l_s[r, m], dtype)
+        ll_s[r, m] = T.cast(l_s[r, m] - T.cast(T.cast(l_s[r, m], dtype), "float32"), dtype)
+        oh_s[r, m] = T.cast(
+            T.if_then_else(((r // w) % 2 == 1) & (m // w == r // w - 1), a_s[r, m], T.float32(0)), dtype)
+        ol_s[r, m] = T.cast(
+            T.if_then_else(((r // w) % 2 == 1) & (m // w == r // w - 1),
+                           a_s[r, m] - T.cast(T.cast(a_s[r, m], dtype), "float32"), T.float32(0)), dtype)
+    T.gemm(oh_s, lh_s, x_f, clear_accum=True)
+    T.gemm(ol_s, lh_s, x_f)
+    T.gemm(oh_s, ll_s, x_f)
+    for r, m in T.Parallel(BT, BT):
+        xh_s[r, m] = T.cast(x_f[r, m], dtype)
+        xl_s[r, m] = T.cast(x_f[r, m] - T.cast(T.cast(x_f[r, m], dtype), "float32"), dtype)
+    T.gemm(lh_s, xh_s, x_f, clear_accum=True)
+    T.gemm(ll_s, xh_s, x_f)
+    T.gemm(lh_s, xl_s, x_f)
+    for r, m in T.Parallel(BT, BT):
+        l_s[r, m] = l_s[r, m] - x_f[r, m]
 
 
 def build_intra_kernel(DK: int, dtype: str):
@@ -103,7 +137,15 @@ def build_intra_kernel(DK: int, dtype: str):
             ss = T.alloc_fragment((BT,), f32)
             kk = T.alloc_fragment((BT, BT), f32)
             qk = T.alloc_fragment((BT, BT), f32)
-            tcol = T.alloc_local((BT,), f32)
+            t16 = T.alloc_local((16,), f32)
+            l_s = T.alloc_shared((BT, BT), f32)
+            lh_s = T.alloc_shared((BT, BT), dtype)
+            ll_s = T.alloc_shared((BT, BT), dtype)
+            oh_s = T.alloc_shared((BT, BT), dtype)
+            ol_s = T.alloc_shared((BT, BT), dtype)
+            xh_s = T.alloc_shared((BT, BT), dtype)
+            xl_s = T.alloc_shared((BT, BT), dtype)
+            x_f = T.alloc_fragment((BT, BT), f32)
 
             # ---- loads (rows past the end of the sequence are zero) ----
             for r, d in T.Parallel(BT, DK):
@@ -155,21 +197,29 @@ def build_intra_kernel(DK: int, dtype: str):
                 )
                 F[hv, c, 3, r] = T.exp2(g_s[BT - 1] * LOG2E)
 
-            # ---- (I + A)^{-1} by fp32 forward substitution, thread j owns column j ----
-            # t[r] = delta(r, j) - sum_{m < r} A[r, m] t[m]; rows r <= j give exactly
-            # t[r] = delta(r, j) because A is strictly lower and t[m] = 0 for m < j.
+            # ---- (I + A)^{-1}: exact fp32 forward substitution on the four 16x16 diagonal
+            # blocks (thread j of block b owns column j in registers), then two block merges
+            # on the tensor cores: L <- L - L A_o L (see merge_level) at widths 16 and 32.
             tx = T.get_thread_binding()
             if tx < BT:
-                for r in T.unroll(BT):
-                    tcol[r] = T.if_then_else(tx == r, T.float32(1), T.float32(0))
+                blk = tx // 16
+                jj = tx % 16
+                for r in T.unroll(16):
+                    t16[r] = T.if_then_else(jj == r, T.float32(1), T.float32(0))
                     for m in T.unroll(r):
-                        tcol[r] = tcol[r] - a_s[r, m] * tcol[m]
-                # Ag = Tinv diag(beta): column j scaled by beta_j (0 past the end)
+                        t16[r] = t16[r] - a_s[blk * 16 + r, blk * 16 + m] * t16[m]
+                # column tx of the block-diagonal L (zeros outside the diagonal block)
                 for r in T.unroll(BT):
-                    Ah[hv, c, r, tx] = T.cast(tcol[r] * b_s[tx], dtype)
-                    Al[hv, c, r, tx] = T.cast(
-                        tcol[r] * b_s[tx] - T.cast(T.cast(tcol[r] * b_s[tx], dtype), f32), dtype
-                    )
+                    l_s[r, tx] = T.if_then_else(r // 16 == blk, t16[r % 16], T.float32(0))
+            merge_level(16, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype)
+            merge_level(32, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype)
+
+            # ---- Ag = Tinv diag(beta) (column j scaled by beta_j, 0 past the end), split hi/lo ----
+            for r, j in T.Parallel(BT, BT):
+                Ah[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], dtype)
+                Al[hv, c, r, j] = T.cast(
+                    l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32), dtype
+                )
 
     return gdn_intra_chunk
 
