@@ -14,81 +14,16 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as Fn
 
 from kernels.gdn_fwd import emulation as E
+from kernels.gdn_fwd import testing as tt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _reference():
-    try:
-        from reference.chunk import chunk_gated_delta_rule as ref
-        return ref
-    except ImportError:  # pragma: no cover - fallback while the shared reference is absent
-        return _tiny_fp64_recurrence
-
-
-def _tiny_fp64_recurrence(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                          use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None):
-    """Token-by-token fp64 recurrence (fallback reference)."""
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    scale = K ** -0.5 if scale is None else scale
-    q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
-    if use_qk_l2norm_in_kernel:
-        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
-        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-    q, k = q.repeat_interleave(HV // H, 2), k.repeat_interleave(HV // H, 2)
-    segs = ([(b, 0, T) for b in range(B)] if cu_seqlens is None else
-            [(0, int(cu_seqlens[i]), int(cu_seqlens[i + 1])) for i in range(len(cu_seqlens) - 1)])
-    o = torch.zeros(B, T, HV, V, dtype=torch.float64)
-    finals = []
-    for n, (b, s, e) in enumerate(segs):
-        S = torch.zeros(HV, K, V, dtype=torch.float64)
-        if initial_state is not None:
-            S = initial_state[n].double()
-            S = S.transpose(-1, -2) if state_v_first else S
-        for t in range(s, e):
-            S = S * g[b, t].exp()[:, None, None]
-            u = beta[b, t][:, None] * (v[b, t] - torch.einsum("hkv,hk->hv", S, k[b, t]))
-            S = S + k[b, t][:, :, None] * u[:, None, :]
-            o[b, t] = scale * torch.einsum("hkv,hk->hv", S, q[b, t])
-        finals.append(S.transpose(-1, -2) if state_v_first else S)
-    return o, (torch.stack(finals) if output_final_state else None)
-
-
-def rel_rmse(x, ref):
-    x, ref = x.double(), ref.double()
-    return ((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
-
-
-def make_inputs(B, T, H, HV, D, dt, *, gate="logsigmoid", beta="uniform", h0=None, l2=True, seed=0,
-                gate_dtype=torch.float32, N=None):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, D, generator=gen).to(dt)
-    k = torch.randn(B, T, H, D, generator=gen)
-    if not l2:
-        k = Fn.normalize(k, dim=-1)
-    k = k.to(dt)
-    v = torch.randn(B, T, HV, D, generator=gen).to(dt)
-    if gate == "logsigmoid":
-        g = Fn.logsigmoid(torch.randn(B, T, HV, generator=gen))
-    elif gate == "near_-20":
-        g = -20.0 + 0.5 * torch.rand(B, T, HV, generator=gen)
-    elif gate == "zero":
-        g = torch.zeros(B, T, HV)
-    else:
-        raise ValueError(gate)
-    if beta == "uniform":
-        b = torch.rand(B, T, HV, generator=gen)
-    elif beta == "extreme":
-        b = torch.where(torch.rand(B, T, HV, generator=gen) < 0.5, 1e-4, 1.0 - 1e-4)
-    else:
-        raise ValueError(beta)
-    N = B if N is None else N
-    s0 = None if h0 is None else h0 * torch.randn(N, HV, D, D, generator=gen)
-    return q, k, v, g.to(gate_dtype), b.to(gate_dtype), s0
+_reference = tt.reference_fn
+rel_rmse = tt.rel_rmse
+make_inputs = tt.make_inputs
 
 
 CASES = [
@@ -199,3 +134,28 @@ def test_import_is_lazy():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
     assert r.returncode == 0, r.stderr
+
+
+def test_check_script_plumbing_on_cpu(capsys):
+    """``python -m kernels.check`` logic, run on the CPU with the emulation standing in for the
+    kernels (and reference.emulated for FLA), so a broken script cannot waste GPU time."""
+    from kernels import check
+
+    dev = torch.device("cpu")
+
+    def intra_fn(q, k, g, b, use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+        cu = [int(x) for x in cu_seqlens.tolist()]
+        T = q.shape[1]
+        return E.intra(q.reshape(T, q.shape[2], -1), k.reshape(T, k.shape[2], -1), g.reshape(T, -1).float(),
+                       b.reshape(T, -1).float(), cu, q.shape[-1] ** -0.5, use_qk_l2norm_in_kernel, q.dtype)
+
+    try:
+        from reference.emulated import chunk_gated_delta_rule as fla_like
+    except ImportError:
+        fla_like = None
+    assert check.stage_check(dev, intra_fn, E.chunk_gated_delta_rule)
+    cases = [c for c in tt.GPU_CASES if c.name in ("T65_h0", "varlen_boundaries_h0_vfirst", "D64_h0_vfirst")]
+    rows = check.correctness_table(dev, E.chunk_gated_delta_rule, fla_like, tt.reference_fn(), cases, "all")
+    assert check.summarize(rows, 0.0) == 0
+    out = capsys.readouterr().out
+    assert "summary" in out and "3/3 cases within bounds" in out
