@@ -93,15 +93,35 @@ def _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first):
     return B, T, H, HV, K, V, N
 
 
+_DENSE_TABLES: dict = {}
+
+
 def _seq_tables(B, T, cu_seqlens, dev):
-    """cu_seqlens (int32), chunk_indices [NC, 2] (int32), chunk_offsets [N + 1] (int32), NC."""
+    """cu_seqlens (int32), chunk_indices [NC, 2] (int32), chunk_offsets [N + 1] (int32), NC.
+
+    Dense tables are built on the device without a host sync and cached per (B, T, device)."""
     if cu_seqlens is None:
-        nt = -(-T // BT)
-        cu = torch.arange(0, B + 1, device=dev, dtype=torch.int32) * T
-        offs = torch.arange(0, B + 1, device=dev, dtype=torch.int32) * nt
-        seq = torch.arange(B, device=dev, dtype=torch.int32).repeat_interleave(nt)
-        ic = torch.arange(nt, device=dev, dtype=torch.int32).repeat(B)
-        return cu, torch.stack([seq, ic], 1).contiguous(), offs, B * nt
+        key = (B, T, str(dev))
+        hit = _DENSE_TABLES.get(key)
+        if hit is not None:
+            return hit
+        if len(_DENSE_TABLES) > 64:
+            _DENSE_TABLES.clear()
+        _DENSE_TABLES[key] = _dense_tables(B, T, dev)
+        return _DENSE_TABLES[key]
+    return _varlen_tables(T, cu_seqlens, dev)
+
+
+def _dense_tables(B, T, dev):
+    nt = -(-T // BT)
+    cu = torch.arange(0, B + 1, device=dev, dtype=torch.int32) * T
+    offs = torch.arange(0, B + 1, device=dev, dtype=torch.int32) * nt
+    seq = torch.arange(B, device=dev, dtype=torch.int32).repeat_interleave(nt)
+    ic = torch.arange(nt, device=dev, dtype=torch.int32).repeat(B)
+    return cu, torch.stack([seq, ic], 1).contiguous(), offs, B * nt
+
+
+def _varlen_tables(T, cu_seqlens, dev):
     cu_host = [int(x) for x in cu_seqlens.tolist()]
     if cu_host[0] != 0 or cu_host[-1] != T:
         raise ValueError(f"cu_seqlens must start at 0 and end at T={T}, got {cu_host[0]} ... {cu_host[-1]}")

@@ -72,7 +72,8 @@ def merge_level(w, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype):
     T.gemm(ll_s, xh_s, x_f)
     T.gemm(lh_s, xl_s, x_f)
     for r, m in T.Parallel(BT, BT):
-        l_s[r, m] = l_s[r, m] - x_f[r, m]
+        x_f[r, m] = l_s[r, m] - x_f[r, m]
+    T.copy(x_f, l_s)
 
 
 def build_intra_kernel(DK: int, dtype: str):
