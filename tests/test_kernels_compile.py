@@ -44,7 +44,7 @@ def _skip_reason():
     return None
 
 
-pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
 
 CONFIGS = all_configs()
 N_WORKERS = max(1, min(2, os.cpu_count() or 1))

@@ -35,6 +35,7 @@ CASES = [
     ("varlen_boundaries_vfirst_h0", 1, 577, 1, 2, 64, torch.bfloat16, [0, 1, 64, 128, 193, 320, 448, 577],
      dict(h0=1.0, vfirst=True)),
     ("varlen_many_short", 1, 0, 1, 2, 64, torch.bfloat16, "short", {}),
+    ("varlen_with_empty_h0", 1, 165, 1, 2, 64, torch.bfloat16, [0, 0, 100, 100, 164, 165, 165], dict(h0=1.0)),
     ("gate_zero_no_l2", 1, 300, 2, 2, 64, torch.bfloat16, None, dict(gate="zero", l2=False)),
     ("gate_-20_big_h0", 1, 150, 2, 2, 64, torch.bfloat16, None, dict(gate="near_-20", h0=50.0)),
     ("beta_extreme_fp16", 1, 200, 1, 2, 64, torch.float16, None, dict(beta="extreme")),
@@ -154,8 +155,9 @@ def test_check_script_plumbing_on_cpu(capsys):
     except ImportError:
         fla_like = None
     assert check.stage_check(dev, intra_fn, E.chunk_gated_delta_rule)
-    cases = [c for c in tt.GPU_CASES if c.name in ("T65_h0", "varlen_boundaries_h0_vfirst", "D64_h0_vfirst")]
+    cases = [c for c in tt.GPU_CASES if c.name in ("T65_h0", "varlen_boundaries_h0_vfirst", "D64_h0_vfirst",
+                                                    "varlen_with_empty_h0")]
     rows = check.correctness_table(dev, E.chunk_gated_delta_rule, fla_like, tt.reference_fn(), cases, "all")
     assert check.summarize(rows, 0.0) == 0
     out = capsys.readouterr().out
-    assert "summary" in out and "3/3 cases within bounds" in out
+    assert "summary" in out and "4/4 cases within bounds" in out

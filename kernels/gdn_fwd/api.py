@@ -81,6 +81,10 @@ def _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first):
             raise ValueError(f"initial_state must be {lay} = {want}, got {tuple(initial_state.shape)}")
         if not initial_state.is_floating_point():
             raise ValueError(f"initial_state must be floating point (fp32), got {initial_state.dtype}")
+    if N > 65535:
+        raise ValueError(f"at most 65535 sequences per call (grid z), got N={N}")
+    if HV > 65535:
+        raise ValueError(f"at most 65535 value heads, got HV={HV}")
     if B * T >= 2 ** 31 - BT:
         raise ValueError(f"B*T = {B * T} tokens is too many (int32 token indices)")
     dev = q.device
@@ -182,6 +186,11 @@ def chunk_gated_delta_rule(
     def _pad_last(x, n):
         return torch.nn.functional.pad(x, (0, n)) if n else x
 
+    def _tma_ready(x):
+        # contiguous with a 16-byte aligned base (TMA descriptors need it; odd views get copied)
+        x = x.contiguous()
+        return x if x.data_ptr() % 16 == 0 else x.clone()
+
     h0 = None
     if initial_state is not None:
         h0 = initial_state.to(torch.float32)
@@ -189,7 +198,7 @@ def chunk_gated_delta_rule(
             h0 = torch.nn.functional.pad(h0, (0, pad, 0, pad))
         h0 = h0.contiguous()
     else:
-        h0 = torch.zeros((1, HV, D, D), device=dev, dtype=torch.float32)
+        h0 = torch.empty((1, HV, D, D), device=dev, dtype=torch.float32)  # not read (use_h0 = 0)
     ht = torch.empty((N if output_final_state else 1, HV, D, D), device=dev, dtype=torch.float32)
 
     if Ttot == 0 or NC == 0:
@@ -201,9 +210,9 @@ def chunk_gated_delta_rule(
                                   dtype=torch.float32)
         return o, initial_state.to(torch.float32).clone()
 
-    q2 = _pad_last(q.reshape(Ttot, H, K), pad).contiguous()
-    k2 = _pad_last(k.reshape(Ttot, H, K), pad).contiguous()
-    v2 = _pad_last(v.reshape(Ttot, HV, V), pad).contiguous()
+    q2 = _tma_ready(_pad_last(q.reshape(Ttot, H, K), pad))
+    k2 = _tma_ready(_pad_last(k.reshape(Ttot, H, K), pad))
+    v2 = _tma_ready(_pad_last(v.reshape(Ttot, HV, V), pad))
     g2 = g.reshape(Ttot, HV).to(torch.float32).contiguous()
     b2 = beta.reshape(Ttot, HV).to(torch.float32).contiguous()
     o2 = torch.empty(Ttot, HV, D, device=dev, dtype=dt)

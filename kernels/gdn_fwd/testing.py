@@ -196,6 +196,7 @@ GPU_CASES = [
     Case("B3_T1000_fp16_vfirst_h0", 3, 1000, 2, 4, dtype=torch.float16, h0=1.0, state_v_first=True),
     Case("varlen_boundaries_h0_vfirst", 1, 0, 2, 4, lens=[1, 63, 64, 65, 127, 128, 129], h0=1.0,
          state_v_first=True, cu_dtype=torch.int32),
+    Case("varlen_with_empty_h0", 1, 0, 2, 4, lens=[0, 100, 0, 64, 1, 0], h0=1.0),
     Case("varlen_300_short_h0", 1, 0, 2, 4, lens=_short_lens(300, 1, 100, 3), h0=1.0, compare_fla=True),
     Case("gva4_l2norm", 1, 2048, 2, 8, l2=True, compare_fla=True),
     Case("bf16_gates", 1, 1000, 4, 8, gate_dtype=torch.bfloat16),
