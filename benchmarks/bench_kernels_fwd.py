@@ -9,6 +9,8 @@ one run.  Columns:
 
 * ``ours``      - ``kernels.chunk_gated_delta_rule`` (the dispatched config, BV=64);
 * ``ours BV=x`` - the recurrent kernel with another value-block width (``--bv``; tuning info);
+* ``ours intra`` - the intra-chunk kernel alone (``intra_stage``), to split our time between the
+                  parallel intra kernel and the sequential recurrent kernel (tuning info);
 * ``FLA``       - ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` with FLA_FLASH_QLA=0
                   FLA_TILELANG=0 (its Triton kernels);
 * ``FlashQLA``  - ``flash_qla.chunk_gated_delta_rule`` (imported lazily; the column is skipped
@@ -80,6 +82,7 @@ def main(argv=None):
 
     import kernels
     from kernels.gdn_fwd.api import chunk_gated_delta_rule as ours_impl
+    from kernels.gdn_fwd.api import intra_stage
     from kernels.gdn_fwd import testing as tt
 
     dev = torch.device("cuda")
@@ -88,7 +91,7 @@ def main(argv=None):
     fqla, fqla_reason = tt.flash_qla_fn()
     extra_bv = [int(x) for x in args.bv.split(",") if x]
 
-    cols = ["ours"] + [f"ours BV={b}" for b in extra_bv] + ["FLA", "FlashQLA"]
+    cols = ["ours"] + [f"ours BV={b}" for b in extra_bv] + ["ours intra", "FLA", "FlashQLA"]
     skipped = {}
     if fla is None:
         skipped["FLA"] = "fla not importable"
@@ -103,6 +106,7 @@ def main(argv=None):
         for b in extra_bv:
             fns[f"ours BV={b}"] = (lambda b=b: ours_impl(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu,
                                                          _block_v=b))
+        fns["ours intra"] = lambda: intra_stage(q, k, g, beta, cu_seqlens=cu)
         if fla is not None:
             fns["FLA"] = lambda: fla(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
         if fqla is not None:
