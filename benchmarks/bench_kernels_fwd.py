@@ -1,24 +1,31 @@
 """Forward benchmark of our TileLang GDN kernels vs FLA Triton vs FlashQLA (H200 / sm_90).
 
-    python benchmarks/bench_kernels_fwd.py [--shapes NAME,...] [--bv 64,32] [--rep 200]
+    python benchmarks/bench_kernels_fwd.py [--shapes NAME,...] [--variants NAME,...] [--rep 100]
 
 Forward with the final state, bf16 q/k/v, fp32 g/beta, no initial state; inputs are
 random (q ~ N(0,1), k L2-normalised N(0,1), v ~ N(0,1), g = logsigmoid(N(0,1)),
-beta ~ U(0,1)).  Times are ``triton.testing.do_bench`` medians (ms) measured in this
-one run.  Columns:
+beta ~ U(0,1)).  Times are ``triton.testing.do_bench`` medians (ms) in this one run.
 
-* ``ours``      - ``kernels.chunk_gated_delta_rule`` (the dispatched config, BV=64);
-* ``ours BV=x`` - the recurrent kernel with another value-block width (``--bv``; tuning info);
-* ``ours intra`` - the intra-chunk kernel alone (``intra_stage``), to split our time between the
-                  parallel intra kernel and the sequential recurrent kernel (tuning info);
-* ``FLA``       - ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` with FLA_FLASH_QLA=0
-                  FLA_TILELANG=0 (its Triton kernels);
-* ``FlashQLA``  - ``flash_qla.chunk_gated_delta_rule`` (imported lazily; the column is skipped
-                  with the reason when it cannot be imported or fails).
+Step 0 compiles every TileLang kernel the variants need in parallel processes (fills
+TileLang's disk cache; the timed processes then load them).  Step 1 prints one
+correctness line per variant on B1_T8192_H4_HV8 (rel_rmse of o and of the final state vs
+the fp64 reference, plus the bf16 rounding floor of o), so a fast but wrong variant is
+visible.  Step 2 times every variant on every shape.  Variants (columns):
+
+* ``fused64``   - the old fused kernel (recurrence + output in one sequential kernel, BV=64);
+* ``hi64/hi32/hi16`` - split path (sequential state kernel + parallel output kernel),
+                  precision "high" (same products as fused, same accuracy), BV = 64/32/16;
+* ``fast``      - split path, precision "fast", BV chosen by the dispatcher;
+* ``default``   - what ``kernels.chunk_gated_delta_rule`` dispatches (split, "high", BV by
+                  ``build.block_v``), timed through the public API;
+* ``intra``     - the intra-chunk kernel alone (part of every path above);
+* ``FLA``       - FLA's Triton kernels (FLA_FLASH_QLA=0 FLA_TILELANG=0);
+* ``FlashQLA``  - ``flash_qla.chunk_gated_delta_rule`` (skipped with the reason if unavailable).
 
 TFLOP/s use one algorithmic count for everyone (per 64-token chunk and value head, K = V = D):
 KK^T + QK^T + Tinv K + Tinv V + P U (2 C^2 (3 D + 2 D)) and W S, Q S, K^T U (3 x 2 C D^2), i.e.
-~11.5 MFLOP per chunk-head at D = 128; our kernels execute ~2.2x that (two-term splits).
+~11.5 MFLOP per chunk-head at D = 128.  The summary's ratios are FLA/x and FlashQLA/x for the
+best of our variants and for ``default`` (> 1: ours faster).
 """
 
 from __future__ import annotations
@@ -67,46 +74,170 @@ def make(B, T, H, HV, lens, dev, seed=0):
     return q, k, v, g, beta, cu
 
 
+VARIANTS = {
+    # name: private API knobs
+    "fused64": dict(_path="fused", _block_v=64),
+    "hi64": dict(_path="split", _precision="high", _block_v=64),
+    "hi32": dict(_path="split", _precision="high", _block_v=32),
+    "hi16": dict(_path="split", _precision="high", _block_v=16),
+    "fast": dict(_path="split", _precision="fast"),
+}
+
+
+def _needed_configs(variants, shapes):
+    from kernels.gdn_fwd.build import dispatch_configs
+    cfgs = []
+    for name in shapes:
+        B, T, H, HV, lens = SHAPES[name]
+        n = len(lens) if lens else B
+        for v in variants:
+            kw = VARIANTS.get(v, {})
+            c = dispatch_configs("bfloat16", n, HV, kw.get("_block_v"), kw.get("_path"), kw.get("_precision"))
+            cfgs.extend(c)
+    out = []
+    for c in cfgs:
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def _compile_one(cfg):
+    import time as _t
+    sys.path.insert(0, ROOT)
+    from kernels.gdn_fwd.build import get_kernel
+    t = _t.time()
+    try:
+        get_kernel(cfg)
+        return cfg.name, _t.time() - t, None
+    except Exception as e:  # pragma: no cover
+        return cfg.name, _t.time() - t, f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def precompile(cfgs, workers):
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    t = time.time()
+    with ProcessPoolExecutor(max(1, min(workers, len(cfgs))), mp_context=mp.get_context("spawn")) as ex:
+        for name, secs, err in ex.map(_compile_one, cfgs):
+            print(f"  compiled {name:<60} {secs:6.1f} s {err or ''}", flush=True)
+    print(f"  {len(cfgs)} kernels in {time.time() - t:.1f} s", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--bv", default="32", help="extra BV widths of our recurrent kernel to time ('' for none)")
-    ap.add_argument("--rep", type=int, default=200)
-    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--variants", default="default,fused64,hi64,hi32,hi16,fast")
+    ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=25)
+    ap.add_argument("--workers", type=int, default=min(10, os.cpu_count() or 1))
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU plumbing test: the torch emulation stands in for the kernels, shapes shrink 256x, "
+                         "no compile, FLA/FlashQLA off")
     args = ap.parse_args(argv)
 
-    if not torch.cuda.is_available():
-        print("no CUDA device")
-        return 2
-    from triton.testing import do_bench
-
-    import kernels
-    from kernels.gdn_fwd.api import chunk_gated_delta_rule as ours_impl
-    from kernels.gdn_fwd.api import intra_stage
     from kernels.gdn_fwd import testing as tt
+    from kernels.gdn_fwd.build import block_v
 
-    dev = torch.device("cuda")
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
-    fla = tt.fla_triton_fn()
-    fqla, fqla_reason = tt.flash_qla_fn()
-    extra_bv = [int(x) for x in args.bv.split(",") if x]
+    if args.dry_run:
+        from kernels.gdn_fwd import emulation as E
+        dev = torch.device("cpu")
+        for k_, (B_, T_, H_, HV_, L_) in list(SHAPES.items()):
+            SHAPES[k_] = (B_, T_ // 256, H_, HV_, [max(1, x // 256) for x in L_] if L_ else None)
+            if L_:
+                SHAPES[k_] = (B_, sum(SHAPES[k_][4]), H_, HV_, SHAPES[k_][4])
 
-    cols = ["ours"] + [f"ours BV={b}" for b in extra_bv] + ["ours intra", "FLA", "FlashQLA"]
+        def do_bench(fn, warmup, rep, return_mode):
+            t = time.time()
+            fn()
+            return (time.time() - t) * 1e3
+
+        class kernels:  # noqa: N801 - stands in for the package
+            chunk_gated_delta_rule = staticmethod(E.chunk_gated_delta_rule)
+
+        def ours_impl(*a, _block_v=None, **kw):
+            return E.chunk_gated_delta_rule(*a, **kw)
+
+        def intra_stage(q, k, g, beta, cu_seqlens=None):
+            Bq, Tq = q.shape[:2]
+            cu = [int(x) for x in cu_seqlens.tolist()] if cu_seqlens is not None else [b * Tq for b in range(Bq + 1)]
+            return E.intra(q.reshape(Bq * Tq, q.shape[2], -1), k.reshape(Bq * Tq, k.shape[2], -1),
+                           g.reshape(Bq * Tq, -1).float(), beta.reshape(Bq * Tq, -1).float(), cu,
+                           q.shape[-1] ** -0.5, False, q.dtype)
+    else:
+        if not torch.cuda.is_available():
+            print("no CUDA device")
+            return 2
+        from triton.testing import do_bench
+
+        import kernels
+        from kernels.gdn_fwd.api import chunk_gated_delta_rule as ours_impl
+        from kernels.gdn_fwd.api import intra_stage
+        dev = torch.device("cuda")
+
+    t_start = time.time()
+    print(f"device: {torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu (dry run)'}  "
+          f"torch {torch.__version__}", flush=True)
+    shapes = [s for s in args.shapes.split(",") if s]
+    variants = [v for v in args.variants.split(",") if v]
+    for v in variants:
+        if v != "default" and v not in VARIANTS:
+            raise SystemExit(f"unknown variant {v}")
+
+    print("== step 0: compile ==", flush=True)
+    if not args.dry_run:
+        precompile(_needed_configs(variants, shapes), args.workers)
+
+    fla = tt.fla_triton_fn() if not args.dry_run else None
+    fqla, fqla_reason = tt.flash_qla_fn() if not args.dry_run else (None, "dry run")
     skipped = {}
     if fla is None:
         skipped["FLA"] = "fla not importable"
     if fqla is None:
         skipped["FlashQLA"] = fqla_reason
+
+    def ours_fn(v):
+        if v == "default":
+            return kernels.chunk_gated_delta_rule
+        kw = VARIANTS[v]
+        return lambda *a, **k: ours_impl(*a, **k, **kw)
+
+    if not args.no_check:
+        print("\n== step 1: correctness on B1_T8192_H4_HV8 (rel_rmse vs fp64 reference; no h0) ==", flush=True)
+        B, T, H, HV, lens = SHAPES["B1_T8192_H4_HV8"]
+        q, k, v, g, beta, cu = make(B, T, H, HV, lens, dev)
+        o_ref, s_ref = tt.reference_fn()(q, k, v, g, beta, output_final_state=True)
+        floor = tt.rel_rmse(o_ref.to(torch.bfloat16), o_ref)
+        print(f"  bf16 rounding floor of o: {floor:.3e}")
+        checks = [(x, ours_fn(x)) for x in variants]
+        if fla is not None:
+            checks.append(("FLA", fla))
+        if fqla is not None:
+            checks.append(("FlashQLA", fqla))
+        for name, fn in checks:
+            try:
+                o, st = fn(q, k, v, g, beta, output_final_state=True)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                print(f"  check {name:<9} o {tt.rel_rmse(o, o_ref):.3e} ({tt.rel_rmse(o, o_ref) / floor:.2f}x floor)"
+                      f"  state {tt.rel_rmse(st, s_ref):.3e}  nonfinite {tt.nonfinite(o) + tt.nonfinite(st)}",
+                      flush=True)
+            except Exception as e:
+                print(f"  check {name:<9} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+        del q, k, v, g, beta, o_ref, s_ref
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+    print("\n== step 2: timing ==", flush=True)
+    cols = variants + ["intra", "FLA", "FlashQLA"]
     results = {}
-    for name in [s for s in args.shapes.split(",") if s]:
+    for name in shapes:
         B, T, H, HV, lens = SHAPES[name]
         q, k, v, g, beta, cu = make(B, T, H, HV, lens, dev)
-        fns = {"ours": lambda: kernels.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True,
-                                                               cu_seqlens=cu)}
-        for b in extra_bv:
-            fns[f"ours BV={b}"] = (lambda b=b: ours_impl(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu,
-                                                         _block_v=b))
-        fns["ours intra"] = lambda: intra_stage(q, k, g, beta, cu_seqlens=cu)
+        fns = {}
+        for x in variants:
+            fns[x] = (lambda f=ours_fn(x): f(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu))
+        fns["intra"] = lambda: intra_stage(q, k, g, beta, cu_seqlens=cu)
         if fla is not None:
             fns["FLA"] = lambda: fla(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
         if fqla is not None:
@@ -117,32 +248,43 @@ def main(argv=None):
             try:
                 with torch.no_grad():
                     fn()  # compile / autotune outside the timing
-                    torch.cuda.synchronize()
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize()
                     ms = do_bench(fn, warmup=args.warmup, rep=args.rep, return_mode="median")
                 row[col] = ms
             except Exception as e:
                 row[col] = None
                 skipped.setdefault(col, f"{type(e).__name__}: {str(e)[:160]}")
-            print(f"  {name:<26} {col:<12} {('%.3f ms' % row[col]) if row[col] else 'failed':>12} "
+            print(f"  {name:<24} {col:<9} {('%.3f ms' % row[col]) if row[col] else 'failed':>10} "
                   f"(setup+bench {time.time() - t0:.1f} s)", flush=True)
-        results[name] = (row, flops(B, T, HV, lens))
+        n = len(lens) if lens else B
+        results[name] = (row, flops(B, T, HV, lens), block_v(n, HV))
         del q, k, v, g, beta, cu
-        torch.cuda.empty_cache()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
 
-    print("\n== forward with final state, bf16, median ms (TFLOP/s, algorithmic count) ==")
-    hdr = f"{'shape':<26}" + "".join(f"{c:>22}" for c in cols) + f"{'FLA/ours':>10}{'FQLA/ours':>10}"
+    print(f"\n== summary: forward with final state, bf16, median ms (TFLOP/s) [{time.time() - t_start:.0f} s] ==")
+    hdr = f"{'shape':<24}{'autoBV':>7}" + "".join(f"{c:>15}" for c in cols)
     print(hdr)
-    for name, (row, fl) in results.items():
-        line = f"{name:<26}"
+    for name, (row, fl, bv) in results.items():
+        line = f"{name:<24}{bv:>7}"
         for c in cols:
             ms = row.get(c)
-            line += f"{('%.3f (%.0f)' % (ms, fl / ms / 1e9)) if ms else '-':>22}"
-        o = row.get("ours")
-        r1 = row.get("FLA") / o if o and row.get("FLA") else None
-        r2 = row.get("FlashQLA") / o if o and row.get("FlashQLA") else None
-        line += f"{('%.2fx' % r1) if r1 else '-':>10}{('%.2fx' % r2) if r2 else '-':>10}"
+            line += f"{('%.3f (%.0f)' % (ms, fl / ms / 1e9)) if ms else '-':>15}"
         print(line)
-    print("(ratios > 1: ours faster)")
+    print("\nratios (> 1: ours faster): FLA/x and FlashQLA/x")
+    for name, (row, fl, bv) in results.items():
+        ours = {c: row[c] for c in variants if row.get(c)}
+        if not ours:
+            continue
+        best = min(ours, key=ours.get)
+        parts = []
+        for c in ("default", best):
+            if c in ours:
+                r1 = row["FLA"] / ours[c] if row.get("FLA") else None
+                r2 = row["FlashQLA"] / ours[c] if row.get("FlashQLA") else None
+                parts.append(f"{c}: FLA/x {('%.2f' % r1) if r1 else '-'}  FQLA/x {('%.2f' % r2) if r2 else '-'}")
+        print(f"  {name:<24} best={best:<8} " + " | ".join(parts))
     for c, why in skipped.items():
         print(f"column {c} skipped/failed: {why}")
     return 0

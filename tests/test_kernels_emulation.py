@@ -161,3 +161,38 @@ def test_check_script_plumbing_on_cpu(capsys):
     assert check.summarize(rows, 0.0) == 0
     out = capsys.readouterr().out
     assert "summary" in out and "4/4 cases within bounds" in out
+
+
+@pytest.mark.parametrize("path,precision", [("fused", "high"), ("split", "fast")])
+def test_emulation_other_paths(path, precision):
+    """The old fused path (same products as the default split/"high" path: same accuracy) and the
+    split path's "fast" precision (rd(S) in K S and Q S, Ag without its lo half; still far better
+    than an FLA-like bf16 scheme on o, and at least as good on the state)."""
+    q, k, v, g, b, s0 = make_inputs(1, 600, 2, 4, 128, torch.bfloat16, h0=1.0)
+    args = dict(initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o, S = E.chunk_gated_delta_rule(q, k, v, g, b, **args, _path=path, _precision=precision)
+    o_ref, S_ref = _reference()(q, k, v, g, b, **args)
+    floor = rel_rmse(o_ref.to(torch.bfloat16), o_ref)
+    e_o, e_s = rel_rmse(o, o_ref), rel_rmse(S, S_ref)
+    print(f"{path}/{precision}: o {e_o:.3e} (floor {floor:.3e}) state {e_s:.3e}")
+    if precision == "high":
+        o2, S2 = E.chunk_gated_delta_rule(q, k, v, g, b, **args)   # default: split, high
+        assert torch.equal(o, o2) and torch.equal(S, S2)
+        assert e_o <= 1.10 * floor + 1e-6 and e_s <= 5e-5
+    else:
+        assert e_o <= 1.6 * floor and e_s <= 3e-3
+
+
+def test_emulation_fast_vs_fla_like():
+    try:
+        from reference.emulated import chunk_gated_delta_rule as fla_like
+    except ImportError:
+        pytest.skip("reference.emulated not available")
+    q, k, v, g, b, _ = make_inputs(1, 2048, 2, 4, 128, torch.bfloat16, l2=False)
+    o, S = E.chunk_gated_delta_rule(q, k, v, g, b, output_final_state=True, _precision="fast")
+    o_ref, S_ref = _reference()(q, k, v, g, b, output_final_state=True)
+    o_f, S_f = fla_like(q, k, v, g, b, output_final_state=True)
+    print(f"fast o {rel_rmse(o, o_ref):.3e} S {rel_rmse(S, S_ref):.3e} | fla-like o {rel_rmse(o_f, o_ref):.3e} "
+          f"S {rel_rmse(S_f, S_ref):.3e}")
+    assert rel_rmse(o, o_ref) < 0.8 * rel_rmse(o_f, o_ref)
+    assert rel_rmse(S, S_ref) < rel_rmse(S_f, S_ref)

@@ -83,3 +83,31 @@ def test_bad_input_on_gpu_raises_valueerror():
         kernels.chunk_gated_delta_rule(q, k, v, g, b, cu_seqlens=torch.tensor([0, 64], device="cuda"))
     with pytest.raises(ValueError, match="initial_state"):
         kernels.chunk_gated_delta_rule(q, k, v, g, b, initial_state=torch.zeros(3, 4, 128, 128, device="cuda"))
+
+
+_KNOB_CASES = [c for c in tt.GPU_CASES if c.name in ("T1000_h0_gva2", "varlen_boundaries_h0_vfirst", "D64_h0_vfirst")]
+
+
+@pytest.mark.parametrize("knobs", [dict(_path="fused"), dict(_block_v=16), dict(_block_v=32), dict(_block_v=64),
+                                   dict(_precision="fast")],
+                         ids=["fused", "split_bv16", "split_bv32", "split_bv64", "fast"])
+@pytest.mark.parametrize("case", _KNOB_CASES, ids=[c.name for c in _KNOB_CASES])
+def test_private_knobs(case, knobs):
+    """Every variant the benchmark times: the old fused kernel, each state-kernel BV, and the
+    "fast" precision (bounds: o <= 1.6x the rounding floor, state <= 3e-3, like the emulation)."""
+    from kernels.gdn_fwd.api import chunk_gated_delta_rule as impl
+
+    dev = torch.device("cuda")
+    args, kwargs = case.inputs(dev)
+    o, ht = impl(*args, **kwargs, **knobs)
+    torch.cuda.synchronize()
+    o_ref, ht_ref = tt.reference_fn()(*args, **kwargs)
+    floor = tt.rel_rmse(o_ref.to(case.dtype), o_ref)
+    e_o, e_s = tt.rel_rmse(o, o_ref), tt.rel_rmse(ht, ht_ref)
+    print(f"{case.name} {knobs}: o {e_o:.3e} (floor {floor:.3e}) state {e_s:.3e}")
+    assert tt.nonfinite(o) == 0 and tt.nonfinite(ht) == 0
+    if knobs.get("_precision") == "fast":
+        assert e_o <= 1.6 * floor and e_s <= 3e-3
+    else:
+        b_o, b_s = tt.bounds(case, floor)
+        assert e_o <= b_o and e_s <= b_s

@@ -18,9 +18,12 @@ cu_seqlens=None) -> (o, final_state)`` with the semantics of FLA's
   same layout as initial_state) or None.
 
 Bad input raises ``ValueError`` naming the problem.  Dense input is run as
-varlen (B sequences of length T), so both paths use the same two kernels:
-``gdn_intra_chunk`` (kkt_solve.py) then ``gdn_recurrent_fwd`` (chunk_h.py with
-chunk_o.py fused).  The kernels are built for K == V == 128; K == V == 64 is
+varlen (B sequences of length T), so both use the same three kernels:
+``gdn_intra_chunk`` (kkt_solve.py, parallel), ``gdn_state_fwd`` (chunk_h.py,
+sequential over chunks, writes each chunk-start state and ``U``), then
+``gdn_output_fwd`` (chunk_o.py, parallel).  The older two-kernel path with the
+output fused into the recurrence (``gdn_recurrent_fwd``) stays reachable through
+the private ``_path="fused"``.  The kernels are built for K == V == 128; K == V == 64 is
 zero-padded to 128 here (exact, but it costs the 128 kernel's time).  Both
 state layouts have the same shape (K == V), so the layout is a runtime flag.
 This module imports tilelang only when a kernel is needed.
@@ -157,11 +160,16 @@ def chunk_gated_delta_rule(
     cu_seqlens: torch.Tensor | None = None,
     *,
     _block_v: int | None = None,
+    _path: str | None = None,
+    _precision: str | None = None,
 ):
     """GDN chunked forward.  See the module docstring for shapes and dtypes.
 
-    ``_block_v`` (private) overrides the recurrent kernel's value columns per CTA
-    (benchmarking / tuning only; any divisor of 128 that is a multiple of 16).
+    Private knobs (benchmarking / tuning only): ``_block_v`` overrides the sequential kernel's
+    value columns per CTA (16, 32, 64 or 128); ``_path`` is "split" (default: state-only
+    sequential kernel + parallel output kernel) or "fused" (the older kernel with the output
+    fused into the recurrence); ``_precision`` is "high" (default) or "fast" for the split
+    path's state kernel (see ``chunk_h.build_state_kernel``).
     """
     B, T, H, HV, K, V, N = _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     if scale is None:
@@ -217,9 +225,8 @@ def chunk_gated_delta_rule(
     b2 = beta.reshape(Ttot, HV).to(torch.float32).contiguous()
     o2 = torch.empty(Ttot, HV, D, device=dev, dtype=dt)
 
-    intra_cfg, rec_cfg = dispatch_configs(_TL_DTYPE[dt], N, HV, _block_v)
-    intra = get_kernel(intra_cfg)
-    rec = get_kernel(rec_cfg)
+    cfgs = dispatch_configs(_TL_DTYPE[dt], N, HV, _block_v, _path, _precision)
+    kerns = [get_kernel(c) for c in cfgs]
 
     Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
     Al = torch.empty_like(Ah)
@@ -227,9 +234,17 @@ def chunk_gated_delta_rule(
     Pl = torch.empty_like(Ah)
     F = torch.empty(HV, NC, 4, BT, device=dev, dtype=torch.float32)
 
-    intra(q2, k2, g2, b2, cu, chunk_indices, Ah, Al, Ph, Pl, F, scale, int(bool(use_qk_l2norm_in_kernel)))
-    rec(q2, k2, v2, Ah, Al, Ph, Pl, F, cu, chunk_offsets, h0, o2, ht,
-        int(initial_state is not None), int(bool(output_final_state)), int(bool(state_v_first)))
+    flags = (int(initial_state is not None), int(bool(output_final_state)), int(bool(state_v_first)))
+    kerns[0](q2, k2, g2, b2, cu, chunk_indices, Ah, Al, Ph, Pl, F, scale, int(bool(use_qk_l2norm_in_kernel)))
+    if len(kerns) == 2:   # fused recurrence + output
+        kerns[1](q2, k2, v2, Ah, Al, Ph, Pl, F, cu, chunk_offsets, h0, o2, ht, *flags)
+    else:                 # state-only recurrence, then the parallel output kernel
+        Sch = torch.empty(HV, NC, D, D, device=dev, dtype=dt)
+        Scl = torch.empty_like(Sch) if cfgs[2].split_s else Sch    # "fast": Scl is neither written nor read
+        Uh = torch.empty(HV, NC, BT, D, device=dev, dtype=dt)
+        Ul = torch.empty_like(Uh)
+        kerns[1](k2, v2, Ah, Al, F, cu, chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, *flags)
+        kerns[2](q2, Ph, Pl, F, Sch, Scl, Uh, Ul, cu, chunk_indices, o2)
 
     o = (o2[..., :V] if pad else o2).reshape(B, T, HV, V)
     if pad:

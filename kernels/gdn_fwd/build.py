@@ -14,8 +14,12 @@ from dataclasses import dataclass
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 DTYPES = ("bfloat16", "float16")
 KERNEL_HEAD_DIM = 128          # the kernels are built for K == V == 128; K == V == 64 is zero-padded to 128
-BV_CHOICES = (64,)             # value columns per CTA of the recurrent kernel that the API dispatches
-NUM_STAGES = 2                 # software pipelining depth of the recurrent kernel's chunk loads
+BV_CHOICES = (64, 32, 16)      # value columns per CTA of the state kernel that the API dispatches
+PRECISIONS = ("high", "fast")  # state-kernel precision knob (see chunk_h.build_state_kernel)
+DEFAULT_PRECISION = "high"
+DEFAULT_PATH = "split"         # "split": state kernel + parallel output kernel; "fused": the old fused kernel
+NUM_STAGES = 2                 # software pipelining depth of the sequential kernels' chunk loads
+OUT_BV = 64                    # value columns per CTA of the output kernel
 
 
 @dataclass(frozen=True)
@@ -40,14 +44,58 @@ class RecurrentConfig:
         return f"recurrent[DK=DV={self.DK},BV={self.BV},stages={self.num_stages},{self.dtype}]"
 
 
+@dataclass(frozen=True)
+class StateConfig:
+    dtype: str
+    BV: int = 64
+    precision: str = DEFAULT_PRECISION
+    DK: int = KERNEL_HEAD_DIM
+    num_stages: int = NUM_STAGES
+
+    @property
+    def name(self) -> str:
+        return f"state[DK=DV={self.DK},BV={self.BV},{self.precision},stages={self.num_stages},{self.dtype}]"
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    dtype: str
+    split_s: bool = True           # read the chunk-start state as hi + lo ("high") or hi only ("fast")
+    BV: int = OUT_BV
+    DK: int = KERNEL_HEAD_DIM
+
+    @property
+    def name(self) -> str:
+        return f"output[DK=DV={self.DK},BV={self.BV},{'S hi+lo' if self.split_s else 'S hi'},{self.dtype}]"
+
+
+# ~SMs of an H200 (132); the split path's state kernel wants about one CTA per SM.
+N_SM = 128
+
+
 def block_v(n_seq: int, HV: int) -> int:
-    """Value columns per CTA of the recurrent kernel (only 64 is dispatched today)."""
-    return 64
+    """Value columns per CTA of the sequential state kernel: the widest block that still gives
+    about one CTA per SM (N x HV x 128/BV CTAs), 16 at the least."""
+    for bv in (64, 32):
+        if n_seq * HV * (KERNEL_HEAD_DIM // bv) >= N_SM:
+            return bv
+    return 16
 
 
-def dispatch_configs(dtype: str, n_seq: int, HV: int, BV: int | None = None):
-    """The two kernel configurations one API call uses."""
-    return IntraConfig(dtype), RecurrentConfig(dtype, BV or block_v(n_seq, HV))
+def dispatch_configs(dtype: str, n_seq: int, HV: int, BV: int | None = None, path: str | None = None,
+                     precision: str | None = None):
+    """The kernel configurations one API call uses: (intra, recurrent) on the fused path,
+    (intra, state, output) on the split path."""
+    path = path or DEFAULT_PATH
+    if path == "fused":
+        return IntraConfig(dtype), RecurrentConfig(dtype, BV or 64)
+    if path != "split":
+        raise ValueError(f"unknown path {path!r}")
+    precision = precision or DEFAULT_PRECISION
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return (IntraConfig(dtype), StateConfig(dtype, BV or block_v(n_seq, HV), precision),
+            OutputConfig(dtype, precision == "high"))
 
 
 def all_configs():
@@ -63,7 +111,18 @@ def all_configs():
     for dtype in DTYPES:
         out.append(IntraConfig(dtype))
         for bv in BV_CHOICES:
-            out.append(RecurrentConfig(dtype, bv))
+            out.append(StateConfig(dtype, bv, DEFAULT_PRECISION))
+        out.append(OutputConfig(dtype, DEFAULT_PRECISION == "high"))
+    return out
+
+
+def extra_configs():
+    """Reachable only through the API's private knobs (benchmark variants): the old fused
+    kernel and the other state precision, bf16."""
+    other = [p for p in PRECISIONS if p != DEFAULT_PRECISION]
+    out = [RecurrentConfig("bfloat16", 64)]
+    for p in other:
+        out += [StateConfig("bfloat16", 32, p), OutputConfig("bfloat16", p == "high")]
     return out
 
 
@@ -71,6 +130,12 @@ def prim_func(cfg):
     if isinstance(cfg, IntraConfig):
         from .kkt_solve import build_intra_kernel
         return build_intra_kernel(cfg.DK, cfg.dtype)
+    if isinstance(cfg, StateConfig):
+        from .chunk_h import build_state_kernel
+        return build_state_kernel(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.precision, cfg.num_stages)
+    if isinstance(cfg, OutputConfig):
+        from .chunk_o import build_output_kernel
+        return build_output_kernel(cfg.DK, cfg.DK, cfg.dtype, cfg.BV, cfg.split_s)
     from .chunk_h import build_recurrent_kernel
     return build_recurrent_kernel(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.num_stages)
 
@@ -115,12 +180,12 @@ def ptxas_report(src: str, timeout: float = 300.0) -> dict:
     return info
 
 
-def compile_for_test(index: int, with_ptxas: bool = True) -> dict:
-    """Compile ``all_configs()[index]`` for sm_90a; return name, seconds, CUDA source and ptxas stats.
-    Top-level so a process pool can call it."""
+def compile_for_test(index: int, with_ptxas: bool = True, extra: bool = False) -> dict:
+    """Compile ``all_configs()[index]`` (``extra_configs()`` with extra=True) for sm_90a; return name,
+    seconds, CUDA source and ptxas stats.  Top-level so a process pool can call it."""
     import time
 
-    cfg = all_configs()[index]
+    cfg = (extra_configs() if extra else all_configs())[index]
     t = time.time()
     kern = get_kernel(cfg)
     secs = time.time() - t

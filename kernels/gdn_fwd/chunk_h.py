@@ -188,3 +188,156 @@ def build_recurrent_kernel(DK: int, DV: int, BV: int, dtype: str, num_stages: in
 PASS_CONFIGS = {
     tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
 }
+
+
+def build_state_kernel(DK: int, DV: int, BV: int, dtype: str, precision: str = "high", num_stages: int = 2):
+    """Return the TileLang prim_func of the state-only recurrence ``gdn_state_fwd``.
+
+    The sequential part of the split path: per chunk it only advances the state and
+    writes what the parallel output kernel (``chunk_o.build_output_kernel``) needs::
+
+        Sh, Sl = split(S)      -> Sch[c], Scl[c]         # chunk-start state for the output kernel
+        X     = V - F0 * (K @ S)    high: K Sh + K Sl (2 wgmma)     fast: K Sh (1), Sl not written
+        U     = Ag @ X      high: Ah Xh + Al Xh + Ah Xl  (3 wgmma)   fast: Ah Xh (1)
+        Uh, Ul = split(U)                                # written for the output kernel
+        S     = F3 S + K^T @ (F2 U)   split F2 U (2 wgmma)
+
+    7 wgmma per chunk ("high": the same products as the fused kernel, so the same accuracy)
+    or 4 ("fast"), vs 12 in the fused kernel.  The state stays fp32 in registers; all
+    products accumulate in fp32.  Emulated at T=2048 (bf16, H=2, HV=4, no h0, floor
+    1.661e-3): high o 1.661e-3 / state 3.5e-6; fast o ~2.3e-3 / state ~1.4e-3 (FLA-like bf16
+    scheme: 3.3e-3 / 2.3e-3); with h0 fast's o is ~1.4x the floor (rd(S) in Q S).  Dropping
+    the lo half of F2 U as well would put the state at the FLA-like level, so both keep it.
+
+    Arguments (as ``build_recurrent_kernel`` minus q, Ph, Pl, o), plus outputs
+      Sch, Scl [HV, NC, DK, DV] dtype   chunk-start states, two-term split (Scl untouched in "fast")
+      Uh, Ul  [HV, NC, 64, DV]  dtype   U = v_new as a two-term split (rows past the end are 0)
+    """
+    assert DK in (64, 128) and DV == DK
+    assert DV % BV == 0 and BV in (16, 32, 64, 128)
+    assert dtype in ("bfloat16", "float16")
+    assert precision in ("high", "fast")
+    hi_prec = precision == "high"
+    f32 = "float32"
+    NV = DV // BV
+
+    Ttot = T.dynamic("Ttot")
+    H = T.dynamic("H")
+    HV = T.dynamic("HV")
+    N = T.dynamic("N")
+    NC = T.dynamic("NC")
+    Nh = T.dynamic("Nh")
+    Nt = T.dynamic("Nt")
+
+    @T.prim_func
+    def gdn_state_fwd(
+        k: T.Tensor((Ttot, H, DK), dtype),
+        v: T.Tensor((Ttot, HV, DV), dtype),
+        Ah: T.Tensor((HV, NC, BT, BT), dtype),
+        Al: T.Tensor((HV, NC, BT, BT), dtype),
+        F: T.Tensor((HV, NC, 4, BT), f32),
+        cu_seqlens: T.Tensor((N + 1,), "int32"),
+        chunk_offsets: T.Tensor((N + 1,), "int32"),
+        h0: T.Tensor((Nh, HV, DK, DV), f32),
+        Sch: T.Tensor((HV, NC, DK, DV), dtype),
+        Scl: T.Tensor((HV, NC, DK, DV), dtype),
+        Uh: T.Tensor((HV, NC, BT, DV), dtype),
+        Ul: T.Tensor((HV, NC, BT, DV), dtype),
+        ht: T.Tensor((Nt, HV, DK, DV), f32),
+        use_h0: T.int32,
+        store_ht: T.int32,
+        v_first: T.int32,
+    ):
+        with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, n):
+            h = hv // (HV // H)
+            bos = cu_seqlens[n]
+            eos = cu_seqlens[n + 1]
+            c0 = chunk_offsets[n]
+            nchunks = T.ceildiv(eos - bos, BT)
+            v0 = bv * BV
+
+            k_s = T.alloc_shared((BT, DK), dtype)
+            v_s = T.alloc_shared((BT, BV), dtype)
+            ah_s = T.alloc_shared((BT, BT), dtype)
+            al_s = T.alloc_shared((BT, BT), dtype)
+            f_s = T.alloc_shared((4, BT), f32)
+            sh_s = T.alloc_shared((DK, BV), dtype)
+            sl_s = T.alloc_shared((DK, BV), dtype)
+            xh_s = T.alloc_shared((BT, BV), dtype)
+            xl_s = T.alloc_shared((BT, BV), dtype)
+            uh_s = T.alloc_shared((BT, BV), dtype)
+            ul_s = T.alloc_shared((BT, BV), dtype)
+
+            s_f = T.alloc_fragment((DK, BV), f32)
+            ks_f = T.alloc_fragment((BT, BV), f32)
+            u_f = T.alloc_fragment((BT, BV), f32)
+
+            if use_h0 != 0:
+                if v_first != 0:
+                    for i, j in T.Parallel(DK, BV):
+                        s_f[i, j] = h0[n, hv, v0 + j, i]
+                else:
+                    T.copy(h0[n, hv, 0:DK, v0:v0 + BV], s_f)
+            else:
+                T.clear(s_f)
+
+            for ic in T.Pipelined(nchunks, num_stages=num_stages):
+                t0 = bos + ic * BT
+                c = c0 + ic
+                T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
+                T.copy(v[t0:t0 + BT, hv, v0:v0 + BV], v_s)
+                T.copy(Ah[hv, c, 0:BT, 0:BT], ah_s)
+                if hi_prec:
+                    T.copy(Al[hv, c, 0:BT, 0:BT], al_s)
+                T.copy(F[hv, c, 0:4, 0:BT], f_s)
+
+                for i, j in T.Parallel(DK, BV):
+                    sh_s[i, j] = T.cast(s_f[i, j], dtype)
+                    if hi_prec:
+                        sl_s[i, j] = T.cast(s_f[i, j] - T.cast(T.cast(s_f[i, j], dtype), f32), dtype)
+                # plain stores (a TMA store would wait for its smem read on the critical path)
+                T.copy(sh_s, Sch[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
+                if hi_prec:
+                    T.copy(sl_s, Scl[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
+
+                # X = V - F0 * (K @ S)
+                T.gemm(k_s, sh_s, ks_f, clear_accum=True)
+                if hi_prec:
+                    T.gemm(k_s, sl_s, ks_f)
+                for i, j in T.Parallel(BT, BV):
+                    ks_f[i, j] = T.cast(v_s[i, j], f32) - f_s[0, i] * ks_f[i, j]
+                for i, j in T.Parallel(BT, BV):
+                    xh_s[i, j] = T.cast(ks_f[i, j], dtype)
+                    if hi_prec:
+                        xl_s[i, j] = T.cast(ks_f[i, j] - T.cast(T.cast(ks_f[i, j], dtype), f32), dtype)
+
+                # U = Ag @ X
+                T.gemm(ah_s, xh_s, u_f, clear_accum=True)
+                if hi_prec:
+                    T.gemm(al_s, xh_s, u_f)
+                    T.gemm(ah_s, xl_s, u_f)
+                for i, j in T.Parallel(BT, BV):
+                    uh_s[i, j] = T.cast(u_f[i, j], dtype)
+                    ul_s[i, j] = T.cast(u_f[i, j] - T.cast(T.cast(u_f[i, j], dtype), f32), dtype)
+                T.copy(uh_s, Uh[hv, c, 0:BT, v0:v0 + BV], disable_tma=True)
+                T.copy(ul_s, Ul[hv, c, 0:BT, v0:v0 + BV], disable_tma=True)
+
+                # S = F3 * S + K^T @ (F2 * U)
+                for i, j in T.Parallel(BT, BV):
+                    u_f[i, j] = f_s[2, i] * u_f[i, j]
+                for i, j in T.Parallel(BT, BV):
+                    xh_s[i, j] = T.cast(u_f[i, j], dtype)
+                    xl_s[i, j] = T.cast(u_f[i, j] - T.cast(T.cast(u_f[i, j], dtype), f32), dtype)
+                for i, j in T.Parallel(DK, BV):
+                    s_f[i, j] = s_f[i, j] * f_s[3, 0]
+                T.gemm(k_s, xh_s, s_f, transpose_A=True)
+                T.gemm(k_s, xl_s, s_f, transpose_A=True)
+
+            if store_ht != 0:
+                if v_first != 0:
+                    for i, j in T.Parallel(DK, BV):
+                        ht[n, hv, v0 + j, i] = s_f[i, j]
+                else:
+                    T.copy(s_f, ht[n, hv, 0:DK, v0:v0 + BV])
+
+    return gdn_state_fwd

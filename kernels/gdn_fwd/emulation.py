@@ -143,8 +143,10 @@ def intra(q, k, g, beta, cu_seqlens: list[int], scale: float, use_l2: bool, dt: 
     return Ah, Al, Ph, Pl, F
 
 
-def recurrent(q, k, v, Ah, Al, Ph, Pl, F, cu_seqlens: list[int], h0, dt: torch.dtype):
-    """Emulates ``gdn_recurrent_fwd`` (+ fused ``chunk_output``).
+def recurrent(q, k, v, Ah, Al, Ph, Pl, F, cu_seqlens: list[int], h0, dt: torch.dtype, path: str = "split",
+              precision: str = "high"):
+    """Emulates ``gdn_recurrent_fwd`` (+ fused ``chunk_output``) when ``path == "fused"``, else the split
+    path: ``gdn_state_fwd`` (``precision`` "high" | "fast") followed by ``gdn_output_fwd``.
 
     q, k [Ttot, H, DK]; v [Ttot, HV, DV]; h0 [N, HV, DK, DV] fp32 or None (K-first here;
     the API transposes V-first states).  Returns o [Ttot, HV, DV] (dt) and S [N, HV, DK, DV] (fp32).
@@ -178,10 +180,14 @@ def recurrent(q, k, v, Ah, Al, Ph, Pl, F, cu_seqlens: list[int], h0, dt: torch.d
         f = F[:, c].transpose(0, 1)                                               # [A, HV, 4, 64]
         S_a = S[a]
         Sh, Sl = _split(S_a, dt)
+        fused = path == "fused"
+        hi = fused or precision == "high"
+        if not hi:
+            Sl = torch.zeros_like(Sl)          # "fast": K @ rd(S), and the output kernel reads Sc = rd(S) only
         KS = _f32(Kc @ (Sh + Sl))
         X = _f32(Vc - _f32(f[:, :, 0, :, None] * KS))
         Xh, Xl = _split(X, dt)
-        U = _f32(ah @ Xh + al @ Xh + ah @ Xl)
+        U = _f32(ah @ Xh + al @ Xh + ah @ Xl) if hi else _f32(ah @ Xh)
         Uh, Ul = _split(U, dt)
         QS = _f32(Qc @ (Sh + Sl))
         O = _f32(_f32(QS * f[:, :, 1, :, None]) + ph @ Uh + pl @ Uh + ph @ Ul)
@@ -197,8 +203,10 @@ def recurrent(q, k, v, Ah, Al, Ph, Pl, F, cu_seqlens: list[int], h0, dt: torch.d
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                           use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None):
-    """Same signature and result layout as ``kernels.chunk_gated_delta_rule``, computed by the emulation."""
+                           use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
+                           _path: str = "split", _precision: str = "high"):
+    """Same signature and result layout as ``kernels.chunk_gated_delta_rule`` (incl. its private
+    ``_path`` / ``_precision`` knobs), computed by the emulation."""
     B, T, H, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     dt = q.dtype
@@ -217,7 +225,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
         h0 = initial_state.to(torch.float32)
         if state_v_first:
             h0 = h0.transpose(-1, -2)
-    o, S = recurrent(q2, k2, v2, Ah, Al, Ph, Pl, F, cu, h0, dt)
+    o, S = recurrent(q2, k2, v2, Ah, Al, Ph, Pl, F, cu, h0, dt, _path, _precision)
     o = o.reshape(B, T, HV, DV)
     if not output_final_state:
         return o, None
