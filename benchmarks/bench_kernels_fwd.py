@@ -101,26 +101,9 @@ def _needed_configs(variants, shapes):
     return out
 
 
-def _compile_one(cfg):
-    import time as _t
-    sys.path.insert(0, ROOT)
-    from kernels.gdn_fwd.build import get_kernel
-    t = _t.time()
-    try:
-        get_kernel(cfg)
-        return cfg.name, _t.time() - t, None
-    except Exception as e:  # pragma: no cover
-        return cfg.name, _t.time() - t, f"{type(e).__name__}: {str(e)[:300]}"
-
-
 def precompile(cfgs, workers):
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-    t = time.time()
-    with ProcessPoolExecutor(max(1, min(workers, len(cfgs))), mp_context=mp.get_context("spawn")) as ex:
-        for name, secs, err in ex.map(_compile_one, cfgs):
-            print(f"  compiled {name:<60} {secs:6.1f} s {err or ''}", flush=True)
-    print(f"  {len(cfgs)} kernels in {time.time() - t:.1f} s", flush=True)
+    from kernels.gdn_fwd.build import precompile as _pre
+    _pre(cfgs, workers, log=lambda m: print(m, flush=True))
 
 
 def main(argv=None):

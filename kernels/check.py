@@ -57,14 +57,15 @@ def main(argv=None) -> int:
     ref_fn = tt.reference_fn()
     print(f"reference: {ref_fn.__module__}.{ref_fn.__name__}")
 
-    # ---- 1. compile ----
-    from kernels.gdn_fwd.build import all_configs, get_kernel
+    # ---- 1. compile (parallel processes fill TileLang's disk cache, then load here) ----
+    from kernels.gdn_fwd.build import all_configs, get_kernel, precompile
+    precompile(all_configs(), log=lambda m: print(m, flush=True))
     failed_compile = []
     for cfg in all_configs():
         t = time.time()
         try:
             get_kernel(cfg)
-            print(f"compiled {cfg.name:<50} {time.time() - t:6.1f} s")
+            print(f"loaded {cfg.name:<55} {time.time() - t:6.1f} s")
         except Exception:
             failed_compile.append(cfg.name)
             print(f"COMPILE FAILED {cfg.name}:\n{traceback.format_exc(limit=3)}")

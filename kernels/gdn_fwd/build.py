@@ -152,6 +152,37 @@ def get_kernel(cfg):
     return tilelang.compile(prim_func(cfg), target=TARGET, pass_configs=pass_configs())
 
 
+def _compile_named(cfg):
+    import time
+    t = time.time()
+    try:
+        get_kernel(cfg)
+        return cfg.name, time.time() - t, None
+    except Exception as e:  # pragma: no cover - reported by the caller
+        return cfg.name, time.time() - t, f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def precompile(cfgs, workers: int | None = None, log=print):
+    """Compile ``cfgs`` in parallel spawned processes (each fills TileLang's disk cache, so this
+    process then loads them quickly).  Returns the names that failed."""
+    import multiprocessing as mp
+    import os
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    cfgs = list(cfgs)
+    workers = max(1, min(workers or (os.cpu_count() or 1), len(cfgs), 10))
+    t = time.time()
+    failed = []
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+        for name, secs, err in ex.map(_compile_named, cfgs):
+            log(f"  compiled {name:<60} {secs:6.1f} s {err or ''}")
+            if err:
+                failed.append(name)
+    log(f"  {len(cfgs)} kernels in {time.time() - t:.1f} s ({workers} processes)")
+    return failed
+
+
 def ptxas_report(src: str, timeout: float = 300.0) -> dict:
     """Compile a TileLang CUDA source with ``nvcc -cubin -Xptxas -v`` (sm_90a) and parse
     registers / spills / stack.  Used by the compile test (the design keeps the
