@@ -1,7 +1,21 @@
-"""pytest configuration shared by every test: hypothesis profiles (CI is derandomised)."""
+"""pytest configuration: hypothesis profiles and the parametrized parity matrix.
 
+The matrix is built from the named matrices in ``cases/``: one test per (case, backend) with the id
+``<case id>-<backend>``. Options: ``--matrix`` (default: smoke; standard on a GPU box is
+``pytest -m gpu --matrix standard``), ``--backend`` (repeatable), ``--case`` (repeatable), ``--seeds``.
+Markers: ``gpu`` (the cell runs a GPU backend), ``slow``, and one per backend (``backend_fla_triton``...).
+Known upstream defects are strict expected failures listed in ``tests/known_failures.json``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
 import os
+import warnings
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=25,
@@ -9,3 +23,95 @@ settings.register_profile("ci", derandomize=True, deadline=None, max_examples=25
 settings.register_profile("dev", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+KNOWN_FAILURES = Path(__file__).parent / "tests" / "known_failures.json"
+REFERENCE_BACKENDS = {"ref-recurrent", "torch-emulated"}
+
+
+def marker_name(backend: str) -> str:
+    return "backend_" + backend.replace("-", "_").replace(":", "_").replace(".", "_")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("gdn-parity")
+    group.addoption("--matrix", default="smoke", help="named matrix for tests/test_matrix.py (default: smoke)")
+    group.addoption("--backend", action="append", default=None, help="only this backend (repeatable)")
+    group.addoption("--case", action="append", default=None, help="only this case id (repeatable)")
+    group.addoption("--seeds", type=int, default=None, help="seeds per configuration (default: the matrix's)")
+
+
+def pytest_configure(config):
+    from parity.backends import BACKENDS
+
+    for name in BACKENDS:
+        config.addinivalue_line("markers", f"{marker_name(name)}: cells of backend {name}")
+
+
+def load_known_failures() -> list[dict]:
+    """Entries: backend, case (glob over the case id), reason, link; all required."""
+    entries = json.loads(KNOWN_FAILURES.read_text())
+    for e in entries:
+        missing = {"backend", "case", "reason", "link"} - set(e)
+        if missing:
+            raise ValueError(f"{KNOWN_FAILURES}: entry {e} lacks {sorted(missing)}")
+    return entries
+
+
+def matrix_cells(config):
+    """(case, backend name) pairs for the options given."""
+    from cases.case import Case
+    from cases.matrices import get_matrix
+    from parity.backends import BACKENDS
+
+    if config.getoption("--case"):
+        cases = [Case.from_id(c) for c in config.getoption("--case")]
+    else:
+        cases = get_matrix(config.getoption("--matrix")).cases(config.getoption("--seeds"))
+    backends = config.getoption("--backend") or [b for b in BACKENDS if b != "torch-emulated"]
+    return [(c, b) for c in cases for b in backends]
+
+
+def pytest_generate_tests(metafunc):
+    if "parity_cell" not in metafunc.fixturenames:
+        return
+    import torch
+
+    from parity.backends import get_backend
+
+    known = load_known_failures()
+    metafunc.config._parity_known = known
+    metafunc.config._parity_matched = set()
+    cuda = torch.cuda.is_available()
+    params = []
+    for case, backend in matrix_cells(metafunc.config):
+        marks = [getattr(pytest.mark, marker_name(backend))]
+        b = get_backend(backend)
+        if b.needs_gpu or (cuda and backend not in REFERENCE_BACKENDS):
+            marks.append(pytest.mark.gpu)
+        if case.B * case.T > 4096:
+            marks.append(pytest.mark.slow)
+        for i, e in enumerate(known):
+            if e["backend"] == backend and fnmatch.fnmatchcase(case.id, e["case"]):
+                metafunc.config._parity_matched.add(i)
+                marks.append(pytest.mark.xfail(reason=f"{e['reason']} ({e['link']})", strict=True))
+                break
+        params.append(pytest.param((case, backend), id=f"{case.id}-{backend}", marks=marks))
+    metafunc.parametrize("parity_cell", params)
+
+
+def pytest_collection_finish(session):
+    known = getattr(session.config, "_parity_known", None)
+    if known is None:
+        return
+    matched = session.config._parity_matched
+    for i, e in enumerate(known):
+        if i not in matched:
+            warnings.warn(f"tests/known_failures.json: stale entry matches no collected test: backend {e['backend']}, "
+                          f"case {e['case']} ({e['reason'][:80]})", stacklevel=1)
+
+
+@pytest.fixture(scope="session")
+def parity_session():
+    from parity.session import ParitySession
+
+    return ParitySession()

@@ -112,7 +112,7 @@ def section_summary(df: pd.DataFrame) -> str:
             continue
         piv = sub.pivot_table(index=["dist", "dtypes"], columns="backend", values="rel_rmse", aggfunc="max")
         nan = df[(df["against"] == "fp64") & (df["status"] == "nan") & (df["tensor"] == tensor)]
-        cols = [FLOOR_BACKEND] + sorted(set(piv.columns) | set(nan["backend"]) - {FLOOR_BACKEND})
+        cols = [FLOOR_BACKEND] + sorted((set(piv.columns) | set(nan["backend"])) - {FLOOR_BACKEND})
         piv = piv.reindex(columns=cols).astype(object)
         for (dist, dtypes, backend) in nan[["dist", "dtypes", "backend"]].itertuples(index=False):
             piv.loc[(dist, dtypes), backend] = "NaN/Inf"

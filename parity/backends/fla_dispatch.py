@@ -13,6 +13,7 @@ from parity.backends.base import Backend
 class FlaDispatch(Backend):
     name = "fla-dispatch"
     description = "FLA chunk_gated_delta_rule as users call it (FLA picks FlashQLA / TileLang / Triton)"
+    needs_gpu = True
     has_backward = True
     packages = ("fla-core", "flash-qla", "tilelang")
 

@@ -18,6 +18,7 @@ SUPPORTED_ARCHS = {(9, 0), (10, 0), (10, 3), (12, 0), (12, 1)}
 class FlashQLA(Backend):
     name = "flash-qla"
     description = "FlashQLA flash_qla.chunk_gated_delta_rule (fused TileLang), called directly"
+    needs_gpu = True
     has_backward = True
     packages = ("flash-qla", "tilelang")
 

@@ -17,6 +17,7 @@ SUPPORTED_HEAD_DIMS = {64, 128}
 class TileLangKernels(Backend):
     name = "tilelang"
     description = "gdn-parity's TileLang GDN forward (kernels/), SM90"
+    needs_gpu = True
     has_backward = False
     packages = ("tilelang",)
 
