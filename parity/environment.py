@@ -4,6 +4,7 @@ GPU package: versions come from package metadata."""
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import socket
 import subprocess
@@ -26,8 +27,13 @@ def _git(*args: str) -> str | None:
 
 
 def git_info() -> dict:
-    """commit (None outside a checkout) and dirty (uncommitted changes to tracked files)."""
+    """commit and dirty (uncommitted changes to tracked files). Outside a checkout (a copied working tree on a GPU
+    box) they come from GDN_PARITY_COMMIT / GDN_PARITY_DIRTY, which scripts/gpu_env.sh sets from .gpu/COMMIT."""
     commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        commit = os.environ.get("GDN_PARITY_COMMIT") or None
+        dirty = os.environ.get("GDN_PARITY_DIRTY")
+        return {"commit": commit, "dirty": None if dirty is None else dirty == "1"}
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
@@ -57,7 +63,7 @@ def collect() -> dict:
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "cpu_count": __import__("os").cpu_count(),
+        "cpu_count": os.cpu_count(),
         **gpu_info(),
         "packages": {p: package_version(p) for p in PACKAGES},
         "git": git_info(),

@@ -66,32 +66,49 @@ def frame(rs: ResultSet) -> pd.DataFrame:
     return df
 
 
+def _env_items(run: dict) -> list[tuple[str, str]]:
+    env = run.get("env", {})
+    git = env.get("git", {}) or {}
+    pk = env.get("packages", {}) or {}
+    dirty = " (dirty)" if git.get("dirty") else ""
+    return [
+        ("GPU", f"{env.get('gpu') or 'none'} x{env.get('gpu_count')} (sm_{env.get('sm')}), driver {env.get('driver')}, "
+                f"CUDA {env.get('cuda')}"),
+        ("host", f"{env.get('host')}, {env.get('platform')}, Python {env.get('python')}"),
+        ("packages", ", ".join(f"{k} {v}" for k, v in pk.items())),
+        ("commit", f"{git.get('commit') or 'unknown'}{dirty}"),
+        ("reference", f"{run.get('ref_version')} (chunked fp64, checked against the recurrent fp64 loop where cheap: "
+                      f"backend ref-recurrent)"),
+    ]
+
+
 def section_environment(rs: ResultSet) -> str:
+    """Sessions (a resumed run has several), the machine (once when every session shares it) and the backends."""
     lines = ["## Environment", ""]
+    ends = {e.get("session"): e for e in rs.ends}
+    sessions = [(r.get("session"), (r.get("env") or {}).get("date"), r.get("matrix"), r.get("shard") or "-",
+                 ", ".join(r.get("backends", [])), r.get("tasks"),
+                 fmt(ends[r.get("session")].get("wall_s"), "s") if r.get("session") in ends else "unfinished")
+                for r in rs.runs]
+    lines += [tabulate(sessions, headers=["session", "date", "matrix", "shard", "backends", "cases to run",
+                                          "wall s"], tablefmt="pipe", disable_numparse=True), ""]
+    envs = []
     for run in rs.runs:
-        env = run.get("env", {})
-        git = env.get("git", {}) or {}
-        pk = env.get("packages", {}) or {}
-        items = [
-            ("session", f"{run.get('session')} ({run.get('run_id')}, matrix {run.get('matrix')}, "
-                        f"shard {run.get('shard') or '-'})"),
-            ("date", env.get("date")), ("host", env.get("host")),
-            ("GPU", f"{env.get('gpu') or 'none'} x{env.get('gpu_count')} (sm_{env.get('sm')}), "
-                    f"driver {env.get('driver')}, CUDA {env.get('cuda')}"),
-            ("packages", ", ".join(f"{k} {v}" for k, v in pk.items())),
-            ("commit", f"{git.get('commit')}{' (dirty)' if git.get('dirty') else ''}"),
-            ("reference", f"{run.get('ref_version')} (chunked fp64, checked against the recurrent fp64 loop where "
-                          f"cheap: backend ref-recurrent)"),
-        ]
-        lines.append(tabulate(items, headers=["", ""], tablefmt="pipe", disable_numparse=True))
-        avail = run.get("availability", {})
-        if avail:
-            rows = [(b, "yes" if a.get("available") else "no", a.get("reason") or "",
-                     ", ".join(f"{k} {v}" for k, v in run.get("versions", {}).get(b, {}).items()))
-                    for b, a in avail.items()]
-            lines += ["", tabulate(rows, headers=["backend", "available", "note", "versions"], tablefmt="pipe",
-                                   disable_numparse=True)]
-        lines.append("")
+        items = _env_items(run)
+        if items not in [e for _, e in envs]:
+            envs.append((run.get("session"), items))
+    for session, items in envs:
+        title = "" if len(envs) == 1 else f"Session {session}:\n\n"
+        lines += [title + tabulate(items, headers=["", ""], tablefmt="pipe", disable_numparse=True), ""]
+    avail, versions = {}, {}
+    for run in rs.runs:
+        avail.update(run.get("availability", {}))
+        versions.update(run.get("versions", {}))
+    if avail:
+        rows = [(b, "yes" if a.get("available") else "no", a.get("reason") or "",
+                 ", ".join(f"{k} {v}" for k, v in versions.get(b, {}).items())) for b, a in avail.items()]
+        lines += [tabulate(rows, headers=["backend", "available", "note", "versions"], tablefmt="pipe",
+                           disable_numparse=True), ""]
     return "\n".join(lines)
 
 
@@ -241,6 +258,12 @@ def section_determinism(df: pd.DataFrame) -> str:
 def section_footer(rs: ResultSet, df: pd.DataFrame) -> str:
     wall = sum(e.get("wall_s", 0.0) for e in rs.ends)
     ref = sum(e.get("ref_s", 0.0) for e in rs.ends)
+    ended = {e.get("session") for e in rs.ends}
+    spans = []
+    if "at" in df and not df.empty:
+        for session, g in df[~df["session"].isin(ended)].groupby("session"):
+            if g["at"].notna().any():
+                spans.append(f"session {session} unfinished, rows written over {g['at'].max() - g['at'].min():.0f} s")
     n_cases = df["case_id"].nunique() if not df.empty else 0
     restarts = sum(e.get("worker_restarts", 0) for e in rs.ends)
     share = f"{100 * ref / wall:.0f}%" if wall > 0 else "-"
@@ -248,7 +271,8 @@ def section_footer(rs: ResultSet, df: pd.DataFrame) -> str:
     lines = ["---", "",
              f"{n_cases} cases, {len(df)} rows; wall time {wall:.1f} s over {len(rs.ends)} finished session(s)"
              f"{f' ({unfinished} unfinished)' if unfinished > 0 else ''}, of which the fp64 reference {ref:.1f} s "
-             f"({share}); {restarts} worker restart(s). Rendered from `{rs.path}` by `python -m parity report`."]
+             f"({share}); {restarts} worker restart(s)." + (f" ({'; '.join(spans)}.)" if spans else "")
+             + f" Rendered from `{rs.path}` by `python -m parity report`."]
     return "\n".join(lines) + "\n"
 
 
@@ -277,7 +301,7 @@ def render(rs: ResultSet) -> str:
 def write_report(results: list[str | Path], out: str | Path | None = None) -> Path:
     """Render the report of ``results`` to ``out`` (default: report.md next to the first file)."""
     rs = load(*results)
-    out = Path(out) if out else Path(results[0]).with_name("report.md")
+    out = Path(out) if out else Path(results[0]).parent / "report.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(rs))
     return out

@@ -10,7 +10,7 @@ comparisons are rendered only from these files.
 Row fields: run_id, session, case_id, group_id, seed, the case's fields (layout, B, T, H, HV, K, V,
 dtype, g_dtype, beta_dtype, h0_dtype, dist, state_v_first, grad), backend, impl, tensor, status
 (ok | nan | error | unsupported | unavailable), reason, the metrics (parity.metrics.Metrics.as_row),
-wall_s, peak_mem_bytes and ref_s (time to get the fp64 reference for the case).
+wall_s, peak_mem_bytes, ref_s (time to get the fp64 reference for the case) and ``at`` (unix time written).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,12 +101,23 @@ class ResultWriter:
             os.fsync(f.fileno())
 
     def write_cell(self, rows: list[dict]) -> None:
-        """Append one cell's rows in a single write."""
-        self._append([{"record": "row", "session": self.session, **r} for r in rows])
+        """Append one cell's rows in a single write, stamped with the time (so an unfinished session's span is known)."""
+        now = round(time.time(), 3)
+        self._append([{"record": "row", "session": self.session, "at": now, **r} for r in rows])
 
     def finish(self, summary: dict) -> None:
         """Append the session's end record (wall time, counts)."""
         self._append([{"record": "end", "session": self.session, **summary}])
+
+
+def _read_text(path: Path) -> str:
+    """A result file's text; ``.gz`` files (how finished runs are kept in the repository) are decompressed."""
+    if path.suffix == ".gz":
+        import gzip
+
+        with gzip.open(path, "rt") as f:
+            return f.read()
+    return path.read_text()
 
 
 def load(*paths: str | os.PathLike) -> ResultSet:
@@ -113,7 +125,7 @@ def load(*paths: str | os.PathLike) -> ResultSet:
     version; a torn last line (a crash mid-write) is skipped and counted."""
     rs = ResultSet(path=str(paths[0]) if paths else None)
     for path in paths:
-        lines = Path(path).read_text().splitlines()
+        lines = _read_text(Path(path)).splitlines()
         for i, line in enumerate(lines):
             if not line.strip():
                 continue

@@ -12,3 +12,5 @@ if [ ! -d "$HOME/.tilelang/cache" ]; then
 fi
 if [ -f .gpu/triton-cache.tgz ] && [ ! -d "$HOME/.triton/cache" ]; then tar -xzf .gpu/triton-cache.tgz -C "$HOME"; fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 GDN_PARITY_CACHE=/tmp/gdn-parity-ref
+# the commit this working tree came from (written here by scripts/gpu_stamp.sh before the call)
+if [ -f .gpu/COMMIT ]; then read -r GDN_PARITY_COMMIT GDN_PARITY_DIRTY < .gpu/COMMIT; export GDN_PARITY_COMMIT GDN_PARITY_DIRTY; fi

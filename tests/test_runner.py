@@ -131,6 +131,11 @@ def test_report_renders_every_section_from_the_file(tmp_path):
         assert heading in text, heading
     assert "boom: this backend always fails" in text
     assert "| T " in text and "fp64-rounded" in text and "wall time" in text
+    header = text.split("### output o")[1].strip().splitlines()[0]
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert len(cols) == len(set(cols)), cols  # every backend once, the floor first
+    assert cols[:3] == ["dist", "dtypes", "fp64-rounded"]
+    assert "## Verdicts" in text and "fake-raiser" in text
 
 
 def test_cli_list_run_report(tmp_path, capsys):
