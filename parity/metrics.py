@@ -17,12 +17,15 @@ BLOCK = 1 << 24
 
 TOKEN_KIND = "tokens"  # [B, T, heads(, channels)]: o, dq, dk, dv, dg, dbeta
 STATE_KIND = "state"  # [N, HV, d1, d2]: final state, dh0
+CHUNK_KIND = "chunks"  # [B, NT, HV, d1, d2]: the state at the start of every chunk (FLA's h)
+CHUNK_SIZE = 64
 
 
 @dataclass(frozen=True)
 class Location:
     """Where an element sits: sequence (batch row or varlen sequence), token within it (None for a state),
-    head, and channel (an int for token tensors, 'k,v' indices for states, None for per-head scalars)."""
+    head, and channel (an int for token tensors, 'k,v' indices for states, None for per-head scalars). For chunk
+    states the token is the first token of the chunk."""
 
     seq: int
     token: int | None
@@ -78,6 +81,8 @@ def locate(flat_index: int, shape: tuple[int, ...], kind: str = TOKEN_KIND,
     idx = idx[::-1]
     if kind == STATE_KIND:
         return Location(seq=idx[0], token=None, head=idx[1], channel=f"{idx[2]},{idx[3]}")
+    if kind == CHUNK_KIND:  # token = the first token of the chunk whose start state this is
+        return Location(seq=idx[0], token=idx[1] * CHUNK_SIZE, head=idx[2], channel=f"{idx[3]},{idx[4]}")
     b, t, h = idx[0], idx[1], idx[2]
     ch = idx[3] if len(idx) > 3 else None
     if cu_seqlens is not None:

@@ -72,14 +72,16 @@ def _emulated_core(q, k, v, g, beta, S, scale: float, C: int, dt: torch.dtype):
     G_last = G[..., -1]
     k_decay = (G_last[..., None] - G).exp()[..., None]
 
-    outs = []
+    outs, states = [], []
     for c in range(NC):
         h = rd(S)
+        states.append(h)
         v_new = rd(U_tilde[:, :, c] - W[:, :, c] @ h)
         outs.append(scale * ((q[:, :, c] @ h) * G[:, :, c].exp()[..., None] + QK[:, :, c] @ v_new))
         S = S * G_last[:, :, c].exp()[..., None, None] + k[:, :, c].transpose(-1, -2) @ rd(v_new * k_decay[:, :, c])
     o = torch.stack(outs, dim=2).permute(0, 2, 3, 1, 4).reshape(N, L, HV, V) if outs else v.new_zeros((N, 0, HV, V))
-    return o, S
+    hs = torch.stack(states, dim=1) if states else S.new_zeros((N, 0, HV, K, V))  # [N, NC, HV, K, V]
+    return o, S, hs
 
 
 def chunk_gated_delta_rule(
@@ -100,11 +102,13 @@ def chunk_gated_delta_rule(
     cu_seqlens: torch.Tensor | None = None,
     chunk_size: int = CHUNK_SIZE,
     dtype: torch.dtype | None = None,
+    output_chunk_states: bool = False,
 ):
     """Chunked GDN with ``dtype`` operands (default: q's dtype) and fp32 accumulation, on the inputs' device.
 
     Same arguments and shapes as reference.chunk.chunk_gated_delta_rule. Returns o in ``dtype`` and the final
-    state in fp32 (None unless output_final_state). Differentiable: autograd rounds the gradients at the
+    state in fp32 (None unless output_final_state); with output_chunk_states also the chunk-start states as stored
+    for the output stage (rounded to ``dtype``), dense only: [B, NT, HV, K, V]. Differentiable: autograd rounds the gradients at the
     same storage points (the backward of a cast to ``dtype`` is a cast of the gradient).
     """
     dims = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first, A_log, dt_bias)
@@ -134,6 +138,12 @@ def chunk_gated_delta_rule(
         L = -(-dims.T // C) * C
         xs = [_neutral_pad(x, L) for x in (q, k, v, g, beta)]
     with _no_tf32():
-        o, S = _emulated_core(*xs, S0, scale, C, dt)
+        o, S, hs = _emulated_core(*xs, S0, scale, C, dt)
     o = (unpad_varlen(o, cu_seqlens) if dims.varlen else o[:, : dims.T]).contiguous()
-    return o.to(dt), (state_out(S, state_v_first) if output_final_state else None)
+    final = state_out(S, state_v_first) if output_final_state else None
+    if not output_chunk_states:
+        return o.to(dt), final
+    if dims.varlen:
+        raise ValueError("output_chunk_states is implemented for dense inputs only")
+    hs = hs[:, : -(-dims.T // C)]
+    return o.to(dt), final, (hs.transpose(-1, -2) if state_v_first else hs).to(dt).contiguous()

@@ -65,6 +65,11 @@ class Backend:
             raise NotImplementedError(f"{self.name} has no backward")
         return run_with_grads(self._forward, inputs, grad_outputs)
 
+    def chunk_states(self, inputs: GDNInputs) -> tuple[torch.Tensor, str] | None:
+        """The state at the start of every chunk of 64 as the implementation computes it ([B, NT, HV, K, V], dense
+        inputs), and how it was obtained; None when the implementation does not expose it (the default)."""
+        return None
+
     def versions(self) -> dict[str, str]:
         """Installed versions of ``packages`` (from package metadata; nothing is imported)."""
         return {p: package_version(p) for p in self.packages}

@@ -31,3 +31,27 @@ class FlaTriton(Backend):
         if calls:
             raise RuntimeError(f"FLA dispatched to {calls} although every backend was switched off")
         return o, ht, "fla/triton"
+
+    def chunk_states(self, inputs):
+        """FLA computes h (the chunk-start states, [B, NT, HV, K, V] in the input dtype) inside its forward and does
+        not return it: wrap the stage function it calls, chunk_gated_delta_rule_fwd_h, to keep its output."""
+        gdn = fla_common.import_gdn()
+        import fla.ops.gated_delta_rule.chunk as chunk_mod
+
+        original = chunk_mod.chunk_gated_delta_rule_fwd_h
+        captured = []
+
+        def keep_h(*args, **kwargs):
+            out = original(*args, **kwargs)
+            captured.append(out[0])
+            return out
+
+        chunk_mod.chunk_gated_delta_rule_fwd_h = keep_h
+        try:
+            with torch.no_grad(), fla_common.dispatch_off():
+                gdn.chunk_gated_delta_rule(**fla_common.fla_kwargs(inputs))
+        finally:
+            chunk_mod.chunk_gated_delta_rule_fwd_h = original
+        if len(captured) != 1:
+            raise RuntimeError(f"expected one call of chunk_gated_delta_rule_fwd_h, saw {len(captured)}")
+        return captured[0], "fla chunk_gated_delta_rule_fwd_h output h"

@@ -54,3 +54,20 @@ class FlashQLA(Backend):
             state_v_first=inputs.state_v_first,
         )
         return o, ht, "flash_qla"
+
+    def chunk_states(self, inputs):
+        """FlashQLA's low-level forward returns h with output_h=True; auto_cp is switched off so that h has the plain
+        [B, NT, HV, K, V] layout (the intra-card split would reorder it)."""
+        import flash_qla
+
+        q, k = inputs.q, inputs.k
+        if inputs.use_qk_l2norm_in_kernel:
+            from reference.prepare import l2norm
+
+            q, k = l2norm(q.float()).to(q.dtype), l2norm(k.float()).to(k.dtype)
+        with torch.no_grad():
+            out = flash_qla.chunk_gated_delta_rule_fwd(
+                q=q, k=k, v=inputs.v, g=inputs.g, beta=inputs.beta, scale=inputs.scale or q.shape[-1] ** -0.5,
+                initial_state=inputs.initial_state, cu_seqlens=inputs.cu_seqlens, output_final_state=True,
+                output_h=True, auto_cp=False, state_v_first=inputs.state_v_first)
+        return out[3], "flash_qla.chunk_gated_delta_rule_fwd(output_h=True, auto_cp=False)"

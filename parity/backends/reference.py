@@ -55,3 +55,8 @@ class TorchEmulated(Backend):
     def _forward(self, inputs: GDNInputs):
         o, ht = emulated.chunk_gated_delta_rule(**_ref_kwargs(inputs))
         return o, ht, f"reference/emulated-{str(inputs.q.dtype).replace('torch.', '')}"
+
+    def chunk_states(self, inputs: GDNInputs):
+        with torch.no_grad():
+            _, _, hs = emulated.chunk_gated_delta_rule(**_ref_kwargs(inputs), output_chunk_states=True)
+        return hs, "reference.emulated (chunk-start states, rounded as the output stage reads them)"
