@@ -4,6 +4,8 @@
     python -m parity list
     python -m parity report reports/<run>/results.jsonl
     python -m parity merge shard1.jsonl shard2.jsonl --out reports/<run>/results.jsonl
+    python -m parity compare reports/<run-a> reports/<run-b> [--factor 1.5] [--out compare.md]
+    python -m parity replay layer0.safetensors [--backends fla-triton,flash-qla] [--out reports/replay-layer0]
 """
 
 from __future__ import annotations
@@ -125,6 +127,36 @@ def cmd_merge(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from parity import compare
+
+    cmp = compare.compare_files(args.a, args.b, args.factor)
+    text = compare.render(cmp)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+        counts = cmp.table["state"].value_counts()
+        print(", ".join(f"{counts.get(s, 0)} {s}" for s in compare.STATES) + f" -> {args.out}")
+    else:
+        print(text)
+    return cmp.exit_code
+
+
+def cmd_replay(args) -> int:
+    from parity import replay, results
+    from parity.verdicts import judge_frame
+
+    res, rep = replay.replay(args.file, backends=_csv(args.backends), out=args.out, pairwise=not args.no_pairwise,
+                             repeat=False if args.no_repeat else (True if args.repeat else None))
+    judged = judge_frame(results.load(res).frame())
+    for r in judged.to_dict("records"):
+        value = f"rel_rmse {r['rel_rmse']:.3e}" if r["status"] == "ok" else r["status"]
+        note = r["v_message"].splitlines()[0][:160] if r["verdict"] != "PASS" and r["v_message"] else ""
+        print(f"{r['backend']:>16} {r['tensor']:>3} {r['verdict']:<11} {value:<19} {note}".rstrip())
+    print(f"results: {res}\nreport:  {rep}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m parity", description="GDN kernels against an fp64 reference")
     sub = p.add_subparsers(dest="command", required=True)
@@ -168,6 +200,35 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", required=True)
     m.add_argument("--no-report", action="store_true")
     m.set_defaults(fn=cmd_merge)
+
+    c = sub.add_parser(
+        "compare", help="compare two result sets cell by cell (exit code 1 on a new failure)",
+        description="Compare two result sets (two GPUs, two library versions, two commits) cell by cell: each "
+        "(case id, backend, tensor) against fp64, judged on each side by the verdict rule. States: new failure "
+        "(PASS in A, FAIL/ERROR in B), fixed (the reverse), worse/better (both pass, rel_rmse B/A beyond --factor), "
+        "same, not comparable (missing on one side, skipped on either, or not the same inputs); NaN appearing or "
+        "going away is flagged on every cell. Cases and backends match by id and name; environments may differ.",
+        epilog="exit status: 1 when any cell is a new failure (so CI can gate on it), 0 otherwise, 2 when a file "
+        "cannot be read.")
+    c.add_argument("a", metavar="RUN_A", help="the result file (or run folder) compared against: the old one")
+    c.add_argument("b", metavar="RUN_B", help="the result file (or run folder) being checked: the new one")
+    c.add_argument("--factor", type=float, default=1.5, help="rel_rmse ratio B/A beyond which a passing cell is "
+                   "worse (or, below 1/factor, better); default 1.5")
+    c.add_argument("--out", help="write the markdown summary here (default: print it)")
+    c.set_defaults(fn=cmd_compare)
+
+    rr = sub.add_parser(
+        "replay", help="run every backend on a GDN call captured from a model (parity.replay.capture)",
+        description="Run every backend on inputs captured from a real model (a safetensors file written by "
+        "parity.replay.capture: q, k, v, g, beta and optionally initial_state, cu_seqlens, A_log, dt_bias, with "
+        "scale and flags as metadata) against the fp64 reference; writes results.jsonl and report.md.")
+    rr.add_argument("file", help="the capture (.safetensors)")
+    rr.add_argument("--backends", help="comma-separated backend names or module:Class (default: all)")
+    rr.add_argument("--out", help="output folder (default: reports/replay-<file stem>/)")
+    rr.add_argument("--repeat", action="store_true", help="run each backend twice (the default on a GPU)")
+    rr.add_argument("--no-repeat", action="store_true", help="run each backend once (the default on a CPU)")
+    rr.add_argument("--no-pairwise", action="store_true", help="skip the backend-vs-backend comparisons")
+    rr.set_defaults(fn=cmd_replay)
     return p
 
 
