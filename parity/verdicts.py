@@ -101,6 +101,8 @@ def _where(row: dict) -> str:
 
 def rerun_command(case_id: str, backend: str) -> str:
     """The command that reruns exactly one cell."""
+    if case_id.startswith("replay:"):  # captured inputs: the capture file is named in the report's capture section
+        return f"python -m parity replay <the {case_id.split(':')[1]} capture file> --backends {backend}"
     return (f"python -m parity run --case {case_id} --backends {backend} --workers 0 --cache none  |  "
             f"pytest tests/test_matrix.py --case {case_id} --backend {backend}")
 
