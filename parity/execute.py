@@ -18,7 +18,7 @@ import torch
 
 from cases.case import Case
 from cases.inputs import GDNInputs, make_inputs
-from parity import metrics
+from parity import metrics, positional
 from parity.backends.base import Backend, RunResult
 from parity.refs import RefCache, Reference, get_reference, grad_outputs, output_dtype, tensor_names
 from parity.results import FLOOR_BACKEND, case_fields
@@ -58,6 +58,8 @@ def _metric_row(case, backend, tensor, out, ref, cu, against=FP64, impl=None, ex
     row.update(status="ok" if m.finite else "nan", reason="" if m.finite else
                f"{m.nan_count} NaN and {m.inf_count} Inf in {tensor} (first at {m.where})", **m.as_row())
     row["out_dtype"] = str(out.dtype).replace("torch.", "")
+    if against == FP64:  # error by token position and by head (parity.positional); pairwise rows skip it
+        row.update(positional.row_columns(tensor, out.to(ref.device), ref, cu))
     row.update(extra or {})
     return row
 

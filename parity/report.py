@@ -146,7 +146,8 @@ def section_per_T(df: pd.DataFrame) -> str:
     ok = _vs_fp64(df)
     shape_cols = [c for c in CASE_COLS if c != "T"]
     out = ["## Error against fp64 by T", "",
-           "Worst over seeds: max of max_diff, mean_diff, rel_rmse and max_ref, min of cos_sim.", ""]
+           "Worst over seeds: max of max_diff, mean_diff, rel_rmse and max_ref, min of cos_sim; `median rel_rmse` is "
+           "the median over seeds.", ""]
     groups = ok.groupby(shape_cols, dropna=False)
     for key, g in groups:
         if g["T"].nunique() < 2:
@@ -160,10 +161,12 @@ def section_per_T(df: pd.DataFrame) -> str:
             sub = g[g["tensor"] == tensor]
             if sub.empty:
                 continue
-            agg = sub.groupby(["T", "backend"]).agg({m: WORST[m] for m in METRICS}).reset_index()
+            agg = sub.groupby(["T", "backend"]).agg(**{m: (m, WORST[m]) for m in METRICS},
+                                                    **{"median rel_rmse": ("rel_rmse", "median")}).reset_index()
             agg["seeds"] = sub.groupby(["T", "backend"]).size().values
             agg = agg.sort_values(["T", "backend"])
-            out += [f"`{tensor}`:", "", md_table(agg, {**{m: "e" for m in METRICS}, "cos_sim": "cos"}), ""]
+            out += [f"`{tensor}`:", "", md_table(agg, {**{m: "e" for m in METRICS}, "cos_sim": "cos",
+                                                     "median rel_rmse": "e"}), ""]
     return "\n".join(out)
 
 
@@ -226,6 +229,82 @@ def section_worst(df: pd.DataFrame, n: int = 15) -> str:
                                      "max_ref": "e"}), ""])
 
 
+def section_growth(df: pd.DataFrame, out_dir: str | Path | None) -> str:
+    """Error growth and location: rel_rmse by token position and by head (parity.positional) at the longest T of
+    every T sweep, and the figures (parity.plots): rel_rmse vs T, error by position, per-head bars."""
+    import statistics
+
+    from parity import plots
+    from parity.positional import N_BINS, decode
+
+    out = ["## Error growth and location", "",
+           f"Columns `pos_rel_rmse` / `head_rel_rmse` of each row against fp64: rel_rmse in {N_BINS} bins of token "
+           f"position within each sequence (bin i: position p of a sequence of length L with "
+           f"floor({N_BINS} p / L) = i; a dense row is one sequence of T tokens) and per head. Table: the output o "
+           f"at the longest T of every T sweep, worst over seeds per bin and per head.", ""]
+    sws = plots.sweeps(df)
+    rows = []
+    for sw in sws:
+        at = sw.rows[(sw.rows["T"] == sw.T_max) & (sw.rows["tensor"] == "o")]
+        for b, g in at.groupby("backend"):
+            pos = [p for p in (decode(v) for v in g.get("pos_rel_rmse", [])) if p is not None]
+            heads = [h for h in (decode(v) for v in g.get("head_rel_rmse", [])) if h is not None and h]
+            if not pos or not heads:
+                continue
+            first = max((p[0] for p in pos if not math.isnan(p[0])), default=float("nan"))
+            last = max((p[-1] for p in pos if not math.isnan(p[-1])), default=float("nan"))
+            per_head = [max(h[j] for h in heads) for j in range(min(len(h) for h in heads))]
+            worst_h = max(range(len(per_head)), key=lambda j: per_head[j])
+            med = statistics.median(per_head)
+            rows.append({"sweep": sw.title, "T": sw.T_max, "backend": b, "first 1/16": first, "last 1/16": last,
+                         "last / first": last / first if first > 0 else float("nan"),
+                         "worst head": f"{worst_h}: {fmt(per_head[worst_h])}",
+                         "worst / median head": per_head[worst_h] / med if med > 0 else float("nan")})
+    if rows:
+        out += [md_table(pd.DataFrame(rows), {"first 1/16": "e", "last 1/16": "e", "last / first": "s",
+                                              "worst / median head": "s"}), ""]
+    elif sws:
+        out += ["The rows carry no per-position or per-head columns (written before `parity/positional.py` existed): "
+                "no position table and no position or per-head figures.", ""]
+    else:
+        out += ["No configuration was run at more than one T.", ""]
+    if out_dir is None:
+        return "\n".join(out + ["Figures not drawn: rendered without an output folder (`python -m parity report` "
+                                "draws them).", ""])
+    figs = plots.render(df, out_dir)
+    if figs.note:
+        return "\n".join(out + [f"Figures not drawn: {figs.note}.", ""])
+    if figs.sweeps:
+        out += ["### By T and by position", "",
+                "For each T sweep: rel_rmse against T (log-log), worst over seeds solid, median dashed, with the "
+                "rounding floor `fp64-rounded` and the same-precision baseline `torch-emulated` (`ref-recurrent`, "
+                "fp64, is left out); then rel_rmse by position at the longest T, worst over seeds per bin.", ""]
+        for sw, a, b in figs.sweeps:
+            out += [f"#### {sw.title}", "", f"![rel_rmse vs T: {sw.title}]({a})"
+                    + (f" ![rel_rmse by position at T={sw.T_max}: {sw.title}]({b})" if b else ""), ""]
+    if figs.heads:
+        out += ["### Per head: the worst cells", "",
+                "The cell with the highest rel_rmse over the rounding floor of each backend and tensor (the worst "
+                f"{len(figs.heads)}), per head, next to `torch-emulated` and `fp64-rounded` on the same case.", ""]
+        out += [f"![{title}]({path})\n" for title, path in figs.heads]
+    if figs.skipped:
+        out += [f"Not drawn (at most {plots.MAX_PNGS} figures): {'; '.join(figs.skipped)}.", ""]
+    if not figs.sweeps and not figs.heads:
+        out += ["No figures: no T sweep and no per-head columns in these rows.", ""]
+    return "\n".join(out)
+
+
+def section_recommended(rs: ResultSet, df: pd.DataFrame, out_dir: str | Path | None) -> str:
+    """Recommended tolerances per (dtype, gate dtype, T range, distribution family, tensor) (parity.recommend);
+    written to ``out_dir``/tolerances.json when an output folder is given."""
+    from parity import recommend
+
+    entries = recommend.recommend(df)
+    if out_dir is not None and entries:
+        recommend.write_tolerances(recommend.document(rs, entries), Path(out_dir) / "tolerances.json")
+    return recommend.section(entries, json_name="tolerances.json" if out_dir is not None else None)
+
+
 def section_failures(df: pd.DataFrame) -> str:
     bad = df[(df["status"] != "ok") & (df["against"] == "fp64")]
     out = ["## Unsupported, unavailable and failed cells", ""]
@@ -276,8 +355,9 @@ def section_footer(rs: ResultSet, df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(rs: ResultSet) -> str:
-    """The whole report as markdown."""
+def render(rs: ResultSet, out_dir: str | Path | None = None) -> str:
+    """The whole report as markdown. With ``out_dir`` (the report's folder) the figures are drawn into
+    ``out_dir``/plots and the recommended tolerances written to ``out_dir``/tolerances.json."""
     df = frame(rs)
     run = rs.runs[0] if rs.runs else {}
     env = run.get("env", {})
@@ -293,15 +373,18 @@ def render(rs: ResultSet) -> str:
         verdicts = None
     if verdicts is not None:
         parts.append(verdicts.section(df))
-    parts += [section_summary(df), section_per_T(df), section_pairwise(df), section_worst(df),
+    parts += [section_summary(df), section_per_T(df), section_growth(df, out_dir),
+              section_pairwise(df), section_worst(df),
+              section_recommended(rs, df, out_dir),
               section_determinism(df), section_failures(df), section_footer(rs, df)]
     return "\n\n".join(p.strip("\n") for p in parts if p) + "\n"
 
 
 def write_report(results: list[str | Path], out: str | Path | None = None) -> Path:
-    """Render the report of ``results`` to ``out`` (default: report.md next to the first file)."""
+    """Render the report of ``results`` to ``out`` (default: report.md next to the first file), with its figures
+    in plots/ and tolerances.json next to it."""
     rs = load(*results)
     out = Path(out) if out else Path(results[0]).parent / "report.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(rs))
+    out.write_text(render(rs, out_dir=out.parent))
     return out
