@@ -73,7 +73,8 @@ def cmd_run(args) -> int:
         out = REPORTS / f"{stamp}-{matrix}-{tag}" / "results.jsonl"
     cfg = runner.RunConfig(
         cases=cases, out=out, backends=_csv(args.backends), matrix=matrix, seeds=args.seeds, workers=args.workers,
-        resume=args.resume, repeat=False if args.no_repeat else (True if args.repeat else None), pairwise=not args.no_pairwise,
+        resume=args.resume, attribution=not args.no_attribution, pairwise=not args.no_pairwise,
+        repeat=False if args.no_repeat else (True if args.repeat else None),
         cache_dir=("" if args.cache == "none" else args.cache), cell_timeout=args.cell_timeout,
         progress=not args.no_progress, shard=_shard(args.shard))
     print(f"running {len(runner.shard_cases(cases, cfg.shard))} cases of matrix {matrix!r} -> {out}", file=sys.stderr)
@@ -181,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "default on a GPU)")
     r.add_argument("--no-repeat", action="store_true", help="run each backend once (the default on a CPU)")
     r.add_argument("--no-pairwise", action="store_true", help="skip the backend-vs-backend comparisons")
+    r.add_argument("--no-attribution", action="store_true", help="skip the per-chunk state comparison (tensor h)")
     r.add_argument("--cache", help="fp64 reference cache folder, or 'none' (default: ~/.cache/gdn-parity/ref)")
     r.add_argument("--cell-timeout", type=float, default=900.0, help="seconds a cell may run before its worker is "
                    "replaced")

@@ -186,7 +186,7 @@ def pairwise_rows(case: Case, outputs: dict[str, dict[str, torch.Tensor]], cu) -
 
 def run_case(case: Case, backends: list[Backend], device: torch.device, cache: RefCache | None,
              emit: Callable[[str, list[dict]], None], begin: Callable[[str], None] = lambda name: None,
-             repeat: bool = True, pairwise: bool = True, floor: bool = True) -> float:
+             repeat: bool = True, pairwise: bool = True, floor: bool = True, attribution: bool = True) -> float:
     """Run ``case`` on every backend, calling ``emit(backend_name, rows)`` after each cell (and for the floor and
     the pairwise rows; the floor only when ``floor``). ``begin(name)`` is called before each backend runs. Returns the reference's seconds.
     Raises ContextPoisoned after emitting the failed cell's rows if the GPU context broke."""
@@ -217,4 +217,11 @@ def run_case(case: Case, backends: list[Backend], device: torch.device, cache: R
             outputs[b.name] = got
     if pairwise and len(outputs) > 1:
         emit("pairwise", pairwise_rows(case, outputs, cu))
+    if attribution:
+        from parity.attribution import attribution_rows
+
+        ran = [b for b in backends if b.name in outputs]
+        rows = attribution_rows(case, ran, inputs, base_row)
+        if rows:
+            emit("attribution", rows)
     return ref.seconds

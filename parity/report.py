@@ -229,6 +229,34 @@ def section_worst(df: pd.DataFrame, n: int = 15) -> str:
                                      "max_ref": "e"}), ""])
 
 
+def section_attribution(df: pd.DataFrame) -> str:
+    """Chunk-start states (tensor h) against the fp64 reference's: where the error enters (parity.attribution)."""
+    ok = _vs_fp64(df)
+    h = ok[ok["tensor"] == "h"]
+    if h.empty or "chunk_rel_rmse" not in h:
+        return ""
+    longest = h.loc[h.groupby(["dist", "dtypes", "backend"])["T"].idxmax()]
+    own = ok.set_index(["case_id", "backend", "tensor"])["rel_rmse"]
+    rows = []
+    for r in longest.sort_values(["dist", "dtypes", "backend"]).to_dict("records"):
+        prof = r["chunk_rel_rmse"] if isinstance(r["chunk_rel_rmse"], list) else []
+        picks = {"chunk 0": 0, "25%": len(prof) // 4, "50%": len(prof) // 2, "last": len(prof) - 1} if prof else {}
+        rows.append({"dist": r["dist"], "dtypes": r["dtypes"], "T": r["T"], "backend": r["backend"],
+                     **{k: prof[i] for k, i in picks.items()}, "h (all chunks)": r["rel_rmse"],
+                     "final state": own.get((r["case_id"], r["backend"], "ht"), float("nan")),
+                     "o": own.get((r["case_id"], r["backend"], "o"), float("nan"))})
+    tab = pd.DataFrame(rows)
+    num = [c for c in tab.columns if c not in ("dist", "dtypes", "T", "backend")]
+    return "\n".join([
+        "## Attribution: where the error enters", "",
+        "rel_rmse of each backend's chunk-start states (FLA's `h`) against the fp64 reference's, at the first chunk, a "
+        "quarter, half way and the last chunk (binned), then over all chunks, next to the final state and the output "
+        "(the longest T of each configuration, one seed). Large already at chunk 0 points at the intra-chunk stage or "
+        "the stored state's rounding; growth with the chunk index at the state recurrence; small states with a large "
+        "output error at the output stage.", "",
+        md_table(tab, {c: "e" for c in num}), ""])
+
+
 def section_growth(df: pd.DataFrame, out_dir: str | Path | None) -> str:
     """Error growth and location: rel_rmse by token position and by head (parity.positional) at the longest T of
     every T sweep, and the figures (parity.plots): rel_rmse vs T, error by position, per-head bars."""
@@ -375,7 +403,7 @@ def render(rs: ResultSet, out_dir: str | Path | None = None) -> str:
         parts.append(verdicts.section(df))
     parts += [section_summary(df), section_per_T(df), section_growth(df, out_dir),
               section_pairwise(df), section_worst(df),
-              section_recommended(rs, df, out_dir),
+              section_attribution(df), section_recommended(rs, df, out_dir),
               section_determinism(df), section_failures(df), section_footer(rs, df)]
     return "\n\n".join(p.strip("\n") for p in parts if p) + "\n"
 

@@ -44,6 +44,7 @@ class RunConfig:
     resume: bool = False
     repeat: bool | None = None  # run each backend twice (determinism, warm time); None: only on a GPU
     pairwise: bool = True
+    attribution: bool = True  # chunk-state rows (tensor "h") for backends that expose them, dense cases
     cache_dir: str | None = None  # None: the default cache; "" disables it
     cell_timeout: float = 900.0
     progress: bool = True
@@ -85,8 +86,8 @@ def devices(workers: int | None) -> list[str]:
 # ----------------------------------------------------------------------------------------------- worker
 
 
-def _worker_main(wid: int, device: str, specs: list[str], cache_dir, repeat: bool, pairwise: bool, threads: int,
-                 conn) -> None:
+def _worker_main(wid: int, device: str, specs: list[str], cache_dir, repeat: bool, pairwise: bool,
+                 attribution: bool, threads: int, conn) -> None:
     """A worker: receives (case_id, cells) over ``conn`` and sends back every message synchronously (a pipe, not
     a queue with a feeder thread), so nothing it reported is lost if it dies right after."""
     torch.set_num_threads(threads)
@@ -106,7 +107,8 @@ def _worker_main(wid: int, device: str, specs: list[str], cache_dir, repeat: boo
             ref_s = run_case(case, [backends[n] for n in names if n != FLOOR_BACKEND], dev, cache,
                              lambda name, rows: conn.send(("rows", name, rows)),
                              lambda name: conn.send(("begin", name)),
-                             repeat=repeat, pairwise=pairwise, floor=FLOOR_BACKEND in names)
+                             repeat=repeat, pairwise=pairwise, floor=FLOOR_BACKEND in names,
+                             attribution=attribution)
             conn.send(("done", ref_s))
         except ContextPoisoned as err:
             conn.send(("poisoned", str(err)))
@@ -142,8 +144,8 @@ class _Pool:
     def _start(self, wid: int, device: str) -> _Worker:
         parent, child = self.ctx.Pipe()
         proc = self.ctx.Process(target=_worker_main, daemon=True, args=(
-            wid, device, self.specs, self.config.cache_dir, self.config.repeat, self.config.pairwise, self.threads,
-            child))
+            wid, device, self.specs, self.config.cache_dir, self.config.repeat, self.config.pairwise,
+            self.config.attribution, self.threads, child))
         proc.start()
         child.close()
         return _Worker(wid=wid, device=device, proc=proc, conn=parent, last_seen=time.monotonic())
@@ -300,7 +302,7 @@ def run(config: RunConfig) -> Path:
             bar.set_postfix_str(case_id[:60])
             ref_s = run_case(case, [by_name[n] for n in todo if n != FLOOR_BACKEND], dev, cache,
                              lambda name, rows: on_rows(rows), repeat=config.repeat, pairwise=config.pairwise,
-                             floor=FLOOR_BACKEND in todo)
+                             floor=FLOOR_BACKEND in todo, attribution=config.attribution)
             on_done(case_id, ref_s)
     elif tasks:
         specs = [f"{type(b).__module__}:{type(b).__qualname__}" for b in backends]
