@@ -123,7 +123,9 @@ def section_summary(df: pd.DataFrame) -> str:
            "Worst rel_rmse = RMS(out - ref) / RMS(ref) against the fp64 reference over all T, layouts and seeds of "
            "that distribution and dtype. `fp64-rounded` is the rounding floor: the fp64 reference rounded to the "
            "output dtype.", ""]
-    for tensor, title in (("o", "output o"), ("ht", "final state")):
+    titles = {"o": "output o", "ht": "final state", "dq": "gradient dq", "dk": "gradient dk", "dv": "gradient dv",
+              "dg": "gradient dg", "dbeta": "gradient dbeta", "dh0": "gradient dh0", "h": "chunk-start states h"}
+    for tensor, title in titles.items():
         sub = ok[ok["tensor"] == tensor]
         if sub.empty:
             continue
