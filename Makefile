@@ -18,7 +18,8 @@ TORCH ?= torch==2.13.0
 # auto: the standard matrix on a GPU, the smoke matrix on a CPU
 MATRIX ?= auto
 PARITY_ARGS ?=
-PYTEST_ARGS ?=
+# two test processes: the CPU tests are single-threaded (torch gets one thread per worker)
+PYTEST_ARGS ?= -n 2
 
 .PHONY: install parity test list clean
 

@@ -24,6 +24,11 @@ settings.register_profile("dev", deadline=None, max_examples=25, suppress_health
 settings.register_profile("thorough", deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one torch thread per xdist worker: the workers already fill the cores
+    import torch
+
+    torch.set_num_threads(1)
+
 KNOWN_FAILURES = Path(__file__).parent / "tests" / "known_failures.json"
 REFERENCE_BACKENDS = {"ref-recurrent", "torch-emulated"}
 

@@ -22,7 +22,7 @@ class FlaRecurrent(Backend):
     def supports(self, case: Case, device: torch.device) -> tuple[bool, str]:
         if case.dtype == "fp64":
             return False, "FLA takes fp16/bf16/fp32 inputs, not fp64"
-        return fla_common.cpu_interpreter_supports(case, max_tokens=64)
+        return fla_common.cpu_interpreter_supports(case, max_tokens=32)
 
     def _forward(self, inputs):
         gdn = fla_common.import_gdn()
