@@ -8,17 +8,24 @@ beta ~ U(0,1)).  Times are ``triton.testing.do_bench`` medians (ms) in this one 
 
 Step 0 compiles every TileLang kernel the variants need in parallel processes (fills
 TileLang's disk cache; the timed processes then load them).  Step 1 prints one
-correctness line per variant on B1_T8192_H4_HV8 (rel_rmse of o and of the final state vs
-the fp64 reference, plus the bf16 rounding floor of o), so a fast but wrong variant is
-visible.  Step 2 times every variant on every shape.  Variants (columns):
+correctness line per variant and check case (B1_T8192_H4_HV8 without h0, and a varlen case
+with h0 and the value-first state layout): rel_rmse of o and of the final state vs the fp64
+reference, the bf16 rounding floor of o, and the same for FLA / FlashQLA, so a fast but wrong
+variant is visible.  Step 2 times every variant on every shape.  Variants (columns):
 
-* ``fused64``   - the old fused kernel (recurrence + output in one sequential kernel, BV=64);
-* ``hi64/hi32/hi16`` - split path (sequential state kernel + parallel output kernel),
-                  precision "high" (same products as fused, same accuracy), BV = 64/32/16;
-* ``fast``      - split path, precision "fast", BV chosen by the dispatcher;
-* ``default``   - what ``kernels.chunk_gated_delta_rule`` dispatches (split, "high", BV by
-                  ``build.block_v``), timed through the public API;
-* ``intra``     - the intra-chunk kernel alone (part of every path above);
+* ``default``   - what ``kernels.chunk_gated_delta_rule`` dispatches, timed through the public API:
+                  the v2 path ("split2": intra2 -> register-operand state kernel -> output2),
+                  precision "default" (kernels/NOTES.md), CP segments by ``build.cp_segments_for``;
+* ``v2cp1``     - the same with the segment-parallel state passing forced off;
+* ``v2cp4``     - ... forced to 4 segments per sequence;
+* ``v2bv128``   - the state kernel with 2 warpgroups (128 value columns) per CTA;
+* ``v2smem``    - the v2 path with the shared-memory-operand state kernel (state2.py, BV 32);
+* ``v2lean``    - precision "lean" (no split X / state update: cheaper chain, less accuracy margin);
+* ``v2bf16``    - every operand single bf16 (speed reference; less accurate than FLA);
+* ``old``       - the previous default (split path, "high": hi/lo intermediates, BV by ``block_v``);
+* ``oldfast``   - the previous split path, precision "fast";
+* ``fused64``   - the oldest fused kernel (not in the default list);
+* ``intra``     - the v2 intra-chunk kernel alone (part of every v2 variant);
 * ``FLA``       - FLA's Triton kernels (FLA_FLASH_QLA=0 FLA_TILELANG=0);
 * ``FlashQLA``  - ``flash_qla.chunk_gated_delta_rule`` (skipped with the reason if unavailable).
 
@@ -76,23 +83,44 @@ def make(B, T, H, HV, lens, dev, seed=0):
 
 VARIANTS = {
     # name: private API knobs
+    "v2cp1": dict(_cp=1),
+    "v2cp4": dict(_cp=4),
+    "v2bv128": dict(_block_v=128),
+    "v2smem": dict(_form="smem"),
+    "v2lean": dict(_precision="lean"),
+    "v2bf16": dict(_precision="bf16"),
+    "old": dict(_path="split", _precision="high"),
+    "oldfast": dict(_path="split", _precision="fast"),
     "fused64": dict(_path="fused", _block_v=64),
-    "hi64": dict(_path="split", _precision="high", _block_v=64),
-    "hi32": dict(_path="split", _precision="high", _block_v=32),
-    "hi16": dict(_path="split", _precision="high", _block_v=16),
-    "fast": dict(_path="split", _precision="fast"),
 }
+DEFAULT_VARIANTS = "default,v2cp1,v2cp4,v2bv128,v2smem,v2lean,v2bf16,old,oldfast"
+
+# correctness cases of step 1: (name, B, T, H, HV, varlen lengths, h0 std, state_v_first)
+CHECKS = [
+    ("B1_T8192_H4_HV8", 1, 8192, 4, 8, None, None, False),
+    ("varlen4_h0_vfirst_H4_HV8", 1, 8192, 4, 8, [5000, 63, 3000, 129], 1.0, True),
+]
 
 
 def _needed_configs(variants, shapes):
-    from kernels.gdn_fwd.build import dispatch_configs
-    cfgs = []
-    for name in shapes:
-        B, T, H, HV, lens = SHAPES[name]
+    from kernels.gdn_fwd.build import DEFAULT_PATH, Intra2Config, cp_segments_for, dispatch_configs, precision_v2
+    cfgs = [Intra2Config("bfloat16", precision_v2(None).merge, precision_v2(None).ag)]    # the "intra" column
+    todo = [(SHAPES[name][0], SHAPES[name][1], SHAPES[name][3], SHAPES[name][4], False) for name in shapes]
+    todo += [(c[1], c[2], c[4], c[5], c[6] is not None) for c in CHECKS]
+    for B, T, HV, lens, h0 in todo:
         n = len(lens) if lens else B
+        max_chunks = max(-(-x // C) for x in lens) if lens else -(-T // C)
         for v in variants:
             kw = VARIANTS.get(v, {})
-            c = dispatch_configs("bfloat16", n, HV, kw.get("_block_v"), kw.get("_path"), kw.get("_precision"))
+            path = kw.get("_path") or DEFAULT_PATH
+            prec = kw.get("_precision")
+            if path == "split2":
+                prec = precision_v2(prec, has_h0=h0)
+                cp = kw.get("_cp")
+                cp = cp_segments_for(n, HV, max_chunks, kw.get("_form") or "rv") if cp is None else cp
+                c = dispatch_configs("bfloat16", n, HV, kw.get("_block_v"), path, prec, cp, kw.get("_form"))
+            else:
+                c = dispatch_configs("bfloat16", n, HV, kw.get("_block_v"), path, prec)
             cfgs.extend(c)
     out = []
     for c in cfgs:
@@ -109,7 +137,7 @@ def precompile(cfgs, workers):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--variants", default="default,fused64,hi64,hi32,hi16,fast")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=25)
     ap.add_argument("--workers", type=int, default=min(10, os.cpu_count() or 1))
@@ -138,15 +166,16 @@ def main(argv=None):
         class kernels:  # noqa: N801 - stands in for the package
             chunk_gated_delta_rule = staticmethod(E.chunk_gated_delta_rule)
 
-        def ours_impl(*a, _block_v=None, **kw):
+        def ours_impl(*a, **kw):
             return E.chunk_gated_delta_rule(*a, **kw)
 
         def intra_stage(q, k, g, beta, cu_seqlens=None):
+            from kernels.gdn_fwd.build import precision_v2
             Bq, Tq = q.shape[:2]
             cu = [int(x) for x in cu_seqlens.tolist()] if cu_seqlens is not None else [b * Tq for b in range(Bq + 1)]
-            return E.intra(q.reshape(Bq * Tq, q.shape[2], -1), k.reshape(Bq * Tq, k.shape[2], -1),
-                           g.reshape(Bq * Tq, -1).float(), beta.reshape(Bq * Tq, -1).float(), cu,
-                           q.shape[-1] ** -0.5, False, q.dtype)
+            return E.intra_v2(q.reshape(Bq * Tq, q.shape[2], -1), k.reshape(Bq * Tq, k.shape[2], -1),
+                              g.reshape(Bq * Tq, -1).float(), beta.reshape(Bq * Tq, -1).float(), cu,
+                              q.shape[-1] ** -0.5, False, q.dtype, precision_v2(None))
     else:
         if not torch.cuda.is_available():
             print("no CUDA device")
@@ -155,7 +184,7 @@ def main(argv=None):
 
         import kernels
         from kernels.gdn_fwd.api import chunk_gated_delta_rule as ours_impl
-        from kernels.gdn_fwd.api import intra_stage
+        from kernels.gdn_fwd.api import intra2_stage as intra_stage
         dev = torch.device("cuda")
 
     t_start = time.time()
@@ -186,30 +215,40 @@ def main(argv=None):
         return lambda *a, **k: ours_impl(*a, **k, **kw)
 
     if not args.no_check:
-        print("\n== step 1: correctness on B1_T8192_H4_HV8 (rel_rmse vs fp64 reference; no h0) ==", flush=True)
-        B, T, H, HV, lens = SHAPES["B1_T8192_H4_HV8"]
-        q, k, v, g, beta, cu = make(B, T, H, HV, lens, dev)
-        o_ref, s_ref = tt.reference_fn()(q, k, v, g, beta, output_final_state=True)
-        floor = tt.rel_rmse(o_ref.to(torch.bfloat16), o_ref)
-        print(f"  bf16 rounding floor of o: {floor:.3e}")
         checks = [(x, ours_fn(x)) for x in variants]
         if fla is not None:
             checks.append(("FLA", fla))
         if fqla is not None:
             checks.append(("FlashQLA", fqla))
-        for name, fn in checks:
-            try:
-                o, st = fn(q, k, v, g, beta, output_final_state=True)
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                print(f"  check {name:<9} o {tt.rel_rmse(o, o_ref):.3e} ({tt.rel_rmse(o, o_ref) / floor:.2f}x floor)"
-                      f"  state {tt.rel_rmse(st, s_ref):.3e}  nonfinite {tt.nonfinite(o) + tt.nonfinite(st)}",
-                      flush=True)
-            except Exception as e:
-                print(f"  check {name:<9} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
-        del q, k, v, g, beta, o_ref, s_ref
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+        for cname, B, T, H, HV, lens, h0std, vfirst in CHECKS:
+            if args.dry_run:
+                T = T // 256
+                lens = [max(1, x // 256) for x in lens] if lens else None
+                T = sum(lens) if lens else T
+            print(f"\n== step 1: correctness on {cname} (rel_rmse vs fp64 reference) ==", flush=True)
+            q, k, v, g, beta, cu = make(B, T, H, HV, lens, dev)
+            h0 = None
+            if h0std is not None:
+                gen = torch.Generator(device=dev).manual_seed(1)
+                n = len(lens) if lens else B
+                h0 = h0std * torch.randn(n, HV, D, D, device=dev, generator=gen)
+            kw = dict(initial_state=h0, output_final_state=True, state_v_first=vfirst, cu_seqlens=cu)
+            o_ref, s_ref = tt.reference_fn()(q, k, v, g, beta, **kw)
+            floor = tt.rel_rmse(o_ref.to(torch.bfloat16), o_ref)
+            print(f"  bf16 rounding floor of o: {floor:.3e}")
+            for name, fn in checks:
+                try:
+                    o, st = fn(q, k, v, g, beta, **kw)
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize()
+                    print(f"  check {name:<9} o {tt.rel_rmse(o, o_ref):.3e} ({tt.rel_rmse(o, o_ref) / floor:.2f}x floor)"
+                          f"  state {tt.rel_rmse(st, s_ref):.3e}  nonfinite {tt.nonfinite(o) + tt.nonfinite(st)}",
+                          flush=True)
+                except Exception as e:
+                    print(f"  check {name:<9} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+            del q, k, v, g, beta, o_ref, s_ref
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
 
     print("\n== step 2: timing ==", flush=True)
     cols = variants + ["intra", "FLA", "FlashQLA"]

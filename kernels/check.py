@@ -1,8 +1,8 @@
 """One-shot GPU check of our TileLang GDN forward: ``python -m kernels.check`` (from the repo root).
 
 1. compiles every dispatchable kernel (prints the time of each);
-2. stage check on a small varlen case: the intra-chunk kernel's outputs
-   (Ag = Ah + Al, P = Ph + Pl, the row factors F) and the end-to-end result
+2. stage check on a small varlen case: the v2 intra-chunk kernel's outputs
+   (Ag = Ah + Al, the row factors F) and the end-to-end result
    against the torch emulation of the same tiling (``kernels.gdn_fwd.emulation``,
    run in fp64 on the GPU) - if something is wrong this says which kernel;
 3. correctness table over ``kernels.gdn_fwd.testing.GPU_CASES`` against the fp64
@@ -74,9 +74,9 @@ def main(argv=None) -> int:
         return 1
 
     import kernels
-    from kernels.gdn_fwd.api import intra_stage
+    from kernels.gdn_fwd.api import intra2_stage
 
-    stage_check(dev, intra_stage, kernels.chunk_gated_delta_rule)
+    stage_check(dev, intra2_stage, kernels.chunk_gated_delta_rule)
     wanted = {c for c in args.cases.split(",") if c}
     cases = [c for c in tt.GPU_CASES if not wanted or c.name in wanted]
     rows = correctness_table(dev, kernels.chunk_gated_delta_rule, fla, ref_fn, cases, args.fla)
@@ -94,19 +94,19 @@ def stage_check(dev, intra_fn, impl):
     try:
         case = tt.Case("stage", 1, 0, 2, 4, lens=[1, 63, 64, 65, 130], h0=1.0, l2=True)
         (q, k, v, g, b), kw = case.inputs(dev)
-        Ah, Al, Ph, Pl, F = intra_fn(q, k, g, b, use_qk_l2norm_in_kernel=True, cu_seqlens=kw["cu_seqlens"])
+        Ah, Al, F = intra_fn(q, k, g, b, use_qk_l2norm_in_kernel=True, cu_seqlens=kw["cu_seqlens"])
         if dev.type == "cuda":
             torch.cuda.synchronize()
         cu = [int(x) for x in kw["cu_seqlens"].tolist()]
         T_ = q.shape[1]
-        eAh, eAl, ePh, ePl, eF = E.intra(q.reshape(T_, 2, 128), k.reshape(T_, 2, 128), g.reshape(T_, 4).float(),
-                                         b.reshape(T_, 4).float(), cu, 128 ** -0.5, True, torch.bfloat16)
+        from kernels.gdn_fwd.build import precision_v2
+        eAh, eAl, eF = E.intra_v2(q.reshape(T_, 2, 128), k.reshape(T_, 2, 128), g.reshape(T_, 4).float(),
+                                  b.reshape(T_, 4).float(), cu, 128 ** -0.5, True, torch.bfloat16, precision_v2(None))
         ag, eag = Ah.double() + Al.double(), eAh + eAl
-        pp, epp = Ph.double() + Pl.double(), ePh + ePl
         print(f"  Ag = Tinv diag(beta): max|kernel - emu| {tt.max_diff(ag, eag):.2e}   max|emu| "
               f"{eag.abs().max():.2e}   rel_rmse {tt.rel_rmse(ag, eag):.2e}")
-        print(f"  P (gated, scaled QK^T): max|diff| {tt.max_diff(pp, epp):.2e}   rel_rmse {tt.rel_rmse(pp, epp):.2e}")
-        for i, nm in enumerate(["F0=e^G rk", "F1=scale e^G rq", "F2=e^(GL-G) rk", "F3=e^GL"]):
+        for i, nm in enumerate(["F0=e^G rk", "F1=scale e^G rq", "F2=e^(GL-G) rk", "F3=e^GL", "F4=G", "F5=scale rq",
+                                "F6=rk"]):
             print(f"  {nm:<16} max|diff| {tt.max_diff(F[:, :, i], eF[:, :, i]):.2e}  "
                   f"rel_rmse {tt.rel_rmse(F[:, :, i], eF[:, :, i]):.2e}")
         o, ht = impl(q, k, v, g, b, **kw)

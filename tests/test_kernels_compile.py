@@ -1,21 +1,24 @@
 """Compile every kernel configuration our GDN forward API can dispatch, for sm_90a, on the CPU.
 
 Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The set of
-configurations is ``kernels.gdn_fwd.build.all_configs()`` (intra-chunk kernel,
-state kernel at BV 64/32/16, output kernel; bf16 and fp16) plus ``extra_configs()``
-(benchmark-only: the old fused kernel and the "fast" precision, bf16).  Everything
+configurations is ``kernels.gdn_fwd.build.all_configs()`` (the v2 path: intra2,
+the register-operand state kernel and its CP scan, output2; default and
+default_h0 precision; bf16 and fp16) plus the v2 entries of ``extra_configs()``
+(benchmark-only: the shared-memory state kernel and the key-first output
+kernel, bf16).  The previous path's kernels (also in ``extra_configs()``)
+are unchanged code and are compiled by the benchmark only.  Everything
 else (T, B, N, H, HV / GVA ratio, h0, final state, state layout, l2norm, gate dtype,
 varlen or dense, head dim 64 (zero-padded)) is a runtime argument of the same
 binaries.
 
 Asserts what the design relies on, from the generated CUDA and from ptxas:
 * every matmul is a wgmma with input-dtype operands and fp32 accumulation, and
-  there is no TF32 anywhere: 14 in the intra kernel (KK^T, QK^T, 2 merge levels
-  x 2 products x 3 split terms), 12 in the recurrent one (K@S 2, X 3, Q@S 2,
-  P@U 3, state update 2);
-* the recurrent kernel's chunk loads are TMA (``tma_load``) into a
+  there is no TF32 anywhere, with the number of products the precision implies
+  (``_want_wgmma``); the rv state kernel takes every A operand from registers
+  (``wgmma_rs``), the output kernel its P;
+* the sequential kernels' chunk loads are TMA (``tma_load``) into a
   double-buffered, mbarrier-synchronised pipeline (TileLang's warp-specialised
-  ``T.Pipelined``);
+  ``T.Pipelined``), and they store no chunk table with TMA;
 * exponentials are exp2 (fast math);
 * no register spills and no stack (the solve's columns and the fp32 state
   block stay in registers).
@@ -48,9 +51,10 @@ def _skip_reason():
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
 
-# the dispatchable configurations, then the benchmark-only ones (private API knobs)
-CONFIGS = all_configs() + extra_configs()
-_JOBS = [(i, True, False) for i in range(len(all_configs()))] + [(i, True, True) for i in range(len(extra_configs()))]
+# the dispatchable configurations, then the benchmark-only v2 ones (private API knobs)
+N_EXTRA = 2
+CONFIGS = all_configs() + extra_configs()[:N_EXTRA]
+_JOBS = [(i, True, False) for i in range(len(all_configs()))] + [(i, True, True) for i in range(N_EXTRA)]
 
 
 def _compile_job(job):
@@ -75,10 +79,18 @@ def compiled():
     return {r["name"]: r for r in results}
 
 
-# wgmma call sites per kernel: intra 14 (KK^T, QK^T, 2 merge levels x 2 products x 3 split terms);
-# fused recurrent 12 (K@S 2, X 3, Q@S 2, P@U 3, state update 2); state kernel "high" 7 (K@S 2,
-# Ag@X 3, update 2) / "fast" 4 (K@S 1, Ag@X 1, update 2); output 5 (Q@S 2, P@U 3) / 4 (S hi only).
+def _sp(prec, f):
+    return int(getattr(prec, f) == "split")
+
+
+# wgmma call sites per kernel.  v2: intra2 = K K^T + 2 merge levels x 2 products (x3 when split);
+# state/scan = K S (+ K Sl) + Ag X (+ Al X) (+ Ag Xl) + update (+ lo); output2 = Q K^T + Q S (+ Q Sl)
+# + P U (+ Pl U) (+ P Ul).  Previous path: intra 14, fused 12, state high 7 / fast 4, output 5 / 4.
 _WANT_WGMMA = {
+    "Intra2Config": lambda c: 1 + 4 * (3 if c.merge == "split" else 1),
+    "State2Config": lambda c: (1 + _sp(c.prec, "ks") + 1 + _sp(c.prec, "ag") + _sp(c.prec, "x")
+                               + 1 + _sp(c.prec, "upd")),
+    "Output2Config": lambda c: 1 + 1 + _sp(c.prec, "s") + 1 + _sp(c.prec, "p") + _sp(c.prec, "u"),
     "IntraConfig": lambda c: 14,
     "RecurrentConfig": lambda c: 12,
     "StateConfig": lambda c: 7 if c.precision == "high" else 4,
@@ -101,12 +113,16 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
     for a, b, c in inst:
         assert (a, b, c) == (operand, operand, "kFloat32"), (a, b, c)
     assert "TensorFloat32" not in src and "tf32" not in src.lower()
-    if r["kind"] == "IntraConfig":
+    if r["kind"] in ("IntraConfig", "Intra2Config"):
         assert "exp2f" in src
-    elif r["kind"] in ("RecurrentConfig", "StateConfig"):
+    elif r["kind"] in ("RecurrentConfig", "StateConfig", "State2Config"):
         assert "tma_load" in src and "mbarrier" in src
-        if r["kind"] == "StateConfig":   # per-chunk outputs are plain stores, no TMA store + wait
+        if r["kind"] in ("StateConfig", "State2Config"):   # per-chunk outputs: plain stores, no TMA store + wait
             assert "tma_store" not in src
+        if r["kind"] == "State2Config" and cfg.form == "rv":   # every A operand from registers
+            assert src.count("wgmma_rs<") == want, src.count("wgmma_rs<")
+    elif r["kind"] == "Output2Config":                          # P (+ Pl) from registers
+        assert src.count("wgmma_rs<") == 1 + _sp(cfg.prec, "p") + _sp(cfg.prec, "u")
     p = r["ptxas"]
     assert p["returncode"] == 0, p["log"]
     assert p.get("spill_stores") == 0 and p.get("spill_loads") == 0, p["log"]

@@ -162,14 +162,19 @@ def chunk_gated_delta_rule(
     _block_v: int | None = None,
     _path: str | None = None,
     _precision: str | None = None,
+    _cp: int | None = None,
+    _form: str | None = None,
 ):
     """GDN chunked forward.  See the module docstring for shapes and dtypes.
 
     Private knobs (benchmarking / tuning only): ``_block_v`` overrides the sequential kernel's
-    value columns per CTA (16, 32, 64 or 128); ``_path`` is "split" (default: state-only
-    sequential kernel + parallel output kernel) or "fused" (the older kernel with the output
-    fused into the recurrence); ``_precision`` is "high" (default) or "fast" for the split
-    path's state kernel (see ``chunk_h.build_state_kernel``).
+    value columns per CTA (16, 32, 64 or 128); ``_path`` is "split2" (default: the v2 kernels
+    ``intra2.py`` / ``state2.py`` / ``output2.py``), "split" (the previous default: hi/lo
+    intermediates) or "fused" (the oldest kernel, output fused into the recurrence);
+    ``_precision`` is a ``variants.PRECISIONS_V2`` preset name or "sp[f1+f2+...]" on split2,
+    "high" (default) or "fast" on split; ``_cp`` (split2) is the number of segments per sequence of
+    the segment-parallel state passing (1 = off; None = ``build.cp_segments_for``); ``_form`` (split2)
+    is the state kernel: "rv" (default, ``state3.py``, register operands) or "smem" (``state2.py``).
     """
     B, T, H, HV, K, V, N = _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     if scale is None:
@@ -180,7 +185,7 @@ def chunk_gated_delta_rule(
     if (major, minor) != (9, 0):
         raise RuntimeError(f"kernels.chunk_gated_delta_rule is built for sm_90a (Hopper); device is sm_{major}{minor}")
 
-    from .build import KERNEL_HEAD_DIM, dispatch_configs, get_kernel
+    from .build import DEFAULT_PATH, KERNEL_HEAD_DIM, dispatch_configs, get_kernel
 
     dt = q.dtype
     D = KERNEL_HEAD_DIM
@@ -225,6 +230,12 @@ def chunk_gated_delta_rule(
     b2 = beta.reshape(Ttot, HV).to(torch.float32).contiguous()
     o2 = torch.empty(Ttot, HV, D, device=dev, dtype=dt)
 
+    if (_path or DEFAULT_PATH) == "split2":
+        o2, ht = _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC, N, HV, D, dt,
+                         cu_seqlens, B, T, scale, initial_state is not None, output_final_state, state_v_first,
+                         use_qk_l2norm_in_kernel, _block_v, _precision, _cp, _form)
+        return _finish(o2, ht, pad, B, T, HV, K, V, output_final_state)
+
     cfgs = dispatch_configs(_TL_DTYPE[dt], N, HV, _block_v, _path, _precision)
     kerns = [get_kernel(c) for c in cfgs]
 
@@ -246,6 +257,10 @@ def chunk_gated_delta_rule(
         kerns[1](k2, v2, Ah, Al, F, cu, chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, *flags)
         kerns[2](q2, Ph, Pl, F, Sch, Scl, Uh, Ul, cu, chunk_indices, o2)
 
+    return _finish(o2, ht, pad, B, T, HV, K, V, output_final_state)
+
+
+def _finish(o2, ht, pad, B, T, HV, K, V, output_final_state):
     o = (o2[..., :V] if pad else o2).reshape(B, T, HV, V)
     if pad:
         o = o.contiguous()
@@ -254,6 +269,144 @@ def chunk_gated_delta_rule(
     if pad:
         ht = ht[..., :K, :V].contiguous()
     return o, ht
+
+
+_SEG_TABLES: dict = {}
+
+
+def _cp_tables(B, T, cu_seqlens, cu_host, n_seg, dev):
+    """Segment tables of the CP path: seg_cu, seg_co (int32, device), seg_of (host list [N + 1]),
+    the fix-up schedule (per step p: (sequence ids, segment ids) as device int64 tensors, or None
+    when every sequence has the same number of segments) and Nseg.  Cached for dense input."""
+    key = (B, T, n_seg, str(dev)) if cu_seqlens is None else None
+    if key is not None and key in _SEG_TABLES:
+        return _SEG_TABLES[key]
+    from .emulation import cp_segments
+    if cu_host is None:
+        cu_host = [b * T for b in range(B + 1)] if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
+    seg_cu, seg_co, seg_of = cp_segments(cu_host, n_seg)
+    counts = [seg_of[n + 1] - seg_of[n] for n in range(len(seg_of) - 1)]
+    uniform = len(set(counts)) == 1
+    sched = None
+    if not uniform:
+        sched = []
+        for p in range(max(counts)):
+            seqs = [n for n, cn in enumerate(counts) if cn > p]
+            sched.append((torch.tensor(seqs, dtype=torch.long).to(dev, non_blocking=True),
+                          torch.tensor([seg_of[n] + p for n in seqs], dtype=torch.long).to(dev, non_blocking=True)))
+    out = (torch.tensor(seg_cu, dtype=torch.int32).to(dev, non_blocking=True),
+           torch.tensor(seg_co, dtype=torch.int32).to(dev, non_blocking=True), seg_of, counts, sched,
+           len(seg_cu) - 1)
+    if key is not None:
+        if len(_SEG_TABLES) > 64:
+            _SEG_TABLES.clear()
+        _SEG_TABLES[key] = out
+    return out
+
+
+def _cp_fixup(ZM, h0, seg_of, counts, sched, N, HV, D, vt):
+    """Phase 2 of CP (fp64 batched matmuls: no TF32 whatever the global torch flags say).
+
+    The chunk-aligned segments p = 0..P-1 of a sequence start from S_0 = h0 (or 0) and
+    S_{p+1} = M_p S_p + Z_p, with the scan's output ZM [Nseg, HV, D, 2D] = [Z | M] (key-first form)
+    or, with ``vt`` (the rv kernels, value-first), ZM [Nseg, HV, 2D, D] = [Z^T ; M^T] and
+    S^T_{p+1} = S^T_p M^T_p + Z^T_p.  ``h0`` must already be in the kernel's layout.
+    Returns the segment start states [Nseg, HV, D, D] (fp32, the kernel's layout)."""
+    dev = ZM.device
+    if vt:
+        Z, M = ZM[:, :, :D, :], ZM[:, :, D:, :]
+    else:
+        Z, M = ZM[..., :D], ZM[..., D:]
+
+    def step(Zp, Mp, Sp, out=None):
+        a, b = (Sp, Mp) if vt else (Mp, Sp)
+        return torch.baddbmm(Zp, a, b, out=out)
+
+    S0 = h0.double() if h0 is not None else torch.zeros(N, HV, D, D, device=dev, dtype=torch.float64)
+    if sched is None:                   # every sequence has P segments: segment id = n * P + p
+        P = counts[0]
+        Zp = Z.reshape(N, P, HV, D, D).transpose(0, 1).double().reshape(P, N * HV, D, D)
+        Mp = M.reshape(N, P, HV, D, D).transpose(0, 1).double().reshape(P, N * HV, D, D)
+        Sall = torch.empty(P, N * HV, D, D, device=dev, dtype=torch.float64)
+        Sall[0] = S0.reshape(N * HV, D, D)
+        for p in range(P - 1):
+            step(Zp[p], Mp[p], Sall[p], out=Sall[p + 1])
+        return Sall.view(P, N, HV, D, D).transpose(0, 1).reshape(N * P, HV, D, D).float()
+    Z, M = Z.double(), M.double()
+    S = S0.clone()
+    h0s = torch.empty(ZM.shape[0], HV, D, D, device=dev, dtype=torch.float32)
+    for p, (seqs, segs) in enumerate(sched):
+        h0s[segs] = S[seqs].float()
+        if p + 1 < len(sched):
+            S[seqs] = step(Z[segs].reshape(-1, D, D), M[segs].reshape(-1, D, D),
+                           S[seqs].reshape(-1, D, D)).view(-1, HV, D, D)
+    return h0s
+
+
+def _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC, N, HV, D, dt, cu_seqlens,
+            B, T, scale, use_h0, output_final_state, state_v_first, use_l2, block_v_, precision, cp, form):
+    """The v2 path: intra2 -> state (or CP: scan, fix-up, state per segment) -> output2."""
+    from .build import DEFAULT_FORM, cp_segments_for, dispatch_v2, get_kernel, precision_v2
+
+    prec = precision_v2(precision, has_h0=bool(use_h0))
+    form = form or DEFAULT_FORM
+    vt = form == "rv"
+    dev = q2.device
+    cu_host = None
+    if cp is None:
+        if cu_seqlens is None:
+            max_chunks = -(-T // BT)
+        else:
+            cu_host = [int(x) for x in cu_seqlens.tolist()]
+            max_chunks = max([-(-(cu_host[i + 1] - cu_host[i]) // BT) for i in range(N)] + [0])
+        cp = cp_segments_for(N, HV, max_chunks, form)
+    if form != "rv":
+        cp = 1                          # see build.dispatch_v2
+    cfgs = dispatch_v2(_TL_DTYPE[dt], N, HV, block_v_, prec, cp, form)
+    kerns = [get_kernel(c) for c in cfgs]
+
+    Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
+    Al = torch.empty_like(Ah) if prec.ag == "split" else Ah        # not read unless split
+    F = torch.empty(HV, NC, 8, BT, device=dev, dtype=torch.float32)
+    kerns[0](q2, k2, g2, b2, cu, chunk_indices, Ah, Al, F, scale, int(bool(use_l2)))
+
+    Sch = torch.empty(HV, NC, D, D, device=dev, dtype=dt)           # [.., DV, DK] when vt (same shape)
+    Scl = torch.empty_like(Sch) if prec.s == "split" else Sch
+    Uh = torch.empty((HV, NC, D, BT) if vt else (HV, NC, BT, D), device=dev, dtype=dt)
+    Ul = torch.empty_like(Uh) if prec.u == "split" else Uh
+    if cp <= 1:
+        kerns[1](k2, v2, Ah, Al, F, cu, chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, int(use_h0),
+                 int(bool(output_final_state)), int(bool(state_v_first)))
+    else:
+        seg_cu, seg_co, seg_of, counts, sched, Nseg = _cp_tables(B, T, cu_seqlens, cu_host, cp, dev)
+        ZM = torch.empty((Nseg, HV, 2 * D, D) if vt else (Nseg, HV, D, 2 * D), device=dev, dtype=torch.float32)
+        kerns[3](k2, v2, Ah, Al, F, seg_cu, seg_co, h0[:1], Sch, Scl, Uh, Ul, ZM, 0, 1, 0)
+        h0k = None
+        if use_h0:                      # into the kernel's natural layout (value-first for rv)
+            h0k = h0 if bool(state_v_first) == vt else h0.transpose(-1, -2)
+        h0s = _cp_fixup(ZM, h0k, seg_of, counts, sched, N, HV, D, vt)
+        hts = torch.empty(Nseg, HV, D, D, device=dev, dtype=torch.float32)
+        kerns[1](k2, v2, Ah, Al, F, seg_cu, seg_co, h0s, Sch, Scl, Uh, Ul, hts, 1, int(bool(output_final_state)),
+                 int(vt))
+        if output_final_state:
+            ht = hts.index_select(0, _last_segments(seg_of, dev))
+            if bool(state_v_first) != vt:
+                ht = ht.transpose(-1, -2).contiguous()
+    kerns[2](q2, k2, F, Sch, Scl, Uh, Ul, cu, chunk_indices, o2)
+    return o2, ht
+
+
+_LAST: dict = {}
+
+
+def _last_segments(seg_of, dev):
+    key = (tuple(seg_of), str(dev))
+    if key not in _LAST:
+        if len(_LAST) > 64:
+            _LAST.clear()
+        _LAST[key] = torch.tensor([seg_of[n + 1] - 1 for n in range(len(seg_of) - 1)],
+                                  dtype=torch.long).to(dev, non_blocking=True)
+    return _LAST[key]
 
 
 def intra_stage(q, k, g, beta, scale=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None):
@@ -274,3 +427,25 @@ def intra_stage(q, k, g, beta, scale=None, use_qk_l2norm_in_kernel=False, cu_seq
          g.reshape(B * T, HV).float().contiguous(), beta.reshape(B * T, HV).float().contiguous(),
          cu, ci, Ah, Al, Ph, Pl, F, scale, int(bool(use_qk_l2norm_in_kernel)))
     return Ah, Al, Ph, Pl, F
+
+
+def intra2_stage(q, k, g, beta, scale=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None, _precision=None):
+    """Run only the v2 intra-chunk kernel and return ``(Ah, Al, F)`` (for stage-by-stage checks;
+    Al is zeros unless the precision splits Ag)."""
+    B, T, H, K = q.shape
+    HV = g.shape[2]
+    from .build import Intra2Config, get_kernel, precision_v2
+    if K != 128:
+        raise ValueError("intra2_stage is only exposed for K == 128")
+    prec = precision_v2(_precision)
+    dev = q.device
+    scale = K ** -0.5 if scale is None else float(scale)
+    cu, ci, _, NC = _seq_tables(B, T, cu_seqlens, dev)
+    Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=q.dtype)
+    Al = torch.zeros_like(Ah)
+    F = torch.empty(HV, NC, 8, BT, device=dev, dtype=torch.float32)
+    kern = get_kernel(Intra2Config(_TL_DTYPE[q.dtype], prec.merge, prec.ag))
+    kern(q.reshape(B * T, H, K).contiguous(), k.reshape(B * T, H, K).contiguous(),
+         g.reshape(B * T, HV).float().contiguous(), beta.reshape(B * T, HV).float().contiguous(),
+         cu, ci, Ah, Al, F, scale, int(bool(use_qk_l2norm_in_kernel)))
+    return Ah, Al, F

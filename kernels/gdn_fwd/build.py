@@ -17,7 +17,11 @@ KERNEL_HEAD_DIM = 128          # the kernels are built for K == V == 128; K == V
 BV_CHOICES = (64, 32, 16)      # value columns per CTA of the state kernel that the API dispatches
 PRECISIONS = ("high", "fast")  # state-kernel precision knob (see chunk_h.build_state_kernel)
 DEFAULT_PRECISION = "high"
-DEFAULT_PATH = "split"         # "split": state kernel + parallel output kernel; "fused": the old fused kernel
+DEFAULT_PATH = "split2"        # "split2": v2 kernels (intra2 / state2 [+ CP scan] / output2); "split": the previous
+                               # default (hi/lo intermediates); "fused": the oldest fused kernel
+DEFAULT_PRECISION_V2 = "default"   # preset name in variants.PRECISIONS_V2
+OUT2_BV = 64                   # value columns per CTA of the v2 output kernel
+SCAN_BV = 32                   # value columns per CTA of the CP phase-1 scan (over 2 x 128 columns)
 NUM_STAGES = 2                 # software pipelining depth of the sequential kernels' chunk loads
 OUT_BV = 64                    # value columns per CTA of the output kernel
 
@@ -69,6 +73,48 @@ class OutputConfig:
         return f"output[DK=DV={self.DK},BV={self.BV},{'S hi+lo' if self.split_s else 'S hi'},{self.dtype}]"
 
 
+@dataclass(frozen=True)
+class Intra2Config:
+    dtype: str
+    merge: str = "bf16"
+    ag: str = "bf16"
+    DK: int = KERNEL_HEAD_DIM
+
+    @property
+    def name(self) -> str:
+        return f"intra2[DK={self.DK},merge={self.merge},ag={self.ag},{self.dtype}]"
+
+
+@dataclass(frozen=True)
+class State2Config:
+    dtype: str
+    BV: int
+    prec: object                   # variants.PrecisionV2 (frozen, hashable)
+    scan: bool = False
+    form: str = "rv"               # "rv": state3.py (register operands, value-first tables, BV 64/128)
+                                   # "smem": state2.py (shared-memory operands, key-first tables)
+    DK: int = KERNEL_HEAD_DIM
+    num_stages: int = NUM_STAGES
+
+    @property
+    def name(self) -> str:
+        kind = ("scan" if self.scan else "state") + ("_rv" if self.form == "rv" else "_smem")
+        return f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages},{self.dtype}]"
+
+
+@dataclass(frozen=True)
+class Output2Config:
+    dtype: str
+    prec: object
+    BV: int = OUT2_BV
+    vt: bool = True                # value-first chunk tables (from the "rv" state kernel)
+    DK: int = KERNEL_HEAD_DIM
+
+    @property
+    def name(self) -> str:
+        return f"output2[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},{'vt' if self.vt else 'kt'},{self.dtype}]"
+
+
 # ~SMs of an H200 (132); the split path's state kernel wants about one CTA per SM.
 N_SM = 128
 
@@ -82,11 +128,70 @@ def block_v(n_seq: int, HV: int) -> int:
     return 16
 
 
+CP_MIN_CHUNKS = 16             # chunks per CP segment at the least
+DEFAULT_FORM = "rv"            # state kernel form of the v2 path (see State2Config)
+RV_BV = 64                     # value columns per warpgroup of the "rv" state kernel (wgmma M)
+
+
+def cp_segments_for(n_seq: int, HV: int, max_chunks: int, form: str = DEFAULT_FORM) -> int:
+    """Segments per sequence of the segment-parallel (CP) state passing, 1 = off.
+
+    CP costs a phase-1 scan over twice the value columns (state from zero + the transition product),
+    a short fix-up (P small fp64 matmuls) and buys P-fold parallelism of the sequential pass; it pays
+    when N x HV leaves most SMs idle and the sequences are long (>= CP_MIN_CHUNKS chunks per segment).
+    Phase 3 then has about N_SM CTAs."""
+    ctas = n_seq * HV * (KERNEL_HEAD_DIM // RV_BV)
+    if form != "rv" or ctas >= 48 or max_chunks < 2 * CP_MIN_CHUNKS:
+        return 1
+    per = -(-N_SM // ctas)
+    return max(1, min(16, per, max_chunks // CP_MIN_CHUNKS))
+
+
+def precision_v2(precision, has_h0: bool = False):
+    """The PrecisionV2 of a preset name / "sp[f1+f2]" / PrecisionV2; None = "default", or
+    "default_h0" when an initial state is given."""
+    from .variants import PRECISIONS_V2, PrecisionV2
+    if precision is None:
+        return PRECISIONS_V2["default_h0" if has_h0 else DEFAULT_PRECISION_V2]
+    if isinstance(precision, PrecisionV2):
+        return precision
+    if precision in PRECISIONS_V2:
+        return PRECISIONS_V2[precision]
+    if isinstance(precision, str) and precision.startswith("sp[") and precision.endswith("]"):
+        return PrecisionV2(**{f: "split" for f in precision[3:-1].split("+") if f})
+    raise ValueError(f"unknown v2 precision {precision!r}; presets: {sorted(PRECISIONS_V2)} or 'sp[f1+f2]'")
+
+
+def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precision=None, cp: int = 1,
+                form: str | None = None):
+    """(intra2, state, output2[, scan]) of the v2 path; the scan only when cp > 1 (rv form only: the
+    smem form's scan compiles with a 16 KB stack frame, so that form always runs without CP)."""
+    prec = precision_v2(precision)
+    form = form or DEFAULT_FORM
+    if form not in ("rv", "smem"):
+        raise ValueError(f"unknown state kernel form {form!r}")
+    if form == "smem":
+        cp = 1
+    if form == "rv":
+        bv, sbv = BV or RV_BV, RV_BV
+        if bv not in (64, 128):
+            raise ValueError(f"the rv state kernel needs BV in (64, 128), got {bv}")
+    else:
+        bv, sbv = BV or (SCAN_BV if cp > 1 else block_v(n_seq, HV)), SCAN_BV
+    out = [Intra2Config(dtype, prec.merge, prec.ag), State2Config(dtype, bv, prec, form=form),
+           Output2Config(dtype, prec, vt=form == "rv")]
+    if cp > 1:
+        out.append(State2Config(dtype, sbv, prec.for_scan(), scan=True, form=form))
+    return tuple(out)
+
+
 def dispatch_configs(dtype: str, n_seq: int, HV: int, BV: int | None = None, path: str | None = None,
-                     precision: str | None = None):
+                     precision: str | None = None, cp: int = 1, form: str | None = None):
     """The kernel configurations one API call uses: (intra, recurrent) on the fused path,
-    (intra, state, output) on the split path."""
+    (intra, state, output) on the split path, (intra2, state, output2[, scan]) on split2."""
     path = path or DEFAULT_PATH
+    if path == "split2":
+        return dispatch_v2(dtype, n_seq, HV, BV, precision, cp, form)
     if path == "fused":
         return IntraConfig(dtype), RecurrentConfig(dtype, BV or 64)
     if path != "split":
@@ -109,24 +214,36 @@ def all_configs():
     """
     out = []
     for dtype in DTYPES:
-        out.append(IntraConfig(dtype))
-        for bv in BV_CHOICES:
-            out.append(StateConfig(dtype, bv, DEFAULT_PRECISION))
-        out.append(OutputConfig(dtype, DEFAULT_PRECISION == "high"))
+        for prec in (precision_v2(None), precision_v2(None, has_h0=True)):
+            for c in dispatch_v2(dtype, 1, 1, precision=prec, cp=2):
+                if c not in out:
+                    out.append(c)
     return out
 
 
 def extra_configs():
-    """Reachable only through the API's private knobs (benchmark variants): the old fused
-    kernel and the other state precision, bf16."""
-    other = [p for p in PRECISIONS if p != DEFAULT_PRECISION]
-    out = [RecurrentConfig("bfloat16", 64)]
-    for p in other:
-        out += [StateConfig("bfloat16", 32, p), OutputConfig("bfloat16", p == "high")]
+    """Reachable only through the API's private knobs (benchmark variants), bf16: the v2 path with
+    the shared-memory state kernel (state2.py, BV 32 + its scan), and the previous default split
+    path ("high", BV 32) and its "fast" precision."""
+    out = list(dispatch_v2("bfloat16", 1, 1, BV=32, cp=1, form="smem")[1:])
+    out += [IntraConfig("bfloat16"), StateConfig("bfloat16", 32, "high"), OutputConfig("bfloat16", True),
+            StateConfig("bfloat16", 32, "fast"), OutputConfig("bfloat16", False)]
     return out
 
 
 def prim_func(cfg):
+    if isinstance(cfg, Intra2Config):
+        from .intra2 import build_intra_v2
+        return build_intra_v2(cfg.DK, cfg.dtype, cfg.merge, cfg.ag)
+    if isinstance(cfg, State2Config):
+        if cfg.form == "rv":
+            from .state3 import build_state_rv
+            return build_state_rv(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.BV)
+        from .state2 import build_state_v2
+        return build_state_v2(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan)
+    if isinstance(cfg, Output2Config):
+        from .output2 import build_output_v2
+        return build_output_v2(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.BV, cfg.vt)
     if isinstance(cfg, IntraConfig):
         from .kkt_solve import build_intra_kernel
         return build_intra_kernel(cfg.DK, cfg.dtype)

@@ -58,11 +58,12 @@ def chunk_tables(cu_seqlens: list[int]):
     return idx, offs
 
 
-def _solve(A: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
-    """(I + A)^{-1} for strictly lower ``A [..., 64, 64]`` the way the intra kernel does it:
+def _solve(A: torch.Tensor, dt: torch.dtype, merge: str = "split") -> torch.Tensor:
+    """(I + A)^{-1} for strictly lower ``A [..., 64, 64]`` the way the intra kernels do it:
     fp32 inverses of the 16x16 diagonal blocks (exact forward substitution, emulated by an fp64
-    solve rounded to fp32), then ``L <- L - L A_o L`` at widths 16 and 32 with two-term split
-    operands (hi*hi + lo*hi + hi*lo, fp32 results)."""
+    solve rounded to fp32), then ``L <- L - L A_o L`` at widths 16 and 32 with "split" (two-term
+    operands, hi*hi + lo*hi + hi*lo: ``gdn_intra_chunk``), "bf16" (single input-dtype operands:
+    ``gdn_intra_v2``) or "fp32" (exact fp32, emulation only) products, fp32 results."""
     dev = A.device
     eye16 = torch.eye(16, dtype=f64, device=dev)
     L = torch.zeros_like(A)
@@ -71,16 +72,54 @@ def _solve(A: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
         L[..., sl, sl] = _f32(torch.linalg.solve_triangular(eye16 + A[..., sl, sl], eye16.expand_as(A[..., sl, sl]),
                                                             upper=False, unitriangular=True))
     rows = torch.arange(BT, device=dev)
+
+    def prod(x, y):
+        if merge == "split":
+            xh, xl = _split(x, dt)
+            yh, yl = _split(y, dt)
+            return _f32(xh @ yh + xl @ yh + xh @ yl)
+        if merge == "bf16":
+            return _f32(_rd(x, dt) @ _rd(y, dt))
+        if merge == "fp32":
+            return _f32(x @ y)
+        raise ValueError(merge)
+
     for w in (16, 32):
         rb, cb = rows[:, None] // w, rows[None, :] // w
         Ao = torch.where((rb % 2 == 1) & (cb == rb - 1), A, torch.zeros_like(A))
-        Lh, Ll = _split(L, dt)
-        Oh, Ol = _split(Ao, dt)
-        X = _f32(Oh @ Lh + Ol @ Lh + Oh @ Ll)
-        Xh, Xl = _split(X, dt)
-        Y = _f32(Lh @ Xh + Ll @ Xh + Lh @ Xl)
-        L = _f32(L - Y)
+        L = _f32(L - prod(L, prod(Ao, L)))
     return L
+
+
+def _gather_chunks(q, k, g, beta, cu_seqlens: list[int], use_l2: bool):
+    """Padded chunks as the intra kernels load them: qc, kc [HV, NC, 64, DK], gc, bc [HV, NC, 64]
+    (fp64, zero past the end of each sequence), the valid mask [HV, NC, 64], the chunk-local fp32
+    cumsum G and the fp32 L2-norm row factors rq, rk (ones without the in-kernel norm)."""
+    Ttot, H, DK = q.shape
+    HV = g.shape[1]
+    idx, _ = chunk_tables(cu_seqlens)
+    NC = len(idx)
+    dev = q.device
+    t0 = torch.tensor([cu_seqlens[n] + i * BT for n, i in idx], device=dev, dtype=torch.long)
+    eos = torch.tensor([cu_seqlens[n + 1] for n, _ in idx], device=dev, dtype=torch.long)
+    rows = torch.arange(BT, device=dev)
+    tok = t0[:, None] + rows[None, :]                      # [NC, 64]
+    valid = tok < eos[:, None]
+    tokc = torch.where(valid, tok, torch.zeros_like(tok))
+    heads = torch.arange(HV, device=dev) // (HV // H)
+    qc = (q.to(f64)[tokc][:, :, heads] * valid[..., None, None]).permute(2, 0, 1, 3)
+    kc = (k.to(f64)[tokc][:, :, heads] * valid[..., None, None]).permute(2, 0, 1, 3)
+    gc = (g.to(f64)[tokc] * valid[..., None]).permute(2, 0, 1)
+    bc = (beta.to(f64)[tokc] * valid[..., None]).permute(2, 0, 1)
+    vmask = valid[None].expand(HV, NC, BT)
+    G = _f32(gc.to(torch.float32).cumsum(-1))
+    if use_l2:
+        rq = _f32(1.0 / torch.sqrt(_f32((qc * qc).sum(-1)) + 1e-6))
+        rk = _f32(1.0 / torch.sqrt(_f32((kc * kc).sum(-1)) + 1e-6))
+    else:
+        rq = torch.ones_like(G)
+        rk = torch.ones_like(G)
+    return qc, kc, gc, bc, vmask, G, rq, rk
 
 
 def intra(q, k, g, beta, cu_seqlens: list[int], scale: float, use_l2: bool, dt: torch.dtype):
@@ -90,36 +129,8 @@ def intra(q, k, g, beta, cu_seqlens: list[int], scale: float, use_l2: bool, dt: 
     Ah, Al, Ph, Pl [HV, NC, 64, 64] (fp64 holding dt values) and F [HV, NC, 4, 64]
     (fp64 holding fp32 values).
     """
-    Ttot, H, DK = q.shape
-    HV = g.shape[1]
-    r = HV // H
-    idx, _ = chunk_tables(cu_seqlens)
-    NC = len(idx)
-    dev = q.device
-    # gather padded chunks: token index per (chunk, row), valid mask
-    t0 = torch.tensor([cu_seqlens[n] + i * BT for n, i in idx], device=dev, dtype=torch.long)
-    eos = torch.tensor([cu_seqlens[n + 1] for n, _ in idx], device=dev, dtype=torch.long)
-    rows = torch.arange(BT, device=dev)
-    tok = t0[:, None] + rows[None, :]                      # [NC, 64]
-    valid = tok < eos[:, None]
-    tokc = torch.where(valid, tok, torch.zeros_like(tok))
-    heads = torch.arange(HV, device=dev) // r
-
-    qc = q.to(f64)[tokc][:, :, heads] * valid[..., None, None]      # [NC, 64, HV, DK]
-    kc = k.to(f64)[tokc][:, :, heads] * valid[..., None, None]
-    gc = g.to(f64)[tokc] * valid[..., None]                          # [NC, 64, HV]
-    bc = beta.to(f64)[tokc] * valid[..., None]
-    qc, kc = qc.permute(2, 0, 1, 3), kc.permute(2, 0, 1, 3)          # [HV, NC, 64, DK]
-    gc, bc = gc.permute(2, 0, 1), bc.permute(2, 0, 1)                # [HV, NC, 64]
-    vmask = valid[None].expand(HV, NC, BT)
-
-    G = _f32(gc.to(torch.float32).cumsum(-1))
-    if use_l2:
-        rq = _f32(1.0 / torch.sqrt(_f32((qc * qc).sum(-1)) + 1e-6))
-        rk = _f32(1.0 / torch.sqrt(_f32((kc * kc).sum(-1)) + 1e-6))
-    else:
-        rq = torch.ones_like(G)
-        rk = torch.ones_like(G)
+    qc, kc, gc, bc, vmask, G, rq, rk = _gather_chunks(q, k, g, beta, cu_seqlens, use_l2)
+    rows = torch.arange(BT, device=q.device)
     KK = _f32(kc @ kc.transpose(-1, -2))
     QK = _f32(qc @ kc.transpose(-1, -2))
     D = G[..., :, None] - G[..., None, :]
@@ -204,9 +215,28 @@ def recurrent(q, k, v, Ah, Al, Ph, Pl, F, cu_seqlens: list[int], h0, dt: torch.d
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
-                           _path: str = "split", _precision: str = "high"):
+                           _path: str | None = None, _precision: str | None = None, _cp: int | None = None,
+                           _form: str | None = None, _block_v: int | None = None):
     """Same signature and result layout as ``kernels.chunk_gated_delta_rule`` (incl. its private
-    ``_path`` / ``_precision`` knobs), computed by the emulation."""
+    ``_path`` / ``_precision`` / ``_cp`` knobs; ``_form`` and ``_block_v`` change no rounding), computed by
+    the emulation.  The default path is "split2" (``chunk_gated_delta_rule_v2``) with the API's CP choice."""
+    from .build import DEFAULT_PATH, cp_segments_for, precision_v2
+    _path = _path or DEFAULT_PATH
+    if _path == "split2":
+        B, T = q.shape[:2]
+        HV = v.shape[2]
+        if cu_seqlens is None:
+            N, max_chunks = B, -(-T // BT)
+        else:
+            cu = [int(x) for x in cu_seqlens.tolist()]
+            N = len(cu) - 1
+            max_chunks = max([-(-(cu[i + 1] - cu[i]) // BT) for i in range(N)] + [0])
+        cp = cp_segments_for(N, HV, max_chunks, _form or "rv") if _cp is None else _cp
+        return chunk_gated_delta_rule_v2(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                         use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
+                                         prec=precision_v2(_precision, initial_state is not None),
+                                         cp_segments_n=cp)
+    _precision = _precision or "high"
     B, T, H, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     dt = q.dtype
@@ -229,6 +259,238 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     o = o.reshape(B, T, HV, DV)
     if not output_final_state:
         return o, None
+    if state_v_first:
+        S = S.transpose(-1, -2).contiguous()
+    return o, S
+
+
+# ----------------------------------------------------------------------------------------------
+# v2 ("split2") path: lean intra kernel (no P), state kernel storing single-bf16 chunk states and
+# U, output kernel recomputing P from q/k; optional segment-parallel (context-parallel) state
+# passing.  Every rounding is a knob (see ``variants.PrecisionV2``); the kernels follow the same
+# knobs at compile time.
+# ----------------------------------------------------------------------------------------------
+
+def _two(x, dt, split: bool):
+    """The wgmma operand(s) of an fp32 value: (hi, lo) with lo = 0 when not split."""
+    hi = _rd(x, dt)
+    return (hi, _rd(_f32(x - hi), dt)) if split else (hi, torch.zeros_like(hi))
+
+
+def intra_v2(q, k, g, beta, cu_seqlens: list[int], scale: float, use_l2: bool, dt: torch.dtype, prec):
+    """Emulates ``gdn_intra_v2``: returns Ah, Al [HV, NC, 64, 64] (Al = 0 unless prec.ag == "split")
+    and F [HV, NC, 8, 64] (rows: e^G rk, scale e^G rq, e^(GL-G) rk, e^GL, G, scale rq, rk, 0)."""
+    qc, kc, gc, bc, vmask, G, rq, rk = _gather_chunks(q, k, g, beta, cu_seqlens, use_l2)
+    vmask = vmask.to(f64)
+    rows = torch.arange(BT, device=q.device)
+    KK = _f32(kc @ kc.transpose(-1, -2))
+    D = G[..., :, None] - G[..., None, :]
+    lower = rows[:, None] > rows[None, :]
+    e_strict = torch.where(lower, torch.exp(torch.where(lower, D, 0.0)), 0.0)
+    A = _f32(bc[..., :, None] * rk[..., :, None] * rk[..., None, :] * e_strict * KK)
+    Tinv = _solve(A, dt, prec.merge)
+    Ag = _f32(Tinv * bc[..., None, :])
+    Ah, Al = _two(Ag, dt, prec.ag == "split")
+    GL = G[..., -1:]
+    F = torch.stack([
+        _f32(torch.exp(G) * rk) * vmask,
+        _f32(scale * torch.exp(G) * rq) * vmask,
+        _f32(torch.exp(GL - G) * rk) * vmask,
+        _f32(torch.exp(GL)).expand_as(G),
+        G,
+        _f32(scale * rq) * vmask,
+        rk * vmask,
+        torch.zeros_like(G),
+    ], dim=2)
+    return Ah, Al, F
+
+
+def _chunk_gather(x, tokc, inb, heads=None):
+    y = x[tokc]
+    if heads is not None:
+        y = y[:, :, heads]
+    return (y * inb[..., None, None]).permute(0, 2, 1, 3)
+
+
+def state_v2(k, v, Ah, Al, F, cu_seqlens: list[int], chunk_offsets: list[int], h0, dt, prec, *,
+             store_chunks: bool = True, aug: bool = False):
+    """Emulates ``gdn_state_v2`` over the "sequences" ``cu_seqlens`` whose first chunk ids are
+    ``chunk_offsets`` (segments of a sequence for the CP path).  Per chunk::
+
+        Sc = split(S) (hi, + lo when prec.s == "split")  -> Sch, Scl    (chunk-start state, for o)
+        X  = V - F0 (K (Sh + Sl?))                          (K@S lo only when prec.ks == "split")
+        U  = Ah Xh + Al Xh + Ah Xl                          (terms present per prec.ag / prec.x)
+        Uh, Ul = split(U)  (Ul = 0 unless prec.u == "split")
+        S  = F3 S + K^T (rd(F2 U) + lo?)                    (lo when prec.upd == "split")
+
+    ``aug``: the phase-1 scan of the CP path: value columns [DV, 2 DV) carry the chunk-transition
+    product M (v = 0 there, start = I) and the first DV columns start from 0.
+    Returns (Sch, Scl, Uh, Ul, S_end): chunk tables [HV, NC, DK, DV'] / [HV, NC, 64, DV'] (None
+    unless store_chunks) and the fp32 end state of every sequence [N, HV, DK, DV'].
+    """
+    Ttot, H, DK = k.shape
+    HV, DV = v.shape[1], v.shape[2]
+    r = HV // H
+    dev = k.device
+    N = len(cu_seqlens) - 1
+    NC = Ah.shape[1]
+    heads = torch.arange(HV, device=dev) // r
+    W = 2 * DV if aug else DV
+    if aug:
+        S = torch.zeros(N, HV, DK, W, dtype=f64, device=dev)
+        S[..., DV:] = torch.eye(DK, dtype=f64, device=dev)
+    else:
+        S = torch.zeros(N, HV, DK, W, dtype=f64, device=dev) if h0 is None else _f32(h0.to(f64))
+    nch = [-(-(cu_seqlens[n + 1] - cu_seqlens[n]) // BT) for n in range(N)]
+    rows = torch.arange(BT, device=dev)
+    kf, vf = k.to(f64), v.to(f64)
+    if store_chunks:
+        Sch = torch.zeros(HV, NC, DK, W, dtype=f64, device=dev)
+        Scl = torch.zeros_like(Sch)
+        Uh = torch.zeros(HV, NC, BT, W, dtype=f64, device=dev)
+        Ul = torch.zeros_like(Uh)
+    for ic in range(max(nch + [0])):
+        act = [n for n in range(N) if nch[n] > ic]
+        a = torch.tensor(act, device=dev, dtype=torch.long)
+        t0 = torch.tensor([cu_seqlens[n] + ic * BT for n in act], device=dev, dtype=torch.long)
+        c = torch.tensor([chunk_offsets[n] + ic for n in act], device=dev, dtype=torch.long)
+        tok = t0[:, None] + rows[None, :]
+        inb = tok < Ttot
+        tokc = torch.where(inb, tok, torch.zeros_like(tok))
+        Kc = _chunk_gather(kf, tokc, inb, heads)                 # [A, HV, 64, DK]
+        Vc = _chunk_gather(vf, tokc, inb)                        # [A, HV, 64, DV]
+        if aug:
+            Vc = torch.cat([Vc, torch.zeros_like(Vc)], dim=-1)
+        ah, al = Ah[:, c].transpose(0, 1), Al[:, c].transpose(0, 1)
+        f = F[:, c].transpose(0, 1)
+        S_a = S[a]
+        Sh, Sl = _two(S_a, dt, prec.s == "split" or prec.ks == "split")
+        if store_chunks:
+            Sch[:, c] = Sh.transpose(0, 1)
+            if prec.s == "split":
+                Scl[:, c] = Sl.transpose(0, 1)
+        KS = _f32(Kc @ (Sh + (Sl if prec.ks == "split" else 0)))
+        X = _f32(Vc - _f32(f[:, :, 0, :, None] * KS))
+        Xh, Xl = _two(X, dt, prec.x == "split")
+        U = _f32(ah @ Xh + al @ Xh + ah @ Xl)
+        Uh_, Ul_ = _two(U, dt, prec.u == "split")
+        if store_chunks:
+            Uh[:, c] = Uh_.transpose(0, 1)
+            Ul[:, c] = Ul_.transpose(0, 1)
+        Up = _f32(f[:, :, 2, :, None] * U)
+        Uph, Upl = _two(Up, dt, prec.upd == "split")
+        S_a = _f32(_f32(S_a * f[:, :, 3, 0, None, None]) + Kc.transpose(-1, -2) @ Uph + Kc.transpose(-1, -2) @ Upl)
+        S[a] = S_a
+    if not store_chunks:
+        return None, None, None, None, S
+    return Sch, Scl, Uh, Ul, S
+
+
+def output_v2(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec):
+    """Emulates ``gdn_output_v2`` (fully parallel over chunks)::
+
+        P  = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)   (j <= t, t valid; fp32)  -> Ph (+ Pl)
+        O  = F1 (Q (Sch + Scl)) + Ph Uh + Pl Uh + Ph Ul
+    """
+    Ttot, H, DK = q.shape
+    HV = F.shape[0]
+    r = HV // H
+    dev = q.device
+    idx, _ = chunk_tables(cu_seqlens)
+    NC = len(idx)
+    t0 = torch.tensor([cu_seqlens[n] + i * BT for n, i in idx], device=dev, dtype=torch.long)
+    eos = torch.tensor([cu_seqlens[n + 1] for n, _ in idx], device=dev, dtype=torch.long)
+    rows = torch.arange(BT, device=dev)
+    tok = t0[:, None] + rows[None, :]
+    inb = tok < Ttot
+    tokc = torch.where(inb, tok, torch.zeros_like(tok))
+    heads = torch.arange(HV, device=dev) // r
+    Qc = _chunk_gather(q.to(f64), tokc, inb, heads).transpose(0, 1)     # [HV, NC, 64, DK]
+    Kc = _chunk_gather(k.to(f64), tokc, inb, heads).transpose(0, 1)
+    G = F[:, :, 4]
+    D = G[..., :, None] - G[..., None, :]
+    valid = (tok < eos[:, None])[None]                                   # [1, NC, 64]
+    causal = (rows[:, None] >= rows[None, :]) & valid[..., :, None]
+    e = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
+    QK = _f32(Qc @ Kc.transpose(-1, -2))
+    P = _f32(F[:, :, 5, :, None] * F[:, :, 6, None, :] * e * QK)
+    Ph, Pl = _two(P, dt, prec.p == "split")
+    QS = _f32(Qc @ (Sch + Scl))
+    O = _f32(_f32(QS * F[:, :, 1, :, None]) + Ph @ Uh + Pl @ Uh + Ph @ Ul)   # [HV, NC, 64, DV]
+    o = torch.zeros(Ttot, HV, O.shape[-1], dtype=f64, device=dev)
+    store = valid[0]
+    o[tok[store]] = O.permute(1, 2, 0, 3)[store]
+    return o.to(dt)
+
+
+def cp_segments(cu_seqlens: list[int], n_seg: int):
+    """Split every sequence into at most ``n_seg`` chunk-aligned segments of about equal length.
+
+    Returns (seg_cu [Nseg + 1] token boundaries, seg_chunk_offsets [Nseg + 1] first chunk ids, seg_of
+    [N + 1] the first segment of each sequence)."""
+    seg_cu, seg_co, seg_of = [0], [0], [0]
+    c = 0
+    for n in range(len(cu_seqlens) - 1):
+        bos, eos = cu_seqlens[n], cu_seqlens[n + 1]
+        nch = -(-(eos - bos) // BT)
+        p = max(1, min(n_seg, nch))
+        bounds = [round(i * nch / p) for i in range(p + 1)]
+        for i in range(p):
+            seg_cu.append(min(eos, bos + bounds[i + 1] * BT))
+            seg_co.append(c + bounds[i + 1])
+        c += nch
+        seg_of.append(len(seg_cu) - 1)
+    return seg_cu, seg_co, seg_of
+
+
+def cp_fixup(ZM, h0, seg_of, DV):
+    """Phase 2 of the CP path (fp32): S_start(first) = h0 (or 0), S_start(p + 1) = M_p S_start(p) + Z_p
+    within each sequence.  ZM [Nseg, HV, DK, 2 DV] = [Z | M].  Returns S_start [Nseg, HV, DK, DV] (fp32 values)."""
+    Nseg, HV, DK = ZM.shape[:3]
+    out = torch.zeros(Nseg, HV, DK, DV, dtype=f64, device=ZM.device)
+    for n in range(len(seg_of) - 1):
+        S = torch.zeros(HV, DK, DV, dtype=f64, device=ZM.device) if h0 is None else _f32(h0[n].to(f64))
+        for p in range(seg_of[n], seg_of[n + 1]):
+            out[p] = S
+            S = _f32(ZM[p, :, :, DV:] @ S + ZM[p, :, :, :DV])
+    return out
+
+
+def chunk_gated_delta_rule_v2(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                              use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
+                              prec=None, cp_segments_n: int = 1):
+    """The v2 path end to end (``prec``: a ``variants.PrecisionV2``; ``cp_segments_n`` > 1: segment-
+    parallel state passing with that many segments per sequence).  Same signature/results as the API."""
+    from .variants import PRECISIONS_V2
+    prec = PRECISIONS_V2["default"] if prec is None else (PRECISIONS_V2[prec] if isinstance(prec, str) else prec)
+    B, T, H, DK = q.shape
+    HV, DV = v.shape[2], v.shape[3]
+    dt = q.dtype
+    scale = DK ** -0.5 if scale is None else float(scale)
+    cu = [b * T for b in range(B + 1)] if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
+    q2, k2 = q.reshape(B * T, H, DK), k.reshape(B * T, H, DK)
+    v2 = v.reshape(B * T, HV, DV)
+    g2 = g.reshape(B * T, HV).to(torch.float32)
+    b2 = beta.reshape(B * T, HV).to(torch.float32)
+    Ah, Al, F = intra_v2(q2, k2, g2, b2, cu, scale, use_qk_l2norm_in_kernel, dt, prec)
+    h0 = None
+    if initial_state is not None:
+        h0 = initial_state.to(torch.float32)
+        if state_v_first:
+            h0 = h0.transpose(-1, -2)
+    _, offs = chunk_tables(cu)
+    if cp_segments_n > 1:
+        seg_cu, seg_co, seg_of = cp_segments(cu, cp_segments_n)
+        _, _, _, _, ZM = state_v2(k2, v2, Ah, Al, F, seg_cu, seg_co, None, dt, prec, store_chunks=False, aug=True)
+        h0s = cp_fixup(ZM, h0, seg_of, DV)
+        Sch, Scl, Uh, Ul, Send = state_v2(k2, v2, Ah, Al, F, seg_cu, seg_co, h0s, dt, prec)
+        S = Send[[seg_of[n + 1] - 1 for n in range(len(cu) - 1)]]   # (an empty sequence: one empty segment)
+    else:
+        Sch, Scl, Uh, Ul, S = state_v2(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
+    o = output_v2(q2, k2, F, Sch, Scl, Uh, Ul, cu, dt, prec).reshape(B, T, HV, DV)
+    if not output_final_state:
+        return o, None
+    S = S.to(torch.float32)
     if state_v_first:
         S = S.transpose(-1, -2).contiguous()
     return o, S

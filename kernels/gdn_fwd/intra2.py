@@ -1,0 +1,189 @@
+"""v2 intra-chunk kernel ``gdn_intra_v2``: the lean version of ``kkt_solve.py``.
+
+One CTA (128 threads) per (chunk, value head).  Compared with ``gdn_intra_chunk`` it
+
+* never computes ``P = Q K^T`` (the v2 output kernel recomputes it from q/k in registers, so the
+  16 KB ``Ph, Pl`` per chunk and head are neither written nor read);
+* never loads q into shared memory (q is read from global only for the in-kernel L2 norm);
+* does the two block merges of the triangular inverse with single input-dtype operands
+  (``merge="bf16"``: 2 wgmma per level; "split" keeps the 3-term products: 6 per level);
+* stores ``Ag = Tinv diag(beta)`` as one input-dtype term (``ag="bf16"``) or a two-term split.
+
+Math as in ``kkt_solve.py``: ``A[t, j] = beta_t rk_t rk_j exp(G_t - G_j) (k_t . k_j)`` (j < t, fp32,
+exact-operand wgmma ``K K^T``), fp32 forward substitution on the 16x16 diagonal blocks, merges
+``L <- L - L A_o L`` at widths 16 and 32.
+
+Outputs (rows/cols past the end of the sequence are 0):
+  Ah, Al  [HV, NC, 64, 64]  dtype (Al written only when ag == "split")
+  F       [HV, NC, 8, 64]   fp32:  0 e^G rk, 1 scale e^G rq, 2 e^(GL - G) rk, 3 e^GL, 4 G,
+                                   5 scale rq, 6 rk, 7 unused (0)
+"""
+
+import tilelang.language as T
+
+from .cumsum import BT, LOG2E, load_chunk_gate_cumsum
+
+THREADS = 128
+
+
+@T.macro
+def _merge(w, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, msplit):
+    """One merge level in place on ``l_s`` (fp32): ``L <- L - L (A_o L)``, A_o = the blocks (2i+1, 2i)
+    of width ``w``; operands single input-dtype terms, or 3-term splits when ``msplit``."""
+    for r, m in T.Parallel(BT, BT):
+        lh_s[r, m] = T.cast(l_s[r, m], dtype)
+        oh_s[r, m] = T.cast(
+            T.if_then_else(((r // w) % 2 == 1) & (m // w == r // w - 1), a_s[r, m], T.float32(0)), dtype)
+    if msplit:
+        for r, m in T.Parallel(BT, BT):
+            ll_s[r, m] = T.cast(l_s[r, m] - T.cast(T.cast(l_s[r, m], dtype), "float32"), dtype)
+            ol_s[r, m] = T.cast(
+                T.if_then_else(((r // w) % 2 == 1) & (m // w == r // w - 1),
+                               a_s[r, m] - T.cast(T.cast(a_s[r, m], dtype), "float32"), T.float32(0)), dtype)
+    T.gemm(oh_s, lh_s, x_f, clear_accum=True)
+    if msplit:
+        T.gemm(ol_s, lh_s, x_f)
+        T.gemm(oh_s, ll_s, x_f)
+    for r, m in T.Parallel(BT, BT):
+        xh_s[r, m] = T.cast(x_f[r, m], dtype)
+    if msplit:
+        for r, m in T.Parallel(BT, BT):
+            xl_s[r, m] = T.cast(x_f[r, m] - T.cast(T.cast(x_f[r, m], dtype), "float32"), dtype)
+    T.gemm(lh_s, xh_s, x_f, clear_accum=True)
+    if msplit:
+        T.gemm(ll_s, xh_s, x_f)
+        T.gemm(lh_s, xl_s, x_f)
+    for r, m in T.Parallel(BT, BT):
+        l_s[r, m] = l_s[r, m] - x_f[r, m]
+
+
+def build_intra_v2(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"):
+    """TileLang prim_func of ``gdn_intra_v2``.
+
+    Arguments:
+      q, k        [Ttot, H, DK]     dtype   (q only read when use_l2 != 0)
+      g, beta     [Ttot, HV]        fp32
+      cu_seqlens  [N + 1]           int32
+      chunk_indices [NC, 2]         int32
+      Ah, Al      [HV, NC, 64, 64]  dtype   (outputs)
+      F           [HV, NC, 8, 64]   fp32    (output)
+      scale fp32, use_l2 int32
+    """
+    assert DK in (64, 128)
+    assert dtype in ("bfloat16", "float16")
+    assert merge in ("bf16", "split") and ag in ("bf16", "split")
+    msplit = merge == "split"
+    asplit = ag == "split"
+    f32 = "float32"
+
+    Ttot = T.dynamic("Ttot")
+    H = T.dynamic("H")
+    HV = T.dynamic("HV")
+    N = T.dynamic("N")
+    NC = T.dynamic("NC")
+
+    @T.prim_func
+    def gdn_intra_v2(
+        q: T.Tensor((Ttot, H, DK), dtype),
+        k: T.Tensor((Ttot, H, DK), dtype),
+        g: T.Tensor((Ttot, HV), f32),
+        beta: T.Tensor((Ttot, HV), f32),
+        cu_seqlens: T.Tensor((N + 1,), "int32"),
+        chunk_indices: T.Tensor((NC, 2), "int32"),
+        Ah: T.Tensor((HV, NC, BT, BT), dtype),
+        Al: T.Tensor((HV, NC, BT, BT), dtype),
+        F: T.Tensor((HV, NC, 8, BT), f32),
+        scale: T.float32,
+        use_l2: T.int32,
+    ):
+        with T.Kernel(NC, HV, threads=THREADS) as (c, hv):
+            h = hv // (HV // H)
+            seq = chunk_indices[c, 0]
+            ic = chunk_indices[c, 1]
+            bos = cu_seqlens[seq]
+            eos = cu_seqlens[seq + 1]
+            t0 = bos + ic * BT
+            nv = T.min(eos - t0, BT)
+
+            k_s = T.alloc_shared((BT, DK), dtype)
+            g_s = T.alloc_shared((BT,), f32)
+            b_s = T.alloc_shared((BT,), f32)
+            rq_s = T.alloc_shared((BT,), f32)
+            rk_s = T.alloc_shared((BT,), f32)
+            a_s = T.alloc_shared((BT, BT), f32)
+            l_s = T.alloc_shared((BT, BT), f32)
+            lh_s = T.alloc_shared((BT, BT), dtype)
+            oh_s = T.alloc_shared((BT, BT), dtype)
+            xh_s = T.alloc_shared((BT, BT), dtype)
+            LB = BT if msplit else 8          # the lo buffers are only used by the split merge
+            ll_s = T.alloc_shared((LB, LB), dtype)
+            ol_s = T.alloc_shared((LB, LB), dtype)
+            xl_s = T.alloc_shared((LB, LB), dtype)
+
+            sq = T.alloc_fragment((BT, DK), f32)
+            ss = T.alloc_fragment((BT,), f32)
+            kk = T.alloc_fragment((BT, BT), f32)
+            x_f = T.alloc_fragment((BT, BT), f32)
+            t16 = T.alloc_local((16,), f32)
+
+            for r, d in T.Parallel(BT, DK):
+                k_s[r, d] = T.if_then_else(r < nv, k[t0 + r, h, d], T.cast(0, dtype))
+            load_chunk_gate_cumsum(g, beta, hv, t0, nv, g_s, b_s)
+
+            # L2-norm row factors (fp32; 1 when use_l2 == 0).  q is read from global only here.
+            if use_l2 != 0:
+                for r, d in T.Parallel(BT, DK):
+                    sq[r, d] = T.if_then_else(r < nv, T.cast(q[t0 + r, h, d], f32) * T.cast(q[t0 + r, h, d], f32),
+                                              T.float32(0))
+                T.reduce_sum(sq, ss, dim=1)
+                for r in T.Parallel(BT):
+                    rq_s[r] = T.float32(1) / T.sqrt(ss[r] + T.float32(1e-6))
+                for r, d in T.Parallel(BT, DK):
+                    sq[r, d] = T.cast(k_s[r, d], f32) * T.cast(k_s[r, d], f32)
+                T.reduce_sum(sq, ss, dim=1)
+                for r in T.Parallel(BT):
+                    rk_s[r] = T.float32(1) / T.sqrt(ss[r] + T.float32(1e-6))
+            else:
+                for r in T.Parallel(BT):
+                    rq_s[r] = T.float32(1)
+                    rk_s[r] = T.float32(1)
+
+            T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
+            for r, j in T.Parallel(BT, BT):
+                a_s[r, j] = T.if_then_else(
+                    j < r, b_s[r] * rk_s[r] * rk_s[j] * T.exp2((g_s[r] - g_s[j]) * LOG2E) * kk[r, j], T.float32(0))
+
+            for r in T.Parallel(BT):
+                F[hv, c, 0, r] = T.if_then_else(r < nv, T.exp2(g_s[r] * LOG2E) * rk_s[r], T.float32(0))
+                F[hv, c, 1, r] = T.if_then_else(r < nv, scale * T.exp2(g_s[r] * LOG2E) * rq_s[r], T.float32(0))
+                F[hv, c, 2, r] = T.if_then_else(r < nv, T.exp2((g_s[BT - 1] - g_s[r]) * LOG2E) * rk_s[r],
+                                                T.float32(0))
+                F[hv, c, 3, r] = T.exp2(g_s[BT - 1] * LOG2E)
+                F[hv, c, 4, r] = g_s[r]
+                F[hv, c, 5, r] = T.if_then_else(r < nv, scale * rq_s[r], T.float32(0))
+                F[hv, c, 6, r] = T.if_then_else(r < nv, rk_s[r], T.float32(0))
+                F[hv, c, 7, r] = T.float32(0)
+
+            # 16x16 diagonal blocks: exact fp32 forward substitution, one thread per column
+            tx = T.get_thread_binding()
+            if tx < BT:
+                blk = tx // 16
+                jj = tx % 16
+                for r in T.unroll(16):
+                    t16[r] = T.if_then_else(jj == r, T.float32(1), T.float32(0))
+                    for m in T.unroll(r):
+                        t16[r] = t16[r] - a_s[blk * 16 + r, blk * 16 + m] * t16[m]
+                for r in T.unroll(BT):
+                    l_s[r, tx] = T.if_then_else(r // 16 == blk, t16[r % 16], T.float32(0))
+
+            # merges L <- L - L A_o L at widths 16 and 32
+            _merge(16, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, msplit)
+            _merge(32, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, msplit)
+
+            for r, j in T.Parallel(BT, BT):
+                Ah[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], dtype)
+                if asplit:
+                    Al[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32),
+                                             dtype)
+
+    return gdn_intra_v2

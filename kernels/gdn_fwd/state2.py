@@ -1,0 +1,204 @@
+"""v2 sequential state kernel ``gdn_state_v2`` (and the CP scan ``gdn_scan_v2``).
+
+One CTA (128 threads) per (block of ``BV`` value columns, value head, sequence or segment); the fp32
+state block ``S[DK, BV]`` lives in registers; chunk loads (k, v, Ag, F) are TMA through TileLang's
+warp-specialised ``T.Pipelined``.  Per chunk (``prec``: ``variants.PrecisionV2``)::
+
+    Sh (+ Sl) = split(S)                 -> Sch (+ Scl)  chunk-start state for the output kernel
+    X  = V - F0 * (K @ Sh (+ K @ Sl))     K@S lo term only when prec.ks == "split"
+    U  = Ah Xh (+ Al Xh) (+ Ah Xl)        per prec.ag / prec.x
+    Uh (+ Ul) = split(U)                 -> Uh (+ Ul)    v_new for the output kernel
+    S  = F3 * S + K^T @ (rd(F2 U) (+ lo)) per prec.upd
+
+All products accumulate in fp32 (wgmma); nothing is TF32.  With the all-"bf16" preset this is 4
+wgmma per chunk (K S, Ag X, update) like FLA's chunk_h, and 48 KB written per chunk and head.
+
+``scan=True`` builds the CP phase-1 kernel: no per-chunk stores, and the value columns run over
+``2 DV``: columns ``[0, DV)`` advance the state of the segment from zero, columns ``[DV, 2 DV)``
+advance the transition product ``M`` from the identity with ``v = 0`` (the update is affine:
+``S_end = M S_start + Z``).  It writes ``[Z | M]`` as the "final state" ``ht [Nseg, HV, DK, 2 DV]``.
+"""
+
+import tilelang.language as T
+
+BT = 64
+THREADS = 128
+
+
+def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False):
+    """TileLang prim_func of ``gdn_state_v2`` (``scan=False``) or ``gdn_scan_v2`` (``scan=True``).
+
+    Arguments:
+      k        [Ttot, H, DK]          dtype
+      v        [Ttot, HV, DV]         dtype
+      Ah, Al   [HV, NCg, 64, 64]      dtype   (Al read only when prec.ag == "split")
+      F        [HV, NCg, 8, 64]       fp32
+      cu_seqlens    [N + 1]  int32    token boundaries of the sequences (segments for CP)
+      chunk_offsets [N + 1]  int32    their first global chunk ids
+      h0       [Nh, HV, DK, DV]       fp32 (read as [.., DV, DK] when v_first; unused by the scan)
+      Sch, Scl [HV, NCg, DK, DV]      dtype   (outputs; Scl only when prec.s == "split")
+      Uh, Ul   [HV, NCg, 64, DV]      dtype   (outputs; Ul only when prec.u == "split")
+      ht       [Nt, HV, DK, DV]       fp32    (scan: [Nt, HV, DK, 2 DV], always [.., K, V])
+      use_h0, store_ht, v_first       int32
+    """
+    assert DK in (64, 128) and DV == DK
+    assert DV % BV == 0 and BV in (16, 32, 64, 128)
+    assert dtype in ("bfloat16", "float16")
+    f32 = "float32"
+    W = 2 * DV if scan else DV
+    NV = W // BV
+    ks_sp = prec.ks == "split"
+    s_sp = prec.s == "split" and not scan
+    sl_need = ks_sp or s_sp
+    x_sp = prec.x == "split"
+    ag_sp = prec.ag == "split"
+    u_sp = prec.u == "split" and not scan
+    upd_sp = prec.upd == "split"
+    store = not scan
+
+    Ttot = T.dynamic("Ttot")
+    H = T.dynamic("H")
+    HV = T.dynamic("HV")
+    N = T.dynamic("N")
+    NCg = T.dynamic("NCg")
+    Nh = T.dynamic("Nh")
+    Nt = T.dynamic("Nt")
+
+    def lo_shape(shape, need):
+        return shape if need else (8, 8)
+
+    @T.prim_func
+    def gdn_state_v2(
+        k: T.Tensor((Ttot, H, DK), dtype),
+        v: T.Tensor((Ttot, HV, DV), dtype),
+        Ah: T.Tensor((HV, NCg, BT, BT), dtype),
+        Al: T.Tensor((HV, NCg, BT, BT), dtype),
+        F: T.Tensor((HV, NCg, 8, BT), f32),
+        cu_seqlens: T.Tensor((N + 1,), "int32"),
+        chunk_offsets: T.Tensor((N + 1,), "int32"),
+        h0: T.Tensor((Nh, HV, DK, DV), f32),
+        Sch: T.Tensor((HV, NCg, DK, DV), dtype),
+        Scl: T.Tensor((HV, NCg, DK, DV), dtype),
+        Uh: T.Tensor((HV, NCg, BT, DV), dtype),
+        Ul: T.Tensor((HV, NCg, BT, DV), dtype),
+        ht: T.Tensor((Nt, HV, DK, W), f32),
+        use_h0: T.int32,
+        store_ht: T.int32,
+        v_first: T.int32,
+    ):
+        with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, n):
+            h = hv // (HV // H)
+            bos = cu_seqlens[n]
+            eos = cu_seqlens[n + 1]
+            c0 = chunk_offsets[n]
+            nchunks = T.ceildiv(eos - bos, BT)
+            v0 = bv * BV
+            vv = v0 % DV               # column block of v / of the chunk tables
+            vkeep = T.if_then_else(v0 < DV, T.float32(1), T.float32(0))   # scan: 0 on the M columns
+
+            k_s = T.alloc_shared((BT, DK), dtype)
+            v_s = T.alloc_shared((BT, BV), dtype)
+            ah_s = T.alloc_shared((BT, BT), dtype)
+            al_s = T.alloc_shared(lo_shape((BT, BT), ag_sp), dtype)
+            f_s = T.alloc_shared((4, BT), f32)
+            sh_s = T.alloc_shared((DK, BV), dtype)
+            sl_s = T.alloc_shared(lo_shape((DK, BV), sl_need), dtype)
+            xh_s = T.alloc_shared((BT, BV), dtype)
+            xl_s = T.alloc_shared(lo_shape((BT, BV), x_sp or upd_sp), dtype)
+            uh_s = T.alloc_shared((BT, BV), dtype)
+            ul_s = T.alloc_shared(lo_shape((BT, BV), u_sp), dtype)
+
+            s_f = T.alloc_fragment((DK, BV), f32)
+            ks_f = T.alloc_fragment((BT, BV), f32)
+            u_f = T.alloc_fragment((BT, BV), f32)
+
+            if scan:
+                for i, j in T.Parallel(DK, BV):
+                    s_f[i, j] = T.if_then_else(v0 + j == DV + i, T.float32(1), T.float32(0))
+            else:
+                if use_h0 != 0:
+                    if v_first != 0:
+                        for i, j in T.Parallel(DK, BV):
+                            s_f[i, j] = h0[n, hv, v0 + j, i]
+                    else:
+                        T.copy(h0[n, hv, 0:DK, v0:v0 + BV], s_f)
+                else:
+                    T.clear(s_f)
+
+            for ic in T.Pipelined(nchunks, num_stages=num_stages):
+                t0 = bos + ic * BT
+                c = c0 + ic
+                T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
+                T.copy(v[t0:t0 + BT, hv, vv:vv + BV], v_s)
+                T.copy(Ah[hv, c, 0:BT, 0:BT], ah_s)
+                if ag_sp:
+                    T.copy(Al[hv, c, 0:BT, 0:BT], al_s)
+                T.copy(F[hv, c, 0:4, 0:BT], f_s)
+
+                for i, j in T.Parallel(DK, BV):
+                    sh_s[i, j] = T.cast(s_f[i, j], dtype)
+                if sl_need:
+                    for i, j in T.Parallel(DK, BV):
+                        sl_s[i, j] = T.cast(s_f[i, j] - T.cast(T.cast(s_f[i, j], dtype), f32), dtype)
+                if store:
+                    T.copy(sh_s, Sch[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
+                    if s_sp:
+                        T.copy(sl_s, Scl[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
+
+                # X = V - F0 * (K @ S)
+                T.gemm(k_s, sh_s, ks_f, clear_accum=True)
+                if ks_sp:
+                    T.gemm(k_s, sl_s, ks_f)
+                if scan:
+                    for i, j in T.Parallel(BT, BV):
+                        ks_f[i, j] = vkeep * T.cast(v_s[i, j], f32) - f_s[0, i] * ks_f[i, j]
+                else:
+                    for i, j in T.Parallel(BT, BV):
+                        ks_f[i, j] = T.cast(v_s[i, j], f32) - f_s[0, i] * ks_f[i, j]
+                for i, j in T.Parallel(BT, BV):
+                    xh_s[i, j] = T.cast(ks_f[i, j], dtype)
+                if x_sp:
+                    for i, j in T.Parallel(BT, BV):
+                        xl_s[i, j] = T.cast(ks_f[i, j] - T.cast(T.cast(ks_f[i, j], dtype), f32), dtype)
+
+                # U = Ag @ X
+                T.gemm(ah_s, xh_s, u_f, clear_accum=True)
+                if ag_sp:
+                    T.gemm(al_s, xh_s, u_f)
+                if x_sp:
+                    T.gemm(ah_s, xl_s, u_f)
+                if store:
+                    for i, j in T.Parallel(BT, BV):
+                        uh_s[i, j] = T.cast(u_f[i, j], dtype)
+                    if u_sp:
+                        for i, j in T.Parallel(BT, BV):
+                            ul_s[i, j] = T.cast(u_f[i, j] - T.cast(T.cast(u_f[i, j], dtype), f32), dtype)
+                    T.copy(uh_s, Uh[hv, c, 0:BT, v0:v0 + BV], disable_tma=True)
+                    if u_sp:
+                        T.copy(ul_s, Ul[hv, c, 0:BT, v0:v0 + BV], disable_tma=True)
+
+                # S = F3 * S + K^T @ (F2 * U)
+                for i, j in T.Parallel(BT, BV):
+                    u_f[i, j] = f_s[2, i] * u_f[i, j]
+                for i, j in T.Parallel(BT, BV):
+                    xh_s[i, j] = T.cast(u_f[i, j], dtype)
+                if upd_sp:
+                    for i, j in T.Parallel(BT, BV):
+                        xl_s[i, j] = T.cast(u_f[i, j] - T.cast(T.cast(u_f[i, j], dtype), f32), dtype)
+                for i, j in T.Parallel(DK, BV):
+                    s_f[i, j] = s_f[i, j] * f_s[3, 0]
+                T.gemm(k_s, xh_s, s_f, transpose_A=True)
+                if upd_sp:
+                    T.gemm(k_s, xl_s, s_f, transpose_A=True)
+
+            if scan:
+                T.copy(s_f, ht[n, hv, 0:DK, v0:v0 + BV])
+            else:
+                if store_ht != 0:
+                    if v_first != 0:
+                        for i, j in T.Parallel(DK, BV):
+                            ht[n, hv, v0 + j, i] = s_f[i, j]
+                    else:
+                        T.copy(s_f, ht[n, hv, 0:DK, v0:v0 + BV])
+
+    return gdn_state_v2
