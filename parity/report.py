@@ -377,10 +377,14 @@ def section_footer(rs: ResultSet, df: pd.DataFrame) -> str:
     restarts = sum(e.get("worker_restarts", 0) for e in rs.ends)
     share = f"{100 * ref / wall:.0f}%" if wall > 0 else "-"
     unfinished = len(rs.runs) - len(rs.ends)
+    if rs.ends:
+        timing = (f"wall time {wall:.1f} s over {len(rs.ends)} finished session(s)"
+                  f"{f' ({unfinished} unfinished)' if unfinished > 0 else ''}, of which the fp64 reference {ref:.1f} s "
+                  f"({share}); {restarts} worker restart(s).")
+    else:
+        timing = f"wall time unknown: none of the {len(rs.runs)} session(s) finished."
     lines = ["---", "",
-             f"{n_cases} cases, {len(df)} rows; wall time {wall:.1f} s over {len(rs.ends)} finished session(s)"
-             f"{f' ({unfinished} unfinished)' if unfinished > 0 else ''}, of which the fp64 reference {ref:.1f} s "
-             f"({share}); {restarts} worker restart(s)." + (f" ({'; '.join(spans)}.)" if spans else "")
+             f"{n_cases} cases, {len(df)} rows; {timing}" + (f" ({'; '.join(spans)}.)" if spans else "")
              + f" Rendered from `{rs.path}` by `python -m parity report`."]
     return "\n".join(lines) + "\n"
 
