@@ -67,6 +67,10 @@ class GDNInputs:
             kw.update(use_beta_sigmoid_in_kernel=True)
         return kw
 
+    def reference_kwargs(self) -> dict:
+        """kwargs() plus A_log and dt_bias always (the references take them, None or not)."""
+        return {**self.kwargs(), "A_log": self.A_log, "dt_bias": self.dt_bias}
+
     @property
     def grad_names(self) -> list[str]:
         """Inputs that get gradients: q, k, v, g, beta and h0 when present."""

@@ -29,10 +29,8 @@ def eligible(case: Case) -> bool:
 
 def reference_chunk_states(inputs: GDNInputs) -> torch.Tensor:
     """The fp64 chunk-start states [B, NT, HV, K, V] (V-first: [.., V, K]) on the inputs' device."""
-    kw = inputs.kwargs()
-    kw.update(A_log=inputs.A_log, dt_bias=inputs.dt_bias)
     with torch.no_grad():
-        return reference.chunk_gated_delta_rule(**kw, output_chunk_states=True)[2]
+        return reference.chunk_gated_delta_rule(**inputs.reference_kwargs(), output_chunk_states=True)[2]
 
 
 def chunk_profile(out: torch.Tensor, ref: torch.Tensor, max_bins: int = MAX_BINS) -> list[float]:

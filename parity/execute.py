@@ -29,7 +29,12 @@ MAX_REASON = 2000
 
 
 class ContextPoisoned(RuntimeError):
-    """The CUDA context no longer works after a backend failed; the process must be replaced."""
+    """The CUDA context no longer works after a backend failed; the process must be replaced. ``rows`` are the
+    failed cell's error rows (with the backend's own message), which run_case emits before re-raising."""
+
+    def __init__(self, msg: str, rows: list[dict] | None = None):
+        super().__init__(msg)
+        self.rows = list(rows or [])
 
 
 def _kind(tensor: str) -> str:
@@ -145,7 +150,7 @@ def run_backend(case: Case, backend: Backend, inputs: GDNInputs, ref: Reference,
         tb = traceback.format_exc(limit=6)
         rows = status_rows(case, backend.name, "error", f"{msg}\n{tb}")
         if not cuda_healthy(device):
-            raise ContextPoisoned(msg) from err
+            raise ContextPoisoned(msg, rows) from err
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return rows, None
@@ -186,11 +191,13 @@ def pairwise_rows(case: Case, outputs: dict[str, dict[str, torch.Tensor]], cu) -
 
 def run_case(case: Case, backends: list[Backend], device: torch.device, cache: RefCache | None,
              emit: Callable[[str, list[dict]], None], begin: Callable[[str], None] = lambda name: None,
-             repeat: bool = True, pairwise: bool = True, floor: bool = True, attribution: bool = True) -> float:
+             repeat: bool = True, pairwise: bool = True, floor: bool = True, attribution: bool = True,
+             inputs: GDNInputs | None = None) -> float:
     """Run ``case`` on every backend, calling ``emit(backend_name, rows)`` after each cell (and for the floor and
     the pairwise rows; the floor only when ``floor``). ``begin(name)`` is called before each backend runs. Returns the reference's seconds.
-    Raises ContextPoisoned after emitting the failed cell's rows if the GPU context broke."""
-    inputs = make_inputs(case).to(device)
+    Raises ContextPoisoned after emitting the failed cell's rows if the GPU context broke. ``inputs`` default to
+    make_inputs(case) (given for captured calls, see parity.replay)."""
+    inputs = (make_inputs(case) if inputs is None else inputs).to(device)
     begin(FLOOR_BACKEND)
     try:
         ref = get_reference(case, inputs, cache)
@@ -211,7 +218,11 @@ def run_case(case: Case, backends: list[Backend], device: torch.device, cache: R
     outputs: dict[str, dict[str, torch.Tensor]] = {}
     for b in backends:
         begin(b.name)
-        rows, got = run_backend(case, b, inputs, ref, device, repeat=repeat)
+        try:
+            rows, got = run_backend(case, b, inputs, ref, device, repeat=repeat)
+        except ContextPoisoned as err:
+            emit(b.name, err.rows)
+            raise
         emit(b.name, rows)
         if got is not None and all(r["status"] == "ok" for r in rows):
             outputs[b.name] = got

@@ -66,8 +66,7 @@ def grad_outputs(case: Case, inputs: GDNInputs) -> tuple[torch.Tensor, torch.Ten
 
 def compute(case: Case, inputs: GDNInputs) -> dict[str, torch.Tensor]:
     """The fp64 chunked reference (and fp64 autograd gradients for grad cases) on the inputs' device."""
-    kw = inputs.kwargs()
-    kw.update(A_log=inputs.A_log, dt_bias=inputs.dt_bias)
+    kw = inputs.reference_kwargs()
     if not case.grad:
         with torch.no_grad():
             o, ht = reference.chunk_gated_delta_rule(**kw)

@@ -310,8 +310,8 @@ def replay(path: str | os.PathLike, backends: list[str] | None = None, out: str 
     ``out``/report.md (default out: reports/replay-<stem>/). Returns (results, report)."""
     from parity import environment
     from parity.backends import resolve
-    from parity.execute import ContextPoisoned, floor_rows, pairwise_rows, run_backend, status_rows
-    from parity.refs import REF_VERSION, get_reference
+    from parity.execute import ContextPoisoned, run_case, status_rows
+    from parity.refs import REF_VERSION
     from parity.results import FLOOR_BACKEND, ResultWriter, load
 
     cap = load_capture(path)
@@ -336,34 +336,23 @@ def replay(path: str | os.PathLike, backends: list[str] | None = None, out: str 
     }
     writer = ResultWriter(results_path, header)
     t0 = time.perf_counter()
-    inputs = cap.inputs.to(dev)
+    emitted, ref_s = set(), 0.0
+
+    def emit(name, rows):
+        nonlocal ref_s
+        emitted.add(name)
+        if name == FLOOR_BACKEND and rows and rows[0].get("ref_s") is not None:
+            ref_s = rows[0]["ref_s"]
+        writer.write_cell(rows)
+
     try:
-        ref = get_reference(case, inputs, None)
-    except Exception as err:  # noqa: BLE001 - recorded like the sweep records it
-        msg = f"the fp64 reference failed: {type(err).__name__}: {err}"
-        for name in (FLOOR_BACKEND, *header["backends"]):
-            writer.write_cell(status_rows(case, name, "error", msg))
-        ref = None
-    if ref is not None:
-        writer.write_cell([{**r, "ref_s": ref.seconds, "ref_source": ref.source}
-                           for r in floor_rows(case, ref, inputs.cu_seqlens)])
-        outputs, broken = {}, None
+        run_case(case, [AsCaptured(b, proxy) for b in chosen], dev, None, emit, repeat=repeat, pairwise=pairwise,
+                 attribution=False, inputs=cap.inputs)
+    except ContextPoisoned as err:  # in this process there is no worker to replace: the rest is recorded, not run
         for b in chosen:
-            if broken is not None:
-                writer.write_cell(status_rows(case, b.name, "error", f"not run: the CUDA context broke ({broken})"))
-                continue
-            try:
-                rows, got = run_backend(case, AsCaptured(b, proxy), inputs, ref, dev, repeat=repeat)
-            except ContextPoisoned as err:
-                broken = f"{b.name}: {err}"
-                rows, got = status_rows(case, b.name, "error", f"the CUDA context broke: {err}"), None
-            writer.write_cell(rows)
-            if got is not None and all(r["status"] == "ok" for r in rows):
-                outputs[b.name] = got
-        if pairwise and len(outputs) > 1:
-            writer.write_cell(pairwise_rows(case, outputs, inputs.cu_seqlens))
-    writer.finish({"wall_s": time.perf_counter() - t0, "ref_s": ref.seconds if ref else 0.0, "cases_run": 1,
-                   "worker_restarts": 0})
+            if b.name not in emitted:
+                writer.write_cell(status_rows(case, b.name, "error", f"not run: the CUDA context broke ({err})"))
+    writer.finish({"wall_s": time.perf_counter() - t0, "ref_s": ref_s, "cases_run": 1, "worker_restarts": 0})
     report_path = out / "report.md"
     report_path.write_text(render_report(load(results_path), cap))
     return results_path, report_path

@@ -17,18 +17,10 @@ from __future__ import annotations
 import torch
 
 from reference.prepare import prepare
-from reference.segments import pad_varlen, segments, state_in, state_out, unpad_varlen
+from reference.segments import from_chunks, segments, state_in, state_out, to_chunks
 from reference.validate import check_inputs
 
 CHUNK_SIZE = 64
-
-
-def _neutral_pad(x: torch.Tensor, L: int) -> torch.Tensor:
-    """Zero-pad dim 1 to length L. Zero q/k/v/g/beta tokens leave the state unchanged."""
-    if x.shape[1] == L:
-        return x
-    pad = x.new_zeros((x.shape[0], L - x.shape[1], *x.shape[2:]))
-    return torch.cat([x, pad], dim=1)
 
 
 def _intra_chunk(q, k, v, g, beta, C: int):
@@ -125,21 +117,16 @@ def chunk_gated_delta_rule(
     scale = dims.K ** -0.5 if scale is None else scale
     S0 = state_in(initial_state, dims, dtype, q.device, state_v_first)
     C = chunk_size
-    if dims.varlen:
-        lens = [eos - bos for bos, eos in segments(cu_seqlens)]
-        L = -(-max(lens + [0]) // C) * C
-        xs = [pad_varlen(x, cu_seqlens, L) for x in (q, k, v, g, beta)]
-    else:
-        L = -(-dims.T // C) * C
-        xs = [_neutral_pad(x, L) for x in (q, k, v, g, beta)]
+    xs = to_chunks((q, k, v, g, beta), dims, cu_seqlens, C)
     o, S, hs = _chunk_core(*xs, S0, scale, C, output_chunk_states)
-    o = (unpad_varlen(o, cu_seqlens) if dims.varlen else o[:, : dims.T]).contiguous()
+    o = from_chunks(o, dims, cu_seqlens)
     final = state_out(S, state_v_first) if output_final_state else None
     if not output_chunk_states:
         return o, final
     if hs is None:
         hs = S0.new_zeros((dims.N, 0, dims.HV, dims.K, dims.V))
     if dims.varlen:
+        lens = [eos - bos for bos, eos in segments(cu_seqlens)]
         hs = torch.cat([hs[n, : -(-ln // C)] for n, ln in enumerate(lens)], dim=0)[None]
     else:
         hs = hs[:, : -(-dims.T // C)]

@@ -20,9 +20,9 @@ import contextlib
 
 import torch
 
-from reference.chunk import CHUNK_SIZE, _neutral_pad
+from reference.chunk import CHUNK_SIZE
 from reference.prepare import expand_heads, gate_from_raw, l2norm
-from reference.segments import pad_varlen, segments, state_in, state_out, unpad_varlen
+from reference.segments import from_chunks, state_in, state_out, to_chunks
 from reference.validate import check_inputs
 
 F32 = torch.float32
@@ -131,15 +131,10 @@ def chunk_gated_delta_rule(
     scale = dims.K ** -0.5 if scale is None else scale
     S0 = state_in(initial_state, dims, F32, q.device, state_v_first)
     C = chunk_size
-    if dims.varlen:
-        L = -(-max([e - b for b, e in segments(cu_seqlens)] + [0]) // C) * C
-        xs = [pad_varlen(x, cu_seqlens, L) for x in (q, k, v, g, beta)]
-    else:
-        L = -(-dims.T // C) * C
-        xs = [_neutral_pad(x, L) for x in (q, k, v, g, beta)]
+    xs = to_chunks((q, k, v, g, beta), dims, cu_seqlens, C)
     with _no_tf32():
         o, S, hs = _emulated_core(*xs, S0, scale, C, dt)
-    o = (unpad_varlen(o, cu_seqlens) if dims.varlen else o[:, : dims.T]).contiguous()
+    o = from_chunks(o, dims, cu_seqlens)
     final = state_out(S, state_v_first) if output_final_state else None
     if not output_chunk_states:
         return o.to(dt), final

@@ -47,3 +47,26 @@ def unpad_varlen(x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     """Inverse of pad_varlen: [N, length, ...] -> [1, T, ...]."""
     _, valid = _pad_index(cu_seqlens.to(x.device), x.shape[1])
     return x[valid][None]
+
+
+def _neutral_pad(x: torch.Tensor, L: int) -> torch.Tensor:
+    """Zero-pad dim 1 to length L. Zero q/k/v/g/beta tokens leave the state unchanged."""
+    if x.shape[1] == L:
+        return x
+    pad = x.new_zeros((x.shape[0], L - x.shape[1], *x.shape[2:]))
+    return torch.cat([x, pad], dim=1)
+
+
+def to_chunks(xs, dims: Dims, cu_seqlens, C: int) -> list[torch.Tensor]:
+    """[B or 1, T, ...] tensors -> [N, L, ...] with L a multiple of C: dense rows zero-padded at their end, varlen
+    sequences one per row, each padded with neutral tokens to the longest sequence's whole chunks."""
+    if dims.varlen:
+        L = -(-max([e - b for b, e in segments(cu_seqlens)] + [0]) // C) * C
+        return [pad_varlen(x, cu_seqlens, L) for x in xs]
+    L = -(-dims.T // C) * C
+    return [_neutral_pad(x, L) for x in xs]
+
+
+def from_chunks(o: torch.Tensor, dims: Dims, cu_seqlens) -> torch.Tensor:
+    """Inverse of to_chunks for an output [N, L, ...] -> [B or 1, T, ...], contiguous."""
+    return (unpad_varlen(o, cu_seqlens) if dims.varlen else o[:, : dims.T]).contiguous()

@@ -148,3 +148,16 @@ def test_cli_list_run_report(tmp_path, capsys):
     assert (tmp_path / "cli" / "report.md").exists()
     assert cli_main(["report", str(res), "--out", str(tmp_path / "again.md")]) == 0
     assert cli_main(["run", "--matrix", "nope"]) == 2
+
+
+def test_a_poisoned_context_still_reports_the_failed_cell(monkeypatch):
+    from parity import execute
+    from parity.backends import get_backend
+
+    monkeypatch.setattr(execute, "cuda_healthy", lambda device: False)  # as after an illegal memory access
+    emitted = {}
+    with pytest.raises(execute.ContextPoisoned):
+        execute.run_case(SMALL[0], [get_backend(f"{FAKE}:Raiser"), get_backend("torch-emulated")],
+                         __import__("torch").device("cpu"), None, lambda name, rows: emitted.setdefault(name, rows))
+    assert "boom: this backend always fails" in emitted["fake-raiser"][0]["reason"]  # the backend's own message
+    assert "torch-emulated" not in emitted  # the rest is left to a fresh process

@@ -19,13 +19,6 @@ from reference import emulated
 RECURRENT_MAX_TOKENS = 4096
 
 
-def _ref_kwargs(inputs: GDNInputs) -> dict:
-    kw = inputs.kwargs()
-    kw.setdefault("A_log", inputs.A_log)
-    kw.setdefault("dt_bias", inputs.dt_bias)
-    return kw
-
-
 class RefRecurrent(Backend):
     name = "ref-recurrent"
     description = "fp64 token-by-token recurrence (reference.fused_recurrent_gated_delta_rule)"
@@ -38,7 +31,7 @@ class RefRecurrent(Backend):
         return True, ""
 
     def _forward(self, inputs: GDNInputs):
-        o, ht = reference.fused_recurrent_gated_delta_rule(**_ref_kwargs(inputs))
+        o, ht = reference.fused_recurrent_gated_delta_rule(**inputs.reference_kwargs())
         return o, ht, "reference/recurrent-fp64"
 
 
@@ -53,10 +46,10 @@ class TorchEmulated(Backend):
         return True, ""
 
     def _forward(self, inputs: GDNInputs):
-        o, ht = emulated.chunk_gated_delta_rule(**_ref_kwargs(inputs))
+        o, ht = emulated.chunk_gated_delta_rule(**inputs.reference_kwargs())
         return o, ht, f"reference/emulated-{str(inputs.q.dtype).replace('torch.', '')}"
 
     def chunk_states(self, inputs: GDNInputs):
         with torch.no_grad():
-            _, _, hs = emulated.chunk_gated_delta_rule(**_ref_kwargs(inputs), output_chunk_states=True)
+            _, _, hs = emulated.chunk_gated_delta_rule(**inputs.reference_kwargs(), output_chunk_states=True)
         return hs, "reference.emulated (chunk-start states, rounded as the output stage reads them)"
