@@ -6,11 +6,16 @@
 if [ ! -d /tmp/site/tilelang ]; then
   mkdir -p /tmp/site && tar -xJf .gpu/gpu-site.tar.xz -C /tmp/site
 fi
-if [ ! -d "$HOME/.tilelang/cache" ]; then
-  if [ -f .gpu/tilelang-cache.tgz ]; then tar -xzf .gpu/tilelang-cache.tgz -C "$HOME"
-  else tar -xzf .gpu/tilelang-cache-flashqla.tgz -C "$HOME"; fi
-fi
-if [ -f .gpu/triton-cache.tgz ] && [ ! -d "$HOME/.triton/cache" ]; then tar -xzf .gpu/triton-cache.tgz -C "$HOME"; fi
+# compile caches saved by scripts/gpu_save_caches.sh (xz parts) or older single .tgz files
+restore() {  # restore NAME DIR-under-HOME
+  [ -d "$HOME/$2" ] && return 0
+  if ls .gpu/"$1".tar.xz.part-* >/dev/null 2>&1; then cat .gpu/"$1".tar.xz.part-* | xz -d | tar -xf - -C "$HOME"
+  elif [ -f .gpu/"$1".tgz ]; then tar -xzf .gpu/"$1".tgz -C "$HOME"; fi
+}
+restore tilelang-cache .tilelang/cache
+restore triton-cache .triton/cache
+# Triton keeps autotuning results in its cache: FLA's autotuned kernels then skip benchmarking every config
+export TRITON_CACHE_AUTOTUNING=1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 GDN_PARITY_CACHE=/tmp/gdn-parity-ref
 # the commit this working tree came from (written here by scripts/gpu_stamp.sh before the call)
 if [ -f .gpu/COMMIT ]; then read -r GDN_PARITY_COMMIT GDN_PARITY_DIRTY < .gpu/COMMIT; export GDN_PARITY_COMMIT GDN_PARITY_DIRTY; fi

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Pack the TileLang and Triton compile caches into DIR (default $OUT) so the next GPU call can start warm:
-# copy them into .gpu/ here and gpu_env.sh restores them there.
+# Pack the TileLang and Triton compile caches (Triton's with its autotuning results, see gpu_env.sh) into DIR
+# (default $OUT) so the next GPU call can start warm: copy them into .gpu/ here and gpu_env.sh restores them there.
+# xz-compressed and split into 15 MB parts (NAME.tar.xz.part-aa, -ab, ...): the device tool returns files up to 16 MB.
 out=${1:-$OUT}
 mkdir -p "$out"
-[ -d "$HOME/.tilelang/cache" ] && tar -czf "$out/tilelang-cache.tgz" -C "$HOME" .tilelang/cache
-[ -d "$HOME/.triton/cache" ] && tar -czf "$out/triton-cache.tgz" -C "$HOME" .triton/cache
-ls -la "$out"/*.tgz 2>/dev/null
+pack() {  # pack NAME DIR-under-HOME
+  [ -d "$HOME/$2" ] || return 0
+  rm -f "$out/$1".tar.xz.part-*
+  tar -cf - -C "$HOME" "$2" | xz -T0 -6 | split -b 15m - "$out/$1.tar.xz.part-"
+}
+pack tilelang-cache .tilelang/cache
+pack triton-cache .triton/cache
+ls -la "$out"/*.part-* 2>/dev/null
 exit 0
