@@ -14,12 +14,13 @@ reference, the bf16 rounding floor of o, and the same for FLA / FlashQLA, so a f
 variant is visible.  Step 2 times every variant on every shape.  Variants (columns):
 
 * ``default``   - what ``kernels.chunk_gated_delta_rule`` dispatches, timed through the public API:
-                  the v2 path ("split2": intra2 -> register-operand state kernel -> output2),
-                  precision "default" (kernels/NOTES.md), CP segments by ``build.cp_segments_for``;
-* ``v2cp1``     - the same with the segment-parallel state passing forced off;
+                  the v2 path ("split2": intra2 -> state kernel -> output2), precision "default"
+                  (kernels/NOTES.md), state kernel form and CP segments by ``build.plan_v2``;
+* ``v2rv``      - the register-operand state kernel (state3.py), CP off;
+* ``v2rvcp``    - the same with CP segments by ``build.cp_segments_for``;
 * ``v2cp4``     - ... forced to 4 segments per sequence;
-* ``v2bv128``   - the state kernel with 2 warpgroups (128 value columns) per CTA;
-* ``v2smem``    - the v2 path with the shared-memory-operand state kernel (state2.py, BV 32);
+* ``v2bv128``   - the rv state kernel with 2 warpgroups (128 value columns) per CTA, CP off;
+* ``v2smem``    - the shared-memory-operand state kernel (state2.py, BV by ``build.block_v``), no CP;
 * ``v2lean``    - precision "lean" (no split X / state update: cheaper chain, less accuracy margin);
 * ``v2bf16``    - every operand single bf16 (speed reference; less accurate than FLA);
 * ``old``       - the previous default (split path, "high": hi/lo intermediates, BV by ``block_v``);
@@ -83,9 +84,10 @@ def make(B, T, H, HV, lens, dev, seed=0):
 
 VARIANTS = {
     # name: private API knobs
-    "v2cp1": dict(_cp=1),
+    "v2rv": dict(_form="rv", _cp=1),
+    "v2rvcp": dict(_form="rv"),
     "v2cp4": dict(_cp=4),
-    "v2bv128": dict(_block_v=128),
+    "v2bv128": dict(_form="rv", _block_v=128, _cp=1),
     "v2smem": dict(_form="smem"),
     "v2lean": dict(_precision="lean"),
     "v2bf16": dict(_precision="bf16"),
@@ -93,7 +95,7 @@ VARIANTS = {
     "oldfast": dict(_path="split", _precision="fast"),
     "fused64": dict(_path="fused", _block_v=64),
 }
-DEFAULT_VARIANTS = "default,v2cp1,v2cp4,v2bv128,v2smem,old,oldfast"   # + v2lean, v2bf16, fused64 on request
+DEFAULT_VARIANTS = "default,v2rv,v2rvcp,v2smem,old"   # + v2lean, v2bf16, fused64 on request
 
 # correctness cases of step 1: (name, B, T, H, HV, varlen lengths, h0 std, state_v_first)
 CHECKS = [
@@ -103,7 +105,7 @@ CHECKS = [
 
 
 def _needed_configs(variants, shapes):
-    from kernels.gdn_fwd.build import DEFAULT_PATH, Intra2Config, cp_segments_for, dispatch_configs, precision_v2
+    from kernels.gdn_fwd.build import DEFAULT_PATH, Intra2Config, dispatch_configs, plan_v2, precision_v2
     cfgs = [Intra2Config("bfloat16", precision_v2(None).merge, precision_v2(None).ag)]    # the "intra" column
     todo = [(SHAPES[name][0], SHAPES[name][1], SHAPES[name][3], SHAPES[name][4], False) for name in shapes]
     todo += [(c[1], c[2], c[4], c[5], c[6] is not None) for c in CHECKS]
@@ -116,9 +118,8 @@ def _needed_configs(variants, shapes):
             prec = kw.get("_precision")
             if path == "split2":
                 prec = precision_v2(prec, has_h0=h0)
-                cp = kw.get("_cp")
-                cp = cp_segments_for(n, HV, max_chunks, kw.get("_form") or "rv") if cp is None else cp
-                c = dispatch_configs("bfloat16", n, HV, kw.get("_block_v"), path, prec, cp, kw.get("_form"))
+                form, cp = plan_v2(n, HV, max_chunks, kw.get("_form"), kw.get("_cp"))
+                c = dispatch_configs("bfloat16", n, HV, kw.get("_block_v"), path, prec, cp, form)
             else:
                 c = dispatch_configs("bfloat16", n, HV, kw.get("_block_v"), path, prec)
             cfgs.extend(c)

@@ -346,22 +346,20 @@ def _cp_fixup(ZM, h0, seg_of, counts, sched, N, HV, D, vt):
 def _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC, N, HV, D, dt, cu_seqlens,
             B, T, scale, use_h0, output_final_state, state_v_first, use_l2, block_v_, precision, cp, form):
     """The v2 path: intra2 -> state (or CP: scan, fix-up, state per segment) -> output2."""
-    from .build import DEFAULT_FORM, cp_segments_for, dispatch_v2, get_kernel, precision_v2
+    from .build import dispatch_v2, get_kernel, plan_v2, precision_v2
 
     prec = precision_v2(precision, has_h0=bool(use_h0))
-    form = form or DEFAULT_FORM
-    vt = form == "rv"
     dev = q2.device
     cu_host = None
-    if cp is None:
+    max_chunks = 0
+    if cp is None or form is None:
         if cu_seqlens is None:
             max_chunks = -(-T // BT)
         else:
             cu_host = [int(x) for x in cu_seqlens.tolist()]
             max_chunks = max([-(-(cu_host[i + 1] - cu_host[i]) // BT) for i in range(N)] + [0])
-        cp = cp_segments_for(N, HV, max_chunks, form)
-    if form != "rv":
-        cp = 1                          # see build.dispatch_v2
+    form, cp = plan_v2(N, HV, max_chunks, form, cp)
+    vt = form == "rv"
     cfgs = dispatch_v2(_TL_DTYPE[dt], N, HV, block_v_, prec, cp, form)
     kerns = [get_kernel(c) for c in cfgs]
 

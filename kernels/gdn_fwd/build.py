@@ -129,8 +129,15 @@ def block_v(n_seq: int, HV: int) -> int:
 
 
 CP_MIN_CHUNKS = 16             # chunks per CP segment at the least
-DEFAULT_FORM = "rv"            # state kernel form of the v2 path (see State2Config)
+DEFAULT_FORM = "rv"            # state kernel form whenever CP runs (see State2Config); form_for picks per call
 RV_BV = 64                     # value columns per warpgroup of the "rv" state kernel (wgmma M)
+# form_for: measured on an H200 (benchmarks/results/2026-11-30-h200-bench_kernels_fwd-v2.txt), the
+# shared-memory-operand state kernel ("smem", BV by block_v) beat the register-operand one ("rv") on
+# every shape without CP (B1 T32768 HV32 2.98 vs 4.14 ms, B8 T4096 HV32 2.91 vs 3.21, B1 T8192 HV8 0.32
+# vs 0.69), and "rv" + CP won only with very few CTAs over very many chunks (B1 T65536 HV4: 1.22 vs
+# 1.86 ms; at B1 T8192 HV8 CP cost 1.18 vs 0.69 ms).
+CP_MAX_CTAS = 8                # "rv" CTAs (N x HV x 128/64) at most for CP
+CP_MIN_TOTAL_CHUNKS = 512      # chunks of the longest sequence at the least for CP
 
 
 def cp_segments_for(n_seq: int, HV: int, max_chunks: int, form: str = DEFAULT_FORM) -> int:
@@ -145,6 +152,23 @@ def cp_segments_for(n_seq: int, HV: int, max_chunks: int, form: str = DEFAULT_FO
         return 1
     per = -(-N_SM // ctas)
     return max(1, min(16, per, max_chunks // CP_MIN_CHUNKS))
+
+
+def plan_v2(n_seq: int, HV: int, max_chunks: int, form: str | None = None, cp: int | None = None):
+    """(form, cp) of one v2 call: the API's private ``_form`` / ``_cp`` when given (a forced cp > 1
+    implies "rv", the only form with a CP scan), else "rv" with CP for at most CP_MAX_CTAS CTAs over at
+    least CP_MIN_TOTAL_CHUNKS chunks and the "smem" form without CP otherwise (measurements above)."""
+    if form is None:
+        if cp is not None:
+            form = "rv" if cp > 1 else "smem"
+        else:
+            few = n_seq * HV * (KERNEL_HEAD_DIM // RV_BV) <= CP_MAX_CTAS and max_chunks >= CP_MIN_TOTAL_CHUNKS
+            form = "rv" if few else "smem"
+    if form not in ("rv", "smem"):
+        raise ValueError(f"unknown state kernel form {form!r}")
+    if cp is None:
+        cp = cp_segments_for(n_seq, HV, max_chunks, form)
+    return form, (cp if form == "rv" else 1)
 
 
 def precision_v2(precision, has_h0: bool = False):
@@ -215,18 +239,19 @@ def all_configs():
     out = []
     for dtype in DTYPES:
         for prec in (precision_v2(None), precision_v2(None, has_h0=True)):
-            for c in dispatch_v2(dtype, 1, 1, precision=prec, cp=2):
+            cfgs = list(dispatch_v2(dtype, 1, 1, precision=prec, cp=2))                 # rv + CP scan
+            for bv in (64, 32, 16):                                                       # smem, by block_v
+                cfgs += dispatch_v2(dtype, 1, 1, BV=bv, precision=prec, cp=1, form="smem")
+            for c in cfgs:
                 if c not in out:
                     out.append(c)
     return out
 
 
 def extra_configs():
-    """Reachable only through the API's private knobs (benchmark variants), bf16: the v2 path with
-    the shared-memory state kernel (state2.py, BV 32 + its scan), and the previous default split
-    path ("high", BV 32) and its "fast" precision."""
-    out = list(dispatch_v2("bfloat16", 1, 1, BV=32, cp=1, form="smem")[1:])
-    out += [IntraConfig("bfloat16"), StateConfig("bfloat16", 32, "high"), OutputConfig("bfloat16", True),
+    """Reachable only through the API's private knobs (benchmark variants), bf16: the previous
+    default split path ("high", BV 32) and its "fast" precision."""
+    out = [IntraConfig("bfloat16"), StateConfig("bfloat16", 32, "high"), OutputConfig("bfloat16", True),
             StateConfig("bfloat16", 32, "fast"), OutputConfig("bfloat16", False)]
     return out
 

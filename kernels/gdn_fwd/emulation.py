@@ -220,7 +220,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     """Same signature and result layout as ``kernels.chunk_gated_delta_rule`` (incl. its private
     ``_path`` / ``_precision`` / ``_cp`` knobs; ``_form`` and ``_block_v`` change no rounding), computed by
     the emulation.  The default path is "split2" (``chunk_gated_delta_rule_v2``) with the API's CP choice."""
-    from .build import DEFAULT_PATH, cp_segments_for, precision_v2
+    from .build import DEFAULT_PATH, plan_v2, precision_v2
     _path = _path or DEFAULT_PATH
     if _path == "split2":
         B, T = q.shape[:2]
@@ -231,7 +231,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
             cu = [int(x) for x in cu_seqlens.tolist()]
             N = len(cu) - 1
             max_chunks = max([-(-(cu[i + 1] - cu[i]) // BT) for i in range(N)] + [0])
-        cp = cp_segments_for(N, HV, max_chunks, _form or "rv") if _cp is None else _cp
+        cp = plan_v2(N, HV, max_chunks, _form, _cp)[1]
         return chunk_gated_delta_rule_v2(q, k, v, g, beta, scale, initial_state, output_final_state,
                                          use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
                                          prec=precision_v2(_precision, initial_state is not None),
