@@ -53,13 +53,26 @@ def pytest_configure(config):
 
 
 def load_known_failures() -> list[dict]:
-    """Entries: backend, case (glob over the case id), reason, link; all required."""
+    """Entries: backend, case, reason, link (all required) and scope (optional).  ``case`` is a glob over
+    the case id or a list of them: the cells measured to fail (``scripts/refresh_known_failures.py``
+    writes the list from a result file, for the cells of ``scope`` that failed); ``scope`` is the glob of
+    cases the defect can touch, for the reader."""
     entries = json.loads(KNOWN_FAILURES.read_text())
     for e in entries:
         missing = {"backend", "case", "reason", "link"} - set(e)
         if missing:
             raise ValueError(f"{KNOWN_FAILURES}: entry {e} lacks {sorted(missing)}")
+        if isinstance(e["case"], str):
+            e["case"] = [e["case"]]
     return entries
+
+
+def known_failure(known: list[dict], case_id: str, backend: str) -> int | None:
+    """Index of the first entry of ``known`` that matches (case id, backend), or None."""
+    for i, e in enumerate(known):
+        if e["backend"] == backend and any(fnmatch.fnmatchcase(case_id, c) for c in e["case"]):
+            return i
+    return None
 
 
 def matrix_cells(config):
@@ -95,24 +108,36 @@ def pytest_generate_tests(metafunc):
             marks.append(pytest.mark.gpu)
         if case.B * case.T > 4096:
             marks.append(pytest.mark.slow)
-        for i, e in enumerate(known):
-            if e["backend"] == backend and fnmatch.fnmatchcase(case.id, e["case"]):
-                metafunc.config._parity_matched.add(i)
-                marks.append(pytest.mark.xfail(reason=f"{e['reason']} ({e['link']})", strict=True))
-                break
+        i = known_failure(known, case.id, backend)
+        if i is not None:
+            e = known[i]
+            metafunc.config._parity_matched.add(i)
+            marks.append(pytest.mark.xfail(reason=f"{e['reason']} ({e['link']})", strict=True))
         params.append(pytest.param((case, backend), id=f"{case.id}-{backend}", marks=marks))
     metafunc.parametrize("parity_cell", params)
+
+
+def stale_known_failures(known: list[dict], matched: set[int]) -> list[str]:
+    """Entries that match no collected test and no case of any named matrix (renamed or removed cases:
+    the data file has rotted), each as a one-line description."""
+    from cases.matrices import MATRICES
+
+    ids = {c.id for m in MATRICES.values() for c in m.cases(None)}
+    out = []
+    for i, e in enumerate(known):
+        if i in matched or any(fnmatch.fnmatchcase(c, pat) for pat in e["case"] for c in ids):
+            continue
+        out.append(f"backend {e['backend']}, case {e.get('scope') or e['case'][:3]} ({e['reason'][:80]})")
+    return out
 
 
 def pytest_collection_finish(session):
     known = getattr(session.config, "_parity_known", None)
     if known is None:
         return
-    matched = session.config._parity_matched
-    for i, e in enumerate(known):
-        if i not in matched:
-            warnings.warn(f"tests/known_failures.json: stale entry matches no collected test: backend {e['backend']}, "
-                          f"case {e['case']} ({e['reason'][:80]})", stacklevel=1)
+    for line in stale_known_failures(known, session.config._parity_matched):
+        warnings.warn(f"tests/known_failures.json: stale entry matches no collected test and no matrix case: {line}",
+                      stacklevel=1)
 
 
 @pytest.fixture(scope="session")
