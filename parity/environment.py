@@ -27,13 +27,16 @@ def _git(*args: str) -> str | None:
 
 
 def git_info() -> dict:
-    """commit and dirty (uncommitted changes to tracked files). Outside a checkout (a copied working tree on a GPU
-    box) they come from GDN_PARITY_COMMIT / GDN_PARITY_DIRTY, which scripts/gpu_env.sh sets from .gpu/COMMIT."""
+    """commit and dirty (uncommitted changes to tracked files).  GDN_PARITY_COMMIT / GDN_PARITY_DIRTY win when set:
+    scripts/gpu_env.sh sets them from .gpu/COMMIT on a GPU box, whose copy of the working tree may carry a stale
+    .git of an earlier commit (seen on the device tool's machines: HEAD of the session's start, "dirty")."""
+    env_commit = os.environ.get("GDN_PARITY_COMMIT")
+    if env_commit:
+        dirty = os.environ.get("GDN_PARITY_DIRTY")
+        return {"commit": env_commit, "dirty": None if dirty is None else dirty == "1"}
     commit = _git("rev-parse", "HEAD")
     if commit is None:
-        commit = os.environ.get("GDN_PARITY_COMMIT") or None
-        dirty = os.environ.get("GDN_PARITY_DIRTY")
-        return {"commit": commit, "dirty": None if dirty is None else dirty == "1"}
+        return {"commit": None, "dirty": None}
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 

@@ -161,3 +161,15 @@ def test_a_poisoned_context_still_reports_the_failed_cell(monkeypatch):
                          __import__("torch").device("cpu"), None, lambda name, rows: emitted.setdefault(name, rows))
     assert "boom: this backend always fails" in emitted["fake-raiser"][0]["reason"]  # the backend's own message
     assert "torch-emulated" not in emitted  # the rest is left to a fresh process
+
+
+def test_git_info_prefers_the_stamped_commit(monkeypatch):
+    """On a GPU box the copied tree's .git can be stale: the commit stamped by scripts/gpu_stamp.sh wins."""
+    from parity import environment
+
+    monkeypatch.setenv("GDN_PARITY_COMMIT", "abc123")
+    monkeypatch.setenv("GDN_PARITY_DIRTY", "0")
+    assert environment.git_info() == {"commit": "abc123", "dirty": False}
+    monkeypatch.delenv("GDN_PARITY_COMMIT")
+    info = environment.git_info()
+    assert info["commit"] != "abc123" and set(info) == {"commit", "dirty"}

@@ -1,0 +1,235 @@
+"""Forward + backward benchmark of our TileLang GDN (``kernels.gdn_bwd.autograd``) vs FLA Triton vs FlashQLA.
+
+    python benchmarks/bench_kernels_bwd.py [--shapes NAME,...] [--rep 50] [--no-check] [--dry-run]
+
+bf16 q/k/v, fp32 g/beta, no initial state, output_final_state=True; q ~ N(0,1), k L2-normalised N(0,1),
+v ~ N(0,1), g = logsigmoid(N(0,1)), beta ~ U(0,1); do ~ N(0,1), dht ~ 0.1 N(0,1).  Shapes: the forward
+benchmark's (``bench_kernels_fwd.SHAPES``).  Times are ``triton.testing.do_bench`` medians (ms) in this run:
+``fwd`` = the forward with autograd recording, ``fwd+bwd`` = forward then ``torch.autograd.backward``;
+``bwd`` = their difference; for ours also the time of every backward stage (CUDA events, one call).
+
+Step 0 compiles the TileLang kernels (backward stages + the forward kernels, bf16) in parallel processes.
+Step 1 prints one correctness line per implementation on two check cases (dense GVA; varlen with h0 and the
+value-first state): each gradient's rel_rmse vs fp64 autograd through ``reference.chunk``, and the FLA-like
+baseline (autograd through ``reference.emulated``), so a fast but wrong variant is visible.  Step 2 times.
+Columns: ``ours`` (TileLang forward + backward), ``FLA`` (FLA_FLASH_QLA=0 FLA_TILELANG=0), ``FlashQLA``.
+``--dry-run``: CPU plumbing test, the torch emulations stand in for the kernels, shapes shrink 256x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as Fn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+SHAPES = {
+    # the forward benchmark's shapes: name: (B, T, H, HV, varlen lengths or None)
+    "B1_T32768_H16_HV32": (1, 32768, 16, 32, None),
+    "B8_T4096_H16_HV32": (8, 4096, 16, 32, None),
+    "B1_T8192_H4_HV8": (1, 8192, 4, 8, None),
+    "B1_T65536_H2_HV4": (1, 65536, 2, 4, None),
+    "varlen8_T32768_H16_HV32": (1, 32768, 16, 32, [1000, 7000, 2500, 6000, 300, 9000, 4000, 2968]),
+}
+D = 128
+NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+# (name, B, T, H, HV, varlen lengths, h0 std, state_v_first)
+CHECKS = [
+    ("B1_T4096_H4_HV8", 1, 4096, 4, 8, None, None, False),
+    ("varlen4_h0_vfirst_H2_HV4", 1, 4096, 2, 4, [2500, 63, 1400, 133], 1.0, True),
+]
+
+
+def make(B, T, H, HV, lens, dev, seed=0, h0std=None, vfirst=False):
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    q = torch.randn(B, T, H, D, device=dev, generator=gen).to(torch.bfloat16)
+    k = Fn.normalize(torch.randn(B, T, H, D, device=dev, generator=gen), dim=-1).to(torch.bfloat16)
+    v = torch.randn(B, T, HV, D, device=dev, generator=gen).to(torch.bfloat16)
+    g = Fn.logsigmoid(torch.randn(B, T, HV, device=dev, generator=gen))
+    beta = torch.rand(B, T, HV, device=dev, generator=gen)
+    cu = None
+    if lens:
+        assert sum(lens) == T and B == 1
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64, device=dev)
+    N = len(lens) if lens else B
+    h0 = None if h0std is None else h0std * torch.randn(N, HV, D, D, device=dev, generator=gen)
+    do = torch.randn(B, T, HV, D, device=dev, generator=gen).to(torch.bfloat16)
+    dht = 0.1 * torch.randn(N, HV, D, D, device=dev, generator=gen)
+    return (q, k, v, g, beta), dict(initial_state=h0, output_final_state=True, state_v_first=vfirst,
+                                    cu_seqlens=cu), do, dht
+
+
+def grads(fn, args, kw, do, dht, cast=lambda x: x):
+    leaves = [cast(x).detach().requires_grad_() for x in args]
+    h0 = kw["initial_state"]
+    h = None if h0 is None else cast(h0).detach().requires_grad_()
+    o, ht = fn(*leaves, **dict(kw, initial_state=h))
+    torch.autograd.backward((o, ht), (cast(do).to(o.dtype), cast(dht)))
+    return [x.grad for x in leaves] + ([h.grad] if h is not None else [])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--rep", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--workers", type=int, default=min(10, os.cpu_count() or 1))
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args(argv)
+
+    from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as ours_fn
+    from kernels.gdn_fwd import testing as tt
+
+    t_start = time.time()
+    if args.dry_run:
+        dev = torch.device("cpu")
+        for name, (B_, T_, H_, HV_, L_) in list(SHAPES.items()):
+            L2 = [max(1, x // 256) for x in L_] if L_ else None
+            SHAPES[name] = (B_, sum(L2) if L2 else T_ // 256, H_, HV_, L2)
+        for i, c in enumerate(CHECKS):
+            L2 = [max(1, x // 64) for x in c[5]] if c[5] else None
+            CHECKS[i] = (c[0], c[1], sum(L2) if L2 else c[2] // 64, *c[3:5], L2, *c[6:])
+
+        def do_bench(fn, warmup, rep, return_mode):
+            t = time.time()
+            fn()
+            return (time.time() - t) * 1e3
+
+        def ours(*a, **k):
+            return ours_fn(*a, **k, _impl="emulation")
+    else:
+        if not torch.cuda.is_available():
+            print("no CUDA device (use --dry-run on a CPU)")
+            return 2
+        from triton.testing import do_bench
+        dev = torch.device("cuda")
+        ours = ours_fn
+    devname = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (dry run)"
+    print(f"device: {devname}  torch {torch.__version__}", flush=True)
+    shapes = [s for s in args.shapes.split(",") if s]
+
+    print("== step 0: compile ==", flush=True)
+    if not args.dry_run:
+        from kernels.gdn_bwd.build import configs_for_call, precompile
+        cfgs = []
+        todo = [(SHAPES[n][0], SHAPES[n][1], SHAPES[n][3], SHAPES[n][4], False) for n in shapes]
+        todo += [] if args.no_check else [(c[1], c[2], c[4], c[5], c[6] is not None) for c in CHECKS]
+        for B, T, HV, lens, h0 in todo:
+            n = len(lens) if lens else B
+            mc = max(-(-x // 64) for x in lens) if lens else -(-T // 64)
+            cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0) if c not in cfgs]
+        precompile(cfgs, args.workers, log=lambda m: print(m, flush=True))
+
+    impls = [("ours", ours)]
+    skipped = {}
+    if not args.dry_run:
+        fla = tt.fla_triton_fn()
+        if fla is None:
+            skipped["FLA"] = "fla not importable"
+        else:
+            impls.append(("FLA", fla))
+        fq, why = tt.flash_qla_fn()
+        if fq is None:
+            skipped["FlashQLA"] = why
+        else:
+            impls.append(("FlashQLA", fq))
+
+    if not args.no_check:
+        from reference.chunk import chunk_gated_delta_rule as ref
+        from reference.emulated import chunk_gated_delta_rule as emu
+        for cname, B, T, H, HV, lens, h0std, vfirst in CHECKS:
+            print(f"\n== step 1: correctness on {cname} (rel_rmse vs fp64 autograd) ==", flush=True)
+            a, kw, do, dht = make(B, T, H, HV, lens, dev, h0std=h0std, vfirst=vfirst)
+            want = grads(ref, a, kw, do, dht, cast=lambda x: x.double())
+            rows = [("fla-like", lambda *x, **k: emu(*x, **k))] + impls
+            for name, fn in rows:
+                try:
+                    got = grads(fn, a, kw, do, dht)
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize()
+                    parts = [f"{n} {tt.rel_rmse(x, r):.2e}" for n, x, r in zip(NAMES, got, want)]
+                    bad = sum(tt.nonfinite(x) for x in got)
+                    print(f"  check {name:<9} " + "  ".join(parts) + f"  nonfinite {bad}", flush=True)
+                except Exception as e:
+                    print(f"  check {name:<9} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+            del a, do, dht, want
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+
+    print("\n== step 2: timing (median ms) ==", flush=True)
+    results = {}
+    for name in shapes:
+        B, T, H, HV, lens = SHAPES[name]
+        a, kw, do, dht = make(B, T, H, HV, lens, dev)
+        leaves = [x.detach().requires_grad_() for x in a]
+        row = {}
+        for iname, fn in impls:
+            t0 = time.time()
+            try:
+                def fwd(fn=fn):
+                    return fn(*leaves, **kw)
+
+                def fwdbwd(fn=fn):
+                    o, ht = fn(*leaves, **kw)
+                    torch.autograd.backward((o, ht), (do, dht))
+
+                fwdbwd()            # compile / autotune outside the timing
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                tf = do_bench(fwd, warmup=args.warmup, rep=args.rep, return_mode="median")
+                tfb = do_bench(fwdbwd, warmup=args.warmup, rep=args.rep, return_mode="median")
+                row[iname] = (tf, tfb)
+            except Exception as e:
+                row[iname] = None
+                skipped.setdefault(iname, f"{type(e).__name__}: {str(e)[:160]}")
+            for x in leaves:
+                x.grad = None
+            r = row[iname]
+            print(f"  {name:<24} {iname:<9} " + (f"fwd {r[0]:.3f}  fwd+bwd {r[1]:.3f}  bwd {r[1] - r[0]:.3f} ms"
+                                                 if r else "failed") + f"  ({time.time() - t0:.1f} s)", flush=True)
+        if not args.dry_run and row.get("ours"):
+            try:              # where the backward's time goes (one call, CUDA events between the launches)
+                from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd, stage_times
+                for _ in range(2):
+                    ev = []
+                    chunk_gated_delta_rule_bwd(*a, do, dht, initial_state=kw["initial_state"],
+                                               state_v_first=kw["state_v_first"], cu_seqlens=kw["cu_seqlens"],
+                                               _events=ev)
+                    st = stage_times(ev)
+                print(f"  {name:<24} ours bwd stages: " + "  ".join(f"{k} {v:.3f}" for k, v in st.items())
+                      + " ms", flush=True)
+            except Exception as e:
+                print(f"  {name:<24} ours bwd stages: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
+        results[name] = row
+        del a, kw, do, dht, leaves
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+    cols = [n for n, _ in impls]
+    print(f"\n== summary: fwd+bwd (bwd) median ms, bf16 [{time.time() - t_start:.0f} s] ==")
+    print(f"{'shape':<26}" + "".join(f"{c:>20}" for c in cols) + "   FLA/ours  FQLA/ours (fwd+bwd; bwd)")
+    for name, row in results.items():
+        line = f"{name:<26}"
+        for c in cols:
+            r = row.get(c)
+            line += f"{('%.3f (%.3f)' % (r[1], r[1] - r[0])) if r else '-':>20}"
+        o = row.get("ours")
+        for c in ("FLA", "FlashQLA"):
+            r = row.get(c)
+            line += (f"   {r[1] / o[1]:.2f}; {(r[1] - r[0]) / max(o[1] - o[0], 1e-9):.2f}" if (r and o) else "   -")
+        print(line)
+    for c, why in skipped.items():
+        print(f"column {c} skipped/failed: {why}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Python entry of the TileLang GDN backward (Hopper, sm_90a).
+
+``chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
+use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None)
+-> (dq, dk, dv, dg, dbeta, dh0)``
+
+Shapes / dtypes as the forward (``kernels.gdn_fwd.api``); ``do`` like the forward's o, ``dht`` like the
+final state (fp32, the caller's layout; None = 0).  Returns dq, dk, dv in the input dtype, dg and dbeta
+in the dtypes of g and beta, dh0 fp32 in the initial state's layout (None without an initial state).
+
+Launches (all on the current stream, no host sync except building the varlen tables):
+  0. forward recompute: ``gdn_intra_v2`` + ``gdn_state_v2`` (the smem form, BV by ``block_v``; precision
+     "default_h0": chunk-start states S and U as hi + lo, key-first), no output kernel;
+  1. ``gdn_bwd_prep``       (chunk, head)              Tinv split, gate table, dUloc^T
+  2. ``gdn_bwd_dh``         (64 value cols, head, seq)  reverse sequential: dS' tables, dY, dv, dh0
+  3. ``gdn_bwd_dqk_inter``  (chunk, 64 key cols, head)  state products -> dq~, dk~, row dots
+  4. ``gdn_bwd_dqk_intra``  (chunk, head)              64x64 terms -> dq~, dk~ (+=), dg / dbeta terms
+  5. ``common.finish`` (torch): dg / dbeta row terms and within-chunk cumsums, GVA sums, L2-norm chain rule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.gdn_fwd.api import _TL_DTYPE, _check, _seq_tables
+
+from .common import BT, finish, token_index
+
+# layouts of the ``_stages`` intermediates, the same in both implementations (the kernel path at the padded
+# head dim 128); every value as fp32 / fp64
+STAGE_LAYOUT = {
+    "Tinv": "[HV, NC, 64, 64]  (I + A)^-1 (hi + lo)", "Fb": "[HV, NC, 8, 64]  gate table",
+    "dUloc": "[HV, NC, 64, DV]  P^T dO", "dY": "[HV, NC, 64, DV]  Tinv^T dU (hi + lo)",
+    "U": "[HV, NC, 64, DV]  forward U (hi + lo)", "S": "[HV, NC, DK, DV]  chunk-start state (hi + lo)",
+    "dSn": "[HV, NC, DK, DV]  chunk-end state gradient (hi + lo)",
+    "qz": "[HV, NC, 64]", "kw": "[HV, NC, 64]", "kr": "[HV, NC, 64]", "yv": "[HV, NC, 64]", "sd": "[HV, NC, DV]",
+    "rect": "[HV, NC, 64]", "db2": "[HV, NC, 64]", "dqv": "[Ttot, HV, DK]", "dkv": "[Ttot, HV, DK]",
+}
+
+
+def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
+                               use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
+                               _stages: dict | None = None, _events: list | None = None):
+    """See the module docstring.  ``_stages`` (debugging): a dict that receives the intermediates, in the
+    emulation's layouts (``STAGE_LAYOUT``), for a stage-by-stage comparison with ``emulation.py``.
+    ``_events`` (profiling): a list that receives ``(stage name, torch.cuda.Event)`` recorded after each stage
+    (the first entry, "start", before the first launch); ``stage_times`` turns it into ms per stage."""
+    B, T, H, HV, K, V, N = _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
+    if tuple(do.shape) != (B, T, HV, V):
+        raise ValueError(f"do must be [B, T, HV, V] = {(B, T, HV, V)}, got {tuple(do.shape)}")
+    if dht is not None:
+        want = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+        if tuple(dht.shape) != want:
+            raise ValueError(f"dht must be {want}, got {tuple(dht.shape)}")
+    scale = K ** -0.5 if scale is None else float(scale)
+    dev = q.device
+    major, minor = torch.cuda.get_device_capability(dev)
+    if (major, minor) != (9, 0):
+        raise RuntimeError(f"the TileLang GDN backward is built for sm_90a; device is sm_{major}{minor}")
+    from kernels.gdn_fwd.build import KERNEL_HEAD_DIM
+    from kernels.gdn_fwd.build import get_kernel as fwd_kernel
+
+    from .build import BwdConfig, forward_recompute_configs, get_kernel
+
+    dt = q.dtype
+    D = KERNEL_HEAD_DIM
+    pad = D - K
+    Ttot = B * T
+    f32 = torch.float32
+    cu, chunk_indices, chunk_offsets, NC = _seq_tables(B, T, cu_seqlens, dev)
+
+    def _out(dq, dk, dv, dg, db, dh0):
+        dq = dq[..., :K].reshape(B, T, H, K).to(dt)
+        dk = dk[..., :K].reshape(B, T, H, K).to(dt)
+        dv = dv[..., :V].reshape(B, T, HV, V).to(dt)
+        dg = dg.reshape(B, T, HV).to(g.dtype)
+        db = db.reshape(B, T, HV).to(beta.dtype)
+        if initial_state is None:
+            dh0 = None
+        else:
+            dh0 = dh0[..., :K, :V].contiguous() if pad else dh0
+        return dq, dk, dv, dg, db, dh0
+
+    if Ttot == 0 or NC == 0:
+        z = torch.zeros(Ttot, HV, device=dev, dtype=f32)
+        dh0 = (dht.to(f32).clone() if dht is not None
+               else torch.zeros((N, HV, V, K) if state_v_first else (N, HV, K, V), device=dev, dtype=f32))
+        return _out(torch.zeros(Ttot, H, K, device=dev), torch.zeros(Ttot, H, K, device=dev),
+                    torch.zeros(Ttot, HV, V, device=dev), z, z.clone(), dh0)
+
+    def _pad_last(x):
+        return torch.nn.functional.pad(x, (0, pad)) if pad else x
+
+    def _ready(x):
+        x = x.contiguous()
+        return x if x.data_ptr() % 16 == 0 else x.clone()
+
+    q2 = _ready(_pad_last(q.reshape(Ttot, H, K)))
+    k2 = _ready(_pad_last(k.reshape(Ttot, H, K)))
+    v2 = _ready(_pad_last(v.reshape(Ttot, HV, V)))
+    do2 = _ready(_pad_last(do.reshape(Ttot, HV, V).to(dt)))
+    g2 = g.reshape(Ttot, HV).to(f32).contiguous()
+    b2 = beta.reshape(Ttot, HV).to(f32).contiguous()
+    vf = int(bool(state_v_first))
+    use_l2 = int(bool(use_qk_l2norm_in_kernel))
+
+    def _state(x):
+        x = x.to(f32)
+        return (torch.nn.functional.pad(x, (0, pad, 0, pad)) if pad else x).contiguous()
+
+    use_h0 = initial_state is not None
+    h0 = _state(initial_state) if use_h0 else torch.empty(1, HV, D, D, device=dev, dtype=f32)
+    dh = _state(dht) if dht is not None else torch.empty(1, HV, D, D, device=dev, dtype=f32)
+
+    def mark(name):
+        if _events is not None:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            _events.append((name, ev))
+
+    mark("start")
+    # 0. forward recompute of S (chunk start) and U, both hi + lo, key-first (the smem state kernel)
+    ci, cs = forward_recompute_configs(_TL_DTYPE[dt], N, HV)
+    Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
+    Al = torch.empty_like(Ah)
+    F = torch.empty(HV, NC, 8, BT, device=dev, dtype=f32)
+    fwd_kernel(ci)(q2, k2, g2, b2, cu, chunk_indices, Ah, Al, F, scale, use_l2)
+    Sch = torch.empty(HV, NC, D, D, device=dev, dtype=dt)
+    Scl = torch.empty_like(Sch)
+    Uh = torch.empty(HV, NC, BT, D, device=dev, dtype=dt)
+    Ul = torch.empty_like(Uh)
+    ht = torch.empty(1, HV, D, D, device=dev, dtype=f32)
+    fwd_kernel(cs)(k2, v2, Ah, Al, F, cu, chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, int(use_h0), 0, vf)
+    del Ah, Al, F
+    mark("recompute")
+
+    tl_dt = _TL_DTYPE[dt]
+    # 1. prep
+    Th = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
+    Tl = torch.empty_like(Th)
+    Fb = torch.empty(HV, NC, 8, BT, device=dev, dtype=f32)
+    dUl = torch.empty(HV, NC, D, BT, device=dev, dtype=f32)
+    get_kernel(BwdConfig("prep", tl_dt))(q2, k2, do2, g2, b2, cu, chunk_indices, Th, Tl, Fb, dUl, scale, use_l2)
+    mark("prep")
+    # 2. reverse sequential
+    dSh = torch.empty(HV, NC, D, D, device=dev, dtype=dt)
+    dSl = torch.empty_like(dSh)
+    dYh = torch.empty(HV, NC, D, BT, device=dev, dtype=dt)
+    dYl = torch.empty_like(dYh)
+    dv2 = torch.zeros(Ttot, HV, D, device=dev, dtype=dt)
+    dh0 = torch.empty((N if use_h0 else 1), HV, D, D, device=dev, dtype=f32)
+    get_kernel(BwdConfig("dh", tl_dt))(q2, k2, do2, Th, Tl, Fb, dUl, cu, chunk_offsets, dh, dSh, dSl, dYh, dYl, dv2,
+                                       dh0, int(dht is not None), int(use_h0), vf)
+    mark("dh")
+    # 3. inter-chunk (state) products
+    NK = D // 64
+    dqv = torch.zeros(Ttot, HV, D, device=dev, dtype=f32)
+    dkv = torch.zeros_like(dqv)
+    qz = torch.empty(NK, HV, NC, BT, device=dev, dtype=f32)
+    kw, kr = torch.empty_like(qz), torch.empty_like(qz)
+    sd = torch.empty(NK, HV, NC, D, device=dev, dtype=f32)
+    yv = torch.empty(HV, NC, BT, device=dev, dtype=f32)
+    get_kernel(BwdConfig("inter", tl_dt))(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, chunk_indices,
+                                          dqv, dkv, qz, kw, kr, sd, yv, scale)
+    mark("dqk_inter")
+    # 4. intra-chunk terms
+    rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
+    db2 = torch.empty_like(rect)
+    get_kernel(BwdConfig("intra", tl_dt))(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, chunk_indices, dqv, dkv, rect, db2,
+                                          scale)
+    mark("dqk_intra")
+    if _stages is not None:
+        f = lambda x: x.float()   # noqa: E731
+        tr = lambda x: x.float().transpose(-1, -2)   # noqa: E731
+        _stages.update(Tinv=f(Th) + f(Tl), Fb=Fb, dUloc=dUl.transpose(-1, -2), dSn=tr(dSh) + tr(dSl),
+                       dY=tr(dYh) + tr(dYl), qz=qz.sum(0), kw=kw.sum(0), kr=kr.sum(0), sd=sd.sum(0), yv=yv,
+                       rect=rect, db2=db2, S=f(Sch) + f(Scl), U=f(Uh) + f(Ul), dqv=dqv, dkv=dkv)
+    # 5. host reductions
+    tok, valid = _token_index(B, T, cu_seqlens, dev)
+    dq, dk, dg, db = finish(Fb=Fb, qz=qz, kw=kw, kr=kr, sd=sd, yv=yv, rect=rect, db2=db2, dqv=dqv, dkv=dkv,
+                            q=q2, k=k2, H=H, use_l2=bool(use_l2), tok=tok, valid=valid)
+    out = _out(dq, dk, dv2, dg, db, dh0)
+    mark("finish")
+    return out
+
+
+def stage_times(events) -> dict:
+    """{stage: ms} from the ``_events`` list of one call (synchronises)."""
+    torch.cuda.synchronize()
+    return {name: prev[1].elapsed_time(ev) for prev, (name, ev) in zip(events, events[1:])}
+
+
+_TOK: dict = {}
+
+
+def _token_index(B, T, cu_seqlens, dev):
+    if cu_seqlens is None:
+        key = (B, T, str(dev))
+        if key not in _TOK:
+            if len(_TOK) > 64:
+                _TOK.clear()
+            _TOK[key] = token_index([b * T for b in range(B + 1)], dev)
+        return _TOK[key]
+    return token_index([int(x) for x in cu_seqlens.tolist()], dev)

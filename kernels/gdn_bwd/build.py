@@ -1,0 +1,130 @@
+"""Configurations and compilation of the backward kernels (sm_90a), like ``gdn_fwd/build.py``
+(same target, pass configs and disk cache; imports tilelang lazily)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, pass_configs, ptxas_report
+
+KINDS = ("prep", "dh", "inter", "intra")
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    kind: str                      # one of KINDS
+    dtype: str
+    DK: int = KERNEL_HEAD_DIM
+
+    @property
+    def name(self) -> str:
+        return f"bwd_{self.kind}[DK=DV={self.DK},{self.dtype}]"
+
+
+def all_configs():
+    """Every backward kernel the API can dispatch: 4 stages x {bf16, fp16} at K = V = 128 (K = V = 64 is
+    zero-padded to 128 like the forward).  The forward recompute uses the forward's own dispatched
+    kernels (intra2 + the smem state kernel, precision "default_h0"), compiled by the forward's test."""
+    return [BwdConfig(kind, dt) for dt in DTYPES for kind in KINDS]
+
+
+def prim_func(cfg: BwdConfig):
+    D = cfg.DK
+    if cfg.kind == "prep":
+        from .prep import build_bwd_prep
+        return build_bwd_prep(D, D, cfg.dtype)
+    if cfg.kind == "dh":
+        from .dh import build_bwd_dh
+        return build_bwd_dh(D, D, cfg.dtype)
+    if cfg.kind == "inter":
+        from .dqk import build_bwd_dqk_inter
+        return build_bwd_dqk_inter(D, D, cfg.dtype)
+    if cfg.kind == "intra":
+        from .dqk import build_bwd_dqk_intra
+        return build_bwd_dqk_intra(D, D, cfg.dtype)
+    raise ValueError(cfg.kind)
+
+
+@functools.lru_cache(maxsize=None)
+def get_kernel(cfg: BwdConfig):
+    import tilelang
+    return tilelang.compile(prim_func(cfg), target=TARGET, pass_configs=pass_configs())
+
+
+def forward_recompute_configs(dtype: str, n_seq: int = 1, HV: int = 1):
+    """The forward kernels the backward runs to recompute S and U: (intra2, state_smem) at precision
+    "default_h0" (S and U stored hi + lo, key-first tables), the state kernel's value columns per CTA by the
+    forward's ``block_v`` (64 / 32 / 16: about one CTA per SM).  All are in ``gdn_fwd.build.all_configs()``."""
+    from kernels.gdn_fwd.build import Intra2Config, State2Config, block_v, precision_v2
+    prec = precision_v2("default_h0")
+    return Intra2Config(dtype, prec.merge, prec.ag), State2Config(dtype, block_v(n_seq, HV), prec, form="smem")
+
+
+def _compile_named(cfg):
+    import time
+    t = time.time()
+    try:
+        if isinstance(cfg, BwdConfig):
+            get_kernel(cfg)
+        else:
+            from kernels.gdn_fwd.build import get_kernel as fwd_get
+            fwd_get(cfg)
+        return cfg.name, time.time() - t, None
+    except Exception as e:  # pragma: no cover - reported by the caller
+        return cfg.name, time.time() - t, f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def precompile(cfgs, workers: int | None = None, log=print):
+    """Compile backward (and forward) configurations in parallel spawned processes (fills TileLang's
+    disk cache).  Returns the names that failed."""
+    import multiprocessing as mp
+    import os
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    cfgs = list(cfgs)
+    workers = max(1, min(workers or (os.cpu_count() or 1), len(cfgs), 10))
+    t = time.time()
+    failed = []
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+        for name, secs, err in ex.map(_compile_named, cfgs):
+            log(f"  compiled {name:<60} {secs:6.1f} s {err or ''}")
+            if err:
+                failed.append(name)
+    log(f"  {len(cfgs)} kernels in {time.time() - t:.1f} s ({workers} processes)")
+    return failed
+
+
+def compile_for_test(index: int, with_ptxas: bool = True) -> dict:
+    """Compile ``all_configs()[index]``; return name, kind, dtype, seconds, CUDA source, ptxas stats."""
+    import time
+
+    cfg = all_configs()[index]
+    t = time.time()
+    src = get_kernel(cfg).get_kernel_source()
+    out = {"name": cfg.name, "kind": cfg.kind, "dtype": cfg.dtype, "seconds": time.time() - t, "source": src}
+    if with_ptxas:
+        t = time.time()
+        out["ptxas"] = ptxas_report(src)
+        out["ptxas_seconds"] = time.time() - t
+    return out
+
+
+def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: bool):
+    """Every kernel a forward + backward call of the autograd Function runs (for precompiling): the
+    forward's dispatch for this call, the forward recompute, and the 4 backward stages."""
+    from kernels.gdn_fwd import build as fb
+    out = []
+    try:
+        form, cp = fb.plan_v2(n_seq, HV, max_chunks)
+        out += list(fb.dispatch_v2(dtype, n_seq, HV, precision=fb.precision_v2(None, has_h0), cp=cp, form=form))
+    except Exception:       # the forward's planner changed: everything it can dispatch
+        out += [c for c in fb.all_configs() if c.dtype == dtype]
+    out += list(forward_recompute_configs(dtype, n_seq, HV))
+    out += [c for c in all_configs() if c.dtype == dtype]
+    uniq = []
+    for c in out:
+        if c not in uniq:
+            uniq.append(c)
+    return uniq

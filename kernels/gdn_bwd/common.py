@@ -1,0 +1,82 @@
+"""Host-side pieces shared by the kernel path and the emulation (torch only, no tilelang).
+
+``finish`` turns the backward kernels' per-chunk partial results into the final gradients: the
+gate / beta row terms (a few fp32 elementwise ops per (chunk, row)), the within-chunk reverse
+cumsum of dG (fp32), the GVA group sums of dq / dk and the chain rule through the in-kernel L2
+norm (fp32).  The kernels and the emulation call the same function on the same quantities.
+
+Gate table ``Fb [HV, NC, 8, 64]`` (fp32, written by ``prep``; rows past the end of a sequence are 0
+except rows 3 and 4):
+  0 e^G rk,  1 scale e^G rq,  2 e^(GL - G) rk,  3 e^GL,  4 G,  5 scale rq,  6 rk,  7 beta
+(G = chunk-local cumsum of g, GL = G of the chunk's last row; every exponent is of a value <= 0).
+"""
+
+from __future__ import annotations
+
+import torch
+
+BT = 64
+
+
+def token_index(cu_host: list[int], dev):
+    """(tok [NC, 64] long, valid [NC, 64] bool) of the chunks in the API's order."""
+    t0, eos = [], []
+    for n in range(len(cu_host) - 1):
+        L = cu_host[n + 1] - cu_host[n]
+        for i in range(-(-L // BT)):
+            t0.append(cu_host[n] + i * BT)
+            eos.append(cu_host[n + 1])
+    rows = torch.arange(BT)
+    tok = torch.tensor(t0, dtype=torch.long).reshape(-1, 1) + rows
+    valid = tok < torch.tensor(eos, dtype=torch.long).reshape(-1, 1)
+    return torch.where(valid, tok, torch.zeros_like(tok)).to(dev), valid.to(dev)
+
+
+def finish(*, Fb, qz, kw, kr, sd, yv, rect, db2, dqv, dkv, q, k, H, use_l2, tok, valid):
+    """Final gradients (fp32) from the per-chunk partials.
+
+    Fb [HV, NC, 8, 64]; qz, kw, kr [P, HV, NC, 64] (row dots q.Z, k.W, k.R of the P key blocks of the
+    inter-chunk kernel); sd [P, HV, NC, DVs] (sum_d S o dS_next partial sums); yv [HV, NC, 64] (dY . V);
+    rect [HV, NC, 64] (the intra-chunk dg terms, already summed over the rectangle t >= s > j) and
+    db2 [HV, NC, 64]; dqv, dkv [Ttot, HV, DK] fp32 (gradients of the normalised q~ = rq q, k~ = rk k per
+    value head); q, k [Ttot, H, DK] (raw inputs).  Returns dq, dk [Ttot, H, DK], dg, dbeta [Ttot, HV] (fp32).
+
+    dg_s = sum_{t >= s} dG_t with G = cumsum(g) is formed without cancellation: a term that depends on
+    G_t - G_j (t > j) contributes only to s in (j, t] (``rect`` and the exclusive prefix sum of the
+    e^(GL - G_t) terms below), so no two O(1) terms ever cancel and dg stays right when g is near -20
+    (true dg ~ e^-20) as well as near 0."""
+    f32 = torch.float32
+    Fb = Fb.to(f32)
+    qz, kw, kr, sd = (x.to(f32).sum(0) for x in (qz, kw, kr, sd))
+    F0, F2, F3, F5, F7 = Fb[:, :, 0], Fb[:, :, 2], Fb[:, :, 3], Fb[:, :, 5], Fb[:, :, 7]
+    EG = torch.exp(Fb[:, :, 4])                                   # e^G, G <= 0
+    vm = valid.to(f32)[None]
+    # terms in e^G_t (O and X) reach every s <= t; the e^(GL - G_t) (S' update) terms every s > t;
+    # e^GL S . dS' every s
+    own = (EG * F5 * qz - F7 * F0 * kw) * vm
+    upd = F2 * kr * vm
+    dgc = torch.flip(torch.cumsum(torch.flip(own, [-1]), -1), [-1])
+    dgc = dgc + torch.cumsum(torch.nn.functional.pad(upd[..., :-1], (1, 0)), -1)
+    dgc = dgc + (F3[..., :1] * sd.sum(-1, keepdim=True)) + rect.to(f32)
+    dbc = (-F0 * kw + yv.to(f32)) * vm + db2.to(f32)
+    Ttot, HV, DK = dqv.shape
+    dg = torch.zeros(Ttot, HV, dtype=f32, device=dqv.device)
+    db = torch.zeros_like(dg)
+    tv, m = tok[valid], valid
+    dg[tv] = dgc.permute(1, 2, 0)[m]
+    db[tv] = dbc.permute(1, 2, 0)[m]
+    r = HV // H
+    dq = dqv.reshape(Ttot, H, r, DK).sum(2)
+    dk = dkv.reshape(Ttot, H, r, DK).sum(2)
+    if use_l2:
+        dq = _l2_bwd(q, dq)
+        dk = _l2_bwd(k, dk)
+    return dq, dk, dg, db
+
+
+def _l2_bwd(x, dxh):
+    """x^ = x rx, rx = 1/sqrt(|x|^2 + 1e-6):  dx = rx (dx^ - x^ (x^ . dx^))  (fp32)."""
+    x = x.float()
+    rx = torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+    xh = x * rx
+    return rx * (dxh - xh * (xh * dxh).sum(-1, keepdim=True))

@@ -1,0 +1,326 @@
+"""Backward kernels 3 and 4: the parallel per-chunk gradients of q, k, g, beta (after ``gdn_bwd_dh``).
+
+``gdn_bwd_dqk_inter`` - grid (chunk, 64-column block of DK, value head), 128 threads.  The products
+that contract over the value dim with a state (S = the chunk-start state from the forward recompute,
+key-first like the forward's smem state kernel writes it; dS' = the chunk-end state gradient from
+``gdn_bwd_dh``, value-first; both two-term splits)::
+
+    Z = dO S^T (2 wgmma)     W = dY S^T (3)     R = U dS'^T (3)                [64 x 64] fp32
+    dq~ = scale e^G Z,   dk~ = -beta e^G W + e^(GL-G) R       (stored fp32, per value head)
+    row dots q.Z, k.W, k.R, sum_d S o dS', dY . V             (for dg / dbeta, finished on the host)
+
+``gdn_bwd_dqk_intra`` - grid (chunk, value head), 128 threads.  The 64x64 (intra-chunk) terms::
+
+    QK = Q K^T, KK = K K^T (exact operands), dPU = dO U^T (2), dYU = dY U^T (3)
+    dQK = scale e^(G_t-G_j) dPU (j <= t);  dA = -dYU (j < t);  dBk = beta_t e^(G_t-G_j) dA
+    dq~ += (dQK diag(rk)) K                      (2 wgmma, split operand)
+    dk~ += (diag(rq) dQK)^T Q + (dBk diag(rk)) K + (diag(rk) dBk)^T K          (6)
+    dbeta += rowsum(dA o B),  B = e^(G_t-G_j) rk_t rk_j KK
+    dg    += rect_s = sum_{t >= s > j} m_tj,  m = dQK o (q~ k~^T) + beta dA o B   (no cancellation)
+
+It adds its dq~, dk~ to the inter kernel's (read-modify-write of the same fp32 rows).
+"""
+
+import tilelang.language as T
+
+from kernels.gdn_fwd.cumsum import LOG2E
+
+BT = 64
+
+
+def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
+    """Arguments:
+      q, k            [Ttot, H, DK]     dtype
+      v, do           [Ttot, HV, DV]    dtype
+      Sch, Scl        [HV, NC, DK, DV]  dtype  (forward recompute, key-first: the smem state kernel)
+      Uh, Ul          [HV, NC, 64, DV]  dtype
+      dSh, dSl        [HV, NC, DV, DK]  dtype  (gdn_bwd_dh, value-first)
+      dYh, dYl        [HV, NC, DV, 64]  dtype
+      Fb              [HV, NC, 8, 64]   fp32
+      cu_seqlens [N + 1], chunk_indices [NC, 2] int32
+      dqv, dkv        [Ttot, HV, DK]    fp32   (out)
+      qz, kw, kr      [NK, HV, NC, 64]  fp32   (out; NK = DK / BK)
+      sd              [NK, HV, NC, DV]  fp32   (out)
+      yv              [HV, NC, 64]      fp32   (out)
+      scale fp32
+    """
+    assert DK in (64, 128) and DV in (64, 128) and DK % BK == 0
+    f32 = "float32"
+    NK = DK // BK
+    Ttot = T.dynamic("Ttot")
+    H = T.dynamic("H")
+    HV = T.dynamic("HV")
+    N = T.dynamic("N")
+    NC = T.dynamic("NC")
+
+    @T.prim_func
+    def gdn_bwd_dqk_inter(
+        q: T.Tensor((Ttot, H, DK), dtype),
+        k: T.Tensor((Ttot, H, DK), dtype),
+        v: T.Tensor((Ttot, HV, DV), dtype),
+        do: T.Tensor((Ttot, HV, DV), dtype),
+        Sch: T.Tensor((HV, NC, DK, DV), dtype),
+        Scl: T.Tensor((HV, NC, DK, DV), dtype),
+        Uh: T.Tensor((HV, NC, BT, DV), dtype),
+        Ul: T.Tensor((HV, NC, BT, DV), dtype),
+        dSh: T.Tensor((HV, NC, DV, DK), dtype),
+        dSl: T.Tensor((HV, NC, DV, DK), dtype),
+        dYh: T.Tensor((HV, NC, DV, BT), dtype),
+        dYl: T.Tensor((HV, NC, DV, BT), dtype),
+        Fb: T.Tensor((HV, NC, 8, BT), f32),
+        cu_seqlens: T.Tensor((N + 1,), "int32"),
+        chunk_indices: T.Tensor((NC, 2), "int32"),
+        dqv: T.Tensor((Ttot, HV, DK), f32),
+        dkv: T.Tensor((Ttot, HV, DK), f32),
+        qz: T.Tensor((NK, HV, NC, BT), f32),
+        kw: T.Tensor((NK, HV, NC, BT), f32),
+        kr: T.Tensor((NK, HV, NC, BT), f32),
+        sd: T.Tensor((NK, HV, NC, DV), f32),
+        yv: T.Tensor((HV, NC, BT), f32),
+        scale: T.float32,
+    ):
+        with T.Kernel(NC, NK, HV, threads=128) as (c, kb, hv):
+            h = hv // (HV // H)
+            seq = chunk_indices[c, 0]
+            ic = chunk_indices[c, 1]
+            eos = cu_seqlens[seq + 1]
+            t0 = cu_seqlens[seq] + ic * BT
+            nv = T.min(eos - t0, BT)
+            k0 = kb * BK
+
+            do_s = T.alloc_shared((BT, DV), dtype)
+            sh_s = T.alloc_shared((BK, DV), dtype)
+            sl_s = T.alloc_shared((BK, DV), dtype)
+            dsh_s = T.alloc_shared((DV, BK), dtype)
+            dsl_s = T.alloc_shared((DV, BK), dtype)
+            uh_s = T.alloc_shared((BT, DV), dtype)
+            ul_s = T.alloc_shared((BT, DV), dtype)
+            dyh_s = T.alloc_shared((DV, BT), dtype)
+            dyl_s = T.alloc_shared((DV, BT), dtype)
+            f_s = T.alloc_shared((8, BT), f32)
+
+            z_f = T.alloc_fragment((BT, BK), f32)
+            w_f = T.alloc_fragment((BT, BK), f32)
+            r_f = T.alloc_fragment((BT, BK), f32)
+            tmp = T.alloc_fragment((BT, BK), f32)
+            rs = T.alloc_fragment((BT,), f32)
+            tmp2 = T.alloc_fragment((DV, BK), f32)
+            rs2 = T.alloc_fragment((DV,), f32)
+
+            T.copy(do[t0:t0 + BT, hv, 0:DV], do_s)
+            T.copy(Sch[hv, c, k0:k0 + BK, 0:DV], sh_s)
+            T.copy(Scl[hv, c, k0:k0 + BK, 0:DV], sl_s)
+            T.copy(dSh[hv, c, 0:DV, k0:k0 + BK], dsh_s)
+            T.copy(dSl[hv, c, 0:DV, k0:k0 + BK], dsl_s)
+            T.copy(Uh[hv, c, 0:BT, 0:DV], uh_s)
+            T.copy(Ul[hv, c, 0:BT, 0:DV], ul_s)
+            T.copy(dYh[hv, c, 0:DV, 0:BT], dyh_s)
+            T.copy(dYl[hv, c, 0:DV, 0:BT], dyl_s)
+            T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
+
+            T.gemm(do_s, sh_s, z_f, transpose_B=True, clear_accum=True)
+            T.gemm(do_s, sl_s, z_f, transpose_B=True)
+            T.gemm(dyh_s, sh_s, w_f, transpose_A=True, transpose_B=True, clear_accum=True)
+            T.gemm(dyl_s, sh_s, w_f, transpose_A=True, transpose_B=True)
+            T.gemm(dyh_s, sl_s, w_f, transpose_A=True, transpose_B=True)
+            T.gemm(uh_s, dsh_s, r_f, clear_accum=True)
+            T.gemm(ul_s, dsh_s, r_f)
+            T.gemm(uh_s, dsl_s, r_f)
+
+            for t, d in T.Parallel(BT, BK):
+                if t < nv:
+                    dqv[t0 + t, hv, k0 + d] = scale * T.exp2(f_s[4, t] * LOG2E) * z_f[t, d]
+                    dkv[t0 + t, hv, k0 + d] = (-f_s[7, t] * T.exp2(f_s[4, t] * LOG2E) * w_f[t, d]
+                                               + T.exp2((f_s[4, BT - 1] - f_s[4, t]) * LOG2E) * r_f[t, d])
+            for t, d in T.Parallel(BT, BK):
+                tmp[t, d] = T.if_then_else(t < nv, T.cast(q[t0 + t, h, k0 + d], f32), T.float32(0)) * z_f[t, d]
+            T.reduce_sum(tmp, rs, dim=1)
+            for t in T.Parallel(BT):
+                qz[kb, hv, c, t] = rs[t]
+            for t, d in T.Parallel(BT, BK):
+                tmp[t, d] = T.if_then_else(t < nv, T.cast(k[t0 + t, h, k0 + d], f32), T.float32(0)) * w_f[t, d]
+            T.reduce_sum(tmp, rs, dim=1)
+            for t in T.Parallel(BT):
+                kw[kb, hv, c, t] = rs[t]
+            for t, d in T.Parallel(BT, BK):
+                tmp[t, d] = T.if_then_else(t < nv, T.cast(k[t0 + t, h, k0 + d], f32), T.float32(0)) * r_f[t, d]
+            T.reduce_sum(tmp, rs, dim=1)
+            for t in T.Parallel(BT):
+                kr[kb, hv, c, t] = rs[t]
+            for i, d in T.Parallel(DV, BK):
+                tmp2[i, d] = ((T.cast(sh_s[d, i], f32) + T.cast(sl_s[d, i], f32))
+                              * (T.cast(dsh_s[i, d], f32) + T.cast(dsl_s[i, d], f32)))
+            T.reduce_sum(tmp2, rs2, dim=1)
+            for i in T.Parallel(DV):
+                sd[kb, hv, c, i] = rs2[i]
+            if kb == 0:
+                for t, i in T.Parallel(BT, BK):
+                    tmp[t, i] = T.float32(0)
+                for j in T.serial(DV // BK):
+                    for t, i in T.Parallel(BT, BK):
+                        tmp[t, i] = tmp[t, i] + T.if_then_else(
+                            t < nv, T.cast(v[t0 + t, hv, j * BK + i], f32), T.float32(0)) * (
+                            T.cast(dyh_s[j * BK + i, t], f32) + T.cast(dyl_s[j * BK + i, t], f32))
+                T.reduce_sum(tmp, rs, dim=1)
+                for t in T.Parallel(BT):
+                    yv[hv, c, t] = rs[t]
+
+    return gdn_bwd_dqk_inter
+
+
+def build_bwd_dqk_intra(DK: int, DV: int, dtype: str):
+    """Arguments:
+      q, k            [Ttot, H, DK]     dtype
+      do              [Ttot, HV, DV]    dtype
+      Uh, Ul          [HV, NC, 64, DV]  dtype  (key-first)
+      dYh, dYl        [HV, NC, DV, 64]  dtype  (value-first)
+      Fb              [HV, NC, 8, 64]   fp32
+      cu_seqlens [N + 1], chunk_indices [NC, 2] int32
+      dqv, dkv        [Ttot, HV, DK]    fp32   (in/out: += the intra-chunk terms)
+      rect, db2       [HV, NC, 64]      fp32   (out)
+      scale fp32
+    """
+    assert DK in (64, 128) and DV in (64, 128)
+    f32 = "float32"
+    Ttot = T.dynamic("Ttot")
+    H = T.dynamic("H")
+    HV = T.dynamic("HV")
+    N = T.dynamic("N")
+    NC = T.dynamic("NC")
+
+    @T.prim_func
+    def gdn_bwd_dqk_intra(
+        q: T.Tensor((Ttot, H, DK), dtype),
+        k: T.Tensor((Ttot, H, DK), dtype),
+        do: T.Tensor((Ttot, HV, DV), dtype),
+        Uh: T.Tensor((HV, NC, BT, DV), dtype),
+        Ul: T.Tensor((HV, NC, BT, DV), dtype),
+        dYh: T.Tensor((HV, NC, DV, BT), dtype),
+        dYl: T.Tensor((HV, NC, DV, BT), dtype),
+        Fb: T.Tensor((HV, NC, 8, BT), f32),
+        cu_seqlens: T.Tensor((N + 1,), "int32"),
+        chunk_indices: T.Tensor((NC, 2), "int32"),
+        dqv: T.Tensor((Ttot, HV, DK), f32),
+        dkv: T.Tensor((Ttot, HV, DK), f32),
+        rect: T.Tensor((HV, NC, BT), f32),
+        db2: T.Tensor((HV, NC, BT), f32),
+        scale: T.float32,
+    ):
+        with T.Kernel(NC, HV, threads=128) as (c, hv):
+            h = hv // (HV // H)
+            seq = chunk_indices[c, 0]
+            ic = chunk_indices[c, 1]
+            eos = cu_seqlens[seq + 1]
+            t0 = cu_seqlens[seq] + ic * BT
+            nv = T.min(eos - t0, BT)
+
+            q_s = T.alloc_shared((BT, DK), dtype)
+            k_s = T.alloc_shared((BT, DK), dtype)
+            do_s = T.alloc_shared((BT, DV), dtype)
+            uh_s = T.alloc_shared((BT, DV), dtype)
+            ul_s = T.alloc_shared((BT, DV), dtype)
+            dyh_s = T.alloc_shared((DV, BT), dtype)
+            dyl_s = T.alloc_shared((DV, BT), dtype)
+            f_s = T.alloc_shared((8, BT), f32)
+            mqh = T.alloc_shared((BT, BT), dtype)
+            mql = T.alloc_shared((BT, BT), dtype)
+            m1h = T.alloc_shared((BT, BT), dtype)
+            m1l = T.alloc_shared((BT, BT), dtype)
+            m2h = T.alloc_shared((BT, BT), dtype)
+            m2l = T.alloc_shared((BT, BT), dtype)
+            m3h = T.alloc_shared((BT, BT), dtype)
+            m3l = T.alloc_shared((BT, BT), dtype)
+            m_s = T.alloc_shared((BT, BT), f32)
+
+            qk = T.alloc_fragment((BT, BT), f32)
+            kk = T.alloc_fragment((BT, BT), f32)
+            dpu = T.alloc_fragment((BT, BT), f32)
+            dyu = T.alloc_fragment((BT, BT), f32)
+            x_f = T.alloc_fragment((BT, BT), f32)
+            rs = T.alloc_fragment((BT,), f32)
+            dq_f = T.alloc_fragment((BT, DK), f32)
+            dk_f = T.alloc_fragment((BT, DK), f32)
+            acc = T.alloc_local((1,), f32)
+
+            T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
+            T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
+            T.copy(do[t0:t0 + BT, hv, 0:DV], do_s)
+            T.copy(Uh[hv, c, 0:BT, 0:DV], uh_s)
+            T.copy(Ul[hv, c, 0:BT, 0:DV], ul_s)
+            T.copy(dYh[hv, c, 0:DV, 0:BT], dyh_s)
+            T.copy(dYl[hv, c, 0:DV, 0:BT], dyl_s)
+            T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
+
+            T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
+            T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
+            T.gemm(do_s, uh_s, dpu, transpose_B=True, clear_accum=True)
+            T.gemm(do_s, ul_s, dpu, transpose_B=True)
+            T.gemm(dyh_s, uh_s, dyu, transpose_A=True, transpose_B=True, clear_accum=True)
+            T.gemm(dyl_s, uh_s, dyu, transpose_A=True, transpose_B=True)
+            T.gemm(dyh_s, ul_s, dyu, transpose_A=True, transpose_B=True)
+
+            # (t, j) = (row, col); F5 = scale rq, F6 = rk, F7 = beta (0 on rows past the end)
+            for t, j in T.Parallel(BT, BT):
+                # dQK (rows t < nv) times rk_j -> dq~ operand
+                x_f[t, j] = T.if_then_else((j <= t) & (t < nv),
+                                           scale * T.exp2((f_s[4, t] - f_s[4, j]) * LOG2E) * dpu[t, j] * f_s[6, j],
+                                           T.float32(0))
+            for t, j in T.Parallel(BT, BT):
+                mqh[t, j] = T.cast(x_f[t, j], dtype)
+                mql[t, j] = T.cast(x_f[t, j] - T.cast(T.cast(x_f[t, j], dtype), f32), dtype)
+            for t, j in T.Parallel(BT, BT):
+                # rq_t dQK_tj (-> dk~ operand, transposed) ; dpu <- its product with q~ k~^T for dg
+                x_f[t, j] = T.if_then_else(j <= t, f_s[5, t] * T.exp2((f_s[4, t] - f_s[4, j]) * LOG2E) * dpu[t, j],
+                                           T.float32(0))
+            for t, j in T.Parallel(BT, BT):
+                m1h[t, j] = T.cast(x_f[t, j], dtype)
+                m1l[t, j] = T.cast(x_f[t, j] - T.cast(T.cast(x_f[t, j], dtype), f32), dtype)
+                dpu[t, j] = x_f[t, j] * f_s[6, j] * qk[t, j]
+            for t, j in T.Parallel(BT, BT):
+                # braw = e rk_t rk_j KK (j < t);  kk <- braw
+                kk[t, j] = T.if_then_else(j < t, T.exp2((f_s[4, t] - f_s[4, j]) * LOG2E) * f_s[6, t] * f_s[6, j]
+                                          * kk[t, j], T.float32(0))
+            for t, j in T.Parallel(BT, BT):
+                dyu[t, j] = T.if_then_else(j < t, -dyu[t, j], T.float32(0))          # dA
+            for t, j in T.Parallel(BT, BT):
+                x_f[t, j] = dyu[t, j] * kk[t, j]
+            T.reduce_sum(x_f, rs, dim=1)
+            for t in T.Parallel(BT):
+                db2[hv, c, t] = rs[t]
+            for t, j in T.Parallel(BT, BT):
+                m_s[t, j] = T.if_then_else(j < t, dpu[t, j] + f_s[7, t] * dyu[t, j] * kk[t, j], T.float32(0))
+            for t, j in T.Parallel(BT, BT):
+                # dBk = beta_t e dA
+                x_f[t, j] = T.if_then_else(j < t, f_s[7, t] * dyu[t, j] * T.exp2((f_s[4, t] - f_s[4, j]) * LOG2E),
+                                           T.float32(0))
+            for t, j in T.Parallel(BT, BT):
+                m2h[t, j] = T.cast(x_f[t, j] * f_s[6, j], dtype)
+                m2l[t, j] = T.cast(x_f[t, j] * f_s[6, j] - T.cast(T.cast(x_f[t, j] * f_s[6, j], dtype), f32), dtype)
+                m3h[t, j] = T.cast(x_f[t, j] * f_s[6, t], dtype)
+                m3l[t, j] = T.cast(x_f[t, j] * f_s[6, t] - T.cast(T.cast(x_f[t, j] * f_s[6, t], dtype), f32), dtype)
+
+            T.gemm(mqh, k_s, dq_f, clear_accum=True)
+            T.gemm(mql, k_s, dq_f)
+            T.gemm(m1h, q_s, dk_f, transpose_A=True, clear_accum=True)
+            T.gemm(m1l, q_s, dk_f, transpose_A=True)
+            T.gemm(m2h, k_s, dk_f)
+            T.gemm(m2l, k_s, dk_f)
+            T.gemm(m3h, k_s, dk_f, transpose_A=True)
+            T.gemm(m3l, k_s, dk_f, transpose_A=True)
+            for t, d in T.Parallel(BT, DK):
+                if t < nv:
+                    dqv[t0 + t, hv, d] = dqv[t0 + t, hv, d] + dq_f[t, d]
+                    dkv[t0 + t, hv, d] = dkv[t0 + t, hv, d] + dk_f[t, d]
+
+            # rect_s = sum_{t >= s} sum_{j < s} m_tj  (inclusive row prefix sums, then a column walk)
+            T.cumsum(m_s, dim=1)
+            tx = T.get_thread_binding()
+            if tx < BT:
+                acc[0] = T.float32(0)
+                if tx > 0:
+                    for t in T.serial(BT):
+                        if t >= tx:
+                            acc[0] = acc[0] + m_s[t, tx - 1]
+                rect[hv, c, tx] = acc[0]
+
+    return gdn_bwd_dqk_intra

@@ -1,0 +1,271 @@
+"""Pure-torch replay of the backward kernels (same chunking, padding, layouts up to a transpose,
+same roundings), in the style of ``kernels/gdn_fwd/emulation.py``:
+
+* ``_rd``: to the input dtype (every wgmma operand), ``_f32``: to fp32 (accumulators, CUDA cores),
+  ``_two``: the two-term split ``rd(x) + rd(x - rd(x))``;
+* a wgmma is an fp64 product of exact rounded operands rounded once to fp32.
+
+Stages (kernel in brackets):
+  0. forward recompute of the chunk-start states S and U (split hi+lo; ``gdn_fwd`` intra2 + state
+     kernels, precision ``fwd_precision()``);
+  1. ``prep`` [gdn_bwd_prep]: (I + A)^-1 split, gate table Fb, dUloc = P^T dO (P split);
+  2. ``dh`` [gdn_bwd_dh], reverse over chunks: dS' tables (split), dU = dUloc + F2 (K dS'),
+     dY = Tinv^T dU (split x split), dv = beta dY, dS = e^GL dS' + Q^T (F1 dO) - K^T (F0 beta dY);
+  3. ``dqk_inter`` [gdn_bwd_dqk_inter]: Z = dO S^T, W = dY S^T, R = U dS'^T -> dq~, dk~ terms, row dots;
+  4. ``dqk_intra`` [gdn_bwd_dqk_intra]: the 64x64 terms (P and A) -> dq~, dk~, dG, dbeta terms;
+  5. ``common.finish`` (shared with the kernel path).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.gdn_fwd.emulation import _f32, _gather_chunks, _solve, _two, chunk_tables, intra_v2, state_v2
+
+from .common import BT, finish, token_index
+
+f64 = torch.float64
+
+
+def fwd_precision():
+    """Precision of the forward recompute: the dispatched "default_h0" preset (chunk state S and U
+    stored as hi + lo), so the backward reads S and U to ~16 bits."""
+    from kernels.gdn_fwd.variants import PRECISIONS_V2
+    return PRECISIONS_V2["default_h0"]
+
+
+def _chunks(x, cu, heads=None):
+    """[Ttot, Hx, D] -> [HV, NC, 64, D] fp64, zero past each sequence's end."""
+    tok, valid = token_index(cu, x.device)
+    y = x.to(f64)[tok]
+    if heads is not None:
+        y = y[:, :, heads]
+    return (y * valid[..., None, None]).permute(2, 0, 1, 3)
+
+
+def prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt):
+    """Emulates ``gdn_bwd_prep``: Th, Tl [HV, NC, 64, 64], Fb [HV, NC, 8, 64], dUloc [HV, NC, 64, DV]."""
+    qc, kc, gc, bc, vmask, G, rq, rk = _gather_chunks(q2, k2, g2, b2, cu, use_l2)
+    vm = vmask.to(f64)
+    rows = torch.arange(BT, device=q2.device)
+    D = G[..., :, None] - G[..., None, :]
+    lower = rows[:, None] > rows[None, :]
+    causal = rows[:, None] >= rows[None, :]
+    e_strict = torch.where(lower, torch.exp(torch.where(lower, D, 0.0)), 0.0)
+    e_causal = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
+    KK = _f32(kc @ kc.transpose(-1, -2))
+    A = _f32(bc[..., :, None] * rk[..., :, None] * rk[..., None, :] * e_strict * KK)
+    Tinv = _solve(A, dt, "bf16")
+    Th, Tl = _two(Tinv, dt, True)
+    GL = G[..., -1:]
+    Fb = torch.stack([
+        _f32(torch.exp(G) * rk) * vm,
+        _f32(scale * torch.exp(G) * rq) * vm,
+        _f32(torch.exp(GL - G) * rk) * vm,
+        _f32(torch.exp(GL)).expand_as(G),
+        G,
+        _f32(scale * rq) * vm,
+        rk * vm,
+        bc,
+    ], dim=2)
+    QK = _f32(qc @ kc.transpose(-1, -2))
+    P = _f32(Fb[:, :, 5, :, None] * Fb[:, :, 6, None, :] * e_causal * QK)
+    Ph, Pl = _two(P, dt, True)
+    doc = _chunks(do2, cu)
+    dUloc = _f32(Ph.transpose(-1, -2) @ doc + Pl.transpose(-1, -2) @ doc)
+    return Th, Tl, Fb, dUloc
+
+
+def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt):
+    """Emulates ``gdn_bwd_dh`` (reverse sequential).  dht [N, HV, DK, DV] fp32 or None (key-first).
+    Returns dSnh, dSnl [HV, NC, DK, DV] (the gradient of each chunk's end state, split),
+    dYh, dYl [HV, NC, 64, DV], dv [Ttot, HV, DV] (dt) and dh0 [N, HV, DK, DV] fp32."""
+    Ttot, H, DK = q2.shape
+    HV, DV = do2.shape[1], do2.shape[2]
+    dev = q2.device
+    N = len(cu) - 1
+    _, offs = chunk_tables(cu)
+    NC = Th.shape[1]
+    heads = torch.arange(HV, device=dev) // (HV // H)
+    dS = torch.zeros(N, HV, DK, DV, dtype=f64, device=dev) if dht is None else _f32(dht.to(f64))
+    nch = [offs[n + 1] - offs[n] for n in range(N)]
+    rows = torch.arange(BT, device=dev)
+    dSnh = torch.zeros(HV, NC, DK, DV, dtype=f64, device=dev)
+    dSnl = torch.zeros_like(dSnh)
+    dYh = torch.zeros(HV, NC, BT, DV, dtype=f64, device=dev)
+    dYl = torch.zeros_like(dYh)
+    dv = torch.zeros(Ttot, HV, DV, dtype=f64, device=dev)
+    qf, kf, dof = q2.to(f64), k2.to(f64), do2.to(f64)
+    for ic in reversed(range(max(nch + [0]))):
+        act = [n for n in range(N) if nch[n] > ic]
+        a = torch.tensor(act, device=dev, dtype=torch.long)
+        t0 = torch.tensor([cu[n] + ic * BT for n in act], device=dev, dtype=torch.long)
+        eos = torch.tensor([cu[n + 1] for n in act], device=dev, dtype=torch.long)
+        c = torch.tensor([offs[n] + ic for n in act], device=dev, dtype=torch.long)
+        tok = t0[:, None] + rows[None, :]
+        inb = tok < Ttot
+        tokc = torch.where(inb, tok, torch.zeros_like(tok))
+
+        def gat(x, hd=None):
+            y = x[tokc]
+            if hd is not None:
+                y = y[:, :, hd]
+            return (y * inb[..., None, None]).permute(0, 2, 1, 3)
+
+        Qc, Kc, dOc = gat(qf, heads), gat(kf, heads), gat(dof)
+        th, tl = Th[:, c].transpose(0, 1), Tl[:, c].transpose(0, 1)
+        f = Fb[:, c].transpose(0, 1)
+        dul = dUloc[:, c].transpose(0, 1)
+        dS_a = dS[a]
+        sh, sl = _two(dS_a, dt, True)
+        dSnh[:, c], dSnl[:, c] = sh.transpose(0, 1), sl.transpose(0, 1)
+        KdS = _f32(Kc @ (sh + sl))
+        dU = _f32(dul + _f32(f[:, :, 2, :, None] * KdS))
+        uh, ul = _two(dU, dt, True)
+        thT, tlT = th.transpose(-1, -2), tl.transpose(-1, -2)
+        dY = _f32(thT @ uh + tlT @ uh + thT @ ul)
+        yh, yl = _two(dY, dt, True)
+        dYh[:, c], dYl[:, c] = yh.transpose(0, 1), yl.transpose(0, 1)
+        dX = _f32(f[:, :, 7, :, None] * dY)
+        st = tok < eos[:, None]
+        for j in range(len(act)):
+            m = st[j]
+            dv[tok[j][m]] = dX[j][:, m].transpose(0, 1)
+        a1h, a1l = _two(_f32(f[:, :, 1, :, None] * dOc), dt, True)
+        a2h, a2l = _two(_f32(f[:, :, 0, :, None] * dX), dt, True)
+        QT, KT = Qc.transpose(-1, -2), Kc.transpose(-1, -2)
+        dS[a] = _f32(_f32(dS_a * f[:, :, 3, 0, None, None]) + QT @ a1h + QT @ a1l - KT @ a2h - KT @ a2l)
+    return dSnh, dSnl, dYh, dYl, dv.to(dt), dS.to(torch.float32)
+
+
+def dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu, scale):
+    """Emulates ``gdn_bwd_dqk_inter``: dqt1, dkt1 [HV, NC, 64, DK] (fp32 values) and the row dots
+    qz, kw, kr [1, HV, NC, 64], sd [1, HV, NC, DV], yv [HV, NC, 64]."""
+    H = q2.shape[1]
+    HV = v2.shape[1]
+    heads = torch.arange(HV, device=q2.device) // (HV // H)
+    qc, kc = _chunks(q2, cu, heads), _chunks(k2, cu, heads)
+    vc, doc = _chunks(v2, cu), _chunks(do2, cu)
+    St = lambda x: x.transpose(-1, -2)   # noqa: E731  [DK, DV] -> [DV, DK]
+    Z = _f32(doc @ St(Sch) + doc @ St(Scl))
+    W = _f32(dYh @ St(Sch) + dYl @ St(Sch) + dYh @ St(Scl))
+    R = _f32(Uh @ St(dSnh) + Ul @ St(dSnh) + Uh @ St(dSnl))
+    G = Fb[:, :, 4]
+    EG = torch.exp(G)[..., None]
+    EGLG = torch.exp(G[..., -1:] - G)[..., None]
+    beta = Fb[:, :, 7, :, None]
+    _, valid = token_index(cu, q2.device)
+    vm = valid.to(f64)[None, :, :, None]
+    dqt = _f32(scale * EG * Z) * vm
+    dkt = _f32(-beta * EG * W + EGLG * R) * vm
+    qz = _f32((qc * Z).sum(-1))[None]
+    kw = _f32((kc * W).sum(-1))[None]
+    kr = _f32((kc * R).sum(-1))[None]
+    sd = _f32(((Sch + Scl) * (dSnh + dSnl)).sum(-2))[None]
+    yv = _f32(((dYh + dYl) * vc).sum(-1))
+    return dqt, dkt, qz, kw, kr, sd, yv
+
+
+def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
+    """Emulates ``gdn_bwd_dqk_intra``: dqt2, dkt2 [HV, NC, 64, DK], rect, db2 [HV, NC, 64] (rect: the dg terms
+    of P and A summed over t >= s > j, see ``common.finish``)."""
+    H = q2.shape[1]
+    HV = do2.shape[1]
+    dev = q2.device
+    heads = torch.arange(HV, device=dev) // (HV // H)
+    qc, kc = _chunks(q2, cu, heads), _chunks(k2, cu, heads)
+    doc = _chunks(do2, cu)
+    QK = _f32(qc @ kc.transpose(-1, -2))
+    KK = _f32(kc @ kc.transpose(-1, -2))
+    dPU = _f32(doc @ Uh.transpose(-1, -2) + doc @ Ul.transpose(-1, -2))
+    dYU = _f32(dYh @ Uh.transpose(-1, -2) + dYl @ Uh.transpose(-1, -2) + dYh @ Ul.transpose(-1, -2))
+    G = Fb[:, :, 4]
+    F5, F6, beta = Fb[:, :, 5], Fb[:, :, 6], Fb[:, :, 7]
+    rows = torch.arange(BT, device=dev)
+    D = G[..., :, None] - G[..., None, :]
+    lower = rows[:, None] > rows[None, :]
+    causal = rows[:, None] >= rows[None, :]
+    e_c = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
+    e_s = torch.where(lower, e_c, 0.0)
+    # dQK = d/d(q~ k~^T) (scale folded in through F5 = scale rq; rq folded back below)
+    vrow = (F6 != 0).to(f64)[..., :, None]                      # valid rows (rk > 0 exactly there)
+    dqk0 = _f32(scale * e_c * dPU) * vrow                       # dQK = d/d(q~ k~^T)_tj (before the col mask)
+    dqk = _f32(F5[..., :, None] * e_c * dPU)                   # scale rq_t e dPU  (= dQK rq_t)
+    m1 = _f32(dqk * F6[..., None, :] * QK)                     # dQK o (q~ k~^T)
+    braw = _f32(e_s * F6[..., :, None] * F6[..., None, :] * KK)
+    dA = torch.where(lower, -dYU, 0.0)
+    db2 = _f32((dA * braw).sum(-1))
+    dB = _f32(beta[..., :, None] * dA)
+    m2 = _f32(dB * braw)
+    dBk = _f32(dB * e_s)                                         # d/d(k~ k~^T)_tj = beta_t e_tj dA_tj
+    m = _f32(torch.where(lower, m1 + m2, 0.0))                  # only j < t carries a gate difference
+    # rect_s = sum_{t >= s} sum_{j < s} m_tj: exclusive prefix over j, then the column sum over t >= s
+    mex = _f32(torch.nn.functional.pad(torch.cumsum(m, -1)[..., :-1], (1, 0)))
+    rect = _f32(torch.where(rows[:, None] >= rows[None, :], mex, 0.0).sum(-2))
+    Mq = _two(_f32(dqk0 * F6[..., None, :]), dt, True)          # dq~ = (dQK diag(rk)) k
+    Mk1 = _two(dqk, dt, True)                                   # dk~ += (dQK diag(rq))^T q
+    Mk2 = _two(_f32(dBk * F6[..., None, :]), dt, True)          # dk~ += (dBk diag(rk)) k
+    Mk3 = _two(_f32(dBk * F6[..., :, None]), dt, True)          # dk~ += (diag(rk) dBk)^T k
+    T_ = lambda x: x.transpose(-1, -2)   # noqa: E731
+    dqt = _f32(Mq[0] @ kc + Mq[1] @ kc)
+    dkt = _f32(T_(Mk1[0]) @ qc + T_(Mk1[1]) @ qc + Mk2[0] @ kc + Mk2[1] @ kc + T_(Mk3[0]) @ kc + T_(Mk3[1]) @ kc)
+    return dqt, dkt, rect, db2
+
+
+def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
+                               use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
+                               _stages: dict | None = None):
+    """Emulated backward with the API's shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
+    dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``_stages``: a dict
+    that receives the intermediates in the layouts of ``api.STAGE_LAYOUT`` (for stage-by-stage checks)."""
+    B, T, H, DK = q.shape
+    HV, DV = v.shape[2], v.shape[3]
+    dt = q.dtype
+    scale = DK ** -0.5 if scale is None else float(scale)
+    cu = [b * T for b in range(B + 1)] if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
+    Ttot = B * T
+    q2, k2 = q.reshape(Ttot, H, DK), k.reshape(Ttot, H, DK)
+    v2, do2 = v.reshape(Ttot, HV, DV), do.reshape(Ttot, HV, DV).to(dt)
+    g2 = g.reshape(Ttot, HV).to(torch.float32)
+    b2 = beta.reshape(Ttot, HV).to(torch.float32)
+    use_l2 = bool(use_qk_l2norm_in_kernel)
+    h0 = None
+    if initial_state is not None:
+        h0 = initial_state.to(torch.float32)
+        h0 = h0.transpose(-1, -2) if state_v_first else h0
+    dS0 = None
+    if dht is not None:
+        dS0 = dht.to(torch.float32)
+        dS0 = dS0.transpose(-1, -2) if state_v_first else dS0
+    prec = fwd_precision()
+    _, offs = chunk_tables(cu)
+    Ah, Al, F = intra_v2(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
+    Sch, Scl, Uh, Ul, _ = state_v2(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
+    Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt)
+    dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dS0, dt)
+    dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu,
+                                               scale)
+    dqt2, dkt2, rect, db2 = dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt)
+    if _stages is not None:
+        _stages.update(Tinv=Th + Tl, Fb=Fb, dUloc=dUloc, dSn=dSnh + dSnl, dY=dYh + dYl, qz=qz.sum(0), kw=kw.sum(0),
+                       kr=kr.sum(0), sd=sd.sum(0), yv=yv, rect=rect, db2=db2, S=Sch + Scl, U=Uh + Ul)
+    tok, valid = token_index(cu, q.device)
+    dqv = torch.zeros(Ttot, HV, DK, dtype=torch.float32, device=q.device)
+    dkv = torch.zeros_like(dqv)
+    m = valid
+    dqv[tok[m]] = _f32(dqt1 + dqt2).permute(1, 2, 0, 3)[m].float()
+    dkv[tok[m]] = _f32(dkt1 + dkt2).permute(1, 2, 0, 3)[m].float()
+    if _stages is not None:
+        _stages.update(dqv=dqv, dkv=dkv)
+    dq, dk, dg, db = finish(Fb=Fb, qz=qz, kw=kw, kr=kr, sd=sd, yv=yv, rect=rect, db2=db2, dqv=dqv, dkv=dkv, q=q2,
+                            k=k2, H=H, use_l2=use_l2, tok=tok, valid=valid)
+    dq = dq.reshape(B, T, H, DK).to(dt)
+    dk = dk.reshape(B, T, H, DK).to(dt)
+    dv = dv.reshape(B, T, HV, DV)
+    dg = dg.reshape(B, T, HV).to(g.dtype)
+    db = db.reshape(B, T, HV).to(beta.dtype)
+    if initial_state is None:
+        dh0 = None
+    elif state_v_first:
+        dh0 = dh0.transpose(-1, -2).contiguous()
+    return dq, dk, dv, dg, db, dh0

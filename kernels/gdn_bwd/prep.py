@@ -1,0 +1,159 @@
+"""Backward kernel 1 ``gdn_bwd_prep`` (parallel, one CTA of 128 threads per (chunk, value head)).
+
+Recomputes what the backward needs of the intra-chunk forward and the local part of dU:
+
+* ``Tinv = (I + A)^-1`` exactly like ``gdn_fwd/intra2.py`` (fp32 16x16 forward substitution, two
+  single-bf16 merge levels, its ``_merge`` macro), stored as a two-term split ``Th + Tl``.  The forward
+  stores ``Ag = Tinv diag(beta)``; the backward needs ``Tinv^T`` itself (dY = Tinv^T dU) and undoing
+  ``diag(beta)`` would divide by beta.
+* the gate table ``Fb [HV, NC, 8, 64]`` (rows in ``common.py``), every exponent of a value <= 0;
+* ``dUloc^T = dO^T P`` with ``P = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)`` (j <= t, fp32, exact-operand
+  wgmma) split into ``Ph + Pl``: 2 wgmma with the transposed dO tile from shared memory, fp32 result
+  stored value-first ``[HV, NC, DV, 64]`` for the sequential kernel.
+"""
+
+import tilelang.language as T
+
+from kernels.gdn_fwd.cumsum import BT, LOG2E, load_chunk_gate_cumsum
+from kernels.gdn_fwd.intra2 import _merge
+
+THREADS = 128
+
+
+def build_bwd_prep(DK: int, DV: int, dtype: str):
+    """Arguments:
+      q, k          [Ttot, H, DK]     dtype
+      do            [Ttot, HV, DV]    dtype
+      g, beta       [Ttot, HV]        fp32
+      cu_seqlens    [N + 1] int32;  chunk_indices [NC, 2] int32
+      Th, Tl        [HV, NC, 64, 64]  dtype  (out)
+      Fb            [HV, NC, 8, 64]   fp32   (out)
+      dUl           [HV, NC, DV, 64]  fp32   (out, dUloc^T)
+      scale fp32, use_l2 int32
+    """
+    assert DK in (64, 128) and DV in (64, 128)
+    assert dtype in ("bfloat16", "float16")
+    f32 = "float32"
+    Ttot = T.dynamic("Ttot")
+    H = T.dynamic("H")
+    HV = T.dynamic("HV")
+    N = T.dynamic("N")
+    NC = T.dynamic("NC")
+
+    @T.prim_func
+    def gdn_bwd_prep(
+        q: T.Tensor((Ttot, H, DK), dtype),
+        k: T.Tensor((Ttot, H, DK), dtype),
+        do: T.Tensor((Ttot, HV, DV), dtype),
+        g: T.Tensor((Ttot, HV), f32),
+        beta: T.Tensor((Ttot, HV), f32),
+        cu_seqlens: T.Tensor((N + 1,), "int32"),
+        chunk_indices: T.Tensor((NC, 2), "int32"),
+        Th: T.Tensor((HV, NC, BT, BT), dtype),
+        Tl: T.Tensor((HV, NC, BT, BT), dtype),
+        Fb: T.Tensor((HV, NC, 8, BT), f32),
+        dUl: T.Tensor((HV, NC, DV, BT), f32),
+        scale: T.float32,
+        use_l2: T.int32,
+    ):
+        with T.Kernel(NC, HV, threads=THREADS) as (c, hv):
+            h = hv // (HV // H)
+            seq = chunk_indices[c, 0]
+            ic = chunk_indices[c, 1]
+            bos = cu_seqlens[seq]
+            eos = cu_seqlens[seq + 1]
+            t0 = bos + ic * BT
+            nv = T.min(eos - t0, BT)
+
+            q_s = T.alloc_shared((BT, DK), dtype)
+            k_s = T.alloc_shared((BT, DK), dtype)
+            do_s = T.alloc_shared((BT, DV), dtype)
+            g_s = T.alloc_shared((BT,), f32)
+            b_s = T.alloc_shared((BT,), f32)
+            rq_s = T.alloc_shared((BT,), f32)
+            rk_s = T.alloc_shared((BT,), f32)
+            f_s = T.alloc_shared((8, BT), f32)
+            a_s = T.alloc_shared((BT, BT), f32)
+            l_s = T.alloc_shared((BT, BT), f32)
+            lh_s = T.alloc_shared((BT, BT), dtype)
+            oh_s = T.alloc_shared((BT, BT), dtype)
+            xh_s = T.alloc_shared((BT, BT), dtype)
+            dummy = T.alloc_shared((8, 8), dtype)        # the merges' lo buffers (unused: bf16 merges)
+            ph_s = T.alloc_shared((BT, BT), dtype)
+            pl_s = T.alloc_shared((BT, BT), dtype)
+
+            sq = T.alloc_fragment((BT, DK), f32)
+            ss = T.alloc_fragment((BT,), f32)
+            kk = T.alloc_fragment((BT, BT), f32)
+            x_f = T.alloc_fragment((BT, BT), f32)
+            du_f = T.alloc_fragment((DV, BT), f32)
+            t16 = T.alloc_local((16,), f32)
+
+            for r, d in T.Parallel(BT, DK):
+                k_s[r, d] = T.if_then_else(r < nv, k[t0 + r, h, d], T.cast(0, dtype))
+                q_s[r, d] = T.if_then_else(r < nv, q[t0 + r, h, d], T.cast(0, dtype))
+            for r, d in T.Parallel(BT, DV):
+                do_s[r, d] = T.if_then_else(r < nv, do[t0 + r, hv, d], T.cast(0, dtype))
+            load_chunk_gate_cumsum(g, beta, hv, t0, nv, g_s, b_s)
+
+            if use_l2 != 0:
+                for r, d in T.Parallel(BT, DK):
+                    sq[r, d] = T.cast(q_s[r, d], f32) * T.cast(q_s[r, d], f32)
+                T.reduce_sum(sq, ss, dim=1)
+                for r in T.Parallel(BT):
+                    rq_s[r] = T.float32(1) / T.sqrt(ss[r] + T.float32(1e-6))
+                for r, d in T.Parallel(BT, DK):
+                    sq[r, d] = T.cast(k_s[r, d], f32) * T.cast(k_s[r, d], f32)
+                T.reduce_sum(sq, ss, dim=1)
+                for r in T.Parallel(BT):
+                    rk_s[r] = T.float32(1) / T.sqrt(ss[r] + T.float32(1e-6))
+            else:
+                for r in T.Parallel(BT):
+                    rq_s[r] = T.float32(1)
+                    rk_s[r] = T.float32(1)
+
+            for r in T.Parallel(BT):
+                f_s[0, r] = T.if_then_else(r < nv, T.exp2(g_s[r] * LOG2E) * rk_s[r], T.float32(0))
+                f_s[1, r] = T.if_then_else(r < nv, scale * T.exp2(g_s[r] * LOG2E) * rq_s[r], T.float32(0))
+                f_s[2, r] = T.if_then_else(r < nv, T.exp2((g_s[BT - 1] - g_s[r]) * LOG2E) * rk_s[r], T.float32(0))
+                f_s[3, r] = T.exp2(g_s[BT - 1] * LOG2E)
+                f_s[4, r] = g_s[r]
+                f_s[5, r] = T.if_then_else(r < nv, scale * rq_s[r], T.float32(0))
+                f_s[6, r] = T.if_then_else(r < nv, rk_s[r], T.float32(0))
+                f_s[7, r] = b_s[r]
+            T.copy(f_s, Fb[hv, c, 0:8, 0:BT])
+
+            # A and its inverse (as gdn_intra_v2 with merge="bf16")
+            T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
+            for r, j in T.Parallel(BT, BT):
+                a_s[r, j] = T.if_then_else(
+                    j < r, b_s[r] * rk_s[r] * rk_s[j] * T.exp2((g_s[r] - g_s[j]) * LOG2E) * kk[r, j], T.float32(0))
+            tx = T.get_thread_binding()
+            if tx < BT:
+                blk = tx // 16
+                jj = tx % 16
+                for r in T.unroll(16):
+                    t16[r] = T.if_then_else(jj == r, T.float32(1), T.float32(0))
+                    for m in T.unroll(r):
+                        t16[r] = t16[r] - a_s[blk * 16 + r, blk * 16 + m] * t16[m]
+                for r in T.unroll(BT):
+                    l_s[r, tx] = T.if_then_else(r // 16 == blk, t16[r % 16], T.float32(0))
+            _merge(16, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
+            _merge(32, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
+            for r, j in T.Parallel(BT, BT):
+                Th[hv, c, r, j] = T.cast(l_s[r, j], dtype)
+                Tl[hv, c, r, j] = T.cast(l_s[r, j] - T.cast(T.cast(l_s[r, j], dtype), f32), dtype)
+
+            # dUloc^T = dO^T P, P split
+            T.gemm(q_s, k_s, kk, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(BT, BT):
+                kk[i, j] = T.if_then_else(
+                    j <= i, f_s[5, i] * f_s[6, j] * T.exp2((g_s[i] - g_s[j]) * LOG2E) * kk[i, j], T.float32(0))
+            for i, j in T.Parallel(BT, BT):
+                ph_s[i, j] = T.cast(kk[i, j], dtype)
+                pl_s[i, j] = T.cast(kk[i, j] - T.cast(T.cast(kk[i, j], dtype), f32), dtype)
+            T.gemm(do_s, ph_s, du_f, transpose_A=True, clear_accum=True)
+            T.gemm(do_s, pl_s, du_f, transpose_A=True)
+            T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])
+
+    return gdn_bwd_prep
