@@ -158,3 +158,20 @@ def test_h200_file_against_itself_is_all_same():
     assert (cmp.table["nan"] == "").all() and cmp.baseline_drift.empty and cmp.exit_code == 0
     text = compare.render(cmp)
     assert "NVIDIA H200" in text and "no new failure" in text and "## New failures" not in text
+
+
+H200_SESSION1 = Path(__file__).resolve().parent / "data" / "h200-session1-partial.jsonl.gz"
+
+
+@pytest.mark.skipif(not (H200.exists() and H200_SESSION1.exists()), reason="the H200 result files are not here")
+def test_two_real_h200_runs_of_different_commits():
+    """Session 1's partial run (our v1 kernels) against the complete run (v2): the upstream backends are the same
+    cell for cell (deterministic kernels, same inputs), and only our kernels' final state moved (v2 keeps the chunk
+    state in one bf16 term: worse than v1's hi/lo state, still passing)."""
+    cmp = compare.compare_files(H200_SESSION1, H200)
+    t = cmp.table
+    assert cmp.of(compare.NEW_FAILURE).empty and cmp.exit_code == 0
+    upstream = t[t["backend"].isin(["fla-triton", "fla-dispatch", "fla-recurrent", "flash-qla"])]
+    assert set(upstream["state"]) == {compare.SAME, compare.NOT_COMPARABLE}
+    worse = cmp.of(compare.WORSE)
+    assert len(worse) and set(worse["backend"]) == {"tilelang"} and set(worse["tensor"]) == {"ht"}
