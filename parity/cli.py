@@ -76,7 +76,7 @@ def cmd_run(args) -> int:
         resume=args.resume, attribution=not args.no_attribution, pairwise=not args.no_pairwise,
         repeat=False if args.no_repeat else (True if args.repeat else None),
         cache_dir=("" if args.cache == "none" else args.cache), cell_timeout=args.cell_timeout,
-        progress=not args.no_progress, shard=_shard(args.shard))
+        progress=not args.no_progress, shard=_shard(args.shard), warmup=args.warmup)
     print(f"running {len(runner.shard_cases(cases, cfg.shard))} cases of matrix {matrix!r} -> {out}", file=sys.stderr)
     path = runner.run(cfg)
     print(f"results: {path}")
@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true", help="continue an existing result file, skipping finished cells")
     r.add_argument("--shard", help="k/n: run every n-th case starting at the k-th (1-based)")
     r.add_argument("--workers", type=int, help="worker processes (default: one per GPU, 2 on a CPU; 0: in-process)")
+    r.add_argument("--warmup", type=int, help="processes of the compile warm-up pass before the sweep (default: on a "
+                   "GPU min(8, CPU cores / 2); 0: off; see parity/warmup.py)")
     r.add_argument("--repeat", action="store_true", help="run each backend twice: determinism and warm time (the "
                    "default on a GPU)")
     r.add_argument("--no-repeat", action="store_true", help="run each backend once (the default on a CPU)")

@@ -375,12 +375,16 @@ def section_footer(rs: ResultSet, df: pd.DataFrame) -> str:
                 spans.append(f"session {session} unfinished, rows written over {g['at'].max() - g['at'].min():.0f} s")
     n_cases = df["case_id"].nunique() if not df.empty else 0
     restarts = sum(e.get("worker_restarts", 0) for e in rs.ends)
+    warm = [e["warmup"] for e in rs.ends if e.get("warmup")]
+    warm_s = sum(w.get("seconds", 0.0) for w in warm)
+    warm_desc = (f"{warm_s:.1f} s ({sum(w.get('signatures', 0) for w in warm)} compile signatures)" if warm
+                 else "none")
     share = f"{100 * ref / wall:.0f}%" if wall > 0 else "-"
     unfinished = len(rs.runs) - len(rs.ends)
     if rs.ends:
         timing = (f"wall time {wall:.1f} s over {len(rs.ends)} finished session(s)"
                   f"{f' ({unfinished} unfinished)' if unfinished > 0 else ''}, of which the fp64 reference {ref:.1f} s "
-                  f"({share}); {restarts} worker restart(s).")
+                  f"({share}), and the compile warm-up {warm_desc}; {restarts} worker restart(s).")
     else:
         timing = f"wall time unknown: none of the {len(rs.runs)} session(s) finished."
     lines = ["---", "",

@@ -49,6 +49,7 @@ class RunConfig:
     cell_timeout: float = 900.0
     progress: bool = True
     shard: tuple[int, int] | None = None  # (k, n): cases k-1, k-1+n, ... (1-based k)
+    warmup: int | None = None  # compile warm-up processes (parity/warmup.py); None: auto on a GPU, off on a CPU; 0: off
     extra_meta: dict = field(default_factory=dict)
 
 
@@ -71,6 +72,16 @@ def plan(cases: list[Case], backend_names: list[str], done: set[tuple[str, str]]
         if todo:
             tasks.append((c.id, todo))
     return tasks
+
+
+def warmup_procs(requested: int | None, n_tasks: int) -> int:
+    """Processes of the compile warm-up pass: ``requested`` when given; by default min(8, CPU cores / 2) on a GPU
+    box (where first-use compilation dominates a cold sweep) and none on a CPU or for a handful of tasks."""
+    if requested is not None:
+        return max(0, requested)
+    if not torch.cuda.is_available() or n_tasks < 8:
+        return 0
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 def devices(workers: int | None) -> list[str]:
@@ -293,6 +304,17 @@ def run(config: RunConfig) -> Path:
 
     t0 = time.perf_counter()
     restarts = 0
+    warm = None
+    procs = warmup_procs(config.warmup, len(tasks)) if config.workers != 0 else 0
+    if procs and tasks:
+        from parity.warmup import warmup
+
+        todo = {case_id for case_id, _ in tasks}
+        specs = [f"{type(b).__module__}:{type(b).__qualname__}" for b in backends]
+        bar.set_postfix_str(f"compile warm-up in {procs} processes")
+        warm = warmup([c for c in cases if c.id in todo], specs, devices(None), procs).as_dict()
+        print(f"compile warm-up: {warm['signatures']} signatures, {warm['runs']} runs, {warm['errors']} errors, "
+              f"{warm['died']} died, {warm['seconds']:.0f} s in {warm['procs']} processes", file=sys.stderr)
     if config.workers == 0:
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         cache = RefCache(config.cache_dir) if config.cache_dir != "" else None
@@ -312,7 +334,7 @@ def run(config: RunConfig) -> Path:
     bar.close()
     wall = time.perf_counter() - t0
     writer.finish({"wall_s": wall, "ref_s": totals["ref_s"], "cases_run": totals["cases"],
-                   "worker_restarts": restarts})
+                   "worker_restarts": restarts, "warmup": warm})
     return Path(config.out)
 
 

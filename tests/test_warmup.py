@@ -1,0 +1,44 @@
+"""The compile warm-up pass (parity/warmup.py): signatures, failure isolation, and its place in the result file."""
+
+from __future__ import annotations
+
+from cases import Case
+from parity import report, results, runner
+from parity.warmup import representatives, signature, warmup
+
+FAKE = "tests.fake_backends"
+SMALL = [Case(T=T, H=1, HV=2, K=8, V=8, dtype="bf16", dist="qwen-gates") for T in (1, 64, 65)]
+
+
+def test_signature_ignores_seed_and_data_but_not_kernel_flags():
+    a = Case(T=64, H=1, HV=2, K=8, V=8, dtype="bf16", dist="qwen-gates")
+    assert signature(a) == signature(a.replace(seed=2)) == signature(a.replace(dist="gauss-l2"))
+    assert signature(a) != signature(a.replace(dist="raw-qk-l2"))          # q/k L2 norm inside the kernel
+    assert signature(a) != signature(a.replace(dist="qwen-gates-kernel"))  # gate and beta sigmoid inside
+    assert signature(a) != signature(a.replace(T=65)) != signature(a.replace(g_dtype="bf16"))
+    cases = [a, a.replace(seed=1), a.replace(dist="gauss-l2"), a.replace(T=128), a.replace(T=128, seed=1)]
+    assert representatives(cases) == [a, a.replace(T=128)]
+
+
+def test_a_failing_or_dying_backend_only_costs_its_own_share():
+    # 2 processes: [T=1, T=65] and [T=64]; the crasher kills the first one at T=65, so its counts are lost
+    s = warmup(SMALL, ["torch-emulated", f"{FAKE}:Raiser", f"{FAKE}:Crasher"], ["cpu"], procs=2, timeout=300)
+    assert (s.procs, s.signatures) == (2, 3)
+    assert (s.runs, s.errors, s.died) == (2, 1, 1)
+    assert "boom" in s.first_errors[0] and s.seconds > 0
+
+
+def test_the_sweep_records_the_warmup_and_the_report_names_it(tmp_path):
+    cfg = runner.RunConfig(cases=SMALL[:2], out=tmp_path / "r" / "results.jsonl", backends=["torch-emulated"],
+                           progress=False, cache_dir="", workers=1, warmup=1)
+    rs = results.load(runner.run(cfg))
+    warm = rs.ends[0]["warmup"]
+    n_backends = len(rs.runs[0]["backends"])  # the baseline joins every run
+    assert warm["signatures"] == 2 and warm["runs"] == 2 * n_backends and warm["errors"] == 0 and warm["died"] == 0
+    text = report.render(rs)
+    assert f"compile warm-up {warm['seconds']:.1f} s (2 compile signatures)" in text
+
+
+def test_warmup_is_off_by_default_on_a_cpu_and_when_asked():
+    assert runner.warmup_procs(None, 100) == 0  # no GPU here
+    assert runner.warmup_procs(0, 100) == 0 and runner.warmup_procs(3, 100) == 3
