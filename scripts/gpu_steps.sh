@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The GPU checks the open issues wait for, as steps that fit the device tool's 10-minute calls. Source
+# scripts/gpu_env.sh first, then run the steps. On a 2-GPU machine, put one step on each GPU with
+# CUDA_VISIBLE_DEVICES and `&`. Each step writes under OUT (default $OUT), so a timeout keeps what was done.
+#
+#   scripts/gpu_steps.sh standard [SECONDS]   # parity run --matrix standard (resumes OUT/std/results.jsonl)
+#   scripts/gpu_steps.sh cold-standard [S]    # the same after emptying the compile caches: the cold timing (#3)
+#   scripts/gpu_steps.sh pytest [SECONDS]     # pytest -m gpu --matrix standard (#6); junit XML + log
+#   scripts/gpu_steps.sh kernels-fwd [S]      # tests/test_kernels_gpu.py + benchmarks/bench_kernels_fwd.py (#4)
+#   scripts/gpu_steps.sh kernels-bwd [S]      # tests/test_kernels_bwd_gpu.py + benchmarks/bench_kernels_bwd.py (#7)
+set -u
+out=${OUT:?set OUT}
+step=${1:?step}
+secs=${2:-540}
+t0=$(date +%s)
+# SIGINT first, so that pytest and the runner write their summaries; KILL 60 s later
+run() { timeout -s INT -k 60 "$secs" "$@"; }
+case "$step" in
+  cold-standard)
+    rm -rf "$HOME/.triton/cache" "$HOME/.tilelang/cache" /tmp/gdn-parity-ref
+    ;&
+  standard)
+    mkdir -p "$out/std"
+    extra=(); [ -f "$out/std/results.jsonl" ] && extra=(--resume)
+    run python3 -m parity run --matrix standard --out "$out/std/results.jsonl" --no-progress "${extra[@]}" \
+      > "$out/std/log-$step.txt" 2>&1
+    echo "$step rc=$? $(( $(date +%s) - t0 )) s"; grep -v TileLang "$out/std/log-$step.txt" | tail -4 ;;
+  pytest)
+    mkdir -p "$out/pt"
+    GDN_PARITY_CACHE=/tmp/ref-pt run python3 -m pytest -m gpu --matrix standard -q -p no:cacheprovider -rfEX \
+      --durations=15 --junitxml="$out/pt/junit.xml" > "$out/pt/pytest.txt" 2>&1
+    echo "pytest rc=$? $(( $(date +%s) - t0 )) s"; tail -15 "$out/pt/pytest.txt" ;;
+  kernels-fwd)
+    mkdir -p "$out/k"
+    run python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py > "$out/k/test-fwd.txt" 2>&1
+    echo "fwd tests rc=$?"; tail -3 "$out/k/test-fwd.txt"
+    run python3 benchmarks/bench_kernels_fwd.py > "$out/k/bench-fwd.txt" 2>&1
+    echo "fwd bench rc=$? $(( $(date +%s) - t0 )) s"; grep -A12 "== summary" "$out/k/bench-fwd.txt" ;;
+  kernels-bwd)
+    mkdir -p "$out/k"
+    run python3 -m pytest -q -s -rs -p no:cacheprovider tests/test_kernels_bwd_gpu.py > "$out/k/test-bwd.txt" 2>&1
+    echo "bwd tests rc=$?"; tail -20 "$out/k/test-bwd.txt"
+    run python3 benchmarks/bench_kernels_bwd.py > "$out/k/bench-bwd.txt" 2>&1
+    echo "bwd bench rc=$? $(( $(date +%s) - t0 )) s"; tail -25 "$out/k/bench-bwd.txt" ;;
+  *) echo "unknown step $step" >&2; exit 2 ;;
+esac
