@@ -23,9 +23,6 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
 * ``v2smem``    - the shared-memory-operand state kernel (state2.py, BV by ``build.block_v``), no CP;
 * ``v2lean``    - precision "lean" (no split X / state update: cheaper chain, less accuracy margin);
 * ``v2bf16``    - every operand single bf16 (speed reference; less accurate than FLA);
-* ``old``       - the previous default (split path, "high": hi/lo intermediates, BV by ``block_v``);
-* ``oldfast``   - the previous split path, precision "fast";
-* ``fused64``   - the oldest fused kernel (not in the default list);
 * ``intra``     - the v2 intra-chunk kernel alone (part of every v2 variant);
 * ``FLA``       - FLA's Triton kernels (FLA_FLASH_QLA=0 FLA_TILELANG=0);
 * ``FlashQLA``  - ``flash_qla.chunk_gated_delta_rule`` (skipped with the reason if unavailable).
@@ -34,6 +31,10 @@ TFLOP/s use one algorithmic count for everyone (per 64-token chunk and value hea
 KK^T + QK^T + Tinv K + Tinv V + P U (2 C^2 (3 D + 2 D)) and W S, Q S, K^T U (3 x 2 C D^2), i.e.
 ~11.5 MFLOP per chunk-head at D = 128.  The summary's ratios are FLA/x and FlashQLA/x for the
 best of our variants and for ``default`` (> 1: ours faster).
+
+The older "split" / "fused" paths (variants ``old``, ``oldfast``, ``fused64``) were removed after the
+H200 comparison (benchmarks/results/2026-11-30-h200-bench_kernels_fwd-plan_v2.txt); they are in commit
+830262b.
 """
 
 from __future__ import annotations
@@ -91,11 +92,8 @@ VARIANTS = {
     "v2smem": dict(_form="smem"),
     "v2lean": dict(_precision="lean"),
     "v2bf16": dict(_precision="bf16"),
-    "old": dict(_path="split", _precision="high"),
-    "oldfast": dict(_path="split", _precision="fast"),
-    "fused64": dict(_path="fused", _block_v=64),
 }
-DEFAULT_VARIANTS = "default,v2rv,v2rvcp,v2smem,old"   # + v2lean, v2bf16, fused64 on request
+DEFAULT_VARIANTS = "default,v2rv,v2rvcp,v2smem"   # + v2cp4, v2bv128, v2lean, v2bf16 on request
 
 # correctness cases of step 1: (name, B, T, H, HV, varlen lengths, h0 std, state_v_first)
 CHECKS = [
@@ -105,7 +103,7 @@ CHECKS = [
 
 
 def _needed_configs(variants, shapes):
-    from kernels.gdn_fwd.build import DEFAULT_PATH, Intra2Config, dispatch_configs, plan_v2, precision_v2
+    from kernels.gdn_fwd.build import Intra2Config, dispatch_v2, plan_v2, precision_v2
     cfgs = [Intra2Config("bfloat16", precision_v2(None).merge, precision_v2(None).ag)]    # the "intra" column
     todo = [(SHAPES[name][0], SHAPES[name][1], SHAPES[name][3], SHAPES[name][4], False) for name in shapes]
     todo += [(c[1], c[2], c[4], c[5], c[6] is not None) for c in CHECKS]
@@ -114,15 +112,9 @@ def _needed_configs(variants, shapes):
         max_chunks = max(-(-x // C) for x in lens) if lens else -(-T // C)
         for v in variants:
             kw = VARIANTS.get(v, {})
-            path = kw.get("_path") or DEFAULT_PATH
-            prec = kw.get("_precision")
-            if path == "split2":
-                prec = precision_v2(prec, has_h0=h0)
-                form, cp = plan_v2(n, HV, max_chunks, kw.get("_form"), kw.get("_cp"))
-                c = dispatch_configs("bfloat16", n, HV, kw.get("_block_v"), path, prec, cp, form)
-            else:
-                c = dispatch_configs("bfloat16", n, HV, kw.get("_block_v"), path, prec)
-            cfgs.extend(c)
+            prec = precision_v2(kw.get("_precision"), has_h0=h0)
+            form, cp = plan_v2(n, HV, max_chunks, kw.get("_form"), kw.get("_cp"))
+            cfgs.extend(dispatch_v2("bfloat16", n, HV, kw.get("_block_v"), prec, cp, form))
     out = []
     for c in cfgs:
         if c not in out:

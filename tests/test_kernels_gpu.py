@@ -88,14 +88,14 @@ def test_bad_input_on_gpu_raises_valueerror():
 _KNOB_CASES = [c for c in tt.GPU_CASES if c.name in ("T1000_h0_gva2", "varlen_boundaries_h0_vfirst", "D64_h0_vfirst")]
 
 
-@pytest.mark.parametrize("knobs", [dict(_path="split", _block_v=32), dict(_form="rv", _cp=1), dict(_cp=3),
-                                   dict(_form="rv", _block_v=128, _cp=1), dict(_form="smem", _precision="max")],
-                         ids=["old_split_bv32", "v2_rv", "v2_rv_cp3", "v2_rv_bv128", "v2_smem_max"])
+@pytest.mark.parametrize("knobs", [dict(_form="rv", _cp=1), dict(_cp=3), dict(_form="rv", _block_v=128, _cp=1),
+                                   dict(_form="smem", _precision="max")],
+                         ids=["v2_rv", "v2_rv_cp3", "v2_rv_bv128", "v2_smem_max"])
 @pytest.mark.parametrize("case", _KNOB_CASES, ids=[c.name for c in _KNOB_CASES])
 def test_private_knobs(case, knobs):
-    """The variants the benchmark times besides the default: the previous default ("split", "high"),
-    the register-operand state kernel without CP, with CP forced on and with BV 128, and the "max"
-    precision preset (bounds: ``testing.bounds`` of the path)."""
+    """The variants the benchmark times besides the default: the register-operand state kernel
+    without CP, with CP forced on and with BV 128, and the shared-memory one at the "max" precision
+    preset (bounds: ``testing.bounds``)."""
     from kernels.gdn_fwd.api import chunk_gated_delta_rule as impl
 
     dev = torch.device("cuda")
@@ -107,5 +107,5 @@ def test_private_knobs(case, knobs):
     e_o, e_s = tt.rel_rmse(o, o_ref), tt.rel_rmse(ht, ht_ref)
     print(f"{case.name} {knobs}: o {e_o:.3e} (floor {floor:.3e}) state {e_s:.3e}")
     assert tt.nonfinite(o) == 0 and tt.nonfinite(ht) == 0
-    b_o, b_s = tt.bounds(case, floor, knobs.get("_path", "split2"))
+    b_o, b_s = tt.bounds(case, floor)
     assert e_o <= b_o and e_s <= b_s

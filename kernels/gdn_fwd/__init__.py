@@ -1,4 +1,5 @@
-"""Stages of our TileLang GDN forward: cumsum.py, kkt_solve.py, chunk_h.py, chunk_o.py; api.py is the entry.
+"""Stages of our TileLang GDN forward (the v2 "split2" path): cumsum.py (macro), intra2.py, state2.py /
+state3.py, output2.py; build.py compiles and dispatches; api.py is the entry.
 
 Nothing here imports tilelang at package import time.
 """

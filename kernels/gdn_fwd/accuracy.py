@@ -3,10 +3,11 @@
     python -m kernels.gdn_fwd.accuracy [--T 2048] [--dists a,b] [--variants name,...] [--cp 1,4]
 
 For each named distribution of ``cases.distributions`` (B=1, H=2, HV=4, K=V=128, bf16) prints
-rel_rmse of o and of the final state against ``reference.chunk`` (fp64) for: the current split
-path ("high" and "fast", ``emulation.chunk_gated_delta_rule``), an FLA-like bf16 scheme
-(``reference.emulated``), and each v2 variant (``emulation.chunk_gated_delta_rule_v2``), with its
-MMA units and intermediate bytes per (chunk, head) from ``variants.PrecisionV2``.
+rel_rmse of o and of the final state against ``reference.chunk`` (fp64) for: an FLA-like bf16
+scheme (``reference.emulated``) and each v2 variant (``emulation.chunk_gated_delta_rule_v2``), with
+its MMA units and intermediate bytes per (chunk, head) from ``variants.PrecisionV2``.  (The removed
+"split" path's "high" / "fast" columns of kernels/NOTES.md came from commit 830262b; the v2
+variant "all-split" splits the same operands as its "high".)
 """
 
 from __future__ import annotations
@@ -84,8 +85,6 @@ def run(dists, T, variants, cps, out=print):
         res = {}
         t = time.time()
         res["fla-like"] = fla_like(*a, **kw)
-        res["old-high"] = E.chunk_gated_delta_rule(*a, **kw, _path="split")
-        res["old-fast"] = E.chunk_gated_delta_rule(*a, **kw, _path="split", _precision="fast")
         for name in variants:
             for cp in cps:
                 key = name if cp == 1 else f"{name}@cp{cp}"

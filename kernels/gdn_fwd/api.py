@@ -18,14 +18,14 @@ cu_seqlens=None) -> (o, final_state)`` with the semantics of FLA's
   same layout as initial_state) or None.
 
 Bad input raises ``ValueError`` naming the problem.  Dense input is run as
-varlen (B sequences of length T), so both use the same three kernels:
-``gdn_intra_chunk`` (kkt_solve.py, parallel), ``gdn_state_fwd`` (chunk_h.py,
-sequential over chunks, writes each chunk-start state and ``U``), then
-``gdn_output_fwd`` (chunk_o.py, parallel).  The older two-kernel path with the
-output fused into the recurrence (``gdn_recurrent_fwd``) stays reachable through
-the private ``_path="fused"``.  The kernels are built for K == V == 128; K == V == 64 is
-zero-padded to 128 here (exact, but it costs the 128 kernel's time).  Both
-state layouts have the same shape (K == V), so the layout is a runtime flag.
+varlen (B sequences of length T), so both use the same kernels (the v2
+"split2" path, the only one): ``gdn_intra_v2`` (intra2.py, parallel), the
+sequential state kernel (state2.py "smem" form, or state3.py "rv" form with the
+segment-parallel CP scan and a host fix-up, chosen by ``build.plan_v2``), then
+``gdn_output_v2`` (output2.py, parallel).  The kernels are built for K == V ==
+128; K == V == 64 is zero-padded to 128 here (exact, but it costs the 128
+kernel's time).  Both state layouts have the same shape (K == V), so the layout
+is a runtime flag.
 This module imports tilelang only when a kernel is needed.
 """
 
@@ -168,14 +168,15 @@ def chunk_gated_delta_rule(
     """GDN chunked forward.  See the module docstring for shapes and dtypes.
 
     Private knobs (benchmarking / tuning only): ``_block_v`` overrides the sequential kernel's
-    value columns per CTA (16, 32, 64 or 128); ``_path`` is "split2" (default: the v2 kernels
-    ``intra2.py`` / ``state2.py`` / ``output2.py``), "split" (the previous default: hi/lo
-    intermediates) or "fused" (the oldest kernel, output fused into the recurrence);
-    ``_precision`` is a ``variants.PRECISIONS_V2`` preset name or "sp[f1+f2+...]" on split2,
-    "high" (default) or "fast" on split; ``_cp`` (split2) is the number of segments per sequence of
-    the segment-parallel state passing (1 = off; None = ``build.cp_segments_for``); ``_form`` (split2)
-    is the state kernel: "rv" (default, ``state3.py``, register operands) or "smem" (``state2.py``).
+    value columns per CTA (16, 32 or 64 for "smem"; 64 or 128 for "rv"); ``_path`` accepts only
+    "split2" (or None; the older "split" / "fused" paths were removed and raise ``ValueError``);
+    ``_precision`` is a ``variants.PRECISIONS_V2`` preset name or "sp[f1+f2+...]"; ``_cp`` is the
+    number of segments per sequence of the segment-parallel state passing (1 = off; > 1 implies
+    "rv"; None = ``build.plan_v2``); ``_form`` is the state kernel: "smem" (``state2.py``) or "rv"
+    (``state3.py``, register operands; None = ``build.plan_v2``).
     """
+    from .build import check_path
+    check_path(_path)
     B, T, H, HV, K, V, N = _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     if scale is None:
         scale = K ** -0.5
@@ -185,7 +186,7 @@ def chunk_gated_delta_rule(
     if (major, minor) != (9, 0):
         raise RuntimeError(f"kernels.chunk_gated_delta_rule is built for sm_90a (Hopper); device is sm_{major}{minor}")
 
-    from .build import DEFAULT_PATH, KERNEL_HEAD_DIM, dispatch_configs, get_kernel
+    from .build import KERNEL_HEAD_DIM
 
     dt = q.dtype
     D = KERNEL_HEAD_DIM
@@ -230,33 +231,9 @@ def chunk_gated_delta_rule(
     b2 = beta.reshape(Ttot, HV).to(torch.float32).contiguous()
     o2 = torch.empty(Ttot, HV, D, device=dev, dtype=dt)
 
-    if (_path or DEFAULT_PATH) == "split2":
-        o2, ht = _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC, N, HV, D, dt,
-                         cu_seqlens, B, T, scale, initial_state is not None, output_final_state, state_v_first,
-                         use_qk_l2norm_in_kernel, _block_v, _precision, _cp, _form)
-        return _finish(o2, ht, pad, B, T, HV, K, V, output_final_state)
-
-    cfgs = dispatch_configs(_TL_DTYPE[dt], N, HV, _block_v, _path, _precision)
-    kerns = [get_kernel(c) for c in cfgs]
-
-    Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
-    Al = torch.empty_like(Ah)
-    Ph = torch.empty_like(Ah)
-    Pl = torch.empty_like(Ah)
-    F = torch.empty(HV, NC, 4, BT, device=dev, dtype=torch.float32)
-
-    flags = (int(initial_state is not None), int(bool(output_final_state)), int(bool(state_v_first)))
-    kerns[0](q2, k2, g2, b2, cu, chunk_indices, Ah, Al, Ph, Pl, F, scale, int(bool(use_qk_l2norm_in_kernel)))
-    if len(kerns) == 2:   # fused recurrence + output
-        kerns[1](q2, k2, v2, Ah, Al, Ph, Pl, F, cu, chunk_offsets, h0, o2, ht, *flags)
-    else:                 # state-only recurrence, then the parallel output kernel
-        Sch = torch.empty(HV, NC, D, D, device=dev, dtype=dt)
-        Scl = torch.empty_like(Sch) if cfgs[2].split_s else Sch    # "fast": Scl is neither written nor read
-        Uh = torch.empty(HV, NC, BT, D, device=dev, dtype=dt)
-        Ul = torch.empty_like(Uh)
-        kerns[1](k2, v2, Ah, Al, F, cu, chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, *flags)
-        kerns[2](q2, Ph, Pl, F, Sch, Scl, Uh, Ul, cu, chunk_indices, o2)
-
+    o2, ht = _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC, N, HV, D, dt,
+                     cu_seqlens, B, T, scale, initial_state is not None, output_final_state, state_v_first,
+                     use_qk_l2norm_in_kernel, _block_v, _precision, _cp, _form)
     return _finish(o2, ht, pad, B, T, HV, K, V, output_final_state)
 
 
@@ -405,26 +382,6 @@ def _last_segments(seg_of, dev):
         _LAST[key] = torch.tensor([seg_of[n + 1] - 1 for n in range(len(seg_of) - 1)],
                                   dtype=torch.long).to(dev, non_blocking=True)
     return _LAST[key]
-
-
-def intra_stage(q, k, g, beta, scale=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None):
-    """Run only the intra-chunk kernel and return ``(Ah, Al, Ph, Pl, F)`` (for stage-by-stage checks)."""
-    B, T, H, K = q.shape
-    HV = g.shape[2]
-    from .build import IntraConfig, get_kernel
-    if K != 128:
-        raise ValueError("intra_stage is only exposed for K == 128")
-    dev = q.device
-    scale = K ** -0.5 if scale is None else float(scale)
-    cu, ci, _, NC = _seq_tables(B, T, cu_seqlens, dev)
-    Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=q.dtype)
-    Al, Ph, Pl = torch.empty_like(Ah), torch.empty_like(Ah), torch.empty_like(Ah)
-    F = torch.empty(HV, NC, 4, BT, device=dev, dtype=torch.float32)
-    kern = get_kernel(IntraConfig(_TL_DTYPE[q.dtype]))
-    kern(q.reshape(B * T, H, K).contiguous(), k.reshape(B * T, H, K).contiguous(),
-         g.reshape(B * T, HV).float().contiguous(), beta.reshape(B * T, HV).float().contiguous(),
-         cu, ci, Ah, Al, Ph, Pl, F, scale, int(bool(use_qk_l2norm_in_kernel)))
-    return Ah, Al, Ph, Pl, F
 
 
 def intra2_stage(q, k, g, beta, scale=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None, _precision=None):

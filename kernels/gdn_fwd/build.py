@@ -14,63 +14,12 @@ from dataclasses import dataclass
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 DTYPES = ("bfloat16", "float16")
 KERNEL_HEAD_DIM = 128          # the kernels are built for K == V == 128; K == V == 64 is zero-padded to 128
-BV_CHOICES = (64, 32, 16)      # value columns per CTA of the state kernel that the API dispatches
-PRECISIONS = ("high", "fast")  # state-kernel precision knob (see chunk_h.build_state_kernel)
-DEFAULT_PRECISION = "high"
-DEFAULT_PATH = "split2"        # "split2": v2 kernels (intra2 / state2 [+ CP scan] / output2); "split": the previous
-                               # default (hi/lo intermediates); "fused": the oldest fused kernel
+DEFAULT_PATH = "split2"        # the only forward path: intra2 / state kernel [+ CP scan] / output2
+REMOVED_PATHS = ("split", "fused")  # the older paths, removed after the H200 comparison (last in commit 830262b)
 DEFAULT_PRECISION_V2 = "default"   # preset name in variants.PRECISIONS_V2
 OUT2_BV = 64                   # value columns per CTA of the v2 output kernel
 SCAN_BV = 32                   # value columns per CTA of the CP phase-1 scan (over 2 x 128 columns)
 NUM_STAGES = 2                 # software pipelining depth of the sequential kernels' chunk loads
-OUT_BV = 64                    # value columns per CTA of the output kernel
-
-
-@dataclass(frozen=True)
-class IntraConfig:
-    dtype: str
-    DK: int = KERNEL_HEAD_DIM
-
-    @property
-    def name(self) -> str:
-        return f"intra[DK={self.DK},{self.dtype}]"
-
-
-@dataclass(frozen=True)
-class RecurrentConfig:
-    dtype: str
-    BV: int = 64
-    DK: int = KERNEL_HEAD_DIM
-    num_stages: int = NUM_STAGES
-
-    @property
-    def name(self) -> str:
-        return f"recurrent[DK=DV={self.DK},BV={self.BV},stages={self.num_stages},{self.dtype}]"
-
-
-@dataclass(frozen=True)
-class StateConfig:
-    dtype: str
-    BV: int = 64
-    precision: str = DEFAULT_PRECISION
-    DK: int = KERNEL_HEAD_DIM
-    num_stages: int = NUM_STAGES
-
-    @property
-    def name(self) -> str:
-        return f"state[DK=DV={self.DK},BV={self.BV},{self.precision},stages={self.num_stages},{self.dtype}]"
-
-
-@dataclass(frozen=True)
-class OutputConfig:
-    dtype: str
-    split_s: bool = True           # read the chunk-start state as hi + lo ("high") or hi only ("fast")
-    BV: int = OUT_BV
-    DK: int = KERNEL_HEAD_DIM
-
-    @property
-    def name(self) -> str:
-        return f"output[DK=DV={self.DK},BV={self.BV},{'S hi+lo' if self.split_s else 'S hi'},{self.dtype}]"
 
 
 @dataclass(frozen=True)
@@ -115,7 +64,7 @@ class Output2Config:
         return f"output2[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},{'vt' if self.vt else 'kt'},{self.dtype}]"
 
 
-# ~SMs of an H200 (132); the split path's state kernel wants about one CTA per SM.
+# ~SMs of an H200 (132); the sequential state kernel wants about one CTA per SM.
 N_SM = 128
 
 
@@ -171,6 +120,16 @@ def plan_v2(n_seq: int, HV: int, max_chunks: int, form: str | None = None, cp: i
     return form, (cp if form == "rv" else 1)
 
 
+def check_path(path: str | None) -> str:
+    """The API's private ``_path`` knob: None or "split2" (the only path left); anything else raises."""
+    if path is None or path == DEFAULT_PATH:
+        return DEFAULT_PATH
+    if path in REMOVED_PATHS:
+        raise ValueError(f"_path={path!r} was removed (only {DEFAULT_PATH!r} is left; the old paths are in "
+                         f"commit 830262b)")
+    raise ValueError(f"unknown path {path!r}; the only path is {DEFAULT_PATH!r}")
+
+
 def precision_v2(precision, has_h0: bool = False):
     """The PrecisionV2 of a preset name / "sp[f1+f2]" / PrecisionV2; None = "default", or
     "default_h0" when an initial state is given."""
@@ -209,24 +168,6 @@ def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precisio
     return tuple(out)
 
 
-def dispatch_configs(dtype: str, n_seq: int, HV: int, BV: int | None = None, path: str | None = None,
-                     precision: str | None = None, cp: int = 1, form: str | None = None):
-    """The kernel configurations one API call uses: (intra, recurrent) on the fused path,
-    (intra, state, output) on the split path, (intra2, state, output2[, scan]) on split2."""
-    path = path or DEFAULT_PATH
-    if path == "split2":
-        return dispatch_v2(dtype, n_seq, HV, BV, precision, cp, form)
-    if path == "fused":
-        return IntraConfig(dtype), RecurrentConfig(dtype, BV or 64)
-    if path != "split":
-        raise ValueError(f"unknown path {path!r}")
-    precision = precision or DEFAULT_PRECISION
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    return (IntraConfig(dtype), StateConfig(dtype, BV or block_v(n_seq, HV), precision),
-            OutputConfig(dtype, precision == "high"))
-
-
 def all_configs():
     """Every configuration the API can dispatch (what the compile test builds).
 
@@ -248,14 +189,6 @@ def all_configs():
     return out
 
 
-def extra_configs():
-    """Reachable only through the API's private knobs (benchmark variants), bf16: the previous
-    default split path ("high", BV 32) and its "fast" precision."""
-    out = [IntraConfig("bfloat16"), StateConfig("bfloat16", 32, "high"), OutputConfig("bfloat16", True),
-            StateConfig("bfloat16", 32, "fast"), OutputConfig("bfloat16", False)]
-    return out
-
-
 def prim_func(cfg):
     if isinstance(cfg, Intra2Config):
         from .intra2 import build_intra_v2
@@ -269,17 +202,7 @@ def prim_func(cfg):
     if isinstance(cfg, Output2Config):
         from .output2 import build_output_v2
         return build_output_v2(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.BV, cfg.vt)
-    if isinstance(cfg, IntraConfig):
-        from .kkt_solve import build_intra_kernel
-        return build_intra_kernel(cfg.DK, cfg.dtype)
-    if isinstance(cfg, StateConfig):
-        from .chunk_h import build_state_kernel
-        return build_state_kernel(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.precision, cfg.num_stages)
-    if isinstance(cfg, OutputConfig):
-        from .chunk_o import build_output_kernel
-        return build_output_kernel(cfg.DK, cfg.DK, cfg.dtype, cfg.BV, cfg.split_s)
-    from .chunk_h import build_recurrent_kernel
-    return build_recurrent_kernel(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.num_stages)
+    raise TypeError(f"not a forward kernel configuration: {cfg!r}")
 
 
 def pass_configs():
@@ -353,12 +276,12 @@ def ptxas_report(src: str, timeout: float = 300.0) -> dict:
     return info
 
 
-def compile_for_test(index: int, with_ptxas: bool = True, extra: bool = False) -> dict:
-    """Compile ``all_configs()[index]`` (``extra_configs()`` with extra=True) for sm_90a; return name,
-    seconds, CUDA source and ptxas stats.  Top-level so a process pool can call it."""
+def compile_for_test(index: int, with_ptxas: bool = True) -> dict:
+    """Compile ``all_configs()[index]`` for sm_90a; return name, seconds, CUDA source and ptxas
+    stats.  Top-level so a process pool can call it."""
     import time
 
-    cfg = (extra_configs() if extra else all_configs())[index]
+    cfg = all_configs()[index]
     t = time.time()
     kern = get_kernel(cfg)
     secs = time.time() - t

@@ -1,4 +1,5 @@
-"""v2 intra-chunk kernel ``gdn_intra_v2``: the lean version of ``kkt_solve.py``.
+"""v2 intra-chunk kernel ``gdn_intra_v2``: the lean version of the first intra kernel
+(``gdn_intra_chunk``, removed with the old "split" path; last in commit 830262b).
 
 One CTA (128 threads) per (chunk, value head).  Compared with ``gdn_intra_chunk`` it
 
@@ -9,7 +10,7 @@ One CTA (128 threads) per (chunk, value head).  Compared with ``gdn_intra_chunk`
   (``merge="bf16"``: 2 wgmma per level; "split" keeps the 3-term products: 6 per level);
 * stores ``Ag = Tinv diag(beta)`` as one input-dtype term (``ag="bf16"``) or a two-term split.
 
-Math as in ``kkt_solve.py``: ``A[t, j] = beta_t rk_t rk_j exp(G_t - G_j) (k_t . k_j)`` (j < t, fp32,
+Math: ``A[t, j] = beta_t rk_t rk_j exp(G_t - G_j) (k_t . k_j)`` (j < t, fp32,
 exact-operand wgmma ``K K^T``), fp32 forward substitution on the 16x16 diagonal blocks, merges
 ``L <- L - L A_o L`` at widths 16 and 32.
 

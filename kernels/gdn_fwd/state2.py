@@ -11,7 +11,7 @@ warp-specialised ``T.Pipelined``.  Per chunk (``prec``: ``variants.PrecisionV2``
     S  = F3 * S + K^T @ (rd(F2 U) (+ lo)) per prec.upd
 
 All products accumulate in fp32 (wgmma); nothing is TF32.  With the all-"bf16" preset this is 4
-wgmma per chunk (K S, Ag X, update) like FLA's chunk_h, and 48 KB written per chunk and head.
+wgmma per chunk (K S, Ag X, update) like FLA's ``chunk_gated_delta_rule_fwd_h``, and 48 KB written per chunk and head.
 
 ``scan=True`` builds the CP phase-1 kernel: no per-chunk stores, and the value columns run over
 ``2 DV``: columns ``[0, DV)`` advance the state of the segment from zero, columns ``[DV, 2 DV)``

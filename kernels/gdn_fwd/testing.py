@@ -208,16 +208,12 @@ GPU_CASES = [
 ]
 
 
-def bounds(case: Case, floor_o: float, path: str = "split2"):
+def bounds(case: Case, floor_o: float):
     """(o bound, state bound) against the fp64 reference.
 
-    Default v2 path ("split2"): Ag, U, P and the state update are two-term splits, the chunk-start
-    state and X single input-dtype terms; emulated o is 1.0-1.8x the rounding floor
-    rel_rmse(ref.to(dtype), ref) (1.75x with g == 0 everywhere) and the state 3e-6..2.5e-3, always
-    below an FLA-like bf16 scheme (2-2.7x the floor, state 1.6e-3..4e-3; kernels/NOTES.md): bounds
-    2x the floor and 5e-3, plus the comparison with FLA Triton on the compare_fla cases.
-    Previous "split"/"high" path (every fp32 operand split): o within a few % of the floor, state
-    ~1e-5: bounds 1.5x and 1e-4."""
-    if path == "split":
-        return 1.5 * floor_o + 1e-6, 1e-4
+    v2 path ("split2", the only one; default preset): Ag, U, P and the state update are two-term
+    splits, the chunk-start state and X single input-dtype terms; emulated o is 1.0-1.8x the rounding
+    floor rel_rmse(ref.to(dtype), ref) (1.75x with g == 0 everywhere) and the state 3e-6..2.5e-3,
+    always below an FLA-like bf16 scheme (2-2.7x the floor, state 1.6e-3..4e-3; kernels/NOTES.md):
+    bounds 2x the floor and 5e-3, plus the comparison with FLA Triton on the compare_fla cases."""
     return 2.0 * floor_o + 1e-6, 5e-3
