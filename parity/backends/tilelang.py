@@ -1,5 +1,6 @@
 """``tilelang``: gdn-parity's own TileLang kernels from ``kernels/`` (SM90, chunk 64), with FLA's call
-signature. Available on an SM90 GPU with tilelang installed and the kernels present."""
+signature, forward and backward (``kernels.gdn_bwd``, through a ``torch.autograd.Function``). Available on an
+SM90 GPU with tilelang installed and the kernels present."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ SUPPORTED_HEAD_DIMS = {64, 128}
 
 class TileLangKernels(Backend):
     name = "tilelang"
-    description = "gdn-parity's TileLang GDN forward (kernels/), SM90"
+    description = "gdn-parity's TileLang GDN forward and backward (kernels/), SM90"
     needs_gpu = True
-    has_backward = False
+    has_backward = True
     packages = ("tilelang",)
 
     def available(self) -> tuple[bool, str]:
