@@ -43,6 +43,8 @@ def pytest_addoption(parser):
     group.addoption("--backend", action="append", default=None, help="only this backend (repeatable)")
     group.addoption("--case", action="append", default=None, help="only this case id (repeatable)")
     group.addoption("--seeds", type=int, default=None, help="seeds per configuration (default: the matrix's)")
+    group.addoption("--warmup", type=int, default=None, help="processes of the compile warm-up pass over the "
+                    "collected parity cells before the tests (default: on a GPU min(8, cores / 2); 0: off)")
 
 
 def pytest_configure(config):
@@ -138,6 +140,28 @@ def pytest_collection_finish(session):
     for line in stale_known_failures(known, session.config._parity_matched):
         warnings.warn(f"tests/known_failures.json: stale entry matches no collected test and no matrix case: {line}",
                       stacklevel=1)
+    _warmup(session)
+
+
+def _warmup(session) -> None:
+    """The runner's compile warm-up (parity/warmup.py) over the parity cells selected to run, in parallel processes,
+    before the first test: on a cold GPU box first-use compilation would otherwise run cell by cell."""
+    from parity import runner
+
+    cells = [item.callspec.params["parity_cell"] for item in session.items
+             if hasattr(item, "callspec") and "parity_cell" in item.callspec.params
+             and not item.get_closest_marker("skip")]
+    procs = runner.warmup_procs(session.config.getoption("--warmup"), len(cells))
+    if not cells or not procs:
+        return
+    from parity.warmup import warmup
+
+    cases = list({c.id: c for c, _ in cells}.values())
+    backends = list(dict.fromkeys(b for _, b in cells))
+    w = warmup(cases, backends, runner.devices(None), procs).as_dict()
+    session.config._parity_warmup = w
+    print(f"\ngdn-parity compile warm-up: {w['signatures']} signatures, {w['runs']} runs, {w['errors']} errors, "
+          f"{w['died']} died, {w['seconds']:.0f} s in {w['procs']} processes")
 
 
 @pytest.fixture(scope="session")

@@ -42,3 +42,15 @@ def test_the_sweep_records_the_warmup_and_the_report_names_it(tmp_path):
 def test_warmup_is_off_by_default_on_a_cpu_and_when_asked():
     assert runner.warmup_procs(None, 100) == 0  # no GPU here
     assert runner.warmup_procs(0, 100) == 0 and runner.warmup_procs(3, 100) == 3
+
+
+def test_pytest_runs_the_warmup_over_the_selected_cells():
+    import subprocess
+    import sys
+
+    case = SMALL[1].id
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          "tests/test_matrix.py", "--case", case, "--backend", "ref-recurrent", "--warmup", "1", "-s"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "gdn-parity compile warm-up: 1 signatures" in out.stdout and "0 errors, 0 died" in out.stdout
