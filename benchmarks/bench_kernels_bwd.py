@@ -24,21 +24,14 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as Fn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-SHAPES = {
-    # the forward benchmark's shapes: name: (B, T, H, HV, varlen lengths or None)
-    "B1_T32768_H16_HV32": (1, 32768, 16, 32, None),
-    "B8_T4096_H16_HV32": (8, 4096, 16, 32, None),
-    "B1_T8192_H4_HV8": (1, 8192, 4, 8, None),
-    "B1_T65536_H2_HV4": (1, 65536, 2, 4, None),
-    "varlen8_T32768_H16_HV32": (1, 32768, 16, 32, [1000, 7000, 2500, 6000, 300, 9000, 4000, 2968]),
-}
-D = 128
+from benchmarks.bench_kernels_fwd import D, SHAPES as FWD_SHAPES, make as make_fwd_inputs  # noqa: E402
+
+SHAPES = dict(FWD_SHAPES)       # the forward benchmark's shapes (a copy: --dry-run shrinks them)
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 # (name, B, T, H, HV, varlen lengths, h0 std, state_v_first)
 CHECKS = [
@@ -49,15 +42,7 @@ CHECKS = [
 
 def make(B, T, H, HV, lens, dev, seed=0, h0std=None, vfirst=False):
     gen = torch.Generator(device=dev).manual_seed(seed)
-    q = torch.randn(B, T, H, D, device=dev, generator=gen).to(torch.bfloat16)
-    k = Fn.normalize(torch.randn(B, T, H, D, device=dev, generator=gen), dim=-1).to(torch.bfloat16)
-    v = torch.randn(B, T, HV, D, device=dev, generator=gen).to(torch.bfloat16)
-    g = Fn.logsigmoid(torch.randn(B, T, HV, device=dev, generator=gen))
-    beta = torch.rand(B, T, HV, device=dev, generator=gen)
-    cu = None
-    if lens:
-        assert sum(lens) == T and B == 1
-        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64, device=dev)
+    q, k, v, g, beta, cu = make_fwd_inputs(B, T, H, HV, lens, dev, gen=gen)
     N = len(lens) if lens else B
     h0 = None if h0std is None else h0std * torch.randn(N, HV, D, D, device=dev, generator=gen)
     do = torch.randn(B, T, HV, D, device=dev, generator=gen).to(torch.bfloat16)

@@ -69,8 +69,10 @@ def flops(B, T, HV, lens):
     return n_chunks * HV * per
 
 
-def make(B, T, H, HV, lens, dev, seed=0):
-    gen = torch.Generator(device=dev).manual_seed(seed)
+def make(B, T, H, HV, lens, dev, seed=0, gen=None):
+    """(q, k, v, g, beta, cu_seqlens); ``gen``: draw from this generator instead of a new one seeded
+    with ``seed`` (the backward benchmark draws its further inputs from the same one)."""
+    gen = gen if gen is not None else torch.Generator(device=dev).manual_seed(seed)
     q = torch.randn(B, T, H, D, device=dev, generator=gen).to(torch.bfloat16)
     k = Fn.normalize(torch.randn(B, T, H, D, device=dev, generator=gen), dim=-1).to(torch.bfloat16)
     v = torch.randn(B, T, HV, D, device=dev, generator=gen).to(torch.bfloat16)

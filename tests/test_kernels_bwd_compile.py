@@ -15,28 +15,15 @@ type, so ptxas is run once per stage to stay within ~2 min on 2 cores):
 * exponentials are exp2 (fast math); no register spills and no stack.
 """
 
-import importlib.util
-import multiprocessing as mp
 import os
-import re
-import shutil
-import time
-from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
 from kernels.gdn_bwd.build import all_configs, compile_for_test
+from kernels.gdn_fwd.testing import check_ptxas, check_wgmma, compile_in_processes, compile_skip_reason
 
-
-def _skip_reason():
-    if importlib.util.find_spec("tilelang") is None:
-        return "tilelang is not installed"
-    if shutil.which("nvcc") is None:
-        return "nvcc is not on PATH"
-    return None
-
-
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(compile_skip_reason() is not None, reason=compile_skip_reason() or "")]
 
 CONFIGS = all_configs()
 N_WORKERS = max(1, min(2, os.cpu_count() or 1))
@@ -53,40 +40,18 @@ def _job(i):
 
 @pytest.fixture(scope="module")
 def compiled():
-    t = time.time()
-    with ProcessPoolExecutor(N_WORKERS, mp_context=mp.get_context("spawn")) as ex:
-        results = list(ex.map(_job, range(len(CONFIGS))))
-    print(f"\n[bwd kernels compile] {len(results)} configurations in {time.time() - t:.1f} s wall "
-          f"({N_WORKERS} processes)")
-    for r in results:
-        p = r.get("ptxas", {})
-        print(f"  {r['name']:<40} tilelang {r['seconds']:6.1f} s   ptxas {r.get('ptxas_seconds', 0):5.1f} s   "
-              f"regs {p.get('registers')}  spill {p.get('spill_stores')}/{p.get('spill_loads')}  "
-              f"stack {p.get('stack')}")
-    return {r["name"]: r for r in results}
-
-
-def _wgmma_instances(src):
-    return re.findall(r"wgmma_(?:ss|rs)<tl::DataType::(\w+), tl::DataType::(\w+), tl::DataType::(\w+),", src)
+    return compile_in_processes(_job, len(CONFIGS), "bwd kernels compile", 40, N_WORKERS)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c.name for c in CONFIGS])
 def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     r = compiled[cfg.name]
     src = r["source"]
-    operand = {"bfloat16": "kBFloat16", "float16": "kFloat16"}[cfg.dtype]
-    inst = _wgmma_instances(src)
     want = _WANT_WGMMA[cfg.kind]
-    assert len(inst) == want, f"expected {want} wgmma call sites, found {len(inst)}"
-    for a, b, c in inst:
-        assert (a, b, c) == (operand, operand, "kFloat32"), (a, b, c)
-    assert "TensorFloat32" not in src and "tf32" not in src.lower()
+    check_wgmma(src, cfg.dtype, want)
     assert "exp2f" in src or cfg.kind == "dh"
     if cfg.kind == "dh":
         assert src.count("wgmma_rs<") == want, src.count("wgmma_rs<")
         assert "tma_load" in src and "mbarrier" in src and "tma_store" not in src
     if "ptxas" in r:
-        p = r["ptxas"]
-        assert p["returncode"] == 0, p["log"]
-        assert p.get("spill_stores") == 0 and p.get("spill_loads") == 0, p["log"]
-        assert p.get("stack") == 0, p["log"]
+        check_ptxas(r["ptxas"])

@@ -15,8 +15,6 @@ dg within the input dtype's rounding floor; on the ``compare_fla`` cases also no
 failing stage) and asserts the final gradients agree with it within the input dtype's rounding floor.
 """
 
-import importlib.util
-
 import pytest
 import torch
 
@@ -25,17 +23,8 @@ from kernels.gdn_fwd import testing as tt
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 
-def _skip_reason():
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if torch.cuda.get_device_capability() != (9, 0):
-        return f"needs sm_90 (Hopper), found sm_{''.join(map(str, torch.cuda.get_device_capability()))}"
-    if importlib.util.find_spec("tilelang") is None:
-        return "tilelang is not installed"
-    return None
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(tt.gpu_skip_reason() is not None, reason=tt.gpu_skip_reason() or "")]
 
 _NAMES = ["T1", "T63", "T64", "T65_h0", "T1000_h0_gva2", "T8192", "B3_T1000_fp16_vfirst_h0",
           "varlen_boundaries_h0_vfirst", "varlen_with_empty_h0", "gva4_l2norm", "bf16_gates", "fp16_fp16_gates_h0",

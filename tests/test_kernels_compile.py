@@ -26,28 +26,15 @@ Compiles in 2 processes; prints each kernel's compile and ptxas time and the tot
 """
 
 
-import importlib.util
-import multiprocessing as mp
 import os
-import re
-import shutil
-import time
-from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
 from kernels.gdn_fwd.build import all_configs, compile_for_test
+from kernels.gdn_fwd.testing import check_ptxas, check_wgmma, compile_in_processes, compile_skip_reason
 
-
-def _skip_reason():
-    if importlib.util.find_spec("tilelang") is None:
-        return "tilelang is not installed"
-    if shutil.which("nvcc") is None:
-        return "nvcc is not on PATH"
-    return None
-
-
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(compile_skip_reason() is not None, reason=compile_skip_reason() or "")]
 
 CONFIGS = all_configs()
 
@@ -61,18 +48,7 @@ N_WORKERS = max(1, min(2, os.cpu_count() or 1))
 
 @pytest.fixture(scope="module")
 def compiled():
-    t = time.time()
-    ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(N_WORKERS, mp_context=ctx) as ex:
-        results = list(ex.map(_compile_job, range(len(CONFIGS))))
-    total = time.time() - t
-    print(f"\n[kernels compile] {len(results)} configurations in {total:.1f} s wall ({N_WORKERS} processes)")
-    for r in results:
-        p = r.get("ptxas", {})
-        print(f"  {r['name']:<55} tilelang {r['seconds']:6.1f} s   ptxas {r.get('ptxas_seconds', 0):5.1f} s   "
-              f"regs {p.get('registers')}  spill {p.get('spill_stores')}/{p.get('spill_loads')}  "
-              f"stack {p.get('stack')}")
-    return {r["name"]: r for r in results}
+    return compile_in_processes(_compile_job, len(CONFIGS), "kernels compile", 55, N_WORKERS)
 
 
 def _sp(prec, f):
@@ -90,21 +66,12 @@ _WANT_WGMMA = {
 }
 
 
-def _wgmma_instances(src):
-    return re.findall(r"wgmma_(?:ss|rs)<tl::DataType::(\w+), tl::DataType::(\w+), tl::DataType::(\w+),", src)
-
-
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c.name for c in CONFIGS])
 def test_kernel_compiles_for_sm90a(compiled, cfg):
     r = compiled[cfg.name]
     src = r["source"]
-    operand = {"bfloat16": "kBFloat16", "float16": "kFloat16"}[cfg.dtype]
-    inst = _wgmma_instances(src)
     want = _WANT_WGMMA[r["kind"]](cfg)
-    assert len(inst) == want, f"expected {want} wgmma call sites, found {len(inst)}"
-    for a, b, c in inst:
-        assert (a, b, c) == (operand, operand, "kFloat32"), (a, b, c)
-    assert "TensorFloat32" not in src and "tf32" not in src.lower()
+    check_wgmma(src, cfg.dtype, want)
     if r["kind"] == "Intra2Config":
         assert "exp2f" in src
     elif r["kind"] == "State2Config":
@@ -114,7 +81,4 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
             assert src.count("wgmma_rs<") == want, src.count("wgmma_rs<")
     elif r["kind"] == "Output2Config":                          # P (+ Pl) from registers
         assert src.count("wgmma_rs<") == 1 + _sp(cfg.prec, "p") + _sp(cfg.prec, "u")
-    p = r["ptxas"]
-    assert p["returncode"] == 0, p["log"]
-    assert p.get("spill_stores") == 0 and p.get("spill_loads") == 0, p["log"]
-    assert p.get("stack") == 0, p["log"]
+    check_ptxas(r["ptxas"])

@@ -12,25 +12,14 @@ Bounds (see ``testing.bounds``; default v2 path): o rel_rmse <= 2x the rounding 
 For some cases also: our errors <= FLA Triton's on the same inputs.
 """
 
-import importlib.util
-
 import pytest
 import torch
 
 from kernels.gdn_fwd import testing as tt
 
 
-def _skip_reason():
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if torch.cuda.get_device_capability() != (9, 0):
-        return f"needs sm_90 (Hopper), found sm_{''.join(map(str, torch.cuda.get_device_capability()))}"
-    if importlib.util.find_spec("tilelang") is None:
-        return "tilelang is not installed"
-    return None
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(tt.gpu_skip_reason() is not None, reason=tt.gpu_skip_reason() or "")]
 
 
 @pytest.mark.parametrize("case", tt.GPU_CASES, ids=[c.name for c in tt.GPU_CASES])

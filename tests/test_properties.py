@@ -114,6 +114,19 @@ def _slice(inp: GDNInputs, a: int, b: int, h0) -> GDNInputs:
                                beta=inp.beta[:, sl], initial_state=h0, cu_seqlens=None, seq_lens=[b - a])
 
 
+def _check_each_sequence_alone(name: str, inp: GDNInputs, o, s, bo: float, bs: float) -> None:
+    """Each sequence of the varlen run ``(o, s)`` against running it alone with its own initial state (within the
+    bounds); an empty sequence's final state must be its initial state, exactly."""
+    cu = inp.cu_seqlens.tolist()
+    for n, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+        if a == b:
+            assert torch.equal(s[n].float(), inp.initial_state[n].float()), f"sequence {n} is empty"
+            continue
+        o_n, s_n = _run(name, _slice(inp, a, b, inp.initial_state[n:n + 1]))
+        assert rel_err(o[:, a:b], o_n) <= bo, (n, rel_err(o[:, a:b], o_n), bo)
+        assert rel_err(s[n], s_n[0]) <= bs, (n, rel_err(s[n], s_n[0]), bs)
+
+
 @pytest.mark.parametrize("name", BACKEND_PARAMS)
 def test_varlen_equals_each_sequence_alone(name):
     @settings(max_examples=_examples(name))
@@ -122,11 +135,7 @@ def test_varlen_equals_each_sequence_alone(name):
         inp = _inputs(lens, 1, 2, D, D, seed)
         o, s = _run(name, inp)
         bo, bs = _bound(inp)
-        cu = inp.cu_seqlens.tolist()
-        for n, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
-            o_n, s_n = _run(name, _slice(inp, a, b, inp.initial_state[n:n + 1]))
-            assert rel_err(o[:, a:b], o_n) <= bo, (n, rel_err(o[:, a:b], o_n), bo)
-            assert rel_err(s[n], s_n[0]) <= bs, (n, rel_err(s[n], s_n[0]), bs)
+        _check_each_sequence_alone(name, inp, o, s, bo, bs)
 
     check()
 
@@ -146,14 +155,7 @@ def test_empty_sequence_passes_initial_state_through(name):
         inp = _inputs(lens, 1, 2, D, D, seed)
         o, s = _run(name, inp)
         bo, bs = _bound(inp)
-        cu = inp.cu_seqlens.tolist()
-        for n, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
-            if a == b:
-                assert torch.equal(s[n].float(), inp.initial_state[n].float()), f"sequence {n} is empty"
-                continue
-            o_n, s_n = _run(name, _slice(inp, a, b, inp.initial_state[n:n + 1]))
-            assert rel_err(o[:, a:b], o_n) <= bo, (n, rel_err(o[:, a:b], o_n), bo)
-            assert rel_err(s[n], s_n[0]) <= bs, (n, rel_err(s[n], s_n[0]), bs)
+        _check_each_sequence_alone(name, inp, o, s, bo, bs)
 
     check()
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.gdn_fwd.api import _TL_DTYPE, _check, _seq_tables
+from kernels.gdn_fwd.api import _TL_DTYPE, _check, _require_sm90, _seq_tables
 
 from .common import BT, finish, token_index
 
@@ -54,9 +54,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
             raise ValueError(f"dht must be {want}, got {tuple(dht.shape)}")
     scale = K ** -0.5 if scale is None else float(scale)
     dev = q.device
-    major, minor = torch.cuda.get_device_capability(dev)
-    if (major, minor) != (9, 0):
-        raise RuntimeError(f"the TileLang GDN backward is built for sm_90a; device is sm_{major}{minor}")
+    _require_sm90(dev, "the TileLang GDN backward")
     from kernels.gdn_fwd.build import KERNEL_HEAD_DIM
     from kernels.gdn_fwd.build import get_kernel as fwd_kernel
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, pass_configs, ptxas_report
+from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, compile_report, pass_configs
+from kernels.gdn_fwd.build import precompile as fwd_precompile
 
 KINDS = ("prep", "dh", "inter", "intra")
 
@@ -61,54 +62,24 @@ def forward_recompute_configs(dtype: str, n_seq: int = 1, HV: int = 1):
     return Intra2Config(dtype, prec.merge, prec.ag), State2Config(dtype, block_v(n_seq, HV), prec, form="smem")
 
 
-def _compile_named(cfg):
-    import time
-    t = time.time()
-    try:
-        if isinstance(cfg, BwdConfig):
-            get_kernel(cfg)
-        else:
-            from kernels.gdn_fwd.build import get_kernel as fwd_get
-            fwd_get(cfg)
-        return cfg.name, time.time() - t, None
-    except Exception as e:  # pragma: no cover - reported by the caller
-        return cfg.name, time.time() - t, f"{type(e).__name__}: {str(e)[:300]}"
+def _get_any(cfg):
+    """The compiled kernel of a backward or forward configuration."""
+    if isinstance(cfg, BwdConfig):
+        return get_kernel(cfg)
+    from kernels.gdn_fwd.build import get_kernel as fwd_get
+    return fwd_get(cfg)
 
 
 def precompile(cfgs, workers: int | None = None, log=print):
     """Compile backward (and forward) configurations in parallel spawned processes (fills TileLang's
-    disk cache).  Returns the names that failed."""
-    import multiprocessing as mp
-    import os
-    import time
-    from concurrent.futures import ProcessPoolExecutor
-
-    cfgs = list(cfgs)
-    workers = max(1, min(workers or (os.cpu_count() or 1), len(cfgs), 10))
-    t = time.time()
-    failed = []
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
-        for name, secs, err in ex.map(_compile_named, cfgs):
-            log(f"  compiled {name:<60} {secs:6.1f} s {err or ''}")
-            if err:
-                failed.append(name)
-    log(f"  {len(cfgs)} kernels in {time.time() - t:.1f} s ({workers} processes)")
-    return failed
+    disk cache): the forward's ``precompile``.  Returns the names that failed."""
+    return fwd_precompile(cfgs, workers, log, get=_get_any)
 
 
 def compile_for_test(index: int, with_ptxas: bool = True) -> dict:
-    """Compile ``all_configs()[index]``; return name, kind, dtype, seconds, CUDA source, ptxas stats."""
-    import time
-
+    """``compile_report`` of ``all_configs()[index]``: name, kind, dtype, seconds, CUDA source, ptxas stats."""
     cfg = all_configs()[index]
-    t = time.time()
-    src = get_kernel(cfg).get_kernel_source()
-    out = {"name": cfg.name, "kind": cfg.kind, "dtype": cfg.dtype, "seconds": time.time() - t, "source": src}
-    if with_ptxas:
-        t = time.time()
-        out["ptxas"] = ptxas_report(src)
-        out["ptxas_seconds"] = time.time() - t
-    return out
+    return compile_report(cfg, get_kernel, cfg.kind, with_ptxas)
 
 
 def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: bool):

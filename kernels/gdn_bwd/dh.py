@@ -18,6 +18,8 @@ The chunk loads (q, k, dO, Th, Tl, Fb, dUloc) go through a 2-stage ``T.Pipelined
 
 import tilelang.language as T
 
+from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, store_state_vt
+
 BT = 64
 FR = T.GemmWarpPolicy.FullRow
 
@@ -41,13 +43,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
     assert dtype in ("bfloat16", "float16")
     f32 = "float32"
     NV = DV // BV
-    Ttot = T.dynamic("Ttot")
-    H = T.dynamic("H")
-    HV = T.dynamic("HV")
-    N = T.dynamic("N")
-    NCg = T.dynamic("NCg")
-    Nh = T.dynamic("Nh")
-    Nt = T.dynamic("Nt")
+    Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
 
     @T.prim_func
     def gdn_bwd_dh(
@@ -73,10 +69,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
     ):
         with T.Kernel(NV, HV, N, threads=128) as (bv, hv, n):
             h = hv // (HV // H)
-            bos = cu_seqlens[n]
-            eos = cu_seqlens[n + 1]
-            c0 = chunk_offsets[n]
-            nchunks = T.ceildiv(eos - bos, BT)
+            bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
             v0 = bv * BV
 
             q_s = T.alloc_shared((BT, DK), dtype)
@@ -96,11 +89,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
             xl = T.alloc_fragment((BV, BT), dtype)
 
             if use_dht != 0:
-                if v_first != 0:
-                    T.copy(dht[n, hv, v0:v0 + BV, 0:DK], ds_f)
-                else:
-                    for i, d in T.Parallel(BV, DK):
-                        ds_f[i, d] = dht[n, hv, d, v0 + i]
+                load_state_vt(dht, ds_f, v_first, n, hv, v0, BV, DK)
             else:
                 T.clear(ds_f)
 
@@ -165,10 +154,6 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 T.gemm(xl, k_s, ds_f, policy=FR)
 
             if store_dh0 != 0:
-                if v_first != 0:
-                    T.copy(ds_f, dh0[n, hv, v0:v0 + BV, 0:DK])
-                else:
-                    for i, d in T.Parallel(BV, DK):
-                        dh0[n, hv, d, v0 + i] = ds_f[i, d]
+                store_state_vt(ds_f, dh0, v_first, n, hv, v0, BV, DK)
 
     return gdn_bwd_dh

@@ -23,9 +23,21 @@ It adds its dq~, dk~ to the inter kernel's (read-modify-write of the same fp32 r
 
 import tilelang.language as T
 
+from kernels.common.prologue import chunk_span, dynamic_dims
 from kernels.gdn_fwd.cumsum import LOG2E
 
 BT = 64
+
+
+@T.macro
+def load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s):
+    """Chunk ``c``'s tiles of value head ``hv`` both kernels read: U (key-first), dY (value-first), both
+    two-term splits, and the gate table."""
+    T.copy(Uh[hv, c, 0:BT, 0:uh_s.shape[1]], uh_s)
+    T.copy(Ul[hv, c, 0:BT, 0:ul_s.shape[1]], ul_s)
+    T.copy(dYh[hv, c, 0:dyh_s.shape[0], 0:BT], dyh_s)
+    T.copy(dYl[hv, c, 0:dyl_s.shape[0], 0:BT], dyl_s)
+    T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
 
 
 def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
@@ -47,11 +59,7 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
     assert DK in (64, 128) and DV in (64, 128) and DK % BK == 0
     f32 = "float32"
     NK = DK // BK
-    Ttot = T.dynamic("Ttot")
-    H = T.dynamic("H")
-    HV = T.dynamic("HV")
-    N = T.dynamic("N")
-    NC = T.dynamic("NC")
+    Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
 
     @T.prim_func
     def gdn_bwd_dqk_inter(
@@ -81,10 +89,7 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
     ):
         with T.Kernel(NC, NK, HV, threads=128) as (c, kb, hv):
             h = hv // (HV // H)
-            seq = chunk_indices[c, 0]
-            ic = chunk_indices[c, 1]
-            eos = cu_seqlens[seq + 1]
-            t0 = cu_seqlens[seq] + ic * BT
+            eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
             nv = T.min(eos - t0, BT)
             k0 = kb * BK
 
@@ -112,11 +117,7 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
             T.copy(Scl[hv, c, k0:k0 + BK, 0:DV], sl_s)
             T.copy(dSh[hv, c, 0:DV, k0:k0 + BK], dsh_s)
             T.copy(dSl[hv, c, 0:DV, k0:k0 + BK], dsl_s)
-            T.copy(Uh[hv, c, 0:BT, 0:DV], uh_s)
-            T.copy(Ul[hv, c, 0:BT, 0:DV], ul_s)
-            T.copy(dYh[hv, c, 0:DV, 0:BT], dyh_s)
-            T.copy(dYl[hv, c, 0:DV, 0:BT], dyl_s)
-            T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
+            load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s)
 
             T.gemm(do_s, sh_s, z_f, transpose_B=True, clear_accum=True)
             T.gemm(do_s, sl_s, z_f, transpose_B=True)
@@ -182,11 +183,7 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str):
     """
     assert DK in (64, 128) and DV in (64, 128)
     f32 = "float32"
-    Ttot = T.dynamic("Ttot")
-    H = T.dynamic("H")
-    HV = T.dynamic("HV")
-    N = T.dynamic("N")
-    NC = T.dynamic("NC")
+    Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
 
     @T.prim_func
     def gdn_bwd_dqk_intra(
@@ -208,10 +205,7 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str):
     ):
         with T.Kernel(NC, HV, threads=128) as (c, hv):
             h = hv // (HV // H)
-            seq = chunk_indices[c, 0]
-            ic = chunk_indices[c, 1]
-            eos = cu_seqlens[seq + 1]
-            t0 = cu_seqlens[seq] + ic * BT
+            eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
             nv = T.min(eos - t0, BT)
 
             q_s = T.alloc_shared((BT, DK), dtype)
@@ -245,11 +239,7 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str):
             T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
             T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
             T.copy(do[t0:t0 + BT, hv, 0:DV], do_s)
-            T.copy(Uh[hv, c, 0:BT, 0:DV], uh_s)
-            T.copy(Ul[hv, c, 0:BT, 0:DV], ul_s)
-            T.copy(dYh[hv, c, 0:DV, 0:BT], dyh_s)
-            T.copy(dYl[hv, c, 0:DV, 0:BT], dyl_s)
-            T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
+            load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s)
 
             T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
             T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)

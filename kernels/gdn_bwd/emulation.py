@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.gdn_fwd.emulation import _f32, _gather_chunks, _solve, _two, chunk_tables, intra_v2, state_v2
+from kernels.gdn_fwd.emulation import (_f32, _gate_table, _gather_chunks, _tinv, _two, chunk_tables, intra_v2,
+                                       state_v2)
 
 from .common import BT, finish, token_index
 
@@ -49,25 +50,11 @@ def prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt):
     vm = vmask.to(f64)
     rows = torch.arange(BT, device=q2.device)
     D = G[..., :, None] - G[..., None, :]
-    lower = rows[:, None] > rows[None, :]
     causal = rows[:, None] >= rows[None, :]
-    e_strict = torch.where(lower, torch.exp(torch.where(lower, D, 0.0)), 0.0)
     e_causal = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
-    KK = _f32(kc @ kc.transpose(-1, -2))
-    A = _f32(bc[..., :, None] * rk[..., :, None] * rk[..., None, :] * e_strict * KK)
-    Tinv = _solve(A, dt, "bf16")
+    Tinv = _tinv(kc, bc, G, rk, dt, "bf16")
     Th, Tl = _two(Tinv, dt, True)
-    GL = G[..., -1:]
-    Fb = torch.stack([
-        _f32(torch.exp(G) * rk) * vm,
-        _f32(scale * torch.exp(G) * rq) * vm,
-        _f32(torch.exp(GL - G) * rk) * vm,
-        _f32(torch.exp(GL)).expand_as(G),
-        G,
-        _f32(scale * rq) * vm,
-        rk * vm,
-        bc,
-    ], dim=2)
+    Fb = _gate_table(G, rk, rq, scale, vm, bc)
     QK = _f32(qc @ kc.transpose(-1, -2))
     P = _f32(Fb[:, :, 5, :, None] * Fb[:, :, 6, None, :] * e_causal * QK)
     Ph, Pl = _two(P, dt, True)

@@ -14,8 +14,9 @@ Recomputes what the backward needs of the intra-chunk forward and the local part
 
 import tilelang.language as T
 
+from kernels.common.prologue import chunk_span, dynamic_dims
 from kernels.gdn_fwd.cumsum import BT, LOG2E, load_chunk_gate_cumsum
-from kernels.gdn_fwd.intra2 import _merge
+from kernels.gdn_fwd.intra2 import _merge, gated_kkt, l2_row_factors, solve_diag16
 
 THREADS = 128
 
@@ -34,11 +35,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str):
     assert DK in (64, 128) and DV in (64, 128)
     assert dtype in ("bfloat16", "float16")
     f32 = "float32"
-    Ttot = T.dynamic("Ttot")
-    H = T.dynamic("H")
-    HV = T.dynamic("HV")
-    N = T.dynamic("N")
-    NC = T.dynamic("NC")
+    Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
 
     @T.prim_func
     def gdn_bwd_prep(
@@ -58,11 +55,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str):
     ):
         with T.Kernel(NC, HV, threads=THREADS) as (c, hv):
             h = hv // (HV // H)
-            seq = chunk_indices[c, 0]
-            ic = chunk_indices[c, 1]
-            bos = cu_seqlens[seq]
-            eos = cu_seqlens[seq + 1]
-            t0 = bos + ic * BT
+            eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, True)
             nv = T.min(eos - t0, BT)
 
             q_s = T.alloc_shared((BT, DK), dtype)
@@ -97,16 +90,8 @@ def build_bwd_prep(DK: int, DV: int, dtype: str):
             load_chunk_gate_cumsum(g, beta, hv, t0, nv, g_s, b_s)
 
             if use_l2 != 0:
-                for r, d in T.Parallel(BT, DK):
-                    sq[r, d] = T.cast(q_s[r, d], f32) * T.cast(q_s[r, d], f32)
-                T.reduce_sum(sq, ss, dim=1)
-                for r in T.Parallel(BT):
-                    rq_s[r] = T.float32(1) / T.sqrt(ss[r] + T.float32(1e-6))
-                for r, d in T.Parallel(BT, DK):
-                    sq[r, d] = T.cast(k_s[r, d], f32) * T.cast(k_s[r, d], f32)
-                T.reduce_sum(sq, ss, dim=1)
-                for r in T.Parallel(BT):
-                    rk_s[r] = T.float32(1) / T.sqrt(ss[r] + T.float32(1e-6))
+                l2_row_factors(q_s, sq, ss, rq_s)
+                l2_row_factors(k_s, sq, ss, rk_s)
             else:
                 for r in T.Parallel(BT):
                     rq_s[r] = T.float32(1)
@@ -124,20 +109,8 @@ def build_bwd_prep(DK: int, DV: int, dtype: str):
             T.copy(f_s, Fb[hv, c, 0:8, 0:BT])
 
             # A and its inverse (as gdn_intra_v2 with merge="bf16")
-            T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
-            for r, j in T.Parallel(BT, BT):
-                a_s[r, j] = T.if_then_else(
-                    j < r, b_s[r] * rk_s[r] * rk_s[j] * T.exp2((g_s[r] - g_s[j]) * LOG2E) * kk[r, j], T.float32(0))
-            tx = T.get_thread_binding()
-            if tx < BT:
-                blk = tx // 16
-                jj = tx % 16
-                for r in T.unroll(16):
-                    t16[r] = T.if_then_else(jj == r, T.float32(1), T.float32(0))
-                    for m in T.unroll(r):
-                        t16[r] = t16[r] - a_s[blk * 16 + r, blk * 16 + m] * t16[m]
-                for r in T.unroll(BT):
-                    l_s[r, tx] = T.if_then_else(r // 16 == blk, t16[r % 16], T.float32(0))
+            gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s)
+            solve_diag16(a_s, l_s, t16)
             _merge(16, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
             _merge(32, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
             for r, j in T.Parallel(BT, BT):

@@ -103,6 +103,13 @@ def _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first):
 _DENSE_TABLES: dict = {}
 
 
+def _require_sm90(dev, what: str):
+    """Raise unless ``dev`` is an sm_90 (Hopper) GPU: the kernels are built for sm_90a."""
+    major, minor = torch.cuda.get_device_capability(dev)
+    if (major, minor) != (9, 0):
+        raise RuntimeError(f"{what} is built for sm_90a (Hopper); device is sm_{major}{minor}")
+
+
 def _seq_tables(B, T, cu_seqlens, dev):
     """cu_seqlens (int32), chunk_indices [NC, 2] (int32), chunk_offsets [N + 1] (int32), NC.
 
@@ -182,9 +189,7 @@ def chunk_gated_delta_rule(
         scale = K ** -0.5
     scale = float(scale)
     dev = q.device
-    major, minor = torch.cuda.get_device_capability(dev)
-    if (major, minor) != (9, 0):
-        raise RuntimeError(f"kernels.chunk_gated_delta_rule is built for sm_90a (Hopper); device is sm_{major}{minor}")
+    _require_sm90(dev, "kernels.chunk_gated_delta_rule")
 
     from .build import KERNEL_HEAD_DIM
 

@@ -217,19 +217,21 @@ def get_kernel(cfg):
     return tilelang.compile(prim_func(cfg), target=TARGET, pass_configs=pass_configs())
 
 
-def _compile_named(cfg):
+def _compile_named(cfg, get=None):
     import time
     t = time.time()
     try:
-        get_kernel(cfg)
+        (get or get_kernel)(cfg)
         return cfg.name, time.time() - t, None
     except Exception as e:  # pragma: no cover - reported by the caller
         return cfg.name, time.time() - t, f"{type(e).__name__}: {str(e)[:300]}"
 
 
-def precompile(cfgs, workers: int | None = None, log=print):
+def precompile(cfgs, workers: int | None = None, log=print, get=None):
     """Compile ``cfgs`` in parallel spawned processes (each fills TileLang's disk cache, so this
-    process then loads them quickly).  Returns the names that failed."""
+    process then loads them quickly).  ``get``: the compile function of one configuration (a
+    top-level function, so the processes can call it; ``get_kernel`` when None).  Returns the names
+    that failed."""
     import multiprocessing as mp
     import os
     import time
@@ -240,7 +242,7 @@ def precompile(cfgs, workers: int | None = None, log=print):
     t = time.time()
     failed = []
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
-        for name, secs, err in ex.map(_compile_named, cfgs):
+        for name, secs, err in ex.map(functools.partial(_compile_named, get=get), cfgs):
             log(f"  compiled {name:<60} {secs:6.1f} s {err or ''}")
             if err:
                 failed.append(name)
@@ -276,19 +278,22 @@ def ptxas_report(src: str, timeout: float = 300.0) -> dict:
     return info
 
 
-def compile_for_test(index: int, with_ptxas: bool = True) -> dict:
-    """Compile ``all_configs()[index]`` for sm_90a; return name, seconds, CUDA source and ptxas
-    stats.  Top-level so a process pool can call it."""
+def compile_report(cfg, get, kind: str, with_ptxas: bool = True) -> dict:
+    """Compile ``cfg`` with ``get`` (sm_90a); return name, kind, dtype, seconds, CUDA source and ptxas
+    stats (what the compile tests check)."""
     import time
 
-    cfg = all_configs()[index]
     t = time.time()
-    kern = get_kernel(cfg)
-    secs = time.time() - t
-    src = kern.get_kernel_source()
-    out = {"name": cfg.name, "kind": type(cfg).__name__, "dtype": cfg.dtype, "seconds": secs, "source": src}
+    src = get(cfg).get_kernel_source()
+    out = {"name": cfg.name, "kind": kind, "dtype": cfg.dtype, "seconds": time.time() - t, "source": src}
     if with_ptxas:
         t = time.time()
         out["ptxas"] = ptxas_report(src)
         out["ptxas_seconds"] = time.time() - t
     return out
+
+
+def compile_for_test(index: int, with_ptxas: bool = True) -> dict:
+    """``compile_report`` of ``all_configs()[index]``.  Top-level so a process pool can call it."""
+    cfg = all_configs()[index]
+    return compile_report(cfg, get_kernel, type(cfg).__name__, with_ptxas)

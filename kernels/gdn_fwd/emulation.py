@@ -161,22 +161,23 @@ def _two(x, dt, split: bool):
     return (hi, _rd(_f32(x - hi), dt)) if split else (hi, torch.zeros_like(hi))
 
 
-def intra_v2(q, k, g, beta, cu_seqlens: list[int], scale: float, use_l2: bool, dt: torch.dtype, prec):
-    """Emulates ``gdn_intra_v2``: returns Ah, Al [HV, NC, 64, 64] (Al = 0 unless prec.ag == "split")
-    and F [HV, NC, 8, 64] (rows: e^G rk, scale e^G rq, e^(GL-G) rk, e^GL, G, scale rq, rk, 0)."""
-    qc, kc, gc, bc, vmask, G, rq, rk = _gather_chunks(q, k, g, beta, cu_seqlens, use_l2)
-    vmask = vmask.to(f64)
-    rows = torch.arange(BT, device=q.device)
+def _tinv(kc, bc, G, rk, dt: torch.dtype, merge: str):
+    """Tinv = (I + A)^-1 of every chunk, A = beta_t rk_t rk_j e^(G_t - G_j) (k_t . k_j) (j < t), as
+    ``gdn_intra_v2`` and ``gdn_bwd_prep`` compute it (``merge``: the merge precision)."""
+    rows = torch.arange(BT, device=kc.device)
     KK = _f32(kc @ kc.transpose(-1, -2))
     D = G[..., :, None] - G[..., None, :]
     lower = rows[:, None] > rows[None, :]
     e_strict = torch.where(lower, torch.exp(torch.where(lower, D, 0.0)), 0.0)
     A = _f32(bc[..., :, None] * rk[..., :, None] * rk[..., None, :] * e_strict * KK)
-    Tinv = _solve(A, dt, prec.merge)
-    Ag = _f32(Tinv * bc[..., None, :])
-    Ah, Al = _two(Ag, dt, prec.ag == "split")
+    return _solve(A, dt, merge)
+
+
+def _gate_table(G, rk, rq, scale: float, vmask, row7):
+    """The gate table [HV, NC, 8, 64] of the intra / prep kernels: e^G rk, scale e^G rq, e^(GL-G) rk, e^GL,
+    G, scale rq, rk (0 past the end of a sequence but e^GL and G), and ``row7``."""
     GL = G[..., -1:]
-    F = torch.stack([
+    return torch.stack([
         _f32(torch.exp(G) * rk) * vmask,
         _f32(scale * torch.exp(G) * rq) * vmask,
         _f32(torch.exp(GL - G) * rk) * vmask,
@@ -184,9 +185,19 @@ def intra_v2(q, k, g, beta, cu_seqlens: list[int], scale: float, use_l2: bool, d
         G,
         _f32(scale * rq) * vmask,
         rk * vmask,
-        torch.zeros_like(G),
+        row7,
     ], dim=2)
-    return Ah, Al, F
+
+
+def intra_v2(q, k, g, beta, cu_seqlens: list[int], scale: float, use_l2: bool, dt: torch.dtype, prec):
+    """Emulates ``gdn_intra_v2``: returns Ah, Al [HV, NC, 64, 64] (Al = 0 unless prec.ag == "split")
+    and F [HV, NC, 8, 64] (rows: e^G rk, scale e^G rq, e^(GL-G) rk, e^GL, G, scale rq, rk, 0)."""
+    qc, kc, gc, bc, vmask, G, rq, rk = _gather_chunks(q, k, g, beta, cu_seqlens, use_l2)
+    vmask = vmask.to(f64)
+    Tinv = _tinv(kc, bc, G, rk, dt, prec.merge)
+    Ag = _f32(Tinv * bc[..., None, :])
+    Ah, Al = _two(Ag, dt, prec.ag == "split")
+    return Ah, Al, _gate_table(G, rk, rq, scale, vmask, torch.zeros_like(G))
 
 
 def _chunk_gather(x, tokc, inb, heads=None):

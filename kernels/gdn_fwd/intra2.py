@@ -22,6 +22,8 @@ Outputs (rows/cols past the end of the sequence are 0):
 
 import tilelang.language as T
 
+from kernels.common.prologue import chunk_span, dynamic_dims
+
 from .cumsum import BT, LOG2E, load_chunk_gate_cumsum
 
 THREADS = 128
@@ -58,6 +60,43 @@ def _merge(w, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, msplit):
         l_s[r, m] = l_s[r, m] - x_f[r, m]
 
 
+@T.macro
+def l2_row_factors(x_s, sq, ss, r_s):
+    """``r_s[r] = 1 / sqrt(|x_s[r]|^2 + 1e-6)`` (fp32) of a shared ``[BT, DK]`` tile (``sq``, ``ss``: fp32
+    fragments ``[BT, DK]``, ``[BT]``)."""
+    for r, d in T.Parallel(BT, x_s.shape[1]):
+        sq[r, d] = T.cast(x_s[r, d], "float32") * T.cast(x_s[r, d], "float32")
+    T.reduce_sum(sq, ss, dim=1)
+    for r in T.Parallel(BT):
+        r_s[r] = T.float32(1) / T.sqrt(ss[r] + T.float32(1e-6))
+
+
+@T.macro
+def gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s):
+    """``A[r, j] = beta_r rk_r rk_j e^(G_r - G_j) (k_r . k_j)`` for j < r, else 0 (fp32, exact-operand
+    wgmma into ``kk``, stored to the shared ``a_s``)."""
+    T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
+    for r, j in T.Parallel(BT, BT):
+        a_s[r, j] = T.if_then_else(
+            j < r, b_s[r] * rk_s[r] * rk_s[j] * T.exp2((g_s[r] - g_s[j]) * LOG2E) * kk[r, j], T.float32(0))
+
+
+@T.macro
+def solve_diag16(a_s, l_s, t16):
+    """``l_s`` = the inverses of the 16x16 diagonal blocks of ``I + A`` (zero elsewhere): exact fp32
+    forward substitution, one thread per column."""
+    tx = T.get_thread_binding()
+    if tx < BT:
+        blk = tx // 16
+        jj = tx % 16
+        for r in T.unroll(16):
+            t16[r] = T.if_then_else(jj == r, T.float32(1), T.float32(0))
+            for m in T.unroll(r):
+                t16[r] = t16[r] - a_s[blk * 16 + r, blk * 16 + m] * t16[m]
+        for r in T.unroll(BT):
+            l_s[r, tx] = T.if_then_else(r // 16 == blk, t16[r % 16], T.float32(0))
+
+
 def build_intra_v2(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"):
     """TileLang prim_func of ``gdn_intra_v2``.
 
@@ -77,11 +116,7 @@ def build_intra_v2(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"):
     asplit = ag == "split"
     f32 = "float32"
 
-    Ttot = T.dynamic("Ttot")
-    H = T.dynamic("H")
-    HV = T.dynamic("HV")
-    N = T.dynamic("N")
-    NC = T.dynamic("NC")
+    Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
 
     @T.prim_func
     def gdn_intra_v2(
@@ -99,11 +134,7 @@ def build_intra_v2(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"):
     ):
         with T.Kernel(NC, HV, threads=THREADS) as (c, hv):
             h = hv // (HV // H)
-            seq = chunk_indices[c, 0]
-            ic = chunk_indices[c, 1]
-            bos = cu_seqlens[seq]
-            eos = cu_seqlens[seq + 1]
-            t0 = bos + ic * BT
+            eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, True)
             nv = T.min(eos - t0, BT)
 
             k_s = T.alloc_shared((BT, DK), dtype)
@@ -139,20 +170,13 @@ def build_intra_v2(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"):
                 T.reduce_sum(sq, ss, dim=1)
                 for r in T.Parallel(BT):
                     rq_s[r] = T.float32(1) / T.sqrt(ss[r] + T.float32(1e-6))
-                for r, d in T.Parallel(BT, DK):
-                    sq[r, d] = T.cast(k_s[r, d], f32) * T.cast(k_s[r, d], f32)
-                T.reduce_sum(sq, ss, dim=1)
-                for r in T.Parallel(BT):
-                    rk_s[r] = T.float32(1) / T.sqrt(ss[r] + T.float32(1e-6))
+                l2_row_factors(k_s, sq, ss, rk_s)
             else:
                 for r in T.Parallel(BT):
                     rq_s[r] = T.float32(1)
                     rk_s[r] = T.float32(1)
 
-            T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
-            for r, j in T.Parallel(BT, BT):
-                a_s[r, j] = T.if_then_else(
-                    j < r, b_s[r] * rk_s[r] * rk_s[j] * T.exp2((g_s[r] - g_s[j]) * LOG2E) * kk[r, j], T.float32(0))
+            gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s)
 
             for r in T.Parallel(BT):
                 F[hv, c, 0, r] = T.if_then_else(r < nv, T.exp2(g_s[r] * LOG2E) * rk_s[r], T.float32(0))
@@ -166,16 +190,7 @@ def build_intra_v2(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"):
                 F[hv, c, 7, r] = T.float32(0)
 
             # 16x16 diagonal blocks: exact fp32 forward substitution, one thread per column
-            tx = T.get_thread_binding()
-            if tx < BT:
-                blk = tx // 16
-                jj = tx % 16
-                for r in T.unroll(16):
-                    t16[r] = T.if_then_else(jj == r, T.float32(1), T.float32(0))
-                    for m in T.unroll(r):
-                        t16[r] = t16[r] - a_s[blk * 16 + r, blk * 16 + m] * t16[m]
-                for r in T.unroll(BT):
-                    l_s[r, tx] = T.if_then_else(r // 16 == blk, t16[r % 16], T.float32(0))
+            solve_diag16(a_s, l_s, t16)
 
             # merges L <- L - L A_o L at widths 16 and 32
             _merge(16, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, msplit)

@@ -14,6 +14,8 @@ not stored.
 
 import tilelang.language as T
 
+from kernels.common.prologue import chunk_span, dynamic_dims
+
 from .cumsum import LOG2E
 
 BT = 64
@@ -39,11 +41,7 @@ def build_output_v2(DK: int, DV: int, dtype: str, prec, BV: int = 64, vt: bool =
     s_sp = prec.s == "split"
     p_sp = prec.p == "split"
     u_sp = prec.u == "split"
-    Ttot = T.dynamic("Ttot")
-    H = T.dynamic("H")
-    HV = T.dynamic("HV")
-    N = T.dynamic("N")
-    NC = T.dynamic("NC")
+    Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
 
     def lo_shape(shape, need):
         return shape if need else (8, 8)
@@ -68,10 +66,7 @@ def build_output_v2(DK: int, DV: int, dtype: str, prec, BV: int = 64, vt: bool =
     ):
         with T.Kernel(NC, NV, HV, threads=128) as (c, bv, hv):
             h = hv // (HV // H)
-            seq = chunk_indices[c, 0]
-            ic = chunk_indices[c, 1]
-            eos = cu_seqlens[seq + 1]
-            t0 = cu_seqlens[seq] + ic * BT
+            eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
             v0 = bv * BV
 
             q_s = T.alloc_shared((BT, DK), dtype)

@@ -21,6 +21,8 @@ advance the transition product ``M`` from the identity with ``v = 0`` (the updat
 
 import tilelang.language as T
 
+from kernels.common.prologue import dynamic_dims, seq_span
+
 BT = 64
 THREADS = 128
 
@@ -56,13 +58,7 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
     upd_sp = prec.upd == "split"
     store = not scan
 
-    Ttot = T.dynamic("Ttot")
-    H = T.dynamic("H")
-    HV = T.dynamic("HV")
-    N = T.dynamic("N")
-    NCg = T.dynamic("NCg")
-    Nh = T.dynamic("Nh")
-    Nt = T.dynamic("Nt")
+    Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
 
     def lo_shape(shape, need):
         return shape if need else (8, 8)
@@ -88,10 +84,7 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
     ):
         with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, n):
             h = hv // (HV // H)
-            bos = cu_seqlens[n]
-            eos = cu_seqlens[n + 1]
-            c0 = chunk_offsets[n]
-            nchunks = T.ceildiv(eos - bos, BT)
+            bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
             v0 = bv * BV
             vv = v0 % DV               # column block of v / of the chunk tables
             vkeep = T.if_then_else(v0 < DV, T.float32(1), T.float32(0))   # scan: 0 on the M columns

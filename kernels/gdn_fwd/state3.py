@@ -23,6 +23,8 @@ zero, rows ``[DV, 2 DV)`` = ``M^T`` from the identity with ``v = 0``; writes ``[
 
 import tilelang.language as T
 
+from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, store_state_vt
+
 BT = 64
 FR = T.GemmWarpPolicy.FullRow     # every product splits its M (= value rows) over the warpgroups
 
@@ -55,13 +57,7 @@ def build_state_rv(DK: int, DV: int, dtype: str, prec, num_stages: int = 2, scan
     upd_sp = prec.upd == "split"
     store = not scan
 
-    Ttot = T.dynamic("Ttot")
-    H = T.dynamic("H")
-    HV = T.dynamic("HV")
-    N = T.dynamic("N")
-    NCg = T.dynamic("NCg")
-    Nh = T.dynamic("Nh")
-    Nt = T.dynamic("Nt")
+    Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
     ht_shape = (Nt, HV, 2 * DV, DK) if scan else (Nt, HV, DK, DV)
 
     def lo(shape, need):
@@ -88,10 +84,7 @@ def build_state_rv(DK: int, DV: int, dtype: str, prec, num_stages: int = 2, scan
     ):
         with T.Kernel(NV, HV, N, threads=threads) as (bv, hv, n):
             h = hv // (HV // H)
-            bos = cu_seqlens[n]
-            eos = cu_seqlens[n + 1]
-            c0 = chunk_offsets[n]
-            nchunks = T.ceildiv(eos - bos, BT)
+            bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
             v0 = bv * BV
             vv = v0 % DV
             vkeep = T.if_then_else(v0 < DV, T.float32(1), T.float32(0))
@@ -117,11 +110,7 @@ def build_state_rv(DK: int, DV: int, dtype: str, prec, num_stages: int = 2, scan
                     s_f[i, d] = T.if_then_else(v0 + i == DV + d, T.float32(1), T.float32(0))
             else:
                 if use_h0 != 0:
-                    if v_first != 0:
-                        T.copy(h0[n, hv, v0:v0 + BV, 0:DK], s_f)
-                    else:
-                        for i, d in T.Parallel(BV, DK):
-                            s_f[i, d] = h0[n, hv, d, v0 + i]
+                    load_state_vt(h0, s_f, v_first, n, hv, v0, BV, DK)
                 else:
                     T.clear(s_f)
 
@@ -190,10 +179,6 @@ def build_state_rv(DK: int, DV: int, dtype: str, prec, num_stages: int = 2, scan
                 T.copy(s_f, ht[n, hv, v0:v0 + BV, 0:DK])
             else:
                 if store_ht != 0:
-                    if v_first != 0:
-                        T.copy(s_f, ht[n, hv, v0:v0 + BV, 0:DK])
-                    else:
-                        for i, d in T.Parallel(BV, DK):
-                            ht[n, hv, d, v0 + i] = s_f[i, d]
+                    store_state_vt(s_f, ht, v_first, n, hv, v0, BV, DK)
 
     return gdn_state_rv

@@ -15,6 +15,71 @@ import torch
 import torch.nn.functional as Fn
 
 
+def compile_skip_reason():
+    """Why the compile tests cannot run here (None when tilelang and nvcc are available)."""
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("tilelang") is None:
+        return "tilelang is not installed"
+    if shutil.which("nvcc") is None:
+        return "nvcc is not on PATH"
+    return None
+
+
+def gpu_skip_reason():
+    """Why the GPU tests cannot run here (None on an sm_90 GPU with tilelang installed)."""
+    import importlib.util
+
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return f"needs sm_90 (Hopper), found sm_{''.join(map(str, torch.cuda.get_device_capability()))}"
+    if importlib.util.find_spec("tilelang") is None:
+        return "tilelang is not installed"
+    return None
+
+
+def compile_in_processes(job, n: int, label: str, name_width: int, workers: int) -> dict:
+    """The compile tests' module fixture: ``job(i)`` (a top-level ``compile_for_test`` wrapper) for
+    i < n in ``workers`` spawned processes; prints each kernel's compile and ptxas time and stats;
+    returns the reports by kernel name."""
+    import multiprocessing as mp
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    t = time.time()
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+        results = list(ex.map(job, range(n)))
+    print(f"\n[{label}] {len(results)} configurations in {time.time() - t:.1f} s wall ({workers} processes)")
+    for r in results:
+        p = r.get("ptxas", {})
+        print(f"  {r['name']:<{name_width}} tilelang {r['seconds']:6.1f} s   ptxas {r.get('ptxas_seconds', 0):5.1f} s   "
+              f"regs {p.get('registers')}  spill {p.get('spill_stores')}/{p.get('spill_loads')}  "
+              f"stack {p.get('stack')}")
+    return {r["name"]: r for r in results}
+
+
+def check_wgmma(src: str, dtype: str, want: int):
+    """The compile tests' common asserts on a generated CUDA source: ``want`` wgmma call sites, each with
+    ``dtype`` operands and fp32 accumulation; no TF32 anywhere."""
+    import re
+
+    operand = {"bfloat16": "kBFloat16", "float16": "kFloat16"}[dtype]
+    inst = re.findall(r"wgmma_(?:ss|rs)<tl::DataType::(\w+), tl::DataType::(\w+), tl::DataType::(\w+),", src)
+    assert len(inst) == want, f"expected {want} wgmma call sites, found {len(inst)}"
+    for a, b, c in inst:
+        assert (a, b, c) == (operand, operand, "kFloat32"), (a, b, c)
+    assert "TensorFloat32" not in src and "tf32" not in src.lower()
+
+
+def check_ptxas(p: dict):
+    """The compile tests' asserts on a ``ptxas_report``: it compiled, with no spills and no stack."""
+    assert p["returncode"] == 0, p["log"]
+    assert p.get("spill_stores") == 0 and p.get("spill_loads") == 0, p["log"]
+    assert p.get("stack") == 0, p["log"]
+
+
 def rel_rmse(x: torch.Tensor, ref: torch.Tensor) -> float:
     """RMS(x - ref) / RMS(ref), in fp64."""
     x, ref = x.double(), ref.double()

@@ -1,0 +1,72 @@
+"""TileLang kernel prologues shared by the forward and backward GDN kernels (``T.macro``: inlined where
+they are called, so the generated TIR and CUDA are those of the code written out in place).
+
+A macro renames a TIR variable passed to it after its own parameter (TileLang binds macro arguments by
+name), so every parameter below that receives a variable is named like the variable at every call site
+(``c``, ``n``, ``hv``, ``v0``, ``v_first``, ...); buffers and Python values may have any name.
+Variables a macro returns take the caller's names.
+
+* ``dynamic_dims``: the runtime sizes (``T.dynamic``) of a kernel's signature;
+* ``chunk_span``: the token range of chunk ``c`` of the varlen chunk table (parallel kernels);
+* ``seq_span``: the token and chunk range of sequence ``n`` (sequential kernels);
+* ``load_state_vt`` / ``store_state_vt``: a value-first fp32 state block ``[BV, DK]`` from / to a
+  ``[N, HV, DK, DV]`` tensor stored in either layout (``v_first``).
+"""
+
+import tilelang.language as T
+
+BT = 64
+
+
+def dynamic_dims(names: str):
+    """One ``T.dynamic`` per blank-separated name, e.g. ``Ttot, H, HV = dynamic_dims("Ttot H HV")``."""
+    return tuple(T.dynamic(name) for name in names.split())
+
+
+@T.macro
+def chunk_span(chunk_indices, cu_seqlens, c, bind_bos):
+    """(eos, t0) of chunk ``c``: ``chunk_indices[c] = (sequence, chunk within it)``, ``t0`` its first token,
+    ``eos`` the end of its sequence.  ``bind_bos`` also names the sequence start ``bos`` (the kernels that
+    spell it so; it changes the generated code's text, not its meaning)."""
+    seq = chunk_indices[c, 0]
+    ic = chunk_indices[c, 1]
+    if bind_bos:
+        bos = cu_seqlens[seq]
+        eos = cu_seqlens[seq + 1]
+        t0 = bos + ic * BT
+    else:
+        eos = cu_seqlens[seq + 1]
+        t0 = cu_seqlens[seq] + ic * BT
+    return eos, t0
+
+
+@T.macro
+def seq_span(cu_seqlens, chunk_offsets, n):
+    """(bos, eos, c0, nchunks) of sequence ``n``: its tokens ``[bos, eos)``, its first global chunk id and
+    its number of chunks."""
+    bos = cu_seqlens[n]
+    eos = cu_seqlens[n + 1]
+    c0 = chunk_offsets[n]
+    nchunks = T.ceildiv(eos - bos, BT)
+    return bos, eos, c0, nchunks
+
+
+@T.macro
+def load_state_vt(src, s_f, v_first, n, hv, v0, BV, DK):
+    """``s_f [BV, DK] = S^T`` of columns ``[v0, v0 + BV)`` of ``src[n, hv]`` (``[DV, DK]`` when
+    ``v_first``, else ``[DK, DV]``)."""
+    if v_first != 0:
+        T.copy(src[n, hv, v0:v0 + BV, 0:DK], s_f)
+    else:
+        for i, d in T.Parallel(BV, DK):
+            s_f[i, d] = src[n, hv, d, v0 + i]
+
+
+@T.macro
+def store_state_vt(s_f, dst, v_first, n, hv, v0, BV, DK):
+    """The inverse of ``load_state_vt``: ``s_f [BV, DK]`` into ``dst[n, hv]`` in its layout."""
+    if v_first != 0:
+        T.copy(s_f, dst[n, hv, v0:v0 + BV, 0:DK])
+    else:
+        for i, d in T.Parallel(BV, DK):
+            dst[n, hv, d, v0 + i] = s_f[i, d]
