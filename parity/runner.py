@@ -305,12 +305,12 @@ def run(config: RunConfig) -> Path:
     t0 = time.perf_counter()
     restarts = 0
     warm = None
+    specs = [f"{type(b).__module__}:{type(b).__qualname__}" for b in backends]  # as worker processes resolve them
     procs = warmup_procs(config.warmup, len(tasks)) if config.workers != 0 else 0
     if procs and tasks:
         from parity.warmup import warmup
 
         todo = {case_id for case_id, _ in tasks}
-        specs = [f"{type(b).__module__}:{type(b).__qualname__}" for b in backends]
         bar.set_postfix_str(f"compile warm-up in {procs} processes")
         warm = warmup([c for c in cases if c.id in todo], specs, devices(None), procs).as_dict()
         print(f"compile warm-up: {warm['signatures']} signatures, {warm['runs']} runs, {warm['errors']} errors, "
@@ -327,7 +327,6 @@ def run(config: RunConfig) -> Path:
                              floor=FLOOR_BACKEND in todo, attribution=config.attribution)
             on_done(case_id, ref_s)
     elif tasks:
-        specs = [f"{type(b).__module__}:{type(b).__qualname__}" for b in backends]
         pool = _Pool(config, specs, on_rows, on_done)
         pool.run(tasks)
         restarts = pool.restarts

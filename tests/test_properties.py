@@ -114,9 +114,11 @@ def _slice(inp: GDNInputs, a: int, b: int, h0) -> GDNInputs:
                                beta=inp.beta[:, sl], initial_state=h0, cu_seqlens=None, seq_lens=[b - a])
 
 
-def _check_each_sequence_alone(name: str, inp: GDNInputs, o, s, bo: float, bs: float) -> None:
-    """Each sequence of the varlen run ``(o, s)`` against running it alone with its own initial state (within the
-    bounds); an empty sequence's final state must be its initial state, exactly."""
+def _check_each_sequence_alone(name: str, inp: GDNInputs) -> None:
+    """Run the varlen ``inp`` once, then each sequence alone with its own initial state: equal within the bounds;
+    an empty sequence's final state must be its initial state, exactly."""
+    o, s = _run(name, inp)
+    bo, bs = _bound(inp)
     cu = inp.cu_seqlens.tolist()
     for n, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
         if a == b:
@@ -132,10 +134,7 @@ def test_varlen_equals_each_sequence_alone(name):
     @settings(max_examples=_examples(name))
     @given(lens=varlen_lengths(max_seqs=3, max_len=_max_t(name) // 2), seed=st.integers(0, 2**16))
     def check(lens, seed):
-        inp = _inputs(lens, 1, 2, D, D, seed)
-        o, s = _run(name, inp)
-        bo, bs = _bound(inp)
-        _check_each_sequence_alone(name, inp, o, s, bo, bs)
+        _check_each_sequence_alone(name, _inputs(lens, 1, 2, D, D, seed))
 
     check()
 
@@ -152,10 +151,7 @@ def test_empty_sequence_passes_initial_state_through(name):
         lens.insert(min(at, len(lens)), 0)
         if one:
             lens.append(1)
-        inp = _inputs(lens, 1, 2, D, D, seed)
-        o, s = _run(name, inp)
-        bo, bs = _bound(inp)
-        _check_each_sequence_alone(name, inp, o, s, bo, bs)
+        _check_each_sequence_alone(name, _inputs(lens, 1, 2, D, D, seed))
 
     check()
 
