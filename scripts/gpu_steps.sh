@@ -17,7 +17,9 @@ t0=$(date +%s)
 run() { timeout -s INT -k 60 "$secs" "$@"; }
 case "$step" in
   cold-standard)
-    rm -rf "$HOME/.triton/cache" "$HOME/.tilelang/cache" /tmp/gdn-parity-ref
+    # empty compile and reference caches of its own (not the shared ones: a step on the other GPU may use them)
+    export TRITON_CACHE_DIR=/tmp/cold/triton TILELANG_CACHE_DIR=/tmp/cold/tilelang GDN_PARITY_CACHE=/tmp/cold/ref
+    rm -rf /tmp/cold; mkdir -p /tmp/cold
     ;&
   standard)
     mkdir -p "$out/std"
