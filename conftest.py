@@ -44,7 +44,7 @@ def pytest_addoption(parser):
     group.addoption("--case", action="append", default=None, help="only this case id (repeatable)")
     group.addoption("--seeds", type=int, default=None, help="seeds per configuration (default: the matrix's)")
     group.addoption("--warmup", type=int, default=None, help="processes of the compile warm-up pass over the "
-                    "collected parity cells before the tests (default: on a GPU min(8, cores / 2); 0: off)")
+                    "collected parity cells before the tests (default: on a GPU min(12, cores - 2); 0: off)")
 
 
 def pytest_configure(config):
@@ -161,7 +161,8 @@ def _warmup(session) -> None:
     w = warmup(cases, backends, runner.devices(None), procs).as_dict()
     session.config._parity_warmup = w
     print(f"\ngdn-parity compile warm-up: {w['signatures']} signatures, {w['runs']} runs, {w['errors']} errors, "
-          f"{w['died']} died, {w['seconds']:.0f} s in {w['procs']} processes")
+          f"{w['died']} died, {w['seconds']:.0f} s in {w['procs']} processes (busy {w['busy_s']:.0f} s); slowest: "
+          + ", ".join(f"{b} {t:.0f} s" for t, b, _ in w["slowest"][:3]))
 
 
 @pytest.fixture(scope="session")

@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--shard", help="k/n: run every n-th case starting at the k-th (1-based)")
     r.add_argument("--workers", type=int, help="worker processes (default: one per GPU, 2 on a CPU; 0: in-process)")
     r.add_argument("--warmup", type=int, help="processes of the compile warm-up pass before the sweep (default: on a "
-                   "GPU min(8, CPU cores / 2); 0: off; see parity/warmup.py)")
+                   "GPU min(12, CPU cores - 2); 0: off; see parity/warmup.py)")
     r.add_argument("--repeat", action="store_true", help="run each backend twice: determinism and warm time (the "
                    "default on a GPU)")
     r.add_argument("--no-repeat", action="store_true", help="run each backend once (the default on a CPU)")

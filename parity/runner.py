@@ -75,13 +75,14 @@ def plan(cases: list[Case], backend_names: list[str], done: set[tuple[str, str]]
 
 
 def warmup_procs(requested: int | None, n_tasks: int) -> int:
-    """Processes of the compile warm-up pass: ``requested`` when given; by default min(8, CPU cores / 2) on a GPU
-    box (where first-use compilation dominates a cold sweep) and none on a CPU or for a handful of tasks."""
+    """Processes of the compile warm-up pass: ``requested`` when given; by default min(12, CPU cores - 2) on a GPU
+    box (where first-use compilation dominates a cold sweep; each process mostly waits on a single-threaded
+    compiler) and none on a CPU or for a handful of tasks."""
     if requested is not None:
         return max(0, requested)
     if not torch.cuda.is_available() or n_tasks < 8:
         return 0
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
+    return max(1, min(12, (os.cpu_count() or 3) - 2))
 
 
 def devices(workers: int | None) -> list[str]:
@@ -314,7 +315,8 @@ def run(config: RunConfig) -> Path:
         bar.set_postfix_str(f"compile warm-up in {procs} processes")
         warm = warmup([c for c in cases if c.id in todo], specs, devices(None), procs).as_dict()
         print(f"compile warm-up: {warm['signatures']} signatures, {warm['runs']} runs, {warm['errors']} errors, "
-              f"{warm['died']} died, {warm['seconds']:.0f} s in {warm['procs']} processes", file=sys.stderr)
+              f"{warm['died']} died, {warm['seconds']:.0f} s in {warm['procs']} processes (busy {warm['busy_s']:.0f} s); "
+              f"slowest: " + ", ".join(f"{b} {t:.0f} s" for t, b, _ in warm["slowest"][:3]), file=sys.stderr)
     if config.workers == 0:
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         cache = RefCache(config.cache_dir) if config.cache_dir != "" else None

@@ -2,15 +2,16 @@
 
 On a cold GPU box, compilation dominates a sweep. FLA's Triton autotuning takes 20-60 s per new shape or
 dtype, and FlashQLA's and our TileLang JIT about as long. The sweep's worker (one per GPU) would pay these
-costs one after another. ``warmup`` first runs every backend once, in ``procs`` processes that share the GPU,
-on one representative case per *compile signature*. The signature is the case without its seed, with the
+costs one after another. ``warmup`` first runs every backend once, in ``procs`` processes that share the GPU
+and take the next (signature, backend) task as they finish one, on one representative case per *compile
+signature*. The signature is the case without its seed, with the
 distribution reduced to the in-kernel flags it sets, since those are what select kernels. Each process
 compiles into the disk caches: Triton's, TileLang's, and Triton's autotuning results, because the runner
 sets ``TRITON_CACHE_AUTOTUNING=1``. The sweep's workers then load from those caches.
 
 The warm-up writes no rows. Its errors are only counted: the sweep runs every cell again and records what
-happens there. A warm-up process that dies, for example from a poisoned CUDA context, loses only its own
-share. The cost is one extra run of each signature, which is small next to compiling.
+happens there. A warm-up process that dies, for example from a poisoned CUDA context, loses only the run it
+was doing; the others take the rest. The cost is one extra run of each signature, which is small next to compiling.
 
 Autotuning here runs while the processes share the GPU, so the configuration it picks can differ from the
 one a lone process would pick. That changes speed, and possibly the rounding order, but not what is
@@ -20,6 +21,7 @@ compared: every backend is judged against fp64 on the same inputs.
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import time
 import traceback
@@ -57,97 +59,116 @@ class WarmupSummary:
     signatures: int
     runs: int = 0  # backend runs that completed
     errors: int = 0  # backend runs that raised (the sweep records what happens there)
-    died: int = 0  # warm-up processes that exited abnormally
+    died: int = 0  # warm-up processes that exited abnormally (each loses the one run it was doing)
     seconds: float = 0.0
+    busy_s: float = 0.0  # the runs' seconds summed over processes (busy_s / seconds: the parallelism achieved)
     first_errors: list[str] = field(default_factory=list)
+    slowest: list[tuple[float, str, str]] = field(default_factory=list)  # (seconds, backend, case id), longest first
 
     def as_dict(self) -> dict:
         return {"procs": self.procs, "signatures": self.signatures, "runs": self.runs, "errors": self.errors,
-                "died": self.died, "seconds": round(self.seconds, 1), "first_errors": self.first_errors[:5]}
+                "died": self.died, "seconds": round(self.seconds, 1), "busy_s": round(self.busy_s, 1),
+                "first_errors": self.first_errors[:5],
+                "slowest": [[round(t, 1), b, c] for t, b, c in sorted(self.slowest, reverse=True)[:5]]}
 
 
-def _warm_one(case: Case, backends, device: torch.device) -> tuple[int, int, list[str]]:
-    """Run each supporting backend once on ``case``; (completed, raised, messages)."""
+def _warm_one(case: Case, backend, device: torch.device) -> str | None:
+    """Run ``backend`` once on ``case``: None when done, "skip" when it cannot run the case, else the error."""
     from cases.inputs import make_inputs
     from parity.refs import grad_outputs
 
-    done, failed, msgs = 0, 0, []
-    inputs = make_inputs(case, device)
-    for b in backends:
-        if not b.available()[0] or not b.supports(case, device)[0]:
-            continue
-        try:
-            grads = grad_outputs(case, inputs) if case.grad and b.has_backward else None
-            b.run(inputs, grad_outputs=grads)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            done += 1
-        except Exception as e:  # noqa: BLE001 - counted; the sweep records it properly
-            failed += 1
-            msgs.append(f"{b.name} on {case.id}: {type(e).__name__}: {str(e)[:160]}")
-    return done, failed, msgs
+    if not backend.available()[0] or not backend.supports(case, device)[0]:
+        return "skip"
+    try:
+        inputs = make_inputs(case, device)
+        grads = grad_outputs(case, inputs) if case.grad and backend.has_backward else None
+        backend.run(inputs, grad_outputs=grads)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as e:  # noqa: BLE001 - counted; the sweep records it properly
+        return f"{backend.name} on {case.id}: {type(e).__name__}: {str(e)[:160]}"
+    return None
 
 
-def _proc_main(case_ids: list[str], specs: list[str], device: str, threads: int, conn) -> None:
+def _proc_main(tasks, conn, specs: list[str], device: str, threads: int) -> None:
+    """Take (case id, backend name) tasks until the ``None`` sentinel; send (case id, backend, seconds, outcome)
+    over ``conn`` after each run (a pipe: sent at once, so a later crash loses nothing) and ``None`` at the end."""
     from parity.backends import resolve
 
     torch.set_num_threads(threads)
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    backends = list({b.name: b for b in resolve(specs)}.values())  # a module:Class spec of the baseline: once
-    done = failed = 0
-    msgs: list[str] = []
-    for cid in case_ids:
+    backends = {b.name: b for b in resolve(specs)}  # a module:Class spec of the baseline: once
+    while (task := tasks.get()) is not None:
+        cid, name = task
+        t0 = time.perf_counter()
         try:
-            d, f, m = _warm_one(Case.from_id(cid), backends, dev)
+            outcome = _warm_one(Case.from_id(cid), backends[name], dev)
         except Exception:  # noqa: BLE001 - e.g. inputs that cannot be made; counted
-            d, f, m = 0, 1, [traceback.format_exc(limit=2)[-300:]]
-        done, failed = done + d, failed + f
-        msgs.extend(m)
-    conn.send((done, failed, msgs[:5]))
+            outcome = traceback.format_exc(limit=2)[-300:]
+        conn.send((cid, name, time.perf_counter() - t0, outcome))
+    conn.send(None)
     conn.close()
 
 
 def warmup(cases: list[Case], specs: list[str], devices: list[str], procs: int,
            timeout: float = 1800.0) -> WarmupSummary:
-    """Run every backend (``specs``, as ``resolve`` takes them) once on one case per compile signature, spread over
-    ``procs`` processes and the ``devices`` (round robin). Returns what happened; never raises for a backend."""
-    reps = representatives(cases)
-    procs = max(1, min(procs, len(reps)))
+    """Run every backend (``specs``, as ``resolve`` takes them) once on one case per compile signature. Each
+    (signature, backend) pair is one task; ``procs`` processes spread over the ``devices`` (round robin) take
+    the next task when they finish one, gradient cases first, so that one backend's long compile (FLA's
+    autotuning, say) does not hold up the others. Returns what happened; never raises for a backend."""
+    from parity.backends import resolve
+
+    reps = sorted(representatives(cases), key=lambda c: not c.grad)  # stable: gradient signatures first
+    names = list({b.name: None for b in resolve(specs)})
+    todo = [(c.id, n) for c in reps for n in names]
+    procs = max(1, min(procs, len(todo)))
     summary = WarmupSummary(procs=procs, signatures=len(reps))
-    if not reps:
+    if not todo:
         return summary
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # inherited by the processes and the sweep's workers
     threads = max(1, (os.cpu_count() or 1) // procs)
     ctx = mp.get_context("spawn")
+    tasks = ctx.Queue()
+    for t in todo:
+        tasks.put(t)
+    for _ in range(procs):
+        tasks.put(None)
     t0 = time.perf_counter()
-    running = []
+    running, conns = [], []
     for i in range(procs):
-        share = [c.id for c in reps[i::procs]]
         parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_proc_main, args=(share, specs, devices[i % len(devices)], threads, child),
-                        daemon=True)
+        p = ctx.Process(target=_proc_main, args=(tasks, child, specs, devices[i % len(devices)], threads), daemon=True)
         p.start()
         child.close()
-        running.append((p, parent))
+        running.append(p)
+        conns.append(parent)
     deadline = t0 + timeout
-    for p, conn in running:
-        got = False
-        try:
-            if conn.poll(max(0.0, deadline - time.perf_counter())):
-                done, failed, msgs = conn.recv()
-                summary.runs += done
-                summary.errors += failed
-                summary.first_errors.extend(msgs)
-                got = True
-        except (EOFError, OSError):
-            pass
+    while conns and time.perf_counter() < deadline:
+        for conn in mp.connection.wait(conns, timeout=1.0):
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):  # the process ended without its end marker: it died
+                msg = None
+            if msg is None:
+                conns.remove(conn)
+                continue
+            cid, name, secs, outcome = msg
+            if outcome == "skip":
+                continue
+            summary.busy_s += secs
+            summary.slowest = sorted(summary.slowest + [(secs, name, cid)], reverse=True)[:5]
+            if outcome is None:
+                summary.runs += 1
+            else:
+                summary.errors += 1
+                summary.first_errors.append(outcome)
+    for p in running:
         p.join(timeout=max(0.0, deadline - time.perf_counter()) + 5)
         if p.is_alive():
             p.kill()
             p.join(5)
-        if not got:
-            summary.died += 1
+    summary.died = sum(1 for p in running if p.exitcode != 0)
     summary.seconds = time.perf_counter() - t0
     return summary

