@@ -2,6 +2,7 @@
 
     python -m parity run --matrix standard [--backends fla-triton,flash-qla] [--T 8192,20468] [--dist qwen-gates]
     python -m parity list
+    python -m parity warmup --matrix standard [--backends ...] [--procs 12]   # compile only, no results
     python -m parity report reports/<run>/results.jsonl
     python -m parity merge shard1.jsonl shard2.jsonl --out reports/<run>/results.jsonl
     python -m parity compare reports/<run-a> reports/<run-b> [--factor 1.5] [--out compare.md]
@@ -86,6 +87,28 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_warmup(args) -> int:
+    """Compile what a sweep of the selected cases would compile (parity/warmup.py), write nothing but the caches."""
+    import json
+
+    from parity import runner
+    from parity.backends import resolve
+    from parity.warmup import warmup
+
+    matrix, cases = select_cases(args)
+    if not cases:
+        print("no case matches the filters", file=sys.stderr)
+        return 2
+    backends = resolve(_csv(args.backends))
+    specs = [f"{type(b).__module__}:{type(b).__qualname__}" for b in backends]
+    procs = runner.warmup_procs(args.procs, len(cases)) or max(1, args.procs or 1)
+    print(f"compile warm-up of {len(cases)} cases of matrix {matrix!r}, {len(backends)} backends, {procs} processes",
+          file=sys.stderr)
+    w = warmup(cases, specs, runner.devices(None), procs).as_dict()
+    print(json.dumps(w, indent=1))
+    return 0 if not w["died"] else 1
+
+
 def cmd_list(args) -> int:
     from tabulate import tabulate
 
@@ -158,11 +181,8 @@ def cmd_replay(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m parity", description="GDN kernels against an fp64 reference")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    r = sub.add_parser("run", help="run a matrix and write results + report")
+def _add_selection(r: argparse.ArgumentParser) -> None:
+    """The case and backend selection that ``run`` and ``warmup`` share."""
     r.add_argument("--matrix", default="auto", help="smoke | standard | long | full | auto (standard with a GPU, "
                    "else smoke)")
     r.add_argument("--case", action="append", help="run exactly this case id (repeatable); overrides --matrix")
@@ -174,6 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--g-dtype", help="only these gate dtypes")
     r.add_argument("--limit", type=int, help="only the first N cases")
     r.add_argument("--seeds", type=int, help="seeds per configuration (default: the matrix's)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m parity", description="GDN kernels against an fp64 reference")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a matrix and write results + report")
+    _add_selection(r)
     r.add_argument("--out", help="result file (default: reports/<date>-<matrix>-<machine>/results.jsonl)")
     r.add_argument("--resume", action="store_true", help="continue an existing result file, skipping finished cells")
     r.add_argument("--shard", help="k/n: run every n-th case starting at the k-th (1-based)")
@@ -191,6 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--no-report", action="store_true")
     r.set_defaults(fn=cmd_run)
+
+    w = sub.add_parser("warmup", help="compile what a run of these cases would compile (fills the caches; no results)",
+                       description="The run's compile warm-up pass alone (parity/warmup.py): every backend once per "
+                       "compile signature, in parallel processes; prints its summary (time, busy time, slowest tasks) "
+                       "as JSON. Exit status 1 when a warm-up process died.")
+    _add_selection(w)
+    w.add_argument("--procs", type=int, help="processes (default: on a GPU min(12, CPU cores - 2), else 1)")
+    w.set_defaults(fn=cmd_warmup)
 
     sub.add_parser("list", help="matrices, distributions, layouts, backends").set_defaults(fn=cmd_list)
 

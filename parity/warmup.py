@@ -2,9 +2,11 @@
 
 On a cold GPU box, compilation dominates a sweep. FLA's Triton autotuning takes 20-60 s per new shape or
 dtype, and FlashQLA's and our TileLang JIT about as long. The sweep's worker (one per GPU) would pay these
-costs one after another. ``warmup`` first runs every backend once, in ``procs`` processes that share the GPU
-and take the next (signature, backend) task as they finish one, on one representative case per *compile
-signature*. The signature is the case without its seed, with the
+costs one after another. ``warmup`` first runs every backend once on one representative case per *compile
+signature*, in ``procs`` processes that share the GPU and get the next (signature, backend) task as they
+finish one. Signatures that differ only in T, B or the sequence lengths form a *family* that mostly shares
+compiled kernels: each (family, backend) pair's first task runs before the pair's others are handed out, so
+that processes do not compile the same kernels side by side (``Scheduler``). The signature is the case without its seed, with the
 distribution reduced to the in-kernel flags it sets, since those are what select kernels. Each process
 compiles into the disk caches: Triton's, TileLang's, and Triton's autotuning results, because the runner
 sets ``TRITON_CACHE_AUTOTUNING=1``. The sweep's workers then load from those caches.
@@ -53,6 +55,52 @@ def representatives(cases: list[Case]) -> list[Case]:
     return out
 
 
+def family(case: Case) -> tuple:
+    """The compile signature without what kernels seldom specialise on (T, B, the sequence lengths): cases of one
+    family mostly share compiled kernels and autotuning results, so its first run fills the caches for the rest."""
+    from cases.layouts import get_layout
+
+    s = signature(case)
+    return (get_layout(case.layout).varlen,) + s[3:]
+
+
+class Scheduler:
+    """Hands out (case id, backend) warm-up tasks. The first task of each (family, backend) is a *leader*; the
+    others of that pair wait until their leader has ended (done, failed or its process died), so that processes
+    do not compile the same kernels side by side. Leaders go out first, in the given order."""
+
+    def __init__(self, reps: list[Case], names: list[str]):
+        self.leaders: list[tuple[str, str]] = []
+        self.waiting: dict[tuple, list[tuple[str, str]]] = {}
+        self.ready: list[tuple[str, str]] = []
+        self.key: dict[tuple[str, str], tuple] = {}
+        for c in reps:
+            for n in names:
+                k = (family(c), n)
+                task = (c.id, n)
+                self.key[task] = k
+                if k in self.waiting:
+                    self.waiting[k].append(task)
+                else:
+                    self.waiting[k] = []
+                    self.leaders.append(task)
+        self.open = len(self.key)  # tasks not yet ended
+
+    def next(self) -> tuple[str, str] | None:
+        """The next task to run, or None when every remaining one waits on a running leader (or none is left)."""
+        if self.leaders:
+            return self.leaders.pop(0)
+        return self.ready.pop(0) if self.ready else None
+
+    def ended(self, task: tuple[str, str]) -> None:
+        """``task`` finished (in whatever way): release the tasks waiting on it if it was a leader."""
+        self.open -= 1
+        self.ready.extend(self.waiting.pop(self.key[task], []))
+
+    def finished(self) -> bool:
+        return self.open == 0
+
+
 @dataclass
 class WarmupSummary:
     procs: int
@@ -90,9 +138,9 @@ def _warm_one(case: Case, backend, device: torch.device) -> str | None:
     return None
 
 
-def _proc_main(tasks, conn, specs: list[str], device: str, threads: int) -> None:
-    """Take (case id, backend name) tasks until the ``None`` sentinel; send (case id, backend, seconds, outcome)
-    over ``conn`` after each run (a pipe: sent at once, so a later crash loses nothing) and ``None`` at the end."""
+def _proc_main(conn, specs: list[str], device: str, threads: int) -> None:
+    """Receive (case id, backend name) tasks over ``conn`` until ``None``; after each run send back (case id,
+    backend, seconds, outcome). A pipe sends at once, so a later crash loses nothing already reported."""
     from parity.backends import resolve
 
     torch.set_num_threads(threads)
@@ -100,7 +148,8 @@ def _proc_main(tasks, conn, specs: list[str], device: str, threads: int) -> None
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     backends = {b.name: b for b in resolve(specs)}  # a module:Class spec of the baseline: once
-    while (task := tasks.get()) is not None:
+    conn.send("ready")
+    while (task := conn.recv()) is not None:
         cid, name = task
         t0 = time.perf_counter()
         try:
@@ -108,62 +157,86 @@ def _proc_main(tasks, conn, specs: list[str], device: str, threads: int) -> None
         except Exception:  # noqa: BLE001 - e.g. inputs that cannot be made; counted
             outcome = traceback.format_exc(limit=2)[-300:]
         conn.send((cid, name, time.perf_counter() - t0, outcome))
-    conn.send(None)
     conn.close()
 
 
 def warmup(cases: list[Case], specs: list[str], devices: list[str], procs: int,
            timeout: float = 1800.0) -> WarmupSummary:
     """Run every backend (``specs``, as ``resolve`` takes them) once on one case per compile signature. Each
-    (signature, backend) pair is one task; ``procs`` processes spread over the ``devices`` (round robin) take
-    the next task when they finish one, gradient cases first, so that one backend's long compile (FLA's
-    autotuning, say) does not hold up the others. Returns what happened; never raises for a backend."""
+    (signature, backend) pair is one task; ``procs`` processes spread over the ``devices`` (round robin) get
+    the next task when they finish one, the leaders of ``Scheduler`` first and gradient cases first among
+    them, so that one backend's long compile (FLA's autotuning, say) does not hold up the others. Returns
+    what happened; never raises for a backend."""
     from parity.backends import resolve
 
     reps = sorted(representatives(cases), key=lambda c: not c.grad)  # stable: gradient signatures first
     names = list({b.name: None for b in resolve(specs)})
-    todo = [(c.id, n) for c in reps for n in names]
-    procs = max(1, min(procs, len(todo)))
+    sched = Scheduler(reps, names)
+    procs = max(1, min(procs, sched.open))
     summary = WarmupSummary(procs=procs, signatures=len(reps))
-    if not todo:
+    if sched.finished():
         return summary
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # inherited by the processes and the sweep's workers
     threads = max(1, (os.cpu_count() or 1) // procs)
     ctx = mp.get_context("spawn")
-    tasks = ctx.Queue()
-    for t in todo:
-        tasks.put(t)
-    for _ in range(procs):
-        tasks.put(None)
     t0 = time.perf_counter()
-    running, conns = [], []
+    running, conns, doing, idle = [], [], {}, []
     for i in range(procs):
-        parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_proc_main, args=(tasks, child, specs, devices[i % len(devices)], threads), daemon=True)
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_proc_main, args=(child, specs, devices[i % len(devices)], threads), daemon=True)
         p.start()
         child.close()
         running.append(p)
         conns.append(parent)
+
+    def hand_out(conn) -> None:
+        task = sched.next()
+        if task is None and not sched.finished():
+            idle.append(conn)  # every open task waits on a running leader
+            return
+        if task is not None:
+            doing[conn] = task
+        try:
+            conn.send(task)  # None: no task is left, the process ends
+        except (BrokenPipeError, OSError):  # it died meanwhile; the EOF branch below sees it
+            pass
+
+    def release() -> None:
+        """Give the idle processes what the last ended task released (or the end, when none is left)."""
+        while idle and (sched.leaders or sched.ready or sched.finished()):
+            hand_out(idle.pop(0))
+
     deadline = t0 + timeout
-    while conns and time.perf_counter() < deadline:
-        for conn in mp.connection.wait(conns, timeout=1.0):
+    live = list(conns)
+    while live and time.perf_counter() < deadline:
+        for conn in mp.connection.wait(live, timeout=1.0):
             try:
                 msg = conn.recv()
-            except (EOFError, OSError):  # the process ended without its end marker: it died
-                msg = None
-            if msg is None:
-                conns.remove(conn)
+            except (EOFError, OSError):  # the process ended: died, unless it had been told to stop
+                live.remove(conn)
+                task = doing.pop(conn, None)
+                if task is not None:  # its task ends with it; release whatever waited on it
+                    sched.ended(task)
+                    release()
                 continue
-            cid, name, secs, outcome = msg
-            if outcome == "skip":
-                continue
-            summary.busy_s += secs
-            summary.slowest = sorted(summary.slowest + [(secs, name, cid)], reverse=True)[:5]
-            if outcome is None:
-                summary.runs += 1
-            else:
-                summary.errors += 1
-                summary.first_errors.append(outcome)
+            if msg != "ready":
+                cid, name, secs, outcome = msg
+                sched.ended(doing.pop(conn))
+                if outcome != "skip":
+                    summary.busy_s += secs
+                    summary.slowest = sorted(summary.slowest + [(secs, name, cid)], reverse=True)[:5]
+                    if outcome is None:
+                        summary.runs += 1
+                    else:
+                        summary.errors += 1
+                        summary.first_errors.append(outcome)
+                release()
+            hand_out(conn)
+    for conn in conns:
+        try:
+            conn.send(None)
+        except (BrokenPipeError, OSError):
+            pass
     for p in running:
         p.join(timeout=max(0.0, deadline - time.perf_counter()) + 5)
         if p.is_alive():

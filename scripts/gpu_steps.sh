@@ -5,6 +5,7 @@
 #
 #   scripts/gpu_steps.sh standard [SECONDS]   # parity run --matrix standard (resumes OUT/std/results.jsonl)
 #   scripts/gpu_steps.sh cold-standard [S]    # the same after emptying the compile caches: the cold timing (#3)
+#   scripts/gpu_steps.sh cold-warmup [S]      # parity warmup --matrix standard on empty caches: cold compile alone
 #   scripts/gpu_steps.sh pytest [SECONDS]     # pytest -m gpu --matrix standard (#6); junit XML + log
 #   scripts/gpu_steps.sh kernels-fwd [S]      # tests/test_kernels_gpu.py + benchmarks/bench_kernels_fwd.py (#4)
 #   scripts/gpu_steps.sh kernels-bwd [S]      # tests/test_kernels_bwd_gpu.py + benchmarks/bench_kernels_bwd.py (#7)
@@ -16,6 +17,11 @@ t0=$(date +%s)
 # SIGINT first, so that pytest and the runner write their summaries; KILL 20 s later
 run() { timeout -s INT -k 20 "$secs" "$@"; }
 case "$step" in
+  cold-warmup)
+    export TRITON_CACHE_DIR=/tmp/coldw/triton TILELANG_CACHE_DIR=/tmp/coldw/tilelang GDN_PARITY_CACHE=/tmp/coldw/ref
+    rm -rf /tmp/coldw; mkdir -p /tmp/coldw "$out/std"
+    run python3 -m parity warmup --matrix standard > "$out/std/cold-warmup.json" 2> "$out/std/log-cold-warmup.txt"
+    echo "$step rc=$? $(( $(date +%s) - t0 )) s"; cat "$out/std/cold-warmup.json" ;;
   cold-standard)
     # empty compile and reference caches of its own (not the shared ones: a step on the other GPU may use them)
     export TRITON_CACHE_DIR=/tmp/cold/triton TILELANG_CACHE_DIR=/tmp/cold/tilelang GDN_PARITY_CACHE=/tmp/cold/ref

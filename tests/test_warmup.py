@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cases import Case
 from parity import report, results, runner
-from parity.warmup import representatives, signature, warmup
+from parity.warmup import Scheduler, family, representatives, signature, warmup
 
 FAKE = "tests.fake_backends"
 SMALL = [Case(T=T, H=1, HV=2, K=8, V=8, dtype="bf16", dist="qwen-gates") for T in (1, 64, 65)]
@@ -59,3 +59,42 @@ def test_pytest_runs_the_warmup_over_the_selected_cells():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "gdn-parity compile warm-up: 1 signatures" in out.stdout and "0 errors, 0 died" in out.stdout
+
+
+def test_a_family_ignores_lengths_but_not_what_selects_kernels():
+    a = Case(T=64, H=1, HV=2, K=8, V=8, dtype="bf16", dist="qwen-gates")
+    assert family(a) == family(a.replace(T=4096)) == family(a.replace(B=3))
+    assert family(a) != family(a.replace(layout="varlen-ragged", T=256))  # varlen kernels differ
+    assert family(a) != family(a.replace(g_dtype="bf16")) != family(a.replace(grad=True))
+
+
+def test_the_scheduler_runs_each_family_leader_before_its_followers():
+    a = Case(T=64, H=1, HV=2, K=8, V=8, dtype="bf16", dist="qwen-gates")
+    b = a.replace(g_dtype="bf16")
+    reps = [a, a.replace(T=128), b, a.replace(T=256)]
+    s = Scheduler(reps, ["x", "y"])
+    leaders = [s.next() for _ in range(4)]
+    assert leaders == [(a.id, "x"), (a.id, "y"), (b.id, "x"), (b.id, "y")]
+    assert s.next() is None and not s.finished()  # the rest waits on a running leader
+    s.ended((b.id, "x"))
+    assert s.next() is None  # b's family has no followers
+    s.ended((a.id, "y"))
+    assert [s.next(), s.next(), s.next()] == [(a.replace(T=128).id, "y"), (a.replace(T=256).id, "y"), None]
+    for t in [(a.id, "x"), (b.id, "y"), (a.replace(T=128).id, "y"), (a.replace(T=256).id, "y")]:
+        s.ended(t)
+    assert [s.next(), s.next(), s.next()] == [(a.replace(T=128).id, "x"), (a.replace(T=256).id, "x"), None]
+    assert not s.finished()
+    s.ended((a.replace(T=128).id, "x"))
+    s.ended((a.replace(T=256).id, "x"))
+    assert s.finished() and s.next() is None
+
+
+def test_the_warmup_command_compiles_the_selection_and_prints_its_summary(capsys):
+    import json
+
+    from parity import cli
+
+    rc = cli.main(["warmup", "--case", SMALL[0].id, "--case", SMALL[2].id, "--backends", "torch-emulated",
+                   "--procs", "1"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["signatures"] == 2 and out["runs"] == 2 and out["died"] == 0
