@@ -104,7 +104,7 @@ def cmd_warmup(args) -> int:
     procs = runner.warmup_procs(args.procs, len(cases)) or max(1, args.procs or 1)
     print(f"compile warm-up of {len(cases)} cases of matrix {matrix!r}, {len(backends)} backends, {procs} processes",
           file=sys.stderr)
-    w = warmup(cases, specs, runner.devices(None), procs).as_dict()
+    w = warmup(cases, specs, runner.devices(None), procs, timeout=args.timeout).as_dict()
     print(json.dumps(w, indent=1))
     return 0 if not w["died"] else 1
 
@@ -226,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "as JSON. Exit status 1 when a warm-up process died.")
     _add_selection(w)
     w.add_argument("--procs", type=int, help="processes (default: on a GPU min(12, CPU cores - 2), else 1)")
+    w.add_argument("--timeout", type=float, default=1800.0, help="seconds after which the processes are stopped "
+                   "and the summary of what finished is printed (default 1800)")
     w.set_defaults(fn=cmd_warmup)
 
     sub.add_parser("list", help="matrices, distributions, layouts, backends").set_defaults(fn=cmd_list)

@@ -108,6 +108,7 @@ class WarmupSummary:
     runs: int = 0  # backend runs that completed
     errors: int = 0  # backend runs that raised (the sweep records what happens there)
     died: int = 0  # warm-up processes that exited abnormally (each loses the one run it was doing)
+    left: int = 0  # tasks not run when the timeout ended the pass
     seconds: float = 0.0
     busy_s: float = 0.0  # the runs' seconds summed over processes (busy_s / seconds: the parallelism achieved)
     first_errors: list[str] = field(default_factory=list)
@@ -115,7 +116,7 @@ class WarmupSummary:
 
     def as_dict(self) -> dict:
         return {"procs": self.procs, "signatures": self.signatures, "runs": self.runs, "errors": self.errors,
-                "died": self.died, "seconds": round(self.seconds, 1), "busy_s": round(self.busy_s, 1),
+                "died": self.died, "left": self.left, "seconds": round(self.seconds, 1), "busy_s": round(self.busy_s, 1),
                 "first_errors": self.first_errors[:5],
                 "slowest": [[round(t, 1), b, c] for t, b, c in sorted(self.slowest, reverse=True)[:5]]}
 
@@ -237,11 +238,14 @@ def warmup(cases: list[Case], specs: list[str], devices: list[str], procs: int,
             conn.send(None)
         except (BrokenPipeError, OSError):
             pass
+    killed = set()
     for p in running:
         p.join(timeout=max(0.0, deadline - time.perf_counter()) + 5)
-        if p.is_alive():
+        if p.is_alive():  # still busy at the timeout: stopped, not died
             p.kill()
             p.join(5)
-    summary.died = sum(1 for p in running if p.exitcode != 0)
+            killed.add(p.pid)
+    summary.died = sum(1 for p in running if p.exitcode != 0 and p.pid not in killed)
+    summary.left = sched.open  # tasks that never ended: not started, or stopped by the timeout
     summary.seconds = time.perf_counter() - t0
     return summary

@@ -20,7 +20,7 @@ case "$step" in
   cold-warmup)
     export TRITON_CACHE_DIR=/tmp/coldw/triton TILELANG_CACHE_DIR=/tmp/coldw/tilelang GDN_PARITY_CACHE=/tmp/coldw/ref
     rm -rf /tmp/coldw; mkdir -p /tmp/coldw "$out/std"
-    run python3 -m parity warmup --matrix standard > "$out/std/cold-warmup.json" 2> "$out/std/log-cold-warmup.txt"
+    run python3 -m parity warmup --matrix standard --timeout $((secs - 15)) > "$out/std/cold-warmup.json" 2> "$out/std/log-cold-warmup.txt"
     echo "$step rc=$? $(( $(date +%s) - t0 )) s"; cat "$out/std/cold-warmup.json" ;;
   cold-standard)
     # empty compile and reference caches of its own (not the shared ones: a step on the other GPU may use them)

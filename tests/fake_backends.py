@@ -1,8 +1,9 @@
-"""Deliberately broken backends for the runner's tests (loaded by ``module:Class`` specs)."""
+"""Deliberately broken or slow backends for the runner's tests (loaded by ``module:Class`` specs)."""
 
 from __future__ import annotations
 
 import os
+import time
 
 from parity.backends.reference import TorchEmulated
 
@@ -26,6 +27,18 @@ class NaNer(TorchEmulated):
         o = o.contiguous().clone()
         o.view(-1)[0] = float("nan")
         return o, ht, "fake/nan"
+
+
+class Sleeper(TorchEmulated):
+    """Takes 5 s per call (a slow compile)."""
+
+    name = "fake-sleeper"
+    description = "sleeps 5 s per call"
+    has_backward = False
+
+    def _forward(self, inputs):
+        time.sleep(5)
+        return super()._forward(inputs)
 
 
 class Crasher(TorchEmulated):

@@ -98,3 +98,9 @@ def test_the_warmup_command_compiles_the_selection_and_prints_its_summary(capsys
                    "--procs", "1"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["signatures"] == 2 and out["runs"] == 2 and out["died"] == 0
+
+
+def test_a_timeout_stops_the_pass_and_counts_what_was_left():
+    cases = [Case(T=T, H=1, HV=2, K=8, V=8, dtype="bf16", dist="qwen-gates") for T in (1, 64, 65, 128)]
+    s = warmup(cases, ["torch-emulated", f"{FAKE}:Sleeper"], ["cpu"], procs=1, timeout=12)
+    assert s.left > 0 and s.died == 0 and s.runs + s.errors + s.left == 2 * len(cases)
