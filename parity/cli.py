@@ -79,7 +79,12 @@ def cmd_run(args) -> int:
         cache_dir=("" if args.cache == "none" else args.cache), cell_timeout=args.cell_timeout,
         progress=not args.no_progress, shard=_shard(args.shard), warmup=args.warmup)
     print(f"running {len(runner.shard_cases(cases, cfg.shard))} cases of matrix {matrix!r} -> {out}", file=sys.stderr)
-    path = runner.run(cfg)
+    try:
+        path = runner.run(cfg)
+    except KeyboardInterrupt:  # every finished cell is already on disk (one flushed write per cell)
+        print(f"interrupted: the finished cells are in {out}; continue with the same command and --resume",
+              file=sys.stderr)
+        return 130
     print(f"results: {path}")
     if not args.no_report:
         rep = report.write_report([path])

@@ -256,6 +256,11 @@ class _Pool:
                         self._replace(w, f"the worker process died (exit code {w.proc.exitcode})")
                     elif w.task is not None and now - w.last_seen > self.config.cell_timeout:
                         self._replace(w, f"the cell timed out after {self.config.cell_timeout:.0f} s")
+        except KeyboardInterrupt:  # stop now: a running cell's rows are lost, finished cells are on disk
+            for w in self.workers:
+                if w.proc.is_alive():
+                    w.proc.kill()
+            raise
         finally:
             for w in self.workers:
                 try:

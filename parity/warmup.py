@@ -233,15 +233,20 @@ def warmup(cases: list[Case], specs: list[str], devices: list[str], procs: int,
                         summary.first_errors.append(outcome)
                 release()
             hand_out(conn)
+    killed = set()
+    if live:  # the timeout: stop every process still running at once (a compile can take minutes)
+        for p in running:
+            if p.is_alive():
+                p.kill()
+                killed.add(p.pid)
     for conn in conns:
         try:
             conn.send(None)
         except (BrokenPipeError, OSError):
             pass
-    killed = set()
     for p in running:
-        p.join(timeout=max(0.0, deadline - time.perf_counter()) + 5)
-        if p.is_alive():  # still busy at the timeout: stopped, not died
+        p.join(timeout=10)
+        if p.is_alive():
             p.kill()
             p.join(5)
             killed.add(p.pid)

@@ -30,14 +30,14 @@ class NaNer(TorchEmulated):
 
 
 class Sleeper(TorchEmulated):
-    """Takes 5 s per call (a slow compile)."""
+    """Takes 30 s per call (a slow compile)."""
 
     name = "fake-sleeper"
-    description = "sleeps 5 s per call"
+    description = "sleeps 30 s per call"
     has_backward = False
 
     def _forward(self, inputs):
-        time.sleep(5)
+        time.sleep(30)
         return super()._forward(inputs)
 
 

@@ -173,3 +173,24 @@ def test_git_info_prefers_the_stamped_commit(monkeypatch):
     monkeypatch.delenv("GDN_PARITY_COMMIT")
     info = environment.git_info()
     assert info["commit"] != "abc123" and set(info) == {"commit", "dirty"}
+
+
+def test_an_interrupted_run_keeps_its_finished_cells_and_says_how_to_resume(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "r" / "results.jsonl"
+    cmd = [sys.executable, "-m", "parity", "run", "--case", SMALL[0].id, "--case", SMALL[1].id, "--backends",
+           f"torch-emulated,{FAKE}:Sleeper", "--out", str(out), "--workers", "1", "--warmup", "0", "--cache", "none",
+           "--no-progress", "--no-report", "--no-repeat"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while time.time() - t0 < 120 and not (out.exists() and '"record": "row"' in out.read_text()):
+        time.sleep(0.5)  # the first cells (baseline, torch-emulated) are on disk; the sleeper is running
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "--resume" in err and str(out) in err
+    assert results.load(out).cells_done()  # what finished before the interrupt is kept

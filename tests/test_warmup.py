@@ -101,6 +101,9 @@ def test_the_warmup_command_compiles_the_selection_and_prints_its_summary(capsys
 
 
 def test_a_timeout_stops_the_pass_and_counts_what_was_left():
-    cases = [Case(T=T, H=1, HV=2, K=8, V=8, dtype="bf16", dist="qwen-gates") for T in (1, 64, 65, 128)]
-    s = warmup(cases, ["torch-emulated", f"{FAKE}:Sleeper"], ["cpu"], procs=1, timeout=12)
+    # four families, so four sleepers (30 s each) are running in the four processes when the 12 s are up
+    cases = [Case(T=64, H=1, HV=2, K=8, V=8, dtype=d, g_dtype=g, dist="qwen-gates")
+             for d in ("bf16", "fp16") for g in ("fp32", "bf16")]
+    s = warmup(cases, ["torch-emulated", f"{FAKE}:Sleeper"], ["cpu"], procs=4, timeout=12)
     assert s.left > 0 and s.died == 0 and s.runs + s.errors + s.left == 2 * len(cases)
+    assert s.seconds < 12 + 8  # the running processes are stopped at the timeout, not waited for one by one
