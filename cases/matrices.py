@@ -106,7 +106,14 @@ def standard() -> list[Case]:
     ]
     for dist in ("gauss-l2", "strong-decay", "slow-decay"):  # gradients
         out += [base.replace(T=T, dist=dist, grad=True) for T in (1024, 8192)]
-    out.append(base.replace(T=4096, grad=True, h0_dtype="fp32"))
+    out += [  # gradients in the configurations the forward rows cover: initial state, varlen with the value-first
+        # state, gates and beta in the input dtype, fp16 inputs, GVA ratio 4
+        base.replace(T=4096, grad=True, h0_dtype="fp32"),
+        base.replace(T=4096, grad=True, layout="varlen-ragged", h0_dtype="fp32", state_v_first=True),
+        base.replace(T=1024, grad=True, g_dtype="bf16", beta_dtype="bf16"),
+        base.replace(T=1024, grad=True, dtype="fp16"),
+        base.replace(T=1024, grad=True, H=2, HV=8),
+    ]
     return out
 
 

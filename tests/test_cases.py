@@ -143,6 +143,11 @@ def test_matrices_cover_what_the_design_promises():
     assert {c.dist for c in std} == set(DISTRIBUTIONS)
     assert {c.layout for c in std} == set(LAYOUTS)
     assert {c.g_dtype for c in std} >= {"fp32", "bf16"} and {c.seed for c in std} == {0, 1, 2}
+    grads = [c for c in std if c.grad]  # gradients in the configurations the forward rows cover
+    assert {c.dist for c in grads} >= {"strong-decay", "slow-decay"}
+    assert any(c.layout.startswith("varlen") and c.h0_dtype and c.state_v_first for c in grads)
+    assert {c.g_dtype for c in grads} >= {"fp32", "bf16"} and {c.dtype for c in grads} >= {"bf16", "fp16"}
+    assert {c.HV // c.H for c in grads} >= {2, 4}
     assert max(c.T for c in MATRICES["long"].cases()) == 131072
     smoke = MATRICES["smoke"].cases()
     assert max(c.B * c.T for c in smoke) <= 300 and {c.layout for c in smoke} == set(LAYOUTS)
