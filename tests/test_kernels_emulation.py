@@ -259,3 +259,20 @@ def test_cp_matches_sequential(gate, h0, lens, cp):
     print(f"{gate} h0={h0} lens={lens}: cp1 o {e1[0]:.3e} S {e1[1]:.3e} | cp{cp} o {ec[0]:.3e} S {ec[1]:.3e}")
     assert torch.isfinite(oc).all() and torch.isfinite(Sc).all()
     assert ec[0] <= 1.1 * e1[0] + 1e-6 and ec[1] <= 1.2 * e1[1] + 1e-6
+
+
+def test_varlen_tables_take_the_host_list_so_a_call_syncs_once():
+    """The forward and backward APIs copy cu_seqlens to the host once and hand the list on: tables built from it
+    equal those built from the tensor, and the tensor is not read again."""
+    from kernels.gdn_fwd.api import _host_list, _seq_tables
+
+    class NoHostCopy(torch.Tensor):
+        def tolist(self):
+            raise AssertionError("cu_seqlens copied to the host a second time")
+
+    cu = torch.tensor([0, 1, 64, 64, 193], dtype=torch.int32)
+    want = _seq_tables(1, 193, cu, torch.device("cpu"))
+    got = _seq_tables(1, 193, cu.as_subclass(NoHostCopy), torch.device("cpu"), _host_list(cu))
+    assert want[3] == got[3] == 1 + 1 + 0 + 3
+    for a, b in zip(want[:3], got[:3]):
+        assert torch.equal(a, b.as_subclass(torch.Tensor))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.gdn_fwd.api import _TL_DTYPE, _check, _require_sm90, _seq_tables
+from kernels.gdn_fwd.api import _TL_DTYPE, _check, _host_list, _require_sm90, _seq_tables
 
 from .common import BT, finish, token_index
 
@@ -65,7 +65,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     pad = D - K
     Ttot = B * T
     f32 = torch.float32
-    cu, chunk_indices, chunk_offsets, NC = _seq_tables(B, T, cu_seqlens, dev)
+    cu_host = None if cu_seqlens is None else _host_list(cu_seqlens)  # the one host sync of a varlen call
+    cu, chunk_indices, chunk_offsets, NC = _seq_tables(B, T, cu_seqlens, dev, cu_host)
 
     def _out(dq, dk, dv, dg, db, dh0):
         dq = dq[..., :K].reshape(B, T, H, K).to(dt)
@@ -174,7 +175,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
                        dY=tr(dYh) + tr(dYl), qz=qz.sum(0), kw=kw.sum(0), kr=kr.sum(0), sd=sd.sum(0), yv=yv,
                        rect=rect, db2=db2, S=f(Sch) + f(Scl), U=f(Uh) + f(Ul), dqv=dqv, dkv=dkv)
     # 5. host reductions
-    tok, valid = _token_index(B, T, cu_seqlens, dev)
+    tok, valid = _token_index(B, T, cu_host, dev)
     dq, dk, dg, db = finish(Fb=Fb, qz=qz, kw=kw, kr=kr, sd=sd, yv=yv, rect=rect, db2=db2, dqv=dqv, dkv=dkv,
                             q=q2, k=k2, H=H, use_l2=bool(use_l2), tok=tok, valid=valid)
     out = _out(dq, dk, dv2, dg, db, dh0)
@@ -191,12 +192,13 @@ def stage_times(events) -> dict:
 _TOK: dict = {}
 
 
-def _token_index(B, T, cu_seqlens, dev):
-    if cu_seqlens is None:
+def _token_index(B, T, cu_host, dev):
+    """``common.token_index`` of the dense layout (cached per B, T, device) or of ``cu_host`` (varlen)."""
+    if cu_host is None:
         key = (B, T, str(dev))
         if key not in _TOK:
             if len(_TOK) > 64:
                 _TOK.clear()
             _TOK[key] = token_index([b * T for b in range(B + 1)], dev)
         return _TOK[key]
-    return token_index([int(x) for x in cu_seqlens.tolist()], dev)
+    return token_index(cu_host, dev)

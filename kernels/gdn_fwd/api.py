@@ -110,10 +110,11 @@ def _require_sm90(dev, what: str):
         raise RuntimeError(f"{what} is built for sm_90a (Hopper); device is sm_{major}{minor}")
 
 
-def _seq_tables(B, T, cu_seqlens, dev):
+def _seq_tables(B, T, cu_seqlens, dev, cu_host=None):
     """cu_seqlens (int32), chunk_indices [NC, 2] (int32), chunk_offsets [N + 1] (int32), NC.
 
-    Dense tables are built on the device without a host sync and cached per (B, T, device)."""
+    Dense tables are built on the device without a host sync and cached per (B, T, device); varlen tables
+    from ``cu_host`` (cu_seqlens as a host list) when the caller already has it, else with one host sync."""
     if cu_seqlens is None:
         key = (B, T, str(dev))
         hit = _DENSE_TABLES.get(key)
@@ -123,7 +124,7 @@ def _seq_tables(B, T, cu_seqlens, dev):
             _DENSE_TABLES.clear()
         _DENSE_TABLES[key] = _dense_tables(B, T, dev)
         return _DENSE_TABLES[key]
-    return _varlen_tables(T, cu_seqlens, dev)
+    return _varlen_tables(T, cu_seqlens, dev, cu_host)
 
 
 def _dense_tables(B, T, dev):
@@ -135,8 +136,14 @@ def _dense_tables(B, T, dev):
     return cu, torch.stack([seq, ic], 1).contiguous(), offs, B * nt
 
 
-def _varlen_tables(T, cu_seqlens, dev):
-    cu_host = [int(x) for x in cu_seqlens.tolist()]
+def _host_list(cu_seqlens) -> list[int]:
+    """cu_seqlens as a host list of ints (one device -> host copy)."""
+    return [int(x) for x in cu_seqlens.tolist()]
+
+
+def _varlen_tables(T, cu_seqlens, dev, cu_host=None):
+    if cu_host is None:
+        cu_host = _host_list(cu_seqlens)
     if cu_host[0] != 0 or cu_host[-1] != T:
         raise ValueError(f"cu_seqlens must start at 0 and end at T={T}, got {cu_host[0]} ... {cu_host[-1]}")
     idx, offs = [], [0]
@@ -196,7 +203,8 @@ def chunk_gated_delta_rule(
     dt = q.dtype
     D = KERNEL_HEAD_DIM
     Ttot = B * T
-    cu, chunk_indices, chunk_offsets, NC = _seq_tables(B, T, cu_seqlens, dev)
+    cu_host = None if cu_seqlens is None else _host_list(cu_seqlens)  # the one host sync of a varlen call
+    cu, chunk_indices, chunk_offsets, NC = _seq_tables(B, T, cu_seqlens, dev, cu_host)
 
     # K == V == 64 runs on the 128 kernels, zero-padded: q.k, the l2 norms and the state's
     # leading 64x64 block are unchanged, the padded rows/columns of S stay exactly 0.
@@ -238,7 +246,7 @@ def chunk_gated_delta_rule(
 
     o2, ht = _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC, N, HV, D, dt,
                      cu_seqlens, B, T, scale, initial_state is not None, output_final_state, state_v_first,
-                     use_qk_l2norm_in_kernel, _block_v, _precision, _cp, _form)
+                     use_qk_l2norm_in_kernel, _block_v, _precision, _cp, _form, cu_host)
     return _finish(o2, ht, pad, B, T, HV, K, V, output_final_state)
 
 
@@ -265,7 +273,7 @@ def _cp_tables(B, T, cu_seqlens, cu_host, n_seg, dev):
         return _SEG_TABLES[key]
     from .emulation import cp_segments
     if cu_host is None:
-        cu_host = [b * T for b in range(B + 1)] if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
+        cu_host = [b * T for b in range(B + 1)] if cu_seqlens is None else _host_list(cu_seqlens)
     seg_cu, seg_co, seg_of = cp_segments(cu_host, n_seg)
     counts = [seg_of[n + 1] - seg_of[n] for n in range(len(seg_of) - 1)]
     uniform = len(set(counts)) == 1
@@ -326,19 +334,21 @@ def _cp_fixup(ZM, h0, seg_of, counts, sched, N, HV, D, vt):
 
 
 def _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC, N, HV, D, dt, cu_seqlens,
-            B, T, scale, use_h0, output_final_state, state_v_first, use_l2, block_v_, precision, cp, form):
-    """The v2 path: intra2 -> state (or CP: scan, fix-up, state per segment) -> output2."""
+            B, T, scale, use_h0, output_final_state, state_v_first, use_l2, block_v_, precision, cp, form,
+            cu_host=None):
+    """The v2 path: intra2 -> state (or CP: scan, fix-up, state per segment) -> output2.  ``cu_host``:
+    cu_seqlens as a host list (None for dense input)."""
     from .build import dispatch_v2, get_kernel, plan_v2, precision_v2
 
     prec = precision_v2(precision, has_h0=bool(use_h0))
     dev = q2.device
-    cu_host = None
     max_chunks = 0
+    if cu_seqlens is not None and cu_host is None:
+        cu_host = _host_list(cu_seqlens)
     if cp is None or form is None:
         if cu_seqlens is None:
             max_chunks = -(-T // BT)
         else:
-            cu_host = [int(x) for x in cu_seqlens.tolist()]
             max_chunks = max([-(-(cu_host[i + 1] - cu_host[i]) // BT) for i in range(N)] + [0])
     form, cp = plan_v2(N, HV, max_chunks, form, cp)
     vt = form == "rv"
