@@ -9,6 +9,7 @@
 #   scripts/gpu_steps.sh pytest [SECONDS]     # pytest -m gpu --matrix standard (#6); junit XML + log
 #   scripts/gpu_steps.sh kernels-fwd [S]      # tests/test_kernels_gpu.py + benchmarks/bench_kernels_fwd.py (#4)
 #   scripts/gpu_steps.sh kernels-bwd [S]      # tests/test_kernels_bwd_gpu.py + benchmarks/bench_kernels_bwd.py (#7)
+#   scripts/gpu_steps.sh profile [S]          # Nsight Compute over one fwd+bwd call (benchmarks/profile_kernels.py)
 set -u
 out=${OUT:?set OUT}
 step=${1:?step}
@@ -50,5 +51,14 @@ case "$step" in
     echo "bwd tests rc=$?"; tail -20 "$out/k/test-bwd.txt"
     run python3 benchmarks/bench_kernels_bwd.py > "$out/k/bench-bwd.txt" 2>&1
     echo "bwd bench rc=$? $(( $(date +%s) - t0 )) s"; tail -25 "$out/k/bench-bwd.txt" ;;
+  profile)
+    # needs ncu's hardware counters (the Firecracker runtime; gVisor has none, see the device README's KINDS.md)
+    mkdir -p "$out/k"
+    run ncu --clock-control none --nvtx --nvtx-include "gdn-profile/" --section SpeedOfLight --section Occupancy \
+      --section LaunchStats --section WarpStateStats --csv --page details \
+      python3 benchmarks/profile_kernels.py --shape "${PROFILE_SHAPE:-B1_T32768_H16_HV32}" > "$out/k/ncu.csv" \
+      2> "$out/k/ncu-log.txt"
+    echo "profile rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$out/k/ncu-log.txt"
+    python3 scripts/ncu_summary.py "$out/k/ncu.csv" | tee "$out/k/ncu-summary.txt" ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac

@@ -1,0 +1,79 @@
+"""One forward + backward call of our TileLang GDN inside an NVTX range, for Nsight Compute.
+
+    ncu --clock-control none --nvtx --nvtx-include "gdn-profile/" --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --csv --page details \
+        python3 benchmarks/profile_kernels.py [--shape B1_T32768_H16_HV32] [--fwd-only] > ncu.csv
+    python3 scripts/ncu_summary.py ncu.csv          # one line per kernel: time, throughputs, occupancy, stalls
+
+(``scripts/gpu_steps.sh profile`` runs both.)  Inputs as ``benchmarks/bench_kernels_bwd.py`` (bf16, fp32 gates,
+final state, ``do`` and ``dht`` random) at one of the forward benchmark's shapes.  A first call outside the range
+compiles and warms up, so only the second call's kernels are profiled.  ``--dry-run``: CPU plumbing check with the
+torch emulations and a 256x smaller shape, no NVTX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks.bench_kernels_bwd import SHAPES, make  # noqa: E402
+
+RANGE = "gdn-profile"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="B1_T32768_H16_HV32", choices=list(SHAPES))
+    ap.add_argument("--fwd-only", action="store_true", help="profile the forward alone")
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args(argv)
+
+    from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as fn
+
+    B, T, H, HV, lens = SHAPES[args.shape]
+    impl = "tilelang"
+    if args.dry_run:
+        dev = torch.device("cpu")
+        lens = [max(1, x // 256) for x in lens] if lens else None
+        T, impl = (sum(lens) if lens else T // 256), "emulation"
+    elif not torch.cuda.is_available():
+        print("no CUDA device (use --dry-run on a CPU)")
+        return 2
+    else:
+        dev = torch.device("cuda")
+    a, kw, do, dht = make(B, T, H, HV, lens, dev)
+    leaves = [x.detach().requires_grad_() for x in a]
+
+    def call():
+        o, ht = fn(*leaves, **kw, _impl=impl)
+        if not args.fwd_only:
+            torch.autograd.backward((o, ht), (do, dht))
+        return o
+
+    call()                                  # compile and warm up, outside the range
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push(RANGE)
+    for x in leaves:
+        x.grad = None
+    o = call()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+    grads = [x.grad for x in leaves] if not args.fwd_only else []
+    bad = sum(int((~torch.isfinite(t.float())).sum()) for t in [o, *grads] if t is not None)
+    print(f"profiled {'forward' if args.fwd_only else 'forward + backward'} at {args.shape} "
+          f"(B={B} T={T} H={H} HV={HV}{' varlen' if lens else ''}) on {dev.type}; non-finite values: {bad}",
+          file=sys.stderr)
+    return 0 if bad == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
