@@ -379,6 +379,11 @@ def section_footer(rs: ResultSet, df: pd.DataFrame) -> str:
     warm_s = sum(w.get("seconds", 0.0) for w in warm)
     warm_desc = (f"{warm_s:.1f} s ({sum(w.get('signatures', 0) for w in warm)} compile signatures)" if warm
                  else "none")
+    slowest = sorted((t for w in warm for t in w.get("slowest", [])), reverse=True)[:3]
+    if slowest:  # recorded since the warm-up's task scheduler (older files have none)
+        busy = sum(w.get("busy_s", 0.0) for w in warm)
+        warm_desc += (f" with {busy:.0f} s of compile work, the slowest " +
+                      ", ".join(f"{b} {t:.0f} s" for t, b, _ in slowest))
     share = f"{100 * ref / wall:.0f}%" if wall > 0 else "-"
     unfinished = len(rs.runs) - len(rs.ends)
     if rs.ends:

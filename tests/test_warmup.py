@@ -41,7 +41,8 @@ def test_the_sweep_records_the_warmup_and_the_report_names_it(tmp_path):
     n_backends = len(rs.runs[0]["backends"])  # the baseline joins every run
     assert warm["signatures"] == 2 and warm["runs"] == 2 * n_backends and warm["errors"] == 0 and warm["died"] == 0
     text = report.render(rs)
-    assert f"compile warm-up {warm['seconds']:.1f} s (2 compile signatures)" in text
+    assert f"compile warm-up {warm['seconds']:.1f} s (2 compile signatures) with " in text
+    assert "the slowest torch-emulated" in text
 
 
 def test_warmup_is_off_by_default_on_a_cpu_and_when_asked():
