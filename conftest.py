@@ -40,7 +40,8 @@ def marker_name(backend: str) -> str:
 def pytest_addoption(parser):
     group = parser.getgroup("gdn-parity")
     group.addoption("--matrix", default="smoke", help="named matrix for tests/test_matrix.py (default: smoke)")
-    group.addoption("--backend", action="append", default=None, help="only this backend (repeatable)")
+    group.addoption("--backend", action="append", default=None, help="only this backend (repeatable): the matrix "
+                    "cells and the property tests of the other backends are not collected")
     group.addoption("--case", action="append", default=None, help="only this case id (repeatable)")
     group.addoption("--seeds", type=int, default=None, help="seeds per configuration (default: the matrix's)")
     group.addoption("--warmup", type=int, default=None, help="processes of the compile warm-up pass over the "
@@ -117,6 +118,23 @@ def pytest_generate_tests(metafunc):
             marks.append(pytest.mark.xfail(reason=f"{e['reason']} ({e['link']})", strict=True))
         params.append(pytest.param((case, backend), id=f"{case.id}-{backend}", marks=marks))
     metafunc.parametrize("parity_cell", params)
+
+
+def pytest_collection_modifyitems(config, items):
+    """``--backend``: deselect the backend-parametrized tests of other backends (the property tests take the
+    backend as their ``name`` parameter; the matrix cells are generated for the chosen backends only)."""
+    chosen = config.getoption("--backend")
+    if not chosen:
+        return
+    from parity.backends import BACKENDS
+
+    keep, drop = [], []
+    for item in items:
+        name = getattr(item, "callspec", None) and item.callspec.params.get("name")
+        (drop if isinstance(name, str) and name in BACKENDS and name not in chosen else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def stale_known_failures(known: list[dict], matched: set[int]) -> list[str]:

@@ -6,7 +6,12 @@
 #   scripts/gpu_steps.sh standard [SECONDS]   # parity run --matrix standard (resumes OUT/std/results.jsonl)
 #   scripts/gpu_steps.sh cold-standard [S]    # the same after emptying the compile caches: the cold timing (#3)
 #   scripts/gpu_steps.sh cold-warmup [S]      # parity warmup --matrix standard on empty caches: cold compile alone
-#   scripts/gpu_steps.sh pytest [SECONDS]     # pytest -m gpu --matrix standard (#6); junit XML + log
+#   scripts/gpu_steps.sh pytest [SECONDS]     # pytest -m gpu --matrix standard (#6); junit XML + log. In two
+#       parts, one per GPU (the whole run is longer than one 10-minute call), e.g.
+#       PT_TAG=a PYTEST_ARGS="tests/test_matrix.py tests/test_properties.py --backend fla-triton
+#         --backend fla-dispatch --backend fla-recurrent"                    on GPU 0, and
+#       PT_TAG=b PYTEST_ARGS="tests/test_matrix.py tests/test_properties.py tests/test_known_failures.py
+#         tests/test_kernels_gpu.py tests/test_kernels_bwd_gpu.py --backend flash-qla --backend tilelang" on GPU 1
 #   scripts/gpu_steps.sh kernels-fwd [S]      # tests/test_kernels_gpu.py + benchmarks/bench_kernels_fwd.py (#4)
 #   scripts/gpu_steps.sh kernels-bwd [S]      # tests/test_kernels_bwd_gpu.py + benchmarks/bench_kernels_bwd.py (#7)
 #   scripts/gpu_steps.sh profile [S]          # Nsight Compute over one fwd+bwd call (benchmarks/profile_kernels.py)
@@ -35,10 +40,12 @@ case "$step" in
       > "$out/std/log-$step.txt" 2>&1
     echo "$step rc=$? $(( $(date +%s) - t0 )) s"; grep -v TileLang "$out/std/log-$step.txt" | tail -4 ;;
   pytest)
-    mkdir -p "$out/pt"
-    GDN_PARITY_CACHE=/tmp/ref-pt run python3 -m pytest -m gpu --matrix standard -q -p no:cacheprovider -rfEX \
-      --durations=15 --junitxml="$out/pt/junit.xml" > "$out/pt/pytest.txt" 2>&1
-    echo "pytest rc=$? $(( $(date +%s) - t0 )) s"; tail -15 "$out/pt/pytest.txt" ;;
+    # PYTEST_ARGS selects a part (files, --backend ...), PT_TAG names its output folder: see the header
+    d="$out/pt${PT_TAG:-}"; mkdir -p "$d"
+    # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
+    GDN_PARITY_CACHE=/tmp/ref-pt${PT_TAG:-} run python3 -m pytest -m gpu --matrix standard -q -p no:cacheprovider \
+      -rfEX --durations=15 --junitxml="$d/junit.xml" ${PYTEST_ARGS:-} > "$d/pytest.txt" 2>&1
+    echo "pytest${PT_TAG:-} rc=$? $(( $(date +%s) - t0 )) s"; tail -15 "$d/pytest.txt" ;;
   kernels-fwd)
     mkdir -p "$out/k"
     run python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py > "$out/k/test-fwd.txt" 2>&1

@@ -37,3 +37,18 @@ def test_stale_entries_are_reported_unless_collected():
     stale = conftest.stale_known_failures(known, set())
     assert len(stale) == 1 and "gone" in stale[0]
     assert conftest.stale_known_failures(known, {0}) == []
+
+
+def test_backend_option_selects_the_property_tests_too():
+    """``--backend`` keeps the backend-parametrized tests of the chosen backends only (so that a GPU run can be
+    split across GPUs by backend)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          "--collect-only", "tests/test_properties.py", "--backend", "torch-emulated"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    ids = [line for line in out.stdout.splitlines() if "::" in line]
+    assert ids and all(line.endswith("[torch-emulated]") for line in ids)
+    assert "deselected" in out.stdout
