@@ -30,6 +30,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.bench_kernels_fwd import D, SHAPES as FWD_SHAPES, make as make_fwd_inputs  # noqa: E402
+from parity.execute import describe_error  # noqa: E402
 
 SHAPES = dict(FWD_SHAPES)       # the forward benchmark's shapes (a copy: --dry-run shrinks them)
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
@@ -144,7 +145,7 @@ def main(argv=None):
                     bad = sum(tt.nonfinite(x) for x in got)
                     print(f"  check {name:<9} " + "  ".join(parts) + f"  nonfinite {bad}", flush=True)
                 except Exception as e:
-                    print(f"  check {name:<9} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    print(f"  check {name:<9} FAILED {describe_error(e)[:200]}", flush=True)
             del a, do, dht, want
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
@@ -174,7 +175,7 @@ def main(argv=None):
                 row[iname] = (tf, tfb)
             except Exception as e:
                 row[iname] = None
-                skipped.setdefault(iname, f"{type(e).__name__}: {str(e)[:160]}")
+                skipped.setdefault(iname, describe_error(e)[:160])
             for x in leaves:
                 x.grad = None
             r = row[iname]
@@ -192,7 +193,7 @@ def main(argv=None):
                 print(f"  {name:<24} ours bwd stages: " + "  ".join(f"{k} {v:.3f}" for k, v in st.items())
                       + " ms", flush=True)
             except Exception as e:
-                print(f"  {name:<24} ours bwd stages: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
+                print(f"  {name:<24} ours bwd stages: failed {describe_error(e)[:160]}", flush=True)
         results[name] = row
         del a, kw, do, dht, leaves
         if dev.type == "cuda":

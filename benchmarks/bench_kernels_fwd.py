@@ -51,6 +51,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from parity.execute import describe_error  # noqa: E402
+
 SHAPES = {
     # name: (B, T, H, HV, varlen lengths or None)
     "B1_T32768_H16_HV32": (1, 32768, 16, 32, None),
@@ -240,7 +242,7 @@ def main(argv=None):
                           f"  state {tt.rel_rmse(st, s_ref):.3e}  nonfinite {tt.nonfinite(o) + tt.nonfinite(st)}",
                           flush=True)
                 except Exception as e:
-                    print(f"  check {name:<9} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    print(f"  check {name:<9} FAILED {describe_error(e)[:200]}", flush=True)
             del q, k, v, g, beta, o_ref, s_ref
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
@@ -271,7 +273,7 @@ def main(argv=None):
                 row[col] = ms
             except Exception as e:
                 row[col] = None
-                skipped.setdefault(col, f"{type(e).__name__}: {str(e)[:160]}")
+                skipped.setdefault(col, describe_error(e)[:160])
             print(f"  {name:<24} {col:<9} {('%.3f ms' % row[col]) if row[col] else 'failed':>10} "
                   f"(setup+bench {time.time() - t0:.1f} s)", flush=True)
         n = len(lens) if lens else B

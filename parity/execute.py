@@ -37,6 +37,16 @@ class ContextPoisoned(RuntimeError):
         self.rows = list(rows or [])
 
 
+def describe_error(err: BaseException) -> str:
+    """'Type: message' of an exception; when the message is empty (some kernels raise a bare RuntimeError), where
+    it was raised instead: 'Type (no message), raised in func at file.py:line'."""
+    text = str(err).strip()
+    if text:
+        return f"{type(err).__name__}: {text}"
+    tb = traceback.extract_tb(err.__traceback__)
+    where = f", raised in {tb[-1].name} at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
+    return f"{type(err).__name__} (no message){where}"
+
 def _kind(tensor: str) -> str:
     return metrics.STATE_KIND if tensor in STATE_TENSORS else metrics.TOKEN_KIND
 
@@ -146,8 +156,8 @@ def run_backend(case: Case, backend: Backend, inputs: GDNInputs, ref: Reference,
             rerun_diff = {t: _bitwise_diff(first[t], second[t]) for t in first if t in second}
             del res2, second
     except Exception as err:  # noqa: BLE001 - every failure is data
-        msg = f"{type(err).__name__}: {err}".strip()
-        tb = traceback.format_exc(limit=6)
+        msg = describe_error(err)
+        tb = traceback.format_exc(limit=-8)  # the innermost frames: where it was raised
         rows = status_rows(case, backend.name, "error", f"{msg}\n{tb}")
         if not cuda_healthy(device):
             raise ContextPoisoned(msg, rows) from err
@@ -202,7 +212,7 @@ def run_case(case: Case, backends: list[Backend], device: torch.device, cache: R
     try:
         ref = get_reference(case, inputs, cache)
     except Exception as err:  # noqa: BLE001
-        msg = f"the fp64 reference failed: {type(err).__name__}: {err}"
+        msg = f"the fp64 reference failed: {describe_error(err)}"
         for b in backends:
             emit(b.name, status_rows(case, b.name, "error", msg))
         if floor:

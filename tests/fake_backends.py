@@ -17,6 +17,15 @@ class Raiser(TorchEmulated):
         raise RuntimeError("boom: this backend always fails")
 
 
+class SilentRaiser(TorchEmulated):
+    name = "fake-silent-raiser"
+    description = "raises a RuntimeError with no message (as some kernels do)"
+    has_backward = False
+
+    def _forward(self, inputs):
+        raise RuntimeError()
+
+
 class NaNer(TorchEmulated):
     name = "fake-nan"
     description = "writes one NaN into o"

@@ -194,3 +194,12 @@ def test_an_interrupted_run_keeps_its_finished_cells_and_says_how_to_resume(tmp_
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err and "--resume" in err and str(out) in err
     assert results.load(out).cells_done()  # what finished before the interrupt is kept
+
+
+def test_an_error_without_a_message_is_recorded_with_where_it_was_raised(tmp_path):
+    rs = _run(tmp_path, ["torch-emulated", f"{FAKE}:SilentRaiser"], cases=SMALL[:1])
+    row = _rows(rs, backend="fake-silent-raiser", tensor="o")[0]
+    first = row["reason"].splitlines()[0]
+    assert row["status"] == "error"
+    assert first == "RuntimeError (no message), raised in _forward at fake_backends.py:" + first.rsplit(":", 1)[1]
+    assert "fake_backends.py" in row["reason"].split("\n", 1)[1]  # the traceback ends where it was raised
