@@ -172,15 +172,13 @@ def _warmup(session) -> None:
     procs = runner.warmup_procs(session.config.getoption("--warmup"), len(cells))
     if not cells or not procs:
         return
-    from parity.warmup import warmup
+    from parity.warmup import summary_line, warmup
 
     cases = list({c.id: c for c, _ in cells}.values())
     backends = list(dict.fromkeys(b for _, b in cells))
     w = warmup(cases, backends, runner.devices(None), procs).as_dict()
     session.config._parity_warmup = w
-    print(f"\ngdn-parity compile warm-up: {w['signatures']} signatures, {w['runs']} runs, {w['errors']} errors, "
-          f"{w['died']} died, {w['seconds']:.0f} s in {w['procs']} processes (busy {w['busy_s']:.0f} s); slowest: "
-          + ", ".join(f"{b} {t:.0f} s" for t, b, _ in w["slowest"][:3]))
+    print(f"\ngdn-parity compile warm-up: {summary_line(w)}")
 
 
 @pytest.fixture(scope="session")

@@ -105,7 +105,7 @@ def cmd_warmup(args) -> int:
         print("no case matches the filters", file=sys.stderr)
         return 2
     backends = resolve(_csv(args.backends))
-    specs = [f"{type(b).__module__}:{type(b).__qualname__}" for b in backends]
+    specs = runner.backend_specs(backends)
     procs = runner.warmup_procs(args.procs, len(cases)) or max(1, args.procs or 1)
     print(f"compile warm-up of {len(cases)} cases of matrix {matrix!r}, {len(backends)} backends, {procs} processes",
           file=sys.stderr)

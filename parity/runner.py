@@ -74,6 +74,11 @@ def plan(cases: list[Case], backend_names: list[str], done: set[tuple[str, str]]
     return tasks
 
 
+def backend_specs(backends) -> list[str]:
+    """``module:Class`` of each backend object: how worker and warm-up processes resolve them again."""
+    return [f"{type(b).__module__}:{type(b).__qualname__}" for b in backends]
+
+
 def warmup_procs(requested: int | None, n_tasks: int) -> int:
     """Processes of the compile warm-up pass: ``requested`` when given; by default min(12, CPU cores - 2) on a GPU
     box (where first-use compilation dominates a cold sweep; each process mostly waits on a single-threaded
@@ -311,17 +316,15 @@ def run(config: RunConfig) -> Path:
     t0 = time.perf_counter()
     restarts = 0
     warm = None
-    specs = [f"{type(b).__module__}:{type(b).__qualname__}" for b in backends]  # as worker processes resolve them
+    specs = backend_specs(backends)
     procs = warmup_procs(config.warmup, len(tasks)) if config.workers != 0 else 0
     if procs and tasks:
-        from parity.warmup import warmup
+        from parity.warmup import summary_line, warmup
 
         todo = {case_id for case_id, _ in tasks}
         bar.set_postfix_str(f"compile warm-up in {procs} processes")
         warm = warmup([c for c in cases if c.id in todo], specs, devices(None), procs).as_dict()
-        print(f"compile warm-up: {warm['signatures']} signatures, {warm['runs']} runs, {warm['errors']} errors, "
-              f"{warm['died']} died, {warm['seconds']:.0f} s in {warm['procs']} processes (busy {warm['busy_s']:.0f} s); "
-              f"slowest: " + ", ".join(f"{b} {t:.0f} s" for t, b, _ in warm["slowest"][:3]), file=sys.stderr)
+        print(f"compile warm-up: {summary_line(warm)}", file=sys.stderr)
     if config.workers == 0:
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         cache = RefCache(config.cache_dir) if config.cache_dir != "" else None

@@ -121,6 +121,14 @@ class WarmupSummary:
                 "slowest": [[round(t, 1), b, c] for t, b, c in sorted(self.slowest, reverse=True)[:5]]}
 
 
+def summary_line(w: dict) -> str:
+    """One line of a summary's ``as_dict()``: counts, wall and busy time, the three slowest tasks (printed by the
+    runner and by pytest)."""
+    return (f"{w['signatures']} signatures, {w['runs']} runs, {w['errors']} errors, {w['died']} died, "
+            f"{w['seconds']:.0f} s in {w['procs']} processes (busy {w['busy_s']:.0f} s); slowest: "
+            + ", ".join(f"{b} {t:.0f} s" for t, b, _ in w["slowest"][:3]))
+
+
 def _warm_one(case: Case, backend, device: torch.device) -> str | None:
     """Run ``backend`` once on ``case``: None when done, "skip" when it cannot run the case, else the error."""
     from cases.inputs import make_inputs

@@ -22,16 +22,18 @@ secs=${2:-540}
 t0=$(date +%s)
 # SIGINT first, so that pytest and the runner write their summaries; KILL 20 s later
 run() { timeout -s INT -k 20 "$secs" "$@"; }
+# empty compile and reference caches of its own under DIR (not the shared ones: a step on the other GPU may use them)
+empty_caches() {
+  export TRITON_CACHE_DIR=$1/triton TILELANG_CACHE_DIR=$1/tilelang GDN_PARITY_CACHE=$1/ref
+  rm -rf "$1"; mkdir -p "$1"
+}
 case "$step" in
   cold-warmup)
-    export TRITON_CACHE_DIR=/tmp/coldw/triton TILELANG_CACHE_DIR=/tmp/coldw/tilelang GDN_PARITY_CACHE=/tmp/coldw/ref
-    rm -rf /tmp/coldw; mkdir -p /tmp/coldw "$out/std"
+    empty_caches /tmp/coldw; mkdir -p "$out/std"
     run python3 -m parity warmup --matrix standard --timeout $((secs - 15)) > "$out/std/cold-warmup.json" 2> "$out/std/log-cold-warmup.txt"
     echo "$step rc=$? $(( $(date +%s) - t0 )) s"; cat "$out/std/cold-warmup.json" ;;
   cold-standard)
-    # empty compile and reference caches of its own (not the shared ones: a step on the other GPU may use them)
-    export TRITON_CACHE_DIR=/tmp/cold/triton TILELANG_CACHE_DIR=/tmp/cold/tilelang GDN_PARITY_CACHE=/tmp/cold/ref
-    rm -rf /tmp/cold; mkdir -p /tmp/cold
+    empty_caches /tmp/cold
     ;&
   standard)
     mkdir -p "$out/std"
