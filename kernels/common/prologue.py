@@ -7,6 +7,7 @@ name), so every parameter below that receives a variable is named like the varia
 Variables a macro returns take the caller's names.
 
 * ``dynamic_dims``: the runtime sizes (``T.dynamic``) of a kernel's signature;
+* ``lo_shape``: the shape of a two-term split's lo buffer (a placeholder when the split is off);
 * ``chunk_span``: the token range of chunk ``c`` of the varlen chunk table (parallel kernels);
 * ``seq_span``: the token and chunk range of sequence ``n`` (sequential kernels);
 * ``load_state_vt`` / ``store_state_vt``: a value-first fp32 state block ``[BV, DK]`` from / to a
@@ -21,6 +22,11 @@ BT = 64
 def dynamic_dims(names: str):
     """One ``T.dynamic`` per blank-separated name, e.g. ``Ttot, H, HV = dynamic_dims("Ttot H HV")``."""
     return tuple(T.dynamic(name) for name in names.split())
+
+
+def lo_shape(shape, need: bool):
+    """``shape`` when the lo term of a split operand is used, else an 8x8 placeholder (never read)."""
+    return shape if need else (8, 8)
 
 
 @T.macro

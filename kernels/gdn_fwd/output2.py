@@ -14,7 +14,7 @@ not stored.
 
 import tilelang.language as T
 
-from kernels.common.prologue import chunk_span, dynamic_dims
+from kernels.common.prologue import chunk_span, dynamic_dims, lo_shape
 
 from .cumsum import LOG2E
 
@@ -42,9 +42,6 @@ def build_output_v2(DK: int, DV: int, dtype: str, prec, BV: int = 64, vt: bool =
     p_sp = prec.p == "split"
     u_sp = prec.u == "split"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
-
-    def lo_shape(shape, need):
-        return shape if need else (8, 8)
 
     s_tab = (HV, NC, DV, DK) if vt else (HV, NC, DK, DV)
     u_tab = (HV, NC, DV, BT) if vt else (HV, NC, BT, DV)

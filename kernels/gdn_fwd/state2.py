@@ -21,7 +21,7 @@ advance the transition product ``M`` from the identity with ``v = 0`` (the updat
 
 import tilelang.language as T
 
-from kernels.common.prologue import dynamic_dims, seq_span
+from kernels.common.prologue import dynamic_dims, lo_shape, seq_span
 
 BT = 64
 THREADS = 128
@@ -49,19 +49,11 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
     f32 = "float32"
     W = 2 * DV if scan else DV
     NV = W // BV
-    ks_sp = prec.ks == "split"
-    s_sp = prec.s == "split" and not scan
+    ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits(scan)
     sl_need = ks_sp or s_sp
-    x_sp = prec.x == "split"
-    ag_sp = prec.ag == "split"
-    u_sp = prec.u == "split" and not scan
-    upd_sp = prec.upd == "split"
     store = not scan
 
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
-
-    def lo_shape(shape, need):
-        return shape if need else (8, 8)
 
     @T.prim_func
     def gdn_state_v2(

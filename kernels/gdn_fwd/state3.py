@@ -23,7 +23,7 @@ zero, rows ``[DV, 2 DV)`` = ``M^T`` from the identity with ``v = 0``; writes ``[
 
 import tilelang.language as T
 
-from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, store_state_vt
+from kernels.common.prologue import dynamic_dims, load_state_vt, lo_shape, seq_span, store_state_vt
 
 BT = 64
 FR = T.GemmWarpPolicy.FullRow     # every product splits its M (= value rows) over the warpgroups
@@ -49,19 +49,11 @@ def build_state_rv(DK: int, DV: int, dtype: str, prec, num_stages: int = 2, scan
     threads = 128 * (BV // 64)
     Wr = 2 * DV if scan else DV
     NV = Wr // BV
-    ks_sp = prec.ks == "split"
-    s_sp = prec.s == "split" and not scan
-    x_sp = prec.x == "split"
-    ag_sp = prec.ag == "split"
-    u_sp = prec.u == "split" and not scan
-    upd_sp = prec.upd == "split"
+    ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits(scan)
     store = not scan
 
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
     ht_shape = (Nt, HV, 2 * DV, DK) if scan else (Nt, HV, DK, DV)
-
-    def lo(shape, need):
-        return shape if need else (8, 8)
 
     @T.prim_func
     def gdn_state_rv(
@@ -92,18 +84,18 @@ def build_state_rv(DK: int, DV: int, dtype: str, prec, num_stages: int = 2, scan
             k_s = T.alloc_shared((BT, DK), dtype)
             v_s = T.alloc_shared((BT, BV), dtype)
             ah_s = T.alloc_shared((BT, BT), dtype)
-            al_s = T.alloc_shared(lo((BT, BT), ag_sp), dtype)
+            al_s = T.alloc_shared(lo_shape((BT, BT), ag_sp), dtype)
             f_s = T.alloc_shared((4, BT), f32)
 
             s_f = T.alloc_fragment((BV, DK), f32)
             sa = T.alloc_fragment((BV, DK), dtype)
-            sl = T.alloc_fragment(lo((BV, DK), ks_sp or s_sp), dtype)
+            sl = T.alloc_fragment(lo_shape((BV, DK), ks_sp or s_sp), dtype)
             ks_f = T.alloc_fragment((BV, BT), f32)
             xa = T.alloc_fragment((BV, BT), dtype)
-            xl = T.alloc_fragment(lo((BV, BT), x_sp), dtype)
+            xl = T.alloc_fragment(lo_shape((BV, BT), x_sp), dtype)
             u_f = T.alloc_fragment((BV, BT), f32)
             ua = T.alloc_fragment((BV, BT), dtype)
-            ul = T.alloc_fragment(lo((BV, BT), u_sp or upd_sp), dtype)
+            ul = T.alloc_fragment(lo_shape((BV, BT), u_sp or upd_sp), dtype)
 
             if scan:
                 for i, d in T.Parallel(BV, DK):

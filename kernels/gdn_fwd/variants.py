@@ -36,6 +36,12 @@ class PrecisionV2:
         from dataclasses import replace
         return replace(self, s="bf16", u="bf16", p="bf16")
 
+    def state_splits(self, scan: bool = False) -> tuple[bool, bool, bool, bool, bool, bool]:
+        """(ks, s, x, ag, u, upd): which operands the state kernels (``state2`` / ``state3``) split into hi + lo.
+        The CP scan (``scan``) stores no chunk tables, so its ``s`` and ``u`` are never split."""
+        sp = lambda f: getattr(self, f) == "split"   # noqa: E731
+        return sp("ks"), sp("s") and not scan, sp("x"), sp("ag"), sp("u") and not scan, sp("upd")
+
     def tag(self) -> str:
         """Short name: the fields that are split, e.g. 'sp[ag,upd]' ('bf16' when none)."""
         on = [k for k, v in asdict(self).items() if v == "split"]
