@@ -21,6 +21,7 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
 * ``v2cp4``     - ... forced to 4 segments per sequence;
 * ``v2bv128``   - the rv state kernel with 2 warpgroups (128 value columns) per CTA, CP off;
 * ``v2smem``    - the shared-memory-operand state kernel (state2.py, BV by ``build.block_v``), no CP;
+* ``v2smem16`` / ``v2smem32`` / ``v2smem64`` - the same with BV forced;
 * ``v2lean``    - precision "lean" (no split X / state update: cheaper chain, less accuracy margin);
 * ``v2bf16``    - every operand single bf16 (speed reference; less accurate than FLA);
 * ``intra``     - the v2 intra-chunk kernel alone (part of every v2 variant);
@@ -94,10 +95,13 @@ VARIANTS = {
     "v2cp4": dict(_cp=4),
     "v2bv128": dict(_form="rv", _block_v=128, _cp=1),
     "v2smem": dict(_form="smem"),
+    "v2smem16": dict(_form="smem", _block_v=16),
+    "v2smem32": dict(_form="smem", _block_v=32),
+    "v2smem64": dict(_form="smem", _block_v=64),
     "v2lean": dict(_precision="lean"),
     "v2bf16": dict(_precision="bf16"),
 }
-DEFAULT_VARIANTS = "default,v2rv,v2rvcp,v2smem"   # + v2cp4, v2bv128, v2lean, v2bf16 on request
+DEFAULT_VARIANTS = "default,v2rv,v2rvcp,v2smem"   # + v2cp4, v2bv128, v2smem16/32/64 (forced BV), v2lean, v2bf16 on request
 
 # correctness cases of step 1: (name, B, T, H, HV, varlen lengths, h0 std, state_v_first)
 CHECKS = [
