@@ -45,7 +45,8 @@ def pytest_addoption(parser):
     group.addoption("--case", action="append", default=None, help="only this case id (repeatable)")
     group.addoption("--seeds", type=int, default=None, help="seeds per configuration (default: the matrix's)")
     group.addoption("--warmup", type=int, default=None, help="processes of the compile warm-up pass over the "
-                    "collected parity cells before the tests (default: on a GPU min(12, cores - 2); 0: off)")
+                    "collected parity cells before the tests (default: on a GPU min(12, cores - 2), off under pytest-xdist; "
+                    "0: off)")
 
 
 def pytest_configure(config):
@@ -169,7 +170,12 @@ def _warmup(session) -> None:
     cells = [item.callspec.params["parity_cell"] for item in session.items
              if hasattr(item, "callspec") and "parity_cell" in item.callspec.params
              and not item.get_closest_marker("skip")]
-    procs = runner.warmup_procs(session.config.getoption("--warmup"), len(cells))
+    requested = session.config.getoption("--warmup")
+    if requested is None and os.environ.get("PYTEST_XDIST_WORKER"):
+        # under pytest-xdist (-n N) the workers already compile in parallel, and a warm-up in every worker would
+        # compile everything N times: off unless --warmup asks for it
+        return
+    procs = runner.warmup_procs(requested, len(cells))
     if not cells or not procs:
         return
     from parity.warmup import summary_line, warmup

@@ -54,7 +54,10 @@ def main(argv=None) -> int:
     def call():
         o, ht = fn(*leaves, **kw, _impl=impl)
         if not args.fwd_only:
-            torch.autograd.backward((o, ht), (do, dht))
+            # autograd runs a CUDA backward on its own device thread, outside this thread's NVTX range (ncu then
+            # profiled the forward alone): run it on this thread
+            with torch.autograd.set_multithreading_enabled(False):
+                torch.autograd.backward((o, ht), (do, dht))
         return o
 
     call()                                  # compile and warm up, outside the range

@@ -117,7 +117,7 @@ class RefCache:
 
         p = self.path(case)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(".tmp")
+        tmp = p.with_suffix(f".{os.getpid()}.tmp")    # one per process: pytest-xdist workers share the cache
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
         os.replace(tmp, p)
         return True

@@ -6,6 +6,8 @@
 if [ ! -d /tmp/site/tilelang ]; then
   mkdir -p /tmp/site && tar -xJf .gpu/gpu-site.tar.xz -C /tmp/site
 fi
+# pure-Python extras the box lacks (pytest-xdist and execnet, from this machine's .venv: scripts/gpu_pyextra.sh)
+if [ -f .gpu/pyextra.tar.xz ] && [ ! -d /tmp/site/xdist ]; then tar -xJf .gpu/pyextra.tar.xz -C /tmp/site; fi
 # compile caches saved by scripts/gpu_save_caches.sh (xz parts) or older single .tgz files
 restore() {  # restore NAME DIR-under-HOME
   [ -d "$HOME/$2" ] && return 0

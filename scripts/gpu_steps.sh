@@ -6,8 +6,8 @@
 #   scripts/gpu_steps.sh standard [SECONDS]   # parity run --matrix standard (resumes OUT/std/results.jsonl)
 #   scripts/gpu_steps.sh cold-standard [S]    # the same after emptying the compile caches: the cold timing (#3)
 #   scripts/gpu_steps.sh cold-warmup [S]      # parity warmup --matrix standard on empty caches: cold compile alone
-#   scripts/gpu_steps.sh pytest [SECONDS]     # pytest -m gpu --matrix standard (#6); junit XML + log. In two
-#       parts, one per GPU (the whole run is longer than one 10-minute call), e.g.
+#   scripts/gpu_steps.sh pytest [SECONDS]     # pytest -m gpu --matrix standard -n $PT_WORKERS (default 6 xdist
+#       processes on one GPU) (#6); junit XML + log. Or in two parts, one per GPU, e.g.
 #       PT_TAG=a PYTEST_ARGS="tests/test_matrix.py tests/test_properties.py --backend fla-triton
 #         --backend fla-dispatch --backend fla-recurrent"                    on GPU 0, and
 #       PT_TAG=b PYTEST_ARGS="tests/test_matrix.py tests/test_properties.py tests/test_known_failures.py
@@ -45,8 +45,10 @@ case "$step" in
     # PYTEST_ARGS selects a part (files, --backend ...), PT_TAG names its output folder: see the header
     d="$out/pt${PT_TAG:-}"; mkdir -p "$d"
     # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
+    # PT_WORKERS pytest-xdist processes on the one GPU (default 6; 0: no xdist), see gpu_env.sh for xdist
+    nx=(); [ "${PT_WORKERS:-6}" != 0 ] && nx=(-n "${PT_WORKERS:-6}")
     GDN_PARITY_CACHE=/tmp/ref-pt${PT_TAG:-} run python3 -m pytest -m gpu --matrix standard -q -p no:cacheprovider \
-      -rfEX --durations=15 --junitxml="$d/junit.xml" ${PYTEST_ARGS:-} > "$d/pytest.txt" 2>&1
+      -rfEX --durations=15 --junitxml="$d/junit.xml" "${nx[@]}" ${PYTEST_ARGS:-} > "$d/pytest.txt" 2>&1
     echo "pytest${PT_TAG:-} rc=$? $(( $(date +%s) - t0 )) s"; tail -15 "$d/pytest.txt" ;;
   kernels-fwd)
     mkdir -p "$out/k"

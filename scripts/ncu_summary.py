@@ -29,7 +29,8 @@ METRICS = {  # column -> ncu metric name (details page)
     "occ%": "Achieved Occupancy",
     "cpi": "Warp Cycles Per Issued Instruction",
 }
-TIME_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+TIME_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,   # older ncu
+           "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}                          # ncu 2025 (H200 box)
 BYTES_KB = {"byte": 1 / 1024, "Kbyte": 1000 / 1024, "KB": 1.0, "Mbyte": 1e6 / 1024, "MB": 1024.0}
 
 
@@ -63,7 +64,8 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         first = g.iloc[0]
         row = {"id": kid, "kernel": first["Kernel Name"].split("(")[0],
                "grid": first.get("Grid Size", "-"), "block": first.get("Block Size", "-")}
-        by_name = {r["Metric Name"]: r for _, r in g.iterrows()}
+        # rule rows (ncu's advice lines) have no metric name: pandas reads it as NaN
+        by_name = {r["Metric Name"]: r for _, r in g.iterrows() if isinstance(r["Metric Name"], str)}
         for col, name in METRICS.items():
             r = by_name.get(name)
             try:

@@ -40,18 +40,22 @@ CSV = "\n".join([
          grid="(2, 32, 1)"),
     _row(2, "gdn_bwd_dqk_inter_kernel(float const*, ...)", "GPU Speed Of Light Throughput", "Duration", "usecond",
          "940"),
+    # ncu 2025 (the H200 box) writes "ns", and rule rows (advice) with an empty metric name
+    _row(3, "gdn_output_v2_kernel", "GPU Speed Of Light Throughput", "Duration", "ns", "1,498,304"),
+    _row(3, "gdn_output_v2_kernel", "Occupancy", "", "", ""),
 ])
 
 
 def test_one_line_per_launch_with_units_converted():
     s = ncu.summarize(ncu.read(CSV))
-    assert list(s["id"]) == [0, 1, 2] and s.loc[0, "kernel"] == "gdn_bwd_dqk_inter_kernel"
+    assert list(s["id"]) == [0, 1, 2, 3] and s.loc[0, "kernel"] == "gdn_bwd_dqk_inter_kernel"
     assert s.loc[0, "us"] == pytest.approx(13060.0) and s.loc[1, "us"] == pytest.approx(3707.0)
+    assert s.loc[3, "us"] == pytest.approx(1498.304) and s.loc[3, "limiter"] == "-"
     assert s.loc[0, "regs"] == 253 and s.loc[0, "smem_kb"] == pytest.approx(149.5 * 1000 / 1024)
     assert s.loc[0, "limiter"] == "Shared Mem" and s.loc[1, "limiter"] == "-"
     assert s.loc[1, "sm%"] != s.loc[1, "sm%"]  # not collected: NaN, shown as "-"
     text = ncu.render(s)
-    assert "gdn_bwd_dh_kernel" in text and "time per kernel (total 17707.0 us)" in text
+    assert "gdn_bwd_dh_kernel" in text and "time per kernel (total 19205.3 us)" in text
     lines = text.splitlines()
     first_total = next(i for i, line in enumerate(lines) if line.startswith("time per kernel")) + 3
     assert lines[first_total].split()[0] == "gdn_bwd_dqk_inter_kernel"  # the largest share first
