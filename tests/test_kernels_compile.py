@@ -4,7 +4,8 @@ Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The set of
 configurations is ``kernels.gdn_fwd.build.all_configs()`` (the v2 path, the
 only one: intra2, the register-operand state kernel and its CP scan, the
 shared-memory state kernel at every BV ``block_v`` picks, output2 in both table
-layouts; default and default_h0 precision; bf16 and fp16).  Everything
+layouts and both forms (one chunk per CTA; several, pipelined); default and default_h0 precision; bf16
+and fp16).  Everything
 else (T, B, N, H, HV / GVA ratio, h0, final state, state layout, l2norm, gate dtype,
 varlen or dense, head dim 64 (zero-padded)) is a runtime argument of the same
 binaries.
@@ -14,7 +15,7 @@ Asserts what the design relies on, from the generated CUDA and from ptxas:
   there is no TF32 anywhere, with the number of products the precision implies
   (``_want_wgmma``); the rv state kernel takes every A operand from registers
   (``wgmma_rs``), the output kernel its P;
-* the sequential kernels' chunk loads are TMA (``tma_load``) into a
+* the sequential kernels' chunk loads (and the pipelined output kernel's) are TMA (``tma_load``) into a
   double-buffered, mbarrier-synchronised pipeline (TileLang's warp-specialised
   ``T.Pipelined``), and they store no chunk table with TMA;
 * exponentials are exp2 (fast math);
@@ -22,7 +23,7 @@ Asserts what the design relies on, from the generated CUDA and from ptxas:
   block stay in registers).
 
 Compiles in 2 processes; prints each kernel's compile and ptxas time and the total
-(~4.5 min cold on 2 cores for the 28 kernels).
+(~5.5 min cold on 2 cores for the 36 kernels).
 """
 
 
@@ -81,4 +82,6 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
             assert src.count("wgmma_rs<") == want, src.count("wgmma_rs<")
     elif r["kind"] == "Output2Config":                          # P (+ Pl) from registers
         assert src.count("wgmma_rs<") == 1 + _sp(cfg.prec, "p") + _sp(cfg.prec, "u")
+        if cfg.cpb:                                             # "pipe": TMA loads in a warp-specialised pipeline
+            assert "tma_load" in src and "mbarrier" in src and "warpgroup_reg_alloc" in src
     check_ptxas(r["ptxas"])

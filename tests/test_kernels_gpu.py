@@ -74,17 +74,22 @@ def test_bad_input_on_gpu_raises_valueerror():
         kernels.chunk_gated_delta_rule(q, k, v, g, b, initial_state=torch.zeros(3, 4, 128, 128, device="cuda"))
 
 
-_KNOB_CASES = [c for c in tt.GPU_CASES if c.name in ("T1000_h0_gva2", "varlen_boundaries_h0_vfirst", "D64_h0_vfirst")]
+# with h0 (precision "default_h0") and without ("default": the pipelined output kernel's 128-column form)
+_KNOB_CASES = [c for c in tt.GPU_CASES if c.name in ("T1000_h0_gva2", "varlen_boundaries_h0_vfirst", "D64_h0_vfirst",
+                                                     "varlen_300_short_h0", "T8192", "gva4_l2norm")]
 
 
 @pytest.mark.parametrize("knobs", [dict(_form="rv", _cp=1), dict(_cp=3), dict(_form="rv", _block_v=128, _cp=1),
-                                   dict(_form="smem", _precision="max")],
-                         ids=["v2_rv", "v2_rv_cp3", "v2_rv_bv128", "v2_smem_max"])
+                                   dict(_form="smem", _precision="max"), dict(_out="chunk"), dict(_out="pipe"),
+                                   dict(_out="pipe", _form="rv", _cp=1)],
+                         ids=["v2_rv", "v2_rv_cp3", "v2_rv_bv128", "v2_smem_max", "v2_chunk", "v2_pipe",
+                              "v2_pipe_rv"])
 @pytest.mark.parametrize("case", _KNOB_CASES, ids=[c.name for c in _KNOB_CASES])
 def test_private_knobs(case, knobs):
     """The variants the benchmark times besides the default: the register-operand state kernel
-    without CP, with CP forced on and with BV 128, and the shared-memory one at the "max" precision
-    preset (bounds: ``testing.bounds``)."""
+    without CP, with CP forced on and with BV 128, the shared-memory one at the "max" precision
+    preset, and both output kernel forms ("chunk", "pipe"; with key-first and value-first chunk tables)
+    (bounds: ``testing.bounds``)."""
     from kernels.gdn_fwd.api import chunk_gated_delta_rule as impl
 
     dev = torch.device("cuda")

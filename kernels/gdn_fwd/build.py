@@ -17,7 +17,10 @@ KERNEL_HEAD_DIM = 128          # the kernels are built for K == V == 128; K == V
 DEFAULT_PATH = "split2"        # the only forward path: intra2 / state kernel [+ CP scan] / output2
 REMOVED_PATHS = ("split", "fused")  # the older paths, removed after the H200 comparison (last in commit 830262b)
 DEFAULT_PRECISION_V2 = "default"   # preset name in variants.PRECISIONS_V2
-OUT2_BV = 64                   # value columns per CTA of the v2 output kernel
+OUT2_BV = 64                   # value columns per CTA of the v2 output kernel, one chunk per CTA ("chunk")
+OUT_CPB = 8                    # chunks per CTA of the pipelined output kernel ("pipe")
+OUTPUT_FORMS = ("chunk", "pipe")
+DEFAULT_OUTPUT = "chunk"       # output kernel form unless the API's _out or GDN_TILELANG_OUTPUT says otherwise
 SCAN_BV = 32                   # value columns per CTA of the CP phase-1 scan (over 2 x 128 columns)
 NUM_STAGES = 2                 # software pipelining depth of the sequential kernels' chunk loads
 
@@ -58,10 +61,34 @@ class Output2Config:
     BV: int = OUT2_BV
     vt: bool = True                # value-first chunk tables (from the "rv" state kernel)
     DK: int = KERNEL_HEAD_DIM
+    cpb: int = 0                   # 0: one chunk per CTA; > 0: that many chunks per CTA, pipelined TMA loads
 
     @property
     def name(self) -> str:
-        return f"output2[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},{'vt' if self.vt else 'kt'},{self.dtype}]"
+        pipe = f",cpb={self.cpb}" if self.cpb else ""
+        return f"output2[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},{'vt' if self.vt else 'kt'}{pipe},{self.dtype}]"
+
+
+def output_form(out: str | None = None) -> str:
+    """The output kernel form: ``out`` if given, else the environment's ``GDN_TILELANG_OUTPUT`` (a developer
+    override, e.g. to run the harness on the other form), else ``DEFAULT_OUTPUT``."""
+    import os
+
+    form = out or os.environ.get("GDN_TILELANG_OUTPUT") or DEFAULT_OUTPUT
+    if form not in OUTPUT_FORMS:
+        raise ValueError(f"unknown output kernel form {form!r}; forms: {OUTPUT_FORMS}")
+    return form
+
+
+def output_config(dtype: str, prec, vt: bool, out: str | None = None) -> "Output2Config":
+    """"chunk": ``output2`` with one chunk per CTA and ``OUT2_BV`` value columns.  "pipe": ``OUT_CPB`` chunks
+    per CTA in a pipelined loop, all 128 value columns (q and k read once per chunk and head), or 64 when the
+    chunk-start state is split (``prec.s``: two 32 KB state tiles per stage would not fit twice in shared
+    memory)."""
+    if output_form(out) == "chunk":
+        return Output2Config(dtype, prec, vt=vt)
+    bv = 64 if prec.s == "split" else KERNEL_HEAD_DIM
+    return Output2Config(dtype, prec, BV=bv, vt=vt, cpb=OUT_CPB)
 
 
 # ~SMs of an H200 (132); the sequential state kernel wants about one CTA per SM.
@@ -146,7 +173,7 @@ def precision_v2(precision, has_h0: bool = False):
 
 
 def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precision=None, cp: int = 1,
-                form: str | None = None):
+                form: str | None = None, out: str | None = None):
     """(intra2, state, output2[, scan]) of the v2 path; the scan only when cp > 1 (rv form only: the
     smem form's scan compiles with a 16 KB stack frame, so that form always runs without CP)."""
     prec = precision_v2(precision)
@@ -162,7 +189,7 @@ def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precisio
     else:
         bv, sbv = BV or (SCAN_BV if cp > 1 else block_v(n_seq, HV)), SCAN_BV
     out = [Intra2Config(dtype, prec.merge, prec.ag), State2Config(dtype, bv, prec, form=form),
-           Output2Config(dtype, prec, vt=form == "rv")]
+           output_config(dtype, prec, form == "rv", out)]
     if cp > 1:
         out.append(State2Config(dtype, sbv, prec.for_scan(), scan=True, form=form))
     return tuple(out)
@@ -180,12 +207,13 @@ def all_configs():
     out = []
     for dtype in DTYPES:
         for prec in (precision_v2(None), precision_v2(None, has_h0=True)):
-            cfgs = list(dispatch_v2(dtype, 1, 1, precision=prec, cp=2))                 # rv + CP scan
-            for bv in (64, 32, 16):                                                       # smem, by block_v
-                cfgs += dispatch_v2(dtype, 1, 1, BV=bv, precision=prec, cp=1, form="smem")
-            for c in cfgs:
-                if c not in out:
-                    out.append(c)
+            for form in OUTPUT_FORMS:
+                cfgs = list(dispatch_v2(dtype, 1, 1, precision=prec, cp=2, out=form))    # rv + CP scan
+                for bv in (64, 32, 16):                                                   # smem, by block_v
+                    cfgs += dispatch_v2(dtype, 1, 1, BV=bv, precision=prec, cp=1, form="smem", out=form)
+                for c in cfgs:
+                    if c not in out:
+                        out.append(c)
     return out
 
 
@@ -201,7 +229,7 @@ def prim_func(cfg):
         return build_state_v2(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan)
     if isinstance(cfg, Output2Config):
         from .output2 import build_output_v2
-        return build_output_v2(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.BV, cfg.vt)
+        return build_output_v2(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.BV, cfg.vt, cfg.cpb, NUM_STAGES)
     raise TypeError(f"not a forward kernel configuration: {cfg!r}")
 
 

@@ -21,10 +21,50 @@ from .cumsum import LOG2E
 BT = 64
 
 
-def build_output_v2(DK: int, DV: int, dtype: str, prec, BV: int = 64, vt: bool = True):
+@T.macro
+def _chunk_output(q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, qk, pa, pl, o_f, o, t0, eos, hv, v0, vt, s_sp, p_sp, u_sp):
+    """``o[t0 + i, hv, v0:v0 + BV] = O[i]`` for the rows ``t0 + i < eos`` of one chunk whose tiles are in shared
+    memory (the module docstring's formula)."""
+    dtype = q_s.dtype
+    BV = o_f.shape[1]
+    # P = scale rq_t rk_j e^(G_t - G_j) (Q K^T)_tj, lower triangle incl. the diagonal
+    T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
+    for i, j in T.Parallel(BT, BT):
+        qk[i, j] = T.if_then_else(
+            j <= i, f_s[5, i] * f_s[6, j] * T.exp2((f_s[4, i] - f_s[4, j]) * LOG2E) * qk[i, j],
+            T.float32(0))
+    for i, j in T.Parallel(BT, BT):
+        pa[i, j] = T.cast(qk[i, j], dtype)
+    if p_sp:
+        for i, j in T.Parallel(BT, BT):
+            pl[i, j] = T.cast(qk[i, j] - T.cast(T.cast(qk[i, j], dtype), "float32"), dtype)
+
+    T.gemm(q_s, s_s, o_f, transpose_B=vt, clear_accum=True)
+    if s_sp:
+        T.gemm(q_s, sl_s, o_f, transpose_B=vt)
+    for i, j in T.Parallel(BT, BV):
+        o_f[i, j] = o_f[i, j] * f_s[1, i]
+    T.gemm(pa, uh_s, o_f, transpose_B=vt)
+    if p_sp:
+        T.gemm(pl, uh_s, o_f, transpose_B=vt)
+    if u_sp:
+        T.gemm(pa, ul_s, o_f, transpose_B=vt)
+    for i, j in T.Parallel(BT, BV):
+        if t0 + i < eos:
+            o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j], dtype)
+
+
+def build_output_v2(DK: int, DV: int, dtype: str, prec, BV: int = 64, vt: bool = True, cpb: int = 0,
+                    num_stages: int = 2):
     """``vt``: the chunk tables are value-first (``state3.py``: ``Sch [HV, NC, DV, DK]``, ``Uh [HV, NC, DV, 64]``);
     otherwise key-first (``state2.py``: ``Sch [HV, NC, DK, DV]``, ``Uh [HV, NC, 64, DV]``).  P is kept in
     registers and used as the register A operand of ``P @ U`` (wgmma_rs).
+
+    ``cpb = 0``: one CTA per (chunk, value block, value head), tiles copied synchronously.  ``cpb > 0``: one CTA
+    per (``cpb`` consecutive chunks, value block, value head), the chunks in a TileLang ``T.Pipelined`` loop
+    (TMA loads of the next chunk's tiles overlap this chunk's products; ``num_stages`` tile sets in shared
+    memory).  The last CTA of a head recomputes chunk ``NC - 1`` for its iterations past the end, without
+    storing.
 
     Arguments:
       q, k        [Ttot, H, DK]      dtype
@@ -48,6 +88,26 @@ def build_output_v2(DK: int, DV: int, dtype: str, prec, BV: int = 64, vt: bool =
     s_tile = (BV, DK) if vt else (DK, BV)
     u_tile = (BV, BT) if vt else (BT, BV)
 
+    @T.macro
+    def load_tiles(q, k, F, Sch, Scl, Uh, Ul, q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, t0, c, h, hv, v0):
+        T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
+        T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
+        T.copy(F[hv, c, 0:8, 0:BT], f_s)
+        if vt:
+            T.copy(Sch[hv, c, v0:v0 + BV, 0:DK], s_s)
+            if s_sp:
+                T.copy(Scl[hv, c, v0:v0 + BV, 0:DK], sl_s)
+            T.copy(Uh[hv, c, v0:v0 + BV, 0:BT], uh_s)
+            if u_sp:
+                T.copy(Ul[hv, c, v0:v0 + BV, 0:BT], ul_s)
+        else:
+            T.copy(Sch[hv, c, 0:DK, v0:v0 + BV], s_s)
+            if s_sp:
+                T.copy(Scl[hv, c, 0:DK, v0:v0 + BV], sl_s)
+            T.copy(Uh[hv, c, 0:BT, v0:v0 + BV], uh_s)
+            if u_sp:
+                T.copy(Ul[hv, c, 0:BT, v0:v0 + BV], ul_s)
+
     @T.prim_func
     def gdn_output_v2(
         q: T.Tensor((Ttot, H, DK), dtype),
@@ -61,9 +121,8 @@ def build_output_v2(DK: int, DV: int, dtype: str, prec, BV: int = 64, vt: bool =
         chunk_indices: T.Tensor((NC, 2), "int32"),
         o: T.Tensor((Ttot, HV, DV), dtype),
     ):
-        with T.Kernel(NC, NV, HV, threads=128) as (c, bv, hv):
+        with T.Kernel(T.ceildiv(NC, cpb) if cpb else NC, NV, HV, threads=128) as (cb, bv, hv):
             h = hv // (HV // H)
-            eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
             v0 = bv * BV
 
             q_s = T.alloc_shared((BT, DK), dtype)
@@ -78,48 +137,18 @@ def build_output_v2(DK: int, DV: int, dtype: str, prec, BV: int = 64, vt: bool =
             qk = T.alloc_fragment((BT, BT), f32)
             o_f = T.alloc_fragment((BT, BV), f32)
 
-            T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
-            T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
-            T.copy(F[hv, c, 0:8, 0:BT], f_s)
-            if vt:
-                T.copy(Sch[hv, c, v0:v0 + BV, 0:DK], s_s)
-                if s_sp:
-                    T.copy(Scl[hv, c, v0:v0 + BV, 0:DK], sl_s)
-                T.copy(Uh[hv, c, v0:v0 + BV, 0:BT], uh_s)
-                if u_sp:
-                    T.copy(Ul[hv, c, v0:v0 + BV, 0:BT], ul_s)
+            if cpb:
+                for it in T.Pipelined(cpb, num_stages=num_stages):
+                    c = T.min(cb * cpb + it, NC - 1)
+                    eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
+                    load_tiles(q, k, F, Sch, Scl, Uh, Ul, q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, t0, c, h, hv, v0)
+                    # past the last chunk: eos = t0 stores nothing
+                    _chunk_output(q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, qk, pa, pl, o_f, o, t0,
+                                  T.if_then_else(cb * cpb + it < NC, eos, t0), hv, v0, vt, s_sp, p_sp, u_sp)
             else:
-                T.copy(Sch[hv, c, 0:DK, v0:v0 + BV], s_s)
-                if s_sp:
-                    T.copy(Scl[hv, c, 0:DK, v0:v0 + BV], sl_s)
-                T.copy(Uh[hv, c, 0:BT, v0:v0 + BV], uh_s)
-                if u_sp:
-                    T.copy(Ul[hv, c, 0:BT, v0:v0 + BV], ul_s)
-
-            # P = scale rq_t rk_j e^(G_t - G_j) (Q K^T)_tj, lower triangle incl. the diagonal
-            T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(BT, BT):
-                qk[i, j] = T.if_then_else(
-                    j <= i, f_s[5, i] * f_s[6, j] * T.exp2((f_s[4, i] - f_s[4, j]) * LOG2E) * qk[i, j],
-                    T.float32(0))
-            for i, j in T.Parallel(BT, BT):
-                pa[i, j] = T.cast(qk[i, j], dtype)
-            if p_sp:
-                for i, j in T.Parallel(BT, BT):
-                    pl[i, j] = T.cast(qk[i, j] - T.cast(T.cast(qk[i, j], dtype), f32), dtype)
-
-            T.gemm(q_s, s_s, o_f, transpose_B=vt, clear_accum=True)
-            if s_sp:
-                T.gemm(q_s, sl_s, o_f, transpose_B=vt)
-            for i, j in T.Parallel(BT, BV):
-                o_f[i, j] = o_f[i, j] * f_s[1, i]
-            T.gemm(pa, uh_s, o_f, transpose_B=vt)
-            if p_sp:
-                T.gemm(pl, uh_s, o_f, transpose_B=vt)
-            if u_sp:
-                T.gemm(pa, ul_s, o_f, transpose_B=vt)
-            for i, j in T.Parallel(BT, BV):
-                if t0 + i < eos:
-                    o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j], dtype)
+                eos, t0 = chunk_span(chunk_indices, cu_seqlens, cb, False)
+                load_tiles(q, k, F, Sch, Scl, Uh, Ul, q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, t0, cb, h, hv, v0)
+                _chunk_output(q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, qk, pa, pl, o_f, o, t0, eos, hv, v0, vt,
+                              s_sp, p_sp, u_sp)
 
     return gdn_output_v2
