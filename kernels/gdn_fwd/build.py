@@ -20,7 +20,11 @@ DEFAULT_PRECISION_V2 = "default"   # preset name in variants.PRECISIONS_V2
 OUT2_BV = 64                   # value columns per CTA of the v2 output kernel, one chunk per CTA ("chunk")
 OUT_CPB = 8                    # chunks per CTA of the pipelined output kernel ("pipe")
 OUTPUT_FORMS = ("chunk", "pipe")
-DEFAULT_OUTPUT = "chunk"       # output kernel form unless the API's _out or GDN_TILELANG_OUTPUT says otherwise
+# output kernel form unless the API's _out or GDN_TILELANG_OUTPUT says otherwise.  "pipe" measured faster on every
+# benchmark shape on an H200 (benchmarks/results/2026-11-30-h200-bench_kernels_fwd-pipe.txt; forward ms, chunk ->
+# pipe: B1 T32768 HV32 2.995 -> 2.114, B8 T4096 HV32 2.916 -> 2.038, B1 T8192 HV8 0.316 -> 0.263, B1 T65536 HV4
+# 1.222 -> 0.990, varlen 8 HV32 3.261 -> 2.337), same o and state errors
+DEFAULT_OUTPUT = "pipe"
 SCAN_BV = 32                   # value columns per CTA of the CP phase-1 scan (over 2 x 128 columns)
 NUM_STAGES = 2                 # software pipelining depth of the sequential kernels' chunk loads
 
