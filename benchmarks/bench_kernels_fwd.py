@@ -23,6 +23,7 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
 * ``v2smem``    - the shared-memory-operand state kernel (state2.py, BV by ``build.block_v``), no CP;
 * ``v2smem16`` / ``v2smem32`` / ``v2smem64`` - the same with BV forced;
 * ``v2pipe``    - the pipelined output kernel (several chunks per CTA, TMA loads; ``build.output_config``);
+* ``v2ax``      - the intra kernel with the merge product over the A_o tile (4 CTAs per SM; ``_intra="ax"``);
 * ``v2lean``    - precision "lean" (no split X / state update: cheaper chain, less accuracy margin);
 * ``v2bf16``    - every operand single bf16 (speed reference; less accurate than FLA);
 * ``intra``     - the v2 intra-chunk kernel alone (part of every v2 variant);
@@ -100,10 +101,11 @@ VARIANTS = {
     "v2smem32": dict(_form="smem", _block_v=32),
     "v2smem64": dict(_form="smem", _block_v=64),
     "v2pipe": dict(_out="pipe"),
+    "v2ax": dict(_intra="ax"),
     "v2lean": dict(_precision="lean"),
     "v2bf16": dict(_precision="bf16"),
 }
-DEFAULT_VARIANTS = "default,v2rv,v2rvcp,v2smem"   # + v2pipe, v2cp4, v2bv128, v2smem16/32/64 (forced BV), v2lean, v2bf16 on request
+DEFAULT_VARIANTS = "default,v2rv,v2rvcp,v2smem"   # + v2pipe, v2ax, v2cp4, v2bv128, v2smem16/32/64 (forced BV), v2lean, v2bf16 on request
 
 # correctness cases of step 1: (name, B, T, H, HV, varlen lengths, h0 std, state_v_first)
 CHECKS = [
@@ -124,7 +126,8 @@ def _needed_configs(variants, shapes):
             kw = VARIANTS.get(v, {})
             prec = precision_v2(kw.get("_precision"), has_h0=h0)
             form, cp = plan_v2(n, HV, max_chunks, kw.get("_form"), kw.get("_cp"))
-            cfgs.extend(dispatch_v2("bfloat16", n, HV, kw.get("_block_v"), prec, cp, form, kw.get("_out")))
+            cfgs.extend(dispatch_v2("bfloat16", n, HV, kw.get("_block_v"), prec, cp, form, kw.get("_out"),
+                                    kw.get("_intra")))
     out = []
     for c in cfgs:
         if c not in out:

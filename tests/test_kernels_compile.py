@@ -4,8 +4,8 @@ Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The set of
 configurations is ``kernels.gdn_fwd.build.all_configs()`` (the v2 path, the
 only one: intra2, the register-operand state kernel and its CP scan, the
 shared-memory state kernel at every BV ``block_v`` picks, output2 in both table
-layouts and both forms (one chunk per CTA; several, pipelined); default and default_h0 precision; bf16
-and fp16).  Everything
+layouts and both forms (one chunk per CTA; several, pipelined), intra2 in both forms ("ax": merge product
+over the A_o tile); default and default_h0 precision; bf16 and fp16).  Everything
 else (T, B, N, H, HV / GVA ratio, h0, final state, state layout, l2norm, gate dtype,
 varlen or dense, head dim 64 (zero-padded)) is a runtime argument of the same
 binaries.
@@ -23,7 +23,7 @@ Asserts what the design relies on, from the generated CUDA and from ptxas:
   block stay in registers).
 
 Compiles in 2 processes; prints each kernel's compile and ptxas time and the total
-(~5.5 min cold on 2 cores for the 36 kernels).
+(~5.5 min cold on 2 cores for the 38 kernels).
 """
 
 

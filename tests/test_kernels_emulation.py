@@ -168,6 +168,17 @@ def test_removed_paths_raise(path, needle):
     assert E.chunk_gated_delta_rule(**_bad(), _path="split2")[0].shape == (1, 8, 4, 64)
 
 
+@pytest.mark.parametrize("knob,needle", [("_out", "unknown output kernel form"), ("_intra", "unknown intra kernel form")])
+def test_unknown_kernel_forms_raise(knob, needle):
+    """The output / intra kernel form knobs name their forms: the API (before any CUDA check) and the emulation."""
+    from kernels.gdn_fwd.api import chunk_gated_delta_rule
+    with pytest.raises(ValueError, match=needle):
+        chunk_gated_delta_rule(**_bad(), **{knob: "nope"})
+    with pytest.raises(ValueError, match=needle):
+        E.chunk_gated_delta_rule(**_bad(), **{knob: "nope"})
+    assert E.chunk_gated_delta_rule(**_bad(), _out="pipe", _intra="ax")[0].shape == (1, 8, 4, 64)
+
+
 @pytest.mark.parametrize("precision", ["high", "fast"])
 def test_old_precisions_raise(precision):
     x = _bad()

@@ -179,6 +179,7 @@ def chunk_gated_delta_rule(
     _cp: int | None = None,
     _form: str | None = None,
     _out: str | None = None,
+    _intra: str | None = None,
 ):
     """GDN chunked forward.  See the module docstring for shapes and dtypes.
 
@@ -189,10 +190,13 @@ def chunk_gated_delta_rule(
     number of segments per sequence of the segment-parallel state passing (1 = off; > 1 implies
     "rv"; None = ``build.plan_v2``); ``_form`` is the state kernel: "smem" (``state2.py``) or "rv"
     (``state3.py``, register operands; None = ``build.plan_v2``); ``_out`` is the output kernel: "chunk" (one
-    chunk per CTA) or "pipe" (several chunks per CTA, pipelined loads; None = ``build.output_form``).
+    chunk per CTA) or "pipe" (several chunks per CTA, pipelined loads; None = ``build.output_form``); ``_intra`` is
+    the intra kernel: "v2" (default) or "ax" (``build.Intra2Config.alias_x``).
     """
-    from .build import check_path
+    from .build import check_path, intra_config, output_form, precision_v2
     check_path(_path)
+    output_form(_out)                     # unknown forms fail here, before any CUDA check
+    intra_config("bfloat16", precision_v2(_precision), _intra)
     B, T, H, HV, K, V, N = _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     if scale is None:
         scale = K ** -0.5
@@ -248,7 +252,7 @@ def chunk_gated_delta_rule(
 
     o2, ht = _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC, N, HV, D, dt,
                      cu_seqlens, B, T, scale, initial_state is not None, output_final_state, state_v_first,
-                     use_qk_l2norm_in_kernel, _block_v, _precision, _cp, _form, cu_host, _out)
+                     use_qk_l2norm_in_kernel, _block_v, _precision, _cp, _form, cu_host, _out, _intra)
     return _finish(o2, ht, pad, B, T, HV, K, V, output_final_state)
 
 
@@ -337,7 +341,7 @@ def _cp_fixup(ZM, h0, seg_of, counts, sched, N, HV, D, vt):
 
 def _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC, N, HV, D, dt, cu_seqlens,
             B, T, scale, use_h0, output_final_state, state_v_first, use_l2, block_v_, precision, cp, form,
-            cu_host=None, out=None):
+            cu_host=None, out=None, intra=None):
     """The v2 path: intra2 -> state (or CP: scan, fix-up, state per segment) -> output2.  ``cu_host``:
     cu_seqlens as a host list (None for dense input)."""
     from .build import dispatch_v2, get_kernel, plan_v2, precision_v2
@@ -354,7 +358,7 @@ def _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC
             max_chunks = max([-(-(cu_host[i + 1] - cu_host[i]) // BT) for i in range(N)] + [0])
     form, cp = plan_v2(N, HV, max_chunks, form, cp)
     vt = form == "rv"
-    cfgs = dispatch_v2(_TL_DTYPE[dt], N, HV, block_v_, prec, cp, form, out)
+    cfgs = dispatch_v2(_TL_DTYPE[dt], N, HV, block_v_, prec, cp, form, out, intra)
     kerns = [get_kernel(c) for c in cfgs]
 
     Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)

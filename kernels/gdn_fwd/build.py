@@ -20,6 +20,8 @@ DEFAULT_PRECISION_V2 = "default"   # preset name in variants.PRECISIONS_V2
 OUT2_BV = 64                   # value columns per CTA of the v2 output kernel, one chunk per CTA ("chunk")
 OUT_CPB = 8                    # chunks per CTA of the pipelined output kernel ("pipe")
 OUTPUT_FORMS = ("chunk", "pipe")
+INTRA_FORMS = ("v2", "ax")      # "ax": Intra2Config.alias_x (4 CTAs per SM; not yet measured on a GPU)
+DEFAULT_INTRA = "v2"
 # output kernel form unless the API's _out or GDN_TILELANG_OUTPUT says otherwise.  "pipe" measured faster on every
 # benchmark shape on an H200 (benchmarks/results/2026-11-30-h200-bench_kernels_fwd-pipe.txt; forward ms, chunk ->
 # pipe: B1 T32768 HV32 2.995 -> 2.114, B8 T4096 HV32 2.916 -> 2.038, B1 T8192 HV8 0.316 -> 0.263, B1 T65536 HV4
@@ -35,10 +37,12 @@ class Intra2Config:
     merge: str = "bf16"
     ag: str = "bf16"
     DK: int = KERNEL_HEAD_DIM
+    alias_x: bool = False          # the merges' product over the A_o tile: 49 instead of 57 KiB of shared memory
 
     @property
     def name(self) -> str:
-        return f"intra2[DK={self.DK},merge={self.merge},ag={self.ag},{self.dtype}]"
+        ax = ",ax" if self.alias_x else ""
+        return f"intra2[DK={self.DK},merge={self.merge},ag={self.ag}{ax},{self.dtype}]"
 
 
 @dataclass(frozen=True)
@@ -176,8 +180,16 @@ def precision_v2(precision, has_h0: bool = False):
     raise ValueError(f"unknown v2 precision {precision!r}; presets: {sorted(PRECISIONS_V2)} or 'sp[f1+f2]'")
 
 
+def intra_config(dtype: str, prec, intra: str | None = None) -> "Intra2Config":
+    """The intra kernel's configuration: form "v2" (``DEFAULT_INTRA``) or "ax" (``alias_x``)."""
+    intra = intra or DEFAULT_INTRA
+    if intra not in INTRA_FORMS:
+        raise ValueError(f"unknown intra kernel form {intra!r}; forms: {INTRA_FORMS}")
+    return Intra2Config(dtype, prec.merge, prec.ag, alias_x=intra == "ax")
+
+
 def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precision=None, cp: int = 1,
-                form: str | None = None, out: str | None = None):
+                form: str | None = None, out: str | None = None, intra: str | None = None):
     """(intra2, state, output2[, scan]) of the v2 path; the scan only when cp > 1 (rv form only: the
     smem form's scan compiles with a 16 KB stack frame, so that form always runs without CP)."""
     prec = precision_v2(precision)
@@ -192,7 +204,7 @@ def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precisio
             raise ValueError(f"the rv state kernel needs BV in (64, 128), got {bv}")
     else:
         bv, sbv = BV or (SCAN_BV if cp > 1 else block_v(n_seq, HV)), SCAN_BV
-    out = [Intra2Config(dtype, prec.merge, prec.ag), State2Config(dtype, bv, prec, form=form),
+    out = [intra_config(dtype, prec, intra), State2Config(dtype, bv, prec, form=form),
            output_config(dtype, prec, form == "rv", out)]
     if cp > 1:
         out.append(State2Config(dtype, sbv, prec.for_scan(), scan=True, form=form))
@@ -218,13 +230,16 @@ def all_configs():
                 for c in cfgs:
                     if c not in out:
                         out.append(c)
+            ax = intra_config(dtype, prec, "ax")
+            if ax not in out:
+                out.append(ax)
     return out
 
 
 def prim_func(cfg):
     if isinstance(cfg, Intra2Config):
         from .intra2 import build_intra_v2
-        return build_intra_v2(cfg.DK, cfg.dtype, cfg.merge, cfg.ag)
+        return build_intra_v2(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.alias_x)
     if isinstance(cfg, State2Config):
         if cfg.form == "rv":
             from .state3 import build_state_rv

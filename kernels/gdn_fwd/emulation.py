@@ -127,13 +127,15 @@ def _gather_chunks(q, k, g, beta, cu_seqlens: list[int], use_l2: bool):
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
                            _path: str | None = None, _precision: str | None = None, _cp: int | None = None,
-                           _form: str | None = None, _block_v: int | None = None, _out: str | None = None):
+                           _form: str | None = None, _block_v: int | None = None, _out: str | None = None,
+                           _intra: str | None = None):
     """Same signature and result layout as ``kernels.chunk_gated_delta_rule`` (incl. its private
-    ``_path`` / ``_precision`` / ``_cp`` knobs; ``_form``, ``_block_v`` and ``_out`` change no rounding), computed by
+    ``_path`` / ``_precision`` / ``_cp`` knobs; ``_form``, ``_block_v``, ``_out`` and ``_intra`` change no rounding), computed by
     the emulation: ``chunk_gated_delta_rule_v2`` with the API's precision and CP choice."""
-    from .build import check_path, output_form, plan_v2, precision_v2
+    from .build import check_path, intra_config, output_form, plan_v2, precision_v2
     check_path(_path)
-    output_form(_out)                     # the same error as the API for an unknown form
+    output_form(_out)                     # the same errors as the API for an unknown form
+    intra_config("bfloat16", precision_v2(_precision), _intra)
     B, T = q.shape[:2]
     HV = v.shape[2]
     if cu_seqlens is None:
