@@ -6,6 +6,8 @@
 #   scripts/gpu_steps.sh standard [SECONDS]   # parity run --matrix standard (resumes OUT/std/results.jsonl)
 #   scripts/gpu_steps.sh cold-standard [S]    # the same after emptying the compile caches: the cold timing (#3)
 #   scripts/gpu_steps.sh cold-warmup [S]      # parity warmup --matrix standard on empty caches: cold compile alone
+#   scripts/gpu_steps.sh warmup [S]           # parity warmup --matrix standard on the shared caches: run it on one
+#       GPU while the pytest step runs on the other, so that the suite's first-use compiles are done in parallel
 #   scripts/gpu_steps.sh pytest [SECONDS]     # pytest -m gpu --matrix standard -n $PT_WORKERS (default 6 xdist
 #       processes on one GPU) (#6); junit XML + log. Or in two parts, one per GPU, e.g.
 #       PT_TAG=a PYTEST_ARGS="tests/test_matrix.py tests/test_properties.py --backend fla-triton
@@ -29,9 +31,12 @@ empty_caches() {
 }
 case "$step" in
   cold-warmup)
-    empty_caches /tmp/coldw; mkdir -p "$out/std"
-    run python3 -m parity warmup --matrix standard --timeout $((secs - 15)) > "$out/std/cold-warmup.json" 2> "$out/std/log-cold-warmup.txt"
-    echo "$step rc=$? $(( $(date +%s) - t0 )) s"; cat "$out/std/cold-warmup.json" ;;
+    empty_caches /tmp/coldw
+    ;&
+  warmup)
+    mkdir -p "$out/std"
+    run python3 -m parity warmup --matrix standard --timeout $((secs - 15)) > "$out/std/$step.json" 2> "$out/std/log-$step.txt"
+    echo "$step rc=$? $(( $(date +%s) - t0 )) s"; cat "$out/std/$step.json" ;;
   cold-standard)
     empty_caches /tmp/cold
     ;&
