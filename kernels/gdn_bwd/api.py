@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.gdn_fwd.api import _TL_DTYPE, _check, _host_list, _require_sm90, _seq_tables
+from kernels.gdn_fwd.api import _TL_DTYPE, _check, _require_sm90, _seq_tables, _varlen_call_tables
 
 from .common import BT, finish, token_index
 
@@ -65,8 +65,10 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     pad = D - K
     Ttot = B * T
     f32 = torch.float32
-    cu_host = None if cu_seqlens is None else _host_list(cu_seqlens)  # the one host sync of a varlen call
-    cu, chunk_indices, chunk_offsets, NC = _seq_tables(B, T, cu_seqlens, dev, cu_host)
+    if cu_seqlens is None:
+        cu_host, (cu, chunk_indices, chunk_offsets, NC) = None, _seq_tables(B, T, None, dev)
+    else:   # the one host sync of a varlen call, none when the previous call had the same cu_seqlens
+        cu_host, (cu, chunk_indices, chunk_offsets, NC) = _varlen_call_tables(B, T, cu_seqlens, dev)
 
     def _out(dq, dk, dv, dg, db, dh0):
         dq = dq[..., :K].reshape(B, T, H, K).to(dt)
@@ -193,12 +195,10 @@ _TOK: dict = {}
 
 
 def _token_index(B, T, cu_host, dev):
-    """``common.token_index`` of the dense layout (cached per B, T, device) or of ``cu_host`` (varlen)."""
-    if cu_host is None:
-        key = (B, T, str(dev))
-        if key not in _TOK:
-            if len(_TOK) > 64:
-                _TOK.clear()
-            _TOK[key] = token_index([b * T for b in range(B + 1)], dev)
-        return _TOK[key]
-    return token_index(cu_host, dev)
+    """``common.token_index`` of the dense layout or of ``cu_host`` (varlen), cached per layout and device."""
+    key = (B, T, str(dev)) if cu_host is None else (tuple(cu_host), str(dev))
+    if key not in _TOK:
+        if len(_TOK) > 64:
+            _TOK.clear()
+        _TOK[key] = token_index([b * T for b in range(B + 1)] if cu_host is None else cu_host, dev)
+    return _TOK[key]
