@@ -150,14 +150,13 @@ def _varlen_call_tables(B, T, cu_seqlens, dev):
     per layer with one ``cu_seqlens``, and only the first call then pays the device -> host copy (a sync) and
     the host-side table build.  (FLA caches its chunk indices by tensor identity the same way.)  The cache holds
     a reference to that one tensor, so its memory cannot be reused by another tensor while it is cached."""
-    last = _VARLEN_LAST.get("key")
+    last = _VARLEN_LAST.get("entry")     # one tuple, replaced in one assignment: no torn key / value pair
     if (last is not None and last[0] is cu_seqlens and last[1] == cu_seqlens._version and last[2] == T
             and last[3] == str(dev)):
-        return _VARLEN_LAST["value"]
+        return last[4]
     cu_host = _host_list(cu_seqlens)
     value = (cu_host, _seq_tables(B, T, cu_seqlens, dev, cu_host))
-    _VARLEN_LAST["key"] = (cu_seqlens, cu_seqlens._version, T, str(dev))
-    _VARLEN_LAST["value"] = value
+    _VARLEN_LAST["entry"] = (cu_seqlens, cu_seqlens._version, T, str(dev), value)
     return value
 
 
