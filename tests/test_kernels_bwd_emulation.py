@@ -20,39 +20,20 @@ from kernels.gdn_fwd import testing as tt
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 
-def _inputs(B, T, H, HV, D=128, lens=None, h0=None, vf=False, l2=True, gate="logsigmoid", dt=torch.bfloat16,
-            gate_dtype=torch.float32, seed=0):
-    N, cu = None, None
-    if lens is not None:
-        T, N = sum(lens), len(lens)
-        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist())
-    q, k, v, g, b, s0 = tt.make_inputs(B, T, H, HV, D, dt, gate=gate, h0=h0, l2=l2, N=N, state_v_first=vf,
-                                       gate_dtype=gate_dtype, seed=seed)
-    gen = torch.Generator().manual_seed(seed + 7)
-    do = torch.randn(B, T, HV, D, generator=gen).to(dt)
-    dht = 0.1 * torch.randn(B if cu is None else N, HV, D, D, generator=gen)
-    if vf:
-        dht = dht.transpose(-1, -2).contiguous()
-    kw = dict(initial_state=s0, use_qk_l2norm_in_kernel=l2, state_v_first=vf, cu_seqlens=cu)
-    return (q, k, v, g, b), do, dht, kw
+_inputs = tt.bwd_inputs
 
 
 def _autograd(fwd, xs, do, dht, kw, cast):
-    leaves = [cast(x).detach().requires_grad_() for x in xs]
-    h0 = kw["initial_state"]
-    h = None if h0 is None else cast(h0).detach().requires_grad_()
-    o, ht = fwd(*leaves, **dict(kw, initial_state=h), output_final_state=True)
-    (o.to(cast(do).dtype) * cast(do)).sum().add((ht * cast(dht)).sum()).backward()
-    return [x.grad for x in leaves] + ([h.grad] if h is not None else [])
+    return tt.autograd_grads(fwd, xs, kw, do, dht, cast)
 
 
-def _check(name, xs, do, dht, kw, near_m20=False):
+def _check(name, xs, do, dht, kw, near_m20=False, tables="split"):
     from reference.chunk import chunk_gated_delta_rule as ref
     from reference.emulated import chunk_gated_delta_rule as emu
 
     want = _autograd(ref, xs, do, dht, kw, lambda x: x.double())
     base = _autograd(emu, xs, do, dht, kw, lambda x: x if x.dtype != torch.float64 else x.float())
-    ours = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    ours = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, _tables=tables)
     dt = xs[0].dtype
     rows = []
     for n, a, b_, r, x in zip(NAMES, ours, base, want, list(xs) + [kw["initial_state"]]):
@@ -84,6 +65,17 @@ CASES = {
 def test_bwd_emulation_vs_fp64(name):
     xs, do, dht, kw = _inputs(**CASES[name])
     _check(name, xs, do, dht, kw, near_m20=CASES[name].get("gate") == "near_-20")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_lean_tables_with_split_state_dots_meet_the_same_bar(name):
+    """Design study for the next inter / intra kernels (``kernels.gdn_bwd.accuracy``): reading only the hi terms of
+    the chunk tables, with the S o dS' row sums still from hi + lo ("lean_sd"), every gradient stays within the
+    FLA-like baseline, the issue's bar.  Not within the stricter bar the kernels meet near g = -20 (dg within the
+    rounding floor): there "lean_sd" is 1.06x the floor (1.99e-3 vs 1.88e-3 at T = 192).  Plain "lean" misses
+    the baseline itself: its dg is 3x the baseline's on fp16 varlen input."""
+    xs, do, dht, kw = _inputs(**CASES[name])
+    _check(name, xs, do, dht, kw, tables="lean_sd")
 
 
 def test_autograd_function_plumbing():

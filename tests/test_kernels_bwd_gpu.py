@@ -60,13 +60,7 @@ def _grads_inputs(case, dev):
     return args, kw, do, dht
 
 
-def _autograd(fwd, args, kw, do, dht, cast, **extra):
-    leaves = [cast(x).detach().requires_grad_() for x in args]
-    h0 = kw["initial_state"]
-    h = None if h0 is None else cast(h0).detach().requires_grad_()
-    o, ht = fwd(*leaves, **dict(kw, initial_state=h), output_final_state=True, **extra)
-    (o.to(cast(do).dtype) * cast(do)).sum().add((ht * cast(dht)).sum()).backward()
-    return [x.grad for x in leaves] + ([h.grad] if h is not None else [])
+_autograd = tt.autograd_grads
 
 
 def _ref(args, kw, do, dht):

@@ -28,6 +28,11 @@ from .common import BT, finish, token_index
 f64 = torch.float64
 
 
+# chunk tables the inter / intra kernels read: hi + lo (the kernels); hi alone ("lean", a study); hi alone but the
+# S o dS' row sums from hi + lo ("lean_sd", a study: those sums carry dg's precision)
+TABLES = ("split", "lean", "lean_sd")
+
+
 def fwd_precision():
     """Precision of the forward recompute: the dispatched "default_h0" preset (chunk state S and U
     stored as hi + lo), so the backward reads S and U to ~16 bits."""
@@ -148,9 +153,14 @@ def dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu, s
     qz = _f32((qc * Z).sum(-1))[None]
     kw = _f32((kc * W).sum(-1))[None]
     kr = _f32((kc * R).sum(-1))[None]
-    sd = _f32(((Sch + Scl) * (dSnh + dSnl)).sum(-2))[None]
+    sd = state_dots(Sch, Scl, dSnh, dSnl)
     yv = _f32(((dYh + dYl) * vc).sum(-1))
     return dqt, dkt, qz, kw, kr, sd, yv
+
+
+def state_dots(Sch, Scl, dSnh, dSnl):
+    """``sd [1, HV, NC, DV]``: the per-value-column sums over the key dim of ``S o dS'`` (a dg term)."""
+    return _f32(((Sch + Scl) * (dSnh + dSnl)).sum(-2))[None]
 
 
 def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
@@ -201,10 +211,15 @@ def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
-                               _stages: dict | None = None):
+                               _stages: dict | None = None, _tables: str = "split"):
     """Emulated backward with the API's shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``_stages``: a dict
-    that receives the intermediates in the layouts of ``api.STAGE_LAYOUT`` (for stage-by-stage checks)."""
+    that receives the intermediates in the layouts of ``api.STAGE_LAYOUT`` (for stage-by-stage checks).
+    ``_tables``: "split" (what the kernels do), or a design study (``accuracy.py``): "lean", the inter and intra
+    kernels read only the hi term of the chunk tables S, U, dS', dY (one input-dtype term each); "lean_sd", the
+    same but the ``S o dS'`` row sums (``state_dots``) still from hi + lo."""
+    if _tables not in TABLES:
+        raise ValueError(f"unknown chunk table precision {_tables!r}; choices: {TABLES}")
     B, T, H, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     dt = q.dtype
@@ -230,9 +245,12 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     Sch, Scl, Uh, Ul, _ = state_v2(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
     Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt)
     dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dS0, dt)
-    dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu,
-                                               scale)
-    dqt2, dkt2, rect, db2 = dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt)
+    lo = (lambda x: x) if _tables == "split" else torch.zeros_like      # "lean": the hi terms alone
+    dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, lo(Scl), Uh, lo(Ul), dSnh, lo(dSnl), dYh,
+                                               lo(dYl), Fb, cu, scale)
+    dqt2, dkt2, rect, db2 = dqk_intra(q2, k2, do2, Uh, lo(Ul), dYh, lo(dYl), Fb, cu, scale, dt)
+    if _tables == "lean_sd":
+        sd = state_dots(Sch, Scl, dSnh, dSnl)
     if _stages is not None:
         _stages.update(Tinv=Th + Tl, Fb=Fb, dUloc=dUloc, dSn=dSnh + dSnl, dY=dYh + dYl, qz=qz.sum(0), kw=kw.sum(0),
                        kr=kr.sum(0), sd=sd.sum(0), yv=yv, rect=rect, db2=db2, S=Sch + Scl, U=Uh + Ul)

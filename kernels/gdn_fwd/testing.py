@@ -130,6 +130,36 @@ def make_inputs(B, T, H, HV, D, dt, *, gate="logsigmoid", beta="uniform", h0=Non
     return [None if x is None else x.to(device) for x in out]
 
 
+def bwd_inputs(B, T, H, HV, D=128, lens=None, h0=None, vf=False, l2=True, gate="logsigmoid", dt=torch.bfloat16,
+               gate_dtype=torch.float32, seed=0):
+    """CPU inputs of a backward check: ``((q, k, v, g, beta), do, dht, kwargs)``; ``lens``: varlen sequence
+    lengths (B = 1); ``do`` ~ N(0, 1) and ``dht`` ~ 0.1 N(0, 1) in the state layout (``vf``: value-first)."""
+    N, cu = None, None
+    if lens is not None:
+        T, N = sum(lens), len(lens)
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist())
+    q, k, v, g, b, s0 = make_inputs(B, T, H, HV, D, dt, gate=gate, h0=h0, l2=l2, N=N, state_v_first=vf,
+                                    gate_dtype=gate_dtype, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 7)
+    do = torch.randn(B, T, HV, D, generator=gen).to(dt)
+    dht = 0.1 * torch.randn(B if cu is None else N, HV, D, D, generator=gen)
+    if vf:
+        dht = dht.transpose(-1, -2).contiguous()
+    kw = dict(initial_state=s0, use_qk_l2norm_in_kernel=l2, state_v_first=vf, cu_seqlens=cu)
+    return (q, k, v, g, b), do, dht, kw
+
+
+def autograd_grads(fwd, xs, kw, do, dht, cast, **extra):
+    """Gradients ``[dq, dk, dv, dg, dbeta] (+ [dh0])`` of ``sum(o * do) + sum(ht * dht)`` through ``fwd`` (FLA's
+    call signature) on the inputs ``xs`` cast by ``cast`` (e.g. to fp64 for the reference)."""
+    leaves = [cast(x).detach().requires_grad_() for x in xs]
+    h0 = kw["initial_state"]
+    h = None if h0 is None else cast(h0).detach().requires_grad_()
+    o, ht = fwd(*leaves, **dict(kw, initial_state=h), output_final_state=True, **extra)
+    (o.to(cast(do).dtype) * cast(do)).sum().add((ht * cast(dht)).sum()).backward()
+    return [x.grad for x in leaves] + ([h.grad] if h is not None else [])
+
+
 def reference_fn():
     """The shared fp64 reference, or the fallback recurrence below."""
     try:

@@ -1,0 +1,70 @@
+"""Accuracy study of the backward's chunk-table precision, on the CPU emulation (no GPU, seconds per case).
+
+    python -m kernels.gdn_bwd.accuracy [--T 1024]
+
+For each case, every gradient's rel_rmse against fp64 autograd (``reference.chunk``) for: the dtype's rounding
+floor ``rel_rmse(ref.to(dtype), ref)``; the FLA-like baseline (autograd through ``reference.emulated``, FLA's
+intermediate roundings); our kernels as built ("split": the inter and intra kernels read the chunk tables S, U,
+dS', dY as hi + lo); "lean" (they read the hi terms alone: half the shared memory and 8 -> 3 products in the
+inter kernel, 5 -> 2 of the intra kernel's value-dim products), the design the next inter / intra kernels can
+pipeline over chunks; and "lean_sd" (lean, but the S o dS' row sums, a dg term, from hi + lo in a pass of their
+own) (``kernels/gdn_bwd/README.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from kernels.gdn_fwd import testing as tt
+
+NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+
+
+def cases(T: int) -> dict:
+    return {
+        f"gauss_h0_T{T}": dict(B=1, T=T, H=2, HV=4, h0=1.0),
+        f"g_zero_no_l2_T{T}": dict(B=1, T=T, H=2, HV=4, gate="zero", l2=False),
+        f"g_small_h0_T{T}": dict(B=1, T=T, H=2, HV=4, gate="small", h0=1.0),
+        f"g_near_-20_T{T // 2}": dict(B=1, T=T // 2, H=1, HV=2, gate="near_-20"),
+        "varlen_1_63_64_65_h0_vfirst_fp16": dict(B=1, T=0, H=1, HV=2, lens=[1, 63, 64, 65, 300], h0=1.0, vf=True,
+                                                 dt=__import__("torch").float16),
+    }
+
+
+def study(spec: dict) -> dict:
+    """{gradient name: {"floor", "fla-like", "split", "lean"}} for one case (``tt.bwd_inputs`` arguments)."""
+    import torch
+
+    from kernels.gdn_bwd.emulation import TABLES, chunk_gated_delta_rule_bwd
+    from reference.chunk import chunk_gated_delta_rule as ref
+    from reference.emulated import chunk_gated_delta_rule as emu
+
+    xs, do, dht, kw = tt.bwd_inputs(**spec)
+    want = tt.autograd_grads(ref, xs, kw, do, dht, lambda x: x.double())
+    base = tt.autograd_grads(emu, xs, kw, do, dht, lambda x: x if x.dtype != torch.float64 else x.float())
+    dt = xs[0].dtype
+    out = {n: {"floor": tt.rel_rmse(r.to(dt), r), "fla-like": tt.rel_rmse(b, r)}
+           for n, r, b in zip(NAMES, want, base)}
+    for tables in TABLES:
+        for n, a, r in zip(NAMES, chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, _tables=tables), want):
+            out[n][tables] = tt.rel_rmse(a, r)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--T", type=int, default=1024)
+    args = ap.parse_args(argv)
+    cols = ("floor", "fla-like", "split", "lean", "lean_sd")
+    print("| case | grad | " + " | ".join(cols) + " |\n|---|---|" + "---|" * len(cols))
+    for name, spec in cases(args.T).items():
+        t = time.time()
+        for n, row in study(spec).items():
+            print(f"| {name} | {n} | " + " | ".join(f"{row[c]:.2e}" for c in cols) + " |", flush=True)
+        print(f"<!-- {name}: {time.time() - t:.1f} s -->")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
