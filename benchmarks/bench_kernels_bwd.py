@@ -12,7 +12,8 @@ Step 0 compiles the TileLang kernels (backward stages + the forward kernels, bf1
 Step 1 prints one correctness line per implementation on two check cases (dense GVA; varlen with h0 and the
 value-first state): each gradient's rel_rmse vs fp64 autograd through ``reference.chunk``, and the FLA-like
 baseline (autograd through ``reference.emulated``), so a fast but wrong variant is visible.  Step 2 times.
-Columns: ``ours`` (TileLang forward + backward), ``FLA`` (FLA_FLASH_QLA=0 FLA_TILELANG=0), ``FlashQLA``.
+Columns: ``ours`` (TileLang forward + backward), ``ours-lean`` (the same with the opt-in "lean_sd" chunk tables
+in the backward, ``--tables``), ``FLA`` (FLA_FLASH_QLA=0 FLA_TILELANG=0), ``FlashQLA``.
 ``--dry-run``: CPU plumbing test, the torch emulations stand in for the kernels, shapes shrink 256x.
 """
 
@@ -69,7 +70,11 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=min(10, os.cpu_count() or 1))
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--tables", default="split,lean_sd",
+                    help="our backward's chunk-table precisions to time: 'split' is column 'ours', 'lean_sd' (opt-in, "
+                    "gdn_bwd/dqk_lean.py) is column 'ours-lean'")
     args = ap.parse_args(argv)
+    tables = [t for t in args.tables.split(",") if t]
 
     from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as ours_fn
     from kernels.gdn_fwd import testing as tt
@@ -111,10 +116,12 @@ def main(argv=None):
         for B, T, HV, lens, h0 in todo:
             n = len(lens) if lens else B
             mc = max(-(-x // 64) for x in lens) if lens else -(-T // 64)
-            cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0) if c not in cfgs]
+            for tb in tables:
+                cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0, tb) if c not in cfgs]
         precompile(cfgs, args.workers, log=lambda m: print(m, flush=True))
 
-    impls = [("ours", ours)]
+    impls = [("ours" if tb == "split" else "ours-lean", (lambda *a, tb=tb, **k: ours(*a, **k, _tables=tb)))
+             for tb in tables]
     skipped = {}
     if not args.dry_run:
         fla = tt.fla_triton_fn()
@@ -181,19 +188,22 @@ def main(argv=None):
             r = row[iname]
             print(f"  {name:<24} {iname:<9} " + (f"fwd {r[0]:.3f}  fwd+bwd {r[1]:.3f}  bwd {r[1] - r[0]:.3f} ms"
                                                  if r else "failed") + f"  ({time.time() - t0:.1f} s)", flush=True)
-        if not args.dry_run and row.get("ours"):
+        for tb in tables:
+            iname = "ours" if tb == "split" else "ours-lean"
+            if args.dry_run or not row.get(iname):
+                continue
             try:              # where the backward's time goes (one call, CUDA events between the launches)
                 from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd, stage_times
                 for _ in range(2):
                     ev = []
                     chunk_gated_delta_rule_bwd(*a, do, dht, initial_state=kw["initial_state"],
                                                state_v_first=kw["state_v_first"], cu_seqlens=kw["cu_seqlens"],
-                                               _events=ev)
+                                               _events=ev, _tables=tb)
                     st = stage_times(ev)
-                print(f"  {name:<24} ours bwd stages: " + "  ".join(f"{k} {v:.3f}" for k, v in st.items())
+                print(f"  {name:<24} {iname} bwd stages: " + "  ".join(f"{k} {v:.3f}" for k, v in st.items())
                       + " ms", flush=True)
             except Exception as e:
-                print(f"  {name:<24} ours bwd stages: failed {describe_error(e)[:160]}", flush=True)
+                print(f"  {name:<24} {iname} bwd stages: failed {describe_error(e)[:160]}", flush=True)
         results[name] = row
         del a, kw, do, dht, leaves
         if dev.type == "cuda":
@@ -201,16 +211,20 @@ def main(argv=None):
 
     cols = [n for n, _ in impls]
     print(f"\n== summary: fwd+bwd (bwd) median ms, bf16 [{time.time() - t_start:.0f} s] ==")
-    print(f"{'shape':<26}" + "".join(f"{c:>20}" for c in cols) + "   FLA/ours  FQLA/ours (fwd+bwd; bwd)")
+    mine = [c for c in cols if c.startswith("ours")]
+    print(f"{'shape':<26}" + "".join(f"{c:>20}" for c in cols)
+          + "".join(f"   FLA/{m}  FQLA/{m} (fwd+bwd; bwd)" for m in mine))
     for name, row in results.items():
         line = f"{name:<26}"
         for c in cols:
             r = row.get(c)
             line += f"{('%.3f (%.3f)' % (r[1], r[1] - r[0])) if r else '-':>20}"
-        o = row.get("ours")
-        for c in ("FLA", "FlashQLA"):
-            r = row.get(c)
-            line += (f"   {r[1] / o[1]:.2f}; {(r[1] - r[0]) / max(o[1] - o[0], 1e-9):.2f}" if (r and o) else "   -")
+        for m in mine:
+            o = row.get(m)
+            for c in ("FLA", "FlashQLA"):
+                r = row.get(c)
+                line += (f"   {r[1] / o[1]:.2f}; {(r[1] - r[0]) / max(o[1] - o[0], 1e-9):.2f}" if (r and o)
+                         else "   -")
         print(line)
     for c, why in skipped.items():
         print(f"column {c} skipped/failed: {why}")

@@ -1,8 +1,8 @@
 """Compile every backward kernel configuration of our TileLang GDN backward for sm_90a, on the CPU.
 
 Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The configurations are
-``kernels.gdn_bwd.build.all_configs()``: the 4 stages (prep, dh, dqk_inter, dqk_intra) x {bf16, fp16} at
-K = V = 128.  Everything else (T, B, N, H, HV / GVA ratio, h0, dht present, state layout, l2norm, gate dtype,
+``kernels.gdn_bwd.build.all_configs()``: the 4 stages (prep, dh, dqk_inter, dqk_intra) and the opt-in
+"lean_sd" pair (dqk_inter_lean, state_dots) x {bf16, fp16} at K = V = 128.  Everything else (T, B, N, H, HV / GVA ratio, h0, dht present, state layout, l2norm, gate dtype,
 varlen or dense, head dim 64 zero-padded, scale) is a runtime argument of the same binaries.  The forward
 recompute runs the forward's dispatched intra2 / state kernels, compiled by ``test_kernels_compile.py``.
 
@@ -30,8 +30,9 @@ N_WORKERS = max(1, min(2, os.cpu_count() or 1))
 
 # wgmma call sites: prep = K K^T + 2 merge levels x 2 + Q K^T + dO^T (Ph, Pl); dh = dS K^T (2) + dU Tinv (3)
 # + dO^T Q (2) + dX^T K (2); inter = dO S^T (2) + dY S^T (3) + U dS'^T (3); intra = Q K^T + K K^T + dO U^T (2)
-# + dY U^T (3) + dq (2) + dk (6)
-_WANT_WGMMA = {"prep": 1 + 4 + 1 + 2, "dh": 2 + 3 + 2 + 2, "inter": 2 + 3 + 3, "intra": 1 + 1 + 2 + 3 + 2 + 6}
+# + dY U^T (3) + dq (2) + dk (6); inter_lean = dO Sh^T + dYh Sh^T + Uh dSh'^T; dots: none (CUDA-core sums)
+_WANT_WGMMA = {"prep": 1 + 4 + 1 + 2, "dh": 2 + 3 + 2 + 2, "inter": 2 + 3 + 3, "intra": 1 + 1 + 2 + 3 + 2 + 6,
+               "inter_lean": 3, "dots": 0}
 
 
 def _job(i):
@@ -49,7 +50,9 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     src = r["source"]
     want = _WANT_WGMMA[cfg.kind]
     check_wgmma(src, cfg.dtype, want)
-    assert "exp2f" in src or cfg.kind == "dh"
+    assert "exp2f" in src or cfg.kind in ("dh", "dots")
+    if cfg.kind == "inter_lean":                    # its chunks' tiles: TMA into a warp-specialised pipeline
+        assert "tma_load" in src and "mbarrier" in src and "warpgroup_reg_alloc" in src
     if cfg.kind == "dh":
         assert src.count("wgmma_rs<") == want, src.count("wgmma_rs<")
         assert "tma_load" in src and "mbarrier" in src and "tma_store" not in src

@@ -107,6 +107,27 @@ def test_autograd_function_plumbing():
         assert torch.equal(a, b_), n
 
 
+def test_tables_knob_reaches_the_backward_and_rejects_unknown_values():
+    """``_tables`` goes through the autograd Function to the backward (here its emulation: "lean_sd" gives the
+    emulation's lean_sd gradients, not the default ones); the kernel API rejects an unknown value before any
+    CUDA check, the emulation too."""
+    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
+
+    xs, do, dht, kw = _inputs(1, 70, 1, 2, h0=1.0)
+    leaves = [x.clone().requires_grad_() for x in xs]
+    o, ht = fn(*leaves, **dict(kw, initial_state=None), output_final_state=True, _impl="emulation",
+               _tables="lean_sd")
+    (o.float() * do.float()).sum().add((ht * dht).sum()).backward()
+    lean = chunk_gated_delta_rule_bwd(*xs, do, dht, **dict(kw, initial_state=None), _tables="lean_sd")
+    split = chunk_gated_delta_rule_bwd(*xs, do, dht, **dict(kw, initial_state=None))
+    for n, a, b_, c in zip(NAMES, [x.grad for x in leaves], lean, split):
+        assert torch.equal(a, b_), n
+    assert not torch.equal(lean[0], split[0])           # the knob changes the dq products
+    for impl in (kern, chunk_gated_delta_rule_bwd):
+        with pytest.raises(ValueError, match="unknown chunk table precision"):
+            impl(*xs, do, dht, **kw, _tables="nope")
+
+
 def test_dg_has_no_cancellation_near_minus_20():
     """g near -20: the true dg is ~e^-20 times the other gradients; a scheme that forms dG_t per row and
     reverse-cumsums it (rowsum - colsum of the intra terms, the last row's e^(GL-G) terms against d/dGL)

@@ -43,7 +43,8 @@ def _precompile():
         lens = c.lens or [c.T] * c.B
         n, mc = len(lens), max([-(-x // 64) for x in lens] + [0])
         dt = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[c.dtype]
-        cfgs += [x for x in configs_for_call(dt, n, c.HV, mc, c.h0 is not None) if x not in cfgs]
+        for tables in ("split", "lean_sd"):
+            cfgs += [x for x in configs_for_call(dt, n, c.HV, mc, c.h0 is not None, tables) if x not in cfgs]
     failed = precompile(cfgs, min(10, os.cpu_count() or 1))
     assert not failed, failed
 
@@ -109,20 +110,23 @@ def test_gradients_against_fp64(case):
 _STAGE_CASES = [c for c in CASES if c.name in ("T65_h0", "varlen_boundaries_h0_vfirst", "gva4_l2norm")]
 
 
+@pytest.mark.parametrize("tables", ["split", "lean_sd"])
 @pytest.mark.parametrize("case", _STAGE_CASES, ids=[c.name for c in _STAGE_CASES])
-def test_stages_match_emulation(case):
+def test_stages_match_emulation(case, tables):
     """Every intermediate of the kernels vs the torch emulation on the same inputs (printed: max |diff| /
     max |emulation|, to localise a failing stage); the final gradients must agree with the emulation within
-    the input dtype's rounding floor (they run the same algorithm with the same roundings)."""
+    the input dtype's rounding floor (they run the same algorithm with the same roundings).  Both chunk-table
+    precisions: the default "split" and the opt-in "lean_sd" (``gdn_bwd/dqk_lean.py``), whose gradients must
+    also stay within the FLA-like baseline."""
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
     from kernels.gdn_bwd.emulation import chunk_gated_delta_rule_bwd as emu
 
     dev = torch.device("cuda")
     args, kw, do, dht = _grads_inputs(case, dev)
     sk, se = {}, {}
-    gk = kern(*args, do, dht, **kw, _stages=sk)
+    gk = kern(*args, do, dht, **kw, _stages=sk, _tables=tables)
     torch.cuda.synchronize()
-    ge = emu(*args, do, dht, **kw, _stages=se)
+    ge = emu(*args, do, dht, **kw, _stages=se, _tables=tables)
     for name in se:
         a, b = sk[name].double(), se[name].double()
         if a.shape != b.shape:          # K = V = 64: the kernel path works at the padded 128
@@ -130,11 +134,13 @@ def test_stages_match_emulation(case):
         den = b.abs().max().item() or 1.0
         print(f"  stage {name:<6} max|kernel - emulation| / max|emulation| = {(a - b).abs().max().item() / den:.2e}")
     want = _ref(args, kw, do, dht)
-    for n, a, b, r in zip(NAMES, gk, ge, want):
+    base = _baseline(args, kw, do, dht)
+    for n, a, b, r, bl in zip(NAMES, gk, ge, want, base):
         d, e, floor = tt.rel_rmse(a, b), tt.rel_rmse(b, r), tt.rel_rmse(r.to(case.dtype), r)
         print(f"  {n}: kernel vs emulation {d:.2e}, emulation vs fp64 {e:.2e}, floor {floor:.2e}")
         assert tt.nonfinite(a) == 0
         assert d <= floor, (n, d, floor)
+        assert tt.rel_rmse(a, r) <= tt.rel_rmse(bl, r), (n, tt.rel_rmse(a, r), tt.rel_rmse(bl, r))
 
 
 def test_bad_input_raises_valueerror():

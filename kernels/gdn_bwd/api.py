@@ -40,11 +40,16 @@ STAGE_LAYOUT = {
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
-                               _stages: dict | None = None, _events: list | None = None):
+                               _stages: dict | None = None, _events: list | None = None, _tables: str | None = None):
     """See the module docstring.  ``_stages`` (debugging): a dict that receives the intermediates, in the
     emulation's layouts (``STAGE_LAYOUT``), for a stage-by-stage comparison with ``emulation.py``.
     ``_events`` (profiling): a list that receives ``(stage name, torch.cuda.Event)`` recorded after each stage
-    (the first entry, "start", before the first launch); ``stage_times`` turns it into ms per stage."""
+    (the first entry, "start", before the first launch); ``stage_times`` turns it into ms per stage.
+    ``_tables`` (opt-in, not yet run on a GPU): "split" (default) or "lean_sd", the inter kernel reading the hi
+    terms of the chunk tables alone, pipelined over chunks, with the S o dS' and dY . V row dots from hi + lo in
+    a kernel of their own (``dqk_lean.py``; accuracy: ``accuracy.py``).  The intra kernel is the same in both."""
+    from .build import stage_kinds
+    stage_kinds(_tables)                  # an unknown value fails here, before any CUDA check
     B, T, H, HV, K, V, N = _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     if tuple(do.shape) != (B, T, HV, V):
         raise ValueError(f"do must be [B, T, HV, V] = {(B, T, HV, V)}, got {tuple(do.shape)}")
@@ -161,8 +166,14 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     kw, kr = torch.empty_like(qz), torch.empty_like(qz)
     sd = torch.empty(NK, HV, NC, D, device=dev, dtype=f32)
     yv = torch.empty(HV, NC, BT, device=dev, dtype=f32)
-    get_kernel(BwdConfig("inter", tl_dt))(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, chunk_indices,
-                                          dqv, dkv, qz, kw, kr, sd, yv, scale)
+    if "inter" in stage_kinds(_tables):
+        get_kernel(BwdConfig("inter", tl_dt))(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu,
+                                              chunk_indices, dqv, dkv, qz, kw, kr, sd, yv, scale)
+    else:
+        sd = sd[:1]
+        get_kernel(BwdConfig("inter_lean", tl_dt))(q2, k2, do2, Sch, Uh, dSh, dYh, Fb, cu, chunk_indices, dqv, dkv,
+                                                   qz, kw, kr, scale)
+        get_kernel(BwdConfig("dots", tl_dt))(v2, Sch, Scl, dSh, dSl, dYh, dYl, cu, chunk_indices, sd, yv)
     mark("dqk_inter")
     # 4. intra-chunk terms
     rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, compile_report, pass_configs
 from kernels.gdn_fwd.build import precompile as fwd_precompile
 
-KINDS = ("prep", "dh", "inter", "intra")
+KINDS = ("prep", "dh", "inter", "intra", "inter_lean", "dots")   # the last two: the opt-in "lean_sd" tables
+TABLES = ("split", "lean_sd")  # chunk tables the inter kernel reads (api's _tables; emulation.TABLES has the study's)
+DEFAULT_TABLES = "split"
 
 
 @dataclass(frozen=True)
@@ -24,8 +26,8 @@ class BwdConfig:
 
 
 def all_configs():
-    """Every backward kernel the API can dispatch: 4 stages x {bf16, fp16} at K = V = 128 (K = V = 64 is
-    zero-padded to 128 like the forward).  The forward recompute uses the forward's own dispatched
+    """Every backward kernel the API can dispatch: 4 stages (and the "lean_sd" inter kernel and its state-dots
+    kernel) x {bf16, fp16} at K = V = 128 (K = V = 64 is zero-padded to 128 like the forward).  The forward recompute uses the forward's own dispatched
     kernels (intra2 + the smem state kernel, precision "default_h0"), compiled by the forward's test."""
     return [BwdConfig(kind, dt) for dt in DTYPES for kind in KINDS]
 
@@ -44,6 +46,12 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "intra":
         from .dqk import build_bwd_dqk_intra
         return build_bwd_dqk_intra(D, D, cfg.dtype)
+    if cfg.kind == "inter_lean":
+        from .dqk_lean import build_bwd_dqk_inter_lean
+        return build_bwd_dqk_inter_lean(D, D, cfg.dtype)
+    if cfg.kind == "dots":
+        from .dqk_lean import build_bwd_state_dots
+        return build_bwd_state_dots(D, D, cfg.dtype)
     raise ValueError(cfg.kind)
 
 
@@ -82,9 +90,17 @@ def compile_for_test(index: int, with_ptxas: bool = True) -> dict:
     return compile_report(cfg, get_kernel, cfg.kind, with_ptxas)
 
 
-def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: bool):
+def stage_kinds(tables: str | None = None) -> tuple[str, ...]:
+    """The backward kernels a call runs with chunk tables ``tables`` ("split" or "lean_sd")."""
+    tables = tables or DEFAULT_TABLES
+    if tables not in TABLES:
+        raise ValueError(f"unknown chunk table precision {tables!r}; choices: {TABLES}")
+    return ("prep", "dh", "inter", "intra") if tables == "split" else ("prep", "dh", "inter_lean", "dots", "intra")
+
+
+def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: bool, tables: str | None = None):
     """Every kernel a forward + backward call of the autograd Function runs (for precompiling): the
-    forward's dispatch for this call, the forward recompute, and the 4 backward stages."""
+    forward's dispatch for this call, the forward recompute, and the backward stages (``stage_kinds``)."""
     from kernels.gdn_fwd import build as fb
     out = []
     try:
@@ -93,7 +109,7 @@ def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: b
     except Exception:       # the forward's planner changed: everything it can dispatch
         out += [c for c in fb.all_configs() if c.dtype == dtype]
     out += list(forward_recompute_configs(dtype, n_seq, HV))
-    out += [c for c in all_configs() if c.dtype == dtype]
+    out += [BwdConfig(kind, dtype) for kind in stage_kinds(tables)]
     uniq = []
     for c in out:
         if c not in uniq:

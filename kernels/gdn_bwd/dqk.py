@@ -40,6 +40,35 @@ def load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s):
     T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
 
 
+@T.macro
+def inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, h, hv, c, kb, k0, scale):
+    """The inter kernels' per-chunk outputs from ``Z, W, R [64, BK]`` (fp32 fragments): the rows ``t < nv`` of
+    dq~, dk~ (``dqv, dkv``, fp32) and the row dots q.Z, k.W, k.R of key block ``kb`` (``qz, kw, kr``; q and k
+    read from global memory, zero past ``nv``)."""
+    f32 = "float32"
+    BK = z_f.shape[1]
+    for t, d in T.Parallel(BT, BK):
+        if t < nv:
+            dqv[t0 + t, hv, k0 + d] = scale * T.exp2(f_s[4, t] * LOG2E) * z_f[t, d]
+            dkv[t0 + t, hv, k0 + d] = (-f_s[7, t] * T.exp2(f_s[4, t] * LOG2E) * w_f[t, d]
+                                       + T.exp2((f_s[4, BT - 1] - f_s[4, t]) * LOG2E) * r_f[t, d])
+    for t, d in T.Parallel(BT, BK):
+        tmp[t, d] = T.if_then_else(t < nv, T.cast(q[t0 + t, h, k0 + d], f32), T.float32(0)) * z_f[t, d]
+    T.reduce_sum(tmp, rs, dim=1)
+    for t in T.Parallel(BT):
+        qz[kb, hv, c, t] = rs[t]
+    for t, d in T.Parallel(BT, BK):
+        tmp[t, d] = T.if_then_else(t < nv, T.cast(k[t0 + t, h, k0 + d], f32), T.float32(0)) * w_f[t, d]
+    T.reduce_sum(tmp, rs, dim=1)
+    for t in T.Parallel(BT):
+        kw[kb, hv, c, t] = rs[t]
+    for t, d in T.Parallel(BT, BK):
+        tmp[t, d] = T.if_then_else(t < nv, T.cast(k[t0 + t, h, k0 + d], f32), T.float32(0)) * r_f[t, d]
+    T.reduce_sum(tmp, rs, dim=1)
+    for t in T.Parallel(BT):
+        kr[kb, hv, c, t] = rs[t]
+
+
 def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
     """Arguments:
       q, k            [Ttot, H, DK]     dtype
@@ -128,26 +157,7 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
             T.gemm(ul_s, dsh_s, r_f)
             T.gemm(uh_s, dsl_s, r_f)
 
-            for t, d in T.Parallel(BT, BK):
-                if t < nv:
-                    dqv[t0 + t, hv, k0 + d] = scale * T.exp2(f_s[4, t] * LOG2E) * z_f[t, d]
-                    dkv[t0 + t, hv, k0 + d] = (-f_s[7, t] * T.exp2(f_s[4, t] * LOG2E) * w_f[t, d]
-                                               + T.exp2((f_s[4, BT - 1] - f_s[4, t]) * LOG2E) * r_f[t, d])
-            for t, d in T.Parallel(BT, BK):
-                tmp[t, d] = T.if_then_else(t < nv, T.cast(q[t0 + t, h, k0 + d], f32), T.float32(0)) * z_f[t, d]
-            T.reduce_sum(tmp, rs, dim=1)
-            for t in T.Parallel(BT):
-                qz[kb, hv, c, t] = rs[t]
-            for t, d in T.Parallel(BT, BK):
-                tmp[t, d] = T.if_then_else(t < nv, T.cast(k[t0 + t, h, k0 + d], f32), T.float32(0)) * w_f[t, d]
-            T.reduce_sum(tmp, rs, dim=1)
-            for t in T.Parallel(BT):
-                kw[kb, hv, c, t] = rs[t]
-            for t, d in T.Parallel(BT, BK):
-                tmp[t, d] = T.if_then_else(t < nv, T.cast(k[t0 + t, h, k0 + d], f32), T.float32(0)) * r_f[t, d]
-            T.reduce_sum(tmp, rs, dim=1)
-            for t in T.Parallel(BT):
-                kr[kb, hv, c, t] = rs[t]
+            inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, h, hv, c, kb, k0, scale)
             for i, d in T.Parallel(DV, BK):
                 tmp2[i, d] = ((T.cast(sh_s[d, i], f32) + T.cast(sl_s[d, i], f32))
                               * (T.cast(dsh_s[i, d], f32) + T.cast(dsl_s[i, d], f32)))

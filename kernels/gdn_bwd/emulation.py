@@ -28,8 +28,8 @@ from .common import BT, finish, token_index
 f64 = torch.float64
 
 
-# chunk tables the inter / intra kernels read: hi + lo (the kernels); hi alone ("lean", a study); hi alone but the
-# S o dS' row sums from hi + lo ("lean_sd", a study: those sums carry dg's precision)
+# chunk tables the inter / intra kernels read: hi + lo (the kernels' default); hi alone ("lean", a study); hi alone
+# but the S o dS' and dY . V row dots from hi + lo ("lean_sd": the S o dS' sums carry dg's precision; dqk_lean.py)
 TABLES = ("split", "lean", "lean_sd")
 
 
@@ -154,13 +154,18 @@ def dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu, s
     kw = _f32((kc * W).sum(-1))[None]
     kr = _f32((kc * R).sum(-1))[None]
     sd = state_dots(Sch, Scl, dSnh, dSnl)
-    yv = _f32(((dYh + dYl) * vc).sum(-1))
+    yv = value_dots(vc, dYh, dYl)
     return dqt, dkt, qz, kw, kr, sd, yv
 
 
 def state_dots(Sch, Scl, dSnh, dSnl):
     """``sd [1, HV, NC, DV]``: the per-value-column sums over the key dim of ``S o dS'`` (a dg term)."""
     return _f32(((Sch + Scl) * (dSnh + dSnl)).sum(-2))[None]
+
+
+def value_dots(vc, dYh, dYl):
+    """``yv [HV, NC, 64]``: the row dots ``dY . V`` (``vc``: v in chunks, ``_chunks``; a dbeta term)."""
+    return _f32(((dYh + dYl) * vc).sum(-1))
 
 
 def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
@@ -217,7 +222,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     that receives the intermediates in the layouts of ``api.STAGE_LAYOUT`` (for stage-by-stage checks).
     ``_tables``: "split" (what the kernels do), or a design study (``accuracy.py``): "lean", the inter and intra
     kernels read only the hi term of the chunk tables S, U, dS', dY (one input-dtype term each); "lean_sd", the
-    same but the ``S o dS'`` row sums (``state_dots``) still from hi + lo."""
+    same but the ``S o dS'`` and ``dY . V`` row dots (``state_dots``, ``value_dots``) still from hi + lo, as the
+    opt-in kernels compute them (``dqk_lean.py``)."""
     if _tables not in TABLES:
         raise ValueError(f"unknown chunk table precision {_tables!r}; choices: {TABLES}")
     B, T, H, DK = q.shape
@@ -249,8 +255,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, lo(Scl), Uh, lo(Ul), dSnh, lo(dSnl), dYh,
                                                lo(dYl), Fb, cu, scale)
     dqt2, dkt2, rect, db2 = dqk_intra(q2, k2, do2, Uh, lo(Ul), dYh, lo(dYl), Fb, cu, scale, dt)
-    if _tables == "lean_sd":
+    if _tables == "lean_sd":            # the row dots from hi + lo, as gdn_bwd_state_dots computes them
         sd = state_dots(Sch, Scl, dSnh, dSnl)
+        yv = value_dots(_chunks(v2, cu), dYh, dYl)
     if _stages is not None:
         _stages.update(Tinv=Th + Tl, Fb=Fb, dUloc=dUloc, dSn=dSnh + dSnl, dY=dYh + dYl, qz=qz.sum(0), kw=kw.sum(0),
                        kr=kr.sum(0), sd=sd.sum(0), yv=yv, rect=rect, db2=db2, S=Sch + Scl, U=Uh + Ul)
