@@ -2,7 +2,7 @@
 
 Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The configurations are
 ``kernels.gdn_bwd.build.all_configs()``: the 4 stages (prep, dh, dqk_inter, dqk_intra) and the opt-in
-"lean_sd" pair (dqk_inter_lean, state_dots) x {bf16, fp16} at K = V = 128.  Everything else (T, B, N, H, HV / GVA ratio, h0, dht present, state layout, l2norm, gate dtype,
+"lean_sd" kernels (dqk_inter_lean, state_dots, dqk_intra lean) x {bf16, fp16} at K = V = 128.  Everything else (T, B, N, H, HV / GVA ratio, h0, dht present, state layout, l2norm, gate dtype,
 varlen or dense, head dim 64 zero-padded, scale) is a runtime argument of the same binaries.  The forward
 recompute runs the forward's dispatched intra2 / state kernels, compiled by ``test_kernels_compile.py``.
 
@@ -30,9 +30,10 @@ N_WORKERS = max(1, min(2, os.cpu_count() or 1))
 
 # wgmma call sites: prep = K K^T + 2 merge levels x 2 + Q K^T + dO^T (Ph, Pl); dh = dS K^T (2) + dU Tinv (3)
 # + dO^T Q (2) + dX^T K (2); inter = dO S^T (2) + dY S^T (3) + U dS'^T (3); intra = Q K^T + K K^T + dO U^T (2)
-# + dY U^T (3) + dq (2) + dk (6); inter_lean = dO Sh^T + dYh Sh^T + Uh dSh'^T; dots: none (CUDA-core sums)
+# + dY U^T (3) + dq (2) + dk (6); inter_lean = dO Sh^T + dYh Sh^T + Uh dSh'^T; dots: none (CUDA-core sums);
+# intra_lean = intra with dO Uh^T and dYh Uh^T alone
 _WANT_WGMMA = {"prep": 1 + 4 + 1 + 2, "dh": 2 + 3 + 2 + 2, "inter": 2 + 3 + 3, "intra": 1 + 1 + 2 + 3 + 2 + 6,
-               "inter_lean": 3, "dots": 0}
+               "inter_lean": 3, "dots": 0, "intra_lean": 1 + 1 + 1 + 1 + 2 + 6}
 
 
 def _job(i):

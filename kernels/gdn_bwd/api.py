@@ -47,7 +47,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     (the first entry, "start", before the first launch); ``stage_times`` turns it into ms per stage.
     ``_tables`` (opt-in, not yet run on a GPU): "split" (default) or "lean_sd", the inter kernel reading the hi
     terms of the chunk tables alone, pipelined over chunks, with the S o dS' and dY . V row dots from hi + lo in
-    a kernel of their own (``dqk_lean.py``; accuracy: ``accuracy.py``).  The intra kernel is the same in both."""
+    a kernel of their own (``dqk_lean.py``; accuracy: ``accuracy.py``), and the intra kernel reading the hi terms of
+    U and dY alone."""
     from .build import stage_kinds
     stage_kinds(_tables)                  # an unknown value fails here, before any CUDA check
     B, T, H, HV, K, V, N = _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
@@ -178,8 +179,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     # 4. intra-chunk terms
     rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
     db2 = torch.empty_like(rect)
-    get_kernel(BwdConfig("intra", tl_dt))(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, chunk_indices, dqv, dkv, rect, db2,
-                                          scale)
+    intra = "intra" if "intra" in stage_kinds(_tables) else "intra_lean"    # lean: Ul, dYl are not read
+    get_kernel(BwdConfig(intra, tl_dt))(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, chunk_indices, dqv, dkv, rect, db2, scale)
     mark("dqk_intra")
     if _stages is not None:
         f = lambda x: x.float()   # noqa: E731

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, compile_report, pass_configs
 from kernels.gdn_fwd.build import precompile as fwd_precompile
 
-KINDS = ("prep", "dh", "inter", "intra", "inter_lean", "dots")   # the last two: the opt-in "lean_sd" tables
+KINDS = ("prep", "dh", "inter", "intra", "inter_lean", "dots", "intra_lean")   # the last three: opt-in "lean_sd"
 TABLES = ("split", "lean_sd")  # chunk tables the inter kernel reads (api's _tables; emulation.TABLES has the study's)
 DEFAULT_TABLES = "split"
 
@@ -26,8 +26,8 @@ class BwdConfig:
 
 
 def all_configs():
-    """Every backward kernel the API can dispatch: 4 stages (and the "lean_sd" inter kernel and its state-dots
-    kernel) x {bf16, fp16} at K = V = 128 (K = V = 64 is zero-padded to 128 like the forward).  The forward recompute uses the forward's own dispatched
+    """Every backward kernel the API can dispatch: 4 stages (and the "lean_sd" inter kernel, its state-dots
+    kernel and the lean intra kernel) x {bf16, fp16} at K = V = 128 (K = V = 64 is zero-padded to 128 like the forward).  The forward recompute uses the forward's own dispatched
     kernels (intra2 + the smem state kernel, precision "default_h0"), compiled by the forward's test."""
     return [BwdConfig(kind, dt) for dt in DTYPES for kind in KINDS]
 
@@ -49,6 +49,9 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "inter_lean":
         from .dqk_lean import build_bwd_dqk_inter_lean
         return build_bwd_dqk_inter_lean(D, D, cfg.dtype)
+    if cfg.kind == "intra_lean":
+        from .dqk import build_bwd_dqk_intra
+        return build_bwd_dqk_intra(D, D, cfg.dtype, lean=True)
     if cfg.kind == "dots":
         from .dqk_lean import build_bwd_state_dots
         return build_bwd_state_dots(D, D, cfg.dtype)
@@ -95,7 +98,8 @@ def stage_kinds(tables: str | None = None) -> tuple[str, ...]:
     tables = tables or DEFAULT_TABLES
     if tables not in TABLES:
         raise ValueError(f"unknown chunk table precision {tables!r}; choices: {TABLES}")
-    return ("prep", "dh", "inter", "intra") if tables == "split" else ("prep", "dh", "inter_lean", "dots", "intra")
+    return (("prep", "dh", "inter", "intra") if tables == "split"
+            else ("prep", "dh", "inter_lean", "dots", "intra_lean"))
 
 
 def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: bool, tables: str | None = None):

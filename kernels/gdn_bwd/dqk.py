@@ -23,20 +23,22 @@ It adds its dq~, dk~ to the inter kernel's (read-modify-write of the same fp32 r
 
 import tilelang.language as T
 
-from kernels.common.prologue import chunk_span, dynamic_dims
+from kernels.common.prologue import chunk_span, dynamic_dims, lo_shape
 from kernels.gdn_fwd.cumsum import LOG2E
 
 BT = 64
 
 
 @T.macro
-def load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s):
+def load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s, lo=True):
     """Chunk ``c``'s tiles of value head ``hv`` both kernels read: U (key-first), dY (value-first), both
-    two-term splits, and the gate table."""
+    two-term splits (the hi terms alone unless ``lo``), and the gate table."""
     T.copy(Uh[hv, c, 0:BT, 0:uh_s.shape[1]], uh_s)
-    T.copy(Ul[hv, c, 0:BT, 0:ul_s.shape[1]], ul_s)
+    if lo:
+        T.copy(Ul[hv, c, 0:BT, 0:ul_s.shape[1]], ul_s)
     T.copy(dYh[hv, c, 0:dyh_s.shape[0], 0:BT], dyh_s)
-    T.copy(dYl[hv, c, 0:dyl_s.shape[0], 0:BT], dyl_s)
+    if lo:
+        T.copy(dYl[hv, c, 0:dyl_s.shape[0], 0:BT], dyl_s)
     T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
 
 
@@ -179,8 +181,11 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
     return gdn_bwd_dqk_inter
 
 
-def build_bwd_dqk_intra(DK: int, DV: int, dtype: str):
-    """Arguments:
+def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False):
+    """``lean``: read the hi terms of U and dY alone (the opt-in "lean_sd" tables: 2 instead of 5 value-dim
+    products, 32 KB less shared memory); ``Ul``, ``dYl`` are then not read.
+
+    Arguments:
       q, k            [Ttot, H, DK]     dtype
       do              [Ttot, HV, DV]    dtype
       Uh, Ul          [HV, NC, 64, DV]  dtype  (key-first)
@@ -222,9 +227,9 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str):
             k_s = T.alloc_shared((BT, DK), dtype)
             do_s = T.alloc_shared((BT, DV), dtype)
             uh_s = T.alloc_shared((BT, DV), dtype)
-            ul_s = T.alloc_shared((BT, DV), dtype)
+            ul_s = T.alloc_shared(lo_shape((BT, DV), not lean), dtype)
             dyh_s = T.alloc_shared((DV, BT), dtype)
-            dyl_s = T.alloc_shared((DV, BT), dtype)
+            dyl_s = T.alloc_shared(lo_shape((DV, BT), not lean), dtype)
             f_s = T.alloc_shared((8, BT), f32)
             mqh = T.alloc_shared((BT, BT), dtype)
             mql = T.alloc_shared((BT, BT), dtype)
@@ -249,15 +254,17 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str):
             T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
             T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
             T.copy(do[t0:t0 + BT, hv, 0:DV], do_s)
-            load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s)
+            load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s, not lean)
 
             T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
             T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
             T.gemm(do_s, uh_s, dpu, transpose_B=True, clear_accum=True)
-            T.gemm(do_s, ul_s, dpu, transpose_B=True)
+            if not lean:
+                T.gemm(do_s, ul_s, dpu, transpose_B=True)
             T.gemm(dyh_s, uh_s, dyu, transpose_A=True, transpose_B=True, clear_accum=True)
-            T.gemm(dyl_s, uh_s, dyu, transpose_A=True, transpose_B=True)
-            T.gemm(dyh_s, ul_s, dyu, transpose_A=True, transpose_B=True)
+            if not lean:
+                T.gemm(dyl_s, uh_s, dyu, transpose_A=True, transpose_B=True)
+                T.gemm(dyh_s, ul_s, dyu, transpose_A=True, transpose_B=True)
 
             # (t, j) = (row, col); F5 = scale rq, F6 = rk, F7 = beta (0 on rows past the end)
             for t, j in T.Parallel(BT, BT):
