@@ -14,6 +14,8 @@
 #         --backend fla-dispatch --backend fla-recurrent"                    on GPU 0, and
 #       PT_TAG=b PYTEST_ARGS="tests/test_matrix.py tests/test_properties.py tests/test_known_failures.py
 #         tests/test_kernels_gpu.py tests/test_kernels_bwd_gpu.py --backend flash-qla --backend tilelang" on GPU 1
+#   scripts/gpu_steps.sh triton-check [S]     # one FLA Triton cell (forward + backward) on the restored Triton cache
+#       (pruned by scripts/prune_triton_cache.py): if it errors, the cache is emptied and the calls compile cold
 #   scripts/gpu_steps.sh kernels-fwd [S]      # tests/test_kernels_gpu.py + benchmarks/bench_kernels_fwd.py (#4)
 #   scripts/gpu_steps.sh kernels-bwd [S]      # tests/test_kernels_bwd_gpu.py + benchmarks/bench_kernels_bwd.py (#7)
 #   scripts/gpu_steps.sh profile [S]          # Nsight Compute over one fwd+bwd call (benchmarks/profile_kernels.py)
@@ -55,6 +57,18 @@ case "$step" in
     GDN_PARITY_CACHE=/tmp/ref-pt${PT_TAG:-} run python3 -m pytest -m gpu --matrix standard -q -p no:cacheprovider \
       -rfEX --durations=15 --junitxml="$d/junit.xml" "${nx[@]}" ${PYTEST_ARGS:-} > "$d/pytest.txt" 2>&1
     echo "pytest${PT_TAG:-} rc=$? $(( $(date +%s) - t0 )) s"; tail -15 "$d/pytest.txt" ;;
+  triton-check)
+    mkdir -p "$out/tc"
+    run python3 -m parity run --case "${TC_CASE:-dense_B1_T1024_H4-HV8_K128-V128_bf16_g-fp32_beta-fp32_h0-none_gauss-l2_grad_s0}" \
+      --backends fla-triton --workers 0 --warmup 0 --no-report --no-progress --out "$out/tc/results.jsonl" > "$out/tc/log.txt" 2>&1
+    if python3 -c 'import json, sys
+rows = [json.loads(x) for x in open(sys.argv[1])]
+rows = [r for r in rows if r.get("record") == "row" and r.get("backend") == "fla-triton"]
+sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$out/tc/results.jsonl" 2>/dev/null; then
+      echo "$step: the Triton cache works ($(( $(date +%s) - t0 )) s)"
+    else
+      rm -rf "$HOME/.triton/cache"; echo "$step: FLA Triton failed on the restored cache: emptied it"; tail -5 "$out/tc/log.txt"
+    fi ;;
   kernels-fwd)
     mkdir -p "$out/k"
     run python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py > "$out/k/test-fwd.txt" 2>&1
