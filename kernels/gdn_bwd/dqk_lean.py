@@ -77,7 +77,7 @@ def build_bwd_dqk_inter_lean(DK: int, DV: int, dtype: str, BK: int = 64, cpb: in
             rs = T.alloc_fragment((BT,), f32)
 
             for it in T.Pipelined(cpb, num_stages=num_stages):
-                c = T.min(cb * cpb + it, NC - 1)      # past the last chunk: chunk NC - 1 again, nothing stored
+                c = T.min(cb * cpb + it, NC - 1)      # past the last chunk: chunk NC - 1 again
                 eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
                 T.copy(do[t0:t0 + BT, hv, 0:DV], do_s)
                 T.copy(Sch[hv, c, k0:k0 + BK, 0:DV], sh_s)
@@ -90,9 +90,10 @@ def build_bwd_dqk_inter_lean(DK: int, DV: int, dtype: str, BK: int = 64, cpb: in
                 T.gemm(dyh_s, sh_s, w_f, transpose_A=True, transpose_B=True, clear_accum=True)
                 T.gemm(uh_s, dsh_s, r_f, clear_accum=True)
 
-                # rows past the sequence's end (and every row of a repeated chunk) store no dq~ / dk~; the row
-                # dots of a repeated chunk are the same values again
-                nv = T.if_then_else(cb * cpb + it < NC, T.min(eos - t0, BT), 0)
+                # rows past the sequence's end store nothing; a repeated chunk (past NC - 1) stores the same
+                # values again, from this CTA, after its first pass (every output of the epilogue, the row dots
+                # included, is a plain store of a value that depends on the chunk alone)
+                nv = T.min(eos - t0, BT)
                 inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, h, hv, c, kb, k0,
                                scale)
 
