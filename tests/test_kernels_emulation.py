@@ -292,7 +292,7 @@ def test_varlen_tables_take_the_host_list_so_a_call_syncs_once():
 def test_varlen_tables_are_reused_for_the_same_unmodified_cu_seqlens():
     """A model calls the kernel once per layer with one cu_seqlens tensor: the second call with that tensor copies
     nothing to the host; an in-place change, another tensor, another T or device rebuilds the tables."""
-    from kernels.gdn_fwd.api import _seq_tables, _varlen_call_tables
+    from kernels.gdn_fwd.api import _call_tables, _seq_tables
 
     copies = []
 
@@ -303,17 +303,17 @@ def test_varlen_tables_are_reused_for_the_same_unmodified_cu_seqlens():
 
     dev = torch.device("cpu")
     cu = torch.tensor([0, 1, 64, 64, 193], dtype=torch.int32).as_subclass(Counting)
-    first = _varlen_call_tables(1, 193, cu, dev)
-    again = _varlen_call_tables(1, 193, cu, dev)
+    first = _call_tables(1, 193, cu, dev)
+    again = _call_tables(1, 193, cu, dev)
     assert len(copies) == 1 and again is first
     assert first[0] == [0, 1, 64, 64, 193] and first[1][3] == 5
     for a, b in zip(first[1][:3], _seq_tables(1, 193, cu.as_subclass(torch.Tensor), dev)[:3]):
         assert torch.equal(a, b)
 
     cu[2] = 32                                    # in place: the version counter moves, the tables follow
-    changed = _varlen_call_tables(1, 193, cu, dev)
+    changed = _call_tables(1, 193, cu, dev)
     assert len(copies) == 2 and changed[0] == [0, 1, 32, 64, 193] and changed[1][3] == 1 + 1 + 1 + 3
     other = torch.tensor([0, 193], dtype=torch.int32).as_subclass(Counting)
-    assert _varlen_call_tables(1, 193, other, dev)[1][3] == 4 and len(copies) == 3
+    assert _call_tables(1, 193, other, dev)[1][3] == 4 and len(copies) == 3
     with pytest.raises(ValueError, match="end at T=200"):    # same tensor, another T: rebuilt and checked
-        _varlen_call_tables(1, 200, other, dev)
+        _call_tables(1, 200, other, dev)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.gdn_fwd.api import _TL_DTYPE, _check, _require_sm90, _seq_tables, _varlen_call_tables
+from kernels.gdn_fwd.api import _TL_DTYPE, _call_tables, _check, _require_sm90
 
 from .common import BT, finish, token_index
 
@@ -50,7 +50,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     a kernel of their own (``dqk_lean.py``; accuracy: ``accuracy.py``), and the intra kernel reading the hi terms of
     U and dY alone."""
     from .build import stage_kinds
-    stage_kinds(_tables)                  # an unknown value fails here, before any CUDA check
+    kinds = stage_kinds(_tables)          # an unknown value fails here, before any CUDA check
     B, T, H, HV, K, V, N = _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     if tuple(do.shape) != (B, T, HV, V):
         raise ValueError(f"do must be [B, T, HV, V] = {(B, T, HV, V)}, got {tuple(do.shape)}")
@@ -71,10 +71,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     pad = D - K
     Ttot = B * T
     f32 = torch.float32
-    if cu_seqlens is None:
-        cu_host, (cu, chunk_indices, chunk_offsets, NC) = None, _seq_tables(B, T, None, dev)
-    else:   # the one host sync of a varlen call, none when the previous call had the same cu_seqlens
-        cu_host, (cu, chunk_indices, chunk_offsets, NC) = _varlen_call_tables(B, T, cu_seqlens, dev)
+    # the one host sync of a varlen call, none when the previous call had the same cu_seqlens
+    cu_host, (cu, chunk_indices, chunk_offsets, NC) = _call_tables(B, T, cu_seqlens, dev)
 
     def _out(dq, dk, dv, dg, db, dh0):
         dq = dq[..., :K].reshape(B, T, H, K).to(dt)
@@ -167,7 +165,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     kw, kr = torch.empty_like(qz), torch.empty_like(qz)
     sd = torch.empty(NK, HV, NC, D, device=dev, dtype=f32)
     yv = torch.empty(HV, NC, BT, device=dev, dtype=f32)
-    if "inter" in stage_kinds(_tables):
+    if "inter" in kinds:
         get_kernel(BwdConfig("inter", tl_dt))(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu,
                                               chunk_indices, dqv, dkv, qz, kw, kr, sd, yv, scale)
     else:
@@ -179,7 +177,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     # 4. intra-chunk terms
     rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
     db2 = torch.empty_like(rect)
-    intra = "intra" if "intra" in stage_kinds(_tables) else "intra_lean"    # lean: Ul, dYl are not read
+    intra = "intra" if "intra" in kinds else "intra_lean"    # lean: Ul, dYl are not read
     get_kernel(BwdConfig(intra, tl_dt))(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, chunk_indices, dqv, dkv, rect, db2, scale)
     mark("dqk_intra")
     if _stages is not None:

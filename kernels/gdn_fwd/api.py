@@ -144,12 +144,15 @@ def _host_list(cu_seqlens) -> list[int]:
 _VARLEN_LAST: dict = {}
 
 
-def _varlen_call_tables(B, T, cu_seqlens, dev):
-    """``(cu_host, _seq_tables(...))`` of a varlen call, reusing the previous call's when ``cu_seqlens`` is the
-    same tensor object, unmodified (same ``_version``), with the same T and device: a model calls the kernel once
-    per layer with one ``cu_seqlens``, and only the first call then pays the device -> host copy (a sync) and
-    the host-side table build.  (FLA caches its chunk indices by tensor identity the same way.)  The cache holds
-    a reference to that one tensor, so its memory cannot be reused by another tensor while it is cached."""
+def _call_tables(B, T, cu_seqlens, dev):
+    """``(cu_host, _seq_tables(...))`` of a call (``cu_host`` None for dense input).  A varlen call reuses the
+    previous call's when ``cu_seqlens`` is the same tensor object, unmodified (same ``_version``), with the same T
+    and device: a model calls the kernel once per layer with one ``cu_seqlens``, and only the first call then pays
+    the device -> host copy (a sync) and the host-side table build.  (FLA caches its chunk indices by tensor
+    identity the same way.)  The cache holds a reference to that one tensor, so its memory cannot be reused by
+    another tensor while it is cached."""
+    if cu_seqlens is None:
+        return None, _seq_tables(B, T, None, dev)
     last = _VARLEN_LAST.get("entry")     # one tuple, replaced in one assignment: no torn key / value pair
     if (last is not None and last[0] is cu_seqlens and last[1] == cu_seqlens._version and last[2] == T
             and last[3] == str(dev)):
@@ -212,10 +215,8 @@ def chunk_gated_delta_rule(
     chunk per CTA) or "pipe" (several chunks per CTA, pipelined loads; None = ``build.output_form``); ``_intra`` is
     the intra kernel: "v2" (default) or "ax" (``build.Intra2Config.alias_x``).
     """
-    from .build import check_path, intra_config, output_form, precision_v2
-    check_path(_path)
-    output_form(_out)                     # unknown forms fail here, before any CUDA check
-    intra_config("bfloat16", precision_v2(_precision), _intra)
+    from .build import check_knobs
+    check_knobs(_path, _out, _intra, _precision)      # unknown values fail here, before any CUDA check
     B, T, H, HV, K, V, N = _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     if scale is None:
         scale = K ** -0.5
@@ -228,10 +229,8 @@ def chunk_gated_delta_rule(
     dt = q.dtype
     D = KERNEL_HEAD_DIM
     Ttot = B * T
-    if cu_seqlens is None:
-        cu_host, (cu, chunk_indices, chunk_offsets, NC) = None, _seq_tables(B, T, None, dev)
-    else:   # the one host sync of a varlen call, none when the previous call had the same cu_seqlens
-        cu_host, (cu, chunk_indices, chunk_offsets, NC) = _varlen_call_tables(B, T, cu_seqlens, dev)
+    # the one host sync of a varlen call, none when the previous call had the same cu_seqlens
+    cu_host, (cu, chunk_indices, chunk_offsets, NC) = _call_tables(B, T, cu_seqlens, dev)
 
     # K == V == 64 runs on the 128 kernels, zero-padded: q.k, the l2 norms and the state's
     # leading 64x64 block are unchanged, the padded rows/columns of S stay exactly 0.

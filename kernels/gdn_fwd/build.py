@@ -180,12 +180,26 @@ def precision_v2(precision, has_h0: bool = False):
     raise ValueError(f"unknown v2 precision {precision!r}; presets: {sorted(PRECISIONS_V2)} or 'sp[f1+f2]'")
 
 
-def intra_config(dtype: str, prec, intra: str | None = None) -> "Intra2Config":
-    """The intra kernel's configuration: form "v2" (``DEFAULT_INTRA``) or "ax" (``alias_x``)."""
+def intra_form(intra: str | None = None) -> str:
+    """The intra kernel form: ``intra`` if given, else ``DEFAULT_INTRA``; an unknown form raises."""
     intra = intra or DEFAULT_INTRA
     if intra not in INTRA_FORMS:
         raise ValueError(f"unknown intra kernel form {intra!r}; forms: {INTRA_FORMS}")
-    return Intra2Config(dtype, prec.merge, prec.ag, alias_x=intra == "ax")
+    return intra
+
+
+def intra_config(dtype: str, prec, intra: str | None = None) -> "Intra2Config":
+    """The intra kernel's configuration: form "v2" (``DEFAULT_INTRA``) or "ax" (``alias_x``)."""
+    return Intra2Config(dtype, prec.merge, prec.ag, alias_x=intra_form(intra) == "ax")
+
+
+def check_knobs(path: str | None, out: str | None, intra: str | None, precision) -> None:
+    """The private knobs that select kernels (``_path``, ``_out``, ``_intra``, ``_precision``): the API and its
+    emulation raise the same ``ValueError`` for an unknown value, before any other check."""
+    check_path(path)
+    output_form(out)
+    intra_form(intra)
+    precision_v2(precision)
 
 
 def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precision=None, cp: int = 1,

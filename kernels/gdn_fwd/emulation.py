@@ -132,10 +132,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     """Same signature and result layout as ``kernels.chunk_gated_delta_rule`` (incl. its private
     ``_path`` / ``_precision`` / ``_cp`` knobs; ``_form``, ``_block_v``, ``_out`` and ``_intra`` change no rounding), computed by
     the emulation: ``chunk_gated_delta_rule_v2`` with the API's precision and CP choice."""
-    from .build import check_path, intra_config, output_form, plan_v2, precision_v2
-    check_path(_path)
-    output_form(_out)                     # the same errors as the API for an unknown form
-    intra_config("bfloat16", precision_v2(_precision), _intra)
+    from .build import check_knobs, plan_v2, precision_v2
+    check_knobs(_path, _out, _intra, _precision)      # the same errors as the API
     B, T = q.shape[:2]
     HV = v.shape[2]
     if cu_seqlens is None:
