@@ -35,6 +35,7 @@ from parity.execute import describe_error  # noqa: E402
 
 SHAPES = dict(FWD_SHAPES)       # the forward benchmark's shapes (a copy: --dry-run shrinks them)
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+COLUMN = {"split": "ours", "lean_sd": "ours-lean"}   # our backward's chunk-table precision (--tables) -> column
 # (name, B, T, H, HV, varlen lengths, h0 std, state_v_first)
 CHECKS = [
     ("B1_T4096_H4_HV8", 1, 4096, 4, 8, None, None, False),
@@ -75,6 +76,8 @@ def main(argv=None):
                     "gdn_bwd/dqk_lean.py) is column 'ours-lean'")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
+    if any(t not in COLUMN for t in tables):
+        ap.error(f"--tables takes {', '.join(COLUMN)}; got {args.tables!r}")
 
     from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as ours_fn
     from kernels.gdn_fwd import testing as tt
@@ -120,8 +123,7 @@ def main(argv=None):
                 cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0, tb) if c not in cfgs]
         precompile(cfgs, args.workers, log=lambda m: print(m, flush=True))
 
-    impls = [("ours" if tb == "split" else "ours-lean", (lambda *a, tb=tb, **k: ours(*a, **k, _tables=tb)))
-             for tb in tables]
+    impls = [(COLUMN[tb], (lambda *a, tb=tb, **k: ours(*a, **k, _tables=tb))) for tb in tables]
     skipped = {}
     if not args.dry_run:
         fla = tt.fla_triton_fn()
@@ -189,7 +191,7 @@ def main(argv=None):
             print(f"  {name:<24} {iname:<9} " + (f"fwd {r[0]:.3f}  fwd+bwd {r[1]:.3f}  bwd {r[1] - r[0]:.3f} ms"
                                                  if r else "failed") + f"  ({time.time() - t0:.1f} s)", flush=True)
         for tb in tables:
-            iname = "ours" if tb == "split" else "ours-lean"
+            iname = COLUMN[tb]
             if args.dry_run or not row.get(iname):
                 continue
             try:              # where the backward's time goes (one call, CUDA events between the launches)
