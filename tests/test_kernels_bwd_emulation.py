@@ -20,19 +20,12 @@ from kernels.gdn_fwd import testing as tt
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 
-_inputs = tt.bwd_inputs
-
-
-def _autograd(fwd, xs, do, dht, kw, cast):
-    return tt.autograd_grads(fwd, xs, kw, do, dht, cast)
-
-
 def _check(name, xs, do, dht, kw, near_m20=False, tables="split"):
     from reference.chunk import chunk_gated_delta_rule as ref
     from reference.emulated import chunk_gated_delta_rule as emu
 
-    want = _autograd(ref, xs, do, dht, kw, lambda x: x.double())
-    base = _autograd(emu, xs, do, dht, kw, lambda x: x if x.dtype != torch.float64 else x.float())
+    want = tt.autograd_grads(ref, xs, kw, do, dht, lambda x: x.double())
+    base = tt.autograd_grads(emu, xs, kw, do, dht, lambda x: x if x.dtype != torch.float64 else x.float())
     ours = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, _tables=tables)
     dt = xs[0].dtype
     rows = []
@@ -63,7 +56,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_bwd_emulation_vs_fp64(name):
-    xs, do, dht, kw = _inputs(**CASES[name])
+    xs, do, dht, kw = tt.bwd_inputs(**CASES[name])
     _check(name, xs, do, dht, kw, near_m20=CASES[name].get("gate") == "near_-20")
 
 
@@ -74,14 +67,14 @@ def test_lean_tables_with_split_state_dots_meet_the_same_bar(name):
     FLA-like baseline, the issue's bar.  Not within the stricter bar the kernels meet near g = -20 (dg within the
     rounding floor): there "lean_sd" is 1.06x the floor (1.99e-3 vs 1.88e-3 at T = 192).  Plain "lean" misses
     the baseline itself: its dg is 3x the baseline's on fp16 varlen input."""
-    xs, do, dht, kw = _inputs(**CASES[name])
+    xs, do, dht, kw = tt.bwd_inputs(**CASES[name])
     _check(name, xs, do, dht, kw, tables="lean_sd")
 
 
 def test_autograd_function_plumbing():
     """The Function returns gradients in the inputs' dtypes (dh0 fp32), None for an absent initial state, and
     works without output_final_state (no dht) and with only the final state used (no do)."""
-    xs, do, dht, kw = _inputs(1, 70, 1, 2, h0=1.0, gate_dtype=torch.bfloat16)
+    xs, do, dht, kw = tt.bwd_inputs(1, 70, 1, 2, h0=1.0, gate_dtype=torch.bfloat16)
     leaves = [x.clone().requires_grad_() for x in xs]
     h0 = kw["initial_state"].clone().requires_grad_()
     o, ht = fn(*leaves, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True, _impl="emulation")
@@ -113,7 +106,7 @@ def test_tables_knob_reaches_the_backward_and_rejects_unknown_values():
     CUDA check, the emulation too."""
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
 
-    xs, do, dht, kw = _inputs(1, 70, 1, 2, h0=1.0)
+    xs, do, dht, kw = tt.bwd_inputs(1, 70, 1, 2, h0=1.0)
     leaves = [x.clone().requires_grad_() for x in xs]
     o, ht = fn(*leaves, **dict(kw, initial_state=None), output_final_state=True, _impl="emulation",
                _tables="lean_sd")
@@ -133,7 +126,7 @@ def test_dg_has_no_cancellation_near_minus_20():
     reverse-cumsums it (rowsum - colsum of the intra terms, the last row's e^(GL-G) terms against d/dGL)
     loses it to fp32 rounding of O(1) terms.  Ours stays within the dtype's rounding floor while the
     FLA-like baseline (which does exactly that) is off by orders of magnitude."""
-    xs, do, dht, kw = _inputs(1, 128, 1, 1, gate="near_-20", seed=3)
+    xs, do, dht, kw = tt.bwd_inputs(1, 128, 1, 1, gate="near_-20", seed=3)
     rows = dict((n, (e, eb, f)) for n, e, eb, f in _check("near_-20_seed3", xs, do, dht, kw, near_m20=True))
     e, eb, floor = rows["dg"]
     assert e <= floor < eb
@@ -255,7 +248,7 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name):
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
 
     _fake_kernels(monkeypatch)
-    xs, do, dht, kw = _inputs(**_PLUMBING[name])
+    xs, do, dht, kw = tt.bwd_inputs(**_PLUMBING[name])
     got = api_bwd(*xs, do, dht, **kw)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
     for n, a, b_ in zip(NAMES, got, want):

@@ -61,17 +61,14 @@ def _grads_inputs(case, dev):
     return args, kw, do, dht
 
 
-_autograd = tt.autograd_grads
-
-
 def _ref(args, kw, do, dht):
     from reference.chunk import chunk_gated_delta_rule as ref
-    return _autograd(ref, args, kw, do, dht, lambda x: x.double())
+    return tt.autograd_grads(ref, args, kw, do, dht, lambda x: x.double())
 
 
 def _baseline(args, kw, do, dht):
     from reference.emulated import chunk_gated_delta_rule as emu
-    return _autograd(emu, args, kw, do, dht, lambda x: x)
+    return tt.autograd_grads(emu, args, kw, do, dht, lambda x: x)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -80,7 +77,7 @@ def test_gradients_against_fp64(case):
 
     dev = torch.device("cuda")
     args, kw, do, dht = _grads_inputs(case, dev)
-    ours = _autograd(ours_fn, args, kw, do, dht, lambda x: x)
+    ours = tt.autograd_grads(ours_fn, args, kw, do, dht, lambda x: x)
     torch.cuda.synchronize()
     want = _ref(args, kw, do, dht)
     base = _baseline(args, kw, do, dht)
@@ -88,7 +85,7 @@ def test_gradients_against_fp64(case):
     if case.compare_fla:
         f = tt.fla_triton_fn()
         if f is not None:
-            fla = _autograd(f, args, kw, do, dht, lambda x: x)
+            fla = tt.autograd_grads(f, args, kw, do, dht, lambda x: x)
     dt = case.dtype
     line = []
     for i, (n, a, r) in enumerate(zip(NAMES, ours, want)):
