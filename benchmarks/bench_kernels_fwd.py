@@ -24,6 +24,8 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
 * ``v2smem16`` / ``v2smem32`` / ``v2smem64`` - the same with BV forced;
 * ``v2pipe``    - the pipelined output kernel (several chunks per CTA, TMA loads; ``build.output_config``);
 * ``v2ax``      - the intra kernel with the merge product over the A_o tile (4 CTAs per SM; ``_intra="ax"``);
+* ``v2occ``     - the smem state kernel with two resident CTAs per SM (``_occ=2``, BV by ``block_v(.., occ=2)``);
+* ``v2occ16`` / ``v2occ32`` - the same with BV forced; ``v2axocc`` - ``v2ax`` and ``v2occ`` together;
 * ``v2lean``    - precision "lean" (no split X / state update: cheaper chain, less accuracy margin);
 * ``v2bf16``    - every operand single bf16 (speed reference; less accurate than FLA);
 * ``intra``     - the v2 intra-chunk kernel alone (part of every v2 variant);
@@ -102,6 +104,10 @@ VARIANTS = {
     "v2smem64": dict(_form="smem", _block_v=64),
     "v2pipe": dict(_out="pipe"),
     "v2ax": dict(_intra="ax"),
+    "v2occ": dict(_form="smem", _occ=2),
+    "v2occ16": dict(_form="smem", _occ=2, _block_v=16),
+    "v2occ32": dict(_form="smem", _occ=2, _block_v=32),
+    "v2axocc": dict(_intra="ax", _form="smem", _occ=2),
     "v2lean": dict(_precision="lean"),
     "v2bf16": dict(_precision="bf16"),
 }
@@ -127,7 +133,7 @@ def _needed_configs(variants, shapes):
             prec = precision_v2(kw.get("_precision"), has_h0=h0)
             form, cp = plan_v2(n, HV, max_chunks, kw.get("_form"), kw.get("_cp"))
             cfgs.extend(dispatch_v2("bfloat16", n, HV, kw.get("_block_v"), prec, cp, form, kw.get("_out"),
-                                    kw.get("_intra")))
+                                    kw.get("_intra"), kw.get("_occ")))
     out = []
     for c in cfgs:
         if c not in out:

@@ -2,7 +2,7 @@
 
     ncu --clock-control none --nvtx --nvtx-include "gdn-profile/" --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section WarpStateStats --csv --page details \
-        python3 benchmarks/profile_kernels.py [--shape B1_T32768_H16_HV32] [--fwd-only] > ncu.csv
+        python3 benchmarks/profile_kernels.py [--shape B1_T32768_H16_HV32] [--fwd-only] [--tables lean_sd] > ncu.csv
     python3 scripts/ncu_summary.py ncu.csv          # one line per kernel: time, throughputs, occupancy, stalls
 
 (``scripts/gpu_steps.sh profile`` runs both.)  Inputs as ``benchmarks/bench_kernels_bwd.py`` (bf16, fp32 gates,
@@ -32,6 +32,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="B1_T32768_H16_HV32", choices=list(SHAPES))
     ap.add_argument("--fwd-only", action="store_true", help="profile the forward alone")
+    ap.add_argument("--tables", default=None, choices=["split", "lean_sd"],
+                    help="the backward's chunk-table precision (default: the API's, 'split')")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
 
@@ -52,7 +54,7 @@ def main(argv=None) -> int:
     leaves = [x.detach().requires_grad_() for x in a]
 
     def call():
-        o, ht = fn(*leaves, **kw, _impl=impl)
+        o, ht = fn(*leaves, **kw, _impl=impl, _tables=args.tables)
         if not args.fwd_only:
             # autograd runs a CUDA backward on its own device thread, outside this thread's NVTX range (ncu then
             # profiled the forward alone): run it on this thread

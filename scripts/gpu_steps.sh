@@ -18,7 +18,8 @@
 #       (pruned by scripts/prune_triton_cache.py): if it errors, the cache is emptied and the calls compile cold
 #   scripts/gpu_steps.sh kernels-fwd [S]      # tests/test_kernels_gpu.py + benchmarks/bench_kernels_fwd.py (#4)
 #   scripts/gpu_steps.sh kernels-bwd [S]      # tests/test_kernels_bwd_gpu.py + benchmarks/bench_kernels_bwd.py (#7)
-#   scripts/gpu_steps.sh profile [S]          # Nsight Compute over one fwd+bwd call (benchmarks/profile_kernels.py)
+#   scripts/gpu_steps.sh profile [S]          # Nsight Compute over one fwd+bwd call (benchmarks/profile_kernels.py;
+#       PROFILE_SHAPE, and PROFILE_ARGS e.g. "--tables lean_sd")
 set -u
 out=${OUT:?set OUT}
 step=${1:?step}
@@ -86,7 +87,7 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
     mkdir -p "$out/k"
     run ncu --clock-control none --nvtx --nvtx-include "gdn-profile/" --section SpeedOfLight --section Occupancy \
       --section LaunchStats --section WarpStateStats --csv --page details \
-      python3 benchmarks/profile_kernels.py --shape "${PROFILE_SHAPE:-B1_T32768_H16_HV32}" > "$out/k/ncu.csv" \
+      python3 benchmarks/profile_kernels.py --shape "${PROFILE_SHAPE:-B1_T32768_H16_HV32}" ${PROFILE_ARGS:-} > "$out/k/ncu.csv" \
       2> "$out/k/ncu-log.txt"
     echo "profile rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$out/k/ncu-log.txt"
     python3 scripts/ncu_summary.py "$out/k/ncu.csv" | tee "$out/k/ncu-summary.txt" ;;

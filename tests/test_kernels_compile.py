@@ -3,7 +3,7 @@
 Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The set of
 configurations is ``kernels.gdn_fwd.build.all_configs()`` (the v2 path, the
 only one: intra2, the register-operand state kernel and its CP scan, the
-shared-memory state kernel at every BV ``block_v`` picks, output2 in both table
+shared-memory state kernel at every BV ``block_v`` picks (one CTA per SM, and two at BV 16 / 32), output2 in both table
 layouts and both forms (one chunk per CTA; several, pipelined), intra2 in both forms ("ax": merge product
 over the A_o tile); default and default_h0 precision; bf16 and fp16).  Everything
 else (T, B, N, H, HV / GVA ratio, h0, final state, state layout, l2norm, gate dtype,
@@ -80,6 +80,9 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
         assert "tma_store" not in src                           # per-chunk outputs: plain stores, no TMA store + wait
         if cfg.form == "rv":                                    # every A operand from registers
             assert src.count("wgmma_rs<") == want, src.count("wgmma_rs<")
+        if cfg.ctas_per_sm == 2:                                # two resident CTAs of 256 threads per SM
+            assert "__launch_bounds__(256, 2)" in src and "warpgroup_reg_alloc" not in src
+            assert r["ptxas"]["registers"] <= 65536 // (2 * 256), r["ptxas"]["registers"]
     elif r["kind"] == "Output2Config":                          # P (+ Pl) from registers
         assert src.count("wgmma_rs<") == 1 + _sp(cfg.prec, "p") + _sp(cfg.prec, "u")
         if cfg.cpb:                                             # "pipe": TMA loads in a warp-specialised pipeline

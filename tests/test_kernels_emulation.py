@@ -168,15 +168,29 @@ def test_removed_paths_raise(path, needle):
     assert E.chunk_gated_delta_rule(**_bad(), _path="split2")[0].shape == (1, 8, 4, 64)
 
 
-@pytest.mark.parametrize("knob,needle", [("_out", "unknown output kernel form"), ("_intra", "unknown intra kernel form")])
-def test_unknown_kernel_forms_raise(knob, needle):
-    """The output / intra kernel form knobs name their forms: the API (before any CUDA check) and the emulation."""
+@pytest.mark.parametrize("knob,value,needle", [("_out", "nope", "unknown output kernel form"),
+                                               ("_intra", "nope", "unknown intra kernel form"),
+                                               ("_occ", 3, "unknown state kernel occupancy")])
+def test_unknown_kernel_forms_raise(knob, value, needle):
+    """The output / intra kernel form and state-kernel occupancy knobs name their values: the API (before any
+    CUDA check) and the emulation."""
     from kernels.gdn_fwd.api import chunk_gated_delta_rule
     with pytest.raises(ValueError, match=needle):
-        chunk_gated_delta_rule(**_bad(), **{knob: "nope"})
+        chunk_gated_delta_rule(**_bad(), **{knob: value})
     with pytest.raises(ValueError, match=needle):
-        E.chunk_gated_delta_rule(**_bad(), **{knob: "nope"})
-    assert E.chunk_gated_delta_rule(**_bad(), _out="pipe", _intra="ax")[0].shape == (1, 8, 4, 64)
+        E.chunk_gated_delta_rule(**_bad(), **{knob: value})
+    assert E.chunk_gated_delta_rule(**_bad(), _out="pipe", _intra="ax", _occ=2)[0].shape == (1, 8, 4, 64)
+
+
+def test_two_ctas_per_sm_needs_narrow_state_blocks():
+    """``_occ=2`` picks BV by ``block_v(.., occ=2)`` (at most 32) and rejects a forced BV 64 (shared memory)."""
+    from kernels.gdn_fwd.build import block_v, dispatch_v2
+    assert block_v(1, 32, occ=2) == 16 and block_v(8, 32, occ=2) == 32 and block_v(1, 32) == 32
+    state = dispatch_v2("bfloat16", 1, 32, form="smem", occ=2)[1]
+    assert (state.BV, state.ctas_per_sm) == (16, 2) and "occ2" in state.name
+    assert dispatch_v2("bfloat16", 1, 32, form="rv", occ=2)[1].ctas_per_sm == 1
+    with pytest.raises(ValueError, match="need BV <= 32"):
+        dispatch_v2("bfloat16", 1, 32, BV=64, form="smem", occ=2)
 
 
 @pytest.mark.parametrize("precision", ["high", "fast"])

@@ -81,15 +81,16 @@ _KNOB_CASES = [c for c in tt.GPU_CASES if c.name in ("T1000_h0_gva2", "varlen_bo
 
 @pytest.mark.parametrize("knobs", [dict(_form="rv", _cp=1), dict(_cp=3), dict(_form="rv", _block_v=128, _cp=1),
                                    dict(_form="smem", _precision="max"), dict(_out="chunk"), dict(_out="pipe"),
-                                   dict(_out="pipe", _form="rv", _cp=1), dict(_intra="ax")],
+                                   dict(_out="pipe", _form="rv", _cp=1), dict(_intra="ax"),
+                                   dict(_form="smem", _occ=2), dict(_form="smem", _occ=2, _block_v=32)],
                          ids=["v2_rv", "v2_rv_cp3", "v2_rv_bv128", "v2_smem_max", "v2_chunk", "v2_pipe",
-                              "v2_pipe_rv", "v2_intra_ax"])
+                              "v2_pipe_rv", "v2_intra_ax", "v2_occ2", "v2_occ2_bv32"])
 @pytest.mark.parametrize("case", _KNOB_CASES, ids=[c.name for c in _KNOB_CASES])
 def test_private_knobs(case, knobs):
     """The variants the benchmark times besides the default: the register-operand state kernel
     without CP, with CP forced on and with BV 128, the shared-memory one at the "max" precision
-    preset, both output kernel forms ("chunk", "pipe"; with key-first and value-first chunk tables) and the
-    intra kernel's "ax" form (bounds: ``testing.bounds``)."""
+    preset, both output kernel forms ("chunk", "pipe"; with key-first and value-first chunk tables), the
+    intra kernel's "ax" form and the smem state kernel at two CTAs per SM (bounds: ``testing.bounds``)."""
     from kernels.gdn_fwd.api import chunk_gated_delta_rule as impl
 
     dev = torch.device("cuda")

@@ -55,11 +55,14 @@ class State2Config:
                                    # "smem": state2.py (shared-memory operands, key-first tables)
     DK: int = KERNEL_HEAD_DIM
     num_stages: int = NUM_STAGES
+    ctas_per_sm: int = 1           # "smem" only: 2 = two resident CTAs per SM (BV <= 32; state2.py)
 
     @property
     def name(self) -> str:
         kind = ("scan" if self.scan else "state") + ("_rv" if self.form == "rv" else "_smem")
-        return f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages},{self.dtype}]"
+        occ = f",occ{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
+        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ},"
+                f"{self.dtype}]")
 
 
 @dataclass(frozen=True)
@@ -103,13 +106,26 @@ def output_config(dtype: str, prec, vt: bool, out: str | None = None) -> "Output
 N_SM = 128
 
 
-def block_v(n_seq: int, HV: int) -> int:
-    """Value columns per CTA of the sequential state kernel: the widest block that still gives
-    about one CTA per SM (N x HV x 128/BV CTAs), 16 at the least."""
-    for bv in (64, 32):
-        if n_seq * HV * (KERNEL_HEAD_DIM // bv) >= N_SM:
+def block_v(n_seq: int, HV: int, occ: int = 1) -> int:
+    """Value columns per CTA of the sequential "smem" state kernel: the widest block that still gives
+    about ``occ`` CTAs per SM (N x HV x 128/BV CTAs), 16 at the least; with occ 2, 32 at the most
+    (shared memory)."""
+    for bv in ((64, 32) if occ == 1 else (32,)):
+        if n_seq * HV * (KERNEL_HEAD_DIM // bv) >= N_SM * occ:
             return bv
     return 16
+
+
+STATE_OCCS = (1, 2)            # CTAs per SM of the "smem" state kernel (the API's _occ)
+DEFAULT_OCC = 1
+
+
+def state_occ(occ: int | None = None) -> int:
+    """CTAs per SM of the "smem" state kernel: ``occ`` if given, else ``DEFAULT_OCC``; others raise."""
+    occ = DEFAULT_OCC if occ is None else occ
+    if occ not in STATE_OCCS:
+        raise ValueError(f"unknown state kernel occupancy _occ={occ!r}; CTAs per SM: {STATE_OCCS}")
+    return occ
 
 
 CP_MIN_CHUNKS = 16             # chunks per CP segment at the least
@@ -193,19 +209,21 @@ def intra_config(dtype: str, prec, intra: str | None = None) -> "Intra2Config":
     return Intra2Config(dtype, prec.merge, prec.ag, alias_x=intra_form(intra) == "ax")
 
 
-def check_knobs(path: str | None, out: str | None, intra: str | None, precision) -> None:
-    """The private knobs that select kernels (``_path``, ``_out``, ``_intra``, ``_precision``): the API and its
-    emulation raise the same ``ValueError`` for an unknown value, before any other check."""
+def check_knobs(path: str | None, out: str | None, intra: str | None, precision, occ: int | None = None) -> None:
+    """The private knobs that select kernels (``_path``, ``_out``, ``_intra``, ``_precision``, ``_occ``): the API
+    and its emulation raise the same ``ValueError`` for an unknown value, before any other check."""
     check_path(path)
+    state_occ(occ)
     output_form(out)
     intra_form(intra)
     precision_v2(precision)
 
 
 def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precision=None, cp: int = 1,
-                form: str | None = None, out: str | None = None, intra: str | None = None):
+                form: str | None = None, out: str | None = None, intra: str | None = None, occ: int | None = None):
     """(intra2, state, output2[, scan]) of the v2 path; the scan only when cp > 1 (rv form only: the
-    smem form's scan compiles with a 16 KB stack frame, so that form always runs without CP)."""
+    smem form's scan compiles with a 16 KB stack frame, so that form always runs without CP).  ``occ``: CTAs
+    per SM of the smem state kernel (``state_occ``; the rv form runs one)."""
     prec = precision_v2(precision)
     form = form or DEFAULT_FORM
     if form not in ("rv", "smem"):
@@ -217,8 +235,12 @@ def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precisio
         if bv not in (64, 128):
             raise ValueError(f"the rv state kernel needs BV in (64, 128), got {bv}")
     else:
-        bv, sbv = BV or (SCAN_BV if cp > 1 else block_v(n_seq, HV)), SCAN_BV
-    out = [intra_config(dtype, prec, intra), State2Config(dtype, bv, prec, form=form),
+        occ = state_occ(occ)
+        bv, sbv = BV or (SCAN_BV if cp > 1 else block_v(n_seq, HV, occ)), SCAN_BV
+        if occ > 1 and bv > 32:
+            raise ValueError(f"two state CTAs per SM (_occ=2) need BV <= 32, got {bv}")
+    occ = occ if form == "smem" else 1
+    out = [intra_config(dtype, prec, intra), State2Config(dtype, bv, prec, form=form, ctas_per_sm=occ),
            output_config(dtype, prec, form == "rv", out)]
     if cp > 1:
         out.append(State2Config(dtype, sbv, prec.for_scan(), scan=True, form=form))
@@ -241,6 +263,8 @@ def all_configs():
                 cfgs = list(dispatch_v2(dtype, 1, 1, precision=prec, cp=2, out=form))    # rv + CP scan
                 for bv in (64, 32, 16):                                                   # smem, by block_v
                     cfgs += dispatch_v2(dtype, 1, 1, BV=bv, precision=prec, cp=1, form="smem", out=form)
+                for bv in (32, 16):                                                       # smem, 2 CTAs/SM
+                    cfgs += dispatch_v2(dtype, 1, 1, BV=bv, precision=prec, cp=1, form="smem", out=form, occ=2)
                 for c in cfgs:
                     if c not in out:
                         out.append(c)
@@ -259,7 +283,7 @@ def prim_func(cfg):
             from .state3 import build_state_rv
             return build_state_rv(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.BV)
         from .state2 import build_state_v2
-        return build_state_v2(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan)
+        return build_state_v2(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.ctas_per_sm)
     if isinstance(cfg, Output2Config):
         from .output2 import build_output_v2
         return build_output_v2(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.BV, cfg.vt, cfg.cpb, NUM_STAGES)

@@ -27,7 +27,8 @@ BT = 64
 THREADS = 128
 
 
-def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False):
+def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False,
+                   ctas_per_sm: int = 1):
     """TileLang prim_func of ``gdn_state_v2`` (``scan=False``) or ``gdn_scan_v2`` (``scan=True``).
 
     Arguments:
@@ -42,10 +43,16 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
       Uh, Ul   [HV, NCg, 64, DV]      dtype   (outputs; Ul only when prec.u == "split")
       ht       [Nt, HV, DK, DV]       fp32    (scan: [Nt, HV, DK, 2 DV], always [.., K, V])
       use_h0, store_ht, v_first       int32
+
+    ``ctas_per_sm = 2`` asks for two resident CTAs per SM (``__launch_bounds__(256, 2)``, at most 128
+    registers a thread, no ``setmaxnreg`` hand-over from the producer warps): two independent chunk chains
+    interleave on each SM, hiding the latency of the per-chunk chain of small dependent products.  Fits only
+    for BV <= 32 (shared memory: 82 / 98 KiB per CTA at BV 16 / 32).
     """
     assert DK in (64, 128) and DV == DK
     assert DV % BV == 0 and BV in (16, 32, 64, 128)
     assert dtype in ("bfloat16", "float16")
+    assert ctas_per_sm in (1, 2) and (ctas_per_sm == 1 or BV <= 32)
     f32 = "float32"
     W = 2 * DV if scan else DV
     NV = W // BV
@@ -75,6 +82,9 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
         v_first: T.int32,
     ):
         with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, n):
+            if ctas_per_sm > 1:
+                T.annotate_min_blocks_per_sm(ctas_per_sm)
+                T.no_set_max_nreg()
             h = hv // (HV // H)
             bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
             v0 = bv * BV
