@@ -14,6 +14,7 @@
 #         --backend fla-dispatch --backend fla-recurrent"                    on GPU 0, and
 #       PT_TAG=b PYTEST_ARGS="tests/test_matrix.py tests/test_properties.py tests/test_known_failures.py
 #         tests/test_kernels_gpu.py tests/test_kernels_bwd_gpu.py --backend flash-qla --backend tilelang" on GPU 1
+#   scripts/gpu_steps.sh precompile [S]       # compile every forward and backward kernel configuration (shared cache)
 #   scripts/gpu_steps.sh triton-check [S]     # one FLA Triton cell (forward + backward) on the restored Triton cache
 #       (pruned by scripts/prune_triton_cache.py): if it errors, the cache is emptied and the calls compile cold
 #   scripts/gpu_steps.sh kernels-fwd [S]      # tests/test_kernels_gpu.py + benchmarks/bench_kernels_fwd.py (#4)
@@ -58,6 +59,15 @@ case "$step" in
     GDN_PARITY_CACHE=/tmp/ref-pt${PT_TAG:-} run python3 -m pytest -m gpu --matrix standard -q -p no:cacheprovider \
       -rfEX --durations=15 --junitxml="$d/junit.xml" "${nx[@]}" ${PYTEST_ARGS:-} > "$d/pytest.txt" 2>&1
     echo "pytest${PT_TAG:-} rc=$? $(( $(date +%s) - t0 )) s"; tail -15 "$d/pytest.txt" ;;
+  precompile)
+    # every kernel configuration of the forward and the backward into the shared TileLang cache (10 processes), so
+    # that the steps after it (and pytest's workers) load instead of compiling the same kernels several times
+    mkdir -p "$out/k"
+    run python3 -c 'from kernels.gdn_fwd.build import all_configs as f, precompile as fp
+from kernels.gdn_bwd.build import all_configs as b, precompile as bp
+import sys
+sys.exit(1 if fp(f(), 10) + bp(b(), 10) else 0)' > "$out/k/precompile.txt" 2>&1
+    echo "$step rc=$? $(( $(date +%s) - t0 )) s"; grep -v "TileLang\|Warning" "$out/k/precompile.txt" | grep "kernels in\|Error\|error" ;;
   triton-check)
     mkdir -p "$out/tc"
     run python3 -m parity run --case "${TC_CASE:-dense_B1_T1024_H4-HV8_K128-V128_bf16_g-fp32_beta-fp32_h0-none_gauss-l2_grad_s0}" \

@@ -183,11 +183,15 @@ def test_unknown_kernel_forms_raise(knob, value, needle):
 
 
 def test_two_ctas_per_sm_needs_narrow_state_blocks():
-    """``_occ=2`` picks BV by ``block_v(.., occ=2)`` (at most 32) and rejects a forced BV 64 (shared memory)."""
+    """``_occ=2`` picks BV by ``block_v(.., occ=2)`` (at most 32) and rejects a forced BV 64 (shared memory);
+    without ``_occ``, two CTAs per SM run where BV 32 gives two per SM (B8 HV32), one elsewhere (B1 HV32)."""
     from kernels.gdn_fwd.build import block_v, dispatch_v2
     assert block_v(1, 32, occ=2) == 16 and block_v(8, 32, occ=2) == 32 and block_v(1, 32) == 32
     state = dispatch_v2("bfloat16", 1, 32, form="smem", occ=2)[1]
     assert (state.BV, state.ctas_per_sm) == (16, 2) and "occ2" in state.name
+    assert [(s.BV, s.ctas_per_sm) for s in (dispatch_v2("bfloat16", n, 32, form="smem")[1] for n in (1, 8))] \
+        == [(32, 1), (32, 2)]
+    assert dispatch_v2("bfloat16", 8, 32, form="smem", occ=1)[1].BV == 64
     assert dispatch_v2("bfloat16", 1, 32, form="rv", occ=2)[1].ctas_per_sm == 1
     with pytest.raises(ValueError, match="need BV <= 32"):
         dispatch_v2("bfloat16", 1, 32, BV=64, form="smem", occ=2)

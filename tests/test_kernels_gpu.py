@@ -81,16 +81,18 @@ _KNOB_CASES = [c for c in tt.GPU_CASES if c.name in ("T1000_h0_gva2", "varlen_bo
 
 @pytest.mark.parametrize("knobs", [dict(_form="rv", _cp=1), dict(_cp=3), dict(_form="rv", _block_v=128, _cp=1),
                                    dict(_form="smem", _precision="max"), dict(_out="chunk"), dict(_out="pipe"),
-                                   dict(_out="pipe", _form="rv", _cp=1), dict(_intra="ax"),
-                                   dict(_form="smem", _occ=2), dict(_form="smem", _occ=2, _block_v=32)],
+                                   dict(_out="pipe", _form="rv", _cp=1), dict(_intra="v2"),
+                                   dict(_form="smem", _occ=2), dict(_form="smem", _occ=2, _block_v=32),
+                                   dict(_form="smem", _occ=1)],
                          ids=["v2_rv", "v2_rv_cp3", "v2_rv_bv128", "v2_smem_max", "v2_chunk", "v2_pipe",
-                              "v2_pipe_rv", "v2_intra_ax", "v2_occ2", "v2_occ2_bv32"])
+                              "v2_pipe_rv", "v2_intra_v2", "v2_occ2", "v2_occ2_bv32", "v2_occ1"])
 @pytest.mark.parametrize("case", _KNOB_CASES, ids=[c.name for c in _KNOB_CASES])
 def test_private_knobs(case, knobs):
     """The variants the benchmark times besides the default: the register-operand state kernel
     without CP, with CP forced on and with BV 128, the shared-memory one at the "max" precision
     preset, both output kernel forms ("chunk", "pipe"; with key-first and value-first chunk tables), the
-    intra kernel's "ax" form and the smem state kernel at two CTAs per SM (bounds: ``testing.bounds``)."""
+    intra kernel's older "v2" form and the smem state kernel at two CTAs per SM and at one (bounds:
+    ``testing.bounds``)."""
     from kernels.gdn_fwd.api import chunk_gated_delta_rule as impl
 
     dev = torch.device("cuda")
@@ -104,3 +106,25 @@ def test_private_knobs(case, knobs):
     assert tt.nonfinite(o) == 0 and tt.nonfinite(ht) == 0
     b_o, b_s = tt.bounds(case, floor)
     assert e_o <= b_o and e_s <= b_s
+
+
+_BITWISE_CASES = [c for c in tt.GPU_CASES if c.name in ("T1000_h0_gva2", "varlen_boundaries_h0_vfirst", "D64_h0_vfirst",
+                                                        "varlen_300_short_h0", "T8192")]
+
+
+@pytest.mark.parametrize("knobs", [dict(_grouped=False), dict(_intra="v2")], ids=["state_each", "intra_v2"])
+@pytest.mark.parametrize("case", _BITWISE_CASES, ids=[c.name for c in _BITWISE_CASES])
+def test_forms_are_bitwise_equal(case, knobs):
+    """Forms that change only the schedule give bitwise the same o and final state as the default: the state
+    kernel with a wgmma wait after every product (``_grouped=False``; the default issues each group of split
+    products with one wait) and the intra kernel's "v2" form (the default "ax" writes the merge product over the
+    dead A_o tile)."""
+    from kernels.gdn_fwd.api import chunk_gated_delta_rule as impl
+
+    dev = torch.device("cuda")
+    args, kwargs = case.inputs(dev)
+    o, ht = impl(*args, **kwargs)
+    o2, ht2 = impl(*args, **kwargs, **knobs)
+    torch.cuda.synchronize()
+    assert torch.equal(o, o2), f"o differs: max |diff| {tt.max_diff(o, o2):.3e}"
+    assert torch.equal(ht, ht2), f"final state differs: max |diff| {tt.max_diff(ht, ht2):.3e}"

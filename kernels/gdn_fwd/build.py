@@ -20,8 +20,11 @@ DEFAULT_PRECISION_V2 = "default"   # preset name in variants.PRECISIONS_V2
 OUT2_BV = 64                   # value columns per CTA of the v2 output kernel, one chunk per CTA ("chunk")
 OUT_CPB = 8                    # chunks per CTA of the pipelined output kernel ("pipe")
 OUTPUT_FORMS = ("chunk", "pipe")
-INTRA_FORMS = ("v2", "ax")      # "ax": Intra2Config.alias_x (4 CTAs per SM; not yet measured on a GPU)
-DEFAULT_INTRA = "v2"
+INTRA_FORMS = ("v2", "ax")      # "ax": Intra2Config.alias_x (4 CTAs per SM instead of 3)
+# "ax" measured faster on an H200 (benchmarks/results/2026-11-30-h200-bench_kernels_fwd-ax-s5.txt, forward ms, v2 ->
+# ax: B1 T32768 HV32 2.114 -> 2.005, B8 T4096 HV32 2.041 -> 1.938, B1 T8192 HV8 0.263 -> 0.255, varlen 8 2.047 ->
+# 1.946), o within 1.004x of the bf16 floor (reports/2026-11-30-pytest-h200-s5/kernels-ax-lean_sd-3837239.txt)
+DEFAULT_INTRA = "ax"
 # output kernel form unless the API's _out or GDN_TILELANG_OUTPUT says otherwise.  "pipe" measured faster on every
 # benchmark shape on an H200 (benchmarks/results/2026-11-30-h200-bench_kernels_fwd-pipe.txt; forward ms, chunk ->
 # pipe: B1 T32768 HV32 2.995 -> 2.114, B8 T4096 HV32 2.916 -> 2.038, B1 T8192 HV8 0.316 -> 0.263, B1 T65536 HV4
@@ -56,12 +59,14 @@ class State2Config:
     DK: int = KERNEL_HEAD_DIM
     num_stages: int = NUM_STAGES
     ctas_per_sm: int = 1           # "smem" only: 2 = two resident CTAs per SM (BV <= 32; state2.py)
+    grouped: bool = True           # "smem" only: one wgmma wait per group of split products (state2.py)
 
     @property
     def name(self) -> str:
         kind = ("scan" if self.scan else "state") + ("_rv" if self.form == "rv" else "_smem")
         occ = f",occ{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
-        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ},"
+        each = ",each" if self.form == "smem" and not self.grouped else ""
+        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{each},"
                 f"{self.dtype}]")
 
 
@@ -117,12 +122,16 @@ def block_v(n_seq: int, HV: int, occ: int = 1) -> int:
 
 
 STATE_OCCS = (1, 2)            # CTAs per SM of the "smem" state kernel (the API's _occ)
-DEFAULT_OCC = 1
 
 
-def state_occ(occ: int | None = None) -> int:
-    """CTAs per SM of the "smem" state kernel: ``occ`` if given, else ``DEFAULT_OCC``; others raise."""
-    occ = DEFAULT_OCC if occ is None else occ
+def state_occ(occ: int | None = None, n_seq: int = 1, HV: int = 1) -> int:
+    """CTAs per SM of the "smem" state kernel: ``occ`` if given (1 or 2; others raise), else 2 when BV 32 gives
+    two CTAs per SM (N x HV x 4 >= 2 N_SM), else 1.  Measured on an H200
+    (benchmarks/results/2026-11-30-h200-bench_kernels_fwd-occ-s5.txt, forward ms, intra "ax"): two CTAs of BV 32
+    beat one of BV 64 at B8 T4096 HV32 (1.830 vs 1.924) and on the varlen pack of 8 (1.841 vs 1.932); at B1
+    T32768 HV32 two CTAs of BV 16 lost to one of BV 32 (2.115 vs 1.997: BV 16 doubles the k / Ag reads)."""
+    if occ is None:
+        return 2 if n_seq * HV * (KERNEL_HEAD_DIM // 32) >= 2 * N_SM else 1
     if occ not in STATE_OCCS:
         raise ValueError(f"unknown state kernel occupancy _occ={occ!r}; CTAs per SM: {STATE_OCCS}")
     return occ
@@ -220,10 +229,12 @@ def check_knobs(path: str | None, out: str | None, intra: str | None, precision,
 
 
 def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precision=None, cp: int = 1,
-                form: str | None = None, out: str | None = None, intra: str | None = None, occ: int | None = None):
+                form: str | None = None, out: str | None = None, intra: str | None = None, occ: int | None = None,
+                grouped: bool | None = None):
     """(intra2, state, output2[, scan]) of the v2 path; the scan only when cp > 1 (rv form only: the
     smem form's scan compiles with a 16 KB stack frame, so that form always runs without CP).  ``occ``: CTAs
-    per SM of the smem state kernel (``state_occ``; the rv form runs one)."""
+    per SM of the smem state kernel (``state_occ``; the rv form runs one); ``grouped``: the smem state kernel's
+    one wgmma wait per group of products (None: True; False only to time the old form, bitwise the same)."""
     prec = precision_v2(precision)
     form = form or DEFAULT_FORM
     if form not in ("rv", "smem"):
@@ -235,12 +246,14 @@ def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precisio
         if bv not in (64, 128):
             raise ValueError(f"the rv state kernel needs BV in (64, 128), got {bv}")
     else:
-        occ = state_occ(occ)
+        occ = state_occ(occ, n_seq, HV)
         bv, sbv = BV or (SCAN_BV if cp > 1 else block_v(n_seq, HV, occ)), SCAN_BV
         if occ > 1 and bv > 32:
             raise ValueError(f"two state CTAs per SM (_occ=2) need BV <= 32, got {bv}")
     occ = occ if form == "smem" else 1
-    out = [intra_config(dtype, prec, intra), State2Config(dtype, bv, prec, form=form, ctas_per_sm=occ),
+    grouped = True if grouped is None else bool(grouped)
+    out = [intra_config(dtype, prec, intra),
+           State2Config(dtype, bv, prec, form=form, ctas_per_sm=occ, grouped=grouped),
            output_config(dtype, prec, form == "rv", out)]
     if cp > 1:
         out.append(State2Config(dtype, sbv, prec.for_scan(), scan=True, form=form))
@@ -265,12 +278,15 @@ def all_configs():
                     cfgs += dispatch_v2(dtype, 1, 1, BV=bv, precision=prec, cp=1, form="smem", out=form)
                 for bv in (32, 16):                                                       # smem, 2 CTAs/SM
                     cfgs += dispatch_v2(dtype, 1, 1, BV=bv, precision=prec, cp=1, form="smem", out=form, occ=2)
+                for bv in (64, 32, 16):                                 # smem, a wait per product (_grouped=False)
+                    cfgs += dispatch_v2(dtype, 1, 1, BV=bv, precision=prec, cp=1, form="smem", out=form, occ=1,
+                                        grouped=False)
                 for c in cfgs:
                     if c not in out:
                         out.append(c)
-            ax = intra_config(dtype, prec, "ax")
-            if ax not in out:
-                out.append(ax)
+            v2 = intra_config(dtype, prec, "v2")                  # the intra kernel's other form (_intra="v2")
+            if v2 not in out:
+                out.append(v2)
     return out
 
 
@@ -283,7 +299,8 @@ def prim_func(cfg):
             from .state3 import build_state_rv
             return build_state_rv(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.BV)
         from .state2 import build_state_v2
-        return build_state_v2(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.ctas_per_sm)
+        return build_state_v2(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.ctas_per_sm,
+                              cfg.grouped)
     if isinstance(cfg, Output2Config):
         from .output2 import build_output_v2
         return build_output_v2(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.BV, cfg.vt, cfg.cpb, NUM_STAGES)

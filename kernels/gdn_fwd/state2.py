@@ -28,7 +28,7 @@ THREADS = 128
 
 
 def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False,
-                   ctas_per_sm: int = 1):
+                   ctas_per_sm: int = 1, grouped: bool = False):
     """TileLang prim_func of ``gdn_state_v2`` (``scan=False``) or ``gdn_scan_v2`` (``scan=True``).
 
     Arguments:
@@ -48,6 +48,13 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
     registers a thread, no ``setmaxnreg`` hand-over from the producer warps): two independent chunk chains
     interleave on each SM, hiding the latency of the per-chunk chain of small dependent products.  Fits only
     for BV <= 32 (shared memory: 82 / 98 KiB per CTA at BV 16 / 32).
+
+    ``grouped``: the products of one split (``K Sh (+ K Sl)``, ``Ah Xh + Al Xh + Ah Xl``, the update's hi + lo)
+    are issued as one group of wgmma with one wait, instead of a wait after each: the same instructions in the
+    same order on the same accumulator, so bitwise the same result with two to three fewer waits on the
+    per-chunk chain.  Every product but the last is ``T.wgmma_gemm`` (no wait); the last is a ``T.gemm``, whose
+    wait covers the group, and it reads every pipelined buffer of its group, so TileLang's release of those
+    buffers to the TMA producer comes after the wait (Ah and Al then share one buffer, ``a_s``).
     """
     assert DK in (64, 128) and DV == DK
     assert DV % BV == 0 and BV in (16, 32, 64, 128)
@@ -61,6 +68,12 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
     store = not scan
 
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
+    a_one = grouped and ag_sp          # Ah and Al in one pipelined buffer a_s[2, BT, BT] (see the docstring)
+    # grouped: every product of a group but the last is issued without a wait (T.wgmma_gemm)
+    ks_first = T.wgmma_gemm if grouped and ks_sp else T.gemm
+    u_first = T.wgmma_gemm if grouped and (ag_sp or x_sp) else T.gemm
+    u_mid = T.wgmma_gemm if grouped and x_sp else T.gemm
+    upd_first = T.wgmma_gemm if grouped and upd_sp else T.gemm
 
     @T.prim_func
     def gdn_state_v2(
@@ -93,8 +106,13 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
 
             k_s = T.alloc_shared((BT, DK), dtype)
             v_s = T.alloc_shared((BT, BV), dtype)
-            ah_s = T.alloc_shared((BT, BT), dtype)
-            al_s = T.alloc_shared(lo_shape((BT, BT), ag_sp), dtype)
+            # (its planes are written inline as a_s[i, :, :]: a slice bound to a name in the kernel body becomes a
+            # let-bound load of the whole buffer)
+            if a_one:
+                a_s = T.alloc_shared((2, BT, BT), dtype)
+            else:
+                ah_s = T.alloc_shared((BT, BT), dtype)
+                al_s = T.alloc_shared(lo_shape((BT, BT), ag_sp), dtype)
             f_s = T.alloc_shared((4, BT), f32)
             sh_s = T.alloc_shared((DK, BV), dtype)
             sl_s = T.alloc_shared(lo_shape((DK, BV), sl_need), dtype)
@@ -125,9 +143,13 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
                 c = c0 + ic
                 T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
                 T.copy(v[t0:t0 + BT, hv, vv:vv + BV], v_s)
-                T.copy(Ah[hv, c, 0:BT, 0:BT], ah_s)
-                if ag_sp:
-                    T.copy(Al[hv, c, 0:BT, 0:BT], al_s)
+                if a_one:
+                    T.copy(Ah[hv, c, 0:BT, 0:BT], a_s[0, :, :])
+                    T.copy(Al[hv, c, 0:BT, 0:BT], a_s[1, :, :])
+                else:
+                    T.copy(Ah[hv, c, 0:BT, 0:BT], ah_s)
+                    if ag_sp:
+                        T.copy(Al[hv, c, 0:BT, 0:BT], al_s)
                 T.copy(F[hv, c, 0:4, 0:BT], f_s)
 
                 for i, j in T.Parallel(DK, BV):
@@ -141,7 +163,7 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
                         T.copy(sl_s, Scl[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
 
                 # X = V - F0 * (K @ S)
-                T.gemm(k_s, sh_s, ks_f, clear_accum=True)
+                ks_first(k_s, sh_s, ks_f, clear_accum=True)
                 if ks_sp:
                     T.gemm(k_s, sl_s, ks_f)
                 if scan:
@@ -157,11 +179,17 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
                         xl_s[i, j] = T.cast(ks_f[i, j] - T.cast(T.cast(ks_f[i, j], dtype), f32), dtype)
 
                 # U = Ag @ X
-                T.gemm(ah_s, xh_s, u_f, clear_accum=True)
-                if ag_sp:
-                    T.gemm(al_s, xh_s, u_f)
-                if x_sp:
-                    T.gemm(ah_s, xl_s, u_f)
+                if a_one:
+                    u_first(a_s[0, :, :], xh_s, u_f, clear_accum=True)
+                    u_mid(a_s[1, :, :], xh_s, u_f)
+                    if x_sp:
+                        T.gemm(a_s[0, :, :], xl_s, u_f)
+                else:
+                    u_first(ah_s, xh_s, u_f, clear_accum=True)
+                    if ag_sp:
+                        u_mid(al_s, xh_s, u_f)
+                    if x_sp:
+                        T.gemm(ah_s, xl_s, u_f)
                 if store:
                     for i, j in T.Parallel(BT, BV):
                         uh_s[i, j] = T.cast(u_f[i, j], dtype)
@@ -182,7 +210,7 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
                         xl_s[i, j] = T.cast(u_f[i, j] - T.cast(T.cast(u_f[i, j], dtype), f32), dtype)
                 for i, j in T.Parallel(DK, BV):
                     s_f[i, j] = s_f[i, j] * f_s[3, 0]
-                T.gemm(k_s, xh_s, s_f, transpose_A=True)
+                upd_first(k_s, xh_s, s_f, transpose_A=True)
                 if upd_sp:
                     T.gemm(k_s, xl_s, s_f, transpose_A=True)
 
