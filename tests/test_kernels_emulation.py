@@ -170,7 +170,8 @@ def test_removed_paths_raise(path, needle):
 
 @pytest.mark.parametrize("knob,value,needle", [("_out", "nope", "unknown output kernel form"),
                                                ("_intra", "nope", "unknown intra kernel form"),
-                                               ("_occ", 3, "unknown state kernel occupancy")])
+                                               ("_occ", 3, "unknown state kernel occupancy"),
+                                               ("_cpb", 5, "unknown output kernel chunks per CTA")])
 def test_unknown_kernel_forms_raise(knob, value, needle):
     """The output / intra kernel form and state-kernel occupancy knobs name their values: the API (before any
     CUDA check) and the emulation."""

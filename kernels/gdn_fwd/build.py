@@ -18,7 +18,8 @@ DEFAULT_PATH = "split2"        # the only forward path: intra2 / state kernel [+
 REMOVED_PATHS = ("split", "fused")  # the older paths, removed after the H200 comparison (last in commit 830262b)
 DEFAULT_PRECISION_V2 = "default"   # preset name in variants.PRECISIONS_V2
 OUT2_BV = 64                   # value columns per CTA of the v2 output kernel, one chunk per CTA ("chunk")
-OUT_CPB = 8                    # chunks per CTA of the pipelined output kernel ("pipe")
+OUT_CPB = 8                    # chunks per CTA of the pipelined output kernel ("pipe"; the API's _cpb: OUT_CPBS)
+OUT_CPBS = (4, 8, 16)
 OUTPUT_FORMS = ("chunk", "pipe")
 INTRA_FORMS = ("v2", "ax")      # "ax": Intra2Config.alias_x (4 CTAs per SM instead of 3)
 # "ax" measured faster on an H200 (benchmarks/results/2026-11-30-h200-bench_kernels_fwd-ax-s5.txt, forward ms, v2 ->
@@ -96,15 +97,24 @@ def output_form(out: str | None = None) -> str:
     return form
 
 
-def output_config(dtype: str, prec, vt: bool, out: str | None = None) -> "Output2Config":
-    """"chunk": ``output2`` with one chunk per CTA and ``OUT2_BV`` value columns.  "pipe": ``OUT_CPB`` chunks
+def out_cpb(cpb: int | None = None) -> int:
+    """Chunks per CTA of the "pipe" output kernel: ``cpb`` if given (one of ``OUT_CPBS``; others raise), else
+    ``OUT_CPB``.  It changes only the schedule: o is bitwise the same."""
+    cpb = OUT_CPB if cpb is None else cpb
+    if cpb not in OUT_CPBS:
+        raise ValueError(f"unknown output kernel chunks per CTA _cpb={cpb!r}; one of {OUT_CPBS}")
+    return cpb
+
+
+def output_config(dtype: str, prec, vt: bool, out: str | None = None, cpb: int | None = None) -> "Output2Config":
+    """"chunk": ``output2`` with one chunk per CTA and ``OUT2_BV`` value columns.  "pipe": ``out_cpb(cpb)`` chunks
     per CTA in a pipelined loop, all 128 value columns (q and k read once per chunk and head), or 64 when the
     chunk-start state is split (``prec.s``: two 32 KB state tiles per stage would not fit twice in shared
     memory)."""
     if output_form(out) == "chunk":
         return Output2Config(dtype, prec, vt=vt)
     bv = 64 if prec.s == "split" else KERNEL_HEAD_DIM
-    return Output2Config(dtype, prec, BV=bv, vt=vt, cpb=OUT_CPB)
+    return Output2Config(dtype, prec, BV=bv, vt=vt, cpb=out_cpb(cpb))
 
 
 # ~SMs of an H200 (132); the sequential state kernel wants about one CTA per SM.
@@ -218,11 +228,13 @@ def intra_config(dtype: str, prec, intra: str | None = None) -> "Intra2Config":
     return Intra2Config(dtype, prec.merge, prec.ag, alias_x=intra_form(intra) == "ax")
 
 
-def check_knobs(path: str | None, out: str | None, intra: str | None, precision, occ: int | None = None) -> None:
-    """The private knobs that select kernels (``_path``, ``_out``, ``_intra``, ``_precision``, ``_occ``): the API
-    and its emulation raise the same ``ValueError`` for an unknown value, before any other check."""
+def check_knobs(path: str | None, out: str | None, intra: str | None, precision, occ: int | None = None,
+                cpb: int | None = None) -> None:
+    """The private knobs that select kernels (``_path``, ``_out``, ``_intra``, ``_precision``, ``_occ``, ``_cpb``):
+    the API and its emulation raise the same ``ValueError`` for an unknown value, before any other check."""
     check_path(path)
     state_occ(occ)
+    out_cpb(cpb)
     output_form(out)
     intra_form(intra)
     precision_v2(precision)
@@ -230,11 +242,12 @@ def check_knobs(path: str | None, out: str | None, intra: str | None, precision,
 
 def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precision=None, cp: int = 1,
                 form: str | None = None, out: str | None = None, intra: str | None = None, occ: int | None = None,
-                grouped: bool | None = None):
+                grouped: bool | None = None, cpb: int | None = None):
     """(intra2, state, output2[, scan]) of the v2 path; the scan only when cp > 1 (rv form only: the
     smem form's scan compiles with a 16 KB stack frame, so that form always runs without CP).  ``occ``: CTAs
     per SM of the smem state kernel (``state_occ``; the rv form runs one); ``grouped``: the smem state kernel's
-    one wgmma wait per group of products (None: True; False only to time the old form, bitwise the same)."""
+    one wgmma wait per group of products (None: True; False only to time the old form, bitwise the same);
+    ``cpb``: chunks per CTA of the "pipe" output kernel (``out_cpb``)."""
     prec = precision_v2(precision)
     form = form or DEFAULT_FORM
     if form not in ("rv", "smem"):
@@ -254,7 +267,7 @@ def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precisio
     grouped = True if grouped is None else bool(grouped)
     out = [intra_config(dtype, prec, intra),
            State2Config(dtype, bv, prec, form=form, ctas_per_sm=occ, grouped=grouped),
-           output_config(dtype, prec, form == "rv", out)]
+           output_config(dtype, prec, form == "rv", out, cpb)]
     if cp > 1:
         out.append(State2Config(dtype, sbv, prec.for_scan(), scan=True, form=form))
     return tuple(out)
@@ -278,6 +291,10 @@ def all_configs():
                     cfgs += dispatch_v2(dtype, 1, 1, BV=bv, precision=prec, cp=1, form="smem", out=form)
                 for bv in (32, 16):                                                       # smem, 2 CTAs/SM
                     cfgs += dispatch_v2(dtype, 1, 1, BV=bv, precision=prec, cp=1, form="smem", out=form, occ=2)
+                if form == "pipe":                                      # the pipe kernel's other chunks per CTA
+                    for cpb in OUT_CPBS:
+                        cfgs += dispatch_v2(dtype, 1, 1, precision=prec, cp=1, form="smem", out=form, cpb=cpb)[2:3]
+                        cfgs += dispatch_v2(dtype, 1, 1, precision=prec, cp=1, form="rv", out=form, cpb=cpb)[2:3]
                 for bv in (64, 32, 16):                                 # smem, a wait per product (_grouped=False)
                     cfgs += dispatch_v2(dtype, 1, 1, BV=bv, precision=prec, cp=1, form="smem", out=form, occ=1,
                                         grouped=False)
