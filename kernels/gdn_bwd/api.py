@@ -45,7 +45,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     emulation's layouts (``STAGE_LAYOUT``), for a stage-by-stage comparison with ``emulation.py``.
     ``_events`` (profiling): a list that receives ``(stage name, torch.cuda.Event)`` recorded after each stage
     (the first entry, "start", before the first launch); ``stage_times`` turns it into ms per stage.
-    ``_tables`` (opt-in, not yet run on a GPU): "split" (default) or "lean_sd", the inter kernel reading the hi
+    ``_tables`` (opt-in; measured on an H200 in session 5, see README.md): "split" (default) or "lean_sd", the inter kernel reading the hi
     terms of the chunk tables alone, pipelined over chunks, with the S o dS' and dY . V row dots from hi + lo in
     a kernel of their own (``dqk_lean.py``; accuracy: ``accuracy.py``), and the intra kernel reading the hi terms of
     U and dY alone."""

@@ -216,7 +216,7 @@ def chunk_gated_delta_rule(
     "rv"; None = ``build.plan_v2``); ``_form`` is the state kernel: "smem" (``state2.py``) or "rv"
     (``state3.py``, register operands; None = ``build.plan_v2``); ``_out`` is the output kernel: "chunk" (one
     chunk per CTA) or "pipe" (several chunks per CTA, pipelined loads; None = ``build.output_form``); ``_intra`` is
-    the intra kernel: "v2" (default) or "ax" (``build.Intra2Config.alias_x``); ``_occ`` is the "smem" state
+    the intra kernel: "ax" (default, ``build.Intra2Config.alias_x``) or "v2" (bitwise the same); ``_occ`` is the "smem" state
     kernel's CTAs per SM, 1 or 2 (None = ``build.state_occ``'s pick; 2 needs BV <= 32); ``_grouped=False`` runs
     the "smem" state kernel with a wgmma wait after every product (the form before session 5; bitwise the same);
     ``_cpb`` is the "pipe" output kernel's chunks per CTA (``build.OUT_CPBS``; bitwise the same o).
