@@ -28,9 +28,7 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
 * ``v2occ``     - the smem state kernel with two resident CTAs per SM (``_occ=2``, BV by ``block_v(.., occ=2)``);
 * ``v2occ1``    - ... with one (``_occ=1``; the default picks 2 only where BV 32 gives two CTAs per SM);
 * ``v2occ16`` / ``v2occ32`` - two CTAs per SM with BV forced;
-* ``v2each``    - the smem state kernel with a wgmma wait after every product (``_grouped=False``, the form before
-                  session 5; the default waits once per group of split products);
-* ``v2cpb4`` / ``v2cpb16`` - the pipe output kernel with 4 / 16 chunks per CTA (``_cpb``; default 8);
+* ``v2cpb16``   - the pipe output kernel with 16 chunks per CTA (``_cpb``; default 8);
 * ``v2lean``    - precision "lean" (no split X / state update: cheaper chain, less accuracy margin);
 * ``v2bf16``    - every operand single bf16 (speed reference; less accurate than FLA);
 * ``intra``     - the v2 intra-chunk kernel alone (part of every v2 variant);
@@ -114,8 +112,6 @@ VARIANTS = {
     "v2occ16": dict(_form="smem", _occ=2, _block_v=16),
     "v2occ32": dict(_form="smem", _occ=2, _block_v=32),
     "v2intra": dict(_intra="v2"),
-    "v2each": dict(_grouped=False),
-    "v2cpb4": dict(_cpb=4),
     "v2cpb16": dict(_cpb=16),
     "v2lean": dict(_precision="lean"),
     "v2bf16": dict(_precision="bf16"),
@@ -142,8 +138,7 @@ def _needed_configs(variants, shapes):
             prec = precision_v2(kw.get("_precision"), has_h0=h0)
             form, cp = plan_v2(n, HV, max_chunks, kw.get("_form"), kw.get("_cp"))
             cfgs.extend(dispatch_v2("bfloat16", n, HV, kw.get("_block_v"), prec, cp, form, kw.get("_out"),
-                                    kw.get("_intra"), kw.get("_occ"), kw.get("_grouped"),
-                                    kw.get("_cpb")))
+                                    kw.get("_intra"), kw.get("_occ"), kw.get("_cpb")))
     out = []
     for c in cfgs:
         if c not in out:

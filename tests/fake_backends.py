@@ -50,6 +50,18 @@ class Sleeper(TorchEmulated):
         return super()._forward(inputs)
 
 
+class LongSleeper(TorchEmulated):
+    """Takes 10 min per call: a run that is surely still going when a test interrupts it."""
+
+    name = "fake-long-sleeper"
+    description = "sleeps 600 s per call"
+    has_backward = False
+
+    def _forward(self, inputs):
+        time.sleep(600)
+        return super()._forward(inputs)
+
+
 class Crasher(TorchEmulated):
     """Kills its process (like an illegal memory access would) on cases with T == 65."""
 

@@ -3,10 +3,9 @@
 Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The set of
 configurations is ``kernels.gdn_fwd.build.all_configs()`` (the v2 path, the
 only one: intra2, the register-operand state kernel and its CP scan, the
-shared-memory state kernel at every BV ``block_v`` picks (one CTA per SM, and two at BV 16 / 32; one wgmma wait
-per group of products, and one per product, ``_grouped=False``), output2 in both table layouts and both forms
-(one chunk per CTA; 4, 8 or 16, pipelined), intra2 in both forms ("ax": merge product over the A_o tile; "v2");
-default and default_h0 precision; bf16 and fp16: 74 kernels).  Everything
+shared-memory state kernel at every BV ``block_v`` picks (one CTA per SM, and two at BV 16 / 32), output2 in
+both table layouts and both forms (one chunk per CTA; 8 or 16, pipelined), intra2 in both forms ("ax": merge
+product over the A_o tile; "v2"); default and default_h0 precision; bf16 and fp16: 54 kernels).  Everything
 else (T, B, N, H, HV / GVA ratio, h0, final state, state layout, l2norm, gate dtype,
 varlen or dense, head dim 64 (zero-padded)) is a runtime argument of the same
 binaries.
@@ -24,7 +23,7 @@ Asserts what the design relies on, from the generated CUDA and from ptxas:
   block stay in registers).
 
 Compiles in 2 processes; prints each kernel's compile and ptxas time and the total
-(~6 min cold on 2 cores for the 74 kernels).
+(~5 min cold on 2 cores for the 54 kernels).
 """
 
 

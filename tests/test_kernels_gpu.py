@@ -112,14 +112,13 @@ _BITWISE_CASES = [c for c in tt.GPU_CASES if c.name in ("T1000_h0_gva2", "varlen
                                                         "varlen_300_short_h0", "T8192")]
 
 
-@pytest.mark.parametrize("knobs", [dict(_grouped=False), dict(_intra="v2"), dict(_cpb=4), dict(_cpb=16)],
-                         ids=["state_each", "intra_v2", "out_cpb4", "out_cpb16"])
+@pytest.mark.parametrize("knobs", [dict(_intra="v2"), dict(_cpb=16)], ids=["intra_v2", "out_cpb16"])
 @pytest.mark.parametrize("case", _BITWISE_CASES, ids=[c.name for c in _BITWISE_CASES])
 def test_forms_are_bitwise_equal(case, knobs):
-    """Forms that change only the schedule give bitwise the same o and final state as the default: the state
-    kernel with a wgmma wait after every product (``_grouped=False``; the default issues each group of split
-    products with one wait), the intra kernel's "v2" form (the default "ax" writes the merge product over the
-    dead A_o tile) and the pipe output kernel at 4 and 16 chunks per CTA (default 8)."""
+    """Forms that change only the schedule give bitwise the same o and final state as the default: the intra
+    kernel's "v2" form (the default "ax" writes the merge product over the dead A_o tile) and the pipe output
+    kernel at 16 chunks per CTA (default 8).  (In session 5 this test also held the state kernel with a wgmma
+    wait after every product, the form the grouped default replaced: bitwise equal on all five cases.)"""
     from kernels.gdn_fwd.api import chunk_gated_delta_rule as impl
 
     dev = torch.device("cuda")

@@ -183,12 +183,16 @@ def test_an_interrupted_run_keeps_its_finished_cells_and_says_how_to_resume(tmp_
 
     out = tmp_path / "r" / "results.jsonl"
     cmd = [sys.executable, "-m", "parity", "run", "--case", SMALL[0].id, "--case", SMALL[1].id, "--backends",
-           f"torch-emulated,{FAKE}:Sleeper", "--out", str(out), "--workers", "1", "--warmup", "0", "--cache", "none",
-           "--no-progress", "--no-report", "--no-repeat"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+           f"torch-emulated,{FAKE}:LongSleeper", "--out", str(out), "--workers", "1", "--warmup", "0", "--cache",
+           "none", "--no-progress", "--no-report", "--no-repeat"]
+    # the default SIGINT disposition in the child, whatever this process inherited (a SIGINT that is ignored at
+    # start-up stays ignored: Python then installs no KeyboardInterrupt handler)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     t0 = time.time()
-    while time.time() - t0 < 120 and not (out.exists() and '"record": "row"' in out.read_text()):
-        time.sleep(0.5)  # the first cells (baseline, torch-emulated) are on disk; the sleeper is running
+    while time.time() - t0 < 300 and not (out.exists() and '"record": "row"' in out.read_text()):
+        time.sleep(0.5)  # the first cells (baseline, torch-emulated) are on disk; the 10-minute sleeper is running
+    assert proc.poll() is None, f"the run ended (exit code {proc.returncode}) before the test could interrupt it"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]

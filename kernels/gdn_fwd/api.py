@@ -203,7 +203,6 @@ def chunk_gated_delta_rule(
     _out: str | None = None,
     _intra: str | None = None,
     _occ: int | None = None,
-    _grouped: bool | None = None,
     _cpb: int | None = None,
 ):
     """GDN chunked forward.  See the module docstring for shapes and dtypes.
@@ -217,8 +216,7 @@ def chunk_gated_delta_rule(
     (``state3.py``, register operands; None = ``build.plan_v2``); ``_out`` is the output kernel: "chunk" (one
     chunk per CTA) or "pipe" (several chunks per CTA, pipelined loads; None = ``build.output_form``); ``_intra`` is
     the intra kernel: "ax" (default, ``build.Intra2Config.alias_x``) or "v2" (bitwise the same); ``_occ`` is the "smem" state
-    kernel's CTAs per SM, 1 or 2 (None = ``build.state_occ``'s pick; 2 needs BV <= 32); ``_grouped=False`` runs
-    the "smem" state kernel with a wgmma wait after every product (the form before session 5; bitwise the same);
+    kernel's CTAs per SM, 1 or 2 (None = ``build.state_occ``'s pick; 2 needs BV <= 32);
     ``_cpb`` is the "pipe" output kernel's chunks per CTA (``build.OUT_CPBS``; bitwise the same o).
     """
     from .build import check_knobs
@@ -279,7 +277,7 @@ def chunk_gated_delta_rule(
     o2, ht = _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC, N, HV, D, dt,
                      cu_seqlens, B, T, scale, initial_state is not None, output_final_state, state_v_first,
                      use_qk_l2norm_in_kernel, _block_v, _precision, _cp, _form, cu_host, _out, _intra, _occ,
-                     _grouped, _cpb)
+                     _cpb)
     return _finish(o2, ht, pad, B, T, HV, K, V, output_final_state)
 
 
@@ -368,7 +366,7 @@ def _cp_fixup(ZM, h0, seg_of, counts, sched, N, HV, D, vt):
 
 def _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC, N, HV, D, dt, cu_seqlens,
             B, T, scale, use_h0, output_final_state, state_v_first, use_l2, block_v_, precision, cp, form,
-            cu_host=None, out=None, intra=None, occ=None, grouped=None, cpb=None):
+            cu_host=None, out=None, intra=None, occ=None, cpb=None):
     """The v2 path: intra2 -> state (or CP: scan, fix-up, state per segment) -> output2.  ``cu_host``:
     cu_seqlens as a host list (None for dense input)."""
     from .build import dispatch_v2, get_kernel, plan_v2, precision_v2
@@ -385,7 +383,7 @@ def _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC
             max_chunks = max([-(-(cu_host[i + 1] - cu_host[i]) // BT) for i in range(N)] + [0])
     form, cp = plan_v2(N, HV, max_chunks, form, cp)
     vt = form == "rv"
-    cfgs = dispatch_v2(_TL_DTYPE[dt], N, HV, block_v_, prec, cp, form, out, intra, occ, grouped, cpb)
+    cfgs = dispatch_v2(_TL_DTYPE[dt], N, HV, block_v_, prec, cp, form, out, intra, occ, cpb)
     kerns = [get_kernel(c) for c in cfgs]
 
     Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)

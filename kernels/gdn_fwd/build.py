@@ -19,7 +19,7 @@ REMOVED_PATHS = ("split", "fused")  # the older paths, removed after the H200 co
 DEFAULT_PRECISION_V2 = "default"   # preset name in variants.PRECISIONS_V2
 OUT2_BV = 64                   # value columns per CTA of the v2 output kernel, one chunk per CTA ("chunk")
 OUT_CPB = 8                    # chunks per CTA of the pipelined output kernel ("pipe"; the API's _cpb: OUT_CPBS)
-OUT_CPBS = (4, 8, 16)
+OUT_CPBS = (8, 16)              # 4 was no faster (benchmarks/results/2026-11-30-h200-bench_kernels_fwd-cpb-s5.txt)
 OUTPUT_FORMS = ("chunk", "pipe")
 INTRA_FORMS = ("v2", "ax")      # "ax": Intra2Config.alias_x (4 CTAs per SM instead of 3)
 # "ax" measured faster on an H200 (benchmarks/results/2026-11-30-h200-bench_kernels_fwd-ax-s5.txt, forward ms, v2 ->
@@ -60,14 +60,12 @@ class State2Config:
     DK: int = KERNEL_HEAD_DIM
     num_stages: int = NUM_STAGES
     ctas_per_sm: int = 1           # "smem" only: 2 = two resident CTAs per SM (BV <= 32; state2.py)
-    grouped: bool = True           # "smem" only: one wgmma wait per group of split products (state2.py)
 
     @property
     def name(self) -> str:
         kind = ("scan" if self.scan else "state") + ("_rv" if self.form == "rv" else "_smem")
         occ = f",occ{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
-        each = ",each" if self.form == "smem" and not self.grouped else ""
-        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{each},"
+        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ},"
                 f"{self.dtype}]")
 
 
@@ -242,11 +240,10 @@ def check_knobs(path: str | None, out: str | None, intra: str | None, precision,
 
 def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precision=None, cp: int = 1,
                 form: str | None = None, out: str | None = None, intra: str | None = None, occ: int | None = None,
-                grouped: bool | None = None, cpb: int | None = None):
+                cpb: int | None = None):
     """(intra2, state, output2[, scan]) of the v2 path; the scan only when cp > 1 (rv form only: the
     smem form's scan compiles with a 16 KB stack frame, so that form always runs without CP).  ``occ``: CTAs
-    per SM of the smem state kernel (``state_occ``; the rv form runs one); ``grouped``: the smem state kernel's
-    one wgmma wait per group of products (None: True; False only to time the old form, bitwise the same);
+    per SM of the smem state kernel (``state_occ``; the rv form runs one);
     ``cpb``: chunks per CTA of the "pipe" output kernel (``out_cpb``)."""
     prec = precision_v2(precision)
     form = form or DEFAULT_FORM
@@ -264,9 +261,8 @@ def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precisio
         if occ > 1 and bv > 32:
             raise ValueError(f"two state CTAs per SM (_occ=2) need BV <= 32, got {bv}")
     occ = occ if form == "smem" else 1
-    grouped = True if grouped is None else bool(grouped)
     out = [intra_config(dtype, prec, intra),
-           State2Config(dtype, bv, prec, form=form, ctas_per_sm=occ, grouped=grouped),
+           State2Config(dtype, bv, prec, form=form, ctas_per_sm=occ),
            output_config(dtype, prec, form == "rv", out, cpb)]
     if cp > 1:
         out.append(State2Config(dtype, sbv, prec.for_scan(), scan=True, form=form))
@@ -295,9 +291,6 @@ def all_configs():
                     for cpb in OUT_CPBS:
                         cfgs += dispatch_v2(dtype, 1, 1, precision=prec, cp=1, form="smem", out=form, cpb=cpb)[2:3]
                         cfgs += dispatch_v2(dtype, 1, 1, precision=prec, cp=1, form="rv", out=form, cpb=cpb)[2:3]
-                for bv in (64, 32, 16):                                 # smem, a wait per product (_grouped=False)
-                    cfgs += dispatch_v2(dtype, 1, 1, BV=bv, precision=prec, cp=1, form="smem", out=form, occ=1,
-                                        grouped=False)
                 for c in cfgs:
                     if c not in out:
                         out.append(c)
@@ -316,8 +309,7 @@ def prim_func(cfg):
             from .state3 import build_state_rv
             return build_state_rv(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.BV)
         from .state2 import build_state_v2
-        return build_state_v2(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.ctas_per_sm,
-                              cfg.grouped)
+        return build_state_v2(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.ctas_per_sm)
     if isinstance(cfg, Output2Config):
         from .output2 import build_output_v2
         return build_output_v2(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.BV, cfg.vt, cfg.cpb, NUM_STAGES)

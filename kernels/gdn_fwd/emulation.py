@@ -128,10 +128,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
                            use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
                            _path: str | None = None, _precision: str | None = None, _cp: int | None = None,
                            _form: str | None = None, _block_v: int | None = None, _out: str | None = None,
-                           _intra: str | None = None, _occ: int | None = None, _grouped: bool | None = None,
+                           _intra: str | None = None, _occ: int | None = None,
                            _cpb: int | None = None):
     """Same signature and result layout as ``kernels.chunk_gated_delta_rule`` (incl. its private
-    ``_path`` / ``_precision`` / ``_cp`` knobs; ``_form``, ``_block_v``, ``_out``, ``_intra``, ``_occ``, ``_grouped`` and ``_cpb`` change no rounding), computed by
+    ``_path`` / ``_precision`` / ``_cp`` knobs; ``_form``, ``_block_v``, ``_out``, ``_intra``, ``_occ`` and ``_cpb`` change no rounding), computed by
     the emulation: ``chunk_gated_delta_rule_v2`` with the API's precision and CP choice."""
     from .build import check_knobs, plan_v2, precision_v2
     check_knobs(_path, _out, _intra, _precision, _occ, _cpb)   # the same errors as the API
