@@ -39,27 +39,24 @@ class NaNer(TorchEmulated):
 
 
 class Sleeper(TorchEmulated):
-    """Takes 30 s per call (a slow compile)."""
+    """Takes ``seconds`` (30) per call (a slow compile)."""
 
     name = "fake-sleeper"
     description = "sleeps 30 s per call"
     has_backward = False
+    seconds = 30
 
     def _forward(self, inputs):
-        time.sleep(30)
+        time.sleep(self.seconds)
         return super()._forward(inputs)
 
 
-class LongSleeper(TorchEmulated):
+class LongSleeper(Sleeper):
     """Takes 10 min per call: a run that is surely still going when a test interrupts it."""
 
     name = "fake-long-sleeper"
     description = "sleeps 600 s per call"
-    has_backward = False
-
-    def _forward(self, inputs):
-        time.sleep(600)
-        return super()._forward(inputs)
+    seconds = 600
 
 
 class Crasher(TorchEmulated):
