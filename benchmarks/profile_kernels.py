@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="B1_T32768_H16_HV32", choices=list(SHAPES))
     ap.add_argument("--fwd-only", action="store_true", help="profile the forward alone")
-    ap.add_argument("--tables", default=None, choices=["split", "lean_sd"],
+    ap.add_argument("--tables", default=None, choices=["split", "lean_sd", "split+fg", "lean_sd+fg"],
                     help="the backward's chunk-table precision (default: the API's, 'split')")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)

@@ -30,16 +30,29 @@ BT = 64
 
 
 @T.macro
-def load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s, lo=True):
+def load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s, lo=True, with_f=True):
     """Chunk ``c``'s tiles of value head ``hv`` both kernels read: U (key-first), dY (value-first), both
-    two-term splits (the hi terms alone unless ``lo``), and the gate table."""
+    two-term splits (the hi terms alone unless ``lo``), and the gate table (unless not ``with_f``)."""
     T.copy(Uh[hv, c, 0:BT, 0:uh_s.shape[1]], uh_s)
     if lo:
         T.copy(Ul[hv, c, 0:BT, 0:ul_s.shape[1]], ul_s)
     T.copy(dYh[hv, c, 0:dyh_s.shape[0], 0:BT], dyh_s)
     if lo:
         T.copy(dYl[hv, c, 0:dyl_s.shape[0], 0:BT], dyl_s)
-    T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
+    if with_f:
+        T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
+
+
+class _GateRows:
+    """``fv[r, x]``: row ``r``, column ``x`` of chunk ``c``'s gate table, from global memory when ``f_global``,
+    else from its shared-memory copy ``f_s`` (a Python object, so the kernel body can name it)."""
+
+    def __init__(self, Fb, f_s, hv, c, f_global):
+        self.Fb, self.f_s, self.hv, self.c, self.f_global = Fb, f_s, hv, c, f_global
+
+    def __getitem__(self, rx):
+        r, x = rx
+        return self.Fb[self.hv, self.c, r, x] if self.f_global else self.f_s[r, x]
 
 
 @T.macro
@@ -181,9 +194,15 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
     return gdn_bwd_dqk_inter
 
 
-def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False):
+def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False, f_global: bool = False):
     """``lean``: read the hi terms of U and dY alone (the opt-in "lean_sd" tables: 2 instead of 5 value-dim
-    products, 32 KB less shared memory); ``Ul``, ``dYl`` are then not read.
+    products, 32 KB less shared memory in the first phase); ``Ul``, ``dYl`` are then not read.
+
+    ``f_global`` (opt-in, ``_tables`` "...+fg"; written in session 5, not yet run on a GPU): read the gate
+    table from global memory (L1) instead of a 2 KiB shared copy.  Both phases of the kernel (the q, k, dO, U,
+    dY tiles; then the eight 64x64 operand tiles and m_s) peak at 114 KiB of shared memory with the copy, one
+    CTA per SM; without it 112 KiB, so two CTAs fit (228 KiB per SM, 1 KiB reserved per CTA).  The same
+    arithmetic on the same values, so the gradients should be bitwise the same (a GPU test checks it).
 
     Arguments:
       q, k            [Ttot, H, DK]     dtype
@@ -230,7 +249,7 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False):
             ul_s = T.alloc_shared(lo_shape((BT, DV), not lean), dtype)
             dyh_s = T.alloc_shared((DV, BT), dtype)
             dyl_s = T.alloc_shared(lo_shape((DV, BT), not lean), dtype)
-            f_s = T.alloc_shared((8, BT), f32)
+            f_s = T.alloc_shared(lo_shape((8, BT), not f_global), f32)
             mqh = T.alloc_shared((BT, BT), dtype)
             mql = T.alloc_shared((BT, BT), dtype)
             m1h = T.alloc_shared((BT, BT), dtype)
@@ -254,7 +273,8 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False):
             T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
             T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
             T.copy(do[t0:t0 + BT, hv, 0:DV], do_s)
-            load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s, not lean)
+            load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s, not lean, not f_global)
+            fv = _GateRows(Fb, f_s, hv, c, f_global)
 
             T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
             T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
@@ -270,22 +290,22 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False):
             for t, j in T.Parallel(BT, BT):
                 # dQK (rows t < nv) times rk_j -> dq~ operand
                 x_f[t, j] = T.if_then_else((j <= t) & (t < nv),
-                                           scale * T.exp2((f_s[4, t] - f_s[4, j]) * LOG2E) * dpu[t, j] * f_s[6, j],
+                                           scale * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j] * fv[6, j],
                                            T.float32(0))
             for t, j in T.Parallel(BT, BT):
                 mqh[t, j] = T.cast(x_f[t, j], dtype)
                 mql[t, j] = T.cast(x_f[t, j] - T.cast(T.cast(x_f[t, j], dtype), f32), dtype)
             for t, j in T.Parallel(BT, BT):
                 # rq_t dQK_tj (-> dk~ operand, transposed) ; dpu <- its product with q~ k~^T for dg
-                x_f[t, j] = T.if_then_else(j <= t, f_s[5, t] * T.exp2((f_s[4, t] - f_s[4, j]) * LOG2E) * dpu[t, j],
+                x_f[t, j] = T.if_then_else(j <= t, fv[5, t] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j],
                                            T.float32(0))
             for t, j in T.Parallel(BT, BT):
                 m1h[t, j] = T.cast(x_f[t, j], dtype)
                 m1l[t, j] = T.cast(x_f[t, j] - T.cast(T.cast(x_f[t, j], dtype), f32), dtype)
-                dpu[t, j] = x_f[t, j] * f_s[6, j] * qk[t, j]
+                dpu[t, j] = x_f[t, j] * fv[6, j] * qk[t, j]
             for t, j in T.Parallel(BT, BT):
                 # braw = e rk_t rk_j KK (j < t);  kk <- braw
-                kk[t, j] = T.if_then_else(j < t, T.exp2((f_s[4, t] - f_s[4, j]) * LOG2E) * f_s[6, t] * f_s[6, j]
+                kk[t, j] = T.if_then_else(j < t, T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * fv[6, t] * fv[6, j]
                                           * kk[t, j], T.float32(0))
             for t, j in T.Parallel(BT, BT):
                 dyu[t, j] = T.if_then_else(j < t, -dyu[t, j], T.float32(0))          # dA
@@ -295,16 +315,16 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False):
             for t in T.Parallel(BT):
                 db2[hv, c, t] = rs[t]
             for t, j in T.Parallel(BT, BT):
-                m_s[t, j] = T.if_then_else(j < t, dpu[t, j] + f_s[7, t] * dyu[t, j] * kk[t, j], T.float32(0))
+                m_s[t, j] = T.if_then_else(j < t, dpu[t, j] + fv[7, t] * dyu[t, j] * kk[t, j], T.float32(0))
             for t, j in T.Parallel(BT, BT):
                 # dBk = beta_t e dA
-                x_f[t, j] = T.if_then_else(j < t, f_s[7, t] * dyu[t, j] * T.exp2((f_s[4, t] - f_s[4, j]) * LOG2E),
+                x_f[t, j] = T.if_then_else(j < t, fv[7, t] * dyu[t, j] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E),
                                            T.float32(0))
             for t, j in T.Parallel(BT, BT):
-                m2h[t, j] = T.cast(x_f[t, j] * f_s[6, j], dtype)
-                m2l[t, j] = T.cast(x_f[t, j] * f_s[6, j] - T.cast(T.cast(x_f[t, j] * f_s[6, j], dtype), f32), dtype)
-                m3h[t, j] = T.cast(x_f[t, j] * f_s[6, t], dtype)
-                m3l[t, j] = T.cast(x_f[t, j] * f_s[6, t] - T.cast(T.cast(x_f[t, j] * f_s[6, t], dtype), f32), dtype)
+                m2h[t, j] = T.cast(x_f[t, j] * fv[6, j], dtype)
+                m2l[t, j] = T.cast(x_f[t, j] * fv[6, j] - T.cast(T.cast(x_f[t, j] * fv[6, j], dtype), f32), dtype)
+                m3h[t, j] = T.cast(x_f[t, j] * fv[6, t], dtype)
+                m3l[t, j] = T.cast(x_f[t, j] * fv[6, t] - T.cast(T.cast(x_f[t, j] * fv[6, t], dtype), f32), dtype)
 
             T.gemm(mqh, k_s, dq_f, clear_accum=True)
             T.gemm(mql, k_s, dq_f)

@@ -389,14 +389,26 @@ def ptxas_report(src: str, timeout: float = 300.0) -> dict:
     return info
 
 
+def dyn_smem_bytes(host_src: str) -> int | None:
+    """The dynamic shared memory (bytes) a TileLang kernel's launch asks for, read from its host code: the last
+    integer argument packed before the launch (TileLang 0.1.15's TVM-FFI host code).  None if not found."""
+    import re
+
+    i = host_src.find("_kernel_packed == NULL")
+    found = re.findall(r"v_int64\) = \(\(int64_t\)(\d+)\)", host_src[:i]) if i >= 0 else []
+    return int(found[-1]) if found else None
+
+
 def compile_report(cfg, get, kind: str, with_ptxas: bool = True) -> dict:
-    """Compile ``cfg`` with ``get`` (sm_90a); return name, kind, dtype, seconds, CUDA source and ptxas
-    stats (what the compile tests check)."""
+    """Compile ``cfg`` with ``get`` (sm_90a); return name, kind, dtype, seconds, CUDA source, the launch's
+    dynamic shared memory and ptxas stats (what the compile tests check)."""
     import time
 
     t = time.time()
-    src = get(cfg).get_kernel_source()
-    out = {"name": cfg.name, "kind": kind, "dtype": cfg.dtype, "seconds": time.time() - t, "source": src}
+    kern = get(cfg)
+    src = kern.get_kernel_source()
+    out = {"name": cfg.name, "kind": kind, "dtype": cfg.dtype, "seconds": time.time() - t, "source": src,
+           "dyn_smem": dyn_smem_bytes(kern.get_host_source())}
     if with_ptxas:
         t = time.time()
         out["ptxas"] = ptxas_report(src)
