@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.bench_kernels_bwd import SHAPES, make  # noqa: E402
+from benchmarks.bench_kernels_bwd import COLUMN, SHAPES, make  # noqa: E402
 
 RANGE = "gdn-profile"
 
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="B1_T32768_H16_HV32", choices=list(SHAPES))
     ap.add_argument("--fwd-only", action="store_true", help="profile the forward alone")
-    ap.add_argument("--tables", default=None, choices=["split", "lean_sd", "split+fg", "lean_sd+fg"],
+    ap.add_argument("--tables", default=None, choices=list(COLUMN),
                     help="the backward's chunk-table precision (default: the API's, 'split')")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)

@@ -92,14 +92,15 @@ def compile_for_test(index: int, with_ptxas: bool = True) -> dict:
     return compile_report(cfg, get_kernel, cfg.kind, with_ptxas)
 
 
-def parse_tables(tables: str | None = None) -> tuple[str, bool]:
+def parse_tables(tables: str | None = None, precisions: tuple[str, ...] = TABLES) -> tuple[str, bool]:
     """``(precision, fg)`` of the API's ``_tables``: "split" (default) or "lean_sd", optionally followed by "+fg"
     (opt-in, not yet run on a GPU: the intra kernel reads the gate table from global memory, 112 instead of
-    114 KiB of shared memory, two CTAs per SM; ``dqk.build_bwd_dqk_intra``'s ``f_global``)."""
+    114 KiB of shared memory, two CTAs per SM; ``dqk.build_bwd_dqk_intra``'s ``f_global``).  ``precisions``: the
+    accepted precisions (the emulation also takes its study's "lean")."""
     tables = tables or DEFAULT_TABLES
     prec, plus, flag = tables.partition("+")
-    if prec not in TABLES or (plus and flag not in TABLE_FLAGS):
-        raise ValueError(f"unknown chunk table precision {tables!r}; choices: {TABLES}, each optionally "
+    if prec not in precisions or (plus and flag not in TABLE_FLAGS):
+        raise ValueError(f"unknown chunk table precision {tables!r}; choices: {precisions}, each optionally "
                          f"+{'/+'.join(TABLE_FLAGS)}")
     return prec, bool(plus)
 

@@ -84,6 +84,18 @@ def inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, 
         kr[kb, hv, c, t] = rs[t]
 
 
+@T.macro
+def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, prod, part):
+    """``part[i] = sum_d (Sh + Sl)[d, i] (dSh' + dSl')[i, d]`` over one key block (the ``S o dS'`` row dots, a dg
+    term, from hi + lo): ``sh_s, sl_s [BK, DV]``, ``dsh_s, dsl_s [DV, BK]`` (input dtype), ``prod [DV, BK]``,
+    ``part [DV]`` (fp32 fragments)."""
+    f32 = "float32"
+    for i, d in T.Parallel(prod.shape[0], prod.shape[1]):
+        prod[i, d] = ((T.cast(sh_s[d, i], f32) + T.cast(sl_s[d, i], f32))
+                      * (T.cast(dsh_s[i, d], f32) + T.cast(dsl_s[i, d], f32)))
+    T.reduce_sum(prod, part, dim=1)
+
+
 def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
     """Arguments:
       q, k            [Ttot, H, DK]     dtype
@@ -173,10 +185,7 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
             T.gemm(uh_s, dsl_s, r_f)
 
             inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, h, hv, c, kb, k0, scale)
-            for i, d in T.Parallel(DV, BK):
-                tmp2[i, d] = ((T.cast(sh_s[d, i], f32) + T.cast(sl_s[d, i], f32))
-                              * (T.cast(dsh_s[i, d], f32) + T.cast(dsl_s[i, d], f32)))
-            T.reduce_sum(tmp2, rs2, dim=1)
+            split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, tmp2, rs2)
             for i in T.Parallel(DV):
                 sd[kb, hv, c, i] = rs2[i]
             if kb == 0:

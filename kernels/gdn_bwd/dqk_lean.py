@@ -23,7 +23,7 @@ import tilelang.language as T
 
 from kernels.common.prologue import chunk_span, dynamic_dims
 
-from .dqk import inter_epilogue
+from .dqk import inter_epilogue, split_dot_rows
 
 BT = 64
 
@@ -146,10 +146,7 @@ def build_bwd_state_dots(DK: int, DV: int, dtype: str, BK: int = 64):
                 T.copy(Scl[hv, c, kb * BK:(kb + 1) * BK, 0:DV], sl_s)
                 T.copy(dSh[hv, c, 0:DV, kb * BK:(kb + 1) * BK], dsh_s)
                 T.copy(dSl[hv, c, 0:DV, kb * BK:(kb + 1) * BK], dsl_s)
-                for i, d in T.Parallel(DV, BK):
-                    prod[i, d] = ((T.cast(sh_s[d, i], f32) + T.cast(sl_s[d, i], f32))
-                                  * (T.cast(dsh_s[i, d], f32) + T.cast(dsl_s[i, d], f32)))
-                T.reduce_sum(prod, part, dim=1)
+                split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, prod, part)
                 for i in T.Parallel(DV):
                     acc[i] = acc[i] + part[i]
             for i in T.Parallel(DV):

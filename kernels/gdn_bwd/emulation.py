@@ -225,10 +225,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     same but the ``S o dS'`` and ``dY . V`` row dots (``state_dots``, ``value_dots``) still from hi + lo, as the
     opt-in kernels compute them (``dqk_lean.py``).  A "+fg" suffix (``build.parse_tables``) changes where a kernel
     reads the gate table, not a rounding: it is ignored here."""
-    prec, plus, flag = _tables.partition("+")
-    if prec not in TABLES or (plus and flag != "fg"):
-        raise ValueError(f"unknown chunk table precision {_tables!r}; choices: {TABLES}, each optionally +fg")
-    _tables = prec
+    from .build import parse_tables
+    _tables, _ = parse_tables(_tables, TABLES)
     B, T, H, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     dt = q.dtype

@@ -139,7 +139,7 @@ def state_occ(occ: int | None = None, n_seq: int = 1, HV: int = 1) -> int:
     beat one of BV 64 at B8 T4096 HV32 (1.830 vs 1.924) and on the varlen pack of 8 (1.841 vs 1.932); at B1
     T32768 HV32 two CTAs of BV 16 lost to one of BV 32 (2.115 vs 1.997: BV 16 doubles the k / Ag reads)."""
     if occ is None:
-        return 2 if n_seq * HV * (KERNEL_HEAD_DIM // 32) >= 2 * N_SM else 1
+        return 2 if block_v(n_seq, HV, occ=2) == 32 else 1
     if occ not in STATE_OCCS:
         raise ValueError(f"unknown state kernel occupancy _occ={occ!r}; CTAs per SM: {STATE_OCCS}")
     return occ

@@ -69,7 +69,6 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
     store = not scan
 
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
-    a_one = ag_sp                      # Ah and Al in one pipelined buffer a_s[2, BT, BT] (see the docstring)
     # every product of a group but the last is issued without a wait (T.wgmma_gemm)
     ks_first = T.wgmma_gemm if ks_sp else T.gemm
     u_first = T.wgmma_gemm if (ag_sp or x_sp) else T.gemm
@@ -107,9 +106,10 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
 
             k_s = T.alloc_shared((BT, DK), dtype)
             v_s = T.alloc_shared((BT, BV), dtype)
-            # (its planes are written inline as a_s[i, :, :]: a slice bound to a name in the kernel body becomes a
-            # let-bound load of the whole buffer)
-            if a_one:
+            # with Al, Ah and Al in one pipelined buffer a_s[2, BT, BT] (see the docstring); its planes are written
+            # inline as a_s[i, :, :] (a slice bound to a name in the kernel body becomes a let-bound load of the whole
+            # buffer)
+            if ag_sp:
                 a_s = T.alloc_shared((2, BT, BT), dtype)
             else:
                 ah_s = T.alloc_shared((BT, BT), dtype)
@@ -144,7 +144,7 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
                 c = c0 + ic
                 T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
                 T.copy(v[t0:t0 + BT, hv, vv:vv + BV], v_s)
-                if a_one:
+                if ag_sp:
                     T.copy(Ah[hv, c, 0:BT, 0:BT], a_s[0, :, :])
                     T.copy(Al[hv, c, 0:BT, 0:BT], a_s[1, :, :])
                 else:
@@ -180,7 +180,7 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
                         xl_s[i, j] = T.cast(ks_f[i, j] - T.cast(T.cast(ks_f[i, j], dtype), f32), dtype)
 
                 # U = Ag @ X
-                if a_one:
+                if ag_sp:
                     u_first(a_s[0, :, :], xh_s, u_f, clear_accum=True)
                     u_mid(a_s[1, :, :], xh_s, u_f)
                     if x_sp:
