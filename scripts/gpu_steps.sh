@@ -95,8 +95,11 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
   profile)
     # needs ncu's hardware counters (the Firecracker runtime; gVisor has none, see the device README's KINDS.md)
     mkdir -p "$out/k"
+    # + MemoryWorkloadAnalysis (Mem Busy, Max Bandwidth) and the shared-memory bank conflicts (NCU_METRICS)
     run ncu --clock-control none --nvtx --nvtx-include "gdn-profile/" --section SpeedOfLight --section Occupancy \
-      --section LaunchStats --section WarpStateStats --csv --page details \
+      --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+      --metrics "${NCU_METRICS:-l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum}" \
+      --csv --page details \
       python3 benchmarks/profile_kernels.py --shape "${PROFILE_SHAPE:-B1_T32768_H16_HV32}" ${PROFILE_ARGS:-} > "$out/k/ncu.csv" \
       2> "$out/k/ncu-log.txt"
     echo "profile rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$out/k/ncu-log.txt"

@@ -5,7 +5,8 @@
 
 Columns: launch id, kernel, grid, block, duration (us), SM and memory throughput (% of peak), DRAM throughput,
 registers per thread, dynamic shared memory per block (KB), theoretical / achieved occupancy (%), the occupancy
-limiter (the smallest "Block Limit ..."), and warp cycles per issued instruction; then the total time per kernel
+limiter (the smallest "Block Limit ..."), warp cycles per issued instruction, Mem Busy (%) and
+the shared-memory bank conflicts of loads and stores (thousands, when collected); then the total time per kernel
 name. A metric a section did not collect shows as "-". Lines ncu prints before the CSV (``==PROF==`` ...) and
 the program's own output are skipped.
 """
@@ -28,6 +29,9 @@ METRICS = {  # column -> ncu metric name (details page)
     "occ_th%": "Theoretical Occupancy",
     "occ%": "Achieved Occupancy",
     "cpi": "Warp Cycles Per Issued Instruction",
+    "membusy%": "Mem Busy",                                                     # MemoryWorkloadAnalysis
+    "bank_ld_k": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",   # --metrics (thousands)
+    "bank_st_k": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
 }
 TIME_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,   # older ncu
            "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}                          # ncu 2025 (H200 box)
@@ -54,6 +58,8 @@ def _number(value: str, unit: str, column: str) -> float:
         return x * TIME_US.get(unit, float("nan"))
     if column == "smem_kb":
         return x * BYTES_KB.get(unit, float("nan"))
+    if column.endswith("_k"):
+        return x / 1e3
     return x
 
 

@@ -43,6 +43,9 @@ CSV = "\n".join([
     # ncu 2025 (the H200 box) writes "ns", and rule rows (advice) with an empty metric name
     _row(3, "gdn_output_v2_kernel", "GPU Speed Of Light Throughput", "Duration", "ns", "1,498,304"),
     _row(3, "gdn_output_v2_kernel", "Occupancy", "", "", ""),
+    # a raw metric from --metrics (bank conflicts), shown in thousands
+    _row(3, "gdn_output_v2_kernel", "Command line profiler metrics",
+         "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", "", "2,048,000"),
 ])
 
 
@@ -54,6 +57,7 @@ def test_one_line_per_launch_with_units_converted():
     assert s.loc[0, "regs"] == 253 and s.loc[0, "smem_kb"] == pytest.approx(149.5 * 1000 / 1024)
     assert s.loc[0, "limiter"] == "Shared Mem" and s.loc[1, "limiter"] == "-"
     assert s.loc[1, "sm%"] != s.loc[1, "sm%"]  # not collected: NaN, shown as "-"
+    assert s.loc[3, "bank_st_k"] == pytest.approx(2048.0) and s.loc[0, "bank_st_k"] != s.loc[0, "bank_st_k"]
     text = ncu.render(s)
     assert "gdn_bwd_dh_kernel" in text and "time per kernel (total 19205.3 us)" in text
     lines = text.splitlines()

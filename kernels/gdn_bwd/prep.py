@@ -16,7 +16,7 @@ import tilelang.language as T
 
 from kernels.common.prologue import chunk_span, dynamic_dims
 from kernels.gdn_fwd.cumsum import BT, LOG2E, load_chunk_gate_cumsum
-from kernels.gdn_fwd.intra2 import _merge, gated_kkt, l2_row_factors, solve_diag16
+from kernels.gdn_fwd.intra2 import _merge, fp32_tile, gated_kkt, l2_row_factors, solve_diag16
 
 THREADS = 128
 
@@ -66,8 +66,8 @@ def build_bwd_prep(DK: int, DV: int, dtype: str):
             rq_s = T.alloc_shared((BT,), f32)
             rk_s = T.alloc_shared((BT,), f32)
             f_s = T.alloc_shared((8, BT), f32)
-            a_s = T.alloc_shared((BT, BT), f32)
-            l_s = T.alloc_shared((BT, BT), f32)
+            a_s = fp32_tile()
+            l_s = fp32_tile()
             lh_s = T.alloc_shared((BT, BT), dtype)
             oh_s = T.alloc_shared((BT, BT), dtype)
             xh_s = T.alloc_shared((BT, BT), dtype)

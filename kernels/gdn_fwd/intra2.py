@@ -27,6 +27,15 @@ from kernels.common.prologue import chunk_span, dynamic_dims
 from .cumsum import BT, LOG2E, load_chunk_gate_cumsum
 
 THREADS = 128
+# Row padding (fp32 elements) of the fp32 shared tiles A and L: a row of 64 + 8 floats puts the 8 rows a warp's
+# accumulator fragment touches at once in different banks (unpadded, the rows are 256 B apart, all in the same
+# banks: 8-way conflicts on every fragment store and 4-way on the float2 accesses of the merges).
+FP32_ROW = BT + 8
+
+
+def fp32_tile():
+    """A ``[64, 64]`` fp32 shared tile with padded rows (``[64, FP32_ROW]``; only columns < 64 are used)."""
+    return T.alloc_shared((BT, FP32_ROW), "float32")
 
 
 @T.macro
@@ -56,8 +65,12 @@ def _merge(w, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, msplit):
     if msplit:
         T.gemm(ll_s, xh_s, x_f)
         T.gemm(lh_s, xl_s, x_f)
+    # L - X into the fragment, then back to l_s: an in-place update of l_s made TileLang put a CTA barrier in
+    # every iteration of the unrolled loop (16 per merge); this form has one
     for r, m in T.Parallel(BT, BT):
-        l_s[r, m] = l_s[r, m] - x_f[r, m]
+        x_f[r, m] = l_s[r, m] - x_f[r, m]
+    for r, m in T.Parallel(BT, BT):
+        l_s[r, m] = x_f[r, m]
 
 
 @T.macro
@@ -144,8 +157,8 @@ def build_intra_v2(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16", a
             b_s = T.alloc_shared((BT,), f32)
             rq_s = T.alloc_shared((BT,), f32)
             rk_s = T.alloc_shared((BT,), f32)
-            a_s = T.alloc_shared((BT, BT), f32)
-            l_s = T.alloc_shared((BT, BT), f32)
+            a_s = fp32_tile()
+            l_s = fp32_tile()
             lh_s = T.alloc_shared((BT, BT), dtype)
             oh_s = T.alloc_shared((BT, BT), dtype)
             LB = BT if msplit else 8          # the lo buffers are only used by the split merge
