@@ -35,8 +35,8 @@ from parity.execute import describe_error  # noqa: E402
 
 SHAPES = dict(FWD_SHAPES)       # the forward benchmark's shapes (a copy: --dry-run shrinks them)
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
-# our backward's chunk-table precision (--tables; "+fg": the intra kernel reads the gate table from global memory)
-COLUMN = {"split": "ours", "lean_sd": "ours-lean", "split+fg": "ours-fg", "lean_sd+fg": "ours-lean-fg"}
+# our backward's chunk-table precision (--tables)
+COLUMN = {"split": "ours", "lean_sd": "ours-lean"}
 # (name, B, T, H, HV, varlen lengths, h0 std, state_v_first)
 CHECKS = [
     ("B1_T4096_H4_HV8", 1, 4096, 4, 8, None, None, False),

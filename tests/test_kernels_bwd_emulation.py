@@ -117,15 +117,11 @@ def test_tables_knob_reaches_the_backward_and_rejects_unknown_values():
         assert torch.equal(a, b_), n
     assert not torch.equal(lean[0], split[0])           # the knob changes the dq products
     for impl in (kern, chunk_gated_delta_rule_bwd):
-        for bad in ("nope", "split+nope", "split+"):
+        for bad in ("nope", "split+fg", "split+"):
             with pytest.raises(ValueError, match="unknown chunk table precision"):
                 impl(*xs, do, dht, **kw, _tables=bad)
-    fg = chunk_gated_delta_rule_bwd(*xs, do, dht, **dict(kw, initial_state=None), _tables="lean_sd+fg")
-    for n, a, b_ in zip(NAMES, lean, fg):                # "+fg" moves a load, not a rounding
-        assert (a is None and b_ is None) or torch.equal(a, b_), n
     from kernels.gdn_bwd.build import stage_kinds
-    assert stage_kinds("split+fg") == ("prep", "dh", "inter", "intra_fg")
-    assert stage_kinds("lean_sd+fg")[-1] == "intra_lean_fg" and stage_kinds() == ("prep", "dh", "inter", "intra")
+    assert stage_kinds("lean_sd")[-1] == "intra_lean" and stage_kinds() == ("prep", "dh", "inter", "intra")
 
 
 def test_dg_has_no_cancellation_near_minus_20():

@@ -43,7 +43,7 @@ def _precompile():
         lens = c.lens or [c.T] * c.B
         n, mc = len(lens), max([-(-x // 64) for x in lens] + [0])
         dt = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[c.dtype]
-        for tables in ("split", "lean_sd", "split+fg"):
+        for tables in ("split", "lean_sd"):
             cfgs += [x for x in configs_for_call(dt, n, c.HV, mc, c.h0 is not None, tables) if x not in cfgs]
     failed = precompile(cfgs, min(10, os.cpu_count() or 1))
     assert not failed, failed
@@ -107,15 +107,14 @@ def test_gradients_against_fp64(case):
 _STAGE_CASES = [c for c in CASES if c.name in ("T65_h0", "varlen_boundaries_h0_vfirst", "gva4_l2norm")]
 
 
-@pytest.mark.parametrize("tables", ["split", "lean_sd", "split+fg"])
+@pytest.mark.parametrize("tables", ["split", "lean_sd"])
 @pytest.mark.parametrize("case", _STAGE_CASES, ids=[c.name for c in _STAGE_CASES])
 def test_stages_match_emulation(case, tables):
     """Every intermediate of the kernels vs the torch emulation on the same inputs (printed: max |diff| /
     max |emulation|, to localise a failing stage); the final gradients must agree with the emulation within
     the input dtype's rounding floor (they run the same algorithm with the same roundings).  Both chunk-table
     precisions: the default "split" and the opt-in "lean_sd" (``gdn_bwd/dqk_lean.py``), whose gradients must
-    also stay within the FLA-like baseline; and "split+fg" (the intra kernel reading the gate table from global
-    memory)."""
+    also stay within the FLA-like baseline."""
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
     from kernels.gdn_bwd.emulation import chunk_gated_delta_rule_bwd as emu
 
@@ -150,21 +149,3 @@ def test_bad_input_raises_valueerror():
         kern(*args, do[:, :10], dht, **kw)
     with pytest.raises(ValueError, match="dht must be"):
         kern(*args, do, dht[:, :1], **kw)
-
-
-@pytest.mark.parametrize("case", _STAGE_CASES, ids=[c.name for c in _STAGE_CASES])
-def test_gate_table_from_global_memory_is_bitwise_the_same(case):
-    """``_tables="split+fg"`` (the intra kernel reads the gate table from global memory instead of a shared copy,
-    so two CTAs fit per SM) moves a load, not a rounding: every gradient is bitwise the default's."""
-    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
-
-    dev = torch.device("cuda")
-    args, kw, do, dht = _grads_inputs(case, dev)
-    ga = kern(*args, do, dht, **kw)
-    gb = kern(*args, do, dht, **kw, _tables="split+fg")
-    torch.cuda.synchronize()
-    for n, a, b in zip(NAMES, ga, gb):
-        if a is None:
-            assert b is None, n
-            continue
-        assert torch.equal(a, b), (n, tt.max_diff(a, b))

@@ -48,8 +48,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     ``_tables`` (opt-in; measured on an H200 in session 5, see README.md): "split" (default) or "lean_sd", the inter kernel reading the hi
     terms of the chunk tables alone, pipelined over chunks, with the S o dS' and dY . V row dots from hi + lo in
     a kernel of their own (``dqk_lean.py``; accuracy: ``accuracy.py``), and the intra kernel reading the hi terms of
-    U and dY alone.  Either may end in "+fg" (opt-in, not yet run on a GPU): the intra kernel reads the gate table
-    from global memory, two CTAs per SM (``build.parse_tables``)."""
+    U and dY alone (``build.parse_tables``)."""
     from .build import stage_kinds
     kinds = stage_kinds(_tables)          # an unknown value fails here, before any CUDA check
     B, T, H, HV, K, V, N = _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
@@ -178,7 +177,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     # 4. intra-chunk terms
     rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
     db2 = torch.empty_like(rect)
-    intra = next(kd for kd in kinds if kd.startswith("intra"))    # lean: Ul, dYl are not read; _fg: see build
+    intra = next(kd for kd in kinds if kd.startswith("intra"))    # lean: Ul, dYl are not read
     get_kernel(BwdConfig(intra, tl_dt))(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, chunk_indices, dqv, dkv, rect, db2, scale)
     mark("dqk_intra")
     if _stages is not None:

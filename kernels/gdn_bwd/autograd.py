@@ -7,7 +7,7 @@ forward's own intra/state kernels and runs ``gdn_bwd/api.py``.  Nothing is saved
 
 ``_impl="emulation"`` runs the torch emulations of both directions instead (any device; CPU tests).
 ``_tables`` picks the backward's chunk-table precision (``gdn_bwd/api.py``: "split", the default, or the opt-in
-"lean_sd"; either with the opt-in "+fg" suffix, ``build.parse_tables``).
+"lean_sd", ``build.parse_tables``).
 """
 
 from __future__ import annotations

@@ -9,10 +9,8 @@ from dataclasses import dataclass
 from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, compile_report, pass_configs
 from kernels.gdn_fwd.build import precompile as fwd_precompile
 
-KINDS = ("prep", "dh", "inter", "intra", "inter_lean", "dots", "intra_lean",   # inter_lean, dots, intra_lean:
-         "intra_fg", "intra_lean_fg")                                         # "lean_sd"; *_fg: "+fg"
+KINDS = ("prep", "dh", "inter", "intra", "inter_lean", "dots", "intra_lean")   # inter_lean, dots, intra_lean: "lean_sd"
 TABLES = ("split", "lean_sd")  # chunk tables the inter kernel reads (api's _tables; emulation.TABLES has the study's)
-TABLE_FLAGS = ("fg",)          # _tables "<precision>+fg": dqk_intra reads the gate table from global memory
 DEFAULT_TABLES = "split"
 
 
@@ -45,9 +43,9 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "inter":
         from .dqk import build_bwd_dqk_inter
         return build_bwd_dqk_inter(D, D, cfg.dtype)
-    if cfg.kind in ("intra", "intra_fg", "intra_lean", "intra_lean_fg"):
+    if cfg.kind in ("intra", "intra_lean"):
         from .dqk import build_bwd_dqk_intra
-        return build_bwd_dqk_intra(D, D, cfg.dtype, lean="lean" in cfg.kind, f_global=cfg.kind.endswith("_fg"))
+        return build_bwd_dqk_intra(D, D, cfg.dtype, lean="lean" in cfg.kind)
     if cfg.kind == "inter_lean":
         from .dqk_lean import build_bwd_dqk_inter_lean
         return build_bwd_dqk_inter_lean(D, D, cfg.dtype)
@@ -92,25 +90,19 @@ def compile_for_test(index: int, with_ptxas: bool = True) -> dict:
     return compile_report(cfg, get_kernel, cfg.kind, with_ptxas)
 
 
-def parse_tables(tables: str | None = None, precisions: tuple[str, ...] = TABLES) -> tuple[str, bool]:
-    """``(precision, fg)`` of the API's ``_tables``: "split" (default) or "lean_sd", optionally followed by "+fg"
-    (opt-in, not yet run on a GPU: the intra kernel reads the gate table from global memory, 112 instead of
-    114 KiB of shared memory, two CTAs per SM; ``dqk.build_bwd_dqk_intra``'s ``f_global``).  ``precisions``: the
-    accepted precisions (the emulation also takes its study's "lean")."""
+def parse_tables(tables: str | None = None, precisions: tuple[str, ...] = TABLES) -> str:
+    """The precision of the API's ``_tables``: "split" (default) or "lean_sd".  ``precisions``: the accepted
+    precisions (the emulation also takes its study's "lean")."""
     tables = tables or DEFAULT_TABLES
-    prec, plus, flag = tables.partition("+")
-    if prec not in precisions or (plus and flag not in TABLE_FLAGS):
-        raise ValueError(f"unknown chunk table precision {tables!r}; choices: {precisions}, each optionally "
-                         f"+{'/+'.join(TABLE_FLAGS)}")
-    return prec, bool(plus)
+    if tables not in precisions:
+        raise ValueError(f"unknown chunk table precision {tables!r}; choices: {precisions}")
+    return tables
 
 
 def stage_kinds(tables: str | None = None) -> tuple[str, ...]:
     """The backward kernels a call runs with ``_tables`` ``tables`` (``parse_tables``)."""
-    prec, fg = parse_tables(tables)
-    fg = "_fg" if fg else ""
-    return (("prep", "dh", "inter", "intra" + fg) if prec == "split"
-            else ("prep", "dh", "inter_lean", "dots", "intra_lean" + fg))
+    return (("prep", "dh", "inter", "intra") if parse_tables(tables) == "split"
+            else ("prep", "dh", "inter_lean", "dots", "intra_lean"))
 
 
 def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: bool, tables: str | None = None):

@@ -44,15 +44,15 @@ def load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s, lo=T
 
 
 class _GateRows:
-    """``fv[r, x]``: row ``r``, column ``x`` of chunk ``c``'s gate table, from global memory when ``f_global``,
-    else from its shared-memory copy ``f_s`` (a Python object, so the kernel body can name it)."""
+    """``fv[r, x]``: row ``r``, column ``x`` of chunk ``c``'s gate table, read from global memory (L1) where it is
+    used (a Python object, so the kernel body can name it)."""
 
-    def __init__(self, Fb, f_s, hv, c, f_global):
-        self.Fb, self.f_s, self.hv, self.c, self.f_global = Fb, f_s, hv, c, f_global
+    def __init__(self, Fb, hv, c):
+        self.Fb, self.hv, self.c = Fb, hv, c
 
     def __getitem__(self, rx):
         r, x = rx
-        return self.Fb[self.hv, self.c, r, x] if self.f_global else self.f_s[r, x]
+        return self.Fb[self.hv, self.c, r, x]
 
 
 @T.macro
@@ -203,15 +203,16 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
     return gdn_bwd_dqk_inter
 
 
-def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False, f_global: bool = False):
+def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False):
     """``lean``: read the hi terms of U and dY alone (the opt-in "lean_sd" tables: 2 instead of 5 value-dim
     products, 32 KB less shared memory in the first phase); ``Ul``, ``dYl`` are then not read.
 
-    ``f_global`` (opt-in, ``_tables`` "...+fg"; written in session 5, not yet run on a GPU): read the gate
-    table from global memory (L1) instead of a 2 KiB shared copy.  Both phases of the kernel (the q, k, dO, U,
-    dY tiles; then the eight 64x64 operand tiles and m_s) peak at 114 KiB of shared memory with the copy, one
-    CTA per SM; without it 112 KiB, so two CTAs fit (228 KiB per SM, 1 KiB reserved per CTA).  The same
-    arithmetic on the same values, so the gradients should be bitwise the same (a GPU test checks it).
+    The gate table is read from global memory (L1) where it is used, not copied to shared memory: both phases
+    of the kernel (the q, k, dO, U, dY tiles; then the eight 64x64 operand tiles and m_s) peak at 112 KiB of
+    shared memory, so two CTAs fit per SM (228 KiB, 1 KiB reserved per CTA); with a 2 KiB shared copy (session
+    5's form) they peaked at 114 KiB, one CTA per SM.  Measured on an H200 in session 6 (commit c556228, where
+    the copy was still the default and this form the opt-in ``_tables="split+fg"``): bitwise the same gradients
+    on three cases (GPU test), and the stage 1.9x faster (B1 T32768 H16 HV32: 3.65 instead of 6.98 ms).
 
     Arguments:
       q, k            [Ttot, H, DK]     dtype
@@ -258,7 +259,7 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False, f_glob
             ul_s = T.alloc_shared(lo_shape((BT, DV), not lean), dtype)
             dyh_s = T.alloc_shared((DV, BT), dtype)
             dyl_s = T.alloc_shared(lo_shape((DV, BT), not lean), dtype)
-            f_s = T.alloc_shared(lo_shape((8, BT), not f_global), f32)
+            f_s = T.alloc_shared((8, 8), f32)            # placeholder: the gate table is read from global memory
             mqh = T.alloc_shared((BT, BT), dtype)
             mql = T.alloc_shared((BT, BT), dtype)
             m1h = T.alloc_shared((BT, BT), dtype)
@@ -282,8 +283,8 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False, f_glob
             T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
             T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
             T.copy(do[t0:t0 + BT, hv, 0:DV], do_s)
-            load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s, not lean, not f_global)
-            fv = _GateRows(Fb, f_s, hv, c, f_global)
+            load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s, not lean, False)
+            fv = _GateRows(Fb, hv, c)
 
             T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
             T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)

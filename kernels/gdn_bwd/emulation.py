@@ -223,10 +223,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     ``_tables``: "split" (what the kernels do), or a design study (``accuracy.py``): "lean", the inter and intra
     kernels read only the hi term of the chunk tables S, U, dS', dY (one input-dtype term each); "lean_sd", the
     same but the ``S o dS'`` and ``dY . V`` row dots (``state_dots``, ``value_dots``) still from hi + lo, as the
-    opt-in kernels compute them (``dqk_lean.py``).  A "+fg" suffix (``build.parse_tables``) changes where a kernel
-    reads the gate table, not a rounding: it is ignored here."""
+    opt-in kernels compute them (``dqk_lean.py``)."""
     from .build import parse_tables
-    _tables, _ = parse_tables(_tables, TABLES)
+    _tables = parse_tables(_tables, TABLES)
     B, T, H, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     dt = q.dtype

@@ -20,6 +20,7 @@ advance the transition product ``M`` from the identity with ``v = 0`` (the updat
 """
 
 import tilelang.language as T
+from tilelang.layout import make_swizzled_layout
 
 from kernels.common.prologue import dynamic_dims, lo_shape, seq_span
 
@@ -125,6 +126,15 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
             s_f = T.alloc_fragment((DK, BV), f32)
             ks_f = T.alloc_fragment((BT, BV), f32)
             u_f = T.alloc_fragment((BT, BV), f32)
+            # v and U are no wgmma operands, so TileLang would give them a plain row-major layout, in which the
+            # accumulator fragment's reads (v) and stores (U) hit the same banks from 4 rows at once (BV 32: 64 B
+            # rows); a swizzled layout (the TMA load of v writes it swizzled) has no conflicts
+            swz = {v_s: make_swizzled_layout(v_s)}
+            if store:
+                swz[uh_s] = make_swizzled_layout(uh_s)
+                if u_sp:
+                    swz[ul_s] = make_swizzled_layout(ul_s)
+            T.annotate_layout(swz)
 
             if scan:
                 for i, j in T.Parallel(DK, BV):

@@ -22,6 +22,7 @@ zero, rows ``[DV, 2 DV)`` = ``M^T`` from the identity with ``v = 0``; writes ``[
 """
 
 import tilelang.language as T
+from tilelang.layout import make_swizzled_layout
 
 from kernels.common.prologue import dynamic_dims, load_state_vt, lo_shape, seq_span, store_state_vt
 
@@ -96,6 +97,9 @@ def build_state_rv(DK: int, DV: int, dtype: str, prec, num_stages: int = 2, scan
             u_f = T.alloc_fragment((BV, BT), f32)
             ua = T.alloc_fragment((BV, BT), dtype)
             ul = T.alloc_fragment(lo_shape((BV, BT), u_sp or upd_sp), dtype)
+            # v is read transposed into the accumulator's fragment: row-major, the 4 chunk rows a warp reads at
+            # once share their banks; the swizzled layout (written so by the TMA load) spreads them
+            T.annotate_layout({v_s: make_swizzled_layout(v_s)})
 
             if scan:
                 for i, d in T.Parallel(BV, DK):
