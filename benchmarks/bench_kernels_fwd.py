@@ -125,6 +125,21 @@ CHECKS = [
 ]
 
 
+def enqueue_ms(fn, dev, reps: int = 20) -> float | None:
+    """Host time per call (ms) of ``reps`` calls issued back to back without synchronising (CUDA only): the
+    Python, argument checking and launch cost a call puts on the host.  When it reaches the call's GPU time, the
+    GPU waits for the host and do_bench measures the host."""
+    if dev.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    dt = (time.perf_counter() - t) / reps
+    torch.cuda.synchronize()
+    return dt * 1e3
+
+
 def _needed_configs(variants, shapes):
     from kernels.gdn_fwd.build import Intra2Config, dispatch_v2, plan_v2, precision_v2
     cfgs = [Intra2Config("bfloat16", precision_v2(None).merge, precision_v2(None).ag)]    # the "intra" column
@@ -270,6 +285,7 @@ def main(argv=None):
     print("\n== step 2: timing ==", flush=True)
     cols = variants + ["intra", "FLA", "FlashQLA"]
     results = {}
+    hosts = {}
     for name in shapes:
         B, T, H, HV, lens = SHAPES[name]
         q, k, v, g, beta, cu = make(B, T, H, HV, lens, dev)
@@ -281,7 +297,7 @@ def main(argv=None):
             fns["FLA"] = lambda: fla(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
         if fqla is not None:
             fns["FlashQLA"] = lambda: fqla(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
-        row = {}
+        row, host = {}, {}
         for col, fn in fns.items():
             t0 = time.time()
             try:
@@ -290,14 +306,17 @@ def main(argv=None):
                     if dev.type == "cuda":
                         torch.cuda.synchronize()
                     ms = do_bench(fn, warmup=args.warmup, rep=args.rep, return_mode="median")
+                    host[col] = enqueue_ms(fn, dev)
                 row[col] = ms
             except Exception as e:
                 row[col] = None
                 skipped.setdefault(col, describe_error(e)[:160])
+            hms = host.get(col)
             print(f"  {name:<24} {col:<9} {('%.3f ms' % row[col]) if row[col] else 'failed':>10} "
-                  f"(setup+bench {time.time() - t0:.1f} s)", flush=True)
+                  f"{('host %.3f ms' % hms) if hms else '':>15} (setup+bench {time.time() - t0:.1f} s)", flush=True)
         n = len(lens) if lens else B
         results[name] = (row, flops(B, T, HV, lens), block_v(n, HV))
+        hosts[name] = host
         del q, k, v, g, beta, cu
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -311,6 +330,11 @@ def main(argv=None):
             ms = row.get(c)
             line += f"{('%.3f (%.0f)' % (ms, fl / ms / 1e9)) if ms else '-':>15}"
         print(line)
+    print("\nhost ms per call (launches enqueued without waiting; where it reaches the median above, the time is "
+          "the host's, not the GPU's)")
+    print(f"{'shape':<24}{'':>7}" + "".join(f"{c:>15}" for c in cols))
+    for name, host in hosts.items():
+        print(f"{name:<24}{'':>7}" + "".join(f"{('%.3f' % host[c]) if host.get(c) else '-':>15}" for c in cols))
     print("\nratios (> 1: ours faster): FLA/x and FlashQLA/x")
     for name, (row, fl, bv) in results.items():
         ours = {c: row[c] for c in variants if row.get(c)}

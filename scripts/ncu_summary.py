@@ -68,10 +68,15 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for kid, g in df.groupby(df["ID"].astype(int), sort=True):
         first = g.iloc[0]
-        row = {"id": kid, "kernel": first["Kernel Name"].split("(")[0],
+        row = {"id": kid, "kernel": first["Kernel Name"].split("(")[0].split("<")[0].removeprefix("void "),
                "grid": first.get("Grid Size", "-"), "block": first.get("Block Size", "-")}
         # rule rows (ncu's advice lines) have no metric name: pandas reads it as NaN
-        by_name = {r["Metric Name"]: r for _, r in g.iterrows() if isinstance(r["Metric Name"], str)}
+        # the first row of a name wins: "Memory Throughput" is a % in SpeedOfLight and a rate in
+        # MemoryWorkloadAnalysis, which comes later
+        by_name = {}
+        for _, r in g.iterrows():
+            if isinstance(r["Metric Name"], str):
+                by_name.setdefault(r["Metric Name"], r)
         for col, name in METRICS.items():
             r = by_name.get(name)
             try:

@@ -43,6 +43,11 @@ CSV = "\n".join([
     # ncu 2025 (the H200 box) writes "ns", and rule rows (advice) with an empty metric name
     _row(3, "gdn_output_v2_kernel", "GPU Speed Of Light Throughput", "Duration", "ns", "1,498,304"),
     _row(3, "gdn_output_v2_kernel", "Occupancy", "", "", ""),
+    # MemoryWorkloadAnalysis repeats "Memory Throughput" as a rate: the SpeedOfLight percentage (first) is kept
+    _row(0, "gdn_bwd_dqk_inter_kernel(float const*, ...)", "GPU Speed Of Light Throughput", "Memory Throughput", "%",
+         "13.4"),
+    _row(0, "gdn_bwd_dqk_inter_kernel(float const*, ...)", "Memory Workload Analysis", "Memory Throughput",
+         "Gbyte/s", "532.20"),
     # a raw metric from --metrics (bank conflicts), shown in thousands
     _row(3, "gdn_output_v2_kernel", "Command line profiler metrics",
          "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", "", "2,048,000"),
@@ -54,6 +59,7 @@ def test_one_line_per_launch_with_units_converted():
     assert list(s["id"]) == [0, 1, 2, 3] and s.loc[0, "kernel"] == "gdn_bwd_dqk_inter_kernel"
     assert s.loc[0, "us"] == pytest.approx(13060.0) and s.loc[1, "us"] == pytest.approx(3707.0)
     assert s.loc[3, "us"] == pytest.approx(1498.304) and s.loc[3, "limiter"] == "-"
+    assert s.loc[0, "mem%"] == pytest.approx(13.4)
     assert s.loc[0, "regs"] == 253 and s.loc[0, "smem_kb"] == pytest.approx(149.5 * 1000 / 1024)
     assert s.loc[0, "limiter"] == "Shared Mem" and s.loc[1, "limiter"] == "-"
     assert s.loc[1, "sm%"] != s.loc[1, "sm%"]  # not collected: NaN, shown as "-"
