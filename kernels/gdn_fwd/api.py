@@ -343,16 +343,9 @@ def _cp_fixup(ZM, h0, seg_of, counts, sched, N, HV, D, vt):
         a, b = (Sp, Mp) if vt else (Mp, Sp)
         return torch.baddbmm(Zp, a, b, out=out)
 
-    S0 = h0.double() if h0 is not None else torch.zeros(N, HV, D, D, device=dev, dtype=torch.float64)
     if sched is None:                   # every sequence has P segments: segment id = n * P + p
-        P = counts[0]
-        Zp = Z.reshape(N, P, HV, D, D).transpose(0, 1).double().reshape(P, N * HV, D, D)
-        Mp = M.reshape(N, P, HV, D, D).transpose(0, 1).double().reshape(P, N * HV, D, D)
-        Sall = torch.empty(P, N * HV, D, D, device=dev, dtype=torch.float64)
-        Sall[0] = S0.reshape(N * HV, D, D)
-        for p in range(P - 1):
-            step(Zp[p], Mp[p], Sall[p], out=Sall[p + 1])
-        return Sall.view(P, N, HV, D, D).transpose(0, 1).reshape(N * P, HV, D, D).float()
+        return _cp_fixup_uniform(ZM, h0, counts[0], N, HV, D, vt)
+    S0 = h0.double() if h0 is not None else torch.zeros(N, HV, D, D, device=dev, dtype=torch.float64)
     Z, M = Z.double(), M.double()
     S = S0.clone()
     h0s = torch.empty(ZM.shape[0], HV, D, D, device=dev, dtype=torch.float32)
@@ -362,6 +355,34 @@ def _cp_fixup(ZM, h0, seg_of, counts, sched, N, HV, D, vt):
             S[seqs] = step(Z[segs].reshape(-1, D, D), M[segs].reshape(-1, D, D),
                            S[seqs].reshape(-1, D, D)).view(-1, HV, D, D)
     return h0s
+
+
+def _cp_fixup_uniform(ZM, h0, P, N, HV, D, vt):
+    """``_cp_fixup`` when every sequence has ``P`` segments (segment id = n * P + p), in ~3 log2(P) + 3 launches
+    instead of a sequential walk (2 per segment): an inclusive Hillis-Steele scan of the affine maps
+    ``A_p(S) = M_p S + Z_p`` in fp64.  Level d composes ``C_p <- C_p o C_(p-d)`` for p >= d, with
+    ``(M, Z) o (M', Z') = (M M', M Z' + Z)``, as one batched matmul ``M_p [Z'_q | M'_q]``; after the scan
+    ``S_(p+1) = Mc_p S_0 + Zc_p``.  Key-first throughout (the value-first ``vt`` input and output are transposed in
+    the fp64 conversion and the final cast)."""
+    zm = ZM.transpose(-1, -2) if vt else ZM                     # [Nseg, HV, D, 2D] = [Z | M] (key-first)
+    c = zm.reshape(N, P, HV, D, 2 * D).transpose(0, 1).to(torch.float64).reshape(P, N * HV, D, 2 * D)
+    d = 1
+    while d < P:
+        y = torch.matmul(c[d:, :, :, D:], c[:-d])               # [M_p Zc_q | M_p Mc_q], q = p - d
+        y[..., :D] += c[d:, :, :, :D]
+        c[d:] = y
+        d *= 2
+    S = torch.empty(P, N * HV, D, D, device=ZM.device, dtype=torch.float64)
+    if h0 is None:
+        S[0].zero_()
+        S[1:] = c[:-1, :, :, :D]
+    else:
+        S0 = h0.transpose(-1, -2) if vt else h0
+        S[0] = S0.reshape(N * HV, D, D)
+        torch.baddbmm(c[:-1, :, :, :D].reshape(-1, D, D), c[:-1, :, :, D:].reshape(-1, D, D),
+                      S[0].expand(P - 1, N * HV, D, D).reshape(-1, D, D), out=S[1:].view(-1, D, D))
+    S = S.view(P, N, HV, D, D).transpose(0, 1).reshape(N * P, HV, D, D)
+    return (S.transpose(-1, -2) if vt else S).float()
 
 
 def _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC, N, HV, D, dt, cu_seqlens,
