@@ -168,26 +168,23 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
             tmp2 = T.alloc_fragment((DV, BK), f32)
             rs2 = T.alloc_fragment((DV,), f32)
 
+            # Four phases, each loading only what it needs, so that at most four 16 KiB tiles are live at a time
+            # and TileLang's shared-memory allocator reuses the dead ones (66 instead of 146 KiB: two CTAs per SM,
+            # then limited by registers, instead of one).  The same products and dots on the same values as the
+            # single-phase form (session 5), in another order.
+            # 1. Z = dO S^T (S hi + lo)
             T.copy(do[t0:t0 + BT, hv, 0:DV], do_s)
             T.copy(Sch[hv, c, k0:k0 + BK, 0:DV], sh_s)
             T.copy(Scl[hv, c, k0:k0 + BK, 0:DV], sl_s)
-            T.copy(dSh[hv, c, 0:DV, k0:k0 + BK], dsh_s)
-            T.copy(dSl[hv, c, 0:DV, k0:k0 + BK], dsl_s)
-            load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s)
-
+            T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
             T.gemm(do_s, sh_s, z_f, transpose_B=True, clear_accum=True)
             T.gemm(do_s, sl_s, z_f, transpose_B=True)
+            # 2. W = dY S^T (dY, S hi + lo); the dY . v row dots (key block 0 only)
+            T.copy(dYh[hv, c, 0:DV, 0:BT], dyh_s)
+            T.copy(dYl[hv, c, 0:DV, 0:BT], dyl_s)
             T.gemm(dyh_s, sh_s, w_f, transpose_A=True, transpose_B=True, clear_accum=True)
             T.gemm(dyl_s, sh_s, w_f, transpose_A=True, transpose_B=True)
             T.gemm(dyh_s, sl_s, w_f, transpose_A=True, transpose_B=True)
-            T.gemm(uh_s, dsh_s, r_f, clear_accum=True)
-            T.gemm(ul_s, dsh_s, r_f)
-            T.gemm(uh_s, dsl_s, r_f)
-
-            inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, h, hv, c, kb, k0, scale)
-            split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, tmp2, rs2)
-            for i in T.Parallel(DV):
-                sd[kb, hv, c, i] = rs2[i]
             if kb == 0:
                 for t, i in T.Parallel(BT, BK):
                     tmp[t, i] = T.float32(0)
@@ -199,6 +196,20 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
                 T.reduce_sum(tmp, rs, dim=1)
                 for t in T.Parallel(BT):
                     yv[hv, c, t] = rs[t]
+            # 3. the S o dS' row dots (S, dS' hi + lo)
+            T.copy(dSh[hv, c, 0:DV, k0:k0 + BK], dsh_s)
+            T.copy(dSl[hv, c, 0:DV, k0:k0 + BK], dsl_s)
+            split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, tmp2, rs2)
+            for i in T.Parallel(DV):
+                sd[kb, hv, c, i] = rs2[i]
+            # 4. R = U dS'^T (U, dS' hi + lo); then the epilogue
+            T.copy(Uh[hv, c, 0:BT, 0:DV], uh_s)
+            T.copy(Ul[hv, c, 0:BT, 0:DV], ul_s)
+            T.gemm(uh_s, dsh_s, r_f, clear_accum=True)
+            T.gemm(ul_s, dsh_s, r_f)
+            T.gemm(uh_s, dsl_s, r_f)
+
+            inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, h, hv, c, kb, k0, scale)
 
     return gdn_bwd_dqk_inter
 

@@ -382,7 +382,8 @@ def _cp_fixup_uniform(ZM, h0, P, N, HV, D, vt):
         torch.baddbmm(c[:-1, :, :, :D].reshape(-1, D, D), c[:-1, :, :, D:].reshape(-1, D, D),
                       S[0].expand(P - 1, N * HV, D, D).reshape(-1, D, D), out=S[1:].view(-1, D, D))
     S = S.view(P, N, HV, D, D).transpose(0, 1).reshape(N * P, HV, D, D)
-    return (S.transpose(-1, -2) if vt else S).float()
+    # the kernels take packed tensors: the value-first transpose is made contiguous in the fp32 cast
+    return (S.transpose(-1, -2) if vt else S).to(torch.float32, memory_format=torch.contiguous_format)
 
 
 def _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC, N, HV, D, dt, cu_seqlens,
