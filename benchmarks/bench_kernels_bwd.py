@@ -13,13 +13,16 @@ Step 1 prints one correctness line per implementation on two check cases (dense 
 value-first state): each gradient's rel_rmse vs fp64 autograd through ``reference.chunk``, and the FLA-like
 baseline (autograd through ``reference.emulated``), so a fast but wrong variant is visible.  Step 2 times.
 Columns: ``ours`` (TileLang forward + backward), ``ours-lean`` (the same with the opt-in "lean_sd" chunk tables
-in the backward, ``--tables``), ``FLA`` (FLA_FLASH_QLA=0 FLA_TILELANG=0), ``FlashQLA``.
+in the backward, ``--tables``), ``FLA`` (forward and backward with every FLA dispatch backend off,
+``backward_context``: until session 6 only its forward was, so FLA may have run TileLang sub-kernels in its
+backward), ``FlashQLA``.
 ``--dry-run``: CPU plumbing test, the torch emulations stand in for the kernels, shapes shrink 256x.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -55,12 +58,23 @@ def make(B, T, H, HV, lens, dev, seed=0, h0std=None, vfirst=False):
                                     cu_seqlens=cu), do, dht
 
 
-def grads(fn, args, kw, do, dht, cast=lambda x: x):
+def backward_context(name: str):
+    """The context an implementation's forward + backward run in: for FLA every dispatch backend off
+    (``parity.backends.fla_common.dispatch_off``), since FLA picks its backward's sub-kernels (TileLang ones on
+    Hopper) when they are called, after the forward's own switch-off has ended; nothing for the others."""
+    if name == "FLA":
+        from parity.backends.fla_common import dispatch_off
+        return dispatch_off()
+    return contextlib.nullcontext()
+
+
+def grads(fn, args, kw, do, dht, cast=lambda x: x, name: str = ""):
     leaves = [cast(x).detach().requires_grad_() for x in args]
     h0 = kw["initial_state"]
     h = None if h0 is None else cast(h0).detach().requires_grad_()
-    o, ht = fn(*leaves, **dict(kw, initial_state=h))
-    torch.autograd.backward((o, ht), (cast(do).to(o.dtype), cast(dht)))
+    with backward_context(name):
+        o, ht = fn(*leaves, **dict(kw, initial_state=h))
+        torch.autograd.backward((o, ht), (cast(do).to(o.dtype), cast(dht)))
     return [x.grad for x in leaves] + ([h.grad] if h is not None else [])
 
 
@@ -148,7 +162,7 @@ def main(argv=None):
             rows = [("fla-like", lambda *x, **k: emu(*x, **k))] + impls
             for name, fn in rows:
                 try:
-                    got = grads(fn, a, kw, do, dht)
+                    got = grads(fn, a, kw, do, dht, name=name)
                     if dev.type == "cuda":
                         torch.cuda.synchronize()
                     parts = [f"{n} {tt.rel_rmse(x, r):.2e}" for n, x, r in zip(NAMES, got, want)]
@@ -173,9 +187,10 @@ def main(argv=None):
                 def fwd(fn=fn):
                     return fn(*leaves, **kw)
 
-                def fwdbwd(fn=fn):
-                    o, ht = fn(*leaves, **kw)
-                    torch.autograd.backward((o, ht), (do, dht))
+                def fwdbwd(fn=fn, iname=iname):
+                    with backward_context(iname):
+                        o, ht = fn(*leaves, **kw)
+                        torch.autograd.backward((o, ht), (do, dht))
 
                 fwdbwd()            # compile / autotune outside the timing
                 if dev.type == "cuda":

@@ -9,6 +9,7 @@ imported inside methods only: importing the harness never imports them.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 from dataclasses import dataclass, field
 from typing import Callable
@@ -63,7 +64,14 @@ class Backend:
             return RunResult(o=o, final_state=ht, impl=impl)
         if not self.has_backward:
             raise NotImplementedError(f"{self.name} has no backward")
-        return run_with_grads(self._forward, inputs, grad_outputs)
+        return run_with_grads(self._forward, inputs, grad_outputs, self.backward_context)
+
+    @contextlib.contextmanager
+    def backward_context(self):
+        """The context ``torch.autograd.backward`` runs in (autograd calls the backward after ``_forward`` has
+        returned, so a context ``_forward`` opens does not cover it).  Yields a dict; an ``"impl"`` the backend
+        puts there is recorded after the forward's (``'<forward impl>; backward: <impl>'``).  Default: nothing."""
+        yield {}
 
     def chunk_states(self, inputs: GDNInputs) -> tuple[torch.Tensor, str] | None:
         """The state at the start of every chunk of 64 as the implementation computes it ([B, NT, HV, K, V], dense
@@ -83,9 +91,10 @@ def package_version(dist: str) -> str:
         return "missing"
 
 
-def run_with_grads(forward: Callable, inputs: GDNInputs, grad_outputs) -> RunResult:
-    """Make the differentiable inputs leaves, run ``forward``, backprop (do, dht) and collect dq, dk, dv, dg,
-    dbeta (and dh0 when there is an initial state)."""
+def run_with_grads(forward: Callable, inputs: GDNInputs, grad_outputs, backward_context=None) -> RunResult:
+    """Make the differentiable inputs leaves, run ``forward``, backprop (do, dht) inside ``backward_context()``
+    (``Backend.backward_context``; none when None) and collect dq, dk, dv, dg, dbeta (and dh0 when there is an
+    initial state)."""
     do, dht = grad_outputs
     leaves = {n: getattr(inputs, n).detach().clone().requires_grad_(True) for n in inputs.grad_names}
     import dataclasses
@@ -96,11 +105,19 @@ def run_with_grads(forward: Callable, inputs: GDNInputs, grad_outputs) -> RunRes
         if ht is not None:
             outs.append(ht)
             grads_in.append(dht.to(ht.dtype))
-        torch.autograd.backward(outs, grads_in)
+        with (backward_context or _no_context)() as note:
+            torch.autograd.backward(outs, grads_in)
+    if note.get("impl") and note["impl"] != impl:
+        impl = f"{impl}; backward: {note['impl']}"
     grads = {}
     for n, leaf in leaves.items():
         grads[GRAD_TENSORS[n]] = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
     return RunResult(o=o.detach(), final_state=None if ht is None else ht.detach(), impl=impl, grads=grads)
+
+
+@contextlib.contextmanager
+def _no_context():
+    yield {}
 
 
 def cuda_capability() -> tuple[int, int] | None:

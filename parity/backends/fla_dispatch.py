@@ -3,6 +3,8 @@ flash_qla installed FLA routes to FlashQLA; the run records which implementation
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from cases.case import Case
@@ -32,3 +34,13 @@ class FlaDispatch(Backend):
         with fla_common.trace_dispatch() as calls:
             o, ht = gdn.chunk_gated_delta_rule(**fla_common.fla_kwargs(inputs))
         return o, ht, fla_common.describe(calls)
+
+    @contextlib.contextmanager
+    def backward_context(self):
+        """Records what FLA's backward dispatched to (it decides at call time, sub-kernel by sub-kernel); nothing
+        when it dispatched nothing (then the backward is that of the forward's implementation)."""
+        note = {}
+        with fla_common.trace_dispatch() as calls:
+            yield note
+        if calls:
+            note["impl"] = fla_common.describe(calls)

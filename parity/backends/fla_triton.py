@@ -1,7 +1,10 @@
-"""``fla-triton``: FLA's chunk_gated_delta_rule with every dispatch backend switched off, so that the
-Triton kernels really run; a call that FLA still dispatched elsewhere is an error, not a result."""
+"""``fla-triton``: FLA's chunk_gated_delta_rule with every dispatch backend switched off, in the forward and in the
+backward (``backward_context``), so that the Triton kernels really run; a call that FLA still dispatched elsewhere
+is an error, not a result."""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -31,6 +34,15 @@ class FlaTriton(Backend):
         if calls:
             raise RuntimeError(f"FLA dispatched to {calls} although every backend was switched off")
         return o, ht, "fla/triton"
+
+    @contextlib.contextmanager
+    def backward_context(self):
+        """FLA's backward dispatches at call time too (its TileLang sub-kernels, e.g. chunk_bwd_dqkwg on Hopper):
+        every backend off, and an error if anything was dispatched all the same."""
+        with fla_common.dispatch_off(), fla_common.trace_dispatch() as calls:
+            yield {}
+        if calls:
+            raise RuntimeError(f"FLA's backward dispatched to {calls} although every backend was switched off")
 
     def chunk_states(self, inputs):
         """FLA computes h (the chunk-start states, [B, NT, HV, K, V] in the input dtype) inside its forward and does
