@@ -263,3 +263,21 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name):
         # the stand-ins round the fp64 stage results into the kernels' storage dtypes; nothing else differs
         assert torch.equal(a, b_) or tt.rel_rmse(a, b_) <= tt.rel_rmse(b_.to(xs[0].dtype), b_) / 4, \
             (n, tt.rel_rmse(a, b_))
+
+
+def test_precision_study_switch_is_scoped_and_checked():
+    """``emulation.study`` (the accuracy study's single-bf16 columns) changes the emulation only inside its block:
+    gradients differ inside, are bitwise the kernels' emulation again after, and an unknown split name raises."""
+    from kernels.gdn_bwd.emulation import SPLITS, study
+
+    xs, do, dht, kw = tt.bwd_inputs(1, 70, 1, 2, h0=1.0)
+    before = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    with study(SPLITS, fwd_preset="bf16"):
+        inside = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    after = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    for n, a, b, c in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), before, inside, after):
+        assert torch.equal(a, c), n
+        assert not torch.equal(a, b), n
+    with pytest.raises(ValueError, match="unknown operand splits"):
+        with study(["dS", "nope"]):
+            pass

@@ -8,7 +8,10 @@ intermediate roundings); our kernels as built ("split": the inter and intra kern
 dS', dY as hi + lo); "lean" (they read the hi terms alone: half the shared memory and 8 -> 3 products in the
 inter kernel, 5 -> 2 of the intra kernel's value-dim products), the design the next inter / intra kernels can
 pipeline over chunks; and "lean_sd" (lean, but the S o dS' row sums, a dg term, from hi + lo in a pass of their
-own) (``kernels/gdn_bwd/README.md``).
+own) (``kernels/gdn_bwd/README.md``).  Two more columns (``emulation.study``) ask how a backward with FLA's /
+FlashQLA's single-bf16 operands would do: "bf16" (every operand split of the backward single, the lean tables, the
+forward recomputed with the "bf16" preset: S and U single) and "bf16+sd" (the same, but the S o dS' row sums from
+a split dS', as a kernel holding dS' in fp32 registers would form them: "lean_sd").
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ def cases(T: int) -> dict:
 
 
 def study(spec: dict) -> dict:
-    """{gradient name: {"floor", "fla-like", "split", "lean"}} for one case (``tt.bwd_inputs`` arguments)."""
+    """{gradient name: {"floor", "fla-like", "split", "lean", "lean_sd", "bf16", "bf16+sd"}} for one case
+    (``tt.bwd_inputs`` arguments)."""
     import torch
 
-    from kernels.gdn_bwd.emulation import TABLES, chunk_gated_delta_rule_bwd
+    from kernels.gdn_bwd.emulation import SPLITS, TABLES, chunk_gated_delta_rule_bwd
+    from kernels.gdn_bwd.emulation import study as emu_study
     from reference.chunk import chunk_gated_delta_rule as ref
     from reference.emulated import chunk_gated_delta_rule as emu
 
@@ -49,6 +54,11 @@ def study(spec: dict) -> dict:
     for tables in TABLES:
         for n, a, r in zip(NAMES, chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, _tables=tables), want):
             out[n][tables] = tt.rel_rmse(a, r)
+    for col, single, tables in (("bf16", SPLITS, "lean"), ("bf16+sd", tuple(x for x in SPLITS if x != "dS"), "lean_sd")):
+        with emu_study(single, fwd_preset="bf16"):
+            got = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, _tables=tables)
+        for n, a, r in zip(NAMES, got, want):
+            out[n][col] = tt.rel_rmse(a, r)
     return out
 
 
@@ -56,7 +66,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--T", type=int, default=1024)
     args = ap.parse_args(argv)
-    cols = ("floor", "fla-like", "split", "lean", "lean_sd")
+    cols = ("floor", "fla-like", "split", "lean", "lean_sd", "bf16", "bf16+sd")
     print("| case | grad | " + " | ".join(cols) + " |\n|---|---|" + "---|" * len(cols))
     for name, spec in cases(args.T).items():
         t = time.time()

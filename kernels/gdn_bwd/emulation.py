@@ -18,6 +18,8 @@ Stages (kernel in brackets):
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from kernels.gdn_fwd.emulation import (_f32, _gate_table, _gather_chunks, _tinv, _two, chunk_tables, intra_v2,
@@ -33,11 +35,41 @@ f64 = torch.float64
 TABLES = ("split", "lean", "lean_sd")
 
 
+# Design studies (``accuracy.py``; never the kernels' path): the operand splits of the stages below that ``study``
+# turns into single input-dtype terms, and the forward recompute's preset
+SPLITS = ("T", "P", "dS", "dU", "dY", "dO", "dX", "intra")
+_SINGLE: frozenset = frozenset()
+_FWD_PRESET = "default_h0"
+
+
+@contextlib.contextmanager
+def study(single=(), fwd_preset: str = "default_h0"):
+    """Within the block the emulation rounds the named operand splits (``SPLITS``: Tinv and P of prep; the dS',
+    dU, dY tables and the F1 dO / F0 dX operands of dh; the intra kernel's four 64x64 operands) to one input-dtype
+    term, and recomputes the forward with preset ``fwd_preset`` (e.g. "bf16": S and U single): how accurate a
+    backward with FLA's / FlashQLA's single-bf16 operands would be.  Not thread-safe (module state)."""
+    global _SINGLE, _FWD_PRESET
+    bad = set(single) - set(SPLITS)
+    if bad:
+        raise ValueError(f"unknown operand splits {sorted(bad)}; choices: {SPLITS}")
+    old = _SINGLE, _FWD_PRESET
+    _SINGLE, _FWD_PRESET = frozenset(single), fwd_preset
+    try:
+        yield
+    finally:
+        _SINGLE, _FWD_PRESET = old
+
+
+def _split(name: str) -> bool:
+    """Whether operand ``name`` (``SPLITS``) is a two-term split (always, outside ``study``)."""
+    return name not in _SINGLE
+
+
 def fwd_precision():
     """Precision of the forward recompute: the dispatched "default_h0" preset (chunk state S and U
-    stored as hi + lo), so the backward reads S and U to ~16 bits."""
+    stored as hi + lo), so the backward reads S and U to ~16 bits (``study`` may pick another)."""
     from kernels.gdn_fwd.variants import PRECISIONS_V2
-    return PRECISIONS_V2["default_h0"]
+    return PRECISIONS_V2[_FWD_PRESET]
 
 
 def _chunks(x, cu, heads=None):
@@ -58,11 +90,11 @@ def prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt):
     causal = rows[:, None] >= rows[None, :]
     e_causal = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
     Tinv = _tinv(kc, bc, G, rk, dt, "bf16")
-    Th, Tl = _two(Tinv, dt, True)
+    Th, Tl = _two(Tinv, dt, _split("T"))
     Fb = _gate_table(G, rk, rq, scale, vm, bc)
     QK = _f32(qc @ kc.transpose(-1, -2))
     P = _f32(Fb[:, :, 5, :, None] * Fb[:, :, 6, None, :] * e_causal * QK)
-    Ph, Pl = _two(P, dt, True)
+    Ph, Pl = _two(P, dt, _split("P"))
     doc = _chunks(do2, cu)
     dUloc = _f32(Ph.transpose(-1, -2) @ doc + Pl.transpose(-1, -2) @ doc)
     return Th, Tl, Fb, dUloc
@@ -109,22 +141,22 @@ def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt):
         f = Fb[:, c].transpose(0, 1)
         dul = dUloc[:, c].transpose(0, 1)
         dS_a = dS[a]
-        sh, sl = _two(dS_a, dt, True)
+        sh, sl = _two(dS_a, dt, _split("dS"))
         dSnh[:, c], dSnl[:, c] = sh.transpose(0, 1), sl.transpose(0, 1)
         KdS = _f32(Kc @ (sh + sl))
         dU = _f32(dul + _f32(f[:, :, 2, :, None] * KdS))
-        uh, ul = _two(dU, dt, True)
+        uh, ul = _two(dU, dt, _split("dU"))
         thT, tlT = th.transpose(-1, -2), tl.transpose(-1, -2)
         dY = _f32(thT @ uh + tlT @ uh + thT @ ul)
-        yh, yl = _two(dY, dt, True)
+        yh, yl = _two(dY, dt, _split("dY"))
         dYh[:, c], dYl[:, c] = yh.transpose(0, 1), yl.transpose(0, 1)
         dX = _f32(f[:, :, 7, :, None] * dY)
         st = tok < eos[:, None]
         for j in range(len(act)):
             m = st[j]
             dv[tok[j][m]] = dX[j][:, m].transpose(0, 1)
-        a1h, a1l = _two(_f32(f[:, :, 1, :, None] * dOc), dt, True)
-        a2h, a2l = _two(_f32(f[:, :, 0, :, None] * dX), dt, True)
+        a1h, a1l = _two(_f32(f[:, :, 1, :, None] * dOc), dt, _split("dO"))
+        a2h, a2l = _two(_f32(f[:, :, 0, :, None] * dX), dt, _split("dX"))
         QT, KT = Qc.transpose(-1, -2), Kc.transpose(-1, -2)
         dS[a] = _f32(_f32(dS_a * f[:, :, 3, 0, None, None]) + QT @ a1h + QT @ a1l - KT @ a2h - KT @ a2l)
     return dSnh, dSnl, dYh, dYl, dv.to(dt), dS.to(torch.float32)
@@ -204,10 +236,11 @@ def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
     # rect_s = sum_{t >= s} sum_{j < s} m_tj: exclusive prefix over j, then the column sum over t >= s
     mex = _f32(torch.nn.functional.pad(torch.cumsum(m, -1)[..., :-1], (1, 0)))
     rect = _f32(torch.where(rows[:, None] >= rows[None, :], mex, 0.0).sum(-2))
-    Mq = _two(_f32(dqk0 * F6[..., None, :]), dt, True)          # dq~ = (dQK diag(rk)) k
-    Mk1 = _two(dqk, dt, True)                                   # dk~ += (dQK diag(rq))^T q
-    Mk2 = _two(_f32(dBk * F6[..., None, :]), dt, True)          # dk~ += (dBk diag(rk)) k
-    Mk3 = _two(_f32(dBk * F6[..., :, None]), dt, True)          # dk~ += (diag(rk) dBk)^T k
+    si = _split("intra")
+    Mq = _two(_f32(dqk0 * F6[..., None, :]), dt, si)            # dq~ = (dQK diag(rk)) k
+    Mk1 = _two(dqk, dt, si)                                     # dk~ += (dQK diag(rq))^T q
+    Mk2 = _two(_f32(dBk * F6[..., None, :]), dt, si)            # dk~ += (dBk diag(rk)) k
+    Mk3 = _two(_f32(dBk * F6[..., :, None]), dt, si)            # dk~ += (diag(rk) dBk)^T k
     T_ = lambda x: x.transpose(-1, -2)   # noqa: E731
     dqt = _f32(Mq[0] @ kc + Mq[1] @ kc)
     dkt = _f32(T_(Mk1[0]) @ qc + T_(Mk1[1]) @ qc + Mk2[0] @ kc + Mk2[1] @ kc + T_(Mk3[0]) @ kc + T_(Mk3[1]) @ kc)
