@@ -30,17 +30,15 @@ BT = 64
 
 
 @T.macro
-def load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s, lo=True, with_f=True):
-    """Chunk ``c``'s tiles of value head ``hv`` both kernels read: U (key-first), dY (value-first), both
-    two-term splits (the hi terms alone unless ``lo``), and the gate table (unless not ``with_f``)."""
+def load_u_dy(Uh, Ul, dYh, dYl, hv, c, uh_s, ul_s, dyh_s, dyl_s, lo=True):
+    """Chunk ``c``'s U (key-first) and dY (value-first) tiles of value head ``hv``, both two-term splits (the hi
+    terms alone unless ``lo``)."""
     T.copy(Uh[hv, c, 0:BT, 0:uh_s.shape[1]], uh_s)
     if lo:
         T.copy(Ul[hv, c, 0:BT, 0:ul_s.shape[1]], ul_s)
     T.copy(dYh[hv, c, 0:dyh_s.shape[0], 0:BT], dyh_s)
     if lo:
         T.copy(dYl[hv, c, 0:dyl_s.shape[0], 0:BT], dyl_s)
-    if with_f:
-        T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
 
 
 class _GateRows:
@@ -270,7 +268,6 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False):
             ul_s = T.alloc_shared(lo_shape((BT, DV), not lean), dtype)
             dyh_s = T.alloc_shared((DV, BT), dtype)
             dyl_s = T.alloc_shared(lo_shape((DV, BT), not lean), dtype)
-            f_s = T.alloc_shared((8, 8), f32)            # placeholder: the gate table is read from global memory
             mqh = T.alloc_shared((BT, BT), dtype)
             mql = T.alloc_shared((BT, BT), dtype)
             m1h = T.alloc_shared((BT, BT), dtype)
@@ -294,7 +291,7 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False):
             T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
             T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
             T.copy(do[t0:t0 + BT, hv, 0:DV], do_s)
-            load_u_dy_f(Uh, Ul, dYh, dYl, Fb, hv, c, uh_s, ul_s, dyh_s, dyl_s, f_s, not lean, False)
+            load_u_dy(Uh, Ul, dYh, dYl, hv, c, uh_s, ul_s, dyh_s, dyl_s, not lean)
             fv = _GateRows(Fb, hv, c)
 
             T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)

@@ -333,18 +333,18 @@ def _cp_fixup(ZM, h0, seg_of, counts, sched, N, HV, D, vt):
     or, with ``vt`` (the rv kernels, value-first), ZM [Nseg, HV, 2D, D] = [Z^T ; M^T] and
     S^T_{p+1} = S^T_p M^T_p + Z^T_p.  ``h0`` must already be in the kernel's layout.
     Returns the segment start states [Nseg, HV, D, D] (fp32, the kernel's layout)."""
+    if sched is None:                   # every sequence has P segments: segment id = n * P + p
+        return _cp_fixup_uniform(ZM, h0, counts[0], N, HV, D, vt)
     dev = ZM.device
     if vt:
         Z, M = ZM[:, :, :D, :], ZM[:, :, D:, :]
     else:
         Z, M = ZM[..., :D], ZM[..., D:]
 
-    def step(Zp, Mp, Sp, out=None):
+    def step(Zp, Mp, Sp):
         a, b = (Sp, Mp) if vt else (Mp, Sp)
-        return torch.baddbmm(Zp, a, b, out=out)
+        return torch.baddbmm(Zp, a, b)
 
-    if sched is None:                   # every sequence has P segments: segment id = n * P + p
-        return _cp_fixup_uniform(ZM, h0, counts[0], N, HV, D, vt)
     S0 = h0.double() if h0 is not None else torch.zeros(N, HV, D, D, device=dev, dtype=torch.float64)
     Z, M = Z.double(), M.double()
     S = S0.clone()

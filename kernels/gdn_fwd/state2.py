@@ -114,7 +114,6 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
                 a_s = T.alloc_shared((2, BT, BT), dtype)
             else:
                 ah_s = T.alloc_shared((BT, BT), dtype)
-                al_s = T.alloc_shared(lo_shape((BT, BT), ag_sp), dtype)
             f_s = T.alloc_shared((4, BT), f32)
             sh_s = T.alloc_shared((DK, BV), dtype)
             sl_s = T.alloc_shared(lo_shape((DK, BV), sl_need), dtype)
@@ -159,8 +158,6 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
                     T.copy(Al[hv, c, 0:BT, 0:BT], a_s[1, :, :])
                 else:
                     T.copy(Ah[hv, c, 0:BT, 0:BT], ah_s)
-                    if ag_sp:
-                        T.copy(Al[hv, c, 0:BT, 0:BT], al_s)
                 T.copy(F[hv, c, 0:4, 0:BT], f_s)
 
                 for i, j in T.Parallel(DK, BV):
@@ -197,8 +194,6 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
                         T.gemm(a_s[0, :, :], xl_s, u_f)
                 else:
                     u_first(ah_s, xh_s, u_f, clear_accum=True)
-                    if ag_sp:
-                        u_mid(al_s, xh_s, u_f)
                     if x_sp:
                         T.gemm(ah_s, xl_s, u_f)
                 if store:

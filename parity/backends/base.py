@@ -105,7 +105,7 @@ def run_with_grads(forward: Callable, inputs: GDNInputs, grad_outputs, backward_
         if ht is not None:
             outs.append(ht)
             grads_in.append(dht.to(ht.dtype))
-        with (backward_context or _no_context)() as note:
+        with backward_context() if backward_context else contextlib.nullcontext({}) as note:
             torch.autograd.backward(outs, grads_in)
     if note.get("impl") and note["impl"] != impl:
         impl = f"{impl}; backward: {note['impl']}"
@@ -113,11 +113,6 @@ def run_with_grads(forward: Callable, inputs: GDNInputs, grad_outputs, backward_
     for n, leaf in leaves.items():
         grads[GRAD_TENSORS[n]] = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
     return RunResult(o=o.detach(), final_state=None if ht is None else ht.detach(), impl=impl, grads=grads)
-
-
-@contextlib.contextmanager
-def _no_context():
-    yield {}
 
 
 def cuda_capability() -> tuple[int, int] | None:
