@@ -14,8 +14,8 @@ value-first state): each gradient's rel_rmse vs fp64 autograd through ``referenc
 baseline (autograd through ``reference.emulated``), so a fast but wrong variant is visible.  Step 2 times.
 Columns: ``ours`` (TileLang forward + backward), ``ours-lean`` (the same with the opt-in "lean_sd" chunk tables
 in the backward, ``--tables``), ``FLA`` (forward and backward with every FLA dispatch backend off,
-``backward_context``: until session 6 only its forward was, so FLA may have run TileLang sub-kernels in its
-backward), ``FlashQLA``.
+``parity.backends.fla_common.triton_backward``, except FLA's TileLang chunk_bwd_dqkwg where FLA refuses its Triton
+one: Hopper with Triton in [3.4, 3.7.1), fla #640; the header line says which), ``FlashQLA``.
 ``--dry-run``: CPU plumbing test, the torch emulations stand in for the kernels, shapes shrink 256x.
 """
 
@@ -59,12 +59,13 @@ def make(B, T, H, HV, lens, dev, seed=0, h0std=None, vfirst=False):
 
 
 def backward_context(name: str):
-    """The context an implementation's forward + backward run in: for FLA every dispatch backend off
-    (``parity.backends.fla_common.dispatch_off``), since FLA picks its backward's sub-kernels (TileLang ones on
-    Hopper) when they are called, after the forward's own switch-off has ended; nothing for the others."""
+    """The context an implementation's forward + backward run in: for FLA ``fla_common.triton_backward`` (every
+    dispatch backend off but the TileLang chunk_bwd_dqkwg where FLA refuses its Triton one), since FLA picks its
+    backward's sub-kernels when they are called, after the forward's own switch-off has ended; nothing for the
+    others."""
     if name == "FLA":
-        from parity.backends.fla_common import dispatch_off
-        return dispatch_off()
+        from parity.backends.fla_common import triton_backward
+        return triton_backward()
     return contextlib.nullcontext()
 
 
@@ -123,6 +124,11 @@ def main(argv=None):
         ours = ours_fn
     devname = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (dry run)"
     print(f"device: {devname}  torch {torch.__version__}", flush=True)
+    try:
+        from parity.backends.fla_common import triton_refuses_gated_dqkwg
+        print(f"FLA column: Triton kernels; {triton_refuses_gated_dqkwg() or 'its backward too'}", flush=True)
+    except ImportError as e:
+        print(f"FLA column: fla not importable ({e})", flush=True)
     shapes = [s for s in args.shapes.split(",") if s]
 
     print("== step 0: compile ==", flush=True)

@@ -5,7 +5,9 @@ the context notes is recorded in the run's ``impl``."""
 from __future__ import annotations
 
 import contextlib
+import os
 
+import pytest
 import torch
 
 from cases import Case
@@ -66,3 +68,51 @@ def test_the_backward_runs_inside_the_backends_backward_context_and_its_note_is_
     b = Probing(None)                                   # nothing noted: the forward's impl alone
     assert b.run(inputs, grad_outputs(CASE, inputs)).impl == plain.impl and b.seen == [True]
     assert b.run(inputs).grads is None and b.seen == [True]        # no grad outputs: no backward
+
+
+def _common_tilelang_backend():
+    pytest.importorskip("fla")
+    import fla.ops.gated_delta_rule  # noqa: F401  (registers FLA's dispatch backends)
+    from parity.backends.fla_common import _registered_backends
+
+    found = [b for op, bt, b in _registered_backends() if (op, bt) == ("common", "tilelang")]
+    if not found:
+        pytest.skip("this fla-core registers no common TileLang backend")
+    return found[0]
+
+
+def test_triton_backward_switches_everything_off_where_fla_runs_its_triton_dqkwg(monkeypatch):
+    backend = _common_tilelang_backend()
+    import fla.utils
+
+    from parity.backends import fla_common
+
+    monkeypatch.setattr(fla.utils, "IS_NVIDIA_HOPPER", False)
+    assert fla_common.triton_refuses_gated_dqkwg() is None
+    with fla_common.triton_backward() as note:
+        assert os.environ["FLA_TILELANG"] == "0" and os.environ["FLA_FLASH_QLA"] == "0"
+        assert backend.get_implementation("chunk_bwd_dqkwg") is None
+    assert note == {}
+
+
+def test_triton_backward_lets_only_the_tilelang_dqkwg_through_where_fla_refuses_its_triton_one(monkeypatch):
+    """Hopper with Triton in [3.4, 3.7.1): FLA raises instead of running its Triton gated chunk_bwd_dqkwg, so that
+    sub-kernel, and nothing else, goes to FLA's TileLang kernel, and the note names it."""
+    backend = _common_tilelang_backend()
+    import fla.utils
+
+    from parity.backends import fla_common
+
+    for flag, val in (("IS_NVIDIA_HOPPER", True), ("TRITON_ABOVE_3_4_0", True), ("TRITON_ABOVE_3_7_1", False)):
+        monkeypatch.setattr(fla.utils, flag, val)
+    why = fla_common.triton_refuses_gated_dqkwg()
+    assert why and "#640" in why
+    monkeypatch.setattr(type(backend), "chunk_bwd_dqkwg", lambda self, *a, **k: "tilelang-ran", raising=False)
+    monkeypatch.setattr(type(backend), "chunk_fwd_o", lambda self, *a, **k: "must-not-run", raising=False)
+    before = dict(os.environ)
+    with fla_common.triton_backward() as note:
+        assert os.environ["FLA_TILELANG"] == "1" and os.environ["FLA_FLASH_QLA"] == "0"
+        assert backend.get_implementation("chunk_fwd_o") is None
+        assert backend.get_implementation("chunk_bwd_dqkwg")() == "tilelang-ran"
+    assert note["impl"] == f"fla/triton + common.chunk_bwd_dqkwg->tilelang ({why})"
+    assert {k: os.environ.get(k) for k in before} == before and set(os.environ) == set(before)

@@ -112,15 +112,17 @@ def _registered_backends():
 
 
 @contextlib.contextmanager
-def dispatch_off():
-    """Switch every FLA dispatch backend off for the duration (their env vars set to 0), restoring after."""
+def dispatch_off(on: tuple[str, ...] = ()):
+    """Switch every FLA dispatch backend off for the duration (their env vars set to 0), except the env vars named in
+    ``on`` (set to 1); restoring after."""
     names = {"FLA_FLASH_QLA", "FLA_TILELANG", "FLA_INTRACARD_CP", "FLA_GLUON"}
     for _, backend_type, backend in _registered_backends():
         names.add(f"FLA_{backend_type.upper()}")
         if backend.env_var:
             names.add(backend.env_var)
-    saved = {n: os.environ.get(n) for n in names}
+    saved = {n: os.environ.get(n) for n in names | set(on)}
     os.environ.update({n: "0" for n in names})
+    os.environ.update({n: "1" for n in on})
     try:
         yield
     finally:
@@ -132,14 +134,17 @@ def dispatch_off():
 
 
 @contextlib.contextmanager
-def trace_dispatch():
-    """Yield a list that collects 'operation.function->backend' for every dispatched call FLA makes."""
+def trace_dispatch(allow: set[str] | None = None):
+    """Yield a list that collects 'operation.function->backend' for every dispatched call FLA makes.  With
+    ``allow`` (function names), a backend offered any other function declines it, so FLA runs its Triton one."""
     calls: list[str] = []
     patched = []
     for op, backend_type, backend in _registered_backends():
         original = backend.get_implementation
 
         def traced(function_name, _orig=original, _op=op, _bt=backend_type):
+            if allow is not None and function_name not in allow:
+                return None
             impl = _orig(function_name)
             if impl is None:
                 return None
@@ -157,6 +162,39 @@ def trace_dispatch():
     finally:
         for backend in patched:
             del backend.get_implementation
+
+
+def triton_refuses_gated_dqkwg() -> str | None:
+    """Why FLA will not run its Triton ``chunk_bwd_dqkwg`` with gates here, or None when it will.  fla-core 0.6
+    raises instead on Hopper with Triton in [3.4, 3.7.1) (wrong results there, fla #640) and sends the call to its
+    TileLang kernel by default; FLA's own flags decide (``fla.utils``), read after FLA is imported."""
+    import fla.utils as fu
+
+    if getattr(fu, "IS_NVIDIA_HOPPER", False) and getattr(fu, "TRITON_ABOVE_3_4_0", False) \
+            and not getattr(fu, "TRITON_ABOVE_3_7_1", True):
+        import triton
+
+        return (f"FLA refuses its Triton gated chunk_bwd_dqkwg on Hopper with Triton {triton.__version__} "
+                "(fla #640); FLA's TileLang kernel runs it")
+    return None
+
+
+@contextlib.contextmanager
+def triton_backward():
+    """The context FLA's backward runs in for a Triton-only run: every dispatch backend off, except FLA's TileLang
+    ``chunk_bwd_dqkwg`` where FLA refuses its Triton one (``triton_refuses_gated_dqkwg``; FLA's own workaround,
+    the only way its backward runs there).  Yields a dict: ``"impl"`` names what ran when anything was dispatched.
+    Anything else dispatched is an error."""
+    refused = triton_refuses_gated_dqkwg()
+    allow = {"chunk_bwd_dqkwg"} if refused else set()
+    note: dict = {}
+    with dispatch_off(on=("FLA_TILELANG",) if refused else ()), trace_dispatch(allow) as calls:
+        yield note
+    other = [c for c in calls if c.split(".", 1)[1].split("->")[0] not in allow]
+    if other:
+        raise RuntimeError(f"FLA's backward dispatched to {other} although only {sorted(allow)} may be")
+    if calls:
+        note["impl"] = f"fla/triton + {','.join(sorted(set(calls)))} ({refused})"
 
 
 def describe(calls: list[str]) -> str:

@@ -1,6 +1,8 @@
 """``fla-triton``: FLA's chunk_gated_delta_rule with every dispatch backend switched off, in the forward and in the
 backward (``backward_context``), so that the Triton kernels really run; a call that FLA still dispatched elsewhere
-is an error, not a result."""
+is an error, not a result.  One exception, recorded in the impl: on Hopper with Triton in [3.4, 3.7.1) FLA refuses
+its Triton gated chunk_bwd_dqkwg (wrong results, fla #640), so that backward sub-kernel runs on FLA's TileLang
+kernel, as it does for every FLA user there."""
 
 from __future__ import annotations
 
@@ -37,12 +39,11 @@ class FlaTriton(Backend):
 
     @contextlib.contextmanager
     def backward_context(self):
-        """FLA's backward dispatches at call time too (its TileLang sub-kernels, e.g. chunk_bwd_dqkwg on Hopper):
-        every backend off, and an error if anything was dispatched all the same."""
-        with fla_common.dispatch_off(), fla_common.trace_dispatch() as calls:
-            yield {}
-        if calls:
-            raise RuntimeError(f"FLA's backward dispatched to {calls} although every backend was switched off")
+        """FLA's backward dispatches at call time too: every backend off (``fla_common.triton_backward``), except
+        the TileLang chunk_bwd_dqkwg where FLA refuses its Triton one (Hopper, Triton in [3.4, 3.7.1)); then the
+        run's impl names it."""
+        with fla_common.triton_backward() as note:
+            yield note
 
     def chunk_states(self, inputs):
         """FLA computes h (the chunk-start states, [B, NT, HV, K, V] in the input dtype) inside its forward and does
