@@ -54,7 +54,8 @@ class _GateRows:
 
 
 @T.macro
-def inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, h, hv, c, kb, k0, scale):
+def inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, h, hv, c, kb, k0, scale,
+                   dots=True):
     """The inter kernels' per-chunk outputs from ``Z, W, R [64, BK]`` (fp32 fragments): the rows ``t < nv`` of
     dq~, dk~ (``dqv, dkv``, fp32) and the row dots q.Z, k.W, k.R of key block ``kb`` (``qz, kw, kr``; q and k
     read from global memory, zero past ``nv``)."""
@@ -65,28 +66,41 @@ def inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, 
             dqv[t0 + t, hv, k0 + d] = scale * T.exp2(f_s[4, t] * LOG2E) * z_f[t, d]
             dkv[t0 + t, hv, k0 + d] = (-f_s[7, t] * T.exp2(f_s[4, t] * LOG2E) * w_f[t, d]
                                        + T.exp2((f_s[4, BT - 1] - f_s[4, t]) * LOG2E) * r_f[t, d])
-    for t, d in T.Parallel(BT, BK):
-        tmp[t, d] = T.if_then_else(t < nv, T.cast(q[t0 + t, h, k0 + d], f32), T.float32(0)) * z_f[t, d]
-    T.reduce_sum(tmp, rs, dim=1)
-    for t in T.Parallel(BT):
-        qz[kb, hv, c, t] = rs[t]
-    for t, d in T.Parallel(BT, BK):
-        tmp[t, d] = T.if_then_else(t < nv, T.cast(k[t0 + t, h, k0 + d], f32), T.float32(0)) * w_f[t, d]
-    T.reduce_sum(tmp, rs, dim=1)
-    for t in T.Parallel(BT):
-        kw[kb, hv, c, t] = rs[t]
-    for t, d in T.Parallel(BT, BK):
-        tmp[t, d] = T.if_then_else(t < nv, T.cast(k[t0 + t, h, k0 + d], f32), T.float32(0)) * r_f[t, d]
-    T.reduce_sum(tmp, rs, dim=1)
-    for t in T.Parallel(BT):
-        kr[kb, hv, c, t] = rs[t]
+    if dots:
+        for t, d in T.Parallel(BT, BK):
+            tmp[t, d] = T.if_then_else(t < nv, T.cast(q[t0 + t, h, k0 + d], f32), T.float32(0)) * z_f[t, d]
+        T.reduce_sum(tmp, rs, dim=1)
+        for t in T.Parallel(BT):
+            qz[kb, hv, c, t] = rs[t]
+        for t, d in T.Parallel(BT, BK):
+            tmp[t, d] = T.if_then_else(t < nv, T.cast(k[t0 + t, h, k0 + d], f32), T.float32(0)) * w_f[t, d]
+        T.reduce_sum(tmp, rs, dim=1)
+        for t in T.Parallel(BT):
+            kw[kb, hv, c, t] = rs[t]
+        for t, d in T.Parallel(BT, BK):
+            tmp[t, d] = T.if_then_else(t < nv, T.cast(k[t0 + t, h, k0 + d], f32), T.float32(0)) * r_f[t, d]
+        T.reduce_sum(tmp, rs, dim=1)
+        for t in T.Parallel(BT):
+            kr[kb, hv, c, t] = rs[t]
 
 
 @T.macro
-def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, prod, part):
-    """``part[i] = sum_d (Sh + Sl)[d, i] (dSh' + dSl')[i, d]`` over one key block (the ``S o dS'`` row dots, a dg
-    term, from hi + lo): ``sh_s, sl_s [BK, DV]``, ``dsh_s, dsl_s [DV, BK]`` (input dtype), ``prod [DV, BK]``,
-    ``part [DV]`` (fp32 fragments)."""
+def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx):
+    """``acc[0] += sum_d (Sh + Sl)[d, tx] (dSh' + dSl')[tx, d]`` over one key block: the ``S o dS'`` row dot of value
+    column ``tx`` (a dg term, from hi + lo) by the thread ``tx`` alone, a serial fp32 sum (``sh_s, sl_s [BK, DV]``,
+    ``dsh_s, dsl_s [DV, BK]``, input dtype; ``acc`` a local fp32 [1]; callers guard ``tx < DV``).  Until session 7
+    the products went to a [DV, BK] fragment and ``T.reduce_sum``, whose inferred layout spread every row over 64
+    threads: 64 block-wide all-reduces in a row, each behind a ``__syncthreads``."""
+    f32 = "float32"
+    for d in T.serial(sh_s.shape[0]):
+        acc[0] = acc[0] + ((T.cast(sh_s[d, tx], f32) + T.cast(sl_s[d, tx], f32))
+                           * (T.cast(dsh_s[tx, d], f32) + T.cast(dsl_s[tx, d], f32)))
+
+
+@T.macro
+def split_dot_rows_reduce(sh_s, sl_s, dsh_s, dsl_s, prod, part):
+    """Session 6's form of ``split_dot_rows`` (a [DV, BK] fragment and ``T.reduce_sum``), kept for the timing
+    ablation alone (``build_bwd_dqk_inter(_ablate={"sd_reduce"})``)."""
     f32 = "float32"
     for i, d in T.Parallel(prod.shape[0], prod.shape[1]):
         prod[i, d] = ((T.cast(sh_s[d, i], f32) + T.cast(sl_s[d, i], f32))
@@ -94,8 +108,15 @@ def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, prod, part):
     T.reduce_sum(prod, part, dim=1)
 
 
-def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
-    """Arguments:
+ABLATIONS = ("sd_reduce", "no_sd", "no_yv", "no_dots", "no_lo")
+
+
+def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: frozenset = frozenset()):
+    """``_ablate`` (timing studies only, ``benchmarks/ablate_bwd_inter.py``; wrong gradients): names from
+    ``ABLATIONS`` - "sd_reduce" the session-6 form of the S o dS' dots, "no_sd" / "no_yv" / "no_dots" without the
+    S o dS' dots / the dY . v dots / the epilogue's row dots, "no_lo" without the lo-term products.
+
+    Arguments:
       q, k            [Ttot, H, DK]     dtype
       v, do           [Ttot, HV, DV]    dtype
       Sch, Scl        [HV, NC, DK, DV]  dtype  (forward recompute, key-first: the smem state kernel)
@@ -111,9 +132,11 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
       scale fp32
     """
     assert DK in (64, 128) and DV in (64, 128) and DK % BK == 0
+    assert set(_ablate) <= set(ABLATIONS), _ablate
     f32 = "float32"
     NK = DK // BK
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
+    lo = "no_lo" not in _ablate
 
     @T.prim_func
     def gdn_bwd_dqk_inter(
@@ -163,8 +186,10 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
             r_f = T.alloc_fragment((BT, BK), f32)
             tmp = T.alloc_fragment((BT, BK), f32)
             rs = T.alloc_fragment((BT,), f32)
-            tmp2 = T.alloc_fragment((DV, BK), f32)
-            rs2 = T.alloc_fragment((DV,), f32)
+            tmp2 = T.alloc_fragment(lo_shape((DV, BK), "sd_reduce" in _ablate), f32)
+            rs2 = T.alloc_fragment(lo_shape((DV,), "sd_reduce" in _ablate), f32)
+            acc = T.alloc_local((1,), f32)
+            tx = T.get_thread_binding()
 
             # Four phases, each loading only what it needs, so that at most four 16 KiB tiles are live at a time
             # and TileLang's shared-memory allocator reuses the dead ones (66 instead of 146 KiB: two CTAs per SM,
@@ -176,14 +201,16 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
             T.copy(Scl[hv, c, k0:k0 + BK, 0:DV], sl_s)
             T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
             T.gemm(do_s, sh_s, z_f, transpose_B=True, clear_accum=True)
-            T.gemm(do_s, sl_s, z_f, transpose_B=True)
+            if lo:
+                T.gemm(do_s, sl_s, z_f, transpose_B=True)
             # 2. W = dY S^T (dY, S hi + lo); the dY . v row dots (key block 0 only)
             T.copy(dYh[hv, c, 0:DV, 0:BT], dyh_s)
             T.copy(dYl[hv, c, 0:DV, 0:BT], dyl_s)
             T.gemm(dyh_s, sh_s, w_f, transpose_A=True, transpose_B=True, clear_accum=True)
-            T.gemm(dyl_s, sh_s, w_f, transpose_A=True, transpose_B=True)
-            T.gemm(dyh_s, sl_s, w_f, transpose_A=True, transpose_B=True)
-            if kb == 0:
+            if lo:
+                T.gemm(dyl_s, sh_s, w_f, transpose_A=True, transpose_B=True)
+                T.gemm(dyh_s, sl_s, w_f, transpose_A=True, transpose_B=True)
+            if kb == 0 and "no_yv" not in _ablate:
                 for t, i in T.Parallel(BT, BK):
                     tmp[t, i] = T.float32(0)
                 for j in T.serial(DV // BK):
@@ -197,17 +224,25 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64):
             # 3. the S o dS' row dots (S, dS' hi + lo)
             T.copy(dSh[hv, c, 0:DV, k0:k0 + BK], dsh_s)
             T.copy(dSl[hv, c, 0:DV, k0:k0 + BK], dsl_s)
-            split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, tmp2, rs2)
-            for i in T.Parallel(DV):
-                sd[kb, hv, c, i] = rs2[i]
+            if "sd_reduce" in _ablate:
+                split_dot_rows_reduce(sh_s, sl_s, dsh_s, dsl_s, tmp2, rs2)
+                for i in T.Parallel(DV):
+                    sd[kb, hv, c, i] = rs2[i]
+            elif "no_sd" not in _ablate:
+                if tx < DV:
+                    acc[0] = T.float32(0)
+                    split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx)
+                    sd[kb, hv, c, tx] = acc[0]
             # 4. R = U dS'^T (U, dS' hi + lo); then the epilogue
             T.copy(Uh[hv, c, 0:BT, 0:DV], uh_s)
             T.copy(Ul[hv, c, 0:BT, 0:DV], ul_s)
             T.gemm(uh_s, dsh_s, r_f, clear_accum=True)
-            T.gemm(ul_s, dsh_s, r_f)
-            T.gemm(uh_s, dsl_s, r_f)
+            if lo:
+                T.gemm(ul_s, dsh_s, r_f)
+                T.gemm(uh_s, dsl_s, r_f)
 
-            inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, h, hv, c, kb, k0, scale)
+            inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, h, hv, c, kb, k0, scale,
+                           "no_dots" not in _ablate)
 
     return gdn_bwd_dqk_inter
 

@@ -134,23 +134,21 @@ def build_bwd_state_dots(DK: int, DV: int, dtype: str, BK: int = 64):
             dyh_s = T.alloc_shared((DV, BT), dtype)
             dyl_s = T.alloc_shared((DV, BT), dtype)
             v_s = T.alloc_shared((BT, DV), dtype)
-            prod = T.alloc_fragment((DV, BK), f32)
-            part = T.alloc_fragment((DV,), f32)
-            acc = T.alloc_fragment((DV,), f32)
+            acc = T.alloc_local((1,), f32)
+            tx = T.get_thread_binding()
             ty = T.alloc_fragment((BT, DV), f32)
             ry = T.alloc_fragment((BT,), f32)
 
-            T.clear(acc)
+            acc[0] = T.float32(0)
             for kb in T.serial(DK // BK):
                 T.copy(Sch[hv, c, kb * BK:(kb + 1) * BK, 0:DV], sh_s)
                 T.copy(Scl[hv, c, kb * BK:(kb + 1) * BK, 0:DV], sl_s)
                 T.copy(dSh[hv, c, 0:DV, kb * BK:(kb + 1) * BK], dsh_s)
                 T.copy(dSl[hv, c, 0:DV, kb * BK:(kb + 1) * BK], dsl_s)
-                split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, prod, part)
-                for i in T.Parallel(DV):
-                    acc[i] = acc[i] + part[i]
-            for i in T.Parallel(DV):
-                sd[0, hv, c, i] = acc[i]
+                if tx < DV:
+                    split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx)
+            if tx < DV:
+                sd[0, hv, c, tx] = acc[0]
 
             T.copy(dYh[hv, c, 0:DV, 0:BT], dyh_s)
             T.copy(dYl[hv, c, 0:DV, 0:BT], dyl_s)

@@ -1,0 +1,111 @@
+"""Where the backward's ``gdn_bwd_dqk_inter`` kernel spends its time: the kernel as the API runs it against copies
+built without one of its parts (``dqk.build_bwd_dqk_inter(_ablate=...)``, ``dqk.ABLATIONS``), all timed in one run
+on the same random chunk tables (values do not matter for the time; the ablated kernels' outputs are wrong).
+
+    python3 benchmarks/ablate_bwd_inter.py [--shape B1_T32768_H16_HV32] [--rep 20] [--warmup 3]
+
+Prints one line per variant: median ms and the ratio to the API's kernel.  CUDA only (sm_90a).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+VARIANTS = {
+    "api": (),
+    "sd_reduce (session 6)": ("sd_reduce",),
+    "no_sd": ("no_sd",),
+    "no_yv": ("no_yv",),
+    "no_dots": ("no_dots",),
+    "no_lo": ("no_lo",),
+    "gemms+stores only": ("no_sd", "no_yv", "no_dots"),
+    "hi gemms+stores only": ("no_sd", "no_yv", "no_dots", "no_lo"),
+}
+SHAPES = {"B1_T32768_H16_HV32": (1, 32768, 16, 32), "B1_T8192_H4_HV8": (1, 8192, 4, 8)}
+
+
+@dataclass(frozen=True)
+class InterVariant:
+    ablate: tuple[str, ...]
+    dtype: str = "bfloat16"
+
+    @property
+    def name(self) -> str:
+        return f"bwd_inter[{'+'.join(self.ablate) or 'api'},{self.dtype}]"
+
+
+def compile_variant(cfg: InterVariant):
+    """The compiled kernel of one variant (a top-level function: ``precompile``'s processes call it)."""
+    import tilelang
+
+    from kernels.gdn_bwd.build import TARGET, pass_configs
+    from kernels.gdn_bwd.dqk import build_bwd_dqk_inter
+    return tilelang.compile(build_bwd_dqk_inter(128, 128, cfg.dtype, _ablate=frozenset(cfg.ablate)),
+                            target=TARGET, pass_configs=pass_configs())
+
+
+def tables(B, T, H, HV, dev, dt=torch.bfloat16):
+    """Random inputs of the inter kernel at one shape (argument order of ``build_bwd_dqk_inter``)."""
+    from kernels.gdn_fwd.api import _call_tables
+    _, (cu, chunk_indices, _, NC) = _call_tables(B, T, None, dev)
+    D, Ttot = 128, B * T
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def r(*shape, s=0.1):
+        return (torch.randn(*shape, device=dev, generator=g) * s).to(dt)
+
+    Fb = torch.rand(HV, NC, 8, 64, device=dev, generator=g)
+    Fb[:, :, 4] = -torch.cumsum(Fb[:, :, 4] * 0.05, -1)          # G <= 0, decreasing
+    f32 = dict(device=dev, dtype=torch.float32)
+    return [r(Ttot, H, D), r(Ttot, H, D), r(Ttot, HV, D), r(Ttot, HV, D),
+            r(HV, NC, D, D), r(HV, NC, D, D, s=1e-3), r(HV, NC, 64, D), r(HV, NC, 64, D, s=1e-3),
+            r(HV, NC, D, D), r(HV, NC, D, D, s=1e-3), r(HV, NC, D, 64), r(HV, NC, D, 64, s=1e-3),
+            Fb, cu, chunk_indices,
+            torch.zeros(Ttot, HV, D, **f32), torch.zeros(Ttot, HV, D, **f32),
+            torch.zeros(2, HV, NC, 64, **f32), torch.zeros(2, HV, NC, 64, **f32), torch.zeros(2, HV, NC, 64, **f32),
+            torch.zeros(2, HV, NC, D, **f32), torch.zeros(HV, NC, 64, **f32), D ** -0.5]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="B1_T32768_H16_HV32", choices=list(SHAPES))
+    ap.add_argument("--rep", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device")
+        return 2
+    from triton.testing import do_bench
+
+    from kernels.gdn_bwd.build import precompile
+    cfgs = {label: InterVariant(ab) for label, ab in VARIANTS.items()}
+    precompile(list(cfgs.values()), get=compile_variant, log=lambda m: print(m, flush=True))
+    dev = torch.device("cuda")
+    a = tables(*SHAPES[args.shape], dev)
+    rows = []
+    for label, cfg in cfgs.items():
+        try:
+            kern = compile_variant(cfg)
+            ms = do_bench(lambda: kern(*a), warmup=args.warmup, rep=args.rep, return_mode="median")
+            rows.append((label, ms))
+        except Exception as e:  # one variant failing does not stop the rest
+            rows.append((label, float("nan")))
+            print(f"{label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    base = rows[0][1]
+    print(f"\n== gdn_bwd_dqk_inter ablation, {args.shape}, {torch.cuda.get_device_name()} (median ms) ==")
+    for label, ms in rows:
+        print(f"  {label:<24} {ms:8.3f} ms   {ms / base:5.2f}x api")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
