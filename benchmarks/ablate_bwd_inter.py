@@ -86,7 +86,7 @@ def main(argv=None) -> int:
         return 2
     from triton.testing import do_bench
 
-    from kernels.gdn_bwd.build import precompile
+    from kernels.gdn_fwd.build import precompile
     cfgs = {label: InterVariant(ab) for label, ab in VARIANTS.items()}
     precompile(list(cfgs.values()), get=compile_variant, log=lambda m: print(m, flush=True))
     dev = torch.device("cuda")
