@@ -54,11 +54,14 @@ class _GateRows:
 
 
 @T.macro
-def inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, h, hv, c, kb, k0, scale,
+def inter_epilogue(q_s, k_s, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, hv, c, kb, k0, scale,
                    dots=True):
     """The inter kernels' per-chunk outputs from ``Z, W, R [64, BK]`` (fp32 fragments): the rows ``t < nv`` of
-    dq~, dk~ (``dqv, dkv``, fp32) and the row dots q.Z, k.W, k.R of key block ``kb`` (``qz, kw, kr``; q and k
-    read from global memory, zero past ``nv``)."""
+    dq~, dk~ (``dqv, dkv``, fp32) and the row dots q.Z, k.W, k.R of key block ``kb`` (``qz, kw, kr``) from the
+    chunk's q and k tiles ``q_s, k_s [64, BK]`` in shared memory (rows past ``nv`` masked).  Until session 7 the
+    dots read q and k from global memory element by element: with the 64-bit index arithmetic of the GVA head
+    (``hv // (HV // H)``) per element they took 4.1 of the kernel's 7.0 ms (B1 T32768 H16 HV32,
+    ``benchmarks/ablate_bwd_inter.py``)."""
     f32 = "float32"
     BK = z_f.shape[1]
     for t, d in T.Parallel(BT, BK):
@@ -68,17 +71,17 @@ def inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, 
                                        + T.exp2((f_s[4, BT - 1] - f_s[4, t]) * LOG2E) * r_f[t, d])
     if dots:
         for t, d in T.Parallel(BT, BK):
-            tmp[t, d] = T.if_then_else(t < nv, T.cast(q[t0 + t, h, k0 + d], f32), T.float32(0)) * z_f[t, d]
+            tmp[t, d] = T.if_then_else(t < nv, T.cast(q_s[t, d], f32), T.float32(0)) * z_f[t, d]
         T.reduce_sum(tmp, rs, dim=1)
         for t in T.Parallel(BT):
             qz[kb, hv, c, t] = rs[t]
         for t, d in T.Parallel(BT, BK):
-            tmp[t, d] = T.if_then_else(t < nv, T.cast(k[t0 + t, h, k0 + d], f32), T.float32(0)) * w_f[t, d]
+            tmp[t, d] = T.if_then_else(t < nv, T.cast(k_s[t, d], f32), T.float32(0)) * w_f[t, d]
         T.reduce_sum(tmp, rs, dim=1)
         for t in T.Parallel(BT):
             kw[kb, hv, c, t] = rs[t]
         for t, d in T.Parallel(BT, BK):
-            tmp[t, d] = T.if_then_else(t < nv, T.cast(k[t0 + t, h, k0 + d], f32), T.float32(0)) * r_f[t, d]
+            tmp[t, d] = T.if_then_else(t < nv, T.cast(k_s[t, d], f32), T.float32(0)) * r_f[t, d]
         T.reduce_sum(tmp, rs, dim=1)
         for t in T.Parallel(BT):
             kr[kb, hv, c, t] = rs[t]
@@ -180,6 +183,9 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: fro
             dyh_s = T.alloc_shared((DV, BT), dtype)
             dyl_s = T.alloc_shared((DV, BT), dtype)
             f_s = T.alloc_shared((8, BT), f32)
+            qd_s = T.alloc_shared((BT, BK), dtype)
+            kd_s = T.alloc_shared((BT, BK), dtype)
+            v_s = T.alloc_shared((BT, DV), dtype)
 
             z_f = T.alloc_fragment((BT, BK), f32)
             w_f = T.alloc_fragment((BT, BK), f32)
@@ -211,12 +217,13 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: fro
                 T.gemm(dyl_s, sh_s, w_f, transpose_A=True, transpose_B=True)
                 T.gemm(dyh_s, sl_s, w_f, transpose_A=True, transpose_B=True)
             if kb == 0 and "no_yv" not in _ablate:
+                T.copy(v[t0:t0 + BT, hv, 0:DV], v_s)
                 for t, i in T.Parallel(BT, BK):
                     tmp[t, i] = T.float32(0)
                 for j in T.serial(DV // BK):
                     for t, i in T.Parallel(BT, BK):
                         tmp[t, i] = tmp[t, i] + T.if_then_else(
-                            t < nv, T.cast(v[t0 + t, hv, j * BK + i], f32), T.float32(0)) * (
+                            t < nv, T.cast(v_s[t, j * BK + i], f32), T.float32(0)) * (
                             T.cast(dyh_s[j * BK + i, t], f32) + T.cast(dyl_s[j * BK + i, t], f32))
                 T.reduce_sum(tmp, rs, dim=1)
                 for t in T.Parallel(BT):
@@ -236,13 +243,15 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: fro
             # 4. R = U dS'^T (U, dS' hi + lo); then the epilogue
             T.copy(Uh[hv, c, 0:BT, 0:DV], uh_s)
             T.copy(Ul[hv, c, 0:BT, 0:DV], ul_s)
+            T.copy(q[t0:t0 + BT, h, k0:k0 + BK], qd_s)
+            T.copy(k[t0:t0 + BT, h, k0:k0 + BK], kd_s)
             T.gemm(uh_s, dsh_s, r_f, clear_accum=True)
             if lo:
                 T.gemm(ul_s, dsh_s, r_f)
                 T.gemm(uh_s, dsl_s, r_f)
 
-            inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, h, hv, c, kb, k0, scale,
-                           "no_dots" not in _ablate)
+            inter_epilogue(qd_s, kd_s, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, hv, c, kb, k0,
+                           scale, "no_dots" not in _ablate)
 
     return gdn_bwd_dqk_inter
 

@@ -69,6 +69,8 @@ def build_bwd_dqk_inter_lean(DK: int, DV: int, dtype: str, BK: int = 64, cpb: in
             uh_s = T.alloc_shared((BT, DV), dtype)
             dyh_s = T.alloc_shared((DV, BT), dtype)
             f_s = T.alloc_shared((8, BT), f32)
+            qd_s = T.alloc_shared((BT, BK), dtype)
+            kd_s = T.alloc_shared((BT, BK), dtype)
 
             z_f = T.alloc_fragment((BT, BK), f32)
             w_f = T.alloc_fragment((BT, BK), f32)
@@ -85,6 +87,8 @@ def build_bwd_dqk_inter_lean(DK: int, DV: int, dtype: str, BK: int = 64, cpb: in
                 T.copy(Uh[hv, c, 0:BT, 0:DV], uh_s)
                 T.copy(dYh[hv, c, 0:DV, 0:BT], dyh_s)
                 T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
+                T.copy(q[t0:t0 + BT, h, k0:k0 + BK], qd_s)
+                T.copy(k[t0:t0 + BT, h, k0:k0 + BK], kd_s)
 
                 T.gemm(do_s, sh_s, z_f, transpose_B=True, clear_accum=True)
                 T.gemm(dyh_s, sh_s, w_f, transpose_A=True, transpose_B=True, clear_accum=True)
@@ -94,7 +98,7 @@ def build_bwd_dqk_inter_lean(DK: int, DV: int, dtype: str, BK: int = 64, cpb: in
                 # values again, from this CTA, after its first pass (every output of the epilogue, the row dots
                 # included, is a plain store of a value that depends on the chunk alone)
                 nv = T.min(eos - t0, BT)
-                inter_epilogue(q, k, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, h, hv, c, kb, k0,
+                inter_epilogue(qd_s, kd_s, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, hv, c, kb, k0,
                                scale)
 
     return gdn_bwd_dqk_inter_lean
@@ -152,10 +156,10 @@ def build_bwd_state_dots(DK: int, DV: int, dtype: str, BK: int = 64):
 
             T.copy(dYh[hv, c, 0:DV, 0:BT], dyh_s)
             T.copy(dYl[hv, c, 0:DV, 0:BT], dyl_s)
+            T.copy(v[t0:t0 + BT, hv, 0:DV], v_s)
             for t, i in T.Parallel(BT, DV):
-                v_s[t, i] = T.if_then_else(t < nv, v[t0 + t, hv, i], T.cast(0, dtype))
-            for t, i in T.Parallel(BT, DV):
-                ty[t, i] = T.cast(v_s[t, i], f32) * (T.cast(dyh_s[i, t], f32) + T.cast(dyl_s[i, t], f32))
+                ty[t, i] = (T.if_then_else(t < nv, T.cast(v_s[t, i], f32), T.float32(0))
+                            * (T.cast(dyh_s[i, t], f32) + T.cast(dyl_s[i, t], f32)))
             T.reduce_sum(ty, ry, dim=1)
             for t in T.Parallel(BT):
                 yv[hv, c, t] = ry[t]
