@@ -16,7 +16,8 @@ computes, as the forward's "pipe" output kernel)::
 
     sd[i] = sum_d (Sh + Sl)[d, i] (dSh' + dSl')[i, d]      yv[t] = sum_i (dYh + dYl)[i, t] v[t, i]
 
-Not yet run on a GPU.
+Run on an H200 in sessions 5 and 7 (the stage tests of ``tests/test_kernels_bwd_gpu.py``; session 7 with the row dots
+from shared-memory tiles, as the split inter kernel).
 """
 
 import tilelang.language as T
