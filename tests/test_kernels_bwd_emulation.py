@@ -281,3 +281,37 @@ def test_precision_study_switch_is_scoped_and_checked():
     with pytest.raises(ValueError, match="unknown operand splits"):
         with study(["dS", "nope"]):
             pass
+
+
+@pytest.mark.parametrize("cu", [[0, 200], [0, 1, 64, 65, 130, 400], [0, 0, 70, 70, 140]], ids=str)
+def test_finish_scatters_by_integer_rows_the_same_as_by_mask(cu):
+    """The API hands ``finish`` the rows of ``valid_rows`` (cached, computed on the host) so that it never indexes
+    by a boolean mask on the device (a sync): every token is one valid chunk row, selecting by the rows equals
+    selecting by the mask, and ``finish`` gives the same with the API's cached rows as with its own."""
+    from kernels.gdn_bwd.api import _token_index
+    from kernels.gdn_bwd.common import finish, token_index, valid_rows
+    tok, valid = token_index(cu, "cpu")
+    tv, sel = valid_rows(tok, valid)
+    assert sorted(tv.tolist()) == list(range(cu[-1]))
+    assert torch.equal(tok.reshape(-1)[sel], tok[valid]) and torch.equal(sel.sort().values, sel)
+    x = torch.randn(3, *valid.shape)
+    assert torch.equal(x.permute(1, 2, 0).reshape(-1, 3)[sel], x.permute(1, 2, 0)[valid])
+    t2, v2, (tv2, sel2) = _token_index(1, cu[-1], cu, torch.device("cpu"))
+    assert torch.equal(t2, tok) and torch.equal(v2, valid) and torch.equal(tv2, tv) and torch.equal(sel2, sel)
+    g = torch.Generator().manual_seed(len(cu))
+    NC, HV, H, D, Ttot = tok.shape[0], 4, 2, 128, cu[-1]
+
+    def r(*s):
+        return torch.randn(*s, generator=g)
+
+    Fb = torch.rand(HV, NC, 8, 64, generator=g)
+    Fb[:, :, 4] = -Fb[:, :, 4]
+    kw = dict(Fb=Fb, qz=r(2, HV, NC, 64), kw=r(2, HV, NC, 64), kr=r(2, HV, NC, 64), sd=r(2, HV, NC, D),
+              yv=r(HV, NC, 64), rect=r(HV, NC, 64), db2=r(HV, NC, 64), dqv=r(Ttot, HV, D), dkv=r(Ttot, HV, D),
+              q=r(Ttot, H, D), k=r(Ttot, H, D), H=H, use_l2=True, tok=tok, valid=valid)
+    by_mask = finish(**kw)
+    by_rows = finish(**kw, rows=(tv, sel))
+    for a, b in zip(by_mask, by_rows):
+        assert torch.equal(a, b)
+    dg = by_rows[2]
+    assert torch.isfinite(dg).all() and (dg != 0).all()          # every token's row was written

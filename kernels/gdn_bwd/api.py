@@ -24,7 +24,7 @@ import torch
 
 from kernels.gdn_fwd.api import _TL_DTYPE, _call_tables, _check, _require_sm90
 
-from .common import BT, finish, token_index
+from .common import BT, finish, token_index, valid_rows
 
 # layouts of the ``_stages`` intermediates, the same in both implementations (the kernel path at the padded
 # head dim 128); every value as fp32 / fp64
@@ -187,9 +187,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
                        dY=tr(dYh) + tr(dYl), qz=qz.sum(0), kw=kw.sum(0), kr=kr.sum(0), sd=sd.sum(0), yv=yv,
                        rect=rect, db2=db2, S=f(Sch) + f(Scl), U=f(Uh) + f(Ul), dqv=dqv, dkv=dkv)
     # 5. host reductions
-    tok, valid = _token_index(B, T, cu_host, dev)
+    tok, valid, rows = _token_index(B, T, cu_host, dev)
     dq, dk, dg, db = finish(Fb=Fb, qz=qz, kw=kw, kr=kr, sd=sd, yv=yv, rect=rect, db2=db2, dqv=dqv, dkv=dkv,
-                            q=q2, k=k2, H=H, use_l2=bool(use_l2), tok=tok, valid=valid)
+                            q=q2, k=k2, H=H, use_l2=bool(use_l2), tok=tok, valid=valid, rows=rows)
     out = _out(dq, dk, dv2, dg, db, dh0)
     mark("finish")
     return out
@@ -205,10 +205,13 @@ _TOK: dict = {}
 
 
 def _token_index(B, T, cu_host, dev):
-    """``common.token_index`` of the dense layout or of ``cu_host`` (varlen), cached per layout and device."""
+    """``common.token_index`` of the dense layout or of ``cu_host`` (varlen) and its ``common.valid_rows`` (tok,
+    valid, rows), cached per layout and device: computed on the host, so a call never waits for the GPU here."""
     key = (B, T, str(dev)) if cu_host is None else (tuple(cu_host), str(dev))
     if key not in _TOK:
         if len(_TOK) > 64:
             _TOK.clear()
-        _TOK[key] = token_index([b * T for b in range(B + 1)] if cu_host is None else cu_host, dev)
+        tok, valid = token_index([b * T for b in range(B + 1)] if cu_host is None else cu_host, "cpu")
+        tv, sel = valid_rows(tok, valid)
+        _TOK[key] = (tok.to(dev), valid.to(dev), (tv.to(dev), sel.to(dev)))
     return _TOK[key]

@@ -32,14 +32,23 @@ def token_index(cu_host: list[int], dev):
     return torch.where(valid, tok, torch.zeros_like(tok)).to(dev), valid.to(dev)
 
 
-def finish(*, Fb, qz, kw, kr, sd, yv, rect, db2, dqv, dkv, q, k, H, use_l2, tok, valid):
+def valid_rows(tok, valid):
+    """(tokens, rows): the token of every valid chunk row and that row's flat index into [NC * 64] (int64, on the
+    device of ``tok``), so that ``finish`` scatters by integer index; a boolean mask index (``x[valid]``) makes
+    torch wait for the GPU to learn the result's size.  Computed once per layout by the API (cached)."""
+    rows = valid.reshape(-1).nonzero().squeeze(1)
+    return tok.reshape(-1)[rows], rows
+
+
+def finish(*, Fb, qz, kw, kr, sd, yv, rect, db2, dqv, dkv, q, k, H, use_l2, tok, valid, rows=None):
     """Final gradients (fp32) from the per-chunk partials.
 
     Fb [HV, NC, 8, 64]; qz, kw, kr [P, HV, NC, 64] (row dots q.Z, k.W, k.R of the P key blocks of the
     inter-chunk kernel); sd [P, HV, NC, DVs] (sum_d S o dS_next partial sums); yv [HV, NC, 64] (dY . V);
     rect [HV, NC, 64] (the intra-chunk dg terms, already summed over the rectangle t >= s > j) and
     db2 [HV, NC, 64]; dqv, dkv [Ttot, HV, DK] fp32 (gradients of the normalised q~ = rq q, k~ = rk k per
-    value head); q, k [Ttot, H, DK] (raw inputs).  Returns dq, dk [Ttot, H, DK], dg, dbeta [Ttot, HV] (fp32).
+    value head); q, k [Ttot, H, DK] (raw inputs); tok, valid from ``token_index``; ``rows`` = ``valid_rows(tok,
+    valid)`` (computed here when None).  Returns dq, dk [Ttot, H, DK], dg, dbeta [Ttot, HV] (fp32).
 
     dg_s = sum_{t >= s} dG_t with G = cumsum(g) is formed without cancellation: a term that depends on
     G_t - G_j (t > j) contributes only to s in (j, t] (``rect`` and the exclusive prefix sum of the
@@ -62,9 +71,9 @@ def finish(*, Fb, qz, kw, kr, sd, yv, rect, db2, dqv, dkv, q, k, H, use_l2, tok,
     Ttot, HV, DK = dqv.shape
     dg = torch.zeros(Ttot, HV, dtype=f32, device=dqv.device)
     db = torch.zeros_like(dg)
-    tv, m = tok[valid], valid
-    dg[tv] = dgc.permute(1, 2, 0)[m]
-    db[tv] = dbc.permute(1, 2, 0)[m]
+    tv, sel = valid_rows(tok, valid) if rows is None else rows
+    dg[tv] = dgc.permute(1, 2, 0).reshape(-1, HV)[sel]
+    db[tv] = dbc.permute(1, 2, 0).reshape(-1, HV)[sel]
     r = HV // H
     dq = dqv.reshape(Ttot, H, r, DK).sum(2)
     dk = dkv.reshape(Ttot, H, r, DK).sum(2)

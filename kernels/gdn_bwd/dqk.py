@@ -61,7 +61,7 @@ def inter_epilogue(q_s, k_s, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, 
     chunk's q and k tiles ``q_s, k_s [64, BK]`` in shared memory (rows past ``nv`` masked).  Until session 7 the
     dots read q and k from global memory element by element: with the 64-bit index arithmetic of the GVA head
     (``hv // (HV // H)``) per element they took 4.1 of the kernel's 7.0 ms (B1 T32768 H16 HV32,
-    ``benchmarks/ablate_bwd_inter.py``)."""
+    ``benchmarks/ablate_bwd.py``)."""
     f32 = "float32"
     BK = z_f.shape[1]
     for t, d in T.Parallel(BT, BK):
@@ -115,7 +115,7 @@ ABLATIONS = ("sd_reduce", "no_sd", "no_yv", "no_dots", "no_lo")
 
 
 def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: frozenset = frozenset()):
-    """``_ablate`` (timing studies only, ``benchmarks/ablate_bwd_inter.py``; wrong gradients): names from
+    """``_ablate`` (timing studies only, ``benchmarks/ablate_bwd.py``; wrong gradients): names from
     ``ABLATIONS`` - "sd_reduce" the session-6 form of the S o dS' dots, "no_sd" / "no_yv" / "no_dots" without the
     S o dS' dots / the dY . v dots / the epilogue's row dots, "no_lo" without the lo-term products.
 
@@ -256,9 +256,17 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: fro
     return gdn_bwd_dqk_inter
 
 
-def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False):
+INTRA_ABLATIONS = ("no_mlo", "no_rect", "no_db2", "store")
+
+
+def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False, _ablate: frozenset = frozenset()):
     """``lean``: read the hi terms of U and dY alone (the opt-in "lean_sd" tables: 2 instead of 5 value-dim
     products, 32 KB less shared memory in the first phase); ``Ul``, ``dYl`` are then not read.
+
+    ``_ablate`` (timing studies only, ``benchmarks/ablate_bwd.py --kernel intra``; wrong gradients): names
+    from ``INTRA_ABLATIONS`` - "no_mlo" without the four lo-term products of the 64x64 gradient matrices,
+    "no_rect" without the row cumsum and column walk of the dg rectangle sums, "no_db2" without the dbeta row
+    sums, "store" dq~ / dk~ stored instead of added to the inter kernel's (no read-modify-write).
 
     The gate table is read from global memory (L1) where it is used, not copied to shared memory: both phases
     of the kernel (the q, k, dO, U, dY tiles; then the eight 64x64 operand tiles and m_s) peak at 112 KiB of
@@ -279,8 +287,10 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False):
       scale fp32
     """
     assert DK in (64, 128) and DV in (64, 128)
+    assert set(_ablate) <= set(INTRA_ABLATIONS), _ablate
     f32 = "float32"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
+    mlo = "no_mlo" not in _ablate
 
     @T.prim_func
     def gdn_bwd_dqk_intra(
@@ -373,9 +383,10 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False):
                 dyu[t, j] = T.if_then_else(j < t, -dyu[t, j], T.float32(0))          # dA
             for t, j in T.Parallel(BT, BT):
                 x_f[t, j] = dyu[t, j] * kk[t, j]
-            T.reduce_sum(x_f, rs, dim=1)
-            for t in T.Parallel(BT):
-                db2[hv, c, t] = rs[t]
+            if "no_db2" not in _ablate:
+                T.reduce_sum(x_f, rs, dim=1)
+                for t in T.Parallel(BT):
+                    db2[hv, c, t] = rs[t]
             for t, j in T.Parallel(BT, BT):
                 m_s[t, j] = T.if_then_else(j < t, dpu[t, j] + fv[7, t] * dyu[t, j] * kk[t, j], T.float32(0))
             for t, j in T.Parallel(BT, BT):
@@ -389,27 +400,38 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False):
                 m3l[t, j] = T.cast(x_f[t, j] * fv[6, t] - T.cast(T.cast(x_f[t, j] * fv[6, t], dtype), f32), dtype)
 
             T.gemm(mqh, k_s, dq_f, clear_accum=True)
-            T.gemm(mql, k_s, dq_f)
+            if mlo:
+                T.gemm(mql, k_s, dq_f)
             T.gemm(m1h, q_s, dk_f, transpose_A=True, clear_accum=True)
-            T.gemm(m1l, q_s, dk_f, transpose_A=True)
+            if mlo:
+                T.gemm(m1l, q_s, dk_f, transpose_A=True)
             T.gemm(m2h, k_s, dk_f)
-            T.gemm(m2l, k_s, dk_f)
+            if mlo:
+                T.gemm(m2l, k_s, dk_f)
             T.gemm(m3h, k_s, dk_f, transpose_A=True)
-            T.gemm(m3l, k_s, dk_f, transpose_A=True)
-            for t, d in T.Parallel(BT, DK):
-                if t < nv:
-                    dqv[t0 + t, hv, d] = dqv[t0 + t, hv, d] + dq_f[t, d]
-                    dkv[t0 + t, hv, d] = dkv[t0 + t, hv, d] + dk_f[t, d]
+            if mlo:
+                T.gemm(m3l, k_s, dk_f, transpose_A=True)
+            if "store" in _ablate:
+                for t, d in T.Parallel(BT, DK):
+                    if t < nv:
+                        dqv[t0 + t, hv, d] = dq_f[t, d]
+                        dkv[t0 + t, hv, d] = dk_f[t, d]
+            else:
+                for t, d in T.Parallel(BT, DK):
+                    if t < nv:
+                        dqv[t0 + t, hv, d] = dqv[t0 + t, hv, d] + dq_f[t, d]
+                        dkv[t0 + t, hv, d] = dkv[t0 + t, hv, d] + dk_f[t, d]
 
             # rect_s = sum_{t >= s} sum_{j < s} m_tj  (inclusive row prefix sums, then a column walk)
-            T.cumsum(m_s, dim=1)
-            tx = T.get_thread_binding()
-            if tx < BT:
-                acc[0] = T.float32(0)
-                if tx > 0:
-                    for t in T.serial(BT):
-                        if t >= tx:
-                            acc[0] = acc[0] + m_s[t, tx - 1]
-                rect[hv, c, tx] = acc[0]
+            if "no_rect" not in _ablate:
+                T.cumsum(m_s, dim=1)
+                tx = T.get_thread_binding()
+                if tx < BT:
+                    acc[0] = T.float32(0)
+                    if tx > 0:
+                        for t in T.serial(BT):
+                            if t >= tx:
+                                acc[0] = acc[0] + m_s[t, tx - 1]
+                    rect[hv, c, tx] = acc[0]
 
     return gdn_bwd_dqk_intra

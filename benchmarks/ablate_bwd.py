@@ -1,8 +1,10 @@
-"""Where the backward's ``gdn_bwd_dqk_inter`` kernel spends its time: the kernel as the API runs it against copies
-built without one of its parts (``dqk.build_bwd_dqk_inter(_ablate=...)``, ``dqk.ABLATIONS``), all timed in one run
-on the same random chunk tables (values do not matter for the time; the ablated kernels' outputs are wrong).
+"""Where a backward kernel spends its time: the kernel as the API runs it against copies built without one of its
+parts, all timed in one run on the same random chunk tables (values do not matter for the time; the ablated
+kernels' outputs are wrong).  ``--kernel inter``: ``dqk.build_bwd_dqk_inter(_ablate=...)`` (``dqk.ABLATIONS``);
+``--kernel intra``: ``dqk.build_bwd_dqk_intra(_ablate=...)`` (``dqk.INTRA_ABLATIONS``).  Session 7 ran it (as
+``ablate_bwd_inter.py``, the inter kernel alone) to find the inter kernel's row dots: 7.0 -> 3.2 ms.
 
-    python3 benchmarks/ablate_bwd_inter.py [--shape B1_T32768_H16_HV32] [--rep 20] [--warmup 3]
+    python3 benchmarks/ablate_bwd.py [--kernel inter|intra] [--shape B1_T32768_H16_HV32] [--rep 20] [--warmup 3]
 
 Prints one line per variant: median ms and the ratio to the API's kernel.  CUDA only (sm_90a).
 """
@@ -20,7 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-VARIANTS = {
+VARIANTS = {}
+VARIANTS["inter"] = {
     "api": (),
     "sd_reduce (session 6)": ("sd_reduce",),
     "no_sd": ("no_sd",),
@@ -30,31 +33,41 @@ VARIANTS = {
     "gemms+stores only": ("no_sd", "no_yv", "no_dots"),
     "hi gemms+stores only": ("no_sd", "no_yv", "no_dots", "no_lo"),
 }
+VARIANTS["intra"] = {
+    "api": (),
+    "no_mlo": ("no_mlo",),
+    "no_rect": ("no_rect",),
+    "no_db2": ("no_db2",),
+    "store (no read-modify-write)": ("store",),
+    "all four": ("no_mlo", "no_rect", "no_db2", "store"),
+}
 SHAPES = {"B1_T32768_H16_HV32": (1, 32768, 16, 32), "B1_T8192_H4_HV8": (1, 8192, 4, 8)}
 
 
 @dataclass(frozen=True)
-class InterVariant:
+class Variant:
+    kernel: str                     # "inter" or "intra"
     ablate: tuple[str, ...]
     dtype: str = "bfloat16"
 
     @property
     def name(self) -> str:
-        return f"bwd_inter[{'+'.join(self.ablate) or 'api'},{self.dtype}]"
+        return f"bwd_{self.kernel}[{'+'.join(self.ablate) or 'api'},{self.dtype}]"
 
 
-def compile_variant(cfg: InterVariant):
+def compile_variant(cfg: Variant):
     """The compiled kernel of one variant (a top-level function: ``precompile``'s processes call it)."""
     import tilelang
 
     from kernels.gdn_bwd.build import TARGET, pass_configs
-    from kernels.gdn_bwd.dqk import build_bwd_dqk_inter
-    return tilelang.compile(build_bwd_dqk_inter(128, 128, cfg.dtype, _ablate=frozenset(cfg.ablate)),
+    from kernels.gdn_bwd.dqk import build_bwd_dqk_inter, build_bwd_dqk_intra
+    build = build_bwd_dqk_inter if cfg.kernel == "inter" else build_bwd_dqk_intra
+    return tilelang.compile(build(128, 128, cfg.dtype, _ablate=frozenset(cfg.ablate)),
                             target=TARGET, pass_configs=pass_configs())
 
 
-def tables(B, T, H, HV, dev, dt=torch.bfloat16):
-    """Random inputs of the inter kernel at one shape (argument order of ``build_bwd_dqk_inter``)."""
+def tables(B, T, H, HV, dev, dt=torch.bfloat16, kernel="inter"):
+    """Random inputs of the inter (or intra) kernel at one shape, in the argument order of its build function."""
     from kernels.gdn_fwd.api import _call_tables
     _, (cu, chunk_indices, _, NC) = _call_tables(B, T, None, dev)
     D, Ttot = 128, B * T
@@ -66,6 +79,11 @@ def tables(B, T, H, HV, dev, dt=torch.bfloat16):
     Fb = torch.rand(HV, NC, 8, 64, device=dev, generator=g)
     Fb[:, :, 4] = -torch.cumsum(Fb[:, :, 4] * 0.05, -1)          # G <= 0, decreasing
     f32 = dict(device=dev, dtype=torch.float32)
+    if kernel == "intra":
+        return [r(Ttot, H, D), r(Ttot, H, D), r(Ttot, HV, D), r(HV, NC, 64, D), r(HV, NC, 64, D, s=1e-3),
+                r(HV, NC, D, 64), r(HV, NC, D, 64, s=1e-3), Fb, cu, chunk_indices,
+                torch.zeros(Ttot, HV, D, **f32), torch.zeros(Ttot, HV, D, **f32),
+                torch.zeros(HV, NC, 64, **f32), torch.zeros(HV, NC, 64, **f32), D ** -0.5]
     return [r(Ttot, H, D), r(Ttot, H, D), r(Ttot, HV, D), r(Ttot, HV, D),
             r(HV, NC, D, D), r(HV, NC, D, D, s=1e-3), r(HV, NC, 64, D), r(HV, NC, 64, D, s=1e-3),
             r(HV, NC, D, D), r(HV, NC, D, D, s=1e-3), r(HV, NC, D, 64), r(HV, NC, D, 64, s=1e-3),
@@ -77,6 +95,7 @@ def tables(B, T, H, HV, dev, dt=torch.bfloat16):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--kernel", default="inter", choices=list(VARIANTS))
     ap.add_argument("--shape", default="B1_T32768_H16_HV32", choices=list(SHAPES))
     ap.add_argument("--rep", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -87,10 +106,10 @@ def main(argv=None) -> int:
     from triton.testing import do_bench
 
     from kernels.gdn_fwd.build import precompile
-    cfgs = {label: InterVariant(ab) for label, ab in VARIANTS.items()}
+    cfgs = {label: Variant(args.kernel, ab) for label, ab in VARIANTS[args.kernel].items()}
     precompile(list(cfgs.values()), get=compile_variant, log=lambda m: print(m, flush=True))
     dev = torch.device("cuda")
-    a = tables(*SHAPES[args.shape], dev)
+    a = tables(*SHAPES[args.shape], dev, kernel=args.kernel)
     rows = []
     for label, cfg in cfgs.items():
         try:
@@ -101,7 +120,7 @@ def main(argv=None) -> int:
             rows.append((label, float("nan")))
             print(f"{label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
     base = rows[0][1]
-    print(f"\n== gdn_bwd_dqk_inter ablation, {args.shape}, {torch.cuda.get_device_name()} (median ms) ==")
+    print(f"\n== gdn_bwd_dqk_{args.kernel} ablation, {args.shape}, {torch.cuda.get_device_name()} (median ms) ==")
     for label, ms in rows:
         print(f"  {label:<24} {ms:8.3f} ms   {ms / base:5.2f}x api")
     return 0
