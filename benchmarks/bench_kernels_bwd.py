@@ -66,7 +66,25 @@ def backward_context(name: str):
     if name == "FLA":
         from parity.backends.fla_common import triton_backward
         return triton_backward()
+    if name == SERIAL:
+        return _serial_recompute()
     return contextlib.nullcontext()
+
+
+SERIAL = "ours-serial"
+
+
+@contextlib.contextmanager
+def _serial_recompute():
+    """Our backward with its forward recompute before prep and dh on the one stream (``api._OVERLAP_RECOMPUTE``
+    off), the order before session 7: column ``ours-serial`` (``--serial-recompute``), for an A/B timing."""
+    from kernels.gdn_bwd import api
+    saved = api._OVERLAP_RECOMPUTE
+    api._OVERLAP_RECOMPUTE = False
+    try:
+        yield
+    finally:
+        api._OVERLAP_RECOMPUTE = saved
 
 
 def grads(fn, args, kw, do, dht, cast=lambda x: x, name: str = ""):
@@ -90,6 +108,9 @@ def main(argv=None):
     ap.add_argument("--tables", default="split,lean_sd",
                     help="our backward's chunk-table precisions to time: 'split' is column 'ours', 'lean_sd' (opt-in, "
                     "gdn_bwd/dqk_lean.py) is column 'ours-lean'")
+    ap.add_argument("--serial-recompute", action="store_true",
+                    help="also time column 'ours-serial': 'ours' with the forward recompute before prep and dh on one "
+                    "stream (api._OVERLAP_RECOMPUTE off), the order before session 7")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):
@@ -145,6 +166,8 @@ def main(argv=None):
         precompile(cfgs, args.workers, log=lambda m: print(m, flush=True))
 
     impls = [(COLUMN[tb], (lambda *a, tb=tb, **k: ours(*a, **k, _tables=tb))) for tb in tables]
+    if args.serial_recompute:
+        impls.append((SERIAL, lambda *a, **k: ours(*a, **k, _tables="split")))
     skipped = {}
     if not args.dry_run:
         fla = tt.fla_triton_fn()

@@ -8,9 +8,12 @@ Shapes / dtypes as the forward (``kernels.gdn_fwd.api``); ``do`` like the forwar
 final state (fp32, the caller's layout; None = 0).  Returns dq, dk, dv in the input dtype, dg and dbeta
 in the dtypes of g and beta, dh0 fp32 in the initial state's layout (None without an initial state).
 
-Launches (all on the current stream, no host sync except building the varlen tables):
+Launches (on the current stream, except step 0 on a side stream that the current one waits for before step 3;
+no host sync except building the varlen tables):
   0. forward recompute: ``gdn_intra_v2`` + ``gdn_state_v2`` (the smem form, BV by ``block_v``; precision
-     "default_h0": chunk-start states S and U as hi + lo, key-first), no output kernel;
+     "default_h0": chunk-start states S and U as hi + lo, key-first), no output kernel; beside steps 1 and 2,
+     which do not read S or U (``_OVERLAP_RECOMPUTE``; the stage times then show the part of it that prep + dh
+     did not hide);
   1. ``gdn_bwd_prep``       (chunk, head)              Tinv split, gate table, dUloc^T
   2. ``gdn_bwd_dh``         (64 value cols, head, seq)  reverse sequential: dS' tables, dY, dv, dh0
   3. ``gdn_bwd_dqk_inter``  (chunk, 64 key cols, head)  state products -> dq~, dk~, row dots
@@ -19,6 +22,8 @@ Launches (all on the current stream, no host sync except building the varlen tab
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -124,20 +129,30 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
             _events.append((name, ev))
 
     mark("start")
-    # 0. forward recompute of S (chunk start) and U, both hi + lo, key-first (the smem state kernel)
+    # 0. forward recompute of S (chunk start) and U, both hi + lo, key-first (the smem state kernel).  Neither prep
+    # nor dh reads S or U, and dh (sequential, one CTA per 64 value columns and head) leaves most SMs idle, so on a
+    # GPU the recompute runs on a side stream beside them; the main stream waits for it before the inter kernel.
     ci, cs = forward_recompute_configs(_TL_DTYPE[dt], N, HV)
     Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
     Al = torch.empty_like(Ah)
     F = torch.empty(HV, NC, 8, BT, device=dev, dtype=f32)
-    fwd_kernel(ci)(q2, k2, g2, b2, cu, chunk_indices, Ah, Al, F, scale, use_l2)
     Sch = torch.empty(HV, NC, D, D, device=dev, dtype=dt)
     Scl = torch.empty_like(Sch)
     Uh = torch.empty(HV, NC, BT, D, device=dev, dtype=dt)
     Ul = torch.empty_like(Uh)
     ht = torch.empty(1, HV, D, D, device=dev, dtype=f32)
-    fwd_kernel(cs)(k2, v2, Ah, Al, F, cu, chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, int(use_h0), 0, vf)
+    side = _side_stream(dev) if _OVERLAP_RECOMPUTE else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        fwd_kernel(ci)(q2, k2, g2, b2, cu, chunk_indices, Ah, Al, F, scale, use_l2)
+        fwd_kernel(cs)(k2, v2, Ah, Al, F, cu, chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, int(use_h0), 0, vf)
+    if side is not None:
+        for x in (Ah, Al, F, ht):       # freed while the side stream may still use them
+            x.record_stream(side)
     del Ah, Al, F
-    mark("recompute")
+    if side is None:
+        mark("recompute")
 
     tl_dt = _TL_DTYPE[dt]
     # 1. prep
@@ -157,6 +172,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     get_kernel(BwdConfig("dh", tl_dt))(q2, k2, do2, Th, Tl, Fb, dUl, cu, chunk_offsets, dh, dSh, dSl, dYh, dYl, dv2,
                                        dh0, int(dht is not None), int(use_h0), vf)
     mark("dh")
+    if side is not None:
+        torch.cuda.current_stream(dev).wait_stream(side)
+        mark("recompute (not hidden by prep + dh)")
     # 3. inter-chunk (state) products
     NK = D // 64
     # no zero fill: the inter kernel stores every token row of every chunk (both key blocks) before the intra
@@ -195,6 +213,20 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     out = _out(dq, dk, dv2, dg, db, dh0)
     mark("finish")
     return out
+
+
+_OVERLAP_RECOMPUTE = True      # private switch (A/B timing): the recompute on a side stream beside prep and dh
+_SIDE: dict = {}
+
+
+def _side_stream(dev):
+    """The side stream of ``dev`` for the forward recompute (one per device, created once); None off a GPU."""
+    if dev.type != "cuda":
+        return None
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _SIDE:
+        _SIDE[idx] = torch.cuda.Stream(device=idx)
+    return _SIDE[idx]
 
 
 def stage_times(events) -> dict:
