@@ -315,3 +315,83 @@ def test_finish_scatters_by_integer_rows_the_same_as_by_mask(cu):
         assert torch.equal(a, b)
     dg = by_rows[2]
     assert torch.isfinite(dg).all() and (dg != 0).all()          # every token's row was written
+
+
+_SEGMENTED = {     # slow decay ("small" / "zero" gates): the state gradient crosses every segment boundary
+    "dense_B2_T300_gva_small_gates": dict(B=2, T=300, H=1, HV=2, gate="small"),
+    "varlen_empty_short_h0_vfirst_D64_g0": dict(B=1, T=0, H=1, HV=2, D=64, lens=[0, 300, 1, 0, 257, 64], h0=1.0,
+                                                vf=True, gate="zero"),
+}
+
+
+@pytest.mark.parametrize("name", list(_SEGMENTED))
+def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, name):
+    """The few-heads form of the reverse pass (``dh_cp``: the dh kernel over segments, three passes and an fp64
+    scan), forced on small inputs with the emulation's stage functions standing in for the kernels, gives the
+    emulation's gradients (the sequential reverse pass), dh0 included."""
+    from kernels.gdn_bwd import api as bapi
+    from kernels.gdn_bwd import dh_cp
+    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
+
+    _fake_kernels(monkeypatch)
+    monkeypatch.setattr(dh_cp, "MIN_CHUNKS", 1)
+    monkeypatch.setattr(bapi, "_sm_count", lambda dev: 256)
+    seen = []
+    real = dh_cp.end_gradients
+    monkeypatch.setattr(dh_cp, "end_gradients", lambda *a: seen.append(a[0].cu.numel() - 1) or real(*a))
+    xs, do, dht, kw = tt.bwd_inputs(**_SEGMENTED[name])
+    got = api_bwd(*xs, do, dht, **kw)
+    assert seen and seen[0] >= 4, seen                   # the segmented form ran, with several segments
+    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    for n, a, b_ in zip(NAMES, got, want):
+        if b_ is None:
+            assert a is None, n
+            continue
+        assert a.shape == b_.shape and a.dtype == b_.dtype, n
+        assert tt.nonfinite(a) == 0, n
+        # the state gradient entering a segment comes through the fp64 scan of fp32 results instead of the fp32
+        # chain, so a 16-bit output may flip single roundings: allowed up to eps / 32 (bf16: 2.4e-4, a tenth of
+        # its rounding floor); fp32 outputs: a quarter of the input dtype's rounding of the sequential result
+        tol = (torch.finfo(a.dtype).eps / 32 if a.dtype in (torch.bfloat16, torch.float16)
+               else tt.rel_rmse(b_.to(xs[0].dtype), b_) / 4)
+        assert torch.equal(a, b_) or tt.rel_rmse(a, b_) <= tol, (n, tt.rel_rmse(a, b_), tol)
+
+
+def test_segment_plan_covers_every_chunk_once_at_chunk_boundaries():
+    from kernels.gdn_bwd import dh_cp
+    cu = [0, 0, 64 * 40 + 5, 64 * 40 + 6, 64 * 100]
+    p = dh_cp.plan(cu, HV=2, n_value_blocks=2, n_sms=132)
+    assert p is not None and p.n_segments > len(cu) - 1
+    nch = [-(-(cu[n + 1] - cu[n]) // 64) for n in range(len(cu) - 1)]
+    assert p.cu[0] == 0 and p.cu[-1] == cu[-1] and list(p.cu) == sorted(p.cu)
+    for n in range(len(cu) - 1):
+        segs = range(p.first[n], p.last[n] + 1)
+        assert all(p.seq[j] == n for j in segs)
+        assert p.cu[p.first[n]] == cu[n] and p.cu[p.last[n] + 1] == cu[n + 1]
+        assert all((p.cu[j + 1] - cu[n]) % 64 == 0 for j in segs if j != p.last[n])
+        assert p.chunk_offsets[p.last[n] + 1] - p.chunk_offsets[p.first[n]] == nch[n]
+        assert all(p.chunk_offsets[j + 1] - p.chunk_offsets[j] >= dh_cp.MIN_CHUNKS for j in segs if len(segs) > 1)
+    assert dh_cp.plan(cu, HV=64, n_value_blocks=2, n_sms=132) is None       # enough CTAs already
+
+
+def test_segment_scan_composes_the_affine_maps_of_a_sequence():
+    """end_gradients against the plain backward composition of random affine maps dS_start = P dS_end + a."""
+    from kernels.gdn_bwd import dh_cp
+    cu = [0, 64 * 40, 64 * 40 + 3, 64 * 90]
+    p = dh_cp.plan(cu, HV=1, n_value_blocks=1, n_sms=132)
+    assert p is not None
+    t = dh_cp.plan_tensors(p, "cpu")
+    g = torch.Generator().manual_seed(3)
+    NS, HV, K, V = p.n_segments, 2, 4, 3
+    P = torch.randn(NS, HV, K, K, generator=g) * 0.5
+    a0 = torch.randn(NS, HV, K, V, generator=g)            # start gradient from a zero end gradient
+    dht = torch.randn(len(cu) - 1, HV, K, V, generator=g)
+    a = a0.clone()
+    for n in range(len(cu) - 1):                              # pass A: the last segment starts from dht
+        a[p.last[n]] = a0[p.last[n]] + P[p.last[n]] @ dht[n]
+    E = dh_cp.end_gradients(t, a, P, dht)
+    for n in range(len(cu) - 1):
+        x = dht[n].double()
+        for j in range(p.last[n], p.first[n] - 1, -1):
+            assert torch.allclose(E[j].double(), x, atol=1e-5), (n, j)
+            x = P[j].double() @ x + a0[j].double()

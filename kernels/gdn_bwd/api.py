@@ -15,7 +15,8 @@ no host sync except building the varlen tables):
      which do not read S or U (``_OVERLAP_RECOMPUTE``; the stage times then show the part of it that prep + dh
      did not hide);
   1. ``gdn_bwd_prep``       (chunk, head)              Tinv split, gate table, dUloc^T
-  2. ``gdn_bwd_dh``         (64 value cols, head, seq)  reverse sequential: dS' tables, dY, dv, dh0
+  2. ``gdn_bwd_dh``         (64 value cols, head, seq)  reverse sequential: dS' tables, dY, dv, dh0 (with few
+     CTAs three launches over segments of the sequences and a scan: ``dh_cp``)
   3. ``gdn_bwd_dqk_inter``  (chunk, 64 key cols, head)  state products -> dq~, dk~, row dots
   4. ``gdn_bwd_dqk_intra``  (chunk, head)              64x64 terms -> dq~, dk~ (+=), dg / dbeta terms
   5. ``common.finish`` (torch): dg / dbeta row terms and within-chunk cumsums, GVA sums, L2-norm chain rule.
@@ -169,8 +170,16 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     dYl = torch.empty_like(dYh)
     dv2 = torch.zeros(Ttot, HV, D, device=dev, dtype=dt)
     dh0 = torch.empty((N if use_h0 else 1), HV, D, D, device=dev, dtype=f32)
-    get_kernel(BwdConfig("dh", tl_dt))(q2, k2, do2, Th, Tl, Fb, dUl, cu, chunk_offsets, dh, dSh, dSl, dYh, dYl, dv2,
-                                       dh0, int(dht is not None), int(use_h0), vf)
+    cp = _dh_plan(B, T, cu_host, HV, D // 64, dev) if _DH_SEGMENTS else None
+    if cp is None:
+        get_kernel(BwdConfig("dh", tl_dt))(q2, k2, do2, Th, Tl, Fb, dUl, cu, chunk_offsets, dh, dSh, dSl, dYh, dYl,
+                                           dv2, dh0, int(dht is not None), int(use_h0), vf)
+    else:       # few heads: the same kernel over segments, three passes and a scan (dh_cp.py)
+        dh0k = _dh_segmented(get_kernel(BwdConfig("dh", tl_dt)), cp, q2, k2, do2, Th, Tl, Fb, dUl,
+                             (dh.transpose(-1, -2) if vf else dh) if dht is not None else None,
+                             dSh, dSl, dYh, dYl, dv2)
+        if use_h0:
+            dh0 = (dh0k.transpose(-1, -2) if vf else dh0k).contiguous()
     mark("dh")
     if side is not None:
         torch.cuda.current_stream(dev).wait_stream(side)
@@ -213,6 +222,52 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     out = _out(dq, dk, dv2, dg, db, dh0)
     mark("finish")
     return out
+
+
+_DH_SEGMENTS = True            # private switch: the segment-parallel reverse pass when few CTAs would run (dh_cp.py)
+_PLANS: dict = {}
+
+
+def _sm_count(dev) -> int:
+    """Streaming multiprocessors of ``dev`` (132 off a GPU, the H100 / H200 count, for CPU tests of the plumbing)."""
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+
+
+def _dh_plan(B, T, cu_host, HV, n_value_blocks, dev):
+    """``dh_cp.plan_tensors`` of the call's segment plan, or None (sequential), cached per layout and device."""
+    from . import dh_cp
+    key = ((B, T) if cu_host is None else tuple(cu_host), HV, n_value_blocks, str(dev), dh_cp.MIN_CHUNKS)
+    if key not in _PLANS:
+        if len(_PLANS) > 64:
+            _PLANS.clear()
+        p = dh_cp.plan([b * T for b in range(B + 1)] if cu_host is None else list(cu_host), HV, n_value_blocks,
+                       _sm_count(dev))
+        _PLANS[key] = None if p is None else dh_cp.plan_tensors(p, dev)
+    return _PLANS[key]
+
+
+def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dYl, dv2):
+    """``gdn_bwd_dh`` over the segments of plan ``cp`` (``dh_cp``): pass A (zero end gradients, the caller's dht
+    ``dhk`` [N, HV, D, D] key-first at each sequence's end), pass B (identity, dO = dUloc = 0: the transfer
+    matrices), the scan, pass C (true end gradients; writes every per-chunk output).  Returns the start gradient of
+    every sequence [N, HV, D, D] (key-first)."""
+    from . import dh_cp
+    NS = cp.cu.numel() - 1
+    HV, D = Th.shape[0], q2.shape[-1]
+    dev, f32 = q2.device, torch.float32
+    dht_a = torch.zeros(NS, HV, D, D, device=dev, dtype=f32)
+    if dhk is not None:
+        dht_a[cp.last] = dhk
+    a = torch.empty_like(dht_a)
+    kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, dht_a, dSh, dSl, dYh, dYl, dv2, a, 1, 1, 0)
+    eye = torch.eye(D, device=dev, dtype=f32).expand(NS, HV, D, D).contiguous()
+    P = torch.empty_like(dht_a)
+    kern(q2, k2, torch.zeros_like(do2), Th, Tl, Fb, torch.zeros_like(dUl), cp.cu, cp.chunk_offsets, eye, dSh, dSl,
+         dYh, dYl, dv2, P, 1, 1, 0)
+    E = dh_cp.end_gradients(cp, a, P, dhk)
+    start = torch.empty_like(dht_a)
+    kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, E, dSh, dSl, dYh, dYl, dv2, start, 1, 1, 0)
+    return start[cp.first]
 
 
 _OVERLAP_RECOMPUTE = True      # private switch (A/B timing): the recompute on a side stream beside prep and dh

@@ -1,0 +1,118 @@
+"""Segment-parallel ("CP") form of the backward's reverse pass for calls with few value heads (host side only: the
+``gdn_bwd_dh`` kernel is unchanged, it runs on segments of the sequences as if they were sequences).
+
+The reverse recurrence of one value head is affine in the state gradient, acting on its key rows:
+``dS_{c-1} = M_c dS_c + b_c`` with ``M_c = e^GL I - K~^T diag(F0 beta) Tinv^T diag(F2) K~`` ([K, K]), and the value
+columns of dS evolve independently.  Cut a sequence into segments at chunk boundaries.  Three launches of
+``gdn_bwd_dh``, each over all segments at once (so with NSEG times the CTAs):
+
+  A. every segment from a zero end gradient (the last segment of a sequence from the caller's dht): its start
+     gradient ``a_j``;
+  B. every segment from dht = I with dO = 0 and dUloc = 0 (so b = 0): its transfer matrix ``P_j = M_first ... M_last``;
+  C. every segment from its true end gradient ``E_j`` (the host's scan below): every per-chunk output (dS' tables,
+     dY, dv; they overwrite A's and B's) and, for each sequence's first segment, dh0.
+
+The scan runs in fp64 from the last segment of each sequence backwards: ``E_last = dht``, the segment before the
+last gets ``a_last``, and before that ``E_j = a_{j+1} + P_{j+1} E_{j+1}``.  The per-chunk arithmetic of pass C is the
+sequential kernel's; only the state gradient entering a segment comes through the scan (from fp32 kernel results).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BT = 64
+MIN_CHUNKS = 8          # chunks per segment at least: three passes must beat one
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """The segments of one call's sequences (host lists; ``tensors`` has the device copies).
+
+    cu [NS + 1]: token boundaries (inner ones at chunk boundaries), chunk_offsets [NS + 1]: the global index of each
+    segment's first chunk (the original layout's chunk numbering), seq [NS]: the sequence of each segment, first [N]
+    / last [N]: each sequence's first / last segment (an empty sequence has one empty segment)."""
+    cu: tuple[int, ...]
+    chunk_offsets: tuple[int, ...]
+    seq: tuple[int, ...]
+    first: tuple[int, ...]
+    last: tuple[int, ...]
+
+    @property
+    def n_segments(self) -> int:
+        return len(self.seq)
+
+
+def plan(cu_host: list[int], HV: int, n_value_blocks: int, n_sms: int) -> SegmentPlan | None:
+    """The segments for sequences ``cu_host`` (token boundaries), or None when the sequential pass already has
+    about half the SMs' worth of CTAs (N x HV x value blocks) or no sequence is long enough to cut into at least
+    four segments of ``MIN_CHUNKS`` chunks."""
+    N = len(cu_host) - 1
+    ctas = N * HV * n_value_blocks
+    if ctas * 2 >= n_sms:
+        return None
+    want = n_sms // ctas                                         # segments per sequence for about one wave
+    nch = [-(-(cu_host[n + 1] - cu_host[n]) // BT) for n in range(N)]
+    segs = [max(1, min(want, c // MIN_CHUNKS)) for c in nch]
+    if max(segs) < 4:
+        return None
+    cu, offs, seq, first, last = [0], [0], [], [], []
+    for n in range(N):
+        first.append(len(seq))
+        s, c, bos, eos = segs[n], nch[n], cu_host[n], cu_host[n + 1]
+        bounds = [(c * i) // s for i in range(s + 1)]              # chunk boundaries, as even as they come
+        for i in range(s):
+            seq.append(n)
+            cu.append(eos if i == s - 1 else bos + bounds[i + 1] * BT)
+            offs.append(offs[-1] + bounds[i + 1] - bounds[i])
+        last.append(len(seq) - 1)
+    return SegmentPlan(tuple(cu), tuple(offs), tuple(seq), tuple(first), tuple(last))
+
+
+@dataclass(frozen=True)
+class PlanTensors:
+    """A plan's device tables, built once per layout and device (``api`` caches them; an index tensor built from a
+    host list at call time would be a pageable copy, which waits for the stream)."""
+    cu: torch.Tensor                # [NS + 1] int32
+    chunk_offsets: torch.Tensor     # [NS + 1] int32
+    last: torch.Tensor              # [N] int64
+    first: torch.Tensor             # [N] int64
+    steps: tuple                    # ((js, successors) int64 tensors, successor-is-last flag) by distance from the end
+
+
+def plan_tensors(p: SegmentPlan, dev) -> PlanTensors:
+    """The device tables of plan ``p``."""
+    by_dist: dict[int, list[int]] = {}
+    for j in range(p.n_segments):
+        by_dist.setdefault(p.last[p.seq[j]] - j, []).append(j)
+    steps = []
+    for d in sorted(by_dist):
+        if d == 0:
+            continue
+        js = by_dist[d]
+        steps.append((torch.tensor(js, device=dev), torch.tensor([j + 1 for j in js], device=dev), d == 1))
+
+    def i32(x):
+        return torch.tensor(x, dtype=torch.int32, device=dev)
+
+    return PlanTensors(i32(p.cu), i32(p.chunk_offsets), torch.tensor(p.last, device=dev),
+                       torch.tensor(p.first, device=dev), tuple(steps))
+
+
+def end_gradients(t: PlanTensors, a: torch.Tensor, P: torch.Tensor, dht: torch.Tensor | None) -> torch.Tensor:
+    """E [NS, HV, K, V] fp32: the true gradient at the end of every segment, from pass A's start gradients ``a``
+    [NS, HV, K, V], pass B's transfer matrices ``P`` [NS, HV, K, K] (fp32) and the caller's ``dht`` [N, HV, K, V]
+    (key-first, fp32; None = 0).  fp64, one batched step per segment position from the end, no host sync."""
+    f64 = torch.float64
+    E = torch.zeros(a.shape, dtype=f64, device=a.device)
+    if dht is not None:
+        E[t.last] = dht.to(f64)
+    a64, P64 = a.to(f64), P.to(f64)
+    for js, nxt, succ_is_last in t.steps:
+        if succ_is_last:                 # the last segment's start gradient is already the true one
+            E[js] = a64[nxt]
+        else:
+            E[js] = a64[nxt] + P64[nxt] @ E[nxt]
+    return E.to(torch.float32)
