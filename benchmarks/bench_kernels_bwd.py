@@ -66,25 +66,26 @@ def backward_context(name: str):
     if name == "FLA":
         from parity.backends.fla_common import triton_backward
         return triton_backward()
-    if name == SERIAL:
-        return _serial_recompute()
+    if name in AB:
+        return _switch_off(AB[name])
     return contextlib.nullcontext()
 
 
-SERIAL = "ours-serial"
+# A/B columns (``--ab``): our backward with one of session 7's changes switched off (``kernels.gdn_bwd.api``)
+AB = {"ours-serial": "_OVERLAP_RECOMPUTE",      # the forward recompute before prep and dh, on the one stream
+      "ours-seq-dh": "_DH_SEGMENTS"}            # the sequential reverse pass even with few CTAs (no dh_cp)
 
 
 @contextlib.contextmanager
-def _serial_recompute():
-    """Our backward with its forward recompute before prep and dh on the one stream (``api._OVERLAP_RECOMPUTE``
-    off), the order before session 7: column ``ours-serial`` (``--serial-recompute``), for an A/B timing."""
+def _switch_off(flag: str):
+    """``kernels.gdn_bwd.api.<flag>`` off for the duration (restored after, also on an error)."""
     from kernels.gdn_bwd import api
-    saved = api._OVERLAP_RECOMPUTE
-    api._OVERLAP_RECOMPUTE = False
+    saved = getattr(api, flag)
+    setattr(api, flag, False)
     try:
         yield
     finally:
-        api._OVERLAP_RECOMPUTE = saved
+        setattr(api, flag, saved)
 
 
 def grads(fn, args, kw, do, dht, cast=lambda x: x, name: str = ""):
@@ -108,9 +109,9 @@ def main(argv=None):
     ap.add_argument("--tables", default="split,lean_sd",
                     help="our backward's chunk-table precisions to time: 'split' is column 'ours', 'lean_sd' (opt-in, "
                     "gdn_bwd/dqk_lean.py) is column 'ours-lean'")
-    ap.add_argument("--serial-recompute", action="store_true",
-                    help="also time column 'ours-serial': 'ours' with the forward recompute before prep and dh on one "
-                    "stream (api._OVERLAP_RECOMPUTE off), the order before session 7")
+    ap.add_argument("--ab", default="",
+                    help="also time these A/B columns, 'ours' with one switch of kernels.gdn_bwd.api off: "
+                    "'ours-serial' (recompute not overlapped with prep + dh), 'ours-seq-dh' (no segment-parallel dh)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):
@@ -166,8 +167,10 @@ def main(argv=None):
         precompile(cfgs, args.workers, log=lambda m: print(m, flush=True))
 
     impls = [(COLUMN[tb], (lambda *a, tb=tb, **k: ours(*a, **k, _tables=tb))) for tb in tables]
-    if args.serial_recompute:
-        impls.append((SERIAL, lambda *a, **k: ours(*a, **k, _tables="split")))
+    for col in [c for c in args.ab.split(",") if c]:
+        if col not in AB:
+            ap.error(f"--ab takes {', '.join(AB)}; got {col!r}")
+        impls.append((col, lambda *a, **k: ours(*a, **k, _tables="split")))
     skipped = {}
     if not args.dry_run:
         fla = tt.fla_triton_fn()

@@ -1,5 +1,5 @@
 """``benchmarks/bench_kernels_bwd.py`` on a CPU (``--dry-run``: the emulations stand in for the kernels): its A/B
-column for the backward's stream order and the switch behind it."""
+columns (``--ab``: our backward with one of its private switches off) and the switches behind them."""
 
 from __future__ import annotations
 
@@ -9,22 +9,25 @@ from benchmarks import bench_kernels_bwd as bench
 from kernels.gdn_bwd import api
 
 
-def test_serial_column_switches_the_overlap_off_inside_and_restores_it():
-    assert api._OVERLAP_RECOMPUTE is True
-    with bench.backward_context(bench.SERIAL):
-        assert api._OVERLAP_RECOMPUTE is False
-    assert api._OVERLAP_RECOMPUTE is True
-    with pytest.raises(RuntimeError), bench.backward_context(bench.SERIAL):
+@pytest.mark.parametrize("col", list(bench.AB))
+def test_ab_column_switches_its_flag_off_inside_and_restores_it(col):
+    flag = bench.AB[col]
+    assert getattr(api, flag) is True
+    with bench.backward_context(col):
+        assert getattr(api, flag) is False
+        assert all(getattr(api, f) is True for f in bench.AB.values() if f != flag)
+    assert getattr(api, flag) is True
+    with pytest.raises(RuntimeError), bench.backward_context(col):
         raise RuntimeError("a failing cell")
-    assert api._OVERLAP_RECOMPUTE is True
+    assert getattr(api, flag) is True
     with bench.backward_context("ours"):
-        assert api._OVERLAP_RECOMPUTE is True
+        assert getattr(api, flag) is True
 
 
-def test_dry_run_times_the_serial_column(capsys):
+def test_dry_run_times_the_ab_columns(capsys):
     assert bench.main(["--dry-run", "--no-check", "--shapes", "B1_T8192_H4_HV8", "--tables", "split",
-                       "--serial-recompute", "--rep", "1", "--warmup", "0"]) == 0
+                       "--ab", ",".join(bench.AB), "--rep", "1", "--warmup", "0"]) == 0
     out = capsys.readouterr().out
     summary = out[out.index("== summary"):]
     row = next(line for line in summary.splitlines() if line.startswith("B1_T8192_H4_HV8"))
-    assert "ours-serial" in summary and row.count("(") == 2       # both columns timed
+    assert all(c in summary for c in bench.AB) and row.count("(") == 1 + len(bench.AB)    # every column timed
