@@ -236,12 +236,12 @@ def _sm_count(dev) -> int:
 def _dh_plan(B, T, cu_host, HV, n_value_blocks, dev):
     """``dh_cp.plan_tensors`` of the call's segment plan, or None (sequential), cached per layout and device."""
     from . import dh_cp
-    key = ((B, T) if cu_host is None else tuple(cu_host), HV, n_value_blocks, str(dev), dh_cp.MIN_CHUNKS)
+    sms = _sm_count(dev)
+    key = ((B, T) if cu_host is None else tuple(cu_host), HV, n_value_blocks, str(dev), sms, dh_cp.MIN_CHUNKS)
     if key not in _PLANS:
         if len(_PLANS) > 64:
             _PLANS.clear()
-        p = dh_cp.plan([b * T for b in range(B + 1)] if cu_host is None else list(cu_host), HV, n_value_blocks,
-                       _sm_count(dev))
+        p = dh_cp.plan([b * T for b in range(B + 1)] if cu_host is None else list(cu_host), HV, n_value_blocks, sms)
         _PLANS[key] = None if p is None else dh_cp.plan_tensors(p, dev)
     return _PLANS[key]
 
