@@ -168,7 +168,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     dSl = torch.empty_like(dSh)
     dYh = torch.empty(HV, NC, D, BT, device=dev, dtype=dt)
     dYl = torch.empty_like(dYh)
-    dv2 = torch.zeros(Ttot, HV, D, device=dev, dtype=dt)
+    dv2 = torch.empty(Ttot, HV, D, device=dev, dtype=dt)     # dh stores every token row (no zero fill)
     dh0 = torch.empty((N if use_h0 else 1), HV, D, D, device=dev, dtype=f32)
     cp = _dh_plan(B, T, cu_host, HV, D // 64, dev) if _DH_SEGMENTS else None
     if cp is None:
