@@ -62,10 +62,51 @@ def study(spec: dict) -> dict:
     return out
 
 
+SINGLES = {  # --singles: today's split kernels with only these operand splits single (emulation.study)
+    "split": (), "intra": ("intra",), "intra+T": ("intra", "T"),
+    "intra+T+P+dU+dO+dX": ("intra", "T", "P", "dU", "dO", "dX"),
+}
+
+
+def singles(T: int, log=print) -> dict:
+    """{variant: (worst ratio ours / FLA-like, where)} over ``cases(T)`` and every gradient, for the ``SINGLES``
+    variants of the split kernels (session 7's table in ``README.md``)."""
+    import torch
+
+    from kernels.gdn_bwd.emulation import chunk_gated_delta_rule_bwd, study
+    from reference.chunk import chunk_gated_delta_rule as ref
+    from reference.emulated import chunk_gated_delta_rule as emu
+
+    worst = {v: (0.0, "") for v in SINGLES}
+    for name, spec in cases(T).items():
+        xs, do, dht, kw = tt.bwd_inputs(**spec)
+        want = tt.autograd_grads(ref, xs, kw, do, dht, lambda x: x.double())
+        base = tt.autograd_grads(emu, xs, kw, do, dht, lambda x: x if x.dtype != torch.float64 else x.float())
+        for v, single in SINGLES.items():
+            with study(single):
+                got = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, _tables="split")
+            parts = []
+            for n, a, r, b in zip(NAMES, got, want, base):
+                if a is None:
+                    continue
+                ratio = tt.rel_rmse(a, r) / tt.rel_rmse(b, r)
+                parts.append(f"{n} {ratio:.2f}")
+                if ratio > worst[v][0]:
+                    worst[v] = (ratio, f"{name} {n}")
+            log(f"{name:<36} {v:<20} " + "  ".join(parts))
+    return worst
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--T", type=int, default=1024)
+    ap.add_argument("--singles", action="store_true",
+                    help="ratios ours / FLA-like of the split kernels with some operand splits single (SINGLES)")
     args = ap.parse_args(argv)
+    if args.singles:
+        for v, (r, where) in singles(args.T).items():
+            print(f"worst {v:<20} {r:.2f}  ({where})")
+        return 0
     cols = ("floor", "fla-like", "split", "lean", "lean_sd", "bf16", "bf16+sd")
     print("| case | grad | " + " | ".join(cols) + " |\n|---|---|" + "---|" * len(cols))
     for name, spec in cases(args.T).items():
