@@ -19,6 +19,8 @@
 #       (pruned by scripts/prune_triton_cache.py): if it errors, the cache is emptied and the calls compile cold
 #   scripts/gpu_steps.sh kernels-fwd [S]      # tests/test_kernels_gpu.py + benchmarks/bench_kernels_fwd.py (#4)
 #   scripts/gpu_steps.sh kernels-bwd [S]      # tests/test_kernels_bwd_gpu.py + benchmarks/bench_kernels_bwd.py (#7)
+#   scripts/gpu_steps.sh bwd-ab [S]           # backward A/B (bench_kernels_bwd --ab: recompute overlap, segmented dh)
+#       and the ablations of the inter and intra kernels (benchmarks/ablate_bwd.py) (#7)
 #   scripts/gpu_steps.sh profile [S]          # Nsight Compute over one fwd+bwd call (benchmarks/profile_kernels.py;
 #       PROFILE_SHAPE, and PROFILE_ARGS e.g. "--tables lean_sd")
 set -u
@@ -92,6 +94,16 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
     echo "bwd tests rc=$?"; tail -20 "$out/k/test-bwd.txt"
     run python3 benchmarks/bench_kernels_bwd.py > "$out/k/bench-bwd.txt" 2>&1
     echo "bwd bench rc=$? $(( $(date +%s) - t0 )) s"; tail -25 "$out/k/bench-bwd.txt" ;;
+  bwd-ab)
+    mkdir -p "$out/k"
+    run python3 benchmarks/bench_kernels_bwd.py --rep 10 --warmup 2 --tables split --ab ours-serial,ours-seq-dh \
+      > "$out/k/bench-bwd-ab.txt" 2>&1
+    echo "bwd A/B bench rc=$? $(( $(date +%s) - t0 )) s"; grep "stages" "$out/k/bench-bwd-ab.txt"
+    grep -A8 "== summary" "$out/k/bench-bwd-ab.txt"
+    for kern in intra inter; do
+      run python3 benchmarks/ablate_bwd.py --kernel $kern > "$out/k/ablate-$kern.txt" 2>&1
+      echo "ablate $kern rc=$?"; grep -A10 "ablation" "$out/k/ablate-$kern.txt"
+    done ;;
   profile)
     # needs ncu's hardware counters (the Firecracker runtime; gVisor has none, see the device README's KINDS.md)
     mkdir -p "$out/k"
