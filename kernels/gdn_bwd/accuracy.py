@@ -35,19 +35,27 @@ def cases(T: int) -> dict:
     }
 
 
-def study(spec: dict) -> dict:
-    """{gradient name: {"floor", "fla-like", "split", "lean", "lean_sd", "bf16", "bf16+sd"}} for one case
-    (``tt.bwd_inputs`` arguments)."""
+def _truth(spec: dict):
+    """``(xs, do, dht, kw, want, base)`` of one case (``tt.bwd_inputs`` arguments): its inputs, the fp64 autograd
+    gradients (``reference.chunk``) and the FLA-like baseline's (autograd through ``reference.emulated``)."""
     import torch
 
-    from kernels.gdn_bwd.emulation import SPLITS, TABLES, chunk_gated_delta_rule_bwd
-    from kernels.gdn_bwd.emulation import study as emu_study
     from reference.chunk import chunk_gated_delta_rule as ref
     from reference.emulated import chunk_gated_delta_rule as emu
 
     xs, do, dht, kw = tt.bwd_inputs(**spec)
     want = tt.autograd_grads(ref, xs, kw, do, dht, lambda x: x.double())
     base = tt.autograd_grads(emu, xs, kw, do, dht, lambda x: x if x.dtype != torch.float64 else x.float())
+    return xs, do, dht, kw, want, base
+
+
+def study(spec: dict) -> dict:
+    """{gradient name: {"floor", "fla-like", "split", "lean", "lean_sd", "bf16", "bf16+sd"}} for one case
+    (``tt.bwd_inputs`` arguments)."""
+    from kernels.gdn_bwd.emulation import SPLITS, TABLES, chunk_gated_delta_rule_bwd
+    from kernels.gdn_bwd.emulation import study as emu_study
+
+    xs, do, dht, kw, want, base = _truth(spec)
     dt = xs[0].dtype
     out = {n: {"floor": tt.rel_rmse(r.to(dt), r), "fla-like": tt.rel_rmse(b, r)}
            for n, r, b in zip(NAMES, want, base)}
@@ -71,17 +79,11 @@ SINGLES = {  # --singles: today's split kernels with only these operand splits s
 def singles(T: int, log=print) -> dict:
     """{variant: (worst ratio ours / FLA-like, where)} over ``cases(T)`` and every gradient, for the ``SINGLES``
     variants of the split kernels (session 7's table in ``README.md``)."""
-    import torch
-
     from kernels.gdn_bwd.emulation import chunk_gated_delta_rule_bwd, study
-    from reference.chunk import chunk_gated_delta_rule as ref
-    from reference.emulated import chunk_gated_delta_rule as emu
 
     worst = {v: (0.0, "") for v in SINGLES}
     for name, spec in cases(T).items():
-        xs, do, dht, kw = tt.bwd_inputs(**spec)
-        want = tt.autograd_grads(ref, xs, kw, do, dht, lambda x: x.double())
-        base = tt.autograd_grads(emu, xs, kw, do, dht, lambda x: x if x.dtype != torch.float64 else x.float())
+        xs, do, dht, kw, want, base = _truth(spec)
         for v, single in SINGLES.items():
             with study(single):
                 got = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, _tables="split")

@@ -29,7 +29,7 @@ MIN_CHUNKS = 8          # chunks per segment at least: three passes must beat on
 
 @dataclass(frozen=True)
 class SegmentPlan:
-    """The segments of one call's sequences (host lists; ``tensors`` has the device copies).
+    """The segments of one call's sequences (host lists; ``plan_tensors`` makes the device tables).
 
     cu [NS + 1]: token boundaries (inner ones at chunk boundaries), chunk_offsets [NS + 1]: the global index of each
     segment's first chunk (the original layout's chunk numbering), seq [NS]: the sequence of each segment, first [N]

@@ -184,15 +184,12 @@ def triton_backward():
     """The context FLA's backward runs in for a Triton-only run: every dispatch backend off, except FLA's TileLang
     ``chunk_bwd_dqkwg`` where FLA refuses its Triton one (``triton_refuses_gated_dqkwg``; FLA's own workaround,
     the only way its backward runs there).  Yields a dict: ``"impl"`` names what ran when anything was dispatched.
-    Anything else dispatched is an error."""
+    Every other function a backend is offered is declined (``trace_dispatch(allow)``), so FLA runs its Triton one."""
     refused = triton_refuses_gated_dqkwg()
     allow = {"chunk_bwd_dqkwg"} if refused else set()
     note: dict = {}
     with dispatch_off(on=("FLA_TILELANG",) if refused else ()), trace_dispatch(allow) as calls:
         yield note
-    other = [c for c in calls if c.split(".", 1)[1].split("->")[0] not in allow]
-    if other:
-        raise RuntimeError(f"FLA's backward dispatched to {other} although only {sorted(allow)} may be")
     if calls:
         note["impl"] = f"fla/triton + {','.join(sorted(set(calls)))} ({refused})"
 
