@@ -1,10 +1,14 @@
 """Where a backward kernel spends its time: the kernel as the API runs it against copies built without one of its
 parts, all timed in one run on the same random chunk tables (values do not matter for the time; the ablated
 kernels' outputs are wrong).  ``--kernel inter``: ``dqk.build_bwd_dqk_inter(_ablate=...)`` (``dqk.ABLATIONS``);
-``--kernel intra``: ``dqk.build_bwd_dqk_intra(_ablate=...)`` (``dqk.INTRA_ABLATIONS``).  Session 7 ran it (as
-``ablate_bwd_inter.py``, the inter kernel alone) to find the inter kernel's row dots: 7.0 -> 3.2 ms.
+``--kernel intra``: ``dqk.build_bwd_dqk_intra(_ablate=...)`` (``dqk.INTRA_ABLATIONS``); ``--kernel dh``:
+``dh.build_bwd_dh(_ablate=...)`` (``dh.DH_ABLATIONS``).  Some switches are candidate forms with the API kernel's
+results rather than ablations (intra "rmw", dh "dv_direct": session 7's forms): their line is the A/B of session 8's
+change.
+Session 7 ran it (as ``ablate_bwd_inter.py``, the inter kernel alone) to find the inter kernel's row dots: 7.0 ->
+3.2 ms.
 
-    python3 benchmarks/ablate_bwd.py [--kernel inter|intra] [--shape B1_T32768_H16_HV32] [--rep 20] [--warmup 3]
+    python3 benchmarks/ablate_bwd.py [--kernel inter|intra|dh] [--shape B1_T32768_H16_HV32] [--rep 20] [--warmup 3]
 
 Prints one line per variant: median ms and the ratio to the API's kernel.  CUDA only (sm_90a).
 """
@@ -40,13 +44,24 @@ VARIANTS["intra"] = {
     "no_db2": ("no_db2",),
     "store (no read-modify-write)": ("store",),
     "all four": ("no_mlo", "no_rect", "no_db2", "store"),
+    "rmw (session 7's add)": ("rmw",),
+}
+VARIANTS["dh"] = {
+    "api": (),
+    "no_ds_store": ("no_ds_store",),
+    "no_dy_store": ("no_dy_store",),
+    "no_dv": ("no_dv",),
+    "no_lo": ("no_lo",),
+    "no stores": ("no_ds_store", "no_dy_store", "no_dv"),
+    "no stores, no lo": ("no_ds_store", "no_dy_store", "no_dv", "no_lo"),
+    "dv_direct (session 7's dv)": ("dv_direct",),
 }
 SHAPES = {"B1_T32768_H16_HV32": (1, 32768, 16, 32), "B1_T8192_H4_HV8": (1, 8192, 4, 8)}
 
 
 @dataclass(frozen=True)
 class Variant:
-    kernel: str                     # "inter" or "intra"
+    kernel: str                     # "inter", "intra" or "dh"
     ablate: tuple[str, ...]
     dtype: str = "bfloat16"
 
@@ -60,16 +75,17 @@ def compile_variant(cfg: Variant):
     import tilelang
 
     from kernels.gdn_bwd.build import TARGET, pass_configs
+    from kernels.gdn_bwd.dh import build_bwd_dh
     from kernels.gdn_bwd.dqk import build_bwd_dqk_inter, build_bwd_dqk_intra
-    build = build_bwd_dqk_inter if cfg.kernel == "inter" else build_bwd_dqk_intra
+    build = {"inter": build_bwd_dqk_inter, "intra": build_bwd_dqk_intra, "dh": build_bwd_dh}[cfg.kernel]
     return tilelang.compile(build(128, 128, cfg.dtype, _ablate=frozenset(cfg.ablate)),
                             target=TARGET, pass_configs=pass_configs())
 
 
 def tables(B, T, H, HV, dev, dt=torch.bfloat16, kernel="inter"):
-    """Random inputs of the inter (or intra) kernel at one shape, in the argument order of its build function."""
+    """Random inputs of the inter (intra, dh) kernel at one shape, in the argument order of its build function."""
     from kernels.gdn_fwd.api import _call_tables
-    _, (cu, chunk_indices, _, NC) = _call_tables(B, T, None, dev)
+    _, (cu, chunk_indices, chunk_offsets, NC) = _call_tables(B, T, None, dev)
     D, Ttot = 128, B * T
     g = torch.Generator(device=dev).manual_seed(0)
 
@@ -79,6 +95,12 @@ def tables(B, T, H, HV, dev, dt=torch.bfloat16, kernel="inter"):
     Fb = torch.rand(HV, NC, 8, 64, device=dev, generator=g)
     Fb[:, :, 4] = -torch.cumsum(Fb[:, :, 4] * 0.05, -1)          # G <= 0, decreasing
     f32 = dict(device=dev, dtype=torch.float32)
+    if kernel == "dh":
+        Fb[:, :, 3] = torch.exp(Fb[:, :, 4, -1:])                 # e^GL: the gradient decays, stays finite
+        return [r(Ttot, H, D), r(Ttot, H, D), r(Ttot, HV, D), r(HV, NC, 64, 64), r(HV, NC, 64, 64, s=1e-3), Fb,
+                torch.randn(HV, NC, D, 64, generator=g, **f32).mul_(0.1), cu, chunk_offsets,
+                torch.zeros(1, HV, D, D, **f32), r(HV, NC, D, D), r(HV, NC, D, D), r(HV, NC, D, 64), r(HV, NC, D, 64),
+                r(Ttot, HV, D), torch.zeros(B, HV, D, D, **f32), 0, 1, 0]
     if kernel == "intra":
         return [r(Ttot, H, D), r(Ttot, H, D), r(Ttot, HV, D), r(HV, NC, 64, D), r(HV, NC, 64, D, s=1e-3),
                 r(HV, NC, D, 64), r(HV, NC, D, 64, s=1e-3), Fb, cu, chunk_indices,
@@ -120,9 +142,10 @@ def main(argv=None) -> int:
             rows.append((label, float("nan")))
             print(f"{label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
     base = rows[0][1]
-    print(f"\n== gdn_bwd_dqk_{args.kernel} ablation, {args.shape}, {torch.cuda.get_device_name()} (median ms) ==")
+    name = "gdn_bwd_dh" if args.kernel == "dh" else f"gdn_bwd_dqk_{args.kernel}"
+    print(f"\n== {name} ablation, {args.shape}, {torch.cuda.get_device_name()} (median ms) ==")
     for label, ms in rows:
-        print(f"  {label:<24} {ms:8.3f} ms   {ms / base:5.2f}x api")
+        print(f"  {label:<30} {ms:8.3f} ms   {ms / base:5.2f}x api")
     return 0
 
 

@@ -1,5 +1,5 @@
-"""The timing-study switches of the backward's parallel kernels (``dqk.build_bwd_dqk_inter`` / ``_intra`` with
-``_ablate``, timed by ``benchmarks/ablate_bwd.py`` on a GPU): each switch removes something from the kernel, an
+"""The timing-study switches of the backward's kernels (``dqk.build_bwd_dqk_inter`` / ``_intra``, ``dh.build_bwd_dh``
+with ``_ablate``, timed by ``benchmarks/ablate_bwd.py`` on a GPU): each switch removes something from the kernel, an
 unknown name is refused, and the API's kernels are built without any (CPU, TileLang front end only)."""
 
 from __future__ import annotations
@@ -9,17 +9,17 @@ import pytest
 pytest.importorskip("tilelang")
 
 from benchmarks.ablate_bwd import VARIANTS  # noqa: E402
-from kernels.gdn_bwd import dqk  # noqa: E402
+from kernels.gdn_bwd import dh, dqk  # noqa: E402
 
-BUILD = {"inter": dqk.build_bwd_dqk_inter, "intra": dqk.build_bwd_dqk_intra}
-NAMES = {"inter": dqk.ABLATIONS, "intra": dqk.INTRA_ABLATIONS}
+BUILD = {"inter": dqk.build_bwd_dqk_inter, "intra": dqk.build_bwd_dqk_intra, "dh": dh.build_bwd_dh}
+NAMES = {"inter": dqk.ABLATIONS, "intra": dqk.INTRA_ABLATIONS, "dh": dh.DH_ABLATIONS}
 
 
 def _script(kernel, ablate=()):
     return BUILD[kernel](128, 128, "bfloat16", _ablate=frozenset(ablate)).script()
 
 
-@pytest.mark.parametrize("kernel", ["inter", "intra"])
+@pytest.mark.parametrize("kernel", ["inter", "intra", "dh"])
 def test_every_switch_changes_the_kernel_and_unknown_ones_are_refused(kernel):
     base = _script(kernel)
     for name in NAMES[kernel]:

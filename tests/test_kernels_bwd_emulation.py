@@ -335,6 +335,7 @@ def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, name):
 
     _fake_kernels(monkeypatch)
     monkeypatch.setattr(dh_cp, "MIN_CHUNKS", 1)
+    monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 1)
     monkeypatch.setattr(bapi, "_sm_count", lambda dev: 256)
     seen = []
     real = dh_cp.end_gradients
@@ -357,8 +358,9 @@ def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, name):
         assert torch.equal(a, b_) or tt.rel_rmse(a, b_) <= tol, (n, tt.rel_rmse(a, b_), tol)
 
 
-def test_segment_plan_covers_every_chunk_once_at_chunk_boundaries():
+def test_segment_plan_covers_every_chunk_once_at_chunk_boundaries(monkeypatch):
     from kernels.gdn_bwd import dh_cp
+    monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 16)
     cu = [0, 0, 64 * 40 + 5, 64 * 40 + 6, 64 * 100]
     p = dh_cp.plan(cu, HV=2, n_value_blocks=2, n_sms=132)
     assert p is not None and p.n_segments > len(cu) - 1
@@ -374,9 +376,21 @@ def test_segment_plan_covers_every_chunk_once_at_chunk_boundaries():
     assert dh_cp.plan(cu, HV=64, n_value_blocks=2, n_sms=132) is None       # enough CTAs already
 
 
-def test_segment_scan_composes_the_affine_maps_of_a_sequence():
+def test_segment_plan_only_for_long_sequences():
+    """The measured boundary (session 8): sequential at B1 T8192 H4 HV8 (128 chunks, where the segmented form lost on
+    an H200), segmented at B1 T65536 H2 HV4 (1024 chunks, where it won)."""
+    from kernels.gdn_bwd import dh_cp
+    assert dh_cp.plan([0, 8192], HV=8, n_value_blocks=2, n_sms=132) is None
+    p = dh_cp.plan([0, 65536], HV=4, n_value_blocks=2, n_sms=132)
+    assert p is not None and p.n_segments >= 4
+    assert dh_cp.plan([0, 64 * (dh_cp.MIN_SEQ_CHUNKS - 1)], HV=4, n_value_blocks=2, n_sms=132) is None
+    assert dh_cp.plan([0, 64 * dh_cp.MIN_SEQ_CHUNKS], HV=4, n_value_blocks=2, n_sms=132) is not None
+
+
+def test_segment_scan_composes_the_affine_maps_of_a_sequence(monkeypatch):
     """end_gradients against the plain backward composition of random affine maps dS_start = P dS_end + a."""
     from kernels.gdn_bwd import dh_cp
+    monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 16)
     cu = [0, 64 * 40, 64 * 40 + 3, 64 * 90]
     p = dh_cp.plan(cu, HV=1, n_value_blocks=1, n_sms=132)
     assert p is not None

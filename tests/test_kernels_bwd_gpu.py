@@ -149,3 +149,48 @@ def test_bad_input_raises_valueerror():
         kern(*args, do[:, :10], dht, **kw)
     with pytest.raises(ValueError, match="dht must be"):
         kern(*args, do, dht[:, :1], **kw)
+
+
+_SEGMENTED = {     # slow decay ("small" / "zero" gates): the state gradient crosses every segment boundary
+    "dense_B2_T2048_gva_small_gates": dict(B=2, T=2048, H=2, HV=4, gate="small"),
+    "varlen_empty_h0_vfirst_D64_g0": dict(B=1, T=0, H=1, HV=2, D=64, lens=[0, 1500, 1, 0, 700, 64], h0=1.0,
+                                          vf=True, gate="zero"),
+}
+
+
+@pytest.mark.parametrize("name", list(_SEGMENTED))
+def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, name):
+    """The few-heads reverse pass (``dh_cp``: the dh kernel over segments, three launches and an fp64 scan), forced
+    on (its thresholds set to 1), gives the sequential pass's gradients on the GPU: 16-bit outputs within eps / 32 of
+    them (a tenth of the rounding floor: the state gradient entering a segment comes through the scan, so single
+    roundings may flip), fp32 outputs within a quarter of the input dtype's rounding of the sequential result.  The
+    same check as the CPU plumbing test in ``test_kernels_bwd_emulation.py``, with the kernels."""
+    from kernels.gdn_bwd import api as bapi
+    from kernels.gdn_bwd import dh_cp
+    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
+
+    dev = torch.device("cuda")
+    xs, do, dht, kw = tt.bwd_inputs(**_SEGMENTED[name])
+    xs, do, dht = [x.to(dev) for x in xs], do.to(dev), dht.to(dev)
+    kw = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    seq = kern(*xs, do, dht, **kw)
+    monkeypatch.setattr(dh_cp, "MIN_CHUNKS", 1)
+    monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 1)
+    seen = []
+    real = dh_cp.end_gradients
+    monkeypatch.setattr(dh_cp, "end_gradients", lambda *a: seen.append(a[0].cu.numel() - 1) or real(*a))
+    bapi._PLANS.clear()
+    seg = kern(*xs, do, dht, **kw)
+    torch.cuda.synchronize()
+    bapi._PLANS.clear()
+    assert seen and seen[0] >= 4, seen                   # the segmented form ran, with several segments
+    for n, a, b_ in zip(NAMES, seg, seq):
+        if b_ is None:
+            assert a is None, n
+            continue
+        assert a.shape == b_.shape and a.dtype == b_.dtype, n
+        assert tt.nonfinite(a) == 0, n
+        tol = (torch.finfo(a.dtype).eps / 32 if a.dtype in (torch.bfloat16, torch.float16)
+               else tt.rel_rmse(b_.to(xs[0].dtype), b_) / 4)
+        print(f"  {name} {n}: segmented vs sequential {tt.rel_rmse(a, b_):.2e} (bound {tol:.2e})")
+        assert torch.equal(a, b_) or tt.rel_rmse(a, b_) <= tol, (n, tt.rel_rmse(a, b_), tol)

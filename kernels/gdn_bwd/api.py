@@ -237,7 +237,7 @@ def _dh_plan(B, T, cu_host, HV, n_value_blocks, dev):
     """``dh_cp.plan_tensors`` of the call's segment plan, or None (sequential), cached per layout and device."""
     from . import dh_cp
     sms = _sm_count(dev)
-    key = ((B, T) if cu_host is None else tuple(cu_host), HV, n_value_blocks, str(dev), sms, dh_cp.MIN_CHUNKS)
+    key = ((B, T) if cu_host is None else tuple(cu_host), HV, n_value_blocks, str(dev), sms, dh_cp.MIN_CHUNKS, dh_cp.MIN_SEQ_CHUNKS)
     if key not in _PLANS:
         if len(_PLANS) > 64:
             _PLANS.clear()

@@ -7,7 +7,7 @@ transposed, ``dS^T [BV, DK]`` fp32, in registers for the whole sequence (value-f
     dSa, dSl = split(dS^T)                                  -> dSh, dSl [HV, NC, DV, DK]  (dS' of the chunk)
     dU^T = dUloc^T + (dSa K^T + dSl K^T) diag(F2)           (2 wgmma)
     dY^T = dU^T Tinv  as  dUa Th + dUl Th + dUa Tl          (3 wgmma)  -> dYh, dYl [HV, NC, DV, 64]
-    dv   = rd(beta dY)                                      (direct stores, input dtype)
+    dv   = rd(beta dY)                                      (input dtype; a shared tile + TMA store per full chunk)
     dS^T = e^GL dS^T + split(dO^T diag(F1)) Q - split((beta dY)^T diag(F0)) K      (2 + 2 wgmma)
 
 (F0 = e^G rk, F1 = scale e^G rq, F2 = e^(GL - G) rk: rows of the gate table ``Fb``.)  Rows past the end of
@@ -22,10 +22,21 @@ from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, store
 
 BT = 64
 FR = T.GemmWarpPolicy.FullRow
+# timing-study switches (``benchmarks/ablate_bwd.py --kernel dh``): the "no_*" ones drop a part (wrong gradients);
+# "dv_direct" is session 7's form of the dv store (the same values)
+DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "dv_direct")
 
 
-def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2):
-    """Arguments:
+def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, _ablate: frozenset = frozenset()):
+    """``_ablate`` (timing studies only): names from ``DH_ABLATIONS`` - "no_ds_store" / "no_dy_store" / "no_dv"
+    without the stores of the dS' tables / the dY tables / dv, "no_lo" without the lo-term products; "dv_direct"
+    session 7's dv store (element by element from the accumulator, 2-byte stores 8 KiB apart; same values).
+
+    dv of a chunk that lies wholly inside its sequence goes through a shared tile and one copy (TMA store); the
+    rows of a sequence's last, partial chunk are stored element by element under the row guard, since the rows
+    after it belong to the next sequence.
+
+    Arguments:
       q, k        [Ttot, H, DK]     dtype
       do          [Ttot, HV, DV]    dtype
       Th, Tl      [HV, NCg, 64, 64] dtype
@@ -41,6 +52,8 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
     """
     assert DK in (64, 128) and DV == DK and BV == 64 and DV % BV == 0
     assert dtype in ("bfloat16", "float16")
+    assert set(_ablate) <= set(DH_ABLATIONS), _ablate
+    lo = "no_lo" not in _ablate
     f32 = "float32"
     NV = DV // BV
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
@@ -79,6 +92,8 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
             tl_s = T.alloc_shared((BT, BT), dtype)
             f_s = T.alloc_shared((8, BT), f32)
             dul_s = T.alloc_shared((BV, BT), f32)
+            if "dv_direct" not in _ablate:
+                dv_s = T.alloc_shared((BT, BV), dtype)
 
             ds_f = T.alloc_fragment((BV, DK), f32)
             dsa = T.alloc_fragment((BV, DK), dtype)
@@ -110,12 +125,14 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                     dsa[i, d] = T.cast(ds_f[i, d], dtype)
                 for i, d in T.Parallel(BV, DK):
                     dsl[i, d] = T.cast(ds_f[i, d] - T.cast(T.cast(ds_f[i, d], dtype), f32), dtype)
-                T.copy(dsa, dSh[hv, c, v0:v0 + BV, 0:DK])
-                T.copy(dsl, dSl[hv, c, v0:v0 + BV, 0:DK])
+                if "no_ds_store" not in _ablate:
+                    T.copy(dsa, dSh[hv, c, v0:v0 + BV, 0:DK])
+                    T.copy(dsl, dSl[hv, c, v0:v0 + BV, 0:DK])
 
                 # dU^T = dUloc^T + (dS^T K^T) diag(F2)
                 T.gemm(dsa, k_s, kd_f, transpose_B=True, clear_accum=True, policy=FR)
-                T.gemm(dsl, k_s, kd_f, transpose_B=True, policy=FR)
+                if lo:
+                    T.gemm(dsl, k_s, kd_f, transpose_B=True, policy=FR)
                 for i, t in T.Parallel(BV, BT):
                     kd_f[i, t] = dul_s[i, t] + f_s[2, t] * kd_f[i, t]
                 for i, t in T.Parallel(BV, BT):
@@ -124,16 +141,30 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
 
                 # dY^T = dU^T Tinv
                 T.gemm(xa, th_s, dy_f, clear_accum=True, policy=FR)
-                T.gemm(xl, th_s, dy_f, policy=FR)
-                T.gemm(xa, tl_s, dy_f, policy=FR)
+                if lo:
+                    T.gemm(xl, th_s, dy_f, policy=FR)
+                    T.gemm(xa, tl_s, dy_f, policy=FR)
                 for i, t in T.Parallel(BV, BT):
                     xa[i, t] = T.cast(dy_f[i, t], dtype)
                     xl[i, t] = T.cast(dy_f[i, t] - T.cast(T.cast(dy_f[i, t], dtype), f32), dtype)
-                T.copy(xa, dYh[hv, c, v0:v0 + BV, 0:BT])
-                T.copy(xl, dYl[hv, c, v0:v0 + BV, 0:BT])
-                for i, t in T.Parallel(BV, BT):
-                    if t0 + t < eos:
-                        dv[t0 + t, hv, v0 + i] = T.cast(f_s[7, t] * dy_f[i, t], dtype)
+                if "no_dy_store" not in _ablate:
+                    T.copy(xa, dYh[hv, c, v0:v0 + BV, 0:BT])
+                    T.copy(xl, dYl[hv, c, v0:v0 + BV, 0:BT])
+                if "no_dv" in _ablate:
+                    pass
+                elif "dv_direct" not in _ablate:
+                    if t0 + BT <= eos:
+                        for i, t in T.Parallel(BV, BT):
+                            dv_s[t, i] = T.cast(f_s[7, t] * dy_f[i, t], dtype)
+                        T.copy(dv_s, dv[t0:t0 + BT, hv, v0:v0 + BV])
+                    else:
+                        for i, t in T.Parallel(BV, BT):
+                            if t0 + t < eos:
+                                dv[t0 + t, hv, v0 + i] = T.cast(f_s[7, t] * dy_f[i, t], dtype)
+                else:
+                    for i, t in T.Parallel(BV, BT):
+                        if t0 + t < eos:
+                            dv[t0 + t, hv, v0 + i] = T.cast(f_s[7, t] * dy_f[i, t], dtype)
 
                 # dS^T = e^GL dS^T + (dO^T diag(F1)) Q - ((beta dY)^T diag(F0)) K
                 for i, d in T.Parallel(BV, DK):
@@ -144,14 +175,16 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                     xa[i, t] = T.cast(kd_f[i, t], dtype)
                     xl[i, t] = T.cast(kd_f[i, t] - T.cast(T.cast(kd_f[i, t], dtype), f32), dtype)
                 T.gemm(xa, q_s, ds_f, policy=FR)
-                T.gemm(xl, q_s, ds_f, policy=FR)
+                if lo:
+                    T.gemm(xl, q_s, ds_f, policy=FR)
                 for i, t in T.Parallel(BV, BT):
                     kd_f[i, t] = -(f_s[7, t] * dy_f[i, t]) * f_s[0, t]
                 for i, t in T.Parallel(BV, BT):
                     xa[i, t] = T.cast(kd_f[i, t], dtype)
                     xl[i, t] = T.cast(kd_f[i, t] - T.cast(T.cast(kd_f[i, t], dtype), f32), dtype)
                 T.gemm(xa, k_s, ds_f, policy=FR)
-                T.gemm(xl, k_s, ds_f, policy=FR)
+                if lo:
+                    T.gemm(xl, k_s, ds_f, policy=FR)
 
             if store_dh0 != 0:
                 store_state_vt(ds_f, dh0, v_first, n, hv, v0, BV, DK)

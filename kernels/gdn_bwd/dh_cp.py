@@ -25,6 +25,11 @@ import torch
 
 BT = 64
 MIN_CHUNKS = 8          # chunks per segment at least: three passes must beat one
+# chunks of the longest sequence at least.  On an H200 (session 8, call 1, ``bench_kernels_bwd.py --ab ours-seq-dh``,
+# with the recompute on its side stream) the segmented form lost at B1 T8192 H4 HV8 (128 chunks: backward 2.75 ms
+# against 2.33 sequential; its 128 CTAs take the SMs the overlapped recompute used) and won at B1 T65536 H2 HV4 (1024
+# chunks: 5.30 against 9.87 ms).  256 is between the two measured points, not a measured crossover.
+MIN_SEQ_CHUNKS = 256
 
 
 @dataclass(frozen=True)
@@ -47,14 +52,16 @@ class SegmentPlan:
 
 def plan(cu_host: list[int], HV: int, n_value_blocks: int, n_sms: int) -> SegmentPlan | None:
     """The segments for sequences ``cu_host`` (token boundaries), or None when the sequential pass already has
-    about half the SMs' worth of CTAs (N x HV x value blocks) or no sequence is long enough to cut into at least
-    four segments of ``MIN_CHUNKS`` chunks."""
+    about half the SMs' worth of CTAs (N x HV x value blocks), when no sequence has ``MIN_SEQ_CHUNKS`` chunks, or
+    when none is long enough to cut into at least four segments of ``MIN_CHUNKS`` chunks."""
     N = len(cu_host) - 1
     ctas = N * HV * n_value_blocks
     if ctas * 2 >= n_sms:
         return None
     want = n_sms // ctas                                         # segments per sequence for about one wave
     nch = [-(-(cu_host[n + 1] - cu_host[n]) // BT) for n in range(N)]
+    if max(nch, default=0) < MIN_SEQ_CHUNKS:
+        return None
     segs = [max(1, min(want, c // MIN_CHUNKS)) for c in nch]
     if max(segs) < 4:
         return None
