@@ -10,11 +10,11 @@ in the dtypes of g and beta, dh0 fp32 in the initial state's layout (None withou
 
 Launches (on the current stream, except step 0 on a side stream that the current one waits for before step 3;
 no host sync except building the varlen tables):
-  0. forward recompute: ``gdn_intra_v2`` + ``gdn_state_v2`` (the smem form, BV by ``block_v``; precision
-     "default_h0": chunk-start states S and U as hi + lo, key-first), no output kernel; beside steps 1 and 2,
-     which do not read S or U (``_OVERLAP_RECOMPUTE``; the stage times then show the part of it that prep + dh
-     did not hide);
   1. ``gdn_bwd_prep``       (chunk, head)              Tinv split, gate table, dUloc^T
+  0. forward recompute: ``gdn_intra_v2`` + ``gdn_state_v2`` (the smem form, BV by ``block_v``; precision
+     "default_h0": chunk-start states S and U as hi + lo, key-first), no output kernel; after prep, beside step 2,
+     which does not read S or U (``_OVERLAP_RECOMPUTE``; the stage times then show the part of it that dh did not
+     hide);
   2. ``gdn_bwd_dh``         (64 value cols, head, seq)  reverse sequential: dS' tables, dY, dv, dh0 (with few
      CTAs three launches over segments of the sequences and a scan: ``dh_cp``)
   3. ``gdn_bwd_dqk_inter``  (chunk, 64 key cols, head)  state products -> dq~, dk~, row dots
@@ -130,9 +130,19 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
             _events.append((name, ev))
 
     mark("start")
-    # 0. forward recompute of S (chunk start) and U, both hi + lo, key-first (the smem state kernel).  Neither prep
-    # nor dh reads S or U, and dh (sequential, one CTA per 64 value columns and head) leaves most SMs idle, so on a
-    # GPU the recompute runs on a side stream beside them; the main stream waits for it before the inter kernel.
+    tl_dt = _TL_DTYPE[dt]
+    # 1. prep
+    Th = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
+    Tl = torch.empty_like(Th)
+    Fb = torch.empty(HV, NC, 8, BT, device=dev, dtype=f32)
+    dUl = torch.empty(HV, NC, D, BT, device=dev, dtype=f32)
+    get_kernel(BwdConfig("prep", tl_dt))(q2, k2, do2, g2, b2, cu, chunk_indices, Th, Tl, Fb, dUl, scale, use_l2)
+    mark("prep")
+    # 0. forward recompute of S (chunk start) and U, both hi + lo, key-first (the smem state kernel).  dh does not
+    # read S or U and (sequential, one CTA per 64 value columns and head) leaves most SMs idle, so on a GPU the
+    # recompute runs on a side stream beside it, after prep (beside prep, which fills the GPU, it slowed prep down:
+    # session 8, call 2, B1 T8192 H4 HV8 backward 2.40 ms against 2.15 serial); the main stream waits for it before
+    # the inter kernel.
     ci, cs = forward_recompute_configs(_TL_DTYPE[dt], N, HV)
     Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
     Al = torch.empty_like(Ah)
@@ -155,14 +165,6 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if side is None:
         mark("recompute")
 
-    tl_dt = _TL_DTYPE[dt]
-    # 1. prep
-    Th = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
-    Tl = torch.empty_like(Th)
-    Fb = torch.empty(HV, NC, 8, BT, device=dev, dtype=f32)
-    dUl = torch.empty(HV, NC, D, BT, device=dev, dtype=f32)
-    get_kernel(BwdConfig("prep", tl_dt))(q2, k2, do2, g2, b2, cu, chunk_indices, Th, Tl, Fb, dUl, scale, use_l2)
-    mark("prep")
     # 2. reverse sequential
     dSh = torch.empty(HV, NC, D, D, device=dev, dtype=dt)
     dSl = torch.empty_like(dSh)
@@ -183,7 +185,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     mark("dh")
     if side is not None:
         torch.cuda.current_stream(dev).wait_stream(side)
-        mark("recompute (not hidden by prep + dh)")
+        mark("recompute (not hidden by dh)")
     # 3. inter-chunk (state) products
     NK = D // 64
     # no zero fill: the inter kernel stores every token row of every chunk (both key blocks) before the intra

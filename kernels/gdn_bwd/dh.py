@@ -7,7 +7,7 @@ transposed, ``dS^T [BV, DK]`` fp32, in registers for the whole sequence (value-f
     dSa, dSl = split(dS^T)                                  -> dSh, dSl [HV, NC, DV, DK]  (dS' of the chunk)
     dU^T = dUloc^T + (dSa K^T + dSl K^T) diag(F2)           (2 wgmma)
     dY^T = dU^T Tinv  as  dUa Th + dUl Th + dUa Tl          (3 wgmma)  -> dYh, dYl [HV, NC, DV, 64]
-    dv   = rd(beta dY)                                      (input dtype; a shared tile + TMA store per full chunk)
+    dv   = rd(beta dY)                                      (direct stores, input dtype)
     dS^T = e^GL dS^T + split(dO^T diag(F1)) Q - split((beta dY)^T diag(F0)) K      (2 + 2 wgmma)
 
 (F0 = e^G rk, F1 = scale e^G rq, F2 = e^(GL - G) rk: rows of the gate table ``Fb``.)  Rows past the end of
@@ -23,18 +23,20 @@ from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, store
 BT = 64
 FR = T.GemmWarpPolicy.FullRow
 # timing-study switches (``benchmarks/ablate_bwd.py --kernel dh``): the "no_*" ones drop a part (wrong gradients);
-# "dv_direct" is session 7's form of the dv store (the same values)
-DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "dv_direct")
+# "st_direct" is session 7's form of the dS' / dY table stores (the same values)
+DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "st_direct")
 
 
 def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, _ablate: frozenset = frozenset()):
     """``_ablate`` (timing studies only): names from ``DH_ABLATIONS`` - "no_ds_store" / "no_dy_store" / "no_dv"
-    without the stores of the dS' tables / the dY tables / dv, "no_lo" without the lo-term products; "dv_direct"
-    session 7's dv store (element by element from the accumulator, 2-byte stores 8 KiB apart; same values).
+    without the stores of the dS' tables / the dY tables / dv, "no_lo" without the lo-term products; "st_direct"
+    session 7's stores of the dS' and dY tables, straight from the register fragments (same values).
 
-    dv of a chunk that lies wholly inside its sequence goes through a shared tile and one copy (TMA store); the
-    rows of a sequence's last, partial chunk are stored element by element under the row guard, since the rows
-    after it belong to the next sequence.
+    The stores are most of this kernel's time: on an H200 (session 8, call 2, ``benchmarks/ablate_bwd.py --kernel
+    dh``, B1 T32768 H16 HV32) it took 3.8 ms, 2.5 without the dS' table stores, 1.4 without any store, 0.9 without
+    stores and lo products.  So the split dS' and dY tables go through shared tiles (one copy from the fragment,
+    then one bulk copy, TMA, per tile) instead of 4-byte stores from every thread.  dv stays element by element:
+    staging it through a transposed shared tile and a TMA store was slower in the same run (3.81 against 3.64 ms).
 
     Arguments:
       q, k        [Ttot, H, DK]     dtype
@@ -92,8 +94,12 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
             tl_s = T.alloc_shared((BT, BT), dtype)
             f_s = T.alloc_shared((8, BT), f32)
             dul_s = T.alloc_shared((BV, BT), f32)
-            if "dv_direct" not in _ablate:
-                dv_s = T.alloc_shared((BT, BV), dtype)
+            st_smem = "st_direct" not in _ablate
+            if st_smem:
+                dsa_s = T.alloc_shared((BV, DK), dtype)
+                dsl_s = T.alloc_shared((BV, DK), dtype)
+                dya_s = T.alloc_shared((BV, BT), dtype)
+                dyl_s = T.alloc_shared((BV, BT), dtype)
 
             ds_f = T.alloc_fragment((BV, DK), f32)
             dsa = T.alloc_fragment((BV, DK), dtype)
@@ -125,7 +131,14 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                     dsa[i, d] = T.cast(ds_f[i, d], dtype)
                 for i, d in T.Parallel(BV, DK):
                     dsl[i, d] = T.cast(ds_f[i, d] - T.cast(T.cast(ds_f[i, d], dtype), f32), dtype)
-                if "no_ds_store" not in _ablate:
+                if "no_ds_store" in _ablate:
+                    pass
+                elif st_smem:
+                    T.copy(dsa, dsa_s)
+                    T.copy(dsl, dsl_s)
+                    T.copy(dsa_s, dSh[hv, c, v0:v0 + BV, 0:DK])
+                    T.copy(dsl_s, dSl[hv, c, v0:v0 + BV, 0:DK])
+                else:
                     T.copy(dsa, dSh[hv, c, v0:v0 + BV, 0:DK])
                     T.copy(dsl, dSl[hv, c, v0:v0 + BV, 0:DK])
 
@@ -147,21 +160,17 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 for i, t in T.Parallel(BV, BT):
                     xa[i, t] = T.cast(dy_f[i, t], dtype)
                     xl[i, t] = T.cast(dy_f[i, t] - T.cast(T.cast(dy_f[i, t], dtype), f32), dtype)
-                if "no_dy_store" not in _ablate:
+                if "no_dy_store" in _ablate:
+                    pass
+                elif st_smem:
+                    T.copy(xa, dya_s)
+                    T.copy(xl, dyl_s)
+                    T.copy(dya_s, dYh[hv, c, v0:v0 + BV, 0:BT])
+                    T.copy(dyl_s, dYl[hv, c, v0:v0 + BV, 0:BT])
+                else:
                     T.copy(xa, dYh[hv, c, v0:v0 + BV, 0:BT])
                     T.copy(xl, dYl[hv, c, v0:v0 + BV, 0:BT])
-                if "no_dv" in _ablate:
-                    pass
-                elif "dv_direct" not in _ablate:
-                    if t0 + BT <= eos:
-                        for i, t in T.Parallel(BV, BT):
-                            dv_s[t, i] = T.cast(f_s[7, t] * dy_f[i, t], dtype)
-                        T.copy(dv_s, dv[t0:t0 + BT, hv, v0:v0 + BV])
-                    else:
-                        for i, t in T.Parallel(BV, BT):
-                            if t0 + t < eos:
-                                dv[t0 + t, hv, v0 + i] = T.cast(f_s[7, t] * dy_f[i, t], dtype)
-                else:
+                if "no_dv" not in _ablate:
                     for i, t in T.Parallel(BV, BT):
                         if t0 + t < eos:
                             dv[t0 + t, hv, v0 + i] = T.cast(f_s[7, t] * dy_f[i, t], dtype)

@@ -55,7 +55,7 @@ class _GateRows:
 
 @T.macro
 def inter_epilogue(q_s, k_s, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, hv, c, kb, k0, scale,
-                   dots=True):
+                   dots=True, store=True):
     """The inter kernels' per-chunk outputs from ``Z, W, R [64, BK]`` (fp32 fragments): the rows ``t < nv`` of
     dq~, dk~ (``dqv, dkv``, fp32) and the row dots q.Z, k.W, k.R of key block ``kb`` (``qz, kw, kr``) from the
     chunk's q and k tiles ``q_s, k_s [64, BK]`` in shared memory (rows past ``nv`` masked).  Until session 7 the
@@ -65,7 +65,7 @@ def inter_epilogue(q_s, k_s, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, 
     f32 = "float32"
     BK = z_f.shape[1]
     for t, d in T.Parallel(BT, BK):
-        if t < nv:
+        if store and t < nv:
             dqv[t0 + t, hv, k0 + d] = scale * T.exp2(f_s[4, t] * LOG2E) * z_f[t, d]
             dkv[t0 + t, hv, k0 + d] = (-f_s[7, t] * T.exp2(f_s[4, t] * LOG2E) * w_f[t, d]
                                        + T.exp2((f_s[4, BT - 1] - f_s[4, t]) * LOG2E) * r_f[t, d])
@@ -111,13 +111,14 @@ def split_dot_rows_reduce(sh_s, sl_s, dsh_s, dsl_s, prod, part):
     T.reduce_sum(prod, part, dim=1)
 
 
-ABLATIONS = ("sd_reduce", "no_sd", "no_yv", "no_dots", "no_lo")
+ABLATIONS = ("sd_reduce", "no_sd", "no_yv", "no_dots", "no_lo", "no_store")
 
 
 def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: frozenset = frozenset()):
     """``_ablate`` (timing studies only, ``benchmarks/ablate_bwd.py``; wrong gradients): names from
     ``ABLATIONS`` - "sd_reduce" the session-6 form of the S o dS' dots, "no_sd" / "no_yv" / "no_dots" without the
-    S o dS' dots / the dY . v dots / the epilogue's row dots, "no_lo" without the lo-term products.
+    S o dS' dots / the dY . v dots / the epilogue's row dots, "no_lo" without the lo-term products, "no_store"
+    without the dq~ / dk~ stores.
 
     Arguments:
       q, k            [Ttot, H, DK]     dtype
@@ -251,7 +252,7 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: fro
                 T.gemm(uh_s, dsl_s, r_f)
 
             inter_epilogue(qd_s, kd_s, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, t0, nv, hv, c, kb, k0,
-                           scale, "no_dots" not in _ablate)
+                           scale, "no_dots" not in _ablate, "no_store" not in _ablate)
 
     return gdn_bwd_dqk_inter
 
