@@ -140,31 +140,34 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     mark("prep")
     # 0. forward recompute of S (chunk start) and U, both hi + lo, key-first (the smem state kernel).  dh does not
     # read S or U and (sequential, one CTA per 64 value columns and head) leaves most SMs idle, so on a GPU the
-    # recompute runs on a side stream beside it, after prep (beside prep, which fills the GPU, it slowed prep down:
-    # session 8, call 2, B1 T8192 H4 HV8 backward 2.40 ms against 2.15 serial); the main stream waits for it before
-    # the inter kernel.
-    ci, cs = forward_recompute_configs(_TL_DTYPE[dt], N, HV)
-    Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
-    Al = torch.empty_like(Ah)
-    F = torch.empty(HV, NC, 8, BT, device=dev, dtype=f32)
-    Sch = torch.empty(HV, NC, D, D, device=dev, dtype=dt)
-    Scl = torch.empty_like(Sch)
-    Uh = torch.empty(HV, NC, BT, D, device=dev, dtype=dt)
-    Ul = torch.empty_like(Uh)
-    ht = torch.empty(1, HV, D, D, device=dev, dtype=f32)
-    side = _side_stream(dev) if _OVERLAP_RECOMPUTE else None
-    if side is not None:
-        side.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        fwd_kernel(ci)(q2, k2, g2, b2, cu, chunk_indices, Ah, Al, F, scale, use_l2)
-        fwd_kernel(cs)(k2, v2, Ah, Al, F, cu, chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, int(use_h0), 0, vf)
-    if side is not None:
-        for x in (Ah, Al, F, ht):       # freed while the side stream may still use them
-            x.record_stream(side)
-    del Ah, Al, F
-    if side is None:
-        mark("recompute")
+    # recompute runs on a side stream beside it: after prep (beside prep, which fills the GPU, it slowed prep down:
+    # session 8, call 2, B1 T8192 H4 HV8 backward 2.40 ms against 2.15 serial) and launched after dh, so that dh's
+    # CTAs are placed first (launched before it, its wide first kernel held dh back: call 3, 2.68 against 2.39 ms
+    # serial); the main stream waits for it before the inter kernel.
+    def recompute(side):
+        ci, cs = forward_recompute_configs(_TL_DTYPE[dt], N, HV)
+        Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
+        Al = torch.empty_like(Ah)
+        F = torch.empty(HV, NC, 8, BT, device=dev, dtype=f32)
+        Sch = torch.empty(HV, NC, D, D, device=dev, dtype=dt)
+        Scl = torch.empty_like(Sch)
+        Uh = torch.empty(HV, NC, BT, D, device=dev, dtype=dt)
+        Ul = torch.empty_like(Uh)
+        ht = torch.empty(1, HV, D, D, device=dev, dtype=f32)
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            fwd_kernel(ci)(q2, k2, g2, b2, cu, chunk_indices, Ah, Al, F, scale, use_l2)
+            fwd_kernel(cs)(k2, v2, Ah, Al, F, cu, chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, int(use_h0), 0, vf)
+        if side is not None:
+            for x in (Ah, Al, F, ht):       # freed while the side stream may still use them
+                x.record_stream(side)
+        return Sch, Scl, Uh, Ul
 
+    side = _side_stream(dev) if _OVERLAP_RECOMPUTE else None
+    if side is None:
+        Sch, Scl, Uh, Ul = recompute(None)
+        mark("recompute")
+    else:
+        side.wait_stream(torch.cuda.current_stream(dev))        # prep is launched: the recompute may start after it
     # 2. reverse sequential
     dSh = torch.empty(HV, NC, D, D, device=dev, dtype=dt)
     dSl = torch.empty_like(dSh)
@@ -182,6 +185,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
                              dSh, dSl, dYh, dYl, dv2)
         if use_h0:
             dh0 = (dh0k.transpose(-1, -2) if vf else dh0k).contiguous()
+    if side is not None:
+        Sch, Scl, Uh, Ul = recompute(side)
     mark("dh")
     if side is not None:
         torch.cuda.current_stream(dev).wait_stream(side)

@@ -88,16 +88,31 @@ def inter_epilogue(q_s, k_s, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, 
 
 
 @T.macro
-def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx):
+def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx, xh=None, xl=None):
     """``acc[0] += sum_d (Sh + Sl)[d, tx] (dSh' + dSl')[tx, d]`` over one key block: the ``S o dS'`` row dot of value
     column ``tx`` (a dg term, from hi + lo) by the thread ``tx`` alone, a serial fp32 sum (``sh_s, sl_s [BK, DV]``,
     ``dsh_s, dsl_s [DV, BK]``, input dtype; ``acc`` a local fp32 [1]; callers guard ``tx < DV``).  Until session 7
     the products went to a [DV, BK] fragment and ``T.reduce_sum``, whose inferred layout spread every row over 64
-    threads: 64 block-wide all-reduces in a row, each behind a ``__syncthreads``."""
+    threads: 64 block-wide all-reduces in a row, each behind a ``__syncthreads``.
+
+    With ``xh, xl`` (local buffers of 8, input dtype) the row ``tx`` of dS' is read 8 elements (16 bytes) at a time
+    into them: the same products summed in the same order.  Read element by element (``xh`` None), each 2-byte load
+    of the 32 lanes' rows (128 bytes apart, the swizzle spreading 8 rows over the banks) was a 4-way bank conflict:
+    the S o dS' dots took 0.38 of the inter kernel's 3.19 ms (session 8, call 3)."""
     f32 = "float32"
-    for d in T.serial(sh_s.shape[0]):
-        acc[0] = acc[0] + ((T.cast(sh_s[d, tx], f32) + T.cast(sl_s[d, tx], f32))
-                           * (T.cast(dsh_s[tx, d], f32) + T.cast(dsl_s[tx, d], f32)))
+    if xh is None:
+        for d in T.serial(sh_s.shape[0]):
+            acc[0] = acc[0] + ((T.cast(sh_s[d, tx], f32) + T.cast(sl_s[d, tx], f32))
+                               * (T.cast(dsh_s[tx, d], f32) + T.cast(dsl_s[tx, d], f32)))
+    else:
+        for d8 in T.serial(sh_s.shape[0] // 8):
+            for j in T.vectorized(8):
+                xh[j] = dsh_s[tx, d8 * 8 + j]
+            for j in T.vectorized(8):
+                xl[j] = dsl_s[tx, d8 * 8 + j]
+            for j in T.serial(8):
+                acc[0] = acc[0] + ((T.cast(sh_s[d8 * 8 + j, tx], f32) + T.cast(sl_s[d8 * 8 + j, tx], f32))
+                                   * (T.cast(xh[j], f32) + T.cast(xl[j], f32)))
 
 
 @T.macro
@@ -111,14 +126,14 @@ def split_dot_rows_reduce(sh_s, sl_s, dsh_s, dsl_s, prod, part):
     T.reduce_sum(prod, part, dim=1)
 
 
-ABLATIONS = ("sd_reduce", "no_sd", "no_yv", "no_dots", "no_lo", "no_store")
+ABLATIONS = ("sd_reduce", "no_sd", "no_yv", "no_dots", "no_lo", "no_store", "sd_scalar")
 
 
 def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: frozenset = frozenset()):
     """``_ablate`` (timing studies only, ``benchmarks/ablate_bwd.py``; wrong gradients): names from
     ``ABLATIONS`` - "sd_reduce" the session-6 form of the S o dS' dots, "no_sd" / "no_yv" / "no_dots" without the
     S o dS' dots / the dY . v dots / the epilogue's row dots, "no_lo" without the lo-term products, "no_store"
-    without the dq~ / dk~ stores.
+    without the dq~ / dk~ stores, "sd_scalar" session 7's S o dS' dots (dS' read element by element; same results).
 
     Arguments:
       q, k            [Ttot, H, DK]     dtype
@@ -196,6 +211,8 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: fro
             tmp2 = T.alloc_fragment(lo_shape((DV, BK), "sd_reduce" in _ablate), f32)
             rs2 = T.alloc_fragment(lo_shape((DV,), "sd_reduce" in _ablate), f32)
             acc = T.alloc_local((1,), f32)
+            xh = T.alloc_local((8,), dtype)
+            xl = T.alloc_local((8,), dtype)
             tx = T.get_thread_binding()
 
             # Four phases, each loading only what it needs, so that at most four 16 KiB tiles are live at a time
@@ -239,7 +256,10 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: fro
             elif "no_sd" not in _ablate:
                 if tx < DV:
                     acc[0] = T.float32(0)
-                    split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx)
+                    if "sd_scalar" in _ablate:
+                        split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx)
+                    else:
+                        split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx, xh, xl)
                     sd[kb, hv, c, tx] = acc[0]
             # 4. R = U dS'^T (U, dS' hi + lo); then the epilogue
             T.copy(Uh[hv, c, 0:BT, 0:DV], uh_s)
