@@ -3,7 +3,7 @@ parts, all timed in one run on the same random chunk tables (values do not matte
 kernels' outputs are wrong).  ``--kernel inter``: ``dqk.build_bwd_dqk_inter(_ablate=...)`` (``dqk.ABLATIONS``);
 ``--kernel intra``: ``dqk.build_bwd_dqk_intra(_ablate=...)`` (``dqk.INTRA_ABLATIONS``); ``--kernel dh``:
 ``dh.build_bwd_dh(_ablate=...)`` (``dh.DH_ABLATIONS``).  Some switches are candidate forms with the API kernel's
-results rather than ablations (intra "rmw", dh "st_direct", "dv_frag", inter "sd_scalar": the forms before): their line is the A/B of session 8's
+results rather than ablations (intra "rmw", dh "st_direct", inter "sd_scalar": the forms before): their line is the A/B of session 8's
 change.
 Session 7 ran it (as ``ablate_bwd_inter.py``, the inter kernel alone) to find the inter kernel's row dots: 7.0 ->
 3.2 ms.
@@ -58,7 +58,6 @@ VARIANTS["dh"] = {
     "no stores": ("no_ds_store", "no_dy_store", "no_dv"),
     "no stores, no lo": ("no_ds_store", "no_dy_store", "no_dv", "no_lo"),
     "st_direct (session 7's table stores)": ("st_direct",),
-    "dv_frag (call 3's dv)": ("dv_frag",),
 }
 SHAPES = {"B1_T32768_H16_HV32": (1, 32768, 16, 32), "B1_T8192_H4_HV8": (1, 8192, 4, 8)}
 

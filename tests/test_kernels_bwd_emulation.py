@@ -344,18 +344,7 @@ def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, name):
     got = api_bwd(*xs, do, dht, **kw)
     assert seen and seen[0] >= 4, seen                   # the segmented form ran, with several segments
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
-    for n, a, b_ in zip(NAMES, got, want):
-        if b_ is None:
-            assert a is None, n
-            continue
-        assert a.shape == b_.shape and a.dtype == b_.dtype, n
-        assert tt.nonfinite(a) == 0, n
-        # the state gradient entering a segment comes through the fp64 scan of fp32 results instead of the fp32
-        # chain, so a 16-bit output may flip single roundings: allowed up to eps / 32 (bf16: 2.4e-4, a tenth of
-        # its rounding floor); fp32 outputs: a quarter of the input dtype's rounding of the sequential result
-        tol = (torch.finfo(a.dtype).eps / 32 if a.dtype in (torch.bfloat16, torch.float16)
-               else tt.rel_rmse(b_.to(xs[0].dtype), b_) / 4)
-        assert torch.equal(a, b_) or tt.rel_rmse(a, b_) <= tol, (n, tt.rel_rmse(a, b_), tol)
+    tt.assert_segmented_matches_sequential(got, want, xs[0].dtype, NAMES)
 
 
 def test_segment_plan_covers_every_chunk_once_at_chunk_boundaries(monkeypatch):

@@ -7,7 +7,7 @@ transposed, ``dS^T [BV, DK]`` fp32, in registers for the whole sequence (value-f
     dSa, dSl = split(dS^T)                                  -> dSh, dSl [HV, NC, DV, DK]  (dS' of the chunk)
     dU^T = dUloc^T + (dSa K^T + dSl K^T) diag(F2)           (2 wgmma)
     dY^T = dU^T Tinv  as  dUa Th + dUl Th + dUa Tl          (3 wgmma)  -> dYh, dYl [HV, NC, DV, 64]
-    dv   = rd(beta (dYh + dYl))                             (input dtype, from the shared dY tiles)
+    dv   = rd(beta dY)                                      (direct stores, input dtype)
     dS^T = e^GL dS^T + split(dO^T diag(F1)) Q - split((beta dY)^T diag(F0)) K      (2 + 2 wgmma)
 
 (F0 = e^G rk, F1 = scale e^G rq, F2 = e^(GL - G) rk: rows of the gate table ``Fb``.)  Rows past the end of
@@ -24,24 +24,22 @@ BT = 64
 FR = T.GemmWarpPolicy.FullRow
 # timing-study switches (``benchmarks/ablate_bwd.py --kernel dh``): the "no_*" ones drop a part (wrong gradients);
 # "st_direct" is session 7's form of the dS' / dY table stores (the same values)
-DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "st_direct", "dv_frag")
+DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "st_direct")
 
 
 def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, _ablate: frozenset = frozenset()):
     """``_ablate`` (timing studies only): names from ``DH_ABLATIONS`` - "no_ds_store" / "no_dy_store" / "no_dv"
     without the stores of the dS' tables / the dY tables / dv, "no_lo" without the lo-term products; "st_direct"
-    session 7's stores of the dS' and dY tables, straight from the register fragments (same values); "dv_frag"
-    session 7's dv store (``rd(beta dY)`` from the fp32 accumulator, element by element in its layout).
+    session 7's stores of the dS' and dY tables, straight from the register fragments (same values).
 
     The stores are most of this kernel's time: on an H200 (session 8, call 2, ``benchmarks/ablate_bwd.py --kernel
     dh``, B1 T32768 H16 HV32) it took 3.8 ms, 2.5 without the dS' table stores, 1.4 without any store, 0.9 without
     stores and lo products.  So the split dS' and dY tables go through shared tiles (one copy from the fragment,
     then one bulk copy, TMA, per tile) instead of 4-byte stores from every thread: 3.60 -> 2.59 ms (call 3, same
-    command).  dv: ``rd(beta (dYh + dYl))`` read from those shared tiles, so that consecutive threads store
-    consecutive value columns of a token row (the accumulator's layout puts 8 token rows, 8 KiB apart, in every
-    warp store: call 3, dv's stores took 0.48 ms).  dYh + dYl is dY to 2^-16 relative, so dv may differ from
-    ``rd(beta dY)`` by one unit in its last place where beta dY lies that close to a rounding boundary.  (Staging it
-    through a transposed shared tile and a TMA store was slower: 3.81 against 3.64 ms, call 2.)
+    command).  dv (0.48 ms of the 2.59 in call 3) is still stored element by element from the accumulator: two
+    other forms were slower on the H200 - a transposed shared tile and a TMA store (3.81 against 3.64 ms, call 2),
+    and ``rd(beta (dYh + dYl))`` read from the shared dY tiles so that consecutive threads store consecutive value
+    columns (3.47 against 2.61 ms, call 4: the column reads of those tiles conflict in the banks).
 
     Arguments:
       q, k        [Ttot, H, DK]     dtype
@@ -175,14 +173,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 else:
                     T.copy(xa, dYh[hv, c, v0:v0 + BV, 0:BT])
                     T.copy(xl, dYl[hv, c, v0:v0 + BV, 0:BT])
-                if "no_dv" in _ablate:
-                    pass
-                elif st_smem and "dv_frag" not in _ablate:
-                    for t, i in T.Parallel(BT, BV):
-                        if t0 + t < eos:
-                            dv[t0 + t, hv, v0 + i] = T.cast(
-                                f_s[7, t] * (T.cast(dya_s[i, t], f32) + T.cast(dyl_s[i, t], f32)), dtype)
-                else:
+                if "no_dv" not in _ablate:
                     for i, t in T.Parallel(BV, BT):
                         if t0 + t < eos:
                             dv[t0 + t, hv, v0 + i] = T.cast(f_s[7, t] * dy_f[i, t], dtype)

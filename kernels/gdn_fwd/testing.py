@@ -149,6 +149,25 @@ def bwd_inputs(B, T, H, HV, D=128, lens=None, h0=None, vf=False, l2=True, gate="
     return (q, k, v, g, b), do, dht, kw
 
 
+def assert_segmented_matches_sequential(got, want, in_dtype, names, label=""):
+    """The segment-parallel reverse pass's gradients ``got`` against the sequential pass's ``want`` (same order as
+    ``names``; None where there is no gradient): same shape, dtype, no NaN/Inf; 16-bit outputs within eps / 32 (a
+    tenth of their rounding floor: the state gradient entering a segment comes through an fp64 scan of fp32 results,
+    so single roundings may flip), fp32 outputs within a quarter of the input dtype's rounding of the sequential
+    result.  Prints one line per gradient when ``label`` is given."""
+    for n, a, b in zip(names, got, want):
+        if b is None:
+            assert a is None, n
+            continue
+        assert a.shape == b.shape and a.dtype == b.dtype, n
+        assert nonfinite(a) == 0, n
+        tol = (torch.finfo(a.dtype).eps / 32 if a.dtype in (torch.bfloat16, torch.float16)
+               else rel_rmse(b.to(in_dtype), b) / 4)
+        if label:
+            print(f"  {label} {n}: segmented vs sequential {rel_rmse(a, b):.2e} (bound {tol:.2e})")
+        assert torch.equal(a, b) or rel_rmse(a, b) <= tol, (n, rel_rmse(a, b), tol)
+
+
 def autograd_grads(fwd, xs, kw, do, dht, cast, **extra):
     """Gradients ``[dq, dk, dv, dg, dbeta] (+ [dh0])`` of ``sum(o * do) + sum(ht * dht)`` through ``fwd`` (FLA's
     call signature) on the inputs ``xs`` cast by ``cast`` (e.g. to fp64 for the reference)."""
