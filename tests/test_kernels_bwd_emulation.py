@@ -376,6 +376,20 @@ def test_segment_plan_only_for_long_sequences():
     assert dh_cp.plan([0, 64 * dh_cp.MIN_SEQ_CHUNKS], HV=4, n_value_blocks=2, n_sms=132) is not None
 
 
+def test_recompute_overlap_only_where_it_was_measured_to_pay():
+    """The side stream for the recompute: off at B1 T8192 H4 HV8 (128 chunks x 8 value heads, where it cost 0.1-0.4
+    ms on an H200 in session 8), on at B1 T32768 H16 HV32 and B1 T65536 H2 HV4 (where it saved 0.8 ms), and never
+    with the A/B switch off."""
+    from kernels.gdn_bwd import api as bapi
+    assert not bapi._overlaps_recompute(8192 // 64, 8)
+    assert bapi._overlaps_recompute(32768 // 64, 32) and bapi._overlaps_recompute(65536 // 64, 4)
+    try:
+        bapi._OVERLAP_RECOMPUTE = False
+        assert not bapi._overlaps_recompute(32768 // 64, 32)
+    finally:
+        bapi._OVERLAP_RECOMPUTE = True
+
+
 def test_segment_scan_composes_the_affine_maps_of_a_sequence(monkeypatch):
     """end_gradients against the plain backward composition of random affine maps dS_start = P dS_end + a."""
     from kernels.gdn_bwd import dh_cp

@@ -13,8 +13,8 @@ no host sync except building the varlen tables):
   1. ``gdn_bwd_prep``       (chunk, head)              Tinv split, gate table, dUloc^T
   0. forward recompute: ``gdn_intra_v2`` + ``gdn_state_v2`` (the smem form, BV by ``block_v``; precision
      "default_h0": chunk-start states S and U as hi + lo, key-first), no output kernel; after prep, beside step 2,
-     which does not read S or U (``_OVERLAP_RECOMPUTE``; the stage times then show the part of it that dh did not
-     hide);
+     which does not read S or U (``_OVERLAP_RECOMPUTE``, from ``_OVERLAP_MIN_CHUNK_HEADS`` chunk x value head
+     pairs; the stage times then show the part of it that dh did not hide);
   2. ``gdn_bwd_dh``         (64 value cols, head, seq)  reverse sequential: dS' tables, dY, dv, dh0 (with few
      CTAs three launches over segments of the sequences and a scan: ``dh_cp``)
   3. ``gdn_bwd_dqk_inter``  (chunk, 64 key cols, head)  state products -> dq~, dk~, row dots
@@ -162,7 +162,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
                 x.record_stream(side)
         return Sch, Scl, Uh, Ul
 
-    side = _side_stream(dev) if _OVERLAP_RECOMPUTE else None
+    side = _side_stream(dev) if _overlaps_recompute(NC, HV) else None
     if side is None:
         Sch, Scl, Uh, Ul = recompute(None)
         mark("recompute")
@@ -277,7 +277,18 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
     return start[cp.first]
 
 
-_OVERLAP_RECOMPUTE = True      # private switch (A/B timing): the recompute on a side stream beside prep and dh
+_OVERLAP_RECOMPUTE = True      # private switch (A/B timing): the recompute on a side stream beside dh
+# ... when the call has at least this many (chunk, value head) pairs.  Session 8 on an H200 (bench_kernels_bwd.py --ab
+# ours-serial, calls 2-5): the side stream saved 0.8 ms at B1 T32768 H16 HV32 (16384 pairs) and at B1 T65536 H2 HV4
+# (4096), nothing at B8 T4096 H16 HV32, and cost 0.1-0.4 ms at B1 T8192 H4 HV8 (1024) in every call.  Chosen from
+# those points (not re-measured with this gate); both paths are the ones measured there.
+_OVERLAP_MIN_CHUNK_HEADS = 4096
+
+
+def _overlaps_recompute(n_chunks: int, HV: int) -> bool:
+    """Whether a call with ``n_chunks`` chunks (all sequences) and ``HV`` value heads runs the recompute on the side
+    stream (on a GPU)."""
+    return _OVERLAP_RECOMPUTE and n_chunks * HV >= _OVERLAP_MIN_CHUNK_HEADS
 _SIDE: dict = {}
 
 

@@ -293,7 +293,9 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False, _ablat
     dq~ / dk~ are added to the inter kernel's rows by fp32 atomic adds (``red``, two floats at a time; nothing
     waits for them), not loaded, added and stored: every element gets exactly one addition onto the value the inter
     kernel stored, so the result is the same sum in the same order (deterministic, bitwise the read-modify-write's).
-    Ablating the read-modify-write took 3.63 -> 2.26 ms on an H200 (session 8, call 1, B1 T32768 H16 HV32).
+    Ablating the read-modify-write took 3.63 -> 2.26 ms on an H200 (session 8, call 1, B1 T32768 H16 HV32); with the
+    atomic adds the kernel takes 2.53 ms against 3.65 for the read-modify-write (call 2, ``ablate_bwd.py --kernel
+    intra``, its "rmw" line).
 
     The gate table is read from global memory (L1) where it is used, not copied to shared memory: both phases
     of the kernel (the q, k, dO, U, dY tiles; then the eight 64x64 operand tiles and m_s) peak at 112 KiB of
