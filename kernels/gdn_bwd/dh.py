@@ -27,6 +27,21 @@ FR = T.GemmWarpPolicy.FullRow
 DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "st_direct")
 
 
+@T.macro
+def store_split(hi, lo, hi_s, lo_s, dst_hi, dst_lo):
+    """Store a two-term split (``hi``, ``lo`` register fragments) into the global regions ``dst_hi``, ``dst_lo``:
+    through the shared tiles ``hi_s``, ``lo_s`` (stmatrix, then a TMA store each) or, with ``hi_s`` None, straight
+    from the fragments (session 7's form, the "st_direct" ablation)."""
+    if hi_s is None:
+        T.copy(hi, dst_hi)
+        T.copy(lo, dst_lo)
+    else:
+        T.copy(hi, hi_s)
+        T.copy(lo, lo_s)
+        T.copy(hi_s, dst_hi)
+        T.copy(lo_s, dst_lo)
+
+
 def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, _ablate: frozenset = frozenset()):
     """``_ablate`` (timing studies only): names from ``DH_ABLATIONS`` - "no_ds_store" / "no_dy_store" / "no_dv"
     without the stores of the dS' tables / the dY tables / dv, "no_lo" without the lo-term products; "st_direct"
@@ -97,8 +112,8 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
             tl_s = T.alloc_shared((BT, BT), dtype)
             f_s = T.alloc_shared((8, BT), f32)
             dul_s = T.alloc_shared((BV, BT), f32)
-            st_smem = "st_direct" not in _ablate
-            if st_smem:
+            dsa_s = dsl_s = dya_s = dyl_s = None
+            if "st_direct" not in _ablate:
                 dsa_s = T.alloc_shared((BV, DK), dtype)
                 dsl_s = T.alloc_shared((BV, DK), dtype)
                 dya_s = T.alloc_shared((BV, BT), dtype)
@@ -134,16 +149,8 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                     dsa[i, d] = T.cast(ds_f[i, d], dtype)
                 for i, d in T.Parallel(BV, DK):
                     dsl[i, d] = T.cast(ds_f[i, d] - T.cast(T.cast(ds_f[i, d], dtype), f32), dtype)
-                if "no_ds_store" in _ablate:
-                    pass
-                elif st_smem:
-                    T.copy(dsa, dsa_s)
-                    T.copy(dsl, dsl_s)
-                    T.copy(dsa_s, dSh[hv, c, v0:v0 + BV, 0:DK])
-                    T.copy(dsl_s, dSl[hv, c, v0:v0 + BV, 0:DK])
-                else:
-                    T.copy(dsa, dSh[hv, c, v0:v0 + BV, 0:DK])
-                    T.copy(dsl, dSl[hv, c, v0:v0 + BV, 0:DK])
+                if "no_ds_store" not in _ablate:
+                    store_split(dsa, dsl, dsa_s, dsl_s, dSh[hv, c, v0:v0 + BV, 0:DK], dSl[hv, c, v0:v0 + BV, 0:DK])
 
                 # dU^T = dUloc^T + (dS^T K^T) diag(F2)
                 T.gemm(dsa, k_s, kd_f, transpose_B=True, clear_accum=True, policy=FR)
@@ -163,16 +170,8 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 for i, t in T.Parallel(BV, BT):
                     xa[i, t] = T.cast(dy_f[i, t], dtype)
                     xl[i, t] = T.cast(dy_f[i, t] - T.cast(T.cast(dy_f[i, t], dtype), f32), dtype)
-                if "no_dy_store" in _ablate:
-                    pass
-                elif st_smem:
-                    T.copy(xa, dya_s)
-                    T.copy(xl, dyl_s)
-                    T.copy(dya_s, dYh[hv, c, v0:v0 + BV, 0:BT])
-                    T.copy(dyl_s, dYl[hv, c, v0:v0 + BV, 0:BT])
-                else:
-                    T.copy(xa, dYh[hv, c, v0:v0 + BV, 0:BT])
-                    T.copy(xl, dYl[hv, c, v0:v0 + BV, 0:BT])
+                if "no_dy_store" not in _ablate:
+                    store_split(xa, xl, dya_s, dyl_s, dYh[hv, c, v0:v0 + BV, 0:BT], dYl[hv, c, v0:v0 + BV, 0:BT])
                 if "no_dv" not in _ablate:
                     for i, t in T.Parallel(BV, BT):
                         if t0 + t < eos:
