@@ -73,7 +73,8 @@ def backward_context(name: str):
 
 # A/B columns (``--ab``): our backward with one of session 7's changes switched off (``kernels.gdn_bwd.api``)
 AB = {"ours-serial": "_OVERLAP_RECOMPUTE",      # the forward recompute before prep and dh, on the one stream
-      "ours-seq-dh": "_DH_SEGMENTS"}            # the sequential reverse pass even with few CTAs (no dh_cp)
+      "ours-seq-dh": "_DH_SEGMENTS",            # the sequential reverse pass even with few CTAs (no dh_cp)
+      "ours-unfused": "_FUSED_DQK"}             # the inter and intra terms in two kernels (session 8's form)
 
 
 @contextlib.contextmanager
@@ -111,7 +112,8 @@ def main(argv=None):
                     "gdn_bwd/dqk_lean.py) is column 'ours-lean'")
     ap.add_argument("--ab", default="",
                     help="also time these A/B columns, 'ours' with one switch of kernels.gdn_bwd.api off: "
-                    "'ours-serial' (recompute not overlapped with prep + dh), 'ours-seq-dh' (no segment-parallel dh)")
+                    "'ours-serial' (recompute not overlapped with prep + dh), 'ours-seq-dh' (no segment-parallel dh), "
+                    "'ours-unfused' (inter and intra terms in two kernels)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):
@@ -164,6 +166,8 @@ def main(argv=None):
             mc = max(-(-x // 64) for x in lens) if lens else -(-T // 64)
             for tb in tables:
                 cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0, tb) if c not in cfgs]
+            if "ours-unfused" in args.ab:
+                cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0, "split", False) if c not in cfgs]
         precompile(cfgs, args.workers, log=lambda m: print(m, flush=True))
 
     impls = [(COLUMN[tb], (lambda *a, tb=tb, **k: ours(*a, **k, _tables=tb))) for tb in tables]

@@ -1,7 +1,8 @@
 """Compile every backward kernel configuration of our TileLang GDN backward for sm_90a, on the CPU.
 
 Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The configurations are
-``kernels.gdn_bwd.build.all_configs()``: the 4 stages (prep, dh, dqk_inter, dqk_intra) and the opt-in
+``kernels.gdn_bwd.build.all_configs()``: the stages (prep, dh, the fused dqk; its two-kernel form dqk_inter,
+dqk_intra) and the opt-in
 "lean_sd" kernels (dqk_inter_lean, state_dots, dqk_intra lean) x {bf16, fp16} at K = V = 128.  Everything else (T, B, N, H, HV / GVA ratio, h0, dht present, state layout, l2norm, gate dtype,
 varlen or dense, head dim 64 zero-padded, scale) is a runtime argument of the same binaries.  The forward
 recompute runs the forward's dispatched intra2 / state kernels, compiled by ``test_kernels_compile.py``.
@@ -33,6 +34,7 @@ N_WORKERS = max(1, min(2, os.cpu_count() or 1))
 # + dY U^T (3) + dq (2) + dk (6); inter_lean = dO Sh^T + dYh Sh^T + Uh dSh'^T; dots: none (CUDA-core sums);
 # intra_lean = intra with dO Uh^T and dYh Uh^T alone
 _WANT_WGMMA = {"prep": 1 + 4 + 1 + 2, "dh": 2 + 3 + 2 + 2, "inter": 2 + 3 + 3, "intra": 1 + 1 + 2 + 3 + 2 + 6,
+               "dqk": (2 + 3 + 3) + (1 + 1 + 2 + 3 + 2 + 6),
                "inter_lean": 3, "dots": 0, "intra_lean": 1 + 1 + 1 + 1 + 2 + 6}
 
 
@@ -69,6 +71,10 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     ctas = {"intra": 2, "intra_lean": 2, "inter": 2, "prep": 3}.get(cfg.kind)
     if ctas:
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024 // ctas, r["dyn_smem"]
+    if cfg.kind == "dqk":     # the fused kernel: one CTA of 256 threads per SM (shared memory and registers)
+        assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024, r["dyn_smem"]
+        if "ptxas" in r:
+            assert -(-r["ptxas"]["registers"] // 8) * 8 * 256 <= 65536, r["ptxas"]["registers"]
     if "ptxas" in r:
         check_ptxas(r["ptxas"])
         if ctas:

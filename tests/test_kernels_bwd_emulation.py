@@ -121,7 +121,8 @@ def test_tables_knob_reaches_the_backward_and_rejects_unknown_values():
             with pytest.raises(ValueError, match="unknown chunk table precision"):
                 impl(*xs, do, dht, **kw, _tables=bad)
     from kernels.gdn_bwd.build import stage_kinds
-    assert stage_kinds("lean_sd")[-1] == "intra_lean" and stage_kinds() == ("prep", "dh", "inter", "intra")
+    assert stage_kinds("lean_sd")[-1] == "intra_lean" and stage_kinds() == ("prep", "dh", "dqk")
+    assert stage_kinds("split", fused=False) == ("prep", "dh", "inter", "intra")
 
 
 def test_dg_has_no_cancellation_near_minus_20():
@@ -218,6 +219,14 @@ def _fake_kernels(monkeypatch):
                     dst[:1] = src.float()
                 put(yv, e)
             return inter
+        if cfg.kind == "dqk":       # the fused kernel: the two stand-ins in a row, its argument order
+            def dqk(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, ci, dqv, dkv, qz, kw, kr, sd, yv, rect,
+                    db2, scale):
+                bwd_kernel(bbuild.BwdConfig("inter", cfg.dtype))(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl,
+                                                                 Fb, cu, ci, dqv, dkv, qz, kw, kr, sd, yv, scale)
+                bwd_kernel(bbuild.BwdConfig("intra", cfg.dtype))(q, k, do, Uh, Ul, dYh, dYl, Fb, cu, ci, dqv, dkv,
+                                                                 rect, db2, scale)
+            return dqk
         assert cfg.kind == "intra"
 
         def intra(q, k, do, Uh, Ul, dYh, dYl, Fb, cu, ci, dqv, dkv, rect, db2, scale):
@@ -244,13 +253,17 @@ _PLUMBING = {
 }
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
-def test_kernel_path_plumbing_on_cpu(monkeypatch, name):
+def test_kernel_path_plumbing_on_cpu(monkeypatch, name, fused):
     """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
-    emulation's stage functions, so any difference is the API's tensor plumbing)."""
+    emulation's stage functions, so any difference is the API's tensor plumbing), with the fused dqk kernel
+    (default) and with its two-kernel form (``api._FUSED_DQK`` off)."""
+    from kernels.gdn_bwd import api
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
 
     _fake_kernels(monkeypatch)
+    monkeypatch.setattr(api, "_FUSED_DQK", fused)
     xs, do, dht, kw = tt.bwd_inputs(**_PLUMBING[name])
     got = api_bwd(*xs, do, dht, **kw)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)

@@ -43,8 +43,8 @@ def _precompile():
         lens = c.lens or [c.T] * c.B
         n, mc = len(lens), max([-(-x // 64) for x in lens] + [0])
         dt = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[c.dtype]
-        for tables in ("split", "lean_sd"):
-            cfgs += [x for x in configs_for_call(dt, n, c.HV, mc, c.h0 is not None, tables) if x not in cfgs]
+        for tables, fused in (("split", None), ("lean_sd", None), ("split", False)):
+            cfgs += [x for x in configs_for_call(dt, n, c.HV, mc, c.h0 is not None, tables, fused) if x not in cfgs]
     failed = precompile(cfgs, min(10, os.cpu_count() or 1))
     assert not failed, failed
 
@@ -138,6 +138,41 @@ def test_stages_match_emulation(case, tables):
         assert tt.nonfinite(a) == 0
         assert d <= floor, (n, d, floor)
         assert tt.rel_rmse(a, r) <= tt.rel_rmse(bl, r), (n, tt.rel_rmse(a, r), tt.rel_rmse(bl, r))
+
+
+# intermediates the fused and two-kernel forms both produce (the row-dot tensors summed over their key blocks)
+_FUSED_STAGES = ("qz", "kw", "kr", "sd", "yv", "rect", "db2", "dqv", "dkv")
+
+
+@pytest.mark.parametrize("case", _STAGE_CASES, ids=[c.name for c in _STAGE_CASES])
+def test_fused_dqk_matches_the_two_kernels(monkeypatch, case):
+    """The fused inter + intra kernel (``dqk_fused.py``, the default) against the two kernels it replaces
+    (``api._FUSED_DQK`` off) on the same inputs: the same products on the same operands, summed in another
+    order (dq~ / dk~'s intra terms by the wgmma accumulator instead of an atomic add, the row dots over 128
+    instead of 2 x 64 key columns), so every intermediate within 1e-5 of its largest magnitude and the final
+    gradients within a tenth of the input dtype's rounding floor of each other."""
+    from kernels.gdn_bwd import api
+
+    dev = torch.device("cuda")
+    args, kw, do, dht = _grads_inputs(case, dev)
+    sf, su = {}, {}
+    gf = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw, _stages=sf)
+    monkeypatch.setattr(api, "_FUSED_DQK", False)
+    gu = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw, _stages=su)
+    torch.cuda.synchronize()
+    bad = []
+    for name in _FUSED_STAGES:
+        a, b = sf[name].double(), su[name].double()
+        assert tt.nonfinite(a) == 0, name
+        d = (a - b).abs().max().item() / (b.abs().max().item() or 1.0)
+        print(f"  {case.name} stage {name:<4} max|fused - two kernels| / max|two kernels| = {d:.2e}")
+        if d > 1e-5:
+            bad.append((name, d))
+    assert not bad, bad
+    want = _ref(args, kw, do, dht)
+    for n, a, b, r in zip(NAMES, gf, gu, want):
+        d, floor = tt.rel_rmse(a, b), tt.rel_rmse(r.to(case.dtype), r)
+        assert d <= 0.1 * floor, (n, d, floor)
 
 
 def test_bad_input_raises_valueerror():

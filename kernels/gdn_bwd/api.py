@@ -17,8 +17,9 @@ no host sync except building the varlen tables):
      pairs; the stage times then show the part of it that dh did not hide);
   2. ``gdn_bwd_dh``         (64 value cols, head, seq)  reverse sequential: dS' tables, dY, dv, dh0 (with few
      CTAs three launches over segments of the sequences and a scan: ``dh_cp``)
-  3. ``gdn_bwd_dqk_inter``  (chunk, 64 key cols, head)  state products -> dq~, dk~, row dots
-  4. ``gdn_bwd_dqk_intra``  (chunk, head)              64x64 terms -> dq~, dk~ (+=), dg / dbeta terms
+  3. ``gdn_bwd_dqk``        (chunk, head)              state products and 64x64 terms -> dq~, dk~, row dots,
+     dg / dbeta terms (``dqk_fused.py``; with ``_FUSED_DQK`` off its two-kernel form: ``gdn_bwd_dqk_inter``
+     (chunk, 64 key cols, head), then ``gdn_bwd_dqk_intra`` (chunk, head) adding to its dq~, dk~)
   5. ``common.finish`` (torch): dg / dbeta row terms and within-chunk cumsums, GVA sums, L2-norm chain rule.
 """
 
@@ -56,7 +57,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     a kernel of their own (``dqk_lean.py``; accuracy: ``accuracy.py``), and the intra kernel reading the hi terms of
     U and dY alone (``build.parse_tables``)."""
     from .build import stage_kinds
-    kinds = stage_kinds(_tables)          # an unknown value fails here, before any CUDA check
+    kinds = stage_kinds(_tables, _FUSED_DQK)          # an unknown value fails here, before any CUDA check
     B, T, H, HV, K, V, N = _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     if tuple(do.shape) != (B, T, HV, V):
         raise ValueError(f"do must be [B, T, HV, V] = {(B, T, HV, V)}, got {tuple(do.shape)}")
@@ -201,7 +202,13 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     kw, kr = torch.empty_like(qz), torch.empty_like(qz)
     sd = torch.empty(NK, HV, NC, D, device=dev, dtype=f32)
     yv = torch.empty(HV, NC, BT, device=dev, dtype=f32)
-    if "inter" in kinds:
+    rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
+    db2 = torch.empty_like(rect)
+    if "dqk" in kinds:          # inter + intra in one kernel: one key block of row dots, two halves of sd
+        qz, kw, kr = qz[:1], kw[:1], kr[:1]
+        get_kernel(BwdConfig("dqk", tl_dt))(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu,
+                                            chunk_indices, dqv, dkv, qz, kw, kr, sd, yv, rect, db2, scale)
+    elif "inter" in kinds:
         get_kernel(BwdConfig("inter", tl_dt))(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu,
                                               chunk_indices, dqv, dkv, qz, kw, kr, sd, yv, scale)
     else:
@@ -209,13 +216,15 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         get_kernel(BwdConfig("inter_lean", tl_dt))(q2, k2, do2, Sch, Uh, dSh, dYh, Fb, cu, chunk_indices, dqv, dkv,
                                                    qz, kw, kr, scale)
         get_kernel(BwdConfig("dots", tl_dt))(v2, Sch, Scl, dSh, dSl, dYh, dYl, cu, chunk_indices, sd, yv)
-    mark("dqk_inter")
-    # 4. intra-chunk terms
-    rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
-    db2 = torch.empty_like(rect)
-    intra = next(kd for kd in kinds if kd.startswith("intra"))    # lean: Ul, dYl are not read
-    get_kernel(BwdConfig(intra, tl_dt))(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, chunk_indices, dqv, dkv, rect, db2, scale)
-    mark("dqk_intra")
+    if "dqk" not in kinds:
+        mark("dqk_inter")
+        # 4. intra-chunk terms
+        intra = next(kd for kd in kinds if kd.startswith("intra"))    # lean: Ul, dYl are not read
+        get_kernel(BwdConfig(intra, tl_dt))(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, chunk_indices, dqv, dkv, rect,
+                                            db2, scale)
+        mark("dqk_intra")
+    else:
+        mark("dqk")
     if _stages is not None:
         f = lambda x: x.float()   # noqa: E731
         tr = lambda x: x.float().transpose(-1, -2)   # noqa: E731
@@ -277,6 +286,7 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
     return start[cp.first]
 
 
+_FUSED_DQK = True              # private switch (A/B timing): the inter + intra terms in one kernel (dqk_fused.py)
 _OVERLAP_RECOMPUTE = True      # private switch (A/B timing): the recompute on a side stream beside dh
 # ... when the call has at least this many (chunk, value head) pairs.  Session 8 on an H200 (bench_kernels_bwd.py --ab
 # ours-serial, calls 2-5): the side stream saved 0.8 ms at B1 T32768 H16 HV32 (16384 pairs) and at B1 T65536 H2 HV4

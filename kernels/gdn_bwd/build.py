@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, compile_report, pass_configs
 from kernels.gdn_fwd.build import precompile as fwd_precompile
 
-KINDS = ("prep", "dh", "inter", "intra", "inter_lean", "dots", "intra_lean")   # inter_lean, dots, intra_lean: "lean_sd"
+KINDS = ("prep", "dh", "dqk", "inter", "intra", "inter_lean", "dots", "intra_lean")
+# dqk: the fused inter + intra kernel of "split" (inter + intra: its two-kernel form, the A/B switch
+# ``api._FUSED_DQK``); inter_lean, dots, intra_lean: "lean_sd"
 TABLES = ("split", "lean_sd")  # chunk tables the inter kernel reads (api's _tables; emulation.TABLES has the study's)
 DEFAULT_TABLES = "split"
 
@@ -26,7 +28,8 @@ class BwdConfig:
 
 
 def all_configs():
-    """Every backward kernel the API can dispatch: 4 stages (and the "lean_sd" inter kernel, its state-dots
+    """Every backward kernel the API can dispatch: prep, dh, the fused dqk, the two-kernel form of dqk (inter,
+    intra: ``api._FUSED_DQK`` off) (and the "lean_sd" inter kernel, its state-dots
     kernel and the lean intra kernel) x {bf16, fp16} at K = V = 128 (K = V = 64 is zero-padded to 128 like the forward).  The forward recompute uses the forward's own dispatched
     kernels (intra2 + the smem state kernel, precision "default_h0"), compiled by the forward's test."""
     return [BwdConfig(kind, dt) for dt in DTYPES for kind in KINDS]
@@ -40,6 +43,9 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
         return build_bwd_dh(D, D, cfg.dtype)
+    if cfg.kind == "dqk":
+        from .dqk_fused import build_bwd_dqk_fused
+        return build_bwd_dqk_fused(D, D, cfg.dtype)
     if cfg.kind == "inter":
         from .dqk import build_bwd_dqk_inter
         return build_bwd_dqk_inter(D, D, cfg.dtype)
@@ -99,15 +105,23 @@ def parse_tables(tables: str | None = None, precisions: tuple[str, ...] = TABLES
     return tables
 
 
-def stage_kinds(tables: str | None = None) -> tuple[str, ...]:
-    """The backward kernels a call runs with ``_tables`` ``tables`` (``parse_tables``)."""
-    return (("prep", "dh", "inter", "intra") if parse_tables(tables) == "split"
-            else ("prep", "dh", "inter_lean", "dots", "intra_lean"))
+def stage_kinds(tables: str | None = None, fused: bool | None = None) -> tuple[str, ...]:
+    """The backward kernels a call runs with ``_tables`` ``tables`` (``parse_tables``); ``fused``: the "split"
+    tables' inter and intra terms in one kernel ("dqk") or two ("inter", "intra"); None = the API's default
+    (``api._FUSED_DQK``)."""
+    if parse_tables(tables) != "split":
+        return ("prep", "dh", "inter_lean", "dots", "intra_lean")
+    if fused is None:
+        from . import api
+        fused = api._FUSED_DQK
+    return ("prep", "dh", "dqk") if fused else ("prep", "dh", "inter", "intra")
 
 
-def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: bool, tables: str | None = None):
+def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: bool, tables: str | None = None,
+                     fused: bool | None = None):
     """Every kernel a forward + backward call of the autograd Function runs (for precompiling): the
-    forward's dispatch for this call, the forward recompute, and the backward stages (``stage_kinds``)."""
+    forward's dispatch for this call, the forward recompute, and the backward stages (``stage_kinds``; ``fused``
+    as there)."""
     from kernels.gdn_fwd import build as fb
     out = []
     try:
@@ -116,7 +130,7 @@ def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: b
     except Exception:       # the forward's planner changed: everything it can dispatch
         out += [c for c in fb.all_configs() if c.dtype == dtype]
     out += list(forward_recompute_configs(dtype, n_seq, HV))
-    out += [BwdConfig(kind, dtype) for kind in stage_kinds(tables)]
+    out += [BwdConfig(kind, dtype) for kind in stage_kinds(tables, fused)]
     uniq = []
     for c in out:
         if c not in uniq:

@@ -88,7 +88,7 @@ def inter_epilogue(q_s, k_s, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, 
 
 
 @T.macro
-def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx, xh=None, xl=None):
+def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx, xh=None, xl=None, d0=0, nd=None):
     """``acc[0] += sum_d (Sh + Sl)[d, tx] (dSh' + dSl')[tx, d]`` over one key block: the ``S o dS'`` row dot of value
     column ``tx`` (a dg term, from hi + lo) by the thread ``tx`` alone, a serial fp32 sum (``sh_s, sl_s [BK, DV]``,
     ``dsh_s, dsl_s [DV, BK]``, input dtype; ``acc`` a local fp32 [1]; callers guard ``tx < DV``).  Until session 7
@@ -98,20 +98,23 @@ def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx, xh=None, xl=None):
     With ``xh, xl`` (local buffers of 8, input dtype) the row ``tx`` of dS' is read 8 elements (16 bytes) at a time
     into them: the same products summed in the same order.  Read element by element (``xh`` None), each 2-byte load
     of the 32 lanes' rows (128 bytes apart, the swizzle spreading 8 rows over the banks) was a 4-way bank conflict:
-    the S o dS' dots took 0.38 of the inter kernel's 3.19 ms (session 8, call 3)."""
+    the S o dS' dots took 0.38 of the inter kernel's 3.19 ms (session 8, call 3).
+
+    ``d0, nd``: only the key rows ``d0 .. d0 + nd`` of the tiles (all of them by default; ``nd`` a multiple of 8)."""
     f32 = "float32"
+    nd = sh_s.shape[0] if nd is None else nd
     if xh is None:
-        for d in T.serial(sh_s.shape[0]):
-            acc[0] = acc[0] + ((T.cast(sh_s[d, tx], f32) + T.cast(sl_s[d, tx], f32))
-                               * (T.cast(dsh_s[tx, d], f32) + T.cast(dsl_s[tx, d], f32)))
+        for d in T.serial(nd):
+            acc[0] = acc[0] + ((T.cast(sh_s[d0 + d, tx], f32) + T.cast(sl_s[d0 + d, tx], f32))
+                               * (T.cast(dsh_s[tx, d0 + d], f32) + T.cast(dsl_s[tx, d0 + d], f32)))
     else:
-        for d8 in T.serial(sh_s.shape[0] // 8):
+        for d8 in T.serial(nd // 8):
             for j in T.vectorized(8):
-                xh[j] = dsh_s[tx, d8 * 8 + j]
+                xh[j] = dsh_s[tx, d0 + d8 * 8 + j]
             for j in T.vectorized(8):
-                xl[j] = dsl_s[tx, d8 * 8 + j]
+                xl[j] = dsl_s[tx, d0 + d8 * 8 + j]
             for j in T.serial(8):
-                acc[0] = acc[0] + ((T.cast(sh_s[d8 * 8 + j, tx], f32) + T.cast(sl_s[d8 * 8 + j, tx], f32))
+                acc[0] = acc[0] + ((T.cast(sh_s[d0 + d8 * 8 + j, tx], f32) + T.cast(sl_s[d0 + d8 * 8 + j, tx], f32))
                                    * (T.cast(xh[j], f32) + T.cast(xl[j], f32)))
 
 
@@ -277,6 +280,98 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: fro
     return gdn_bwd_dqk_inter
 
 
+@T.macro
+def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l, m2h, m2l, m3h, m3l, m_s,
+                qk, kk, dpu, dyu, x_f, rs, dq_f, dk_f, db2, nv, hv, c, scale, lean=False, mlo=True, db2_on=True,
+                clear=True):
+    """The intra-chunk (64x64) terms of chunk ``c``, value head ``hv`` (module docstring): the dbeta row sums to
+    ``db2``, the dg rectangle's summands to ``m_s [64, 64]`` fp32 (``rect_sums`` finishes them), and the products
+    into ``dq_f, dk_f [64, DK]`` (fp32 fragments; cleared first if ``clear``, else added to what they hold).
+    ``fv[r, t]`` the gate table (shared tile or ``_GateRows``); ``qk .. x_f`` [64, 64] fp32 fragments and ``rs``
+    [64] scratch; ``mqh .. m3l`` [64, 64] input-dtype shared tiles.  ``lean``: U and dY hi terms alone; ``mlo``,
+    ``db2_on`` False only for timing ablations."""
+    f32 = "float32"
+    dtype = mqh.dtype
+    T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
+    T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
+    T.gemm(do_s, uh_s, dpu, transpose_B=True, clear_accum=True)
+    if not lean:
+        T.gemm(do_s, ul_s, dpu, transpose_B=True)
+    T.gemm(dyh_s, uh_s, dyu, transpose_A=True, transpose_B=True, clear_accum=True)
+    if not lean:
+        T.gemm(dyl_s, uh_s, dyu, transpose_A=True, transpose_B=True)
+        T.gemm(dyh_s, ul_s, dyu, transpose_A=True, transpose_B=True)
+
+    # (t, j) = (row, col); F5 = scale rq, F6 = rk, F7 = beta (0 on rows past the end)
+    for t, j in T.Parallel(BT, BT):
+        # dQK (rows t < nv) times rk_j -> dq~ operand
+        x_f[t, j] = T.if_then_else((j <= t) & (t < nv),
+                                   scale * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j] * fv[6, j],
+                                   T.float32(0))
+    for t, j in T.Parallel(BT, BT):
+        mqh[t, j] = T.cast(x_f[t, j], dtype)
+        mql[t, j] = T.cast(x_f[t, j] - T.cast(T.cast(x_f[t, j], dtype), f32), dtype)
+    for t, j in T.Parallel(BT, BT):
+        # rq_t dQK_tj (-> dk~ operand, transposed) ; dpu <- its product with q~ k~^T for dg
+        x_f[t, j] = T.if_then_else(j <= t, fv[5, t] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j],
+                                   T.float32(0))
+    for t, j in T.Parallel(BT, BT):
+        m1h[t, j] = T.cast(x_f[t, j], dtype)
+        m1l[t, j] = T.cast(x_f[t, j] - T.cast(T.cast(x_f[t, j], dtype), f32), dtype)
+        dpu[t, j] = x_f[t, j] * fv[6, j] * qk[t, j]
+    for t, j in T.Parallel(BT, BT):
+        # braw = e rk_t rk_j KK (j < t);  kk <- braw
+        kk[t, j] = T.if_then_else(j < t, T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * fv[6, t] * fv[6, j]
+                                  * kk[t, j], T.float32(0))
+    for t, j in T.Parallel(BT, BT):
+        dyu[t, j] = T.if_then_else(j < t, -dyu[t, j], T.float32(0))          # dA
+    for t, j in T.Parallel(BT, BT):
+        x_f[t, j] = dyu[t, j] * kk[t, j]
+    if db2_on:
+        T.reduce_sum(x_f, rs, dim=1)
+        for t in T.Parallel(BT):
+            db2[hv, c, t] = rs[t]
+    for t, j in T.Parallel(BT, BT):
+        m_s[t, j] = T.if_then_else(j < t, dpu[t, j] + fv[7, t] * dyu[t, j] * kk[t, j], T.float32(0))
+    for t, j in T.Parallel(BT, BT):
+        # dBk = beta_t e dA
+        x_f[t, j] = T.if_then_else(j < t, fv[7, t] * dyu[t, j] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E),
+                                   T.float32(0))
+    for t, j in T.Parallel(BT, BT):
+        m2h[t, j] = T.cast(x_f[t, j] * fv[6, j], dtype)
+        m2l[t, j] = T.cast(x_f[t, j] * fv[6, j] - T.cast(T.cast(x_f[t, j] * fv[6, j], dtype), f32), dtype)
+        m3h[t, j] = T.cast(x_f[t, j] * fv[6, t], dtype)
+        m3l[t, j] = T.cast(x_f[t, j] * fv[6, t] - T.cast(T.cast(x_f[t, j] * fv[6, t], dtype), f32), dtype)
+
+    T.gemm(mqh, k_s, dq_f, clear_accum=clear)
+    if mlo:
+        T.gemm(mql, k_s, dq_f)
+    T.gemm(m1h, q_s, dk_f, transpose_A=True, clear_accum=clear)
+    if mlo:
+        T.gemm(m1l, q_s, dk_f, transpose_A=True)
+    T.gemm(m2h, k_s, dk_f)
+    if mlo:
+        T.gemm(m2l, k_s, dk_f)
+    T.gemm(m3h, k_s, dk_f, transpose_A=True)
+    if mlo:
+        T.gemm(m3l, k_s, dk_f, transpose_A=True)
+
+
+@T.macro
+def rect_sums(m_s, acc, rect, hv, c):
+    """``rect_s = sum_{t >= s} sum_{j < s} m_tj`` from ``m_s [64, 64]`` fp32 (shared; overwritten): inclusive row
+    prefix sums, then a column walk by the first 64 threads."""
+    T.cumsum(m_s, dim=1)
+    tx = T.get_thread_binding()
+    if tx < BT:
+        acc[0] = T.float32(0)
+        if tx > 0:
+            for t in T.serial(BT):
+                if t >= tx:
+                    acc[0] = acc[0] + m_s[t, tx - 1]
+        rect[hv, c, tx] = acc[0]
+
+
 INTRA_ABLATIONS = ("no_mlo", "no_rect", "no_db2", "store", "rmw")
 
 
@@ -377,69 +472,9 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False, _ablat
             load_u_dy(Uh, Ul, dYh, dYl, hv, c, uh_s, ul_s, dyh_s, dyl_s, not lean)
             fv = _GateRows(Fb, hv, c)
 
-            T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
-            T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
-            T.gemm(do_s, uh_s, dpu, transpose_B=True, clear_accum=True)
-            if not lean:
-                T.gemm(do_s, ul_s, dpu, transpose_B=True)
-            T.gemm(dyh_s, uh_s, dyu, transpose_A=True, transpose_B=True, clear_accum=True)
-            if not lean:
-                T.gemm(dyl_s, uh_s, dyu, transpose_A=True, transpose_B=True)
-                T.gemm(dyh_s, ul_s, dyu, transpose_A=True, transpose_B=True)
-
-            # (t, j) = (row, col); F5 = scale rq, F6 = rk, F7 = beta (0 on rows past the end)
-            for t, j in T.Parallel(BT, BT):
-                # dQK (rows t < nv) times rk_j -> dq~ operand
-                x_f[t, j] = T.if_then_else((j <= t) & (t < nv),
-                                           scale * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j] * fv[6, j],
-                                           T.float32(0))
-            for t, j in T.Parallel(BT, BT):
-                mqh[t, j] = T.cast(x_f[t, j], dtype)
-                mql[t, j] = T.cast(x_f[t, j] - T.cast(T.cast(x_f[t, j], dtype), f32), dtype)
-            for t, j in T.Parallel(BT, BT):
-                # rq_t dQK_tj (-> dk~ operand, transposed) ; dpu <- its product with q~ k~^T for dg
-                x_f[t, j] = T.if_then_else(j <= t, fv[5, t] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j],
-                                           T.float32(0))
-            for t, j in T.Parallel(BT, BT):
-                m1h[t, j] = T.cast(x_f[t, j], dtype)
-                m1l[t, j] = T.cast(x_f[t, j] - T.cast(T.cast(x_f[t, j], dtype), f32), dtype)
-                dpu[t, j] = x_f[t, j] * fv[6, j] * qk[t, j]
-            for t, j in T.Parallel(BT, BT):
-                # braw = e rk_t rk_j KK (j < t);  kk <- braw
-                kk[t, j] = T.if_then_else(j < t, T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * fv[6, t] * fv[6, j]
-                                          * kk[t, j], T.float32(0))
-            for t, j in T.Parallel(BT, BT):
-                dyu[t, j] = T.if_then_else(j < t, -dyu[t, j], T.float32(0))          # dA
-            for t, j in T.Parallel(BT, BT):
-                x_f[t, j] = dyu[t, j] * kk[t, j]
-            if "no_db2" not in _ablate:
-                T.reduce_sum(x_f, rs, dim=1)
-                for t in T.Parallel(BT):
-                    db2[hv, c, t] = rs[t]
-            for t, j in T.Parallel(BT, BT):
-                m_s[t, j] = T.if_then_else(j < t, dpu[t, j] + fv[7, t] * dyu[t, j] * kk[t, j], T.float32(0))
-            for t, j in T.Parallel(BT, BT):
-                # dBk = beta_t e dA
-                x_f[t, j] = T.if_then_else(j < t, fv[7, t] * dyu[t, j] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E),
-                                           T.float32(0))
-            for t, j in T.Parallel(BT, BT):
-                m2h[t, j] = T.cast(x_f[t, j] * fv[6, j], dtype)
-                m2l[t, j] = T.cast(x_f[t, j] * fv[6, j] - T.cast(T.cast(x_f[t, j] * fv[6, j], dtype), f32), dtype)
-                m3h[t, j] = T.cast(x_f[t, j] * fv[6, t], dtype)
-                m3l[t, j] = T.cast(x_f[t, j] * fv[6, t] - T.cast(T.cast(x_f[t, j] * fv[6, t], dtype), f32), dtype)
-
-            T.gemm(mqh, k_s, dq_f, clear_accum=True)
-            if mlo:
-                T.gemm(mql, k_s, dq_f)
-            T.gemm(m1h, q_s, dk_f, transpose_A=True, clear_accum=True)
-            if mlo:
-                T.gemm(m1l, q_s, dk_f, transpose_A=True)
-            T.gemm(m2h, k_s, dk_f)
-            if mlo:
-                T.gemm(m2l, k_s, dk_f)
-            T.gemm(m3h, k_s, dk_f, transpose_A=True)
-            if mlo:
-                T.gemm(m3l, k_s, dk_f, transpose_A=True)
+            intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l, m2h, m2l, m3h, m3l, m_s,
+                        qk, kk, dpu, dyu, x_f, rs, dq_f, dk_f, db2, nv, hv, c, scale, lean, mlo,
+                        "no_db2" not in _ablate)
             if "store" in _ablate:
                 for t, d in T.Parallel(BT, DK):
                     if t < nv:
@@ -456,16 +491,7 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False, _ablat
                         T.atomic_add(dqv[t0 + t, hv, d], dq_f[t, d])
                         T.atomic_add(dkv[t0 + t, hv, d], dk_f[t, d])
 
-            # rect_s = sum_{t >= s} sum_{j < s} m_tj  (inclusive row prefix sums, then a column walk)
             if "no_rect" not in _ablate:
-                T.cumsum(m_s, dim=1)
-                tx = T.get_thread_binding()
-                if tx < BT:
-                    acc[0] = T.float32(0)
-                    if tx > 0:
-                        for t in T.serial(BT):
-                            if t >= tx:
-                                acc[0] = acc[0] + m_s[t, tx - 1]
-                    rect[hv, c, tx] = acc[0]
+                rect_sums(m_s, acc, rect, hv, c)
 
     return gdn_bwd_dqk_intra
