@@ -37,7 +37,7 @@ def _precompile():
     """Compile every kernel the cases need in parallel processes first (fills TileLang's disk cache)."""
     import os
 
-    from kernels.gdn_bwd.build import configs_for_call, precompile
+    from kernels.gdn_bwd.build import BwdConfig, configs_for_call, precompile
     cfgs = []
     for c in CASES + [tt.Case("bad", 1, 64, 2, 4)]:
         lens = c.lens or [c.T] * c.B
@@ -45,6 +45,8 @@ def _precompile():
         dt = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[c.dtype]
         for tables, fused in (("split", None), ("lean_sd", None), ("split", False)):
             cfgs += [x for x in configs_for_call(dt, n, c.HV, mc, c.h0 is not None, tables, fused) if x not in cfgs]
+    cfgs += [BwdConfig(kd, dt) for kd in ("dqk", "dqk2") for dt in ("bfloat16", "float16")
+             if BwdConfig(kd, dt) not in cfgs]
     failed = precompile(cfgs, min(10, os.cpu_count() or 1))
     assert not failed, failed
 
@@ -144,15 +146,18 @@ def test_stages_match_emulation(case, tables):
 _FUSED_STAGES = ("qz", "kw", "kr", "sd", "yv", "rect", "db2", "dqv", "dkv")
 
 
+@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "one_head"])
 @pytest.mark.parametrize("case", _STAGE_CASES, ids=[c.name for c in _STAGE_CASES])
-def test_fused_dqk_matches_the_two_kernels(monkeypatch, case):
+def test_fused_dqk_matches_the_two_kernels(monkeypatch, case, pairs):
     """The fused inter + intra kernel (``dqk_fused.py``, the default) against the two kernels it replaces
     (``api._FUSED_DQK`` off) on the same inputs: the same products on the same operands, summed in another
     order (dq~ / dk~'s intra terms by the wgmma accumulator instead of an atomic add, the row dots over 128
     instead of 2 x 64 key columns), so every intermediate within 1e-5 of its largest magnitude and the final
-    gradients within a tenth of the input dtype's rounding floor of each other."""
+    gradients within a tenth of the input dtype's rounding floor of each other.  With two value heads per CTA
+    (``pairs``, the default where a group has an even number) and with one."""
     from kernels.gdn_bwd import api
 
+    monkeypatch.setattr(api, "_DQK_PAIRS", pairs)
     dev = torch.device("cuda")
     args, kw, do, dht = _grads_inputs(case, dev)
     sf, su = {}, {}

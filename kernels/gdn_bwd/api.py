@@ -31,7 +31,7 @@ import torch
 
 from kernels.gdn_fwd.api import _TL_DTYPE, _call_tables, _check, _require_sm90
 
-from .common import BT, finish, token_index, valid_rows
+from .common import BT, finish, group_sum, token_index, valid_rows
 
 # layouts of the ``_stages`` intermediates, the same in both implementations (the kernel path at the padded
 # head dim 128); every value as fp32 / fp64
@@ -41,7 +41,8 @@ STAGE_LAYOUT = {
     "U": "[HV, NC, 64, DV]  forward U (hi + lo)", "S": "[HV, NC, DK, DV]  chunk-start state (hi + lo)",
     "dSn": "[HV, NC, DK, DV]  chunk-end state gradient (hi + lo)",
     "qz": "[HV, NC, 64]", "kw": "[HV, NC, 64]", "kr": "[HV, NC, 64]", "yv": "[HV, NC, 64]", "sd": "[HV, NC, DV]",
-    "rect": "[HV, NC, 64]", "db2": "[HV, NC, 64]", "dqv": "[Ttot, HV, DK]", "dkv": "[Ttot, HV, DK]",
+    "rect": "[HV, NC, 64]", "db2": "[HV, NC, 64]",
+    "dqv": "[Ttot, H, DK]  dq~ summed over each group's value heads", "dkv": "[Ttot, H, DK]  dk~ likewise",
 }
 
 
@@ -204,10 +205,22 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     yv = torch.empty(HV, NC, BT, device=dev, dtype=f32)
     rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
     db2 = torch.empty_like(rect)
-    if "dqk" in kinds:          # inter + intra in one kernel: one key block of row dots, two halves of sd
+    if "dqk" in kinds:
+        # inter + intra in one kernel (one key block of row dots, two halves of sd), R value heads per CTA summed
+        # in registers: out as fp32 when the host still has to sum (the rest of a group) or to chain the L2 norm
+        # (or ``_stages`` wants the fp32 sums), else as the final dq, dk in the input dtype (written into the first
+        # half of the fp32 buffers' memory: only one of the two is written)
+        R = 2 if _DQK_PAIRS and (HV // H) % 2 == 0 else 1
+        HB = HV // R
+        out32 = bool(use_l2) or HB != H or _stages is not None
         qz, kw, kr = qz[:1], kw[:1], kr[:1]
-        get_kernel(BwdConfig("dqk", tl_dt))(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu,
-                                            chunk_indices, dqv, dkv, qz, kw, kr, sd, yv, rect, db2, scale)
+        dq32 = torch.empty(Ttot, HB, D, device=dev, dtype=f32)
+        dk32 = torch.empty_like(dq32)
+        dqo, dko = (x.view(-1).view(dt)[:x.numel()].view(Ttot, HB, D) for x in (dq32, dk32))
+        get_kernel(BwdConfig("dqk2" if R == 2 else "dqk", tl_dt))(
+            q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, chunk_indices, dq32, dk32, dqo, dko, qz,
+            kw, kr, sd, yv, rect, db2, scale, int(out32))
+        dqv, dkv = (dq32, dk32) if out32 else (dqo, dko)
     elif "inter" in kinds:
         get_kernel(BwdConfig("inter", tl_dt))(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu,
                                               chunk_indices, dqv, dkv, qz, kw, kr, sd, yv, scale)
@@ -230,7 +243,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         tr = lambda x: x.float().transpose(-1, -2)   # noqa: E731
         _stages.update(Tinv=f(Th) + f(Tl), Fb=Fb, dUloc=dUl.transpose(-1, -2), dSn=tr(dSh) + tr(dSl),
                        dY=tr(dYh) + tr(dYl), qz=qz.sum(0), kw=kw.sum(0), kr=kr.sum(0), sd=sd.sum(0), yv=yv,
-                       rect=rect, db2=db2, S=f(Sch) + f(Scl), U=f(Uh) + f(Ul), dqv=dqv, dkv=dkv)
+                       rect=rect, db2=db2, S=f(Sch) + f(Scl), U=f(Uh) + f(Ul), dqv=group_sum(dqv, H),
+                       dkv=group_sum(dkv, H))
     # 5. host reductions
     tok, valid, rows = _token_index(B, T, cu_host, dev)
     dq, dk, dg, db = finish(Fb=Fb, qz=qz, kw=kw, kr=kr, sd=sd, yv=yv, rect=rect, db2=db2, dqv=dqv, dkv=dkv,
@@ -287,6 +301,7 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
 
 
 _FUSED_DQK = True              # private switch (A/B timing): the inter + intra terms in one kernel (dqk_fused.py)
+_DQK_PAIRS = True              # private switch (A/B timing): ... with two value heads per CTA when a group has 2k
 _OVERLAP_RECOMPUTE = True      # private switch (A/B timing): the recompute on a side stream beside dh
 # ... when the call has at least this many (chunk, value head) pairs.  Session 8 on an H200 (bench_kernels_bwd.py --ab
 # ours-serial, calls 2-5): the side stream saved 0.8 ms at B1 T32768 H16 HV32 (16384 pairs) and at B1 T65536 H2 HV4

@@ -46,8 +46,9 @@ def finish(*, Fb, qz, kw, kr, sd, yv, rect, db2, dqv, dkv, q, k, H, use_l2, tok,
     Fb [HV, NC, 8, 64]; qz, kw, kr [P, HV, NC, 64] (row dots q.Z, k.W, k.R of the P key blocks of the
     inter-chunk kernel); sd [P, HV, NC, DVs] (sum_d S o dS_next partial sums); yv [HV, NC, 64] (dY . V);
     rect [HV, NC, 64] (the intra-chunk dg terms, already summed over the rectangle t >= s > j) and
-    db2 [HV, NC, 64]; dqv, dkv [Ttot, HV, DK] fp32 (gradients of the normalised q~ = rq q, k~ = rk k per
-    value head); q, k [Ttot, H, DK] (raw inputs); tok, valid from ``token_index``; ``rows`` = ``valid_rows(tok,
+    db2 [HV, NC, 64]; dqv, dkv [Ttot, G, DK] fp32 (gradients of the normalised q~ = rq q, k~ = rk k per
+    value head, G = HV, or per block of a group's value heads, summed here by ``group_sum``; with G = H and no
+    L2 norm they may already be the final dq, dk in the input dtype); q, k [Ttot, H, DK] (raw inputs); tok, valid from ``token_index``; ``rows`` = ``valid_rows(tok,
     valid)`` (computed here when None).  Returns dq, dk [Ttot, H, DK], dg, dbeta [Ttot, HV] (fp32).
 
     dg_s = sum_{t >= s} dG_t with G = cumsum(g) is formed without cancellation: a term that depends on
@@ -68,19 +69,24 @@ def finish(*, Fb, qz, kw, kr, sd, yv, rect, db2, dqv, dkv, q, k, H, use_l2, tok,
     dgc = dgc + torch.cumsum(torch.nn.functional.pad(upd[..., :-1], (1, 0)), -1)
     dgc = dgc + (F3[..., :1] * sd.sum(-1, keepdim=True)) + rect.to(f32)
     dbc = (-F0 * kw + yv.to(f32)) * vm + db2.to(f32)
-    Ttot, HV, DK = dqv.shape
+    HV, Ttot = Fb.shape[0], dqv.shape[0]
     dg = torch.zeros(Ttot, HV, dtype=f32, device=dqv.device)
     db = torch.zeros_like(dg)
     tv, sel = valid_rows(tok, valid) if rows is None else rows
     dg[tv] = dgc.permute(1, 2, 0).reshape(-1, HV)[sel]
     db[tv] = dbc.permute(1, 2, 0).reshape(-1, HV)[sel]
-    r = HV // H
-    dq = dqv.reshape(Ttot, H, r, DK).sum(2)
-    dk = dkv.reshape(Ttot, H, r, DK).sum(2)
+    dq, dk = group_sum(dqv, H), group_sum(dkv, H)
     if use_l2:
         dq = _l2_bwd(q, dq)
         dk = _l2_bwd(k, dk)
     return dq, dk, dg, db
+
+
+def group_sum(x, H: int):
+    """``x [Ttot, G, DK]`` (G a multiple of H: one row per value head, or per block of a group's value heads) summed
+    over the G / H rows of each q/k head: [Ttot, H, DK]; ``x`` itself when G == H."""
+    Ttot, G, DK = x.shape
+    return x if G == H else x.reshape(Ttot, H, G // H, DK).sum(2)
 
 
 def _l2_bwd(x, dxh):

@@ -41,9 +41,100 @@ def masked_row_dot(x_f, rows_s, rs, nv, out, hv, c):
         out[0, hv, c, t] = rs[t]
 
 
-def build_bwd_dqk_fused(DK: int, DV: int, dtype: str):
-    """Arguments (as the inter and intra kernels together; ``qz, kw, kr`` with one key block, ``sd`` with two
-    halves of the key dim):
+class _HeadTiles:
+    """The shared tiles of one value head's pass (a Python object, so the kernel body and ``value_head`` can name
+    them): allocated once per unrolled pass, so that TileLang's shared-memory allocator sees each pass's tiles die
+    before the next pass's are loaded and reuses the space (one set of tiles reused by a loop over the heads stays
+    live for the whole loop: 343 KiB, more than an SM has)."""
+
+    def __init__(self, DK, DV, dtype):
+        f32 = "float32"
+        self.f_s = T.alloc_shared((8, BT), f32)
+        self.sh = T.alloc_shared((DK, DV), dtype)
+        self.sl = T.alloc_shared((DK, DV), dtype)
+        self.dsh = T.alloc_shared((DV, DK), dtype)
+        self.dsl = T.alloc_shared((DV, DK), dtype)
+        self.do = T.alloc_shared((BT, DV), dtype)
+        self.v = T.alloc_shared((BT, DV), dtype)
+        self.uh = T.alloc_shared((BT, DV), dtype)
+        self.ul = T.alloc_shared((BT, DV), dtype)
+        self.dyh = T.alloc_shared((DV, BT), dtype)
+        self.dyl = T.alloc_shared((DV, BT), dtype)
+        self.m = [T.alloc_shared((BT, BT), dtype) for _ in range(8)]
+        self.m_s = T.alloc_shared((BT, BT), f32)
+
+
+def _head_tiles(R, DK, DV, dtype):
+    """``R`` sets of ``_HeadTiles``."""
+    return [_HeadTiles(DK, DV, dtype) for _ in range(R)]
+
+
+@T.macro
+def value_head(ts, q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
+               dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, h, t0, nv, scale):
+    """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
+    dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32."""
+    f32 = "float32"
+    DK = dq_f.shape[1]
+    DV = ts.sh.shape[1]
+    # 1. the S o dS' row dots (S, dS' hi + lo)
+    T.copy(Fb[hv, c, 0:8, 0:BT], ts.f_s)
+    T.copy(Sch[hv, c, 0:DK, 0:DV], ts.sh)
+    T.copy(Scl[hv, c, 0:DK, 0:DV], ts.sl)
+    T.copy(dSh[hv, c, 0:DV, 0:DK], ts.dsh)
+    T.copy(dSl[hv, c, 0:DV, 0:DK], ts.dsl)
+    acc[0] = T.float32(0)
+    split_dot_rows(ts.sh, ts.sl, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
+    sd[tx // DV, hv, c, tx % DV] = acc[0]
+    # 2. R = U dS'^T (U, dS' hi + lo) -> dk~ += e^(GL-G) R, the k.R dots
+    T.copy(Uh[hv, c, 0:BT, 0:DV], ts.uh)
+    T.copy(Ul[hv, c, 0:BT, 0:DV], ts.ul)
+    T.gemm(ts.uh, ts.dsh, x_f, clear_accum=True)
+    T.gemm(ts.ul, ts.dsh, x_f)
+    T.gemm(ts.uh, ts.dsl, x_f)
+    for t, d in T.Parallel(BT, DK):
+        dk_f[t, d] = dk_f[t, d] + T.exp2((ts.f_s[4, BT - 1] - ts.f_s[4, t]) * LOG2E) * x_f[t, d]
+    masked_row_dot(x_f, k_s, rs, nv, kr, hv, c)
+    # 3. Z = dO S^T (S hi + lo) -> dq~ += scale e^G Z, the q.Z dots
+    T.copy(do[t0:t0 + BT, hv, 0:DV], ts.do)
+    T.gemm(ts.do, ts.sh, x_f, transpose_B=True, clear_accum=True)
+    T.gemm(ts.do, ts.sl, x_f, transpose_B=True)
+    for t, d in T.Parallel(BT, DK):
+        dq_f[t, d] = dq_f[t, d] + scale * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
+    masked_row_dot(x_f, q_s, rs, nv, qz, hv, c)
+    # 4. W = dY S^T (dY, S hi + lo) -> dk~ -= beta e^G W, the k.W dots; then the dY . v dots
+    T.copy(dYh[hv, c, 0:DV, 0:BT], ts.dyh)
+    T.copy(dYl[hv, c, 0:DV, 0:BT], ts.dyl)
+    T.gemm(ts.dyh, ts.sh, x_f, transpose_A=True, transpose_B=True, clear_accum=True)
+    T.gemm(ts.dyl, ts.sh, x_f, transpose_A=True, transpose_B=True)
+    T.gemm(ts.dyh, ts.sl, x_f, transpose_A=True, transpose_B=True)
+    for t, d in T.Parallel(BT, DK):
+        dk_f[t, d] = dk_f[t, d] - ts.f_s[7, t] * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
+    masked_row_dot(x_f, k_s, rs, nv, kw, hv, c)
+    T.copy(v[t0:t0 + BT, hv, 0:DV], ts.v)
+    for t, i in T.Parallel(BT, DV):
+        x_f[t, i] = T.if_then_else(t < nv, T.cast(ts.v[t, i], f32), T.float32(0)) * (
+            T.cast(ts.dyh[i, t], f32) + T.cast(ts.dyl[i, t], f32))
+    T.reduce_sum(x_f, rs, dim=1)
+    for t in T.Parallel(BT):
+        yv[hv, c, t] = rs[t]
+    # 5. the 64x64 terms, accumulated onto dq~ / dk~
+    m = ts.m
+    intra_terms(q_s, k_s, ts.do, ts.uh, ts.ul, ts.dyh, ts.dyl, ts.f_s, m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7],
+                ts.m_s, qk, kk, dpu, dyu, y_f, rs2, dq_f, dk_f, db2, nv, hv, c, scale, clear=False)
+    rect_sums(ts.m_s, acc, rect, hv, c)
+
+
+def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, R: int = 1):
+    """Grid (chunk, value-head block of ``R``): a CTA runs the ``R`` consecutive value heads ``hv = b R .. b R + R -
+    1`` (which share a q/k head: the API passes an ``R`` dividing ``HV / H``) one after the other (unrolled, each
+    with its own shared tiles, ``_HeadTiles``), sums their dq~ and dk~ in the same fragments and stores the sums
+    once: the GVA group sum that ``common.finish`` does on fp32 tensors of all value heads (1 GB at B1 T32768 H16
+    HV32) is done here for ``R`` heads, q and k are loaded once per CTA.  The sums go out as fp32 (``dq32, dk32``)
+    when ``out32`` (the host then sums the rest of the group and applies the in-kernel L2 norm's chain rule), else
+    rounded to the input dtype (``dqo, dko``: the final dq, dk, when ``R = HV / H`` and there is no L2 norm).
+
+    Arguments (``qz, kw, kr`` with one key block, ``sd`` with two halves of the key dim; HB = HV / R):
       q, k            [Ttot, H, DK]     dtype
       v, do           [Ttot, HV, DV]    dtype
       Sch, Scl        [HV, NC, DK, DV]  dtype  (forward recompute, key-first)
@@ -52,17 +143,17 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str):
       dYh, dYl        [HV, NC, DV, 64]  dtype
       Fb              [HV, NC, 8, 64]   fp32
       cu_seqlens [N + 1], chunk_indices [NC, 2] int32
-      dqv, dkv        [Ttot, HV, DK]    fp32   (out: every valid row)
+      dq32, dk32      [Ttot, HB, DK]    fp32   (out when out32: every valid row)
+      dqo, dko        [Ttot, HB, DK]    dtype  (out unless out32)
       qz, kw, kr      [1, HV, NC, 64]   fp32   (out)
       sd              [2, HV, NC, DV]   fp32   (out)
       yv, rect, db2   [HV, NC, 64]      fp32   (out)
-      scale fp32
+      scale fp32, out32 int32
     """
     assert DK == DV == 128, "the fused kernel's thread map assumes K = V = 128 (64 is zero-padded by the API)"
+    assert R in (1, 2), R
     f32 = "float32"
-    NTH = 2 * DV
-    HALF = DK // 2
-    Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
+    Ttot, H, HV, HB, N, NC = dynamic_dims("Ttot H HV HB N NC")
 
     @T.prim_func
     def gdn_bwd_dqk(
@@ -81,8 +172,10 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str):
         Fb: T.Tensor((HV, NC, 8, BT), f32),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
         chunk_indices: T.Tensor((NC, 2), "int32"),
-        dqv: T.Tensor((Ttot, HV, DK), f32),
-        dkv: T.Tensor((Ttot, HV, DK), f32),
+        dq32: T.Tensor((Ttot, HB, DK), f32),
+        dk32: T.Tensor((Ttot, HB, DK), f32),
+        dqo: T.Tensor((Ttot, HB, DK), dtype),
+        dko: T.Tensor((Ttot, HB, DK), dtype),
         qz: T.Tensor((1, HV, NC, BT), f32),
         kw: T.Tensor((1, HV, NC, BT), f32),
         kr: T.Tensor((1, HV, NC, BT), f32),
@@ -91,35 +184,16 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str):
         rect: T.Tensor((HV, NC, BT), f32),
         db2: T.Tensor((HV, NC, BT), f32),
         scale: T.float32,
+        out32: T.int32,
     ):
-        with T.Kernel(NC, HV, threads=NTH) as (c, hv):
-            h = hv // (HV // H)
+        with T.Kernel(NC, HB, threads=2 * DV) as (c, b):
+            h = (b * R) // (HV // H)
             eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
             nv = T.min(eos - t0, BT)
 
-            f_s = T.alloc_shared((8, BT), f32)
-            sh_s = T.alloc_shared((DK, DV), dtype)
-            sl_s = T.alloc_shared((DK, DV), dtype)
-            dsh_s = T.alloc_shared((DV, DK), dtype)
-            dsl_s = T.alloc_shared((DV, DK), dtype)
             q_s = T.alloc_shared((BT, DK), dtype)
             k_s = T.alloc_shared((BT, DK), dtype)
-            do_s = T.alloc_shared((BT, DV), dtype)
-            v_s = T.alloc_shared((BT, DV), dtype)
-            uh_s = T.alloc_shared((BT, DV), dtype)
-            ul_s = T.alloc_shared((BT, DV), dtype)
-            dyh_s = T.alloc_shared((DV, BT), dtype)
-            dyl_s = T.alloc_shared((DV, BT), dtype)
-            mqh = T.alloc_shared((BT, BT), dtype)
-            mql = T.alloc_shared((BT, BT), dtype)
-            m1h = T.alloc_shared((BT, BT), dtype)
-            m1l = T.alloc_shared((BT, BT), dtype)
-            m2h = T.alloc_shared((BT, BT), dtype)
-            m2l = T.alloc_shared((BT, BT), dtype)
-            m3h = T.alloc_shared((BT, BT), dtype)
-            m3l = T.alloc_shared((BT, BT), dtype)
-            m_s = T.alloc_shared((BT, BT), f32)
-
+            ts = _head_tiles(R, DK, DV, dtype)
             dq_f = T.alloc_fragment((BT, DK), f32)
             dk_f = T.alloc_fragment((BT, DK), f32)
             x_f = T.alloc_fragment((BT, DK), f32)
@@ -135,56 +209,27 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str):
             xl = T.alloc_local((8,), dtype)
             tx = T.get_thread_binding()
 
-            # 1. the S o dS' row dots (S, dS' hi + lo)
-            T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
-            T.copy(Sch[hv, c, 0:DK, 0:DV], sh_s)
-            T.copy(Scl[hv, c, 0:DK, 0:DV], sl_s)
-            T.copy(dSh[hv, c, 0:DV, 0:DK], dsh_s)
-            T.copy(dSl[hv, c, 0:DV, 0:DK], dsl_s)
-            acc[0] = T.float32(0)
-            split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx % DV, xh, xl, (tx // DV) * HALF, HALF)
-            sd[tx // DV, hv, c, tx % DV] = acc[0]
-            # 2. R = U dS'^T (U, dS' hi + lo) -> dk~ = e^(GL-G) R, the k.R dots
-            T.copy(Uh[hv, c, 0:BT, 0:DV], uh_s)
-            T.copy(Ul[hv, c, 0:BT, 0:DV], ul_s)
-            T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
-            T.gemm(uh_s, dsh_s, x_f, clear_accum=True)
-            T.gemm(ul_s, dsh_s, x_f)
-            T.gemm(uh_s, dsl_s, x_f)
-            for t, d in T.Parallel(BT, DK):
-                dk_f[t, d] = T.exp2((f_s[4, BT - 1] - f_s[4, t]) * LOG2E) * x_f[t, d]
-            masked_row_dot(x_f, k_s, rs, nv, kr, hv, c)
-            # 3. Z = dO S^T (S hi + lo) -> dq~ = scale e^G Z, the q.Z dots
-            T.copy(do[t0:t0 + BT, hv, 0:DV], do_s)
             T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
-            T.gemm(do_s, sh_s, x_f, transpose_B=True, clear_accum=True)
-            T.gemm(do_s, sl_s, x_f, transpose_B=True)
-            for t, d in T.Parallel(BT, DK):
-                dq_f[t, d] = scale * T.exp2(f_s[4, t] * LOG2E) * x_f[t, d]
-            masked_row_dot(x_f, q_s, rs, nv, qz, hv, c)
-            # 4. W = dY S^T (dY, S hi + lo) -> dk~ += -beta e^G W, the k.W dots; then the dY . v dots
-            T.copy(dYh[hv, c, 0:DV, 0:BT], dyh_s)
-            T.copy(dYl[hv, c, 0:DV, 0:BT], dyl_s)
-            T.gemm(dyh_s, sh_s, x_f, transpose_A=True, transpose_B=True, clear_accum=True)
-            T.gemm(dyl_s, sh_s, x_f, transpose_A=True, transpose_B=True)
-            T.gemm(dyh_s, sl_s, x_f, transpose_A=True, transpose_B=True)
-            for t, d in T.Parallel(BT, DK):
-                dk_f[t, d] = dk_f[t, d] - f_s[7, t] * T.exp2(f_s[4, t] * LOG2E) * x_f[t, d]
-            masked_row_dot(x_f, k_s, rs, nv, kw, hv, c)
-            T.copy(v[t0:t0 + BT, hv, 0:DV], v_s)
-            for t, i in T.Parallel(BT, DV):
-                x_f[t, i] = T.if_then_else(t < nv, T.cast(v_s[t, i], f32), T.float32(0)) * (
-                    T.cast(dyh_s[i, t], f32) + T.cast(dyl_s[i, t], f32))
-            T.reduce_sum(x_f, rs, dim=1)
-            for t in T.Parallel(BT):
-                yv[hv, c, t] = rs[t]
-            # 5. the 64x64 terms, accumulated onto dq~ / dk~; each row stored once
-            intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, f_s, mqh, mql, m1h, m1l, m2h, m2l, m3h, m3l,
-                        m_s, qk, kk, dpu, dyu, y_f, rs2, dq_f, dk_f, db2, nv, hv, c, scale, clear=False)
-            for t, d in T.Parallel(BT, DK):
-                if t < nv:
-                    dqv[t0 + t, hv, d] = dq_f[t, d]
-                    dkv[t0 + t, hv, d] = dk_f[t, d]
-            rect_sums(m_s, acc, rect, hv, c)
+            T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
+            T.clear(dq_f)
+            T.clear(dk_f)
+            value_head(ts[0], q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs,
+                       qk, kk, dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, b * R, c, h, t0,
+                       nv, scale)
+            if R == 2:
+                value_head(ts[R - 1], q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f,
+                           x_f, rs, qk, kk, dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2,
+                           b * R + 1, c, h, t0, nv, scale)
+            # the block's sums, each row stored once
+            if out32 != 0:
+                for t, d in T.Parallel(BT, DK):
+                    if t < nv:
+                        dq32[t0 + t, b, d] = dq_f[t, d]
+                        dk32[t0 + t, b, d] = dk_f[t, d]
+            else:
+                for t, d in T.Parallel(BT, DK):
+                    if t < nv:
+                        dqo[t0 + t, b, d] = T.cast(dq_f[t, d], dtype)
+                        dko[t0 + t, b, d] = T.cast(dk_f[t, d], dtype)
 
     return gdn_bwd_dqk

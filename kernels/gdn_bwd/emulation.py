@@ -25,7 +25,7 @@ import torch
 from kernels.gdn_fwd.emulation import (_f32, _gate_table, _gather_chunks, _tinv, _two, chunk_tables, intra_v2,
                                        state_v2)
 
-from .common import BT, finish, token_index
+from .common import BT, finish, group_sum, token_index
 
 f64 = torch.float64
 
@@ -301,7 +301,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     dqv[tok[m]] = _f32(dqt1 + dqt2).permute(1, 2, 0, 3)[m].float()
     dkv[tok[m]] = _f32(dkt1 + dkt2).permute(1, 2, 0, 3)[m].float()
     if _stages is not None:
-        _stages.update(dqv=dqv, dkv=dkv)
+        _stages.update(dqv=group_sum(dqv, H), dkv=group_sum(dkv, H))
     dq, dk, dg, db = finish(Fb=Fb, qz=qz, kw=kw, kr=kr, sd=sd, yv=yv, rect=rect, db2=db2, dqv=dqv, dkv=dkv, q=q2,
                             k=k2, H=H, use_l2=use_l2, tok=tok, valid=valid)
     dq = dq.reshape(B, T, H, DK).to(dt)
