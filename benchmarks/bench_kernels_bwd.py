@@ -75,7 +75,7 @@ def backward_context(name: str):
 AB = {"ours-serial": "_OVERLAP_RECOMPUTE",      # the forward recompute before prep and dh, on the one stream
       "ours-seq-dh": "_DH_SEGMENTS",            # the sequential reverse pass even with few CTAs (no dh_cp)
       "ours-unfused": "_FUSED_DQK",             # the inter and intra terms in two kernels (session 8's form)
-      "ours-r1": "_DQK_PAIRS"}                  # the fused kernel with one value head per CTA
+      "ours-per-head": "_DQK_GROUP_ADD"}        # the fused kernel's dq~ / dk~ per value head (finish sums groups of 2)
 
 
 @contextlib.contextmanager
@@ -114,7 +114,7 @@ def main(argv=None):
     ap.add_argument("--ab", default="",
                     help="also time these A/B columns, 'ours' with one switch of kernels.gdn_bwd.api off: "
                     "'ours-serial' (recompute not overlapped with prep + dh), 'ours-seq-dh' (no segment-parallel dh), "
-                    "'ours-unfused' (inter and intra terms in two kernels), 'ours-r1' (the fused kernel, one value head per CTA)")
+                    "'ours-unfused' (inter and intra terms in two kernels), 'ours-per-head' (groups of two summed by finish)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):
@@ -169,9 +169,6 @@ def main(argv=None):
                 cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0, tb) if c not in cfgs]
             if "ours-unfused" in args.ab:
                 cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0, "split", False) if c not in cfgs]
-        if "ours-r1" in args.ab:
-            from kernels.gdn_bwd.build import BwdConfig
-            cfgs += [c for c in (BwdConfig("dqk", "bfloat16"),) if c not in cfgs]
         precompile(cfgs, args.workers, log=lambda m: print(m, flush=True))
 
     impls = [(COLUMN[tb], (lambda *a, tb=tb, **k: ours(*a, **k, _tables=tb))) for tb in tables]

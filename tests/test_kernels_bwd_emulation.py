@@ -219,13 +219,14 @@ def _fake_kernels(monkeypatch):
                     dst[:1] = src.float()
                 put(yv, e)
             return inter
-        if cfg.kind in ("dqk", "dqk2"):   # the fused kernel: the two stand-ins, then its sums over R value heads
-            R = 2 if cfg.kind == "dqk2" else 1
-
+        if cfg.kind == "dqk":   # the fused kernel: the two stand-ins, then its three output forms
             def dqk(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, ci, dq32, dk32, dqo, dko, qz, kw, kr,
                     sd, yv, rect, db2, scale, out32):
                 Ttot, HV, D = v.shape
-                assert dq32.shape == (Ttot, HV // R, D) and dqo.shape == dq32.shape and dqo.dtype == q.dtype
+                HB = dq32.shape[1]
+                assert dqo.shape == dq32.shape and dqo.dtype == q.dtype and (out32 or HB == HV)
+                if HB < HV:         # atomic adds onto the caller's zeros
+                    assert out32 and dq32.abs().max() == 0 and dk32.abs().max() == 0
                 dqv = torch.zeros(Ttot, HV, D, dtype=torch.float32)
                 dkv = torch.zeros_like(dqv)
                 bwd_kernel(bbuild.BwdConfig("inter", cfg.dtype))(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl,
@@ -233,7 +234,7 @@ def _fake_kernels(monkeypatch):
                 bwd_kernel(bbuild.BwdConfig("intra", cfg.dtype))(q, k, do, Uh, Ul, dYh, dYl, Fb, cu, ci, dqv, dkv,
                                                                  rect, db2, scale)
                 for x, o32, o in ((dqv, dq32, dqo), (dkv, dk32, dko)):
-                    x = x.reshape(Ttot, HV // R, R, D).sum(2)
+                    x = x.reshape(Ttot, HB, HV // HB, D).sum(2)
                     put(o32, x) if out32 else put(o, x)
             return dqk
         assert cfg.kind == "intra"
@@ -259,25 +260,26 @@ _PLUMBING = {
     "varlen_empty_h0_vfirst_D64": dict(B=1, T=0, H=1, HV=2, D=64, lens=[0, 65, 1, 0, 64], h0=1.0, vf=True),
     "dense_B2_gva_no_h0": dict(B=2, T=70, H=1, HV=2),
     "all_empty_h0_vfirst": dict(B=1, T=0, H=1, HV=2, lens=[0, 0], h0=1.0, vf=True),
-    # no L2 norm: with pairs the fused kernel writes the final dq, dk (input dtype); a group of 4: fp32 pair sums
-    "dense_H2_HV4_no_l2": dict(B=1, T=130, H=2, HV=4, l2=False),
+    # groups of 1 without the L2 norm: the fused kernel writes the final dq, dk (input dtype); a group of 4: fp32 per
+    # value head (groups of 2: the cases above)
+    "dense_H2_HV2_no_l2": dict(B=1, T=130, H=2, HV=2, l2=False),
     "gva4_no_l2": dict(B=1, T=70, H=1, HV=4, l2=False),
 }
 
 
-@pytest.mark.parametrize("fused", ["pairs", True, False], ids=["fused_pairs", "fused", "two_kernels"])
+@pytest.mark.parametrize("fused", ["group_add", True, False], ids=["fused", "fused_no_group_add", "two_kernels"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
 def test_kernel_path_plumbing_on_cpu(monkeypatch, name, fused):
     """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
     emulation's stage functions, so any difference is the API's tensor plumbing), with the fused dqk kernel
-    (default: two value heads per CTA where a group has an even number; also one per CTA, ``api._DQK_PAIRS``
-    off) and with its two-kernel form (``api._FUSED_DQK`` off)."""
+    (default; also without adding groups of two onto one row, ``api._DQK_GROUP_ADD`` off) and with its two-kernel
+    form (``api._FUSED_DQK`` off)."""
     from kernels.gdn_bwd import api
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
 
     _fake_kernels(monkeypatch)
     monkeypatch.setattr(api, "_FUSED_DQK", fused is not False)
-    monkeypatch.setattr(api, "_DQK_PAIRS", fused == "pairs")
+    monkeypatch.setattr(api, "_DQK_GROUP_ADD", fused == "group_add")
     xs, do, dht, kw = tt.bwd_inputs(**_PLUMBING[name])
     got = api_bwd(*xs, do, dht, **kw)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)

@@ -37,16 +37,14 @@ def _precompile():
     """Compile every kernel the cases need in parallel processes first (fills TileLang's disk cache)."""
     import os
 
-    from kernels.gdn_bwd.build import BwdConfig, configs_for_call, precompile
+    from kernels.gdn_bwd.build import configs_for_call, precompile
     cfgs = []
-    for c in CASES + [tt.Case("bad", 1, 64, 2, 4)]:
+    for c in CASES + _OUTPUT_CASES + [tt.Case("bad", 1, 64, 2, 4)]:
         lens = c.lens or [c.T] * c.B
         n, mc = len(lens), max([-(-x // 64) for x in lens] + [0])
         dt = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[c.dtype]
         for tables, fused in (("split", None), ("lean_sd", None), ("split", False)):
             cfgs += [x for x in configs_for_call(dt, n, c.HV, mc, c.h0 is not None, tables, fused) if x not in cfgs]
-    cfgs += [BwdConfig(kd, dt) for kd in ("dqk", "dqk2") for dt in ("bfloat16", "float16")
-             if BwdConfig(kd, dt) not in cfgs]
     failed = precompile(cfgs, min(10, os.cpu_count() or 1))
     assert not failed, failed
 
@@ -146,18 +144,18 @@ def test_stages_match_emulation(case, tables):
 _FUSED_STAGES = ("qz", "kw", "kr", "sd", "yv", "rect", "db2", "dqv", "dkv")
 
 
-@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "one_head"])
+@pytest.mark.parametrize("group_add", [True, False], ids=["group_add", "per_head"])
 @pytest.mark.parametrize("case", _STAGE_CASES, ids=[c.name for c in _STAGE_CASES])
-def test_fused_dqk_matches_the_two_kernels(monkeypatch, case, pairs):
+def test_fused_dqk_matches_the_two_kernels(monkeypatch, case, group_add):
     """The fused inter + intra kernel (``dqk_fused.py``, the default) against the two kernels it replaces
     (``api._FUSED_DQK`` off) on the same inputs: the same products on the same operands, summed in another
     order (dq~ / dk~'s intra terms by the wgmma accumulator instead of an atomic add, the row dots over 128
     instead of 2 x 64 key columns), so every intermediate within 1e-5 of its largest magnitude and the final
-    gradients within a tenth of the input dtype's rounding floor of each other.  With two value heads per CTA
-    (``pairs``, the default where a group has an even number) and with one."""
+    gradients within a tenth of the input dtype's rounding floor of each other.  With groups of two value heads
+    added onto one row by atomics (``group_add``, the default) and stored per value head."""
     from kernels.gdn_bwd import api
 
-    monkeypatch.setattr(api, "_DQK_PAIRS", pairs)
+    monkeypatch.setattr(api, "_DQK_GROUP_ADD", group_add)
     dev = torch.device("cuda")
     args, kw, do, dht = _grads_inputs(case, dev)
     sf, su = {}, {}
@@ -178,6 +176,34 @@ def test_fused_dqk_matches_the_two_kernels(monkeypatch, case, pairs):
     for n, a, b, r in zip(NAMES, gf, gu, want):
         d, floor = tt.rel_rmse(a, b), tt.rel_rmse(r.to(case.dtype), r)
         assert d <= 0.1 * floor, (n, d, floor)
+
+
+# the fused kernel's three output forms: groups of 2 (atomic adds onto one row), 1 (the final dq, dk in the
+# input dtype, no L2 norm; the L2 norm: fp32), 4 (fp32 per value head)
+_OUTPUT_CASES = [tt.Case("g2_varlen_h0", 1, 0, 2, 4, lens=[300, 1, 700], h0=1.0),
+                 tt.Case("g1_no_l2", 1, 1000, 4, 4), tt.Case("g1_l2_fp16", 2, 333, 2, 2, l2=True, dtype=torch.float16),
+                 tt.Case("g4", 1, 1000, 1, 4, l2=True)]
+
+
+@pytest.mark.parametrize("case", _OUTPUT_CASES, ids=[c.name for c in _OUTPUT_CASES])
+def test_fused_outputs_are_deterministic_and_within_the_baseline(case):
+    """Each output form of the fused kernel: two calls give bitwise the same gradients (the atomic adds of a group
+    of two are one addition each onto 0), every gradient no farther from fp64 than the FLA-like baseline's."""
+    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
+
+    dev = torch.device("cuda")
+    args, kw, do, dht = _grads_inputs(case, dev)
+    a = kern(*args, do, dht, **kw)
+    b = kern(*args, do, dht, **kw)
+    torch.cuda.synchronize()
+    want = _ref(args, kw, do, dht)
+    base = _baseline(args, kw, do, dht)
+    for n, x, y, r, bl in zip(NAMES, a, b, want, base):
+        if r is None:
+            continue
+        assert torch.equal(x, y), n
+        assert tt.nonfinite(x) == 0, n
+        assert tt.rel_rmse(x, r) <= tt.rel_rmse(bl, r), (n, tt.rel_rmse(x, r), tt.rel_rmse(bl, r))
 
 
 def test_bad_input_raises_valueerror():

@@ -206,18 +206,20 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
     db2 = torch.empty_like(rect)
     if "dqk" in kinds:
-        # inter + intra in one kernel (one key block of row dots, two halves of sd), R value heads per CTA summed
-        # in registers: out as fp32 when the host still has to sum (the rest of a group) or to chain the L2 norm
-        # (or ``_stages`` wants the fp32 sums), else as the final dq, dk in the input dtype (written into the first
-        # half of the fp32 buffers' memory: only one of the two is written)
-        R = 2 if _DQK_PAIRS and (HV // H) % 2 == 0 else 1
-        HB = HV // R
-        out32 = bool(use_l2) or HB != H or _stages is not None
+        # inter + intra in one kernel (one key block of row dots, two halves of sd); dq~, dk~ out (``dqk_fused``):
+        # groups of one value head as the final dq, dk in the input dtype (no L2 norm; fp32 when ``_stages`` wants
+        # the sums), of two as fp32 atomic sums onto the zero-filled rows of their q/k head (deterministic), larger
+        # ones as fp32 per value head (summed by finish); the dtype outputs use the first half of the fp32 buffers'
+        # memory (only one of the two is written)
+        r = HV // H
+        HB = H if r == 1 or (r == 2 and _DQK_GROUP_ADD) else HV
+        out32 = r > 1 or bool(use_l2) or _stages is not None
         qz, kw, kr = qz[:1], kw[:1], kr[:1]
-        dq32 = torch.empty(Ttot, HB, D, device=dev, dtype=f32)
-        dk32 = torch.empty_like(dq32)
+        new = torch.zeros if HB < HV else torch.empty
+        dq32 = new(Ttot, HB, D, device=dev, dtype=f32)
+        dk32 = new(Ttot, HB, D, device=dev, dtype=f32)
         dqo, dko = (x.view(-1).view(dt)[:x.numel()].view(Ttot, HB, D) for x in (dq32, dk32))
-        get_kernel(BwdConfig("dqk2" if R == 2 else "dqk", tl_dt))(
+        get_kernel(BwdConfig("dqk", tl_dt))(
             q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, chunk_indices, dq32, dk32, dqo, dko, qz,
             kw, kr, sd, yv, rect, db2, scale, int(out32))
         dqv, dkv = (dq32, dk32) if out32 else (dqo, dko)
@@ -301,7 +303,7 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
 
 
 _FUSED_DQK = True              # private switch (A/B timing): the inter + intra terms in one kernel (dqk_fused.py)
-_DQK_PAIRS = True              # private switch (A/B timing): ... with two value heads per CTA when a group has 2k
+_DQK_GROUP_ADD = True          # private switch (A/B timing): ... adding dq~, dk~ of groups of two onto one row
 _OVERLAP_RECOMPUTE = True      # private switch (A/B timing): the recompute on a side stream beside dh
 # ... when the call has at least this many (chunk, value head) pairs.  Session 8 on an H200 (bench_kernels_bwd.py --ab
 # ours-serial, calls 2-5): the side stream saved 0.8 ms at B1 T32768 H16 HV32 (16384 pairs) and at B1 T65536 H2 HV4

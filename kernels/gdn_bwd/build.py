@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, compile_report, pass_configs
 from kernels.gdn_fwd.build import precompile as fwd_precompile
 
-KINDS = ("prep", "dh", "dqk", "dqk2", "inter", "intra", "inter_lean", "dots", "intra_lean")
-# dqk, dqk2: the fused inter + intra kernel of "split", one value head or two per CTA (inter + intra: its two-kernel form, the A/B switch
+KINDS = ("prep", "dh", "dqk", "inter", "intra", "inter_lean", "dots", "intra_lean")
+# dqk: the fused inter + intra kernel of "split" (inter + intra: its two-kernel form, the A/B switch
 # ``api._FUSED_DQK``); inter_lean, dots, intra_lean: "lean_sd"
 TABLES = ("split", "lean_sd")  # chunk tables the inter kernel reads (api's _tables; emulation.TABLES has the study's)
 DEFAULT_TABLES = "split"
@@ -43,9 +43,9 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
         return build_bwd_dh(D, D, cfg.dtype)
-    if cfg.kind in ("dqk", "dqk2"):
+    if cfg.kind == "dqk":
         from .dqk_fused import build_bwd_dqk_fused
-        return build_bwd_dqk_fused(D, D, cfg.dtype, R=2 if cfg.kind == "dqk2" else 1)
+        return build_bwd_dqk_fused(D, D, cfg.dtype)
     if cfg.kind == "inter":
         from .dqk import build_bwd_dqk_inter
         return build_bwd_dqk_inter(D, D, cfg.dtype)
@@ -130,9 +130,7 @@ def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: b
     except Exception:       # the forward's planner changed: everything it can dispatch
         out += [c for c in fb.all_configs() if c.dtype == dtype]
     out += list(forward_recompute_configs(dtype, n_seq, HV))
-    # the fused kernel's two forms (one or two value heads per CTA: which one depends on H, not an argument here)
-    out += [BwdConfig(kd, dtype) for kind in stage_kinds(tables, fused)
-            for kd in ((kind, "dqk2") if kind == "dqk" else (kind,))]
+    out += [BwdConfig(kind, dtype) for kind in stage_kinds(tables, fused)]
     uniq = []
     for c in out:
         if c not in uniq:

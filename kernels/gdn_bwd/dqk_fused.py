@@ -42,10 +42,7 @@ def masked_row_dot(x_f, rows_s, rs, nv, out, hv, c):
 
 
 class _HeadTiles:
-    """The shared tiles of one value head's pass (a Python object, so the kernel body and ``value_head`` can name
-    them): allocated once per unrolled pass, so that TileLang's shared-memory allocator sees each pass's tiles die
-    before the next pass's are loaded and reuses the space (one set of tiles reused by a loop over the heads stays
-    live for the whole loop: 343 KiB, more than an SM has)."""
+    """The shared tiles of one value head's pass (a Python object, so that ``value_head`` can name them)."""
 
     def __init__(self, DK, DV, dtype):
         f32 = "float32"
@@ -62,11 +59,6 @@ class _HeadTiles:
         self.dyl = T.alloc_shared((DV, BT), dtype)
         self.m = [T.alloc_shared((BT, BT), dtype) for _ in range(8)]
         self.m_s = T.alloc_shared((BT, BT), f32)
-
-
-def _head_tiles(R, DK, DV, dtype):
-    """``R`` sets of ``_HeadTiles``."""
-    return [_HeadTiles(DK, DV, dtype) for _ in range(R)]
 
 
 @T.macro
@@ -125,16 +117,21 @@ def value_head(ts, q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k
     rect_sums(ts.m_s, acc, rect, hv, c)
 
 
-def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, R: int = 1):
-    """Grid (chunk, value-head block of ``R``): a CTA runs the ``R`` consecutive value heads ``hv = b R .. b R + R -
-    1`` (which share a q/k head: the API passes an ``R`` dividing ``HV / H``) one after the other (unrolled, each
-    with its own shared tiles, ``_HeadTiles``), sums their dq~ and dk~ in the same fragments and stores the sums
-    once: the GVA group sum that ``common.finish`` does on fp32 tensors of all value heads (1 GB at B1 T32768 H16
-    HV32) is done here for ``R`` heads, q and k are loaded once per CTA.  The sums go out as fp32 (``dq32, dk32``)
-    when ``out32`` (the host then sums the rest of the group and applies the in-kernel L2 norm's chain rule), else
-    rounded to the input dtype (``dqo, dko``: the final dq, dk, when ``R = HV / H`` and there is no L2 norm).
+def build_bwd_dqk_fused(DK: int, DV: int, dtype: str):
+    """Grid (chunk, value head).  dq~ and dk~ leave the kernel in one of three ways, by the rows ``HB`` of the
+    output tensors (a dynamic dim: HV or H) and ``out32``:
 
-    Arguments (``qz, kw, kr`` with one key block, ``sd`` with two halves of the key dim; HB = HV / R):
+    * ``HB = HV``, ``out32``: fp32 per value head (``dq32, dk32``); the host sums each group (``common.group_sum``);
+    * ``HB = H < HV``, ``out32``: fp32 atomic adds onto the q/k head's row of ``dq32, dk32``, which the caller
+      zero-fills: the GVA group sum.  Used for groups of two value heads only, where it is deterministic (each
+      element gets two additions onto 0, and fp32 addition commutes exactly); larger groups take the first form;
+    * ``HB = HV = H`` and not ``out32``: rounded to the input dtype (``dqo, dko``): the final dq, dk (no L2 norm).
+
+    Two value heads per CTA (unrolled, each with its own shared tiles) summed in registers were measured on an
+    H200 and lost: the kernel needed more than 255 registers and spilled (6.56 against 3.8 ms at B1 T32768 H16
+    HV32, session 9, call 2).
+
+    Arguments (``qz, kw, kr`` with one key block, ``sd`` with two halves of the key dim):
       q, k            [Ttot, H, DK]     dtype
       v, do           [Ttot, HV, DV]    dtype
       Sch, Scl        [HV, NC, DK, DV]  dtype  (forward recompute, key-first)
@@ -151,7 +148,6 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, R: int = 1):
       scale fp32, out32 int32
     """
     assert DK == DV == 128, "the fused kernel's thread map assumes K = V = 128 (64 is zero-padded by the API)"
-    assert R in (1, 2), R
     f32 = "float32"
     Ttot, H, HV, HB, N, NC = dynamic_dims("Ttot H HV HB N NC")
 
@@ -186,14 +182,15 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, R: int = 1):
         scale: T.float32,
         out32: T.int32,
     ):
-        with T.Kernel(NC, HB, threads=2 * DV) as (c, b):
-            h = (b * R) // (HV // H)
+        with T.Kernel(NC, HV, threads=2 * DV) as (c, hv):
+            h = hv // (HV // H)
+            ob = hv // (HV // HB)           # the output row: hv, or h when the group is summed here
             eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
             nv = T.min(eos - t0, BT)
 
             q_s = T.alloc_shared((BT, DK), dtype)
             k_s = T.alloc_shared((BT, DK), dtype)
-            ts = _head_tiles(R, DK, DV, dtype)
+            ts = _HeadTiles(DK, DV, dtype)
             dq_f = T.alloc_fragment((BT, DK), f32)
             dk_f = T.alloc_fragment((BT, DK), f32)
             x_f = T.alloc_fragment((BT, DK), f32)
@@ -213,23 +210,24 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, R: int = 1):
             T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
             T.clear(dq_f)
             T.clear(dk_f)
-            value_head(ts[0], q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs,
-                       qk, kk, dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, b * R, c, h, t0,
+            value_head(ts, q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs,
+                       qk, kk, dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, h, t0,
                        nv, scale)
-            if R == 2:
-                value_head(ts[R - 1], q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f,
-                           x_f, rs, qk, kk, dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2,
-                           b * R + 1, c, h, t0, nv, scale)
-            # the block's sums, each row stored once
-            if out32 != 0:
+            # each row stored once, or added to the group's row
+            if out32 == 0:
                 for t, d in T.Parallel(BT, DK):
                     if t < nv:
-                        dq32[t0 + t, b, d] = dq_f[t, d]
-                        dk32[t0 + t, b, d] = dk_f[t, d]
+                        dqo[t0 + t, ob, d] = T.cast(dq_f[t, d], dtype)
+                        dko[t0 + t, ob, d] = T.cast(dk_f[t, d], dtype)
+            elif HB == HV:
+                for t, d in T.Parallel(BT, DK):
+                    if t < nv:
+                        dq32[t0 + t, ob, d] = dq_f[t, d]
+                        dk32[t0 + t, ob, d] = dk_f[t, d]
             else:
                 for t, d in T.Parallel(BT, DK):
                     if t < nv:
-                        dqo[t0 + t, b, d] = T.cast(dq_f[t, d], dtype)
-                        dko[t0 + t, b, d] = T.cast(dk_f[t, d], dtype)
+                        T.atomic_add(dq32[t0 + t, ob, d], dq_f[t, d])
+                        T.atomic_add(dk32[t0 + t, ob, d], dk_f[t, d])
 
     return gdn_bwd_dqk
