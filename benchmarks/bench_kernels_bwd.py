@@ -75,7 +75,7 @@ def backward_context(name: str):
 AB = {"ours-serial": "_OVERLAP_RECOMPUTE",      # the forward recompute before prep and dh, on the one stream
       "ours-seq-dh": "_DH_SEGMENTS",            # the sequential reverse pass even with few CTAs (no dh_cp)
       "ours-unfused": "_FUSED_DQK",             # the inter and intra terms in two kernels (session 8's form)
-      "ours-per-head": "_DQK_GROUP_ADD"}        # the fused kernel's dq~ / dk~ per value head (finish sums groups of 2)
+      "ours-torch-gsum": "_GROUP_SUM_KERNEL"}   # the GVA group sums of dq~ / dk~ by torch in finish
 
 
 @contextlib.contextmanager
@@ -114,7 +114,7 @@ def main(argv=None):
     ap.add_argument("--ab", default="",
                     help="also time these A/B columns, 'ours' with one switch of kernels.gdn_bwd.api off: "
                     "'ours-serial' (recompute not overlapped with prep + dh), 'ours-seq-dh' (no segment-parallel dh), "
-                    "'ours-unfused' (inter and intra terms in two kernels), 'ours-per-head' (groups of two summed by finish)")
+                    "'ours-unfused' (inter and intra terms in two kernels), 'ours-torch-gsum' (the GVA group sums by torch)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):

@@ -34,7 +34,7 @@ N_WORKERS = max(1, min(2, os.cpu_count() or 1))
 # + dY U^T (3) + dq (2) + dk (6); inter_lean = dO Sh^T + dYh Sh^T + Uh dSh'^T; dots: none (CUDA-core sums);
 # intra_lean = intra with dO Uh^T and dYh Uh^T alone
 _WANT_WGMMA = {"prep": 1 + 4 + 1 + 2, "dh": 2 + 3 + 2 + 2, "inter": 2 + 3 + 3, "intra": 1 + 1 + 2 + 3 + 2 + 6,
-               "dqk": (2 + 3 + 3) + (1 + 1 + 2 + 3 + 2 + 6),
+               "dqk": (2 + 3 + 3) + (1 + 1 + 2 + 3 + 2 + 6), "gsum": 0, "gsum32": 0,
                "inter_lean": 3, "dots": 0, "intra_lean": 1 + 1 + 1 + 1 + 2 + 6}
 
 
@@ -53,7 +53,7 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     src = r["source"]
     want = _WANT_WGMMA[cfg.kind]
     check_wgmma(src, cfg.dtype, want)
-    assert "exp2f" in src or cfg.kind in ("dh", "dots")
+    assert "exp2f" in src or cfg.kind in ("dh", "dots", "gsum", "gsum32")
     if cfg.kind == "inter_lean":                    # its chunks' tiles: TMA into a warp-specialised pipeline
         assert "tma_load" in src and "mbarrier" in src and "warpgroup_reg_alloc" in src
     if cfg.kind == "dh":

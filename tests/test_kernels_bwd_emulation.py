@@ -121,7 +121,7 @@ def test_tables_knob_reaches_the_backward_and_rejects_unknown_values():
             with pytest.raises(ValueError, match="unknown chunk table precision"):
                 impl(*xs, do, dht, **kw, _tables=bad)
     from kernels.gdn_bwd.build import stage_kinds
-    assert stage_kinds("lean_sd")[-1] == "intra_lean" and stage_kinds() == ("prep", "dh", "dqk")
+    assert stage_kinds("lean_sd")[-1] == "intra_lean" and stage_kinds() == ("prep", "dh", "dqk", "gsum", "gsum32")
     assert stage_kinds("split", fused=False) == ("prep", "dh", "inter", "intra")
 
 
@@ -219,6 +219,14 @@ def _fake_kernels(monkeypatch):
                     dst[:1] = src.float()
                 put(yv, e)
             return inter
+        if cfg.kind in ("gsum", "gsum32"):
+            def gsum(x, y):     # fp32 sums in the kernel's order, one rounding to y's dtype
+                xs = x.reshape(x.shape[0], y.shape[1], -1, x.shape[2])
+                acc = xs[:, :, 0].clone()
+                for j in range(1, xs.shape[2]):
+                    acc = acc + xs[:, :, j]
+                put(y, acc)
+            return gsum
         if cfg.kind == "dqk":   # the fused kernel: the two stand-ins, then its three output forms
             def dqk(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, ci, dq32, dk32, dqo, dko, qz, kw, kr,
                     sd, yv, rect, db2, scale, out32):
@@ -267,19 +275,21 @@ _PLUMBING = {
 }
 
 
-@pytest.mark.parametrize("fused", ["group_add", True, False], ids=["fused", "fused_no_group_add", "two_kernels"])
+@pytest.mark.parametrize("fused", ["group_sum", True, "group_add", False],
+                         ids=["fused", "fused_torch_group_sum", "fused_group_add", "two_kernels"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
 def test_kernel_path_plumbing_on_cpu(monkeypatch, name, fused):
     """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
     emulation's stage functions, so any difference is the API's tensor plumbing), with the fused dqk kernel
-    (default; also without adding groups of two onto one row, ``api._DQK_GROUP_ADD`` off) and with its two-kernel
-    form (``api._FUSED_DQK`` off)."""
+    (default: the group sums by ``gdn_bwd_group_sum``; also by torch, ``api._GROUP_SUM_KERNEL`` off; and groups of
+    two added onto one row, ``api._DQK_GROUP_ADD`` on) and with its two-kernel form (``api._FUSED_DQK`` off)."""
     from kernels.gdn_bwd import api
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
 
     _fake_kernels(monkeypatch)
     monkeypatch.setattr(api, "_FUSED_DQK", fused is not False)
     monkeypatch.setattr(api, "_DQK_GROUP_ADD", fused == "group_add")
+    monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", fused == "group_sum")
     xs, do, dht, kw = tt.bwd_inputs(**_PLUMBING[name])
     got = api_bwd(*xs, do, dht, **kw)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)

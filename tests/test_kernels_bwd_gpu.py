@@ -178,19 +178,23 @@ def test_fused_dqk_matches_the_two_kernels(monkeypatch, case, group_add):
         assert d <= 0.1 * floor, (n, d, floor)
 
 
-# the fused kernel's three output forms: groups of 2 (atomic adds onto one row), 1 (the final dq, dk in the
-# input dtype, no L2 norm; the L2 norm: fp32), 4 (fp32 per value head)
+# the fused kernel's three output forms: groups of 2 (atomic adds onto one row, opt-in), 1 (the final dq, dk in the
+# input dtype, no L2 norm; the L2 norm: fp32), 4 (fp32 per value head, then the group-sum kernel: fp32 with the L2
+# norm); the default path's groups of 2 (per value head, then the group sums in the input dtype) are the other tests
 _OUTPUT_CASES = [tt.Case("g2_varlen_h0", 1, 0, 2, 4, lens=[300, 1, 700], h0=1.0),
                  tt.Case("g1_no_l2", 1, 1000, 4, 4), tt.Case("g1_l2_fp16", 2, 333, 2, 2, l2=True, dtype=torch.float16),
                  tt.Case("g4", 1, 1000, 1, 4, l2=True)]
 
 
 @pytest.mark.parametrize("case", _OUTPUT_CASES, ids=[c.name for c in _OUTPUT_CASES])
-def test_fused_outputs_are_deterministic_and_within_the_baseline(case):
+def test_fused_outputs_are_deterministic_and_within_the_baseline(monkeypatch, case):
     """Each output form of the fused kernel: two calls give bitwise the same gradients (the atomic adds of a group
-    of two are one addition each onto 0), every gradient no farther from fp64 than the FLA-like baseline's."""
+    of two, ``api._DQK_GROUP_ADD`` on here, are one addition each onto 0), every gradient no farther from fp64 than
+    the FLA-like baseline's."""
+    from kernels.gdn_bwd import api
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
 
+    monkeypatch.setattr(api, "_DQK_GROUP_ADD", True)
     dev = torch.device("cuda")
     args, kw, do, dht = _grads_inputs(case, dev)
     a = kern(*args, do, dht, **kw)

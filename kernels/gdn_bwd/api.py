@@ -18,7 +18,7 @@ no host sync except building the varlen tables):
   2. ``gdn_bwd_dh``         (64 value cols, head, seq)  reverse sequential: dS' tables, dY, dv, dh0 (with few
      CTAs three launches over segments of the sequences and a scan: ``dh_cp``)
   3. ``gdn_bwd_dqk``        (chunk, head)              state products and 64x64 terms -> dq~, dk~, row dots,
-     dg / dbeta terms (``dqk_fused.py``; with ``_FUSED_DQK`` off its two-kernel form: ``gdn_bwd_dqk_inter``
+     dg / dbeta terms (``dqk_fused.py``; then ``gdn_bwd_group_sum`` (token rows, head) the GVA group sums; with ``_FUSED_DQK`` off its two-kernel form: ``gdn_bwd_dqk_inter``
      (chunk, 64 key cols, head), then ``gdn_bwd_dqk_intra`` (chunk, head) adding to its dq~, dk~)
   5. ``common.finish`` (torch): dg / dbeta row terms and within-chunk cumsums, GVA sums, L2-norm chain rule.
 """
@@ -208,9 +208,10 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if "dqk" in kinds:
         # inter + intra in one kernel (one key block of row dots, two halves of sd); dq~, dk~ out (``dqk_fused``):
         # groups of one value head as the final dq, dk in the input dtype (no L2 norm; fp32 when ``_stages`` wants
-        # the sums), of two as fp32 atomic sums onto the zero-filled rows of their q/k head (deterministic), larger
-        # ones as fp32 per value head (summed by finish); the dtype outputs use the first half of the fp32 buffers'
-        # memory (only one of the two is written)
+        # the sums), larger ones as fp32 per value head, summed by ``gdn_bwd_group_sum`` (or, switched off, by
+        # finish); with ``_DQK_GROUP_ADD`` (off: slower) groups of two as fp32 atomic sums onto the zero-filled
+        # rows of their q/k head (deterministic); the dtype outputs use the first half of the fp32 buffers' memory
+        # (only one of the two is written)
         r = HV // H
         HB = H if r == 1 or (r == 2 and _DQK_GROUP_ADD) else HV
         out32 = r > 1 or bool(use_l2) or _stages is not None
@@ -223,6 +224,14 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
             q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, chunk_indices, dq32, dk32, dqo, dko, qz,
             kw, kr, sd, yv, rect, db2, scale, int(out32))
         dqv, dkv = (dq32, dk32) if out32 else (dqo, dko)
+        if HB == HV and r > 1 and _GROUP_SUM_KERNEL:
+            # the group sums in one pass (``group_sum.py``): to the input dtype (the final dq, dk) unless the L2
+            # norm's chain rule follows on the host (or ``_stages`` wants the fp32 sums)
+            g32 = bool(use_l2) or _stages is not None
+            gs = get_kernel(BwdConfig("gsum32" if g32 else "gsum", tl_dt))
+            dqv, dkv = (torch.empty(Ttot, H, D, device=dev, dtype=f32 if g32 else dt) for _ in range(2))
+            gs(dq32, dqv)
+            gs(dk32, dkv)
     elif "inter" in kinds:
         get_kernel(BwdConfig("inter", tl_dt))(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu,
                                               chunk_indices, dqv, dkv, qz, kw, kr, sd, yv, scale)
@@ -303,7 +312,11 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
 
 
 _FUSED_DQK = True              # private switch (A/B timing): the inter + intra terms in one kernel (dqk_fused.py)
-_DQK_GROUP_ADD = True          # private switch (A/B timing): ... adding dq~, dk~ of groups of two onto one row
+# private switch (A/B timing): ... adding dq~, dk~ of groups of two onto one row by atomics.  Off: on an H200 (session 9,
+# call 3, bench_kernels_bwd.py --ab ours-per-head) the atomics took dqk from 3.8 to 4.4 ms at B1 T32768 H16 HV32 and
+# finish from 0.99 to 0.42 ms: 9.68 against 9.50 ms for the backward, and slower on every benchmark shape.
+_DQK_GROUP_ADD = False
+_GROUP_SUM_KERNEL = True       # private switch (A/B timing): the GVA group sums by gdn_bwd_group_sum, not torch
 _OVERLAP_RECOMPUTE = True      # private switch (A/B timing): the recompute on a side stream beside dh
 # ... when the call has at least this many (chunk, value head) pairs.  Session 8 on an H200 (bench_kernels_bwd.py --ab
 # ours-serial, calls 2-5): the side stream saved 0.8 ms at B1 T32768 H16 HV32 (16384 pairs) and at B1 T65536 H2 HV4

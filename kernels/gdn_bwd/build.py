@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, compile_report, pass_configs
 from kernels.gdn_fwd.build import precompile as fwd_precompile
 
-KINDS = ("prep", "dh", "dqk", "inter", "intra", "inter_lean", "dots", "intra_lean")
-# dqk: the fused inter + intra kernel of "split" (inter + intra: its two-kernel form, the A/B switch
+KINDS = ("prep", "dh", "dqk", "gsum", "gsum32", "inter", "intra", "inter_lean", "dots", "intra_lean")
+# dqk: the fused inter + intra kernel of "split"; gsum, gsum32: its GVA group sums to the input dtype / fp32
+# (inter + intra: its two-kernel form, the A/B switch
 # ``api._FUSED_DQK``); inter_lean, dots, intra_lean: "lean_sd"
 TABLES = ("split", "lean_sd")  # chunk tables the inter kernel reads (api's _tables; emulation.TABLES has the study's)
 DEFAULT_TABLES = "split"
@@ -46,6 +47,9 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "dqk":
         from .dqk_fused import build_bwd_dqk_fused
         return build_bwd_dqk_fused(D, D, cfg.dtype)
+    if cfg.kind in ("gsum", "gsum32"):
+        from .group_sum import build_group_sum
+        return build_group_sum(D, "float32" if cfg.kind == "gsum32" else cfg.dtype)
     if cfg.kind == "inter":
         from .dqk import build_bwd_dqk_inter
         return build_bwd_dqk_inter(D, D, cfg.dtype)
@@ -114,7 +118,7 @@ def stage_kinds(tables: str | None = None, fused: bool | None = None) -> tuple[s
     if fused is None:
         from . import api
         fused = api._FUSED_DQK
-    return ("prep", "dh", "dqk") if fused else ("prep", "dh", "inter", "intra")
+    return ("prep", "dh", "dqk", "gsum", "gsum32") if fused else ("prep", "dh", "inter", "intra")
 
 
 def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: bool, tables: str | None = None,
