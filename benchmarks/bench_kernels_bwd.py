@@ -75,8 +75,7 @@ def backward_context(name: str):
 AB = {"ours-serial": "_OVERLAP_RECOMPUTE",      # the forward recompute before prep and dh, on the one stream
       "ours-seq-dh": "_DH_SEGMENTS",            # the sequential reverse pass even with few CTAs (no dh_cp)
       "ours-unfused": "_FUSED_DQK",             # the inter and intra terms in two kernels (session 8's form)
-      "ours-torch-gsum": "_GROUP_SUM_KERNEL",   # the GVA group sums of dq~ / dk~ by torch in finish
-      "ours-late-loads": "_DQK_EARLY_LOADS"}    # the fused kernel's U and dO loaded just before their products
+      "ours-torch-gsum": "_GROUP_SUM_KERNEL"}   # the GVA group sums of dq~ / dk~ by torch in finish
 
 
 @contextlib.contextmanager
@@ -115,8 +114,7 @@ def main(argv=None):
     ap.add_argument("--ab", default="",
                     help="also time these A/B columns, 'ours' with one switch of kernels.gdn_bwd.api off: "
                     "'ours-serial' (recompute not overlapped with prep + dh), 'ours-seq-dh' (no segment-parallel dh), "
-                    "'ours-unfused' (inter and intra terms in two kernels), 'ours-torch-gsum' (the GVA group sums by torch), "
-                    "'ours-late-loads' (the fused kernel's U and dO loaded before their products)")
+                    "'ours-unfused' (inter and intra terms in two kernels), 'ours-torch-gsum' (the GVA group sums by torch)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):
@@ -169,9 +167,6 @@ def main(argv=None):
             mc = max(-(-x // 64) for x in lens) if lens else -(-T // 64)
             for tb in tables:
                 cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0, tb) if c not in cfgs]
-            if "ours-late-loads" in args.ab:
-                from kernels.gdn_bwd.build import BwdConfig
-                cfgs += [c for c in (BwdConfig("dqk_late", "bfloat16"),) if c not in cfgs]
             if "ours-unfused" in args.ab:
                 cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0, "split", False) if c not in cfgs]
         precompile(cfgs, args.workers, log=lambda m: print(m, flush=True))

@@ -34,8 +34,7 @@ N_WORKERS = max(1, min(2, os.cpu_count() or 1))
 # + dY U^T (3) + dq (2) + dk (6); inter_lean = dO Sh^T + dYh Sh^T + Uh dSh'^T; dots: none (CUDA-core sums);
 # intra_lean = intra with dO Uh^T and dYh Uh^T alone
 _WANT_WGMMA = {"prep": 1 + 4 + 1 + 2, "dh": 2 + 3 + 2 + 2, "inter": 2 + 3 + 3, "intra": 1 + 1 + 2 + 3 + 2 + 6,
-               "dqk": (2 + 3 + 3) + (1 + 1 + 2 + 3 + 2 + 6), "dqk_late": (2 + 3 + 3) + (1 + 1 + 2 + 3 + 2 + 6),
-               "gsum": 0, "gsum32": 0,
+               "dqk": (2 + 3 + 3) + (1 + 1 + 2 + 3 + 2 + 6), "gsum": 0, "gsum32": 0,
                "inter_lean": 3, "dots": 0, "intra_lean": 1 + 1 + 1 + 1 + 2 + 6}
 
 
@@ -72,7 +71,7 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     ctas = {"intra": 2, "intra_lean": 2, "inter": 2, "prep": 3}.get(cfg.kind)
     if ctas:
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024 // ctas, r["dyn_smem"]
-    if cfg.kind in ("dqk", "dqk_late"):     # the fused kernel: one CTA of 256 threads per SM (shared memory, registers)
+    if cfg.kind == "dqk":     # the fused kernel: one CTA of 256 threads per SM (shared memory and registers)
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024, r["dyn_smem"]
         if "ptxas" in r:
             assert -(-r["ptxas"]["registers"] // 8) * 8 * 256 <= 65536, r["ptxas"]["registers"]

@@ -220,7 +220,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         dq32 = new(Ttot, HB, D, device=dev, dtype=f32)
         dk32 = new(Ttot, HB, D, device=dev, dtype=f32)
         dqo, dko = (x.view(-1).view(dt)[:x.numel()].view(Ttot, HB, D) for x in (dq32, dk32))
-        get_kernel(BwdConfig("dqk" if _DQK_EARLY_LOADS else "dqk_late", tl_dt))(
+        get_kernel(BwdConfig("dqk", tl_dt))(
             q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, chunk_indices, dq32, dk32, dqo, dko, qz,
             kw, kr, sd, yv, rect, db2, scale, int(out32))
         dqv, dkv = (dq32, dk32) if out32 else (dqo, dko)
@@ -317,7 +317,6 @@ _FUSED_DQK = True              # private switch (A/B timing): the inter + intra 
 # finish from 0.99 to 0.42 ms: 9.68 against 9.50 ms for the backward, and slower on every benchmark shape.
 _DQK_GROUP_ADD = False
 _GROUP_SUM_KERNEL = True       # private switch (A/B timing): the GVA group sums by gdn_bwd_group_sum, not torch
-_DQK_EARLY_LOADS = True        # private switch (A/B timing): the fused kernel loads U and dO with S and dS' (one wait)
 _OVERLAP_RECOMPUTE = True      # private switch (A/B timing): the recompute on a side stream beside dh
 # ... when the call has at least this many (chunk, value head) pairs.  Session 8 on an H200 (bench_kernels_bwd.py --ab
 # ours-serial, calls 2-5): the side stream saved 0.8 ms at B1 T32768 H16 HV32 (16384 pairs) and at B1 T65536 H2 HV4

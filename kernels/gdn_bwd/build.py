@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, compile_report, pass_configs
 from kernels.gdn_fwd.build import precompile as fwd_precompile
 
-KINDS = ("prep", "dh", "dqk", "dqk_late", "gsum", "gsum32", "inter", "intra", "inter_lean", "dots", "intra_lean")
-# dqk: the fused inter + intra kernel of "split" (dqk_late: each tile loaded just before its first product, the A/B
-# switch ``api._DQK_EARLY_LOADS``); gsum, gsum32: its GVA group sums to the input dtype / fp32
+KINDS = ("prep", "dh", "dqk", "gsum", "gsum32", "inter", "intra", "inter_lean", "dots", "intra_lean")
+# dqk: the fused inter + intra kernel of "split"; gsum, gsum32: its GVA group sums to the input dtype / fp32
 # (inter + intra: its two-kernel form, the A/B switch
 # ``api._FUSED_DQK``); inter_lean, dots, intra_lean: "lean_sd"
 TABLES = ("split", "lean_sd")  # chunk tables the inter kernel reads (api's _tables; emulation.TABLES has the study's)
@@ -45,9 +44,9 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
         return build_bwd_dh(D, D, cfg.dtype)
-    if cfg.kind in ("dqk", "dqk_late"):
+    if cfg.kind == "dqk":
         from .dqk_fused import build_bwd_dqk_fused
-        return build_bwd_dqk_fused(D, D, cfg.dtype, early=cfg.kind == "dqk")
+        return build_bwd_dqk_fused(D, D, cfg.dtype)
     if cfg.kind in ("gsum", "gsum32"):
         from .group_sum import build_group_sum
         return build_group_sum(D, "float32" if cfg.kind == "gsum32" else cfg.dtype)

@@ -63,31 +63,24 @@ class _HeadTiles:
 
 @T.macro
 def value_head(ts, q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
-               dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, h, t0, nv, scale,
-               early=False):
+               dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, h, t0, nv, scale):
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
     dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32."""
     f32 = "float32"
     DK = dq_f.shape[1]
     DV = ts.sh.shape[1]
-    # 1. the S o dS' row dots (S, dS' hi + lo); U and dO are loaded with them (``early``: one wait for all of them,
-    # 208 KiB of tiles live; otherwise each before its first product)
+    # 1. the S o dS' row dots (S, dS' hi + lo)
     T.copy(Fb[hv, c, 0:8, 0:BT], ts.f_s)
     T.copy(Sch[hv, c, 0:DK, 0:DV], ts.sh)
     T.copy(Scl[hv, c, 0:DK, 0:DV], ts.sl)
     T.copy(dSh[hv, c, 0:DV, 0:DK], ts.dsh)
     T.copy(dSl[hv, c, 0:DV, 0:DK], ts.dsl)
-    if early:
-        T.copy(Uh[hv, c, 0:BT, 0:DV], ts.uh)
-        T.copy(Ul[hv, c, 0:BT, 0:DV], ts.ul)
-        T.copy(do[t0:t0 + BT, hv, 0:DV], ts.do)
     acc[0] = T.float32(0)
     split_dot_rows(ts.sh, ts.sl, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
     sd[tx // DV, hv, c, tx % DV] = acc[0]
     # 2. R = U dS'^T (U, dS' hi + lo) -> dk~ += e^(GL-G) R, the k.R dots
-    if not early:
-        T.copy(Uh[hv, c, 0:BT, 0:DV], ts.uh)
-        T.copy(Ul[hv, c, 0:BT, 0:DV], ts.ul)
+    T.copy(Uh[hv, c, 0:BT, 0:DV], ts.uh)
+    T.copy(Ul[hv, c, 0:BT, 0:DV], ts.ul)
     T.gemm(ts.uh, ts.dsh, x_f, clear_accum=True)
     T.gemm(ts.ul, ts.dsh, x_f)
     T.gemm(ts.uh, ts.dsl, x_f)
@@ -95,8 +88,7 @@ def value_head(ts, q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k
         dk_f[t, d] = dk_f[t, d] + T.exp2((ts.f_s[4, BT - 1] - ts.f_s[4, t]) * LOG2E) * x_f[t, d]
     masked_row_dot(x_f, k_s, rs, nv, kr, hv, c)
     # 3. Z = dO S^T (S hi + lo) -> dq~ += scale e^G Z, the q.Z dots
-    if not early:
-        T.copy(do[t0:t0 + BT, hv, 0:DV], ts.do)
+    T.copy(do[t0:t0 + BT, hv, 0:DV], ts.do)
     T.gemm(ts.do, ts.sh, x_f, transpose_B=True, clear_accum=True)
     T.gemm(ts.do, ts.sl, x_f, transpose_B=True)
     for t, d in T.Parallel(BT, DK):
@@ -125,21 +117,15 @@ def value_head(ts, q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k
     rect_sums(ts.m_s, acc, rect, hv, c)
 
 
-def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, early: bool = True):
+def build_bwd_dqk_fused(DK: int, DV: int, dtype: str):
     """Grid (chunk, value head).  dq~ and dk~ leave the kernel in one of three ways, by the rows ``HB`` of the
     output tensors (a dynamic dim: HV or H) and ``out32``:
 
-    * ``HB = HV``, ``out32``: fp32 per value head (``dq32, dk32``), summed per group by ``gdn_bwd_group_sum``
-      (the default for groups of two or more);
+    * ``HB = HV``, ``out32``: fp32 per value head (``dq32, dk32``); the host sums each group (``common.group_sum``);
     * ``HB = H < HV``, ``out32``: fp32 atomic adds onto the q/k head's row of ``dq32, dk32``, which the caller
-      zero-fills: the GVA group sum.  For groups of two value heads only, where it is deterministic (each element
-      gets two additions onto 0, and fp32 addition commutes exactly); off by default (``api._DQK_GROUP_ADD``:
-      slower on the H200, session 9, call 3);
+      zero-fills: the GVA group sum.  Used for groups of two value heads only, where it is deterministic (each
+      element gets two additions onto 0, and fp32 addition commutes exactly); larger groups take the first form;
     * ``HB = HV = H`` and not ``out32``: rounded to the input dtype (``dqo, dko``): the final dq, dk (no L2 norm).
-
-    ``early`` (default): U and dO are loaded together with S and dS' (and q, k), before the first product, so that
-    the CTA waits once for 208 KiB of tiles instead of three times (210 KiB of shared memory; without it 194).
-    ``early=False`` ("dqk_late") loads each just before its first product (session 9, calls 1-4).
 
     Two value heads per CTA (unrolled, each with its own shared tiles) summed in registers were measured on an
     H200 and lost: the kernel needed more than 255 registers and spilled (6.56 against 3.8 ms at B1 T32768 H16
@@ -226,7 +212,7 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, early: bool = True):
             T.clear(dk_f)
             value_head(ts, q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs,
                        qk, kk, dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, h, t0,
-                       nv, scale, early)
+                       nv, scale)
             # each row stored once, or added to the group's row
             if out32 == 0:
                 for t, d in T.Parallel(BT, DK):
