@@ -127,6 +127,10 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str):
       element gets two additions onto 0, and fp32 addition commutes exactly); larger groups take the first form;
     * ``HB = HV = H`` and not ``out32``: rounded to the input dtype (``dqo, dko``): the final dq, dk (no L2 norm).
 
+    Loading U and dO together with S and dS' (one wait for 208 KiB of tiles, 210 KiB of shared memory) instead of
+    each just before its first product was slower on the H200: dqk 4.11 against 3.92 ms at B1 T32768 H16 HV32
+    (session 9, call 5, commit 579f773, reverted).
+
     Two value heads per CTA (unrolled, each with its own shared tiles) summed in registers were measured on an
     H200 and lost: the kernel needed more than 255 registers and spilled (6.56 against 3.8 ms at B1 T32768 H16
     HV32, session 9, call 2).
