@@ -1,4 +1,5 @@
-"""The timing-study switches of the backward's kernels (``dqk.build_bwd_dqk_inter`` / ``_intra``, ``dh.build_bwd_dh``
+"""The timing-study switches of the backward's kernels (``dqk.build_bwd_dqk_inter`` / ``_intra``, ``dh.build_bwd_dh``,
+``dqk_fused.build_bwd_dqk_fused``
 with ``_ablate``, timed by ``benchmarks/ablate_bwd.py`` on a GPU): each switch removes something from the kernel, an
 unknown name is refused, and the API's kernels are built without any (CPU, TileLang front end only)."""
 
@@ -9,17 +10,18 @@ import pytest
 pytest.importorskip("tilelang")
 
 from benchmarks.ablate_bwd import VARIANTS  # noqa: E402
-from kernels.gdn_bwd import dh, dqk  # noqa: E402
+from kernels.gdn_bwd import dh, dqk, dqk_fused  # noqa: E402
 
-BUILD = {"inter": dqk.build_bwd_dqk_inter, "intra": dqk.build_bwd_dqk_intra, "dh": dh.build_bwd_dh}
-NAMES = {"inter": dqk.ABLATIONS, "intra": dqk.INTRA_ABLATIONS, "dh": dh.DH_ABLATIONS}
+BUILD = {"inter": dqk.build_bwd_dqk_inter, "intra": dqk.build_bwd_dqk_intra, "dh": dh.build_bwd_dh,
+         "dqk": dqk_fused.build_bwd_dqk_fused}
+NAMES = {"inter": dqk.ABLATIONS, "intra": dqk.INTRA_ABLATIONS, "dh": dh.DH_ABLATIONS, "dqk": dqk_fused.ABLATIONS}
 
 
 def _script(kernel, ablate=()):
     return BUILD[kernel](128, 128, "bfloat16", _ablate=frozenset(ablate)).script()
 
 
-@pytest.mark.parametrize("kernel", ["inter", "intra", "dh"])
+@pytest.mark.parametrize("kernel", ["inter", "intra", "dh", "dqk"])
 def test_every_switch_changes_the_kernel_and_unknown_ones_are_refused(kernel):
     base = _script(kernel)
     for name in NAMES[kernel]:

@@ -63,9 +63,11 @@ class _HeadTiles:
 
 @T.macro
 def value_head(ts, q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
-               dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, h, t0, nv, scale):
+               dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, h, t0, nv, scale,
+               ab=frozenset()):
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
-    dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32."""
+    dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32.
+    ``ab``: timing ablations (``ABLATIONS``; wrong results)."""
     f32 = "float32"
     DK = dq_f.shape[1]
     DV = ts.sh.shape[1]
@@ -75,56 +77,79 @@ def value_head(ts, q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k
     T.copy(Scl[hv, c, 0:DK, 0:DV], ts.sl)
     T.copy(dSh[hv, c, 0:DV, 0:DK], ts.dsh)
     T.copy(dSl[hv, c, 0:DV, 0:DK], ts.dsl)
-    acc[0] = T.float32(0)
-    split_dot_rows(ts.sh, ts.sl, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
-    sd[tx // DV, hv, c, tx % DV] = acc[0]
+    if "no_sd" not in ab:
+        acc[0] = T.float32(0)
+        split_dot_rows(ts.sh, ts.sl, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
+        sd[tx // DV, hv, c, tx % DV] = acc[0]
+    lo = "no_lo" not in ab
+    gm = "no_inter_gemm" not in ab
+    dots = "no_dots" not in ab
     # 2. R = U dS'^T (U, dS' hi + lo) -> dk~ += e^(GL-G) R, the k.R dots
     T.copy(Uh[hv, c, 0:BT, 0:DV], ts.uh)
     T.copy(Ul[hv, c, 0:BT, 0:DV], ts.ul)
-    T.gemm(ts.uh, ts.dsh, x_f, clear_accum=True)
-    T.gemm(ts.ul, ts.dsh, x_f)
-    T.gemm(ts.uh, ts.dsl, x_f)
+    if gm:
+        T.gemm(ts.uh, ts.dsh, x_f, clear_accum=True)
+        if lo:
+            T.gemm(ts.ul, ts.dsh, x_f)
+            T.gemm(ts.uh, ts.dsl, x_f)
     for t, d in T.Parallel(BT, DK):
         dk_f[t, d] = dk_f[t, d] + T.exp2((ts.f_s[4, BT - 1] - ts.f_s[4, t]) * LOG2E) * x_f[t, d]
-    masked_row_dot(x_f, k_s, rs, nv, kr, hv, c)
+    if dots:
+        masked_row_dot(x_f, k_s, rs, nv, kr, hv, c)
     # 3. Z = dO S^T (S hi + lo) -> dq~ += scale e^G Z, the q.Z dots
     T.copy(do[t0:t0 + BT, hv, 0:DV], ts.do)
-    T.gemm(ts.do, ts.sh, x_f, transpose_B=True, clear_accum=True)
-    T.gemm(ts.do, ts.sl, x_f, transpose_B=True)
+    if gm:
+        T.gemm(ts.do, ts.sh, x_f, transpose_B=True, clear_accum=True)
+        if lo:
+            T.gemm(ts.do, ts.sl, x_f, transpose_B=True)
     for t, d in T.Parallel(BT, DK):
         dq_f[t, d] = dq_f[t, d] + scale * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
-    masked_row_dot(x_f, q_s, rs, nv, qz, hv, c)
+    if dots:
+        masked_row_dot(x_f, q_s, rs, nv, qz, hv, c)
     # 4. W = dY S^T (dY, S hi + lo) -> dk~ -= beta e^G W, the k.W dots; then the dY . v dots
     T.copy(dYh[hv, c, 0:DV, 0:BT], ts.dyh)
     T.copy(dYl[hv, c, 0:DV, 0:BT], ts.dyl)
-    T.gemm(ts.dyh, ts.sh, x_f, transpose_A=True, transpose_B=True, clear_accum=True)
-    T.gemm(ts.dyl, ts.sh, x_f, transpose_A=True, transpose_B=True)
-    T.gemm(ts.dyh, ts.sl, x_f, transpose_A=True, transpose_B=True)
+    if gm:
+        T.gemm(ts.dyh, ts.sh, x_f, transpose_A=True, transpose_B=True, clear_accum=True)
+        if lo:
+            T.gemm(ts.dyl, ts.sh, x_f, transpose_A=True, transpose_B=True)
+            T.gemm(ts.dyh, ts.sl, x_f, transpose_A=True, transpose_B=True)
     for t, d in T.Parallel(BT, DK):
         dk_f[t, d] = dk_f[t, d] - ts.f_s[7, t] * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
-    masked_row_dot(x_f, k_s, rs, nv, kw, hv, c)
-    T.copy(v[t0:t0 + BT, hv, 0:DV], ts.v)
-    for t, i in T.Parallel(BT, DV):
-        x_f[t, i] = T.if_then_else(t < nv, T.cast(ts.v[t, i], f32), T.float32(0)) * (
-            T.cast(ts.dyh[i, t], f32) + T.cast(ts.dyl[i, t], f32))
-    T.reduce_sum(x_f, rs, dim=1)
-    for t in T.Parallel(BT):
-        yv[hv, c, t] = rs[t]
+    if dots:
+        masked_row_dot(x_f, k_s, rs, nv, kw, hv, c)
+        T.copy(v[t0:t0 + BT, hv, 0:DV], ts.v)
+        for t, i in T.Parallel(BT, DV):
+            x_f[t, i] = T.if_then_else(t < nv, T.cast(ts.v[t, i], f32), T.float32(0)) * (
+                T.cast(ts.dyh[i, t], f32) + T.cast(ts.dyl[i, t], f32))
+        T.reduce_sum(x_f, rs, dim=1)
+        for t in T.Parallel(BT):
+            yv[hv, c, t] = rs[t]
     # 5. the 64x64 terms, accumulated onto dq~ / dk~
     m = ts.m
-    intra_terms(q_s, k_s, ts.do, ts.uh, ts.ul, ts.dyh, ts.dyl, ts.f_s, m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7],
-                ts.m_s, qk, kk, dpu, dyu, y_f, rs2, dq_f, dk_f, db2, nv, hv, c, scale, clear=False)
-    rect_sums(ts.m_s, acc, rect, hv, c)
+    if "no_intra" not in ab:
+        intra_terms(q_s, k_s, ts.do, ts.uh, ts.ul, ts.dyh, ts.dyl, ts.f_s, m[0], m[1], m[2], m[3], m[4], m[5], m[6],
+                    m[7], ts.m_s, qk, kk, dpu, dyu, y_f, rs2, dq_f, dk_f, db2, nv, hv, c, scale, mlo=lo, clear=False)
+        if "no_rect" not in ab:
+            rect_sums(ts.m_s, acc, rect, hv, c)
 
 
-def build_bwd_dqk_fused(DK: int, DV: int, dtype: str):
+# timing-study switches (``benchmarks/ablate_bwd.py --kernel dqk``; wrong results): without the S o dS' dots / the
+# q.Z, k.W, k.R and dY . v row dots / the lo-term products (inter and intra) / the eight inter products / the 64x64
+# terms / their dg rectangle sums / the dq~, dk~ stores
+ABLATIONS = ("no_sd", "no_dots", "no_lo", "no_inter_gemm", "no_intra", "no_rect", "no_store")
+
+
+def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = frozenset()):
     """Grid (chunk, value head).  dq~ and dk~ leave the kernel in one of three ways, by the rows ``HB`` of the
     output tensors (a dynamic dim: HV or H) and ``out32``:
 
-    * ``HB = HV``, ``out32``: fp32 per value head (``dq32, dk32``); the host sums each group (``common.group_sum``);
+    * ``HB = HV``, ``out32``: fp32 per value head (``dq32, dk32``), summed per group by ``gdn_bwd_group_sum``
+      (the default for groups of two or more);
     * ``HB = H < HV``, ``out32``: fp32 atomic adds onto the q/k head's row of ``dq32, dk32``, which the caller
       zero-fills: the GVA group sum.  Used for groups of two value heads only, where it is deterministic (each
-      element gets two additions onto 0, and fp32 addition commutes exactly); larger groups take the first form;
+      element gets two additions onto 0, and fp32 addition commutes exactly); off by default
+      (``api._DQK_GROUP_ADD``: slower on the H200, session 9, call 3);
     * ``HB = HV = H`` and not ``out32``: rounded to the input dtype (``dqo, dko``): the final dq, dk (no L2 norm).
 
     Loading U and dO together with S and dS' (one wait for 208 KiB of tiles, 210 KiB of shared memory) instead of
@@ -152,6 +177,9 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str):
       scale fp32, out32 int32
     """
     assert DK == DV == 128, "the fused kernel's thread map assumes K = V = 128 (64 is zero-padded by the API)"
+    assert set(_ablate) <= set(ABLATIONS), _ablate
+    ab = frozenset(_ablate)
+    st = "no_store" not in ab
     f32 = "float32"
     Ttot, H, HV, HB, N, NC = dynamic_dims("Ttot H HV HB N NC")
 
@@ -216,22 +244,23 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str):
             T.clear(dk_f)
             value_head(ts, q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs,
                        qk, kk, dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, h, t0,
-                       nv, scale)
+                       nv, scale, ab)
             # each row stored once, or added to the group's row
-            if out32 == 0:
-                for t, d in T.Parallel(BT, DK):
-                    if t < nv:
-                        dqo[t0 + t, ob, d] = T.cast(dq_f[t, d], dtype)
-                        dko[t0 + t, ob, d] = T.cast(dk_f[t, d], dtype)
-            elif HB == HV:
-                for t, d in T.Parallel(BT, DK):
-                    if t < nv:
-                        dq32[t0 + t, ob, d] = dq_f[t, d]
-                        dk32[t0 + t, ob, d] = dk_f[t, d]
-            else:
-                for t, d in T.Parallel(BT, DK):
-                    if t < nv:
-                        T.atomic_add(dq32[t0 + t, ob, d], dq_f[t, d])
-                        T.atomic_add(dk32[t0 + t, ob, d], dk_f[t, d])
+            if st:
+                if out32 == 0:
+                    for t, d in T.Parallel(BT, DK):
+                        if t < nv:
+                            dqo[t0 + t, ob, d] = T.cast(dq_f[t, d], dtype)
+                            dko[t0 + t, ob, d] = T.cast(dk_f[t, d], dtype)
+                elif HB == HV:
+                    for t, d in T.Parallel(BT, DK):
+                        if t < nv:
+                            dq32[t0 + t, ob, d] = dq_f[t, d]
+                            dk32[t0 + t, ob, d] = dk_f[t, d]
+                else:
+                    for t, d in T.Parallel(BT, DK):
+                        if t < nv:
+                            T.atomic_add(dq32[t0 + t, ob, d], dq_f[t, d])
+                            T.atomic_add(dk32[t0 + t, ob, d], dk_f[t, d])
 
     return gdn_bwd_dqk
