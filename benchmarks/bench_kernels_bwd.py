@@ -114,7 +114,8 @@ def main(argv=None):
     ap.add_argument("--ab", default="",
                     help="also time these A/B columns, 'ours' with one switch of kernels.gdn_bwd.api off: "
                     "'ours-serial' (recompute not overlapped with prep + dh), 'ours-seq-dh' (no segment-parallel dh), "
-                    "'ours-unfused' (inter and intra terms in two kernels), 'ours-torch-gsum' (the GVA group sums by torch)")
+                    "'ours-unfused' (inter and intra terms in two kernels), "
+                    "'ours-torch-gsum' (the GVA group sums by torch)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):

@@ -2,9 +2,9 @@
 
 Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The configurations are
 ``kernels.gdn_bwd.build.all_configs()``: the stages (prep, dh, the fused dqk; its two-kernel form dqk_inter,
-dqk_intra) and the opt-in
-"lean_sd" kernels (dqk_inter_lean, state_dots, dqk_intra lean) x {bf16, fp16} at K = V = 128.  Everything else (T, B, N, H, HV / GVA ratio, h0, dht present, state layout, l2norm, gate dtype,
-varlen or dense, head dim 64 zero-padded, scale) is a runtime argument of the same binaries.  The forward
+dqk_intra; the GVA group sums) and the opt-in "lean_sd" kernels (dqk_inter_lean, state_dots, dqk_intra lean)
+x {bf16, fp16} at K = V = 128.  Everything else (T, B, N, H, HV / GVA ratio, h0, dht present, state layout, l2norm,
+gate dtype, varlen or dense, head dim 64 zero-padded, scale) is a runtime argument of the same binaries.  The forward
 recompute runs the forward's dispatched intra2 / state kernels, compiled by ``test_kernels_compile.py``.
 
 Asserts, from the generated CUDA and from ptxas (bf16 only: the fp16 binaries differ only in the operand

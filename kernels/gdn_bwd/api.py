@@ -18,9 +18,11 @@ no host sync except building the varlen tables):
   2. ``gdn_bwd_dh``         (64 value cols, head, seq)  reverse sequential: dS' tables, dY, dv, dh0 (with few
      CTAs three launches over segments of the sequences and a scan: ``dh_cp``)
   3. ``gdn_bwd_dqk``        (chunk, head)              state products and 64x64 terms -> dq~, dk~, row dots,
-     dg / dbeta terms (``dqk_fused.py``; then ``gdn_bwd_group_sum`` (token rows, head) the GVA group sums; with ``_FUSED_DQK`` off its two-kernel form: ``gdn_bwd_dqk_inter``
-     (chunk, 64 key cols, head), then ``gdn_bwd_dqk_intra`` (chunk, head) adding to its dq~, dk~)
-  5. ``common.finish`` (torch): dg / dbeta row terms and within-chunk cumsums, GVA sums, L2-norm chain rule.
+     dg / dbeta terms (``dqk_fused.py``); then ``gdn_bwd_group_sum`` (token rows, head): the GVA group sums.
+     With ``_FUSED_DQK`` off its two-kernel form: ``gdn_bwd_dqk_inter`` (chunk, 64 key cols, head), then
+     ``gdn_bwd_dqk_intra`` (chunk, head) adding to its dq~, dk~
+  5. ``common.finish`` (torch): dg / dbeta row terms and within-chunk cumsums, L2-norm chain rule (and the GVA
+     sums where step 3 left them: the two-kernel form, ``_GROUP_SUM_KERNEL`` off, ``_stages``).
 """
 
 from __future__ import annotations
@@ -312,9 +314,9 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
 
 
 _FUSED_DQK = True              # private switch (A/B timing): the inter + intra terms in one kernel (dqk_fused.py)
-# private switch (A/B timing): ... adding dq~, dk~ of groups of two onto one row by atomics.  Off: on an H200 (session 9,
-# call 3, bench_kernels_bwd.py --ab ours-per-head) the atomics took dqk from 3.8 to 4.4 ms at B1 T32768 H16 HV32 and
-# finish from 0.99 to 0.42 ms: 9.68 against 9.50 ms for the backward, and slower on every benchmark shape.
+# private switch: ... adding dq~, dk~ of groups of two onto one row by atomics.  Off: on an H200 (session 9, call 3,
+# when it was the default and the bench column "ours-per-head" switched it off) the atomics took dqk from 3.8 to 4.4 ms
+# at B1 T32768 H16 HV32 and finish from 0.99 to 0.42 ms: 9.68 against 9.50 ms for the backward, slower on every shape.
 _DQK_GROUP_ADD = False
 _GROUP_SUM_KERNEL = True       # private switch (A/B timing): the GVA group sums by gdn_bwd_group_sum, not torch
 _OVERLAP_RECOMPUTE = True      # private switch (A/B timing): the recompute on a side stream beside dh
