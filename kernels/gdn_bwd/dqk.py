@@ -70,21 +70,22 @@ def inter_epilogue(q_s, k_s, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, 
             dkv[t0 + t, hv, k0 + d] = (-f_s[7, t] * T.exp2(f_s[4, t] * LOG2E) * w_f[t, d]
                                        + T.exp2((f_s[4, BT - 1] - f_s[4, t]) * LOG2E) * r_f[t, d])
     if dots:
-        for t, d in T.Parallel(BT, BK):
-            tmp[t, d] = T.if_then_else(t < nv, T.cast(q_s[t, d], f32), T.float32(0)) * z_f[t, d]
-        T.reduce_sum(tmp, rs, dim=1)
-        for t in T.Parallel(BT):
-            qz[kb, hv, c, t] = rs[t]
-        for t, d in T.Parallel(BT, BK):
-            tmp[t, d] = T.if_then_else(t < nv, T.cast(k_s[t, d], f32), T.float32(0)) * w_f[t, d]
-        T.reduce_sum(tmp, rs, dim=1)
-        for t in T.Parallel(BT):
-            kw[kb, hv, c, t] = rs[t]
-        for t, d in T.Parallel(BT, BK):
-            tmp[t, d] = T.if_then_else(t < nv, T.cast(k_s[t, d], f32), T.float32(0)) * r_f[t, d]
-        T.reduce_sum(tmp, rs, dim=1)
-        for t in T.Parallel(BT):
-            kr[kb, hv, c, t] = rs[t]
+        masked_row_dot(z_f, q_s, tmp, rs, nv, qz, kb, hv, c)
+        masked_row_dot(w_f, k_s, tmp, rs, nv, kw, kb, hv, c)
+        masked_row_dot(r_f, k_s, tmp, rs, nv, kr, kb, hv, c)
+
+
+@T.macro
+def masked_row_dot(src_f, rows_s, tmp, rs, nv, out, kb, hv, c):
+    """``out[kb, hv, c, t] = sum_d [t < nv] rows_s[t, d] src_f[t, d]`` (``src_f, tmp [64, D]`` fp32 fragments of
+    one layout, ``tmp`` the scratch and may be ``src_f``; ``rows_s [64, D]`` input dtype in shared memory; ``out
+    [NK, HV, NC, 64]`` fp32): the inter kernels' q.Z, k.W, k.R row dots."""
+    f32 = "float32"
+    for t, d in T.Parallel(BT, src_f.shape[1]):
+        tmp[t, d] = T.if_then_else(t < nv, T.cast(rows_s[t, d], f32), T.float32(0)) * src_f[t, d]
+    T.reduce_sum(tmp, rs, dim=1)
+    for t in T.Parallel(BT):
+        out[kb, hv, c, t] = rs[t]
 
 
 @T.macro

@@ -26,19 +26,7 @@ import tilelang.language as T
 from kernels.common.prologue import chunk_span, dynamic_dims
 from kernels.gdn_fwd.cumsum import LOG2E
 
-from .dqk import BT, intra_terms, rect_sums, split_dot_rows
-
-
-@T.macro
-def masked_row_dot(x_f, rows_s, rs, nv, out, hv, c):
-    """``out[0, hv, c, t] = sum_d [t < nv] rows_s[t, d] x_f[t, d]`` (``x_f [64, D]`` fp32 fragment, overwritten;
-    ``rows_s [64, D]`` input dtype in shared memory; ``out [1, HV, NC, 64]`` fp32)."""
-    f32 = "float32"
-    for t, d in T.Parallel(BT, x_f.shape[1]):
-        x_f[t, d] = T.if_then_else(t < nv, T.cast(rows_s[t, d], f32), T.float32(0)) * x_f[t, d]
-    T.reduce_sum(x_f, rs, dim=1)
-    for t in T.Parallel(BT):
-        out[0, hv, c, t] = rs[t]
+from .dqk import BT, intra_terms, masked_row_dot, rect_sums, split_dot_rows
 
 
 class _HeadTiles:
@@ -62,9 +50,8 @@ class _HeadTiles:
 
 
 @T.macro
-def value_head(ts, q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
-               dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, h, t0, nv, scale,
-               ab=frozenset()):
+def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk, dpu,
+               dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale, ab=frozenset()):
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
     dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32.
     ``ab``: timing ablations (``ABLATIONS``; wrong results)."""
@@ -95,7 +82,7 @@ def value_head(ts, q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k
     for t, d in T.Parallel(BT, DK):
         dk_f[t, d] = dk_f[t, d] + T.exp2((ts.f_s[4, BT - 1] - ts.f_s[4, t]) * LOG2E) * x_f[t, d]
     if dots:
-        masked_row_dot(x_f, k_s, rs, nv, kr, hv, c)
+        masked_row_dot(x_f, k_s, x_f, rs, nv, kr, 0, hv, c)
     # 3. Z = dO S^T (S hi + lo) -> dq~ += scale e^G Z, the q.Z dots
     T.copy(do[t0:t0 + BT, hv, 0:DV], ts.do)
     if gm:
@@ -105,7 +92,7 @@ def value_head(ts, q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k
     for t, d in T.Parallel(BT, DK):
         dq_f[t, d] = dq_f[t, d] + scale * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     if dots:
-        masked_row_dot(x_f, q_s, rs, nv, qz, hv, c)
+        masked_row_dot(x_f, q_s, x_f, rs, nv, qz, 0, hv, c)
     # 4. W = dY S^T (dY, S hi + lo) -> dk~ -= beta e^G W, the k.W dots; then the dY . v dots
     T.copy(dYh[hv, c, 0:DV, 0:BT], ts.dyh)
     T.copy(dYl[hv, c, 0:DV, 0:BT], ts.dyl)
@@ -117,7 +104,7 @@ def value_head(ts, q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k
     for t, d in T.Parallel(BT, DK):
         dk_f[t, d] = dk_f[t, d] - ts.f_s[7, t] * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     if dots:
-        masked_row_dot(x_f, k_s, rs, nv, kw, hv, c)
+        masked_row_dot(x_f, k_s, x_f, rs, nv, kw, 0, hv, c)
         T.copy(v[t0:t0 + BT, hv, 0:DV], ts.v)
         for t, i in T.Parallel(BT, DV):
             x_f[t, i] = T.if_then_else(t < nv, T.cast(ts.v[t, i], f32), T.float32(0)) * (
@@ -242,9 +229,8 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
             T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
             T.clear(dq_f)
             T.clear(dk_f)
-            value_head(ts, q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs,
-                       qk, kk, dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, h, t0,
-                       nv, scale, ab)
+            value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
+                       dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale, ab)
             # each row stored once, or added to the group's row
             if st:
                 if out32 == 0:
