@@ -4,12 +4,13 @@ kernels' outputs are wrong).  ``--kernel inter``: ``dqk.build_bwd_dqk_inter(_abl
 ``--kernel intra``: ``dqk.build_bwd_dqk_intra(_ablate=...)`` (``dqk.INTRA_ABLATIONS``); ``--kernel dh``:
 ``dh.build_bwd_dh(_ablate=...)`` (``dh.DH_ABLATIONS``); ``--kernel dqk``: the fused kernel,
 ``dqk_fused.build_bwd_dqk_fused(_ablate=...)`` (``dqk_fused.ABLATIONS``).  Some switches are candidate forms with the API kernel's
-results rather than ablations (intra "rmw", dh "st_direct", inter "sd_scalar": the forms before): their line is the A/B of session 8's
-change.
+results rather than ablations (intra "rmw", dh "st_direct" and "st_wait", inter "sd_scalar", dqk "sync_loads": the forms
+before): their line is the A/B of the change (sessions 8 and 10).
 Session 7 ran it (as ``ablate_bwd_inter.py``, the inter kernel alone) to find the inter kernel's row dots: 7.0 ->
 3.2 ms.
 
     python3 benchmarks/ablate_bwd.py [--kernel inter|intra|dh|dqk] [--shape B1_T32768_H16_HV32] [--rep 20] [--warmup 3]
+        [--only st_wait,no_lo]
 
 Prints one line per variant: median ms and the ratio to the API's kernel.  CUDA only (sm_90a).
 """
@@ -59,6 +60,7 @@ VARIANTS["dh"] = {
     "no stores": ("no_ds_store", "no_dy_store", "no_dv"),
     "no stores, no lo": ("no_ds_store", "no_dy_store", "no_dv", "no_lo"),
     "st_direct (session 7's table stores)": ("st_direct",),
+    "st_wait (session 8's table stores, each waited for)": ("st_wait",),
 }
 VARIANTS["dqk"] = {
     "api": (),
@@ -71,6 +73,7 @@ VARIANTS["dqk"] = {
     "no_store": ("no_store",),
     "loads + folds + stores": ("no_sd", "no_dots", "no_inter_gemm", "no_intra"),
     "loads + folds": ("no_sd", "no_dots", "no_inter_gemm", "no_intra", "no_store"),
+    "sync_loads (session 9's loads, each before its first use)": ("sync_loads",),
 }
 SHAPES = {"B1_T32768_H16_HV32": (1, 32768, 16, 32), "B1_T8192_H4_HV8": (1, 8192, 4, 8)}
 
@@ -148,6 +151,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="B1_T32768_H16_HV32", choices=list(SHAPES))
     ap.add_argument("--rep", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--only", default="",
+                    help="comma-separated variant labels (or their first word) to time beside 'api'; default: all")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device")
@@ -155,7 +160,9 @@ def main(argv=None) -> int:
     from triton.testing import do_bench
 
     from kernels.gdn_fwd.build import precompile
-    cfgs = {label: Variant(args.kernel, ab) for label, ab in VARIANTS[args.kernel].items()}
+    only = {w for w in args.only.split(",") if w}
+    cfgs = {label: Variant(args.kernel, ab) for label, ab in VARIANTS[args.kernel].items()
+            if label == "api" or not only or label in only or label.split()[0] in only}
     precompile(list(cfgs.values()), get=compile_variant, log=lambda m: print(m, flush=True))
     dev = torch.device("cuda")
     a = tables(*SHAPES[args.shape], dev, kernel=args.kernel)

@@ -67,27 +67,34 @@ def backward_context(name: str):
         from parity.backends.fla_common import triton_backward
         return triton_backward()
     if name in AB:
-        return _switch_off(AB[name])
+        return _switch_off(name)
     return contextlib.nullcontext()
 
 
-# A/B columns (``--ab``): our backward with one of session 7's changes switched off (``kernels.gdn_bwd.api``)
-AB = {"ours-serial": "_OVERLAP_RECOMPUTE",      # the forward recompute before prep and dh, on the one stream
-      "ours-seq-dh": "_DH_SEGMENTS",            # the sequential reverse pass even with few CTAs (no dh_cp)
-      "ours-unfused": "_FUSED_DQK",             # the inter and intra terms in two kernels (session 8's form)
-      "ours-torch-gsum": "_GROUP_SUM_KERNEL"}   # the GVA group sums of dq~ / dk~ by torch in finish
+# A/B columns (``--ab``): our backward with one private switch of ``kernels.gdn_bwd`` set otherwise (module, name,
+# value), restored after
+AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute before prep and dh, on one stream
+      "ours-seq-dh": ("api", "_DH_SEGMENTS", False),            # the sequential reverse pass even with few CTAs
+      "ours-unfused": ("api", "_FUSED_DQK", False),             # the inter and intra terms in two kernels (s8)
+      "ours-torch-gsum": ("api", "_GROUP_SUM_KERNEL", False),   # the GVA group sums of dq~ / dk~ by torch
+      "ours-intra2": ("api", "_RECOMPUTE_FROM_PREP", False),    # the recompute runs its own intra2 kernel (s9)
+      "ours-rc-bv32": ("build", "_RECOMPUTE_STATE", (32, 1)),   # the recompute's state kernel: BV 32, 1 CTA/SM (s9)
+      "ours-rc-bv64": ("build", "_RECOMPUTE_STATE", (64, 1)),   # ... BV 64, 1 CTA/SM
+      "ours-rc-bv16o2": ("build", "_RECOMPUTE_STATE", (16, 2))}  # ... BV 16, 2 CTAs/SM
 
 
 @contextlib.contextmanager
-def _switch_off(flag: str):
-    """``kernels.gdn_bwd.api.<flag>`` off for the duration (restored after, also on an error)."""
-    from kernels.gdn_bwd import api
-    saved = getattr(api, flag)
-    setattr(api, flag, False)
+def _switch_off(col: str):
+    """Column ``col``'s switch (``AB``) set for the duration (restored after, also on an error)."""
+    import importlib
+    mod, flag, value = AB[col]
+    m = importlib.import_module(f"kernels.gdn_bwd.{mod}")
+    saved = getattr(m, flag)
+    setattr(m, flag, value)
     try:
         yield
     finally:
-        setattr(api, flag, saved)
+        setattr(m, flag, saved)
 
 
 def grads(fn, args, kw, do, dht, cast=lambda x: x, name: str = ""):
@@ -112,10 +119,11 @@ def main(argv=None):
                     help="our backward's chunk-table precisions to time: 'split' is column 'ours', 'lean_sd' (opt-in, "
                     "gdn_bwd/dqk_lean.py) is column 'ours-lean'")
     ap.add_argument("--ab", default="",
-                    help="also time these A/B columns, 'ours' with one switch of kernels.gdn_bwd.api off: "
-                    "'ours-serial' (recompute not overlapped with prep + dh), 'ours-seq-dh' (no segment-parallel dh), "
-                    "'ours-unfused' (inter and intra terms in two kernels), "
-                    "'ours-torch-gsum' (the GVA group sums by torch)")
+                    help="also time these A/B columns, 'ours' with one private switch of kernels.gdn_bwd set "
+                    "otherwise (the AB table): 'ours-serial' (recompute not overlapped with prep + dh), 'ours-seq-dh' "
+                    "(no segment-parallel dh), 'ours-unfused' (inter and intra terms in two kernels), "
+                    "'ours-torch-gsum' (the GVA group sums by torch), 'ours-intra2' (the recompute's own intra2), "
+                    "'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' (the recompute's state kernel shape)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):
@@ -168,8 +176,9 @@ def main(argv=None):
             mc = max(-(-x // 64) for x in lens) if lens else -(-T // 64)
             for tb in tables:
                 cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0, tb) if c not in cfgs]
-            if "ours-unfused" in args.ab:
-                cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0, "split", False) if c not in cfgs]
+            for col in [c for c in args.ab.split(",") if c in AB]:
+                with _switch_off(col):
+                    cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0, "split") if c not in cfgs]
         precompile(cfgs, args.workers, log=lambda m: print(m, flush=True))
 
     impls = [(COLUMN[tb], (lambda *a, tb=tb, **k: ours(*a, **k, _tables=tb))) for tb in tables]

@@ -9,19 +9,28 @@ from benchmarks import bench_kernels_bwd as bench
 from kernels.gdn_bwd import api
 
 
+def _state():
+    """The value of every AB switch now."""
+    import importlib
+    return {f: getattr(importlib.import_module(f"kernels.gdn_bwd.{m}"), f) for m, f, _ in bench.AB.values()}
+
+
 @pytest.mark.parametrize("col", list(bench.AB))
-def test_ab_column_switches_its_flag_off_inside_and_restores_it(col):
-    flag = bench.AB[col]
-    assert getattr(api, flag) is True
+def test_ab_column_sets_its_switch_inside_and_restores_it(col):
+    mod, flag, value = bench.AB[col]
+    before = _state()
+    assert before[flag] != value        # the column differs from the default
     with bench.backward_context(col):
-        assert getattr(api, flag) is False
-        assert all(getattr(api, f) is True for f in bench.AB.values() if f != flag)
-    assert getattr(api, flag) is True
+        inside = _state()
+        assert inside[flag] == value
+        assert all(v == before[f] for f, v in inside.items() if f != flag)
+    assert _state() == before
     with pytest.raises(RuntimeError), bench.backward_context(col):
         raise RuntimeError("a failing cell")
-    assert getattr(api, flag) is True
+    assert _state() == before
     with bench.backward_context("ours"):
-        assert getattr(api, flag) is True
+        assert _state() == before
+    assert api._FUSED_DQK is True
 
 
 def test_dry_run_times_the_ab_columns(capsys):

@@ -188,9 +188,12 @@ def _fake_kernels(monkeypatch):
 
     def bwd_kernel(cfg):
         if cfg.kind == "prep":
-            def prep(q, k, do, g, b, cu, ci, Th, Tl, Fb, dUl, scale, use_l2):
+            def prep(q, k, do, g, b, cu, ci, Th, Tl, Agh, Agl, Fb, dUl, scale, use_l2):
                 th, tl, fb, dul = E.prep(q, k, do, g, b, cu_list(cu), scale, bool(use_l2), q.dtype)
                 put(Th, th), put(Tl, tl), put(Fb, fb), put(dUl, dul.transpose(-1, -2))
+                # Ag: the kernel's operations are intra2's (ag "split"), so its emulation stands in
+                ah, al, _ = FE.intra_v2(q, k, g, b, cu_list(cu), scale, bool(use_l2), q.dtype, E.fwd_precision())
+                put(Agh, ah), put(Agl, al)
             return prep
         if cfg.kind == "dh":
             def dh(q, k, do, Th, Tl, Fb, dUl, cu, co, dht, dSh, dSl, dYh, dYl, dv, dh0, use_dht, store_dh0, vf):
@@ -275,21 +278,23 @@ _PLUMBING = {
 }
 
 
-@pytest.mark.parametrize("fused", ["group_sum", True, "group_add", False],
-                         ids=["fused", "fused_torch_group_sum", "fused_group_add", "two_kernels"])
+@pytest.mark.parametrize("fused", ["group_sum", True, "group_add", False, "intra2"],
+                         ids=["fused", "fused_torch_group_sum", "fused_group_add", "two_kernels", "recompute_intra2"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
 def test_kernel_path_plumbing_on_cpu(monkeypatch, name, fused):
     """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
     emulation's stage functions, so any difference is the API's tensor plumbing), with the fused dqk kernel
     (default: the group sums by ``gdn_bwd_group_sum``; also by torch, ``api._GROUP_SUM_KERNEL`` off; and groups of
-    two added onto one row, ``api._DQK_GROUP_ADD`` on) and with its two-kernel form (``api._FUSED_DQK`` off)."""
+    two added onto one row, ``api._DQK_GROUP_ADD`` on), with its two-kernel form (``api._FUSED_DQK`` off), and with
+    the recompute's own intra2 kernel instead of prep's Ag (``api._RECOMPUTE_FROM_PREP`` off)."""
     from kernels.gdn_bwd import api
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
 
     _fake_kernels(monkeypatch)
     monkeypatch.setattr(api, "_FUSED_DQK", fused is not False)
     monkeypatch.setattr(api, "_DQK_GROUP_ADD", fused == "group_add")
-    monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", fused == "group_sum")
+    monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", fused in ("group_sum", "intra2"))
+    monkeypatch.setattr(api, "_RECOMPUTE_FROM_PREP", fused != "intra2")
     xs, do, dht, kw = tt.bwd_inputs(**_PLUMBING[name])
     got = api_bwd(*xs, do, dht, **kw)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
@@ -427,6 +432,32 @@ def test_recompute_overlap_only_where_it_was_measured_to_pay():
         assert not bapi._overlaps_recompute(32768 // 64, 32)
     finally:
         bapi._OVERLAP_RECOMPUTE = True
+
+
+@pytest.mark.parametrize("n_seq,HV", [(1, 32), (1, 4), (8, 32), (1, 16), (2, 8), (3, 5), (1, 1)])
+@pytest.mark.parametrize("free", [None, 4, 40, 68, 100, 132])
+def test_recompute_state_shape_fits_one_wave_of_the_free_sms(n_seq, HV, free):
+    """Beside dh, the recompute's state kernel takes the narrowest value block whose CTAs fit in one wave of the SMs
+    dh leaves free (two per SM only at BV <= 32, the kernel's limit); when none fits, or alone, the forward's
+    ``block_v`` at one CTA per SM.  The A/B override wins."""
+    from kernels.gdn_bwd import build as bb
+    from kernels.gdn_fwd.build import block_v
+    bv, occ = bb.recompute_state_shape(n_seq, HV, free)
+    ctas = n_seq * HV * (128 // bv)
+    assert bv in (16, 32, 64, 128) and occ in (1, 2) and (occ == 1 or bv <= 32)
+    if free is None or n_seq * HV * 2 > free:
+        assert (bv, occ) == (block_v(n_seq, HV), 1)
+    else:
+        assert ctas <= free * occ
+        narrower = [(b, o) for b, o in ((16, 2), (32, 2), (64, 1)) if b < bv]
+        assert all(n_seq * HV * (128 // b) > free * o for b, o in narrower)
+    if (n_seq, HV, free) == (1, 32, 68):          # B1 T32768 H16 HV32 beside dh's 64 CTAs
+        assert (bv, occ) == (32, 2)
+    try:
+        bb._RECOMPUTE_STATE = (64, 1)
+        assert bb.recompute_state_shape(n_seq, HV, free) == (64, 1)
+    finally:
+        bb._RECOMPUTE_STATE = None
 
 
 def test_segment_scan_composes_the_affine_maps_of_a_sequence(monkeypatch):

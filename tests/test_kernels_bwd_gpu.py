@@ -45,8 +45,20 @@ def _precompile():
         dt = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[c.dtype]
         for tables, fused in (("split", None), ("lean_sd", None), ("split", False)):
             cfgs += [x for x in configs_for_call(dt, n, c.HV, mc, c.h0 is not None, tables, fused) if x not in cfgs]
+        for shape in (f.get("shape") for f in _RECOMPUTE_FORMS.values()):     # the recompute's forced shapes
+            cfgs += [x for x in _recompute_configs(dt, shape) if x not in cfgs]
     failed = precompile(cfgs, min(10, os.cpu_count() or 1))
     assert not failed, failed
+
+
+def _recompute_configs(dtype, shape):
+    """The recompute's kernels with its state kernel's (BV, CTAs per SM) forced to ``shape`` (None: the rule)."""
+    from kernels.gdn_bwd import build as bb
+    saved, bb._RECOMPUTE_STATE = bb._RECOMPUTE_STATE, shape
+    try:
+        return list(bb.forward_recompute_configs(dtype, 1, 1))
+    finally:
+        bb._RECOMPUTE_STATE = saved
 
 
 def _grads_inputs(case, dev):
@@ -251,3 +263,48 @@ def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, name):
     torch.cuda.synchronize()
     assert seen and seen[0] >= 4, seen                   # the segmented form ran, with several segments
     tt.assert_segmented_matches_sequential(seg, seq, xs[0].dtype, NAMES, label=name)
+
+
+# the recompute's forms: its own intra2 kernel (serial) against prep's Ag (serial), and prep's Ag beside dh on the
+# side stream with each state-kernel shape the rule can pick (``build.recompute_state_shape``)
+_RECOMPUTE_FORMS = {"prep_ag": dict(), "side_auto": dict(side=True), "side_bv16_occ2": dict(side=True, shape=(16, 2)),
+                    "side_bv32_occ2": dict(side=True, shape=(32, 2)), "side_bv64": dict(side=True, shape=(64, 1))}
+
+
+@pytest.mark.parametrize("form", list(_RECOMPUTE_FORMS))
+@pytest.mark.parametrize("case", _STAGE_CASES[:2], ids=[c.name for c in _STAGE_CASES[:2]])
+def test_recompute_forms_match_the_intra2_recompute(monkeypatch, case, form):
+    """The forward recompute from prep's ``Ag`` and gate rows (``api._RECOMPUTE_FROM_PREP``, the default) against
+    the recompute's own intra2 kernel (the same operations on the same values), serial and beside dh on the side
+    stream (``_OVERLAP_MIN_CHUNK_HEADS`` forced to 1) with each state-kernel shape: the recomputed S and U within
+    1e-6 of their largest magnitude, the gradients within a hundredth of the input dtype's rounding floor (the
+    value columns per CTA change nothing in a column's sums; printed whether bitwise)."""
+    from kernels.gdn_bwd import api
+    from kernels.gdn_bwd import build as bb
+
+    dev = torch.device("cuda")
+    args, kw, do, dht = _grads_inputs(case, dev)
+    monkeypatch.setattr(api, "_RECOMPUTE_FROM_PREP", False)
+    monkeypatch.setattr(api, "_OVERLAP_RECOMPUTE", False)
+    si, sp = {}, {}
+    gi = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw, _stages=si)
+    opts = _RECOMPUTE_FORMS[form]
+    monkeypatch.setattr(api, "_RECOMPUTE_FROM_PREP", True)
+    if opts.get("side"):
+        monkeypatch.setattr(api, "_OVERLAP_RECOMPUTE", True)
+        monkeypatch.setattr(api, "_OVERLAP_MIN_CHUNK_HEADS", 1)
+    monkeypatch.setattr(bb, "_RECOMPUTE_STATE", opts.get("shape"))
+    gp = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw, _stages=sp)
+    torch.cuda.synchronize()
+    for name in ("S", "U"):
+        a, b = sp[name].double(), si[name].double()
+        d = (a - b).abs().max().item() / (b.abs().max().item() or 1.0)
+        print(f"  {case.name} {form} {name}: max|diff| / max = {d:.2e} (bitwise {torch.equal(a, b)})")
+        assert d <= 1e-6, (name, d)
+    want = _ref(args, kw, do, dht)
+    for n, a, b, r in zip(NAMES, gp, gi, want):
+        if r is None:
+            continue
+        d, floor = tt.rel_rmse(a, b), tt.rel_rmse(r.to(case.dtype), r)
+        assert tt.nonfinite(a) == 0, n
+        assert d <= 0.01 * floor, (n, d, floor)

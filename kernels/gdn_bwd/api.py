@@ -10,9 +10,11 @@ in the dtypes of g and beta, dh0 fp32 in the initial state's layout (None withou
 
 Launches (on the current stream, except step 0 on a side stream that the current one waits for before step 3;
 no host sync except building the varlen tables):
-  1. ``gdn_bwd_prep``       (chunk, head)              Tinv split, gate table, dUloc^T
-  0. forward recompute: ``gdn_intra_v2`` + ``gdn_state_v2`` (the smem form, BV by ``block_v``; precision
-     "default_h0": chunk-start states S and U as hi + lo, key-first), no output kernel; after prep, beside step 2,
+  1. ``gdn_bwd_prep``       (chunk, head)              Tinv split, Ag = Tinv diag(beta) split, gate table, dUloc^T
+  0. forward recompute: ``gdn_state_v2`` alone (the smem form; precision "default_h0": chunk-start states S and
+     U as hi + lo, key-first) on prep's Ag and gate table (``_RECOMPUTE_FROM_PREP``; off: ``gdn_intra_v2`` first,
+     which computes the same), BV and CTAs per SM by ``build.recompute_state_shape`` (the SMs dh leaves free when
+     beside it), no output kernel; after prep, beside step 2,
      which does not read S or U (``_OVERLAP_RECOMPUTE``, from ``_OVERLAP_MIN_CHUNK_HEADS`` chunk x value head
      pairs; the stage times then show the part of it that dh did not hide);
   2. ``gdn_bwd_dh``         (64 value cols, head, seq)  reverse sequential: dS' tables, dY, dv, dh0 (with few
@@ -138,9 +140,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     # 1. prep
     Th = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
     Tl = torch.empty_like(Th)
+    Agh, Agl = torch.empty_like(Th), torch.empty_like(Th)
     Fb = torch.empty(HV, NC, 8, BT, device=dev, dtype=f32)
     dUl = torch.empty(HV, NC, D, BT, device=dev, dtype=f32)
-    get_kernel(BwdConfig("prep", tl_dt))(q2, k2, do2, g2, b2, cu, chunk_indices, Th, Tl, Fb, dUl, scale, use_l2)
+    get_kernel(BwdConfig("prep", tl_dt))(q2, k2, do2, g2, b2, cu, chunk_indices, Th, Tl, Agh, Agl, Fb, dUl, scale,
+                                         use_l2)
     mark("prep")
     # 0. forward recompute of S (chunk start) and U, both hi + lo, key-first (the smem state kernel).  dh does not
     # read S or U and (sequential, one CTA per 64 value columns and head) leaves most SMs idle, so on a GPU the
@@ -148,21 +152,26 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     # session 8, call 2, B1 T8192 H4 HV8 backward 2.40 ms against 2.15 serial) and launched after dh, so that dh's
     # CTAs are placed first (launched before it, its wide first kernel held dh back: call 3, 2.68 against 2.39 ms
     # serial); the main stream waits for it before the inter kernel.
-    def recompute(side):
-        ci, cs = forward_recompute_configs(_TL_DTYPE[dt], N, HV)
-        Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
-        Al = torch.empty_like(Ah)
-        F = torch.empty(HV, NC, 8, BT, device=dev, dtype=f32)
+    def recompute(side, free_sms=None):
+        ci, cs = forward_recompute_configs(_TL_DTYPE[dt], N, HV, free_sms)
         Sch = torch.empty(HV, NC, D, D, device=dev, dtype=dt)
         Scl = torch.empty_like(Sch)
         Uh = torch.empty(HV, NC, BT, D, device=dev, dtype=dt)
         Ul = torch.empty_like(Uh)
         ht = torch.empty(1, HV, D, D, device=dev, dtype=f32)
+        tmp = [ht]
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            fwd_kernel(ci)(q2, k2, g2, b2, cu, chunk_indices, Ah, Al, F, scale, use_l2)
+            if _RECOMPUTE_FROM_PREP:        # prep stored Ag = Tinv diag(beta) and the gate rows
+                Ah, Al, F = Agh, Agl, Fb
+            else:
+                Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
+                Al = torch.empty_like(Ah)
+                F = torch.empty(HV, NC, 8, BT, device=dev, dtype=f32)
+                tmp += [Ah, Al, F]
+                fwd_kernel(ci)(q2, k2, g2, b2, cu, chunk_indices, Ah, Al, F, scale, use_l2)
             fwd_kernel(cs)(k2, v2, Ah, Al, F, cu, chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, int(use_h0), 0, vf)
         if side is not None:
-            for x in (Ah, Al, F, ht):       # freed while the side stream may still use them
+            for x in tmp + [Agh, Agl]:       # freed while the side stream may still use them
                 x.record_stream(side)
         return Sch, Scl, Uh, Ul
 
@@ -190,7 +199,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         if use_h0:
             dh0 = (dh0k.transpose(-1, -2) if vf else dh0k).contiguous()
     if side is not None:
-        Sch, Scl, Uh, Ul = recompute(side)
+        dh_ctas = (N if cp is None else cp.cu.numel() - 1) * HV * (D // 64)
+        free = _sm_count(dev) - dh_ctas
+        Sch, Scl, Uh, Ul = recompute(side, free if free > 0 else None)
     mark("dh")
     if side is not None:
         torch.cuda.current_stream(dev).wait_stream(side)
@@ -313,6 +324,8 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
     return start[cp.first]
 
 
+# private switch (A/B timing): the recompute's state kernel reads prep's Ag and gate table (no intra2 kernel)
+_RECOMPUTE_FROM_PREP = True
 _FUSED_DQK = True              # private switch (A/B timing): the inter + intra terms in one kernel (dqk_fused.py)
 # private switch: ... adding dq~, dk~ of groups of two onto one row by atomics.  Off: on an H200 (session 9, call 3,
 # when it was the default and the bench column "ours-per-head" switched it off) the atomics took dqk from 3.8 to 4.4 ms

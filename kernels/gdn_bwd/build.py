@@ -71,13 +71,36 @@ def get_kernel(cfg: BwdConfig):
     return tilelang.compile(prim_func(cfg), target=TARGET, pass_configs=pass_configs())
 
 
-def forward_recompute_configs(dtype: str, n_seq: int = 1, HV: int = 1):
+def forward_recompute_configs(dtype: str, n_seq: int = 1, HV: int = 1, free_sms: int | None = None):
     """The forward kernels the backward runs to recompute S and U: (intra2, state_smem) at precision
-    "default_h0" (S and U stored hi + lo, key-first tables), the state kernel's value columns per CTA by the
-    forward's ``block_v`` (64 / 32 / 16: about one CTA per SM).  All are in ``gdn_fwd.build.all_configs()``."""
-    from kernels.gdn_fwd.build import Intra2Config, State2Config, block_v, precision_v2
+    "default_h0" (S and U stored hi + lo, key-first tables).  The API runs intra2 only with
+    ``api._RECOMPUTE_FROM_PREP`` off (prep stores the same ``Ag`` and gate rows).  The state kernel's value columns
+    per CTA: ``recompute_state_shape``.  All are in ``gdn_fwd.build.all_configs()`` or compiled by the backward's
+    compile test."""
+    from kernels.gdn_fwd.build import Intra2Config, State2Config, precision_v2
     prec = precision_v2("default_h0")
-    return Intra2Config(dtype, prec.merge, prec.ag), State2Config(dtype, block_v(n_seq, HV), prec, form="smem")
+    bv, occ = recompute_state_shape(n_seq, HV, free_sms)
+    return Intra2Config(dtype, prec.merge, prec.ag), State2Config(dtype, bv, prec, form="smem", ctas_per_sm=occ)
+
+
+def recompute_state_shape(n_seq: int, HV: int, free_sms: int | None = None) -> tuple[int, int]:
+    """(BV, CTAs per SM) of the recompute's state kernel (``N x HV x 128 / BV`` CTAs, sequential over chunks).
+    ``free_sms`` None (the kernel has the GPU to itself): the forward's ``block_v`` (about one CTA per SM).
+    Otherwise the SMs that ``gdn_bwd_dh``, running beside it, leaves free: the narrowest block whose CTAs all fit
+    in one wave there (BV 16 or 32 at two CTAs per SM, BV 64 at one), else the forward's choice.  Beside dh at B1
+    T32768 H16 HV32 (64 dh CTAs) the forward's BV 32 (128 CTAs, one per SM) needed two waves on the 68 free SMs."""
+    from kernels.gdn_fwd.build import KERNEL_HEAD_DIM, block_v
+    if _RECOMPUTE_STATE is not None:
+        return _RECOMPUTE_STATE
+    if free_sms is not None:
+        for bv, occ in ((16, 2), (32, 2), (64, 1)):
+            if 0 < n_seq * HV * (KERNEL_HEAD_DIM // bv) <= free_sms * occ:
+                return bv, occ
+    return block_v(n_seq, HV), 1
+
+
+# private override (A/B timing): (BV, CTAs per SM) of the recompute's state kernel, None = recompute_state_shape's rule
+_RECOMPUTE_STATE: tuple[int, int] | None = None
 
 
 def _get_any(cfg):
@@ -133,7 +156,10 @@ def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: b
         out += list(fb.dispatch_v2(dtype, n_seq, HV, precision=fb.precision_v2(None, has_h0), cp=cp, form=form))
     except Exception:       # the forward's planner changed: everything it can dispatch
         out += [c for c in fb.all_configs() if c.dtype == dtype]
-    out += list(forward_recompute_configs(dtype, n_seq, HV))
+    # the recompute's state kernel alone and beside the sequential dh (n_seq x HV x 2 CTAs; the API counts the SMs)
+    dh_free = 132 - n_seq * HV * 2
+    for free in (None, dh_free if dh_free > 0 else None):
+        out += list(forward_recompute_configs(dtype, n_seq, HV, free))
     out += [BwdConfig(kind, dtype) for kind in stage_kinds(tables, fused)]
     uniq = []
     for c in out:

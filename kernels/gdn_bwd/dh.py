@@ -24,22 +24,28 @@ BT = 64
 FR = T.GemmWarpPolicy.FullRow
 # timing-study switches (``benchmarks/ablate_bwd.py --kernel dh``): the "no_*" ones drop a part (wrong gradients);
 # "st_direct" is session 7's form of the dS' / dY table stores (the same values)
-DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "st_direct")
+DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "st_direct", "st_wait")
 
 
 @T.macro
-def store_split(hi, lo, hi_s, lo_s, dst_hi, dst_lo):
+def store_split(hi, lo, hi_s, lo_s, dst_hi, dst_lo, wait=True):
     """Store a two-term split (``hi``, ``lo`` register fragments) into the global regions ``dst_hi``, ``dst_lo``:
     through the shared tiles ``hi_s``, ``lo_s`` (stmatrix, then a TMA store each) or, with ``hi_s`` None, straight
-    from the fragments (session 7's form, the "st_direct" ablation)."""
+    from the fragments (session 7's form, the "st_direct" ablation).  ``wait`` False: the TMA stores are issued
+    without waiting for them (``T.tma_copy``); the caller waits (``T.tma_store_wait``) before ``hi_s`` or ``lo_s``
+    is written again and before the kernel ends."""
     if hi_s is None:
         T.copy(hi, dst_hi)
         T.copy(lo, dst_lo)
     else:
         T.copy(hi, hi_s)
         T.copy(lo, lo_s)
-        T.copy(hi_s, dst_hi)
-        T.copy(lo_s, dst_lo)
+        if wait:
+            T.copy(hi_s, dst_hi)
+            T.copy(lo_s, dst_lo)
+        else:
+            T.tma_copy(hi_s, dst_hi)
+            T.tma_copy(lo_s, dst_lo)
 
 
 def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, _ablate: frozenset = frozenset()):
@@ -74,6 +80,9 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
     assert dtype in ("bfloat16", "float16")
     assert set(_ablate) <= set(DH_ABLATIONS), _ablate
     lo = "no_lo" not in _ablate
+    # the table stores of one chunk are waited for at the next chunk's first store, not where they are issued
+    # (session 8's form, waiting for each: the "st_wait" ablation)
+    nowait = "st_wait" not in _ablate and "st_direct" not in _ablate
     f32 = "float32"
     NV = DV // BV
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
@@ -149,8 +158,11 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                     dsa[i, d] = T.cast(ds_f[i, d], dtype)
                 for i, d in T.Parallel(BV, DK):
                     dsl[i, d] = T.cast(ds_f[i, d] - T.cast(T.cast(ds_f[i, d], dtype), f32), dtype)
+                if nowait:
+                    T.tma_store_wait()      # the previous chunk's four table stores have read their tiles
                 if "no_ds_store" not in _ablate:
-                    store_split(dsa, dsl, dsa_s, dsl_s, dSh[hv, c, v0:v0 + BV, 0:DK], dSl[hv, c, v0:v0 + BV, 0:DK])
+                    store_split(dsa, dsl, dsa_s, dsl_s, dSh[hv, c, v0:v0 + BV, 0:DK], dSl[hv, c, v0:v0 + BV, 0:DK],
+                                not nowait)
 
                 # dU^T = dUloc^T + (dS^T K^T) diag(F2)
                 T.gemm(dsa, k_s, kd_f, transpose_B=True, clear_accum=True, policy=FR)
@@ -171,7 +183,8 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                     xa[i, t] = T.cast(dy_f[i, t], dtype)
                     xl[i, t] = T.cast(dy_f[i, t] - T.cast(T.cast(dy_f[i, t], dtype), f32), dtype)
                 if "no_dy_store" not in _ablate:
-                    store_split(xa, xl, dya_s, dyl_s, dYh[hv, c, v0:v0 + BV, 0:BT], dYl[hv, c, v0:v0 + BV, 0:BT])
+                    store_split(xa, xl, dya_s, dyl_s, dYh[hv, c, v0:v0 + BV, 0:BT], dYl[hv, c, v0:v0 + BV, 0:BT],
+                                not nowait)
                 if "no_dv" not in _ablate:
                     for i, t in T.Parallel(BV, BT):
                         if t0 + t < eos:
@@ -197,6 +210,8 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 if lo:
                     T.gemm(xl, k_s, ds_f, policy=FR)
 
+            if nowait:
+                T.tma_store_wait()
             if store_dh0 != 0:
                 store_state_vt(ds_f, dh0, v_first, n, hv, v0, BV, DK)
 

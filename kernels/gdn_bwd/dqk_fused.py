@@ -50,15 +50,42 @@ class _HeadTiles:
 
 
 @T.macro
+def _load(src, dst, bars, i, sync):
+    """``dst <- src`` (global -> shared): synchronous (``sync``), or a TMA load on mbarrier ``bars[i]`` (one use,
+    parity 0) that ``_ready`` waits for.  Every thread arrives after the elected one has set the byte count, so the
+    phase cannot complete before it."""
+    if sync:
+        T.copy(src, dst)
+    else:
+        T.tma_copy(src, dst, barrier=bars[i])
+        T.barrier_arrive(bars[i])
+
+
+@T.macro
+def _ready(bars, i, sync):
+    """Wait for the ``_load`` s on ``bars[i]`` issued with ``sync`` False."""
+    if not sync:
+        T.mbarrier_wait_parity(bars[i], 0)
+
+
+@T.macro
 def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk, dpu,
-               dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale, ab=frozenset()):
+               dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale, bars,
+               ab=frozenset()):
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
     dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32.
-    ``ab``: timing ablations (``ABLATIONS``; wrong results)."""
+    ``bars``: four mbarriers (U, dO, dY, v loads).  ``ab``: timing ablations (``ABLATIONS``; wrong results, except
+    "sync_loads": every tile loaded just before its first use, session 9's form)."""
     f32 = "float32"
     DK = dq_f.shape[1]
     DV = ts.sh.shape[1]
-    # 1. the S o dS' row dots (S, dS' hi + lo)
+    sync = "sync_loads" in ab
+    # 1. the S o dS' row dots (S, dS' hi + lo); U and dO are loaded meanwhile by TMA (issued first; their tiles do
+    # not alias S or dS')
+    if not sync:
+        _load(Uh[hv, c, 0:BT, 0:DV], ts.uh, bars, 0, sync)
+        _load(Ul[hv, c, 0:BT, 0:DV], ts.ul, bars, 0, sync)
+        _load(do[t0:t0 + BT, hv, 0:DV], ts.do, bars, 1, sync)
     T.copy(Fb[hv, c, 0:8, 0:BT], ts.f_s)
     T.copy(Sch[hv, c, 0:DK, 0:DV], ts.sh)
     T.copy(Scl[hv, c, 0:DK, 0:DV], ts.sl)
@@ -72,8 +99,10 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     gm = "no_inter_gemm" not in ab
     dots = "no_dots" not in ab
     # 2. R = U dS'^T (U, dS' hi + lo) -> dk~ += e^(GL-G) R, the k.R dots
-    T.copy(Uh[hv, c, 0:BT, 0:DV], ts.uh)
-    T.copy(Ul[hv, c, 0:BT, 0:DV], ts.ul)
+    if sync:
+        T.copy(Uh[hv, c, 0:BT, 0:DV], ts.uh)
+        T.copy(Ul[hv, c, 0:BT, 0:DV], ts.ul)
+    _ready(bars, 0, sync)
     if gm:
         T.gemm(ts.uh, ts.dsh, x_f, clear_accum=True)
         if lo:
@@ -83,8 +112,16 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
         dk_f[t, d] = dk_f[t, d] + T.exp2((ts.f_s[4, BT - 1] - ts.f_s[4, t]) * LOG2E) * x_f[t, d]
     if dots:
         masked_row_dot(x_f, k_s, x_f, rs, nv, kr, 0, hv, c)
+    if not sync:
+        # dS' is dead: dY and v are loaded into its space while Z is formed (after every warp's last read of it)
+        T.sync_threads()
+        _load(dYh[hv, c, 0:DV, 0:BT], ts.dyh, bars, 2, sync)
+        _load(dYl[hv, c, 0:DV, 0:BT], ts.dyl, bars, 2, sync)
+        _load(v[t0:t0 + BT, hv, 0:DV], ts.v, bars, 3, sync)
     # 3. Z = dO S^T (S hi + lo) -> dq~ += scale e^G Z, the q.Z dots
-    T.copy(do[t0:t0 + BT, hv, 0:DV], ts.do)
+    if sync:
+        T.copy(do[t0:t0 + BT, hv, 0:DV], ts.do)
+    _ready(bars, 1, sync)
     if gm:
         T.gemm(ts.do, ts.sh, x_f, transpose_B=True, clear_accum=True)
         if lo:
@@ -94,8 +131,10 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     if dots:
         masked_row_dot(x_f, q_s, x_f, rs, nv, qz, 0, hv, c)
     # 4. W = dY S^T (dY, S hi + lo) -> dk~ -= beta e^G W, the k.W dots; then the dY . v dots
-    T.copy(dYh[hv, c, 0:DV, 0:BT], ts.dyh)
-    T.copy(dYl[hv, c, 0:DV, 0:BT], ts.dyl)
+    if sync:
+        T.copy(dYh[hv, c, 0:DV, 0:BT], ts.dyh)
+        T.copy(dYl[hv, c, 0:DV, 0:BT], ts.dyl)
+    _ready(bars, 2, sync)
     if gm:
         T.gemm(ts.dyh, ts.sh, x_f, transpose_A=True, transpose_B=True, clear_accum=True)
         if lo:
@@ -105,7 +144,9 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
         dk_f[t, d] = dk_f[t, d] - ts.f_s[7, t] * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     if dots:
         masked_row_dot(x_f, k_s, x_f, rs, nv, kw, 0, hv, c)
-        T.copy(v[t0:t0 + BT, hv, 0:DV], ts.v)
+        if sync:
+            T.copy(v[t0:t0 + BT, hv, 0:DV], ts.v)
+        _ready(bars, 3, sync)
         for t, i in T.Parallel(BT, DV):
             x_f[t, i] = T.if_then_else(t < nv, T.cast(ts.v[t, i], f32), T.float32(0)) * (
                 T.cast(ts.dyh[i, t], f32) + T.cast(ts.dyl[i, t], f32))
@@ -123,8 +164,9 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
 
 # timing-study switches (``benchmarks/ablate_bwd.py --kernel dqk``; wrong results): without the S o dS' dots / the
 # q.Z, k.W, k.R and dY . v row dots / the lo-term products (inter and intra) / the eight inter products / the 64x64
-# terms / their dg rectangle sums / the dq~, dk~ stores
-ABLATIONS = ("no_sd", "no_dots", "no_lo", "no_inter_gemm", "no_intra", "no_rect", "no_store")
+# terms / their dg rectangle sums / the dq~, dk~ stores; and "sync_loads" (the same results): session 9's loads,
+# each tile just before its first use
+ABLATIONS = ("no_sd", "no_dots", "no_lo", "no_inter_gemm", "no_intra", "no_rect", "no_store", "sync_loads")
 
 
 def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = frozenset()):
@@ -224,13 +266,16 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
             xh = T.alloc_local((8,), dtype)
             xl = T.alloc_local((8,), dtype)
             tx = T.get_thread_binding()
+            # U (hi, lo), dO, dY (hi, lo), v: every thread arrives once per load
+            bars = T.alloc_barrier([4 * DV, 2 * DV, 4 * DV, 2 * DV])
 
             T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
             T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
             T.clear(dq_f)
             T.clear(dk_f)
             value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
-                       dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale, ab)
+                       dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale, bars,
+                       ab)
             # each row stored once, or added to the group's row
             if st:
                 if out32 == 0:

@@ -6,6 +6,9 @@ Recomputes what the backward needs of the intra-chunk forward and the local part
   single-bf16 merge levels, its ``_merge`` macro), stored as a two-term split ``Th + Tl``.  The forward
   stores ``Ag = Tinv diag(beta)``; the backward needs ``Tinv^T`` itself (dY = Tinv^T dU) and undoing
   ``diag(beta)`` would divide by beta.
+* ``Ag = Tinv diag(beta)`` as the same two-term split as ``gdn_intra_v2`` with ``ag="split"`` (the same
+  operations on the same values: bitwise its ``Ah, Al``), so that the backward's forward recompute runs the
+  state kernel alone, on ``Agh, Agl`` and ``Fb`` (rows 0-3 are intra2's ``F`` rows);
 * the gate table ``Fb [HV, NC, 8, 64]`` (rows in ``common.py``), every exponent of a value <= 0;
 * ``dUloc^T = dO^T P`` with ``P = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)`` (j <= t, fp32, exact-operand
   wgmma) split into ``Ph + Pl``: 2 wgmma with the transposed dO tile from shared memory, fp32 result
@@ -28,6 +31,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str):
       g, beta       [Ttot, HV]        fp32
       cu_seqlens    [N + 1] int32;  chunk_indices [NC, 2] int32
       Th, Tl        [HV, NC, 64, 64]  dtype  (out)
+      Agh, Agl      [HV, NC, 64, 64]  dtype  (out, Tinv diag(beta) split, for the state kernel)
       Fb            [HV, NC, 8, 64]   fp32   (out)
       dUl           [HV, NC, DV, 64]  fp32   (out, dUloc^T)
       scale fp32, use_l2 int32
@@ -48,6 +52,8 @@ def build_bwd_prep(DK: int, DV: int, dtype: str):
         chunk_indices: T.Tensor((NC, 2), "int32"),
         Th: T.Tensor((HV, NC, BT, BT), dtype),
         Tl: T.Tensor((HV, NC, BT, BT), dtype),
+        Agh: T.Tensor((HV, NC, BT, BT), dtype),
+        Agl: T.Tensor((HV, NC, BT, BT), dtype),
         Fb: T.Tensor((HV, NC, 8, BT), f32),
         dUl: T.Tensor((HV, NC, DV, BT), f32),
         scale: T.float32,
@@ -134,5 +140,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str):
             for r, j in T.Parallel(BT, BT):
                 Th[hv, c, r, j] = T.cast(l_s[r, j], dtype)
                 Tl[hv, c, r, j] = T.cast(l_s[r, j] - T.cast(T.cast(l_s[r, j], dtype), f32), dtype)
+                Agh[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], dtype)
+                Agl[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32), dtype)
 
     return gdn_bwd_prep
