@@ -4,7 +4,7 @@ kernels' outputs are wrong).  ``--kernel inter``: ``dqk.build_bwd_dqk_inter(_abl
 ``--kernel intra``: ``dqk.build_bwd_dqk_intra(_ablate=...)`` (``dqk.INTRA_ABLATIONS``); ``--kernel dh``:
 ``dh.build_bwd_dh(_ablate=...)`` (``dh.DH_ABLATIONS``); ``--kernel dqk``: the fused kernel,
 ``dqk_fused.build_bwd_dqk_fused(_ablate=...)`` (``dqk_fused.ABLATIONS``).  Some switches are candidate forms with the API kernel's
-results rather than ablations (intra "rmw", dh "st_direct" and "st_wait", inter "sd_scalar", dqk "sync_loads": the forms
+results rather than ablations (intra "rmw", dh "st_direct" and "st_wait", inter "sd_scalar": the forms
 before): their line is the A/B of the change (sessions 8 and 10).
 Session 7 ran it (as ``ablate_bwd_inter.py``, the inter kernel alone) to find the inter kernel's row dots: 7.0 ->
 3.2 ms.
@@ -61,6 +61,7 @@ VARIANTS["dh"] = {
     "no stores, no lo": ("no_ds_store", "no_dy_store", "no_dv", "no_lo"),
     "st_direct (session 7's table stores)": ("st_direct",),
     "st_wait (session 8's table stores, each waited for)": ("st_wait",),
+    "single_ops (dU, Tinv, dO, dX single)": ("single_ops",),
 }
 VARIANTS["dqk"] = {
     "api": (),
@@ -73,7 +74,6 @@ VARIANTS["dqk"] = {
     "no_store": ("no_store",),
     "loads + folds + stores": ("no_sd", "no_dots", "no_inter_gemm", "no_intra"),
     "loads + folds": ("no_sd", "no_dots", "no_inter_gemm", "no_intra", "no_store"),
-    "sync_loads (session 9's loads, each before its first use)": ("sync_loads",),
 }
 SHAPES = {"B1_T32768_H16_HV32": (1, 32768, 16, 32), "B1_T8192_H4_HV8": (1, 8192, 4, 8)}
 
@@ -93,14 +93,14 @@ def compile_variant(cfg: Variant):
     """The compiled kernel of one variant (a top-level function: ``precompile``'s processes call it)."""
     import tilelang
 
-    from kernels.gdn_bwd.build import TARGET, pass_configs
+    from kernels.gdn_bwd.build import TARGET, kind_pass_configs
     from kernels.gdn_bwd.dh import build_bwd_dh
     from kernels.gdn_bwd.dqk import build_bwd_dqk_inter, build_bwd_dqk_intra
     from kernels.gdn_bwd.dqk_fused import build_bwd_dqk_fused
     build = {"inter": build_bwd_dqk_inter, "intra": build_bwd_dqk_intra, "dh": build_bwd_dh,
              "dqk": build_bwd_dqk_fused}[cfg.kernel]
     return tilelang.compile(build(128, 128, cfg.dtype, _ablate=frozenset(cfg.ablate)),
-                            target=TARGET, pass_configs=pass_configs())
+                            target=TARGET, pass_configs=kind_pass_configs(cfg.kernel))
 
 
 def tables(B, T, H, HV, dev, dt=torch.bfloat16, kernel="inter"):

@@ -235,9 +235,9 @@ def _fake_kernels(monkeypatch):
                     sd, yv, rect, db2, scale, out32):
                 Ttot, HV, D = v.shape
                 HB = dq32.shape[1]
-                assert dqo.shape == dq32.shape and dqo.dtype == q.dtype and (out32 or HB == HV)
-                if HB < HV:         # atomic adds onto the caller's zeros
-                    assert out32 and dq32.abs().max() == 0 and dk32.abs().max() == 0
+                # HB = H: a group's value heads per CTA, summed in order; HB = HV: one value head, fp32 out
+                assert dqo.shape == dq32.shape and dqo.dtype == q.dtype and HB in (q.shape[1], HV)
+                assert out32 or HB == q.shape[1]
                 dqv = torch.zeros(Ttot, HV, D, dtype=torch.float32)
                 dkv = torch.zeros_like(dqv)
                 bwd_kernel(bbuild.BwdConfig("inter", cfg.dtype))(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl,
@@ -278,23 +278,24 @@ _PLUMBING = {
 }
 
 
-@pytest.mark.parametrize("fused", ["group_sum", True, "group_add", False, "intra2"],
-                         ids=["fused", "fused_torch_group_sum", "fused_group_add", "two_kernels", "recompute_intra2"])
+@pytest.mark.parametrize("form", ["fused", "fused_per_head", "fused_per_head_torch_sum", "two_kernels",
+                                  "recompute_intra2"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
-def test_kernel_path_plumbing_on_cpu(monkeypatch, name, fused):
+def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
     emulation's stage functions, so any difference is the API's tensor plumbing), with the fused dqk kernel
-    (default: the group sums by ``gdn_bwd_group_sum``; also by torch, ``api._GROUP_SUM_KERNEL`` off; and groups of
-    two added onto one row, ``api._DQK_GROUP_ADD`` on), with its two-kernel form (``api._FUSED_DQK`` off), and with
+    (default: a group's value heads in one CTA, ``api._DQK_GROUP_LOOP``; also one CTA per value head with the group
+    sums by ``gdn_bwd_group_sum`` or, ``api._GROUP_SUM_KERNEL`` off, by torch), with its two-kernel form
+    (``api._FUSED_DQK`` off), and with
     the recompute's own intra2 kernel instead of prep's Ag (``api._RECOMPUTE_FROM_PREP`` off)."""
     from kernels.gdn_bwd import api
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
 
     _fake_kernels(monkeypatch)
-    monkeypatch.setattr(api, "_FUSED_DQK", fused is not False)
-    monkeypatch.setattr(api, "_DQK_GROUP_ADD", fused == "group_add")
-    monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", fused in ("group_sum", "intra2"))
-    monkeypatch.setattr(api, "_RECOMPUTE_FROM_PREP", fused != "intra2")
+    monkeypatch.setattr(api, "_FUSED_DQK", form != "two_kernels")
+    monkeypatch.setattr(api, "_DQK_GROUP_LOOP", form in ("fused", "recompute_intra2"))
+    monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", form != "fused_per_head_torch_sum")
+    monkeypatch.setattr(api, "_RECOMPUTE_FROM_PREP", form != "recompute_intra2")
     xs, do, dht, kw = tt.bwd_inputs(**_PLUMBING[name])
     got = api_bwd(*xs, do, dht, **kw)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
@@ -434,28 +435,18 @@ def test_recompute_overlap_only_where_it_was_measured_to_pay():
         bapi._OVERLAP_RECOMPUTE = True
 
 
-@pytest.mark.parametrize("n_seq,HV", [(1, 32), (1, 4), (8, 32), (1, 16), (2, 8), (3, 5), (1, 1)])
-@pytest.mark.parametrize("free", [None, 4, 40, 68, 100, 132])
-def test_recompute_state_shape_fits_one_wave_of_the_free_sms(n_seq, HV, free):
-    """Beside dh, the recompute's state kernel takes the narrowest value block whose CTAs fit in one wave of the SMs
-    dh leaves free (two per SM only at BV <= 32, the kernel's limit); when none fits, or alone, the forward's
-    ``block_v`` at one CTA per SM.  The A/B override wins."""
+@pytest.mark.parametrize("n_seq,HV", [(1, 32), (1, 4), (8, 32), (1, 8), (3, 5)])
+def test_recompute_state_shape_is_the_forwards_unless_overridden(n_seq, HV):
+    """The recompute's state kernel takes the forward's ``block_v`` at one CTA per SM (measured best beside dh,
+    session 10); the A/B override wins, and the configurations follow it."""
     from kernels.gdn_bwd import build as bb
     from kernels.gdn_fwd.build import block_v
-    bv, occ = bb.recompute_state_shape(n_seq, HV, free)
-    ctas = n_seq * HV * (128 // bv)
-    assert bv in (16, 32, 64, 128) and occ in (1, 2) and (occ == 1 or bv <= 32)
-    if free is None or n_seq * HV * 2 > free:
-        assert (bv, occ) == (block_v(n_seq, HV), 1)
-    else:
-        assert ctas <= free * occ
-        narrower = [(b, o) for b, o in ((16, 2), (32, 2), (64, 1)) if b < bv]
-        assert all(n_seq * HV * (128 // b) > free * o for b, o in narrower)
-    if (n_seq, HV, free) == (1, 32, 68):          # B1 T32768 H16 HV32 beside dh's 64 CTAs
-        assert (bv, occ) == (32, 2)
+    assert bb.recompute_state_shape(n_seq, HV) == (block_v(n_seq, HV), 1)
     try:
-        bb._RECOMPUTE_STATE = (64, 1)
-        assert bb.recompute_state_shape(n_seq, HV, free) == (64, 1)
+        bb._RECOMPUTE_STATE = (16, 2)
+        assert bb.recompute_state_shape(n_seq, HV) == (16, 2)
+        cs = bb.forward_recompute_configs("bfloat16", n_seq, HV)[1]
+        assert (cs.BV, cs.ctas_per_sm) == (16, 2)
     finally:
         bb._RECOMPUTE_STATE = None
 

@@ -156,18 +156,18 @@ def test_stages_match_emulation(case, tables):
 _FUSED_STAGES = ("qz", "kw", "kr", "sd", "yv", "rect", "db2", "dqv", "dkv")
 
 
-@pytest.mark.parametrize("group_add", [True, False], ids=["group_add", "per_head"])
+@pytest.mark.parametrize("group_loop", [True, False], ids=["group_loop", "per_head"])
 @pytest.mark.parametrize("case", _STAGE_CASES, ids=[c.name for c in _STAGE_CASES])
-def test_fused_dqk_matches_the_two_kernels(monkeypatch, case, group_add):
+def test_fused_dqk_matches_the_two_kernels(monkeypatch, case, group_loop):
     """The fused inter + intra kernel (``dqk_fused.py``, the default) against the two kernels it replaces
     (``api._FUSED_DQK`` off) on the same inputs: the same products on the same operands, summed in another
     order (dq~ / dk~'s intra terms by the wgmma accumulator instead of an atomic add, the row dots over 128
     instead of 2 x 64 key columns), so every intermediate within 1e-5 of its largest magnitude and the final
-    gradients within a tenth of the input dtype's rounding floor of each other.  With groups of two value heads
-    added onto one row by atomics (``group_add``, the default) and stored per value head."""
+    gradients within a tenth of the input dtype's rounding floor of each other.  With a group's value heads in one
+    CTA (``group_loop``, the default) and one CTA per value head."""
     from kernels.gdn_bwd import api
 
-    monkeypatch.setattr(api, "_DQK_GROUP_ADD", group_add)
+    monkeypatch.setattr(api, "_DQK_GROUP_LOOP", group_loop)
     dev = torch.device("cuda")
     args, kw, do, dht = _grads_inputs(case, dev)
     sf, su = {}, {}
@@ -190,23 +190,21 @@ def test_fused_dqk_matches_the_two_kernels(monkeypatch, case, group_add):
         assert d <= 0.1 * floor, (n, d, floor)
 
 
-# the fused kernel's three output forms: groups of 2 (atomic adds onto one row, opt-in), 1 (the final dq, dk in the
-# input dtype, no L2 norm; the L2 norm: fp32), 4 (fp32 per value head, then the group-sum kernel: fp32 with the L2
-# norm); the default path's groups of 2 (per value head, then the group sums in the input dtype) are the other tests
+# the fused kernel's output forms: groups of 2 and 4 summed in the CTA (the input dtype without the L2 norm, fp32
+# with it), groups of 1 (the final dq, dk; with the L2 norm fp32), and per value head (fp32, then the group sums)
 _OUTPUT_CASES = [tt.Case("g2_varlen_h0", 1, 0, 2, 4, lens=[300, 1, 700], h0=1.0),
                  tt.Case("g1_no_l2", 1, 1000, 4, 4), tt.Case("g1_l2_fp16", 2, 333, 2, 2, l2=True, dtype=torch.float16),
-                 tt.Case("g4", 1, 1000, 1, 4, l2=True)]
+                 tt.Case("g4", 1, 1000, 1, 4, l2=True), tt.Case("g4_no_l2_per_head", 1, 1000, 1, 4)]
 
 
 @pytest.mark.parametrize("case", _OUTPUT_CASES, ids=[c.name for c in _OUTPUT_CASES])
 def test_fused_outputs_are_deterministic_and_within_the_baseline(monkeypatch, case):
-    """Each output form of the fused kernel: two calls give bitwise the same gradients (the atomic adds of a group
-    of two, ``api._DQK_GROUP_ADD`` on here, are one addition each onto 0), every gradient no farther from fp64 than
-    the FLA-like baseline's."""
+    """Each output form of the fused kernel: two calls give bitwise the same gradients (a group's sums are formed
+    in one CTA, in order), every gradient no farther from fp64 than the FLA-like baseline's."""
     from kernels.gdn_bwd import api
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
 
-    monkeypatch.setattr(api, "_DQK_GROUP_ADD", True)
+    monkeypatch.setattr(api, "_DQK_GROUP_LOOP", not case.name.endswith("per_head"))
     dev = torch.device("cuda")
     args, kw, do, dht = _grads_inputs(case, dev)
     a = kern(*args, do, dht, **kw)

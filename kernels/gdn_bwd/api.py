@@ -13,14 +13,15 @@ no host sync except building the varlen tables):
   1. ``gdn_bwd_prep``       (chunk, head)              Tinv split, Ag = Tinv diag(beta) split, gate table, dUloc^T
   0. forward recompute: ``gdn_state_v2`` alone (the smem form; precision "default_h0": chunk-start states S and
      U as hi + lo, key-first) on prep's Ag and gate table (``_RECOMPUTE_FROM_PREP``; off: ``gdn_intra_v2`` first,
-     which computes the same), BV and CTAs per SM by ``build.recompute_state_shape`` (the SMs dh leaves free when
-     beside it), no output kernel; after prep, beside step 2,
+     which computes the same; session 10: 9.09 -> 8.05 ms at B1 T32768 H16 HV32, the recompute now hidden by dh), BV
+     by ``build.recompute_state_shape``, no output kernel; after prep, beside step 2,
      which does not read S or U (``_OVERLAP_RECOMPUTE``, from ``_OVERLAP_MIN_CHUNK_HEADS`` chunk x value head
      pairs; the stage times then show the part of it that dh did not hide);
   2. ``gdn_bwd_dh``         (64 value cols, head, seq)  reverse sequential: dS' tables, dY, dv, dh0 (with few
      CTAs three launches over segments of the sequences and a scan: ``dh_cp``)
-  3. ``gdn_bwd_dqk``        (chunk, head)              state products and 64x64 terms -> dq~, dk~, row dots,
-     dg / dbeta terms (``dqk_fused.py``); then ``gdn_bwd_group_sum`` (token rows, head): the GVA group sums.
+  3. ``gdn_bwd_dqk``        (chunk, q/k head)          state products and 64x64 terms of the group's value heads
+     in turn -> dq, dk (group sums), row dots, dg / dbeta terms (``dqk_fused.py``).  (``_DQK_GROUP_LOOP`` off: one
+     CTA per value head, then ``gdn_bwd_group_sum`` (token rows, head): the GVA group sums.)
      With ``_FUSED_DQK`` off its two-kernel form: ``gdn_bwd_dqk_inter`` (chunk, 64 key cols, head), then
      ``gdn_bwd_dqk_intra`` (chunk, head) adding to its dq~, dk~
   5. ``common.finish`` (torch): dg / dbeta row terms and within-chunk cumsums, L2-norm chain rule (and the GVA
@@ -152,8 +153,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     # session 8, call 2, B1 T8192 H4 HV8 backward 2.40 ms against 2.15 serial) and launched after dh, so that dh's
     # CTAs are placed first (launched before it, its wide first kernel held dh back: call 3, 2.68 against 2.39 ms
     # serial); the main stream waits for it before the inter kernel.
-    def recompute(side, free_sms=None):
-        ci, cs = forward_recompute_configs(_TL_DTYPE[dt], N, HV, free_sms)
+    def recompute(side):
+        ci, cs = forward_recompute_configs(_TL_DTYPE[dt], N, HV)
         Sch = torch.empty(HV, NC, D, D, device=dev, dtype=dt)
         Scl = torch.empty_like(Sch)
         Uh = torch.empty(HV, NC, BT, D, device=dev, dtype=dt)
@@ -199,9 +200,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         if use_h0:
             dh0 = (dh0k.transpose(-1, -2) if vf else dh0k).contiguous()
     if side is not None:
-        dh_ctas = (N if cp is None else cp.cu.numel() - 1) * HV * (D // 64)
-        free = _sm_count(dev) - dh_ctas
-        Sch, Scl, Uh, Ul = recompute(side, free if free > 0 else None)
+        Sch, Scl, Uh, Ul = recompute(side)
     mark("dh")
     if side is not None:
         torch.cuda.current_stream(dev).wait_stream(side)
@@ -220,24 +219,24 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     db2 = torch.empty_like(rect)
     if "dqk" in kinds:
         # inter + intra in one kernel (one key block of row dots, two halves of sd); dq~, dk~ out (``dqk_fused``):
-        # groups of one value head as the final dq, dk in the input dtype (no L2 norm; fp32 when ``_stages`` wants
-        # the sums), larger ones as fp32 per value head, summed by ``gdn_bwd_group_sum`` (or, switched off, by
-        # finish); with ``_DQK_GROUP_ADD`` (off: slower) groups of two as fp32 atomic sums onto the zero-filled
-        # rows of their q/k head (deterministic); the dtype outputs use the first half of the fp32 buffers' memory
-        # (only one of the two is written)
+        # one CTA per (chunk, q/k head) running the group's value heads in turn (``_DQK_GROUP_LOOP``), dq~, dk~
+        # summed in registers and stored as the final dq, dk in the input dtype (fp32 when the L2 norm's chain rule
+        # follows on the host or ``_stages`` wants the sums); switched off, one CTA per value head, fp32 rows summed
+        # by ``gdn_bwd_group_sum`` (or by finish).  The dtype outputs use the first half of the fp32 buffers' memory
+        # (only one of the two is written).
         r = HV // H
-        HB = H if r == 1 or (r == 2 and _DQK_GROUP_ADD) else HV
-        out32 = r > 1 or bool(use_l2) or _stages is not None
+        loop = _DQK_GROUP_LOOP or r == 1
+        HB = H if loop else HV
+        out32 = (not loop) or bool(use_l2) or _stages is not None
         qz, kw, kr = qz[:1], kw[:1], kr[:1]
-        new = torch.zeros if HB < HV else torch.empty
-        dq32 = new(Ttot, HB, D, device=dev, dtype=f32)
-        dk32 = new(Ttot, HB, D, device=dev, dtype=f32)
+        dq32 = torch.empty(Ttot, HB, D, device=dev, dtype=f32)      # the kernel stores every token row
+        dk32 = torch.empty_like(dq32)
         dqo, dko = (x.view(-1).view(dt)[:x.numel()].view(Ttot, HB, D) for x in (dq32, dk32))
         get_kernel(BwdConfig("dqk", tl_dt))(
             q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, chunk_indices, dq32, dk32, dqo, dko, qz,
             kw, kr, sd, yv, rect, db2, scale, int(out32))
         dqv, dkv = (dq32, dk32) if out32 else (dqo, dko)
-        if HB == HV and r > 1 and _GROUP_SUM_KERNEL:
+        if not loop and _GROUP_SUM_KERNEL:
             # the group sums in one pass (``group_sum.py``): to the input dtype (the final dq, dk) unless the L2
             # norm's chain rule follows on the host (or ``_stages`` wants the fp32 sums)
             g32 = bool(use_l2) or _stages is not None
@@ -327,11 +326,12 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
 # private switch (A/B timing): the recompute's state kernel reads prep's Ag and gate table (no intra2 kernel)
 _RECOMPUTE_FROM_PREP = True
 _FUSED_DQK = True              # private switch (A/B timing): the inter + intra terms in one kernel (dqk_fused.py)
-# private switch: ... adding dq~, dk~ of groups of two onto one row by atomics.  Off: on an H200 (session 9, call 3,
-# when it was the default and the bench column "ours-per-head" switched it off) the atomics took dqk from 3.8 to 4.4 ms
-# at B1 T32768 H16 HV32 and finish from 0.99 to 0.42 ms: 9.68 against 9.50 ms for the backward, slower on every shape.
-_DQK_GROUP_ADD = False
-_GROUP_SUM_KERNEL = True       # private switch (A/B timing): the GVA group sums by gdn_bwd_group_sum, not torch
+# private switch (A/B timing, bench column "ours-per-head"): the fused kernel runs a GVA group's value heads in one
+# CTA and stores the group's sums (session 10); off, one CTA per value head, the sums by gdn_bwd_group_sum (session
+# 9).  Session 9's third form, groups of two added onto one row by fp32 atomics, lost on the H200 (session 9, call 3:
+# 9.68 against 9.50 ms at B1 T32768 H16 HV32) and was removed.
+_DQK_GROUP_LOOP = True
+_GROUP_SUM_KERNEL = True       # private switch (A/B timing): ... off too, the GVA group sums by torch in finish
 _OVERLAP_RECOMPUTE = True      # private switch (A/B timing): the recompute on a side stream beside dh
 # ... when the call has at least this many (chunk, value head) pairs.  Session 8 on an H200 (bench_kernels_bwd.py --ab
 # ours-serial, calls 2-5): the side stream saved 0.8 ms at B1 T32768 H16 HV32 (16384 pairs) and at B1 T65536 H2 HV4

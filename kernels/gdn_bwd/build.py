@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, compile_report, pass_configs
+from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, compile_report, pass_configs  # noqa: F401
 from kernels.gdn_fwd.build import precompile as fwd_precompile
 
 KINDS = ("prep", "dh", "dqk", "gsum", "gsum32", "inter", "intra", "inter_lean", "dots", "intra_lean")
@@ -65,41 +65,49 @@ def prim_func(cfg: BwdConfig):
     raise ValueError(cfg.kind)
 
 
+def kind_pass_configs(kind: str) -> dict:
+    """TileLang pass configs of a backward kernel kind: the forward's, and for the fused dqk kernel the aggressive
+    shared-memory merge, which plans the reuse of its tiles inside the loop over a group's value heads (the default
+    merge keeps every tile touched in a loop live for the whole loop: 343 instead of 194 KiB)."""
+    import tilelang
+    pc = dict(pass_configs())
+    if kind == "dqk":
+        pc[tilelang.PassConfigKey.TL_ENABLE_AGGRESSIVE_SHARED_MEMORY_MERGE] = True
+    return pc
+
+
 @functools.lru_cache(maxsize=None)
 def get_kernel(cfg: BwdConfig):
     import tilelang
-    return tilelang.compile(prim_func(cfg), target=TARGET, pass_configs=pass_configs())
+    return tilelang.compile(prim_func(cfg), target=TARGET, pass_configs=kind_pass_configs(cfg.kind))
 
 
-def forward_recompute_configs(dtype: str, n_seq: int = 1, HV: int = 1, free_sms: int | None = None):
+def forward_recompute_configs(dtype: str, n_seq: int = 1, HV: int = 1):
     """The forward kernels the backward runs to recompute S and U: (intra2, state_smem) at precision
     "default_h0" (S and U stored hi + lo, key-first tables).  The API runs intra2 only with
     ``api._RECOMPUTE_FROM_PREP`` off (prep stores the same ``Ag`` and gate rows).  The state kernel's value columns
-    per CTA: ``recompute_state_shape``.  All are in ``gdn_fwd.build.all_configs()`` or compiled by the backward's
-    compile test."""
+    per CTA: ``recompute_state_shape``.  All are in ``gdn_fwd.build.all_configs()``."""
     from kernels.gdn_fwd.build import Intra2Config, State2Config, precision_v2
     prec = precision_v2("default_h0")
-    bv, occ = recompute_state_shape(n_seq, HV, free_sms)
+    bv, occ = recompute_state_shape(n_seq, HV)
     return Intra2Config(dtype, prec.merge, prec.ag), State2Config(dtype, bv, prec, form="smem", ctas_per_sm=occ)
 
 
-def recompute_state_shape(n_seq: int, HV: int, free_sms: int | None = None) -> tuple[int, int]:
-    """(BV, CTAs per SM) of the recompute's state kernel (``N x HV x 128 / BV`` CTAs, sequential over chunks).
-    ``free_sms`` None (the kernel has the GPU to itself): the forward's ``block_v`` (about one CTA per SM).
-    Otherwise the SMs that ``gdn_bwd_dh``, running beside it, leaves free: the narrowest block whose CTAs all fit
-    in one wave there (BV 16 or 32 at two CTAs per SM, BV 64 at one), else the forward's choice.  Beside dh at B1
-    T32768 H16 HV32 (64 dh CTAs) the forward's BV 32 (128 CTAs, one per SM) needed two waves on the 68 free SMs."""
-    from kernels.gdn_fwd.build import KERNEL_HEAD_DIM, block_v
+def recompute_state_shape(n_seq: int, HV: int) -> tuple[int, int]:
+    """(BV, CTAs per SM) of the recompute's state kernel (``N x HV x 128 / BV`` CTAs, sequential over chunks): the
+    forward's ``block_v`` at one CTA per SM, also beside dh.  Measured on an H200 (session 10, call 1,
+    ``bench_kernels_bwd.py --ab ours-rc-bv32,ours-rc-bv64``, backward ms) against a rule that fitted the state
+    kernel into the SMs dh leaves free (BV 32 at two CTAs per SM beside dh's 64 CTAs at B1 T32768 H16 HV32): 8.05
+    against 8.24 there (the recompute was hidden either way; two CTAs per SM slowed dh down: 2.51 ms against 2.11
+    alone), equal elsewhere; BV 64 lost at B1 T65536 H2 HV4 (5.23 against 3.76).  ``_RECOMPUTE_STATE`` overrides
+    it (A/B timing)."""
+    from kernels.gdn_fwd.build import block_v
     if _RECOMPUTE_STATE is not None:
         return _RECOMPUTE_STATE
-    if free_sms is not None:
-        for bv, occ in ((16, 2), (32, 2), (64, 1)):
-            if 0 < n_seq * HV * (KERNEL_HEAD_DIM // bv) <= free_sms * occ:
-                return bv, occ
     return block_v(n_seq, HV), 1
 
 
-# private override (A/B timing): (BV, CTAs per SM) of the recompute's state kernel, None = recompute_state_shape's rule
+# private override (A/B timing): (BV, CTAs per SM) of the recompute's state kernel, None = recompute_state_shape's
 _RECOMPUTE_STATE: tuple[int, int] | None = None
 
 
@@ -156,10 +164,7 @@ def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: b
         out += list(fb.dispatch_v2(dtype, n_seq, HV, precision=fb.precision_v2(None, has_h0), cp=cp, form=form))
     except Exception:       # the forward's planner changed: everything it can dispatch
         out += [c for c in fb.all_configs() if c.dtype == dtype]
-    # the recompute's state kernel alone and beside the sequential dh (n_seq x HV x 2 CTAs; the API counts the SMs)
-    dh_free = 132 - n_seq * HV * 2
-    for free in (None, dh_free if dh_free > 0 else None):
-        out += list(forward_recompute_configs(dtype, n_seq, HV, free))
+    out += list(forward_recompute_configs(dtype, n_seq, HV))
     out += [BwdConfig(kind, dtype) for kind in stage_kinds(tables, fused)]
     uniq = []
     for c in out:

@@ -24,7 +24,7 @@ BT = 64
 FR = T.GemmWarpPolicy.FullRow
 # timing-study switches (``benchmarks/ablate_bwd.py --kernel dh``): the "no_*" ones drop a part (wrong gradients);
 # "st_direct" is session 7's form of the dS' / dY table stores (the same values)
-DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "st_direct", "st_wait")
+DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "st_direct", "st_wait", "single_ops")
 
 
 @T.macro
@@ -80,6 +80,9 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
     assert dtype in ("bfloat16", "float16")
     assert set(_ablate) <= set(DH_ABLATIONS), _ablate
     lo = "no_lo" not in _ablate
+    # "single_ops": the accuracy study's single operands (README, "Which hi + lo products ...": dU, Tinv, F1 dO,
+    # F0 dX as one input-dtype term; dS' keeps its lo product): 5 instead of 9 wgmma per chunk
+    olo = lo and "single_ops" not in _ablate
     # the table stores of one chunk are waited for at the next chunk's first store, not where they are issued
     # (session 8's form, waiting for each: the "st_wait" ablation)
     nowait = "st_wait" not in _ablate and "st_direct" not in _ablate
@@ -176,7 +179,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
 
                 # dY^T = dU^T Tinv
                 T.gemm(xa, th_s, dy_f, clear_accum=True, policy=FR)
-                if lo:
+                if olo:
                     T.gemm(xl, th_s, dy_f, policy=FR)
                     T.gemm(xa, tl_s, dy_f, policy=FR)
                 for i, t in T.Parallel(BV, BT):
@@ -199,7 +202,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                     xa[i, t] = T.cast(kd_f[i, t], dtype)
                     xl[i, t] = T.cast(kd_f[i, t] - T.cast(T.cast(kd_f[i, t], dtype), f32), dtype)
                 T.gemm(xa, q_s, ds_f, policy=FR)
-                if lo:
+                if olo:
                     T.gemm(xl, q_s, ds_f, policy=FR)
                 for i, t in T.Parallel(BV, BT):
                     kd_f[i, t] = -(f_s[7, t] * dy_f[i, t]) * f_s[0, t]
@@ -207,7 +210,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                     xa[i, t] = T.cast(kd_f[i, t], dtype)
                     xl[i, t] = T.cast(kd_f[i, t] - T.cast(T.cast(kd_f[i, t], dtype), f32), dtype)
                 T.gemm(xa, k_s, ds_f, policy=FR)
-                if lo:
+                if olo:
                     T.gemm(xl, k_s, ds_f, policy=FR)
 
             if nowait:

@@ -1,6 +1,6 @@
 """Backward kernel 3+4 in one: ``gdn_bwd_dqk`` - the inter-chunk (state) and intra-chunk (64x64) gradients of
-q, k, g, beta of one chunk and value head, grid (chunk, value head), 256 threads (two warpgroups; each product's
-output columns split between them).
+q, k, g, beta of one chunk and GVA group (its value heads one after the other; or one value head), grid (chunk,
+output row), 256 threads (two warpgroups; each product's output columns split between them).
 
 The same products and row dots as ``dqk.build_bwd_dqk_inter`` (both key blocks) followed by
 ``dqk.build_bwd_dqk_intra`` (module docstring of ``dqk.py``), on the same split operands, with three differences
@@ -50,42 +50,15 @@ class _HeadTiles:
 
 
 @T.macro
-def _load(src, dst, bars, i, sync):
-    """``dst <- src`` (global -> shared): synchronous (``sync``), or a TMA load on mbarrier ``bars[i]`` (one use,
-    parity 0) that ``_ready`` waits for.  Every thread arrives after the elected one has set the byte count, so the
-    phase cannot complete before it."""
-    if sync:
-        T.copy(src, dst)
-    else:
-        T.tma_copy(src, dst, barrier=bars[i])
-        T.barrier_arrive(bars[i])
-
-
-@T.macro
-def _ready(bars, i, sync):
-    """Wait for the ``_load`` s on ``bars[i]`` issued with ``sync`` False."""
-    if not sync:
-        T.mbarrier_wait_parity(bars[i], 0)
-
-
-@T.macro
 def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk, dpu,
-               dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale, bars,
-               ab=frozenset()):
+               dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale, ab=frozenset()):
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
     dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32.
-    ``bars``: four mbarriers (U, dO, dY, v loads).  ``ab``: timing ablations (``ABLATIONS``; wrong results, except
-    "sync_loads": every tile loaded just before its first use, session 9's form)."""
+    ``ab``: timing ablations (``ABLATIONS``; wrong results)."""
     f32 = "float32"
     DK = dq_f.shape[1]
     DV = ts.sh.shape[1]
-    sync = "sync_loads" in ab
-    # 1. the S o dS' row dots (S, dS' hi + lo); U and dO are loaded meanwhile by TMA (issued first; their tiles do
-    # not alias S or dS')
-    if not sync:
-        _load(Uh[hv, c, 0:BT, 0:DV], ts.uh, bars, 0, sync)
-        _load(Ul[hv, c, 0:BT, 0:DV], ts.ul, bars, 0, sync)
-        _load(do[t0:t0 + BT, hv, 0:DV], ts.do, bars, 1, sync)
+    # 1. the S o dS' row dots (S, dS' hi + lo)
     T.copy(Fb[hv, c, 0:8, 0:BT], ts.f_s)
     T.copy(Sch[hv, c, 0:DK, 0:DV], ts.sh)
     T.copy(Scl[hv, c, 0:DK, 0:DV], ts.sl)
@@ -99,10 +72,8 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     gm = "no_inter_gemm" not in ab
     dots = "no_dots" not in ab
     # 2. R = U dS'^T (U, dS' hi + lo) -> dk~ += e^(GL-G) R, the k.R dots
-    if sync:
-        T.copy(Uh[hv, c, 0:BT, 0:DV], ts.uh)
-        T.copy(Ul[hv, c, 0:BT, 0:DV], ts.ul)
-    _ready(bars, 0, sync)
+    T.copy(Uh[hv, c, 0:BT, 0:DV], ts.uh)
+    T.copy(Ul[hv, c, 0:BT, 0:DV], ts.ul)
     if gm:
         T.gemm(ts.uh, ts.dsh, x_f, clear_accum=True)
         if lo:
@@ -112,16 +83,8 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
         dk_f[t, d] = dk_f[t, d] + T.exp2((ts.f_s[4, BT - 1] - ts.f_s[4, t]) * LOG2E) * x_f[t, d]
     if dots:
         masked_row_dot(x_f, k_s, x_f, rs, nv, kr, 0, hv, c)
-    if not sync:
-        # dS' is dead: dY and v are loaded into its space while Z is formed (after every warp's last read of it)
-        T.sync_threads()
-        _load(dYh[hv, c, 0:DV, 0:BT], ts.dyh, bars, 2, sync)
-        _load(dYl[hv, c, 0:DV, 0:BT], ts.dyl, bars, 2, sync)
-        _load(v[t0:t0 + BT, hv, 0:DV], ts.v, bars, 3, sync)
     # 3. Z = dO S^T (S hi + lo) -> dq~ += scale e^G Z, the q.Z dots
-    if sync:
-        T.copy(do[t0:t0 + BT, hv, 0:DV], ts.do)
-    _ready(bars, 1, sync)
+    T.copy(do[t0:t0 + BT, hv, 0:DV], ts.do)
     if gm:
         T.gemm(ts.do, ts.sh, x_f, transpose_B=True, clear_accum=True)
         if lo:
@@ -131,10 +94,8 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     if dots:
         masked_row_dot(x_f, q_s, x_f, rs, nv, qz, 0, hv, c)
     # 4. W = dY S^T (dY, S hi + lo) -> dk~ -= beta e^G W, the k.W dots; then the dY . v dots
-    if sync:
-        T.copy(dYh[hv, c, 0:DV, 0:BT], ts.dyh)
-        T.copy(dYl[hv, c, 0:DV, 0:BT], ts.dyl)
-    _ready(bars, 2, sync)
+    T.copy(dYh[hv, c, 0:DV, 0:BT], ts.dyh)
+    T.copy(dYl[hv, c, 0:DV, 0:BT], ts.dyl)
     if gm:
         T.gemm(ts.dyh, ts.sh, x_f, transpose_A=True, transpose_B=True, clear_accum=True)
         if lo:
@@ -144,9 +105,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
         dk_f[t, d] = dk_f[t, d] - ts.f_s[7, t] * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     if dots:
         masked_row_dot(x_f, k_s, x_f, rs, nv, kw, 0, hv, c)
-        if sync:
-            T.copy(v[t0:t0 + BT, hv, 0:DV], ts.v)
-        _ready(bars, 3, sync)
+        T.copy(v[t0:t0 + BT, hv, 0:DV], ts.v)
         for t, i in T.Parallel(BT, DV):
             x_f[t, i] = T.if_then_else(t < nv, T.cast(ts.v[t, i], f32), T.float32(0)) * (
                 T.cast(ts.dyh[i, t], f32) + T.cast(ts.dyl[i, t], f32))
@@ -164,30 +123,30 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
 
 # timing-study switches (``benchmarks/ablate_bwd.py --kernel dqk``; wrong results): without the S o dS' dots / the
 # q.Z, k.W, k.R and dY . v row dots / the lo-term products (inter and intra) / the eight inter products / the 64x64
-# terms / their dg rectangle sums / the dq~, dk~ stores; and "sync_loads" (the same results): session 9's loads,
-# each tile just before its first use
-ABLATIONS = ("no_sd", "no_dots", "no_lo", "no_inter_gemm", "no_intra", "no_rect", "no_store", "sync_loads")
+# terms / their dg rectangle sums / the dq~, dk~ stores
+ABLATIONS = ("no_sd", "no_dots", "no_lo", "no_inter_gemm", "no_intra", "no_rect", "no_store")
 
 
 def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = frozenset()):
-    """Grid (chunk, value head).  dq~ and dk~ leave the kernel in one of three ways, by the rows ``HB`` of the
-    output tensors (a dynamic dim: HV or H) and ``out32``:
+    """Grid (chunk, output row ``ob``), the output rows ``HB`` (a dynamic dim) being HV or H: each CTA runs value
+    heads ``ob * r .. ob * r + r - 1`` (``r = HV // HB``) one after the other (``T.serial``, the same tiles and
+    fragments), dq~ and dk~ summed over them in the two fragments, then stored once:
 
-    * ``HB = HV``, ``out32``: fp32 per value head (``dq32, dk32``), summed per group by ``gdn_bwd_group_sum``
-      (the default for groups of two or more);
-    * ``HB = H < HV``, ``out32``: fp32 atomic adds onto the q/k head's row of ``dq32, dk32``, which the caller
-      zero-fills: the GVA group sum.  Used for groups of two value heads only, where it is deterministic (each
-      element gets two additions onto 0, and fp32 addition commutes exactly); off by default
-      (``api._DQK_GROUP_ADD``: slower on the H200, session 9, call 3);
-    * ``HB = HV = H`` and not ``out32``: rounded to the input dtype (``dqo, dko``): the final dq, dk (no L2 norm).
+    * ``HB = H`` (the default, ``api._DQK_GROUP_LOOP``): the GVA group sum in registers (value heads in order);
+      stored as the final dq, dk in the input dtype (``dqo, dko``) unless ``out32`` (the host's L2-norm chain rule,
+      or ``_stages``): fp32 (``dq32, dk32``).  q and k are loaded once per group.
+    * ``HB = HV``: one value head per CTA, fp32 per value head (``out32``), summed by ``gdn_bwd_group_sum``
+      (session 9's form; with groups of one and no L2 norm, the final dq, dk).
+
+    Session 9 measured two other group forms on an H200 and dropped them: two value heads per CTA unrolled, each
+    with its own tiles (more than 255 registers, spills: dqk 6.56 against 3.8 ms at B1 T32768 H16 HV32), and groups
+    of two added onto one row by fp32 atomics (bwd 9.68 against 9.50 ms).  Session 10 measured TMA loads of U, dO,
+    dY and v issued ahead of their first use (on mbarriers, 210 KiB of shared memory): 3.60 against 3.62 ms for the
+    kernel alone (call 1, ``ablate_bwd.py``; not kept).
 
     Loading U and dO together with S and dS' (one wait for 208 KiB of tiles, 210 KiB of shared memory) instead of
     each just before its first product was slower on the H200: dqk 4.11 against 3.92 ms at B1 T32768 H16 HV32
     (session 9, call 5, commit 579f773, reverted).
-
-    Two value heads per CTA (unrolled, each with its own shared tiles) summed in registers were measured on an
-    H200 and lost: the kernel needed more than 255 registers and spilled (6.56 against 3.8 ms at B1 T32768 H16
-    HV32, session 9, call 2).
 
     Arguments (``qz, kw, kr`` with one key block, ``sd`` with two halves of the key dim):
       q, k            [Ttot, H, DK]     dtype
@@ -243,9 +202,9 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
         scale: T.float32,
         out32: T.int32,
     ):
-        with T.Kernel(NC, HV, threads=2 * DV) as (c, hv):
-            h = hv // (HV // H)
-            ob = hv // (HV // HB)           # the output row: hv, or h when the group is summed here
+        with T.Kernel(NC, HB, threads=2 * DV) as (c, ob):
+            r = HV // HB                    # value heads per CTA: the group (HB = H) or one (HB = HV)
+            h = (ob * r) // (HV // H)
             eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
             nv = T.min(eos - t0, BT)
 
@@ -266,32 +225,29 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
             xh = T.alloc_local((8,), dtype)
             xl = T.alloc_local((8,), dtype)
             tx = T.get_thread_binding()
-            # U (hi, lo), dO, dY (hi, lo), v: every thread arrives once per load
-            bars = T.alloc_barrier([4 * DV, 2 * DV, 4 * DV, 2 * DV])
 
             T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
             T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
             T.clear(dq_f)
             T.clear(dk_f)
-            value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
-                       dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale, bars,
-                       ab)
-            # each row stored once, or added to the group's row
+            for j in T.serial(r):
+                # the tiles of one head reuse each other's space (build.kind_pass_configs); the barrier keeps the
+                # next head's first stores from the last head's readers (the rect sums' column walk)
+                T.sync_threads()
+                value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
+                           dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, ob * r + j, c, t0, nv,
+                           scale, ab)
+            # each row stored once
             if st:
                 if out32 == 0:
                     for t, d in T.Parallel(BT, DK):
                         if t < nv:
                             dqo[t0 + t, ob, d] = T.cast(dq_f[t, d], dtype)
                             dko[t0 + t, ob, d] = T.cast(dk_f[t, d], dtype)
-                elif HB == HV:
+                else:
                     for t, d in T.Parallel(BT, DK):
                         if t < nv:
                             dq32[t0 + t, ob, d] = dq_f[t, d]
                             dk32[t0 + t, ob, d] = dk_f[t, d]
-                else:
-                    for t, d in T.Parallel(BT, DK):
-                        if t < nv:
-                            T.atomic_add(dq32[t0 + t, ob, d], dq_f[t, d])
-                            T.atomic_add(dk32[t0 + t, ob, d], dk_f[t, d])
 
     return gdn_bwd_dqk
