@@ -93,14 +93,14 @@ def compile_variant(cfg: Variant):
     """The compiled kernel of one variant (a top-level function: ``precompile``'s processes call it)."""
     import tilelang
 
-    from kernels.gdn_bwd.build import TARGET, kind_pass_configs
+    from kernels.gdn_bwd.build import TARGET, pass_configs
     from kernels.gdn_bwd.dh import build_bwd_dh
     from kernels.gdn_bwd.dqk import build_bwd_dqk_inter, build_bwd_dqk_intra
     from kernels.gdn_bwd.dqk_fused import build_bwd_dqk_fused
     build = {"inter": build_bwd_dqk_inter, "intra": build_bwd_dqk_intra, "dh": build_bwd_dh,
              "dqk": build_bwd_dqk_fused}[cfg.kernel]
     return tilelang.compile(build(128, 128, cfg.dtype, _ablate=frozenset(cfg.ablate)),
-                            target=TARGET, pass_configs=kind_pass_configs(cfg.kernel))
+                            target=TARGET, pass_configs=pass_configs())
 
 
 def tables(B, T, H, HV, dev, dt=torch.bfloat16, kernel="inter"):

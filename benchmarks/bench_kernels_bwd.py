@@ -76,7 +76,7 @@ def backward_context(name: str):
 AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute before prep and dh, on one stream
       "ours-seq-dh": ("api", "_DH_SEGMENTS", False),            # the sequential reverse pass even with few CTAs
       "ours-unfused": ("api", "_FUSED_DQK", False),             # the inter and intra terms in two kernels (s8)
-      "ours-per-head": ("api", "_DQK_GROUP_LOOP", False),       # dqk per value head + the group-sum kernel (s9)
+      "ours-torch-gsum": ("api", "_GROUP_SUM_KERNEL", False),   # the GVA group sums of dq~ / dk~ by torch
       "ours-intra2": ("api", "_RECOMPUTE_FROM_PREP", False),    # the recompute runs its own intra2 kernel (s9)
       "ours-rc-bv32": ("build", "_RECOMPUTE_STATE", (32, 1)),   # the recompute's state kernel: BV 32, 1 CTA/SM (s9)
       "ours-rc-bv64": ("build", "_RECOMPUTE_STATE", (64, 1)),   # ... BV 64, 1 CTA/SM
@@ -122,7 +122,7 @@ def main(argv=None):
                     help="also time these A/B columns, 'ours' with one private switch of kernels.gdn_bwd set "
                     "otherwise (the AB table): 'ours-serial' (recompute not overlapped with prep + dh), 'ours-seq-dh' "
                     "(no segment-parallel dh), 'ours-unfused' (inter and intra terms in two kernels), "
-                    "'ours-per-head' (dqk per value head, then the group-sum kernel), 'ours-intra2' (the recompute's own intra2), "
+                    "'ours-torch-gsum' (the GVA group sums by torch), 'ours-intra2' (the recompute's own intra2), "
                     "'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' (the recompute's state kernel shape)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]

@@ -230,14 +230,12 @@ def _fake_kernels(monkeypatch):
                     acc = acc + xs[:, :, j]
                 put(y, acc)
             return gsum
-        if cfg.kind == "dqk":   # the fused kernel: the two stand-ins, then its three output forms
+        if cfg.kind == "dqk":   # the fused kernel: the two stand-ins, then its two output forms
             def dqk(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, ci, dq32, dk32, dqo, dko, qz, kw, kr,
                     sd, yv, rect, db2, scale, out32):
                 Ttot, HV, D = v.shape
-                HB = dq32.shape[1]
-                # HB = H: a group's value heads per CTA, summed in order; HB = HV: one value head, fp32 out
-                assert dqo.shape == dq32.shape and dqo.dtype == q.dtype and HB in (q.shape[1], HV)
-                assert out32 or HB == q.shape[1]
+                assert dqo.shape == dq32.shape == (Ttot, HV, D) and dqo.dtype == q.dtype
+                assert out32 or HV == q.shape[1]        # the input dtype only for groups of one
                 dqv = torch.zeros(Ttot, HV, D, dtype=torch.float32)
                 dkv = torch.zeros_like(dqv)
                 bwd_kernel(bbuild.BwdConfig("inter", cfg.dtype))(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl,
@@ -245,7 +243,6 @@ def _fake_kernels(monkeypatch):
                 bwd_kernel(bbuild.BwdConfig("intra", cfg.dtype))(q, k, do, Uh, Ul, dYh, dYl, Fb, cu, ci, dqv, dkv,
                                                                  rect, db2, scale)
                 for x, o32, o in ((dqv, dq32, dqo), (dkv, dk32, dko)):
-                    x = x.reshape(Ttot, HB, HV // HB, D).sum(2)
                     put(o32, x) if out32 else put(o, x)
             return dqk
         assert cfg.kind == "intra"
@@ -278,23 +275,20 @@ _PLUMBING = {
 }
 
 
-@pytest.mark.parametrize("form", ["fused", "fused_per_head", "fused_per_head_torch_sum", "two_kernels",
-                                  "recompute_intra2"])
+@pytest.mark.parametrize("form", ["fused", "fused_torch_group_sum", "two_kernels", "recompute_intra2"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
 def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
     emulation's stage functions, so any difference is the API's tensor plumbing), with the fused dqk kernel
-    (default: a group's value heads in one CTA, ``api._DQK_GROUP_LOOP``; also one CTA per value head with the group
-    sums by ``gdn_bwd_group_sum`` or, ``api._GROUP_SUM_KERNEL`` off, by torch), with its two-kernel form
-    (``api._FUSED_DQK`` off), and with
+    (default: the group sums by ``gdn_bwd_group_sum``; also by torch, ``api._GROUP_SUM_KERNEL`` off), with its
+    two-kernel form (``api._FUSED_DQK`` off), and with
     the recompute's own intra2 kernel instead of prep's Ag (``api._RECOMPUTE_FROM_PREP`` off)."""
     from kernels.gdn_bwd import api
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
 
     _fake_kernels(monkeypatch)
     monkeypatch.setattr(api, "_FUSED_DQK", form != "two_kernels")
-    monkeypatch.setattr(api, "_DQK_GROUP_LOOP", form in ("fused", "recompute_intra2"))
-    monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", form != "fused_per_head_torch_sum")
+    monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", form != "fused_torch_group_sum")
     monkeypatch.setattr(api, "_RECOMPUTE_FROM_PREP", form != "recompute_intra2")
     xs, do, dht, kw = tt.bwd_inputs(**_PLUMBING[name])
     got = api_bwd(*xs, do, dht, **kw)

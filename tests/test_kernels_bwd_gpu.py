@@ -156,18 +156,15 @@ def test_stages_match_emulation(case, tables):
 _FUSED_STAGES = ("qz", "kw", "kr", "sd", "yv", "rect", "db2", "dqv", "dkv")
 
 
-@pytest.mark.parametrize("group_loop", [True, False], ids=["group_loop", "per_head"])
 @pytest.mark.parametrize("case", _STAGE_CASES, ids=[c.name for c in _STAGE_CASES])
-def test_fused_dqk_matches_the_two_kernels(monkeypatch, case, group_loop):
+def test_fused_dqk_matches_the_two_kernels(monkeypatch, case):
     """The fused inter + intra kernel (``dqk_fused.py``, the default) against the two kernels it replaces
     (``api._FUSED_DQK`` off) on the same inputs: the same products on the same operands, summed in another
     order (dq~ / dk~'s intra terms by the wgmma accumulator instead of an atomic add, the row dots over 128
     instead of 2 x 64 key columns), so every intermediate within 1e-5 of its largest magnitude and the final
-    gradients within a tenth of the input dtype's rounding floor of each other.  With a group's value heads in one
-    CTA (``group_loop``, the default) and one CTA per value head."""
+    gradients within a tenth of the input dtype's rounding floor of each other."""
     from kernels.gdn_bwd import api
 
-    monkeypatch.setattr(api, "_DQK_GROUP_LOOP", group_loop)
     dev = torch.device("cuda")
     args, kw, do, dht = _grads_inputs(case, dev)
     sf, su = {}, {}
@@ -190,21 +187,19 @@ def test_fused_dqk_matches_the_two_kernels(monkeypatch, case, group_loop):
         assert d <= 0.1 * floor, (n, d, floor)
 
 
-# the fused kernel's output forms: groups of 2 and 4 summed in the CTA (the input dtype without the L2 norm, fp32
-# with it), groups of 1 (the final dq, dk; with the L2 norm fp32), and per value head (fp32, then the group sums)
+# the fused kernel's output forms: groups of 2 and 4 (fp32 per value head, then the group sums: the input dtype, or
+# fp32 with the L2 norm), groups of 1 (the final dq, dk; with the L2 norm fp32)
 _OUTPUT_CASES = [tt.Case("g2_varlen_h0", 1, 0, 2, 4, lens=[300, 1, 700], h0=1.0),
                  tt.Case("g1_no_l2", 1, 1000, 4, 4), tt.Case("g1_l2_fp16", 2, 333, 2, 2, l2=True, dtype=torch.float16),
-                 tt.Case("g4", 1, 1000, 1, 4, l2=True), tt.Case("g4_no_l2_per_head", 1, 1000, 1, 4)]
+                 tt.Case("g4", 1, 1000, 1, 4, l2=True)]
 
 
 @pytest.mark.parametrize("case", _OUTPUT_CASES, ids=[c.name for c in _OUTPUT_CASES])
-def test_fused_outputs_are_deterministic_and_within_the_baseline(monkeypatch, case):
-    """Each output form of the fused kernel: two calls give bitwise the same gradients (a group's sums are formed
-    in one CTA, in order), every gradient no farther from fp64 than the FLA-like baseline's."""
-    from kernels.gdn_bwd import api
+def test_fused_outputs_are_deterministic_and_within_the_baseline(case):
+    """Each output form of the fused kernel: two calls give bitwise the same gradients, every gradient no farther
+    from fp64 than the FLA-like baseline's."""
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
 
-    monkeypatch.setattr(api, "_DQK_GROUP_LOOP", not case.name.endswith("per_head"))
     dev = torch.device("cuda")
     args, kw, do, dht = _grads_inputs(case, dev)
     a = kern(*args, do, dht, **kw)

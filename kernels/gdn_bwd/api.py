@@ -19,9 +19,8 @@ no host sync except building the varlen tables):
      pairs; the stage times then show the part of it that dh did not hide);
   2. ``gdn_bwd_dh``         (64 value cols, head, seq)  reverse sequential: dS' tables, dY, dv, dh0 (with few
      CTAs three launches over segments of the sequences and a scan: ``dh_cp``)
-  3. ``gdn_bwd_dqk``        (chunk, q/k head)          state products and 64x64 terms of the group's value heads
-     in turn -> dq, dk (group sums), row dots, dg / dbeta terms (``dqk_fused.py``).  (``_DQK_GROUP_LOOP`` off: one
-     CTA per value head, then ``gdn_bwd_group_sum`` (token rows, head): the GVA group sums.)
+  3. ``gdn_bwd_dqk``        (chunk, head)              state products and 64x64 terms -> dq~, dk~, row dots,
+     dg / dbeta terms (``dqk_fused.py``); then ``gdn_bwd_group_sum`` (token rows, head): the GVA group sums.
      With ``_FUSED_DQK`` off its two-kernel form: ``gdn_bwd_dqk_inter`` (chunk, 64 key cols, head), then
      ``gdn_bwd_dqk_intra`` (chunk, head) adding to its dq~, dk~
   5. ``common.finish`` (torch): dg / dbeta row terms and within-chunk cumsums, L2-norm chain rule (and the GVA
@@ -219,24 +218,20 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     db2 = torch.empty_like(rect)
     if "dqk" in kinds:
         # inter + intra in one kernel (one key block of row dots, two halves of sd); dq~, dk~ out (``dqk_fused``):
-        # one CTA per (chunk, q/k head) running the group's value heads in turn (``_DQK_GROUP_LOOP``), dq~, dk~
-        # summed in registers and stored as the final dq, dk in the input dtype (fp32 when the L2 norm's chain rule
-        # follows on the host or ``_stages`` wants the sums); switched off, one CTA per value head, fp32 rows summed
-        # by ``gdn_bwd_group_sum`` (or by finish).  The dtype outputs use the first half of the fp32 buffers' memory
-        # (only one of the two is written).
+        # groups of one value head as the final dq, dk in the input dtype (no L2 norm; fp32 when ``_stages`` wants
+        # the sums), larger ones as fp32 per value head, summed by ``gdn_bwd_group_sum`` (or, switched off, by
+        # finish); the dtype outputs use the first half of the fp32 buffers' memory (only one of the two is written)
         r = HV // H
-        loop = _DQK_GROUP_LOOP or r == 1
-        HB = H if loop else HV
-        out32 = (not loop) or bool(use_l2) or _stages is not None
+        out32 = r > 1 or bool(use_l2) or _stages is not None
         qz, kw, kr = qz[:1], kw[:1], kr[:1]
-        dq32 = torch.empty(Ttot, HB, D, device=dev, dtype=f32)      # the kernel stores every token row
+        dq32 = torch.empty(Ttot, HV, D, device=dev, dtype=f32)      # the kernel stores every token row
         dk32 = torch.empty_like(dq32)
-        dqo, dko = (x.view(-1).view(dt)[:x.numel()].view(Ttot, HB, D) for x in (dq32, dk32))
+        dqo, dko = (x.view(-1).view(dt)[:x.numel()].view(Ttot, HV, D) for x in (dq32, dk32))
         get_kernel(BwdConfig("dqk", tl_dt))(
             q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, chunk_indices, dq32, dk32, dqo, dko, qz,
             kw, kr, sd, yv, rect, db2, scale, int(out32))
         dqv, dkv = (dq32, dk32) if out32 else (dqo, dko)
-        if not loop and _GROUP_SUM_KERNEL:
+        if r > 1 and _GROUP_SUM_KERNEL:
             # the group sums in one pass (``group_sum.py``): to the input dtype (the final dq, dk) unless the L2
             # norm's chain rule follows on the host (or ``_stages`` wants the fp32 sums)
             g32 = bool(use_l2) or _stages is not None
@@ -326,12 +321,7 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
 # private switch (A/B timing): the recompute's state kernel reads prep's Ag and gate table (no intra2 kernel)
 _RECOMPUTE_FROM_PREP = True
 _FUSED_DQK = True              # private switch (A/B timing): the inter + intra terms in one kernel (dqk_fused.py)
-# private switch (A/B timing, bench column "ours-per-head"): the fused kernel runs a GVA group's value heads in one
-# CTA and stores the group's sums (session 10); off, one CTA per value head, the sums by gdn_bwd_group_sum (session
-# 9).  Session 9's third form, groups of two added onto one row by fp32 atomics, lost on the H200 (session 9, call 3:
-# 9.68 against 9.50 ms at B1 T32768 H16 HV32) and was removed.
-_DQK_GROUP_LOOP = True
-_GROUP_SUM_KERNEL = True       # private switch (A/B timing): ... off too, the GVA group sums by torch in finish
+_GROUP_SUM_KERNEL = True       # private switch (A/B timing): the GVA group sums by gdn_bwd_group_sum, not torch
 _OVERLAP_RECOMPUTE = True      # private switch (A/B timing): the recompute on a side stream beside dh
 # ... when the call has at least this many (chunk, value head) pairs.  Session 8 on an H200 (bench_kernels_bwd.py --ab
 # ours-serial, calls 2-5): the side stream saved 0.8 ms at B1 T32768 H16 HV32 (16384 pairs) and at B1 T65536 H2 HV4

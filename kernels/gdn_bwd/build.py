@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, compile_report, pass_configs  # noqa: F401
+from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, compile_report, pass_configs
 from kernels.gdn_fwd.build import precompile as fwd_precompile
 
 KINDS = ("prep", "dh", "dqk", "gsum", "gsum32", "inter", "intra", "inter_lean", "dots", "intra_lean")
@@ -65,21 +65,10 @@ def prim_func(cfg: BwdConfig):
     raise ValueError(cfg.kind)
 
 
-def kind_pass_configs(kind: str) -> dict:
-    """TileLang pass configs of a backward kernel kind: the forward's, and for the fused dqk kernel the aggressive
-    shared-memory merge, which plans the reuse of its tiles inside the loop over a group's value heads (the default
-    merge keeps every tile touched in a loop live for the whole loop: 343 instead of 194 KiB)."""
-    import tilelang
-    pc = dict(pass_configs())
-    if kind == "dqk":
-        pc[tilelang.PassConfigKey.TL_ENABLE_AGGRESSIVE_SHARED_MEMORY_MERGE] = True
-    return pc
-
-
 @functools.lru_cache(maxsize=None)
 def get_kernel(cfg: BwdConfig):
     import tilelang
-    return tilelang.compile(prim_func(cfg), target=TARGET, pass_configs=kind_pass_configs(cfg.kind))
+    return tilelang.compile(prim_func(cfg), target=TARGET, pass_configs=pass_configs())
 
 
 def forward_recompute_configs(dtype: str, n_seq: int = 1, HV: int = 1):

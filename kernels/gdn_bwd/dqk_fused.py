@@ -1,6 +1,6 @@
 """Backward kernel 3+4 in one: ``gdn_bwd_dqk`` - the inter-chunk (state) and intra-chunk (64x64) gradients of
-q, k, g, beta of one chunk and GVA group (its value heads one after the other; or one value head), grid (chunk,
-output row), 256 threads (two warpgroups; each product's output columns split between them).
+q, k, g, beta of one chunk and value head, grid (chunk, value head), 256 threads (two warpgroups; each product's
+output columns split between them).
 
 The same products and row dots as ``dqk.build_bwd_dqk_inter`` (both key blocks) followed by
 ``dqk.build_bwd_dqk_intra`` (module docstring of ``dqk.py``), on the same split operands, with three differences
@@ -128,25 +128,24 @@ ABLATIONS = ("no_sd", "no_dots", "no_lo", "no_inter_gemm", "no_intra", "no_rect"
 
 
 def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = frozenset()):
-    """Grid (chunk, output row ``ob``), the output rows ``HB`` (a dynamic dim) being HV or H: each CTA runs value
-    heads ``ob * r .. ob * r + r - 1`` (``r = HV // HB``) one after the other (``T.serial``, the same tiles and
-    fragments), dq~ and dk~ summed over them in the two fragments, then stored once:
+    """Grid (chunk, value head).  dq~ and dk~ leave the kernel in one of two ways, by ``out32``:
 
-    * ``HB = H`` (the default, ``api._DQK_GROUP_LOOP``): the GVA group sum in registers (value heads in order);
-      stored as the final dq, dk in the input dtype (``dqo, dko``) unless ``out32`` (the host's L2-norm chain rule,
-      or ``_stages``): fp32 (``dq32, dk32``).  q and k are loaded once per group.
-    * ``HB = HV``: one value head per CTA, fp32 per value head (``out32``), summed by ``gdn_bwd_group_sum``
-      (session 9's form; with groups of one and no L2 norm, the final dq, dk).
-
-    Session 9 measured two other group forms on an H200 and dropped them: two value heads per CTA unrolled, each
-    with its own tiles (more than 255 registers, spills: dqk 6.56 against 3.8 ms at B1 T32768 H16 HV32), and groups
-    of two added onto one row by fp32 atomics (bwd 9.68 against 9.50 ms).  Session 10 measured TMA loads of U, dO,
-    dY and v issued ahead of their first use (on mbarriers, 210 KiB of shared memory): 3.60 against 3.62 ms for the
-    kernel alone (call 1, ``ablate_bwd.py``; not kept).
+    * fp32 per value head (``dq32, dk32``), summed per group by ``gdn_bwd_group_sum`` (groups of two or more, or the
+      L2 norm's chain rule on the host);
+    * rounded to the input dtype (``dqo, dko``): the final dq, dk (groups of one value head, no L2 norm).
 
     Loading U and dO together with S and dS' (one wait for 208 KiB of tiles, 210 KiB of shared memory) instead of
     each just before its first product was slower on the H200: dqk 4.11 against 3.92 ms at B1 T32768 H16 HV32
-    (session 9, call 5, commit 579f773, reverted).
+    (session 9, call 5, commit 579f773, reverted).  TMA loads of U, dO, dY and v issued ahead of their first use
+    (on mbarriers, 210 KiB) made no difference: 3.60 against 3.62 ms for the kernel alone (session 10, call 1,
+    ``ablate_bwd.py``; commit 1c2539b, not kept).
+
+    GVA group forms measured on an H200 and dropped: two value heads per CTA unrolled, each with its own tiles
+    (more than 255 registers, spills: dqk 6.56 against 3.8 ms; session 9, call 2); groups of two added onto one row
+    by fp32 atomics (bwd 9.68 against 9.50 ms; session 9, call 3); a loop over the group's value heads in one CTA
+    (``T.serial``, dq~ / dk~ summed in the fragments, the tiles' reuse planned by TileLang's aggressive
+    shared-memory merge: 194 KiB, 232 registers), which made the kernel about 1.4x slower even with one value head
+    per CTA (bwd 9.84 against 8.05 ms at B1 T32768 H16 HV32; session 10, call 2, commit 004ef1f).
 
     Arguments (``qz, kw, kr`` with one key block, ``sd`` with two halves of the key dim):
       q, k            [Ttot, H, DK]     dtype
@@ -157,8 +156,8 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
       dYh, dYl        [HV, NC, DV, 64]  dtype
       Fb              [HV, NC, 8, 64]   fp32
       cu_seqlens [N + 1], chunk_indices [NC, 2] int32
-      dq32, dk32      [Ttot, HB, DK]    fp32   (out when out32: every valid row)
-      dqo, dko        [Ttot, HB, DK]    dtype  (out unless out32)
+      dq32, dk32      [Ttot, HV, DK]    fp32   (out when out32: every valid row)
+      dqo, dko        [Ttot, HV, DK]    dtype  (out unless out32)
       qz, kw, kr      [1, HV, NC, 64]   fp32   (out)
       sd              [2, HV, NC, DV]   fp32   (out)
       yv, rect, db2   [HV, NC, 64]      fp32   (out)
@@ -169,7 +168,7 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
     ab = frozenset(_ablate)
     st = "no_store" not in ab
     f32 = "float32"
-    Ttot, H, HV, HB, N, NC = dynamic_dims("Ttot H HV HB N NC")
+    Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
 
     @T.prim_func
     def gdn_bwd_dqk(
@@ -188,10 +187,10 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
         Fb: T.Tensor((HV, NC, 8, BT), f32),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
         chunk_indices: T.Tensor((NC, 2), "int32"),
-        dq32: T.Tensor((Ttot, HB, DK), f32),
-        dk32: T.Tensor((Ttot, HB, DK), f32),
-        dqo: T.Tensor((Ttot, HB, DK), dtype),
-        dko: T.Tensor((Ttot, HB, DK), dtype),
+        dq32: T.Tensor((Ttot, HV, DK), f32),
+        dk32: T.Tensor((Ttot, HV, DK), f32),
+        dqo: T.Tensor((Ttot, HV, DK), dtype),
+        dko: T.Tensor((Ttot, HV, DK), dtype),
         qz: T.Tensor((1, HV, NC, BT), f32),
         kw: T.Tensor((1, HV, NC, BT), f32),
         kr: T.Tensor((1, HV, NC, BT), f32),
@@ -202,9 +201,8 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
         scale: T.float32,
         out32: T.int32,
     ):
-        with T.Kernel(NC, HB, threads=2 * DV) as (c, ob):
-            r = HV // HB                    # value heads per CTA: the group (HB = H) or one (HB = HV)
-            h = (ob * r) // (HV // H)
+        with T.Kernel(NC, HV, threads=2 * DV) as (c, hv):
+            h = hv // (HV // H)
             eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
             nv = T.min(eos - t0, BT)
 
@@ -230,24 +228,19 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
             T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
             T.clear(dq_f)
             T.clear(dk_f)
-            for j in T.serial(r):
-                # the tiles of one head reuse each other's space (build.kind_pass_configs); the barrier keeps the
-                # next head's first stores from the last head's readers (the rect sums' column walk)
-                T.sync_threads()
-                value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
-                           dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, ob * r + j, c, t0, nv,
-                           scale, ab)
+            value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
+                       dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale, ab)
             # each row stored once
             if st:
                 if out32 == 0:
                     for t, d in T.Parallel(BT, DK):
                         if t < nv:
-                            dqo[t0 + t, ob, d] = T.cast(dq_f[t, d], dtype)
-                            dko[t0 + t, ob, d] = T.cast(dk_f[t, d], dtype)
+                            dqo[t0 + t, hv, d] = T.cast(dq_f[t, d], dtype)
+                            dko[t0 + t, hv, d] = T.cast(dk_f[t, d], dtype)
                 else:
                     for t, d in T.Parallel(BT, DK):
                         if t < nv:
-                            dq32[t0 + t, ob, d] = dq_f[t, d]
-                            dk32[t0 + t, ob, d] = dk_f[t, d]
+                            dq32[t0 + t, hv, d] = dq_f[t, d]
+                            dk32[t0 + t, hv, d] = dk_f[t, d]
 
     return gdn_bwd_dqk
