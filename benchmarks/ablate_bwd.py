@@ -3,13 +3,14 @@ parts, all timed in one run on the same random chunk tables (values do not matte
 kernels' outputs are wrong).  ``--kernel inter``: ``dqk.build_bwd_dqk_inter(_ablate=...)`` (``dqk.ABLATIONS``);
 ``--kernel intra``: ``dqk.build_bwd_dqk_intra(_ablate=...)`` (``dqk.INTRA_ABLATIONS``); ``--kernel dh``:
 ``dh.build_bwd_dh(_ablate=...)`` (``dh.DH_ABLATIONS``); ``--kernel dqk``: the fused kernel,
-``dqk_fused.build_bwd_dqk_fused(_ablate=...)`` (``dqk_fused.ABLATIONS``).  Some switches are candidate forms with the API kernel's
+``dqk_fused.build_bwd_dqk_fused(_ablate=...)`` (``dqk_fused.ABLATIONS``); ``--kernel prep``:
+``prep.build_bwd_prep(_ablate=...)`` (``prep.PREP_ABLATIONS``).  Some switches are candidate forms with the API kernel's
 results rather than ablations (intra "rmw", dh "st_direct" and "st_wait", inter "sd_scalar": the forms
 before): their line is the A/B of the change (sessions 8 and 10).
 Session 7 ran it (as ``ablate_bwd_inter.py``, the inter kernel alone) to find the inter kernel's row dots: 7.0 ->
 3.2 ms.
 
-    python3 benchmarks/ablate_bwd.py [--kernel inter|intra|dh|dqk] [--shape B1_T32768_H16_HV32] [--rep 20] [--warmup 3]
+    python3 benchmarks/ablate_bwd.py [--kernel inter|intra|dh|dqk|prep] [--shape B1_T32768_H16_HV32] [--rep 20] [--warmup 3]
         [--only st_wait,no_lo]
 
 Prints one line per variant: median ms and the ratio to the API's kernel.  CUDA only (sm_90a).
@@ -61,7 +62,6 @@ VARIANTS["dh"] = {
     "no stores, no lo": ("no_ds_store", "no_dy_store", "no_dv", "no_lo"),
     "st_direct (session 7's table stores)": ("st_direct",),
     "st_wait (session 8's table stores, each waited for)": ("st_wait",),
-    "single_ops (dU, Tinv, dO, dX single)": ("single_ops",),
 }
 VARIANTS["dqk"] = {
     "api": (),
@@ -75,12 +75,20 @@ VARIANTS["dqk"] = {
     "loads + folds + stores": ("no_sd", "no_dots", "no_inter_gemm", "no_intra"),
     "loads + folds": ("no_sd", "no_dots", "no_inter_gemm", "no_intra", "no_store"),
 }
+VARIANTS["prep"] = {
+    "api": (),
+    "no_dul": ("no_dul",),
+    "no_solve": ("no_solve",),
+    "no_tstore": ("no_tstore",),
+    "no_dul, no_tstore": ("no_dul", "no_tstore"),
+    "gate table + K K^T only": ("no_dul", "no_solve", "no_tstore"),
+}
 SHAPES = {"B1_T32768_H16_HV32": (1, 32768, 16, 32), "B1_T8192_H4_HV8": (1, 8192, 4, 8)}
 
 
 @dataclass(frozen=True)
 class Variant:
-    kernel: str                     # "inter", "intra", "dh" or "dqk"
+    kernel: str                     # "inter", "intra", "dh", "dqk" or "prep"
     ablate: tuple[str, ...]
     dtype: str = "bfloat16"
 
@@ -97,8 +105,9 @@ def compile_variant(cfg: Variant):
     from kernels.gdn_bwd.dh import build_bwd_dh
     from kernels.gdn_bwd.dqk import build_bwd_dqk_inter, build_bwd_dqk_intra
     from kernels.gdn_bwd.dqk_fused import build_bwd_dqk_fused
+    from kernels.gdn_bwd.prep import build_bwd_prep
     build = {"inter": build_bwd_dqk_inter, "intra": build_bwd_dqk_intra, "dh": build_bwd_dh,
-             "dqk": build_bwd_dqk_fused}[cfg.kernel]
+             "dqk": build_bwd_dqk_fused, "prep": build_bwd_prep}[cfg.kernel]
     return tilelang.compile(build(128, 128, cfg.dtype, _ablate=frozenset(cfg.ablate)),
                             target=TARGET, pass_configs=pass_configs())
 
@@ -116,12 +125,17 @@ def tables(B, T, H, HV, dev, dt=torch.bfloat16, kernel="inter"):
     Fb = torch.rand(HV, NC, 8, 64, device=dev, generator=g)
     Fb[:, :, 4] = -torch.cumsum(Fb[:, :, 4] * 0.05, -1)          # G <= 0, decreasing
     f32 = dict(device=dev, dtype=torch.float32)
+    if kernel == "prep":
+        gg = -0.05 * torch.rand(Ttot, HV, device=dev, generator=g)
+        return [r(Ttot, H, D), r(Ttot, H, D), r(Ttot, HV, D), gg, torch.rand(Ttot, HV, device=dev, generator=g),
+                cu, chunk_indices] + [torch.empty(HV, NC, 64, 64, device=dev, dtype=dt) for _ in range(4)] + [
+                torch.empty(HV, NC, 8, 64, **f32), torch.empty(HV, NC, D, 64, **f32), D ** -0.5, 0]
     if kernel == "dh":
         Fb[:, :, 3] = torch.exp(Fb[:, :, 4, -1:])                 # e^GL: the gradient decays, stays finite
         return [r(Ttot, H, D), r(Ttot, H, D), r(Ttot, HV, D), r(HV, NC, 64, 64), r(HV, NC, 64, 64, s=1e-3), Fb,
                 torch.randn(HV, NC, D, 64, generator=g, **f32).mul_(0.1), cu, chunk_offsets,
                 torch.zeros(1, HV, D, D, **f32), r(HV, NC, D, D), r(HV, NC, D, D), r(HV, NC, D, 64), r(HV, NC, D, 64),
-                r(Ttot, HV, D), torch.zeros(B, HV, D, D, **f32), 0, 1, 0]
+                r(Ttot, HV, D), torch.zeros(B, HV, D, D, **f32), 0, 1, 0, 0]      # dv: the fused dqk kernel's
     if kernel == "dqk":          # the fused kernel, dq~ / dk~ stored fp32 per value head (the API's path for GVA)
         dq32 = torch.zeros(Ttot, HV, D, **f32)
         return [r(Ttot, H, D), r(Ttot, H, D), r(Ttot, HV, D), r(Ttot, HV, D),
@@ -130,7 +144,7 @@ def tables(B, T, H, HV, dev, dt=torch.bfloat16, kernel="inter"):
                 Fb, cu, chunk_indices, dq32, torch.zeros_like(dq32), r(Ttot, HV, D), r(Ttot, HV, D),
                 torch.zeros(1, HV, NC, 64, **f32), torch.zeros(1, HV, NC, 64, **f32), torch.zeros(1, HV, NC, 64, **f32),
                 torch.zeros(2, HV, NC, D, **f32), torch.zeros(HV, NC, 64, **f32), torch.zeros(HV, NC, 64, **f32),
-                torch.zeros(HV, NC, 64, **f32), D ** -0.5, 1]
+                torch.zeros(HV, NC, 64, **f32), r(Ttot, HV, D), D ** -0.5, 1, 1]     # with dv, as the API runs it
     if kernel == "intra":
         return [r(Ttot, H, D), r(Ttot, H, D), r(Ttot, HV, D), r(HV, NC, 64, D), r(HV, NC, 64, D, s=1e-3),
                 r(HV, NC, D, 64), r(HV, NC, D, 64, s=1e-3), Fb, cu, chunk_indices,
@@ -176,7 +190,8 @@ def main(argv=None) -> int:
             rows.append((label, float("nan")))
             print(f"{label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
     base = rows[0][1]
-    name = {"dh": "gdn_bwd_dh", "dqk": "gdn_bwd_dqk"}.get(args.kernel, f"gdn_bwd_dqk_{args.kernel}")
+    name = {"dh": "gdn_bwd_dh", "dqk": "gdn_bwd_dqk", "prep": "gdn_bwd_prep"}.get(args.kernel,
+                                                                               f"gdn_bwd_dqk_{args.kernel}")
     print(f"\n== {name} ablation, {args.shape}, {torch.cuda.get_device_name()} (median ms) ==")
     for label, ms in rows:
         print(f"  {label:<30} {ms:8.3f} ms   {ms / base:5.2f}x api")

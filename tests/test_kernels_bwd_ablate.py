@@ -10,18 +10,19 @@ import pytest
 pytest.importorskip("tilelang")
 
 from benchmarks.ablate_bwd import VARIANTS  # noqa: E402
-from kernels.gdn_bwd import dh, dqk, dqk_fused  # noqa: E402
+from kernels.gdn_bwd import dh, dqk, dqk_fused, prep  # noqa: E402
 
 BUILD = {"inter": dqk.build_bwd_dqk_inter, "intra": dqk.build_bwd_dqk_intra, "dh": dh.build_bwd_dh,
-         "dqk": dqk_fused.build_bwd_dqk_fused}
-NAMES = {"inter": dqk.ABLATIONS, "intra": dqk.INTRA_ABLATIONS, "dh": dh.DH_ABLATIONS, "dqk": dqk_fused.ABLATIONS}
+         "dqk": dqk_fused.build_bwd_dqk_fused, "prep": prep.build_bwd_prep}
+NAMES = {"inter": dqk.ABLATIONS, "intra": dqk.INTRA_ABLATIONS, "dh": dh.DH_ABLATIONS, "dqk": dqk_fused.ABLATIONS,
+         "prep": prep.PREP_ABLATIONS}
 
 
 def _script(kernel, ablate=()):
     return BUILD[kernel](128, 128, "bfloat16", _ablate=frozenset(ablate)).script()
 
 
-@pytest.mark.parametrize("kernel", ["inter", "intra", "dh", "dqk"])
+@pytest.mark.parametrize("kernel", ["inter", "intra", "dh", "dqk", "prep"])
 def test_every_switch_changes_the_kernel_and_unknown_ones_are_refused(kernel):
     base = _script(kernel)
     for name in NAMES[kernel]:

@@ -24,8 +24,16 @@ from kernels.gdn_fwd.intra2 import _merge, fp32_tile, gated_kkt, l2_row_factors,
 THREADS = 128
 
 
-def build_bwd_prep(DK: int, DV: int, dtype: str):
-    """Arguments:
+# timing-study switches (``benchmarks/ablate_bwd.py --kernel prep``; wrong results): without P and dUloc^T (its
+# split, the two products and the store) / without the solve (forward substitution and merges) / without the
+# stores of the four 64x64 tables
+PREP_ABLATIONS = ("no_dul", "no_solve", "no_tstore")
+
+
+def build_bwd_prep(DK: int, DV: int, dtype: str, _ablate: frozenset = frozenset()):
+    """``_ablate``: timing studies only (``PREP_ABLATIONS``).
+
+    Arguments:
       q, k          [Ttot, H, DK]     dtype
       do            [Ttot, HV, DV]    dtype
       g, beta       [Ttot, HV]        fp32
@@ -38,6 +46,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str):
     """
     assert DK in (64, 128) and DV in (64, 128)
     assert dtype in ("bfloat16", "float16")
+    assert set(_ablate) <= set(PREP_ABLATIONS), _ablate
     f32 = "float32"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
 
@@ -116,31 +125,37 @@ def build_bwd_prep(DK: int, DV: int, dtype: str):
                 f_s[7, r] = b_s[r]
             T.copy(f_s, Fb[hv, c, 0:8, 0:BT])
 
-            # P = scale causal(E o Q~K~^T), split (the operand of dUloc^T = dO^T P)
-            T.gemm(q_s, k_s, kk, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(BT, BT):
-                kk[i, j] = T.if_then_else(
-                    j <= i, f_s[5, i] * f_s[6, j] * T.exp2((g_s[i] - g_s[j]) * LOG2E) * kk[i, j], T.float32(0))
-            for i, j in T.Parallel(BT, BT):
-                ph_s[i, j] = T.cast(kk[i, j], dtype)
-                pl_s[i, j] = T.cast(kk[i, j] - T.cast(T.cast(kk[i, j], dtype), f32), dtype)
+            if "no_dul" not in _ablate:
+                # P = scale causal(E o Q~K~^T), split (the operand of dUloc^T = dO^T P)
+                T.gemm(q_s, k_s, kk, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(BT, BT):
+                    kk[i, j] = T.if_then_else(
+                        j <= i, f_s[5, i] * f_s[6, j] * T.exp2((g_s[i] - g_s[j]) * LOG2E) * kk[i, j], T.float32(0))
+                for i, j in T.Parallel(BT, BT):
+                    ph_s[i, j] = T.cast(kk[i, j], dtype)
+                    pl_s[i, j] = T.cast(kk[i, j] - T.cast(T.cast(kk[i, j], dtype), f32), dtype)
 
-            # dUloc^T = dO^T P (then P and dO die, before the fp32 tiles of the solve are born)
-            for r, d in T.Parallel(BT, DV):
-                do_s[r, d] = T.if_then_else(r < nv, do[t0 + r, hv, d], T.cast(0, dtype))
-            T.gemm(do_s, ph_s, du_f, transpose_A=True, clear_accum=True)
-            T.gemm(do_s, pl_s, du_f, transpose_A=True)
-            T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])
+                # dUloc^T = dO^T P (then P and dO die, before the fp32 tiles of the solve are born)
+                for r, d in T.Parallel(BT, DV):
+                    do_s[r, d] = T.if_then_else(r < nv, do[t0 + r, hv, d], T.cast(0, dtype))
+                T.gemm(do_s, ph_s, du_f, transpose_A=True, clear_accum=True)
+                T.gemm(do_s, pl_s, du_f, transpose_A=True)
+                T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])
 
             # A and its inverse (as gdn_intra_v2 with merge="bf16")
             gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s)
-            solve_diag16(a_s, l_s, t16)
-            _merge(16, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
-            _merge(32, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
-            for r, j in T.Parallel(BT, BT):
-                Th[hv, c, r, j] = T.cast(l_s[r, j], dtype)
-                Tl[hv, c, r, j] = T.cast(l_s[r, j] - T.cast(T.cast(l_s[r, j], dtype), f32), dtype)
-                Agh[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], dtype)
-                Agl[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32), dtype)
+            if "no_solve" not in _ablate:
+                solve_diag16(a_s, l_s, t16)
+                _merge(16, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
+                _merge(32, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
+            else:
+                T.copy(a_s, l_s)
+            if "no_tstore" not in _ablate:
+                for r, j in T.Parallel(BT, BT):
+                    Th[hv, c, r, j] = T.cast(l_s[r, j], dtype)
+                    Tl[hv, c, r, j] = T.cast(l_s[r, j] - T.cast(T.cast(l_s[r, j], dtype), f32), dtype)
+                    Agh[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], dtype)
+                    Agl[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32),
+                                              dtype)
 
     return gdn_bwd_prep
