@@ -62,6 +62,7 @@ VARIANTS["dh"] = {
     "no stores, no lo": ("no_ds_store", "no_dy_store", "no_dv", "no_lo"),
     "st_direct (session 7's table stores)": ("st_direct",),
     "st_wait (session 8's table stores, each waited for)": ("st_wait",),
+    "single_ops (dU, Tinv, dO, dX single)": ("single_ops",),
 }
 VARIANTS["dqk"] = {
     "api": (),
@@ -135,7 +136,7 @@ def tables(B, T, H, HV, dev, dt=torch.bfloat16, kernel="inter"):
         return [r(Ttot, H, D), r(Ttot, H, D), r(Ttot, HV, D), r(HV, NC, 64, 64), r(HV, NC, 64, 64, s=1e-3), Fb,
                 torch.randn(HV, NC, D, 64, generator=g, **f32).mul_(0.1), cu, chunk_offsets,
                 torch.zeros(1, HV, D, D, **f32), r(HV, NC, D, D), r(HV, NC, D, D), r(HV, NC, D, 64), r(HV, NC, D, 64),
-                r(Ttot, HV, D), torch.zeros(B, HV, D, D, **f32), 0, 1, 0, 0]      # dv: the fused dqk kernel's
+                r(Ttot, HV, D), torch.zeros(B, HV, D, D, **f32), 0, 1, 0]
     if kernel == "dqk":          # the fused kernel, dq~ / dk~ stored fp32 per value head (the API's path for GVA)
         dq32 = torch.zeros(Ttot, HV, D, **f32)
         return [r(Ttot, H, D), r(Ttot, H, D), r(Ttot, HV, D), r(Ttot, HV, D),
@@ -144,7 +145,7 @@ def tables(B, T, H, HV, dev, dt=torch.bfloat16, kernel="inter"):
                 Fb, cu, chunk_indices, dq32, torch.zeros_like(dq32), r(Ttot, HV, D), r(Ttot, HV, D),
                 torch.zeros(1, HV, NC, 64, **f32), torch.zeros(1, HV, NC, 64, **f32), torch.zeros(1, HV, NC, 64, **f32),
                 torch.zeros(2, HV, NC, D, **f32), torch.zeros(HV, NC, 64, **f32), torch.zeros(HV, NC, 64, **f32),
-                torch.zeros(HV, NC, 64, **f32), r(Ttot, HV, D), D ** -0.5, 1, 1]     # with dv, as the API runs it
+                torch.zeros(HV, NC, 64, **f32), D ** -0.5, 1]
     if kernel == "intra":
         return [r(Ttot, H, D), r(Ttot, H, D), r(Ttot, HV, D), r(HV, NC, 64, D), r(HV, NC, 64, D, s=1e-3),
                 r(HV, NC, D, 64), r(HV, NC, D, 64, s=1e-3), Fb, cu, chunk_indices,

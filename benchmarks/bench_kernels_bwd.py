@@ -78,8 +78,6 @@ AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute 
       "ours-unfused": ("api", "_FUSED_DQK", False),             # the inter and intra terms in two kernels (s8)
       "ours-torch-gsum": ("api", "_GROUP_SUM_KERNEL", False),   # the GVA group sums of dq~ / dk~ by torch
       "ours-intra2": ("api", "_RECOMPUTE_FROM_PREP", False),    # the recompute runs its own intra2 kernel (s9)
-      "ours-dv-in-dh": ("api", "_DV_IN_DQK", False),            # dv stored by dh, not the fused dqk kernel (s9)
-      "ours-dh-single": ("api", "_DH_SINGLE", True),            # dh with single dU, Tinv, dO, dX operands (opt-in)
       "ours-rc-bv32": ("build", "_RECOMPUTE_STATE", (32, 1)),   # the recompute's state kernel: BV 32, 1 CTA/SM (s9)
       "ours-rc-bv64": ("build", "_RECOMPUTE_STATE", (64, 1)),   # ... BV 64, 1 CTA/SM
       "ours-rc-bv16o2": ("build", "_RECOMPUTE_STATE", (16, 2))}  # ... BV 16, 2 CTAs/SM
@@ -125,7 +123,6 @@ def main(argv=None):
                     "otherwise (the AB table): 'ours-serial' (recompute not overlapped with prep + dh), 'ours-seq-dh' "
                     "(no segment-parallel dh), 'ours-unfused' (inter and intra terms in two kernels), "
                     "'ours-torch-gsum' (the GVA group sums by torch), 'ours-intra2' (the recompute's own intra2), "
-                    "'ours-dv-in-dh' (dv stored by dh), 'ours-dh-single' (dh's single operands, opt-in), "
                     "'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' (the recompute's state kernel shape)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]

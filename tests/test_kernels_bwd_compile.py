@@ -33,7 +33,7 @@ N_WORKERS = max(1, min(2, os.cpu_count() or 1))
 # + dO^T Q (2) + dX^T K (2); inter = dO S^T (2) + dY S^T (3) + U dS'^T (3); intra = Q K^T + K K^T + dO U^T (2)
 # + dY U^T (3) + dq (2) + dk (6); inter_lean = dO Sh^T + dYh Sh^T + Uh dSh'^T; dots: none (CUDA-core sums);
 # intra_lean = intra with dO Uh^T and dYh Uh^T alone
-_WANT_WGMMA = {"prep": 1 + 4 + 1 + 2, "dh": 2 + 3 + 2 + 2, "dh_single": 2 + 1 + 1 + 1, "inter": 2 + 3 + 3, "intra": 1 + 1 + 2 + 3 + 2 + 6,
+_WANT_WGMMA = {"prep": 1 + 4 + 1 + 2, "dh": 2 + 3 + 2 + 2, "inter": 2 + 3 + 3, "intra": 1 + 1 + 2 + 3 + 2 + 6,
                "dqk": (2 + 3 + 3) + (1 + 1 + 2 + 3 + 2 + 6), "gsum": 0, "gsum32": 0,
                "inter_lean": 3, "dots": 0, "intra_lean": 1 + 1 + 1 + 1 + 2 + 6}
 
@@ -53,10 +53,10 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     src = r["source"]
     want = _WANT_WGMMA[cfg.kind]
     check_wgmma(src, cfg.dtype, want)
-    assert "exp2f" in src or cfg.kind in ("dh", "dh_single", "dots", "gsum", "gsum32")
+    assert "exp2f" in src or cfg.kind in ("dh", "dots", "gsum", "gsum32")
     if cfg.kind == "inter_lean":                    # its chunks' tiles: TMA into a warp-specialised pipeline
         assert "tma_load" in src and "mbarrier" in src and "warpgroup_reg_alloc" in src
-    if cfg.kind in ("dh", "dh_single"):
+    if cfg.kind == "dh":
         assert src.count("wgmma_rs<") == want, src.count("wgmma_rs<")
         # loads through the TMA pipeline; the split dS' and dY tables leave through shared tiles (stmatrix) and TMA
         # stores (session 8: 3.60 -> 2.59 ms), four store sites (dSh, dSl, dYh, dYl); one CTA per SM must fit

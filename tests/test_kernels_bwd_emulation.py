@@ -10,13 +10,11 @@ state, fp16), g near -20, g == 0 and g near 0 without the in-kernel L2 norm, gat
 K = V = 64; and the autograd.Function plumbing.
 """
 
-import contextlib
-
 import pytest
 import torch
 
 from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as fn
-from kernels.gdn_bwd.emulation import DH_SINGLE, chunk_gated_delta_rule_bwd, study
+from kernels.gdn_bwd.emulation import chunk_gated_delta_rule_bwd
 from kernels.gdn_fwd import testing as tt
 
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
@@ -71,16 +69,6 @@ def test_lean_tables_with_split_state_dots_meet_the_same_bar(name):
     the baseline itself: its dg is 3x the baseline's on fp16 varlen input."""
     xs, do, dht, kw = tt.bwd_inputs(**CASES[name])
     _check(name, xs, do, dht, kw, tables="lean_sd")
-
-
-@pytest.mark.parametrize("name", list(CASES))
-def test_single_operand_reverse_pass_meets_the_same_bar(name):
-    """The reverse pass's opt-in single operands (``api._DH_SINGLE``, kind "dh_single": dU, Tinv, F1 dO, F0 dX as one
-    input-dtype term; the emulation's ``study(DH_SINGLE)``): every gradient within the FLA-like baseline, and dg
-    within the rounding floor near g = -20, the bars the default kernels meet."""
-    xs, do, dht, kw = tt.bwd_inputs(**CASES[name])
-    with study(DH_SINGLE):
-        _check(name, xs, do, dht, kw, near_m20=CASES[name].get("gate") == "near_-20")
 
 
 def test_autograd_function_plumbing():
@@ -207,20 +195,15 @@ def _fake_kernels(monkeypatch):
                 ah, al, _ = FE.intra_v2(q, k, g, b, cu_list(cu), scale, bool(use_l2), q.dtype, E.fwd_precision())
                 put(Agh, ah), put(Agl, al)
             return prep
-        if cfg.kind in ("dh", "dh_single"):
-            def dh(q, k, do, Th, Tl, Fb, dUl, cu, co, dht, dSh, dSl, dYh, dYl, dv, dh0, use_dht, store_dh0, vf,
-                   store_dv):
+        if cfg.kind == "dh":
+            def dh(q, k, do, Th, Tl, Fb, dUl, cu, co, dht, dSh, dSl, dYh, dYl, dv, dh0, use_dht, store_dh0, vf):
                 d = None
                 if use_dht:
                     d = dht.transpose(-1, -2) if vf else dht
-                single = cfg.kind == "dh_single"        # its operands as the study's: Tl unread, dU, dO, dX single
-                with E.study(DH_SINGLE) if single else contextlib.nullcontext():
-                    a, b_, c, e, dvv, h0g = E.dh(q, k, do, Th.to(f64), (0 * Tl if single else Tl).to(f64),
-                                                 Fb.to(f64), dUl.to(f64).transpose(-1, -2), cu_list(cu), d, q.dtype)
+                a, b_, c, e, dvv, h0g = E.dh(q, k, do, Th.to(f64), Tl.to(f64), Fb.to(f64),
+                                             dUl.to(f64).transpose(-1, -2), cu_list(cu), d, q.dtype)
                 put(dSh, a.transpose(-1, -2)), put(dSl, b_.transpose(-1, -2))
-                put(dYh, c.transpose(-1, -2)), put(dYl, e.transpose(-1, -2))
-                if store_dv:
-                    put(dv, dvv)
+                put(dYh, c.transpose(-1, -2)), put(dYl, e.transpose(-1, -2)), put(dv, dvv)
                 if store_dh0:
                     put(dh0, h0g.transpose(-1, -2) if vf else h0g)
             return dh
@@ -249,7 +232,7 @@ def _fake_kernels(monkeypatch):
             return gsum
         if cfg.kind == "dqk":   # the fused kernel: the two stand-ins, then its two output forms
             def dqk(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, ci, dq32, dk32, dqo, dko, qz, kw, kr,
-                    sd, yv, rect, db2, dv, scale, out32, store_dv):
+                    sd, yv, rect, db2, scale, out32):
                 Ttot, HV, D = v.shape
                 assert dqo.shape == dq32.shape == (Ttot, HV, D) and dqo.dtype == q.dtype
                 assert out32 or HV == q.shape[1]        # the input dtype only for groups of one
@@ -261,11 +244,6 @@ def _fake_kernels(monkeypatch):
                                                                  rect, db2, scale)
                 for x, o32, o in ((dqv, dq32, dqo), (dkv, dk32, dko)):
                     put(o32, x) if out32 else put(o, x)
-                if store_dv:        # rd(beta (dYh + dYl)) on every valid token row
-                    cl = cu_list(cu)
-                    tok, valid = E.token_index(cl, q.device)
-                    dy = (dYh.double() + dYl.double()).transpose(-1, -2) * Fb[:, :, 7, :, None].double()
-                    dv[tok[valid]] = dy.permute(1, 2, 0, 3)[valid].to(dv.dtype)
             return dqk
         assert cfg.kind == "intra"
 
@@ -297,15 +275,13 @@ _PLUMBING = {
 }
 
 
-@pytest.mark.parametrize("form", ["fused", "fused_torch_group_sum", "fused_dv_in_dh", "two_kernels",
-                                  "recompute_intra2", "dh_single"])
+@pytest.mark.parametrize("form", ["fused", "fused_torch_group_sum", "two_kernels", "recompute_intra2"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
 def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
     emulation's stage functions, so any difference is the API's tensor plumbing), with the fused dqk kernel
     (default: the group sums by ``gdn_bwd_group_sum``; also by torch, ``api._GROUP_SUM_KERNEL`` off), with its
-    two-kernel form (``api._FUSED_DQK`` off), with dv stored by dh instead of the fused kernel (``api._DV_IN_DQK``
-    off), and with
+    two-kernel form (``api._FUSED_DQK`` off), and with
     the recompute's own intra2 kernel instead of prep's Ag (``api._RECOMPUTE_FROM_PREP`` off)."""
     from kernels.gdn_bwd import api
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
@@ -313,7 +289,6 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     _fake_kernels(monkeypatch)
     monkeypatch.setattr(api, "_FUSED_DQK", form != "two_kernels")
     monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", form != "fused_torch_group_sum")
-    monkeypatch.setattr(api, "_DV_IN_DQK", form != "fused_dv_in_dh")
     monkeypatch.setattr(api, "_RECOMPUTE_FROM_PREP", form != "recompute_intra2")
     xs, do, dht, kw = tt.bwd_inputs(**_PLUMBING[name])
     got = api_bwd(*xs, do, dht, **kw)

@@ -37,7 +37,7 @@ def _precompile():
     """Compile every kernel the cases need in parallel processes first (fills TileLang's disk cache)."""
     import os
 
-    from kernels.gdn_bwd.build import BwdConfig, configs_for_call, precompile
+    from kernels.gdn_bwd.build import configs_for_call, precompile
     cfgs = []
     for c in CASES + _OUTPUT_CASES + [tt.Case("bad", 1, 64, 2, 4)]:
         lens = c.lens or [c.T] * c.B
@@ -45,7 +45,6 @@ def _precompile():
         dt = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[c.dtype]
         for tables, fused in (("split", None), ("lean_sd", None), ("split", False)):
             cfgs += [x for x in configs_for_call(dt, n, c.HV, mc, c.h0 is not None, tables, fused) if x not in cfgs]
-        cfgs += [x for x in [BwdConfig("dh_single", dt)] if x not in cfgs]
         for shape in (f.get("shape") for f in _RECOMPUTE_FORMS.values()):     # the recompute's forced shapes
             cfgs += [x for x in _recompute_configs(dt, shape) if x not in cfgs]
     failed = precompile(cfgs, min(10, os.cpu_count() or 1))
@@ -120,31 +119,23 @@ def test_gradients_against_fp64(case):
 _STAGE_CASES = [c for c in CASES if c.name in ("T65_h0", "varlen_boundaries_h0_vfirst", "gva4_l2norm")]
 
 
-@pytest.mark.parametrize("tables", ["split", "lean_sd", "dh_single"])
+@pytest.mark.parametrize("tables", ["split", "lean_sd"])
 @pytest.mark.parametrize("case", _STAGE_CASES, ids=[c.name for c in _STAGE_CASES])
-def test_stages_match_emulation(monkeypatch, case, tables):
+def test_stages_match_emulation(case, tables):
     """Every intermediate of the kernels vs the torch emulation on the same inputs (printed: max |diff| /
     max |emulation|, to localise a failing stage); the final gradients must agree with the emulation within
     the input dtype's rounding floor (they run the same algorithm with the same roundings).  Both chunk-table
     precisions: the default "split" and the opt-in "lean_sd" (``gdn_bwd/dqk_lean.py``), whose gradients must
-    also stay within the FLA-like baseline; and "dh_single", the split tables with the reverse pass's opt-in single
-    operands (``api._DH_SINGLE``) against the emulation's ``study(DH_SINGLE)``."""
-    import contextlib
-
-    from kernels.gdn_bwd import api
-    from kernels.gdn_bwd.emulation import DH_SINGLE, study
+    also stay within the FLA-like baseline."""
+    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
     from kernels.gdn_bwd.emulation import chunk_gated_delta_rule_bwd as emu
 
-    single = tables == "dh_single"
-    tables = "split" if single else tables
-    monkeypatch.setattr(api, "_DH_SINGLE", single)
     dev = torch.device("cuda")
     args, kw, do, dht = _grads_inputs(case, dev)
     sk, se = {}, {}
-    gk = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw, _stages=sk, _tables=tables)
+    gk = kern(*args, do, dht, **kw, _stages=sk, _tables=tables)
     torch.cuda.synchronize()
-    with study(DH_SINGLE) if single else contextlib.nullcontext():
-        ge = emu(*args, do, dht, **kw, _stages=se, _tables=tables)
+    ge = emu(*args, do, dht, **kw, _stages=se, _tables=tables)
     for name in se:
         a, b = sk[name].double(), se[name].double()
         if a.shape != b.shape:          # K = V = 64: the kernel path works at the padded 128

@@ -186,18 +186,16 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     dSl = torch.empty_like(dSh)
     dYh = torch.empty(HV, NC, D, BT, device=dev, dtype=dt)
     dYl = torch.empty_like(dYh)
-    dv2 = torch.empty(Ttot, HV, D, device=dev, dtype=dt)     # dh or dqk stores every token row (no zero fill)
-    dv_in_dqk = _DV_IN_DQK and "dqk" in kinds
+    dv2 = torch.empty(Ttot, HV, D, device=dev, dtype=dt)     # dh stores every token row (no zero fill)
     dh0 = torch.empty((N if use_h0 else 1), HV, D, D, device=dev, dtype=f32)
     cp = _dh_plan(B, T, cu_host, HV, D // 64, dev) if _DH_SEGMENTS else None
-    dh_kind = kinds[1]         # "dh", or "dh_single" (``_DH_SINGLE``)
     if cp is None:
-        get_kernel(BwdConfig(dh_kind, tl_dt))(q2, k2, do2, Th, Tl, Fb, dUl, cu, chunk_offsets, dh, dSh, dSl, dYh, dYl,
-                                           dv2, dh0, int(dht is not None), int(use_h0), vf, int(not dv_in_dqk))
+        get_kernel(BwdConfig("dh", tl_dt))(q2, k2, do2, Th, Tl, Fb, dUl, cu, chunk_offsets, dh, dSh, dSl, dYh, dYl,
+                                           dv2, dh0, int(dht is not None), int(use_h0), vf)
     else:       # few heads: the same kernel over segments, three passes and a scan (dh_cp.py)
-        dh0k = _dh_segmented(get_kernel(BwdConfig(dh_kind, tl_dt)), cp, q2, k2, do2, Th, Tl, Fb, dUl,
+        dh0k = _dh_segmented(get_kernel(BwdConfig("dh", tl_dt)), cp, q2, k2, do2, Th, Tl, Fb, dUl,
                              (dh.transpose(-1, -2) if vf else dh) if dht is not None else None,
-                             dSh, dSl, dYh, dYl, dv2, not dv_in_dqk)
+                             dSh, dSl, dYh, dYl, dv2)
         if use_h0:
             dh0 = (dh0k.transpose(-1, -2) if vf else dh0k).contiguous()
     if side is not None:
@@ -231,7 +229,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         dqo, dko = (x.view(-1).view(dt)[:x.numel()].view(Ttot, HV, D) for x in (dq32, dk32))
         get_kernel(BwdConfig("dqk", tl_dt))(
             q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, chunk_indices, dq32, dk32, dqo, dko, qz,
-            kw, kr, sd, yv, rect, db2, dv2, scale, int(out32), int(dv_in_dqk))
+            kw, kr, sd, yv, rect, db2, scale, int(out32))
         dqv, dkv = (dq32, dk32) if out32 else (dqo, dko)
         if r > 1 and _GROUP_SUM_KERNEL:
             # the group sums in one pass (``group_sum.py``): to the input dtype (the final dq, dk) unless the L2
@@ -261,7 +259,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if _stages is not None:
         f = lambda x: x.float()   # noqa: E731
         tr = lambda x: x.float().transpose(-1, -2)   # noqa: E731
-        _stages.update(Tinv=f(Th) + (0 if dh_kind == "dh_single" else f(Tl)), Fb=Fb, dUloc=dUl.transpose(-1, -2), dSn=tr(dSh) + tr(dSl),
+        _stages.update(Tinv=f(Th) + f(Tl), Fb=Fb, dUloc=dUl.transpose(-1, -2), dSn=tr(dSh) + tr(dSl),
                        dY=tr(dYh) + tr(dYl), qz=qz.sum(0), kw=kw.sum(0), kr=kr.sum(0), sd=sd.sum(0), yv=yv,
                        rect=rect, db2=db2, S=f(Sch) + f(Scl), U=f(Uh) + f(Ul), dqv=group_sum(dqv, H),
                        dkv=group_sum(dkv, H))
@@ -296,11 +294,11 @@ def _dh_plan(B, T, cu_host, HV, n_value_blocks, dev):
     return _PLANS[key]
 
 
-def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dYl, dv2, store_dv=True):
+def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dYl, dv2):
     """``gdn_bwd_dh`` over the segments of plan ``cp`` (``dh_cp``): pass A (zero end gradients, the caller's dht
     ``dhk`` [N, HV, D, D] key-first at each sequence's end), pass B (identity, dO = dUloc = 0: the transfer
-    matrices), the scan, pass C (true end gradients; writes every per-chunk output, dv when ``store_dv``).  Returns
-    the start gradient of every sequence [N, HV, D, D] (key-first)."""
+    matrices), the scan, pass C (true end gradients; writes every per-chunk output).  Returns the start gradient of
+    every sequence [N, HV, D, D] (key-first)."""
     from . import dh_cp
     NS = cp.cu.numel() - 1
     HV, D = Th.shape[0], q2.shape[-1]
@@ -309,26 +307,19 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
     if dhk is not None:
         dht_a[cp.last] = dhk
     a = torch.empty_like(dht_a)
-    kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, dht_a, dSh, dSl, dYh, dYl, dv2, a, 1, 1, 0, 0)
+    kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, dht_a, dSh, dSl, dYh, dYl, dv2, a, 1, 1, 0)
     eye = torch.eye(D, device=dev, dtype=f32).expand(NS, HV, D, D).contiguous()
     P = torch.empty_like(dht_a)
     kern(q2, k2, torch.zeros_like(do2), Th, Tl, Fb, torch.zeros_like(dUl), cp.cu, cp.chunk_offsets, eye, dSh, dSl,
-         dYh, dYl, dv2, P, 1, 1, 0, 0)
+         dYh, dYl, dv2, P, 1, 1, 0)
     E = dh_cp.end_gradients(cp, a, P, dhk)
     start = torch.empty_like(dht_a)
-    kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, E, dSh, dSl, dYh, dYl, dv2, start, 1, 1, 0,
-         int(store_dv))
+    kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, E, dSh, dSl, dYh, dYl, dv2, start, 1, 1, 0)
     return start[cp.first]
 
 
 # private switch (A/B timing): the recompute's state kernel reads prep's Ag and gate table (no intra2 kernel)
 _RECOMPUTE_FROM_PREP = True
-# private switch (A/B timing): dv = rd(beta dY) stored by the fused dqk kernel from its dY tiles, not by dh (whose
-# sequential chain then has no dv stores); dh stores it with the two-kernel and lean forms
-_DV_IN_DQK = True
-# private switch (A/B timing, opt-in): the reverse pass with the accuracy study's single operands (emulation.DH_SINGLE:
-# 5 instead of 9 products per chunk; the emulation's ``study(DH_SINGLE)`` mirrors it)
-_DH_SINGLE = False
 _FUSED_DQK = True              # private switch (A/B timing): the inter + intra terms in one kernel (dqk_fused.py)
 _GROUP_SUM_KERNEL = True       # private switch (A/B timing): the GVA group sums by gdn_bwd_group_sum, not torch
 _OVERLAP_RECOMPUTE = True      # private switch (A/B timing): the recompute on a side stream beside dh

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, compile_report, pass_configs
 from kernels.gdn_fwd.build import precompile as fwd_precompile
 
-KINDS = ("prep", "dh", "dh_single", "dqk", "gsum", "gsum32", "inter", "intra", "inter_lean", "dots", "intra_lean")
-# dh_single: dh with the single operands of ``dh.DH_SINGLE`` (``api._DH_SINGLE``)
+KINDS = ("prep", "dh", "dqk", "gsum", "gsum32", "inter", "intra", "inter_lean", "dots", "intra_lean")
 # dqk: the fused inter + intra kernel of "split"; gsum, gsum32: its GVA group sums to the input dtype / fp32
 # (inter + intra: its two-kernel form, the A/B switch
 # ``api._FUSED_DQK``); inter_lean, dots, intra_lean: "lean_sd"
@@ -42,9 +41,9 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
         return build_bwd_prep(D, D, cfg.dtype)
-    if cfg.kind in ("dh", "dh_single"):
+    if cfg.kind == "dh":
         from .dh import build_bwd_dh
-        return build_bwd_dh(D, D, cfg.dtype, single=cfg.kind == "dh_single")
+        return build_bwd_dh(D, D, cfg.dtype)
     if cfg.kind == "dqk":
         from .dqk_fused import build_bwd_dqk_fused
         return build_bwd_dqk_fused(D, D, cfg.dtype)
@@ -133,14 +132,13 @@ def parse_tables(tables: str | None = None, precisions: tuple[str, ...] = TABLES
 def stage_kinds(tables: str | None = None, fused: bool | None = None) -> tuple[str, ...]:
     """The backward kernels a call runs with ``_tables`` ``tables`` (``parse_tables``); ``fused``: the "split"
     tables' inter and intra terms in one kernel ("dqk") or two ("inter", "intra"); None = the API's default
-    (``api._FUSED_DQK``).  The reverse pass is "dh_single" with ``api._DH_SINGLE``."""
-    from . import api
-    dh = "dh_single" if api._DH_SINGLE else "dh"
+    (``api._FUSED_DQK``)."""
     if parse_tables(tables) != "split":
-        return ("prep", dh, "inter_lean", "dots", "intra_lean")
+        return ("prep", "dh", "inter_lean", "dots", "intra_lean")
     if fused is None:
+        from . import api
         fused = api._FUSED_DQK
-    return ("prep", dh, "dqk", "gsum", "gsum32") if fused else ("prep", dh, "inter", "intra")
+    return ("prep", "dh", "dqk", "gsum", "gsum32") if fused else ("prep", "dh", "inter", "intra")
 
 
 def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: bool, tables: str | None = None,

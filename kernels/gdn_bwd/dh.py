@@ -7,7 +7,7 @@ transposed, ``dS^T [BV, DK]`` fp32, in registers for the whole sequence (value-f
     dSa, dSl = split(dS^T)                                  -> dSh, dSl [HV, NC, DV, DK]  (dS' of the chunk)
     dU^T = dUloc^T + (dSa K^T + dSl K^T) diag(F2)           (2 wgmma)
     dY^T = dU^T Tinv  as  dUa Th + dUl Th + dUa Tl          (3 wgmma)  -> dYh, dYl [HV, NC, DV, 64]
-    dv   = rd(beta dY)                                      (direct stores, input dtype; with store_dv)
+    dv   = rd(beta dY)                                      (direct stores, input dtype)
     dS^T = e^GL dS^T + split(dO^T diag(F1)) Q - split((beta dY)^T diag(F0)) K      (2 + 2 wgmma)
 
 (F0 = e^G rk, F1 = scale e^G rq, F2 = e^(GL - G) rk: rows of the gate table ``Fb``.)  Rows past the end of
@@ -22,10 +22,9 @@ from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, store
 
 BT = 64
 FR = T.GemmWarpPolicy.FullRow
-
 # timing-study switches (``benchmarks/ablate_bwd.py --kernel dh``): the "no_*" ones drop a part (wrong gradients);
 # "st_direct" is session 7's form of the dS' / dY table stores (the same values)
-DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "st_direct", "st_wait")
+DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "st_direct", "st_wait", "single_ops")
 
 
 @T.macro
@@ -49,15 +48,8 @@ def store_split(hi, lo, hi_s, lo_s, dst_hi, dst_lo, wait=True):
             T.tma_copy(lo_s, dst_lo)
 
 
-def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, single: bool = False,
-                 _ablate: frozenset = frozenset()):
-    """``single`` (the "dh_single" kind, ``api._DH_SINGLE``): the accuracy study's single operands (README, "Which
-    hi + lo products ...": dU, Tinv, F1 dO and F0 dX as one input-dtype term each, ``emulation.study(
-    emulation.DH_SINGLE)``;
-    dS' keeps its lo product, the dY tables stay split): 5 instead of 9 wgmma per chunk (B1 T32768 H16 HV32 on an
-    H200, session 10, call 2, as the ablation "single_ops": 1.69 against 2.11 ms).
-
-    ``_ablate`` (timing studies only): names from ``DH_ABLATIONS`` - "no_ds_store" / "no_dy_store" / "no_dv"
+def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, _ablate: frozenset = frozenset()):
+    """``_ablate`` (timing studies only): names from ``DH_ABLATIONS`` - "no_ds_store" / "no_dy_store" / "no_dv"
     without the stores of the dS' tables / the dY tables / dv, "no_lo" without the lo-term products; "st_direct"
     session 7's stores of the dS' and dY tables, straight from the register fragments (same values).
 
@@ -80,15 +72,20 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
       dht         [Nh, HV, DK, DV]  fp32 (read as [.., DV, DK] when v_first)
       dSh, dSl    [HV, NCg, DV, DK] dtype   (out, value-first)
       dYh, dYl    [HV, NCg, DV, 64] dtype   (out, value-first)
-      dv          [Ttot, HV, DV]    dtype   (out when store_dv; else ``gdn_bwd_dqk`` stores it from the dY tables)
+      dv          [Ttot, HV, DV]    dtype   (out)
       dh0         [Nt, HV, DK, DV]  fp32    (out; [.., DV, DK] when v_first)
-      use_dht, store_dh0, v_first, store_dv int32
+      use_dht, store_dh0, v_first int32
     """
     assert DK in (64, 128) and DV == DK and BV == 64 and DV % BV == 0
     assert dtype in ("bfloat16", "float16")
     assert set(_ablate) <= set(DH_ABLATIONS), _ablate
     lo = "no_lo" not in _ablate
-    olo = lo and not single          # the lo products of dU, Tinv, F1 dO, F0 dX
+    # "single_ops" (timing only): the accuracy study's single operands (README, "Which hi + lo products ...": dU,
+    # Tinv, F1 dO, F0 dX as one input-dtype term; dS' keeps its lo product): 5 instead of 9 wgmma per chunk, 2.11 ->
+    # 1.69 ms alone (session 10, call 2).  As a kernel form of its own (call 3, commit 9b056de) it saved nothing in
+    # the backward (8.21 against 8.24 ms at B1 T32768 H16 HV32: the recompute beside dh then ends last), and its
+    # dY tables were wrong (the stored split, not the dY it used); removed
+    olo = lo and "single_ops" not in _ablate
     # the table stores of one chunk are waited for at the next chunk's first store, not where they are issued
     # (session 8's form, waiting for each: the "st_wait" ablation)
     nowait = "st_wait" not in _ablate and "st_direct" not in _ablate
@@ -117,7 +114,6 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
         use_dht: T.int32,
         store_dh0: T.int32,
         v_first: T.int32,
-        store_dv: T.int32,
     ):
         with T.Kernel(NV, HV, N, threads=128) as (bv, hv, n):
             h = hv // (HV // H)
@@ -195,7 +191,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 if "no_dy_store" not in _ablate:
                     store_split(xa, xl, dya_s, dyl_s, dYh[hv, c, v0:v0 + BV, 0:BT], dYl[hv, c, v0:v0 + BV, 0:BT],
                                 not nowait)
-                if "no_dv" not in _ablate and store_dv != 0:
+                if "no_dv" not in _ablate:
                     for i, t in T.Parallel(BV, BT):
                         if t0 + t < eos:
                             dv[t0 + t, hv, v0 + i] = T.cast(f_s[7, t] * dy_f[i, t], dtype)

@@ -51,8 +51,7 @@ class _HeadTiles:
 
 @T.macro
 def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk, dpu,
-               dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, dv, store_dv, hv, c, t0, nv, scale,
-               ab=frozenset()):
+               dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale, ab=frozenset()):
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
     dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32.
     ``ab``: timing ablations (``ABLATIONS``; wrong results)."""
@@ -113,12 +112,6 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
         T.reduce_sum(x_f, rs, dim=1)
         for t in T.Parallel(BT):
             yv[hv, c, t] = rs[t]
-    # dv = rd(beta (dYh + dYl)) (when gdn_bwd_dh did not store it: off its sequential chain)
-    if store_dv != 0:
-        for t, i in T.Parallel(BT, DV):
-            if t < nv:
-                dv[t0 + t, hv, i] = T.cast(ts.f_s[7, t] * (T.cast(ts.dyh[i, t], f32) + T.cast(ts.dyl[i, t], f32)),
-                                           dv.dtype)
     # 5. the 64x64 terms, accumulated onto dq~ / dk~
     m = ts.m
     if "no_intra" not in ab:
@@ -154,6 +147,11 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
     shared-memory merge: 194 KiB, 232 registers), which made the kernel about 1.4x slower even with one value head
     per CTA (bwd 9.84 against 8.05 ms at B1 T32768 H16 HV32; session 10, call 2, commit 004ef1f).
 
+    Storing dv = rd(beta (dYh + dYl)) here from the dY tiles instead of in gdn_bwd_dh (off dh's sequential chain)
+    was slower at the large shapes: this kernel 3.94 -> 4.27 ms (the dY tiles read by value column), dh 2.1 -> 1.98,
+    bwd 8.24 against 8.12 ms at B1 T32768 H16 HV32, 3.74 against 3.61 at B1 T65536 H2 HV4 (session 10, call 3,
+    commit 9b056de; reverted).
+
     Arguments (``qz, kw, kr`` with one key block, ``sd`` with two halves of the key dim):
       q, k            [Ttot, H, DK]     dtype
       v, do           [Ttot, HV, DV]    dtype
@@ -168,8 +166,7 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
       qz, kw, kr      [1, HV, NC, 64]   fp32   (out)
       sd              [2, HV, NC, DV]   fp32   (out)
       yv, rect, db2   [HV, NC, 64]      fp32   (out)
-      dv              [Ttot, HV, DV]    dtype  (out when store_dv: rd(beta (dYh + dYl)), every valid row)
-      scale fp32, out32, store_dv int32
+      scale fp32, out32 int32
     """
     assert DK == DV == 128, "the fused kernel's thread map assumes K = V = 128 (64 is zero-padded by the API)"
     assert set(_ablate) <= set(ABLATIONS), _ablate
@@ -206,10 +203,8 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
         yv: T.Tensor((HV, NC, BT), f32),
         rect: T.Tensor((HV, NC, BT), f32),
         db2: T.Tensor((HV, NC, BT), f32),
-        dv: T.Tensor((Ttot, HV, DV), dtype),
         scale: T.float32,
         out32: T.int32,
-        store_dv: T.int32,
     ):
         with T.Kernel(NC, HV, threads=2 * DV) as (c, hv):
             h = hv // (HV // H)
@@ -239,8 +234,7 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
             T.clear(dq_f)
             T.clear(dk_f)
             value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
-                       dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, dv, store_dv, hv, c, t0, nv,
-                       scale, ab)
+                       dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale, ab)
             # each row stored once
             if st:
                 if out32 == 0:

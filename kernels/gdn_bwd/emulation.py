@@ -38,8 +38,6 @@ TABLES = ("split", "lean", "lean_sd")
 # Design studies (``accuracy.py``; never the kernels' path): the operand splits of the stages below that ``study``
 # turns into single input-dtype terms, and the forward recompute's preset
 SPLITS = ("T", "P", "dS", "dU", "dY", "dO", "dX", "intra")
-# the splits that the reverse pass's "single" form (kind "dh_single", ``api._DH_SINGLE``) rounds to one term
-DH_SINGLE = ("T", "dU", "dO", "dX")
 _SINGLE: frozenset = frozenset()
 _FWD_PRESET = "default_h0"
 
@@ -153,13 +151,10 @@ def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt):
         yh, yl = _two(dY, dt, _split("dY"))
         dYh[:, c], dYl[:, c] = yh.transpose(0, 1), yl.transpose(0, 1)
         dX = _f32(f[:, :, 7, :, None] * dY)
-        # dv as the fused dqk kernel stores it (api._DV_IN_DQK): rd(beta (dYh + dYl)), the sum exact in fp32; dh's
-        # own form (from the fp32 dY) differs from it by one rounding of at most an ulp in rare elements
-        dvc = _f32(f[:, :, 7, :, None] * (yh + yl))
         st = tok < eos[:, None]
         for j in range(len(act)):
             m = st[j]
-            dv[tok[j][m]] = dvc[j][:, m].transpose(0, 1)
+            dv[tok[j][m]] = dX[j][:, m].transpose(0, 1)
         a1h, a1l = _two(_f32(f[:, :, 1, :, None] * dOc), dt, _split("dO"))
         a2h, a2l = _two(_f32(f[:, :, 0, :, None] * dX), dt, _split("dX"))
         QT, KT = Qc.transpose(-1, -2), Kc.transpose(-1, -2)
