@@ -75,6 +75,7 @@ VARIANTS["dqk"] = {
     "no_store": ("no_store",),
     "loads + folds + stores": ("no_sd", "no_dots", "no_inter_gemm", "no_intra"),
     "loads + folds": ("no_sd", "no_dots", "no_inter_gemm", "no_intra", "no_store"),
+    "grid_hc (head-major grid)": ("grid_hc",),
 }
 VARIANTS["prep"] = {
     "api": (),

@@ -265,8 +265,13 @@ def main(argv=None):
                                                state_v_first=kw["state_v_first"], cu_seqlens=kw["cu_seqlens"],
                                                _events=ev, _tables=tb)
                     st = stage_times(ev)
+                # the backward API alone (no autograd, no forward): its launches back to back, against the sum of
+                # its stages, so that host time between them (and around the first) shows as the difference
+                api_ms = do_bench(lambda: chunk_gated_delta_rule_bwd(
+                    *a, do, dht, initial_state=kw["initial_state"], state_v_first=kw["state_v_first"],
+                    cu_seqlens=kw["cu_seqlens"], _tables=tb), warmup=args.warmup, rep=args.rep, return_mode="median")
                 print(f"  {name:<24} {iname} bwd stages: " + "  ".join(f"{k} {v:.3f}" for k, v in st.items())
-                      + " ms", flush=True)
+                      + f" ms (sum {sum(st.values()):.3f}; the API call alone {api_ms:.3f} ms)", flush=True)
             except Exception as e:
                 print(f"  {name:<24} {iname} bwd stages: failed {describe_error(e)[:160]}", flush=True)
         results[name] = row

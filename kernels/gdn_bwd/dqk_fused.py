@@ -123,8 +123,9 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
 
 # timing-study switches (``benchmarks/ablate_bwd.py --kernel dqk``; wrong results): without the S o dS' dots / the
 # q.Z, k.W, k.R and dY . v row dots / the lo-term products (inter and intra) / the eight inter products / the 64x64
-# terms / their dg rectangle sums / the dq~, dk~ stores
-ABLATIONS = ("no_sd", "no_dots", "no_lo", "no_inter_gemm", "no_intra", "no_rect", "no_store")
+# terms / their dg rectangle sums / the dq~, dk~ stores; "grid_hc" (the same results): the grid's first dimension
+# the value head, so that a group's CTAs of one chunk run together (its q, k tiles read once from HBM, then L2)
+ABLATIONS = ("no_sd", "no_dots", "no_lo", "no_inter_gemm", "no_intra", "no_rect", "no_store", "grid_hc")
 
 
 def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = frozenset()):
@@ -206,7 +207,8 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
         scale: T.float32,
         out32: T.int32,
     ):
-        with T.Kernel(NC, HV, threads=2 * DV) as (c, hv):
+        with (T.Kernel(HV, NC, threads=2 * DV) if "grid_hc" in ab else T.Kernel(NC, HV, threads=2 * DV)) as g:
+            c, hv = (g[1], g[0]) if "grid_hc" in ab else (g[0], g[1])
             h = hv // (HV // H)
             eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
             nv = T.min(eos - t0, BT)
