@@ -67,7 +67,7 @@ def backward_context(name: str):
         from parity.backends.fla_common import triton_backward
         return triton_backward()
     if name in AB:
-        return _switch_off(name)
+        return _ab_switch(name)
     return contextlib.nullcontext()
 
 
@@ -78,13 +78,13 @@ AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute 
       "ours-unfused": ("api", "_FUSED_DQK", False),             # the inter and intra terms in two kernels (s8)
       "ours-torch-gsum": ("api", "_GROUP_SUM_KERNEL", False),   # the GVA group sums of dq~ / dk~ by torch
       "ours-intra2": ("api", "_RECOMPUTE_FROM_PREP", False),    # the recompute runs its own intra2 kernel (s9)
-      "ours-rc-bv32": ("build", "_RECOMPUTE_STATE", (32, 1)),   # the recompute's state kernel: BV 32, 1 CTA/SM (s9)
+      "ours-rc-bv32": ("build", "_RECOMPUTE_STATE", (32, 1)),   # the recompute's state kernel: BV 32, 1 CTA/SM (s10)
       "ours-rc-bv64": ("build", "_RECOMPUTE_STATE", (64, 1)),   # ... BV 64, 1 CTA/SM
       "ours-rc-bv16o2": ("build", "_RECOMPUTE_STATE", (16, 2))}  # ... BV 16, 2 CTAs/SM
 
 
 @contextlib.contextmanager
-def _switch_off(col: str):
+def _ab_switch(col: str):
     """Column ``col``'s switch (``AB``) set for the duration (restored after, also on an error)."""
     import importlib
     mod, flag, value = AB[col]
@@ -177,7 +177,7 @@ def main(argv=None):
             for tb in tables:
                 cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0, tb) if c not in cfgs]
             for col in [c for c in args.ab.split(",") if c in AB]:
-                with _switch_off(col):
+                with _ab_switch(col):
                     cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0, "split") if c not in cfgs]
         precompile(cfgs, args.workers, log=lambda m: print(m, flush=True))
 

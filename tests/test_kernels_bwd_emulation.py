@@ -71,6 +71,16 @@ def test_lean_tables_with_split_state_dots_meet_the_same_bar(name):
     _check(name, xs, do, dht, kw, tables="lean_sd")
 
 
+def test_max_rel_diff_helper():
+    """``testing.max_rel_diff`` (the GPU tests' stage distances): max |x - ref| / max |ref|, in fp64, over max |x - ref|
+    alone for an all-zero reference; zero only for equal tensors."""
+    ref = torch.tensor([1.0, -4.0, 2.0])
+    assert tt.max_rel_diff(ref.clone(), ref) == 0.0
+    assert tt.max_rel_diff(ref + torch.tensor([0.0, 0.5, -1.0]), ref) == 0.25
+    assert tt.max_rel_diff(torch.tensor([0.0, 3.0]), torch.zeros(2)) == 3.0
+    assert tt.max_rel_diff(ref.bfloat16(), ref.double()) == 0.0
+
+
 def test_autograd_function_plumbing():
     """The Function returns gradients in the inputs' dtypes (dh0 fp32), None for an absent initial state, and
     works without output_final_state (no dht) and with only the final state used (no do)."""

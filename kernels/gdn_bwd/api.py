@@ -153,7 +153,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     # CTAs are placed first (launched before it, its wide first kernel held dh back: call 3, 2.68 against 2.39 ms
     # serial); the main stream waits for it before the inter kernel.
     def recompute(side):
-        ci, cs = forward_recompute_configs(_TL_DTYPE[dt], N, HV)
+        ci, cs = forward_recompute_configs(tl_dt, N, HV)
         Sch = torch.empty(HV, NC, D, D, device=dev, dtype=dt)
         Scl = torch.empty_like(Sch)
         Uh = torch.empty(HV, NC, BT, D, device=dev, dtype=dt)

@@ -10,9 +10,8 @@ from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, compile_repor
 from kernels.gdn_fwd.build import precompile as fwd_precompile
 
 KINDS = ("prep", "dh", "dqk", "gsum", "gsum32", "inter", "intra", "inter_lean", "dots", "intra_lean")
-# dqk: the fused inter + intra kernel of "split"; gsum, gsum32: its GVA group sums to the input dtype / fp32
-# (inter + intra: its two-kernel form, the A/B switch
-# ``api._FUSED_DQK``); inter_lean, dots, intra_lean: "lean_sd"
+# dqk: the fused inter + intra kernel of "split"; gsum, gsum32: its GVA group sums to the input dtype / fp32;
+# inter, intra: its two-kernel form (the A/B switch ``api._FUSED_DQK``); inter_lean, dots, intra_lean: "lean_sd"
 TABLES = ("split", "lean_sd")  # chunk tables the inter kernel reads (api's _tables; emulation.TABLES has the study's)
 DEFAULT_TABLES = "split"
 

@@ -46,10 +46,10 @@ def finish(*, Fb, qz, kw, kr, sd, yv, rect, db2, dqv, dkv, q, k, H, use_l2, tok,
     Fb [HV, NC, 8, 64]; qz, kw, kr [P, HV, NC, 64] (row dots q.Z, k.W, k.R of the P key blocks of the
     inter-chunk kernel); sd [P, HV, NC, DVs] (sum_d S o dS_next partial sums); yv [HV, NC, 64] (dY . V);
     rect [HV, NC, 64] (the intra-chunk dg terms, already summed over the rectangle t >= s > j) and
-    db2 [HV, NC, 64]; dqv, dkv [Ttot, G, DK] fp32 (gradients of the normalised q~ = rq q, k~ = rk k per
-    value head, G = HV, or per block of a group's value heads, summed here by ``group_sum``; with G = H and no
-    L2 norm they may already be the final dq, dk in the input dtype); q, k [Ttot, H, DK] (raw inputs); tok, valid from ``token_index``; ``rows`` = ``valid_rows(tok,
-    valid)`` (computed here when None).  Returns dq, dk [Ttot, H, DK], dg, dbeta [Ttot, HV] (fp32).
+    db2 [HV, NC, 64]; dqv, dkv [Ttot, G, DK] (gradients of the normalised q~ = rq q, k~ = rk k: G = HV, fp32 per
+    value head, summed here by ``group_sum``; or G = H, already summed over each group: fp32, or the final dq, dk
+    in the input dtype when there is no L2 norm); q, k [Ttot, H, DK] (raw inputs); tok, valid from
+    ``token_index``; ``rows`` = ``valid_rows(tok, valid)`` (computed here when None).  Returns dq, dk [Ttot, H, DK], dg, dbeta [Ttot, HV] (fp32).
 
     dg_s = sum_{t >= s} dG_t with G = cumsum(g) is formed without cancellation: a term that depends on
     G_t - G_j (t > j) contributes only to s in (j, t] (``rect`` and the exclusive prefix sum of the
@@ -83,8 +83,8 @@ def finish(*, Fb, qz, kw, kr, sd, yv, rect, db2, dqv, dkv, q, k, H, use_l2, tok,
 
 
 def group_sum(x, H: int):
-    """``x [Ttot, G, DK]`` (G a multiple of H: one row per value head, or per block of a group's value heads) summed
-    over the G / H rows of each q/k head: [Ttot, H, DK]; ``x`` itself when G == H."""
+    """``x [Ttot, G, DK]`` (G = HV, one row per value head, or H) summed over the G / H rows of each q/k head:
+    [Ttot, H, DK]; ``x`` itself when G == H."""
     Ttot, G, DK = x.shape
     return x if G == H else x.reshape(Ttot, H, G // H, DK).sum(2)
 

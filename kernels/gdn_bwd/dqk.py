@@ -89,6 +89,20 @@ def masked_row_dot(src_f, rows_s, tmp, rs, nv, out, kb, hv, c):
 
 
 @T.macro
+def v_dy_row_dots(v_s, dyh_s, dyl_s, tmp, rs, nv, yv, hv, c):
+    """``yv[hv, c, t] = sum_i [t < nv] v[t, i] (dYh + dYl)[i, t]`` (a dbeta term) from ``v_s [64, DV]`` and the split
+    ``dyh_s, dyl_s [DV, 64]`` in shared memory, through the fp32 fragment ``tmp [64, DV]`` and ``rs [64]``: the fused
+    kernel's and the lean state-dots kernel's dY . v dots (the two-kernel inter kernel sums them per key block)."""
+    f32 = "float32"
+    for t, i in T.Parallel(BT, v_s.shape[1]):
+        tmp[t, i] = T.if_then_else(t < nv, T.cast(v_s[t, i], f32), T.float32(0)) * (
+            T.cast(dyh_s[i, t], f32) + T.cast(dyl_s[i, t], f32))
+    T.reduce_sum(tmp, rs, dim=1)
+    for t in T.Parallel(BT):
+        yv[hv, c, t] = rs[t]
+
+
+@T.macro
 def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx, xh=None, xl=None, d0=0, nd=None):
     """``acc[0] += sum_d (Sh + Sl)[d, tx] (dSh' + dSl')[tx, d]`` over one key block: the ``S o dS'`` row dot of value
     column ``tx`` (a dg term, from hi + lo) by the thread ``tx`` alone, a serial fp32 sum (``sh_s, sl_s [BK, DV]``,

@@ -26,7 +26,7 @@ import tilelang.language as T
 from kernels.common.prologue import chunk_span, dynamic_dims
 from kernels.gdn_fwd.cumsum import LOG2E
 
-from .dqk import BT, intra_terms, masked_row_dot, rect_sums, split_dot_rows
+from .dqk import BT, intra_terms, masked_row_dot, rect_sums, split_dot_rows, v_dy_row_dots
 
 
 class _HeadTiles:
@@ -55,7 +55,6 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
     dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32.
     ``ab``: timing ablations (``ABLATIONS``; wrong results)."""
-    f32 = "float32"
     DK = dq_f.shape[1]
     DV = ts.sh.shape[1]
     # 1. the S o dS' row dots (S, dS' hi + lo)
@@ -106,12 +105,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     if dots:
         masked_row_dot(x_f, k_s, x_f, rs, nv, kw, 0, hv, c)
         T.copy(v[t0:t0 + BT, hv, 0:DV], ts.v)
-        for t, i in T.Parallel(BT, DV):
-            x_f[t, i] = T.if_then_else(t < nv, T.cast(ts.v[t, i], f32), T.float32(0)) * (
-                T.cast(ts.dyh[i, t], f32) + T.cast(ts.dyl[i, t], f32))
-        T.reduce_sum(x_f, rs, dim=1)
-        for t in T.Parallel(BT):
-            yv[hv, c, t] = rs[t]
+        v_dy_row_dots(ts.v, ts.dyh, ts.dyl, x_f, rs, nv, yv, hv, c)
     # 5. the 64x64 terms, accumulated onto dq~ / dk~
     m = ts.m
     if "no_intra" not in ab:

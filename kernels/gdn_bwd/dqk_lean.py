@@ -24,7 +24,7 @@ import tilelang.language as T
 
 from kernels.common.prologue import chunk_span, dynamic_dims
 
-from .dqk import inter_epilogue, split_dot_rows
+from .dqk import inter_epilogue, split_dot_rows, v_dy_row_dots
 
 BT = 64
 
@@ -158,11 +158,6 @@ def build_bwd_state_dots(DK: int, DV: int, dtype: str, BK: int = 64):
             T.copy(dYh[hv, c, 0:DV, 0:BT], dyh_s)
             T.copy(dYl[hv, c, 0:DV, 0:BT], dyl_s)
             T.copy(v[t0:t0 + BT, hv, 0:DV], v_s)
-            for t, i in T.Parallel(BT, DV):
-                ty[t, i] = (T.if_then_else(t < nv, T.cast(v_s[t, i], f32), T.float32(0))
-                            * (T.cast(dyh_s[i, t], f32) + T.cast(dyl_s[i, t], f32)))
-            T.reduce_sum(ty, ry, dim=1)
-            for t in T.Parallel(BT):
-                yv[hv, c, t] = ry[t]
+            v_dy_row_dots(v_s, dyh_s, dyl_s, ty, ry, nv, yv, hv, c)
 
     return gdn_bwd_state_dots

@@ -91,6 +91,11 @@ def max_diff(x: torch.Tensor, ref: torch.Tensor) -> float:
     return (x.double() - ref.double()).abs().max().item() if x.numel() else 0.0
 
 
+def max_rel_diff(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |x - ref| / max |ref| (fp64; over max |x - ref| alone when ref is all zeros)."""
+    return max_diff(x, ref) / ((ref.double().abs().max().item() if ref.numel() else 0.0) or 1.0)
+
+
 def nonfinite(x: torch.Tensor | None) -> int:
     return 0 if x is None else int((~torch.isfinite(x)).sum().item())
 
