@@ -76,8 +76,9 @@ def backward_context(name: str):
 AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute before prep and dh, on one stream
       "ours-seq-dh": ("api", "_DH_SEGMENTS", False),            # the sequential reverse pass even with few CTAs
       "ours-unfused": ("api", "_FUSED_DQK", False),             # the inter and intra terms in two kernels (s8)
-      "ours-torch-gsum": ("api", "_GROUP_SUM_KERNEL", False),   # the GVA group sums of dq~ / dk~ by torch
+      "ours-torch-gsum": ("api", "_GROUP_SUM_KERNEL", False),   # the GVA group sums by torch (where no cluster)
       "ours-intra2": ("api", "_RECOMPUTE_FROM_PREP", False),    # the recompute runs its own intra2 kernel (s9)
+      "ours-no-cluster": ("api", "_CLUSTER_GROUP_SUM", False),  # GVA sums: fp32 rows per value head + group-sum pass
       "ours-rc-bv32": ("build", "_RECOMPUTE_STATE", (32, 1)),   # the recompute's state kernel: BV 32, 1 CTA/SM (s10)
       "ours-rc-bv64": ("build", "_RECOMPUTE_STATE", (64, 1)),   # ... BV 64, 1 CTA/SM
       "ours-rc-bv16o2": ("build", "_RECOMPUTE_STATE", (16, 2))}  # ... BV 16, 2 CTAs/SM
@@ -122,7 +123,8 @@ def main(argv=None):
                     help="also time these A/B columns, 'ours' with one private switch of kernels.gdn_bwd set "
                     "otherwise (the AB table): 'ours-serial' (recompute not overlapped with prep + dh), 'ours-seq-dh' "
                     "(no segment-parallel dh), 'ours-unfused' (inter and intra terms in two kernels), "
-                    "'ours-torch-gsum' (the GVA group sums by torch), 'ours-intra2' (the recompute's own intra2), "
+                    "'ours-torch-gsum' (the GVA group sums by torch, no clusters), 'ours-intra2' (the recompute's own intra2), "
+                    "'ours-no-cluster' (the GVA sums by gdn_bwd_group_sum after fp32 rows per value head), "
                     "'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' (the recompute's state kernel shape)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]

@@ -1,7 +1,8 @@
 """Compile every backward kernel configuration of our TileLang GDN backward for sm_90a, on the CPU.
 
 Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The configurations are
-``kernels.gdn_bwd.build.all_configs()``: the stages (prep, dh, the fused dqk; its two-kernel form dqk_inter,
+``kernels.gdn_bwd.build.all_configs()``: the stages (prep, dh, the fused dqk with its cluster forms for groups of
+2, 4, 8 value heads; its two-kernel form dqk_inter,
 dqk_intra; the GVA group sums) and the opt-in "lean_sd" kernels (dqk_inter_lean, state_dots, dqk_intra lean)
 x {bf16, fp16} at K = V = 128.  Everything else (T, B, N, H, HV / GVA ratio, h0, dht present, state layout, l2norm,
 gate dtype, varlen or dense, head dim 64 zero-padded, scale) is a runtime argument of the same binaries.  The forward
@@ -20,7 +21,7 @@ import os
 
 import pytest
 
-from kernels.gdn_bwd.build import all_configs, compile_for_test
+from kernels.gdn_bwd.build import CLUSTER_GROUPS, all_configs, compile_for_test
 from kernels.gdn_fwd.testing import check_ptxas, check_wgmma, compile_in_processes, compile_skip_reason
 
 pytestmark = [pytest.mark.slow,
@@ -36,6 +37,7 @@ N_WORKERS = max(1, min(2, os.cpu_count() or 1))
 _WANT_WGMMA = {"prep": 1 + 4 + 1 + 2, "dh": 2 + 3 + 2 + 2, "inter": 2 + 3 + 3, "intra": 1 + 1 + 2 + 3 + 2 + 6,
                "dqk": (2 + 3 + 3) + (1 + 1 + 2 + 3 + 2 + 6), "gsum": 0, "gsum32": 0,
                "inter_lean": 3, "dots": 0, "intra_lean": 1 + 1 + 1 + 1 + 2 + 6}
+_WANT_WGMMA.update({f"dqk_g{g}": _WANT_WGMMA["dqk"] for g in CLUSTER_GROUPS})
 
 
 def _job(i):
@@ -73,11 +75,15 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     ctas = {"intra": 2, "intra_lean": 2, "inter": 2, "prep": 3}.get(cfg.kind)
     if ctas:
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024 // ctas, r["dyn_smem"]
-    if cfg.kind == "dqk":     # the fused kernel: one CTA of 256 threads per SM (shared memory and registers)
+    if cfg.kind.startswith("dqk"):   # the fused kernel: one CTA of 256 threads per SM (shared memory and registers)
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024, r["dyn_smem"]
         if "ptxas" in r:
             assert -(-r["ptxas"]["registers"] // 8) * 8 * 256 <= 65536, r["ptxas"]["registers"]
-        assert "AtomicAdd" not in src      # dq~, dk~ stored once per value head (the group sums: gsum)
+        assert "AtomicAdd" not in src      # dq~, dk~ stored once per value head (the group sums: gsum) or group
+    if cfg.kind.startswith("dqk_g"):      # a group's sums through distributed shared memory: one SM-to-SM bulk copy
+        # site, a barrier each CTA waits on, cluster barriers around the exchange (after the barrier's init too)
+        assert src.count("tma_store_cluster(") == 1 and "bar[0].wait(0)" in src, src.count("tma_store_cluster(")
+        assert src.count("tl::cluster_sync()") == 3, src.count("tl::cluster_sync()")
     if "ptxas" in r:
         check_ptxas(r["ptxas"])
         if ctas:

@@ -131,7 +131,8 @@ def test_tables_knob_reaches_the_backward_and_rejects_unknown_values():
             with pytest.raises(ValueError, match="unknown chunk table precision"):
                 impl(*xs, do, dht, **kw, _tables=bad)
     from kernels.gdn_bwd.build import stage_kinds
-    assert stage_kinds("lean_sd")[-1] == "intra_lean" and stage_kinds() == ("prep", "dh", "dqk", "gsum", "gsum32")
+    assert stage_kinds("lean_sd")[-1] == "intra_lean" and stage_kinds() == ("prep", "dh", "dqk", "dqk_g2", "dqk_g4",
+                                                                                "dqk_g8", "gsum", "gsum32")
     assert stage_kinds("split", fused=False) == ("prep", "dh", "inter", "intra")
 
 
@@ -240,12 +241,18 @@ def _fake_kernels(monkeypatch):
                     acc = acc + xs[:, :, j]
                 put(y, acc)
             return gsum
-        if cfg.kind == "dqk":   # the fused kernel: the two stand-ins, then its two output forms
+        if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
+            # the fused kernel: the two stand-ins, then its two output forms; "dqk_gN" (clusters of a group of N
+            # value heads) stores the group sums, summed in the order of gdn_bwd_group_sum
+            group = 1 if cfg.kind == "dqk" else int(cfg.kind[5:])
+
             def dqk(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, ci, dq32, dk32, dqo, dko, qz, kw, kr,
                     sd, yv, rect, db2, scale, out32):
                 Ttot, HV, D = v.shape
-                assert dqo.shape == dq32.shape == (Ttot, HV, D) and dqo.dtype == q.dtype
-                assert out32 or HV == q.shape[1]        # the input dtype only for groups of one
+                H = q.shape[1]
+                assert group == 1 or HV == group * H, (group, HV, H)
+                assert dqo.shape == dq32.shape == (Ttot, HV // group, D) and dqo.dtype == q.dtype
+                assert out32 or HV == group * H         # the input dtype only for whole groups
                 dqv = torch.zeros(Ttot, HV, D, dtype=torch.float32)
                 dkv = torch.zeros_like(dqv)
                 bwd_kernel(bbuild.BwdConfig("inter", cfg.dtype))(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl,
@@ -253,7 +260,11 @@ def _fake_kernels(monkeypatch):
                 bwd_kernel(bbuild.BwdConfig("intra", cfg.dtype))(q, k, do, Uh, Ul, dYh, dYl, Fb, cu, ci, dqv, dkv,
                                                                  rect, db2, scale)
                 for x, o32, o in ((dqv, dq32, dqo), (dkv, dk32, dko)):
-                    put(o32, x) if out32 else put(o, x)
+                    xs = x.reshape(Ttot, HV // group, group, D)
+                    acc = xs[:, :, 0].clone()
+                    for j in range(1, group):
+                        acc = acc + xs[:, :, j]
+                    put(o32, acc) if out32 else put(o, acc)
             return dqk
         assert cfg.kind == "intra"
 
@@ -282,15 +293,20 @@ _PLUMBING = {
     # value head (groups of 2: the cases above)
     "dense_H2_HV2_no_l2": dict(B=1, T=130, H=2, HV=2, l2=False),
     "gva4_no_l2": dict(B=1, T=70, H=1, HV=4, l2=False),
+    # a group of 3: no cluster form, fp32 rows per value head and gdn_bwd_group_sum in the default path
+    "gva3_h0": dict(B=1, T=70, H=2, HV=6, h0=1.0),
 }
 
 
-@pytest.mark.parametrize("form", ["fused", "fused_torch_group_sum", "two_kernels", "recompute_intra2"])
+@pytest.mark.parametrize("form", ["fused", "fused_group_sum_kernel", "fused_torch_group_sum", "two_kernels",
+                                  "recompute_intra2"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
 def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
     emulation's stage functions, so any difference is the API's tensor plumbing), with the fused dqk kernel
-    (default: the group sums by ``gdn_bwd_group_sum``; also by torch, ``api._GROUP_SUM_KERNEL`` off), with its
+    (default: groups of 2, 4, 8 summed by the kernel's clusters, others by ``gdn_bwd_group_sum``; with the
+    clusters off, ``api._CLUSTER_GROUP_SUM``, every group by ``gdn_bwd_group_sum`` or by torch,
+    ``api._GROUP_SUM_KERNEL`` off), with its
     two-kernel form (``api._FUSED_DQK`` off), and with
     the recompute's own intra2 kernel instead of prep's Ag (``api._RECOMPUTE_FROM_PREP`` off)."""
     from kernels.gdn_bwd import api
@@ -299,6 +315,7 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     _fake_kernels(monkeypatch)
     monkeypatch.setattr(api, "_FUSED_DQK", form != "two_kernels")
     monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", form != "fused_torch_group_sum")
+    monkeypatch.setattr(api, "_CLUSTER_GROUP_SUM", form == "fused")
     monkeypatch.setattr(api, "_RECOMPUTE_FROM_PREP", form != "recompute_intra2")
     xs, do, dht, kw = tt.bwd_inputs(**_PLUMBING[name])
     got = api_bwd(*xs, do, dht, **kw)

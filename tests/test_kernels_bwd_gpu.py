@@ -300,3 +300,34 @@ def test_recompute_forms_match_the_intra2_recompute(monkeypatch, case, form):
         d, floor = tt.rel_rmse(a, b), tt.rel_rmse(r.to(case.dtype), r)
         assert tt.nonfinite(a) == 0, n
         assert d <= 0.01 * floor, (n, d, floor)
+
+
+_CLUSTER_CASES = [c for c in tt.GPU_CASES if c.name in ("T1000_h0_gva2", "varlen_boundaries_h0_vfirst",
+                                                         "gva4_l2norm", "fp16_fp16_gates_h0")]
+_CLUSTER_CASES.append(tt.Case("gva8_h0", 1, 1000, 1, 8, h0=1.0))
+
+
+@pytest.mark.parametrize("case", _CLUSTER_CASES, ids=[c.name for c in _CLUSTER_CASES])
+def test_cluster_group_sums_match_the_group_sum_kernel(monkeypatch, case):
+    """The fused dqk kernel summing each GVA group in a thread-block cluster (``api._CLUSTER_GROUP_SUM``, the
+    default for groups of 2, 4, 8: ``dqk_fused.cluster_group_sum``) against fp32 rows per value head summed by
+    ``gdn_bwd_group_sum``: the same fp32 additions in the same order, so every gradient is bitwise the same (the
+    input-dtype outputs without the L2 norm, the fp32 sums before the host's L2-norm chain rule with it)."""
+    from kernels.gdn_bwd import api
+
+    dev = torch.device("cuda")
+    args, kw, do, dht = _grads_inputs(case, dev)
+    H, HV = args[0].shape[2], args[2].shape[2]
+    assert HV // H in (2, 4, 8)
+    monkeypatch.setattr(api, "_CLUSTER_GROUP_SUM", False)
+    ref = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw)
+    monkeypatch.setattr(api, "_CLUSTER_GROUP_SUM", True)
+    got = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw)
+    torch.cuda.synchronize()
+    for n, a, b in zip(NAMES, got, ref):
+        if b is None:
+            assert a is None, n
+            continue
+        assert tt.nonfinite(a) == 0, n
+        assert a.shape == b.shape and a.dtype == b.dtype, (n, a.shape, b.shape)
+        assert torch.equal(a, b), (n, case.name, tt.max_rel_diff(a.double(), b.double()))

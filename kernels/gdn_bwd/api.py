@@ -20,7 +20,8 @@ no host sync except building the varlen tables):
   2. ``gdn_bwd_dh``         (64 value cols, head, seq)  reverse sequential: dS' tables, dY, dv, dh0 (with few
      CTAs three launches over segments of the sequences and a scan: ``dh_cp``)
   3. ``gdn_bwd_dqk``        (chunk, head)              state products and 64x64 terms -> dq~, dk~, row dots,
-     dg / dbeta terms (``dqk_fused.py``); then ``gdn_bwd_group_sum`` (token rows, head): the GVA group sums.
+     dg / dbeta terms (``dqk_fused.py``); groups of 2, 4 or 8 value heads summed in the kernel (thread-block
+     clusters, ``_CLUSTER_GROUP_SUM``), other groups by ``gdn_bwd_group_sum`` (token rows, head) after it.
      With ``_FUSED_DQK`` off its two-kernel form: ``gdn_bwd_dqk_inter`` (chunk, 64 key cols, head), then
      ``gdn_bwd_dqk_intra`` (chunk, head) adding to its dq~, dk~
   5. ``common.finish`` (torch): dg / dbeta row terms and within-chunk cumsums, L2-norm chain rule (and the GVA
@@ -76,7 +77,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     from kernels.gdn_fwd.build import KERNEL_HEAD_DIM
     from kernels.gdn_fwd.build import get_kernel as fwd_kernel
 
-    from .build import BwdConfig, forward_recompute_configs, get_kernel
+    from .build import CLUSTER_GROUPS, BwdConfig, forward_recompute_configs, get_kernel
 
     dt = q.dtype
     D = KERNEL_HEAD_DIM
@@ -221,17 +222,21 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         # groups of one value head as the final dq, dk in the input dtype (no L2 norm; fp32 when ``_stages`` wants
         # the sums), larger ones as fp32 per value head, summed by ``gdn_bwd_group_sum`` (or, switched off, by
         # finish); the dtype outputs use the first half of the fp32 buffers' memory (only one of the two is written)
+        # With a group of 2, 4 or 8 value heads (``_CLUSTER_GROUP_SUM``) the kernel runs in thread-block clusters
+        # of one group and stores the group sums itself (``dqk_fused.cluster_group_sum``): [Ttot, H, D] rows.
         r = HV // H
-        out32 = r > 1 or bool(use_l2) or _stages is not None
+        cluster = _CLUSTER_GROUP_SUM and r in CLUSTER_GROUPS
+        out32 = (r > 1 and not cluster) or bool(use_l2) or _stages is not None
         qz, kw, kr = qz[:1], kw[:1], kr[:1]
-        dq32 = torch.empty(Ttot, HV, D, device=dev, dtype=f32)      # the kernel stores every token row
+        HO = H if cluster else HV
+        dq32 = torch.empty(Ttot, HO, D, device=dev, dtype=f32)      # the kernel stores every token row
         dk32 = torch.empty_like(dq32)
-        dqo, dko = (x.view(-1).view(dt)[:x.numel()].view(Ttot, HV, D) for x in (dq32, dk32))
-        get_kernel(BwdConfig("dqk", tl_dt))(
+        dqo, dko = (x.view(-1).view(dt)[:x.numel()].view(Ttot, HO, D) for x in (dq32, dk32))
+        get_kernel(BwdConfig(f"dqk_g{r}" if cluster else "dqk", tl_dt))(
             q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, chunk_indices, dq32, dk32, dqo, dko, qz,
             kw, kr, sd, yv, rect, db2, scale, int(out32))
         dqv, dkv = (dq32, dk32) if out32 else (dqo, dko)
-        if r > 1 and _GROUP_SUM_KERNEL:
+        if r > 1 and not cluster and _GROUP_SUM_KERNEL:
             # the group sums in one pass (``group_sum.py``): to the input dtype (the final dq, dk) unless the L2
             # norm's chain rule follows on the host (or ``_stages`` wants the fp32 sums)
             g32 = bool(use_l2) or _stages is not None
@@ -322,6 +327,9 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
 _RECOMPUTE_FROM_PREP = True
 _FUSED_DQK = True              # private switch (A/B timing): the inter + intra terms in one kernel (dqk_fused.py)
 _GROUP_SUM_KERNEL = True       # private switch (A/B timing): the GVA group sums by gdn_bwd_group_sum, not torch
+# private switch (A/B timing): groups of 2, 4 or 8 value heads summed inside the fused dqk kernel by thread-block
+# clusters (dqk_fused.cluster_group_sum) instead of fp32 rows per value head + gdn_bwd_group_sum
+_CLUSTER_GROUP_SUM = True
 _OVERLAP_RECOMPUTE = True      # private switch (A/B timing): the recompute on a side stream beside dh
 # ... when the call has at least this many (chunk, value head) pairs.  Session 8 on an H200 (bench_kernels_bwd.py --ab
 # ours-serial, calls 2-5): the side stream saved 0.8 ms at B1 T32768 H16 HV32 (16384 pairs) and at B1 T65536 H2 HV4

@@ -9,8 +9,12 @@ from dataclasses import dataclass
 from kernels.gdn_fwd.build import DTYPES, KERNEL_HEAD_DIM, TARGET, compile_report, pass_configs
 from kernels.gdn_fwd.build import precompile as fwd_precompile
 
-KINDS = ("prep", "dh", "dqk", "gsum", "gsum32", "inter", "intra", "inter_lean", "dots", "intra_lean")
-# dqk: the fused inter + intra kernel of "split"; gsum, gsum32: its GVA group sums to the input dtype / fp32;
+# GVA group sizes (HV / H) the fused dqk kernel sums itself, in thread-block clusters (kinds "dqk_g2" ..)
+CLUSTER_GROUPS = (2, 4, 8)
+KINDS = ("prep", "dh", "dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS), "gsum", "gsum32", "inter", "intra",
+         "inter_lean", "dots", "intra_lean")
+# dqk: the fused inter + intra kernel of "split", dqk_gN: the same storing the sums of groups of N value heads
+# (clusters); gsum, gsum32: the GVA group sums of other group sizes to the input dtype / fp32;
 # inter, intra: its two-kernel form (the A/B switch ``api._FUSED_DQK``); inter_lean, dots, intra_lean: "lean_sd"
 TABLES = ("split", "lean_sd")  # chunk tables the inter kernel reads (api's _tables; emulation.TABLES has the study's)
 DEFAULT_TABLES = "split"
@@ -43,9 +47,9 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
         return build_bwd_dh(D, D, cfg.dtype)
-    if cfg.kind == "dqk":
+    if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
         from .dqk_fused import build_bwd_dqk_fused
-        return build_bwd_dqk_fused(D, D, cfg.dtype)
+        return build_bwd_dqk_fused(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1)
     if cfg.kind in ("gsum", "gsum32"):
         from .group_sum import build_group_sum
         return build_group_sum(D, "float32" if cfg.kind == "gsum32" else cfg.dtype)
@@ -137,7 +141,8 @@ def stage_kinds(tables: str | None = None, fused: bool | None = None) -> tuple[s
     if fused is None:
         from . import api
         fused = api._FUSED_DQK
-    return ("prep", "dh", "dqk", "gsum", "gsum32") if fused else ("prep", "dh", "inter", "intra")
+    fused_kinds = ("prep", "dh", "dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS), "gsum", "gsum32")
+    return fused_kinds if fused else ("prep", "dh", "inter", "intra")
 
 
 def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: bool, tables: str | None = None,

@@ -26,6 +26,7 @@ import tilelang.language as T
 from kernels.common.prologue import chunk_span, dynamic_dims
 from kernels.gdn_fwd.cumsum import LOG2E
 
+from .build import CLUSTER_GROUPS
 from .dqk import BT, intra_terms, masked_row_dot, rect_sums, split_dot_rows, v_dy_row_dots
 
 
@@ -122,12 +123,62 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
 ABLATIONS = ("no_sd", "no_dots", "no_lo", "no_inter_gemm", "no_intra", "no_rect", "no_store", "grid_hc")
 
 
-def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = frozenset()):
-    """Grid (chunk, value head).  dq~ and dk~ leave the kernel in one of two ways, by ``out32``:
+
+
+@T.macro
+def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0, nv, out32, dtype):
+    """The GVA group's dq~ and dk~ summed across the cluster (one CTA per value head of the group, rank r = value
+    head r of the group), a reduce-scatter through distributed shared memory: each CTA stages its two fragments
+    (``stage [64, 2, DK]`` fp32), every CTA's rows ``[s R, (s + 1) R)`` go to CTA s's ``inbox [G, R, 2, DK]`` slot r
+    by an SM-to-SM bulk copy (``R = 64 / G``), and CTA s sums its slots in the order r = 0 .. G - 1 (the order of
+    ``gdn_bwd_group_sum``, so the sums are bitwise the same) and stores rows ``[s R, (s + 1) R)`` of the group's
+    q/k head ``h``: fp32 (``dq32, dk32 [Ttot, H, DK]``) when ``out32``, else the input dtype (``dqo, dko``).
+    The first cluster barrier keeps a CTA's inbox (placed over its dead tiles) unwritten until it has finished
+    computing; the last keeps each CTA's stage alive until every copy has landed."""
+    G = inbox.shape[0]
+    R = inbox.shape[1]
+    DK = dq_f.shape[1]
+    r = T.block_rank_in_cluster()
+    T.copy(dq_f, stage[:, 0, :])
+    T.copy(dk_f, stage[:, 1, :])
+    T.fence_proxy_async()
+    T.cluster_sync()
+    for s in range(G):
+        T.copy_cluster(stage[s * R:(s + 1) * R, :, :], inbox[r, :, :, :], dst_block=s, remote_barrier=bar[0])
+    T.mbarrier_wait_parity(bar[0], 0)
+    aq_f = T.alloc_fragment((R, DK), "float32")
+    ak_f = T.alloc_fragment((R, DK), "float32")
+    T.copy(inbox[0, :, 0, :], aq_f)
+    T.copy(inbox[0, :, 1, :], ak_f)
+    for j in T.serial(G - 1):
+        for t, d in T.Parallel(R, DK):
+            aq_f[t, d] = aq_f[t, d] + inbox[j + 1, t, 0, d]
+            ak_f[t, d] = ak_f[t, d] + inbox[j + 1, t, 1, d]
+    if out32 == 0:
+        for t, d in T.Parallel(R, DK):
+            if r * R + t < nv:
+                dqo[t0 + r * R + t, h, d] = T.cast(aq_f[t, d], dtype)
+                dko[t0 + r * R + t, h, d] = T.cast(ak_f[t, d], dtype)
+    else:
+        for t, d in T.Parallel(R, DK):
+            if r * R + t < nv:
+                dq32[t0 + r * R + t, h, d] = aq_f[t, d]
+                dk32[t0 + r * R + t, h, d] = ak_f[t, d]
+    T.cluster_sync()
+
+
+def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = frozenset(), group: int = 1):
+    """Grid (chunk, value head).  With ``group == 1`` dq~ and dk~ leave the kernel in one of two ways, by ``out32``:
 
     * fp32 per value head (``dq32, dk32``), summed per group by ``gdn_bwd_group_sum`` (groups of two or more, or the
       L2 norm's chain rule on the host);
     * rounded to the input dtype (``dqo, dko``): the final dq, dk (groups of one value head, no L2 norm).
+
+    With ``group`` in ``CLUSTER_GROUPS`` (= HV / H) the grid runs in clusters of ``group`` CTAs along the value
+    heads (one GVA group of one chunk per cluster) and the kernel stores the group sums itself
+    (``cluster_group_sum``): ``dq32, dk32, dqo, dko`` are then [Ttot, H, DK], fp32 when ``out32`` (the L2 norm's
+    chain rule follows on the host), else the final dq, dk in the input dtype; no per-value-head rows, no
+    ``gdn_bwd_group_sum`` pass.
 
     Loading U and dO together with S and dS' (one wait for 208 KiB of tiles, 210 KiB of shared memory) instead of
     each just before its first product was slower on the H200: dqk 4.11 against 3.92 ms at B1 T32768 H16 HV32
@@ -165,10 +216,13 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
     """
     assert DK == DV == 128, "the fused kernel's thread map assumes K = V = 128 (64 is zero-padded by the API)"
     assert set(_ablate) <= set(ABLATIONS), _ablate
+    assert group == 1 or group in CLUSTER_GROUPS, group
     ab = frozenset(_ablate)
     st = "no_store" not in ab
     f32 = "float32"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
+    HO = H if group > 1 else HV
+    launch = {"cluster_dims": (1, group, 1)} if group > 1 else {}
 
     @T.prim_func
     def gdn_bwd_dqk(
@@ -187,10 +241,10 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
         Fb: T.Tensor((HV, NC, 8, BT), f32),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
         chunk_indices: T.Tensor((NC, 2), "int32"),
-        dq32: T.Tensor((Ttot, HV, DK), f32),
-        dk32: T.Tensor((Ttot, HV, DK), f32),
-        dqo: T.Tensor((Ttot, HV, DK), dtype),
-        dko: T.Tensor((Ttot, HV, DK), dtype),
+        dq32: T.Tensor((Ttot, HO, DK), f32),
+        dk32: T.Tensor((Ttot, HO, DK), f32),
+        dqo: T.Tensor((Ttot, HO, DK), dtype),
+        dko: T.Tensor((Ttot, HO, DK), dtype),
         qz: T.Tensor((1, HV, NC, BT), f32),
         kw: T.Tensor((1, HV, NC, BT), f32),
         kr: T.Tensor((1, HV, NC, BT), f32),
@@ -201,9 +255,9 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
         scale: T.float32,
         out32: T.int32,
     ):
-        with (T.Kernel(HV, NC, threads=2 * DV) if "grid_hc" in ab else T.Kernel(NC, HV, threads=2 * DV)) as g:
+        with (T.Kernel(HV, NC, threads=2 * DV) if "grid_hc" in ab else T.Kernel(NC, HV, threads=2 * DV, **launch)) as g:
             c, hv = (g[1], g[0]) if "grid_hc" in ab else (g[0], g[1])
-            h = hv // (HV // H)
+            h = hv // group if group > 1 else hv // (HV // H)    # a cluster's group size is known
             eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
             nv = T.min(eos - t0, BT)
 
@@ -232,7 +286,12 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
             value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
                        dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale, ab)
             # each row stored once
-            if st:
+            if st and group > 1:
+                stage = T.alloc_shared((BT, 2, DK), f32)
+                inbox = T.alloc_shared((group, BT // group, 2, DK), f32)
+                bar = T.alloc_cluster_barrier(group)
+                cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0, nv, out32, dtype)
+            elif st:
                 if out32 == 0:
                     for t, d in T.Parallel(BT, DK):
                         if t < nv:
