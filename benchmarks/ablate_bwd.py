@@ -76,6 +76,7 @@ VARIANTS["dqk"] = {
     "loads + folds + stores": ("no_sd", "no_dots", "no_inter_gemm", "no_intra"),
     "loads + folds": ("no_sd", "no_dots", "no_inter_gemm", "no_intra", "no_store"),
     "grid_hc (head-major grid)": ("grid_hc",),
+    "dots_b1 (row-dot all-reduces one row at a time)": ("dots_b1",),
 }
 VARIANTS["prep"] = {
     "api": (),

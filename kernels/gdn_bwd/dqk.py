@@ -27,6 +27,10 @@ from kernels.common.prologue import chunk_span, dynamic_dims, lo_shape
 from kernels.gdn_fwd.cumsum import LOG2E
 
 BT = 64
+# the row dots' reductions (``T.reduce_sum(batch=)``): a thread's two rows (wgmma accumulator layout) in one batched
+# all-reduce, so that a row dot across the two warpgroups of the fused kernel waits on one shared-memory exchange
+# instead of two (the same additions: bitwise the same sums); ablation "dots_b1" of the fused kernel: one row at a time
+ROW_DOT_BATCH = 2
 
 
 @T.macro
@@ -76,20 +80,20 @@ def inter_epilogue(q_s, k_s, f_s, z_f, w_f, r_f, tmp, rs, dqv, dkv, qz, kw, kr, 
 
 
 @T.macro
-def masked_row_dot(src_f, rows_s, tmp, rs, nv, out, kb, hv, c):
+def masked_row_dot(src_f, rows_s, tmp, rs, nv, out, kb, hv, c, batch=ROW_DOT_BATCH):
     """``out[kb, hv, c, t] = sum_d [t < nv] rows_s[t, d] src_f[t, d]`` (``src_f, tmp [64, D]`` fp32 fragments of
     one layout, ``tmp`` the scratch and may be ``src_f``; ``rows_s [64, D]`` input dtype in shared memory; ``out
     [NK, HV, NC, 64]`` fp32): the inter kernels' q.Z, k.W, k.R row dots."""
     f32 = "float32"
     for t, d in T.Parallel(BT, src_f.shape[1]):
         tmp[t, d] = T.if_then_else(t < nv, T.cast(rows_s[t, d], f32), T.float32(0)) * src_f[t, d]
-    T.reduce_sum(tmp, rs, dim=1)
+    T.reduce_sum(tmp, rs, dim=1, batch=batch)
     for t in T.Parallel(BT):
         out[kb, hv, c, t] = rs[t]
 
 
 @T.macro
-def v_dy_row_dots(v_s, dyh_s, dyl_s, tmp, rs, nv, yv, hv, c):
+def v_dy_row_dots(v_s, dyh_s, dyl_s, tmp, rs, nv, yv, hv, c, batch=ROW_DOT_BATCH):
     """``yv[hv, c, t] = sum_i [t < nv] v[t, i] (dYh + dYl)[i, t]`` (a dbeta term) from ``v_s [64, DV]`` and the split
     ``dyh_s, dyl_s [DV, 64]`` in shared memory, through the fp32 fragment ``tmp [64, DV]`` and ``rs [64]``: the fused
     kernel's and the lean state-dots kernel's dY . v dots (the two-kernel inter kernel sums them per key block)."""
@@ -97,7 +101,7 @@ def v_dy_row_dots(v_s, dyh_s, dyl_s, tmp, rs, nv, yv, hv, c):
     for t, i in T.Parallel(BT, v_s.shape[1]):
         tmp[t, i] = T.if_then_else(t < nv, T.cast(v_s[t, i], f32), T.float32(0)) * (
             T.cast(dyh_s[i, t], f32) + T.cast(dyl_s[i, t], f32))
-    T.reduce_sum(tmp, rs, dim=1)
+    T.reduce_sum(tmp, rs, dim=1, batch=batch)
     for t in T.Parallel(BT):
         yv[hv, c, t] = rs[t]
 
@@ -298,7 +302,7 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: fro
 @T.macro
 def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l, m2h, m2l, m3h, m3l, m_s,
                 qk, kk, dpu, dyu, x_f, rs, dq_f, dk_f, db2, nv, hv, c, scale, lean=False, mlo=True, db2_on=True,
-                clear=True):
+                clear=True, batch=ROW_DOT_BATCH):
     """The intra-chunk (64x64) terms of chunk ``c``, value head ``hv`` (module docstring): the dbeta row sums to
     ``db2``, the dg rectangle's summands to ``m_s [64, 64]`` fp32 (``rect_sums`` finishes them), and the products
     into ``dq_f, dk_f [64, DK]`` (fp32 fragments; cleared first if ``clear``, else added to what they hold).
@@ -343,7 +347,7 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l
     for t, j in T.Parallel(BT, BT):
         x_f[t, j] = dyu[t, j] * kk[t, j]
     if db2_on:
-        T.reduce_sum(x_f, rs, dim=1)
+        T.reduce_sum(x_f, rs, dim=1, batch=batch)
         for t in T.Parallel(BT):
             db2[hv, c, t] = rs[t]
     for t, j in T.Parallel(BT, BT):

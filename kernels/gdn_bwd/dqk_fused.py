@@ -27,7 +27,7 @@ from kernels.common.prologue import chunk_span, dynamic_dims
 from kernels.gdn_fwd.cumsum import LOG2E
 
 from .build import CLUSTER_GROUPS
-from .dqk import BT, intra_terms, masked_row_dot, rect_sums, split_dot_rows, v_dy_row_dots
+from .dqk import BT, ROW_DOT_BATCH, intra_terms, masked_row_dot, rect_sums, split_dot_rows, v_dy_row_dots
 
 
 class _HeadTiles:
@@ -71,6 +71,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     lo = "no_lo" not in ab
     gm = "no_inter_gemm" not in ab
     dots = "no_dots" not in ab
+    rb = 1 if "dots_b1" in ab else ROW_DOT_BATCH
     # 2. R = U dS'^T (U, dS' hi + lo) -> dk~ += e^(GL-G) R, the k.R dots
     T.copy(Uh[hv, c, 0:BT, 0:DV], ts.uh)
     T.copy(Ul[hv, c, 0:BT, 0:DV], ts.ul)
@@ -82,7 +83,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     for t, d in T.Parallel(BT, DK):
         dk_f[t, d] = dk_f[t, d] + T.exp2((ts.f_s[4, BT - 1] - ts.f_s[4, t]) * LOG2E) * x_f[t, d]
     if dots:
-        masked_row_dot(x_f, k_s, x_f, rs, nv, kr, 0, hv, c)
+        masked_row_dot(x_f, k_s, x_f, rs, nv, kr, 0, hv, c, rb)
     # 3. Z = dO S^T (S hi + lo) -> dq~ += scale e^G Z, the q.Z dots
     T.copy(do[t0:t0 + BT, hv, 0:DV], ts.do)
     if gm:
@@ -92,7 +93,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     for t, d in T.Parallel(BT, DK):
         dq_f[t, d] = dq_f[t, d] + scale * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     if dots:
-        masked_row_dot(x_f, q_s, x_f, rs, nv, qz, 0, hv, c)
+        masked_row_dot(x_f, q_s, x_f, rs, nv, qz, 0, hv, c, rb)
     # 4. W = dY S^T (dY, S hi + lo) -> dk~ -= beta e^G W, the k.W dots; then the dY . v dots
     T.copy(dYh[hv, c, 0:DV, 0:BT], ts.dyh)
     T.copy(dYl[hv, c, 0:DV, 0:BT], ts.dyl)
@@ -104,14 +105,15 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     for t, d in T.Parallel(BT, DK):
         dk_f[t, d] = dk_f[t, d] - ts.f_s[7, t] * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     if dots:
-        masked_row_dot(x_f, k_s, x_f, rs, nv, kw, 0, hv, c)
+        masked_row_dot(x_f, k_s, x_f, rs, nv, kw, 0, hv, c, rb)
         T.copy(v[t0:t0 + BT, hv, 0:DV], ts.v)
-        v_dy_row_dots(ts.v, ts.dyh, ts.dyl, x_f, rs, nv, yv, hv, c)
+        v_dy_row_dots(ts.v, ts.dyh, ts.dyl, x_f, rs, nv, yv, hv, c, rb)
     # 5. the 64x64 terms, accumulated onto dq~ / dk~
     m = ts.m
     if "no_intra" not in ab:
         intra_terms(q_s, k_s, ts.do, ts.uh, ts.ul, ts.dyh, ts.dyl, ts.f_s, m[0], m[1], m[2], m[3], m[4], m[5], m[6],
-                    m[7], ts.m_s, qk, kk, dpu, dyu, y_f, rs2, dq_f, dk_f, db2, nv, hv, c, scale, mlo=lo, clear=False)
+                    m[7], ts.m_s, qk, kk, dpu, dyu, y_f, rs2, dq_f, dk_f, db2, nv, hv, c, scale, mlo=lo, clear=False,
+                    batch=rb)
         if "no_rect" not in ab:
             rect_sums(ts.m_s, acc, rect, hv, c)
 
@@ -119,8 +121,9 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
 # timing-study switches (``benchmarks/ablate_bwd.py --kernel dqk``; wrong results): without the S o dS' dots / the
 # q.Z, k.W, k.R and dY . v row dots / the lo-term products (inter and intra) / the eight inter products / the 64x64
 # terms / their dg rectangle sums / the dq~, dk~ stores; "grid_hc" (the same results): the grid's first dimension
-# the value head, so that a group's CTAs of one chunk run together (its q, k tiles read once from HBM, then L2)
-ABLATIONS = ("no_sd", "no_dots", "no_lo", "no_inter_gemm", "no_intra", "no_rect", "no_store", "grid_hc")
+# the value head, so that a group's CTAs of one chunk run together (its q, k tiles read once from HBM, then L2);
+# "dots_b1" (the same results): the row dots' all-reduces one row at a time (session 10's form, before ROW_DOT_BATCH)
+ABLATIONS = ("no_sd", "no_dots", "no_lo", "no_inter_gemm", "no_intra", "no_rect", "no_store", "grid_hc", "dots_b1")
 
 
 
