@@ -76,7 +76,9 @@ VARIANTS["dqk"] = {
     "loads + folds + stores": ("no_sd", "no_dots", "no_inter_gemm", "no_intra"),
     "loads + folds": ("no_sd", "no_dots", "no_inter_gemm", "no_intra", "no_store"),
     "grid_hc (head-major grid)": ("grid_hc",),
-    "dots_b1 (row-dot all-reduces one row at a time)": ("dots_b1",),
+    "dots_whole (row dots over whole rows, batched all-reduces)": ("dots_whole",),
+    "dots_b1 (row dots over whole rows, one row at a time)": ("dots_b1",),
+    "rect_64 (the dg rectangle walk by 64 threads)": ("rect_64",),
 }
 VARIANTS["prep"] = {
     "api": (),
@@ -145,9 +147,9 @@ def tables(B, T, H, HV, dev, dt=torch.bfloat16, kernel="inter"):
                 r(HV, NC, D, D), r(HV, NC, D, D, s=1e-3), r(HV, NC, 64, D), r(HV, NC, 64, D, s=1e-3),
                 r(HV, NC, D, D), r(HV, NC, D, D, s=1e-3), r(HV, NC, D, 64), r(HV, NC, D, 64, s=1e-3),
                 Fb, cu, chunk_indices, dq32, torch.zeros_like(dq32), r(Ttot, HV, D), r(Ttot, HV, D),
-                torch.zeros(1, HV, NC, 64, **f32), torch.zeros(1, HV, NC, 64, **f32), torch.zeros(1, HV, NC, 64, **f32),
-                torch.zeros(2, HV, NC, D, **f32), torch.zeros(HV, NC, 64, **f32), torch.zeros(HV, NC, 64, **f32),
-                torch.zeros(HV, NC, 64, **f32), D ** -0.5, 1]
+                torch.zeros(2, HV, NC, 64, **f32), torch.zeros(2, HV, NC, 64, **f32), torch.zeros(2, HV, NC, 64, **f32),
+                torch.zeros(2, HV, NC, D, **f32), torch.zeros(2, HV, NC, 64, **f32), torch.zeros(HV, NC, 64, **f32),
+                torch.zeros(2, HV, NC, 64, **f32), D ** -0.5, 1]
     if kernel == "intra":
         return [r(Ttot, H, D), r(Ttot, H, D), r(Ttot, HV, D), r(HV, NC, 64, D), r(HV, NC, 64, D, s=1e-3),
                 r(HV, NC, D, 64), r(HV, NC, D, 64, s=1e-3), Fb, cu, chunk_indices,

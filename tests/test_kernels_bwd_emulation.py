@@ -255,10 +255,15 @@ def _fake_kernels(monkeypatch):
                 assert out32 or HV == group * H         # the input dtype only for whole groups
                 dqv = torch.zeros(Ttot, HV, D, dtype=torch.float32)
                 dkv = torch.zeros_like(dqv)
+                # the row dots' halves (qz, kw, kr, yv, db2 [2, HV, NC, 64]): the whole sums in half 0, zeros in half 1
+                assert qz.shape[0] == kw.shape[0] == kr.shape[0] == yv.shape[0] == db2.shape[0] == 2
+                assert yv.dim() == db2.dim() == 4
                 bwd_kernel(bbuild.BwdConfig("inter", cfg.dtype))(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl,
-                                                                 Fb, cu, ci, dqv, dkv, qz, kw, kr, sd, yv, scale)
+                                                                 Fb, cu, ci, dqv, dkv, qz, kw, kr, sd, yv[0], scale)
+                yv[1].zero_()
                 bwd_kernel(bbuild.BwdConfig("intra", cfg.dtype))(q, k, do, Uh, Ul, dYh, dYl, Fb, cu, ci, dqv, dkv,
-                                                                 rect, db2, scale)
+                                                                 rect, db2[0], scale)
+                db2[1].zero_()
                 for x, o32, o in ((dqv, dq32, dqo), (dkv, dk32, dko)):
                     xs = x.reshape(Ttot, HV // group, group, D)
                     acc = xs[:, :, 0].clone()

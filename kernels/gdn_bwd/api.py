@@ -227,14 +227,19 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         r = HV // H
         cluster = _CLUSTER_GROUP_SUM and r in CLUSTER_GROUPS
         out32 = (r > 1 and not cluster) or bool(use_l2) or _stages is not None
-        qz, kw, kr = qz[:1], kw[:1], kr[:1]
+        # the q.Z, k.W, k.R, dY . v and dbeta row dots come out as two halves of the column dim
+        # (``dqk.half_row_dots``: no exchange between the kernel's warpgroups); finish adds qz .. kr's, yv's and
+        # db2's are added here
+        yv2 = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
+        db22 = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)        # the intra dbeta row sums, by halves too
         HO = H if cluster else HV
         dq32 = torch.empty(Ttot, HO, D, device=dev, dtype=f32)      # the kernel stores every token row
         dk32 = torch.empty_like(dq32)
         dqo, dko = (x.view(-1).view(dt)[:x.numel()].view(Ttot, HO, D) for x in (dq32, dk32))
         get_kernel(BwdConfig(f"dqk_g{r}" if cluster else "dqk", tl_dt))(
             q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, chunk_indices, dq32, dk32, dqo, dko, qz,
-            kw, kr, sd, yv, rect, db2, scale, int(out32))
+            kw, kr, sd, yv2, rect, db22, scale, int(out32))
+        yv, db2 = yv2[0] + yv2[1], db22[0] + db22[1]
         dqv, dkv = (dq32, dk32) if out32 else (dqo, dko)
         if r > 1 and not cluster and _GROUP_SUM_KERNEL:
             # the group sums in one pass (``group_sum.py``): to the input dtype (the final dq, dk) unless the L2

@@ -93,7 +93,39 @@ def masked_row_dot(src_f, rows_s, tmp, rs, nv, out, kb, hv, c, batch=ROW_DOT_BAT
 
 
 @T.macro
-def v_dy_row_dots(v_s, dyh_s, dyl_s, tmp, rs, nv, yv, hv, c, batch=ROW_DOT_BATCH):
+def half_row_dots(src_f, rows_s, tmp2, rs2, nv, out, hv, c):
+    """``out[h, hv, c, t] = sum_{d in half h} [t < nv] rows_s[t, d] src_f[t, d]``, the two halves of the key (column)
+    dim apart (``src_f [64, D]`` fp32 fragment, ``rows_s [64, D]`` input dtype in shared memory, ``tmp2 [2, 64, D/2]``
+    and ``rs2 [2, 64]`` fp32 fragments, ``out [2, HV, NC, 64]``; ``finish`` adds the halves).  In the fused
+    kernel's 256-thread wgmma layout each warpgroup holds one half of every row, so each half is summed within its
+    warpgroup (a quad of shuffles) with no shared-memory exchange or block barrier between the warpgroups: the q.Z,
+    k.W, k.R row dots of ``dqk_fused``."""
+    f32 = "float32"
+    DH = tmp2.shape[2]
+    for hf, t, d in T.Parallel(2, BT, DH):
+        tmp2[hf, t, d] = T.if_then_else(t < nv, T.cast(rows_s[t, hf * DH + d], f32), T.float32(0)) * src_f[
+            t, hf * DH + d]
+    T.reduce_sum(tmp2, rs2, dim=2)
+    for hf, t in T.Parallel(2, BT):
+        out[hf, hv, c, t] = rs2[hf, t]
+
+
+@T.macro
+def v_dy_half_row_dots(v_s, dyh_s, dyl_s, tmp2, rs2, nv, yv2, hv, c):
+    """``yv2[h, hv, c, t] = sum_{i in half h} [t < nv] v[t, i] (dYh + dYl)[i, t]``: ``v_dy_row_dots`` with the two
+    halves of the value dim apart as in ``half_row_dots`` (``tmp2`` the same fragment, so the same thread map)."""
+    f32 = "float32"
+    DH = tmp2.shape[2]
+    for hf, t, i in T.Parallel(2, BT, DH):
+        tmp2[hf, t, i] = T.if_then_else(t < nv, T.cast(v_s[t, hf * DH + i], f32), T.float32(0)) * (
+            T.cast(dyh_s[hf * DH + i, t], f32) + T.cast(dyl_s[hf * DH + i, t], f32))
+    T.reduce_sum(tmp2, rs2, dim=2)
+    for hf, t in T.Parallel(2, BT):
+        yv2[hf, hv, c, t] = rs2[hf, t]
+
+
+@T.macro
+def v_dy_row_dots(v_s, dyh_s, dyl_s, tmp, rs, nv, yv, hv, c, batch=ROW_DOT_BATCH, half=None):
     """``yv[hv, c, t] = sum_i [t < nv] v[t, i] (dYh + dYl)[i, t]`` (a dbeta term) from ``v_s [64, DV]`` and the split
     ``dyh_s, dyl_s [DV, 64]`` in shared memory, through the fp32 fragment ``tmp [64, DV]`` and ``rs [64]``: the fused
     kernel's and the lean state-dots kernel's dY . v dots (the two-kernel inter kernel sums them per key block)."""
@@ -102,8 +134,12 @@ def v_dy_row_dots(v_s, dyh_s, dyl_s, tmp, rs, nv, yv, hv, c, batch=ROW_DOT_BATCH
         tmp[t, i] = T.if_then_else(t < nv, T.cast(v_s[t, i], f32), T.float32(0)) * (
             T.cast(dyh_s[i, t], f32) + T.cast(dyl_s[i, t], f32))
     T.reduce_sum(tmp, rs, dim=1, batch=batch)
-    for t in T.Parallel(BT):
-        yv[hv, c, t] = rs[t]
+    if half is None:
+        for t in T.Parallel(BT):
+            yv[hv, c, t] = rs[t]
+    else:       # ``yv [2, HV, NC, 64]``, into half ``half`` (the fused kernel's whole-row ablations)
+        for t in T.Parallel(BT):
+            yv[half, hv, c, t] = rs[t]
 
 
 @T.macro
@@ -302,13 +338,15 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: fro
 @T.macro
 def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l, m2h, m2l, m3h, m3l, m_s,
                 qk, kk, dpu, dyu, x_f, rs, dq_f, dk_f, db2, nv, hv, c, scale, lean=False, mlo=True, db2_on=True,
-                clear=True, batch=ROW_DOT_BATCH):
+                clear=True, batch=ROW_DOT_BATCH, t2=None, r2=None):
     """The intra-chunk (64x64) terms of chunk ``c``, value head ``hv`` (module docstring): the dbeta row sums to
     ``db2``, the dg rectangle's summands to ``m_s [64, 64]`` fp32 (``rect_sums`` finishes them), and the products
     into ``dq_f, dk_f [64, DK]`` (fp32 fragments; cleared first if ``clear``, else added to what they hold).
     ``fv[r, t]`` the gate table (shared tile or ``_GateRows``); ``qk .. x_f`` [64, 64] fp32 fragments and ``rs``
     [64] scratch; ``mqh .. m3l`` [64, 64] input-dtype shared tiles.  ``lean``: U and dY hi terms alone; ``mlo``,
-    ``db2_on`` False only for timing ablations."""
+    ``db2_on`` False only for timing ablations.  With ``t2 [2, 64, 32], r2 [2, 64]`` fp32 fragments the dbeta row
+    sums go out by halves of the columns into ``db2 [2, HV, NC, 64]`` (``half_row_dots``; the fused kernel), else
+    whole into ``db2 [HV, NC, 64]``."""
     f32 = "float32"
     dtype = mqh.dtype
     T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
@@ -344,9 +382,15 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l
                                   * kk[t, j], T.float32(0))
     for t, j in T.Parallel(BT, BT):
         dyu[t, j] = T.if_then_else(j < t, -dyu[t, j], T.float32(0))          # dA
-    for t, j in T.Parallel(BT, BT):
-        x_f[t, j] = dyu[t, j] * kk[t, j]
-    if db2_on:
+    if db2_on and t2 is not None:   # by halves of the columns (``half_row_dots``): db2 [2, HV, NC, 64]
+        for hf, t, j in T.Parallel(2, BT, BT // 2):
+            t2[hf, t, j] = dyu[t, hf * (BT // 2) + j] * kk[t, hf * (BT // 2) + j]
+        T.reduce_sum(t2, r2, dim=2)
+        for hf, t in T.Parallel(2, BT):
+            db2[hf, hv, c, t] = r2[hf, t]
+    elif db2_on:
+        for t, j in T.Parallel(BT, BT):
+            x_f[t, j] = dyu[t, j] * kk[t, j]
         T.reduce_sum(x_f, rs, dim=1, batch=batch)
         for t in T.Parallel(BT):
             db2[hv, c, t] = rs[t]
@@ -377,18 +421,37 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l
 
 
 @T.macro
-def rect_sums(m_s, acc, rect, hv, c):
+def rect_sums(m_s, acc, rect, hv, c, part=None):
     """``rect_s = sum_{t >= s} sum_{j < s} m_tj`` from ``m_s [64, 64]`` fp32 (shared; overwritten): inclusive row
-    prefix sums, then a column walk by the first 64 threads."""
+    prefix sums, then a column walk: by the first 64 threads over all rows, or, with ``part [P, 64]`` fp32 shared
+    (P x 64 threads), by P groups of 64 threads over P row blocks, the P partial sums then added in block order
+    (the fused kernel: 4 x 16 rows instead of 64 rows by a quarter of its threads)."""
     T.cumsum(m_s, dim=1)
     tx = T.get_thread_binding()
-    if tx < BT:
+    if part is None:
+        if tx < BT:
+            acc[0] = T.float32(0)
+            if tx > 0:
+                for t in T.serial(BT):
+                    if t >= tx:
+                        acc[0] = acc[0] + m_s[t, tx - 1]
+            rect[hv, c, tx] = acc[0]
+    else:
+        P = part.shape[0]
+        RB = BT // P
+        s = tx % BT
         acc[0] = T.float32(0)
-        if tx > 0:
-            for t in T.serial(BT):
-                if t >= tx:
-                    acc[0] = acc[0] + m_s[t, tx - 1]
-        rect[hv, c, tx] = acc[0]
+        if s > 0:
+            for i in T.serial(RB):
+                if (tx // BT) * RB + i >= s:
+                    acc[0] = acc[0] + m_s[(tx // BT) * RB + i, s - 1]
+        part[tx // BT, s] = acc[0]
+        T.sync_threads()
+        if tx < BT:
+            acc[0] = part[0, tx]
+            for j in T.serial(P - 1):
+                acc[0] = acc[0] + part[j + 1, tx]
+            rect[hv, c, tx] = acc[0]
 
 
 INTRA_ABLATIONS = ("no_mlo", "no_rect", "no_db2", "store", "rmw")

@@ -27,7 +27,27 @@ from kernels.common.prologue import chunk_span, dynamic_dims
 from kernels.gdn_fwd.cumsum import LOG2E
 
 from .build import CLUSTER_GROUPS
-from .dqk import BT, ROW_DOT_BATCH, intra_terms, masked_row_dot, rect_sums, split_dot_rows, v_dy_row_dots
+from .dqk import (BT, ROW_DOT_BATCH, half_row_dots, intra_terms, masked_row_dot, rect_sums, split_dot_rows,
+                  v_dy_half_row_dots, v_dy_row_dots)
+
+
+@T.macro
+def row_dots(x_f, rows_s, tmp, rs, t2, r2, nv, out, hv, c, batch, whole):
+    """The row dots of ``x_f`` with ``rows_s`` into ``out [2, HV, NC, 64]``: by halves (``half_row_dots``; the
+    default), or, with ``whole`` (ablations "dots_whole", "dots_b1": session 10's form), whole rows across the two
+    warpgroups into half 0 (``masked_row_dot``, all-reduces batched by ``batch``) and zeros into half 1."""
+    if whole:
+        masked_row_dot(x_f, rows_s, tmp, rs, nv, out, 0, hv, c, batch)
+        zero_half(out, hv, c)
+    else:
+        half_row_dots(x_f, rows_s, t2, r2, nv, out, hv, c)
+
+
+@T.macro
+def zero_half(out, hv, c):
+    """``out[1, hv, c, :] = 0`` (the whole-row forms of ``row_dots``)."""
+    for t in T.Parallel(BT):
+        out[1, hv, c, t] = T.float32(0)
 
 
 class _HeadTiles:
@@ -48,14 +68,17 @@ class _HeadTiles:
         self.dyl = T.alloc_shared((DV, BT), dtype)
         self.m = [T.alloc_shared((BT, BT), dtype) for _ in range(8)]
         self.m_s = T.alloc_shared((BT, BT), f32)
+        self.part = T.alloc_shared((4, BT), f32)      # the dg rectangle sums' column walk by 4 x 64 threads
 
 
 @T.macro
 def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk, dpu,
-               dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale, ab=frozenset()):
+               dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale,
+               ab=frozenset()):
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
     dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32.
-    ``ab``: timing ablations (``ABLATIONS``; wrong results)."""
+    The q.Z, k.W, k.R and dY . v row dots go out as two halves (``half_row_dots``, fragments ``t2, r2``) into
+    ``qz, kw, kr, yv [2, HV, NC, 64]``.  ``ab``: timing ablations (``ABLATIONS``; wrong results)."""
     DK = dq_f.shape[1]
     DV = ts.sh.shape[1]
     # 1. the S o dS' row dots (S, dS' hi + lo)
@@ -72,6 +95,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     gm = "no_inter_gemm" not in ab
     dots = "no_dots" not in ab
     rb = 1 if "dots_b1" in ab else ROW_DOT_BATCH
+    whole = "dots_whole" in ab or "dots_b1" in ab
     # 2. R = U dS'^T (U, dS' hi + lo) -> dk~ += e^(GL-G) R, the k.R dots
     T.copy(Uh[hv, c, 0:BT, 0:DV], ts.uh)
     T.copy(Ul[hv, c, 0:BT, 0:DV], ts.ul)
@@ -83,7 +107,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     for t, d in T.Parallel(BT, DK):
         dk_f[t, d] = dk_f[t, d] + T.exp2((ts.f_s[4, BT - 1] - ts.f_s[4, t]) * LOG2E) * x_f[t, d]
     if dots:
-        masked_row_dot(x_f, k_s, x_f, rs, nv, kr, 0, hv, c, rb)
+        row_dots(x_f, k_s, x_f, rs, t2, r2, nv, kr, hv, c, rb, whole)
     # 3. Z = dO S^T (S hi + lo) -> dq~ += scale e^G Z, the q.Z dots
     T.copy(do[t0:t0 + BT, hv, 0:DV], ts.do)
     if gm:
@@ -93,7 +117,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     for t, d in T.Parallel(BT, DK):
         dq_f[t, d] = dq_f[t, d] + scale * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     if dots:
-        masked_row_dot(x_f, q_s, x_f, rs, nv, qz, 0, hv, c, rb)
+        row_dots(x_f, q_s, x_f, rs, t2, r2, nv, qz, hv, c, rb, whole)
     # 4. W = dY S^T (dY, S hi + lo) -> dk~ -= beta e^G W, the k.W dots; then the dY . v dots
     T.copy(dYh[hv, c, 0:DV, 0:BT], ts.dyh)
     T.copy(dYl[hv, c, 0:DV, 0:BT], ts.dyl)
@@ -105,25 +129,33 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     for t, d in T.Parallel(BT, DK):
         dk_f[t, d] = dk_f[t, d] - ts.f_s[7, t] * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     if dots:
-        masked_row_dot(x_f, k_s, x_f, rs, nv, kw, 0, hv, c, rb)
+        row_dots(x_f, k_s, x_f, rs, t2, r2, nv, kw, hv, c, rb, whole)
         T.copy(v[t0:t0 + BT, hv, 0:DV], ts.v)
-        v_dy_row_dots(ts.v, ts.dyh, ts.dyl, x_f, rs, nv, yv, hv, c, rb)
+        if whole:
+            v_dy_row_dots(ts.v, ts.dyh, ts.dyl, x_f, rs, nv, yv, hv, c, rb, 0)
+            zero_half(yv, hv, c)
+        else:
+            v_dy_half_row_dots(ts.v, ts.dyh, ts.dyl, t2, r2, nv, yv, hv, c)
     # 5. the 64x64 terms, accumulated onto dq~ / dk~
     m = ts.m
     if "no_intra" not in ab:
         intra_terms(q_s, k_s, ts.do, ts.uh, ts.ul, ts.dyh, ts.dyl, ts.f_s, m[0], m[1], m[2], m[3], m[4], m[5], m[6],
                     m[7], ts.m_s, qk, kk, dpu, dyu, y_f, rs2, dq_f, dk_f, db2, nv, hv, c, scale, mlo=lo, clear=False,
-                    batch=rb)
+                    batch=rb, t2=t2b, r2=r2b)
         if "no_rect" not in ab:
-            rect_sums(ts.m_s, acc, rect, hv, c)
+            rect_sums(ts.m_s, acc, rect, hv, c, None if "rect_64" in ab else ts.part)
 
 
 # timing-study switches (``benchmarks/ablate_bwd.py --kernel dqk``; wrong results): without the S o dS' dots / the
 # q.Z, k.W, k.R and dY . v row dots / the lo-term products (inter and intra) / the eight inter products / the 64x64
 # terms / their dg rectangle sums / the dq~, dk~ stores; "grid_hc" (the same results): the grid's first dimension
 # the value head, so that a group's CTAs of one chunk run together (its q, k tiles read once from HBM, then L2);
-# "dots_b1" (the same results): the row dots' all-reduces one row at a time (session 10's form, before ROW_DOT_BATCH)
-ABLATIONS = ("no_sd", "no_dots", "no_lo", "no_inter_gemm", "no_intra", "no_rect", "no_store", "grid_hc", "dots_b1")
+# "dots_whole" (the same sums in another order): the q.Z, k.W, k.R, dY . v row dots over whole rows, across the two
+# warpgroups (all-reduces batched by ROW_DOT_BATCH), instead of by halves; "dots_b1": the same one row at a time
+# (session 10's form of those four; the intra dbeta row sums stay by halves in every form); "rect_64" (the same sums
+# in another order): the dg rectangle sums' column walk by 64 threads over 64 rows (session 10's form)
+ABLATIONS = ("no_sd", "no_dots", "no_lo", "no_inter_gemm", "no_intra", "no_rect", "no_store", "grid_hc", "dots_b1",
+             "dots_whole", "rect_64")
 
 
 
@@ -201,7 +233,8 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
     bwd 8.24 against 8.12 ms at B1 T32768 H16 HV32, 3.74 against 3.61 at B1 T65536 H2 HV4 (session 10, call 3,
     commit 9b056de; reverted).
 
-    Arguments (``qz, kw, kr`` with one key block, ``sd`` with two halves of the key dim):
+    Arguments (``qz, kw, kr, yv`` with the two halves of the column dim apart, ``half_row_dots``; ``sd`` with two
+    halves of the key dim):
       q, k            [Ttot, H, DK]     dtype
       v, do           [Ttot, HV, DV]    dtype
       Sch, Scl        [HV, NC, DK, DV]  dtype  (forward recompute, key-first)
@@ -212,9 +245,10 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
       cu_seqlens [N + 1], chunk_indices [NC, 2] int32
       dq32, dk32      [Ttot, HV, DK]    fp32   (out when out32: every valid row)
       dqo, dko        [Ttot, HV, DK]    dtype  (out unless out32)
-      qz, kw, kr      [1, HV, NC, 64]   fp32   (out)
+      qz, kw, kr, yv  [2, HV, NC, 64]   fp32   (out)
+      db2             [2, HV, NC, 64]   fp32   (out; the intra dbeta row sums by halves, ``intra_terms``)
       sd              [2, HV, NC, DV]   fp32   (out)
-      yv, rect, db2   [HV, NC, 64]      fp32   (out)
+      rect            [HV, NC, 64]      fp32   (out)
       scale fp32, out32 int32
     """
     assert DK == DV == 128, "the fused kernel's thread map assumes K = V = 128 (64 is zero-padded by the API)"
@@ -248,13 +282,13 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
         dk32: T.Tensor((Ttot, HO, DK), f32),
         dqo: T.Tensor((Ttot, HO, DK), dtype),
         dko: T.Tensor((Ttot, HO, DK), dtype),
-        qz: T.Tensor((1, HV, NC, BT), f32),
-        kw: T.Tensor((1, HV, NC, BT), f32),
-        kr: T.Tensor((1, HV, NC, BT), f32),
+        qz: T.Tensor((2, HV, NC, BT), f32),
+        kw: T.Tensor((2, HV, NC, BT), f32),
+        kr: T.Tensor((2, HV, NC, BT), f32),
         sd: T.Tensor((2, HV, NC, DV), f32),
-        yv: T.Tensor((HV, NC, BT), f32),
+        yv: T.Tensor((2, HV, NC, BT), f32),
         rect: T.Tensor((HV, NC, BT), f32),
-        db2: T.Tensor((HV, NC, BT), f32),
+        db2: T.Tensor((2, HV, NC, BT), f32),
         scale: T.float32,
         out32: T.int32,
     ):
@@ -277,6 +311,10 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
             dyu = T.alloc_fragment((BT, BT), f32)
             y_f = T.alloc_fragment((BT, BT), f32)
             rs2 = T.alloc_fragment((BT,), f32)
+            t2 = T.alloc_fragment((2, BT, DK // 2), f32)
+            r2 = T.alloc_fragment((2, BT), f32)
+            t2b = T.alloc_fragment((2, BT, BT // 2), f32)
+            r2b = T.alloc_fragment((2, BT), f32)
             acc = T.alloc_local((1,), f32)
             xh = T.alloc_local((8,), dtype)
             xl = T.alloc_local((8,), dtype)
@@ -287,7 +325,8 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
             T.clear(dq_f)
             T.clear(dk_f)
             value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
-                       dpu, dyu, y_f, rs2, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale, ab)
+                       dpu, dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale,
+                       ab)
             # each row stored once
             if st and group > 1:
                 stage = T.alloc_shared((BT, 2, DK), f32)
