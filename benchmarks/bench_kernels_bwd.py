@@ -79,6 +79,7 @@ AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute 
       "ours-torch-gsum": ("api", "_GROUP_SUM_KERNEL", False),   # the GVA group sums by torch (where no cluster)
       "ours-intra2": ("api", "_RECOMPUTE_FROM_PREP", False),    # the recompute runs its own intra2 kernel (s9)
       "ours-no-cluster": ("api", "_CLUSTER_GROUP_SUM", False),  # GVA sums: fp32 rows per value head + group-sum pass
+      "ours-torch-dgdb": ("api", "_DG_DBETA_KERNEL", False),    # dg, dbeta by the torch form of finish (s10)
       "ours-rc-bv32": ("build", "_RECOMPUTE_STATE", (32, 1)),   # the recompute's state kernel: BV 32, 1 CTA/SM (s10)
       "ours-rc-bv64": ("build", "_RECOMPUTE_STATE", (64, 1)),   # ... BV 64, 1 CTA/SM
       "ours-rc-bv16o2": ("build", "_RECOMPUTE_STATE", (16, 2))}  # ... BV 16, 2 CTAs/SM
@@ -125,6 +126,7 @@ def main(argv=None):
                     "(no segment-parallel dh), 'ours-unfused' (inter and intra terms in two kernels), "
                     "'ours-torch-gsum' (the GVA group sums by torch, no clusters), 'ours-intra2' (the recompute's own intra2), "
                     "'ours-no-cluster' (the GVA sums by gdn_bwd_group_sum after fp32 rows per value head), "
+                    "'ours-torch-dgdb' (dg, dbeta by the torch form of finish, not gdn_bwd_dg_dbeta), "
                     "'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' (the recompute's state kernel shape)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]

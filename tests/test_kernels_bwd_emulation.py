@@ -132,7 +132,7 @@ def test_tables_knob_reaches_the_backward_and_rejects_unknown_values():
                 impl(*xs, do, dht, **kw, _tables=bad)
     from kernels.gdn_bwd.build import stage_kinds
     assert stage_kinds("lean_sd")[-1] == "intra_lean" and stage_kinds() == ("prep", "dh", "dqk", "dqk_g2", "dqk_g4",
-                                                                                "dqk_g8", "gsum", "gsum32")
+                                                                                "dqk_g8", "gsum", "gsum32", "dgdb")
     assert stage_kinds("split", fused=False) == ("prep", "dh", "inter", "intra")
 
 
@@ -233,6 +233,17 @@ def _fake_kernels(monkeypatch):
                     dst[:1] = src.float()
                 put(yv, e)
             return inter
+        if cfg.kind == "dgdb":
+            # the torch form of the same terms (common.finish) stands in; the GPU test compares the two
+            def dgdb(Fb, qz, kw, kr, yv, db2, sd, rect, cu, ci, dg, db):
+                from kernels.gdn_bwd.common import finish, valid_rows
+                tok, valid = E.token_index(cu_list(cu), Fb.device)
+                z = torch.zeros(dg.shape[0], 1, 1)
+                _, _, g_, b_ = finish(Fb=Fb, qz=qz, kw=kw, kr=kr, sd=sd, yv=yv[0] + yv[1], rect=rect,
+                                      db2=db2[0] + db2[1], dqv=z, dkv=z, q=z, k=z, H=1, use_l2=False, tok=tok,
+                                      valid=valid, rows=valid_rows(tok, valid))
+                put(dg, g_), put(db, b_)
+            return dgdb
         if cfg.kind in ("gsum", "gsum32"):
             def gsum(x, y):     # fp32 sums in the kernel's order, one rounding to y's dtype
                 xs = x.reshape(x.shape[0], y.shape[1], -1, x.shape[2])
@@ -303,15 +314,15 @@ _PLUMBING = {
 }
 
 
-@pytest.mark.parametrize("form", ["fused", "fused_group_sum_kernel", "fused_torch_group_sum", "two_kernels",
-                                  "recompute_intra2"])
+@pytest.mark.parametrize("form", ["fused", "fused_group_sum_kernel", "fused_torch_group_sum", "torch_dg_dbeta",
+                                  "two_kernels", "recompute_intra2"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
 def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
     emulation's stage functions, so any difference is the API's tensor plumbing), with the fused dqk kernel
     (default: groups of 2, 4, 8 summed by the kernel's clusters, others by ``gdn_bwd_group_sum``; with the
     clusters off, ``api._CLUSTER_GROUP_SUM``, every group by ``gdn_bwd_group_sum`` or by torch,
-    ``api._GROUP_SUM_KERNEL`` off), with its
+    ``api._GROUP_SUM_KERNEL`` off; dg, dbeta by the torch form of finish, ``api._DG_DBETA_KERNEL`` off), with its
     two-kernel form (``api._FUSED_DQK`` off), and with
     the recompute's own intra2 kernel instead of prep's Ag (``api._RECOMPUTE_FROM_PREP`` off)."""
     from kernels.gdn_bwd import api
@@ -321,6 +332,7 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     monkeypatch.setattr(api, "_FUSED_DQK", form != "two_kernels")
     monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", form != "fused_torch_group_sum")
     monkeypatch.setattr(api, "_CLUSTER_GROUP_SUM", form == "fused")
+    monkeypatch.setattr(api, "_DG_DBETA_KERNEL", form != "torch_dg_dbeta")
     monkeypatch.setattr(api, "_RECOMPUTE_FROM_PREP", form != "recompute_intra2")
     xs, do, dht, kw = tt.bwd_inputs(**_PLUMBING[name])
     got = api_bwd(*xs, do, dht, **kw)

@@ -331,3 +331,35 @@ def test_cluster_group_sums_match_the_group_sum_kernel(monkeypatch, case):
         assert tt.nonfinite(a) == 0, n
         assert a.shape == b.shape and a.dtype == b.dtype, (n, a.shape, b.shape)
         assert torch.equal(a, b), (n, case.name, tt.max_rel_diff(a.double(), b.double()))
+
+
+_DGDB_CASES = [c for c in CASES if c.name in ("T65_h0", "varlen_boundaries_h0_vfirst", "varlen_with_empty_h0",
+                                               "gva4_l2norm", "g_near_-20_h0x50", "D64_h0_vfirst")]
+
+
+@pytest.mark.parametrize("case", _DGDB_CASES, ids=[c.name for c in _DGDB_CASES])
+def test_dg_dbeta_kernel_matches_the_torch_finish(monkeypatch, case):
+    """dg and dbeta by ``gdn_bwd_dg_dbeta`` (``api._DG_DBETA_KERNEL``, the default) against the torch form of the
+    same terms in ``common.finish``: only the fp32 summation order differs, so within 1e-5 of the largest magnitude
+    (printed), and every other gradient bitwise the same."""
+    from kernels.gdn_bwd import api
+
+    dev = torch.device("cuda")
+    args, kw, do, dht = _grads_inputs(case, dev)
+    monkeypatch.setattr(api, "_DG_DBETA_KERNEL", False)
+    ref = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw)
+    monkeypatch.setattr(api, "_DG_DBETA_KERNEL", True)
+    got = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw)
+    torch.cuda.synchronize()
+    for n, a, b in zip(NAMES, got, ref):
+        if b is None:
+            assert a is None, n
+            continue
+        assert tt.nonfinite(a) == 0, n
+        assert a.shape == b.shape and a.dtype == b.dtype, (n, a.shape, b.shape)
+        if n in ("dg", "dbeta"):
+            d = tt.max_rel_diff(a.double(), b.double())
+            print(f"  {case.name} {n}: max|kernel - torch| / max|torch| = {d:.2e}")
+            assert d <= 1e-5, (n, d)
+        else:
+            assert torch.equal(a, b), n

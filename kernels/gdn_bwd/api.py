@@ -24,8 +24,10 @@ no host sync except building the varlen tables):
      clusters, ``_CLUSTER_GROUP_SUM``), other groups by ``gdn_bwd_group_sum`` (token rows, head) after it.
      With ``_FUSED_DQK`` off its two-kernel form: ``gdn_bwd_dqk_inter`` (chunk, 64 key cols, head), then
      ``gdn_bwd_dqk_intra`` (chunk, head) adding to its dq~, dk~
-  5. ``common.finish`` (torch): dg / dbeta row terms and within-chunk cumsums, L2-norm chain rule (and the GVA
-     sums where step 3 left them: the two-kernel form, ``_GROUP_SUM_KERNEL`` off, ``_stages``).
+  5. ``gdn_bwd_dg_dbeta`` (chunk, head): dg / dbeta row terms and within-chunk sums (``dg_dbeta.py``; the torch
+     form in ``common.finish`` with the two-kernel form or ``_DG_DBETA_KERNEL`` off); ``common.finish`` (torch):
+     the L2-norm chain rule (and the GVA sums where step 3 left them: the two-kernel form, ``_GROUP_SUM_KERNEL``
+     off, ``_stages``).
 """
 
 from __future__ import annotations
@@ -217,6 +219,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     yv = torch.empty(HV, NC, BT, device=dev, dtype=f32)
     rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
     db2 = torch.empty_like(rect)
+    dgdb = yv2 = db22 = None
     if "dqk" in kinds:
         # inter + intra in one kernel (one key block of row dots, two halves of sd); dq~, dk~ out (``dqk_fused``):
         # groups of one value head as the final dq, dk in the input dtype (no L2 norm; fp32 when ``_stages`` wants
@@ -239,7 +242,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         get_kernel(BwdConfig(f"dqk_g{r}" if cluster else "dqk", tl_dt))(
             q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, chunk_indices, dq32, dk32, dqo, dko, qz,
             kw, kr, sd, yv2, rect, db22, scale, int(out32))
-        yv, db2 = yv2[0] + yv2[1], db22[0] + db22[1]
+        if _stages is not None or not _DG_DBETA_KERNEL:     # the torch form of finish, or the stage comparison
+            yv, db2 = yv2[0] + yv2[1], db22[0] + db22[1]
         dqv, dkv = (dq32, dk32) if out32 else (dqo, dko)
         if r > 1 and not cluster and _GROUP_SUM_KERNEL:
             # the group sums in one pass (``group_sum.py``): to the input dtype (the final dq, dk) unless the L2
@@ -273,10 +277,14 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
                        dY=tr(dYh) + tr(dYl), qz=qz.sum(0), kw=kw.sum(0), kr=kr.sum(0), sd=sd.sum(0), yv=yv,
                        rect=rect, db2=db2, S=f(Sch) + f(Scl), U=f(Uh) + f(Ul), dqv=group_sum(dqv, H),
                        dkv=group_sum(dkv, H))
-    # 5. host reductions
+    # 5. dg, dbeta of every token in one kernel after the fused kernel (``dg_dbeta.py``: the terms of ``finish``'s
+    # torch form), and the host's part
+    if "dqk" in kinds and _DG_DBETA_KERNEL:
+        dgdb = (torch.empty(Ttot, HV, device=dev, dtype=f32), torch.empty(Ttot, HV, device=dev, dtype=f32))
+        get_kernel(BwdConfig("dgdb", "float32"))(Fb, qz, kw, kr, yv2, db22, sd, rect, cu, chunk_indices, *dgdb)
     tok, valid, rows = _token_index(B, T, cu_host, dev)
     dq, dk, dg, db = finish(Fb=Fb, qz=qz, kw=kw, kr=kr, sd=sd, yv=yv, rect=rect, db2=db2, dqv=dqv, dkv=dkv,
-                            q=q2, k=k2, H=H, use_l2=bool(use_l2), tok=tok, valid=valid, rows=rows)
+                            q=q2, k=k2, H=H, use_l2=bool(use_l2), tok=tok, valid=valid, rows=rows, dgdb=dgdb)
     out = _out(dq, dk, dv2, dg, db, dh0)
     mark("finish")
     return out
@@ -335,6 +343,9 @@ _GROUP_SUM_KERNEL = True       # private switch (A/B timing): the GVA group sums
 # private switch (A/B timing): groups of 2, 4 or 8 value heads summed inside the fused dqk kernel by thread-block
 # clusters (dqk_fused.cluster_group_sum) instead of fp32 rows per value head + gdn_bwd_group_sum
 _CLUSTER_GROUP_SUM = True
+# private switch (A/B timing): dg and dbeta by the kernel gdn_bwd_dg_dbeta after the fused dqk kernel instead of the
+# torch form in common.finish
+_DG_DBETA_KERNEL = True
 _OVERLAP_RECOMPUTE = True      # private switch (A/B timing): the recompute on a side stream beside dh
 # ... when the call has at least this many (chunk, value head) pairs.  Session 8 on an H200 (bench_kernels_bwd.py --ab
 # ours-serial, calls 2-5): the side stream saved 0.8 ms at B1 T32768 H16 HV32 (16384 pairs) and at B1 T65536 H2 HV4

@@ -31,12 +31,17 @@ class BwdConfig:
         return f"bwd_{self.kind}[DK=DV={self.DK},{self.dtype}]"
 
 
+# kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
+DTYPE_FREE_KINDS = ("dgdb",)
+
+
 def all_configs():
     """Every backward kernel the API can dispatch: prep, dh, the fused dqk, the two-kernel form of dqk (inter,
     intra: ``api._FUSED_DQK`` off) (and the "lean_sd" inter kernel, its state-dots
     kernel and the lean intra kernel) x {bf16, fp16} at K = V = 128 (K = V = 64 is zero-padded to 128 like the forward).  The forward recompute uses the forward's own dispatched
     kernels (intra2 + the smem state kernel, precision "default_h0"), compiled by the forward's test."""
-    return [BwdConfig(kind, dt) for dt in DTYPES for kind in KINDS]
+    return [BwdConfig(kind, dt) for dt in DTYPES for kind in KINDS] + [BwdConfig(k, "float32")
+                                                                       for k in DTYPE_FREE_KINDS]
 
 
 def prim_func(cfg: BwdConfig):
@@ -50,6 +55,9 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
         from .dqk_fused import build_bwd_dqk_fused
         return build_bwd_dqk_fused(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1)
+    if cfg.kind == "dgdb":
+        from .dg_dbeta import build_dg_dbeta
+        return build_dg_dbeta(D)
     if cfg.kind in ("gsum", "gsum32"):
         from .group_sum import build_group_sum
         return build_group_sum(D, "float32" if cfg.kind == "gsum32" else cfg.dtype)
@@ -141,7 +149,7 @@ def stage_kinds(tables: str | None = None, fused: bool | None = None) -> tuple[s
     if fused is None:
         from . import api
         fused = api._FUSED_DQK
-    fused_kinds = ("prep", "dh", "dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS), "gsum", "gsum32")
+    fused_kinds = ("prep", "dh", "dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS), "gsum", "gsum32", "dgdb")
     return fused_kinds if fused else ("prep", "dh", "inter", "intra")
 
 
@@ -158,7 +166,7 @@ def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: b
     except Exception:       # the forward's planner changed: everything it can dispatch
         out += [c for c in fb.all_configs() if c.dtype == dtype]
     out += list(forward_recompute_configs(dtype, n_seq, HV))
-    out += [BwdConfig(kind, dtype) for kind in stage_kinds(tables, fused)]
+    out += [BwdConfig(kind, "float32" if kind in DTYPE_FREE_KINDS else dtype) for kind in stage_kinds(tables, fused)]
     uniq = []
     for c in out:
         if c not in uniq:

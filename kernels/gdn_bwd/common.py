@@ -40,7 +40,7 @@ def valid_rows(tok, valid):
     return tok.reshape(-1)[rows], rows
 
 
-def finish(*, Fb, qz, kw, kr, sd, yv, rect, db2, dqv, dkv, q, k, H, use_l2, tok, valid, rows=None):
+def finish(*, Fb, qz, kw, kr, sd, yv, rect, db2, dqv, dkv, q, k, H, use_l2, tok, valid, rows=None, dgdb=None):
     """Final gradients (fp32) from the per-chunk partials.
 
     Fb [HV, NC, 8, 64]; qz, kw, kr [P, HV, NC, 64] (row dots q.Z, k.W, k.R of the P key blocks of the
@@ -50,11 +50,18 @@ def finish(*, Fb, qz, kw, kr, sd, yv, rect, db2, dqv, dkv, q, k, H, use_l2, tok,
     value head, summed here by ``group_sum``; or G = H, already summed over each group: fp32, or the final dq, dk
     in the input dtype when there is no L2 norm); q, k [Ttot, H, DK] (raw inputs); tok, valid from
     ``token_index``; ``rows`` = ``valid_rows(tok, valid)`` (computed here when None).  Returns dq, dk [Ttot, H, DK], dg, dbeta [Ttot, HV] (fp32).
+    ``dgdb``: (dg, dbeta) already computed (the kernel ``gdn_bwd_dg_dbeta``, the same terms): only dq, dk here.
 
     dg_s = sum_{t >= s} dG_t with G = cumsum(g) is formed without cancellation: a term that depends on
     G_t - G_j (t > j) contributes only to s in (j, t] (``rect`` and the exclusive prefix sum of the
     e^(GL - G_t) terms below), so no two O(1) terms ever cancel and dg stays right when g is near -20
     (true dg ~ e^-20) as well as near 0."""
+    if dgdb is not None:
+        dq, dk = group_sum(dqv, H), group_sum(dkv, H)
+        if use_l2:
+            dq = _l2_bwd(q, dq)
+            dk = _l2_bwd(k, dk)
+        return dq, dk, dgdb[0], dgdb[1]
     f32 = torch.float32
     Fb = Fb.to(f32)
     qz, kw, kr, sd = (x.to(f32).sum(0) for x in (qz, kw, kr, sd))
