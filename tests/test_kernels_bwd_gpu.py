@@ -302,6 +302,36 @@ def test_recompute_forms_match_the_intra2_recompute(monkeypatch, case, form):
         assert d <= 0.01 * floor, (n, d, floor)
 
 
+def _switch_forms(monkeypatch, case, switch):
+    """The backward of ``case`` with ``api.<switch>`` False, then True: (gradients with it on, with it off)."""
+    from kernels.gdn_bwd import api
+
+    args, kw, do, dht = _grads_inputs(case, torch.device("cuda"))
+    monkeypatch.setattr(api, switch, False)
+    ref = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw)
+    monkeypatch.setattr(api, switch, True)
+    got = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw)
+    torch.cuda.synchronize()
+    return got, ref
+
+
+def _check_forms(case, got, ref, close=()):
+    """Every gradient finite, of the same shape and dtype, and bitwise the same, except those named in ``close``:
+    within 1e-5 of the largest magnitude (printed)."""
+    for n, a, b in zip(NAMES, got, ref):
+        if b is None:
+            assert a is None, n
+            continue
+        assert tt.nonfinite(a) == 0, n
+        assert a.shape == b.shape and a.dtype == b.dtype, (n, a.shape, b.shape)
+        if n in close:
+            d = tt.max_rel_diff(a.double(), b.double())
+            print(f"  {case.name} {n}: max|on - off| / max|off| = {d:.2e}")
+            assert d <= 1e-5, (n, d)
+        else:
+            assert torch.equal(a, b), (n, case.name, tt.max_rel_diff(a.double(), b.double()))
+
+
 _CLUSTER_CASES = [c for c in tt.GPU_CASES if c.name in ("T1000_h0_gva2", "varlen_boundaries_h0_vfirst",
                                                          "gva4_l2norm", "fp16_fp16_gates_h0")]
 _CLUSTER_CASES.append(tt.Case("gva8_h0", 1, 1000, 1, 8, h0=1.0))
@@ -313,24 +343,8 @@ def test_cluster_group_sums_match_the_group_sum_kernel(monkeypatch, case):
     default for groups of 2, 4, 8: ``dqk_fused.cluster_group_sum``) against fp32 rows per value head summed by
     ``gdn_bwd_group_sum``: the same fp32 additions in the same order, so every gradient is bitwise the same (the
     input-dtype outputs without the L2 norm, the fp32 sums before the host's L2-norm chain rule with it)."""
-    from kernels.gdn_bwd import api
-
-    dev = torch.device("cuda")
-    args, kw, do, dht = _grads_inputs(case, dev)
-    H, HV = args[0].shape[2], args[2].shape[2]
-    assert HV // H in (2, 4, 8)
-    monkeypatch.setattr(api, "_CLUSTER_GROUP_SUM", False)
-    ref = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw)
-    monkeypatch.setattr(api, "_CLUSTER_GROUP_SUM", True)
-    got = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw)
-    torch.cuda.synchronize()
-    for n, a, b in zip(NAMES, got, ref):
-        if b is None:
-            assert a is None, n
-            continue
-        assert tt.nonfinite(a) == 0, n
-        assert a.shape == b.shape and a.dtype == b.dtype, (n, a.shape, b.shape)
-        assert torch.equal(a, b), (n, case.name, tt.max_rel_diff(a.double(), b.double()))
+    assert case.HV // case.H in (2, 4, 8)
+    _check_forms(case, *_switch_forms(monkeypatch, case, "_CLUSTER_GROUP_SUM"))
 
 
 _DGDB_CASES = [c for c in CASES if c.name in ("T65_h0", "varlen_boundaries_h0_vfirst", "varlen_with_empty_h0",
@@ -342,24 +356,4 @@ def test_dg_dbeta_kernel_matches_the_torch_finish(monkeypatch, case):
     """dg and dbeta by ``gdn_bwd_dg_dbeta`` (``api._DG_DBETA_KERNEL``, the default) against the torch form of the
     same terms in ``common.finish``: only the fp32 summation order differs, so within 1e-5 of the largest magnitude
     (printed), and every other gradient bitwise the same."""
-    from kernels.gdn_bwd import api
-
-    dev = torch.device("cuda")
-    args, kw, do, dht = _grads_inputs(case, dev)
-    monkeypatch.setattr(api, "_DG_DBETA_KERNEL", False)
-    ref = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw)
-    monkeypatch.setattr(api, "_DG_DBETA_KERNEL", True)
-    got = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw)
-    torch.cuda.synchronize()
-    for n, a, b in zip(NAMES, got, ref):
-        if b is None:
-            assert a is None, n
-            continue
-        assert tt.nonfinite(a) == 0, n
-        assert a.shape == b.shape and a.dtype == b.dtype, (n, a.shape, b.shape)
-        if n in ("dg", "dbeta"):
-            d = tt.max_rel_diff(a.double(), b.double())
-            print(f"  {case.name} {n}: max|kernel - torch| / max|torch| = {d:.2e}")
-            assert d <= 1e-5, (n, d)
-        else:
-            assert torch.equal(a, b), n
+    _check_forms(case, *_switch_forms(monkeypatch, case, "_DG_DBETA_KERNEL"), close=("dg", "dbeta"))
