@@ -63,6 +63,7 @@ VARIANTS["dh"] = {
     "st_direct (session 7's table stores)": ("st_direct",),
     "st_wait (session 8's table stores, each waited for)": ("st_wait",),
     "single_ops (dU, Tinv, dO, dX single)": ("single_ops",),
+    "dul_plain (dUloc^T and dO tiles unswizzled, session 10)": ("dul_plain",),
 }
 VARIANTS["dqk"] = {
     "api": (),

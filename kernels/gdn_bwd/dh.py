@@ -17,6 +17,7 @@ The chunk loads (q, k, dO, Th, Tl, Fb, dUloc) go through a 2-stage ``T.Pipelined
 """
 
 import tilelang.language as T
+from tilelang.layout import make_full_bank_swizzled_layout
 
 from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, store_state_vt
 
@@ -24,7 +25,7 @@ BT = 64
 FR = T.GemmWarpPolicy.FullRow
 # timing-study switches (``benchmarks/ablate_bwd.py --kernel dh``): the "no_*" ones drop a part (wrong gradients);
 # "st_direct" is session 7's form of the dS' / dY table stores (the same values)
-DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "st_direct", "st_wait", "single_ops")
+DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "st_direct", "st_wait", "single_ops", "dul_plain")
 
 
 @T.macro
@@ -127,6 +128,12 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
             tl_s = T.alloc_shared((BT, BT), dtype)
             f_s = T.alloc_shared((8, BT), f32)
             dul_s = T.alloc_shared((BV, BT), f32)
+            if "dul_plain" not in _ablate:
+                # 128-byte swizzles: dUloc^T is read in the wgmma accumulator layout (rows 64 floats apart) and dO
+                # transposed, element by element; unswizzled, 4-way bank conflicts on each of those loads (26.6 M
+                # shared-load conflicts in this kernel, Nsight Compute, session 11); swizzled, at most 2-way
+                T.annotate_layout({dul_s: make_full_bank_swizzled_layout(dul_s),
+                                   do_s: make_full_bank_swizzled_layout(do_s)})
             dsa_s = dsl_s = dya_s = dyl_s = None
             if "st_direct" not in _ablate:
                 dsa_s = T.alloc_shared((BV, DK), dtype)
