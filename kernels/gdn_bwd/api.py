@@ -221,7 +221,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     db2 = torch.empty_like(rect)
     dgdb = yv2 = db22 = None
     if "dqk" in kinds:
-        # inter + intra in one kernel (one key block of row dots, two halves of sd); dq~, dk~ out (``dqk_fused``):
+        # inter + intra in one kernel (the row dots and sd by two column halves); dq~, dk~ out (``dqk_fused``):
         # groups of one value head as the final dq, dk in the input dtype (no L2 norm; fp32 when ``_stages`` wants
         # the sums), larger ones as fp32 per value head, summed by ``gdn_bwd_group_sum`` (or, switched off, by
         # finish); the dtype outputs use the first half of the fp32 buffers' memory (only one of the two is written)
@@ -231,8 +231,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         cluster = _CLUSTER_GROUP_SUM and r in CLUSTER_GROUPS
         out32 = (r > 1 and not cluster) or bool(use_l2) or _stages is not None
         # the q.Z, k.W, k.R, dY . v and dbeta row dots come out as two halves of the column dim
-        # (``dqk.half_row_dots``: no exchange between the kernel's warpgroups); finish adds qz .. kr's, yv's and
-        # db2's are added here
+        # (``dqk.half_row_dots``: no exchange between the kernel's warpgroups), added by gdn_bwd_dg_dbeta (or, for
+        # the torch form of finish and the stage comparison, by finish (qz .. kr) and here (yv, db2))
         yv2 = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
         db22 = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)        # the intra dbeta row sums, by halves too
         HO = H if cluster else HV

@@ -78,7 +78,8 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
     dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32.
     The q.Z, k.W, k.R and dY . v row dots go out as two halves (``half_row_dots``, fragments ``t2, r2``) into
-    ``qz, kw, kr, yv [2, HV, NC, 64]``.  ``ab``: timing ablations (``ABLATIONS``; wrong results)."""
+    ``qz, kw, kr, yv [2, HV, NC, 64]``, the dbeta row sums likewise into ``db2`` (``intra_terms``, fragments
+    ``t2b, r2b``).  ``ab``: timing ablations (``ABLATIONS``; wrong results unless marked otherwise)."""
     DK = dq_f.shape[1]
     DV = ts.sh.shape[1]
     # 1. the S o dS' row dots (S, dS' hi + lo)
