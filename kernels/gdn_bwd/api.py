@@ -282,7 +282,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if "dqk" in kinds and _DG_DBETA_KERNEL:
         dgdb = (torch.empty(Ttot, HV, device=dev, dtype=f32), torch.empty(Ttot, HV, device=dev, dtype=f32))
         get_kernel(BwdConfig("dgdb", "float32"))(Fb, qz, kw, kr, yv2, db22, sd, rect, cu, chunk_indices, *dgdb)
-    tok, valid, rows = _token_index(B, T, cu_host, dev)
+    # the token rows of the torch form (cached per layout, built on the host for a new varlen layout)
+    tok, valid, rows = _token_index(B, T, cu_host, dev) if dgdb is None else (None, None, None)
     dq, dk, dg, db = finish(Fb=Fb, qz=qz, kw=kw, kr=kr, sd=sd, yv=yv, rect=rect, db2=db2, dqv=dqv, dkv=dkv,
                             q=q2, k=k2, H=H, use_l2=bool(use_l2), tok=tok, valid=valid, rows=rows, dgdb=dgdb)
     out = _out(dq, dk, dv2, dg, db, dh0)

@@ -50,18 +50,24 @@ def finish(*, Fb, qz, kw, kr, sd, yv, rect, db2, dqv, dkv, q, k, H, use_l2, tok,
     value head, summed here by ``group_sum``; or G = H, already summed over each group: fp32, or the final dq, dk
     in the input dtype when there is no L2 norm); q, k [Ttot, H, DK] (raw inputs); tok, valid from
     ``token_index``; ``rows`` = ``valid_rows(tok, valid)`` (computed here when None).  Returns dq, dk [Ttot, H, DK], dg, dbeta [Ttot, HV] (fp32).
-    ``dgdb``: (dg, dbeta) already computed (the kernel ``gdn_bwd_dg_dbeta``, the same terms): only dq, dk here.
+    ``dgdb``: (dg, dbeta) already computed (the kernel ``gdn_bwd_dg_dbeta``, the same terms): only dq, dk here, and
+    the row terms and ``tok, valid, rows`` are not read.
 
     dg_s = sum_{t >= s} dG_t with G = cumsum(g) is formed without cancellation: a term that depends on
     G_t - G_j (t > j) contributes only to s in (j, t] (``rect`` and the exclusive prefix sum of the
-    e^(GL - G_t) terms below), so no two O(1) terms ever cancel and dg stays right when g is near -20
+    e^(GL - G_t) terms in ``_dg_dbeta``), so no two O(1) terms ever cancel and dg stays right when g is near -20
     (true dg ~ e^-20) as well as near 0."""
-    if dgdb is not None:
-        dq, dk = group_sum(dqv, H), group_sum(dkv, H)
-        if use_l2:
-            dq = _l2_bwd(q, dq)
-            dk = _l2_bwd(k, dk)
-        return dq, dk, dgdb[0], dgdb[1]
+    dg, db = dgdb if dgdb is not None else _dg_dbeta(Fb, qz, kw, kr, sd, yv, rect, db2, dqv.shape[0], tok, valid,
+                                                      rows)
+    dq, dk = group_sum(dqv, H), group_sum(dkv, H)
+    if use_l2:
+        dq = _l2_bwd(q, dq)
+        dk = _l2_bwd(k, dk)
+    return dq, dk, dg, db
+
+
+def _dg_dbeta(Fb, qz, kw, kr, sd, yv, rect, db2, Ttot, tok, valid, rows):
+    """dg, dbeta [Ttot, HV] fp32 of ``finish`` (its arguments), the torch form of ``gdn_bwd_dg_dbeta``."""
     f32 = torch.float32
     Fb = Fb.to(f32)
     qz, kw, kr, sd = (x.to(f32).sum(0) for x in (qz, kw, kr, sd))
@@ -76,17 +82,13 @@ def finish(*, Fb, qz, kw, kr, sd, yv, rect, db2, dqv, dkv, q, k, H, use_l2, tok,
     dgc = dgc + torch.cumsum(torch.nn.functional.pad(upd[..., :-1], (1, 0)), -1)
     dgc = dgc + (F3[..., :1] * sd.sum(-1, keepdim=True)) + rect.to(f32)
     dbc = (-F0 * kw + yv.to(f32)) * vm + db2.to(f32)
-    HV, Ttot = Fb.shape[0], dqv.shape[0]
-    dg = torch.zeros(Ttot, HV, dtype=f32, device=dqv.device)
+    HV = Fb.shape[0]
+    dg = torch.zeros(Ttot, HV, dtype=f32, device=Fb.device)
     db = torch.zeros_like(dg)
     tv, sel = valid_rows(tok, valid) if rows is None else rows
     dg[tv] = dgc.permute(1, 2, 0).reshape(-1, HV)[sel]
     db[tv] = dbc.permute(1, 2, 0).reshape(-1, HV)[sel]
-    dq, dk = group_sum(dqv, H), group_sum(dkv, H)
-    if use_l2:
-        dq = _l2_bwd(q, dq)
-        dk = _l2_bwd(k, dk)
-    return dq, dk, dg, db
+    return dg, db
 
 
 def group_sum(x, H: int):
