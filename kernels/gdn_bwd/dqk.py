@@ -105,6 +105,14 @@ def half_row_dots(src_f, rows_s, tmp2, rs2, nv, out, hv, c):
     for hf, t, d in T.Parallel(2, BT, DH):
         tmp2[hf, t, d] = T.if_then_else(t < nv, T.cast(rows_s[t, hf * DH + d], f32), T.float32(0)) * src_f[
             t, hf * DH + d]
+    store_half_sums(tmp2, rs2, out, hv, c)
+
+
+@T.macro
+def store_half_sums(tmp2, rs2, out, hv, c):
+    """``out[h, hv, c, t] = sum_d tmp2[h, t, d]`` (``tmp2 [2, 64, D/2]``, ``rs2 [2, 64]`` fp32 fragments): the
+    reduction and store of every row-dot-by-halves (``half_row_dots``, ``v_dy_half_row_dots``, the dbeta row sums
+    of ``intra_terms``)."""
     T.reduce_sum(tmp2, rs2, dim=2)
     for hf, t in T.Parallel(2, BT):
         out[hf, hv, c, t] = rs2[hf, t]
@@ -119,9 +127,7 @@ def v_dy_half_row_dots(v_s, dyh_s, dyl_s, tmp2, rs2, nv, yv2, hv, c):
     for hf, t, i in T.Parallel(2, BT, DH):
         tmp2[hf, t, i] = T.if_then_else(t < nv, T.cast(v_s[t, hf * DH + i], f32), T.float32(0)) * (
             T.cast(dyh_s[hf * DH + i, t], f32) + T.cast(dyl_s[hf * DH + i, t], f32))
-    T.reduce_sum(tmp2, rs2, dim=2)
-    for hf, t in T.Parallel(2, BT):
-        yv2[hf, hv, c, t] = rs2[hf, t]
+    store_half_sums(tmp2, rs2, yv2, hv, c)
 
 
 @T.macro
@@ -385,9 +391,7 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l
     if db2_on and t2 is not None:   # by halves of the columns (``half_row_dots``): db2 [2, HV, NC, 64]
         for hf, t, j in T.Parallel(2, BT, BT // 2):
             t2[hf, t, j] = dyu[t, hf * (BT // 2) + j] * kk[t, hf * (BT // 2) + j]
-        T.reduce_sum(t2, r2, dim=2)
-        for hf, t in T.Parallel(2, BT):
-            db2[hf, hv, c, t] = r2[hf, t]
+        store_half_sums(t2, r2, db2, hv, c)
     elif db2_on:
         for t, j in T.Parallel(BT, BT):
             x_f[t, j] = dyu[t, j] * kk[t, j]
