@@ -82,7 +82,8 @@ AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute 
       "ours-torch-dgdb": ("api", "_DG_DBETA_KERNEL", False),    # dg, dbeta by the torch form of finish (s10)
       "ours-rc-bv32": ("build", "_RECOMPUTE_STATE", (32, 1)),   # the recompute's state kernel: BV 32, 1 CTA/SM (s10)
       "ours-rc-bv64": ("build", "_RECOMPUTE_STATE", (64, 1)),   # ... BV 64, 1 CTA/SM
-      "ours-rc-bv16o2": ("build", "_RECOMPUTE_STATE", (16, 2))}  # ... BV 16, 2 CTAs/SM
+      "ours-rc-bv16o2": ("build", "_RECOMPUTE_STATE", (16, 2)),  # ... BV 16, 2 CTAs/SM
+      "ours-cf": ("build", "_CONFLICT_FREE", True)}              # conflict-free tiles (recompute, dqk; s12 candidate)
 
 
 @contextlib.contextmanager
@@ -127,7 +128,8 @@ def main(argv=None):
                     "'ours-torch-gsum' (the GVA group sums by torch, no clusters), 'ours-intra2' (the recompute's own intra2), "
                     "'ours-no-cluster' (the GVA sums by gdn_bwd_group_sum after fp32 rows per value head), "
                     "'ours-torch-dgdb' (dg, dbeta by the torch form of finish, not gdn_bwd_dg_dbeta), "
-                    "'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' (the recompute's state kernel shape)")
+                    "'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' (the recompute's state kernel shape), "
+                    "'ours-cf' (the candidate conflict-free shared tiles of the recompute and the fused dqk kernel)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):

@@ -41,6 +41,17 @@ def head_config(draw, max_h: int = 2):
     return H, H * ratio, K, V
 
 
+@st.composite
+def strided_lane_access(draw):
+    """(base, stride, width): 32 lanes of a warp accessing shared memory at byte ``base + lane * stride``, each
+    ``width`` bytes (1, 2, 4, 8 or 16; the base and stride multiples of the width, as aligned accesses are) - the
+    bank-conflict model's meta-tests (``kernels.common.bank_conflicts``)."""
+    width = draw(st.sampled_from((1, 2, 4, 8, 16)))
+    base = draw(st.integers(0, 4096 // width)) * width
+    stride = draw(st.one_of(st.sampled_from((0, 1, 2, 4, 8, 16, 32, 64)), st.integers(0, 64))) * width
+    return base, stride, width
+
+
 def gdn_tensors(B: int, T: int, H: int, HV: int, K: int, V: int, seed: int, dtype=torch.float64,
                 gate_scale: float = 1.0):
     """Random q, k (L2-normalised), v, g (log-space, negative), beta in (0, 1): the gauss-l2 family."""

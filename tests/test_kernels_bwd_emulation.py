@@ -315,7 +315,7 @@ _PLUMBING = {
 
 
 @pytest.mark.parametrize("form", ["fused", "fused_group_sum_kernel", "fused_torch_group_sum", "torch_dg_dbeta",
-                                  "two_kernels", "recompute_intra2"])
+                                  "two_kernels", "recompute_intra2", "conflict_free"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
 def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
@@ -323,12 +323,20 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     (default: groups of 2, 4, 8 summed by the kernel's clusters, others by ``gdn_bwd_group_sum``; with the
     clusters off, ``api._CLUSTER_GROUP_SUM``, every group by ``gdn_bwd_group_sum`` or by torch,
     ``api._GROUP_SUM_KERNEL`` off; dg, dbeta by the torch form of finish, ``api._DG_DBETA_KERNEL`` off), with its
-    two-kernel form (``api._FUSED_DQK`` off), and with
-    the recompute's own intra2 kernel instead of prep's Ag (``api._RECOMPUTE_FROM_PREP`` off)."""
+    two-kernel form (``api._FUSED_DQK`` off), with
+    the recompute's own intra2 kernel instead of prep's Ag (``api._RECOMPUTE_FROM_PREP`` off), and with the
+    candidate conflict-free tiles (``build._CONFLICT_FREE``: the API must then ask for the ``cf`` dqk kernel and the
+    ``sl_swizzle`` state kernel, and only for those)."""
+    import kernels.gdn_bwd.build as bbuild
+    import kernels.gdn_fwd.build as fbuild
     from kernels.gdn_bwd import api
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
 
     _fake_kernels(monkeypatch)
+    asked = []
+    for mod in (bbuild, fbuild):
+        monkeypatch.setattr(mod, "get_kernel", lambda cfg, _get=mod.get_kernel: asked.append(cfg) or _get(cfg))
+    monkeypatch.setattr(bbuild, "_CONFLICT_FREE", form == "conflict_free")
     monkeypatch.setattr(api, "_FUSED_DQK", form != "two_kernels")
     monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", form != "fused_torch_group_sum")
     monkeypatch.setattr(api, "_CLUSTER_GROUP_SUM", form == "fused")
@@ -346,6 +354,12 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
         # the stand-ins round the fp64 stage results into the kernels' storage dtypes; nothing else differs
         assert torch.equal(a, b_) or tt.rel_rmse(a, b_) <= tt.rel_rmse(b_.to(xs[0].dtype), b_) / 4, \
             (n, tt.rel_rmse(a, b_))
+    cf = form == "conflict_free"
+    dqk = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
+    state = [c for c in asked if isinstance(c, fbuild.State2Config)]
+    assert all(c.cf == cf for c in dqk) and all(c.sl_swizzle == cf for c in state), asked
+    if cf and name != "all_empty_h0_vfirst":            # (no token: nothing to recompute)
+        assert dqk and state, asked
 
 
 def test_precision_study_switch_is_scoped_and_checked():

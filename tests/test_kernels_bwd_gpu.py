@@ -47,8 +47,23 @@ def _precompile():
             cfgs += [x for x in configs_for_call(dt, n, c.HV, mc, c.h0 is not None, tables, fused) if x not in cfgs]
         for shape in (f.get("shape") for f in _RECOMPUTE_FORMS.values()):     # the recompute's forced shapes
             cfgs += [x for x in _recompute_configs(dt, shape) if x not in cfgs]
+    for c in _CF_CASES:                                    # the conflict-free candidate's kernels (build._CONFLICT_FREE)
+        lens = c.lens or [c.T] * c.B
+        dt = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[c.dtype]
+        cfgs += [x for x in _cf_configs(dt, len(lens), c.HV, max(-(-x // 64) for x in lens), c.h0 is not None)
+                 if x not in cfgs]
     failed = precompile(cfgs, min(10, os.cpu_count() or 1))
     assert not failed, failed
+
+
+def _cf_configs(dtype, n, HV, mc, has_h0):
+    """The kernels of one call with ``build._CONFLICT_FREE`` on."""
+    from kernels.gdn_bwd import build as bb
+    saved, bb._CONFLICT_FREE = bb._CONFLICT_FREE, True
+    try:
+        return bb.configs_for_call(dtype, n, HV, mc, has_h0)
+    finally:
+        bb._CONFLICT_FREE = saved
 
 
 def _recompute_configs(dtype, shape):
@@ -302,14 +317,18 @@ def test_recompute_forms_match_the_intra2_recompute(monkeypatch, case, form):
         assert d <= 0.01 * floor, (n, d, floor)
 
 
-def _switch_forms(monkeypatch, case, switch):
-    """The backward of ``case`` with ``api.<switch>`` False, then True: (gradients with it on, with it off)."""
+def _switch_forms(monkeypatch, case, switch, module="api"):
+    """The backward of ``case`` with ``<module>.<switch>`` (a module of ``kernels.gdn_bwd``) False, then True:
+    (gradients with it on, with it off)."""
+    import importlib
+
     from kernels.gdn_bwd import api
 
+    m = importlib.import_module(f"kernels.gdn_bwd.{module}")
     args, kw, do, dht = _grads_inputs(case, torch.device("cuda"))
-    monkeypatch.setattr(api, switch, False)
+    monkeypatch.setattr(m, switch, False)
     ref = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw)
-    monkeypatch.setattr(api, switch, True)
+    monkeypatch.setattr(m, switch, True)
     got = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw)
     torch.cuda.synchronize()
     return got, ref
@@ -357,3 +376,16 @@ def test_dg_dbeta_kernel_matches_the_torch_finish(monkeypatch, case):
     same terms in ``common.finish``: only the fp32 summation order differs, so within 1e-5 of the largest magnitude
     (printed), and every other gradient bitwise the same."""
     _check_forms(case, *_switch_forms(monkeypatch, case, "_DG_DBETA_KERNEL"), close=("dg", "dbeta"))
+
+
+_CF_CASES = [c for c in CASES if c.name in ("T65_h0", "varlen_boundaries_h0_vfirst", "gva4_l2norm",
+                                            "fp16_fp16_gates_h0", "D64_h0_vfirst")]
+_CF_CASES += [c for c in _CLUSTER_CASES if c.name in ("T1000_h0_gva2", "gva8_h0")]
+
+
+@pytest.mark.parametrize("case", _CF_CASES, ids=[c.name for c in _CF_CASES])
+def test_conflict_free_tiles_give_the_same_gradients(monkeypatch, case):
+    """``build._CONFLICT_FREE`` (a candidate, session 12): the recompute's S lo tile swizzled and the fused dqk
+    kernel's v, m_s, stage and inbox tiles swizzled or padded change where values sit in shared memory, not what is
+    computed, so every gradient is bitwise the same as with the API's tiles (with and without clusters)."""
+    _check_forms(case, *_switch_forms(monkeypatch, case, "_CONFLICT_FREE", module="build"))

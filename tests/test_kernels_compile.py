@@ -5,7 +5,8 @@ configurations is ``kernels.gdn_fwd.build.all_configs()`` (the v2 path, the
 only one: intra2, the register-operand state kernel and its CP scan, the
 shared-memory state kernel at every BV ``block_v`` picks (one CTA per SM, and two at BV 16 / 32), output2 in
 both table layouts and both forms (one chunk per CTA; 8 or 16, pipelined), intra2 in both forms ("ax": merge
-product over the A_o tile; "v2"); default and default_h0 precision; bf16 and fp16: 54 kernels).  Everything
+product over the A_o tile; "v2"); default and default_h0 precision; bf16 and fp16; the backward recompute's
+candidate ``sl_swizzle`` state kernels: 60 kernels).  Everything
 else (T, B, N, H, HV / GVA ratio, h0, final state, state layout, l2norm, gate dtype,
 varlen or dense, head dim 64 (zero-padded)) is a runtime argument of the same
 binaries.
@@ -20,10 +21,13 @@ Asserts what the design relies on, from the generated CUDA and from ptxas:
   ``T.Pipelined``), and they store no chunk table with TMA;
 * exponentials are exp2 (fast math);
 * no register spills and no stack (the solve's columns and the fp32 state
-  block stay in registers).
+  block stay in registers);
+* the smem state kernel's fragment <-> shared accesses of its S, U, X and v tiles are free of bank conflicts, as
+  worked out from the generated addresses (``kernels.common.bank_conflicts``), and so is the S lo tile's with
+  ``sl_swizzle`` (without it the same model finds the 2- to 8-way conflicts the switch removes).
 
 Compiles in 2 processes; prints each kernel's compile and ptxas time and the total
-(~5 min cold on 2 cores for the 54 kernels).
+(~5 min cold on 2 cores for the 60 kernels).
 """
 
 
@@ -31,6 +35,7 @@ import os
 
 import pytest
 
+from kernels.common.bank_conflicts import worst_degrees
 from kernels.gdn_fwd.build import all_configs, compile_for_test
 from kernels.gdn_fwd.testing import check_ptxas, check_wgmma, compile_in_processes, compile_skip_reason
 
@@ -80,6 +85,12 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
         assert "tma_store" not in src                           # per-chunk outputs: plain stores, no TMA store + wait
         if cfg.form == "rv":                                    # every A operand from registers
             assert src.count("wgmma_rs<") == want, src.count("wgmma_rs<")
+        if cfg.form == "smem":                                  # no bank conflicts (the model: module docstring)
+            w = worst_degrees(src, ["sh_s", "uh_s", "ul_s", "xh_s", "xl_s", "v_s"])
+            assert all(d <= 1 for d, _ in w.values()) and w["sh_s"][1] > 0 and w["uh_s"][1] > 0, w
+            if cfg.prec.s == "split" and cfg.prec.ks != "split":   # S lo stored only: swizzled by sl_swizzle
+                d, n = worst_degrees(src, ["sl_s"])["sl_s"]
+                assert n > 0 and (d == 1 if cfg.sl_swizzle else d > 1), (d, n)
         if cfg.ctas_per_sm == 2:                                # two resident CTAs of 256 threads per SM
             assert "__launch_bounds__(256, 2)" in src and "warpgroup_reg_alloc" not in src
             assert r["ptxas"]["registers"] <= 65536 // (2 * 256), r["ptxas"]["registers"]

@@ -79,7 +79,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     from kernels.gdn_fwd.build import KERNEL_HEAD_DIM
     from kernels.gdn_fwd.build import get_kernel as fwd_kernel
 
-    from .build import CLUSTER_GROUPS, BwdConfig, forward_recompute_configs, get_kernel
+    from .build import CLUSTER_GROUPS, BwdConfig, dqk_config, forward_recompute_configs, get_kernel
 
     dt = q.dtype
     D = KERNEL_HEAD_DIM
@@ -239,7 +239,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         dq32 = torch.empty(Ttot, HO, D, device=dev, dtype=f32)      # the kernel stores every token row
         dk32 = torch.empty_like(dq32)
         dqo, dko = (x.view(-1).view(dt)[:x.numel()].view(Ttot, HO, D) for x in (dq32, dk32))
-        get_kernel(BwdConfig(f"dqk_g{r}" if cluster else "dqk", tl_dt))(
+        get_kernel(dqk_config(f"dqk_g{r}" if cluster else "dqk", tl_dt))(
             q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, chunk_indices, dq32, dk32, dqo, dko, qz,
             kw, kr, sd, yv2, rect, db22, scale, int(out32))
         if _stages is not None or not _DG_DBETA_KERNEL:     # the torch form of finish, or the stage comparison

@@ -25,10 +25,11 @@ class BwdConfig:
     kind: str                      # one of KINDS
     dtype: str
     DK: int = KERNEL_HEAD_DIM
+    cf: bool = False               # the fused dqk kinds only: ``conflict_free`` tiles (dqk_fused.py, a candidate)
 
     @property
     def name(self) -> str:
-        return f"bwd_{self.kind}[DK=DV={self.DK},{self.dtype}]"
+        return f"bwd_{self.kind}[DK=DV={self.DK}{',cf' if self.cf else ''},{self.dtype}]"
 
 
 # kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
@@ -38,10 +39,13 @@ DTYPE_FREE_KINDS = ("dgdb",)
 def all_configs():
     """Every backward kernel the API can dispatch: prep, dh, the fused dqk, the two-kernel form of dqk (inter,
     intra: ``api._FUSED_DQK`` off) (and the "lean_sd" inter kernel, its state-dots
-    kernel and the lean intra kernel) x {bf16, fp16} at K = V = 128 (K = V = 64 is zero-padded to 128 like the forward).  The forward recompute uses the forward's own dispatched
-    kernels (intra2 + the smem state kernel, precision "default_h0"), compiled by the forward's test."""
-    return [BwdConfig(kind, dt) for dt in DTYPES for kind in KINDS] + [BwdConfig(k, "float32")
-                                                                       for k in DTYPE_FREE_KINDS]
+    kernel and the lean intra kernel) x {bf16, fp16} at K = V = 128 (K = V = 64 is zero-padded to 128 like the
+    forward), and the ``_CONFLICT_FREE`` candidate's fused dqk without and with clusters (bf16: the tiles do not
+    depend on the dtype).  The forward recompute uses the forward's own dispatched kernels (intra2 + the smem state
+    kernel, precision "default_h0", with and without ``sl_swizzle``), compiled by the forward's test."""
+    return ([BwdConfig(kind, dt) for dt in DTYPES for kind in KINDS] + [BwdConfig(k, "float32")
+                                                                        for k in DTYPE_FREE_KINDS]
+            + [BwdConfig(k, "bfloat16", cf=True) for k in ("dqk", "dqk_g2")])
 
 
 def prim_func(cfg: BwdConfig):
@@ -54,7 +58,10 @@ def prim_func(cfg: BwdConfig):
         return build_bwd_dh(D, D, cfg.dtype)
     if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
         from .dqk_fused import build_bwd_dqk_fused
-        return build_bwd_dqk_fused(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1)
+        return build_bwd_dqk_fused(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
+                                   conflict_free=cfg.cf)
+    if cfg.cf:
+        raise ValueError(f"cf (conflict-free tiles) is a switch of the fused dqk kernel only: {cfg.name}")
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)
@@ -90,7 +97,20 @@ def forward_recompute_configs(dtype: str, n_seq: int = 1, HV: int = 1):
     from kernels.gdn_fwd.build import Intra2Config, State2Config, precision_v2
     prec = precision_v2("default_h0")
     bv, occ = recompute_state_shape(n_seq, HV)
-    return Intra2Config(dtype, prec.merge, prec.ag), State2Config(dtype, bv, prec, form="smem", ctas_per_sm=occ)
+    return Intra2Config(dtype, prec.merge, prec.ag), State2Config(dtype, bv, prec, form="smem", ctas_per_sm=occ,
+                                                                  sl_swizzle=_CONFLICT_FREE)
+
+
+def dqk_config(kind: str, dtype: str) -> BwdConfig:
+    """The fused dqk kernel's configuration (``kind`` "dqk" or "dqk_gN"), with ``_CONFLICT_FREE``'s tiles."""
+    return BwdConfig(kind, dtype, cf=_CONFLICT_FREE)
+
+
+# private switch (A/B timing; a candidate of session 12, off until an H200 has timed it): the shared tiles whose
+# per-thread accesses are bank conflicts in the generated CUDA laid out without them (``kernels.common.bank_conflicts``)
+# - the recompute's state kernel's S lo tile swizzled (``state2.py``'s ``swizzle_sl``) and the fused dqk kernel's v,
+# m_s, stage and inbox tiles (``dqk_fused.py``'s ``conflict_free``); the same values in the same order
+_CONFLICT_FREE = False
 
 
 def recompute_state_shape(n_seq: int, HV: int) -> tuple[int, int]:
@@ -166,7 +186,8 @@ def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: b
     except Exception:       # the forward's planner changed: everything it can dispatch
         out += [c for c in fb.all_configs() if c.dtype == dtype]
     out += list(forward_recompute_configs(dtype, n_seq, HV))
-    out += [BwdConfig(kind, "float32" if kind in DTYPE_FREE_KINDS else dtype) for kind in stage_kinds(tables, fused)]
+    out += [dqk_config(kind, dtype) if kind.startswith("dqk") else
+            BwdConfig(kind, "float32" if kind in DTYPE_FREE_KINDS else dtype) for kind in stage_kinds(tables, fused)]
     uniq = []
     for c in out:
         if c not in uniq:

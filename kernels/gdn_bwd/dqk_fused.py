@@ -22,6 +22,7 @@ atomic add (another rounding order of the same fp32 sum).
 """
 
 import tilelang.language as T
+from tilelang.layout import make_swizzled_layout
 
 from kernels.common.prologue import chunk_span, dynamic_dims
 from kernels.gdn_fwd.cumsum import LOG2E
@@ -53,7 +54,7 @@ def zero_half(out, hv, c):
 class _HeadTiles:
     """The shared tiles of one value head's pass (a Python object, so that ``value_head`` can name them)."""
 
-    def __init__(self, DK, DV, dtype):
+    def __init__(self, DK, DV, dtype, m_pad=0):
         f32 = "float32"
         self.f_s = T.alloc_shared((8, BT), f32)
         self.sh = T.alloc_shared((DK, DV), dtype)
@@ -67,7 +68,9 @@ class _HeadTiles:
         self.dyh = T.alloc_shared((DV, BT), dtype)
         self.dyl = T.alloc_shared((DV, BT), dtype)
         self.m = [T.alloc_shared((BT, BT), dtype) for _ in range(8)]
-        self.m_s = T.alloc_shared((BT, BT), f32)
+        # m_pad: columns past the 64 (the row prefix sums never read them into the first 64), so that the
+        # fragment's stores do not hit one bank from 8 rows at once (``build_bwd_dqk_fused``'s conflict_free)
+        self.m_s = T.alloc_shared((BT, BT + m_pad), f32)
         self.part = T.alloc_shared((4, BT), f32)      # the dg rectangle sums' column walk by 4 x 64 threads
 
 
@@ -166,7 +169,8 @@ def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0
     """The GVA group's dq~ and dk~ summed across the cluster (one CTA per value head of the group, rank r = value
     head r of the group), a reduce-scatter through distributed shared memory: each CTA stages its two fragments
     (``stage [64, 2, DK]`` fp32), every CTA's rows ``[s R, (s + 1) R)`` go to CTA s's ``inbox [G, R, 2, DK]`` slot r
-    by an SM-to-SM bulk copy (``R = 64 / G``), and CTA s sums its slots in the order r = 0 .. G - 1 (the order of
+    by an SM-to-SM bulk copy (``R = 64 / G``; ``stage`` and ``inbox`` may have padding columns past DK, copied
+    along), and CTA s sums its slots in the order r = 0 .. G - 1 (the order of
     ``gdn_bwd_group_sum``, so the sums are bitwise the same) and stores rows ``[s R, (s + 1) R)`` of the group's
     q/k head ``h``: fp32 (``dq32, dk32 [Ttot, H, DK]``) when ``out32``, else the input dtype (``dqo, dko``).
     The first cluster barrier keeps a CTA's inbox (placed over its dead tiles) unwritten until it has finished
@@ -175,8 +179,8 @@ def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0
     R = inbox.shape[1]
     DK = dq_f.shape[1]
     r = T.block_rank_in_cluster()
-    T.copy(dq_f, stage[:, 0, :])
-    T.copy(dk_f, stage[:, 1, :])
+    T.copy(dq_f, stage[:, 0, 0:DK])
+    T.copy(dk_f, stage[:, 1, 0:DK])
     T.fence_proxy_async()
     T.cluster_sync()
     for s in range(G):
@@ -184,8 +188,8 @@ def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0
     T.mbarrier_wait_parity(bar[0], 0)
     aq_f = T.alloc_fragment((R, DK), "float32")
     ak_f = T.alloc_fragment((R, DK), "float32")
-    T.copy(inbox[0, :, 0, :], aq_f)
-    T.copy(inbox[0, :, 1, :], ak_f)
+    T.copy(inbox[0, :, 0, 0:DK], aq_f)
+    T.copy(inbox[0, :, 1, 0:DK], ak_f)
     for j in T.serial(G - 1):
         for t, d in T.Parallel(R, DK):
             aq_f[t, d] = aq_f[t, d] + inbox[j + 1, t, 0, d]
@@ -203,7 +207,8 @@ def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0
     T.cluster_sync()
 
 
-def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = frozenset(), group: int = 1):
+def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = frozenset(), group: int = 1,
+                        conflict_free: bool = False):
     """Grid (chunk, value head).  With ``group == 1`` dq~ and dk~ leave the kernel in one of two ways, by ``out32``:
 
     * fp32 per value head (``dq32, dk32``), summed per group by ``gdn_bwd_group_sum`` (groups of two or more, or the
@@ -233,6 +238,15 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
     was slower at the large shapes: this kernel 3.94 -> 4.27 ms (the dY tiles read by value column), dh 2.1 -> 1.98,
     bwd 8.24 against 8.12 ms at B1 T32768 H16 HV32, 3.74 against 3.61 at B1 T65536 H2 HV4 (session 10, call 3,
     commit 9b056de; reverted).
+
+    ``conflict_free`` (a candidate, session 12, not yet timed on a GPU; the build's ``_CONFLICT_FREE``): the three
+    shared tiles whose per-thread accesses are bank conflicts in the generated CUDA (``kernels.common.bank_conflicts``,
+    BF16) laid out without them, the same values in the same order: the v tile of the dY . v dots swizzled (read in
+    the accumulator layout from 256-byte rows: 8-way, 32 two-byte loads a thread; none swizzled), the dg summands'
+    fp32 tile ``m_s`` with 8 padding columns (its stores 8-way, 16 a thread; 2-way padded), the cluster's fp32
+    ``stage`` and ``inbox`` rows with 4 padding columns (float2 stores 4-way, 32 a thread; none padded).  Nsight
+    Compute counted 31 M shared-load and 43 M shared-store conflicts in this kernel at B1 T32768 H16 HV32 (session
+    11, call 6).
 
     Arguments (``qz, kw, kr, yv`` with the two halves of the column dim apart, ``half_row_dots``; ``sd`` with two
     halves of the key dim):
@@ -301,7 +315,9 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
 
             q_s = T.alloc_shared((BT, DK), dtype)
             k_s = T.alloc_shared((BT, DK), dtype)
-            ts = _HeadTiles(DK, DV, dtype)
+            ts = _HeadTiles(DK, DV, dtype, m_pad=8 if conflict_free else 0)
+            if conflict_free:
+                T.annotate_layout({ts.v: make_swizzled_layout(ts.v)})
             dq_f = T.alloc_fragment((BT, DK), f32)
             dk_f = T.alloc_fragment((BT, DK), f32)
             x_f = T.alloc_fragment((BT, DK), f32)
@@ -330,8 +346,9 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
                        ab)
             # each row stored once
             if st and group > 1:
-                stage = T.alloc_shared((BT, 2, DK), f32)
-                inbox = T.alloc_shared((group, BT // group, 2, DK), f32)
+                pad = 4 if conflict_free else 0
+                stage = T.alloc_shared((BT, 2, DK + pad), f32)
+                inbox = T.alloc_shared((group, BT // group, 2, DK + pad), f32)
                 bar = T.alloc_cluster_barrier(group)
                 cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0, nv, out32, dtype)
             elif st:

@@ -60,12 +60,14 @@ class State2Config:
     DK: int = KERNEL_HEAD_DIM
     num_stages: int = NUM_STAGES
     ctas_per_sm: int = 1           # "smem" only: 2 = two resident CTAs per SM (BV <= 32; state2.py)
+    sl_swizzle: bool = False       # "smem" only: the S lo staging tile swizzled (state2.py, a candidate)
 
     @property
     def name(self) -> str:
         kind = ("scan" if self.scan else "state") + ("_rv" if self.form == "rv" else "_smem")
         occ = f",occ{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
-        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ},"
+        slz = ",slz" if self.sl_swizzle else ""
+        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz},"
                 f"{self.dtype}]")
 
 
@@ -294,6 +296,11 @@ def all_configs():
                 for c in cfgs:
                     if c not in out:
                         out.append(c)
+            if prec.s == "split" and prec.ks != "split":          # the backward recompute's candidate (sl_swizzle)
+                for bv in (64, 32, 16):
+                    c = State2Config(dtype, bv, prec, form="smem", sl_swizzle=True)
+                    if c not in out:
+                        out.append(c)
             v2 = intra_config(dtype, prec, "v2")                  # the intra kernel's other form (_intra="v2")
             if v2 not in out:
                 out.append(v2)
@@ -306,10 +313,13 @@ def prim_func(cfg):
         return build_intra_v2(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.alias_x)
     if isinstance(cfg, State2Config):
         if cfg.form == "rv":
+            if cfg.sl_swizzle:
+                raise ValueError(f"sl_swizzle is a switch of the smem state kernel, not of the rv form: {cfg!r}")
             from .state3 import build_state_rv
             return build_state_rv(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.BV)
         from .state2 import build_state_v2
-        return build_state_v2(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.ctas_per_sm)
+        return build_state_v2(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.ctas_per_sm,
+                              cfg.sl_swizzle)
     if isinstance(cfg, Output2Config):
         from .output2 import build_output_v2
         return build_output_v2(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.BV, cfg.vt, cfg.cpb, NUM_STAGES)

@@ -29,7 +29,7 @@ THREADS = 128
 
 
 def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False,
-                   ctas_per_sm: int = 1):
+                   ctas_per_sm: int = 1, swizzle_sl: bool = False):
     """TileLang prim_func of ``gdn_state_v2`` (``scan=False``) or ``gdn_scan_v2`` (``scan=True``).
 
     Arguments:
@@ -49,6 +49,12 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
     registers a thread, no ``setmaxnreg`` hand-over from the producer warps): two independent chunk chains
     interleave on each SM, hiding the latency of the per-chunk chain of small dependent products.  Fits only
     for BV <= 32 (shared memory: 82 / 98 KiB per CTA at BV 16 / 32).
+
+    ``swizzle_sl`` (a candidate, session 12, not yet timed on a GPU): the S lo staging tile ``sl_s`` in a swizzled
+    layout when it is only stored (precision ``s`` split, ``ks`` not): row-major, its fragment stores are 4-way
+    bank conflicts (16 a chunk and thread at BV 32, ~17 M in the backward's recompute at B1 T32768 H16 HV32, as
+    Nsight Compute counted), swizzled none; the same values stored (``kernels.common.bank_conflicts`` works the
+    degrees out from the generated CUDA).
 
     The products of one split (``K Sh (+ K Sl)``, ``Ah Xh + Al Xh + Ah Xl``, the update's hi + lo) are issued as
     one group of wgmma with one wait, instead of a wait after each: the same instructions in the same order on
@@ -129,6 +135,10 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
             # accumulator fragment's reads (v) and stores (U) hit the same banks from 4 rows at once (BV 32: 64 B
             # rows); a swizzled layout (the TMA load of v writes it swizzled) has no conflicts
             swz = {v_s: make_swizzled_layout(v_s)}
+            if swizzle_sl and sl_need and not ks_sp:
+                # S lo only stored (no K @ Sl wgmma lays it out), so row-major: each bf16x2 store from the fragment
+                # is a 4-way bank conflict at BV 32; swizzled like sh_s, none (kernels.common.bank_conflicts)
+                swz[sl_s] = make_swizzled_layout(sl_s)
             if store:
                 swz[uh_s] = make_swizzled_layout(uh_s)
                 if u_sp:
