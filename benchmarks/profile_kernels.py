@@ -2,13 +2,16 @@
 
     ncu --clock-control none --nvtx --nvtx-include "gdn-profile/" --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section WarpStateStats --csv --page details \
-        python3 benchmarks/profile_kernels.py [--shape B1_T32768_H16_HV32] [--fwd-only] [--tables lean_sd] > ncu.csv
+        python3 benchmarks/profile_kernels.py [--shape B1_T32768_H16_HV32] [--fwd-only] [--tables lean_sd] \
+        [--ab ours-cf] > ncu.csv
     python3 scripts/ncu_summary.py ncu.csv          # one line per kernel: time, throughputs, occupancy, stalls
 
 (``scripts/gpu_steps.sh profile`` runs both.)  Inputs as ``benchmarks/bench_kernels_bwd.py`` (bf16, fp32 gates,
 final state, ``do`` and ``dht`` random) at one of the forward benchmark's shapes.  A first call outside the range
 compiles and warms up, so only the second call's kernels are profiled.  ``--dry-run``: CPU plumbing check with the
-torch emulations and a 256x smaller shape, no NVTX.
+torch emulations and a 256x smaller shape, no NVTX.  ``--ab COL``: both calls with the private switch of the
+benchmark's A/B column ``COL`` set (``bench_kernels_bwd.AB``), e.g. ``ours-cf`` to count the bank conflicts of the
+candidate conflict-free tiles (``PROFILE_ARGS="--ab ours-cf" scripts/gpu_steps.sh profile``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.bench_kernels_bwd import COLUMN, SHAPES, make  # noqa: E402
+import contextlib  # noqa: E402
+
+from benchmarks.bench_kernels_bwd import AB, COLUMN, SHAPES, _ab_switch, make  # noqa: E402
 
 RANGE = "gdn-profile"
 
@@ -34,8 +39,15 @@ def main(argv=None) -> int:
     ap.add_argument("--fwd-only", action="store_true", help="profile the forward alone")
     ap.add_argument("--tables", default=None, choices=list(COLUMN),
                     help="the backward's chunk-table precision (default: the API's, 'split')")
+    ap.add_argument("--ab", default=None, choices=list(AB),
+                    help="run with this A/B column's private switch set (benchmarks/bench_kernels_bwd.py's AB)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
+    with _ab_switch(args.ab) if args.ab else contextlib.nullcontext():
+        return _profile(args)
+
+
+def _profile(args) -> int:
 
     from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as fn
 
@@ -74,8 +86,9 @@ def main(argv=None) -> int:
         torch.cuda.nvtx.range_pop()
     grads = [x.grad for x in leaves] if not args.fwd_only else []
     bad = sum(int((~torch.isfinite(t.float())).sum()) for t in [o, *grads] if t is not None)
+    ab = f", A/B column {args.ab}" if args.ab else ""
     print(f"profiled {'forward' if args.fwd_only else 'forward + backward'} at {args.shape} "
-          f"(B={B} T={T} H={H} HV={HV}{' varlen' if lens else ''}) on {dev.type}; non-finite values: {bad}",
+          f"(B={B} T={T} H={H} HV={HV}{' varlen' if lens else ''}) on {dev.type}{ab}; non-finite values: {bad}",
           file=sys.stderr)
     return 0 if bad == 0 else 1
 
