@@ -6,7 +6,7 @@ from math import gcd
 
 from hypothesis import given, settings
 
-from kernels.common.bank_conflicts import (Site, access_sites, buffer_degrees, shared_buffers, site_degree,
+from kernels.common.bank_conflicts import (Site, access_sites, buffer_degrees, main, shared_buffers, site_degree,
                                            warp_degree, worst_degrees)
 from tests.strategies import strided_lane_access
 
@@ -94,3 +94,12 @@ def test_warps_with_negative_addresses_are_skipped():
     assert site_degree(s, 256) == 1
     s = Site(1, 4, 4, f"((({TX} - 128) & 31) * 32)", True)
     assert site_degree(s, 256) == 32
+
+
+def test_cli_reports_a_source_file(tmp_path, capsys):
+    f = tmp_path / "k.cu"
+    f.write_text(_src(f"*(uint1*)(((bfloat16_t*)t_s) + {_ROW_MAJOR}) = v;"))
+    assert main(["--source", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "(128 threads)" in out and "t_s" in out and "st 4-way" in out
+    assert main(["no-such-kernel-name"]) == 2

@@ -18,6 +18,10 @@ copies of the kernels here, whose steps repeat with a period that divides 16); e
 (a pipeline stage, a runtime size) is uniform across a warp, so it is set to 0 and 1 in turn.  Negative addresses
 (a warp outside the warpgroup the access belongs to, in warp-specialised kernels) are skipped.
 
+From the shell: ``python -m kernels.common.bank_conflicts bwd_dqk`` (every compile-test configuration whose name
+contains the pattern, compiled for sm_90a or taken from TileLang's cache; no GPU) or ``--source FILE.cu``: a line per
+shared buffer, its worst degree and the sites worse than conflict-free.
+
 A model, not a measurement: Nsight Compute's ``l1tex__data_bank_conflicts_pipe_lsu_mem_shared`` counts are the
 measured numbers (``scripts/gpu_steps.sh profile``).
 """
@@ -188,3 +192,55 @@ def worst_degrees(src: str, buffers: list[str] | None = None) -> dict[str, tuple
         ds = [d for _, d in buffer_degrees(src, b) if d is not None]
         out[b] = (max(ds, default=0), len(ds))
     return out
+
+
+def _configs(pattern: str):
+    """The forward's and the backward's compile-test configurations whose name contains ``pattern``."""
+    from kernels.gdn_bwd import build as bb
+    from kernels.gdn_fwd import build as fb
+    return [c for c in fb.all_configs() + bb.all_configs() if pattern in c.name]
+
+
+def report(src: str, title: str) -> str:
+    """One line per shared buffer with per-lane accesses: worst degree, number of sites, and the sites worse than
+    conflict-free (line: width B, ld/st, degree)."""
+    lines = [f"== {title} ({threads_of(src)} threads)"]
+    for b in shared_buffers(src):
+        sites = buffer_degrees(src, b)
+        if not sites:
+            continue
+        ds = [d for _, d in sites if d is not None]
+        bad = [f"L{s.line}:{s.width}B {'st' if s.store else 'ld'} {d}-way" for s, d in sites if d and d > 1]
+        unk = sum(d is None for _, d in sites)
+        lines.append(f"  {b:16s} worst {max(ds, default=0):2d}  sites {len(sites):3d}"
+                     + (f"  not evaluated {unk}" if unk else "") + (f"  {', '.join(bad)}" if bad else ""))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """``python -m kernels.common.bank_conflicts PATTERN`` (compiles, or takes from TileLang's cache, every
+    compile-test configuration whose name contains PATTERN, for sm_90a, no GPU needed) or ``--source FILE.cu``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m kernels.common.bank_conflicts", description=main.__doc__)
+    ap.add_argument("pattern", nargs="?", default=None, help="part of a kernel configuration's name, e.g. bwd_dqk")
+    ap.add_argument("--source", default=None, help="a generated CUDA file instead")
+    args = ap.parse_args(argv)
+    if args.source:
+        with open(args.source) as f:
+            print(report(f.read(), args.source))
+        return 0
+    if not args.pattern:
+        ap.error("give a configuration name pattern or --source FILE")
+    cfgs = _configs(args.pattern)
+    if not cfgs:
+        print(f"no compile-test configuration matches {args.pattern!r}")
+        return 2
+    from kernels.gdn_bwd.build import _get_any
+    for c in cfgs:
+        print(report(_get_any(c).get_kernel_source(), c.name), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
