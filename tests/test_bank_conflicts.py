@@ -103,3 +103,14 @@ def test_cli_reports_a_source_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "(128 threads)" in out and "t_s" in out and "st 4-way" in out
     assert main(["no-such-kernel-name"]) == 2
+
+
+def test_stmatrix_rows_are_16_byte_accesses():
+    """``stmatrix`` / ``ldmatrix``: each lane's row address, a 16-byte access; rows 128 bytes apart put the 8 rows of
+    a matrix in one group of 4 banks (8-way), rows 16 bytes apart none."""
+    wide = _src(f"tl::ptx_stmatrix_m8n8_x4((&(((bfloat16_t*)t_s)[({TX} * 64)])), a, b, c, d);")
+    packed = _src(f"tl::ptx_ldmatrix_x4((&(((bfloat16_t*)t_s)[({TX} * 8)])), a);")
+    (s, d), = buffer_degrees(wide, "t_s")
+    assert (s.width, s.store, d) == (16, True, 8)
+    (s, d), = buffer_degrees(packed, "t_s")
+    assert (s.width, s.store, d) == (16, False, 1)

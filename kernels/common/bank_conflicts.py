@@ -11,8 +11,9 @@ the loop variables, and counts, per phase of the request, the most distinct 4-by
 banks: 1 is conflict-free, 4 is a 4-way conflict.  The phases follow the hardware's rule for the access width: a
 whole warp for 1-, 2- and 4-byte accesses, half-warps for 8-byte ones, quarter-warps for 16-byte ones.
 
-What it does not see: ``ldmatrix`` / ``stmatrix`` / wgmma descriptor / TMA / ``cp.async`` accesses (their
-addresses are not spelled out per lane in the source), accesses through a pointer bound to a local name, and
+``ldmatrix`` / ``stmatrix`` (``tl::ptx_stmatrix_m8n8_x4(&((T*)buf)[EXPR], ...)``: EXPR is the lane's row) count
+as 16-byte accesses, a matrix of 8 rows a phase.  What it does not see: wgmma descriptor / TMA / ``cp.async``
+accesses (their addresses are not spelled out per lane in the source), accesses through a pointer bound to a local name, and
 addresses with a ternary (reported as not evaluated).  The loop variables run over 0..15 (enough for the unrolled
 copies of the kernels here, whose steps repeat with a period that divides 16); every other name in an address
 (a pipeline stage, a runtime size) is uniform across a warp, so it is set to 0 and 1 in turn.  Negative addresses
@@ -41,6 +42,8 @@ _VEC_BYTES = {"uint1": 4, "uint2": 8, "uint4": 16, "int": 4, "float": 4, "float2
 _ELEM_BYTES = {"bfloat16_t": 2, "half_t": 2, "float": 4, "int": 4, "uint": 4, "signed char": 1, "uchar": 1,
                "char": 1, "double": 8, "int64_t": 8, "uint64_t": 8}
 _TX = "((int)threadIdx.x)"
+# ldmatrix / stmatrix: every lane gives the address of one 16-byte row of an 8x8 matrix, a matrix (8 lanes) a phase
+_MATRIX = re.compile(r"ptx_(ld|st)matrix\w*\(\(*&\(*$")
 _LOOP_VAR = re.compile(r"^(i|j|k|ax|v|vec)(_\d+)?$|^i\d*_\d+$")
 
 
@@ -87,9 +90,12 @@ def access_sites(src: str, buffer: str) -> list[Site]:
             after = m.end()
             rest = line[after:]
             if rest.startswith("["):                                  # ((T*)buf)[EXPR]: one element
-                if re.search(r"&\(*$", line[:m.start()]):
-                    continue                                           # &((T*)buf)[EXPR]: an address taken
                 close = _closing(line, after)
+                if re.search(r"&\(*$", line[:m.start()]):                # &((T*)buf)[EXPR]: an address taken,
+                    mm = _MATRIX.search(line[:m.start()])             # a lane's row of ldmatrix / stmatrix
+                    if mm:
+                        sites.append(Site(ln, 16, elem, line[after + 1:close - 1], mm.group(1) == "st"))
+                    continue
                 sites.append(Site(ln, elem, elem, line[after + 1:close - 1], _is_store(line, close)))
                 continue
             if not rest.startswith(" + "):
