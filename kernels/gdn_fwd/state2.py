@@ -52,9 +52,10 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
 
     ``swizzle_sl`` (a candidate, session 12, not yet timed on a GPU): the S lo staging tile ``sl_s`` in a swizzled
     layout when it is only stored (precision ``s`` split, ``ks`` not): row-major, its fragment stores are 4-way
-    bank conflicts (16 a chunk and thread at BV 32, ~17 M in the backward's recompute at B1 T32768 H16 HV32, as
-    Nsight Compute counted), swizzled none; the same values stored (``kernels.common.bank_conflicts`` works the
-    degrees out from the generated CUDA).
+    bank conflicts at BV 32 (8-way at 64, 2-way at 16; 16 a chunk and thread), swizzled none, by the degrees
+    ``kernels.common.bank_conflicts`` works out from the generated CUDA; the same values stored.  Nsight Compute
+    counted 8.9 M more store conflicts in the backward's recompute (S lo stored) than in the forward's state kernel
+    (not stored) at B1 T32768 H16 HV32, BV 32 (session 11).
 
     The products of one split (``K Sh (+ K Sl)``, ``Ah Xh + Al Xh + Ah Xl``, the update's hi + lo) are issued as
     one group of wgmma with one wait, instead of a wait after each: the same instructions in the same order on
