@@ -344,7 +344,7 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: fro
 @T.macro
 def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l, m2h, m2l, m3h, m3l, m_s,
                 qk, kk, dpu, dyu, x_f, rs, dq_f, dk_f, db2, nv, hv, c, scale, lean=False, mlo=True, db2_on=True,
-                clear=True, batch=ROW_DOT_BATCH, t2=None, r2=None):
+                clear=True, batch=ROW_DOT_BATCH, t2=None, r2=None, m_copy=False):
     """The intra-chunk (64x64) terms of chunk ``c``, value head ``hv`` (module docstring): the dbeta row sums to
     ``db2``, the dg rectangle's summands to ``m_s [64, 64]`` fp32 (``rect_sums`` finishes them), and the products
     into ``dq_f, dk_f [64, DK]`` (fp32 fragments; cleared first if ``clear``, else added to what they hold).
@@ -352,7 +352,8 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l
     [64] scratch; ``mqh .. m3l`` [64, 64] input-dtype shared tiles.  ``lean``: U and dY hi terms alone; ``mlo``,
     ``db2_on`` False only for timing ablations.  With ``t2 [2, 64, 32], r2 [2, 64]`` fp32 fragments the dbeta row
     sums go out by halves of the columns into ``db2 [2, HV, NC, 64]`` (``half_row_dots``; the fused kernel), else
-    whole into ``db2 [HV, NC, 64]``."""
+    whole into ``db2 [HV, NC, 64]``.  ``m_copy``: the dg summands go to ``m_s`` through ``x_f`` and one fragment
+    copy (vector stores; element by element otherwise: the masked value does not vectorise), the same values."""
     f32 = "float32"
     dtype = mqh.dtype
     T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
@@ -398,8 +399,13 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l
         T.reduce_sum(x_f, rs, dim=1, batch=batch)
         for t in T.Parallel(BT):
             db2[hv, c, t] = rs[t]
-    for t, j in T.Parallel(BT, BT):
-        m_s[t, j] = T.if_then_else(j < t, dpu[t, j] + fv[7, t] * dyu[t, j] * kk[t, j], T.float32(0))
+    if m_copy:
+        for t, j in T.Parallel(BT, BT):
+            x_f[t, j] = T.if_then_else(j < t, dpu[t, j] + fv[7, t] * dyu[t, j] * kk[t, j], T.float32(0))
+        T.copy(x_f, m_s[:, 0:BT])
+    else:
+        for t, j in T.Parallel(BT, BT):
+            m_s[t, j] = T.if_then_else(j < t, dpu[t, j] + fv[7, t] * dyu[t, j] * kk[t, j], T.float32(0))
     for t, j in T.Parallel(BT, BT):
         # dBk = beta_t e dA
         x_f[t, j] = T.if_then_else(j < t, fv[7, t] * dyu[t, j] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E),

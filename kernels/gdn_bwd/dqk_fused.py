@@ -145,7 +145,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     if "no_intra" not in ab:
         intra_terms(q_s, k_s, ts.do, ts.uh, ts.ul, ts.dyh, ts.dyl, ts.f_s, m[0], m[1], m[2], m[3], m[4], m[5], m[6],
                     m[7], ts.m_s, qk, kk, dpu, dyu, y_f, rs2, dq_f, dk_f, db2, nv, hv, c, scale, mlo=lo, clear=False,
-                    batch=rb, t2=t2b, r2=r2b)
+                    batch=rb, t2=t2b, r2=r2b, m_copy=ts.m_s.shape[1] > BT)
         if "no_rect" not in ab:
             rect_sums(ts.m_s, acc, rect, hv, c, None if "rect_64" in ab else ts.part)
 
@@ -243,7 +243,8 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
     shared tiles whose per-thread accesses are bank conflicts in the generated CUDA (``kernels.common.bank_conflicts``,
     BF16) laid out without them, the same values in the same order: the v tile of the dY . v dots swizzled (read in
     the accumulator layout from 256-byte rows: 8-way, 32 two-byte loads a thread; none swizzled), the dg summands'
-    fp32 tile ``m_s`` with 8 padding columns (its stores 8-way, 16 a thread; 2-way padded), the cluster's fp32
+    fp32 tile ``m_s`` with 8 padding columns and written by one fragment copy (its element stores 8-way, 16 a
+    thread; float2 stores into the padded rows: none), the cluster's fp32
     ``stage`` and ``inbox`` rows with 4 padding columns (float2 stores 4-way, 32 a thread; none padded).  Nsight
     Compute counted 31 M shared-load and 43 M shared-store conflicts in this kernel at B1 T32768 H16 HV32 (session
     11, call 6).
