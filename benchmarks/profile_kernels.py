@@ -3,7 +3,7 @@
     ncu --clock-control none --nvtx --nvtx-include "gdn-profile/" --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section WarpStateStats --csv --page details \
         python3 benchmarks/profile_kernels.py [--shape B1_T32768_H16_HV32] [--fwd-only] [--tables lean_sd] \
-        [--ab ours-cf] > ncu.csv
+        [--ab ours-cf] [--impl fla-triton] > ncu.csv
     python3 scripts/ncu_summary.py ncu.csv          # one line per kernel: time, throughputs, occupancy, stalls
 
 (``scripts/gpu_steps.sh profile`` runs both.)  Inputs as ``benchmarks/bench_kernels_bwd.py`` (bf16, fp32 gates,
@@ -11,7 +11,9 @@ final state, ``do`` and ``dht`` random) at one of the forward benchmark's shapes
 compiles and warms up, so only the second call's kernels are profiled.  ``--dry-run``: CPU plumbing check with the
 torch emulations and a 256x smaller shape, no NVTX.  ``--ab COL``: both calls with the private switch of the
 benchmark's A/B column ``COL`` set (``bench_kernels_bwd.AB``), e.g. ``ours-cf`` to count the bank conflicts of the
-candidate conflict-free tiles (``PROFILE_ARGS="--ab ours-cf" scripts/gpu_steps.sh profile``).
+candidate conflict-free tiles (``PROFILE_ARGS="--ab ours-cf" scripts/gpu_steps.sh profile``).  ``--impl
+fla-triton``: FLA's chunk_gated_delta_rule on its Triton kernels instead (forward with FLA_FLASH_QLA=0,
+FLA_TILELANG=0; backward in the benchmark's FLA context), for a per-kernel comparison at the same shape (GPU only).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ if ROOT not in sys.path:
 
 import contextlib  # noqa: E402
 
-from benchmarks.bench_kernels_bwd import AB, COLUMN, SHAPES, _ab_switch, make  # noqa: E402
+from benchmarks.bench_kernels_bwd import AB, COLUMN, SHAPES, _ab_switch, backward_context, make  # noqa: E402
 
 RANGE = "gdn-profile"
 
@@ -41,15 +43,19 @@ def main(argv=None) -> int:
                     help="the backward's chunk-table precision (default: the API's, 'split')")
     ap.add_argument("--ab", default=None, choices=list(AB),
                     help="run with this A/B column's private switch set (benchmarks/bench_kernels_bwd.py's AB)")
+    ap.add_argument("--impl", default="ours", choices=["ours", "fla-triton"],
+                    help="whose kernels: ours (TileLang) or FLA's Triton ones (GPU only)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
+    if args.impl != "ours" and (args.dry_run or args.ab or args.tables):
+        ap.error("--impl fla-triton runs FLA's kernels on a GPU: no --dry-run, --ab or --tables with it")
     with _ab_switch(args.ab) if args.ab else contextlib.nullcontext():
         return _profile(args)
 
 
 def _profile(args) -> int:
 
-    from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as fn
+    from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as ours
 
     B, T, H, HV, lens = SHAPES[args.shape]
     impl = "tilelang"
@@ -65,14 +71,20 @@ def _profile(args) -> int:
     a, kw, do, dht = make(B, T, H, HV, lens, dev)
     leaves = [x.detach().requires_grad_() for x in a]
 
+    if args.impl == "fla-triton":
+        from kernels.gdn_fwd.testing import fla_triton_fn
+        fla = fla_triton_fn()
+        if fla is None:
+            print("fla is not importable")
+            return 2
+        fn, ctx = fla, lambda: backward_context("FLA")
+    else:
+        fn = lambda *x, **k: ours(*x, **k, _impl=impl, _tables=args.tables)    # noqa: E731
+        ctx = contextlib.nullcontext
+
     def call():
-        o, ht = fn(*leaves, **kw, _impl=impl, _tables=args.tables)
-        if not args.fwd_only:
-            # autograd runs a CUDA backward on its own device thread, outside this thread's NVTX range (ncu then
-            # profiled the forward alone): run it on this thread
-            with torch.autograd.set_multithreading_enabled(False):
-                torch.autograd.backward((o, ht), (do, dht))
-        return o
+        with ctx():
+            return _call(fn, leaves, kw, do, dht, args.fwd_only)
 
     call()                                  # compile and warm up, outside the range
     if dev.type == "cuda":
@@ -86,11 +98,22 @@ def _profile(args) -> int:
         torch.cuda.nvtx.range_pop()
     grads = [x.grad for x in leaves] if not args.fwd_only else []
     bad = sum(int((~torch.isfinite(t.float())).sum()) for t in [o, *grads] if t is not None)
-    ab = f", A/B column {args.ab}" if args.ab else ""
+    ab = (f", A/B column {args.ab}" if args.ab else "") + (f", {args.impl}" if args.impl != "ours" else "")
     print(f"profiled {'forward' if args.fwd_only else 'forward + backward'} at {args.shape} "
           f"(B={B} T={T} H={H} HV={HV}{' varlen' if lens else ''}) on {dev.type}{ab}; non-finite values: {bad}",
           file=sys.stderr)
     return 0 if bad == 0 else 1
+
+
+def _call(fn, leaves, kw, do, dht, fwd_only: bool):
+    """One forward (+ backward) of ``fn`` on ``leaves``; returns o."""
+    o, ht = fn(*leaves, **kw)
+    if not fwd_only:
+        # autograd runs a CUDA backward on its own device thread, outside this thread's NVTX range (ncu then
+        # profiled the forward alone): run it on this thread
+        with torch.autograd.set_multithreading_enabled(False):
+            torch.autograd.backward((o, ht), (do, dht))
+    return o
 
 
 if __name__ == "__main__":

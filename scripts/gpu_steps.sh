@@ -22,7 +22,7 @@
 #   scripts/gpu_steps.sh bwd-ab [S]           # backward A/B (bench_kernels_bwd --ab: recompute overlap, segmented dh)
 #       and the ablations of the inter and intra kernels (benchmarks/ablate_bwd.py) (#7)
 #   scripts/gpu_steps.sh profile [S]          # Nsight Compute over one fwd+bwd call (benchmarks/profile_kernels.py;
-#       PROFILE_SHAPE, and PROFILE_ARGS e.g. "--tables lean_sd" or "--ab ours-cf")
+#       PROFILE_SHAPE, and PROFILE_ARGS e.g. "--tables lean_sd", "--ab ours-cf" or "--impl fla-triton")
 #   scripts/gpu_steps.sh cf-ab [S]            # session 12's candidate conflict-free tiles (gdn_bwd build._CONFLICT_FREE):
 #       its bitwise-equality tests, then the backward bench with the A/B column ours-cf (#7); S per part
 set -u

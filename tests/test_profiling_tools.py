@@ -90,3 +90,11 @@ def test_the_profiled_call_runs_on_the_emulation(shape, extra, capsys):
     assert "non-finite values: 0" in err and ("forward at" in err) == ("--fwd-only" in extra)
     assert ("A/B column ours-cf" in err) == ("--ab" in extra)
     assert build._CONFLICT_FREE is False                # the switch is restored after the run
+
+
+def test_fla_profile_is_gpu_only_and_says_so(capsys):
+    from benchmarks.profile_kernels import main
+
+    with pytest.raises(SystemExit):
+        main(["--dry-run", "--impl", "fla-triton"])
+    assert "--impl fla-triton runs FLA's kernels on a GPU" in capsys.readouterr().err
