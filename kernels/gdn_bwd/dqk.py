@@ -436,7 +436,7 @@ def rect_sums(m_s, acc, rect, hv, c, part=None):
     prefix sums, then a column walk: by the first 64 threads over all rows, or, with ``part [P, 64]`` fp32 shared
     (P x 64 threads), by P groups of 64 threads over P row blocks, the P partial sums then added in block order
     (the fused kernel: 4 x 16 rows instead of 64 rows by a quarter of its threads)."""
-    T.cumsum(m_s, dim=1)
+    T.cumsum(m_s[:, 0:BT], dim=1)      # the first 64 columns (m_s may have padding columns past them)
     tx = T.get_thread_binding()
     if part is None:
         if tx < BT:

@@ -68,8 +68,8 @@ class _HeadTiles:
         self.dyh = T.alloc_shared((DV, BT), dtype)
         self.dyl = T.alloc_shared((DV, BT), dtype)
         self.m = [T.alloc_shared((BT, BT), dtype) for _ in range(8)]
-        # m_pad: columns past the 64 (the row prefix sums never read them into the first 64), so that the
-        # fragment's stores do not hit one bank from 8 rows at once (``build_bwd_dqk_fused``'s conflict_free)
+        # m_pad: columns past the 64 (neither stored nor summed: the row prefix sums scan m_s[:, 0:64]), so that
+        # the fragment's stores do not hit one bank from 8 rows at once (``build_bwd_dqk_fused``'s conflict_free)
         self.m_s = T.alloc_shared((BT, BT + m_pad), f32)
         self.part = T.alloc_shared((4, BT), f32)      # the dg rectangle sums' column walk by 4 x 64 threads
 
