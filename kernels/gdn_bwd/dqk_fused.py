@@ -239,15 +239,14 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
     bwd 8.24 against 8.12 ms at B1 T32768 H16 HV32, 3.74 against 3.61 at B1 T65536 H2 HV4 (session 10, call 3,
     commit 9b056de; reverted).
 
-    ``conflict_free`` (a candidate, session 12, not yet timed on a GPU; the build's ``_CONFLICT_FREE``): the three
-    shared tiles whose per-thread accesses are bank conflicts in the generated CUDA (``kernels.common.bank_conflicts``,
-    BF16) laid out without them, the same values in the same order: the v tile of the dY . v dots swizzled (read in
-    the accumulator layout from 256-byte rows: 8-way, 32 two-byte loads a thread; none swizzled), the dg summands'
-    fp32 tile ``m_s`` with 8 padding columns and written by one fragment copy (its element stores 8-way, 16 a
-    thread; float2 stores into the padded rows: none), the cluster's fp32
-    ``stage`` and ``inbox`` rows with 4 padding columns (float2 stores 4-way, 32 a thread; none padded).  Nsight
-    Compute counted 31 M shared-load and 43 M shared-store conflicts in this kernel at B1 T32768 H16 HV32 (session
-    11, call 6).
+    ``conflict_free`` (a candidate, session 12, not yet timed on a GPU; the build's ``_CONFLICT_FREE``): the shared
+    tiles whose per-thread accesses are bank conflicts in the generated CUDA (``kernels.common.bank_conflicts``)
+    laid out without them, the same values in the same order: the v tile of the dY . v dots swizzled (read in the
+    accumulator layout from 256-byte rows: 8-way, 32 two-byte loads a thread; none swizzled); the dg summands' fp32
+    tile ``m_s`` with 8 padding columns and written by one fragment copy (its element stores 8-way, 16 a thread;
+    float2 stores into the padded rows: none); the cluster's fp32 ``stage`` and ``inbox`` rows with 4 padding
+    columns (float2 stores 4-way, 32 a thread; none padded).  Nsight Compute counted 31 M shared-load and 43 M
+    shared-store conflicts in this kernel at B1 T32768 H16 HV32 (session 11, call 6).
 
     Arguments (``qz, kw, kr, yv`` with the two halves of the column dim apart, ``half_row_dots``; ``sd`` with two
     halves of the key dim):
