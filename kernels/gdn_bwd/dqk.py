@@ -399,13 +399,14 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l
         T.reduce_sum(x_f, rs, dim=1, batch=batch)
         for t in T.Parallel(BT):
             db2[hv, c, t] = rs[t]
+    m_tj = lambda t, j: T.if_then_else(j < t, dpu[t, j] + fv[7, t] * dyu[t, j] * kk[t, j], T.float32(0))  # noqa: E731
     if m_copy:
         for t, j in T.Parallel(BT, BT):
-            x_f[t, j] = T.if_then_else(j < t, dpu[t, j] + fv[7, t] * dyu[t, j] * kk[t, j], T.float32(0))
+            x_f[t, j] = m_tj(t, j)
         T.copy(x_f, m_s[:, 0:BT])
     else:
         for t, j in T.Parallel(BT, BT):
-            m_s[t, j] = T.if_then_else(j < t, dpu[t, j] + fv[7, t] * dyu[t, j] * kk[t, j], T.float32(0))
+            m_s[t, j] = m_tj(t, j)
     for t, j in T.Parallel(BT, BT):
         # dBk = beta_t e dA
         x_f[t, j] = T.if_then_else(j < t, fv[7, t] * dyu[t, j] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E),

@@ -162,6 +162,24 @@ ABLATIONS = ("no_sd", "no_dots", "no_lo", "no_inter_gemm", "no_intra", "no_rect"
              "dots_whole", "rect_64")
 
 
+@T.macro
+def store_rows(xq, xk, dq32, dk32, dqo, dko, t0, r0, col, nv, out32, dtype):
+    """Rows ``r0 + t`` of the chunk (``t`` over the R rows of ``xq, xk [R, DK]``, fp32 fragments; those below ``nv``)
+    to token rows ``t0 + r0 + t``, head column ``col``: fp32 (``dq32, dk32``) when ``out32``, else rounded to the
+    input dtype (``dqo, dko``).  Every dq~ / dk~ store of the kernel (per value head: ``r0 = 0``; a cluster's group
+    sums: its rank's rows)."""
+    R = xq.shape[0]
+    DK = xq.shape[1]
+    if out32 == 0:
+        for t, d in T.Parallel(R, DK):
+            if r0 + t < nv:
+                dqo[t0 + r0 + t, col, d] = T.cast(xq[t, d], dtype)
+                dko[t0 + r0 + t, col, d] = T.cast(xk[t, d], dtype)
+    else:
+        for t, d in T.Parallel(R, DK):
+            if r0 + t < nv:
+                dq32[t0 + r0 + t, col, d] = xq[t, d]
+                dk32[t0 + r0 + t, col, d] = xk[t, d]
 
 
 @T.macro
@@ -194,16 +212,7 @@ def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0
         for t, d in T.Parallel(R, DK):
             aq_f[t, d] = aq_f[t, d] + inbox[j + 1, t, 0, d]
             ak_f[t, d] = ak_f[t, d] + inbox[j + 1, t, 1, d]
-    if out32 == 0:
-        for t, d in T.Parallel(R, DK):
-            if r * R + t < nv:
-                dqo[t0 + r * R + t, h, d] = T.cast(aq_f[t, d], dtype)
-                dko[t0 + r * R + t, h, d] = T.cast(ak_f[t, d], dtype)
-    else:
-        for t, d in T.Parallel(R, DK):
-            if r * R + t < nv:
-                dq32[t0 + r * R + t, h, d] = aq_f[t, d]
-                dk32[t0 + r * R + t, h, d] = ak_f[t, d]
+    store_rows(aq_f, ak_f, dq32, dk32, dqo, dko, t0, r * R, h, nv, out32, dtype)
     T.cluster_sync()
 
 
@@ -342,8 +351,8 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
             T.clear(dq_f)
             T.clear(dk_f)
             value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
-                       dpu, dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale,
-                       ab)
+                       dpu, dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0,
+                       nv, scale, ab)
             # each row stored once
             if st and group > 1:
                 pad = 4 if conflict_free else 0
@@ -352,15 +361,6 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
                 bar = T.alloc_cluster_barrier(group)
                 cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0, nv, out32, dtype)
             elif st:
-                if out32 == 0:
-                    for t, d in T.Parallel(BT, DK):
-                        if t < nv:
-                            dqo[t0 + t, hv, d] = T.cast(dq_f[t, d], dtype)
-                            dko[t0 + t, hv, d] = T.cast(dk_f[t, d], dtype)
-                else:
-                    for t, d in T.Parallel(BT, DK):
-                        if t < nv:
-                            dq32[t0 + t, hv, d] = dq_f[t, d]
-                            dk32[t0 + t, hv, d] = dk_f[t, d]
+                store_rows(dq_f, dk_f, dq32, dk32, dqo, dko, t0, 0, hv, nv, out32, dtype)
 
     return gdn_bwd_dqk
