@@ -179,6 +179,15 @@ def _fake_kernels(monkeypatch):
     def cu_list(cu):
         return [int(x) for x in cu.tolist()]
 
+    def ordered_group_sum(x, G):
+        """``x [Ttot, HV, D]`` summed over each of the G groups of HV / G value heads, head by head in order (the
+        fp32 additions of gdn_bwd_group_sum and of the cluster sums): [Ttot, G, D]."""
+        xs = x.reshape(x.shape[0], G, -1, x.shape[2])
+        acc = xs[:, :, 0].clone()
+        for j in range(1, xs.shape[2]):
+            acc = acc + xs[:, :, j]
+        return acc
+
     def fwd_kernel(cfg):
         if isinstance(cfg, fbuild.Intra2Config):
             def intra2(q, k, g, b, cu, ci, Ah, Al, F, scale, use_l2):
@@ -246,11 +255,7 @@ def _fake_kernels(monkeypatch):
             return dgdb
         if cfg.kind in ("gsum", "gsum32"):
             def gsum(x, y):     # fp32 sums in the kernel's order, one rounding to y's dtype
-                xs = x.reshape(x.shape[0], y.shape[1], -1, x.shape[2])
-                acc = xs[:, :, 0].clone()
-                for j in range(1, xs.shape[2]):
-                    acc = acc + xs[:, :, j]
-                put(y, acc)
+                put(y, ordered_group_sum(x, y.shape[1]))
             return gsum
         if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
             # the fused kernel: the two stand-ins, then its two output forms; "dqk_gN" (clusters of a group of N
@@ -276,10 +281,7 @@ def _fake_kernels(monkeypatch):
                                                                  rect, db2[0], scale)
                 db2[1].zero_()
                 for x, o32, o in ((dqv, dq32, dqo), (dkv, dk32, dko)):
-                    xs = x.reshape(Ttot, HV // group, group, D)
-                    acc = xs[:, :, 0].clone()
-                    for j in range(1, group):
-                        acc = acc + xs[:, :, j]
+                    acc = ordered_group_sum(x, HV // group)
                     put(o32, acc) if out32 else put(o, acc)
             return dqk
         assert cfg.kind == "intra"

@@ -15,6 +15,8 @@ dg within the input dtype's rounding floor; on the ``compare_fla`` cases also no
 failing stage) and asserts the final gradients agree with it within the input dtype's rounding floor.
 """
 
+import contextlib
+
 import pytest
 import torch
 
@@ -37,43 +39,44 @@ def _precompile():
     """Compile every kernel the cases need in parallel processes first (fills TileLang's disk cache)."""
     import os
 
-    from kernels.gdn_bwd.build import configs_for_call, precompile
+    from kernels.gdn_bwd.build import configs_for_call, forward_recompute_configs, precompile
     cfgs = []
+
+    def add(new):
+        cfgs.extend(x for x in new if x not in cfgs)
+
     for c in CASES + _OUTPUT_CASES + [tt.Case("bad", 1, 64, 2, 4)]:
-        lens = c.lens or [c.T] * c.B
-        n, mc = len(lens), max([-(-x // 64) for x in lens] + [0])
-        dt = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[c.dtype]
+        dt, n, mc = _call_shape(c)
         for tables, fused in (("split", None), ("lean_sd", None), ("split", False)):
-            cfgs += [x for x in configs_for_call(dt, n, c.HV, mc, c.h0 is not None, tables, fused) if x not in cfgs]
+            add(configs_for_call(dt, n, c.HV, mc, c.h0 is not None, tables, fused))
         for shape in (f.get("shape") for f in _RECOMPUTE_FORMS.values()):     # the recompute's forced shapes
-            cfgs += [x for x in _recompute_configs(dt, shape) if x not in cfgs]
+            with _build_switch("_RECOMPUTE_STATE", shape):
+                add(forward_recompute_configs(dt, 1, 1))
     for c in _CF_CASES:                                    # the conflict-free candidate's kernels (build._CONFLICT_FREE)
-        lens = c.lens or [c.T] * c.B
-        dt = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[c.dtype]
-        cfgs += [x for x in _cf_configs(dt, len(lens), c.HV, max(-(-x // 64) for x in lens), c.h0 is not None)
-                 if x not in cfgs]
+        dt, n, mc = _call_shape(c)
+        with _build_switch("_CONFLICT_FREE", True):
+            add(configs_for_call(dt, n, c.HV, mc, c.h0 is not None))
     failed = precompile(cfgs, min(10, os.cpu_count() or 1))
     assert not failed, failed
 
 
-def _cf_configs(dtype, n, HV, mc, has_h0):
-    """The kernels of one call with ``build._CONFLICT_FREE`` on."""
-    from kernels.gdn_bwd import build as bb
-    saved, bb._CONFLICT_FREE = bb._CONFLICT_FREE, True
-    try:
-        return bb.configs_for_call(dtype, n, HV, mc, has_h0)
-    finally:
-        bb._CONFLICT_FREE = saved
+def _call_shape(case):
+    """(kernel dtype, sequences, most chunks of a sequence) of ``case``'s call."""
+    lens = case.lens or [case.T] * case.B
+    dt = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[case.dtype]
+    return dt, len(lens), max([-(-x // 64) for x in lens] + [0])
 
 
-def _recompute_configs(dtype, shape):
-    """The recompute's kernels with its state kernel's (BV, CTAs per SM) forced to ``shape`` (None: the rule)."""
+@contextlib.contextmanager
+def _build_switch(name, value):
+    """``kernels.gdn_bwd.build.<name>`` set to ``value`` for the block (restored after, also on an error)."""
     from kernels.gdn_bwd import build as bb
-    saved, bb._RECOMPUTE_STATE = bb._RECOMPUTE_STATE, shape
+    saved = getattr(bb, name)
+    setattr(bb, name, value)
     try:
-        return list(bb.forward_recompute_configs(dtype, 1, 1))
+        yield
     finally:
-        bb._RECOMPUTE_STATE = saved
+        setattr(bb, name, saved)
 
 
 def _grads_inputs(case, dev):

@@ -137,15 +137,18 @@ def warp_degree(byte_addrs: list[int], width: int) -> int:
     return worst
 
 
-def site_degree(site: Site, threads: int, loop_range: int = 16) -> int | None:
-    """Worst conflict degree of ``site`` over every warp of ``threads`` and every loop value; None when its address
-    cannot be evaluated (a ternary, a function call)."""
+def site_degree(site: Site, threads: int, loop_range: int | None = None) -> int | None:
+    """Worst conflict degree of ``site`` over every warp of ``threads`` and every loop value (0 .. loop_range - 1;
+    by default 16, or 4 for sites with three or more loop variables, which keeps each site under a second); None
+    when its address cannot be evaluated (a ternary, a function call)."""
     py = _to_python(site.expr)
     if "?" in py:
         return None
     names = sorted(set(re.findall(r"\b[A-Za-z_]\w*\b", py)) - {"tx"})
     loops = [n for n in names if _LOOP_VAR.match(n)]
     others = [n for n in names if n not in loops]
+    if loop_range is None:
+        loop_range = 16 if len(loops) <= 2 else 4
     try:
         code = compile(py, "<address>", "eval")
     except SyntaxError:
@@ -172,14 +175,9 @@ def threads_of(src: str) -> int:
 
 
 def buffer_degrees(src: str, buffer: str) -> list[tuple[Site, int | None]]:
-    """(site, worst degree) for every per-lane access of ``buffer``; the loop range shrinks for sites with three or
-    more loop variables (keeps each site under a second)."""
+    """(site, worst degree: ``site_degree``) for every per-lane access of ``buffer``."""
     threads = threads_of(src)
-    out = []
-    for s in access_sites(src, buffer):
-        n_loops = len([n for n in set(re.findall(r"\b[A-Za-z_]\w*\b", _to_python(s.expr))) if _LOOP_VAR.match(n)])
-        out.append((s, site_degree(s, threads, 16 if n_loops <= 2 else 4)))
-    return out
+    return [(s, site_degree(s, threads)) for s in access_sites(src, buffer)]
 
 
 def shared_buffers(src: str) -> list[str]:
