@@ -54,7 +54,6 @@ def main(argv=None) -> int:
 
 
 def _profile(args) -> int:
-
     from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as ours
 
     B, T, H, HV, lens = SHAPES[args.shape]
