@@ -111,7 +111,8 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
     run python3 -m pytest -q -s -p no:cacheprovider -rfE tests/test_kernels_bwd_gpu.py -k conflict_free \
       > "$out/k/test-cf.txt" 2>&1
     echo "cf tests rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$out/k/test-cf.txt"
-    run python3 benchmarks/bench_kernels_bwd.py --rep 10 --warmup 2 --tables split --ab ours-cf --workers 14 \
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of words (e.g. --shapes A,B --no-check)
+    run python3 benchmarks/bench_kernels_bwd.py --rep 10 --warmup 2 --tables split --ab ours-cf --workers 14 ${BENCH_ARGS:-} \
       > "$out/k/bench-bwd-cf.txt" 2>&1
     echo "cf bench rc=$? $(( $(date +%s) - t0 )) s"; grep "stages" "$out/k/bench-bwd-cf.txt"
     grep -A8 "== summary" "$out/k/bench-bwd-cf.txt" ;;
