@@ -62,7 +62,6 @@ VARIANTS["dh"] = {
     "no stores, no lo": ("no_ds_store", "no_dy_store", "no_dv", "no_lo"),
     "st_direct (session 7's table stores)": ("st_direct",),
     "st_wait (session 8's table stores, each waited for)": ("st_wait",),
-    "single_ops (dU, Tinv, dO, dX single)": ("single_ops",),
     "dul_plain (dUloc^T and dO tiles unswizzled, session 10)": ("dul_plain",),
 }
 VARIANTS["dqk"] = {

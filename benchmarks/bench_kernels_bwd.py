@@ -83,7 +83,8 @@ AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute 
       "ours-rc-bv32": ("build", "_RECOMPUTE_STATE", (32, 1)),   # the recompute's state kernel: BV 32, 1 CTA/SM (s10)
       "ours-rc-bv64": ("build", "_RECOMPUTE_STATE", (64, 1)),   # ... BV 64, 1 CTA/SM
       "ours-rc-bv16o2": ("build", "_RECOMPUTE_STATE", (16, 2)),  # ... BV 16, 2 CTAs/SM
-      "ours-cf": ("build", "_CONFLICT_FREE", True)}              # conflict-free tiles (recompute, dqk; s12 candidate)
+      "ours-no-cf": ("build", "_CONFLICT_FREE", False),
+      "ours-dh-single": ("build", "_DH_SINGLE", True)}          # dh with single Tinv, dU, F1 dO, F0 dX (s13)          # without the conflict-free tiles (recompute, dqk; s12)
 
 
 @contextlib.contextmanager
@@ -117,6 +118,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--workers", type=int, default=min(10, os.cpu_count() or 1))
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--skip", default="", help="comma list of the reference columns not to run (FLA, FlashQLA), e.g. "
+                    "for an A/B call of our columns alone")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--tables", default="split,lean_sd",
                     help="our backward's chunk-table precisions to time: 'split' is column 'ours', 'lean_sd' (opt-in, "
@@ -129,7 +132,8 @@ def main(argv=None):
                     "'ours-no-cluster' (the GVA sums by gdn_bwd_group_sum after fp32 rows per value head), "
                     "'ours-torch-dgdb' (dg, dbeta by the torch form of finish, not gdn_bwd_dg_dbeta), "
                     "'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' (the recompute's state kernel shape), "
-                    "'ours-cf' (the candidate conflict-free shared tiles of the recompute and the fused dqk kernel)")
+                    "'ours-no-cf' (without the conflict-free shared tiles of the recompute and the fused dqk kernel), "
+                    "'ours-dh-single' (dh with single Tinv, dU, F1 dO, F0 dX operands)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):
@@ -193,15 +197,19 @@ def main(argv=None):
             ap.error(f"--ab takes {', '.join(AB)}; got {col!r}")
         impls.append((col, lambda *a, **k: ours(*a, **k, _tables="split")))
     skipped = {}
+    skip = {c for c in args.skip.split(",") if c}
+    if skip - {"FLA", "FlashQLA"}:
+        ap.error(f"--skip takes FLA, FlashQLA; got {sorted(skip - {'FLA', 'FlashQLA'})}")
+    skipped.update({c: "--skip" for c in sorted(skip)})
     if not args.dry_run:
-        fla = tt.fla_triton_fn()
+        fla = tt.fla_triton_fn() if "FLA" not in skip else None
         if fla is None:
-            skipped["FLA"] = "fla not importable"
+            skipped.setdefault("FLA", "fla not importable")
         else:
             impls.append(("FLA", fla))
-        fq, why = tt.flash_qla_fn()
+        fq, why = tt.flash_qla_fn() if "FlashQLA" not in skip else (None, "--skip")
         if fq is None:
-            skipped["FlashQLA"] = why
+            skipped.setdefault("FlashQLA", why)
         else:
             impls.append(("FlashQLA", fq))
 

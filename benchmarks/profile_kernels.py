@@ -3,15 +3,15 @@
     ncu --clock-control none --nvtx --nvtx-include "gdn-profile/" --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section WarpStateStats --csv --page details \
         python3 benchmarks/profile_kernels.py [--shape B1_T32768_H16_HV32] [--fwd-only] [--tables lean_sd] \
-        [--ab ours-cf] [--impl fla-triton] > ncu.csv
+        [--ab ours-no-cf] [--impl fla-triton] > ncu.csv
     python3 scripts/ncu_summary.py ncu.csv          # one line per kernel: time, throughputs, occupancy, stalls
 
 (``scripts/gpu_steps.sh profile`` runs both.)  Inputs as ``benchmarks/bench_kernels_bwd.py`` (bf16, fp32 gates,
 final state, ``do`` and ``dht`` random) at one of the forward benchmark's shapes.  A first call outside the range
 compiles and warms up, so only the second call's kernels are profiled.  ``--dry-run``: CPU plumbing check with the
 torch emulations and a 256x smaller shape, no NVTX.  ``--ab COL``: both calls with the private switch of the
-benchmark's A/B column ``COL`` set (``bench_kernels_bwd.AB``), e.g. ``ours-cf`` to count the bank conflicts of the
-candidate conflict-free tiles (``PROFILE_ARGS="--ab ours-cf" scripts/gpu_steps.sh profile``).  ``--impl
+benchmark's A/B column ``COL`` set (``bench_kernels_bwd.AB``), e.g. ``ours-no-cf`` to count the bank conflicts
+without the conflict-free tiles (``PROFILE_ARGS="--ab ours-no-cf" scripts/gpu_steps.sh profile``).  ``--impl
 fla-triton``: FLA's chunk_gated_delta_rule on its Triton kernels instead (forward with FLA_FLASH_QLA=0,
 FLA_TILELANG=0; backward in the benchmark's FLA context), for a per-kernel comparison at the same shape (GPU only).
 """

@@ -22,9 +22,10 @@
 #   scripts/gpu_steps.sh bwd-ab [S]           # backward A/B (bench_kernels_bwd --ab: recompute overlap, segmented dh)
 #       and the ablations of the inter and intra kernels (benchmarks/ablate_bwd.py) (#7)
 #   scripts/gpu_steps.sh profile [S]          # Nsight Compute over one fwd+bwd call (benchmarks/profile_kernels.py;
-#       PROFILE_SHAPE, and PROFILE_ARGS e.g. "--tables lean_sd", "--ab ours-cf" or "--impl fla-triton")
-#   scripts/gpu_steps.sh cf-ab [S]            # session 12's candidate conflict-free tiles (gdn_bwd build._CONFLICT_FREE):
-#       its bitwise-equality tests, then the backward bench with the A/B column ours-cf (#7); S per part
+#       PROFILE_SHAPE, and PROFILE_ARGS e.g. "--tables lean_sd", "--ab ours-no-cf" or "--impl fla-triton")
+#   scripts/gpu_steps.sh ab [S]               # a candidate's GPU tests (AB_TESTS: a pytest -k expression over
+#       tests/test_kernels_bwd_gpu.py; none if unset), then the backward bench with the A/B columns AB_COLS (default
+#       ours-no-cf) and BENCH_ARGS (e.g. "--shapes A,B --no-check --skip FlashQLA") (#7); S per part
 set -u
 out=${OUT:?set OUT}
 step=${1:?step}
@@ -106,16 +107,18 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
       run python3 benchmarks/ablate_bwd.py --kernel $kern > "$out/k/ablate-$kern.txt" 2>&1
       echo "ablate $kern rc=$?"; grep -A10 "ablation" "$out/k/ablate-$kern.txt"
     done ;;
-  cf-ab)
+  ab)
     mkdir -p "$out/k"
-    run python3 -m pytest -q -s -p no:cacheprovider -rfE tests/test_kernels_bwd_gpu.py -k conflict_free \
-      > "$out/k/test-cf.txt" 2>&1
-    echo "cf tests rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$out/k/test-cf.txt"
+    if [ -n "${AB_TESTS:-}" ]; then
+      run python3 -m pytest -q -s -p no:cacheprovider -rfE tests/test_kernels_bwd_gpu.py -k "$AB_TESTS" \
+        > "$out/k/test-ab.txt" 2>&1
+      echo "A/B tests rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$out/k/test-ab.txt"
+    fi
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of words (e.g. --shapes A,B --no-check)
-    run python3 benchmarks/bench_kernels_bwd.py --rep 10 --warmup 2 --tables split --ab ours-cf --workers 14 ${BENCH_ARGS:-} \
-      > "$out/k/bench-bwd-cf.txt" 2>&1
-    echo "cf bench rc=$? $(( $(date +%s) - t0 )) s"; grep "stages" "$out/k/bench-bwd-cf.txt"
-    grep -A8 "== summary" "$out/k/bench-bwd-cf.txt" ;;
+    run python3 benchmarks/bench_kernels_bwd.py --rep 10 --warmup 2 --tables split --ab "${AB_COLS:-ours-no-cf}" \
+      --workers 14 ${BENCH_ARGS:-} > "$out/k/bench-bwd-cand.txt" 2>&1
+    echo "A/B bench rc=$? $(( $(date +%s) - t0 )) s"; grep "stages\|check" "$out/k/bench-bwd-cand.txt"
+    grep -A8 "== summary" "$out/k/bench-bwd-cand.txt" ;;
   profile)
     # needs ncu's hardware counters (the Firecracker runtime; gVisor has none, see the device README's KINDS.md)
     mkdir -p "$out/k"

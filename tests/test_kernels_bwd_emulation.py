@@ -71,6 +71,22 @@ def test_lean_tables_with_split_state_dots_meet_the_same_bar(name):
     _check(name, xs, do, dht, kw, tables="lean_sd")
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_dh_single_operands_meet_the_same_bar(monkeypatch, name):
+    """The candidate ``build._DH_SINGLE`` (dh with single Tinv, dU, F1 dO, F0 dX operands: 5 instead of 9 wgmma a
+    chunk) keeps every gradient within the FLA-like baseline, and dg near g = -20 within the rounding floor (the
+    emulation follows the switch, as the API does)."""
+    import kernels.gdn_bwd.build as bbuild
+    xs, do, dht, kw = tt.bwd_inputs(**CASES[name])
+    monkeypatch.setattr(bbuild, "_DH_SINGLE", False)
+    split = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    monkeypatch.setattr(bbuild, "_DH_SINGLE", True)
+    rows = _check(name, xs, do, dht, kw, near_m20=CASES[name].get("gate") == "near_-20")
+    single = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    assert not torch.equal(single[2], split[2]), "dv: the switch changed nothing"     # dv comes from dh's dY alone
+    assert rows
+
+
 def test_max_rel_diff_helper():
     """``testing.max_rel_diff`` (the GPU tests' stage distances): max |x - ref| / max |ref|, in fp64, over max |x - ref|
     alone for an all-zero reference; zero only for equal tensors."""
@@ -221,7 +237,7 @@ def _fake_kernels(monkeypatch):
                 if use_dht:
                     d = dht.transpose(-1, -2) if vf else dht
                 a, b_, c, e, dvv, h0g = E.dh(q, k, do, Th.to(f64), Tl.to(f64), Fb.to(f64),
-                                             dUl.to(f64).transpose(-1, -2), cu_list(cu), d, q.dtype)
+                                             dUl.to(f64).transpose(-1, -2), cu_list(cu), d, q.dtype, cfg.single)
                 put(dSh, a.transpose(-1, -2)), put(dSl, b_.transpose(-1, -2))
                 put(dYh, c.transpose(-1, -2)), put(dYl, e.transpose(-1, -2)), put(dv, dvv)
                 if store_dh0:
@@ -317,7 +333,7 @@ _PLUMBING = {
 
 
 @pytest.mark.parametrize("form", ["fused", "fused_group_sum_kernel", "fused_torch_group_sum", "torch_dg_dbeta",
-                                  "two_kernels", "recompute_intra2", "conflict_free"])
+                                  "two_kernels", "recompute_intra2", "plain_tiles", "dh_single"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
 def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
@@ -326,9 +342,10 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     clusters off, ``api._CLUSTER_GROUP_SUM``, every group by ``gdn_bwd_group_sum`` or by torch,
     ``api._GROUP_SUM_KERNEL`` off; dg, dbeta by the torch form of finish, ``api._DG_DBETA_KERNEL`` off), with its
     two-kernel form (``api._FUSED_DQK`` off), with
-    the recompute's own intra2 kernel instead of prep's Ag (``api._RECOMPUTE_FROM_PREP`` off), and with the
-    candidate conflict-free tiles (``build._CONFLICT_FREE``: the API must then ask for the ``cf`` dqk kernel and the
-    ``sl_swizzle`` state kernel, and only for those)."""
+    the recompute's own intra2 kernel instead of prep's Ag (``api._RECOMPUTE_FROM_PREP`` off), and without the
+    conflict-free tiles (``build._CONFLICT_FREE`` off, "plain_tiles"; on, the API must ask for the ``cf`` dqk kernel
+    and the ``sl_swizzle`` state kernel, and only for those; off, for neither), and with dh's single operands
+    (``build._DH_SINGLE``, "dh_single": the ``single`` dh kernel; the emulation follows the switch)."""
     import kernels.gdn_bwd.build as bbuild
     import kernels.gdn_fwd.build as fbuild
     from kernels.gdn_bwd import api
@@ -338,7 +355,8 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     asked = []
     for mod in (bbuild, fbuild):
         monkeypatch.setattr(mod, "get_kernel", lambda cfg, _get=mod.get_kernel: asked.append(cfg) or _get(cfg))
-    monkeypatch.setattr(bbuild, "_CONFLICT_FREE", form == "conflict_free")
+    monkeypatch.setattr(bbuild, "_CONFLICT_FREE", form != "plain_tiles")
+    monkeypatch.setattr(bbuild, "_DH_SINGLE", form == "dh_single")
     monkeypatch.setattr(api, "_FUSED_DQK", form != "two_kernels")
     monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", form != "fused_torch_group_sum")
     monkeypatch.setattr(api, "_CLUSTER_GROUP_SUM", form == "fused")
@@ -356,12 +374,14 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
         # the stand-ins round the fp64 stage results into the kernels' storage dtypes; nothing else differs
         assert torch.equal(a, b_) or tt.rel_rmse(a, b_) <= tt.rel_rmse(b_.to(xs[0].dtype), b_) / 4, \
             (n, tt.rel_rmse(a, b_))
-    cf = form == "conflict_free"
+    cf = form != "plain_tiles"
     dqk = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
     state = [c for c in asked if isinstance(c, fbuild.State2Config)]
     assert all(c.cf == cf for c in dqk) and all(c.sl_swizzle == cf for c in state), asked
-    if cf and name != "all_empty_h0_vfirst":            # (no token: nothing to recompute)
-        assert dqk and state, asked
+    dh = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "dh"]
+    assert all(c.single == (form == "dh_single") for c in dh), asked
+    if name != "all_empty_h0_vfirst":                   # (no token: nothing to recompute)
+        assert state and (dqk or form == "two_kernels"), asked
 
 
 def test_precision_study_switch_is_scoped_and_checked():

@@ -39,7 +39,7 @@ def _precompile():
     """Compile every kernel the cases need in parallel processes first (fills TileLang's disk cache)."""
     import os
 
-    from kernels.gdn_bwd.build import configs_for_call, forward_recompute_configs, precompile
+    from kernels.gdn_bwd.build import configs_for_call, dh_config, forward_recompute_configs, precompile
     cfgs = []
 
     def add(new):
@@ -52,10 +52,12 @@ def _precompile():
         for shape in (f.get("shape") for f in _RECOMPUTE_FORMS.values()):     # the recompute's forced shapes
             with _build_switch("_RECOMPUTE_STATE", shape):
                 add(forward_recompute_configs(dt, 1, 1))
-    for c in _CF_CASES:                                    # the conflict-free candidate's kernels (build._CONFLICT_FREE)
+    for c in _CF_CASES:                                    # the kernels without the conflict-free tiles
         dt, n, mc = _call_shape(c)
-        with _build_switch("_CONFLICT_FREE", True):
+        with _build_switch("_CONFLICT_FREE", False):
             add(configs_for_call(dt, n, c.HV, mc, c.h0 is not None))
+    with _build_switch("_DH_SINGLE", True):                # the candidate single-operand dh (both dtypes)
+        add([dh_config(dt) for dt in ("bfloat16", "float16")])
     failed = precompile(cfgs, min(10, os.cpu_count() or 1))
     assert not failed, failed
 
@@ -103,6 +105,24 @@ def _baseline(args, kw, do, dht):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_gradients_against_fp64(case):
+    _gradients_against_fp64(case)
+
+
+_DH_SINGLE_CASES = [c for c in CASES if c.name in ("T65_h0", "T1000_h0_gva2", "T8192", "B3_T1000_fp16_vfirst_h0",
+                                                   "varlen_boundaries_h0_vfirst", "g_near_-20_h0x50",
+                                                   "g_zero_beta_extreme", "fp16_fp16_gates_h0")]
+
+
+@pytest.mark.parametrize("case", _DH_SINGLE_CASES, ids=[c.name for c in _DH_SINGLE_CASES])
+def test_dh_single_gradients_against_fp64(monkeypatch, case):
+    """The candidate ``build._DH_SINGLE`` (dh with single Tinv, dU, F1 dO, F0 dX operands) under the same bars:
+    within the FLA-like baseline and FLA Triton, dg near g = -20 within the rounding floor."""
+    from kernels.gdn_bwd import build
+    monkeypatch.setattr(build, "_DH_SINGLE", True)
+    _gradients_against_fp64(case)
+
+
+def _gradients_against_fp64(case):
     from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as ours_fn
 
     dev = torch.device("cuda")
@@ -137,17 +157,21 @@ def test_gradients_against_fp64(case):
 _STAGE_CASES = [c for c in CASES if c.name in ("T65_h0", "varlen_boundaries_h0_vfirst", "gva4_l2norm")]
 
 
-@pytest.mark.parametrize("tables", ["split", "lean_sd"])
+@pytest.mark.parametrize("tables", ["split", "lean_sd", "split+dh_single"])
 @pytest.mark.parametrize("case", _STAGE_CASES, ids=[c.name for c in _STAGE_CASES])
-def test_stages_match_emulation(case, tables):
+def test_stages_match_emulation(monkeypatch, case, tables):
     """Every intermediate of the kernels vs the torch emulation on the same inputs (printed: max |diff| /
     max |emulation|, to localise a failing stage); the final gradients must agree with the emulation within
     the input dtype's rounding floor (they run the same algorithm with the same roundings).  Both chunk-table
     precisions: the default "split" and the opt-in "lean_sd" (``gdn_bwd/dqk_lean.py``), whose gradients must
-    also stay within the FLA-like baseline."""
+    also stay within the FLA-like baseline; and "split" with dh's single operands (``build._DH_SINGLE``, which the
+    emulation follows)."""
+    from kernels.gdn_bwd import build
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
     from kernels.gdn_bwd.emulation import chunk_gated_delta_rule_bwd as emu
 
+    tables, _, form = tables.partition("+")
+    monkeypatch.setattr(build, "_DH_SINGLE", form == "dh_single")
     dev = torch.device("cuda")
     args, kw, do, dht = _grads_inputs(case, dev)
     sk, se = {}, {}
@@ -388,7 +412,8 @@ _CF_CASES += [c for c in _CLUSTER_CASES if c.name in ("T1000_h0_gva2", "gva8_h0"
 
 @pytest.mark.parametrize("case", _CF_CASES, ids=[c.name for c in _CF_CASES])
 def test_conflict_free_tiles_give_the_same_gradients(monkeypatch, case):
-    """``build._CONFLICT_FREE`` (a candidate, session 12): the recompute's S lo tile swizzled and the fused dqk
-    kernel's v, m_s, stage and inbox tiles swizzled or padded change where values sit in shared memory, not what is
-    computed, so every gradient is bitwise the same as with the API's tiles (with and without clusters)."""
+    """``build._CONFLICT_FREE`` (session 12; the API's form since session 13): the recompute's S lo tile swizzled
+    and the fused dqk kernel's v, m_s, stage and inbox tiles swizzled or padded change where values sit in shared
+    memory, not what is computed, so every gradient is bitwise the same as without them (with and without
+    clusters)."""
     _check_forms(case, *_switch_forms(monkeypatch, case, "_CONFLICT_FREE", module="build"))

@@ -79,7 +79,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     from kernels.gdn_fwd.build import KERNEL_HEAD_DIM
     from kernels.gdn_fwd.build import get_kernel as fwd_kernel
 
-    from .build import CLUSTER_GROUPS, BwdConfig, dqk_config, forward_recompute_configs, get_kernel
+    from .build import CLUSTER_GROUPS, BwdConfig, dh_config, dqk_config, forward_recompute_configs, get_kernel
 
     dt = q.dtype
     D = KERNEL_HEAD_DIM
@@ -193,10 +193,10 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     dh0 = torch.empty((N if use_h0 else 1), HV, D, D, device=dev, dtype=f32)
     cp = _dh_plan(B, T, cu_host, HV, D // 64, dev) if _DH_SEGMENTS else None
     if cp is None:
-        get_kernel(BwdConfig("dh", tl_dt))(q2, k2, do2, Th, Tl, Fb, dUl, cu, chunk_offsets, dh, dSh, dSl, dYh, dYl,
+        get_kernel(dh_config(tl_dt))(q2, k2, do2, Th, Tl, Fb, dUl, cu, chunk_offsets, dh, dSh, dSl, dYh, dYl,
                                            dv2, dh0, int(dht is not None), int(use_h0), vf)
     else:       # few heads: the same kernel over segments, three passes and a scan (dh_cp.py)
-        dh0k = _dh_segmented(get_kernel(BwdConfig("dh", tl_dt)), cp, q2, k2, do2, Th, Tl, Fb, dUl,
+        dh0k = _dh_segmented(get_kernel(dh_config(tl_dt)), cp, q2, k2, do2, Th, Tl, Fb, dUl,
                              (dh.transpose(-1, -2) if vf else dh) if dht is not None else None,
                              dSh, dSl, dYh, dYl, dv2)
         if use_h0:

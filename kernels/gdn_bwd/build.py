@@ -25,11 +25,12 @@ class BwdConfig:
     kind: str                      # one of KINDS
     dtype: str
     DK: int = KERNEL_HEAD_DIM
-    cf: bool = False               # the fused dqk kinds only: ``conflict_free`` tiles (dqk_fused.py, a candidate)
+    cf: bool = False               # the fused dqk kinds only: ``conflict_free`` tiles (dqk_fused.py; the API's form)
+    single: bool = False           # dh only: Tinv, dU, F1 dO, F0 dX single (dh.py's ``single``, a candidate)
 
     @property
     def name(self) -> str:
-        return f"bwd_{self.kind}[DK=DV={self.DK}{',cf' if self.cf else ''},{self.dtype}]"
+        return f"bwd_{self.kind}[DK=DV={self.DK}{',cf' if self.cf else ''}{',single' if self.single else ''},{self.dtype}]"
 
 
 # kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
@@ -40,12 +41,15 @@ def all_configs():
     """Every backward kernel the API can dispatch: prep, dh, the fused dqk, the two-kernel form of dqk (inter,
     intra: ``api._FUSED_DQK`` off) (and the "lean_sd" inter kernel, its state-dots
     kernel and the lean intra kernel) x {bf16, fp16} at K = V = 128 (K = V = 64 is zero-padded to 128 like the
-    forward), and the ``_CONFLICT_FREE`` candidate's fused dqk without and with clusters (bf16: the tiles do not
-    depend on the dtype).  The forward recompute uses the forward's own dispatched kernels (intra2 + the smem state
-    kernel, precision "default_h0", with and without ``sl_swizzle``), compiled by the forward's test."""
-    return ([BwdConfig(kind, dt) for dt in DTYPES for kind in KINDS] + [BwdConfig(k, "float32")
-                                                                        for k in DTYPE_FREE_KINDS]
-            + [BwdConfig(k, "bfloat16", cf=True) for k in ("dqk", "dqk_g2")])
+    forward); the fused dqk kinds with ``_CONFLICT_FREE``'s tiles (``cf``, the API's form since session 13), and
+    without them for bf16, without and with clusters (the A/B column ``ours-no-cf``: the tiles do not depend on the
+    dtype).  The forward recompute uses the forward's own dispatched kernels (intra2 + the smem state kernel,
+    precision "default_h0", with and without ``sl_swizzle``), compiled by the forward's test."""
+    fused = ("dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS))
+    return ([BwdConfig(kind, dt, cf=kind in fused) for dt in DTYPES for kind in KINDS]
+            + [BwdConfig(k, "float32") for k in DTYPE_FREE_KINDS]
+            + [BwdConfig(k, "bfloat16") for k in ("dqk", "dqk_g2")]
+            + [BwdConfig("dh", dt, single=True) for dt in DTYPES])
 
 
 def prim_func(cfg: BwdConfig):
@@ -53,9 +57,11 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
         return build_bwd_prep(D, D, cfg.dtype)
+    if cfg.single and cfg.kind != "dh":
+        raise ValueError(f"single (operands) is a switch of the dh kernel only: {cfg.name}")
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
-        return build_bwd_dh(D, D, cfg.dtype)
+        return build_bwd_dh(D, D, cfg.dtype, single=cfg.single)
     if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
         from .dqk_fused import build_bwd_dqk_fused
         return build_bwd_dqk_fused(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
@@ -106,11 +112,21 @@ def dqk_config(kind: str, dtype: str) -> BwdConfig:
     return BwdConfig(kind, dtype, cf=_CONFLICT_FREE)
 
 
-# private switch (A/B timing; a candidate of session 12, off until an H200 has timed it): the shared tiles whose
-# per-thread accesses are bank conflicts in the generated CUDA laid out without them (``kernels.common.bank_conflicts``)
-# - the recompute's state kernel's S lo tile swizzled (``state2.py``'s ``swizzle_sl``) and the fused dqk kernel's v,
-# m_s, stage and inbox tiles (``dqk_fused.py``'s ``conflict_free``); the same values in the same order
-_CONFLICT_FREE = False
+def dh_config(dtype: str) -> BwdConfig:
+    """The reverse pass's configuration, with ``_DH_SINGLE``'s operands."""
+    return BwdConfig("dh", dtype, single=_DH_SINGLE)
+
+
+# private switch (A/B timing: on in the column ``ours-dh-single``; a candidate of session 13): dh with single Tinv, dU,
+# F1 dO and F0 dX operands (``dh.py``'s ``single``; the emulation follows it)
+_DH_SINGLE = False
+
+# private switch (A/B timing: off in the column ``ours-no-cf``): the shared tiles whose per-thread accesses are bank
+# conflicts in the generated CUDA laid out without them (``kernels.common.bank_conflicts``) - the recompute's state
+# kernel's S lo tile swizzled (``state2.py``'s ``swizzle_sl``) and the fused dqk kernel's v, m_s, stage and inbox
+# tiles (``dqk_fused.py``'s ``conflict_free``); the same values in the same order (session 13, call 1, one H200:
+# backward 7.27 -> 6.98 ms at B1 T32768 H16 HV32, bitwise equal gradients on 7 cases)
+_CONFLICT_FREE = True
 
 
 def recompute_state_shape(n_seq: int, HV: int) -> tuple[int, int]:
@@ -186,7 +202,7 @@ def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: b
     except Exception:       # the forward's planner changed: everything it can dispatch
         out += [c for c in fb.all_configs() if c.dtype == dtype]
     out += list(forward_recompute_configs(dtype, n_seq, HV))
-    out += [dqk_config(kind, dtype) if kind.startswith("dqk") else
+    out += [dqk_config(kind, dtype) if kind.startswith("dqk") else dh_config(dtype) if kind == "dh" else
             BwdConfig(kind, "float32" if kind in DTYPE_FREE_KINDS else dtype) for kind in stage_kinds(tables, fused)]
     uniq = []
     for c in out:

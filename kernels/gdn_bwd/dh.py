@@ -25,7 +25,7 @@ BT = 64
 FR = T.GemmWarpPolicy.FullRow
 # timing-study switches (``benchmarks/ablate_bwd.py --kernel dh``): the "no_*" ones drop a part (wrong gradients);
 # "st_direct" is session 7's form of the dS' / dY table stores (the same values)
-DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "st_direct", "st_wait", "single_ops", "dul_plain")
+DH_ABLATIONS = ("no_ds_store", "no_dy_store", "no_dv", "no_lo", "st_direct", "st_wait", "dul_plain")
 
 
 @T.macro
@@ -49,8 +49,14 @@ def store_split(hi, lo, hi_s, lo_s, dst_hi, dst_lo, wait=True):
             T.tma_copy(lo_s, dst_lo)
 
 
-def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, _ablate: frozenset = frozenset()):
-    """``_ablate`` (timing studies only): names from ``DH_ABLATIONS`` - "no_ds_store" / "no_dy_store" / "no_dv"
+def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, single: bool = False,
+                 _ablate: frozenset = frozenset()):
+    """``single`` (a candidate, session 13; the build's ``_DH_SINGLE``): Tinv, dU, F1 dO and F0 dX as one input-dtype
+    term each (dS' keeps its lo product, the dY tables stay split): 5 instead of 9 wgmma a chunk; the emulation's
+    ``dh(single=True)`` (``accuracy.py --singles``, variant "dh": worst rel_rmse 0.78 of the FLA-like baseline's over
+    its five cases, against 0.49 split).  Session 10 timed the same products as an ablation: 2.11 -> 1.69 ms alone.
+
+    ``_ablate`` (timing studies only): names from ``DH_ABLATIONS`` - "no_ds_store" / "no_dy_store" / "no_dv"
     without the stores of the dS' tables / the dY tables / dv, "no_lo" without the lo-term products; "st_direct"
     session 7's stores of the dS' and dY tables, straight from the register fragments (same values).
 
@@ -81,17 +87,26 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
     assert dtype in ("bfloat16", "float16")
     assert set(_ablate) <= set(DH_ABLATIONS), _ablate
     lo = "no_lo" not in _ablate
-    # "single_ops" (timing only): the accuracy study's single operands (README, "Which hi + lo products ...": dU,
-    # Tinv, F1 dO, F0 dX as one input-dtype term; dS' keeps its lo product): 5 instead of 9 wgmma per chunk, 2.11 ->
-    # 1.69 ms alone (session 10, call 2).  As a kernel form of its own (call 3, commit 9b056de) it saved nothing in
-    # the backward (8.21 against 8.24 ms at B1 T32768 H16 HV32: the recompute beside dh then ends last), and its
-    # dY tables were wrong (the stored split, not the dY it used); removed
-    olo = lo and "single_ops" not in _ablate
+    # the lo products of Tinv, dU, F1 dO, F0 dX.  Session 10 (call 3, commit 9b056de) had a single form that saved
+    # nothing in the backward (8.21 against 8.24 ms at B1 T32768 H16 HV32: the recompute beside dh then ended last);
+    # since session 13's conflict-free recompute that is timed again (``single``)
+    olo = lo and not single
     # the table stores of one chunk are waited for at the next chunk's first store, not where they are issued
     # (session 8's form, waiting for each: the "st_wait" ablation)
     nowait = "st_wait" not in _ablate and "st_direct" not in _ablate
     f32 = "float32"
     NV = DV // BV
+
+    @T.macro
+    def split_to(x_f, hi, lo_, with_lo):
+        """hi = rd(x), and lo = rd(x - hi) where ``with_lo`` (a build-time bool)."""
+        if with_lo:
+            for i, t in T.Parallel(BV, BT):
+                hi[i, t] = T.cast(x_f[i, t], dtype)
+                lo_[i, t] = T.cast(x_f[i, t] - T.cast(T.cast(x_f[i, t], dtype), f32), dtype)
+        else:
+            for i, t in T.Parallel(BV, BT):
+                hi[i, t] = T.cast(x_f[i, t], dtype)
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
 
     @T.prim_func
@@ -183,18 +198,14 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                     T.gemm(dsl, k_s, kd_f, transpose_B=True, policy=FR)
                 for i, t in T.Parallel(BV, BT):
                     kd_f[i, t] = dul_s[i, t] + f_s[2, t] * kd_f[i, t]
-                for i, t in T.Parallel(BV, BT):
-                    xa[i, t] = T.cast(kd_f[i, t], dtype)
-                    xl[i, t] = T.cast(kd_f[i, t] - T.cast(T.cast(kd_f[i, t], dtype), f32), dtype)
+                split_to(kd_f, xa, xl, olo)
 
                 # dY^T = dU^T Tinv
                 T.gemm(xa, th_s, dy_f, clear_accum=True, policy=FR)
                 if olo:
                     T.gemm(xl, th_s, dy_f, policy=FR)
                     T.gemm(xa, tl_s, dy_f, policy=FR)
-                for i, t in T.Parallel(BV, BT):
-                    xa[i, t] = T.cast(dy_f[i, t], dtype)
-                    xl[i, t] = T.cast(dy_f[i, t] - T.cast(T.cast(dy_f[i, t], dtype), f32), dtype)
+                split_to(dy_f, xa, xl, True)            # the dY tables: split in either form
                 if "no_dy_store" not in _ablate:
                     store_split(xa, xl, dya_s, dyl_s, dYh[hv, c, v0:v0 + BV, 0:BT], dYl[hv, c, v0:v0 + BV, 0:BT],
                                 not nowait)
@@ -208,17 +219,13 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                     ds_f[i, d] = ds_f[i, d] * f_s[3, 0]
                 for i, t in T.Parallel(BV, BT):
                     kd_f[i, t] = T.cast(do_s[t, i], f32) * f_s[1, t]
-                for i, t in T.Parallel(BV, BT):
-                    xa[i, t] = T.cast(kd_f[i, t], dtype)
-                    xl[i, t] = T.cast(kd_f[i, t] - T.cast(T.cast(kd_f[i, t], dtype), f32), dtype)
+                split_to(kd_f, xa, xl, olo)
                 T.gemm(xa, q_s, ds_f, policy=FR)
                 if olo:
                     T.gemm(xl, q_s, ds_f, policy=FR)
                 for i, t in T.Parallel(BV, BT):
                     kd_f[i, t] = -(f_s[7, t] * dy_f[i, t]) * f_s[0, t]
-                for i, t in T.Parallel(BV, BT):
-                    xa[i, t] = T.cast(kd_f[i, t], dtype)
-                    xl[i, t] = T.cast(kd_f[i, t] - T.cast(T.cast(kd_f[i, t], dtype), f32), dtype)
+                split_to(kd_f, xa, xl, olo)
                 T.gemm(xa, k_s, ds_f, policy=FR)
                 if olo:
                     T.gemm(xl, k_s, ds_f, policy=FR)

@@ -248,7 +248,8 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
     bwd 8.24 against 8.12 ms at B1 T32768 H16 HV32, 3.74 against 3.61 at B1 T65536 H2 HV4 (session 10, call 3,
     commit 9b056de; reverted).
 
-    ``conflict_free`` (a candidate, session 12, not yet timed on a GPU; the build's ``_CONFLICT_FREE``): the shared
+    ``conflict_free`` (session 12; the API's form since session 13, the build's ``_CONFLICT_FREE``: backward 7.27 ->
+    6.98 ms at B1 T32768 H16 HV32 with the recompute's ``sl_swizzle``, one H200): the shared
     tiles whose per-thread accesses are bank conflicts in the generated CUDA (``kernels.common.bank_conflicts``)
     laid out without them, the same values in the same order: the v tile of the dY . v dots swizzled (read in the
     accumulator layout from 256-byte rows: 8-way, 32 two-byte loads a thread; none swizzled); the dg summands' fp32

@@ -60,6 +60,12 @@ def study(single=(), fwd_preset: str = "default_h0"):
         _SINGLE, _FWD_PRESET = old
 
 
+def dh_single() -> bool:
+    """Whether the API runs dh's single form (``kernels.gdn_bwd.build._DH_SINGLE``): the emulation follows it."""
+    from . import build
+    return build._DH_SINGLE
+
+
 def _split(name: str) -> bool:
     """Whether operand ``name`` (``SPLITS``) is a two-term split (always, outside ``study``)."""
     return name not in _SINGLE
@@ -100,10 +106,11 @@ def prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt):
     return Th, Tl, Fb, dUloc
 
 
-def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt):
+def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False):
     """Emulates ``gdn_bwd_dh`` (reverse sequential).  dht [N, HV, DK, DV] fp32 or None (key-first).
     Returns dSnh, dSnl [HV, NC, DK, DV] (the gradient of each chunk's end state, split),
-    dYh, dYl [HV, NC, 64, DV], dv [Ttot, HV, DV] (dt) and dh0 [N, HV, DK, DV] fp32."""
+    dYh, dYl [HV, NC, 64, DV], dv [Ttot, HV, DV] (dt) and dh0 [N, HV, DK, DV] fp32.  ``single``: the kernel's
+    single form (``build_bwd_dh(single=True)``): Tinv (Tl not read), dU, F1 dO and F0 dX as one input-dtype term."""
     Ttot, H, DK = q2.shape
     HV, DV = do2.shape[1], do2.shape[2]
     dev = q2.device
@@ -145,8 +152,9 @@ def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt):
         dSnh[:, c], dSnl[:, c] = sh.transpose(0, 1), sl.transpose(0, 1)
         KdS = _f32(Kc @ (sh + sl))
         dU = _f32(dul + _f32(f[:, :, 2, :, None] * KdS))
-        uh, ul = _two(dU, dt, _split("dU"))
-        thT, tlT = th.transpose(-1, -2), tl.transpose(-1, -2)
+        uh, ul = _two(dU, dt, _split("dU") and not single)
+        thT = th.transpose(-1, -2)
+        tlT = torch.zeros_like(thT) if single else tl.transpose(-1, -2)
         dY = _f32(thT @ uh + tlT @ uh + thT @ ul)
         yh, yl = _two(dY, dt, _split("dY"))
         dYh[:, c], dYl[:, c] = yh.transpose(0, 1), yl.transpose(0, 1)
@@ -155,8 +163,8 @@ def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt):
         for j in range(len(act)):
             m = st[j]
             dv[tok[j][m]] = dX[j][:, m].transpose(0, 1)
-        a1h, a1l = _two(_f32(f[:, :, 1, :, None] * dOc), dt, _split("dO"))
-        a2h, a2l = _two(_f32(f[:, :, 0, :, None] * dX), dt, _split("dX"))
+        a1h, a1l = _two(_f32(f[:, :, 1, :, None] * dOc), dt, _split("dO") and not single)
+        a2h, a2l = _two(_f32(f[:, :, 0, :, None] * dX), dt, _split("dX") and not single)
         QT, KT = Qc.transpose(-1, -2), Kc.transpose(-1, -2)
         dS[a] = _f32(_f32(dS_a * f[:, :, 3, 0, None, None]) + QT @ a1h + QT @ a1l - KT @ a2h - KT @ a2l)
     return dSnh, dSnl, dYh, dYl, dv.to(dt), dS.to(torch.float32)
@@ -283,7 +291,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     Ah, Al, F = intra_v2(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
     Sch, Scl, Uh, Ul, _ = state_v2(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
     Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt)
-    dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dS0, dt)
+    dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dS0, dt, dh_single())
     lo = (lambda x: x) if _tables == "split" else torch.zeros_like      # "lean": the hi terms alone
     dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, lo(Scl), Uh, lo(Ul), dSnh, lo(dSnl), dYh,
                                                lo(dYl), Fb, cu, scale)
