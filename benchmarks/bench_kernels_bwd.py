@@ -84,21 +84,26 @@ AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute 
       "ours-rc-bv64": ("build", "_RECOMPUTE_STATE", (64, 1)),   # ... BV 64, 1 CTA/SM
       "ours-rc-bv16o2": ("build", "_RECOMPUTE_STATE", (16, 2)),  # ... BV 16, 2 CTAs/SM
       "ours-no-cf": ("build", "_CONFLICT_FREE", False),
-      "ours-dh-single": ("build", "_DH_SINGLE", True)}          # dh with single Tinv, dU, F1 dO, F0 dX (s13)          # without the conflict-free tiles (recompute, dqk; s12)
+      "ours-dh-single": ("build", "_DH_SINGLE", True),          # dh with single Tinv, dU, F1 dO, F0 dX (s13)
+      "ours-dh-single-bv64": [("build", "_DH_SINGLE", True), ("build", "_RECOMPUTE_STATE", (64, 1))]}  # both          # without the conflict-free tiles (recompute, dqk; s12)
 
 
 @contextlib.contextmanager
 def _ab_switch(col: str):
-    """Column ``col``'s switch (``AB``) set for the duration (restored after, also on an error)."""
+    """Column ``col``'s switch or switches (``AB``: one (module, name, value) or a list) set for the duration
+    (restored after, also on an error)."""
     import importlib
-    mod, flag, value = AB[col]
-    m = importlib.import_module(f"kernels.gdn_bwd.{mod}")
-    saved = getattr(m, flag)
-    setattr(m, flag, value)
+    switches = AB[col] if isinstance(AB[col], list) else [AB[col]]
+    saved = []
     try:
+        for mod, flag, value in switches:
+            m = importlib.import_module(f"kernels.gdn_bwd.{mod}")
+            saved.append((m, flag, getattr(m, flag)))
+            setattr(m, flag, value)
         yield
     finally:
-        setattr(m, flag, saved)
+        for m, flag, value in reversed(saved):
+            setattr(m, flag, value)
 
 
 def grads(fn, args, kw, do, dht, cast=lambda x: x, name: str = ""):
@@ -133,7 +138,8 @@ def main(argv=None):
                     "'ours-torch-dgdb' (dg, dbeta by the torch form of finish, not gdn_bwd_dg_dbeta), "
                     "'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' (the recompute's state kernel shape), "
                     "'ours-no-cf' (without the conflict-free shared tiles of the recompute and the fused dqk kernel), "
-                    "'ours-dh-single' (dh with single Tinv, dU, F1 dO, F0 dX operands)")
+                    "'ours-dh-single' (dh with single Tinv, dU, F1 dO, F0 dX operands), 'ours-dh-single-bv64' (that and "
+                    "the recompute's state kernel at BV 64)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):
@@ -152,7 +158,7 @@ def main(argv=None):
             L2 = [max(1, x // 64) for x in c[5]] if c[5] else None
             CHECKS[i] = (c[0], c[1], sum(L2) if L2 else c[2] // 64, *c[3:5], L2, *c[6:])
 
-        def do_bench(fn, warmup, rep, return_mode):
+        def do_bench(fn, warmup, rep, return_mode, grad_to_none=None):
             t = time.time()
             fn()
             return (time.time() - t) * 1e3
@@ -257,7 +263,10 @@ def main(argv=None):
                 if dev.type == "cuda":
                     torch.cuda.synchronize()
                 tf = do_bench(fwd, warmup=args.warmup, rep=args.rep, return_mode="median")
-                tfb = do_bench(fwdbwd, warmup=args.warmup, rep=args.rep, return_mode="median")
+                # the leaves' gradients reset before each call (as triton's do_bench does with grad_to_none): without
+                # it every call after the first adds its gradients onto the last (~0.4 ms of elementwise adds at B1
+                # T32768 H16 HV32, in every column, until session 13)
+                tfb = do_bench(fwdbwd, warmup=args.warmup, rep=args.rep, return_mode="median", grad_to_none=leaves)
                 row[iname] = (tf, tfb)
             except Exception as e:
                 row[iname] = None

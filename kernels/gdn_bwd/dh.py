@@ -89,7 +89,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
     lo = "no_lo" not in _ablate
     # the lo products of Tinv, dU, F1 dO, F0 dX.  Session 10 (call 3, commit 9b056de) had a single form that saved
     # nothing in the backward (8.21 against 8.24 ms at B1 T32768 H16 HV32: the recompute beside dh then ended last);
-    # since session 13's conflict-free recompute that is timed again (``single``)
+    # since session 13's conflict-free recompute that is timed again (``single``: 8.86 -> 8.67 ms fwd + bwd, call 2)
     olo = lo and not single
     # the table stores of one chunk are waited for at the next chunk's first store, not where they are issued
     # (session 8's form, waiting for each: the "st_wait" ablation)
@@ -140,7 +140,10 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
             k_s = T.alloc_shared((BT, DK), dtype)
             do_s = T.alloc_shared((BT, BV), dtype)
             th_s = T.alloc_shared((BT, BT), dtype)
-            tl_s = T.alloc_shared((BT, BT), dtype)
+            # Tl only where read: the single form's unread tile shared the dY hi tile's memory (TileLang's allocator
+            # merges buffers by their reads), and its TMA load overwrote dY hi in flight (wrong dY tables, session 13
+            # call 2, as in session 10's single form)
+            tl_s = T.alloc_shared((BT, BT), dtype) if olo else None
             f_s = T.alloc_shared((8, BT), f32)
             dul_s = T.alloc_shared((BV, BT), f32)
             if "dul_plain" not in _ablate:
@@ -177,7 +180,8 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
                 T.copy(do[t0:t0 + BT, hv, v0:v0 + BV], do_s)
                 T.copy(Th[hv, c, 0:BT, 0:BT], th_s)
-                T.copy(Tl[hv, c, 0:BT, 0:BT], tl_s)
+                if olo:
+                    T.copy(Tl[hv, c, 0:BT, 0:BT], tl_s)
                 T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
                 T.copy(dUl[hv, c, v0:v0 + BV, 0:BT], dul_s)
 
