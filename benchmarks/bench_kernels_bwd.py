@@ -83,9 +83,10 @@ AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute 
       "ours-rc-bv32": ("build", "_RECOMPUTE_STATE", (32, 1)),   # the recompute's state kernel: BV 32, 1 CTA/SM (s10)
       "ours-rc-bv64": ("build", "_RECOMPUTE_STATE", (64, 1)),   # ... BV 64, 1 CTA/SM
       "ours-rc-bv16o2": ("build", "_RECOMPUTE_STATE", (16, 2)),  # ... BV 16, 2 CTAs/SM
-      "ours-no-cf": ("build", "_CONFLICT_FREE", False),
-      "ours-dh-single": ("build", "_DH_SINGLE", True),          # dh with single Tinv, dU, F1 dO, F0 dX (s13)
-      "ours-dh-single-bv64": [("build", "_DH_SINGLE", True), ("build", "_RECOMPUTE_STATE", (64, 1))]}  # both          # without the conflict-free tiles (recompute, dqk; s12)
+      "ours-no-cf": ("build", "_CONFLICT_FREE", False),         # without the conflict-free tiles (recompute, dqk; s12)
+      "ours-dh-split": ("build", "_DH_SINGLE", False),          # dh with every operand split (until s13)
+      # several switches: a list (none now; session 13 timed dh's single form with the recompute at BV 64 this way)
+      }
 
 
 @contextlib.contextmanager
@@ -138,8 +139,7 @@ def main(argv=None):
                     "'ours-torch-dgdb' (dg, dbeta by the torch form of finish, not gdn_bwd_dg_dbeta), "
                     "'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' (the recompute's state kernel shape), "
                     "'ours-no-cf' (without the conflict-free shared tiles of the recompute and the fused dqk kernel), "
-                    "'ours-dh-single' (dh with single Tinv, dU, F1 dO, F0 dX operands), 'ours-dh-single-bv64' (that and "
-                    "the recompute's state kernel at BV 64)")
+                    "'ours-dh-split' (dh with every operand split, not single Tinv, dU, F0 dX)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):

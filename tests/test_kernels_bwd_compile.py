@@ -44,7 +44,7 @@ _WANT_WGMMA = {"prep": 1 + 4 + 1 + 2, "dh": 2 + 3 + 2 + 2, "inter": 2 + 3 + 3, "
                "dqk": (2 + 3 + 3) + (1 + 1 + 2 + 3 + 2 + 6), "gsum": 0, "gsum32": 0,
                "inter_lean": 3, "dots": 0, "intra_lean": 1 + 1 + 1 + 1 + 2 + 6}
 _WANT_WGMMA.update({f"dqk_g{g}": _WANT_WGMMA["dqk"] for g in CLUSTER_GROUPS}, dgdb=0)
-_WANT_WGMMA["dh_single"] = 2 + 1 + 1 + 1          # dS' keeps its lo product; Tinv, dU, F1 dO, F0 dX single
+_WANT_WGMMA["dh_single"] = 2 + 1 + 2 + 1          # dS' and F1 dO keep their lo products; Tinv, dU, F0 dX single
 
 
 def _job(i):

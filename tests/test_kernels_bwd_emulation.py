@@ -71,17 +71,33 @@ def test_lean_tables_with_split_state_dots_meet_the_same_bar(name):
     _check(name, xs, do, dht, kw, tables="lean_sd")
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# two cases of the GPU tests, with their inputs (tests/test_kernels_bwd_gpu.py's _grads_inputs): with F1 dO single
+# as well, dh0 was 1.00x / 1.02x the FLA-like baseline's rel_rmse on them (GPU and emulation alike, session 13)
+_GPU_NAMES = ("T65_h0", "fp16_fp16_gates_h0")
+
+
+def _gpu_case_inputs(name):
+    c = next(x for x in tt.GPU_CASES if x.name == name)
+    args, kw = c.inputs(torch.device("cpu"))
+    kw = {k: v for k, v in kw.items() if k != "output_final_state"}
+    B, T, HV, V = args[2].shape
+    N = B if kw["cu_seqlens"] is None else kw["cu_seqlens"].numel() - 1
+    gen = torch.Generator().manual_seed(c.seed + 11)
+    do = torch.randn(B, T, HV, V, generator=gen).to(args[0].dtype)
+    return args, do, 0.1 * torch.randn(N, HV, V, V, generator=gen), kw
+
+
+@pytest.mark.parametrize("name", list(CASES) + list(_GPU_NAMES))
 def test_dh_single_operands_meet_the_same_bar(monkeypatch, name):
-    """The candidate ``build._DH_SINGLE`` (dh with single Tinv, dU, F1 dO, F0 dX operands: 5 instead of 9 wgmma a
+    """``build._DH_SINGLE`` (dh with single Tinv, dU, F0 dX operands: 6 instead of 9 wgmma a
     chunk) keeps every gradient within the FLA-like baseline, and dg near g = -20 within the rounding floor (the
     emulation follows the switch, as the API does)."""
     import kernels.gdn_bwd.build as bbuild
-    xs, do, dht, kw = tt.bwd_inputs(**CASES[name])
+    xs, do, dht, kw = _gpu_case_inputs(name) if name in _GPU_NAMES else tt.bwd_inputs(**CASES[name])
     monkeypatch.setattr(bbuild, "_DH_SINGLE", False)
     split = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
     monkeypatch.setattr(bbuild, "_DH_SINGLE", True)
-    rows = _check(name, xs, do, dht, kw, near_m20=CASES[name].get("gate") == "near_-20")
+    rows = _check(name, xs, do, dht, kw, near_m20=CASES.get(name, {}).get("gate") == "near_-20")
     single = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
     assert not torch.equal(single[2], split[2]), "dv: the switch changed nothing"     # dv comes from dh's dY alone
     assert rows
@@ -333,7 +349,7 @@ _PLUMBING = {
 
 
 @pytest.mark.parametrize("form", ["fused", "fused_group_sum_kernel", "fused_torch_group_sum", "torch_dg_dbeta",
-                                  "two_kernels", "recompute_intra2", "plain_tiles", "dh_single"])
+                                  "two_kernels", "recompute_intra2", "plain_tiles", "dh_split"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
 def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
@@ -345,7 +361,7 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     the recompute's own intra2 kernel instead of prep's Ag (``api._RECOMPUTE_FROM_PREP`` off), and without the
     conflict-free tiles (``build._CONFLICT_FREE`` off, "plain_tiles"; on, the API must ask for the ``cf`` dqk kernel
     and the ``sl_swizzle`` state kernel, and only for those; off, for neither), and with dh's single operands
-    (``build._DH_SINGLE``, "dh_single": the ``single`` dh kernel; the emulation follows the switch)."""
+    (``build._DH_SINGLE``, the ``single`` dh kernel; off, "dh_split"; the emulation follows the switch)."""
     import kernels.gdn_bwd.build as bbuild
     import kernels.gdn_fwd.build as fbuild
     from kernels.gdn_bwd import api
@@ -356,7 +372,7 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     for mod in (bbuild, fbuild):
         monkeypatch.setattr(mod, "get_kernel", lambda cfg, _get=mod.get_kernel: asked.append(cfg) or _get(cfg))
     monkeypatch.setattr(bbuild, "_CONFLICT_FREE", form != "plain_tiles")
-    monkeypatch.setattr(bbuild, "_DH_SINGLE", form == "dh_single")
+    monkeypatch.setattr(bbuild, "_DH_SINGLE", form != "dh_split")
     monkeypatch.setattr(api, "_FUSED_DQK", form != "two_kernels")
     monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", form != "fused_torch_group_sum")
     monkeypatch.setattr(api, "_CLUSTER_GROUP_SUM", form == "fused")
@@ -379,9 +395,9 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     state = [c for c in asked if isinstance(c, fbuild.State2Config)]
     assert all(c.cf == cf for c in dqk) and all(c.sl_swizzle == cf for c in state), asked
     dh = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "dh"]
-    assert all(c.single == (form == "dh_single") for c in dh), asked
+    assert all(c.single == (form != "dh_split") for c in dh), asked
     if name != "all_empty_h0_vfirst":                   # (no token: nothing to recompute)
-        assert state and (dqk or form == "two_kernels"), asked
+        assert state and dh and (dqk or form == "two_kernels"), asked
 
 
 def test_precision_study_switch_is_scoped_and_checked():
@@ -447,12 +463,15 @@ _SEGMENTED = {     # slow decay ("small" / "zero" gates): the state gradient cro
 def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, name):
     """The few-heads form of the reverse pass (``dh_cp``: the dh kernel over segments, three passes and an fp64
     scan), forced on small inputs with the emulation's stage functions standing in for the kernels, gives the
-    emulation's gradients (the sequential reverse pass), dh0 included."""
+    emulation's gradients (the sequential reverse pass), dh0 included.  The segmented pass runs dh with every
+    operand split, so the sequential one it is compared with does too (``build._DH_SINGLE`` off)."""
     from kernels.gdn_bwd import api as bapi
+    from kernels.gdn_bwd import build as bbuild
     from kernels.gdn_bwd import dh_cp
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
 
     _fake_kernels(monkeypatch)
+    monkeypatch.setattr(bbuild, "_DH_SINGLE", False)
     monkeypatch.setattr(dh_cp, "MIN_CHUNKS", 1)
     monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 1)
     monkeypatch.setattr(bapi, "_sm_count", lambda dev: 256)

@@ -56,7 +56,7 @@ def _precompile():
         dt, n, mc = _call_shape(c)
         with _build_switch("_CONFLICT_FREE", False):
             add(configs_for_call(dt, n, c.HV, mc, c.h0 is not None))
-    with _build_switch("_DH_SINGLE", True):                # the candidate single-operand dh (both dtypes)
+    with _build_switch("_DH_SINGLE", False):               # dh with every operand split (both dtypes)
         add([dh_config(dt) for dt in ("bfloat16", "float16")])
     failed = precompile(cfgs, min(10, os.cpu_count() or 1))
     assert not failed, failed
@@ -108,17 +108,18 @@ def test_gradients_against_fp64(case):
     _gradients_against_fp64(case)
 
 
-_DH_SINGLE_CASES = [c for c in CASES if c.name in ("T65_h0", "T1000_h0_gva2", "T8192", "B3_T1000_fp16_vfirst_h0",
+_DH_SPLIT_CASES = [c for c in CASES if c.name in ("T65_h0", "T1000_h0_gva2", "T8192", "B3_T1000_fp16_vfirst_h0",
                                                    "varlen_boundaries_h0_vfirst", "g_near_-20_h0x50",
                                                    "g_zero_beta_extreme", "fp16_fp16_gates_h0")]
 
 
-@pytest.mark.parametrize("case", _DH_SINGLE_CASES, ids=[c.name for c in _DH_SINGLE_CASES])
-def test_dh_single_gradients_against_fp64(monkeypatch, case):
-    """The candidate ``build._DH_SINGLE`` (dh with single Tinv, dU, F1 dO, F0 dX operands) under the same bars:
-    within the FLA-like baseline and FLA Triton, dg near g = -20 within the rounding floor."""
+@pytest.mark.parametrize("case", _DH_SPLIT_CASES, ids=[c.name for c in _DH_SPLIT_CASES])
+def test_dh_split_gradients_against_fp64(monkeypatch, case):
+    """dh with every operand split (``build._DH_SINGLE`` off: the A/B column ``ours-dh-split``, the API's form until
+    session 13) under the same bars: within the FLA-like baseline and FLA Triton, dg near g = -20 within the rounding
+    floor."""
     from kernels.gdn_bwd import build
-    monkeypatch.setattr(build, "_DH_SINGLE", True)
+    monkeypatch.setattr(build, "_DH_SINGLE", False)
     _gradients_against_fp64(case)
 
 
@@ -157,21 +158,21 @@ def _gradients_against_fp64(case):
 _STAGE_CASES = [c for c in CASES if c.name in ("T65_h0", "varlen_boundaries_h0_vfirst", "gva4_l2norm")]
 
 
-@pytest.mark.parametrize("tables", ["split", "lean_sd", "split+dh_single"])
+@pytest.mark.parametrize("tables", ["split", "lean_sd", "split+dh_split"])
 @pytest.mark.parametrize("case", _STAGE_CASES, ids=[c.name for c in _STAGE_CASES])
 def test_stages_match_emulation(monkeypatch, case, tables):
     """Every intermediate of the kernels vs the torch emulation on the same inputs (printed: max |diff| /
     max |emulation|, to localise a failing stage); the final gradients must agree with the emulation within
     the input dtype's rounding floor (they run the same algorithm with the same roundings).  Both chunk-table
     precisions: the default "split" and the opt-in "lean_sd" (``gdn_bwd/dqk_lean.py``), whose gradients must
-    also stay within the FLA-like baseline; and "split" with dh's single operands (``build._DH_SINGLE``, which the
-    emulation follows)."""
+    also stay within the FLA-like baseline; the API's dh has single Tinv, dU, F0 dX operands (``build._DH_SINGLE``,
+    which the emulation follows), "split+dh_split" every dh operand split."""
     from kernels.gdn_bwd import build
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
     from kernels.gdn_bwd.emulation import chunk_gated_delta_rule_bwd as emu
 
     tables, _, form = tables.partition("+")
-    monkeypatch.setattr(build, "_DH_SINGLE", form == "dh_single")
+    monkeypatch.setattr(build, "_DH_SINGLE", form != "dh_split")
     dev = torch.device("cuda")
     args, kw, do, dht = _grads_inputs(case, dev)
     sk, se = {}, {}
@@ -279,10 +280,12 @@ def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, name):
     """The few-heads reverse pass (``dh_cp``: the dh kernel over segments, three launches and an fp64 scan), forced
     on (its thresholds set to 1), gives the sequential pass's gradients on the GPU
     (``testing.assert_segmented_matches_sequential``: the CPU plumbing test's check in
-    ``test_kernels_bwd_emulation.py``, with the kernels)."""
-    from kernels.gdn_bwd import dh_cp
+    ``test_kernels_bwd_emulation.py``, with the kernels).  The segmented pass runs dh with every operand split, so
+    the sequential one it is compared with does too (``build._DH_SINGLE`` off)."""
+    from kernels.gdn_bwd import build, dh_cp
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
 
+    monkeypatch.setattr(build, "_DH_SINGLE", False)
     dev = torch.device("cuda")
     xs, do, dht, kw = tt.bwd_inputs(**_SEGMENTED[name])
     xs, do, dht = [x.to(dev) for x in xs], do.to(dev), dht.to(dev)

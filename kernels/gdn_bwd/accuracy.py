@@ -72,7 +72,7 @@ def study(spec: dict) -> dict:
 
 SINGLES = {  # --singles: today's split kernels with only these operand splits single (emulation.study)
     "split": (), "intra": ("intra",), "intra+T": ("intra", "T"),
-    "dh": ("T", "dU", "dO", "dX"),     # dh's single operands (Tinv, dU, F1 dO, F0 dX): 5 instead of 9 wgmma a chunk
+    "dh": ("T", "dU", "dX"),     # dh's single form (Tinv, dU, F0 dX; build._DH_SINGLE): 6 instead of 9 wgmma a chunk
     "intra+T+P+dU+dO+dX": ("intra", "T", "P", "dU", "dO", "dX"),
 }
 

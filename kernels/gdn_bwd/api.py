@@ -195,8 +195,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if cp is None:
         get_kernel(dh_config(tl_dt))(q2, k2, do2, Th, Tl, Fb, dUl, cu, chunk_offsets, dh, dSh, dSl, dYh, dYl,
                                            dv2, dh0, int(dht is not None), int(use_h0), vf)
-    else:       # few heads: the same kernel over segments, three passes and a scan (dh_cp.py)
-        dh0k = _dh_segmented(get_kernel(dh_config(tl_dt)), cp, q2, k2, do2, Th, Tl, Fb, dUl,
+    else:       # few heads: the same kernel over segments, three passes and a scan (dh_cp.py), with every operand
+        # split whatever _DH_SINGLE says: pass B's transfer matrices (from dht = I) are sums of single roundings in
+        # the single form, and the composed passes then left the sequential pass's gradients by up to 1.7e-3
+        # (dk, relative; session 13, the CPU plumbing test) where split they agree to the scan's fp32 inputs
+        dh0k = _dh_segmented(get_kernel(BwdConfig("dh", tl_dt)), cp, q2, k2, do2, Th, Tl, Fb, dUl,
                              (dh.transpose(-1, -2) if vf else dh) if dht is not None else None,
                              dSh, dSl, dYh, dYl, dv2)
         if use_h0:

@@ -26,7 +26,7 @@ class BwdConfig:
     dtype: str
     DK: int = KERNEL_HEAD_DIM
     cf: bool = False               # the fused dqk kinds only: ``conflict_free`` tiles (dqk_fused.py; the API's form)
-    single: bool = False           # dh only: Tinv, dU, F1 dO, F0 dX single (dh.py's ``single``, a candidate)
+    single: bool = False           # dh only: Tinv, dU, F0 dX single (dh.py's ``single``; the API's form)
 
     @property
     def name(self) -> str:
@@ -43,7 +43,8 @@ def all_configs():
     kernel and the lean intra kernel) x {bf16, fp16} at K = V = 128 (K = V = 64 is zero-padded to 128 like the
     forward); the fused dqk kinds with ``_CONFLICT_FREE``'s tiles (``cf``, the API's form since session 13), and
     without them for bf16, without and with clusters (the A/B column ``ours-no-cf``: the tiles do not depend on the
-    dtype).  The forward recompute uses the forward's own dispatched kernels (intra2 + the smem state kernel,
+    dtype); dh in both forms (``_DH_SINGLE``'s single operands, the API's since session 13, and every operand split:
+    the A/B column ``ours-dh-split``).  The forward recompute uses the forward's own dispatched kernels (intra2 + the smem state kernel,
     precision "default_h0", with and without ``sl_swizzle``), compiled by the forward's test."""
     fused = ("dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS))
     return ([BwdConfig(kind, dt, cf=kind in fused) for dt in DTYPES for kind in KINDS]
@@ -117,9 +118,9 @@ def dh_config(dtype: str) -> BwdConfig:
     return BwdConfig("dh", dtype, single=_DH_SINGLE)
 
 
-# private switch (A/B timing: on in the column ``ours-dh-single``; a candidate of session 13): dh with single Tinv, dU,
-# F1 dO and F0 dX operands (``dh.py``'s ``single``; the emulation follows it)
-_DH_SINGLE = False
+# private switch (A/B timing: off in the column ``ours-dh-split``; session 13): dh with single Tinv, dU and F0 dX
+# operands (``dh.py``'s ``single``; the emulation follows it)
+_DH_SINGLE = True
 
 # private switch (A/B timing: off in the column ``ours-no-cf``): the shared tiles whose per-thread accesses are bank
 # conflicts in the generated CUDA laid out without them (``kernels.common.bank_conflicts``) - the recompute's state
@@ -204,6 +205,8 @@ def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: b
     out += list(forward_recompute_configs(dtype, n_seq, HV))
     out += [dqk_config(kind, dtype) if kind.startswith("dqk") else dh_config(dtype) if kind == "dh" else
             BwdConfig(kind, "float32" if kind in DTYPE_FREE_KINDS else dtype) for kind in stage_kinds(tables, fused)]
+    if "dh" in stage_kinds(tables, fused):
+        out.append(BwdConfig("dh", dtype))      # every operand split: the segmented reverse pass's (api, dh_cp)
     uniq = []
     for c in out:
         if c not in uniq:

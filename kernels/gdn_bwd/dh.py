@@ -51,10 +51,11 @@ def store_split(hi, lo, hi_s, lo_s, dst_hi, dst_lo, wait=True):
 
 def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, single: bool = False,
                  _ablate: frozenset = frozenset()):
-    """``single`` (a candidate, session 13; the build's ``_DH_SINGLE``): Tinv, dU, F1 dO and F0 dX as one input-dtype
-    term each (dS' keeps its lo product, the dY tables stay split): 5 instead of 9 wgmma a chunk; the emulation's
-    ``dh(single=True)`` (``accuracy.py --singles``, variant "dh": worst rel_rmse 0.78 of the FLA-like baseline's over
-    its five cases, against 0.49 split).  Session 10 timed the same products as an ablation: 2.11 -> 1.69 ms alone.
+    """``single`` (session 13, the API's form; the build's ``_DH_SINGLE``): Tinv, dU and F0 dX as one input-dtype term
+    each (dS' and F1 dO keep their lo products, the dY tables stay split): 6 instead of 9 wgmma a chunk; the
+    emulation's ``dh(single=True)`` (``accuracy.py --singles``, variant "dh").  With F1 dO single too (5 wgmma, call
+    2-3) dh0 reached 1.00-1.03x the FLA-like baseline's rel_rmse on four GPU cases (the carried dS is updated by
+    rd(F1 dO)^T Q every chunk); without it, worst 0.82x (dv, g near -20; emulation over the same cases).
 
     ``_ablate`` (timing studies only): names from ``DH_ABLATIONS`` - "no_ds_store" / "no_dy_store" / "no_dv"
     without the stores of the dS' tables / the dY tables / dv, "no_lo" without the lo-term products; "st_direct"
@@ -87,7 +88,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
     assert dtype in ("bfloat16", "float16")
     assert set(_ablate) <= set(DH_ABLATIONS), _ablate
     lo = "no_lo" not in _ablate
-    # the lo products of Tinv, dU, F1 dO, F0 dX.  Session 10 (call 3, commit 9b056de) had a single form that saved
+    # the lo products of Tinv, dU, F0 dX.  Session 10 (call 3, commit 9b056de) had a single form that saved
     # nothing in the backward (8.21 against 8.24 ms at B1 T32768 H16 HV32: the recompute beside dh then ended last);
     # since session 13's conflict-free recompute that is timed again (``single``: 8.86 -> 8.67 ms fwd + bwd, call 2)
     olo = lo and not single
@@ -223,9 +224,9 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                     ds_f[i, d] = ds_f[i, d] * f_s[3, 0]
                 for i, t in T.Parallel(BV, BT):
                     kd_f[i, t] = T.cast(do_s[t, i], f32) * f_s[1, t]
-                split_to(kd_f, xa, xl, olo)
+                split_to(kd_f, xa, xl, lo)              # split in either form (dh0's precision)
                 T.gemm(xa, q_s, ds_f, policy=FR)
-                if olo:
+                if lo:
                     T.gemm(xl, q_s, ds_f, policy=FR)
                 for i, t in T.Parallel(BV, BT):
                     kd_f[i, t] = -(f_s[7, t] * dy_f[i, t]) * f_s[0, t]

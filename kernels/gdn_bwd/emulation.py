@@ -110,7 +110,7 @@ def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False):
     """Emulates ``gdn_bwd_dh`` (reverse sequential).  dht [N, HV, DK, DV] fp32 or None (key-first).
     Returns dSnh, dSnl [HV, NC, DK, DV] (the gradient of each chunk's end state, split),
     dYh, dYl [HV, NC, 64, DV], dv [Ttot, HV, DV] (dt) and dh0 [N, HV, DK, DV] fp32.  ``single``: the kernel's
-    single form (``build_bwd_dh(single=True)``): Tinv (Tl not read), dU, F1 dO and F0 dX as one input-dtype term."""
+    single form (``build_bwd_dh(single=True)``): Tinv (Tl not read), dU and F0 dX as one input-dtype term."""
     Ttot, H, DK = q2.shape
     HV, DV = do2.shape[1], do2.shape[2]
     dev = q2.device
@@ -163,7 +163,7 @@ def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False):
         for j in range(len(act)):
             m = st[j]
             dv[tok[j][m]] = dX[j][:, m].transpose(0, 1)
-        a1h, a1l = _two(_f32(f[:, :, 1, :, None] * dOc), dt, _split("dO") and not single)
+        a1h, a1l = _two(_f32(f[:, :, 1, :, None] * dOc), dt, _split("dO"))
         a2h, a2l = _two(_f32(f[:, :, 0, :, None] * dX), dt, _split("dX") and not single)
         QT, KT = Qc.transpose(-1, -2), Kc.transpose(-1, -2)
         dS[a] = _f32(_f32(dS_a * f[:, :, 3, 0, None, None]) + QT @ a1h + QT @ a1l - KT @ a2h - KT @ a2l)
