@@ -83,6 +83,7 @@ AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute 
       "ours-rc-bv32": ("build", "_RECOMPUTE_STATE", (32, 1)),   # the recompute's state kernel: BV 32, 1 CTA/SM (s10)
       "ours-rc-bv64": ("build", "_RECOMPUTE_STATE", (64, 1)),   # ... BV 64, 1 CTA/SM
       "ours-rc-bv16o2": ("build", "_RECOMPUTE_STATE", (16, 2)),  # ... BV 16, 2 CTAs/SM
+      "ours-rc-bv32o2": ("build", "_RECOMPUTE_STATE", (32, 2)),  # ... BV 32, 2 CTAs/SM (s13)
       "ours-no-cf": ("build", "_CONFLICT_FREE", False),         # without the conflict-free tiles (recompute, dqk; s12)
       "ours-dh-split": ("build", "_DH_SINGLE", False),          # dh with every operand split (until s13)
       # several switches: a list (none now; session 13 timed dh's single form with the recompute at BV 64 this way)
@@ -137,7 +138,8 @@ def main(argv=None):
                     "'ours-torch-gsum' (the GVA group sums by torch, no clusters), 'ours-intra2' (the recompute's own intra2), "
                     "'ours-no-cluster' (the GVA sums by gdn_bwd_group_sum after fp32 rows per value head), "
                     "'ours-torch-dgdb' (dg, dbeta by the torch form of finish, not gdn_bwd_dg_dbeta), "
-                    "'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' (the recompute's state kernel shape), "
+                    "'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' / 'ours-rc-bv32o2' (the recompute's state kernel "
+                    "shape), "
                     "'ours-no-cf' (without the conflict-free shared tiles of the recompute and the fused dqk kernel), "
                     "'ours-dh-split' (dh with every operand split, not single Tinv, dU, F0 dX)")
     args = ap.parse_args(argv)
