@@ -6,7 +6,11 @@ bf16 q/k/v, fp32 g/beta, no initial state, output_final_state=True; q ~ N(0,1), 
 v ~ N(0,1), g = logsigmoid(N(0,1)), beta ~ U(0,1); do ~ N(0,1), dht ~ 0.1 N(0,1).  Shapes: the forward
 benchmark's (``bench_kernels_fwd.SHAPES``).  Times are ``triton.testing.do_bench`` medians (ms) in this run:
 ``fwd`` = the forward with autograd recording, ``fwd+bwd`` = forward then ``torch.autograd.backward``;
-``bwd`` = their difference; for ours also the time of every backward stage (CUDA events, one call).
+``bwd`` = their difference; for ours also the time of every backward stage (CUDA events, one call).  The leaves'
+gradients are reset before each timed call (``grad_to_none``, since session 13: before, every call but the first
+added its gradients onto the last, ~0.4 ms at B1 T32768 H16 HV32 in every column).  ``--rep`` and ``--warmup`` are
+do_bench's milliseconds, not counts: at ~8 ms a call ``--rep 10`` is one or two samples (the GPU steps used it
+until session 13; their A/B figures vary by up to 0.5 ms between calls); ``--rep 200`` gives ~25.
 
 Step 0 compiles the TileLang kernels (backward stages + the forward kernels, bf16) in parallel processes.
 Step 1 prints one correctness line per implementation on two check cases (dense GVA; varlen with h0 and the

@@ -115,7 +115,8 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
       echo "A/B tests rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$out/k/test-ab.txt"
     fi
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of words (e.g. --shapes A,B --no-check)
-    run python3 benchmarks/bench_kernels_bwd.py --rep 10 --warmup 2 --tables split --ab "${AB_COLS:-ours-no-cf}" \
+    # --rep / --warmup are do_bench's milliseconds: 200 is ~25 calls at ~8 ms (10 was one or two, until session 13)
+    run python3 benchmarks/bench_kernels_bwd.py --rep "${BENCH_REP:-200}" --warmup 30 --tables split --ab "${AB_COLS:-ours-no-cf}" \
       --workers 14 ${BENCH_ARGS:-} > "$out/k/bench-bwd-cand.txt" 2>&1
     echo "A/B bench rc=$? $(( $(date +%s) - t0 )) s"; grep "stages\|check" "$out/k/bench-bwd-cand.txt"
     grep -A8 "== summary" "$out/k/bench-bwd-cand.txt" ;;

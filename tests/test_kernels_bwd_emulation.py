@@ -400,6 +400,20 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
         assert state and dh and (dqk or form == "two_kernels"), asked
 
 
+def test_singles_study_runs_the_split_kernels_and_restores_the_dh_switch(monkeypatch):
+    """``accuracy.singles`` (README's tables of single operands) measures against every operand split: inside it dh's
+    single form is off, so its variant "split" differs from "dh" (the API's form); after it the switch is back."""
+    from kernels.gdn_bwd import accuracy, build
+
+    monkeypatch.setattr(accuracy, "cases", lambda T: {"gauss_h0": dict(B=1, T=T, H=1, HV=2, h0=1.0)})
+    lines = []
+    worst = accuracy.singles(130, log=lines.append)
+    assert build._DH_SINGLE is True
+    assert set(worst) == set(accuracy.SINGLES) and all(0 < r < 1 for r, _ in worst.values()), worst
+    by = {ln.split()[1]: ln.split(None, 2)[2] for ln in lines}
+    assert by["split"] != by["dh"], by
+
+
 def test_precision_study_switch_is_scoped_and_checked():
     """``emulation.study`` (the accuracy study's single-bf16 columns) changes the emulation only inside its block:
     gradients differ inside, are bitwise the kernels' emulation again after, and an unknown split name raises."""

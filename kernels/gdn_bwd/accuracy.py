@@ -79,9 +79,19 @@ SINGLES = {  # --singles: today's split kernels with only these operand splits s
 
 def singles(T: int, log=print) -> dict:
     """{variant: (worst ratio ours / FLA-like, where)} over ``cases(T)`` and every gradient, for the ``SINGLES``
-    variants of the split kernels (session 7's table in ``README.md``)."""
+    variants of the split kernels (session 7's table in ``README.md``): every operand split but the named ones
+    (dh's single form, the API's since session 13, is switched off here: it is the variant "dh")."""
+    from kernels.gdn_bwd import build
     from kernels.gdn_bwd.emulation import chunk_gated_delta_rule_bwd, study
 
+    saved, build._DH_SINGLE = build._DH_SINGLE, False
+    try:
+        return _singles(T, log, chunk_gated_delta_rule_bwd, study)
+    finally:
+        build._DH_SINGLE = saved
+
+
+def _singles(T, log, chunk_gated_delta_rule_bwd, study) -> dict:
     worst = {v: (0.0, "") for v in SINGLES}
     for name, spec in cases(T).items():
         xs, do, dht, kw, want, base = _truth(spec)
