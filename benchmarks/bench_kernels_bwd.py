@@ -90,6 +90,7 @@ AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute 
       "ours-rc-bv32o2": ("build", "_RECOMPUTE_STATE", (32, 2)),  # ... BV 32, 2 CTAs/SM (s13)
       "ours-no-cf": ("build", "_CONFLICT_FREE", False),         # without the conflict-free tiles (recompute, dqk; s12)
       "ours-dh-split": ("build", "_DH_SINGLE", False),          # dh with every operand split (until s13)
+      "ours-intra-single": ("build", "_INTRA_SINGLE", True),    # the intra terms' 64x64 operands single (s13 candidate)
       # several switches: a list (none now; session 13 timed dh's single form with the recompute at BV 64 this way)
       }
 
@@ -145,7 +146,8 @@ def main(argv=None):
                     "'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' / 'ours-rc-bv32o2' (the recompute's state kernel "
                     "shape), "
                     "'ours-no-cf' (without the conflict-free shared tiles of the recompute and the fused dqk kernel), "
-                    "'ours-dh-split' (dh with every operand split, not single Tinv, dU, F0 dX)")
+                    "'ours-dh-split' (dh with every operand split, not single Tinv, dU, F0 dX), 'ours-intra-single' "
+                    "(the intra terms' four 64x64 operands single)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):

@@ -87,19 +87,24 @@ def _gpu_case_inputs(name):
     return args, do, 0.1 * torch.randn(N, HV, V, V, generator=gen), kw
 
 
+@pytest.mark.parametrize("switch", ["_DH_SINGLE", "_INTRA_SINGLE"])
 @pytest.mark.parametrize("name", list(CASES) + list(_GPU_NAMES))
-def test_dh_single_operands_meet_the_same_bar(monkeypatch, name):
-    """``build._DH_SINGLE`` (dh with single Tinv, dU, F0 dX operands: 6 instead of 9 wgmma a
-    chunk) keeps every gradient within the FLA-like baseline, and dg near g = -20 within the rounding floor (the
-    emulation follows the switch, as the API does)."""
+def test_single_operand_forms_meet_the_same_bar(monkeypatch, name, switch):
+    """``build._DH_SINGLE`` (dh with single Tinv, dU, F0 dX operands: 6 instead of 9 wgmma a chunk; the API's form)
+    and, on top of it, the candidate ``build._INTRA_SINGLE`` (the intra terms' four 64x64 operands single) keep
+    every gradient within the FLA-like baseline, and dg near g = -20 within the rounding floor (the emulation
+    follows the switches, as the API does); each switch changes the gradient it should (dv: dh's dY alone; dq:
+    the intra terms, not dh)."""
     import kernels.gdn_bwd.build as bbuild
     xs, do, dht, kw = _gpu_case_inputs(name) if name in _GPU_NAMES else tt.bwd_inputs(**CASES[name])
-    monkeypatch.setattr(bbuild, "_DH_SINGLE", False)
-    split = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
     monkeypatch.setattr(bbuild, "_DH_SINGLE", True)
+    monkeypatch.setattr(bbuild, switch, False)
+    off = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    monkeypatch.setattr(bbuild, switch, True)
     rows = _check(name, xs, do, dht, kw, near_m20=CASES.get(name, {}).get("gate") == "near_-20")
-    single = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
-    assert not torch.equal(single[2], split[2]), "dv: the switch changed nothing"     # dv comes from dh's dY alone
+    on = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    i = 2 if switch == "_DH_SINGLE" else 0
+    assert not torch.equal(on[i], off[i]), f"{NAMES[i]}: the switch changed nothing"
     assert rows
 
 
@@ -309,8 +314,8 @@ def _fake_kernels(monkeypatch):
                 bwd_kernel(bbuild.BwdConfig("inter", cfg.dtype))(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl,
                                                                  Fb, cu, ci, dqv, dkv, qz, kw, kr, sd, yv[0], scale)
                 yv[1].zero_()
-                bwd_kernel(bbuild.BwdConfig("intra", cfg.dtype))(q, k, do, Uh, Ul, dYh, dYl, Fb, cu, ci, dqv, dkv,
-                                                                 rect, db2[0], scale)
+                bwd_kernel(bbuild.BwdConfig("intra", cfg.dtype, msingle=cfg.msingle))(
+                    q, k, do, Uh, Ul, dYh, dYl, Fb, cu, ci, dqv, dkv, rect, db2[0], scale)
                 db2[1].zero_()
                 for x, o32, o in ((dqv, dq32, dqo), (dkv, dk32, dko)):
                     acc = ordered_group_sum(x, HV // group)
@@ -322,7 +327,7 @@ def _fake_kernels(monkeypatch):
             cl = cu_list(cu)
             T_ = lambda x: x.to(f64).transpose(-1, -2)   # noqa: E731
             dqt, dkt, r, b_ = E.dqk_intra(q, k, do, Uh.to(f64), Ul.to(f64), T_(dYh), T_(dYl), Fb.to(f64), cl, scale,
-                                          q.dtype)
+                                          q.dtype, cfg.msingle)
             tok, valid = E.token_index(cl, q.device)
             dqv[tok[valid]] = (dqv[tok[valid]].double() + dqt.permute(1, 2, 0, 3)[valid]).float()
             dkv[tok[valid]] = (dkv[tok[valid]].double() + dkt.permute(1, 2, 0, 3)[valid]).float()
@@ -349,7 +354,8 @@ _PLUMBING = {
 
 
 @pytest.mark.parametrize("form", ["fused", "fused_group_sum_kernel", "fused_torch_group_sum", "torch_dg_dbeta",
-                                  "two_kernels", "recompute_intra2", "plain_tiles", "dh_split"])
+                                  "two_kernels", "recompute_intra2", "plain_tiles", "dh_split", "intra_single",
+                                  "two_kernels_intra_single"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
 def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
@@ -361,7 +367,8 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     the recompute's own intra2 kernel instead of prep's Ag (``api._RECOMPUTE_FROM_PREP`` off), and without the
     conflict-free tiles (``build._CONFLICT_FREE`` off, "plain_tiles"; on, the API must ask for the ``cf`` dqk kernel
     and the ``sl_swizzle`` state kernel, and only for those; off, for neither), and with dh's single operands
-    (``build._DH_SINGLE``, the ``single`` dh kernel; off, "dh_split"; the emulation follows the switch)."""
+    (``build._DH_SINGLE``, the ``single`` dh kernel; off, "dh_split"; the emulation follows the switch), and with
+    the intra terms' single 64x64 operands (``build._INTRA_SINGLE``, the ``msingle`` kernels, fused or two-kernel)."""
     import kernels.gdn_bwd.build as bbuild
     import kernels.gdn_fwd.build as fbuild
     from kernels.gdn_bwd import api
@@ -373,7 +380,8 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
         monkeypatch.setattr(mod, "get_kernel", lambda cfg, _get=mod.get_kernel: asked.append(cfg) or _get(cfg))
     monkeypatch.setattr(bbuild, "_CONFLICT_FREE", form != "plain_tiles")
     monkeypatch.setattr(bbuild, "_DH_SINGLE", form != "dh_split")
-    monkeypatch.setattr(api, "_FUSED_DQK", form != "two_kernels")
+    monkeypatch.setattr(bbuild, "_INTRA_SINGLE", form.endswith("intra_single"))
+    monkeypatch.setattr(api, "_FUSED_DQK", not form.startswith("two_kernels"))
     monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", form != "fused_torch_group_sum")
     monkeypatch.setattr(api, "_CLUSTER_GROUP_SUM", form == "fused")
     monkeypatch.setattr(api, "_DG_DBETA_KERNEL", form != "torch_dg_dbeta")
@@ -396,8 +404,11 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     assert all(c.cf == cf for c in dqk) and all(c.sl_swizzle == cf for c in state), asked
     dh = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "dh"]
     assert all(c.single == (form != "dh_split") for c in dh), asked
+    intra = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind in bbuild.INTRA_KINDS]
+    assert intra and all(c.msingle == form.endswith("intra_single") for c in intra) or name == "all_empty_h0_vfirst", \
+        asked
     if name != "all_empty_h0_vfirst":                   # (no token: nothing to recompute)
-        assert state and dh and (dqk or form == "two_kernels"), asked
+        assert state and dh and (dqk or form.startswith("two_kernels")), asked
 
 
 def test_singles_study_runs_the_split_kernels_and_restores_the_dh_switch(monkeypatch):

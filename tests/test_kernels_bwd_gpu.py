@@ -58,6 +58,10 @@ def _precompile():
             add(configs_for_call(dt, n, c.HV, mc, c.h0 is not None))
     with _build_switch("_DH_SINGLE", False):               # dh with every operand split (both dtypes)
         add([dh_config(dt) for dt in ("bfloat16", "float16")])
+    for c in _FORM_CASES:                                  # the candidate single 64x64 intra operands
+        dt, n, mc = _call_shape(c)
+        with _build_switch("_INTRA_SINGLE", True):
+            add(configs_for_call(dt, n, c.HV, mc, c.h0 is not None))
     failed = precompile(cfgs, min(10, os.cpu_count() or 1))
     assert not failed, failed
 
@@ -108,18 +112,21 @@ def test_gradients_against_fp64(case):
     _gradients_against_fp64(case)
 
 
-_DH_SPLIT_CASES = [c for c in CASES if c.name in ("T65_h0", "T1000_h0_gva2", "T8192", "B3_T1000_fp16_vfirst_h0",
+_FORM_CASES = [c for c in CASES if c.name in ("T65_h0", "T1000_h0_gva2", "T8192", "B3_T1000_fp16_vfirst_h0",
                                                    "varlen_boundaries_h0_vfirst", "g_near_-20_h0x50",
                                                    "g_zero_beta_extreme", "fp16_fp16_gates_h0")]
 
 
-@pytest.mark.parametrize("case", _DH_SPLIT_CASES, ids=[c.name for c in _DH_SPLIT_CASES])
-def test_dh_split_gradients_against_fp64(monkeypatch, case):
-    """dh with every operand split (``build._DH_SINGLE`` off: the A/B column ``ours-dh-split``, the API's form until
-    session 13) under the same bars: within the FLA-like baseline and FLA Triton, dg near g = -20 within the rounding
-    floor."""
+@pytest.mark.parametrize("form", ["dh_split", "intra_single"])
+@pytest.mark.parametrize("case", _FORM_CASES, ids=[c.name for c in _FORM_CASES])
+def test_other_forms_gradients_against_fp64(monkeypatch, case, form):
+    """The A/B forms under the same bars (within the FLA-like baseline and FLA Triton, dg near g = -20 within the
+    rounding floor): dh with every operand split (``build._DH_SINGLE`` off: the column ``ours-dh-split``, the
+    API's form until session 13) and the candidate single 64x64 intra operands (``build._INTRA_SINGLE`` on: the
+    column ``ours-intra-single``)."""
     from kernels.gdn_bwd import build
-    monkeypatch.setattr(build, "_DH_SINGLE", False)
+    monkeypatch.setattr(build, "_DH_SINGLE", form != "dh_split")
+    monkeypatch.setattr(build, "_INTRA_SINGLE", form == "intra_single")
     _gradients_against_fp64(case)
 
 
@@ -158,7 +165,7 @@ def _gradients_against_fp64(case):
 _STAGE_CASES = [c for c in CASES if c.name in ("T65_h0", "varlen_boundaries_h0_vfirst", "gva4_l2norm")]
 
 
-@pytest.mark.parametrize("tables", ["split", "lean_sd", "split+dh_split"])
+@pytest.mark.parametrize("tables", ["split", "lean_sd", "split+dh_split", "split+intra_single"])
 @pytest.mark.parametrize("case", _STAGE_CASES, ids=[c.name for c in _STAGE_CASES])
 def test_stages_match_emulation(monkeypatch, case, tables):
     """Every intermediate of the kernels vs the torch emulation on the same inputs (printed: max |diff| /
@@ -166,13 +173,15 @@ def test_stages_match_emulation(monkeypatch, case, tables):
     the input dtype's rounding floor (they run the same algorithm with the same roundings).  Both chunk-table
     precisions: the default "split" and the opt-in "lean_sd" (``gdn_bwd/dqk_lean.py``), whose gradients must
     also stay within the FLA-like baseline; the API's dh has single Tinv, dU, F0 dX operands (``build._DH_SINGLE``,
-    which the emulation follows), "split+dh_split" every dh operand split."""
+    which the emulation follows), "split+dh_split" every dh operand split, "split+intra_single" the candidate
+    single 64x64 intra operands (``build._INTRA_SINGLE``)."""
     from kernels.gdn_bwd import build
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
     from kernels.gdn_bwd.emulation import chunk_gated_delta_rule_bwd as emu
 
     tables, _, form = tables.partition("+")
     monkeypatch.setattr(build, "_DH_SINGLE", form != "dh_split")
+    monkeypatch.setattr(build, "_INTRA_SINGLE", form == "intra_single")
     dev = torch.device("cuda")
     args, kw, do, dht = _grads_inputs(case, dev)
     sk, se = {}, {}

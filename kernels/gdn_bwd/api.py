@@ -79,7 +79,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     from kernels.gdn_fwd.build import KERNEL_HEAD_DIM
     from kernels.gdn_fwd.build import get_kernel as fwd_kernel
 
-    from .build import CLUSTER_GROUPS, BwdConfig, dh_config, dqk_config, forward_recompute_configs, get_kernel
+    from .build import (CLUSTER_GROUPS, BwdConfig, dh_config, dqk_config, forward_recompute_configs, get_kernel,
+                        intra_config)
 
     dt = q.dtype
     D = KERNEL_HEAD_DIM
@@ -268,7 +269,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         mark("dqk_inter")
         # 4. intra-chunk terms
         intra = next(kd for kd in kinds if kd.startswith("intra"))    # lean: Ul, dYl are not read
-        get_kernel(BwdConfig(intra, tl_dt))(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, chunk_indices, dqv, dkv, rect,
+        get_kernel(intra_config(intra, tl_dt))(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, chunk_indices, dqv, dkv, rect,
                                             db2, scale)
         mark("dqk_intra")
     else:

@@ -27,11 +27,16 @@ class BwdConfig:
     DK: int = KERNEL_HEAD_DIM
     cf: bool = False               # the fused dqk kinds only: ``conflict_free`` tiles (dqk_fused.py; the API's form)
     single: bool = False           # dh only: Tinv, dU, F0 dX single (dh.py's ``single``; the API's form)
+    msingle: bool = False          # the intra terms' kinds (dqk*, intra, intra_lean): their 64x64 operands single
 
     @property
     def name(self) -> str:
-        return f"bwd_{self.kind}[DK=DV={self.DK}{',cf' if self.cf else ''}{',single' if self.single else ''},{self.dtype}]"
+        flags = "".join(f",{f}" for f in ("cf", "single", "msingle") if getattr(self, f))
+        return f"bwd_{self.kind}[DK=DV={self.DK}{flags},{self.dtype}]"
 
+
+# the kernels that compute the intra terms (``dqk.intra_terms``)
+INTRA_KINDS = ("dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS), "intra", "intra_lean")
 
 # kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
 DTYPE_FREE_KINDS = ("dgdb",)
@@ -50,7 +55,8 @@ def all_configs():
     return ([BwdConfig(kind, dt, cf=kind in fused) for dt in DTYPES for kind in KINDS]
             + [BwdConfig(k, "float32") for k in DTYPE_FREE_KINDS]
             + [BwdConfig(k, "bfloat16") for k in ("dqk", "dqk_g2")]
-            + [BwdConfig("dh", dt, single=True) for dt in DTYPES])
+            + [BwdConfig("dh", dt, single=True) for dt in DTYPES]
+            + [BwdConfig(k, "bfloat16", cf=True, msingle=True) for k in ("dqk", "dqk_g2")])
 
 
 def prim_func(cfg: BwdConfig):
@@ -60,13 +66,15 @@ def prim_func(cfg: BwdConfig):
         return build_bwd_prep(D, D, cfg.dtype)
     if cfg.single and cfg.kind != "dh":
         raise ValueError(f"single (operands) is a switch of the dh kernel only: {cfg.name}")
+    if cfg.msingle and cfg.kind not in INTRA_KINDS:
+        raise ValueError(f"msingle (64x64 operands) is a switch of the intra terms' kernels only: {cfg.name}")
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
         return build_bwd_dh(D, D, cfg.dtype, single=cfg.single)
     if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
         from .dqk_fused import build_bwd_dqk_fused
         return build_bwd_dqk_fused(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
-                                   conflict_free=cfg.cf)
+                                   conflict_free=cfg.cf, intra_single=cfg.msingle)
     if cfg.cf:
         raise ValueError(f"cf (conflict-free tiles) is a switch of the fused dqk kernel only: {cfg.name}")
     if cfg.kind == "dgdb":
@@ -80,7 +88,7 @@ def prim_func(cfg: BwdConfig):
         return build_bwd_dqk_inter(D, D, cfg.dtype)
     if cfg.kind in ("intra", "intra_lean"):
         from .dqk import build_bwd_dqk_intra
-        return build_bwd_dqk_intra(D, D, cfg.dtype, lean="lean" in cfg.kind)
+        return build_bwd_dqk_intra(D, D, cfg.dtype, lean="lean" in cfg.kind, single=cfg.msingle)
     if cfg.kind == "inter_lean":
         from .dqk_lean import build_bwd_dqk_inter_lean
         return build_bwd_dqk_inter_lean(D, D, cfg.dtype)
@@ -109,8 +117,20 @@ def forward_recompute_configs(dtype: str, n_seq: int = 1, HV: int = 1):
 
 
 def dqk_config(kind: str, dtype: str) -> BwdConfig:
-    """The fused dqk kernel's configuration (``kind`` "dqk" or "dqk_gN"), with ``_CONFLICT_FREE``'s tiles."""
-    return BwdConfig(kind, dtype, cf=_CONFLICT_FREE)
+    """The fused dqk kernel's configuration (``kind`` "dqk" or "dqk_gN"), with ``_CONFLICT_FREE``'s tiles and
+    ``_INTRA_SINGLE``'s operands."""
+    return BwdConfig(kind, dtype, cf=_CONFLICT_FREE, msingle=_INTRA_SINGLE)
+
+
+def intra_config(kind: str, dtype: str) -> BwdConfig:
+    """The two-kernel form's intra kernel (``kind`` "intra" or "intra_lean"), with ``_INTRA_SINGLE``'s operands."""
+    return BwdConfig(kind, dtype, msingle=_INTRA_SINGLE)
+
+
+# private switch (A/B timing: on in the column ``ours-intra-single``; a candidate of session 13, not yet timed): the
+# intra terms' four 64x64 operands single in every kernel that computes them (fused dqk, intra, intra_lean;
+# ``dqk.intra_terms(mlo=False)``; the emulation follows it)
+_INTRA_SINGLE = False
 
 
 def dh_config(dtype: str) -> BwdConfig:
@@ -204,6 +224,7 @@ def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: b
         out += [c for c in fb.all_configs() if c.dtype == dtype]
     out += list(forward_recompute_configs(dtype, n_seq, HV))
     out += [dqk_config(kind, dtype) if kind.startswith("dqk") else dh_config(dtype) if kind == "dh" else
+            intra_config(kind, dtype) if kind in ("intra", "intra_lean") else
             BwdConfig(kind, "float32" if kind in DTYPE_FREE_KINDS else dtype) for kind in stage_kinds(tables, fused)]
     if "dh" in stage_kinds(tables, fused):
         out.append(BwdConfig("dh", dtype))      # every operand split: the segmented reverse pass's (api, dh_cp)

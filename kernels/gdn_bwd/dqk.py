@@ -349,8 +349,10 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l
     ``db2``, the dg rectangle's summands to ``m_s [64, 64]`` fp32 (``rect_sums`` finishes them), and the products
     into ``dq_f, dk_f [64, DK]`` (fp32 fragments; cleared first if ``clear``, else added to what they hold).
     ``fv[r, t]`` the gate table (shared tile or ``_GateRows``); ``qk .. x_f`` [64, 64] fp32 fragments and ``rs``
-    [64] scratch; ``mqh .. m3l`` [64, 64] input-dtype shared tiles.  ``lean``: U and dY hi terms alone; ``mlo``,
-    ``db2_on`` False only for timing ablations.  With ``t2 [2, 64, 32], r2 [2, 64]`` fp32 fragments the dbeta row
+    [64] scratch; ``mqh .. m3l`` [64, 64] input-dtype shared tiles.  ``lean``: U and dY hi terms alone; ``mlo``
+    False: the four 64x64 operands single (their lo tiles neither written nor read, so they may be None: a tile
+    written but never read could share a live tile's memory, as dh's unread Tl tile did in session 13); ``db2_on``
+    False only for timing ablations.  With ``t2 [2, 64, 32], r2 [2, 64]`` fp32 fragments the dbeta row
     sums go out by halves of the columns into ``db2 [2, HV, NC, 64]`` (``half_row_dots``; the fused kernel), else
     whole into ``db2 [HV, NC, 64]``.  ``m_copy``: the dg summands go to ``m_s`` through ``x_f`` and one fragment
     copy (vector stores; element by element otherwise: the masked value does not vectorise), the same values."""
@@ -372,17 +374,26 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l
         x_f[t, j] = T.if_then_else((j <= t) & (t < nv),
                                    scale * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j] * fv[6, j],
                                    T.float32(0))
-    for t, j in T.Parallel(BT, BT):
-        mqh[t, j] = T.cast(x_f[t, j], dtype)
-        mql[t, j] = T.cast(x_f[t, j] - T.cast(T.cast(x_f[t, j], dtype), f32), dtype)
+    if mlo:
+        for t, j in T.Parallel(BT, BT):
+            mqh[t, j] = T.cast(x_f[t, j], dtype)
+            mql[t, j] = T.cast(x_f[t, j] - T.cast(T.cast(x_f[t, j], dtype), f32), dtype)
+    else:       # the lo tiles neither written nor read (they may not exist: ``mql .. m3l`` None)
+        for t, j in T.Parallel(BT, BT):
+            mqh[t, j] = T.cast(x_f[t, j], dtype)
     for t, j in T.Parallel(BT, BT):
         # rq_t dQK_tj (-> dk~ operand, transposed) ; dpu <- its product with q~ k~^T for dg
         x_f[t, j] = T.if_then_else(j <= t, fv[5, t] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j],
                                    T.float32(0))
-    for t, j in T.Parallel(BT, BT):
-        m1h[t, j] = T.cast(x_f[t, j], dtype)
-        m1l[t, j] = T.cast(x_f[t, j] - T.cast(T.cast(x_f[t, j], dtype), f32), dtype)
-        dpu[t, j] = x_f[t, j] * fv[6, j] * qk[t, j]
+    if mlo:
+        for t, j in T.Parallel(BT, BT):
+            m1h[t, j] = T.cast(x_f[t, j], dtype)
+            m1l[t, j] = T.cast(x_f[t, j] - T.cast(T.cast(x_f[t, j], dtype), f32), dtype)
+            dpu[t, j] = x_f[t, j] * fv[6, j] * qk[t, j]
+    else:
+        for t, j in T.Parallel(BT, BT):
+            m1h[t, j] = T.cast(x_f[t, j], dtype)
+            dpu[t, j] = x_f[t, j] * fv[6, j] * qk[t, j]
     for t, j in T.Parallel(BT, BT):
         # braw = e rk_t rk_j KK (j < t);  kk <- braw
         kk[t, j] = T.if_then_else(j < t, T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * fv[6, t] * fv[6, j]
@@ -411,11 +422,16 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l
         # dBk = beta_t e dA
         x_f[t, j] = T.if_then_else(j < t, fv[7, t] * dyu[t, j] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E),
                                    T.float32(0))
-    for t, j in T.Parallel(BT, BT):
-        m2h[t, j] = T.cast(x_f[t, j] * fv[6, j], dtype)
-        m2l[t, j] = T.cast(x_f[t, j] * fv[6, j] - T.cast(T.cast(x_f[t, j] * fv[6, j], dtype), f32), dtype)
-        m3h[t, j] = T.cast(x_f[t, j] * fv[6, t], dtype)
-        m3l[t, j] = T.cast(x_f[t, j] * fv[6, t] - T.cast(T.cast(x_f[t, j] * fv[6, t], dtype), f32), dtype)
+    if mlo:
+        for t, j in T.Parallel(BT, BT):
+            m2h[t, j] = T.cast(x_f[t, j] * fv[6, j], dtype)
+            m2l[t, j] = T.cast(x_f[t, j] * fv[6, j] - T.cast(T.cast(x_f[t, j] * fv[6, j], dtype), f32), dtype)
+            m3h[t, j] = T.cast(x_f[t, j] * fv[6, t], dtype)
+            m3l[t, j] = T.cast(x_f[t, j] * fv[6, t] - T.cast(T.cast(x_f[t, j] * fv[6, t], dtype), f32), dtype)
+    else:
+        for t, j in T.Parallel(BT, BT):
+            m2h[t, j] = T.cast(x_f[t, j] * fv[6, j], dtype)
+            m3h[t, j] = T.cast(x_f[t, j] * fv[6, t], dtype)
 
     T.gemm(mqh, k_s, dq_f, clear_accum=clear)
     if mlo:
@@ -468,9 +484,11 @@ def rect_sums(m_s, acc, rect, hv, c, part=None):
 INTRA_ABLATIONS = ("no_mlo", "no_rect", "no_db2", "store", "rmw")
 
 
-def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False, _ablate: frozenset = frozenset()):
+def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False, single: bool = False,
+                        _ablate: frozenset = frozenset()):
     """``lean``: read the hi terms of U and dY alone (the opt-in "lean_sd" tables: 2 instead of 5 value-dim
-    products, 32 KB less shared memory in the first phase); ``Ul``, ``dYl`` are then not read.
+    products, 32 KB less shared memory in the first phase); ``Ul``, ``dYl`` are then not read.  ``single``: the four
+    64x64 operands single (``intra_terms(mlo=False)``; the build's ``_INTRA_SINGLE``, a candidate of session 13).
 
     ``_ablate`` (timing studies only, ``benchmarks/ablate_bwd.py --kernel intra``; wrong gradients): names
     from ``INTRA_ABLATIONS`` - "no_mlo" without the four lo-term products of the 64x64 gradient matrices,
@@ -507,7 +525,7 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False, _ablat
     assert set(_ablate) <= set(INTRA_ABLATIONS), _ablate
     f32 = "float32"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
-    mlo = "no_mlo" not in _ablate
+    mlo = "no_mlo" not in _ablate and not single
 
     @T.prim_func
     def gdn_bwd_dqk_intra(
@@ -540,13 +558,13 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False, _ablat
             dyh_s = T.alloc_shared((DV, BT), dtype)
             dyl_s = T.alloc_shared(lo_shape((DV, BT), not lean), dtype)
             mqh = T.alloc_shared((BT, BT), dtype)
-            mql = T.alloc_shared((BT, BT), dtype)
+            mql = T.alloc_shared(lo_shape((BT, BT), mlo), dtype)
             m1h = T.alloc_shared((BT, BT), dtype)
-            m1l = T.alloc_shared((BT, BT), dtype)
+            m1l = T.alloc_shared(lo_shape((BT, BT), mlo), dtype)
             m2h = T.alloc_shared((BT, BT), dtype)
-            m2l = T.alloc_shared((BT, BT), dtype)
+            m2l = T.alloc_shared(lo_shape((BT, BT), mlo), dtype)
             m3h = T.alloc_shared((BT, BT), dtype)
-            m3l = T.alloc_shared((BT, BT), dtype)
+            m3l = T.alloc_shared(lo_shape((BT, BT), mlo), dtype)
             m_s = T.alloc_shared((BT, BT), f32)
 
             qk = T.alloc_fragment((BT, BT), f32)

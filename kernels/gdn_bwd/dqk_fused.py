@@ -24,7 +24,7 @@ atomic add (another rounding order of the same fp32 sum).
 import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
-from kernels.common.prologue import chunk_span, dynamic_dims
+from kernels.common.prologue import chunk_span, dynamic_dims, lo_shape
 from kernels.gdn_fwd.cumsum import LOG2E
 
 from .build import CLUSTER_GROUPS
@@ -54,7 +54,7 @@ def zero_half(out, hv, c):
 class _HeadTiles:
     """The shared tiles of one value head's pass (a Python object, so that ``value_head`` can name them)."""
 
-    def __init__(self, DK, DV, dtype, m_pad=0):
+    def __init__(self, DK, DV, dtype, m_pad=0, m_lo=True):
         f32 = "float32"
         self.f_s = T.alloc_shared((8, BT), f32)
         self.sh = T.alloc_shared((DK, DV), dtype)
@@ -67,7 +67,10 @@ class _HeadTiles:
         self.ul = T.alloc_shared((BT, DV), dtype)
         self.dyh = T.alloc_shared((DV, BT), dtype)
         self.dyl = T.alloc_shared((DV, BT), dtype)
-        self.m = [T.alloc_shared((BT, BT), dtype) for _ in range(8)]
+        # the 64x64 operands hi, lo, hi, lo, ...; without their lo terms (``m_lo`` False: ``intra_single``) the lo
+        # tiles are 8x8 placeholders, neither written nor read
+        self.m = [T.alloc_shared(lo_shape((BT, BT), m_lo or i % 2 == 0), dtype) for i in range(8)]
+        self.m_lo = m_lo
         # m_pad: columns past the 64 (neither stored nor summed: the row prefix sums scan m_s[:, 0:64]), so that
         # the fragment's stores do not hit one bank from 8 rows at once (``build_bwd_dqk_fused``'s conflict_free)
         self.m_s = T.alloc_shared((BT, BT + m_pad), f32)
@@ -144,7 +147,8 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     m = ts.m
     if "no_intra" not in ab:
         intra_terms(q_s, k_s, ts.do, ts.uh, ts.ul, ts.dyh, ts.dyl, ts.f_s, m[0], m[1], m[2], m[3], m[4], m[5], m[6],
-                    m[7], ts.m_s, qk, kk, dpu, dyu, y_f, rs2, dq_f, dk_f, db2, nv, hv, c, scale, mlo=lo, clear=False,
+                    m[7], ts.m_s, qk, kk, dpu, dyu, y_f, rs2, dq_f, dk_f, db2, nv, hv, c, scale, mlo=lo and ts.m_lo,
+                    clear=False,
                     batch=rb, t2=t2b, r2=r2b, m_copy=ts.m_s.shape[1] > BT)
         if "no_rect" not in ab:
             rect_sums(ts.m_s, acc, rect, hv, c, None if "rect_64" in ab else ts.part)
@@ -217,7 +221,7 @@ def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0
 
 
 def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = frozenset(), group: int = 1,
-                        conflict_free: bool = False):
+                        conflict_free: bool = False, intra_single: bool = False):
     """Grid (chunk, value head).  With ``group == 1`` dq~ and dk~ leave the kernel in one of two ways, by ``out32``:
 
     * fp32 per value head (``dq32, dk32``), summed per group by ``gdn_bwd_group_sum`` (groups of two or more, or the
@@ -247,6 +251,12 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
     was slower at the large shapes: this kernel 3.94 -> 4.27 ms (the dY tiles read by value column), dh 2.1 -> 1.98,
     bwd 8.24 against 8.12 ms at B1 T32768 H16 HV32, 3.74 against 3.61 at B1 T65536 H2 HV4 (session 10, call 3,
     commit 9b056de; reverted).
+
+    ``intra_single`` (a candidate of session 13, the build's ``_INTRA_SINGLE``): the four 64x64 operands of the
+    intra terms single (``intra_terms(mlo=False)``): 4 fewer wgmma and their conversions; the same shared memory
+    peak (198656 B: the 64x64 tiles reuse the memory of the inter phase's tiles), 245 registers, no spills; accuracy
+    on the CPU (emulation, with dh's single form, seven GPU cases' inputs): worst 0.82x the FLA-like baseline, as
+    without it.  Not yet timed.
 
     ``conflict_free`` (session 12; the API's form since session 13, the build's ``_CONFLICT_FREE``: backward 7.27 ->
     6.98 ms at B1 T32768 H16 HV32 with the recompute's ``sl_swizzle``, one H200): the shared
@@ -325,7 +335,7 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
 
             q_s = T.alloc_shared((BT, DK), dtype)
             k_s = T.alloc_shared((BT, DK), dtype)
-            ts = _HeadTiles(DK, DV, dtype, m_pad=8 if conflict_free else 0)
+            ts = _HeadTiles(DK, DV, dtype, m_pad=8 if conflict_free else 0, m_lo=not intra_single)
             if conflict_free:
                 T.annotate_layout({ts.v: make_swizzled_layout(ts.v)})
             dq_f = T.alloc_fragment((BT, DK), f32)

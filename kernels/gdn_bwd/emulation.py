@@ -66,6 +66,12 @@ def dh_single() -> bool:
     return build._DH_SINGLE
 
 
+def intra_single() -> bool:
+    """Whether the API runs the intra terms' single form (``kernels.gdn_bwd.build._INTRA_SINGLE``)."""
+    from . import build
+    return build._INTRA_SINGLE
+
+
 def _split(name: str) -> bool:
     """Whether operand ``name`` (``SPLITS``) is a two-term split (always, outside ``study``)."""
     return name not in _SINGLE
@@ -208,9 +214,10 @@ def value_dots(vc, dYh, dYl):
     return _f32(((dYh + dYl) * vc).sum(-1))
 
 
-def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
+def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt, single: bool | None = None):
     """Emulates ``gdn_bwd_dqk_intra``: dqt2, dkt2 [HV, NC, 64, DK], rect, db2 [HV, NC, 64] (rect: the dg terms
-    of P and A summed over t >= s > j, see ``common.finish``)."""
+    of P and A summed over t >= s > j, see ``common.finish``).  ``single``: the four 64x64 operands single (the
+    kernels' ``msingle`` form); None: as the API runs them (``build._INTRA_SINGLE``)."""
     H = q2.shape[1]
     HV = do2.shape[1]
     dev = q2.device
@@ -244,7 +251,7 @@ def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
     # rect_s = sum_{t >= s} sum_{j < s} m_tj: exclusive prefix over j, then the column sum over t >= s
     mex = _f32(torch.nn.functional.pad(torch.cumsum(m, -1)[..., :-1], (1, 0)))
     rect = _f32(torch.where(rows[:, None] >= rows[None, :], mex, 0.0).sum(-2))
-    si = _split("intra")
+    si = _split("intra") and not (intra_single() if single is None else single)
     Mq = _two(_f32(dqk0 * F6[..., None, :]), dt, si)            # dq~ = (dQK diag(rk)) k
     Mk1 = _two(dqk, dt, si)                                     # dk~ += (dQK diag(rq))^T q
     Mk2 = _two(_f32(dBk * F6[..., None, :]), dt, si)            # dk~ += (dBk diag(rk)) k
