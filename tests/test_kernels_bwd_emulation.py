@@ -93,15 +93,16 @@ def _gpu_case_inputs(name):
     return args, do, 0.1 * torch.randn(N, HV, V, V, generator=gen), kw
 
 
-@pytest.mark.parametrize("switch", ["_DH_SINGLE", "_INTRA_SINGLE", "_RECOMPUTE_S_SINGLE"])
+@pytest.mark.parametrize("switch", ["_DH_SINGLE", "_INTRA_SINGLE", "_RECOMPUTE_S_SINGLE", "_DUL_INPUT_DTYPE"])
 @pytest.mark.parametrize("name", list(CASES) + list(_GPU_NAMES))
 def test_single_operand_forms_meet_the_same_bar(monkeypatch, name, switch):
     """``build._DH_SINGLE`` (dh with single Tinv, dU, F0 dX operands: 6 instead of 9 wgmma a chunk; the API's form)
     and, on top of it, the candidates ``build._INTRA_SINGLE`` (the intra terms' four 64x64 operands single) and
-    ``build._RECOMPUTE_S_SINGLE`` (S without its lo term) keep every gradient within the FLA-like baseline, and dg
+    ``build._RECOMPUTE_S_SINGLE`` (S without its lo term) and ``build._DUL_INPUT_DTYPE`` (dUloc^T stored in the
+    input dtype) keep every gradient within the FLA-like baseline, and dg
     near g = -20 within the rounding floor (S single: within ``S_SINGLE_M20_FLOORS`` floors) (the emulation follows
-    the switches, as the API does); each switch changes the gradient it should (dv: dh's dY alone; dq: the intra
-    terms, not dh; dg: S o dS')."""
+    the switches, as the API does); each switch changes the gradient it should (dv: dh's dY alone, or dU; dq: the
+    intra terms, not dh; dg: S o dS')."""
     import kernels.gdn_bwd.build as bbuild
     xs, do, dht, kw = _gpu_case_inputs(name) if name in _GPU_NAMES else tt.bwd_inputs(**CASES[name])
     monkeypatch.setattr(bbuild, "_DH_SINGLE", True)
@@ -112,7 +113,7 @@ def test_single_operand_forms_meet_the_same_bar(monkeypatch, name, switch):
     rows = _check(name, xs, do, dht, kw, near_m20=near_m20,
                   m20_floors=S_SINGLE_M20_FLOORS if switch == "_RECOMPUTE_S_SINGLE" else 1.0)
     on = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
-    i = {"_DH_SINGLE": 2, "_INTRA_SINGLE": 0, "_RECOMPUTE_S_SINGLE": 3}[switch]
+    i = {"_DH_SINGLE": 2, "_INTRA_SINGLE": 0, "_RECOMPUTE_S_SINGLE": 3, "_DUL_INPUT_DTYPE": 2}[switch]
     if switch == "_RECOMPUTE_S_SINGLE" and xs[0].dtype != torch.bfloat16:      # bf16 inputs only
         assert all(a is None and b is None or torch.equal(a, b) for a, b in zip(on, off))
     else:
@@ -367,7 +368,7 @@ _PLUMBING = {
 
 @pytest.mark.parametrize("form", ["fused", "fused_group_sum_kernel", "fused_torch_group_sum", "torch_dg_dbeta",
                                   "two_kernels", "recompute_intra2", "plain_tiles", "dh_split", "intra_single",
-                                  "two_kernels_intra_single", "s_single", "two_kernels_s_single"])
+                                  "two_kernels_intra_single", "s_single", "two_kernels_s_single", "dul16"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
 def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
@@ -394,6 +395,7 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     monkeypatch.setattr(bbuild, "_DH_SINGLE", form != "dh_split")
     monkeypatch.setattr(bbuild, "_INTRA_SINGLE", form.endswith("intra_single"))
     monkeypatch.setattr(bbuild, "_RECOMPUTE_S_SINGLE", form.endswith("s_single"))
+    monkeypatch.setattr(bbuild, "_DUL_INPUT_DTYPE", form == "dul16")
     monkeypatch.setattr(api, "_FUSED_DQK", not form.startswith("two_kernels"))
     monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", form != "fused_torch_group_sum")
     monkeypatch.setattr(api, "_CLUSTER_GROUP_SUM", form == "fused")
@@ -418,7 +420,9 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     assert all(c.cf == cf and c.ssingle == s1 for c in dqk), asked
     assert all(c.sl_swizzle == (cf and not s1) and (c.prec.s == "split") == (not s1) for c in state), asked
     dh = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "dh"]
-    assert all(c.single == (form != "dh_split") for c in dh), asked
+    assert all(c.single == (form != "dh_split") and c.dul16 == (form == "dul16") for c in dh), asked
+    prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
+    assert all(c.dul16 == (form == "dul16") for c in prep), asked
     intra = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind in bbuild.INTRA_KINDS]
     assert intra and all(c.msingle == form.endswith("intra_single") for c in intra) or name == "all_empty_h0_vfirst", \
         asked

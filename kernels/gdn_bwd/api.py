@@ -81,7 +81,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
 
     from . import build
     from .build import (CLUSTER_GROUPS, BwdConfig, dh_config, dqk_config, forward_recompute_configs, get_kernel,
-                        intra_config)
+                        intra_config, prep_config)
 
     dt = q.dtype
     D = KERNEL_HEAD_DIM
@@ -147,8 +147,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     Tl = torch.empty_like(Th)
     Agh, Agl = torch.empty_like(Th), torch.empty_like(Th)
     Fb = torch.empty(HV, NC, 8, BT, device=dev, dtype=f32)
-    dUl = torch.empty(HV, NC, D, BT, device=dev, dtype=f32)
-    get_kernel(BwdConfig("prep", tl_dt))(q2, k2, do2, g2, b2, cu, chunk_indices, Th, Tl, Agh, Agl, Fb, dUl, scale,
+    dUl = torch.empty(HV, NC, D, BT, device=dev, dtype=dt if build._DUL_INPUT_DTYPE else f32)
+    get_kernel(prep_config(tl_dt))(q2, k2, do2, g2, b2, cu, chunk_indices, Th, Tl, Agh, Agl, Fb, dUl, scale,
                                          use_l2)
     mark("prep")
     # 0. forward recompute of S (chunk start) and U, both hi + lo, key-first (the smem state kernel).  dh does not
@@ -204,7 +204,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         # split whatever _DH_SINGLE says: pass B's transfer matrices (from dht = I) are sums of single roundings in
         # the single form, and the composed passes then left the sequential pass's gradients by up to 1.7e-3
         # (dk, relative; session 13, the CPU plumbing test) where split they agree to the scan's fp32 inputs
-        dh0k = _dh_segmented(get_kernel(BwdConfig("dh", tl_dt)), cp, q2, k2, do2, Th, Tl, Fb, dUl,
+        dh0k = _dh_segmented(get_kernel(dh_config(tl_dt, single=False)), cp, q2, k2, do2, Th, Tl, Fb, dUl,
                              (dh.transpose(-1, -2) if vf else dh) if dht is not None else None,
                              dSh, dSl, dYh, dYl, dv2)
         if use_h0:

@@ -29,10 +29,11 @@ class BwdConfig:
     single: bool = False           # dh only: Tinv, dU, F0 dX single (dh.py's ``single``; the API's form)
     msingle: bool = False          # the intra terms' kinds (dqk*, intra, intra_lean): their 64x64 operands single
     ssingle: bool = False          # the fused dqk kinds: S read as its hi term alone (``_RECOMPUTE_S_SINGLE``)
+    dul16: bool = False            # prep and dh: dUloc^T in the input dtype (``_DUL_INPUT_DTYPE``)
 
     @property
     def name(self) -> str:
-        flags = "".join(f",{f}" for f in ("cf", "single", "msingle", "ssingle") if getattr(self, f))
+        flags = "".join(f",{f}" for f in ("cf", "single", "msingle", "ssingle", "dul16") if getattr(self, f))
         return f"bwd_{self.kind}[DK=DV={self.DK}{flags},{self.dtype}]"
 
 
@@ -58,23 +59,27 @@ def all_configs():
             + [BwdConfig(k, "bfloat16") for k in ("dqk", "dqk_g2")]
             + [BwdConfig("dh", dt, single=True) for dt in DTYPES]
             + [BwdConfig(k, "bfloat16", cf=True, msingle=True) for k in ("dqk", "dqk_g2")]
-            + [BwdConfig(k, "bfloat16", cf=True, ssingle=True) for k in ("dqk", "dqk_g2")])
+            + [BwdConfig(k, "bfloat16", cf=True, ssingle=True) for k in ("dqk", "dqk_g2")]
+            + [BwdConfig("prep", "bfloat16", dul16=True), BwdConfig("dh", "bfloat16", single=True, dul16=True),
+               BwdConfig("dh", "bfloat16", dul16=True)])
 
 
 def prim_func(cfg: BwdConfig):
     D = cfg.DK
-    if cfg.kind == "prep":
-        from .prep import build_bwd_prep
-        return build_bwd_prep(D, D, cfg.dtype)
     if cfg.single and cfg.kind != "dh":
         raise ValueError(f"single (operands) is a switch of the dh kernel only: {cfg.name}")
     if cfg.msingle and cfg.kind not in INTRA_KINDS:
         raise ValueError(f"msingle (64x64 operands) is a switch of the intra terms' kernels only: {cfg.name}")
     if cfg.ssingle and not cfg.kind.startswith("dqk"):
         raise ValueError(f"ssingle (S hi alone) is a switch of the fused dqk kernel only: {cfg.name}")
+    if cfg.dul16 and cfg.kind not in ("prep", "dh"):
+        raise ValueError(f"dul16 (dUloc^T in the input dtype) is a switch of prep and dh only: {cfg.name}")
+    if cfg.kind == "prep":
+        from .prep import build_bwd_prep
+        return build_bwd_prep(D, D, cfg.dtype, dul16=cfg.dul16)
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
-        return build_bwd_dh(D, D, cfg.dtype, single=cfg.single)
+        return build_bwd_dh(D, D, cfg.dtype, single=cfg.single, dul16=cfg.dul16)
     if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
         from .dqk_fused import build_bwd_dqk_fused
         return build_bwd_dqk_fused(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
@@ -152,9 +157,22 @@ def recompute_s_single(dtype: str) -> bool:
     return _RECOMPUTE_S_SINGLE and dtype == "bfloat16"
 
 
-def dh_config(dtype: str) -> BwdConfig:
-    """The reverse pass's configuration, with ``_DH_SINGLE``'s operands."""
-    return BwdConfig("dh", dtype, single=_DH_SINGLE)
+def dh_config(dtype: str, single: bool | None = None) -> BwdConfig:
+    """The reverse pass's configuration, with ``_DH_SINGLE``'s operands (``single`` overrides it: the segmented pass
+    runs every operand split) and ``_DUL_INPUT_DTYPE``'s dUloc^T."""
+    return BwdConfig("dh", dtype, single=_DH_SINGLE if single is None else single, dul16=_DUL_INPUT_DTYPE)
+
+
+def prep_config(dtype: str) -> BwdConfig:
+    """prep's configuration, with ``_DUL_INPUT_DTYPE``'s dUloc^T."""
+    return BwdConfig("prep", dtype, dul16=_DUL_INPUT_DTYPE)
+
+
+# private switch (A/B timing: on in the column ``ours-dul16``; a candidate of session 13, not yet timed): prep stores
+# dUloc^T in the input dtype and dh reads it so (0.27 GB less written and read at B1 T32768 H16 HV32); the emulation
+# follows it.  Accuracy (emulation, six GPU cases' inputs, with dh's single form): worst 0.8235x the FLA-like
+# baseline against 0.8233 without it
+_DUL_INPUT_DTYPE = False
 
 
 # private switch (A/B timing: off in the column ``ours-dh-split``; session 13): dh with single Tinv, dU and F0 dX
@@ -243,10 +261,11 @@ def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: b
         out += [c for c in fb.all_configs() if c.dtype == dtype]
     out += list(forward_recompute_configs(dtype, n_seq, HV))
     out += [dqk_config(kind, dtype) if kind.startswith("dqk") else dh_config(dtype) if kind == "dh" else
+            prep_config(dtype) if kind == "prep" else
             intra_config(kind, dtype) if kind in ("intra", "intra_lean") else
             BwdConfig(kind, "float32" if kind in DTYPE_FREE_KINDS else dtype) for kind in stage_kinds(tables, fused)]
     if "dh" in stage_kinds(tables, fused):
-        out.append(BwdConfig("dh", dtype))      # every operand split: the segmented reverse pass's (api, dh_cp)
+        out.append(dh_config(dtype, single=False))  # every operand split: the segmented reverse pass's (api, dh_cp)
     uniq = []
     for c in out:
         if c not in uniq:

@@ -50,12 +50,16 @@ def store_split(hi, lo, hi_s, lo_s, dst_hi, dst_lo, wait=True):
 
 
 def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, single: bool = False,
-                 _ablate: frozenset = frozenset()):
+                 dul16: bool = False, _ablate: frozenset = frozenset()):
     """``single`` (session 13, the API's form; the build's ``_DH_SINGLE``): Tinv, dU and F0 dX as one input-dtype term
     each (dS' and F1 dO keep their lo products, the dY tables stay split): 6 instead of 9 wgmma a chunk; the
     emulation's ``dh(single=True)`` (``accuracy.py --singles``, variant "dh").  With F1 dO single too (5 wgmma, call
     2-3) dh0 reached 1.00-1.03x the FLA-like baseline's rel_rmse on four GPU cases (the carried dS is updated by
     rd(F1 dO)^T Q every chunk); without it, worst 0.82x (dv, g near -20; emulation over the same cases).
+
+    ``dul16`` (a candidate of session 13, the build's ``_DUL_INPUT_DTYPE``): dUloc^T read in the input dtype (prep's
+    ``dul16`` form stores it so), not fp32: half the bytes of that table; it enters dU, which the single form rounds
+    to the input dtype anyway.
 
     ``_ablate`` (timing studies only): names from ``DH_ABLATIONS`` - "no_ds_store" / "no_dy_store" / "no_dv"
     without the stores of the dS' tables / the dY tables / dv, "no_lo" without the lo-term products; "st_direct"
@@ -75,7 +79,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
       do          [Ttot, HV, DV]    dtype
       Th, Tl      [HV, NCg, 64, 64] dtype
       Fb          [HV, NCg, 8, 64]  fp32
-      dUl         [HV, NCg, DV, 64] fp32    (dUloc^T from gdn_bwd_prep)
+      dUl         [HV, NCg, DV, 64] fp32    (dUloc^T from gdn_bwd_prep; dtype with ``dul16``)
       cu_seqlens, chunk_offsets [N + 1] int32
       dht         [Nh, HV, DK, DV]  fp32 (read as [.., DV, DK] when v_first)
       dSh, dSl    [HV, NCg, DV, DK] dtype   (out, value-first)
@@ -96,6 +100,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
     # (session 8's form, waiting for each: the "st_wait" ablation)
     nowait = "st_wait" not in _ablate and "st_direct" not in _ablate
     f32 = "float32"
+    dul_dt = dtype if dul16 else f32
     NV = DV // BV
 
     @T.macro
@@ -118,7 +123,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
         Th: T.Tensor((HV, NCg, BT, BT), dtype),
         Tl: T.Tensor((HV, NCg, BT, BT), dtype),
         Fb: T.Tensor((HV, NCg, 8, BT), f32),
-        dUl: T.Tensor((HV, NCg, DV, BT), f32),
+        dUl: T.Tensor((HV, NCg, DV, BT), dul_dt),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
         chunk_offsets: T.Tensor((N + 1,), "int32"),
         dht: T.Tensor((Nh, HV, DK, DV), f32),
@@ -146,7 +151,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
             # call 2, as in session 10's single form)
             tl_s = T.alloc_shared((BT, BT), dtype) if olo else None
             f_s = T.alloc_shared((8, BT), f32)
-            dul_s = T.alloc_shared((BV, BT), f32)
+            dul_s = T.alloc_shared((BV, BT), dul_dt)
             if "dul_plain" not in _ablate:
                 # 128-byte swizzles: dUloc^T is read in the wgmma accumulator layout (rows 64 floats apart) and dO
                 # transposed, element by element; unswizzled, 4-way bank conflicts on each of those loads (26.6 M
@@ -202,7 +207,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 if lo:
                     T.gemm(dsl, k_s, kd_f, transpose_B=True, policy=FR)
                 for i, t in T.Parallel(BV, BT):
-                    kd_f[i, t] = dul_s[i, t] + f_s[2, t] * kd_f[i, t]
+                    kd_f[i, t] = T.cast(dul_s[i, t], f32) + f_s[2, t] * kd_f[i, t]
                 split_to(kd_f, xa, xl, olo)
 
                 # dY^T = dU^T Tinv

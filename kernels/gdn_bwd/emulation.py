@@ -66,6 +66,12 @@ def dh_single() -> bool:
     return build._DH_SINGLE
 
 
+def dul_input_dtype() -> bool:
+    """Whether prep stores dUloc^T in the input dtype (``kernels.gdn_bwd.build._DUL_INPUT_DTYPE``)."""
+    from . import build
+    return build._DUL_INPUT_DTYPE
+
+
 def intra_single() -> bool:
     """Whether the API runs the intra terms' single form (``kernels.gdn_bwd.build._INTRA_SINGLE``)."""
     from . import build
@@ -303,6 +309,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     Ah, Al, F = intra_v2(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
     Sch, Scl, Uh, Ul, _ = state_v2(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
     Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt)
+    if dul_input_dtype():               # prep's dul16 form stores dUloc^T in the input dtype
+        dUloc = dUloc.to(dt).to(dUloc.dtype)
     dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dS0, dt, dh_single())
     lo = (lambda x: x) if _tables == "split" else torch.zeros_like      # "lean": the hi terms alone
     dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, lo(Scl), Uh, lo(Ul), dSnh, lo(dSnl), dYh,

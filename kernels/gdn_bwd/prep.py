@@ -30,8 +30,9 @@ THREADS = 128
 PREP_ABLATIONS = ("no_dul", "no_solve", "no_tstore")
 
 
-def build_bwd_prep(DK: int, DV: int, dtype: str, _ablate: frozenset = frozenset()):
-    """``_ablate``: timing studies only (``PREP_ABLATIONS``).
+def build_bwd_prep(DK: int, DV: int, dtype: str, dul16: bool = False, _ablate: frozenset = frozenset()):
+    """``_ablate``: timing studies only (``PREP_ABLATIONS``).  ``dul16`` (a candidate of session 13, the build's
+    ``_DUL_INPUT_DTYPE``): dUloc^T stored in the input dtype (one rounding of the fp32 product), not fp32.
 
     Arguments:
       q, k          [Ttot, H, DK]     dtype
@@ -41,7 +42,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, _ablate: frozenset = frozenset(
       Th, Tl        [HV, NC, 64, 64]  dtype  (out)
       Agh, Agl      [HV, NC, 64, 64]  dtype  (out, Tinv diag(beta) split, for the state kernel)
       Fb            [HV, NC, 8, 64]   fp32   (out)
-      dUl           [HV, NC, DV, 64]  fp32   (out, dUloc^T)
+      dUl           [HV, NC, DV, 64]  fp32   (out, dUloc^T; dtype with ``dul16``)
       scale fp32, use_l2 int32
     """
     assert DK in (64, 128) and DV in (64, 128)
@@ -64,7 +65,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, _ablate: frozenset = frozenset(
         Agh: T.Tensor((HV, NC, BT, BT), dtype),
         Agl: T.Tensor((HV, NC, BT, BT), dtype),
         Fb: T.Tensor((HV, NC, 8, BT), f32),
-        dUl: T.Tensor((HV, NC, DV, BT), f32),
+        dUl: T.Tensor((HV, NC, DV, BT), dtype if dul16 else f32),
         scale: T.float32,
         use_l2: T.int32,
     ):
