@@ -91,9 +91,9 @@ AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute 
       "ours-no-cf": ("build", "_CONFLICT_FREE", False),         # without the conflict-free tiles (recompute, dqk; s12)
       "ours-dh-split": ("build", "_DH_SINGLE", False),          # dh with every operand split (until s13)
       "ours-intra-single": ("build", "_INTRA_SINGLE", True),    # the intra terms' 64x64 operands single (s13 candidate)
-      "ours-s-single": ("build", "_RECOMPUTE_S_SINGLE", True),  # S recomputed without its lo term (bf16; s13 candidate)
       "ours-dul16": ("build", "_DUL_INPUT_DTYPE", True),        # dUloc^T stored in the input dtype (s13 candidate)
-      # several switches: a list (none now; session 13 timed dh's single form with the recompute at BV 64 this way)
+      # several switches: a list (session 13 timed dh's single form with the recompute at BV 64 this way)
+      "ours-cands": [("build", "_INTRA_SINGLE", True), ("build", "_DUL_INPUT_DTYPE", True)],  # both s13 candidates
       }
 
 
@@ -149,8 +149,8 @@ def main(argv=None):
                     "shape), "
                     "'ours-no-cf' (without the conflict-free shared tiles of the recompute and the fused dqk kernel), "
                     "'ours-dh-split' (dh with every operand split, not single Tinv, dU, F0 dX), 'ours-intra-single' "
-                    "(the intra terms' four 64x64 operands single), 'ours-s-single' (S recomputed and read without its "
-                    "lo term, bf16 inputs), 'ours-dul16' (prep's dUloc^T table in the input dtype)")
+                    "(the intra terms' four 64x64 operands single), 'ours-dul16' (prep's dUloc^T table in the input "
+                    "dtype), 'ours-cands' (those two together)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):

@@ -160,10 +160,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     def recompute(side):
         ci, cs = forward_recompute_configs(tl_dt, N, HV)
         Sch = torch.empty(HV, NC, D, D, device=dev, dtype=dt)
-        # the candidate S single (build._RECOMPUTE_S_SINGLE): the state kernel stores no S lo; the fused dqk kernel
-        # does not read it, the other forms (and the stage record) read zeros
-        s_zero = build.recompute_s_single(tl_dt) and ("dqk" not in kinds or _stages is not None)
-        Scl = torch.zeros_like(Sch) if s_zero else torch.empty_like(Sch)
+        Scl = torch.empty_like(Sch)
         Uh = torch.empty(HV, NC, BT, D, device=dev, dtype=dt)
         Ul = torch.empty_like(Uh)
         ht = torch.empty(1, HV, D, D, device=dev, dtype=f32)

@@ -161,8 +161,7 @@ def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx, xh=None, xl=None, d0=0, nd
     of the 32 lanes' rows (128 bytes apart, the swizzle spreading 8 rows over the banks) was a 4-way bank conflict:
     the S o dS' dots took 0.38 of the inter kernel's 3.19 ms (session 8, call 3).
 
-    ``d0, nd``: only the key rows ``d0 .. d0 + nd`` of the tiles (all of them by default; ``nd`` a multiple of 8).
-    ``sl_s`` None (with ``xh``): S as its hi term alone (the fused kernel's ``s_single``)."""
+    ``d0, nd``: only the key rows ``d0 .. d0 + nd`` of the tiles (all of them by default; ``nd`` a multiple of 8)."""
     f32 = "float32"
     nd = sh_s.shape[0] if nd is None else nd
     if xh is None:
@@ -175,15 +174,9 @@ def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx, xh=None, xl=None, d0=0, nd
                 xh[j] = dsh_s[tx, d0 + d8 * 8 + j]
             for j in T.vectorized(8):
                 xl[j] = dsl_s[tx, d0 + d8 * 8 + j]
-            if sl_s is None:
-                for j in T.serial(8):
-                    acc[0] = acc[0] + (T.cast(sh_s[d0 + d8 * 8 + j, tx], f32)
-                                       * (T.cast(xh[j], f32) + T.cast(xl[j], f32)))
-            else:
-                for j in T.serial(8):
-                    acc[0] = acc[0] + ((T.cast(sh_s[d0 + d8 * 8 + j, tx], f32)
-                                        + T.cast(sl_s[d0 + d8 * 8 + j, tx], f32))
-                                       * (T.cast(xh[j], f32) + T.cast(xl[j], f32)))
+            for j in T.serial(8):
+                acc[0] = acc[0] + ((T.cast(sh_s[d0 + d8 * 8 + j, tx], f32) + T.cast(sl_s[d0 + d8 * 8 + j, tx], f32))
+                                   * (T.cast(xh[j], f32) + T.cast(xl[j], f32)))
 
 
 @T.macro

@@ -54,13 +54,11 @@ def zero_half(out, hv, c):
 class _HeadTiles:
     """The shared tiles of one value head's pass (a Python object, so that ``value_head`` can name them)."""
 
-    def __init__(self, DK, DV, dtype, m_pad=0, m_lo=True, s_lo=True):
+    def __init__(self, DK, DV, dtype, m_pad=0, m_lo=True):
         f32 = "float32"
         self.f_s = T.alloc_shared((8, BT), f32)
         self.sh = T.alloc_shared((DK, DV), dtype)
-        # S lo: an 8x8 placeholder, neither written nor read, with ``s_single``
-        self.sl = T.alloc_shared(lo_shape((DK, DV), s_lo), dtype)
-        self.s_lo = s_lo
+        self.sl = T.alloc_shared((DK, DV), dtype)
         self.dsh = T.alloc_shared((DV, DK), dtype)
         self.dsl = T.alloc_shared((DV, DK), dtype)
         self.do = T.alloc_shared((BT, DV), dtype)
@@ -93,14 +91,12 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     # 1. the S o dS' row dots (S, dS' hi + lo)
     T.copy(Fb[hv, c, 0:8, 0:BT], ts.f_s)
     T.copy(Sch[hv, c, 0:DK, 0:DV], ts.sh)
-    if ts.s_lo:
-        T.copy(Scl[hv, c, 0:DK, 0:DV], ts.sl)
+    T.copy(Scl[hv, c, 0:DK, 0:DV], ts.sl)
     T.copy(dSh[hv, c, 0:DV, 0:DK], ts.dsh)
     T.copy(dSl[hv, c, 0:DV, 0:DK], ts.dsl)
     if "no_sd" not in ab:
         acc[0] = T.float32(0)
-        split_dot_rows(ts.sh, ts.sl if ts.s_lo else None, ts.dsh, ts.dsl, acc, tx % DV, xh, xl,
-                       (tx // DV) * (DK // 2), DK // 2)
+        split_dot_rows(ts.sh, ts.sl, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
         sd[tx // DV, hv, c, tx % DV] = acc[0]
     lo = "no_lo" not in ab
     gm = "no_inter_gemm" not in ab
@@ -123,7 +119,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     T.copy(do[t0:t0 + BT, hv, 0:DV], ts.do)
     if gm:
         T.gemm(ts.do, ts.sh, x_f, transpose_B=True, clear_accum=True)
-        if lo and ts.s_lo:
+        if lo:
             T.gemm(ts.do, ts.sl, x_f, transpose_B=True)
     for t, d in T.Parallel(BT, DK):
         dq_f[t, d] = dq_f[t, d] + scale * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
@@ -136,8 +132,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
         T.gemm(ts.dyh, ts.sh, x_f, transpose_A=True, transpose_B=True, clear_accum=True)
         if lo:
             T.gemm(ts.dyl, ts.sh, x_f, transpose_A=True, transpose_B=True)
-            if ts.s_lo:
-                T.gemm(ts.dyh, ts.sl, x_f, transpose_A=True, transpose_B=True)
+            T.gemm(ts.dyh, ts.sl, x_f, transpose_A=True, transpose_B=True)
     for t, d in T.Parallel(BT, DK):
         dk_f[t, d] = dk_f[t, d] - ts.f_s[7, t] * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     if dots:
@@ -226,7 +221,7 @@ def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0
 
 
 def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = frozenset(), group: int = 1,
-                        conflict_free: bool = False, intra_single: bool = False, s_single: bool = False):
+                        conflict_free: bool = False, intra_single: bool = False):
     """Grid (chunk, value head).  With ``group == 1`` dq~ and dk~ leave the kernel in one of two ways, by ``out32``:
 
     * fp32 per value head (``dq32, dk32``), summed per group by ``gdn_bwd_group_sum`` (groups of two or more, or the
@@ -262,10 +257,6 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
     peak (198656 B: the 64x64 tiles reuse the memory of the inter phase's tiles), 245 registers, no spills; accuracy
     on the CPU (emulation, with dh's single form, seven GPU cases' inputs): worst 0.82x the FLA-like baseline, as
     without it.  Not yet timed.
-
-    ``s_single`` (a candidate of session 13, the build's ``_RECOMPUTE_S_SINGLE``): S read as its hi term alone (the
-    recompute at the forward's precision "default" stores no S lo): ``Scl`` not read, 2 fewer wgmma, the S o dS'
-    row dots from S hi and dS' hi + lo.
 
     ``conflict_free`` (session 12; the API's form since session 13, the build's ``_CONFLICT_FREE``: backward 7.27 ->
     6.98 ms at B1 T32768 H16 HV32 with the recompute's ``sl_swizzle``, one H200): the shared
@@ -344,8 +335,7 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
 
             q_s = T.alloc_shared((BT, DK), dtype)
             k_s = T.alloc_shared((BT, DK), dtype)
-            ts = _HeadTiles(DK, DV, dtype, m_pad=8 if conflict_free else 0, m_lo=not intra_single,
-                            s_lo=not s_single)
+            ts = _HeadTiles(DK, DV, dtype, m_pad=8 if conflict_free else 0, m_lo=not intra_single)
             if conflict_free:
                 T.annotate_layout({ts.v: make_swizzled_layout(ts.v)})
             dq_f = T.alloc_fragment((BT, DK), f32)

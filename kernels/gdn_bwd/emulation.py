@@ -83,15 +83,10 @@ def _split(name: str) -> bool:
     return name not in _SINGLE
 
 
-def fwd_precision(dt: torch.dtype | None = None):
+def fwd_precision():
     """Precision of the forward recompute: the dispatched "default_h0" preset (chunk state S and U
-    stored as hi + lo), so the backward reads S and U to ~16 bits (``study`` may pick another); "default" (S hi
-    alone) with the candidate ``build._RECOMPUTE_S_SINGLE`` and bf16 inputs ``dt``, as the API."""
+    stored as hi + lo), so the backward reads S and U to ~16 bits (``study`` may pick another)."""
     from kernels.gdn_fwd.variants import PRECISIONS_V2
-
-    from . import build
-    if _FWD_PRESET == "default_h0" and dt == torch.bfloat16 and build.recompute_s_single("bfloat16"):
-        return PRECISIONS_V2["default"]
     return PRECISIONS_V2[_FWD_PRESET]
 
 
@@ -304,7 +299,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if dht is not None:
         dS0 = dht.to(torch.float32)
         dS0 = dS0.transpose(-1, -2) if state_v_first else dS0
-    prec = fwd_precision(dt)
+    prec = fwd_precision()
     _, offs = chunk_tables(cu)
     Ah, Al, F = intra_v2(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
     Sch, Scl, Uh, Ul, _ = state_v2(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
