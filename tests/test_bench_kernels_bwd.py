@@ -9,21 +9,27 @@ from benchmarks import bench_kernels_bwd as bench
 from kernels.gdn_bwd import api
 
 
+def _switches(col):
+    """Column ``col``'s (module, name, value) switches: one, or a list of several."""
+    return bench.AB[col] if isinstance(bench.AB[col], list) else [bench.AB[col]]
+
+
 def _state():
     """The value of every AB switch now."""
     import importlib
-    return {f: getattr(importlib.import_module(f"kernels.gdn_bwd.{m}"), f) for m, f, _ in bench.AB.values()}
+    return {f: getattr(importlib.import_module(f"kernels.gdn_bwd.{m}"), f)
+            for col in bench.AB for m, f, _ in _switches(col)}
 
 
 @pytest.mark.parametrize("col", list(bench.AB))
 def test_ab_column_sets_its_switch_inside_and_restores_it(col):
-    mod, flag, value = bench.AB[col]
+    want = {flag: value for _, flag, value in _switches(col)}
     before = _state()
-    assert before[flag] != value        # the column differs from the default
+    assert all(before[f] != v for f, v in want.items())        # the column differs from the default
     with bench.backward_context(col):
         inside = _state()
-        assert inside[flag] == value
-        assert all(v == before[f] for f, v in inside.items() if f != flag)
+        assert all(inside[f] == v for f, v in want.items())
+        assert all(v == before[f] for f, v in inside.items() if f not in want)
     assert _state() == before
     with pytest.raises(RuntimeError), bench.backward_context(col):
         raise RuntimeError("a failing cell")
