@@ -10,6 +10,10 @@ transposed, ``dS^T [BV, DK]`` fp32, in registers for the whole sequence (value-f
     dv   = rd(beta dY)                                      (direct stores, input dtype)
     dS^T = e^GL dS^T + split(dO^T diag(F1)) Q - split((beta dY)^T diag(F0)) K      (2 + 2 wgmma)
 
+That is every operand split (9 wgmma a chunk; the segmented pass and the A/B column ``ours-dh-split``).  The API's
+form since session 13 (``single``) takes Tinv, dU and F0 dX as one input-dtype term: ``dY^T = rd(dU^T) Th`` (1
+wgmma) and ``- rd((beta dY)^T diag(F0)) K`` (1 wgmma), 6 a chunk; Tl is then neither loaded nor read.
+
 (F0 = e^G rk, F1 = scale e^G rq, F2 = e^(GL - G) rk: rows of the gate table ``Fb``.)  Rows past the end of
 a sequence have zero F rows and zero dUloc, so the next sequence's tokens that the tile loads add nothing.
 At the end ``dh0`` (the gradient of the initial state) is stored in the caller's layout.
