@@ -71,9 +71,9 @@ def test_lean_tables_with_split_state_dots_meet_the_same_bar(name):
     _check(name, xs, do, dht, kw, tables="lean_sd")
 
 
-# cases of the GPU tests, with their inputs (tests/test_kernels_bwd_gpu.py's _grads_inputs): with F1 dO single as
-# well, dh0 was 1.00x / 1.02x the FLA-like baseline's rel_rmse on the first two (GPU and emulation alike, session
-# 13); the third: dg at g near -20 against the rounding floor
+# cases of the GPU tests, with their inputs (testing.case_bwd_inputs, as the GPU tests build them): with F1 dO
+# single as well, dh0 was 1.00x / 1.02x the FLA-like baseline's rel_rmse on the first two (GPU and emulation alike,
+# session 13); the third: dg at g near -20 against the rounding floor
 _GPU_NAMES = ("T65_h0", "fp16_fp16_gates_h0", "g_near_-20_h0x50", "bench_varlen4_h0_vfirst")
 
 
@@ -84,14 +84,8 @@ def _gpu_case_inputs(name):
         from benchmarks.bench_kernels_bwd import make
         args, kw, do, dht = make(1, 63, 2, 4, [39, 1, 21, 2], torch.device("cpu"), h0std=1.0, vfirst=True)
         return args, do, dht, {k: v for k, v in kw.items() if k != "output_final_state"}
-    c = next(x for x in tt.GPU_CASES if x.name == name)
-    args, kw = c.inputs(torch.device("cpu"))
-    kw = {k: v for k, v in kw.items() if k != "output_final_state"}
-    B, T, HV, V = args[2].shape
-    N = B if kw["cu_seqlens"] is None else kw["cu_seqlens"].numel() - 1
-    gen = torch.Generator().manual_seed(c.seed + 11)
-    do = torch.randn(B, T, HV, V, generator=gen).to(args[0].dtype)
-    return args, do, 0.1 * torch.randn(N, HV, V, V, generator=gen), kw
+    args, kw, do, dht = tt.case_bwd_inputs(next(x for x in tt.GPU_CASES if x.name == name), torch.device("cpu"))
+    return args, do, dht, kw
 
 
 @pytest.mark.parametrize("switch", ["_DH_SINGLE", "_INTRA_SINGLE", "_DUL_INPUT_DTYPE"])

@@ -86,18 +86,6 @@ def _build_switch(name, value):
         setattr(bb, name, saved)
 
 
-def _grads_inputs(case, dev):
-    args, kw = case.inputs(dev)
-    kw = {k: v for k, v in kw.items() if k != "output_final_state"}     # the backward API has no such argument
-    q, v = args[0], args[2]
-    B, T, HV, V = v.shape
-    N = B if kw["cu_seqlens"] is None else kw["cu_seqlens"].numel() - 1
-    gen = torch.Generator(device=dev).manual_seed(case.seed + 11)
-    do = torch.randn(B, T, HV, V, device=dev, generator=gen).to(q.dtype)
-    dht = 0.1 * torch.randn(N, HV, V, V, device=dev, generator=gen)
-    return args, kw, do, dht
-
-
 def _ref(args, kw, do, dht):
     from reference.chunk import chunk_gated_delta_rule as ref
     return tt.autograd_grads(ref, args, kw, do, dht, lambda x: x.double())
@@ -124,7 +112,8 @@ def test_other_forms_gradients_against_fp64(monkeypatch, case, form):
     """The A/B forms under the same bars (within the FLA-like baseline and FLA Triton, dg near g = -20 within the
     rounding floor): dh with every operand split (``build._DH_SINGLE`` off: the column ``ours-dh-split``, the
     API's form until session 13) and the candidate single 64x64 intra operands (``build._INTRA_SINGLE`` on: the
-    column ``ours-intra-single``) and dUloc^T in the input dtype (``build._DUL_INPUT_DTYPE``: the column ``ours-dul16``)."""
+    column ``ours-intra-single``) and dUloc^T in the input dtype (``build._DUL_INPUT_DTYPE``: the column
+    ``ours-dul16``)."""
     from kernels.gdn_bwd import build
     monkeypatch.setattr(build, "_DH_SINGLE", form != "dh_split")
     monkeypatch.setattr(build, "_INTRA_SINGLE", form == "intra_single")
@@ -136,7 +125,7 @@ def _gradients_against_fp64(case):
     from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as ours_fn
 
     dev = torch.device("cuda")
-    args, kw, do, dht = _grads_inputs(case, dev)
+    args, kw, do, dht = tt.case_bwd_inputs(case, dev)
     ours = tt.autograd_grads(ours_fn, args, kw, do, dht, lambda x: x)
     torch.cuda.synchronize()
     want = _ref(args, kw, do, dht)
@@ -187,7 +176,7 @@ def test_stages_match_emulation(monkeypatch, case, tables):
     monkeypatch.setattr(build, "_INTRA_SINGLE", form == "intra_single")
     monkeypatch.setattr(build, "_DUL_INPUT_DTYPE", form == "dul16")
     dev = torch.device("cuda")
-    args, kw, do, dht = _grads_inputs(case, dev)
+    args, kw, do, dht = tt.case_bwd_inputs(case, dev)
     sk, se = {}, {}
     gk = kern(*args, do, dht, **kw, _stages=sk, _tables=tables)
     torch.cuda.synchronize()
@@ -221,7 +210,7 @@ def test_fused_dqk_matches_the_two_kernels(monkeypatch, case):
     from kernels.gdn_bwd import api
 
     dev = torch.device("cuda")
-    args, kw, do, dht = _grads_inputs(case, dev)
+    args, kw, do, dht = tt.case_bwd_inputs(case, dev)
     sf, su = {}, {}
     gf = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw, _stages=sf)
     monkeypatch.setattr(api, "_FUSED_DQK", False)
@@ -256,7 +245,7 @@ def test_fused_outputs_are_deterministic_and_within_the_baseline(case):
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
 
     dev = torch.device("cuda")
-    args, kw, do, dht = _grads_inputs(case, dev)
+    args, kw, do, dht = tt.case_bwd_inputs(case, dev)
     a = kern(*args, do, dht, **kw)
     b = kern(*args, do, dht, **kw)
     torch.cuda.synchronize()
@@ -274,7 +263,7 @@ def test_bad_input_raises_valueerror():
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
 
     case = tt.Case("bad", 1, 64, 2, 4)
-    args, kw, do, dht = _grads_inputs(case, torch.device("cuda"))
+    args, kw, do, dht = tt.case_bwd_inputs(case, torch.device("cuda"))
     with pytest.raises(ValueError, match="do must be"):
         kern(*args, do[:, :10], dht, **kw)
     with pytest.raises(ValueError, match="dht must be"):
@@ -333,7 +322,7 @@ def test_recompute_forms_match_the_intra2_recompute(monkeypatch, case, form):
     from kernels.gdn_bwd import build as bb
 
     dev = torch.device("cuda")
-    args, kw, do, dht = _grads_inputs(case, dev)
+    args, kw, do, dht = tt.case_bwd_inputs(case, dev)
     monkeypatch.setattr(api, "_RECOMPUTE_FROM_PREP", False)
     monkeypatch.setattr(api, "_OVERLAP_RECOMPUTE", False)
     si, sp = {}, {}
@@ -368,7 +357,7 @@ def _switch_forms(monkeypatch, case, switch, module="api"):
     from kernels.gdn_bwd import api
 
     m = importlib.import_module(f"kernels.gdn_bwd.{module}")
-    args, kw, do, dht = _grads_inputs(case, torch.device("cuda"))
+    args, kw, do, dht = tt.case_bwd_inputs(case, torch.device("cuda"))
     monkeypatch.setattr(m, switch, False)
     ref = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw)
     monkeypatch.setattr(m, switch, True)

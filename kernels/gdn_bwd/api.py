@@ -79,7 +79,6 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     from kernels.gdn_fwd.build import KERNEL_HEAD_DIM
     from kernels.gdn_fwd.build import get_kernel as fwd_kernel
 
-    from . import build
     from .build import (CLUSTER_GROUPS, BwdConfig, dh_config, dqk_config, forward_recompute_configs, get_kernel,
                         intra_config, prep_config)
 
@@ -147,9 +146,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     Tl = torch.empty_like(Th)
     Agh, Agl = torch.empty_like(Th), torch.empty_like(Th)
     Fb = torch.empty(HV, NC, 8, BT, device=dev, dtype=f32)
-    dUl = torch.empty(HV, NC, D, BT, device=dev, dtype=dt if build._DUL_INPUT_DTYPE else f32)
-    get_kernel(prep_config(tl_dt))(q2, k2, do2, g2, b2, cu, chunk_indices, Th, Tl, Agh, Agl, Fb, dUl, scale,
-                                         use_l2)
+    prep_cfg = prep_config(tl_dt)
+    dUl = torch.empty(HV, NC, D, BT, device=dev, dtype=dt if prep_cfg.dul16 else f32)
+    get_kernel(prep_cfg)(q2, k2, do2, g2, b2, cu, chunk_indices, Th, Tl, Agh, Agl, Fb, dUl, scale, use_l2)
     mark("prep")
     # 0. forward recompute of S (chunk start) and U, both hi + lo, key-first (the smem state kernel).  dh does not
     # read S or U and (sequential, one CTA per 64 value columns and head) leaves most SMs idle, so on a GPU the

@@ -50,8 +50,9 @@ def all_configs():
     forward); the fused dqk kinds with ``_CONFLICT_FREE``'s tiles (``cf``, the API's form since session 13), and
     without them for bf16, without and with clusters (the A/B column ``ours-no-cf``: the tiles do not depend on the
     dtype); dh in both forms (``_DH_SINGLE``'s single operands, the API's since session 13, and every operand split:
-    the A/B column ``ours-dh-split``).  The forward recompute uses the forward's own dispatched kernels (intra2 + the smem state kernel,
-    precision "default_h0", with and without ``sl_swizzle``), compiled by the forward's test."""
+    the A/B column ``ours-dh-split``).  The forward recompute uses the forward's own dispatched kernels (intra2 +
+    the smem state kernel, precision "default_h0", with and without ``sl_swizzle``), compiled by the forward's
+    test."""
     fused = ("dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS))
     return ([BwdConfig(kind, dt, cf=kind in fused) for dt in DTYPES for kind in KINDS]
             + [BwdConfig(k, "float32") for k in DTYPE_FREE_KINDS]
@@ -142,6 +143,19 @@ def dh_config(dtype: str, single: bool | None = None) -> BwdConfig:
     """The reverse pass's configuration, with ``_DH_SINGLE``'s operands (``single`` overrides it: the segmented pass
     runs every operand split) and ``_DUL_INPUT_DTYPE``'s dUloc^T."""
     return BwdConfig("dh", dtype, single=_DH_SINGLE if single is None else single, dul16=_DUL_INPUT_DTYPE)
+
+
+def stage_config(kind: str, dtype: str) -> BwdConfig:
+    """The configuration the API runs for stage ``kind`` (``stage_kinds``), with the build switches' forms."""
+    if kind.startswith("dqk"):
+        return dqk_config(kind, dtype)
+    if kind in ("intra", "intra_lean"):
+        return intra_config(kind, dtype)
+    if kind == "dh":
+        return dh_config(dtype)
+    if kind == "prep":
+        return prep_config(dtype)
+    return BwdConfig(kind, "float32" if kind in DTYPE_FREE_KINDS else dtype)
 
 
 def prep_config(dtype: str) -> BwdConfig:
@@ -241,11 +255,9 @@ def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: b
     except Exception:       # the forward's planner changed: everything it can dispatch
         out += [c for c in fb.all_configs() if c.dtype == dtype]
     out += list(forward_recompute_configs(dtype, n_seq, HV))
-    out += [dqk_config(kind, dtype) if kind.startswith("dqk") else dh_config(dtype) if kind == "dh" else
-            prep_config(dtype) if kind == "prep" else
-            intra_config(kind, dtype) if kind in ("intra", "intra_lean") else
-            BwdConfig(kind, "float32" if kind in DTYPE_FREE_KINDS else dtype) for kind in stage_kinds(tables, fused)]
-    if "dh" in stage_kinds(tables, fused):
+    kinds = stage_kinds(tables, fused)
+    out += [stage_config(kind, dtype) for kind in kinds]
+    if "dh" in kinds:
         out.append(dh_config(dtype, single=False))  # every operand split: the segmented reverse pass's (api, dh_cp)
     uniq = []
     for c in out:

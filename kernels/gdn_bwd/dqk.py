@@ -342,6 +342,15 @@ def build_bwd_dqk_inter(DK: int, DV: int, dtype: str, BK: int = 64, _ablate: fro
 
 
 @T.macro
+def put_split(hi, lo, t, j, x, with_lo):
+    """``hi[t, j] = rd(x)`` and, where ``with_lo`` (a build-time bool), ``lo[t, j] = rd(x - rd(x))``: one element of
+    a two-term split (``x`` an fp32 expression, ``hi``, ``lo`` input-dtype tiles)."""
+    hi[t, j] = T.cast(x, hi.dtype)
+    if with_lo:
+        lo[t, j] = T.cast(x - T.cast(T.cast(x, hi.dtype), "float32"), hi.dtype)
+
+
+@T.macro
 def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l, m2h, m2l, m3h, m3l, m_s,
                 qk, kk, dpu, dyu, x_f, rs, dq_f, dk_f, db2, nv, hv, c, scale, lean=False, mlo=True, db2_on=True,
                 clear=True, batch=ROW_DOT_BATCH, t2=None, r2=None, m_copy=False):
@@ -374,26 +383,15 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l
         x_f[t, j] = T.if_then_else((j <= t) & (t < nv),
                                    scale * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j] * fv[6, j],
                                    T.float32(0))
-    if mlo:
-        for t, j in T.Parallel(BT, BT):
-            mqh[t, j] = T.cast(x_f[t, j], dtype)
-            mql[t, j] = T.cast(x_f[t, j] - T.cast(T.cast(x_f[t, j], dtype), f32), dtype)
-    else:       # the lo tiles neither written nor read (they may not exist: ``mql .. m3l`` None)
-        for t, j in T.Parallel(BT, BT):
-            mqh[t, j] = T.cast(x_f[t, j], dtype)
+    for t, j in T.Parallel(BT, BT):      # without mlo the lo tiles are neither written nor read
+        put_split(mqh, mql, t, j, x_f[t, j], mlo)
     for t, j in T.Parallel(BT, BT):
         # rq_t dQK_tj (-> dk~ operand, transposed) ; dpu <- its product with q~ k~^T for dg
         x_f[t, j] = T.if_then_else(j <= t, fv[5, t] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j],
                                    T.float32(0))
-    if mlo:
-        for t, j in T.Parallel(BT, BT):
-            m1h[t, j] = T.cast(x_f[t, j], dtype)
-            m1l[t, j] = T.cast(x_f[t, j] - T.cast(T.cast(x_f[t, j], dtype), f32), dtype)
-            dpu[t, j] = x_f[t, j] * fv[6, j] * qk[t, j]
-    else:
-        for t, j in T.Parallel(BT, BT):
-            m1h[t, j] = T.cast(x_f[t, j], dtype)
-            dpu[t, j] = x_f[t, j] * fv[6, j] * qk[t, j]
+    for t, j in T.Parallel(BT, BT):
+        put_split(m1h, m1l, t, j, x_f[t, j], mlo)
+        dpu[t, j] = x_f[t, j] * fv[6, j] * qk[t, j]
     for t, j in T.Parallel(BT, BT):
         # braw = e rk_t rk_j KK (j < t);  kk <- braw
         kk[t, j] = T.if_then_else(j < t, T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * fv[6, t] * fv[6, j]
@@ -422,16 +420,9 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, mql, m1h, m1l
         # dBk = beta_t e dA
         x_f[t, j] = T.if_then_else(j < t, fv[7, t] * dyu[t, j] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E),
                                    T.float32(0))
-    if mlo:
-        for t, j in T.Parallel(BT, BT):
-            m2h[t, j] = T.cast(x_f[t, j] * fv[6, j], dtype)
-            m2l[t, j] = T.cast(x_f[t, j] * fv[6, j] - T.cast(T.cast(x_f[t, j] * fv[6, j], dtype), f32), dtype)
-            m3h[t, j] = T.cast(x_f[t, j] * fv[6, t], dtype)
-            m3l[t, j] = T.cast(x_f[t, j] * fv[6, t] - T.cast(T.cast(x_f[t, j] * fv[6, t], dtype), f32), dtype)
-    else:
-        for t, j in T.Parallel(BT, BT):
-            m2h[t, j] = T.cast(x_f[t, j] * fv[6, j], dtype)
-            m3h[t, j] = T.cast(x_f[t, j] * fv[6, t], dtype)
+    for t, j in T.Parallel(BT, BT):
+        put_split(m2h, m2l, t, j, x_f[t, j] * fv[6, j], mlo)
+        put_split(m3h, m3l, t, j, x_f[t, j] * fv[6, t], mlo)
 
     T.gemm(mqh, k_s, dq_f, clear_accum=clear)
     if mlo:

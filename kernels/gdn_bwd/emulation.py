@@ -60,22 +60,12 @@ def study(single=(), fwd_preset: str = "default_h0"):
         _SINGLE, _FWD_PRESET = old
 
 
-def dh_single() -> bool:
-    """Whether the API runs dh's single form (``kernels.gdn_bwd.build._DH_SINGLE``): the emulation follows it."""
+def _api_form(switch: str) -> bool:
+    """The API's build switch ``kernels.gdn_bwd.build.<switch>`` (``_DH_SINGLE``: dh's single form;
+    ``_INTRA_SINGLE``: the intra terms' single 64x64 operands; ``_DUL_INPUT_DTYPE``: dUloc^T stored in the input
+    dtype), read at call time: the emulation follows the kernels' forms."""
     from . import build
-    return build._DH_SINGLE
-
-
-def dul_input_dtype() -> bool:
-    """Whether prep stores dUloc^T in the input dtype (``kernels.gdn_bwd.build._DUL_INPUT_DTYPE``)."""
-    from . import build
-    return build._DUL_INPUT_DTYPE
-
-
-def intra_single() -> bool:
-    """Whether the API runs the intra terms' single form (``kernels.gdn_bwd.build._INTRA_SINGLE``)."""
-    from . import build
-    return build._INTRA_SINGLE
+    return getattr(build, switch)
 
 
 def _split(name: str) -> bool:
@@ -257,7 +247,7 @@ def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt, single: bool | N
     # rect_s = sum_{t >= s} sum_{j < s} m_tj: exclusive prefix over j, then the column sum over t >= s
     mex = _f32(torch.nn.functional.pad(torch.cumsum(m, -1)[..., :-1], (1, 0)))
     rect = _f32(torch.where(rows[:, None] >= rows[None, :], mex, 0.0).sum(-2))
-    si = _split("intra") and not (intra_single() if single is None else single)
+    si = _split("intra") and not (_api_form("_INTRA_SINGLE") if single is None else single)
     Mq = _two(_f32(dqk0 * F6[..., None, :]), dt, si)            # dq~ = (dQK diag(rk)) k
     Mk1 = _two(dqk, dt, si)                                     # dk~ += (dQK diag(rq))^T q
     Mk2 = _two(_f32(dBk * F6[..., None, :]), dt, si)            # dk~ += (dBk diag(rk)) k
@@ -304,9 +294,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     Ah, Al, F = intra_v2(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
     Sch, Scl, Uh, Ul, _ = state_v2(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
     Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt)
-    if dul_input_dtype():               # prep's dul16 form stores dUloc^T in the input dtype
+    if _api_form("_DUL_INPUT_DTYPE"):   # prep's dul16 form stores dUloc^T in the input dtype
         dUloc = dUloc.to(dt).to(dUloc.dtype)
-    dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dS0, dt, dh_single())
+    dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dS0, dt, _api_form("_DH_SINGLE"))
     lo = (lambda x: x) if _tables == "split" else torch.zeros_like      # "lean": the hi terms alone
     dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, lo(Scl), Uh, lo(Ul), dSnh, lo(dSnl), dYh,
                                                lo(dYl), Fb, cu, scale)

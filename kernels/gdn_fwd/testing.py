@@ -173,6 +173,20 @@ def assert_segmented_matches_sequential(got, want, in_dtype, names, label=""):
         assert torch.equal(a, b) or rel_rmse(a, b) <= tol, (n, rel_rmse(a, b), tol)
 
 
+def case_bwd_inputs(case, dev):
+    """``(args, kw, do, dht)`` of a ``Case``'s backward call: its forward inputs (``case.inputs``, without
+    ``output_final_state``), ``do`` ~ N(0, 1) in the input dtype and ``dht`` ~ 0.1 N(0, 1) fp32 from the seed
+    ``case.seed + 11`` (the backward tests' inputs, on the GPU or, with the same recipe, on the CPU)."""
+    args, kw = case.inputs(dev)
+    kw = {k: v for k, v in kw.items() if k != "output_final_state"}     # the backward API has no such argument
+    B, T, HV, V = args[2].shape
+    N = B if kw["cu_seqlens"] is None else kw["cu_seqlens"].numel() - 1
+    gen = torch.Generator(device=dev).manual_seed(case.seed + 11)
+    do = torch.randn(B, T, HV, V, device=dev, generator=gen).to(args[0].dtype)
+    dht = 0.1 * torch.randn(N, HV, V, V, device=dev, generator=gen)
+    return args, kw, do, dht
+
+
 def autograd_grads(fwd, xs, kw, do, dht, cast, **extra):
     """Gradients ``[dq, dk, dv, dg, dbeta] (+ [dh0])`` of ``sum(o * do) + sum(ht * dht)`` through ``fwd`` (FLA's
     call signature) on the inputs ``xs`` cast by ``cast`` (e.g. to fp64 for the reference)."""
