@@ -90,10 +90,11 @@ AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute 
       "ours-rc-bv32o2": ("build", "_RECOMPUTE_STATE", (32, 2)),  # ... BV 32, 2 CTAs/SM (s13)
       "ours-no-cf": ("build", "_CONFLICT_FREE", False),         # without the conflict-free tiles (recompute, dqk; s12)
       "ours-dh-split": ("build", "_DH_SINGLE", False),          # dh with every operand split (until s13)
-      "ours-intra-single": ("build", "_INTRA_SINGLE", True),    # the intra terms' 64x64 operands single (s13 candidate)
+      "ours-intra-split": ("build", "_INTRA_SINGLE", False),    # the intra terms' 64x64 operands split (until s14)
       "ours-dul16": ("build", "_DUL_INPUT_DTYPE", True),        # dUloc^T stored in the input dtype (s13 candidate)
+      "ours-no-saved": ("autograd", "_SAVE_TABLES", False),     # prep recomputes Tinv, Ag (the forward keeps none)
       # several switches: a list (session 13 timed dh's single form with the recompute at BV 64 this way)
-      "ours-cands": [("build", "_INTRA_SINGLE", True), ("build", "_DUL_INPUT_DTYPE", True)],  # both s13 candidates
+      "ours-dh-intra-split": [("build", "_DH_SINGLE", False), ("build", "_INTRA_SINGLE", False)],  # the s12 operands
       }
 
 
@@ -148,9 +149,10 @@ def main(argv=None):
                     "'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' / 'ours-rc-bv32o2' (the recompute's state "
                     "kernel shape), "
                     "'ours-no-cf' (without the conflict-free shared tiles of the recompute and the fused dqk kernel), "
-                    "'ours-dh-split' (dh with every operand split, not single Tinv, dU, F0 dX), 'ours-intra-single' "
-                    "(the intra terms' four 64x64 operands single), 'ours-dul16' (prep's dUloc^T table in the input "
-                    "dtype), 'ours-cands' (those two together)")
+                    "'ours-dh-split' (dh with every operand split, not single Tinv, dU, F0 dX), 'ours-intra-split' "
+                    "(the intra terms' four 64x64 operands split, not single), 'ours-dh-intra-split' (those two "
+                    "together: session 12's operands), 'ours-dul16' (prep's dUloc^T table in the input dtype), 'ours-no-saved' "
+                    "(the forward keeps no intra tables: prep recomputes Tinv and Ag, the form until session 14)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):
@@ -292,18 +294,23 @@ def main(argv=None):
             if args.dry_run or not row.get(iname):
                 continue
             try:              # where the backward's time goes (one call, CUDA events between the launches)
+                from kernels.gdn_bwd import autograd
                 from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd, stage_times
+                from kernels.gdn_fwd.api import chunk_gated_delta_rule as fwd_api
+                side = dict(initial_state=kw["initial_state"], state_v_first=kw["state_v_first"],
+                            cu_seqlens=kw["cu_seqlens"])
+                saved = {}                    # the forward's intra tables, as the autograd Function hands them on
+                if autograd._SAVE_TABLES:
+                    fwd_api(*a, **side, _keep_tables=saved)
+                side.update(_tables=tb, **({"_saved_tables": saved} if saved else {}))
                 for _ in range(2):
                     ev = []
-                    chunk_gated_delta_rule_bwd(*a, do, dht, initial_state=kw["initial_state"],
-                                               state_v_first=kw["state_v_first"], cu_seqlens=kw["cu_seqlens"],
-                                               _events=ev, _tables=tb)
+                    chunk_gated_delta_rule_bwd(*a, do, dht, **side, _events=ev)
                     st = stage_times(ev)
                 # the backward API alone (no autograd, no forward): its launches back to back, against the sum of
                 # its stages, so that host time between them (and around the first) shows as the difference
-                api_ms = do_bench(lambda: chunk_gated_delta_rule_bwd(
-                    *a, do, dht, initial_state=kw["initial_state"], state_v_first=kw["state_v_first"],
-                    cu_seqlens=kw["cu_seqlens"], _tables=tb), warmup=args.warmup, rep=args.rep, return_mode="median")
+                api_ms = do_bench(lambda: chunk_gated_delta_rule_bwd(*a, do, dht, **side), warmup=args.warmup,
+                                  rep=args.rep, return_mode="median")
                 print(f"  {name:<24} {iname} bwd stages: " + "  ".join(f"{k} {v:.3f}" for k, v in st.items())
                       + f" ms (sum {sum(st.values()):.3f}; the API call alone {api_ms:.3f} ms)", flush=True)
             except Exception as e:

@@ -45,6 +45,7 @@ _WANT_WGMMA = {"prep": 1 + 4 + 1 + 2, "dh": 2 + 3 + 2 + 2, "inter": 2 + 3 + 3, "
                "inter_lean": 3, "dots": 0, "intra_lean": 1 + 1 + 1 + 1 + 2 + 6}
 _WANT_WGMMA.update({f"dqk_g{g}": _WANT_WGMMA["dqk"] for g in CLUSTER_GROUPS}, dgdb=0)
 _WANT_WGMMA["dh_single"] = 2 + 1 + 2 + 1          # dS' and F1 dO keep their lo products; Tinv, dU, F0 dX single
+_WANT_WGMMA["prep_saved"] = 1 + 2                  # on the forward's Tinv and Ag: Q K^T and dO^T (Ph, Pl) alone
 
 
 def _job(i):
@@ -60,7 +61,8 @@ def compiled():
 def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     r = compiled[cfg.name]
     src = r["source"]
-    want = _WANT_WGMMA["dh_single" if cfg.single else cfg.kind] - 4 * cfg.msingle   # msingle: no lo-term products
+    kind = "dh_single" if cfg.single else "prep_saved" if cfg.saved else cfg.kind
+    want = _WANT_WGMMA[kind] - 4 * cfg.msingle   # msingle: no lo-term products
     check_wgmma(src, "bfloat16" if cfg.dtype == "float32" else cfg.dtype, want)     # dtype-free kinds: no wgmma
     assert "exp2f" in src or cfg.kind in ("dh", "dots", "gsum", "gsum32")
     if cfg.kind == "inter_lean":                    # its chunks' tiles: TMA into a warp-specialised pipeline

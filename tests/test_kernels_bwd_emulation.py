@@ -92,8 +92,9 @@ def _gpu_case_inputs(name):
 @pytest.mark.parametrize("name", list(CASES) + list(_GPU_NAMES))
 def test_single_operand_forms_meet_the_same_bar(monkeypatch, name, switch):
     """``build._DH_SINGLE`` (dh with single Tinv, dU, F0 dX operands: 6 instead of 9 wgmma a chunk; the API's form)
-    and, on top of it, the candidates ``build._INTRA_SINGLE`` (the intra terms' four 64x64 operands single) and
-    ``build._DUL_INPUT_DTYPE`` (dUloc^T stored in the input dtype) keep every gradient within the FLA-like
+    and, on top of it, ``build._INTRA_SINGLE`` (the intra terms' four 64x64 operands single; the API's form since
+    session 14) and the candidate ``build._DUL_INPUT_DTYPE`` (dUloc^T stored in the input dtype; measured with the
+    other two on) keep every gradient within the FLA-like
     baseline, and dg near g = -20 within the rounding floor (the emulation follows the switches, as the API does);
     each switch changes the gradient it should (dv: dh's dY alone, or dU; dq: the intra terms, not dh)."""
     import kernels.gdn_bwd.build as bbuild
@@ -229,27 +230,42 @@ def _fake_kernels(monkeypatch):
 
     def fwd_kernel(cfg):
         if isinstance(cfg, fbuild.Intra2Config):
-            def intra2(q, k, g, b, cu, ci, Ah, Al, F, scale, use_l2):
+            def intra2(q, k, g, b, cu, ci, Ah, Al, F, Th, scale, use_l2):
                 dt = q.dtype
                 ah, al, f = FE.intra_v2(q, k, g, b, cu_list(cu), scale, bool(use_l2), dt, E.fwd_precision())
                 put(Ah, ah), put(Al, al), put(F, f)
+                if cfg.th:          # Tinv, rounded once: prep's Th (the same solve)
+                    z = torch.zeros(q.shape[0], g.shape[1], q.shape[2], dtype=dt)
+                    put(Th, E.prep(q, k, z, g, b, cu_list(cu), scale, bool(use_l2), dt)[0])
             return intra2
+        if isinstance(cfg, fbuild.Output2Config):       # the forward's output kernel (the autograd tests)
+            assert not cfg.vt
+
+            def output(q, k, F, Sch, Scl, Uh, Ul, cu, ci, o2):
+                put(o2, FE.output_v2(q, k, F.to(f64), Sch.to(f64), Scl.to(f64), Uh.to(f64), Ul.to(f64), cu_list(cu),
+                                     q.dtype, cfg.prec))
+            return output
         assert isinstance(cfg, fbuild.State2Config) and cfg.form == "smem" and not cfg.scan
 
         def state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, vf):
             h = None
             if use_h0:
                 h = h0.transpose(-1, -2) if vf else h0
-            sh, sl, uh, ul, _ = FE.state_v2(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu), cu_list(co), h,
-                                            k.dtype, cfg.prec)
+            sh, sl, uh, ul, end = FE.state_v2(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu), cu_list(co), h,
+                                              k.dtype, cfg.prec)
             put(Sch, sh), put(Scl, sl), put(Uh, uh), put(Ul, ul)
+            if store_ht:
+                put(ht, end.transpose(-1, -2) if vf else end)
         return state
 
     def bwd_kernel(cfg):
         if cfg.kind == "prep":
             def prep(q, k, do, g, b, cu, ci, Th, Tl, Agh, Agl, Fb, dUl, scale, use_l2):
                 th, tl, fb, dul = E.prep(q, k, do, g, b, cu_list(cu), scale, bool(use_l2), q.dtype)
-                put(Th, th), put(Tl, tl), put(Fb, fb), put(dUl, dul.transpose(-1, -2))
+                put(Fb, fb), put(dUl, dul.transpose(-1, -2))
+                if cfg.saved:       # the forward's Tinv and Ag are given: the kernel writes neither
+                    return
+                put(Th, th), put(Tl, tl)
                 # Ag: the kernel's operations are intra2's (ag "split"), so its emulation stands in
                 ah, al, _ = FE.intra_v2(q, k, g, b, cu_list(cu), scale, bool(use_l2), q.dtype, E.fwd_precision())
                 put(Agh, ah), put(Agl, al)
@@ -336,7 +352,9 @@ def _fake_kernels(monkeypatch):
             put(rect, r), put(db2, b_)
         return intra
 
+    import kernels.gdn_fwd.api as fapi
     monkeypatch.setattr(bapi, "_check", check_cpu)
+    monkeypatch.setattr(fapi, "_check", check_cpu)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(fbuild, "get_kernel", fwd_kernel)
     monkeypatch.setattr(bbuild, "get_kernel", bwd_kernel)
@@ -356,8 +374,8 @@ _PLUMBING = {
 
 
 @pytest.mark.parametrize("form", ["fused", "fused_group_sum_kernel", "fused_torch_group_sum", "torch_dg_dbeta",
-                                  "two_kernels", "recompute_intra2", "plain_tiles", "dh_split", "intra_single",
-                                  "two_kernels_intra_single", "dul16"])
+                                  "two_kernels", "recompute_intra2", "plain_tiles", "dh_split", "intra_split",
+                                  "two_kernels_intra_split", "dul16"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
 def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
@@ -370,7 +388,8 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     conflict-free tiles (``build._CONFLICT_FREE`` off, "plain_tiles"; on, the API must ask for the ``cf`` dqk kernel
     and the ``sl_swizzle`` state kernel, and only for those; off, for neither), and with dh's single operands
     (``build._DH_SINGLE``, the ``single`` dh kernel; off, "dh_split"; the emulation follows the switch), and with
-    the intra terms' single 64x64 operands (``build._INTRA_SINGLE``, the ``msingle`` kernels, fused or two-kernel)."""
+    the intra terms' single 64x64 operands (``build._INTRA_SINGLE``, the ``msingle`` kernels, fused or two-kernel;
+    off, "intra_split" and "two_kernels_intra_split")."""
     import kernels.gdn_bwd.build as bbuild
     import kernels.gdn_fwd.build as fbuild
     from kernels.gdn_bwd import api
@@ -382,7 +401,7 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
         monkeypatch.setattr(mod, "get_kernel", lambda cfg, _get=mod.get_kernel: asked.append(cfg) or _get(cfg))
     monkeypatch.setattr(bbuild, "_CONFLICT_FREE", form != "plain_tiles")
     monkeypatch.setattr(bbuild, "_DH_SINGLE", form != "dh_split")
-    monkeypatch.setattr(bbuild, "_INTRA_SINGLE", form.endswith("intra_single"))
+    monkeypatch.setattr(bbuild, "_INTRA_SINGLE", not form.endswith("intra_split"))
     monkeypatch.setattr(bbuild, "_DUL_INPUT_DTYPE", form == "dul16")
     monkeypatch.setattr(api, "_FUSED_DQK", not form.startswith("two_kernels"))
     monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", form != "fused_torch_group_sum")
@@ -410,24 +429,69 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
     assert all(c.dul16 == (form == "dul16") for c in prep), asked
     intra = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind in bbuild.INTRA_KINDS]
-    assert intra and all(c.msingle == form.endswith("intra_single") for c in intra) or name == "all_empty_h0_vfirst", \
+    assert intra and all(c.msingle != form.endswith("intra_split") for c in intra) or name == "all_empty_h0_vfirst", \
         asked
     if name != "all_empty_h0_vfirst":                   # (no token: nothing to recompute)
         assert state and dh and (dqk or form.startswith("two_kernels")), asked
 
 
-def test_singles_study_runs_the_split_kernels_and_restores_the_dh_switch(monkeypatch):
+@pytest.mark.parametrize("save", [True, False], ids=["saved_tables", "no_saved_tables"])
+@pytest.mark.parametrize("name", ["dense_B2_gva_no_h0", "varlen_empty_h0_vfirst_D64", "gva3_h0"])
+def test_autograd_hands_the_forward_tables_to_the_backward_on_cpu(monkeypatch, name, save):
+    """The autograd Function on the kernel path (``_impl="tilelang"``, stand-in kernels on the CPU) == the
+    emulation's Function, gradient by gradient.  With ``autograd._SAVE_TABLES`` the forward's intra kernel is asked
+    to store Tinv (``th``) and the backward's prep runs on the forward's tables (``saved``: its stand-in then writes
+    no Tinv, so a backward that read its own empty tables would be wrong); off, neither."""
+    import kernels.gdn_bwd.build as bbuild
+    import kernels.gdn_fwd.build as fbuild
+    from kernels.gdn_bwd import autograd
+
+    _fake_kernels(monkeypatch)
+    asked = []
+    for mod in (bbuild, fbuild):
+        monkeypatch.setattr(mod, "get_kernel", lambda cfg, _get=mod.get_kernel: asked.append(cfg) or _get(cfg))
+    monkeypatch.setattr(autograd, "_SAVE_TABLES", save)
+    xs, do, dht, kw = tt.bwd_inputs(**_PLUMBING[name])
+    got = tt.autograd_grads(autograd.chunk_gated_delta_rule, xs, kw, do, dht, lambda x: x)
+    want = tt.autograd_grads(autograd.chunk_gated_delta_rule, xs, kw, do, dht, lambda x: x, _impl="emulation")
+    for n, a, b_ in zip(NAMES, got, want):
+        assert a.shape == b_.shape and a.dtype == b_.dtype, (n, a.shape, b_.shape)
+        assert tt.nonfinite(a) == 0, n
+        assert torch.equal(a, b_) or tt.rel_rmse(a, b_) <= tt.rel_rmse(b_.to(xs[0].dtype), b_) / 4, \
+            (n, tt.rel_rmse(a, b_))
+    intra = [c for c in asked if isinstance(c, fbuild.Intra2Config)]
+    prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
+    assert intra and prep and all(c.th == save for c in intra) and all(c.saved == save for c in prep), asked
+
+
+def test_saved_tables_of_another_call_raise_valueerror(monkeypatch):
+    """``_saved_tables`` that are not this call's (a missing key, another shape or dtype) raise a ValueError naming
+    the table, before any launch."""
+    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
+
+    _fake_kernels(monkeypatch)
+    xs, do, dht, kw = tt.bwd_inputs(1, 70, 1, 2)
+    good = torch.zeros(2, 2, 64, 64, dtype=xs[0].dtype)     # HV = 2 value heads, NC = 2 chunks
+    for saved, match in (({"Th": good, "Ah": good}, "'Al'"),
+                         ({"Th": good, "Ah": good[:, :1].contiguous(), "Al": good}, "'Ah'"),
+                         ({"Th": good.float(), "Ah": good, "Al": good}, "'Th'")):
+        with pytest.raises(ValueError, match=match):
+            api_bwd(*xs, do, dht, **kw, _saved_tables=saved)
+
+
+def test_singles_study_runs_the_split_kernels_and_restores_the_switches(monkeypatch):
     """``accuracy.singles`` (README's tables of single operands) measures against every operand split: inside it dh's
-    single form is off, so its variant "split" differs from "dh" (the API's form); after it the switch is back."""
+    single form and the intra terms' are off, so its variant "split" differs from "dh" and from "intra" (the API's
+    forms); after it the switches are back."""
     from kernels.gdn_bwd import accuracy, build
 
     monkeypatch.setattr(accuracy, "cases", lambda T: {"gauss_h0": dict(B=1, T=T, H=1, HV=2, h0=1.0)})
     lines = []
     worst = accuracy.singles(130, log=lines.append)
-    assert build._DH_SINGLE is True
+    assert build._DH_SINGLE is True and build._INTRA_SINGLE is True
     assert set(worst) == set(accuracy.SINGLES) and all(0 < r < 1 for r, _ in worst.values()), worst
     by = {ln.split()[1]: ln.split(None, 2)[2] for ln in lines}
-    assert by["split"] != by["dh"], by
+    assert by["split"] != by["dh"] and by["split"] != by["intra"], by
 
 
 def test_precision_study_switch_is_scoped_and_checked():

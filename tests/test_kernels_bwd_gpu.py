@@ -60,8 +60,8 @@ def _precompile():
         add([dh_config(dt) for dt in ("bfloat16", "float16")])
     for c in _FORM_CASES:                                  # the candidates' kernels (single 64x64 operands, dUl)
         dt, n, mc = _call_shape(c)
-        for switch in ("_INTRA_SINGLE", "_DUL_INPUT_DTYPE"):
-            with _build_switch(switch, True):
+        for switch, on in (("_INTRA_SINGLE", False), ("_DUL_INPUT_DTYPE", True)):
+            with _build_switch(switch, on):
                 add(configs_for_call(dt, n, c.HV, mc, c.h0 is not None))
     failed = precompile(cfgs, min(10, os.cpu_count() or 1))
     assert not failed, failed
@@ -106,17 +106,17 @@ _FORM_CASES = [c for c in CASES if c.name in ("T65_h0", "T1000_h0_gva2", "T8192"
                                                    "g_zero_beta_extreme", "fp16_fp16_gates_h0")]
 
 
-@pytest.mark.parametrize("form", ["dh_split", "intra_single", "dul16"])
+@pytest.mark.parametrize("form", ["dh_split", "intra_split", "dul16"])
 @pytest.mark.parametrize("case", _FORM_CASES, ids=[c.name for c in _FORM_CASES])
 def test_other_forms_gradients_against_fp64(monkeypatch, case, form):
     """The A/B forms under the same bars (within the FLA-like baseline and FLA Triton, dg near g = -20 within the
     rounding floor): dh with every operand split (``build._DH_SINGLE`` off: the column ``ours-dh-split``, the
-    API's form until session 13) and the candidate single 64x64 intra operands (``build._INTRA_SINGLE`` on: the
-    column ``ours-intra-single``) and dUloc^T in the input dtype (``build._DUL_INPUT_DTYPE``: the column
-    ``ours-dul16``)."""
+    API's form until session 13), the split 64x64 intra operands (``build._INTRA_SINGLE`` off: the column
+    ``ours-intra-split``, the API's form until session 14) and the candidate dUloc^T in the input dtype
+    (``build._DUL_INPUT_DTYPE``: the column ``ours-dul16``)."""
     from kernels.gdn_bwd import build
     monkeypatch.setattr(build, "_DH_SINGLE", form != "dh_split")
-    monkeypatch.setattr(build, "_INTRA_SINGLE", form == "intra_single")
+    monkeypatch.setattr(build, "_INTRA_SINGLE", form != "intra_split")
     monkeypatch.setattr(build, "_DUL_INPUT_DTYPE", form == "dul16")
     _gradients_against_fp64(case)
 
@@ -156,7 +156,7 @@ def _gradients_against_fp64(case):
 _STAGE_CASES = [c for c in CASES if c.name in ("T65_h0", "varlen_boundaries_h0_vfirst", "gva4_l2norm")]
 
 
-@pytest.mark.parametrize("tables", ["split", "lean_sd", "split+dh_split", "split+intra_single", "split+dul16"])
+@pytest.mark.parametrize("tables", ["split", "lean_sd", "split+dh_split", "split+intra_split", "split+dul16"])
 @pytest.mark.parametrize("case", _STAGE_CASES, ids=[c.name for c in _STAGE_CASES])
 def test_stages_match_emulation(monkeypatch, case, tables):
     """Every intermediate of the kernels vs the torch emulation on the same inputs (printed: max |diff| /
@@ -164,16 +164,16 @@ def test_stages_match_emulation(monkeypatch, case, tables):
     the input dtype's rounding floor (they run the same algorithm with the same roundings).  Both chunk-table
     precisions: the default "split" and the opt-in "lean_sd" (``gdn_bwd/dqk_lean.py``), whose gradients must
     also stay within the FLA-like baseline; the API's dh has single Tinv, dU, F0 dX operands (``build._DH_SINGLE``,
-    which the emulation follows), "split+dh_split" every dh operand split, "split+intra_single" the candidate
-    single 64x64 intra operands (``build._INTRA_SINGLE``), "split+dul16" the candidate dUloc^T in the input dtype
-    (``build._DUL_INPUT_DTYPE``)."""
+    which the emulation follows) and its intra terms single 64x64 operands (``build._INTRA_SINGLE``),
+    "split+dh_split" every dh operand split, "split+intra_split" the intra operands split, "split+dul16" the
+    candidate dUloc^T in the input dtype (``build._DUL_INPUT_DTYPE``)."""
     from kernels.gdn_bwd import build
     from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
     from kernels.gdn_bwd.emulation import chunk_gated_delta_rule_bwd as emu
 
     tables, _, form = tables.partition("+")
     monkeypatch.setattr(build, "_DH_SINGLE", form != "dh_split")
-    monkeypatch.setattr(build, "_INTRA_SINGLE", form == "intra_single")
+    monkeypatch.setattr(build, "_INTRA_SINGLE", form != "intra_split")
     monkeypatch.setattr(build, "_DUL_INPUT_DTYPE", form == "dul16")
     dev = torch.device("cuda")
     args, kw, do, dht = tt.case_bwd_inputs(case, dev)
@@ -422,3 +422,30 @@ def test_conflict_free_tiles_give_the_same_gradients(monkeypatch, case):
     memory, not what is computed, so every gradient is bitwise the same as without them (with and without
     clusters)."""
     _check_forms(case, *_switch_forms(monkeypatch, case, "_CONFLICT_FREE", module="build"))
+
+
+_SAVED_CASES = [c for c in CASES if c.name in ("T65_h0", "T1000_h0_gva2", "B3_T1000_fp16_vfirst_h0",
+                                               "varlen_boundaries_h0_vfirst", "varlen_with_empty_h0", "gva4_l2norm",
+                                               "g_zero_beta_extreme", "D64_h0_vfirst")]
+
+
+@pytest.mark.parametrize("case", _SAVED_CASES, ids=[c.name for c in _SAVED_CASES])
+def test_saved_forward_tables_give_the_same_gradients(monkeypatch, case):
+    """``autograd._SAVE_TABLES`` (the default since session 14): the forward's intra kernel also stores Tinv and the
+    Function hands it, with Ag hi + lo, to the backward, whose prep skips K K^T and the solve.  Those are the same
+    operations on the same values as prep's own, so every gradient is bitwise the same as with the tables
+    recomputed; the forward's output and final state are bitwise unchanged by the extra store."""
+    from kernels.gdn_bwd import autograd
+    from kernels.gdn_fwd.api import chunk_gated_delta_rule as fwd
+
+    args, kw, do, dht = tt.case_bwd_inputs(case, torch.device("cuda"))
+    kept = {}
+    o1, ht1 = fwd(*args, **kw, output_final_state=True, _keep_tables=kept)
+    o2, ht2 = fwd(*args, **kw, output_final_state=True)
+    assert set(kept) == {"Th", "Ah", "Al"} and torch.equal(o1, o2) and torch.equal(ht1, ht2)
+    grads = {}
+    for save in (False, True):
+        monkeypatch.setattr(autograd, "_SAVE_TABLES", save)
+        grads[save] = tt.autograd_grads(autograd.chunk_gated_delta_rule, args, kw, do, dht, lambda x: x)
+    torch.cuda.synchronize()
+    _check_forms(case, grads[True], grads[False])

@@ -71,7 +71,7 @@ def study(spec: dict) -> dict:
 
 
 SINGLES = {  # --singles: today's split kernels with only these operand splits single (emulation.study)
-    "split": (), "intra": ("intra",), "intra+T": ("intra", "T"),
+    "split": (), "intra": ("intra",), "intra+T": ("intra", "T"),   # intra: build._INTRA_SINGLE's form (4 fewer wgmma)
     "dh": ("T", "dU", "dX"),     # dh's single form (Tinv, dU, F0 dX; build._DH_SINGLE): 6 instead of 9 wgmma a chunk
     "intra+T+P+dU+dO+dX": ("intra", "T", "P", "dU", "dO", "dX"),
 }
@@ -80,15 +80,17 @@ SINGLES = {  # --singles: today's split kernels with only these operand splits s
 def singles(T: int, log=print) -> dict:
     """{variant: (worst ratio ours / FLA-like, where)} over ``cases(T)`` and every gradient, for the ``SINGLES``
     variants of the split kernels (session 7's table in ``README.md``): every operand split but the named ones
-    (dh's single form, the API's since session 13, is switched off here: it is the variant "dh")."""
+    (dh's single form, the API's since session 13, is switched off here: it is the variant "dh"; so are the intra
+    terms' single operands, the API's since session 14: the variant "intra")."""
     from kernels.gdn_bwd import build
     from kernels.gdn_bwd.emulation import chunk_gated_delta_rule_bwd, study
 
-    saved, build._DH_SINGLE = build._DH_SINGLE, False
+    saved = build._DH_SINGLE, build._INTRA_SINGLE
+    build._DH_SINGLE = build._INTRA_SINGLE = False
     try:
         return _singles(T, log, chunk_gated_delta_rule_bwd, study)
     finally:
-        build._DH_SINGLE = saved
+        build._DH_SINGLE, build._INTRA_SINGLE = saved
 
 
 def _singles(T, log, chunk_gated_delta_rule_bwd, study) -> dict:

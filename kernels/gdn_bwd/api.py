@@ -11,6 +11,8 @@ in the dtypes of g and beta, dh0 fp32 in the initial state's layout (None withou
 Launches (on the current stream, except step 0 on a side stream that the current one waits for before step 3;
 no host sync except building the varlen tables):
   1. ``gdn_bwd_prep``       (chunk, head)              Tinv split, Ag = Tinv diag(beta) split, gate table, dUloc^T
+     (given the forward's tables, ``_saved_tables``, and the sequential reverse pass: the gate table and dUloc^T
+     alone, the ``saved`` prep kernel)
   0. forward recompute: ``gdn_state_v2`` alone (the smem form; precision "default_h0": chunk-start states S and
      U as hi + lo, key-first) on prep's Ag and gate table (``_RECOMPUTE_FROM_PREP``; off: ``gdn_intra_v2`` first,
      which computes the same; session 10: 9.09 -> 8.05 ms at B1 T32768 H16 HV32, the recompute now hidden by dh), BV
@@ -55,7 +57,8 @@ STAGE_LAYOUT = {
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
-                               _stages: dict | None = None, _events: list | None = None, _tables: str | None = None):
+                               _stages: dict | None = None, _events: list | None = None, _tables: str | None = None,
+                               _saved_tables: dict | None = None):
     """See the module docstring.  ``_stages`` (debugging): a dict that receives the intermediates, in the
     emulation's layouts (``STAGE_LAYOUT``), for a stage-by-stage comparison with ``emulation.py``.
     ``_events`` (profiling): a list that receives ``(stage name, torch.cuda.Event)`` recorded after each stage
@@ -63,7 +66,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     ``_tables`` (opt-in; measured on an H200 in session 5, see README.md): "split" (default) or "lean_sd", the inter kernel reading the hi
     terms of the chunk tables alone, pipelined over chunks, with the S o dS' and dY . V row dots from hi + lo in
     a kernel of their own (``dqk_lean.py``; accuracy: ``accuracy.py``), and the intra kernel reading the hi terms of
-    U and dY alone (``build.parse_tables``)."""
+    U and dY alone (``build.parse_tables``).
+    ``_saved_tables`` (the autograd Function's): the forward's intra tables ``{"Th", "Ah", "Al"}`` (each
+    [HV, NC, 64, 64] in the input dtype; ``kernels.gdn_fwd.api``'s ``_keep_tables``), bitwise what prep computes:
+    prep then skips K K^T and the solve (``build.prep_config(saved=True)``).  Used where the reverse pass is the
+    sequential one with dh's single operands (they hold Tinv hi alone); otherwise prep computes them."""
     from .build import stage_kinds
     kinds = stage_kinds(_tables, _FUSED_DQK)          # an unknown value fails here, before any CUDA check
     B, T, H, HV, K, V, N = _check(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
@@ -141,12 +148,19 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
 
     mark("start")
     tl_dt = _TL_DTYPE[dt]
+    cp = _dh_plan(B, T, cu_host, HV, D // 64, dev) if _DH_SEGMENTS else None
+    saved = _saved_tables if cp is None and dh_config(tl_dt).single else None
     # 1. prep
-    Th = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
-    Tl = torch.empty_like(Th)
-    Agh, Agl = torch.empty_like(Th), torch.empty_like(Th)
+    if saved is not None:       # the forward's Tinv (hi: the single dh reads no Tl) and Ag (prep: not accessed)
+        _check_saved(saved, (HV, NC, BT, BT), dt, dev)
+        Th, Agh, Agl = saved["Th"], saved["Ah"], saved["Al"]
+        Tl = Th                 # not accessed by the saved prep nor by the single dh
+    else:
+        Th = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
+        Tl = torch.empty_like(Th)
+        Agh, Agl = torch.empty_like(Th), torch.empty_like(Th)
     Fb = torch.empty(HV, NC, 8, BT, device=dev, dtype=f32)
-    prep_cfg = prep_config(tl_dt)
+    prep_cfg = prep_config(tl_dt, saved=saved is not None)
     dUl = torch.empty(HV, NC, D, BT, device=dev, dtype=dt if prep_cfg.dul16 else f32)
     get_kernel(prep_cfg)(q2, k2, do2, g2, b2, cu, chunk_indices, Th, Tl, Agh, Agl, Fb, dUl, scale, use_l2)
     mark("prep")
@@ -172,7 +186,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
                 Al = torch.empty_like(Ah)
                 F = torch.empty(HV, NC, 8, BT, device=dev, dtype=f32)
                 tmp += [Ah, Al, F]
-                fwd_kernel(ci)(q2, k2, g2, b2, cu, chunk_indices, Ah, Al, F, scale, use_l2)
+                fwd_kernel(ci)(q2, k2, g2, b2, cu, chunk_indices, Ah, Al, F, Ah, scale, use_l2)  # Th: not accessed
             fwd_kernel(cs)(k2, v2, Ah, Al, F, cu, chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, int(use_h0), 0, vf)
         if side is not None:
             for x in tmp + [Agh, Agl]:       # freed while the side stream may still use them
@@ -192,7 +206,6 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     dYl = torch.empty_like(dYh)
     dv2 = torch.empty(Ttot, HV, D, device=dev, dtype=dt)     # dh stores every token row (no zero fill)
     dh0 = torch.empty((N if use_h0 else 1), HV, D, D, device=dev, dtype=f32)
-    cp = _dh_plan(B, T, cu_host, HV, D // 64, dev) if _DH_SEGMENTS else None
     if cp is None:
         get_kernel(dh_config(tl_dt))(q2, k2, do2, Th, Tl, Fb, dUl, cu, chunk_offsets, dh, dSh, dSl, dYh, dYl,
                                            dv2, dh0, int(dht is not None), int(use_h0), vf)
@@ -277,7 +290,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if _stages is not None:
         f = lambda x: x.float()   # noqa: E731
         tr = lambda x: x.float().transpose(-1, -2)   # noqa: E731
-        _stages.update(Tinv=f(Th) + f(Tl), Fb=Fb, dUloc=dUl.transpose(-1, -2), dSn=tr(dSh) + tr(dSl),
+        _stages.update(Tinv=f(Th) + (f(Tl) if saved is None else 0), Fb=Fb, dUloc=dUl.transpose(-1, -2), dSn=tr(dSh) + tr(dSl),
                        dY=tr(dYh) + tr(dYl), qz=qz.sum(0), kw=kw.sum(0), kr=kr.sum(0), sd=sd.sum(0), yv=yv,
                        rect=rect, db2=db2, S=f(Sch) + f(Scl), U=f(Uh) + f(Ul), dqv=group_sum(dqv, H),
                        dkv=group_sum(dkv, H))
@@ -302,6 +315,18 @@ _PLANS: dict = {}
 def _sm_count(dev) -> int:
     """Streaming multiprocessors of ``dev`` (132 off a GPU, the H100 / H200 count, for CPU tests of the plumbing)."""
     return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+
+
+def _check_saved(saved, shape, dt, dev):
+    """The forward's tables (``_saved_tables``) must be this call's: keys Th, Ah, Al, each ``shape`` in ``dt`` on
+    ``dev`` (a ValueError names the first that is not)."""
+    for name in ("Th", "Ah", "Al"):
+        x = saved.get(name)
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"_saved_tables needs a tensor {name!r}, got {type(x).__name__}")
+        if tuple(x.shape) != shape or x.dtype != dt or x.device != dev or not x.is_contiguous():
+            raise ValueError(f"_saved_tables[{name!r}] must be a contiguous {shape} {dt} tensor on {dev}, got "
+                             f"{tuple(x.shape)} {x.dtype} on {x.device}")
 
 
 def _dh_plan(B, T, cu_host, HV, n_value_blocks, dev):

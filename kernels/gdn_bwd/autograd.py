@@ -2,8 +2,11 @@
 
 ``chunk_gated_delta_rule(...)`` has the forward API's signature (``kernels.gdn_fwd.api``) and is
 differentiable in q, k, v, g, beta and initial_state: gradients come back in the inputs' dtypes (dh0 in
-fp32).  The forward is the dispatched forward unchanged; the backward recomputes the chunk states with the
-forward's own intra/state kernels and runs ``gdn_bwd/api.py``.  Nothing is saved besides the inputs.
+fp32).  The forward is the dispatched forward, whose intra kernel also stores Tinv when a gradient is needed
+(``_SAVE_TABLES``); the Function keeps the inputs and that kernel's tables ``Th`` (Tinv), ``Ah``, ``Al`` (Ag =
+Tinv diag(beta), hi + lo): 3 x [HV, NC, 64, 64] in the input dtype, 384 bytes a token and value head (FLA keeps
+its A, 128).  The backward's prep kernel then skips K K^T and the solve; it recomputes the chunk states with the
+forward's own state kernel and runs ``gdn_bwd/api.py``.
 
 ``_impl="emulation"`` runs the torch emulations of both directions instead (any device; CPU tests).
 ``_tables`` picks the backward's chunk-table precision (``gdn_bwd/api.py``: "split", the default, or the opt-in
@@ -29,28 +32,40 @@ def _impls(impl: str):
     return fwd, bwd
 
 
+# private switch (A/B timing: off in the column ``ours-no-saved``): the forward keeps its intra tables for the backward
+# (``kernels.gdn_fwd.api``'s ``_keep_tables``); off, the backward's prep recomputes them (the form until session 14)
+_SAVE_TABLES = True
+_KEPT = ("Th", "Ah", "Al")
+
+
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                 state_v_first, cu_seqlens, impl, tables):
         fwd, _ = _impls(impl)
+        keep = {} if impl == "tilelang" and _SAVE_TABLES and any(ctx.needs_input_grad) else None
         o, ht = fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                     output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                    state_v_first=state_v_first, cu_seqlens=cu_seqlens)
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens)
+                    state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+                    **({"_keep_tables": keep} if keep is not None else {}))
+        kept = [keep.get(n) for n in _KEPT] if keep else [None] * len(_KEPT)
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, *kept)
         ctx.opts = (scale, bool(use_qk_l2norm_in_kernel), bool(state_v_first), impl, tables)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors
+        q, k, v, g, beta, initial_state, cu_seqlens, *kept = ctx.saved_tensors
         scale, use_l2, state_v_first, impl, tables = ctx.opts
         _, bwd = _impls(impl)
         if do is None:
             do = torch.zeros(*v.shape[:2], v.shape[2], v.shape[3], device=v.device, dtype=v.dtype)
+        kw = {"_tables": tables} if tables else {}
+        if kept[0] is not None:
+            kw["_saved_tables"] = dict(zip(_KEPT, kept))
         dq, dk, dv, dg, db, dh0 = bwd(q, k, v, g, beta, do.to(q.dtype), dht, scale=scale, initial_state=initial_state,
                                       use_qk_l2norm_in_kernel=use_l2, state_v_first=state_v_first,
-                                      cu_seqlens=cu_seqlens, **({"_tables": tables} if tables else {}))
+                                      cu_seqlens=cu_seqlens, **kw)
         if dh0 is not None and initial_state is not None:
             dh0 = dh0.to(initial_state.dtype)
         return dq, dk, dv, dg, db, None, dh0, None, None, None, None, None, None

@@ -29,10 +29,11 @@ class BwdConfig:
     single: bool = False           # dh only: Tinv, dU, F0 dX single (dh.py's ``single``; the API's form)
     msingle: bool = False          # the intra terms' kinds (dqk*, intra, intra_lean): their 64x64 operands single
     dul16: bool = False            # prep and dh: dUloc^T in the input dtype (``_DUL_INPUT_DTYPE``)
+    saved: bool = False            # prep only: Tinv and Ag from the forward (the autograd Function's saved tables)
 
     @property
     def name(self) -> str:
-        flags = "".join(f",{f}" for f in ("cf", "single", "msingle", "dul16") if getattr(self, f))
+        flags = "".join(f",{f}" for f in ("cf", "single", "msingle", "dul16", "saved") if getattr(self, f))
         return f"bwd_{self.kind}[DK=DV={self.DK}{flags},{self.dtype}]"
 
 
@@ -50,17 +51,21 @@ def all_configs():
     forward); the fused dqk kinds with ``_CONFLICT_FREE``'s tiles (``cf``, the API's form since session 13), and
     without them for bf16, without and with clusters (the A/B column ``ours-no-cf``: the tiles do not depend on the
     dtype); dh in both forms (``_DH_SINGLE``'s single operands, the API's since session 13, and every operand split:
-    the A/B column ``ours-dh-split``).  The forward recompute uses the forward's own dispatched kernels (intra2 +
+    the A/B column ``ours-dh-split``); the intra terms' kinds with ``_INTRA_SINGLE``'s single 64x64 operands (the
+    API's since session 14) and the bf16 fused dqk kinds with them split (the A/B column ``ours-intra-split``); the
+    bf16 prep and dh of the ``_DUL_INPUT_DTYPE`` candidate (column ``ours-dul16``); prep without the solve, on the
+    forward's saved Tinv and Ag (``saved``: the autograd Function's path).  The forward recompute uses the forward's own dispatched kernels (intra2 +
     the smem state kernel, precision "default_h0", with and without ``sl_swizzle``), compiled by the forward's
     test."""
     fused = ("dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS))
-    return ([BwdConfig(kind, dt, cf=kind in fused) for dt in DTYPES for kind in KINDS]
+    return ([BwdConfig(kind, dt, cf=kind in fused, msingle=kind in INTRA_KINDS) for dt in DTYPES for kind in KINDS]
             + [BwdConfig(k, "float32") for k in DTYPE_FREE_KINDS]
-            + [BwdConfig(k, "bfloat16") for k in ("dqk", "dqk_g2")]
+            + [BwdConfig(k, "bfloat16", msingle=True) for k in ("dqk", "dqk_g2")]
             + [BwdConfig("dh", dt, single=True) for dt in DTYPES]
-            + [BwdConfig(k, "bfloat16", cf=True, msingle=True) for k in ("dqk", "dqk_g2")]
+            + [BwdConfig(k, "bfloat16", cf=True) for k in ("dqk", "dqk_g2")]
             + [BwdConfig("prep", "bfloat16", dul16=True), BwdConfig("dh", "bfloat16", single=True, dul16=True),
-               BwdConfig("dh", "bfloat16", dul16=True)])
+               BwdConfig("dh", "bfloat16", dul16=True)]
+            + [BwdConfig("prep", dt, saved=True) for dt in DTYPES])
 
 
 def prim_func(cfg: BwdConfig):
@@ -71,9 +76,11 @@ def prim_func(cfg: BwdConfig):
         raise ValueError(f"msingle (64x64 operands) is a switch of the intra terms' kernels only: {cfg.name}")
     if cfg.dul16 and cfg.kind not in ("prep", "dh"):
         raise ValueError(f"dul16 (dUloc^T in the input dtype) is a switch of prep and dh only: {cfg.name}")
+    if cfg.saved and cfg.kind != "prep":
+        raise ValueError(f"saved (the forward's Tinv and Ag) is a switch of prep only: {cfg.name}")
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
-        return build_bwd_prep(D, D, cfg.dtype, dul16=cfg.dul16)
+        return build_bwd_prep(D, D, cfg.dtype, dul16=cfg.dul16, saved=cfg.saved)
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
         return build_bwd_dh(D, D, cfg.dtype, single=cfg.single, dul16=cfg.dul16)
@@ -133,10 +140,11 @@ def intra_config(kind: str, dtype: str) -> BwdConfig:
     return BwdConfig(kind, dtype, msingle=_INTRA_SINGLE)
 
 
-# private switch (A/B timing: on in the column ``ours-intra-single``; a candidate of session 13, not yet timed): the
-# intra terms' four 64x64 operands single in every kernel that computes them (fused dqk, intra, intra_lean;
-# ``dqk.intra_terms(mlo=False)``; the emulation follows it)
-_INTRA_SINGLE = False
+# private switch (A/B timing: off in the column ``ours-intra-split``): the intra terms' four 64x64 operands single in
+# every kernel that computes them (fused dqk, intra, intra_lean; ``dqk.intra_terms(mlo=False)``; the emulation
+# follows it).  A candidate of session 13, the API's form since session 14 (4 fewer wgmma; fwd + bwd at B1 T32768
+# H16 HV32 8.140 against 8.252 ms, B8 T4096 7.551 against 7.668, varlen 7.565 against 7.698: rep 200, one run)
+_INTRA_SINGLE = True
 
 
 def dh_config(dtype: str, single: bool | None = None) -> BwdConfig:
@@ -158,9 +166,10 @@ def stage_config(kind: str, dtype: str) -> BwdConfig:
     return BwdConfig(kind, "float32" if kind in DTYPE_FREE_KINDS else dtype)
 
 
-def prep_config(dtype: str) -> BwdConfig:
-    """prep's configuration, with ``_DUL_INPUT_DTYPE``'s dUloc^T."""
-    return BwdConfig("prep", dtype, dul16=_DUL_INPUT_DTYPE)
+def prep_config(dtype: str, saved: bool = False) -> BwdConfig:
+    """prep's configuration, with ``_DUL_INPUT_DTYPE``'s dUloc^T; ``saved``: Tinv and Ag come from the forward (the
+    autograd Function's tables, where the API's reverse pass is the sequential single one: ``api``)."""
+    return BwdConfig("prep", dtype, dul16=_DUL_INPUT_DTYPE, saved=saved)
 
 
 # private switch (A/B timing: on in the column ``ours-dul16``; a candidate of session 13, not yet timed): prep stores
@@ -251,7 +260,9 @@ def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: b
     out = []
     try:
         form, cp = fb.plan_v2(n_seq, HV, max_chunks)
-        out += list(fb.dispatch_v2(dtype, n_seq, HV, precision=fb.precision_v2(None, has_h0), cp=cp, form=form))
+        prec = fb.precision_v2(None, has_h0)
+        out += list(fb.dispatch_v2(dtype, n_seq, HV, precision=prec, cp=cp, form=form))
+        out += list(fb.dispatch_v2(dtype, n_seq, HV, precision=prec, cp=cp, form=form, th=True))[:1]  # Tinv kept
     except Exception:       # the forward's planner changed: everything it can dispatch
         out += [c for c in fb.all_configs() if c.dtype == dtype]
     out += list(forward_recompute_configs(dtype, n_seq, HV))
@@ -259,6 +270,8 @@ def configs_for_call(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: b
     out += [stage_config(kind, dtype) for kind in kinds]
     if "dh" in kinds:
         out.append(dh_config(dtype, single=False))  # every operand split: the segmented reverse pass's (api, dh_cp)
+    if "prep" in kinds:
+        out.append(prep_config(dtype, saved=True))  # on the forward's saved tables (the autograd Function's path)
     uniq = []
     for c in out:
         if c not in uniq:

@@ -479,7 +479,7 @@ def build_bwd_dqk_intra(DK: int, DV: int, dtype: str, lean: bool = False, single
                         _ablate: frozenset = frozenset()):
     """``lean``: read the hi terms of U and dY alone (the opt-in "lean_sd" tables: 2 instead of 5 value-dim
     products, 32 KB less shared memory in the first phase); ``Ul``, ``dYl`` are then not read.  ``single``: the four
-    64x64 operands single (``intra_terms(mlo=False)``; the build's ``_INTRA_SINGLE``, a candidate of session 13).
+    64x64 operands single (``intra_terms(mlo=False)``; the build's ``_INTRA_SINGLE``, the API's form since session 14).
 
     ``_ablate`` (timing studies only, ``benchmarks/ablate_bwd.py --kernel intra``; wrong gradients): names
     from ``INTRA_ABLATIONS`` - "no_mlo" without the four lo-term products of the 64x64 gradient matrices,

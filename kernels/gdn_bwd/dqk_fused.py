@@ -252,7 +252,7 @@ def build_bwd_dqk_fused(DK: int, DV: int, dtype: str, _ablate: frozenset = froze
     bwd 8.24 against 8.12 ms at B1 T32768 H16 HV32, 3.74 against 3.61 at B1 T65536 H2 HV4 (session 10, call 3,
     commit 9b056de; reverted).
 
-    ``intra_single`` (a candidate of session 13, the build's ``_INTRA_SINGLE``): the four 64x64 operands of the
+    ``intra_single`` (the build's ``_INTRA_SINGLE``, the API's form since session 14): the four 64x64 operands of the
     intra terms single (``intra_terms(mlo=False)``): 4 fewer wgmma and their conversions; the same shared memory
     peak (198656 B: the 64x64 tiles reuse the memory of the inter phase's tiles), 245 registers, no spills; accuracy
     on the CPU (emulation, with dh's single form, seven GPU cases' inputs): worst 0.82x the FLA-like baseline, as

@@ -30,9 +30,13 @@ THREADS = 128
 PREP_ABLATIONS = ("no_dul", "no_solve", "no_tstore")
 
 
-def build_bwd_prep(DK: int, DV: int, dtype: str, dul16: bool = False, _ablate: frozenset = frozenset()):
+def build_bwd_prep(DK: int, DV: int, dtype: str, dul16: bool = False, saved: bool = False,
+                   _ablate: frozenset = frozenset()):
     """``_ablate``: timing studies only (``PREP_ABLATIONS``).  ``dul16`` (a candidate of session 13, the build's
     ``_DUL_INPUT_DTYPE``): dUloc^T stored in the input dtype (one rounding of the fp32 product), not fp32.
+    ``saved``: Tinv and Ag come from the forward (the autograd Function keeps the intra kernel's ``Th``, ``Ah``,
+    ``Al``: the same operations on the same values, so bitwise this kernel's): no K K^T, no solve, and ``Th``,
+    ``Tl``, ``Agh``, ``Agl`` are not accessed; the gate table and dUloc^T as without it.
 
     Arguments:
       q, k          [Ttot, H, DK]     dtype
@@ -143,15 +147,16 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, dul16: bool = False, _ablate: f
                 T.gemm(do_s, pl_s, du_f, transpose_A=True)
                 T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])
 
-            # A and its inverse (as gdn_intra_v2 with merge="bf16")
-            gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s)
-            if "no_solve" not in _ablate:
+            # A and its inverse (as gdn_intra_v2 with merge="bf16"), unless the forward's are given
+            if not saved:
+                gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s)
+            if not saved and "no_solve" not in _ablate:
                 solve_diag16(a_s, l_s, t16)
                 _merge(16, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
                 _merge(32, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
-            else:
+            elif not saved:
                 T.copy(a_s, l_s)
-            if "no_tstore" not in _ablate:
+            if not saved and "no_tstore" not in _ablate:
                 for r, j in T.Parallel(BT, BT):
                     Th[hv, c, r, j] = T.cast(l_s[r, j], dtype)
                     Tl[hv, c, r, j] = T.cast(l_s[r, j] - T.cast(T.cast(l_s[r, j], dtype), f32), dtype)

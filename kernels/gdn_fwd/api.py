@@ -204,6 +204,7 @@ def chunk_gated_delta_rule(
     _intra: str | None = None,
     _occ: int | None = None,
     _cpb: int | None = None,
+    _keep_tables: dict | None = None,
 ):
     """GDN chunked forward.  See the module docstring for shapes and dtypes.
 
@@ -218,6 +219,9 @@ def chunk_gated_delta_rule(
     the intra kernel: "ax" (default, ``build.Intra2Config.alias_x``) or "v2" (bitwise the same); ``_occ`` is the "smem" state
     kernel's CTAs per SM, 1 or 2 (None = ``build.state_occ``'s pick; 2 needs BV <= 32);
     ``_cpb`` is the "pipe" output kernel's chunks per CTA (``build.OUT_CPBS``; bitwise the same o).
+    ``_keep_tables`` (the autograd Function's): a dict that receives the intra kernel's tables for the backward,
+    ``Th`` (Tinv in the input dtype), ``Ah``, ``Al`` (Ag = Tinv diag(beta), hi + lo), each [HV, NC, 64, 64]; left
+    empty where the precision's tables are not the backward's (``build.keeps_tables``).
     """
     from .build import check_knobs
     check_knobs(_path, _out, _intra, _precision, _occ, _cpb)      # unknown values fail here, before any CUDA check
@@ -277,7 +281,7 @@ def chunk_gated_delta_rule(
     o2, ht = _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC, N, HV, D, dt,
                      cu_seqlens, B, T, scale, initial_state is not None, output_final_state, state_v_first,
                      use_qk_l2norm_in_kernel, _block_v, _precision, _cp, _form, cu_host, _out, _intra, _occ,
-                     _cpb)
+                     _cpb, _keep_tables)
     return _finish(o2, ht, pad, B, T, HV, K, V, output_final_state)
 
 
@@ -388,10 +392,10 @@ def _cp_fixup_uniform(ZM, h0, P, N, HV, D, vt):
 
 def _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC, N, HV, D, dt, cu_seqlens,
             B, T, scale, use_h0, output_final_state, state_v_first, use_l2, block_v_, precision, cp, form,
-            cu_host=None, out=None, intra=None, occ=None, cpb=None):
+            cu_host=None, out=None, intra=None, occ=None, cpb=None, keep=None):
     """The v2 path: intra2 -> state (or CP: scan, fix-up, state per segment) -> output2.  ``cu_host``:
-    cu_seqlens as a host list (None for dense input)."""
-    from .build import dispatch_v2, get_kernel, plan_v2, precision_v2
+    cu_seqlens as a host list (None for dense input); ``keep``: a dict for the intra tables (``_keep_tables``)."""
+    from .build import dispatch_v2, get_kernel, keeps_tables, plan_v2, precision_v2
 
     prec = precision_v2(precision, has_h0=bool(use_h0))
     dev = q2.device
@@ -405,13 +409,17 @@ def _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC
             max_chunks = max([-(-(cu_host[i + 1] - cu_host[i]) // BT) for i in range(N)] + [0])
     form, cp = plan_v2(N, HV, max_chunks, form, cp)
     vt = form == "rv"
-    cfgs = dispatch_v2(_TL_DTYPE[dt], N, HV, block_v_, prec, cp, form, out, intra, occ, cpb)
+    th = keep is not None and keeps_tables(prec)
+    cfgs = dispatch_v2(_TL_DTYPE[dt], N, HV, block_v_, prec, cp, form, out, intra, occ, cpb, th=th)
     kerns = [get_kernel(c) for c in cfgs]
 
     Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
     Al = torch.empty_like(Ah) if prec.ag == "split" else Ah        # not read unless split
     F = torch.empty(HV, NC, 8, BT, device=dev, dtype=torch.float32)
-    kerns[0](q2, k2, g2, b2, cu, chunk_indices, Ah, Al, F, scale, int(bool(use_l2)))
+    Th = torch.empty_like(Ah) if th else Ah                         # not accessed unless th
+    kerns[0](q2, k2, g2, b2, cu, chunk_indices, Ah, Al, F, Th, scale, int(bool(use_l2)))
+    if th:
+        keep.update(Th=Th, Ah=Ah, Al=Al)
 
     Sch = torch.empty(HV, NC, D, D, device=dev, dtype=dt)           # [.., DV, DK] when vt (same shape)
     Scl = torch.empty_like(Sch) if prec.s == "split" else Sch
@@ -470,5 +478,5 @@ def intra2_stage(q, k, g, beta, scale=None, use_qk_l2norm_in_kernel=False, cu_se
     kern = get_kernel(Intra2Config(_TL_DTYPE[q.dtype], prec.merge, prec.ag))
     kern(q.reshape(B * T, H, K).contiguous(), k.reshape(B * T, H, K).contiguous(),
          g.reshape(B * T, HV).float().contiguous(), beta.reshape(B * T, HV).float().contiguous(),
-         cu, ci, Ah, Al, F, scale, int(bool(use_qk_l2norm_in_kernel)))
+         cu, ci, Ah, Al, F, Ah, scale, int(bool(use_qk_l2norm_in_kernel)))
     return Ah, Al, F

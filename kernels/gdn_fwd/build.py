@@ -42,11 +42,13 @@ class Intra2Config:
     ag: str = "bf16"
     DK: int = KERNEL_HEAD_DIM
     alias_x: bool = False          # the merges' product over the A_o tile: 49 instead of 57 KiB of shared memory
+    th: bool = False               # also store Tinv (input dtype) for the backward (the autograd Function's forward)
 
     @property
     def name(self) -> str:
         ax = ",ax" if self.alias_x else ""
-        return f"intra2[DK={self.DK},merge={self.merge},ag={self.ag}{ax},{self.dtype}]"
+        th = ",th" if self.th else ""
+        return f"intra2[DK={self.DK},merge={self.merge},ag={self.ag}{ax}{th},{self.dtype}]"
 
 
 @dataclass(frozen=True)
@@ -223,9 +225,16 @@ def intra_form(intra: str | None = None) -> str:
     return intra
 
 
-def intra_config(dtype: str, prec, intra: str | None = None) -> "Intra2Config":
-    """The intra kernel's configuration: form "v2" (``DEFAULT_INTRA``) or "ax" (``alias_x``)."""
-    return Intra2Config(dtype, prec.merge, prec.ag, alias_x=intra_form(intra) == "ax")
+def intra_config(dtype: str, prec, intra: str | None = None, th: bool = False) -> "Intra2Config":
+    """The intra kernel's configuration: form "v2" (``DEFAULT_INTRA``) or "ax" (``alias_x``); ``th``: it also stores
+    Tinv for the backward (``keeps_tables``)."""
+    return Intra2Config(dtype, prec.merge, prec.ag, alias_x=intra_form(intra) == "ax", th=th)
+
+
+def keeps_tables(prec) -> bool:
+    """Whether a forward at precision ``prec`` can hand its intra tables (Tinv, Ag = Tinv diag(beta) hi + lo) to the
+    backward: only where they are the backward's own (``gdn_bwd_prep``: bf16 merges, Ag split)."""
+    return prec.merge == "bf16" and prec.ag == "split"
 
 
 def check_knobs(path: str | None, out: str | None, intra: str | None, precision, occ: int | None = None,
@@ -242,11 +251,12 @@ def check_knobs(path: str | None, out: str | None, intra: str | None, precision,
 
 def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precision=None, cp: int = 1,
                 form: str | None = None, out: str | None = None, intra: str | None = None, occ: int | None = None,
-                cpb: int | None = None):
+                cpb: int | None = None, th: bool = False):
     """(intra2, state, output2[, scan]) of the v2 path; the scan only when cp > 1 (rv form only: the
     smem form's scan compiles with a 16 KB stack frame, so that form always runs without CP).  ``occ``: CTAs
     per SM of the smem state kernel (``state_occ``; the rv form runs one);
-    ``cpb``: chunks per CTA of the "pipe" output kernel (``out_cpb``)."""
+    ``cpb``: chunks per CTA of the "pipe" output kernel (``out_cpb``); ``th``: the intra kernel also stores Tinv
+    (the autograd Function's forward keeps the intra tables for the backward; ``keeps_tables``)."""
     prec = precision_v2(precision)
     form = form or DEFAULT_FORM
     if form not in ("rv", "smem"):
@@ -263,7 +273,7 @@ def dispatch_v2(dtype: str, n_seq: int, HV: int, BV: int | None = None, precisio
         if occ > 1 and bv > 32:
             raise ValueError(f"two state CTAs per SM (_occ=2) need BV <= 32, got {bv}")
     occ = occ if form == "smem" else 1
-    out = [intra_config(dtype, prec, intra),
+    out = [intra_config(dtype, prec, intra, th=th and keeps_tables(prec)),
            State2Config(dtype, bv, prec, form=form, ctas_per_sm=occ),
            output_config(dtype, prec, form == "rv", out, cpb)]
     if cp > 1:
@@ -301,16 +311,17 @@ def all_configs():
                     c = State2Config(dtype, bv, prec, form="smem", sl_swizzle=True)
                     if c not in out:
                         out.append(c)
-            v2 = intra_config(dtype, prec, "v2")                  # the intra kernel's other form (_intra="v2")
-            if v2 not in out:
-                out.append(v2)
+            for c in (intra_config(dtype, prec, "v2"),            # the intra kernel's other form (_intra="v2")
+                      intra_config(dtype, prec, th=True)):        # the autograd forward's (Tinv kept)
+                if c not in out:
+                    out.append(c)
     return out
 
 
 def prim_func(cfg):
     if isinstance(cfg, Intra2Config):
         from .intra2 import build_intra_v2
-        return build_intra_v2(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.alias_x)
+        return build_intra_v2(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.alias_x, cfg.th)
     if isinstance(cfg, State2Config):
         if cfg.form == "rv":
             if cfg.sl_swizzle:

@@ -110,10 +110,13 @@ def solve_diag16(a_s, l_s, t16):
             l_s[r, tx] = T.if_then_else(r // 16 == blk, t16[r % 16], T.float32(0))
 
 
-def build_intra_v2(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16", alias_x: bool = False):
+def build_intra_v2(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16", alias_x: bool = False,
+                   th: bool = False):
     """TileLang prim_func of ``gdn_intra_v2``.  ``alias_x``: the merges write their product ``A_o L`` over the
     ``A_o`` tile (dead by then) instead of a buffer of its own: 8 KiB less shared memory per CTA (57 -> 49 KiB,
-    4 CTAs per SM instead of 3 on an H100/H200).
+    4 CTAs per SM instead of 3 on an H100/H200).  ``th``: also store ``Tinv = (I + A)^-1`` itself, rounded once to
+    the input dtype, into ``Th`` (the autograd Function keeps it, with Ah and Al, for the backward: its prep kernel
+    then skips K K^T and the solve; ``kernels/gdn_bwd/prep.py``); without it ``Th`` is not accessed (pass ``Ah``).
 
     Arguments:
       q, k        [Ttot, H, DK]     dtype   (q only read when use_l2 != 0)
@@ -122,6 +125,7 @@ def build_intra_v2(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16", a
       chunk_indices [NC, 2]         int32
       Ah, Al      [HV, NC, 64, 64]  dtype   (outputs)
       F           [HV, NC, 8, 64]   fp32    (output)
+      Th          [HV, NC, 64, 64]  dtype   (output with ``th``; else not accessed)
       scale fp32, use_l2 int32
     """
     assert DK in (64, 128)
@@ -144,6 +148,7 @@ def build_intra_v2(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16", a
         Ah: T.Tensor((HV, NC, BT, BT), dtype),
         Al: T.Tensor((HV, NC, BT, BT), dtype),
         F: T.Tensor((HV, NC, 8, BT), f32),
+        Th: T.Tensor((HV, NC, BT, BT), dtype),
         scale: T.float32,
         use_l2: T.int32,
     ):
@@ -217,6 +222,8 @@ def build_intra_v2(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16", a
 
             for r, j in T.Parallel(BT, BT):
                 Ah[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], dtype)
+                if th:
+                    Th[hv, c, r, j] = T.cast(l_s[r, j], dtype)
                 if asplit:
                     Al[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32),
                                              dtype)
