@@ -273,14 +273,24 @@ def main(argv=None):
                         torch.autograd.backward((o, ht), (do, dht))
 
                 fwdbwd()            # compile / autotune outside the timing
+                peak = None
                 if dev.type == "cuda":
+                    # the memory one fwd+bwd call takes above what it starts with (inputs), gradients included: the
+                    # columns differ by what the forward keeps for the backward and by the backward's own buffers
+                    for x in leaves:
+                        x.grad = None
                     torch.cuda.synchronize()
+                    base = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
+                    fwdbwd()
+                    torch.cuda.synchronize()
+                    peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
                 tf = do_bench(fwd, warmup=args.warmup, rep=args.rep, return_mode="median")
                 # the leaves' gradients reset before each call (as triton's do_bench does with grad_to_none): without
                 # it every call after the first adds its gradients onto the last (~0.4 ms of elementwise adds at B1
                 # T32768 H16 HV32, in every column, until session 13)
                 tfb = do_bench(fwdbwd, warmup=args.warmup, rep=args.rep, return_mode="median", grad_to_none=leaves)
-                row[iname] = (tf, tfb)
+                row[iname] = (tf, tfb, peak)
             except Exception as e:
                 row[iname] = None
                 skipped.setdefault(iname, describe_error(e)[:160])
@@ -288,6 +298,7 @@ def main(argv=None):
                 x.grad = None
             r = row[iname]
             print(f"  {name:<24} {iname:<9} " + (f"fwd {r[0]:.3f}  fwd+bwd {r[1]:.3f}  bwd {r[1] - r[0]:.3f} ms"
+                                                 + (f"  peak {r[2]:.0f} MiB" if r[2] is not None else "")
                                                  if r else "failed") + f"  ({time.time() - t0:.1f} s)", flush=True)
         for tb in tables:
             iname = COLUMN[tb]
@@ -337,6 +348,12 @@ def main(argv=None):
                 line += (f"   {r[1] / o[1]:.2f}; {(r[1] - r[0]) / max(o[1] - o[0], 1e-9):.2f}" if (r and o)
                          else "   -")
         print(line)
+    if any(r and r[2] is not None for row in results.values() for r in row.values()):
+        print("\n== peak memory of one fwd+bwd above its inputs, MiB (gradients included) ==")
+        print(f"{'shape':<26}" + "".join(f"{c:>20}" for c in cols))
+        for name, row in results.items():
+            print(f"{name:<26}" + "".join(f"{('%.0f' % row[c][2]) if row.get(c) and row[c][2] is not None else '-':>20}"
+                                          for c in cols))
     for c, why in skipped.items():
         print(f"column {c} skipped/failed: {why}")
     return 0
