@@ -660,3 +660,26 @@ def test_segment_scan_composes_the_affine_maps_of_a_sequence(monkeypatch):
         for j in range(p.last[n], p.first[n] - 1, -1):
             assert torch.allclose(E[j].double(), x, atol=1e-5), (n, j)
             x = P[j].double() @ x + a0[j].double()
+
+
+def test_saved_tables_are_kept_only_where_the_backward_reads_them(monkeypatch):
+    """``api.saved_tables_used`` (the autograd Function asks it before its forward): the forward's intra tables are
+    kept where the reverse pass is the sequential one with dh's single operands, not where the segmented pass runs
+    (few heads over long sequences: it reads Tinv's lo term) nor with dh's split form."""
+    from kernels.gdn_bwd import api as bapi
+    from kernels.gdn_bwd import build as bbuild
+    from kernels.gdn_bwd import dh_cp
+
+    name = next(iter(_SEGMENTED))
+    xs, do, dht, kw = tt.bwd_inputs(**_SEGMENTED[name])
+    q, v, cu = xs[0], xs[2], kw["cu_seqlens"]
+    monkeypatch.setattr(bapi, "_sm_count", lambda dev: 256)
+    assert bapi.saved_tables_used(q, v, cu)                 # too few chunks for segments: sequential
+    monkeypatch.setattr(dh_cp, "MIN_CHUNKS", 1)
+    monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 1)
+    assert not bapi.saved_tables_used(q, v, cu)             # segmented
+    monkeypatch.setattr(bapi, "_DH_SEGMENTS", False)
+    assert bapi.saved_tables_used(q, v, cu)
+    monkeypatch.setattr(bbuild, "_DH_SINGLE", False)
+    assert not bapi.saved_tables_used(q, v, cu)
+    assert not bapi.saved_tables_used(q.float(), v, cu)     # no kernel dtype: nothing to keep

@@ -317,6 +317,23 @@ def _sm_count(dev) -> int:
     return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
 
 
+def saved_tables_used(q, v, cu_seqlens=None) -> bool:
+    """Whether the backward of these inputs (q [B, T, H, K], v [B, T, HV, V], the forward's ``cu_seqlens``) reads the
+    forward's intra tables (``_saved_tables``): where its reverse pass is the sequential one with dh's single
+    operands (the segmented pass of few heads over long sequences reads Tinv's lo term, which the forward does not
+    keep).  The autograd Function asks before its forward, so that it keeps no tables the backward would not read."""
+    from kernels.gdn_fwd.build import KERNEL_HEAD_DIM
+
+    from .build import dh_config
+    if q.dtype not in _TL_DTYPE or not dh_config(_TL_DTYPE[q.dtype]).single:
+        return False
+    if not _DH_SEGMENTS:
+        return True
+    B, T = q.shape[:2]
+    cu_host, _ = _call_tables(B, T, cu_seqlens, q.device)
+    return _dh_plan(B, T, cu_host, v.shape[2], KERNEL_HEAD_DIM // 64, q.device) is None
+
+
 def _check_saved(saved, shape, dt, dev):
     """The forward's tables (``_saved_tables``) must be this call's: keys Th, Ah, Al, each ``shape`` in ``dt`` on
     ``dev`` (a ValueError names the first that is not)."""

@@ -5,7 +5,8 @@ differentiable in q, k, v, g, beta and initial_state: gradients come back in the
 fp32).  The forward is the dispatched forward, whose intra kernel also stores Tinv when a gradient is needed
 (``_SAVE_TABLES``); the Function keeps the inputs and that kernel's tables ``Th`` (Tinv), ``Ah``, ``Al`` (Ag =
 Tinv diag(beta), hi + lo): 3 x [HV, NC, 64, 64] in the input dtype, 384 bytes a token and value head (FLA keeps
-its A, 128).  The backward's prep kernel then skips K K^T and the solve; it recomputes the chunk states with the
+its A, 128), where the backward reads them (``api.saved_tables_used``: not for the segmented reverse pass of few
+heads over long sequences).  The backward's prep kernel then skips K K^T and the solve; it recomputes the chunk states with the
 forward's own state kernel and runs ``gdn_bwd/api.py``.
 
 ``_impl="emulation"`` runs the torch emulations of both directions instead (any device; CPU tests).
@@ -44,6 +45,9 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
                 state_v_first, cu_seqlens, impl, tables):
         fwd, _ = _impls(impl)
         keep = {} if impl == "tilelang" and _SAVE_TABLES and any(ctx.needs_input_grad) else None
+        if keep is not None:        # only tables the backward will read (not for its segmented reverse pass)
+            from .api import saved_tables_used
+            keep = keep if saved_tables_used(q, v, cu_seqlens) else None
         o, ht = fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                     output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                     state_v_first=state_v_first, cu_seqlens=cu_seqlens,
