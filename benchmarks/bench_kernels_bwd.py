@@ -306,12 +306,12 @@ def main(argv=None):
                 continue
             try:              # where the backward's time goes (one call, CUDA events between the launches)
                 from kernels.gdn_bwd import autograd
-                from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd, stage_times
+                from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd, saved_tables_used, stage_times
                 from kernels.gdn_fwd.api import chunk_gated_delta_rule as fwd_api
                 side = dict(initial_state=kw["initial_state"], state_v_first=kw["state_v_first"],
                             cu_seqlens=kw["cu_seqlens"])
                 saved = {}                    # the forward's intra tables, as the autograd Function hands them on
-                if autograd._SAVE_TABLES:
+                if autograd._SAVE_TABLES and saved_tables_used(a[0], a[2], kw["cu_seqlens"]):
                     fwd_api(*a, **side, _keep_tables=saved)
                 side.update(_tables=tb, **({"_saved_tables": saved} if saved else {}))
                 for _ in range(2):

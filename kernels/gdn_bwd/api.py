@@ -149,7 +149,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     mark("start")
     tl_dt = _TL_DTYPE[dt]
     cp = _dh_plan(B, T, cu_host, HV, D // 64, dev) if _DH_SEGMENTS else None
-    saved = _saved_tables if cp is None and dh_config(tl_dt).single else None
+    saved = _saved_tables if _reads_saved_tables(cp, tl_dt) else None
     # 1. prep
     if saved is not None:       # the forward's Tinv (hi: the single dh reads no Tl) and Ag (prep: not accessed)
         _check_saved(saved, (HV, NC, BT, BT), dt, dev)
@@ -323,15 +323,21 @@ def saved_tables_used(q, v, cu_seqlens=None) -> bool:
     operands (the segmented pass of few heads over long sequences reads Tinv's lo term, which the forward does not
     keep).  The autograd Function asks before its forward, so that it keeps no tables the backward would not read."""
     from kernels.gdn_fwd.build import KERNEL_HEAD_DIM
-
-    from .build import dh_config
-    if q.dtype not in _TL_DTYPE or not dh_config(_TL_DTYPE[q.dtype]).single:
+    if q.dtype not in _TL_DTYPE:
         return False
-    if not _DH_SEGMENTS:
-        return True
-    B, T = q.shape[:2]
-    cu_host, _ = _call_tables(B, T, cu_seqlens, q.device)
-    return _dh_plan(B, T, cu_host, v.shape[2], KERNEL_HEAD_DIM // 64, q.device) is None
+    cp = None
+    if _DH_SEGMENTS:
+        B, T = q.shape[:2]
+        cu_host, _ = _call_tables(B, T, cu_seqlens, q.device)
+        cp = _dh_plan(B, T, cu_host, v.shape[2], KERNEL_HEAD_DIM // 64, q.device)
+    return _reads_saved_tables(cp, _TL_DTYPE[q.dtype])
+
+
+def _reads_saved_tables(cp, tl_dt: str) -> bool:
+    """The backward reads the forward's tables where its reverse pass is sequential (no segment plan ``cp``) and
+    dh's operands are single (it reads Tinv hi alone)."""
+    from .build import dh_config
+    return cp is None and dh_config(tl_dt).single
 
 
 def _check_saved(saved, shape, dt, dev):
