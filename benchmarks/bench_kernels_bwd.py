@@ -151,8 +151,9 @@ def main(argv=None):
                     "'ours-no-cf' (without the conflict-free shared tiles of the recompute and the fused dqk kernel), "
                     "'ours-dh-split' (dh with every operand split, not single Tinv, dU, F0 dX), 'ours-intra-split' "
                     "(the intra terms' four 64x64 operands split, not single), 'ours-dh-intra-split' (those two "
-                    "together: session 12's operands), 'ours-dul16' (prep's dUloc^T table in the input dtype), 'ours-no-saved' "
-                    "(the forward keeps no intra tables: prep recomputes Tinv and Ag, the form until session 14)")
+                    "together: session 12's operands), 'ours-dul16' (prep's dUloc^T table in the input dtype), "
+                    "'ours-no-saved' (the forward keeps no intra tables: prep recomputes Tinv and Ag, the form until "
+                    "session 14)")
     args = ap.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     if any(t not in COLUMN for t in tables):
@@ -306,12 +307,12 @@ def main(argv=None):
                 continue
             try:              # where the backward's time goes (one call, CUDA events between the launches)
                 from kernels.gdn_bwd import autograd
-                from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd, saved_tables_used, stage_times
+                from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd, stage_times
                 from kernels.gdn_fwd.api import chunk_gated_delta_rule as fwd_api
                 side = dict(initial_state=kw["initial_state"], state_v_first=kw["state_v_first"],
                             cu_seqlens=kw["cu_seqlens"])
                 saved = {}                    # the forward's intra tables, as the autograd Function hands them on
-                if autograd._SAVE_TABLES and saved_tables_used(a[0], a[2], kw["cu_seqlens"]):
+                if autograd.keeps_tables(a[0], a[2], kw["cu_seqlens"]):
                     fwd_api(*a, **side, _keep_tables=saved)
                 side.update(_tables=tb, **({"_saved_tables": saved} if saved else {}))
                 for _ in range(2):

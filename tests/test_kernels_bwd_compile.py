@@ -1,12 +1,10 @@
 """Compile every backward kernel configuration of our TileLang GDN backward for sm_90a, on the CPU.
 
 Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The configurations are
-``kernels.gdn_bwd.build.all_configs()``: the stages (prep, dh, the fused dqk with its cluster forms for groups of
-2, 4, 8 value heads; its two-kernel form dqk_inter,
-dqk_intra; the GVA group sums) and the opt-in "lean_sd" kernels (dqk_inter_lean, state_dots, dqk_intra lean)
-x {bf16, fp16} at K = V = 128 (the fused dqk kernel with its conflict-free tiles, ``cf``), and the fused dqk
-kernel without them (bf16, with and without clusters: the A/B column ``ours-no-cf``).  Everything else (T, B, N, H, HV / GVA ratio, h0, dht present, state layout, l2norm,
-gate dtype, varlen or dense, head dim 64 zero-padded, scale) is a runtime argument of the same binaries.  The forward
+``kernels.gdn_bwd.build.all_configs()`` (its docstring lists them: every stage the API dispatches x {bf16, fp16}
+at K = V = 128, and the forms of the A/B columns and of the forward's saved tables).  Everything else (T, B, N, H,
+HV / GVA ratio, h0, dht present, state layout, l2norm, gate dtype, varlen or dense, head dim 64 zero-padded, scale)
+is a runtime argument of the same binaries.  The forward
 recompute runs the forward's dispatched intra2 / state kernels, compiled by ``test_kernels_compile.py``.
 
 Asserts, from the generated CUDA and from ptxas (bf16 only: the fp16 binaries differ only in the operand

@@ -208,7 +208,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     dh0 = torch.empty((N if use_h0 else 1), HV, D, D, device=dev, dtype=f32)
     if cp is None:
         get_kernel(dh_config(tl_dt))(q2, k2, do2, Th, Tl, Fb, dUl, cu, chunk_offsets, dh, dSh, dSl, dYh, dYl,
-                                           dv2, dh0, int(dht is not None), int(use_h0), vf)
+                                     dv2, dh0, int(dht is not None), int(use_h0), vf)
     else:       # few heads: the same kernel over segments, three passes and a scan (dh_cp.py), with every operand
         # split whatever _DH_SINGLE says: pass B's transfer matrices (from dht = I) are sums of single roundings in
         # the single form, and the composed passes then left the sequential pass's gradients by up to 1.7e-3
@@ -290,10 +290,10 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if _stages is not None:
         f = lambda x: x.float()   # noqa: E731
         tr = lambda x: x.float().transpose(-1, -2)   # noqa: E731
-        _stages.update(Tinv=f(Th) + (f(Tl) if saved is None else 0), Fb=Fb, dUloc=dUl.transpose(-1, -2), dSn=tr(dSh) + tr(dSl),
-                       dY=tr(dYh) + tr(dYl), qz=qz.sum(0), kw=kw.sum(0), kr=kr.sum(0), sd=sd.sum(0), yv=yv,
-                       rect=rect, db2=db2, S=f(Sch) + f(Scl), U=f(Uh) + f(Ul), dqv=group_sum(dqv, H),
-                       dkv=group_sum(dkv, H))
+        _stages.update(Tinv=f(Th) + (f(Tl) if saved is None else 0), Fb=Fb, dUloc=dUl.transpose(-1, -2),
+                       dSn=tr(dSh) + tr(dSl), dY=tr(dYh) + tr(dYl), qz=qz.sum(0), kw=kw.sum(0), kr=kr.sum(0),
+                       sd=sd.sum(0), yv=yv, rect=rect, db2=db2, S=f(Sch) + f(Scl), U=f(Uh) + f(Ul),
+                       dqv=group_sum(dqv, H), dkv=group_sum(dkv, H))
     # 5. dg, dbeta of every token in one kernel after the fused kernel (``dg_dbeta.py``: the terms of ``finish``'s
     # torch form), and the host's part
     if "dqk" in kinds and _DG_DBETA_KERNEL:
@@ -315,6 +315,10 @@ _PLANS: dict = {}
 def _sm_count(dev) -> int:
     """Streaming multiprocessors of ``dev`` (132 off a GPU, the H100 / H200 count, for CPU tests of the plumbing)."""
     return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+
+
+# the forward's intra tables the backward reads (``_saved_tables``' keys; ``kernels.gdn_fwd.api``'s ``_keep_tables``)
+SAVED_TABLES = ("Th", "Ah", "Al")
 
 
 def saved_tables_used(q, v, cu_seqlens=None) -> bool:
@@ -343,7 +347,7 @@ def _reads_saved_tables(cp, tl_dt: str) -> bool:
 def _check_saved(saved, shape, dt, dev):
     """The forward's tables (``_saved_tables``) must be this call's: keys Th, Ah, Al, each ``shape`` in ``dt`` on
     ``dev`` (a ValueError names the first that is not)."""
-    for name in ("Th", "Ah", "Al"):
+    for name in SAVED_TABLES:
         x = saved.get(name)
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"_saved_tables needs a tensor {name!r}, got {type(x).__name__}")

@@ -5,9 +5,9 @@ differentiable in q, k, v, g, beta and initial_state: gradients come back in the
 fp32).  The forward is the dispatched forward, whose intra kernel also stores Tinv when a gradient is needed
 (``_SAVE_TABLES``); the Function keeps the inputs and that kernel's tables ``Th`` (Tinv), ``Ah``, ``Al`` (Ag =
 Tinv diag(beta), hi + lo): 3 x [HV, NC, 64, 64] in the input dtype, 384 bytes a token and value head (FLA keeps
-its A, 128), where the backward reads them (``api.saved_tables_used``: not for the segmented reverse pass of few
-heads over long sequences).  The backward's prep kernel then skips K K^T and the solve; it recomputes the chunk states with the
-forward's own state kernel and runs ``gdn_bwd/api.py``.
+its A, 128), where the backward reads them (``keeps_tables``: not for the segmented reverse pass of few heads over
+long sequences).  The backward's prep kernel then skips K K^T and the solve; it recomputes the chunk states with
+the forward's own state kernel and runs ``gdn_bwd/api.py``.
 
 ``_impl="emulation"`` runs the torch emulations of both directions instead (any device; CPU tests).
 ``_tables`` picks the backward's chunk-table precision (``gdn_bwd/api.py``: "split", the default, or the opt-in
@@ -17,6 +17,8 @@ forward's own state kernel and runs ``gdn_bwd/api.py``.
 from __future__ import annotations
 
 import torch
+
+from .api import SAVED_TABLES
 
 
 def _impls(impl: str):
@@ -36,7 +38,13 @@ def _impls(impl: str):
 # private switch (A/B timing: off in the column ``ours-no-saved``): the forward keeps its intra tables for the backward
 # (``kernels.gdn_fwd.api``'s ``_keep_tables``); off, the backward's prep recomputes them (the form until session 14)
 _SAVE_TABLES = True
-_KEPT = ("Th", "Ah", "Al")
+
+
+def keeps_tables(q, v, cu_seqlens=None) -> bool:
+    """Whether the Function's forward keeps its intra tables for the backward of these inputs: ``_SAVE_TABLES`` on
+    and the backward reads them (``api.saved_tables_used``)."""
+    from .api import saved_tables_used
+    return _SAVE_TABLES and saved_tables_used(q, v, cu_seqlens)
 
 
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
@@ -44,15 +52,12 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                 state_v_first, cu_seqlens, impl, tables):
         fwd, _ = _impls(impl)
-        keep = {} if impl == "tilelang" and _SAVE_TABLES and any(ctx.needs_input_grad) else None
-        if keep is not None:        # only tables the backward will read (not for its segmented reverse pass)
-            from .api import saved_tables_used
-            keep = keep if saved_tables_used(q, v, cu_seqlens) else None
+        keep = {} if impl == "tilelang" and any(ctx.needs_input_grad) and keeps_tables(q, v, cu_seqlens) else None
         o, ht = fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                     output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                     state_v_first=state_v_first, cu_seqlens=cu_seqlens,
                     **({"_keep_tables": keep} if keep is not None else {}))
-        kept = [keep.get(n) for n in _KEPT] if keep else [None] * len(_KEPT)
+        kept = [keep.get(n) for n in SAVED_TABLES] if keep else [None] * len(SAVED_TABLES)
         ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, *kept)
         ctx.opts = (scale, bool(use_qk_l2norm_in_kernel), bool(state_v_first), impl, tables)
         return o, ht
@@ -66,7 +71,7 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
             do = torch.zeros(*v.shape[:2], v.shape[2], v.shape[3], device=v.device, dtype=v.dtype)
         kw = {"_tables": tables} if tables else {}
         if kept[0] is not None:
-            kw["_saved_tables"] = dict(zip(_KEPT, kept))
+            kw["_saved_tables"] = dict(zip(SAVED_TABLES, kept))
         dq, dk, dv, dg, db, dh0 = bwd(q, k, v, g, beta, do.to(q.dtype), dht, scale=scale, initial_state=initial_state,
                                       use_qk_l2norm_in_kernel=use_l2, state_v_first=state_v_first,
                                       cu_seqlens=cu_seqlens, **kw)

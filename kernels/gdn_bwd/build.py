@@ -54,9 +54,9 @@ def all_configs():
     the A/B column ``ours-dh-split``); the intra terms' kinds with ``_INTRA_SINGLE``'s single 64x64 operands (the
     API's since session 14) and the bf16 fused dqk kinds with them split (the A/B column ``ours-intra-split``); the
     bf16 prep and dh of the ``_DUL_INPUT_DTYPE`` candidate (column ``ours-dul16``); prep without the solve, on the
-    forward's saved Tinv and Ag (``saved``: the autograd Function's path).  The forward recompute uses the forward's own dispatched kernels (intra2 +
-    the smem state kernel, precision "default_h0", with and without ``sl_swizzle``), compiled by the forward's
-    test."""
+    forward's saved Tinv and Ag (``saved``: the autograd Function's path).  The forward recompute uses the
+    forward's own dispatched kernels (intra2 + the smem state kernel, precision "default_h0", with and without
+    ``sl_swizzle``), compiled by the forward's test."""
     fused = ("dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS))
     return ([BwdConfig(kind, dt, cf=kind in fused, msingle=kind in INTRA_KINDS) for dt in DTYPES for kind in KINDS]
             + [BwdConfig(k, "float32") for k in DTYPE_FREE_KINDS]

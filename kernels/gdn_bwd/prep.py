@@ -147,21 +147,21 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, dul16: bool = False, saved: boo
                 T.gemm(do_s, pl_s, du_f, transpose_A=True)
                 T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])
 
-            # A and its inverse (as gdn_intra_v2 with merge="bf16"), unless the forward's are given
+            # A and its inverse (as gdn_intra_v2 with merge="bf16"), unless the forward's are given (``saved``)
             if not saved:
                 gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s)
-            if not saved and "no_solve" not in _ablate:
-                solve_diag16(a_s, l_s, t16)
-                _merge(16, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
-                _merge(32, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
-            elif not saved:
-                T.copy(a_s, l_s)
-            if not saved and "no_tstore" not in _ablate:
-                for r, j in T.Parallel(BT, BT):
-                    Th[hv, c, r, j] = T.cast(l_s[r, j], dtype)
-                    Tl[hv, c, r, j] = T.cast(l_s[r, j] - T.cast(T.cast(l_s[r, j], dtype), f32), dtype)
-                    Agh[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], dtype)
-                    Agl[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32),
-                                              dtype)
+                if "no_solve" not in _ablate:
+                    solve_diag16(a_s, l_s, t16)
+                    _merge(16, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
+                    _merge(32, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
+                else:
+                    T.copy(a_s, l_s)
+                if "no_tstore" not in _ablate:
+                    for r, j in T.Parallel(BT, BT):
+                        Th[hv, c, r, j] = T.cast(l_s[r, j], dtype)
+                        Tl[hv, c, r, j] = T.cast(l_s[r, j] - T.cast(T.cast(l_s[r, j], dtype), f32), dtype)
+                        Agh[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], dtype)
+                        Agl[hv, c, r, j] = T.cast(
+                            l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32), dtype)
 
     return gdn_bwd_prep

@@ -395,7 +395,7 @@ def _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC
             cu_host=None, out=None, intra=None, occ=None, cpb=None, keep=None):
     """The v2 path: intra2 -> state (or CP: scan, fix-up, state per segment) -> output2.  ``cu_host``:
     cu_seqlens as a host list (None for dense input); ``keep``: a dict for the intra tables (``_keep_tables``)."""
-    from .build import dispatch_v2, get_kernel, keeps_tables, plan_v2, precision_v2
+    from .build import dispatch_v2, get_kernel, plan_v2, precision_v2
 
     prec = precision_v2(precision, has_h0=bool(use_h0))
     dev = q2.device
@@ -409,9 +409,9 @@ def _split2(q2, k2, v2, g2, b2, h0, ht, o2, cu, chunk_indices, chunk_offsets, NC
             max_chunks = max([-(-(cu_host[i + 1] - cu_host[i]) // BT) for i in range(N)] + [0])
     form, cp = plan_v2(N, HV, max_chunks, form, cp)
     vt = form == "rv"
-    th = keep is not None and keeps_tables(prec)
-    cfgs = dispatch_v2(_TL_DTYPE[dt], N, HV, block_v_, prec, cp, form, out, intra, occ, cpb, th=th)
+    cfgs = dispatch_v2(_TL_DTYPE[dt], N, HV, block_v_, prec, cp, form, out, intra, occ, cpb, th=keep is not None)
     kerns = [get_kernel(c) for c in cfgs]
+    th = cfgs[0].th                 # where the precision's tables are the backward's (build.keeps_tables)
 
     Ah = torch.empty(HV, NC, BT, BT, device=dev, dtype=dt)
     Al = torch.empty_like(Ah) if prec.ag == "split" else Ah        # not read unless split
