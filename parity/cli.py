@@ -117,7 +117,7 @@ def cmd_warmup(args) -> int:
 def cmd_list(args) -> int:
     from tabulate import tabulate
 
-    from parity.backends import BACKENDS
+    from parity.backends import all_backends, plugins
 
     print("Matrices:")
     rows = []
@@ -131,10 +131,12 @@ def cmd_list(args) -> int:
     print(tabulate([(lay.name, lay.rationale) for lay in LAYOUTS.values()], tablefmt="plain"))
     print("\nBackends:")
     rows = []
-    for name, cls in BACKENDS.items():
+    for name, cls in all_backends().items():
         ok, reason = cls().available()
         rows.append((name, "yes" if ok else "no", reason, cls.description))
     print(tabulate(rows, headers=["backend", "available", "reason / note", "what"], tablefmt="simple"))
+    for problem in plugins().problems:
+        print(f"warning: {problem}", file=sys.stderr)
     return 0
 
 

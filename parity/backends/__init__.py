@@ -1,5 +1,6 @@
-"""The backend registry. A backend is named by its registry name (``fla-triton``) or, for plugins and
-tests, by ``module:Class`` (any importable subclass of parity.backends.base.Backend)."""
+"""The backend registry. A backend is named by its registry name (``fla-triton``), by the name of an entry point
+another distribution registers under ``gdn_parity.backends`` (parity.plugins), or, for tests, by ``module:Class``
+(any importable subclass of parity.backends.base.Backend)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,25 @@ BACKENDS: dict[str, type[Backend]] = {
 BASELINE = TorchEmulated.name  # the same-precision implementation verdicts compare against
 
 
+def plugins():
+    """The installed ``gdn_parity.backends`` entry points (parity.plugins.Plugins: backends by name, an
+    unavailable one saying why where loading failed, and the problems), loaded once per process."""
+    from parity.plugins import installed_plugins
+
+    return installed_plugins(tuple(BACKENDS))
+
+
+def all_backends() -> dict[str, type[Backend]]:
+    """The built-in backends, then the entry-point ones."""
+    return {**BACKENDS, **plugins().backends}
+
+
 def get_backend(spec: str) -> Backend:
-    """An instance of the backend named ``spec`` (a registry name or ``module:Class``)."""
+    """An instance of the backend named ``spec`` (a registry or entry-point name, or ``module:Class``)."""
     if spec in BACKENDS:
         return BACKENDS[spec]()
+    if ":" not in spec and spec in plugins().backends:
+        return plugins().backends[spec]()
     if ":" in spec:
         module, _, attr = spec.partition(":")
         try:
@@ -33,15 +49,16 @@ def get_backend(spec: str) -> Backend:
         if not (isinstance(cls, type) and issubclass(cls, Backend)):
             raise ValueError(f"{spec!r} is not a parity.backends.base.Backend subclass")
         return cls()
-    raise ValueError(f"unknown backend {spec!r}; known: {', '.join(BACKENDS)} (or module:Class)")
+    raise ValueError(f"unknown backend {spec!r}; known: {', '.join(all_backends())} (or module:Class)")
 
 
 def resolve(specs: list[str] | None) -> list[Backend]:
-    """Backends for a run: the given specs, or every registered backend; BASELINE is always included."""
-    names = list(specs) if specs else list(BACKENDS)
+    """Backends for a run: the given specs, or every registered backend (entry points included); BASELINE is
+    always included."""
+    names = list(specs) if specs else list(all_backends())
     if BASELINE not in names:
         names.insert(0, BASELINE)
     return [get_backend(n) for n in dict.fromkeys(names)]
 
 
-__all__ = ["Backend", "RunResult", "BACKENDS", "BASELINE", "get_backend", "resolve"]
+__all__ = ["Backend", "RunResult", "BACKENDS", "BASELINE", "all_backends", "get_backend", "plugins", "resolve"]
