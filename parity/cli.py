@@ -29,6 +29,8 @@ def _csv(text: str | None) -> list[str] | None:
 
 
 def _shard(text: str | None):
+    if text == "auto":
+        return _shard_auto()
     if not text:
         return None
     try:
@@ -36,6 +38,15 @@ def _shard(text: str | None):
     except ValueError:
         raise argparse.ArgumentTypeError(f"--shard takes k/n, e.g. 1/4; got {text!r}") from None
     return k, n
+
+
+def _shard_auto() -> tuple[int, int]:
+    """--shard auto: (k, n) from the Slurm array task's or Kubernetes Indexed Job pod's environment."""
+    import os
+
+    from parity.scheduler import shard_from_env
+
+    return shard_from_env(os.environ)
 
 
 def select_cases(args) -> tuple[str, list[Case]]:
@@ -211,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_selection(r)
     r.add_argument("--out", help="result file (default: reports/<date>-<matrix>-<machine>/results.jsonl)")
     r.add_argument("--resume", action="store_true", help="continue an existing result file, skipping finished cells")
-    r.add_argument("--shard", help="k/n: run every n-th case starting at the k-th (1-based)")
+    r.add_argument("--shard", help="k/n: run every n-th case starting at the k-th (1-based); auto: k and n from a "
+                   "Slurm job array or a Kubernetes Indexed Job (parity/scheduler.py)")
     r.add_argument("--workers", type=int, help="worker processes (default: one per GPU, 2 on a CPU; 0: in-process)")
     r.add_argument("--warmup", type=int, help="processes of the compile warm-up pass before the sweep (default: on a "
                    "GPU min(12, CPU cores - 2); 0: off; see parity/warmup.py)")
