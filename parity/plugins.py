@@ -6,9 +6,9 @@ A distribution declares, in its pyproject.toml::
     my-gdn = "my_gdn.parity_backend:MyGDN"
 
 The entry point's name is the backend's registry name and must equal the class's ``name``. Loading never
-raises: an entry point that cannot be loaded (import error, not a Backend subclass, a name taken) becomes an
-``unavailable`` backend of that name whose reason names the distribution and the entry point, so it shows in
-``parity list`` and in a run's tables and costs nothing else.
+raises: an entry point that cannot be loaded (import error, not a Backend subclass, a name taken, an
+``available()`` that raises) becomes an ``unavailable`` backend of that name whose reason names the distribution
+and the entry point, so it shows in ``parity list`` and in a run's tables and costs nothing else.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class UnloadableBackend(Backend):
 
 
 def describe(ep: importlib.metadata.EntryPoint) -> str:
-    """'entry point NAME = VALUE of distribution DIST VERSION' (group gdn_parity.backends)."""
+    """How messages name an entry point: entry point 'NAME' = 'VALUE' (group ...) of distribution DIST VERSION."""
     dist = getattr(ep, "dist", None)
     owner = f"distribution {dist.name} {dist.version}" if dist is not None else "an unknown distribution"
     return f"entry point {ep.name!r} = {ep.value!r} (group {GROUP}) of {owner}"
@@ -51,7 +51,7 @@ def _unloadable(name: str, reason: str) -> type[Backend]:
 
 def load_entry_point(ep: importlib.metadata.EntryPoint, taken: Collection[str]) -> type[Backend]:
     """The Backend subclass ``ep`` names; raises ValueError (naming the entry point) when it cannot be loaded,
-    is not a Backend subclass, has another ``name`` or takes a name in ``taken``."""
+    is not a Backend subclass, has another ``name``, takes a name in ``taken``, or its ``available()`` raises."""
     where = describe(ep)
     if ep.name in taken:
         raise ValueError(f"{where}: the backend name {ep.name!r} is already registered; rename the entry point")
@@ -63,6 +63,10 @@ def load_entry_point(ep: importlib.metadata.EntryPoint, taken: Collection[str]) 
         raise ValueError(f"{where} is {cls!r}, not a parity.backends.base.Backend subclass")
     if cls.name != ep.name:
         raise ValueError(f"{where}: the class's name is {cls.name!r}; it must equal the entry point's name")
+    try:
+        cls().available()
+    except Exception as err:  # noqa: BLE001
+        raise ValueError(f"{where}: {cls.__name__}().available() raised {type(err).__name__}: {err}") from None
     return cls
 
 

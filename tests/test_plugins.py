@@ -32,6 +32,13 @@ class Misnamed(TorchEmulated):
     name = "something-else"
 
 
+class Raises(TorchEmulated):
+    name = "plug-raises"
+
+    def available(self):
+        raise RuntimeError("no driver")
+
+
 NOT_A_CLASS = 42
 '''
 
@@ -64,7 +71,7 @@ def fresh_plugins():
 def test_each_bad_entry_point_costs_only_itself_and_names_its_distribution(tmp_path, monkeypatch):
     make_dist(tmp_path, "plug-pkg", "1.2", {
         "plug-good": "plug_mod:Good", "plug-missing": "no_such_module_xyz:Thing", "plug-int": "plug_mod:NOT_A_CLASS",
-        "plug-misnamed": "plug_mod:Misnamed", "ref-recurrent": "plug_mod:Good",
+        "plug-misnamed": "plug_mod:Misnamed", "plug-raises": "plug_mod:Raises", "ref-recurrent": "plug_mod:Good",
     }, {"plug_mod.py": GOOD})
     monkeypatch.syspath_prepend(str(tmp_path))
     found = plugins.load_plugins(_entry_points(tmp_path), reserved=tuple(BACKENDS))
@@ -72,11 +79,12 @@ def test_each_bad_entry_point_costs_only_itself_and_names_its_distribution(tmp_p
     assert found.backends["plug-good"]().available()[0]
     assert "ref-recurrent" not in found.backends  # a built-in is never replaced
     expect = {"plug-missing": "ModuleNotFoundError", "plug-int": "not a parity.backends.base.Backend subclass",
-              "plug-misnamed": "the class's name is 'something-else'"}
+              "plug-misnamed": "the class's name is 'something-else'",
+              "plug-raises": "Raises().available() raised RuntimeError: no driver"}
     for name, why in expect.items():
         ok, reason = found.backends[name]().available()
         assert not ok and why in reason and "distribution plug-pkg 1.2" in reason and f"{name!r}" in reason, reason
-    assert len(found.problems) == 4
+    assert len(found.problems) == 5
     assert any("'ref-recurrent'" in p and "already registered" in p for p in found.problems)
 
 
