@@ -15,6 +15,7 @@ import pytest
 
 from parity import plugins
 from parity.backends import BACKENDS, get_backend, resolve
+from parity.cli import main as cli_main
 from parity.runner import backend_specs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +105,17 @@ def test_installed_entry_points_resolve_by_name_and_in_worker_processes(tmp_path
         get_backend("no-such-backend")
 
 
+def test_parity_list_shows_installed_entry_points(tmp_path, monkeypatch, capsys, fresh_plugins):
+    _install_example(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli_main(["list"]) == 0
+    out, err = capsys.readouterr()
+    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert rows["my-gdn"].split()[1] == "yes"
+    assert rows["broken-gdn"].split()[1] == "no" and "distribution broken-gdn 0.0.1" in rows["broken-gdn"]
+    assert "warning: entry point 'broken-gdn'" in err
+
+
 def _code_blocks(text: str, lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
 
@@ -133,12 +145,6 @@ def test_example_entry_point_backend_runs_through_parity_run(tmp_path):
     site = tmp_path / "site"
     _install_example(site)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
-    listed = subprocess.run([sys.executable, "-m", "parity", "list"], env=env, capture_output=True, text=True,
-                            timeout=300, cwd=tmp_path)
-    assert listed.returncode == 0, listed.stderr
-    rows = {line.split()[0]: line for line in listed.stdout.splitlines() if line.strip()}
-    assert rows["my-gdn"].split()[1] == "yes"
-    assert rows["broken-gdn"].split()[1] == "no" and "distribution broken-gdn 0.0.1" in rows["broken-gdn"]
     out = tmp_path / "run" / "results.jsonl"
     cmd = [sys.executable, "-m", "parity", "run", "--matrix", "smoke", "--T", "64", "--limit", "4", "--backends",
            "my-gdn,broken-gdn", "--workers", "1", "--no-repeat", "--cache", "none", "--no-progress", "--no-report",
