@@ -93,7 +93,7 @@ class Scheduler:
         return self.ready.pop(0) if self.ready else None
 
     def ended(self, task: tuple[str, str]) -> None:
-        """``task`` finished (in whatever way): release the tasks waiting on it if it was a leader."""
+        """``task`` finished (in whatever way): the tasks waiting on it become ready if it was a leader."""
         self.open -= 1
         self.ready.extend(self.waiting.pop(self.key[task], []))
 
@@ -210,8 +210,8 @@ def warmup(cases: list[Case], specs: list[str], devices: list[str], procs: int,
         except (BrokenPipeError, OSError):  # it died meanwhile; the EOF branch below sees it
             pass
 
-    def release() -> None:
-        """Give the idle processes what the last ended task released (or the end, when none is left)."""
+    def feed_idle() -> None:
+        """Give the idle processes what the last ended task made ready (or the end, when none is left)."""
         while idle and (sched.leaders or sched.ready or sched.finished()):
             hand_out(idle.pop(0))
 
@@ -224,9 +224,9 @@ def warmup(cases: list[Case], specs: list[str], devices: list[str], procs: int,
             except (EOFError, OSError):  # the process ended: died, unless it had been told to stop
                 live.remove(conn)
                 task = doing.pop(conn, None)
-                if task is not None:  # its task ends with it; release whatever waited on it
+                if task is not None:  # its task ends with it; what waited on it is ready
                     sched.ended(task)
-                    release()
+                    feed_idle()
                 continue
             if msg != "ready":
                 cid, name, secs, outcome = msg
@@ -239,7 +239,7 @@ def warmup(cases: list[Case], specs: list[str], devices: list[str], procs: int,
                     else:
                         summary.errors += 1
                         summary.first_errors.append(outcome)
-                release()
+                feed_idle()
             hand_out(conn)
     killed = set()
     if live:  # the timeout: stop every process still running at once (a compile can take minutes)
