@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-from tabulate import tabulate
 
 from parity.backends import BASELINE
-from parity.report import frame, md_table
+from parity.markdown import md_rows, md_table
+from parity.report import frame
 from parity.results import FLOOR_BACKEND, ResultSet, load
 from parity.verdicts import ERROR, FAIL, NOREF, PASS, SKIP, judge_frame
 
@@ -270,7 +270,7 @@ def section_environments(a: ResultSet, b: ResultSet) -> str:
     rows = [(k, ea.get(k, "-"), eb.get(k, "-"), "" if ea.get(k, "-") == eb.get(k, "-") else "differs")
             for k in dict.fromkeys([*ea, *eb])]
     return "\n".join(["## Environments", "",
-                      tabulate(rows, headers=["", "A", "B", ""], tablefmt="pipe", disable_numparse=True), ""])
+                      md_rows(rows, ["", "A", "B", ""]), ""])
 
 
 def _cell_table(df: pd.DataFrame, why: str | None = None) -> str:

@@ -15,36 +15,14 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
+from cases.case import CONFIG_FIELDS
+from parity.markdown import fmt, md_table
 from parity.results import FLOOR_BACKEND, ResultSet, load
 
-CASE_COLS = ["layout", "B", "T", "H", "HV", "K", "V", "dtype", "g_dtype", "beta_dtype", "h0_dtype", "dist",
-             "state_v_first", "grad"]
+CASE_COLS = list(CONFIG_FIELDS)
 METRICS = ["max_diff", "mean_diff", "cos_sim", "max_ref", "rel_rmse"]
 REFERENCE_BACKENDS = ("ref-recurrent",)  # another fp64 path: its pairwise rows repeat "vs fp64"
 WORST = {"max_diff": "max", "mean_diff": "max", "rel_rmse": "max", "cos_sim": "min", "max_ref": "max"}
-
-
-def fmt(x, kind: str = "e") -> str:
-    """3 significant digits (scientific) for errors; 8 decimals for cos_sim; '-' for missing; 'nan' kept."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "nan" if isinstance(x, float) else "-"
-    if isinstance(x, str):
-        return x
-    if kind == "cos":
-        return f"{x:.8f}"
-    if kind == "s":
-        return f"{x:.2f}"
-    return f"{x:.2e}"
-
-
-def md_table(df: pd.DataFrame, formats: dict[str, str] | None = None) -> str:
-    """A pipe table; columns in ``formats`` are formatted ('e', 'cos' or 's')."""
-    formats = formats or {}
-    shown = df.copy()
-    for col, kind in formats.items():
-        if col in shown:
-            shown[col] = [fmt(v, kind) for v in shown[col]]
-    return tabulate(shown, headers="keys", tablefmt="pipe", showindex=False, disable_numparse=True)
 
 
 def _dtypes(row) -> str:

@@ -7,21 +7,22 @@ finishes, an ``{"record": "end", ...}`` line with its wall time. Each cell's row
 crash loses at most the cell in flight; a torn last line is ignored on load. Reports and
 comparisons are rendered only from these files.
 
-Row fields: run_id, session, case_id, group_id, seed, the case's fields (layout, B, T, H, HV, K, V,
-dtype, g_dtype, beta_dtype, h0_dtype, dist, state_v_first, grad), backend, impl, tensor, status
+Row fields: run_id, session, case_id, group_id, seed, the case's configuration fields
+(``cases.case.CONFIG_FIELDS``: layout, B, T, H, ... grad), backend, impl, tensor, status
 (ok | nan | error | unsupported | unavailable), reason, the metrics (parity.metrics.Metrics.as_row),
 wall_s, peak_mem_bytes, ref_s (time to get the fp64 reference for the case) and ``at`` (unix time written).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from cases.case import CONFIG_FIELDS
 
 FORMAT = "gdn-parity-results"
 VERSION = 1
@@ -185,7 +186,5 @@ def merge(paths: list[str | os.PathLike], out: str | os.PathLike) -> ResultSet:
 
 
 def case_fields(case) -> dict:
-    """The case's own fields for a row (everything but the seed, which has its own column)."""
-    d = dataclasses.asdict(case)
-    d.pop("seed")
-    return d
+    """The case's configuration fields for a row (cases.case.CONFIG_FIELDS: all but the seed, its own column)."""
+    return {name: getattr(case, name) for name in CONFIG_FIELDS}
