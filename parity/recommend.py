@@ -181,7 +181,7 @@ def _sources(rs: ResultSet | None) -> list[dict]:
     for run in rs.runs:
         env = run.get("env") or {}
         git = env.get("git") or {}
-        out.append({"run_id": run.get("run_id"), "session": run.get("session"), "matrix": run.get("matrix"),
+        out.append({"run_id": run.get("run_id"), "part": run.get("part"), "matrix": run.get("matrix"),
                     "commit": git.get("commit") or "unknown", "dirty": bool(git.get("dirty")),
                     "gpu": env.get("gpu"), "date": env.get("date"), "file": run.get("source") or rs.path})
     return out
