@@ -1,4 +1,4 @@
-# Source this on the offline GPU box (see ../shared/gpu/README.md), from the repo root, with .gpu/ carried:
+# Source this on an offline GPU box, from the repo root, with .gpu/ copied along (README: "On the offline H200 box"):
 #   . scripts/gpu_env.sh
 # Unpacks the tilelang / flash-qla / fla-core bundle once per machine, restores the compile caches that an
 # earlier run saved with scripts/gpu_save_caches.sh (or FlashQLA's prebuilt TileLang cache), and sets
