@@ -69,7 +69,7 @@ def section_environment(rs: ResultSet) -> str:
               fmt(ends[r.get("part")].get("wall_s"), "s") if r.get("part") in ends else "unfinished")
              for r in rs.runs]
     lines += [tabulate(parts, headers=["part", "date", "matrix", "shard", "backends", "cases to run",
-                                          "wall s"], tablefmt="pipe", disable_numparse=True), ""]
+                                       "wall s"], tablefmt="pipe", disable_numparse=True), ""]
     envs = []
     for run in rs.runs:
         items = _env_items(run)
