@@ -31,17 +31,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cases.case import Case
+from cases.case import CONFIG_FIELDS, Case
 from cases.distributions import get_distribution
+
+
+COMPILE_FIELDS = tuple(f for f in CONFIG_FIELDS if f != "dist")  # the distribution counts only by its flags
+
+
+def _in_kernel_flags(case: Case) -> tuple:
+    d = get_distribution(case.dist)
+    return (d.qk_l2norm_in_kernel, d.gate_in_kernel, d.beta_sigmoid_in_kernel)
 
 
 def signature(case: Case) -> tuple:
     """What decides which kernels a case compiles: the case without seed, with the distribution reduced to its
     in-kernel flags (q/k L2 norm, gate, beta sigmoid)."""
-    d = get_distribution(case.dist)
-    flags = (d.qk_l2norm_in_kernel, d.gate_in_kernel, d.beta_sigmoid_in_kernel)
-    return (case.layout, case.B, case.T, case.H, case.HV, case.K, case.V, case.dtype, case.g_dtype,
-            case.beta_dtype, case.h0_dtype, case.state_v_first, case.grad, flags)
+    return tuple(getattr(case, f) for f in COMPILE_FIELDS) + (_in_kernel_flags(case),)
 
 
 def representatives(cases: list[Case]) -> list[Case]:
@@ -60,8 +65,8 @@ def family(case: Case) -> tuple:
     family mostly share compiled kernels and autotuning results, so its first run fills the caches for the rest."""
     from cases.layouts import get_layout
 
-    s = signature(case)
-    return (get_layout(case.layout).varlen,) + s[3:]
+    shape = tuple(getattr(case, f) for f in COMPILE_FIELDS if f not in ("layout", "B", "T"))
+    return (get_layout(case.layout).varlen,) + shape + (_in_kernel_flags(case),)
 
 
 class Scheduler:
