@@ -112,3 +112,8 @@ class Case:
 
     def __str__(self) -> str:
         return self.id
+
+
+# The configuration's fields, in declaration order: every field but the seed. A result row carries them as columns
+# (next to case_id, group_id and seed); grouping by them gathers a configuration's seeds.
+CONFIG_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Case) if f.name != "seed")

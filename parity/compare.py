@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-from tabulate import tabulate
 
 from parity.backends import BASELINE
-from parity.report import frame, md_table
+from parity.markdown import md_rows, md_table
+from parity.report import frame
 from parity.results import FLOOR_BACKEND, ResultSet, load
 from parity.verdicts import ERROR, FAIL, NOREF, PASS, SKIP, judge_frame
 
@@ -67,8 +67,8 @@ def rows_of(rs: ResultSet) -> pd.DataFrame:
 
 
 def cells(rs: ResultSet, df: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The judged cells of one result set (parity.verdicts.judge_frame), with the reference version of the session
-    that wrote each row and, from the cell's fp64-rounded row, the rounding floor (its rel_rmse) and the fp64
+    """The judged cells of one result set (parity.verdicts.judge_frame), with the reference version of the run
+    part that wrote each row and, from the cell's fp64-rounded row, the rounding floor (its rel_rmse) and the fp64
     reference's RMS and max |.| (a fingerprint of the inputs). ``df``: rows_of(rs), if at hand."""
     df = rows_of(rs) if df is None else df
     cols = KEY + ["group_id", "status", "reason", "verdict", "v_message", "rel_rmse", "ref_version", "floor",
@@ -76,8 +76,8 @@ def cells(rs: ResultSet, df: pd.DataFrame | None = None) -> pd.DataFrame:
     judged = judge_frame(df) if not df.empty else df
     if judged.empty:
         return pd.DataFrame(columns=cols)
-    ref_version = {r.get("session"): r.get("ref_version") for r in rs.runs}
-    judged["ref_version"] = judged["session"].map(ref_version)
+    ref_version = {r.get("part"): r.get("ref_version") for r in rs.runs}
+    judged["ref_version"] = judged["part"].map(ref_version)
     keys = list(zip(judged["case_id"], judged["tensor"]))
     for col, metric in (("floor", "rel_rmse"), ("ref_rms", "rms_ref"), ("ref_max", "max_ref")):
         of_floor = _metric_of(df, FLOOR_BACKEND, metric)
@@ -243,7 +243,7 @@ def _env_rows(rs: ResultSet) -> dict[str, str]:
         "file": str(rs.path),
         "run id": _distinct(r.get("run_id") for r in runs),
         "matrix": _distinct(r.get("matrix") for r in runs),
-        "sessions": str(len(runs)),
+        "run parts": str(len(runs)),
         "GPU": _distinct(f"{e.get('gpu')} x{e.get('gpu_count')} (sm_{e.get('sm')})" if e.get("gpu") else "none (CPU)"
                          for e in envs),
         "driver": _distinct(e.get("driver") for e in envs),
@@ -270,7 +270,7 @@ def section_environments(a: ResultSet, b: ResultSet) -> str:
     rows = [(k, ea.get(k, "-"), eb.get(k, "-"), "" if ea.get(k, "-") == eb.get(k, "-") else "differs")
             for k in dict.fromkeys([*ea, *eb])]
     return "\n".join(["## Environments", "",
-                      tabulate(rows, headers=["", "A", "B", ""], tablefmt="pipe", disable_numparse=True), ""])
+                      md_rows(rows, ["", "A", "B", ""]), ""])
 
 
 def _cell_table(df: pd.DataFrame, why: str | None = None) -> str:

@@ -29,7 +29,7 @@ def _git(*args: str) -> str | None:
 def git_info() -> dict:
     """commit and dirty (uncommitted changes to tracked files).  GDN_PARITY_COMMIT / GDN_PARITY_DIRTY win when set:
     scripts/gpu_env.sh sets them from .gpu/COMMIT on a GPU box, whose copy of the working tree may carry a stale
-    .git of an earlier commit (seen on the device tool's machines: HEAD of the session's start, "dirty")."""
+    .git of an earlier commit (HEAD of an older checkout, reported "dirty")."""
     env_commit = os.environ.get("GDN_PARITY_COMMIT")
     if env_commit:
         dirty = os.environ.get("GDN_PARITY_DIRTY")

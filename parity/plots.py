@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from cases.case import CONFIG_FIELDS
 from parity.backends import BASELINE
 from parity.positional import N_BINS, decode
 from parity.results import FLOOR_BACKEND
@@ -37,8 +38,7 @@ TENSOR_ORDER = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 MAIN_DISTS = ("qwen-gates", "gauss-l2")
 COLORS = {FLOOR_BACKEND: "black", BASELINE: "0.55", "fla-triton": "C0", "fla-dispatch": "C1", "fla-recurrent": "C2",
           "flash-qla": "C3", "tilelang": "C4"}
-SHAPE_COLS = ["layout", "B", "H", "HV", "K", "V", "dtype", "g_dtype", "beta_dtype", "h0_dtype", "dist",
-              "state_v_first", "grad"]
+SHAPE_COLS = [c for c in CONFIG_FIELDS if c != "T"]  # a sweep's configuration: everything but T
 
 
 @dataclass

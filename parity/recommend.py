@@ -33,7 +33,9 @@ from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from parity import verdicts
 from parity.backends import BASELINE
+from parity.markdown import fmt, md_table
 from parity.results import FLOOR_BACKEND, ResultSet
 
 if TYPE_CHECKING:
@@ -118,8 +120,6 @@ def _frame(data) -> pd.DataFrame:
 
 def recommend(data: ResultSet | pd.DataFrame) -> list[dict]:
     """One entry per group (KEY_FIELDS) with the worst value per backend, the verdicts and the recommendation."""
-    from parity import verdicts
-
     df = _frame(data)
     if df.empty:
         return []
@@ -181,7 +181,7 @@ def _sources(rs: ResultSet | None) -> list[dict]:
     for run in rs.runs:
         env = run.get("env") or {}
         git = env.get("git") or {}
-        out.append({"run_id": run.get("run_id"), "session": run.get("session"), "matrix": run.get("matrix"),
+        out.append({"run_id": run.get("run_id"), "part": run.get("part"), "matrix": run.get("matrix"),
                     "commit": git.get("commit") or "unknown", "dirty": bool(git.get("dirty")),
                     "gpu": env.get("gpu"), "date": env.get("date"), "file": run.get("source") or rs.path})
     return out
@@ -263,8 +263,6 @@ def _cell(o: dict | None) -> str:
 def section(entries: list[dict], json_name: str | None = "tolerances.json") -> str:
     """The report's markdown: the rule and one table per (dtype, gate dtype)."""
     import pandas as pd
-
-    from parity.report import fmt, md_table
 
     if not entries:
         return ""

@@ -360,7 +360,7 @@ def replay(path: str | os.PathLike, backends: list[str] | None = None, out: str 
 
 def section_capture(cap: Capture) -> str:
     """What was captured: file, id, shapes, flags, notes, and how to rerun a backend on it."""
-    from tabulate import tabulate
+    from parity.markdown import md_rows
 
     inp = cap.inputs
     rows = [("file", f"`{cap.path}`"), ("case id", f"`{cap.case.id}`"), ("sha256", cap.sha256),
@@ -370,7 +370,7 @@ def section_capture(cap: Capture) -> str:
              if t is not None]
     rows += [(k, str(v)) for k, v in cap.settings().items()] + [(f"note: {k}", v) for k, v in cap.notes.items()]
     return "\n".join([
-        "## Captured inputs", "", tabulate(rows, headers=["", ""], tablefmt="pipe", disable_numparse=True), "",
+        "## Captured inputs", "", md_rows(rows, ["", ""]), "",
         f"Rerun one backend on it: `python -m parity replay {cap.path} --backends <backend> --out <dir>` (the "
         f"`python -m parity run --case ...` commands in failure messages apply to sweep cases, not to replays).", ""])
 

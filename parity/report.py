@@ -15,36 +15,14 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
+from cases.case import CONFIG_FIELDS
+from parity.markdown import fmt, md_table
 from parity.results import FLOOR_BACKEND, ResultSet, load
 
-CASE_COLS = ["layout", "B", "T", "H", "HV", "K", "V", "dtype", "g_dtype", "beta_dtype", "h0_dtype", "dist",
-             "state_v_first", "grad"]
+CASE_COLS = list(CONFIG_FIELDS)
 METRICS = ["max_diff", "mean_diff", "cos_sim", "max_ref", "rel_rmse"]
 REFERENCE_BACKENDS = ("ref-recurrent",)  # another fp64 path: its pairwise rows repeat "vs fp64"
 WORST = {"max_diff": "max", "mean_diff": "max", "rel_rmse": "max", "cos_sim": "min", "max_ref": "max"}
-
-
-def fmt(x, kind: str = "e") -> str:
-    """3 significant digits (scientific) for errors; 8 decimals for cos_sim; '-' for missing; 'nan' kept."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "nan" if isinstance(x, float) else "-"
-    if isinstance(x, str):
-        return x
-    if kind == "cos":
-        return f"{x:.8f}"
-    if kind == "s":
-        return f"{x:.2f}"
-    return f"{x:.2e}"
-
-
-def md_table(df: pd.DataFrame, formats: dict[str, str] | None = None) -> str:
-    """A pipe table; columns in ``formats`` are formatted ('e', 'cos' or 's')."""
-    formats = formats or {}
-    shown = df.copy()
-    for col, kind in formats.items():
-        if col in shown:
-            shown[col] = [fmt(v, kind) for v in shown[col]]
-    return tabulate(shown, headers="keys", tablefmt="pipe", showindex=False, disable_numparse=True)
 
 
 def _dtypes(row) -> str:
@@ -83,22 +61,22 @@ def _env_items(run: dict) -> list[tuple[str, str]]:
 
 
 def section_environment(rs: ResultSet) -> str:
-    """Sessions (a resumed run has several), the machine (once when every session shares it) and the backends."""
+    """The run's parts (a resumed run has several), the machine (once when every part shares it) and the backends."""
     lines = ["## Environment", ""]
-    ends = {e.get("session"): e for e in rs.ends}
-    sessions = [(r.get("session"), (r.get("env") or {}).get("date"), r.get("matrix"), r.get("shard") or "-",
-                 ", ".join(r.get("backends", [])), r.get("tasks"),
-                 fmt(ends[r.get("session")].get("wall_s"), "s") if r.get("session") in ends else "unfinished")
-                for r in rs.runs]
-    lines += [tabulate(sessions, headers=["session", "date", "matrix", "shard", "backends", "cases to run",
-                                          "wall s"], tablefmt="pipe", disable_numparse=True), ""]
+    ends = {e.get("part"): e for e in rs.ends}
+    parts = [(r.get("part"), (r.get("env") or {}).get("date"), r.get("matrix"), r.get("shard") or "-",
+              ", ".join(r.get("backends", [])), r.get("tasks"),
+              fmt(ends[r.get("part")].get("wall_s"), "s") if r.get("part") in ends else "unfinished")
+             for r in rs.runs]
+    lines += [tabulate(parts, headers=["part", "date", "matrix", "shard", "backends", "cases to run",
+                                       "wall s"], tablefmt="pipe", disable_numparse=True), ""]
     envs = []
     for run in rs.runs:
         items = _env_items(run)
         if items not in [e for _, e in envs]:
-            envs.append((run.get("session"), items))
-    for session, items in envs:
-        title = "" if len(envs) == 1 else f"Session {session}:\n\n"
+            envs.append((run.get("part"), items))
+    for part, items in envs:
+        title = "" if len(envs) == 1 else f"Part {part}:\n\n"
         lines += [title + tabulate(items, headers=["", ""], tablefmt="pipe", disable_numparse=True), ""]
     avail, versions = {}, {}
     for run in rs.runs:
@@ -367,12 +345,12 @@ def section_determinism(df: pd.DataFrame) -> str:
 def section_footer(rs: ResultSet, df: pd.DataFrame) -> str:
     wall = sum(e.get("wall_s", 0.0) for e in rs.ends)
     ref = sum(e.get("ref_s", 0.0) for e in rs.ends)
-    ended = {e.get("session") for e in rs.ends}
+    ended = {e.get("part") for e in rs.ends}
     spans = []
     if "at" in df and not df.empty:
-        for session, g in df[~df["session"].isin(ended)].groupby("session"):
+        for part, g in df[~df["part"].isin(ended)].groupby("part"):
             if g["at"].notna().any():
-                spans.append(f"session {session} unfinished, rows written over {g['at'].max() - g['at'].min():.0f} s")
+                spans.append(f"part {part} unfinished, rows written over {g['at'].max() - g['at'].min():.0f} s")
     n_cases = df["case_id"].nunique() if not df.empty else 0
     restarts = sum(e.get("worker_restarts", 0) for e in rs.ends)
     warm = [e["warmup"] for e in rs.ends if e.get("warmup")]
@@ -387,11 +365,11 @@ def section_footer(rs: ResultSet, df: pd.DataFrame) -> str:
     share = f"{100 * ref / wall:.0f}%" if wall > 0 else "-"
     unfinished = len(rs.runs) - len(rs.ends)
     if rs.ends:
-        timing = (f"wall time {wall:.1f} s over {len(rs.ends)} finished session(s)"
+        timing = (f"wall time {wall:.1f} s over {len(rs.ends)} finished part(s)"
                   f"{f' ({unfinished} unfinished)' if unfinished > 0 else ''}, of which the fp64 reference {ref:.1f} s "
                   f"({share}), and the compile warm-up {warm_desc}; {restarts} worker restart(s).")
     else:
-        timing = f"wall time unknown: none of the {len(rs.runs)} session(s) finished."
+        timing = f"wall time unknown: none of the {len(rs.runs)} part(s) finished."
     lines = ["---", "",
              f"{n_cases} cases, {len(df)} rows; {timing}" + (f" ({'; '.join(spans)}.)" if spans else "")
              + f" Rendered from `{rs.path}` by `python -m parity report`."]

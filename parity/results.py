@@ -1,21 +1,20 @@
 """The result file: versioned, tidy JSON Lines with the machine's metadata.
 
-Each session that writes to the file (a resumed run is a new session) appends a
+Each part of a run that writes to the file (a resumed run adds a part, numbered from 0) appends a
 ``{"record": "run", ...}`` header, its ``{"record": "row", ...}`` lines (one per case x backend x
 against x tensor, ``against`` being "fp64" or, for pairwise rows, the other backend) and, when it
 finishes, an ``{"record": "end", ...}`` line with its wall time. Each cell's rows are appended in one write and flushed to disk, so a
 crash loses at most the cell in flight; a torn last line is ignored on load. Reports and
 comparisons are rendered only from these files.
 
-Row fields: run_id, session, case_id, group_id, seed, the case's fields (layout, B, T, H, HV, K, V,
-dtype, g_dtype, beta_dtype, h0_dtype, dist, state_v_first, grad), backend, impl, tensor, status
+Row fields: run_id, part, case_id, group_id, seed, the case's configuration fields
+(``cases.case.CONFIG_FIELDS``: layout, B, T, H, ... grad), backend, impl, tensor, status
 (ok | nan | error | unsupported | unavailable), reason, the metrics (parity.metrics.Metrics.as_row),
 wall_s, peak_mem_bytes, ref_s (time to get the fp64 reference for the case) and ``at`` (unix time written).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -23,11 +22,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cases.case import CONFIG_FIELDS
+
 FORMAT = "gdn-parity-results"
 VERSION = 1
 
 STATUSES = ("ok", "nan", "error", "unsupported", "unavailable")
 FLOOR_BACKEND = "fp64-rounded"  # the fp64 reference rounded to the output's dtype: the rounding floor
+LEGACY_PART_KEY = "session"  # what older files call a record's run part
 
 
 @dataclass
@@ -71,16 +73,16 @@ def encode(record: dict) -> str:
 
 
 class ResultWriter:
-    """Appends to a result file. ``header`` is written when the writer opens (a new session on resume)."""
+    """Appends to a result file. ``header`` is written when the writer opens (a new part on resume)."""
 
     def __init__(self, path: str | os.PathLike, header: dict):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         existing = load(self.path) if self.path.exists() else ResultSet()
-        self.session = len(existing.runs)
+        self.part = len(existing.runs)
         if existing.torn_lines:
             self._rewrite(existing)
-        hdr = {"record": "run", "format": FORMAT, "version": VERSION, "session": self.session, **header}
+        hdr = {"record": "run", "format": FORMAT, "version": VERSION, "part": self.part, **header}
         self._append([hdr])
 
     def _rewrite(self, rs: ResultSet) -> None:
@@ -101,13 +103,13 @@ class ResultWriter:
             os.fsync(f.fileno())
 
     def write_cell(self, rows: list[dict]) -> None:
-        """Append one cell's rows in a single write, stamped with the time (so an unfinished session's span is known)."""
+        """Append one cell's rows in a single write, stamped with the time (so an unfinished part's span is known)."""
         now = round(time.time(), 3)
-        self._append([{"record": "row", "session": self.session, "at": now, **r} for r in rows])
+        self._append([{"record": "row", "part": self.part, "at": now, **r} for r in rows])
 
     def finish(self, summary: dict) -> None:
-        """Append the session's end record (wall time, counts)."""
-        self._append([{"record": "end", "session": self.session, **summary}])
+        """Append the part's end record (wall time, counts)."""
+        self._append([{"record": "end", "part": self.part, **summary}])
 
 
 def _read_text(path: Path) -> str:
@@ -122,7 +124,8 @@ def _read_text(path: Path) -> str:
 
 def load(*paths: str | os.PathLike) -> ResultSet:
     """Read result files (several are concatenated). Raises ValueError for a file of another format or a newer
-    version; a torn last line (a crash mid-write) is skipped and counted."""
+    version; a torn last line (a crash mid-write) is skipped and counted. Files written before the run part was
+    called ``part`` name it ``session``: it is read as ``part``."""
     rs = ResultSet(path=str(paths[0]) if paths else None)
     for path in paths:
         lines = _read_text(Path(path)).splitlines()
@@ -136,7 +139,7 @@ def load(*paths: str | os.PathLike) -> ResultSet:
                     rs.torn_lines += 1
                     continue
                 raise ValueError(f"{path}:{i + 1}: not a JSON line") from None
-            rec = {k: _restore(v) for k, v in rec.items()}
+            rec = {("part" if k == LEGACY_PART_KEY else k): _restore(v) for k, v in rec.items()}
             kind = rec.get("record")
             if kind == "run":
                 if rec.get("format") != FORMAT:
@@ -167,11 +170,11 @@ def merge(paths: list[str | os.PathLike], out: str | os.PathLike) -> ResultSet:
         rs = load(p)
         offset = len(runs)
         for r in rs.runs:
-            runs.append({**r, "session": offset + r.get("session", 0), "source": str(p)})
+            runs.append({**r, "part": offset + r.get("part", 0), "source": str(p)})
         for r in rs.ends:
-            ends.append({**r, "session": offset + r.get("session", 0)})
+            ends.append({**r, "part": offset + r.get("part", 0)})
         for r in rs.rows:
-            rows[(r["case_id"], r["backend"], r.get("against"), r["tensor"])] = {**r, "session": offset + r.get("session", 0)}
+            rows[(r["case_id"], r["backend"], r.get("against"), r["tensor"])] = {**r, "part": offset + r.get("part", 0)}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
@@ -185,7 +188,5 @@ def merge(paths: list[str | os.PathLike], out: str | os.PathLike) -> ResultSet:
 
 
 def case_fields(case) -> dict:
-    """The case's own fields for a row (everything but the seed, which has its own column)."""
-    d = dataclasses.asdict(case)
-    d.pop("seed")
-    return d
+    """The case's configuration fields for a row (cases.case.CONFIG_FIELDS: all but the seed, its own column)."""
+    return {name: getattr(case, name) for name in CONFIG_FIELDS}

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from parity.backends import BASELINE
+from parity.markdown import md_table
 from parity.results import FLOOR_BACKEND
 from parity.tolerances import bounds, tolerance_for
 
@@ -146,8 +147,6 @@ def by_configuration(judged: pd.DataFrame) -> pd.DataFrame:
 
 def section(df: pd.DataFrame) -> str:
     """The report's verdict section: the rule, counts per backend, every failing configuration."""
-    from parity.report import md_table
-
     judged = judge_frame(df)
     if judged.empty:
         return ""

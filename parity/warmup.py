@@ -31,17 +31,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cases.case import Case
+from cases.case import CONFIG_FIELDS, Case
 from cases.distributions import get_distribution
+
+
+COMPILE_FIELDS = tuple(f for f in CONFIG_FIELDS if f != "dist")  # the distribution counts only by its flags
+
+
+def _in_kernel_flags(case: Case) -> tuple:
+    d = get_distribution(case.dist)
+    return (d.qk_l2norm_in_kernel, d.gate_in_kernel, d.beta_sigmoid_in_kernel)
 
 
 def signature(case: Case) -> tuple:
     """What decides which kernels a case compiles: the case without seed, with the distribution reduced to its
     in-kernel flags (q/k L2 norm, gate, beta sigmoid)."""
-    d = get_distribution(case.dist)
-    flags = (d.qk_l2norm_in_kernel, d.gate_in_kernel, d.beta_sigmoid_in_kernel)
-    return (case.layout, case.B, case.T, case.H, case.HV, case.K, case.V, case.dtype, case.g_dtype,
-            case.beta_dtype, case.h0_dtype, case.state_v_first, case.grad, flags)
+    return tuple(getattr(case, f) for f in COMPILE_FIELDS) + (_in_kernel_flags(case),)
 
 
 def representatives(cases: list[Case]) -> list[Case]:
@@ -60,8 +65,8 @@ def family(case: Case) -> tuple:
     family mostly share compiled kernels and autotuning results, so its first run fills the caches for the rest."""
     from cases.layouts import get_layout
 
-    s = signature(case)
-    return (get_layout(case.layout).varlen,) + s[3:]
+    shape = tuple(getattr(case, f) for f in COMPILE_FIELDS if f not in ("layout", "B", "T"))
+    return (get_layout(case.layout).varlen,) + shape + (_in_kernel_flags(case),)
 
 
 class Scheduler:
@@ -93,7 +98,7 @@ class Scheduler:
         return self.ready.pop(0) if self.ready else None
 
     def ended(self, task: tuple[str, str]) -> None:
-        """``task`` finished (in whatever way): release the tasks waiting on it if it was a leader."""
+        """``task`` finished (in whatever way): the tasks waiting on it become ready if it was a leader."""
         self.open -= 1
         self.ready.extend(self.waiting.pop(self.key[task], []))
 
@@ -210,8 +215,8 @@ def warmup(cases: list[Case], specs: list[str], devices: list[str], procs: int,
         except (BrokenPipeError, OSError):  # it died meanwhile; the EOF branch below sees it
             pass
 
-    def release() -> None:
-        """Give the idle processes what the last ended task released (or the end, when none is left)."""
+    def feed_idle() -> None:
+        """Give the idle processes what the last ended task made ready (or the end, when none is left)."""
         while idle and (sched.leaders or sched.ready or sched.finished()):
             hand_out(idle.pop(0))
 
@@ -224,9 +229,9 @@ def warmup(cases: list[Case], specs: list[str], devices: list[str], procs: int,
             except (EOFError, OSError):  # the process ended: died, unless it had been told to stop
                 live.remove(conn)
                 task = doing.pop(conn, None)
-                if task is not None:  # its task ends with it; release whatever waited on it
+                if task is not None:  # its task ends with it; what waited on it is ready
                     sched.ended(task)
-                    release()
+                    feed_idle()
                 continue
             if msg != "ready":
                 cid, name, secs, outcome = msg
@@ -239,7 +244,7 @@ def warmup(cases: list[Case], specs: list[str], devices: list[str], procs: int,
                     else:
                         summary.errors += 1
                         summary.first_errors.append(outcome)
-                release()
+                feed_idle()
             hand_out(conn)
     killed = set()
     if live:  # the timeout: stop every process still running at once (a compile can take minutes)

@@ -1,7 +1,7 @@
-# Source this on the offline GPU box (see ../shared/gpu/README.md), from the repo root, with .gpu/ carried:
+# Source this on an offline GPU box, from the repo root, with .gpu/ copied along (README: "On the offline H200 box"):
 #   . scripts/gpu_env.sh
 # Unpacks the tilelang / flash-qla / fla-core bundle once per machine, restores the compile caches that an
-# earlier call saved with scripts/gpu_save_caches.sh (or FlashQLA's prebuilt TileLang cache), and sets
+# earlier run saved with scripts/gpu_save_caches.sh (or FlashQLA's prebuilt TileLang cache), and sets
 # PYTHONPATH so that `python3 -m parity ...` runs without installing anything.
 if [ ! -d /tmp/site/tilelang ]; then
   mkdir -p /tmp/site && tar -xJf .gpu/gpu-site.tar.xz -C /tmp/site
@@ -19,5 +19,5 @@ restore triton-cache .triton/cache
 # Triton keeps autotuning results in its cache: FLA's autotuned kernels then skip benchmarking every config
 export TRITON_CACHE_AUTOTUNING=1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 GDN_PARITY_CACHE=/tmp/gdn-parity-ref
-# the commit this working tree came from (written here by scripts/gpu_stamp.sh before the call)
+# the commit this working tree came from (written by scripts/gpu_stamp.sh before the tree is copied to the box)
 if [ -f .gpu/COMMIT ]; then read -r GDN_PARITY_COMMIT GDN_PARITY_DIRTY < .gpu/COMMIT; export GDN_PARITY_COMMIT GDN_PARITY_DIRTY; fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks the open issues wait for, as steps that fit the device tool's 10-minute calls. Source
+# The GPU checks of the project, as steps of at most ~10 minutes each (SECONDS, default 540). Source
 # scripts/gpu_env.sh first, then run the steps. On a 2-GPU machine, put one step on each GPU with
 # CUDA_VISIBLE_DEVICES and `&`. Each step writes under OUT (default $OUT), so a timeout keeps what was done.
 #
@@ -115,13 +115,13 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
       echo "A/B tests rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$out/k/test-ab.txt"
     fi
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of words (e.g. --shapes A,B --no-check)
-    # --rep / --warmup are do_bench's milliseconds: 200 is ~25 calls at ~8 ms (10 was one or two, until session 13)
+    # --rep / --warmup are do_bench's milliseconds: 200 is ~25 repetitions at ~8 ms (10 would be one or two)
     run python3 benchmarks/bench_kernels_bwd.py --rep "${BENCH_REP:-200}" --warmup 30 --tables split --ab "${AB_COLS:-ours-no-cf}" \
       --workers 14 ${BENCH_ARGS:-} > "$out/k/bench-bwd-cand.txt" 2>&1
     echo "A/B bench rc=$? $(( $(date +%s) - t0 )) s"; grep "stages\|check" "$out/k/bench-bwd-cand.txt"
     grep -A8 "== summary" "$out/k/bench-bwd-cand.txt" ;;
   profile)
-    # needs ncu's hardware counters (the Firecracker runtime; gVisor has none, see the device README's KINDS.md)
+    # needs ncu's hardware counters: a container runtime that hides them (e.g. gVisor) makes ncu fail
     mkdir -p "$out/k"
     # + MemoryWorkloadAnalysis (Mem Busy, Max Bandwidth) and the shared-memory bank conflicts (NCU_METRICS)
     run ncu --clock-control none --nvtx --nvtx-include "gdn-profile/" --section SpeedOfLight --section Occupancy \

@@ -6,7 +6,8 @@ Triton keeps every stage of a compile (source, ttir, ttgir, llir, ptx: ~80% of t
 group file ``__grp__NAME.json`` that lists them; a cached kernel counts as present only if every listed file exists
 (``FileCacheManager.get_group``), and loading it reads the metadata and the binary alone (``CompiledKernel``). This
 rewrites each group to its metadata and binary and deletes the other stages, so that the cache (autotuning results
-included) fits the GPU calls' carry limit. Files outside any group (autotuning results, launcher ``.so``) stay.
+included) fits a small copy limit next to the package bundle. Files outside any group (autotuning results, launcher
+``.so``) stay.
 """
 
 from __future__ import annotations

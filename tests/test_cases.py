@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from cases import DISTRIBUTIONS, LAYOUTS, MATRICES, Case, make_inputs
+from cases.case import CONFIG_FIELDS
 from cases.layouts import BOUNDARY_LENGTHS
+from parity.results import case_fields
 
 
 def test_id_is_stable_and_readable():
@@ -24,6 +26,14 @@ def test_every_matrix_case_round_trips_through_its_id(matrix):
     assert len({c.id for c in cases}) == len(cases)
     for c in cases:
         assert Case.from_id(c.id) == c
+
+
+def test_a_row_carries_every_configuration_field_and_rebuilds_the_case():
+    case = Case(layout="varlen-ragged", T=300, h0_dtype="fp32", dist="qwen-gates", state_v_first=True, grad=True,
+                seed=2)
+    fields = case_fields(case)
+    assert tuple(fields) == CONFIG_FIELDS and "seed" not in fields and "T" in fields
+    assert Case(**fields, seed=case.seed) == case
 
 
 def test_from_id_without_seed_and_garbage():

@@ -12,7 +12,7 @@ from parity.cli import main as cli_main
 from parity.execute import base_row
 from parity.results import FLOOR_BACKEND
 
-H200 = Path(__file__).resolve().parent.parent / "reports" / "2026-11-30-standard-h200" / "results.jsonl.gz"
+H200 = Path(__file__).resolve().parent.parent / "reports" / "h200-standard" / "results.jsonl.gz"
 C = [Case(T=64, H=1, HV=2, K=8, V=8, dtype="bf16", dist="qwen-gates", seed=0).replace(T=t) for t in (64, 65, 128, 129)]
 C_OTHER_SEED = C[3].replace(seed=1)  # same configuration as C[3], other inputs
 C_REDRAWN = Case(T=256, H=1, HV=2, K=8, V=8, dtype="bf16", dist="qwen-gates")  # same id, other inputs in B
@@ -160,15 +160,15 @@ def test_h200_file_against_itself_is_all_same():
     assert "NVIDIA H200" in text and "no new failure" in text and "## New failures" not in text
 
 
-H200_SESSION1 = Path(__file__).resolve().parent / "data" / "h200-session1-partial.jsonl.gz"
+H200_PARTIAL = Path(__file__).resolve().parent / "data" / "h200-standard-partial-old-format.jsonl.gz"
 
 
-@pytest.mark.skipif(not (H200.exists() and H200_SESSION1.exists()), reason="the H200 result files are not here")
+@pytest.mark.skipif(not (H200.exists() and H200_PARTIAL.exists()), reason="the H200 result files are not here")
 def test_two_real_h200_runs_of_different_commits():
-    """Session 1's partial run (our v1 kernels) against the complete run (v2): the upstream backends are the same
+    """A partial run of our v1 kernels against the complete run of v2: the upstream backends are the same
     cell for cell (deterministic kernels, same inputs), and only our kernels' final state moved (v2 keeps the chunk
     state in one bf16 term: worse than v1's hi/lo state, still passing)."""
-    cmp = compare.compare_files(H200_SESSION1, H200)
+    cmp = compare.compare_files(H200_PARTIAL, H200)
     t = cmp.table
     assert cmp.of(compare.NEW_FAILURE).empty and cmp.exit_code == 0
     upstream = t[t["backend"].isin(["fla-triton", "fla-dispatch", "fla-recurrent", "flash-qla"])]

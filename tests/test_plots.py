@@ -18,9 +18,9 @@ from parity.backends.reference import TorchEmulated
 from parity.refs import get_reference
 
 ROOT = Path(__file__).resolve().parent.parent
-# the first H200 run (session 1, partial, written before the per-position / per-head columns existed): kept as a
-# fixture of an older result file; reports/2026-11-30-standard-h200/ now holds the complete run
-H200 = ROOT / "tests" / "data" / "h200-session1-partial.jsonl.gz"
+# a partial standard-matrix run on an H200, written before the per-position / per-head columns existed: a fixture
+# of an older result file (reports/h200-standard/ holds a complete run)
+H200 = ROOT / "tests" / "data" / "h200-standard-partial-old-format.jsonl.gz"
 SWEEP = [Case(T=T, H=1, HV=2, K=8, V=8, dtype="bf16", dist="qwen-gates", seed=s) for T in (16, 40, 100)
          for s in (0, 1)]
 VARLEN = [Case(layout="varlen-ragged", T=T, H=1, HV=2, K=8, V=8, dtype="bf16", dist="gauss-l2") for T in (40, 100)]

@@ -33,7 +33,7 @@ def _cell(case, floor, base, **backends) -> list[dict]:
 
 
 def _rs(rows) -> ResultSet:
-    run = {"record": "run", "format": FORMAT, "version": VERSION, "session": 0, "run_id": "synthetic",
+    run = {"record": "run", "format": FORMAT, "version": VERSION, "part": 0, "run_id": "synthetic",
            "matrix": "custom", "env": {"git": {"commit": "abc1234", "dirty": False}, "gpu": "none"}}
     return ResultSet(runs=[run], rows=rows, path="synthetic.jsonl")
 
@@ -124,7 +124,7 @@ def test_tolerances_json_round_trip_and_lookup(tmp_path):
     assert loaded["format"] == "gdn-parity-tolerances" and loaded["version"] == recommend.VERSION
     assert loaded["rule"] == recommend.RULE and loaded["safety_factor"] == 1.5 and loaded["significant_digits"] == 2
     assert loaded["key_fields"] == ["dtype", "g_dtype", "T_range", "family", "tensor"]
-    assert loaded["sources"] == [{"run_id": "synthetic", "session": 0, "matrix": "custom", "commit": "abc1234",
+    assert loaded["sources"] == [{"run_id": "synthetic", "part": 0, "matrix": "custom", "commit": "abc1234",
                                   "dirty": False, "gpu": "none", "date": None, "file": "synthetic.jsonl"}]
     assert len(loaded["entries"]) == 2 and loaded["entries"][0]["observed"]["flash-qla"]["rel_rmse"] is None
     for e_in, e_out in zip(doc["entries"], loaded["entries"]):

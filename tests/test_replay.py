@@ -59,6 +59,19 @@ def test_capture_round_trip(tmp_path):
     assert (near.layout, near.T, near.HV, near.K, near.dtype, near.h0_dtype) == ("varlen-one", T, HV, K, "bf16", "fp32")
 
 
+def test_a_captured_case_has_the_fields_of_a_case():
+    """Replay rows carry the same case columns as sweep rows (cases.case.CONFIG_FIELDS, then the seed)."""
+    from dataclasses import fields
+
+    from cases import Case
+    from cases.case import CONFIG_FIELDS
+
+    names = [f.name for f in fields(replay.CapturedCase)]
+    assert names == [f.name for f in fields(Case)] == [*CONFIG_FIELDS, "seed"]
+    cap = replay.CapturedCase(B=1, T=8, H=1, HV=2, K=8, V=8, dtype="bf16", g_dtype="fp32", beta_dtype="fp32")
+    assert list(results.case_fields(cap)) == list(CONFIG_FIELDS)
+
+
 def test_replay_judges_the_captured_call_like_a_case(tmp_path):
     path = _capture(tmp_path / "layer3.safetensors")
     cap = replay.load_capture(path)

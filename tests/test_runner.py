@@ -50,7 +50,7 @@ def test_rows_are_tidy_and_carry_the_case(tmp_path):
     row = _rows(rs, backend="torch-emulated", tensor="o")[0]
     for key in ("case_id", "group_id", "seed", "layout", "T", "dtype", "g_dtype", "dist", "backend", "against",
                 "tensor", "status", "max_diff", "mean_diff", "cos_sim", "max_ref", "rel_rmse", "where_seq",
-                "wall_s", "session", "impl"):
+                "wall_s", "part", "impl"):
         assert key in row, key
     assert row["impl"] == "reference/emulated-bfloat16"
     env = rs.runs[0]["env"]
@@ -62,8 +62,24 @@ def test_resume_skips_finished_cells_and_adds_new_backends(tmp_path):
     again = _run(tmp_path, ["torch-emulated"], resume=True)
     assert len(again.rows) == len(first.rows) and len(again.runs) == 2 and again.runs[1]["tasks"] == 0
     more = _run(tmp_path, ["torch-emulated", "ref-recurrent"], resume=True)
-    added = [r for r in more.rows if r["session"] == 2]
+    added = [r for r in more.rows if r["part"] == 2]
     assert added and {r["backend"] for r in added if r["against"] == "fp64"} == {"ref-recurrent"}
+
+
+def test_a_file_that_names_the_run_part_session_still_loads_resumes_and_renders(tmp_path):
+    path = _run(tmp_path, ["torch-emulated"], cases=SMALL[:1]).path
+    lines = [json.loads(x) for x in open(path)]
+    with open(path, "w") as f:  # the older spelling of the run part
+        for rec in lines:
+            f.write(json.dumps({("session" if k == "part" else k): v for k, v in rec.items()}) + "\n")
+    old = results.load(path)
+    assert [r["part"] for r in old.runs + old.ends] == [0, 0] and {r["part"] for r in old.rows} == {0}
+    assert not any("session" in r for r in old.runs + old.rows + old.ends)
+    rs = _run(tmp_path, ["torch-emulated", "ref-recurrent"], cases=SMALL[:1], resume=True)
+    assert [r["part"] for r in rs.runs] == [0, 1] and {r["part"] for r in rs.rows} == {0, 1}
+    text = report.write_report([path]).read_text()
+    assert "| part " in text and "over 2 finished part(s)" in text
+    assert "session" not in text.replace(str(path), "").lower()
 
 
 def test_existing_file_needs_resume(tmp_path):
