@@ -106,9 +106,10 @@ def section_environment(rs: ResultSet) -> str:
         versions.update(run.get("versions", {}))
     if avail:
         rows = [(b, "yes" if a.get("available") else "no", a.get("reason") or "",
-                 ", ".join(f"{k} {v}" for k, v in versions.get(b, {}).items())) for b, a in avail.items()]
-        lines += [tabulate(rows, headers=["backend", "available", "note", "versions"], tablefmt="pipe",
-                           disable_numparse=True), ""]
+                 ", ".join(f"{k} {v}" for k, v in versions.get(b, {}).items()), a.get("conversion") or "")
+                for b, a in avail.items()]
+        lines += [tabulate(rows, headers=["backend", "available", "note", "versions", "input conversion"],
+                           tablefmt="pipe", disable_numparse=True), ""]
     return "\n".join(lines)
 
 
