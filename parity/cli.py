@@ -7,6 +7,7 @@
     python -m parity merge shard1.jsonl shard2.jsonl --out reports/<run>/results.jsonl
     python -m parity compare reports/<run-a> reports/<run-b> [--factor 1.5] [--out compare.md]
     python -m parity replay layer0.safetensors [--backends fla-triton,flash-qla] [--out reports/replay-layer0]
+    python -m parity engines [reports/<run>/results.jsonl]
 """
 
 from __future__ import annotations
@@ -186,6 +187,20 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def cmd_engines(args) -> int:
+    from parity import engines
+
+    if not args.results:
+        print(engines.machine_view())
+        return 0
+    from parity import report, results
+
+    rs = results.load(*args.results)
+    df = report.frame(rs)
+    print(engines.section(rs, df))
+    return 0
+
+
 def _add_selection(r: argparse.ArgumentParser) -> None:
     """The case and backend selection that ``run`` and ``warmup`` share."""
     r.add_argument("--matrix", default="auto", help="smoke | standard | long | full | auto (standard with a GPU, "
@@ -276,6 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--no-repeat", action="store_true", help="run each backend once (the default on a CPU)")
     rr.add_argument("--no-pairwise", action="store_true", help="skip the backend-vs-backend comparisons")
     rr.set_defaults(fn=cmd_replay)
+    e = sub.add_parser("engines", help="which GDN prefill kernel vLLM and SGLang run here, and its verdicts",
+                       description="For this machine (or the machine of the result files), which GDN prefill kernel "
+                       "vLLM and SGLang would run by their documented rules (parity/engines.py), how they convert g "
+                       "and beta, and the verdicts of that backend over the run's cases.")
+    e.add_argument("results", nargs="*", help="result files of a run (default: this machine, no verdicts)")
+    e.set_defaults(fn=cmd_engines)
     return p
 
 
