@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fnmatch
 import sys
 from pathlib import Path
 
@@ -39,16 +40,36 @@ def _shard(text: str | None):
     return k, n
 
 
-def select_cases(args) -> tuple[str, list[Case]]:
-    """The matrix's cases (or --case ids) filtered by --T/--dist/--layout/--dtype/--g-dtype."""
-    if args.case:
-        cases = [Case.from_id(c) for c in args.case]
-        return "custom", cases
-    name = args.matrix
-    if name == "auto":
-        import torch
+def _matrix_name(args) -> str:
+    if args.matrix != "auto":
+        return args.matrix
+    import torch
 
-        name = "standard" if torch.cuda.is_available() else "smoke"
+    return "standard" if torch.cuda.is_available() else "smoke"
+
+
+def _case_args(args) -> tuple[str, list[Case]]:
+    """--case values: exact ids, and glob patterns (``*``, ``?``, ``[``) that pick cases of --matrix by id."""
+    exact = [c for c in args.case if not any(ch in c for ch in "*?[")]
+    globs = [c for c in args.case if c not in exact]
+    cases = [Case.from_id(c) for c in exact]
+    name = "custom"
+    if globs:
+        name = _matrix_name(args)
+        pool = get_matrix(name).cases(args.seeds)
+        for pattern in globs:
+            hits = [c for c in pool if fnmatch.fnmatchcase(c.id, pattern)]
+            if not hits:
+                raise ValueError(f"--case {pattern!r} matches no case of matrix {name!r}")
+            cases += hits
+    return name, list({c.id: c for c in cases}.values())
+
+
+def select_cases(args) -> tuple[str, list[Case]]:
+    """The matrix's cases (or --case ids and id globs) filtered by --T/--dist/--layout/--dtype/--g-dtype."""
+    if args.case:
+        return _case_args(args)
+    name = _matrix_name(args)
     cases = get_matrix(name).cases(args.seeds)
     filters = {"T": [int(t) for t in _csv(args.T) or []], "dist": _csv(args.dist), "layout": _csv(args.layout),
                "dtype": _csv(args.dtype), "g_dtype": _csv(args.g_dtype)}
@@ -205,7 +226,8 @@ def _add_selection(r: argparse.ArgumentParser) -> None:
     """The case and backend selection that ``run`` and ``warmup`` share."""
     r.add_argument("--matrix", default="auto", help="smoke | standard | long | full | auto (standard with a GPU, "
                    "else smoke)")
-    r.add_argument("--case", action="append", help="run exactly this case id (repeatable); overrides --matrix")
+    r.add_argument("--case", action="append", help="run exactly this case id, or the cases of --matrix whose ids match "
+                   "this glob (e.g. 'varlen-*'); repeatable, the union is run; the other filters do not apply")
     r.add_argument("--backends", help="comma-separated backend names or module:Class (default: all)")
     r.add_argument("--T", help="only these T (comma-separated)")
     r.add_argument("--dist", help="only these distributions")
