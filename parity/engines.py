@@ -5,10 +5,11 @@ The selection rules are data (``ENGINES``), one function per engine, each citing
 - vLLM (0.33; ``_resolve_gdn_prefill_backend`` in vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py):
   with ``gdn_prefill_backend=auto`` FlashInfer on SM90, and on SM10.x when K = 128 (CUDA 13 and an intact
   nvidia-cutlass-dsl-libs-cu13 install); otherwise its FLA copy.
-- SGLang (0.5.23; its GDN attention backend, python/sglang/srt/layers/attention/hybrid_linear_attn_backend.py):
-  FlashInfer when the state pool is fp32, K = V = 128 and a chunked prefill is at most 32768 tokens (Hopper or
-  Blackwell); otherwise its FLA copy. The state pool is taken as fp32 (SGLang's default ``mamba_ssm_dtype``) and a
-  case's B*T tokens as one chunked prefill.
+- SGLang (0.5.23; python/sglang/srt/layers/attention/linear/: gdn_kernel_dispatcher.py picks the kernel,
+  kernels/gdn_flashinfer.py calls FlashInfer, on SM90 only: its prefill raises on SM100+): FlashInfer when the state
+  pool is fp32, K = V = 128 and a chunked prefill is at most 32768 tokens; otherwise its FLA copy. The state pool is
+  taken as fp32 (the Qwen3-Next/3.5 checkpoints' ``mamba_ssm_dtype``) and a case's B*T tokens as one chunked
+  prefill.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def _vllm(cap, case: Case) -> tuple[str, str]:
 def _sglang(cap, case: Case) -> tuple[str, str]:
     if cap is None:
         return "sglang-fla", "no CUDA GPU"
-    if cap[0] not in (9, 10):
-        return "sglang-fla", f"sm_{cap[0]}{cap[1]}: FlashInfer's GDN prefill is used on Hopper/Blackwell"
+    if cap != (9, 0):
+        return "sglang-fla", f"sm_{cap[0]}{cap[1]}: SGLang runs FlashInfer's GDN prefill on SM90 only"
     if case.K != 128 or case.V != 128:
         return "sglang-fla", f"K={case.K}, V={case.V}: FlashInfer needs K=V=128"
     if case.B * case.T > SGLANG_MAX_PREFILL:
@@ -65,8 +66,8 @@ ENGINES: tuple[EngineRule, ...] = (
     EngineRule("vLLM", "vllm", "0.33", "vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py", _vllm,
                {"flashinfer": FLASHINFER_GATES + "; Q/K L2-normalised by vLLM's l2norm_fwd first",
                 "vllm-fla": FLA_COPY_GATES.format(beta="")}),
-    EngineRule("SGLang", "sglang", "0.5.23", "python/sglang/srt/layers/attention/hybrid_linear_attn_backend.py",
-               _sglang, {"flashinfer": FLASHINFER_GATES,
+    EngineRule("SGLang", "sglang", "0.5.23", "python/sglang/srt/layers/attention/linear/gdn_kernel_dispatcher.py",
+               _sglang, {"flashinfer": FLASHINFER_GATES + "; Q/K L2-normalised by SGLang's l2norm_fwd first",
                          "sglang-fla": FLA_COPY_GATES.format(beta=", beta = sigmoid(b) in b's dtype (bf16)")}),
 )
 

@@ -56,7 +56,7 @@ def test_rules_off_hopper_and_without_a_gpu():
     assert engines.capability("90") == (9, 0) and engines.capability("100") == (10, 0)
     assert engines.capability(None) is None
     for sm, vllm, sglang in (("80", "vllm-fla", "sglang-fla"), (None, "vllm-fla", "sglang-fla"),
-                             ("100", "flashinfer", "flashinfer")):
+                             ("100", "flashinfer", "sglang-fla")):
         v = _view(sm).reset_index()
         assert set(v.loc[v["engine"] == "vLLM", "runs"]) == {vllm}, sm
         assert sglang in set(v.loc[v["engine"] == "SGLang", "runs"]), sm

@@ -1,5 +1,6 @@
 """``flashinfer``: ``flashinfer.gdn_prefill.chunk_gated_delta_rule`` (flashinfer-python 0.7.x) called the way vLLM
-(``fi_chunk_gated_delta_rule`` in vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py) and SGLang call it:
+(``fi_chunk_gated_delta_rule`` in vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py) and SGLang
+(``FlashInferGDNKernel.extend`` in sglang/srt/layers/attention/linear/kernels/gdn_flashinfer.py) call it:
 
 - q/k/v packed to ``[B*T, H, K]`` / ``[B*T, HV, V]`` with ``cu_seqlens`` (int64); a dense batch becomes B sequences
   of T tokens (``cu_seqlens = [0, T, 2T, ...]``);
@@ -7,8 +8,9 @@
 - beta in fp32 ``[B*T, HV]``;
 - an fp32 state in FlashInfer's ``[N, HV, V, K]`` layout: ours (``[N, HV, K, V]``) is transposed in and the final
   state transposed back (a V-first case passes through);
-- ``use_qk_l2norm_in_kernel`` as the case says (FlashInfer normalises Q/K before its kernel; vLLM normalises with its
-  own l2norm first).
+- where the case asks for the in-kernel Q/K L2 norm, Q and K are normalised before the call in fp32 and rounded to
+  their dtype, as both engines' ``l2norm_fwd`` does, and FlashInfer gets ``use_qk_l2norm_in_kernel=False``;
+- ``scale`` as the case has it (the engines pass none: FlashInfer's default 1/sqrt(K), the cases' too).
 
 ``impl`` names the FlashInfer kernel that ran: FlashInfer wraps its arch kernels as module globals of
 ``flashinfer.gdn_prefill`` and picks them at call time; the adapter wraps those globals for the call. With
@@ -29,6 +31,7 @@ import torch
 from cases.case import Case
 from cases.distributions import get_distribution
 from parity.backends.base import Backend, cuda_capability
+from reference.prepare import l2norm
 
 MODULE = "flashinfer.gdn_prefill"
 ARCHS = {(9, 0): "sm90", (10, 0): "sm100", (10, 3): "sm100", (12, 0): "sm120", (12, 1): "sm120"}
@@ -44,8 +47,8 @@ KERNELS = {
     "_run_cake_gdn_prefill": "cake_gdn",
 }
 CONVERSION = ("packed [B*T, H, K] + cu_seqlens int64 (dense -> B sequences); g -> alpha = exp(g) fp32; beta -> fp32; "
-              "h0 -> fp32 [N, HV, V, K] (transposed in, final state transposed back); use_qk_l2norm_in_kernel "
-              "passed through")
+              "h0 -> fp32 [N, HV, V, K] (transposed in, final state transposed back); in-kernel Q/K L2 norm done "
+              "before the call in fp32 (as the engines' l2norm_fwd)")
 
 
 def to_flashinfer(inputs) -> dict:
@@ -59,13 +62,16 @@ def to_flashinfer(inputs) -> dict:
     if h0 is not None:
         h0 = h0.to(torch.float32)
         h0 = (h0 if inputs.state_v_first else h0.transpose(-1, -2)).contiguous()
+    q, k = inputs.q, inputs.k
+    if inputs.use_qk_l2norm_in_kernel:
+        q, k = l2norm(q.float()).to(q.dtype), l2norm(k.float()).to(k.dtype)
     return dict(
-        q=inputs.q.reshape(B * T, H, K).contiguous(), k=inputs.k.reshape(B * T, H, K).contiguous(),
+        q=q.reshape(B * T, H, K).contiguous(), k=k.reshape(B * T, H, K).contiguous(),
         v=inputs.v.reshape(B * T, HV, -1).contiguous(),
         g=torch.exp(inputs.g.to(torch.float32)).reshape(B * T, HV).contiguous(),
         beta=inputs.beta.to(torch.float32).reshape(B * T, HV).contiguous(),
         scale=inputs.scale, initial_state=h0, output_final_state=True, cu_seqlens=cu.to(torch.int64),
-        use_qk_l2norm_in_kernel=inputs.use_qk_l2norm_in_kernel)
+        use_qk_l2norm_in_kernel=False)
 
 
 def from_flashinfer(inputs, o: torch.Tensor, ht: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
