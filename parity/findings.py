@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from parity.backends import BASELINE
 from parity.results import FLOOR_BACKEND
 
 KNOWN_FAILURES = Path(__file__).resolve().parent.parent / "tests" / "known_failures.json"
@@ -42,6 +43,31 @@ def known_cause(known: list[dict], case_id: str, backend: str) -> str:
     return ""
 
 
+def _errors(df: pd.DataFrame, backend: str) -> pd.Series:
+    """rel_rmse against fp64 of ``backend``'s clean rows, indexed by (case_id, tensor)."""
+    ok = df[(df["against"] == "fp64") & (df["status"] == "ok") & (df["backend"] == backend)]
+    return ok.set_index(["case_id", "tensor"])["rel_rmse"]
+
+
+def _ratio(value, over) -> float:
+    return value / over if pd.notna(value) and over is not None and pd.notna(over) and over > 0 else float("nan")
+
+
+def worst_over_floor(df: pd.DataFrame, tensor: str = "o") -> pd.DataFrame:
+    """Worst rel_rmse / rounding floor of ``tensor`` per backend (rows) and gate dtype (columns), over the cases
+    that ran; the floor, the baseline and the fp64 references are left out."""
+    from parity.report import REFERENCE_BACKENDS
+
+    ok = df[(df["against"] == "fp64") & (df["status"] == "ok") & (df["tensor"] == tensor)
+            & ~df["backend"].isin([FLOOR_BACKEND, BASELINE, *REFERENCE_BACKENDS])]
+    if ok.empty:
+        return pd.DataFrame()
+    floor = _errors(df, FLOOR_BACKEND)
+    ratio = [_ratio(r, floor.get((c, tensor))) for r, c in zip(ok["rel_rmse"], ok["case_id"])]
+    piv = ok.assign(ratio=ratio).pivot_table(index="backend", columns="g_dtype", values="ratio", aggfunc="max")
+    return piv.rename(columns=lambda g: f"gates {g}").reset_index()
+
+
 def failing(df: pd.DataFrame, known: list[dict]) -> pd.DataFrame:
     """One row per failing (backend, configuration, tensor): verdict, seeds that fail, worst rel_rmse, x floor and
     the known cause; sorted by backend, then by x floor (worst first)."""
@@ -53,17 +79,16 @@ def failing(df: pd.DataFrame, known: list[dict]) -> pd.DataFrame:
     bad = judged[judged["verdict"].isin([verdicts.FAIL, verdicts.ERROR])]
     if bad.empty:
         return pd.DataFrame()
-    ok = df[(df["against"] == "fp64") & (df["status"] == "ok")]
-    floor = ok[ok["backend"] == FLOOR_BACKEND].set_index(["case_id", "tensor"])["rel_rmse"]
+    floor, base = _errors(df, FLOOR_BACKEND), _errors(df, BASELINE)
     rows = []
     for (backend, gid, tensor), g in bad.groupby(["backend", "group_id", "tensor"]):
         worst = g.loc[g["rel_rmse"].idxmax()] if g["rel_rmse"].notna().any() else g.iloc[0]
-        fl = floor.get((worst["case_id"], tensor), float("nan"))
-        x = worst["rel_rmse"] / fl if pd.notna(worst["rel_rmse"]) and pd.notna(fl) and fl > 0 else float("nan")
+        key = (worst["case_id"], tensor)
         causes = [c for c in (known_cause(known, cid, backend) for cid in g["case_id"]) if c]
         rows.append({"backend": backend, "configuration": gid, "tensor": tensor,
                      "verdict": ",".join(sorted(set(g["verdict"]))), "seeds": len(g),
-                     "rel_rmse": worst["rel_rmse"], "x floor": x,
+                     "rel_rmse": worst["rel_rmse"], "x floor": _ratio(worst["rel_rmse"], floor.get(key)),
+                     "x baseline": _ratio(worst["rel_rmse"], base.get(key)),
                      "cause": causes[0] if causes else (worst["v_message"].split("|")[0].strip()
                                                         if worst["verdict"] == verdicts.FAIL else worst["v_message"])})
     out = pd.DataFrame(rows)
@@ -83,19 +108,21 @@ def section(rs, df: pd.DataFrame, known_path: str | Path = KNOWN_FAILURES) -> st
     except ValueError as err:
         known, note = [], f"Known causes not read: {err}."
     fails = failing(df, known)
+    from parity.report import REFERENCE_BACKENDS
+
     judged_backends = sorted(set(df.loc[(df["against"] == "fp64") & (df["status"] == "ok"), "backend"])
-                             - {FLOOR_BACKEND, "torch-emulated"})
+                             - {FLOOR_BACKEND, BASELINE, *REFERENCE_BACKENDS})
     if fails.empty:
         out += ["No backend failed a verdict in this run.", ""]
     else:
         per = fails.groupby("backend").size()
         out += ["Failing configurations per backend: " + ", ".join(f"`{b}` {n}" for b, n in per.items())
-                + ". Worst first; `x floor` = rel_rmse / the rounding floor's rel_rmse on the same case and tensor; "
-                "`cause` from tests/known_failures.json where an entry names the cell, else the verdict's "
-                "message.", ""]
+                + ". Worst first; `x floor` = rel_rmse / the rounding floor's rel_rmse on the same case and tensor "
+                f"(the final state's floor is fp32 rounding), `x baseline` = rel_rmse / `{BASELINE}`'s; `cause` from "
+                "tests/known_failures.json where an entry names the cell, else the verdict's message.", ""]
         shown = fails.groupby("backend", group_keys=False).head(max(1, MAX_ROWS // max(1, len(per))))
         shown = shown.assign(cause=shown["cause"].str.replace("|", "/", regex=False).str[:300])
-        out += [md_table(shown, {"rel_rmse": "e", "x floor": "s"}), ""]
+        out += [md_table(shown, {"rel_rmse": "e", "x floor": "s", "x baseline": "s"}), ""]
         if len(shown) < len(fails):
             out += [f"({len(fails) - len(shown)} more failing rows in the verdict section.)", ""]
     clean = [b for b in judged_backends if fails.empty or b not in set(fails["backend"])]
@@ -103,5 +130,9 @@ def section(rs, df: pd.DataFrame, known_path: str | Path = KNOWN_FAILURES) -> st
         out += ["No failure: " + ", ".join(f"`{b}`" for b in clean) + ".", ""]
     if note:
         out += [note, ""]
+    worst = worst_over_floor(df)
+    if not worst.empty:
+        out += ["Worst rel_rmse of the output over its rounding floor, per backend and gate dtype (every case that "
+                "ran):", "", md_table(worst, {c: "s" for c in worst.columns if c != "backend"}), ""]
     out += ["What the serving engines run here:", "", *engines.summary_lines(rs, df), ""]
     return "\n".join(out)

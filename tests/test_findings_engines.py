@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from cases import Case
 from parity import cli, engines, findings, report
 from tests.test_recommend import _row, _rs
@@ -78,7 +79,11 @@ def test_findings_name_failures_over_the_floor_with_the_known_cause(tmp_path):
     text = findings.section(rs, df, known)
     assert text.startswith("## Findings")
     assert "`flashinfer` 1" in text and LONG.group_id in text
-    assert "| 10.00 " in text  # rel_rmse 1e-2 over the floor's 1e-3
+    assert "| 10.00 " in text  # rel_rmse 1e-2 over the floor's 1e-3 (and over the baseline's 1e-3)
+    worst = findings.worst_over_floor(df).set_index("backend")
+    assert worst.loc["flashinfer", "gates fp32"] == pytest.approx(10.0)
+    assert worst.loc["fla-triton", "gates fp32"] == pytest.approx(1.0)
+    assert set(worst.index) == {"flashinfer", "sglang-fla", "fla-triton"}
     assert "a known cause (https://example.org/issue)" in text
     assert "No failure: `fla-triton`, `sglang-fla`." in text
     assert "- vLLM (not installed (rule of vllm 0.33)) runs `vllm-fla` on 2 case(s)" in text  # no sm in the run env
