@@ -216,6 +216,9 @@ def cmd_engines(args) -> int:
         return 0
     from parity import report, results
 
+    missing = [p for p in args.results if not Path(p).is_file()]
+    if missing:
+        raise ValueError(f"engines: no result file at {', '.join(missing)}")
     rs = results.load(*args.results)
     df = report.frame(rs)
     print(engines.section(rs, df))

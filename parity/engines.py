@@ -96,8 +96,10 @@ def view(df: pd.DataFrame | None, sm: str | None, versions: dict[str, str]) -> p
     from parity import verdicts
 
     cap = capability(sm)
-    cases = _cases(df) if df is not None and not df.empty else [Case()]
-    judged = verdicts.judge_frame(df) if df is not None and not df.empty else pd.DataFrame()
+    cases = _cases(df) if df is not None and not df.empty else []
+    if not cases:  # no run, or only captured inputs: the rule for the default case, no verdicts
+        cases, df = [Case()], None
+    judged = verdicts.judge_frame(df) if df is not None else pd.DataFrame()
     rows = []
     for rule in ENGINES:
         picked: dict[str, list] = {}

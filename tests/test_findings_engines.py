@@ -130,3 +130,11 @@ def test_every_new_backend_is_in_the_report_tables():
     summary = report.section_summary(df)
     for b in ("flashinfer", "sglang-fla"):
         assert b in summary
+
+
+def test_engines_cli_names_a_missing_file_and_a_run_without_matrix_cases_gets_the_rule(tmp_path, capsys):
+    assert cli.main(["engines", str(tmp_path / "nope.jsonl")]) == 2
+    assert "no result file at" in capsys.readouterr().err
+    rows = [dict(r, case_id="replay:layer0", group_id="replay:layer0") for r in _rows()]
+    v = _view("90", rows=rows)
+    assert v.loc[("vLLM", "flashinfer")]["verdicts"] == "-"
