@@ -5,11 +5,11 @@ The selection rules are data (``ENGINES``), one function per engine, each citing
 - vLLM (0.33; ``_resolve_gdn_prefill_backend`` in vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py):
   with ``gdn_prefill_backend=auto`` FlashInfer on SM90, and on SM10.x when K = 128 (CUDA 13 and an intact
   nvidia-cutlass-dsl-libs-cu13 install); otherwise its FLA copy.
-- SGLang (0.5.23; python/sglang/srt/layers/attention/linear/: gdn_kernel_dispatcher.py picks the kernel,
-  kernels/gdn_flashinfer.py calls FlashInfer, on SM90 only: its prefill raises on SM100+): FlashInfer when the state
-  pool is fp32, K = V = 128 and a chunked prefill is at most 32768 tokens; otherwise its FLA copy. The state pool is
-  taken as fp32 (the Qwen3-Next/3.5 checkpoints' ``mamba_ssm_dtype``) and a case's B*T tokens as one chunked
-  prefill.
+- SGLang (0.5.23's documented rule): FlashInfer when the state pool is fp32, K = V = 128 and a chunked prefill is
+  at most 32768 tokens; otherwise its FLA copy. The kernel is picked in python/sglang/srt/layers/attention/linear/
+  (gdn_kernel_dispatcher.py); kernels/gdn_flashinfer.py makes the call (l2norm_fwd on Q/K, alpha = exp(g) fp32,
+  beta fp32, fp32 K-last state) and runs the prefill on SM90 only (it raises on SM100+). The state pool is taken as
+  fp32 (the Qwen3-Next/3.5 checkpoints' ``mamba_ssm_dtype``) and a case's B*T tokens as one chunked prefill.
 """
 
 from __future__ import annotations
