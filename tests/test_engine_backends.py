@@ -205,3 +205,12 @@ def test_engine_fla_unavailable_without_the_package_and_fp32_unsupported(monkeyp
     assert not ok and f"package {package} is not installed" in reason
     ok, reason = get_backend(name).supports(DENSE.replace(dtype="fp32"), CPU)
     assert not ok and "fp16/bf16" in reason
+
+
+def test_cake_check_that_does_not_import_is_a_reason_not_a_crash(monkeypatch, hopper):
+    import sys
+
+    engine_stubs.install_flashinfer(monkeypatch)
+    monkeypatch.setitem(sys.modules, "flashinfer.jit.cake_gdn", None)  # import raises ImportError
+    ok, reason = get_backend("flashinfer-cake").supports(DENSE, CPU)
+    assert not ok and "does not import" in reason

@@ -21,14 +21,21 @@ class FlashInferCake(FlashInfer):
 
     def available(self) -> tuple[bool, str]:
         ok, reason = super().available()
-        if ok and importlib.util.find_spec(ARCH_CHECK) is None:
-            return False, f"{ARCH_CHECK} is not installed (the source-only Cake GDN backend)"
-        return ok, reason
+        if not ok:
+            return ok, reason
+        try:
+            found = importlib.util.find_spec(ARCH_CHECK) is not None
+        except Exception as err:  # noqa: BLE001 - finding it imports flashinfer.jit, which may fail: unavailable
+            return False, f"{ARCH_CHECK} does not import: {type(err).__name__}: {err}"
+        return (True, "") if found else (False, f"{ARCH_CHECK} is not installed (the source-only Cake GDN backend)")
 
     def arch_supports(self, cap) -> tuple[bool, str]:
         import importlib
 
-        cake = importlib.import_module(ARCH_CHECK)
+        try:
+            cake = importlib.import_module(ARCH_CHECK)
+        except Exception as err:  # noqa: BLE001 - no check to ask: say why
+            return False, f"{ARCH_CHECK} does not import: {type(err).__name__}: {err}"
         try:
             cake.arch_for_compute_capability(*cap)
         except cake.CakeGDNUnsupportedError as err:
