@@ -138,3 +138,22 @@ def test_engines_cli_names_a_missing_file_and_a_run_without_matrix_cases_gets_th
     rows = [dict(r, case_id="replay:layer0", group_id="replay:layer0") for r in _rows()]
     v = _view("90", rows=rows)
     assert v.loc[("vLLM", "flashinfer")]["verdicts"] == "-"
+
+
+def test_a_run_records_each_backends_conversion_and_the_report_shows_it(tmp_path):
+    """The engine backends on a CPU: unavailable with the reason, their input conversion in the run header and in
+    the report's backend table, and the findings and engine view present in the report."""
+    from parity import results, runner
+
+    case = Case(T=64, H=1, HV=2, K=8, V=8, dtype="bf16", dist="qwen-gates")
+    cfg = runner.RunConfig(cases=[case], out=tmp_path / "r" / "results.jsonl", progress=False, cache_dir="",
+                           workers=0, backends=["flashinfer", "vllm-fla"])
+    rs = results.load(runner.run(cfg))
+    avail = rs.runs[0]["availability"]
+    assert "alpha = exp(g) fp32" in avail["flashinfer"]["conversion"] and not avail["flashinfer"]["available"]
+    assert "packed [1, B*T, H, K]" in avail["vllm-fla"]["conversion"]
+    text = report.render(rs)
+    assert "| input conversion" in text and "g -> alpha = exp(g) fp32" in text
+    assert text.index("## Findings") < text.index("## Environment") < text.index("## Engine view")
+    statuses = {r["status"] for r in rs.rows if r["backend"] in ("flashinfer", "vllm-fla")}
+    assert statuses == {"unavailable"}
