@@ -1,9 +1,9 @@
 """``cudnn``: cuDNN's fused linear-attention engine through FlashInfer,
-``flashinfer.gdn_prefill.chunk_gated_delta_rule(..., backend="cudnn")`` (``flashinfer.cudnn.cudnn_chunk_gated_delta_rule``,
-gate in linear space, state V-major), with the same conversions as ``flashinfer``. FlashInfer documents it as
-"cuDNN's fused SM100 engine" and exposes no capability check (cuDNN declines a graph it cannot serve: on SM90 "gdn
-has no cuDNN backend lowering"), so the documented list decides: other GPUs are unsupported without a call. Needs the
-cuDNN frontend (``cudnn``) 1.29 or newer."""
+``flashinfer.gdn_prefill.chunk_gated_delta_rule(..., backend="cudnn")``
+(``flashinfer.cudnn.cudnn_chunk_gated_delta_rule``: gate in linear space, state V-major), with the same conversions
+as ``flashinfer``. FlashInfer documents it as "cuDNN's fused SM100 engine" and exposes no capability check (cuDNN
+declines a graph it cannot serve: on SM90 "gdn has no cuDNN backend lowering"), so the documented list decides:
+other GPUs are unsupported without a call. Needs the cuDNN frontend (``cudnn``) 1.29 or newer."""
 
 from __future__ import annotations
 

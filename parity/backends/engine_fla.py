@@ -21,7 +21,6 @@ import importlib.util
 import torch
 
 from cases.case import Case
-from cases.distributions import get_distribution
 from parity.backends.base import Backend, cuda_capability
 
 CONVERSION = ("packed [1, B*T, H, K] + cu_seqlens int64 (dense -> B sequences); g log-space and beta as given (the "
@@ -57,7 +56,8 @@ class EngineFla(Backend):
 
     def supports(self, case: Case, device: torch.device) -> tuple[bool, str]:
         if case.dtype not in ("bf16", "fp16"):
-            return False, f"{self.package}'s FLA copy takes fp16/bf16 q/k/v (it asserts q is not fp32), got {case.dtype}"
+            return False, (f"{self.package}'s FLA copy takes fp16/bf16 q/k/v (it asserts q is not fp32), "
+                           f"got {case.dtype}")
         return True, ""
 
     def gates(self, inputs) -> tuple[torch.Tensor, torch.Tensor]:
