@@ -214,3 +214,21 @@ def test_cake_check_that_does_not_import_is_a_reason_not_a_crash(monkeypatch, ho
     monkeypatch.setitem(sys.modules, "flashinfer.jit.cake_gdn", None)  # import raises ImportError
     ok, reason = get_backend("flashinfer-cake").supports(DENSE, CPU)
     assert not ok and "does not import" in reason
+
+
+def test_forward_benchmark_times_the_flashinfer_paths_that_run_here(monkeypatch, hopper):
+    """bench_kernels_fwd's FlashInfer columns: the paths that run on this GPU (Cake and cuDNN skipped on SM90 with
+    their reasons), checked through the adapter and timed through a call on inputs converted once."""
+    from benchmarks import bench_kernels_fwd as bench
+
+    rec = engine_stubs.install_flashinfer(monkeypatch)
+    cols, why = bench.flashinfer_columns(CPU)
+    assert list(cols) == ["flashinfer"]
+    assert "SM100a/SM103a" in why["flashinfer-cake"] and "cuDNN" in why["cudnn"]
+    inp = make_inputs(DENSE.replace(h0_dtype=None, B=1))
+    call = cols["flashinfer"].prepared_call(bench.gdn_inputs(inp.q, inp.k, inp.v, inp.g, inp.beta))
+    o, ht = call()
+    assert o.shape == (DENSE.T, DENSE.HV, DENSE.V) and ht.shape == (1, DENSE.HV, DENSE.V, DENSE.K)
+    assert torch.equal(rec["kwargs"]["g"], torch.exp(inp.g.float()).reshape(DENSE.T, DENSE.HV))
+    o2, ht2 = bench._outputs(cols["flashinfer"].run(bench.gdn_inputs(inp.q, inp.k, inp.v, inp.g, inp.beta)))
+    assert torch.equal(o2.reshape(o.shape), o) and torch.equal(ht2.transpose(-1, -2), ht)
