@@ -34,7 +34,7 @@ from parity.backends.base import Backend, cuda_capability
 from reference.prepare import l2norm
 
 MODULE = "flashinfer.gdn_prefill"
-ARCHS = {(9, 0): "sm90", (10, 0): "sm100", (10, 3): "sm100", (12, 0): "sm120", (12, 1): "sm120"}
+ARCHS = {(9, 0), (10, 0), (10, 3), (12, 0), (12, 1)}  # gdn_prefill dispatches on majors 9, 10 and 12
 # flashinfer.gdn_prefill globals the public call dispatches to, and what each one is
 KERNELS = {
     "chunk_gated_delta_rule_sm90": "cute-dsl sm90",
