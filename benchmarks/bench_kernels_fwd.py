@@ -33,7 +33,10 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
 * ``v2bf16``    - every operand single bf16 (speed reference; less accurate than FLA);
 * ``intra``     - the v2 intra-chunk kernel alone (part of every v2 variant);
 * ``FLA``       - FLA's Triton kernels (FLA_FLASH_QLA=0 FLA_TILELANG=0);
-* ``FlashQLA``  - ``flash_qla.chunk_gated_delta_rule`` (skipped with the reason if unavailable).
+* ``FlashQLA``  - ``flash_qla.chunk_gated_delta_rule`` (skipped with the reason if unavailable);
+* ``flashinfer`` / ``flashinfer-cake`` / ``cudnn`` - FlashInfer's GDN prefill paths as the engines call them
+                  (parity.backends.flashinfer: checked through the adapter; timed on inputs converted once, the
+                  call alone), each where it runs on this GPU (else skipped with the backend's reason).
 
 TFLOP/s use one algorithmic count for everyone (per 64-token chunk and value head, K = V = D):
 KK^T + QK^T + Tinv K + Tinv V + P U (2 C^2 (3 D + 2 D)) and W S, Q S, K^T U (3 x 2 C D^2), i.e.
@@ -166,6 +169,39 @@ def precompile(cfgs, workers):
     _pre(cfgs, workers, log=lambda m: print(m, flush=True))
 
 
+FLASHINFER_PATHS = ("flashinfer", "flashinfer-cake", "cudnn")
+
+
+def flashinfer_columns(dev) -> tuple[dict, dict]:
+    """({column: backend} of the FlashInfer paths that run here, {column: reason} of the others)."""
+    from cases.case import Case
+    from parity.backends import get_backend
+
+    cols, why = {}, {}
+    for name in FLASHINFER_PATHS:
+        b = get_backend(name)
+        ok, reason = b.available()
+        if ok:
+            ok, reason = b.supports(Case(K=D, V=D), dev)
+        if ok:
+            cols[name] = b
+        else:
+            why[name] = reason
+    return cols, why
+
+
+def gdn_inputs(q, k, v, g, beta, initial_state=None, output_final_state=True, state_v_first=False, cu_seqlens=None):
+    """The benchmark's call arguments as parity's GDNInputs (what the FlashInfer adapters take)."""
+    from cases.inputs import GDNInputs
+
+    return GDNInputs(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                     state_v_first=state_v_first)
+
+
+def _outputs(res):
+    return res.o, res.final_state
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -239,6 +275,8 @@ def main(argv=None):
         skipped["FLA"] = "fla not importable"
     if fqla is None:
         skipped["FlashQLA"] = fqla_reason
+    fi_cols, fi_why = flashinfer_columns(dev) if not args.dry_run else ({}, {})
+    skipped.update(fi_why)
 
     def ours_fn(v):
         if v == "default":
@@ -252,6 +290,8 @@ def main(argv=None):
             checks.append(("FLA", fla))
         if fqla is not None:
             checks.append(("FlashQLA", fqla))
+        for col, b in fi_cols.items():
+            checks.append((col, lambda *a, _b=b, **kw: _outputs(_b.run(gdn_inputs(*a, **kw)))))
         for cname, B, T, H, HV, lens, h0std, vfirst in CHECKS:
             if args.dry_run:
                 T = T // 256
@@ -283,7 +323,7 @@ def main(argv=None):
                 torch.cuda.empty_cache()
 
     print("\n== step 2: timing ==", flush=True)
-    cols = variants + ["intra", "FLA", "FlashQLA"]
+    cols = variants + ["intra", "FLA", "FlashQLA"] + list(fi_cols)
     results = {}
     hosts = {}
     for name in shapes:
@@ -297,6 +337,8 @@ def main(argv=None):
             fns["FLA"] = lambda: fla(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
         if fqla is not None:
             fns["FlashQLA"] = lambda: fqla(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
+        for col, b in fi_cols.items():
+            fns[col] = b.prepared_call(gdn_inputs(q, k, v, g, beta, cu_seqlens=cu))
         row, host = {}, {}
         for col, fn in fns.items():
             t0 = time.time()

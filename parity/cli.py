@@ -7,12 +7,14 @@
     python -m parity merge shard1.jsonl shard2.jsonl --out reports/<run>/results.jsonl
     python -m parity compare reports/<run-a> reports/<run-b> [--factor 1.5] [--out compare.md]
     python -m parity replay layer0.safetensors [--backends fla-triton,flash-qla] [--out reports/replay-layer0]
+    python -m parity engines [reports/<run>/results.jsonl]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import fnmatch
 import sys
 from pathlib import Path
 
@@ -49,16 +51,36 @@ def _shard_auto() -> tuple[int, int]:
     return shard_from_env(os.environ)
 
 
-def select_cases(args) -> tuple[str, list[Case]]:
-    """The matrix's cases (or --case ids) filtered by --T/--dist/--layout/--dtype/--g-dtype."""
-    if args.case:
-        cases = [Case.from_id(c) for c in args.case]
-        return "custom", cases
-    name = args.matrix
-    if name == "auto":
-        import torch
+def _matrix_name(args) -> str:
+    if args.matrix != "auto":
+        return args.matrix
+    import torch
 
-        name = "standard" if torch.cuda.is_available() else "smoke"
+    return "standard" if torch.cuda.is_available() else "smoke"
+
+
+def _case_args(args) -> tuple[str, list[Case]]:
+    """--case values: exact ids, and glob patterns (``*``, ``?``, ``[``) that pick cases of --matrix by id."""
+    exact = [c for c in args.case if not any(ch in c for ch in "*?[")]
+    globs = [c for c in args.case if c not in exact]
+    cases = [Case.from_id(c) for c in exact]
+    name = "custom"
+    if globs:
+        name = _matrix_name(args)
+        pool = get_matrix(name).cases(args.seeds)
+        for pattern in globs:
+            hits = [c for c in pool if fnmatch.fnmatchcase(c.id, pattern)]
+            if not hits:
+                raise ValueError(f"--case {pattern!r} matches no case of matrix {name!r}")
+            cases += hits
+    return name, list({c.id: c for c in cases}.values())
+
+
+def select_cases(args) -> tuple[str, list[Case]]:
+    """The matrix's cases (or --case ids and id globs) filtered by --T/--dist/--layout/--dtype/--g-dtype."""
+    if args.case:
+        return _case_args(args)
+    name = _matrix_name(args)
     cases = get_matrix(name).cases(args.seeds)
     filters = {"T": [int(t) for t in _csv(args.T) or []], "dist": _csv(args.dist), "layout": _csv(args.layout),
                "dtype": _csv(args.dtype), "g_dtype": _csv(args.g_dtype)}
@@ -199,11 +221,29 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def cmd_engines(args) -> int:
+    from parity import engines
+
+    if not args.results:
+        print(engines.machine_view())
+        return 0
+    from parity import report, results
+
+    missing = [p for p in args.results if not Path(p).is_file()]
+    if missing:
+        raise ValueError(f"engines: no result file at {', '.join(missing)}")
+    rs = results.load(*args.results)
+    df = report.frame(rs)
+    print(engines.section(rs, df))
+    return 0
+
+
 def _add_selection(r: argparse.ArgumentParser) -> None:
     """The case and backend selection that ``run`` and ``warmup`` share."""
     r.add_argument("--matrix", default="auto", help="smoke | standard | long | full | auto (standard with a GPU, "
                    "else smoke)")
-    r.add_argument("--case", action="append", help="run exactly this case id (repeatable); overrides --matrix")
+    r.add_argument("--case", action="append", help="run exactly this case id, or the cases of --matrix whose ids match "
+                   "this glob (e.g. 'varlen-*'); repeatable, the union is run; the other filters do not apply")
     r.add_argument("--backends", help="comma-separated backend names or module:Class (default: all)")
     r.add_argument("--T", help="only these T (comma-separated)")
     r.add_argument("--dist", help="only these distributions")
@@ -290,6 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--no-repeat", action="store_true", help="run each backend once (the default on a CPU)")
     rr.add_argument("--no-pairwise", action="store_true", help="skip the backend-vs-backend comparisons")
     rr.set_defaults(fn=cmd_replay)
+    e = sub.add_parser("engines", help="which GDN prefill kernel vLLM and SGLang run here, and its verdicts",
+                       description="For this machine (or the machine of the result files), which GDN prefill kernel "
+                       "vLLM and SGLang would run by their documented rules (parity/engines.py), how they convert g "
+                       "and beta, and the verdicts of that backend over the run's cases.")
+    e.add_argument("results", nargs="*", help="result files of a run (default: this machine, no verdicts)")
+    e.set_defaults(fn=cmd_engines)
     return p
 
 

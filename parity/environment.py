@@ -14,7 +14,8 @@ import torch
 
 from parity.backends.base import package_version
 
-PACKAGES = ("torch", "triton", "tilelang", "fla-core", "flash-qla", "numpy", "pandas")
+PACKAGES = ("torch", "triton", "tilelang", "fla-core", "flash-qla", "flashinfer-python", "vllm", "sglang", "numpy",
+            "pandas")
 ROOT = Path(__file__).resolve().parent.parent
 
 

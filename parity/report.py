@@ -84,9 +84,10 @@ def section_environment(rs: ResultSet) -> str:
         versions.update(run.get("versions", {}))
     if avail:
         rows = [(b, "yes" if a.get("available") else "no", a.get("reason") or "",
-                 ", ".join(f"{k} {v}" for k, v in versions.get(b, {}).items())) for b, a in avail.items()]
-        lines += [tabulate(rows, headers=["backend", "available", "note", "versions"], tablefmt="pipe",
-                           disable_numparse=True), ""]
+                 ", ".join(f"{k} {v}" for k, v in versions.get(b, {}).items()), a.get("conversion") or "")
+                for b, a in avail.items()]
+        lines += [tabulate(rows, headers=["backend", "available", "note", "versions", "input conversion"],
+                           tablefmt="pipe", disable_numparse=True), ""]
     return "\n".join(lines)
 
 
@@ -387,13 +388,16 @@ def render(rs: ResultSet, out_dir: str | Path | None = None) -> str:
             f"reference (chunked WY form in float64).", ""]
     if df.empty:
         return "\n".join(head + ["No rows yet.", ""])
-    parts = [*head, section_environment(rs)]
+    from parity import engines, findings
+
+    parts = [*head, findings.section(rs, df), section_environment(rs)]
     try:
         from parity import verdicts
     except ImportError:
         verdicts = None
     if verdicts is not None:
         parts.append(verdicts.section(df))
+    parts.append(engines.section(rs, df))
     parts += [section_summary(df), section_per_T(df), section_growth(df, out_dir),
               section_pairwise(df), section_worst(df),
               section_attribution(df), section_recommended(rs, df, out_dir),

@@ -294,7 +294,8 @@ def run(config: RunConfig) -> Path:
     if config.repeat is None:
         config.repeat = torch.cuda.is_available()
     env = environment.collect()
-    availability = {b.name: dict(zip(("available", "reason"), b.available())) for b in backends}
+    availability = {b.name: {**dict(zip(("available", "reason"), b.available())), "conversion": b.conversion}
+                    for b in backends}
     header = {
         "run_id": Path(config.out).parent.name, "matrix": config.matrix, "seeds": config.seeds,
         "shard": None if config.shard is None else f"{config.shard[0]}/{config.shard[1]}",

@@ -14,6 +14,8 @@
 #         --backend fla-dispatch --backend fla-recurrent"                    on GPU 0, and
 #       PT_TAG=b PYTEST_ARGS="tests/test_matrix.py tests/test_properties.py tests/test_known_failures.py
 #         tests/test_kernels_gpu.py tests/test_kernels_bwd_gpu.py --backend flash-qla --backend tilelang" on GPU 1
+#   scripts/gpu_steps.sh engines [S]          # the FlashInfer paths (flashinfer, flashinfer-cake, cudnn) beside
+#       fla-triton, flash-qla and tilelang on the T=20468 and varlen cases (#22); source scripts/flashinfer_env.sh first
 #   scripts/gpu_steps.sh precompile [S]       # compile every forward and backward kernel configuration (shared cache)
 #   scripts/gpu_steps.sh triton-check [S]     # one FLA Triton cell (forward + backward) on the restored Triton cache
 #       (pruned by scripts/prune_triton_cache.py): if it errors, the cache is emptied and the calls compile cold
@@ -55,6 +57,18 @@ case "$step" in
     run python3 -m parity run --matrix standard --out "$out/std/results.jsonl" --no-progress "${extra[@]}" \
       > "$out/std/log-$step.txt" 2>&1
     echo "$step rc=$? $(( $(date +%s) - t0 )) s"; grep -v TileLang "$out/std/log-$step.txt" | tail -4 ;;
+  engines)
+    # the engine backends beside FLA Triton, FlashQLA and ours (#22): the standard matrix's T=20468 dense cases and
+    # its varlen layouts, plus varlen-one at T=20468 (not in the matrix). Source scripts/flashinfer_env.sh first.
+    mkdir -p "$out/eng"
+    extra=(); [ -f "$out/eng/results.jsonl" ] && extra=(--resume)
+    ids=(); for d in qwen-gates gauss-l2; do for g in fp32 bf16; do for s in 0 1 2; do
+      ids+=(--case "varlen-one_B1_T20468_H4-HV8_K128-V128_bf16_g-${g}_beta-${g}_h0-none_${d}_s$s"); done; done; done
+    run python3 -m parity run --matrix standard --case 'dense_B1_T20468_*' --case 'varlen-*' --case 'left-pad_*' \
+      "${ids[@]}" --backends fla-triton,flash-qla,tilelang,flashinfer,flashinfer-cake,cudnn \
+      --out "$out/eng/results.jsonl" --no-progress "${extra[@]}" > "$out/eng/log-$step.txt" 2>&1
+    echo "$step rc=$? $(( $(date +%s) - t0 )) s"; grep -v TileLang "$out/eng/log-$step.txt" | tail -4
+    python3 -m parity engines "$out/eng/results.jsonl" > "$out/eng/engines.md" 2>&1; cat "$out/eng/engines.md" ;;
   pytest)
     # PYTEST_ARGS selects a part (files, --backend ...), PT_TAG names its output folder: see the header
     d="$out/pt${PT_TAG:-}"; mkdir -p "$d"

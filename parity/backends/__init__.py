@@ -7,16 +7,22 @@ from __future__ import annotations
 import importlib
 
 from parity.backends.base import Backend, RunResult
+from parity.backends.cudnn import FlashInferCudnn
 from parity.backends.fla_dispatch import FlaDispatch
 from parity.backends.fla_recurrent import FlaRecurrent
 from parity.backends.fla_triton import FlaTriton
 from parity.backends.flash_qla import FlashQLA
+from parity.backends.flashinfer import FlashInfer
+from parity.backends.flashinfer_cake import FlashInferCake
 from parity.backends.reference import RefRecurrent, TorchEmulated
+from parity.backends.sglang_fla import SglangFla
 from parity.backends.tilelang import TileLangKernels
+from parity.backends.vllm_fla import VllmFla
 
 BACKENDS: dict[str, type[Backend]] = {
     cls.name: cls
-    for cls in (RefRecurrent, TorchEmulated, FlaTriton, FlaDispatch, FlaRecurrent, FlashQLA, TileLangKernels)
+    for cls in (RefRecurrent, TorchEmulated, FlaTriton, FlaDispatch, FlaRecurrent, FlashQLA, TileLangKernels,
+                FlashInfer, FlashInferCake, FlashInferCudnn, VllmFla, SglangFla)
 }
 BASELINE = TorchEmulated.name  # the same-precision implementation verdicts compare against
 

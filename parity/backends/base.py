@@ -40,6 +40,7 @@ class Backend:
 
     name: str = "base"
     description: str = ""
+    conversion: str = ""  # how the adapter converts the case's inputs for the kernel (shown in the report)
     has_backward: bool = False
     needs_gpu: bool = False  # only ever runs on a GPU (others may also run on a CPU)
     packages: tuple[str, ...] = ()  # distributions whose versions the run records
