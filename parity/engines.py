@@ -142,7 +142,7 @@ def run_context(rs) -> tuple[str | None, dict[str, str]]:
 
 def section(rs, df: pd.DataFrame) -> str:
     """The report's engine view."""
-    from parity.report import md_table
+    from parity.markdown import md_table
 
     sm, versions = run_context(rs)
     tab = view(df, sm, versions)
@@ -166,7 +166,7 @@ def machine_view() -> str:
     import torch
 
     from parity.backends.base import package_version
-    from parity.report import md_table
+    from parity.markdown import md_table
 
     sm = None
     if torch.cuda.is_available():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from parity.backends import BASELINE
-from parity.results import FLOOR_BACKEND
+from parity.results import FLOOR_BACKEND, REFERENCE_BACKENDS
 
 KNOWN_FAILURES = Path(__file__).resolve().parent.parent / "tests" / "known_failures.json"
 MAX_ROWS = 25
@@ -56,7 +56,6 @@ def _ratio(value, over) -> float:
 def worst_over_floor(df: pd.DataFrame, tensor: str = "o") -> pd.DataFrame:
     """Worst rel_rmse / rounding floor of ``tensor`` per backend (rows) and gate dtype (columns), over the cases
     that ran; the floor, the baseline and the fp64 references are left out."""
-    from parity.report import REFERENCE_BACKENDS
 
     ok = df[(df["against"] == "fp64") & (df["status"] == "ok") & (df["tensor"] == tensor)
             & ~df["backend"].isin([FLOOR_BACKEND, BASELINE, *REFERENCE_BACKENDS])]
@@ -99,7 +98,7 @@ def section(rs, df: pd.DataFrame, known_path: str | Path = KNOWN_FAILURES) -> st
     """The markdown section: failing configurations (at most MAX_ROWS, the worst per backend first), the backends
     with none, and the engine view's summary."""
     from parity import engines
-    from parity.report import md_table
+    from parity.markdown import md_table
 
     out = ["## Findings", ""]
     try:
@@ -108,7 +107,6 @@ def section(rs, df: pd.DataFrame, known_path: str | Path = KNOWN_FAILURES) -> st
     except ValueError as err:
         known, note = [], f"Known causes not read: {err}."
     fails = failing(df, known)
-    from parity.report import REFERENCE_BACKENDS
 
     judged_backends = sorted(set(df.loc[(df["against"] == "fp64") & (df["status"] == "ok"), "backend"])
                              - {FLOOR_BACKEND, BASELINE, *REFERENCE_BACKENDS})

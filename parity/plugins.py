@@ -97,18 +97,20 @@ def load_plugins(eps: Iterable[importlib.metadata.EntryPoint], reserved: Collect
 @functools.cache
 def installed_plugins(reserved: tuple[str, ...]) -> Plugins:
     """load_plugins over the installed distributions' entry points (once per process)."""
-    return load_plugins(importlib.metadata.entry_points(group=GROUP), reserved)
+    plugins = load_plugins(importlib.metadata.entry_points(group=GROUP), reserved)
+    _LOADED.append(plugins)
+    return plugins
+
+
+_LOADED: list[Plugins] = []  # what installed_plugins loaded in this process
 
 
 def __getattr__(attr: str):
-    """``parity.plugins:Unloadable_<name>`` in a fresh process: the stand-in of that entry point again."""
+    """``parity.plugins:Unloadable_<name>``: the stand-in of that entry point, once this process has loaded the
+    entry points (parity.backends.get_backend loads them before resolving such a spec)."""
     if attr.startswith("Unloadable_"):
-        from parity.backends import plugins
-
-        for cls in plugins().backends.values():
-            if cls.__qualname__ == attr:
-                return cls
+        for plugins in _LOADED:
+            for cls in plugins.backends.values():
+                if cls.__qualname__ == attr:
+                    return cls
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
-
-
-__all__ = ["GROUP", "Plugins", "UnloadableBackend", "describe", "load_entry_point", "load_plugins", "installed_plugins"]

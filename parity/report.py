@@ -17,11 +17,10 @@ from tabulate import tabulate
 
 from cases.case import CONFIG_FIELDS
 from parity.markdown import fmt, md_table
-from parity.results import FLOOR_BACKEND, ResultSet, load
+from parity.results import FLOOR_BACKEND, REFERENCE_BACKENDS, ResultSet, load
 
 CASE_COLS = list(CONFIG_FIELDS)
 METRICS = ["max_diff", "mean_diff", "cos_sim", "max_ref", "rel_rmse"]
-REFERENCE_BACKENDS = ("ref-recurrent",)  # another fp64 path: its pairwise rows repeat "vs fp64"
 WORST = {"max_diff": "max", "mean_diff": "max", "rel_rmse": "max", "cos_sim": "min", "max_ref": "max"}
 
 

@@ -29,6 +29,7 @@ VERSION = 1
 
 STATUSES = ("ok", "nan", "error", "unsupported", "unavailable")
 FLOOR_BACKEND = "fp64-rounded"  # the fp64 reference rounded to the output's dtype: the rounding floor
+REFERENCE_BACKENDS = ("ref-recurrent",)  # another fp64 path: its pairwise rows repeat "vs fp64"
 LEGACY_PART_KEY = "session"  # what older files call a record's run part
 
 

@@ -22,7 +22,7 @@ DEPLOY = ROOT / "deploy"
 # a cheap selection: four smoke cases (fp32, bf16 with fp32 and bf16 gates, an in-kernel l2norm), CPU backends
 SELECTION = "--matrix smoke --T 64 --limit 4 --backends ref-recurrent --workers 0 --no-repeat --cache none"
 SHARDS = 2
-PER_RUN = {"session", "at", "wall_s", "wall2_s", "ref_s", "ref_source", "peak_mem_bytes"}  # timings, provenance
+PER_RUN = {"part", "at", "wall_s", "wall2_s", "ref_s", "ref_source", "peak_mem_bytes"}  # timings, provenance
 
 
 @pytest.mark.parametrize("env, shard", [

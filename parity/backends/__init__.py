@@ -48,6 +48,8 @@ def get_backend(spec: str) -> Backend:
         return plugins().backends[spec]()
     if ":" in spec:
         module, _, attr = spec.partition(":")
+        if module == "parity.plugins":  # an entry point's stand-in: exists once the entry points are loaded
+            plugins()
         try:
             cls = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as err:
