@@ -273,6 +273,11 @@ def section(df: pd.DataFrame) -> str:
     counts = counts.reindex(columns=[c for c in (PASS, FAIL, ERROR, NOREF, INVALID, SKIP) if c in counts.columns])
     out = ["## Verdicts", "", RULE, "", "Configurations (all seeds, all tensors) per backend:", "",
            md_table(counts.reset_index()), ""]
+    if "ref_source" in df.columns:
+        redone = df[df["ref_source"].astype(str).str.startswith("recomputed")].drop_duplicates("case_id")
+        if not redone.empty:
+            out += [f"fp64 references recomputed because their cache entry did not match ({len(redone)}); the "
+                    f"first: case {redone['case_id'].iloc[0]}: {redone['ref_source'].iloc[0]}", ""]
     invalid = judged[judged["verdict"] == INVALID].drop_duplicates("case_id")
     if not invalid.empty:
         out += [f"Invalid cases ({len(invalid)}): the two fp64 references disagree, so no verdict is given on them:",

@@ -83,6 +83,12 @@ def test_references_that_disagree_make_the_case_invalid_and_withhold_every_verdi
     assert set(judge_frame(_frame(3e-16))["verdict"]) == {PASS}
 
 
+def test_the_section_says_when_a_cached_reference_was_recomputed():
+    df = _frame(3e-16)
+    df["ref_source"] = ["recomputed: entry x: computed from other inputs or flags"] + ["cache"] * (len(df) - 1)
+    assert f"case {CASE_ID}: recomputed: entry x: computed from other inputs" in verdicts.section(df)
+
+
 def test_a_nan_in_the_recurrent_reference_invalidates_the_case():
     rows = [_row("ref-recurrent", status="nan", out_dtype="float64", rel=math.nan, maxd=math.nan)]
     rows[0]["nan_count"] = 3
