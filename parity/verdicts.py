@@ -108,7 +108,8 @@ def cross_check(rows: list[dict]) -> str | None:
             metric, value, bound = over
             return (f"case {r['case_id']}: the two fp64 references disagree: {CHECK_BACKEND} vs the chunked fp64 "
                     f"reference, {r['tensor']} {metric} {value:.3e} > {bound:.3e} (fp64 rule, {FP64_RTOL:g} "
-                    f"relative); every verdict on the case is withheld")
+                    f"relative); every verdict on the case is withheld | rerun: "
+                    f"{rerun_command(r['case_id'], CHECK_BACKEND)}")
     return None
 
 
