@@ -37,7 +37,9 @@ class CellResult:
     verdicts: dict[str, verdicts.Verdict]
 
     def failures(self) -> list[verdicts.Verdict]:
-        return [v for v in self.verdicts.values() if v.status in (verdicts.FAIL, verdicts.ERROR, verdicts.INVALID)]
+        """Verdicts that fail a test: FAIL, ERROR, INVALID and NO-BASELINE (each with its message)."""
+        bad = (verdicts.FAIL, verdicts.ERROR, verdicts.INVALID, verdicts.NOREF)
+        return [v for v in self.verdicts.values() if v.status in bad]
 
     def skipped(self) -> str | None:
         """The reason when the backend did not run (unavailable / unsupported), else None."""
