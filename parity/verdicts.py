@@ -50,8 +50,8 @@ RULE = (
 
 @dataclass(frozen=True)
 class Verdict:
-    """status (PASS/FAIL/ERROR/SKIP/NO-BASELINE/INVALID); the metric that decided it, its value and bound; a message in the
-    project's one failure pattern."""
+    """status (PASS/FAIL/ERROR/SKIP/NO-BASELINE/INVALID); the metric that decided it, its value and bound; a
+    message in the project's one failure pattern."""
 
     status: str
     metric: str | None = None

@@ -25,10 +25,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 COPIED = ("parity", "reference", "cases", "tests", "conftest.py", "pyproject.toml")
 LINKED = ("kernels", "scripts")
-SMOKE_CELL = "tests/test_matrix.py::test_parity[dense_B1_T65_H2-HV4_K32-V32_fp32_g-fp32_beta-fp32_h0-none_qwen-gates_s0-" \
-             "ref-recurrent]"
+SMOKE_CELL = ("tests/test_matrix.py::test_parity[dense_B1_T65_H2-HV4_K32-V32_fp32_g-fp32_beta-fp32_h0-none_qwen-"
+              "gates_s0-ref-recurrent]")
 REFS_AGREE = "tests/test_verdicts.py::test_the_fp64_references_agree_and_the_baseline_is_sane_on_smoke_cases"
 VERDICTS = "tests/test_verdicts.py::"
+SANE_BASELINE = VERDICTS + "test_a_sane_baseline_bounds_and_a_missing_one_falls_back_to_the_floor"
+FP64_RULE = VERDICTS + "test_a_tensor_returned_in_fp64_is_held_to_the_fp64_rule"
+INVALID_CASE = VERDICTS + "test_references_that_disagree_make_the_case_invalid_and_withhold_every_verdict"
+DAMAGED = "tests/test_refs.py::test_a_damaged_entry_is_recomputed_never_trusted"
+NOTHING = "tests/test_assert_close.py::test_nothing_to_compare_is_an_error_naming_it_never_a_pass"
 
 
 @dataclass(frozen=True)
@@ -60,24 +65,25 @@ MUTATIONS = [
              (("max_diff, arg = float(d[j]), i + j", "max_diff, arg = float(d.mean()), i + j"),),
              "max_diff computed as the mean difference", ("tests/test_metrics.py",)),
     Mutation("rule-comparison-flipped", "parity/verdicts.py",
-             (("        if not value <= b[metric]:\n            basis", "        if not value >= b[metric]:\n            basis"),),
-             "the bound comparison of the verdict rule turned around", (VERDICTS + "test_a_sane_baseline_bounds_and_a_missing_one_falls_back_to_the_floor",)),
+             (("        if not value <= b[metric]:\n            basis",
+               "        if not value >= b[metric]:\n            basis"),),
+             "the bound comparison of the verdict rule turned around", (SANE_BASELINE,)),
     Mutation("rule-base-factor-100x", "parity/tolerances.py",
              (("base_rel_rmse: float = 2.0", "base_rel_rmse: float = 200.0"),),
-             "the baseline factor 100x", (VERDICTS + "test_a_sane_baseline_bounds_and_a_missing_one_falls_back_to_the_floor",)),
+             "the baseline factor 100x", (SANE_BASELINE,)),
     Mutation("fp64-rule-flipped", "parity/verdicts.py",
              (("        if not value <= b[metric]:\n            return metric", "        if not value >= b[metric]:\n"
                "            return metric"),),
-             "the fp64 rule's comparison turned around", (VERDICTS + "test_a_tensor_returned_in_fp64_is_held_to_the_fp64_rule",)),
+             "the fp64 rule's comparison turned around", (FP64_RULE,)),
     Mutation("fp64-rule-100x", "parity/tolerances.py", (("FP64_RTOL = 1e-10", "FP64_RTOL = 1e-8"),),
-             "the fp64 rule 100x looser", (VERDICTS + "test_a_tensor_returned_in_fp64_is_held_to_the_fp64_rule",)),
+             "the fp64 rule 100x looser", (FP64_RULE,)),
     Mutation("rule-no-baseline-check", "parity/verdicts.py",
              (("        if problem is not None:\n            return Verdict(NOREF",
                "        if problem is None and False:\n            return Verdict(NOREF"),),
              "the baseline's sanity check skipped", (VERDICTS + "test_an_insane_baseline_is_no_bound",)),
     Mutation("rule-no-invalid", "parity/verdicts.py",
              (("    if invalid:\n        return Verdict(INVALID", "    if False:\n        return Verdict(INVALID"),),
-             "a disagreement of the fp64 references withholds nothing", (VERDICTS + "test_references_that_disagree_make_the_case_invalid_and_withhold_every_verdict",)),
+             "a disagreement of the fp64 references withholds nothing", (INVALID_CASE,)),
     Mutation("rule-any-status", "parity/verdicts.py", (("if status not in STATUSES:", "if False:"),),
              "an unknown status judged as data", (VERDICTS + "test_an_unknown_status_is_refused_naming_it",)),
     Mutation("cache-keyed-by-case-id", "parity/refs.py",
@@ -86,9 +92,9 @@ MUTATIONS = [
              "the reference cache keyed by case id alone", ("tests/test_refs.py",)),
     Mutation("cache-no-checksum", "parity/refs.py",
              (('if meta.get("tensors_sha256") != digest(tensors, {}):', "if False:"),),
-             "a damaged cache entry trusted", ("tests/test_refs.py::test_a_damaged_entry_is_recomputed_never_trusted",)),
+             "a damaged cache entry trusted", (DAMAGED,)),
     Mutation("assert-close-zero-ref", "parity/assert_close.py", (("if not bool((ref != 0).any()):", "if False:"),),
-             "assert_close passes an all-zero reference", ("tests/test_assert_close.py::test_nothing_to_compare_is_an_error_naming_it_never_a_pass",)),
+             "assert_close passes an all-zero reference", (NOTHING,)),
 ]
 
 
