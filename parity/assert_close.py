@@ -17,6 +17,8 @@ measured on a machine and a set of kernels, so the caller names which run's numb
 It raises AssertionError in the project's one failure pattern (parity.verdicts.failure_message): NaN/Inf in
 ``out`` first, then rel_rmse, then max_diff over their recommended bound; on success it returns the Metrics.
 A group the document does not cover, or one where no backend passed, raises KeyError / ValueError (never a pass).
+So do inputs that leave nothing to compare: an empty ``out`` or ``ref``, a ``ref`` with NaN/Inf, and an all-zero
+``ref`` (relative error is undefined there, and a kernel returning zeros would pass): ValueError naming it.
 """
 
 from __future__ import annotations
@@ -81,6 +83,24 @@ def _fields(out: torch.Tensor, case, tensor: str, dtype, gate_dtype, T, dist) ->
     return fields
 
 
+def _check_operands(out, ref, tensor: str) -> None:
+    """ValueError naming the argument when ``out``/``ref`` leave nothing meaningful to compare."""
+    for name, x in (("out", out), ("ref", ref)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"assert_close: {name} ({tensor}) must be a torch.Tensor, got {type(x).__name__}")
+        if x.numel() == 0:
+            raise ValueError(f"assert_close: {name} ({tensor}) is empty (shape {tuple(x.shape)}): nothing to compare")
+    if tuple(out.shape) != tuple(ref.shape):
+        raise ValueError(f"assert_close: out ({tensor}) has shape {tuple(out.shape)}, ref {tuple(ref.shape)}")
+    finite = torch.isfinite(ref)
+    if not bool(finite.all()):
+        raise ValueError(f"assert_close: ref ({tensor}) holds {int((~finite).sum())} NaN/Inf values: the reference "
+                         f"is broken, not the kernel")
+    if not bool((ref != 0).any()):
+        raise ValueError(f"assert_close: ref ({tensor}) is all zeros ({ref.numel()} elements): rel_rmse is undefined "
+                         f"and an all-zero output would pass without testing anything; check the reference")
+
+
 def _fail(tensor, metric, value, bound, case, backend, where) -> AssertionError:
     row = {"tensor": tensor, "case_id": case.id if case is not None else "-", "backend": backend or "-",
            "impl": "assert_close"}
@@ -95,6 +115,7 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, case=None, *, tensor: str
                  dist: str | None = None, backend: str | None = None, cu_seqlens=None) -> metrics.Metrics:
     """Raise AssertionError unless ``out`` is within the recommended rel_rmse and max_diff of ``ref`` (module doc).
     ``backend`` only labels the message; ``cu_seqlens`` only maps the worst element to (sequence, token)."""
+    _check_operands(out, ref, tensor)
     case = _case(case)
     doc, source = _document(tolerances)
     f = _fields(out, case, tensor, dtype, gate_dtype, T, dist)

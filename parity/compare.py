@@ -32,7 +32,7 @@ from parity.backends import BASELINE
 from parity.markdown import md_rows, md_table
 from parity.report import frame
 from parity.results import FLOOR_BACKEND, ResultSet, load
-from parity.verdicts import ERROR, FAIL, NOREF, PASS, SKIP, judge_frame
+from parity.verdicts import ERROR, FAIL, INVALID, NOREF, PASS, SKIP, judge_frame
 
 NEW_FAILURE, FIXED, WORSE, BETTER, SAME, NOT_COMPARABLE = (
     "new failure", "fixed", "worse", "better", "same", "not comparable")
@@ -134,6 +134,8 @@ def classify(a: dict, b: dict, factor: float = DEFAULT_FACTOR) -> tuple[str, str
             return NOT_COMPARABLE, f"skipped in {side}: {_first_line(r['v_message'])[:200]}"
         if r["verdict"] == NOREF:
             return NOT_COMPARABLE, f"no baseline or rounding floor to judge by in {side}"
+        if r["verdict"] == INVALID:
+            return NOT_COMPARABLE, f"invalid in {side}: {_first_line(r['v_message'])[:200]}"
     va, vb = a["verdict"], b["verdict"]
     if va == PASS and vb in _BAD:
         return NEW_FAILURE, _first_line(b["v_message"]) or vb

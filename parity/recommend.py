@@ -55,7 +55,7 @@ FAMILIES = {
 KEY_FIELDS = ("dtype", "g_dtype", "T_range", "family", "tensor")
 TENSOR_ORDER = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 PASSING = "PASS"
-EXCLUDED = ("FAIL", "ERROR", "NO-BASELINE")
+EXCLUDED = ("INVALID", "FAIL", "ERROR", "NO-BASELINE")
 RULE = (
     f"recommended(metric) = {SAFETY:g} x the worst value of that metric (rel_rmse and max_diff separately) over "
     f"every cell of the group (dtype, gate dtype, T range, distribution family, tensor) among the backends whose "
@@ -102,7 +102,7 @@ def _num(x) -> float:
 
 
 def _group_verdict(verdicts: list[str]) -> str:
-    order = ("FAIL", "ERROR", "NO-BASELINE", "PASS")
+    order = ("INVALID", "FAIL", "ERROR", "NO-BASELINE", "PASS")
     ran = [v for v in verdicts if v != "SKIP"]
     if not ran:
         return "SKIP"

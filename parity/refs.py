@@ -1,5 +1,12 @@
 """The fp64 ground truth of a case: computed once with the chunked fp64 reference on the run device and
-cached on disk (safetensors), keyed by the case id and REF_VERSION, so reruns and later backends reuse it.
+cached on disk (safetensors) so reruns and later backends reuse it.
+
+A cache entry is keyed and verified by ``input_key``: a sha256 of REF_VERSION, every input tensor's name, dtype,
+shape and bytes, the flags of the call (scale, initial state, l2norm, in-kernel gate and beta, state layout,
+cu_seqlens) and, for gradient cases, the output gradients. The entry's metadata holds that key and a sha256 of its
+own tensors; an entry whose key, version, tensor names, shapes or bytes do not match (another input, another
+reference version, a truncated or damaged file) is never used: the reference is recomputed and the Reference's
+``source`` says why (``recomputed: ...``), which the run records in the floor rows' ``ref_source``.
 
 Gradient cases also get deterministic output gradients (do, dht), drawn from the case like its
 inputs, and the reference gradients through fp64 autograd.
@@ -8,6 +15,7 @@ inputs, and the reference gradients through fp64 autograd.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -21,8 +29,10 @@ from cases.dtypes import to_torch
 from cases.inputs import GDNInputs, draw_seed
 from parity.backends.base import GRAD_TENSORS
 
-# Bump when reference/, cases/inputs.py or the distributions change what a case id means.
+# Bump when reference/ changes what the fp64 reference computes from the same inputs (result files of another
+# version are not compared, parity.compare).
 REF_VERSION = "chunk-fp64-v1"
+ENTRY_FORMAT = "gdn-parity-ref"
 DEFAULT_CACHE = Path(os.environ.get("GDN_PARITY_CACHE", Path.home() / ".cache" / "gdn-parity" / "ref"))
 MAX_ENTRY_BYTES = int(os.environ.get("GDN_PARITY_CACHE_MAX_ENTRY", 1 << 30))
 
@@ -82,32 +92,96 @@ def compute(case: Case, inputs: GDNInputs) -> dict[str, torch.Tensor]:
     return out
 
 
+def digest(tensors: dict[str, torch.Tensor | None], settings: dict) -> str:
+    """sha256 over the settings (JSON) and every tensor's name, dtype, shape and bytes (None: the name only)."""
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+    for name in sorted(tensors):
+        t = tensors[name]
+        if t is None:
+            h.update(f"|{name}|none|".encode())
+            continue
+        t = t.detach().contiguous().cpu()
+        h.update(f"|{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def input_key(case: Case, inputs: GDNInputs) -> str:
+    """The cache key of the reference of ``inputs``: REF_VERSION, the input tensors, the flags and, for gradient
+    cases, the output gradients and the tensor names."""
+    tensors = dict(inputs._tensors())
+    if case.grad:
+        tensors["grad_do"], tensors["grad_dht"] = grad_outputs(case, inputs)
+    flags = {k: v for k, v in inputs.kwargs().items() if not isinstance(v, torch.Tensor) and v is not None}
+    settings = {"ref_version": REF_VERSION, "scale": inputs.scale, "names": tensor_names(case, inputs), **flags}
+    return digest(tensors, settings)
+
+
+def expected_shapes(case: Case, inputs: GDNInputs) -> dict[str, tuple[int, ...]]:
+    """The shape of every reference tensor of ``case`` on ``inputs``."""
+    v = inputs.v
+    N = len(inputs.seq_lens)
+    state = (N, v.shape[2], v.shape[3], inputs.q.shape[3]) if inputs.state_v_first else \
+        (N, v.shape[2], inputs.q.shape[3], v.shape[3])
+    shapes = {"o": tuple(v.shape), "ht": state}
+    for t, n in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), ("q", "k", "v", "g", "beta", "initial_state")):
+        if getattr(inputs, n) is not None:
+            shapes[t] = tuple(getattr(inputs, n).shape)
+    return {t: shapes[t] for t in tensor_names(case, inputs)}
+
+
 class RefCache:
-    """Reference tensors on disk, one safetensors file per case. Entries over ``max_entry_bytes`` are not stored."""
+    """Reference tensors on disk, one safetensors file per (case, input key). Entries over ``max_entry_bytes`` are
+    not stored. ``load`` returns (tensors or None, why not); a mismatching entry is never returned."""
 
     def __init__(self, root: str | os.PathLike | None = DEFAULT_CACHE, max_entry_bytes: int = MAX_ENTRY_BYTES):
         self.root = Path(root) if root is not None else None
         self.max_entry_bytes = max_entry_bytes
 
-    def path(self, case: Case) -> Path:
-        key = hashlib.sha256(f"{REF_VERSION}|{case.id}".encode()).hexdigest()[:16]
-        return self.root / REF_VERSION / f"{case.id[:150]}-{key}.safetensors"
+    def path(self, case: Case, key: str) -> Path:
+        """The entry of ``case`` with input key ``key`` (input_key)."""
+        return self.root / REF_VERSION / f"{case.id[:150]}-{key[:24]}.safetensors"
 
-    def load(self, case: Case, device) -> dict[str, torch.Tensor] | None:
+    def load(self, case: Case, inputs: GDNInputs, device, key: str | None = None
+             ) -> tuple[dict[str, torch.Tensor] | None, str]:
+        """(tensors, "") from a verified entry, or (None, why): "absent", or what did not match."""
         if self.root is None:
-            return None
-        p = self.path(case)
+            return None, "no cache"
+        key = key or input_key(case, inputs)
+        p = self.path(case, key)
         if not p.exists():
-            return None
-        from safetensors.torch import load_file
+            return None, "absent"
+        from safetensors import safe_open
 
         try:
-            return load_file(str(p), device=str(device))
-        except Exception:  # a damaged entry is recomputed, never trusted
-            p.unlink(missing_ok=True)
-            return None
+            with safe_open(str(p), framework="pt", device="cpu") as f:
+                meta = dict(f.metadata() or {})
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as err:  # noqa: BLE001 - a damaged entry is recomputed, never trusted
+            return None, f"unreadable entry {p.name} ({type(err).__name__})"
+        why = self._mismatch(meta, tensors, key, expected_shapes(case, inputs))
+        if why:
+            return None, f"entry {p.name}: {why}"
+        return {k: t.to(device) for k, t in tensors.items()}, ""
 
-    def store(self, case: Case, tensors: dict[str, torch.Tensor]) -> bool:
+    @staticmethod
+    def _mismatch(meta: dict, tensors: dict, key: str, shapes: dict) -> str:
+        if meta.get("format") != ENTRY_FORMAT or meta.get("ref_version") != REF_VERSION:
+            return (f"reference version {meta.get('ref_version')!r} ({meta.get('format')!r}), this harness "
+                    f"computes {REF_VERSION!r}")
+        if meta.get("input_key") != key:
+            return "computed from other inputs or flags (input key differs)"
+        if set(tensors) != set(shapes):
+            return f"holds {sorted(tensors)}, the case needs {sorted(shapes)}"
+        bad = [t for t in shapes if tuple(tensors[t].shape) != shapes[t] or tensors[t].dtype != torch.float64]
+        if bad:
+            return f"{bad[0]} is {tuple(tensors[bad[0]].shape)} {tensors[bad[0]].dtype}, expected {shapes[bad[0]]}"
+        if meta.get("tensors_sha256") != digest(tensors, {}):
+            return "its tensors do not match their checksum (damaged)"
+        return ""
+
+    def store(self, case: Case, inputs: GDNInputs, tensors: dict[str, torch.Tensor], key: str | None = None) -> bool:
+        """Write the entry (atomically); False when there is no cache or it is over ``max_entry_bytes``."""
         if self.root is None:
             return False
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -115,25 +189,33 @@ class RefCache:
             return False
         from safetensors.torch import save_file
 
-        p = self.path(case)
+        key = key or input_key(case, inputs)
+        cpu = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+        meta = {"format": ENTRY_FORMAT, "ref_version": REF_VERSION, "input_key": key, "case_id": case.id,
+                "tensors_sha256": digest(cpu, {})}
+        p = self.path(case, key)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_suffix(f".{os.getpid()}.tmp")    # one per process: pytest-xdist workers share the cache
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
+        save_file(cpu, str(tmp), metadata=meta)
         os.replace(tmp, p)
         return True
 
 
 def get_reference(case: Case, inputs: GDNInputs, cache: RefCache | None) -> Reference:
-    """From the cache when present, else computed (and stored). Times the whole thing, synchronised."""
+    """From a verified cache entry when there is one, else computed (and stored). ``source`` is "cache",
+    "computed" or "recomputed: <why the entry was not used>". Times the whole thing, synchronised."""
     device = inputs.q.device
     t0 = time.perf_counter()
-    tensors = cache.load(case, device) if cache is not None else None
+    tensors, why, key = None, "absent", None
+    if cache is not None and cache.root is not None:
+        key = input_key(case, inputs)
+        tensors, why = cache.load(case, inputs, device, key)
     source = "cache"
     if tensors is None:
         tensors = compute(case, inputs)
-        source = "computed"
+        source = "computed" if why in ("absent", "no cache") else f"recomputed: {why}"
         if cache is not None:
-            cache.store(case, tensors)
+            cache.store(case, inputs, tensors, key)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return Reference(tensors=tensors, seconds=time.perf_counter() - t0, source=source)

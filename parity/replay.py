@@ -27,8 +27,6 @@ distribution with the same in-kernel transforms), since backends decide support 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import os
 import re
@@ -40,6 +38,7 @@ import torch
 
 from cases.inputs import GDNInputs
 from parity.backends.base import Backend
+from parity.refs import digest
 
 FORMAT = "gdn-parity-capture"
 VERSION = 1
@@ -180,16 +179,6 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
             return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
     except Exception as err:  # noqa: BLE001 - any unreadable file is one kind of problem for the user
         raise ValueError(f"{path}: not a readable safetensors file ({type(err).__name__}: {err})") from None
-
-
-def digest(tensors: dict[str, torch.Tensor], settings: dict) -> str:
-    """sha256 over every tensor's name, dtype, shape and bytes, and the flags/scale."""
-    h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        h.update(f"|{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
 
 
 def load_capture(path: str | os.PathLike) -> Capture:

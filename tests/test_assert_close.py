@@ -135,3 +135,18 @@ assert_close(ref.float(), ref, tolerances=doc, gate_dtype="fp32", dist="gauss-l2
     for src in (code, other_order):
         res = subprocess.run([sys.executable, "-c", src], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda out, ref: (out[:, :0], ref[:, :0]), "out (o) is empty"),
+    (lambda out, ref: (out, ref[:, :0]), "ref (o) is empty"),
+    (lambda out, ref: (torch.zeros_like(out), torch.zeros_like(ref)), "ref (o) is all zeros"),
+    (lambda out, ref: (out, torch.zeros_like(ref)), "ref (o) is all zeros"),
+    (lambda out, ref: (out, ref.index_fill(1, torch.tensor([3]), float("nan"))), "ref (o) holds 16 NaN/Inf"),
+    (lambda out, ref: (out[:, :32], ref), "out (o) has shape (1, 32, 2, 8), ref (1, 64, 2, 8)"),
+    (lambda out, ref: (out.tolist(), ref), "out (o) must be a torch.Tensor, got list"),
+], ids=["empty-out", "empty-ref", "zeros-both", "zeros-ref", "nan-ref", "shape", "not-a-tensor"])
+def test_nothing_to_compare_is_an_error_naming_it_never_a_pass(make, words):
+    out, ref = make(*_pair())
+    with pytest.raises(ValueError, match=re.escape(words)):
+        parity.assert_close(out, ref, CASE, tolerances=DOC)

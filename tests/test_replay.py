@@ -165,3 +165,12 @@ def test_unreadable_files_and_bad_capture_calls(tmp_path):
     with pytest.raises(ValueError, match="reserved names version"):
         replay.capture(tmp_path / "x.safetensors", **call, version="2")
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_an_fp64_capture_is_judged_by_the_fp64_rule(tmp_path):
+    """fp64 tensors: the floor is 0 (fp64 rounded to fp64) and bounded the recurrent reference at 0: a false FAIL."""
+    call = {n: (t.double() if t.is_floating_point() else t) for n, t in _call().items()}
+    path = replay.capture(tmp_path / "fp64.safetensors", **call, use_qk_l2norm_in_kernel=True, scale=SCALE)
+    res, _ = replay.replay(path, backends=["ref-recurrent"], out=tmp_path / "out")
+    judged = judge_frame(results.load(res).frame())
+    assert set(zip(judged["tensor"], judged["verdict"])) == {("o", PASS), ("ht", PASS)}, judged["v_message"].tolist()
