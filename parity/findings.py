@@ -1,7 +1,7 @@
 """The answer first: the report's opening "Findings" section, from result rows only.
 
-Which backends fail (verdict FAIL or ERROR, parity.verdicts) on which configurations, by how much over the rounding
-floor (worst rel_rmse / the floor's rel_rmse on the same case and tensor), with the known cause and link from
+Which backends fail (verdict FAIL or ERROR, parity.verdicts; or are withheld: NO-BASELINE, INVALID) on which
+configurations, by how much over the rounding floor (worst rel_rmse / the floor's rel_rmse on the same case and tensor), with the known cause and link from
 tests/known_failures.json where an entry names the cell; then what the serving engines run (parity.engines).
 """
 
@@ -68,14 +68,14 @@ def worst_over_floor(df: pd.DataFrame, tensor: str = "o") -> pd.DataFrame:
 
 
 def failing(df: pd.DataFrame, known: list[dict]) -> pd.DataFrame:
-    """One row per failing (backend, configuration, tensor): verdict, seeds that fail, worst rel_rmse, x floor and
+    """One row per failing or withheld (backend, configuration, tensor): verdict, seeds that fail, worst rel_rmse, x floor and
     the known cause; sorted by backend, then by x floor (worst first)."""
     from parity import verdicts
 
     judged = verdicts.judge_frame(df)
     if judged.empty:
         return pd.DataFrame()
-    bad = judged[judged["verdict"].isin([verdicts.FAIL, verdicts.ERROR])]
+    bad = judged[judged["verdict"].isin([verdicts.FAIL, verdicts.ERROR, verdicts.NOREF, verdicts.INVALID])]
     if bad.empty:
         return pd.DataFrame()
     floor, base = _errors(df, FLOOR_BACKEND), _errors(df, BASELINE)

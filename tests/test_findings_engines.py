@@ -157,3 +157,14 @@ def test_a_run_records_each_backends_conversion_and_the_report_shows_it(tmp_path
     assert text.index("## Findings") < text.index("## Environment") < text.index("## Engine view")
     statuses = {r["status"] for r in rs.rows if r["backend"] in ("flashinfer", "vllm-fla")}
     assert statuses == {"unavailable"}
+
+
+def test_findings_list_withheld_cells():
+    """A baseline far from the floor (1000x: it fails its sanity check) serves as no bound: the cell is NO-BASELINE,
+    and the findings list it with the backends that failed."""
+    rows = [_row(SHORT, "fp64-rounded", 1e-3, 1e-3), _row(SHORT, "torch-emulated", 1.0, 1.0),
+            _row(SHORT, "flashinfer", 1e-3, 1e-3)]
+    rs, df = _frame(rows)
+    text = findings.section(rs, df)
+    assert "`flashinfer` 1" in text and "NO-BASELINE" in text
+    assert "No backend failed a verdict in this run." not in text
