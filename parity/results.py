@@ -256,13 +256,15 @@ def load(*paths: str | os.PathLike) -> ResultSet:
 
 def merge(paths: list[str | os.PathLike], out: str | os.PathLike) -> ResultSet:
     """Join result files (shards of one matrix, or several runs) into one file written atomically. When two files
-    hold the same (case, backend, against, tensor), the later file's row wins."""
+    hold the same (case, backend, against, tensor), the later file's row wins. The result's ``problems`` are those
+    of the inputs (what was skipped from them)."""
     if not paths:
         raise ValueError("merge needs at least one result file")
     runs, rows = [], {}
-    ends = []
+    ends, problems = [], []
     for p in paths:
         rs = load(p)
+        problems += rs.problems
         offset = len(runs)
         for r in rs.runs:
             runs.append({**r, "session": offset + r.get("session", 0), "source": str(p)})
@@ -279,7 +281,9 @@ def merge(paths: list[str | os.PathLike], out: str | os.PathLike) -> ResultSet:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, out)
-    return load(out)
+    merged = load(out)
+    merged.problems = problems + merged.problems
+    return merged
 
 
 def case_fields(case) -> dict:
