@@ -125,6 +125,9 @@ def test_a_crashing_worker_is_replaced_and_loses_nothing_else(tmp_path):
     for c in SMALL[:2]:
         assert _rows(rs, case_id=c.id, backend="fake-crasher", tensor="o")[0]["status"] == "ok"
     assert rs.ends[0]["worker_restarts"] == 1
+    # the crashed case's sweep has no positive value for the crasher: its figure says so instead of failing
+    text = report.write_report([tmp_path / "r" / "results.jsonl"]).read_text()
+    assert "## Summary" in text and "could not be rendered" not in text and "Not drawn" not in text
 
 
 def test_report_renders_every_section_from_the_file(tmp_path):
