@@ -129,6 +129,8 @@ def cmd_run(args) -> int:
         return 2
     if args.out:
         out = Path(args.out)
+        if out.is_dir():
+            raise ValueError(f"--out {out} is a folder; give the result file, e.g. {out / 'results.jsonl'}")
     else:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         tag = environment.machine_tag(environment.gpu_info())

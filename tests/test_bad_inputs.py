@@ -127,7 +127,7 @@ def test_bad_arguments_of_the_other_commands_are_refused_naming_them(good, tmp_p
                         (["compare", str(good), missing], "missing.jsonl"),
                         (["compare", str(good), str(good), "--factor", "1"], "--factor"),
                         (["warmup", "--procs", "0"], "--procs"), (["warmup", "--timeout", "-5"], "--timeout"),
-                        (["replay", missing], "missing.jsonl")):
+                        (["replay", missing], "missing.jsonl"), ([*RUN, "--out", str(tmp_path)], "is a folder")):
         assert cli_main(args) == 2, args
         assert named in capsys.readouterr().err, args
 

@@ -32,7 +32,7 @@ SPECS = ["torch-emulated", *(f"{FAKE}:{cls}" for cls in FAULTS), "ref-recurrent"
 
 def _run_args(out, *extra):
     args = ["run", "--backends", ",".join(SPECS), "--out", str(out), "--workers", "1", "--warmup", "0",
-            "--cell-timeout", "20", "--cache", "none", "--no-progress", "--no-repeat", *extra]
+            "--cell-timeout", "10", "--cache", "none", "--no-progress", "--no-repeat", *extra]
     for c in CASES:
         args += ["--case", c.id]
     return args
@@ -58,7 +58,7 @@ def test_every_fault_costs_its_own_cells_and_resume_completes_the_rest(tmp_path,
         for b in (FLOOR_BACKEND, *names):
             assert {"o", "ht"} <= set(_fp64(rs, c.id, b)), (c.id, b)
     assert "worker process died (exit code 7)" in _fp64(rs, crashed, "fake-crasher")["o"]["reason"]
-    assert "timed out after 20 s" in _fp64(rs, crashed, "fake-hanger")["o"]["reason"]
+    assert "timed out after 10 s" in _fp64(rs, crashed, "fake-hanger")["o"]["reason"]
     for c in CASES:
         assert "supports() raised RuntimeError: supports exploded" in _fp64(rs, c.id, "fake-raising-supports")["o"][
             "reason"]
