@@ -5,7 +5,7 @@
     python -m parity warmup --matrix standard [--backends ...] [--procs 12]   # compile only, no results
     python -m parity report reports/<run>/results.jsonl
     python -m parity merge shard1.jsonl shard2.jsonl --out reports/<run>/results.jsonl
-    python -m parity compare reports/<run-a> reports/<run-b> [--factor 1.5] [--out compare.md]
+    python -m parity compare reports/<run-a> reports/<run-b> [--factor 1.5] [--out compare.md] [--allow-missing]
     python -m parity replay layer0.safetensors [--backends fla-triton,flash-qla] [--out reports/replay-layer0]
 """
 
@@ -127,6 +127,7 @@ def cmd_run(args) -> int:
     if not cases:
         print("no case matches the filters", file=sys.stderr)
         return 2
+    _check_backends(args.backends)
     if args.out:
         out = Path(args.out)
         if out.is_dir():
@@ -153,6 +154,16 @@ def cmd_run(args) -> int:
         rep = report.write_report([path])
         print(f"report:  {rep}")
     return 0
+
+
+def _check_backends(text: str | None) -> None:
+    """ValueError naming --backends when a spec does not resolve to a backend."""
+    from parity.backends import resolve
+
+    try:
+        resolve(_csv(text))
+    except ValueError as err:
+        raise ValueError(f"--backends: {err}") from None
 
 
 def cmd_warmup(args) -> int:

@@ -104,7 +104,8 @@ BAD_ARGS = [
     (["--workers", "-1"], "--workers"), (["--warmup", "-2"], "--warmup"), (["--T", "0"], "--T"),
     (["--T", "64,abc"], "--T"), (["--dist", "qwen-gates,nope"], "--dist"), (["--layout", "nope"], "--layout"),
     (["--dtype", "fp8"], "--dtype"), (["--g-dtype", "half"], "--g-dtype"), (["--case", "not-a-case"], "--case"),
-    (["--backends", "nope"], "nope"), (["--matrix", "nope"], "nope"),
+    (["--backends", "nope"], "--backends: unknown backend 'nope'"),
+    (["--backends", "tests.fake_backends:Nope"], "--backends: cannot load backend"), (["--matrix", "nope"], "nope"),
 ]
 
 
