@@ -178,6 +178,7 @@ def cmd_warmup(args) -> int:
     if not cases:
         print("no case matches the filters", file=sys.stderr)
         return 2
+    _check_backends(args.backends)
     backends = resolve(_csv(args.backends))
     specs = runner.backend_specs(backends)
     procs = runner.warmup_procs(args.procs, len(cases)) or max(1, args.procs or 1)
