@@ -139,3 +139,39 @@ def test_a_lock_left_by_a_killed_process_does_not_block(tmp_path):
         proc.wait(timeout=30)
     assert (tmp_path / "results.jsonl.lock").exists()  # the file stays; the kernel dropped the flock
     WriteLock(out).acquire().release()
+
+
+@pytest.mark.slow
+def test_a_killed_run_is_completed_by_resume(tmp_path):
+    """SIGKILL of the whole run (parent and worker) while a cell hangs: the lock dies with it, and --resume runs
+    every case that lacks a row."""
+    import time
+
+    out = tmp_path / "r" / "results.jsonl"
+    specs = f"torch-emulated,{FAKE}:Hanger,ref-recurrent"
+    cmd = [sys.executable, "-m", "parity", "run", "--backends", specs, "--out", str(out), "--workers", "1",
+           "--warmup", "0", "--cache", "none", "--no-progress", "--no-report", "--no-repeat"]
+    for c in CASES:
+        cmd += ["--case", c.id]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GDN_FAKE_FAULT_ONCE_DIR": str(tmp_path)}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stderr=subprocess.DEVNULL)
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 240 and not (tmp_path / "fake-hanger").exists():
+            time.sleep(0.5)  # the hanger marks its (only) hang when it starts it
+        assert (tmp_path / "fake-hanger").exists() and proc.poll() is None
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the run's own process group: its parent and its worker
+        proc.wait(timeout=30)
+    before = results.load(out)
+    assert runner.resume_plan(CASES, resolve(specs.split(",")), before.rows) == [(CASES[1].id, [
+        "torch-emulated", "fake-hanger", "ref-recurrent"])]  # its rounding floor was written before the hang
+    os.environ["GDN_FAKE_FAULT_ONCE_DIR"] = str(tmp_path)
+    try:
+        assert cli_main(["run", "--resume", "--backends", specs, "--out", str(out), "--workers", "0", "--cache",
+                         "none", "--no-progress", "--no-repeat", *(a for c in CASES for a in ("--case", c.id))]) == 0
+    finally:
+        del os.environ["GDN_FAKE_FAULT_ONCE_DIR"]
+    after = results.load(out)
+    assert runner.resume_plan(CASES, resolve(specs.split(",")), after.rows) == []
+    assert _fp64(after, CASES[1].id, "fake-hanger")["o"]["status"] == "ok" and (out.parent / "report.md").exists()
