@@ -92,7 +92,8 @@ def missing_rows(case: Case, backends, rows: dict, pairwise: bool = True, attrib
         if any(r is None for r in got):
             out.append(f"{b}: rows of {', '.join(t for t, r in zip(names, got) if r is None)}")
         elif any(r.get("interrupted") for r in got):
-            out.append(f"{b}: did not finish ({got[0].get('reason', '').splitlines()[0][:120]})")
+            why = (got[0].get("reason") or "").partition("\n")[0][:120]
+            out.append(f"{b}: did not finish ({why})")
         elif b != FLOOR_BACKEND and all(r.get("status") == "ok" for r in got):
             clean.append(b)
     if pairwise:
