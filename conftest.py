@@ -12,11 +12,19 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import sys
 import warnings
 from pathlib import Path
 
 import pytest
+import torch  # does not import triton
 from hypothesis import HealthCheck, settings
+
+# Without a GPU, FLA's Triton kernels run under the Triton interpreter, which triton reads once, at its first import.
+# Set it here, before any test module can import triton (directly or through fla), so that the CPU cells of
+# fla-triton and fla-recurrent run the same way whatever order the test files are collected and run in.
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=25,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -25,8 +33,6 @@ settings.register_profile("thorough", deadline=None, max_examples=300, suppress_
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one torch thread per xdist worker: the workers already fill the cores
-    import torch
-
     torch.set_num_threads(1)
 
 KNOWN_FAILURES = Path(__file__).parent / "tests" / "known_failures.json"

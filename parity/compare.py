@@ -12,7 +12,9 @@ bounds come from its own baseline and rounding floor). Its state, asv-style:
                   the run headers, or another fp64 reference (its RMS or max |.| further apart than ``REF_RTOL``;
                   the same inputs on two machines agree to ~1e-7, two seeds differ by more than 4e-3)
 
-plus, on every cell, whether NaN/Inf appeared in B or went away. Changes of errors far below the rounding floor
+plus, on every cell, whether NaN/Inf appeared in B or went away. As a CI gate it fails closed: the exit code is 1
+on a new failure and also when B lacks cells that A has (a run that crashed or did nothing), unless
+``allow_missing``. Changes of errors far below the rounding floor
 (under ``NOISE`` x the floor, e.g. the fp64 ``ref-recurrent`` at ~1e-15) are noise and count as ``same``.
 
 Cases and backends match by id and name only; the two environments may differ in anything (that is the point),
@@ -170,6 +172,11 @@ class Comparison:
     table: pd.DataFrame
     factor: float
     baseline_drift: pd.DataFrame
+    allow_missing: bool = False
+
+    def missing_in_b(self) -> pd.DataFrame:
+        """The cells of A that B has no row for."""
+        return self.table[self.table["B verdict"] == "-"]
 
     def of(self, state: str) -> pd.DataFrame:
         return self.table[self.table["state"] == state]
@@ -184,11 +191,13 @@ class Comparison:
 
     @property
     def exit_code(self) -> int:
-        """1 when any cell is a new failure (for CI), else 0."""
-        return 1 if (self.table["state"] == NEW_FAILURE).any() else 0
+        """1 when any cell is a new failure, or B lacks cells of A (unless ``allow_missing``), else 0 (for CI)."""
+        if (self.table["state"] == NEW_FAILURE).any():
+            return 1
+        return 1 if not self.allow_missing and not self.missing_in_b().empty else 0
 
 
-def compare(a: ResultSet, b: ResultSet, factor: float = DEFAULT_FACTOR) -> Comparison:
+def compare(a: ResultSet, b: ResultSet, factor: float = DEFAULT_FACTOR, allow_missing: bool = False) -> Comparison:
     """Classify every cell of A and B (see the module docstring)."""
     if not factor > 1.0:
         raise ValueError(f"--factor must be > 1, got {factor}")
@@ -217,7 +226,8 @@ def compare(a: ResultSet, b: ResultSet, factor: float = DEFAULT_FACTOR) -> Compa
             "state": state, "why": why, "nan": _nan_change(ra, rb),
         })
     table = pd.DataFrame(rows, columns=KEY + ["A", "B", "ratio", "A verdict", "B verdict", "state", "why", "nan"])
-    return Comparison(a=a, b=b, table=table, factor=factor, baseline_drift=_baseline_drift(da, db, factor))
+    return Comparison(a=a, b=b, table=table, factor=factor, baseline_drift=_baseline_drift(da, db, factor),
+                      allow_missing=allow_missing)
 
 
 def _baseline_drift(da: pd.DataFrame, db: pd.DataFrame, factor: float) -> pd.DataFrame:
@@ -292,6 +302,10 @@ def render(cmp: Comparison) -> str:
     t = cmp.table
     n = {s: int((t["state"] == s).sum()) for s in STATES}
     verdict = (f"**{n[NEW_FAILURE]} new failure(s)**" if n[NEW_FAILURE] else "no new failure")
+    lost = len(cmp.missing_in_b())
+    if lost:
+        verdict += (f", **{lost} cell(s) of A missing in B**" + (" (allowed: --allow-missing)" if cmp.allow_missing
+                                                                 else " (a failure: B did not run them)"))
     out = [f"# gdn-parity comparison: A = `{cmp.a.path}`, B = `{cmp.b.path}`", "",
            f"{len(t)} cells (case x backend x tensor against fp64): {verdict}, {n[FIXED]} fixed, {n[WORSE]} worse, "
            f"{n[BETTER]} better, {n[SAME]} same, {n[NOT_COMPARABLE]} not comparable.", "",
@@ -301,6 +315,10 @@ def render(cmp: Comparison) -> str:
            f"compared (errors under {NOISE:g} x the rounding floor count as noise); *not comparable*: missing on one "
            f"side, skipped on either, or not the same inputs (another reference version, or another fp64 reference).", "",
            section_environments(cmp.a, cmp.b)]
+    for side, rs in (("A", cmp.a), ("B", cmp.b)):
+        if rs.problems:
+            out += [f"**{side} is damaged**: {len(rs.problems)} line(s) skipped or replaced, e.g. "
+                    f"{'; '.join(rs.problems[:3])}", ""]
     if t.empty:
         return "\n".join(out + ["No judged cells on either side.", ""])
     out += ["## Cells per backend and state", "", md_table(cmp.counts().reset_index()), ""]
@@ -328,6 +346,7 @@ def render(cmp: Comparison) -> str:
     return "\n".join(out)
 
 
-def compare_files(a: str | os.PathLike, b: str | os.PathLike, factor: float = DEFAULT_FACTOR) -> Comparison:
+def compare_files(a: str | os.PathLike, b: str | os.PathLike, factor: float = DEFAULT_FACTOR,
+                  allow_missing: bool = False) -> Comparison:
     """Load two result files (or run folders) and compare them."""
-    return compare(load(resolve_path(a)), load(resolve_path(b)), factor)
+    return compare(load(resolve_path(a)), load(resolve_path(b)), factor, allow_missing)

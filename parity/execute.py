@@ -136,12 +136,14 @@ def run_backend(case: Case, backend: Backend, inputs: GDNInputs, ref: Reference,
                 repeat: bool = True) -> tuple[list[dict], dict[str, torch.Tensor] | None]:
     """Rows for one (case, backend) cell and the backend's tensors (None unless it ran)."""
     names = tensor_names(case)
-    ok, reason = backend.available()
-    if not ok:
-        return status_rows(case, backend.name, "unavailable", reason), None
-    ok, reason = backend.supports(case, device)
-    if not ok:
-        return status_rows(case, backend.name, "unsupported", reason), None
+    for ask, status in (("available", "unavailable"), ("supports", "unsupported")):
+        try:
+            ok, reason = backend.available() if ask == "available" else backend.supports(case, device)
+        except Exception as err:  # noqa: BLE001 - a broken check costs this cell only
+            tb = traceback.format_exc(limit=-4)
+            return status_rows(case, backend.name, "error", f"{ask}() raised {describe_error(err)}\n{tb}"), None
+        if not ok:
+            return status_rows(case, backend.name, status, reason), None
     want_grads = case.grad and backend.has_backward
     grads = grad_outputs(case, inputs) if want_grads else None
     out_bytes = sum(t.numel() * t.element_size() for t in ref.tensors.values()) // 2

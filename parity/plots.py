@@ -149,6 +149,18 @@ def _finite_pos(xs, ys):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def _log_scale(ax) -> bool:
+    """A log y axis when the axis holds a positive finite value (matplotlib refuses one without); otherwise a note
+    on the empty panel. True when set."""
+    values = [float(v) for line in ax.get_lines() for v in line.get_ydata()]
+    values += [float(p.get_height()) for p in ax.patches]
+    if any(math.isfinite(v) and v > 0 for v in values):
+        ax.set_yscale("log")
+        return True
+    ax.text(0.5, 0.5, "no positive finite value", transform=ax.transAxes, ha="center", va="center", fontsize=8)
+    return False
+
+
 def _panels(n: int):
     from matplotlib.figure import Figure
 
@@ -198,9 +210,9 @@ def plot_sweep(sw: Sweep, nan_rows: pd.DataFrame, path: Path) -> None:
                     **_marker(b, backends))
             x, y = _finite_pos(agg["T"], agg["median"])
             ax.plot(x, y, linestyle="--", color=color, linewidth=0.9)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        _t_ticks(ax, sw.rows["T"])
+        if _log_scale(ax):
+            ax.set_xscale("log")
+            _t_ticks(ax, sw.rows["T"])
         ax.set_xlabel("T (tokens)")
         ax.set_ylabel(f"rel_rmse of {tensor} vs fp64")
         ax.set_title(tensor, fontsize=9)
@@ -252,7 +264,7 @@ def plot_positions(sw: Sweep, path: Path) -> bool:
             x, y = _finite_pos(xs, _nanmax(mat))
             ax.plot(x, y, drawstyle="steps-mid", color=_color(b, others), label=b,
                     linewidth=2.0 if b in (FLOOR_BACKEND, BASELINE) else 1.3, **_marker(b, backends))
-        ax.set_yscale("log")
+        _log_scale(ax)
         ax.set_xlabel("position in the sequence (fraction of its length)" if sw.varlen
                       else f"token position (bins of T/{N_BINS} = {T / N_BINS:g} tokens)")
         ax.set_ylabel(f"rel_rmse of {tensor} in the bin")
@@ -307,7 +319,7 @@ def plot_heads(cell: dict, path: Path) -> str:
         xs = [h + (k - (len(series) - 1) / 2) * width for h in range(H)]
         ys = [v if math.isfinite(v) and v > 0 else float("nan") for v in vals[:H]]
         ax.bar(xs, ys, width=width, color=_color(name, others), label=name)
-    ax.set_yscale("log")
+    _log_scale(ax)
     ax.set_xlabel("head")
     ax.set_ylabel(f"rel_rmse of {r['tensor']} in the head")
     ax.set_xticks(range(H))
@@ -344,19 +356,27 @@ def render(df: pd.DataFrame, out_dir: str | Path, max_pngs: int = MAX_PNGS) -> F
         for sw in sweeps(df):
             cost = 2 if has_positions(sw.rows) else 1
             if cost > budget:
-                figs.skipped.append(sw.title)
+                figs.skipped.append(f"{sw.title} (over the limit of {max_pngs} figures)")
                 continue
             a = plot_dir / f"sweep-{sw.slug}.png"
-            plot_sweep(sw, nan_rows[_same_cfg(nan_rows, sw.cfg)], a)
-            budget -= 1
             b = plot_dir / f"pos-{sw.slug}.png"
-            drew = cost == 2 and plot_positions(sw, b)
+            try:  # one figure that cannot be drawn costs that figure only
+                plot_sweep(sw, nan_rows[_same_cfg(nan_rows, sw.cfg)], a)
+                budget -= 1
+                drew = cost == 2 and plot_positions(sw, b)
+            except Exception as err:  # noqa: BLE001
+                figs.skipped.append(f"{sw.title} ({type(err).__name__}: {err})")
+                continue
             budget -= int(drew)
             figs.sweeps.append((sw, f"plots/{a.name}", f"plots/{b.name}" if drew else None))
         for i, cell in enumerate(cells):
             r = cell["row"]
             p = plot_dir / f"heads-{i + 1:02d}-{_slug(r['backend'] + '-' + r['tensor'])}.png"
-            figs.heads.append((plot_heads(cell, p), f"plots/{p.name}"))
+            try:
+                figs.heads.append((plot_heads(cell, p), f"plots/{p.name}"))
+            except Exception as err:  # noqa: BLE001
+                figs.skipped.append(f"per-head figure of {r['backend']} {r['tensor']} on {r['case_id']} "
+                                    f"({type(err).__name__}: {err})")
     return figs
 
 

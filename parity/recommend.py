@@ -222,14 +222,31 @@ def write_tolerances(doc: dict, path: str | os.PathLike) -> Path:
 def load_tolerances(source: str | os.PathLike | dict) -> dict:
     """A tolerances document from a path or an already loaded dict; ValueError for another format or a newer
     version."""
-    doc = source if isinstance(source, dict) else json.loads(Path(source).read_text())
-    if doc.get("format") != FORMAT:
-        raise ValueError(f"not a {FORMAT} document (format={doc.get('format')!r})")
-    if int(doc.get("version", 0)) > VERSION:
-        raise ValueError(f"tolerances version {doc['version']} is newer than this harness reads ({VERSION})")
-    missing = [e for e in doc.get("entries", []) if any(k not in e for k in KEY_FIELDS)]
+    where = "the given tolerances" if isinstance(source, dict) else str(source)
+    if isinstance(source, dict):
+        doc = source
+    else:
+        try:
+            doc = json.loads(Path(source).read_text())
+        except OSError as err:
+            raise ValueError(f"{where}: cannot read the tolerances file ({err.strerror or err})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{where}: not valid JSON, truncated or damaged ({err})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"{where}: not a {FORMAT} document (format={found!r})")
+    try:
+        version = int(doc.get("version", 0))
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: version {doc.get('version')!r} is not an integer") from None
+    if version > VERSION:
+        raise ValueError(f"{where}: tolerances version {doc['version']} is newer than this harness reads ({VERSION})")
+    entries = doc.get("entries", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ValueError(f"{where}: 'entries' must be a list of objects")
+    missing = [e for e in entries if any(k not in e for k in KEY_FIELDS)]
     if missing:
-        raise ValueError(f"tolerance entries lack key fields {list(KEY_FIELDS)}: {missing[0]}")
+        raise ValueError(f"{where}: tolerance entries lack key fields {list(KEY_FIELDS)}: {missing[0]}")
     return doc
 
 

@@ -33,6 +33,11 @@ def frame(rs: ResultSet) -> pd.DataFrame:
     df = rs.frame()
     if df.empty:
         return df
+    for col in CASE_COLS + ["group_id", "seed", "part", "impl", "reason"]:  # absent from damaged rows
+        if col not in df:
+            df[col] = None
+    if "against" in df:
+        df["against"] = df["against"].fillna("fp64")
     df["h0_dtype"] = df["h0_dtype"].where(df["h0_dtype"].notna(), "none")
     df["dtypes"] = df.apply(_dtypes, axis=1)
     for m in METRICS + ["where_seq", "where_token", "where_head", "wall_s", "wall2_s", "ref_s", "rerun_max_diff"]:
@@ -296,7 +301,7 @@ def section_growth(df: pd.DataFrame, out_dir: str | Path | None) -> str:
                 f"{len(figs.heads)}), per head, next to `torch-emulated` and `fp64-rounded` on the same case.", ""]
         out += [f"![{title}]({path})\n" for title, path in figs.heads]
     if figs.skipped:
-        out += [f"Not drawn (at most {plots.MAX_PNGS} figures): {'; '.join(figs.skipped)}.", ""]
+        out += [f"Not drawn: {'; '.join(figs.skipped)}.", ""]
     if not figs.sweeps and not figs.heads:
         out += ["No figures: no T sweep and no per-head columns in these rows.", ""]
     return "\n".join(out)
@@ -386,22 +391,44 @@ def render(rs: ResultSet, out_dir: str | Path | None = None) -> str:
             f"Matrix `{run.get('matrix')}` on {env.get('gpu') or 'CPU (no GPU)'}; every backend against the fp64 "
             f"reference (chunked WY form in float64).", ""]
     if df.empty:
-        return "\n".join(head + ["No rows yet.", ""])
+        return "\n".join(head + [section_problems(rs), "No rows yet.", ""])
     from parity import engines, findings
 
-    parts = [*head, findings.section(rs, df), section_environment(rs)]
+    parts = [*head, section_problems(rs), _guarded(findings.section, rs, df), _guarded(section_environment, rs)]
     try:
         from parity import verdicts
     except ImportError:
         verdicts = None
     if verdicts is not None:
-        parts.append(verdicts.section(df))
-    parts.append(engines.section(rs, df))
-    parts += [section_summary(df), section_per_T(df), section_growth(df, out_dir),
-              section_pairwise(df), section_worst(df),
-              section_attribution(df), section_recommended(rs, df, out_dir),
-              section_determinism(df), section_failures(df), section_footer(rs, df)]
+        parts.append(_guarded(verdicts.section, df))
+    parts.append(_guarded(engines.section, rs, df))
+    parts += [_guarded(section_summary, df), _guarded(section_per_T, df), _guarded(section_growth, df, out_dir),
+              _guarded(section_pairwise, df), _guarded(section_worst, df),
+              _guarded(section_attribution, df), _guarded(section_recommended, rs, df, out_dir),
+              _guarded(section_determinism, df), _guarded(section_failures, df), _guarded(section_footer, rs, df)]
     return "\n\n".join(p.strip("\n") for p in parts if p) + "\n"
+
+
+def _guarded(section, *args) -> str:
+    """``section(*args)``, or a note naming the section and the error when it cannot be rendered from these rows
+    (a damaged or partial file): one section never costs the others."""
+    try:
+        return section(*args)
+    except Exception as err:  # noqa: BLE001
+        return (f"**{section.__name__} could not be rendered from these rows**: {type(err).__name__}: "
+                f"{str(err)[:300]}\n")
+
+
+def section_problems(rs: ResultSet, shown: int = 20) -> str:
+    """What loading skipped or replaced (parity.results.load's problems), with file and line."""
+    if not rs.problems:
+        return ""
+    lines = [f"- {p}" for p in rs.problems[:shown]]
+    if len(rs.problems) > shown:
+        lines.append(f"- ... and {len(rs.problems) - shown} more")
+    return "\n".join(["## Damaged or partial result file", "",
+                      f"{len(rs.problems)} line(s) of the result file were skipped or replaced; the report is "
+                      f"rendered from the readable rows.", "", *lines, ""])
 
 
 def write_report(results: list[str | Path], out: str | Path | None = None) -> Path:

@@ -5,8 +5,10 @@ to it by the parent, reporting each cell's rows as soon as it has them. If a wor
 memory access poisons a CUDA context; a segfault; a cell that hangs past ``cell_timeout``), the
 parent records an error for the cell in flight, starts a new worker and hands it the rest of that
 case: one failing cell never loses the others. ``workers=0`` runs everything in this process
-(debuggable, no crash protection). ``resume`` skips cells already in the result file; ``shard``
-takes every n-th case so that several machines can split a matrix.
+(debuggable, no crash protection). ``resume`` skips the cases whose rows are all in the result file and runs
+again every case with a row missing (a cell, a pairwise or an attribution row) or a cell its worker did not
+finish; ``shard`` takes every n-th case so that several machines can split a matrix. One run writes a result
+file at a time (parity.results.WriteLock).
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ import torch
 from cases.case import Case
 from parity import environment
 from parity.backends import resolve
-from parity.execute import ContextPoisoned, run_case, status_rows
+from parity.execute import ContextPoisoned, describe_error, run_case, status_rows
 from parity.refs import REF_VERSION, RefCache
-from parity.results import FLOOR_BACKEND, ResultWriter, load
+from parity.results import FLOOR_BACKEND, ResultWriter, WriteLock, latest_rows, load
 
 
 @dataclass
@@ -71,6 +73,52 @@ def plan(cases: list[Case], backend_names: list[str], done: set[tuple[str, str]]
         todo = [b for b in (FLOOR_BACKEND, *backend_names) if (c.id, b) not in done]
         if todo:
             tasks.append((c.id, todo))
+    return tasks
+
+
+def missing_rows(case: Case, backends, rows: dict, pairwise: bool = True, attribution: bool = True) -> list[str]:
+    """What the result rows ``rows`` ({row_key: row}, parity.results.latest_rows) lack for ``case`` run on
+    ``backends`` (objects): a cell without a row for every tensor, a cell its worker did not finish (rows marked
+    ``interrupted``), a pairwise row between two backends that both ran cleanly, an attribution row of a clean
+    backend that exposes chunk states. Empty when the case is complete."""
+    from parity.attribution import TENSOR as H, eligible
+    from parity.backends.base import Backend
+    from parity.refs import tensor_names
+
+    names = tensor_names(case)
+    out, clean = [], []
+    for b in (FLOOR_BACKEND, *(x.name for x in backends)):
+        got = [rows.get((case.id, b, "fp64", t)) for t in names]
+        if any(r is None for r in got):
+            out.append(f"{b}: rows of {', '.join(t for t, r in zip(names, got) if r is None)}")
+        elif any(r.get("interrupted") for r in got):
+            why = (got[0].get("reason") or "").partition("\n")[0][:120]
+            out.append(f"{b}: did not finish ({why})")
+        elif b != FLOOR_BACKEND and all(r.get("status") == "ok" for r in got):
+            clean.append(b)
+    if pairwise:
+        pairs = {(r["backend"], r["against"]) for k, r in rows.items() if k[0] == case.id and k[2] != "fp64"}
+        out += [f"pairwise {a} vs {b}" for i, a in enumerate(sorted(clean)) for b in sorted(clean)[i + 1:]
+                if (a, b) not in pairs]
+    if attribution and eligible(case):
+        offers = {x.name for x in backends if type(x).chunk_states is not Backend.chunk_states}
+        out += [f"attribution {b}" for b in clean if b in offers and (case.id, b, "fp64", H) not in rows]
+    return out
+
+
+def resume_plan(cases: list[Case], backends, rows: list[dict], pairwise: bool = True,
+                attribution: bool = True) -> list[tuple[str, list[str]]]:
+    """Tasks for a resumed run: every case with anything missing (``missing_rows``) runs again whole (every
+    backend, so that its pairwise and attribution rows are recomputed too; the rounding floor only when its rows
+    are missing), its new rows replacing the old; complete cases are skipped."""
+    index = latest_rows(rows)
+    names = [b.name for b in backends]
+    tasks = []
+    for c in cases:
+        lack = missing_rows(c, backends, index, pairwise, attribution)
+        if lack:
+            floor = [FLOOR_BACKEND] if any(m.startswith(f"{FLOOR_BACKEND}:") for m in lack) else []
+            tasks.append((c.id, floor + names))
     return tasks
 
 
@@ -205,7 +253,7 @@ class _Pool:
             todo = [w.inflight] if w.inflight and w.inflight not in w.emitted else []
         for name in todo:
             if name not in w.emitted:
-                self.on_rows(status_rows(case, name, "error", reason))
+                self.on_rows([{**r, "interrupted": True} for r in status_rows(case, name, "error", reason)])
                 w.emitted.add(name)
 
     def _receive(self, w: _Worker) -> bool:
@@ -283,26 +331,48 @@ class _Pool:
 
 
 def run(config: RunConfig) -> Path:
-    """Run the configured sweep, appending to ``config.out``; returns its path."""
+    """Run the configured sweep, appending to ``config.out``; returns its path. Holds the file's WriteLock
+    throughout (parity.results.FileLocked when another run holds it)."""
     cases = shard_cases(config.cases, config.shard)
     backends = resolve(config.backends)
+    with WriteLock(config.out) as lock:
+        return _run_locked(config, cases, backends, lock)
+
+
+def _availability(b) -> dict:
+    try:
+        ok, reason = b.available()
+    except Exception as err:  # noqa: BLE001 - its cells record the error (parity.execute.run_backend)
+        ok, reason = False, f"available() raised {describe_error(err)}"
+    return {"available": ok, "reason": reason}
+
+
+def _versions(b) -> dict:
+    try:
+        return b.versions()
+    except Exception as err:  # noqa: BLE001
+        return {"error": f"versions() raised {describe_error(err)}"}
+
+
+def _run_locked(config: RunConfig, cases: list[Case], backends, lock: WriteLock) -> Path:
     names = [b.name for b in backends]
-    done = load(config.out).cells_done() if config.resume and Path(config.out).exists() else set()
     if not config.resume and Path(config.out).exists():
         raise FileExistsError(f"{config.out} exists; pass --resume to continue it or choose another --out")
-    tasks = plan(cases, names, done)
+    if config.resume and Path(config.out).exists():
+        tasks = resume_plan(cases, backends, load(config.out).rows, config.pairwise, config.attribution)
+    else:
+        tasks = plan(cases, names, set())
     if config.repeat is None:
         config.repeat = torch.cuda.is_available()
     env = environment.collect()
-    availability = {b.name: {**dict(zip(("available", "reason"), b.available())), "conversion": b.conversion}
-                    for b in backends}
+    availability = {b.name: {**_availability(b), "conversion": b.conversion} for b in backends}
     header = {
         "run_id": Path(config.out).parent.name, "matrix": config.matrix, "seeds": config.seeds,
         "shard": None if config.shard is None else f"{config.shard[0]}/{config.shard[1]}",
-        "backends": names, "availability": availability, "versions": {b.name: b.versions() for b in backends},
+        "backends": names, "availability": availability, "versions": {b.name: _versions(b) for b in backends},
         "ref_version": REF_VERSION, "cases": len(cases), "tasks": len(tasks), "env": env, **config.extra_meta,
     }
-    writer = ResultWriter(config.out, header)
+    writer = ResultWriter(config.out, header, lock=lock)
     totals = {"ref_s": 0.0, "cases": 0}
     bar = _progress(len(tasks), config.progress)
 

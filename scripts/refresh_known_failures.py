@@ -29,11 +29,9 @@ KNOWN = os.path.join(ROOT, "tests", "known_failures.json")
 
 def failing_cells(paths) -> dict[tuple[str, str], str]:
     """(case id, backend) -> worst verdict (FAIL / ERROR) over the tensors the pytest matrix judges."""
-    import pandas as pd
-
     from parity import results, verdicts
 
-    df = pd.DataFrame(results.load(*paths).rows)
+    df = results.load(*paths).frame()  # a cell run again on resume: its latest rows
     judged = verdicts.judge_frame(df)
     judged = judged[(judged["tensor"] != "h") & judged["verdict"].isin([verdicts.FAIL, verdicts.ERROR])]
     out = {}

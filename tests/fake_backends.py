@@ -30,12 +30,13 @@ class NaNer(TorchEmulated):
     name = "fake-nan"
     description = "writes one NaN into o"
     has_backward = False
+    value, index = float("nan"), 0
 
     def _forward(self, inputs):
         o, ht, impl = super()._forward(inputs)
         o = o.contiguous().clone()
-        o.view(-1)[0] = float("nan")
-        return o, ht, "fake/nan"
+        o.view(-1)[self.index] = self.value
+        return o, ht, f"fake/{self.value}"
 
 
 class Sleeper(TorchEmulated):
@@ -59,6 +60,22 @@ class LongSleeper(Sleeper):
     seconds = 600
 
 
+ONCE_DIR = "GDN_FAKE_FAULT_ONCE_DIR"
+
+
+def fault_fires(name: str) -> bool:
+    """True, or, with $GDN_FAKE_FAULT_ONCE_DIR set, only the first time (a marker file there per backend): a fault
+    that a resumed run no longer meets."""
+    folder = os.environ.get(ONCE_DIR)
+    if not folder:
+        return True
+    mark = os.path.join(folder, name)
+    if os.path.exists(mark):
+        return False
+    open(mark, "w").close()
+    return True
+
+
 class Crasher(TorchEmulated):
     """Kills its process (like an illegal memory access would) on cases with T == 65."""
 
@@ -67,7 +84,7 @@ class Crasher(TorchEmulated):
     has_backward = False
 
     def _forward(self, inputs):
-        if inputs.q.shape[1] == 65:
+        if inputs.q.shape[1] == 65 and fault_fires(self.name):
             os._exit(7)
         return super()._forward(inputs)
 
@@ -86,3 +103,56 @@ class WrongShape(TorchEmulated):
     def _forward(self, inputs):
         o, ht, impl = super()._forward(inputs)
         return o[:, :-1], ht, "fake/shape"
+
+
+# Fault injection: each backend below breaks one way; tests/test_faults.py runs them through ``parity run`` and
+# checks that nothing else is lost.
+
+
+class Hanger(TorchEmulated):
+    """Hangs (sleeps an hour) on cases with T == 65: a cell that runs past --cell-timeout."""
+
+    name = "fake-hanger"
+    description = "hangs on T=65"
+    has_backward = False
+
+    def _forward(self, inputs):
+        if inputs.q.shape[1] == 65 and fault_fires(self.name):
+            time.sleep(3600)
+        return super()._forward(inputs)
+
+
+class Infer(NaNer):
+    name = "fake-inf"
+    description = "writes one +Inf into o"
+    value, index = float("inf"), -1
+
+
+class Biased(TorchEmulated):
+    """Adds 2% of o's RMS to every element of o: finite, plausible, and wrong."""
+
+    name = "fake-biased"
+    description = "o off by a small constant bias"
+    has_backward = False
+
+    def _forward(self, inputs):
+        o, ht, impl = super()._forward(inputs)
+        return o + 0.02 * o.float().pow(2).mean().sqrt().to(o.dtype), ht, "fake/biased"
+
+
+class RaisingSupports(TorchEmulated):
+    name = "fake-raising-supports"
+    description = "supports() raises"
+    has_backward = False
+
+    def supports(self, case, device):
+        raise RuntimeError("supports exploded")
+
+
+class RaisingAvailable(TorchEmulated):
+    name = "fake-raising-available"
+    description = "available() raises"
+    has_backward = False
+
+    def available(self):
+        raise RuntimeError("available exploded")
