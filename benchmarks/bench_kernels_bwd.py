@@ -1,4 +1,4 @@
-"""Forward + backward benchmark of our TileLang GDN (``kernels.gdn_bwd.autograd``) vs FLA Triton vs FlashQLA.
+"""Forward + backward benchmark of our TileLang GDN (``kernels.autograd``) vs FLA Triton vs FlashQLA.
 
     python benchmarks/bench_kernels_bwd.py [--shapes NAME,...] [--rep 50] [--no-check] [--dry-run]
 
@@ -75,7 +75,7 @@ def backward_context(name: str):
     return contextlib.nullcontext()
 
 
-# A/B columns (``--ab``): our backward with one private switch of ``kernels.gdn_bwd`` set otherwise (module, name,
+# A/B columns (``--ab``): our backward with one private switch of ``kernels.backward`` set otherwise (module, name,
 # value), restored after
 AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute before prep and dh, on one stream
       "ours-seq-dh": ("api", "_DH_SEGMENTS", False),            # the sequential reverse pass even with few CTAs
@@ -107,7 +107,7 @@ def _ab_switch(col: str):
     saved = []
     try:
         for mod, flag, value in switches:
-            m = importlib.import_module(f"kernels.gdn_bwd.{mod}")
+            m = importlib.import_module(f"kernels.backward.{mod}")
             saved.append((m, flag, getattr(m, flag)))
             setattr(m, flag, value)
         yield
@@ -140,7 +140,7 @@ def main(argv=None):
                     help="our backward's chunk-table precisions to time: 'split' is column 'ours', 'lean_sd' (opt-in, "
                     "gdn_bwd/dqk_lean.py) is column 'ours-lean'")
     ap.add_argument("--ab", default="",
-                    help="also time these A/B columns, 'ours' with one private switch of kernels.gdn_bwd set "
+                    help="also time these A/B columns, 'ours' with one private switch of kernels.backward set "
                     "otherwise (the AB table): 'ours-serial' (recompute not overlapped with prep + dh), 'ours-seq-dh' "
                     "(no segment-parallel dh), 'ours-unfused' (inter and intra terms in two kernels), "
                     "'ours-torch-gsum' (the GVA group sums by torch, no clusters), 'ours-intra2' (the recompute's own intra2), "
@@ -159,8 +159,8 @@ def main(argv=None):
     if any(t not in COLUMN for t in tables):
         ap.error(f"--tables takes {', '.join(COLUMN)}; got {args.tables!r}")
 
-    from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as ours_fn
-    from kernels.gdn_fwd import testing as tt
+    from kernels.autograd import chunk_gated_delta_rule as ours_fn
+    from tests import kernel_support as tt
 
     t_start = time.time()
     if args.dry_run:
@@ -197,7 +197,7 @@ def main(argv=None):
 
     print("== step 0: compile ==", flush=True)
     if not args.dry_run:
-        from kernels.gdn_bwd.build import configs_for_call, precompile
+        from kernels.backward.configs import configs_for_call, precompile
         cfgs = []
         todo = [(SHAPES[n][0], SHAPES[n][1], SHAPES[n][3], SHAPES[n][4], False) for n in shapes]
         todo += [] if args.no_check else [(c[1], c[2], c[4], c[5], c[6] is not None) for c in CHECKS]
@@ -306,9 +306,9 @@ def main(argv=None):
             if args.dry_run or not row.get(iname):
                 continue
             try:              # where the backward's time goes (one call, CUDA events between the launches)
-                from kernels.gdn_bwd import autograd
-                from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd, stage_times
-                from kernels.gdn_fwd.api import chunk_gated_delta_rule as fwd_api
+                from kernels.backward import autograd
+                from kernels.backward.pipeline import chunk_gated_delta_rule_bwd, stage_times
+                from kernels.forward.pipeline import chunk_gated_delta_rule as fwd_api
                 side = dict(initial_state=kw["initial_state"], state_v_first=kw["state_v_first"],
                             cu_seqlens=kw["cu_seqlens"])
                 saved = {}                    # the forward's intra tables, as the autograd Function hands them on

@@ -141,7 +141,7 @@ def enqueue_ms(fn, dev, reps: int = 20) -> float | None:
 
 
 def _needed_configs(variants, shapes):
-    from kernels.gdn_fwd.build import Intra2Config, dispatch_v2, plan_v2, precision_v2
+    from kernels.forward.configs import Intra2Config, dispatch_v2, plan_v2, precision_v2
     cfgs = [Intra2Config("bfloat16", precision_v2(None).merge, precision_v2(None).ag)]    # the "intra" column
     todo = [(SHAPES[name][0], SHAPES[name][1], SHAPES[name][3], SHAPES[name][4], False) for name in shapes]
     todo += [(c[1], c[2], c[4], c[5], c[6] is not None) for c in CHECKS]
@@ -162,7 +162,7 @@ def _needed_configs(variants, shapes):
 
 
 def precompile(cfgs, workers):
-    from kernels.gdn_fwd.build import precompile as _pre
+    from kernels.forward.configs import precompile as _pre
     _pre(cfgs, workers, log=lambda m: print(m, flush=True))
 
 
@@ -179,11 +179,11 @@ def main(argv=None):
                          "no compile, FLA/FlashQLA off")
     args = ap.parse_args(argv)
 
-    from kernels.gdn_fwd import testing as tt
-    from kernels.gdn_fwd.build import block_v
+    from tests import kernel_support as tt
+    from kernels.forward.configs import block_v
 
     if args.dry_run:
-        from kernels.gdn_fwd import emulation as E
+        from kernels.forward import emulation as E
         dev = torch.device("cpu")
         for k_, (B_, T_, H_, HV_, L_) in list(SHAPES.items()):
             SHAPES[k_] = (B_, T_ // 256, H_, HV_, [max(1, x // 256) for x in L_] if L_ else None)
@@ -202,10 +202,10 @@ def main(argv=None):
             return E.chunk_gated_delta_rule(*a, **kw)
 
         def intra_stage(q, k, g, beta, cu_seqlens=None):
-            from kernels.gdn_fwd.build import precision_v2
+            from kernels.forward.configs import precision_v2
             Bq, Tq = q.shape[:2]
             cu = [int(x) for x in cu_seqlens.tolist()] if cu_seqlens is not None else [b * Tq for b in range(Bq + 1)]
-            return E.intra_v2(q.reshape(Bq * Tq, q.shape[2], -1), k.reshape(Bq * Tq, k.shape[2], -1),
+            return E.intra_chunk(q.reshape(Bq * Tq, q.shape[2], -1), k.reshape(Bq * Tq, k.shape[2], -1),
                               g.reshape(Bq * Tq, -1).float(), beta.reshape(Bq * Tq, -1).float(), cu,
                               q.shape[-1] ** -0.5, False, q.dtype, precision_v2(None))
     else:
@@ -215,8 +215,8 @@ def main(argv=None):
         from triton.testing import do_bench
 
         import kernels
-        from kernels.gdn_fwd.api import chunk_gated_delta_rule as ours_impl
-        from kernels.gdn_fwd.api import intra2_stage as intra_stage
+        from kernels.forward.pipeline import chunk_gated_delta_rule as ours_impl
+        from kernels.forward.pipeline import intra2_stage as intra_stage
         dev = torch.device("cuda")
 
     t_start = time.time()

@@ -54,7 +54,7 @@ def main(argv=None) -> int:
 
 
 def _profile(args) -> int:
-    from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as ours
+    from kernels.autograd import chunk_gated_delta_rule as ours
 
     B, T, H, HV, lens = SHAPES[args.shape]
     impl = "tilelang"
@@ -71,7 +71,7 @@ def _profile(args) -> int:
     leaves = [x.detach().requires_grad_() for x in a]
 
     if args.impl == "fla-triton":
-        from kernels.gdn_fwd.testing import fla_triton_fn
+        from tests.kernel_support import fla_triton_fn
         fla = fla_triton_fn()
         if fla is None:
             print("fla is not importable")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import bench_kernels_bwd as bench
-from kernels.gdn_bwd import api
+from kernels.backward import api
 
 
 def _switches(col):
@@ -17,7 +17,7 @@ def _switches(col):
 def _state():
     """The value of every AB switch now."""
     import importlib
-    return {f: getattr(importlib.import_module(f"kernels.gdn_bwd.{m}"), f)
+    return {f: getattr(importlib.import_module(f"kernels.backward.{m}"), f)
             for col in bench.AB for m, f, _ in _switches(col)}
 
 

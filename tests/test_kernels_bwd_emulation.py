@@ -13,9 +13,9 @@ K = V = 64; and the autograd.Function plumbing.
 import pytest
 import torch
 
-from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as fn
-from kernels.gdn_bwd.emulation import chunk_gated_delta_rule_bwd
-from kernels.gdn_fwd import testing as tt
+from kernels.autograd import chunk_gated_delta_rule as fn
+from kernels.backward.emulation import chunk_gated_delta_rule_bwd
+from tests import kernel_support as tt
 
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 
@@ -62,7 +62,7 @@ def test_bwd_emulation_vs_fp64(name):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_lean_tables_with_split_state_dots_meet_the_same_bar(name):
-    """Design study for the next inter / intra kernels (``kernels.gdn_bwd.accuracy``): reading only the hi terms of
+    """Design study for the next inter / intra kernels (``kernels.backward.accuracy``): reading only the hi terms of
     the chunk tables, with the S o dS' row sums still from hi + lo ("lean_sd"), every gradient stays within the
     FLA-like baseline, the issue's bar.  Not within the stricter bar the kernels meet near g = -20 (dg within the
     rounding floor): there "lean_sd" is 1.06x the floor (1.99e-3 vs 1.88e-3 at T = 192).  Plain "lean" misses
@@ -97,7 +97,7 @@ def test_single_operand_forms_meet_the_same_bar(monkeypatch, name, switch):
     other two on) keep every gradient within the FLA-like
     baseline, and dg near g = -20 within the rounding floor (the emulation follows the switches, as the API does);
     each switch changes the gradient it should (dv: dh's dY alone, or dU; dq: the intra terms, not dh)."""
-    import kernels.gdn_bwd.build as bbuild
+    import kernels.backward.configs as bbuild
     xs, do, dht, kw = _gpu_case_inputs(name) if name in _GPU_NAMES else tt.bwd_inputs(**CASES[name])
     monkeypatch.setattr(bbuild, "_DH_SINGLE", True)
     monkeypatch.setattr(bbuild, switch, False)
@@ -154,7 +154,7 @@ def test_tables_knob_reaches_the_backward_and_rejects_unknown_values():
     """``_tables`` goes through the autograd Function to the backward (here its emulation: "lean_sd" gives the
     emulation's lean_sd gradients, not the default ones); the kernel API rejects an unknown value before any
     CUDA check, the emulation too."""
-    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
 
     xs, do, dht, kw = tt.bwd_inputs(1, 70, 1, 2, h0=1.0)
     leaves = [x.clone().requires_grad_() for x in xs]
@@ -170,7 +170,7 @@ def test_tables_knob_reaches_the_backward_and_rejects_unknown_values():
         for bad in ("nope", "split+fg", "split+"):
             with pytest.raises(ValueError, match="unknown chunk table precision"):
                 impl(*xs, do, dht, **kw, _tables=bad)
-    from kernels.gdn_bwd.build import stage_kinds
+    from kernels.backward.configs import stage_kinds
     assert stage_kinds("lean_sd")[-1] == "intra_lean" and stage_kinds() == ("prep", "dh", "dqk", "dqk_g2", "dqk_g4",
                                                                                 "dqk_g8", "gsum", "gsum32", "dgdb")
     assert stage_kinds("split", fused=False) == ("prep", "dh", "inter", "intra")
@@ -195,11 +195,11 @@ def test_dg_has_no_cancellation_near_minus_20():
 # ---------------------------------------------------------------------------------------------------------
 
 def _fake_kernels(monkeypatch):
-    import kernels.gdn_bwd.api as bapi
-    import kernels.gdn_bwd.build as bbuild
-    import kernels.gdn_bwd.emulation as E
-    import kernels.gdn_fwd.build as fbuild
-    from kernels.gdn_fwd import emulation as FE
+    import kernels.backward.pipeline as bapi
+    import kernels.backward.configs as bbuild
+    import kernels.backward.emulation as E
+    import kernels.forward.configs as fbuild
+    from kernels.forward import emulation as FE
 
     f64 = torch.float64
     orig_check = bapi._check
@@ -232,7 +232,7 @@ def _fake_kernels(monkeypatch):
         if isinstance(cfg, fbuild.Intra2Config):
             def intra2(q, k, g, b, cu, ci, Ah, Al, F, Th, scale, use_l2):
                 dt = q.dtype
-                ah, al, f = FE.intra_v2(q, k, g, b, cu_list(cu), scale, bool(use_l2), dt, E.fwd_precision())
+                ah, al, f = FE.intra_chunk(q, k, g, b, cu_list(cu), scale, bool(use_l2), dt, E.fwd_precision())
                 put(Ah, ah), put(Al, al), put(F, f)
                 if cfg.th:          # Tinv, rounded once: prep's Th (the same solve)
                     z = torch.zeros(q.shape[0], g.shape[1], q.shape[2], dtype=dt)
@@ -242,7 +242,7 @@ def _fake_kernels(monkeypatch):
             assert not cfg.vt
 
             def output(q, k, F, Sch, Scl, Uh, Ul, cu, ci, o2):
-                put(o2, FE.output_v2(q, k, F.to(f64), Sch.to(f64), Scl.to(f64), Uh.to(f64), Ul.to(f64), cu_list(cu),
+                put(o2, FE.output(q, k, F.to(f64), Sch.to(f64), Scl.to(f64), Uh.to(f64), Ul.to(f64), cu_list(cu),
                                      q.dtype, cfg.prec))
             return output
         assert isinstance(cfg, fbuild.State2Config) and cfg.form == "smem" and not cfg.scan
@@ -251,7 +251,7 @@ def _fake_kernels(monkeypatch):
             h = None
             if use_h0:
                 h = h0.transpose(-1, -2) if vf else h0
-            sh, sl, uh, ul, end = FE.state_v2(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu), cu_list(co), h,
+            sh, sl, uh, ul, end = FE.chunk_states(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu), cu_list(co), h,
                                               k.dtype, cfg.prec)
             put(Sch, sh), put(Scl, sl), put(Uh, uh), put(Ul, ul)
             if store_ht:
@@ -267,7 +267,7 @@ def _fake_kernels(monkeypatch):
                     return
                 put(Th, th), put(Tl, tl)
                 # Ag: the kernel's operations are intra2's (ag "split"), so its emulation stands in
-                ah, al, _ = FE.intra_v2(q, k, g, b, cu_list(cu), scale, bool(use_l2), q.dtype, E.fwd_precision())
+                ah, al, _ = FE.intra_chunk(q, k, g, b, cu_list(cu), scale, bool(use_l2), q.dtype, E.fwd_precision())
                 put(Agh, ah), put(Agl, al)
             return prep
         if cfg.kind == "dh":
@@ -300,7 +300,7 @@ def _fake_kernels(monkeypatch):
         if cfg.kind == "dgdb":
             # the torch form of the same terms (common.finish) stands in; the GPU test compares the two
             def dgdb(Fb, qz, kw, kr, yv, db2, sd, rect, cu, ci, dg, db):
-                from kernels.gdn_bwd.common import finish, valid_rows
+                from kernels.backward.finish import finish, valid_rows
                 tok, valid = E.token_index(cu_list(cu), Fb.device)
                 z = torch.zeros(dg.shape[0], 1, 1)
                 _, _, g_, b_ = finish(Fb=Fb, qz=qz, kw=kw, kr=kr, sd=sd, yv=yv[0] + yv[1], rect=rect,
@@ -352,7 +352,7 @@ def _fake_kernels(monkeypatch):
             put(rect, r), put(db2, b_)
         return intra
 
-    import kernels.gdn_fwd.api as fapi
+    import kernels.forward.pipeline as fapi
     monkeypatch.setattr(bapi, "_check", check_cpu)
     monkeypatch.setattr(fapi, "_check", check_cpu)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
@@ -378,7 +378,7 @@ _PLUMBING = {
                                   "two_kernels_intra_split", "dul16"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
 def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
-    """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
+    """kernels.backward.pipeline with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
     emulation's stage functions, so any difference is the API's tensor plumbing), with the fused dqk kernel
     (default: groups of 2, 4, 8 summed by the kernel's clusters, others by ``gdn_bwd_group_sum``; with the
     clusters off, ``api._CLUSTER_GROUP_SUM``, every group by ``gdn_bwd_group_sum`` or by torch,
@@ -390,10 +390,10 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
     (``build._DH_SINGLE``, the ``single`` dh kernel; off, "dh_split"; the emulation follows the switch), and with
     the intra terms' single 64x64 operands (``build._INTRA_SINGLE``, the ``msingle`` kernels, fused or two-kernel;
     off, "intra_split" and "two_kernels_intra_split")."""
-    import kernels.gdn_bwd.build as bbuild
-    import kernels.gdn_fwd.build as fbuild
-    from kernels.gdn_bwd import api
-    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
+    import kernels.backward.configs as bbuild
+    import kernels.forward.configs as fbuild
+    from kernels.backward import api
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as api_bwd
 
     _fake_kernels(monkeypatch)
     asked = []
@@ -442,9 +442,9 @@ def test_autograd_hands_the_forward_tables_to_the_backward_on_cpu(monkeypatch, n
     emulation's Function, gradient by gradient.  With ``autograd._SAVE_TABLES`` the forward's intra kernel is asked
     to store Tinv (``th``) and the backward's prep runs on the forward's tables (``saved``: its stand-in then writes
     no Tinv, so a backward that read its own empty tables would be wrong); off, neither."""
-    import kernels.gdn_bwd.build as bbuild
-    import kernels.gdn_fwd.build as fbuild
-    from kernels.gdn_bwd import autograd
+    import kernels.backward.configs as bbuild
+    import kernels.forward.configs as fbuild
+    from kernels.backward import autograd
 
     _fake_kernels(monkeypatch)
     asked = []
@@ -467,7 +467,7 @@ def test_autograd_hands_the_forward_tables_to_the_backward_on_cpu(monkeypatch, n
 def test_saved_tables_of_another_call_raise_valueerror(monkeypatch):
     """``_saved_tables`` that are not this call's (a missing key, another shape or dtype) raise a ValueError naming
     the table, before any launch."""
-    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as api_bwd
 
     _fake_kernels(monkeypatch)
     xs, do, dht, kw = tt.bwd_inputs(1, 70, 1, 2)
@@ -483,7 +483,7 @@ def test_singles_study_runs_the_split_kernels_and_restores_the_switches(monkeypa
     """``accuracy.singles`` (README's tables of single operands) measures against every operand split: inside it dh's
     single form and the intra terms' are off, so its variant "split" differs from "dh" and from "intra" (the API's
     forms); after it the switches are back."""
-    from kernels.gdn_bwd import accuracy, build
+    from kernels.backward import accuracy, build
 
     monkeypatch.setattr(accuracy, "cases", lambda T: {"gauss_h0": dict(B=1, T=T, H=1, HV=2, h0=1.0)})
     lines = []
@@ -497,7 +497,7 @@ def test_singles_study_runs_the_split_kernels_and_restores_the_switches(monkeypa
 def test_precision_study_switch_is_scoped_and_checked():
     """``emulation.study`` (the accuracy study's single-bf16 columns) changes the emulation only inside its block:
     gradients differ inside, are bitwise the kernels' emulation again after, and an unknown split name raises."""
-    from kernels.gdn_bwd.emulation import SPLITS, study
+    from kernels.backward.emulation import SPLITS, study
 
     xs, do, dht, kw = tt.bwd_inputs(1, 70, 1, 2, h0=1.0)
     before = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
@@ -517,8 +517,8 @@ def test_finish_scatters_by_integer_rows_the_same_as_by_mask(cu):
     """The API hands ``finish`` the rows of ``valid_rows`` (cached, computed on the host) so that it never indexes
     by a boolean mask on the device (a sync): every token is one valid chunk row, selecting by the rows equals
     selecting by the mask, and ``finish`` gives the same with the API's cached rows as with its own."""
-    from kernels.gdn_bwd.api import _token_index
-    from kernels.gdn_bwd.common import finish, token_index, valid_rows
+    from kernels.backward.pipeline import _token_index
+    from kernels.backward.finish import finish, token_index, valid_rows
     tok, valid = token_index(cu, "cpu")
     tv, sel = valid_rows(tok, valid)
     assert sorted(tv.tolist()) == list(range(cu[-1]))
@@ -559,10 +559,10 @@ def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, name):
     scan), forced on small inputs with the emulation's stage functions standing in for the kernels, gives the
     emulation's gradients (the sequential reverse pass), dh0 included.  The segmented pass runs dh with every
     operand split, so the sequential one it is compared with does too (``build._DH_SINGLE`` off)."""
-    from kernels.gdn_bwd import api as bapi
-    from kernels.gdn_bwd import build as bbuild
-    from kernels.gdn_bwd import dh_cp
-    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
+    from kernels.backward import api as bapi
+    from kernels.backward import build as bbuild
+    from kernels.backward import dh_cp
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as api_bwd
 
     _fake_kernels(monkeypatch)
     monkeypatch.setattr(bbuild, "_DH_SINGLE", False)
@@ -580,7 +580,7 @@ def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, name):
 
 
 def test_segment_plan_covers_every_chunk_once_at_chunk_boundaries(monkeypatch):
-    from kernels.gdn_bwd import dh_cp
+    from kernels.backward import dh_cp
     monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 16)
     cu = [0, 0, 64 * 40 + 5, 64 * 40 + 6, 64 * 100]
     p = dh_cp.plan(cu, HV=2, n_value_blocks=2, n_sms=132)
@@ -600,7 +600,7 @@ def test_segment_plan_covers_every_chunk_once_at_chunk_boundaries(monkeypatch):
 def test_segment_plan_only_for_long_sequences():
     """The measured boundary (session 8): sequential at B1 T8192 H4 HV8 (128 chunks, where the segmented form lost on
     an H200), segmented at B1 T65536 H2 HV4 (1024 chunks, where it won)."""
-    from kernels.gdn_bwd import dh_cp
+    from kernels.backward import dh_cp
     assert dh_cp.plan([0, 8192], HV=8, n_value_blocks=2, n_sms=132) is None
     p = dh_cp.plan([0, 65536], HV=4, n_value_blocks=2, n_sms=132)
     assert p is not None and p.n_segments >= 4
@@ -612,7 +612,7 @@ def test_recompute_overlap_only_where_it_was_measured_to_pay():
     """The side stream for the recompute: off at B1 T8192 H4 HV8 (128 chunks x 8 value heads, where it cost 0.1-0.4
     ms on an H200 in session 8), on at B1 T32768 H16 HV32 and B1 T65536 H2 HV4 (where it saved 0.8 ms), and never
     with the A/B switch off."""
-    from kernels.gdn_bwd import api as bapi
+    from kernels.backward import api as bapi
     assert not bapi._overlaps_recompute(8192 // 64, 8)
     assert bapi._overlaps_recompute(32768 // 64, 32) and bapi._overlaps_recompute(65536 // 64, 4)
     try:
@@ -626,8 +626,8 @@ def test_recompute_overlap_only_where_it_was_measured_to_pay():
 def test_recompute_state_shape_is_the_forwards_unless_overridden(n_seq, HV):
     """The recompute's state kernel takes the forward's ``block_v`` at one CTA per SM (measured best beside dh,
     session 10); the A/B override wins, and the configurations follow it."""
-    from kernels.gdn_bwd import build as bb
-    from kernels.gdn_fwd.build import block_v
+    from kernels.backward import build as bb
+    from kernels.forward.configs import block_v
     assert bb.recompute_state_shape(n_seq, HV) == (block_v(n_seq, HV), 1)
     try:
         bb._RECOMPUTE_STATE = (16, 2)
@@ -640,7 +640,7 @@ def test_recompute_state_shape_is_the_forwards_unless_overridden(n_seq, HV):
 
 def test_segment_scan_composes_the_affine_maps_of_a_sequence(monkeypatch):
     """end_gradients against the plain backward composition of random affine maps dS_start = P dS_end + a."""
-    from kernels.gdn_bwd import dh_cp
+    from kernels.backward import dh_cp
     monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 16)
     cu = [0, 64 * 40, 64 * 40 + 3, 64 * 90]
     p = dh_cp.plan(cu, HV=1, n_value_blocks=1, n_sms=132)
@@ -666,9 +666,9 @@ def test_saved_tables_are_kept_only_where_the_backward_reads_them(monkeypatch):
     """``api.saved_tables_used`` (the autograd Function asks it before its forward): the forward's intra tables are
     kept where the reverse pass is the sequential one with dh's single operands, not where the segmented pass runs
     (few heads over long sequences: it reads Tinv's lo term) nor with dh's split form."""
-    from kernels.gdn_bwd import api as bapi
-    from kernels.gdn_bwd import build as bbuild
-    from kernels.gdn_bwd import dh_cp
+    from kernels.backward import api as bapi
+    from kernels.backward import build as bbuild
+    from kernels.backward import dh_cp
 
     name = next(iter(_SEGMENTED))
     xs, do, dht, kw = tt.bwd_inputs(**_SEGMENTED[name])

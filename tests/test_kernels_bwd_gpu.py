@@ -1,8 +1,8 @@
 """GPU correctness of our TileLang GDN backward (marker ``gpu``), through the autograd Function
-``kernels.gdn_bwd.autograd.chunk_gated_delta_rule``, against fp64 autograd through ``reference.chunk``.
+``kernels.autograd.chunk_gated_delta_rule``, against fp64 autograd through ``reference.chunk``.
 
 Skips with the reason when there is no CUDA device, it is not sm_90 (Hopper), or tilelang is missing.
-Cases (``kernels.gdn_fwd.testing.GPU_CASES`` by name): T in 1, 63, 64, 65, 1000, 8192; dense B=1 and B=3;
+Cases (``tests.kernel_support.GPU_CASES`` by name): T in 1, 63, 64, 65, 1000, 8192; dense B=1 and B=3;
 varlen with boundary lengths and with empty sequences; GVA ratios 2 and 4; h0 (also ~50x) and both state
 layouts; bf16 and fp16; fp32, bf16 and fp16 gates; g near -20, g == 0 with extreme beta; in-kernel l2 norm;
 K = V = 64.  ``do`` ~ N(0, 1), ``dht`` ~ 0.1 N(0, 1).
@@ -20,7 +20,7 @@ import contextlib
 import pytest
 import torch
 
-from kernels.gdn_fwd import testing as tt
+from tests import kernel_support as tt
 
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 
@@ -39,7 +39,7 @@ def _precompile():
     """Compile every kernel the cases need in parallel processes first (fills TileLang's disk cache)."""
     import os
 
-    from kernels.gdn_bwd.build import configs_for_call, dh_config, forward_recompute_configs, precompile
+    from kernels.backward.configs import configs_for_call, dh_config, forward_recompute_configs, precompile
     cfgs = []
 
     def add(new):
@@ -76,8 +76,8 @@ def _call_shape(case):
 
 @contextlib.contextmanager
 def _build_switch(name, value):
-    """``kernels.gdn_bwd.build.<name>`` set to ``value`` for the block (restored after, also on an error)."""
-    from kernels.gdn_bwd import build as bb
+    """``kernels.backward.configs.<name>`` set to ``value`` for the block (restored after, also on an error)."""
+    from kernels.backward import build as bb
     saved = getattr(bb, name)
     setattr(bb, name, value)
     try:
@@ -114,7 +114,7 @@ def test_other_forms_gradients_against_fp64(monkeypatch, case, form):
     API's form until session 13), the split 64x64 intra operands (``build._INTRA_SINGLE`` off: the column
     ``ours-intra-split``, the API's form until session 14) and the candidate dUloc^T in the input dtype
     (``build._DUL_INPUT_DTYPE``: the column ``ours-dul16``)."""
-    from kernels.gdn_bwd import build
+    from kernels.backward import build
     monkeypatch.setattr(build, "_DH_SINGLE", form != "dh_split")
     monkeypatch.setattr(build, "_INTRA_SINGLE", form != "intra_split")
     monkeypatch.setattr(build, "_DUL_INPUT_DTYPE", form == "dul16")
@@ -122,7 +122,7 @@ def test_other_forms_gradients_against_fp64(monkeypatch, case, form):
 
 
 def _gradients_against_fp64(case):
-    from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as ours_fn
+    from kernels.autograd import chunk_gated_delta_rule as ours_fn
 
     dev = torch.device("cuda")
     args, kw, do, dht = tt.case_bwd_inputs(case, dev)
@@ -167,9 +167,9 @@ def test_stages_match_emulation(monkeypatch, case, tables):
     which the emulation follows) and its intra terms single 64x64 operands (``build._INTRA_SINGLE``),
     "split+dh_split" every dh operand split, "split+intra_split" the intra operands split, "split+dul16" the
     candidate dUloc^T in the input dtype (``build._DUL_INPUT_DTYPE``)."""
-    from kernels.gdn_bwd import build
-    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
-    from kernels.gdn_bwd.emulation import chunk_gated_delta_rule_bwd as emu
+    from kernels.backward import build
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
+    from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
 
     tables, _, form = tables.partition("+")
     monkeypatch.setattr(build, "_DH_SINGLE", form != "dh_split")
@@ -207,7 +207,7 @@ def test_fused_dqk_matches_the_two_kernels(monkeypatch, case):
     order (dq~ / dk~'s intra terms by the wgmma accumulator instead of an atomic add, the row dots over 128
     instead of 2 x 64 key columns), so every intermediate within 1e-5 of its largest magnitude and the final
     gradients within a tenth of the input dtype's rounding floor of each other."""
-    from kernels.gdn_bwd import api
+    from kernels.backward import api
 
     dev = torch.device("cuda")
     args, kw, do, dht = tt.case_bwd_inputs(case, dev)
@@ -242,7 +242,7 @@ _OUTPUT_CASES = [tt.Case("g2_varlen_h0", 1, 0, 2, 4, lens=[300, 1, 700], h0=1.0)
 def test_fused_outputs_are_deterministic_and_within_the_baseline(case):
     """Each output form of the fused kernel: two calls give bitwise the same gradients, every gradient no farther
     from fp64 than the FLA-like baseline's."""
-    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
 
     dev = torch.device("cuda")
     args, kw, do, dht = tt.case_bwd_inputs(case, dev)
@@ -260,7 +260,7 @@ def test_fused_outputs_are_deterministic_and_within_the_baseline(case):
 
 
 def test_bad_input_raises_valueerror():
-    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
 
     case = tt.Case("bad", 1, 64, 2, 4)
     args, kw, do, dht = tt.case_bwd_inputs(case, torch.device("cuda"))
@@ -284,8 +284,8 @@ def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, name):
     (``testing.assert_segmented_matches_sequential``: the CPU plumbing test's check in
     ``test_kernels_bwd_emulation.py``, with the kernels).  The segmented pass runs dh with every operand split, so
     the sequential one it is compared with does too (``build._DH_SINGLE`` off)."""
-    from kernels.gdn_bwd import build, dh_cp
-    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
+    from kernels.backward import build, dh_cp
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
 
     monkeypatch.setattr(build, "_DH_SINGLE", False)
     dev = torch.device("cuda")
@@ -318,8 +318,8 @@ def test_recompute_forms_match_the_intra2_recompute(monkeypatch, case, form):
     stream (``_OVERLAP_MIN_CHUNK_HEADS`` forced to 1) with each state-kernel shape: the recomputed S and U within
     1e-6 of their largest magnitude, the gradients within a hundredth of the input dtype's rounding floor (the
     value columns per CTA change nothing in a column's sums; printed whether bitwise)."""
-    from kernels.gdn_bwd import api
-    from kernels.gdn_bwd import build as bb
+    from kernels.backward import api
+    from kernels.backward import build as bb
 
     dev = torch.device("cuda")
     args, kw, do, dht = tt.case_bwd_inputs(case, dev)
@@ -350,13 +350,13 @@ def test_recompute_forms_match_the_intra2_recompute(monkeypatch, case, form):
 
 
 def _switch_forms(monkeypatch, case, switch, module="api"):
-    """The backward of ``case`` with ``<module>.<switch>`` (a module of ``kernels.gdn_bwd``) False, then True:
+    """The backward of ``case`` with ``<module>.<switch>`` (a module of ``kernels.backward``) False, then True:
     (gradients with it on, with it off)."""
     import importlib
 
-    from kernels.gdn_bwd import api
+    from kernels.backward import api
 
-    m = importlib.import_module(f"kernels.gdn_bwd.{module}")
+    m = importlib.import_module(f"kernels.backward.{module}")
     args, kw, do, dht = tt.case_bwd_inputs(case, torch.device("cuda"))
     monkeypatch.setattr(m, switch, False)
     ref = api.chunk_gated_delta_rule_bwd(*args, do, dht, **kw)
@@ -435,9 +435,9 @@ def test_saved_forward_tables_give_the_same_gradients(monkeypatch, case):
     Function hands it, with Ag hi + lo, to the backward, whose prep skips K K^T and the solve.  Those are the same
     operations on the same values as prep's own, so every gradient is bitwise the same as with the tables
     recomputed; the forward's output and final state are bitwise unchanged by the extra store."""
-    from kernels.gdn_bwd import autograd
-    from kernels.gdn_bwd.api import SAVED_TABLES
-    from kernels.gdn_fwd.api import chunk_gated_delta_rule as fwd
+    from kernels.backward import autograd
+    from kernels.backward.pipeline import SAVED_TABLES
+    from kernels.forward.pipeline import chunk_gated_delta_rule as fwd
 
     args, kw, do, dht = tt.case_bwd_inputs(case, torch.device("cuda"))
     kept = {}

@@ -1,7 +1,7 @@
 """GPU correctness of our TileLang GDN forward against the fp64 reference (marker ``gpu``).
 
 Skips with the reason when there is no CUDA device, it is not sm_90 (Hopper), or
-tilelang is missing.  Cases (``kernels.gdn_fwd.testing.GPU_CASES``): T in 1, 63,
+tilelang is missing.  Cases (``tests.kernel_support.GPU_CASES``): T in 1, 63,
 64, 65, 1000, 8192, 20468; dense B=1 and B=3; varlen with boundary lengths
 (1, 63, 64, 65, 127, 128, 129) and with 300 short sequences; GVA ratios 2 and 4;
 h0 (also ~50x) and both state layouts; bf16 and fp16; fp32, bf16 and fp16
@@ -15,7 +15,7 @@ For some cases also: our errors <= FLA Triton's on the same inputs.
 import pytest
 import torch
 
-from kernels.gdn_fwd import testing as tt
+from tests import kernel_support as tt
 
 
 pytestmark = [pytest.mark.gpu,
@@ -93,7 +93,7 @@ def test_private_knobs(case, knobs):
     preset, both output kernel forms ("chunk", "pipe"; with key-first and value-first chunk tables), the
     intra kernel's older "v2" form and the smem state kernel at two CTAs per SM and at one (bounds:
     ``testing.bounds``)."""
-    from kernels.gdn_fwd.api import chunk_gated_delta_rule as impl
+    from kernels.forward.pipeline import chunk_gated_delta_rule as impl
 
     dev = torch.device("cuda")
     args, kwargs = case.inputs(dev)
@@ -112,14 +112,14 @@ _BITWISE_CASES = [c for c in tt.GPU_CASES if c.name in ("T1000_h0_gva2", "varlen
                                                         "varlen_300_short_h0", "T8192")]
 
 
-@pytest.mark.parametrize("knobs", [dict(_intra="v2"), dict(_cpb=16)], ids=["intra_v2", "out_cpb16"])
+@pytest.mark.parametrize("knobs", [dict(_intra="v2"), dict(_cpb=16)], ids=["intra_chunk", "out_cpb16"])
 @pytest.mark.parametrize("case", _BITWISE_CASES, ids=[c.name for c in _BITWISE_CASES])
 def test_forms_are_bitwise_equal(case, knobs):
     """Forms that change only the schedule give bitwise the same o and final state as the default: the intra
     kernel's "v2" form (the default "ax" writes the merge product over the dead A_o tile) and the pipe output
     kernel at 16 chunks per CTA (default 8).  (In session 5 this test also held the state kernel with a wgmma
     wait after every product, the form the grouped default replaced: bitwise equal on all five cases.)"""
-    from kernels.gdn_fwd.api import chunk_gated_delta_rule as impl
+    from kernels.forward.pipeline import chunk_gated_delta_rule as impl
 
     dev = torch.device("cuda")
     args, kwargs = case.inputs(dev)

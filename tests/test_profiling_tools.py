@@ -83,7 +83,7 @@ def test_a_file_without_the_csv_header_is_refused(tmp_path):
                                          ("B1_T8192_H4_HV8", ["--ab", "ours-no-cf"])])
 def test_the_profiled_call_runs_on_the_emulation(shape, extra, capsys):
     from benchmarks.profile_kernels import main
-    from kernels.gdn_bwd import build
+    from kernels.backward import build
 
     assert main(["--dry-run", "--shape", shape, *extra]) == 0
     err = capsys.readouterr().err

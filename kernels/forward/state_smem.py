@@ -28,7 +28,7 @@ BT = 64
 THREADS = 128
 
 
-def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False,
+def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False,
                    ctas_per_sm: int = 1, swizzle_sl: bool = False):
     """TileLang prim_func of ``gdn_state_v2`` (``scan=False``) or ``gdn_scan_v2`` (``scan=True``).
 

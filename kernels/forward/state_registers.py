@@ -30,7 +30,7 @@ BT = 64
 FR = T.GemmWarpPolicy.FullRow     # every product splits its M (= value rows) over the warpgroups
 
 
-def build_state_rv(DK: int, DV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False, BV: int = 64):
+def build_state_registers(DK: int, DV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False, BV: int = 64):
     """Arguments:
       k        [Ttot, H, DK]     dtype
       v        [Ttot, HV, DV]    dtype

@@ -17,9 +17,9 @@ same order in every thread.  Only the summation order differs from the torch for
 import tilelang.language as T
 
 from kernels.common.prologue import chunk_span, dynamic_dims
-from kernels.gdn_fwd.cumsum import LOG2E
+from kernels.forward.cumsum import LOG2E
 
-from .dqk import BT
+from .dqk_terms import BT
 
 
 def build_dg_dbeta(DV: int):
