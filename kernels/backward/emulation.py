@@ -31,8 +31,8 @@ f64 = torch.float64
 def fwd_precision():
     """Precision of the forward recompute: "default_h0" (chunk state S and U stored as hi + lo), so the backward
     reads S and U to ~16 bits."""
-    from kernels.forward.precision import PRECISIONS_V2
-    return PRECISIONS_V2["default_h0"]
+    from kernels.forward.precision import preset
+    return preset(True)
 
 
 def _chunks(x, cu, heads=None):

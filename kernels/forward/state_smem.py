@@ -2,7 +2,7 @@
 
 One CTA (128 threads) per (block of ``BV`` value columns, value head, sequence or segment); the fp32
 state block ``S[DK, BV]`` lives in registers; chunk loads (k, v, Ag, F) are TMA through TileLang's
-warp-specialised ``T.Pipelined``.  Per chunk (``prec``: ``variants.PrecisionV2``)::
+warp-specialised ``T.Pipelined``.  Per chunk (``prec``: ``precision.Precision``)::
 
     Sh (+ Sl) = split(S)                 -> Sch (+ Scl)  chunk-start state for the output kernel
     X  = V - F0 * (K @ Sh (+ K @ Sl))     K@S lo term only when prec.ks == "split"
