@@ -31,7 +31,7 @@ def half_row_dots(src_f, rows_s, tmp2, rs2, nv, out, hv, c):
     and ``rs2 [2, 64]`` fp32 fragments, ``out [2, HV, NC, 64]``; ``finish`` adds the halves).  In the fused
     kernel's 256-thread wgmma layout each warpgroup holds one half of every row, so each half is summed within its
     warpgroup (a quad of shuffles) with no shared-memory exchange or block barrier between the warpgroups: the q.Z,
-    k.W, k.R row dots of ``dqk_fused``."""
+    k.W, k.R row dots of ``dqk.py``."""
     f32 = "float32"
     DH = tmp2.shape[2]
     for hf, t, d in T.Parallel(2, BT, DH):
@@ -66,14 +66,14 @@ def v_dy_half_row_dots(v_s, dyh_s, dyl_s, tmp2, rs2, nv, yv2, hv, c):
 def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx, xh=None, xl=None, d0=0, nd=None):
     """``acc[0] += sum_d (Sh + Sl)[d, tx] (dSh' + dSl')[tx, d]`` over one key block: the ``S o dS'`` row dot of value
     column ``tx`` (a dg term, from hi + lo) by the thread ``tx`` alone, a serial fp32 sum (``sh_s, sl_s [BK, DV]``,
-    ``dsh_s, dsl_s [DV, BK]``, input dtype; ``acc`` a local fp32 [1]; callers guard ``tx < DV``).  Until session 7
-    the products went to a [DV, BK] fragment and ``T.reduce_sum``, whose inferred layout spread every row over 64
-    threads: 64 block-wide all-reduces in a row, each behind a ``__syncthreads``.
+    ``dsh_s, dsl_s [DV, BK]``, input dtype; ``acc`` a local fp32 [1]; callers guard ``tx < DV``).  A [DV, BK]
+    fragment and ``T.reduce_sum`` instead would spread every row over 64 threads: 64 block-wide all-reduces in a
+    row, each behind a ``__syncthreads``.
 
     With ``xh, xl`` (local buffers of 8, input dtype) the row ``tx`` of dS' is read 8 elements (16 bytes) at a time
     into them: the same products summed in the same order.  Read element by element (``xh`` None), each 2-byte load
-    of the 32 lanes' rows (128 bytes apart, the swizzle spreading 8 rows over the banks) was a 4-way bank conflict:
-    the S o dS' dots took 0.38 of the inter kernel's 3.19 ms (session 8, call 3).
+    of the 32 lanes' rows (128 bytes apart, the swizzle spreading 8 rows over the banks) is a 4-way bank
+    conflict.
 
     ``d0, nd``: only the key rows ``d0 .. d0 + nd`` of the tiles (all of them by default; ``nd`` a multiple of 8)."""
     f32 = "float32"

@@ -2,14 +2,14 @@
 
 Recomputes what the backward needs of the intra-chunk forward and the local part of dU:
 
-* ``Tinv = (I + A)^-1`` exactly like ``gdn_fwd/intra2.py`` (fp32 16x16 forward substitution, two
+* ``Tinv = (I + A)^-1`` exactly like ``forward/intra_chunk.py`` (fp32 16x16 forward substitution, two
   single-bf16 merge levels, its ``_merge`` macro), stored as a two-term split ``Th + Tl``.  The forward
   stores ``Ag = Tinv diag(beta)``; the backward needs ``Tinv^T`` itself (dY = Tinv^T dU) and undoing
   ``diag(beta)`` would divide by beta.
 * ``Ag = Tinv diag(beta)`` as the same two-term split as ``gdn_intra_v2`` with ``ag="split"`` (the same
   operations on the same values: bitwise its ``Ah, Al``), so that the backward's forward recompute runs the
-  state kernel alone, on ``Agh, Agl`` and ``Fb`` (rows 0-3 are intra2's ``F`` rows);
-* the gate table ``Fb [HV, NC, 8, 64]`` (rows in ``common.py``), every exponent of a value <= 0;
+  state kernel alone, on ``Agh, Agl`` and ``Fb`` (rows 0-3 are the intra kernel's ``F`` rows);
+* the gate table ``Fb [HV, NC, 8, 64]`` (rows in ``finish.py``), every exponent of a value <= 0;
 * ``dUloc^T = dO^T P`` with ``P = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)`` (j <= t, fp32, exact-operand
   wgmma) split into ``Ph + Pl``: 2 wgmma with the transposed dO tile from shared memory, fp32 result
   stored value-first ``[HV, NC, DV, 64]`` for the sequential kernel.
@@ -94,8 +94,8 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False):
 
             # The order keeps few tiles live at a time, so that TileLang's shared-memory allocator can reuse the dead
             # ones: P (from q, k) and dUloc^T = dO^T P first, so q, dO and P die before the fp32 tiles of the solve
-            # are born; k dies with K K^T.  The same operations on the same values as the load-everything-first
-            # order (session 5): 60 instead of 111 KiB of shared memory, 164 registers: three CTAs per SM instead of one.
+            # are born; k dies with K K^T.  The same operations on the same values as a load-everything-first
+            # order: 60 instead of 111 KiB of shared memory, 164 registers: three CTAs per SM instead of one.
             for r, d in T.Parallel(BT, DK):
                 k_s[r, d] = T.if_then_else(r < nv, k[t0 + r, h, d], T.cast(0, dtype))
                 q_s[r, d] = T.if_then_else(r < nv, q[t0 + r, h, d], T.cast(0, dtype))

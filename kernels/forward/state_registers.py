@@ -1,6 +1,6 @@
-"""v2 sequential state kernel, register-operand form ``gdn_state_rv`` (and the CP scan ``gdn_scan_rv``).
+"""Sequential state kernel, register-operand form ``gdn_state_rv`` (and the CP scan ``gdn_scan_rv``).
 
-Same math and precision knobs as ``state2.py``, computed transposed so that every fp32 value that
+Same math and precision knobs as ``state_smem.py``, computed transposed so that every fp32 value that
 feeds the next product stays in registers (the FlashAttention-3 trick: a wgmma accumulator
 re-typed to the input dtype *is* the register A operand of the next wgmma).  One warpgroup owns
 ``BV = 64`` value columns of one head; the state lives transposed, ``S^T [BV, DK]`` fp32::
