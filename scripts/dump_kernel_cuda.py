@@ -3,7 +3,7 @@ and compare two such dumps.
 
 Usage: ``python scripts/dump_kernel_cuda.py OUTDIR [--jobs N] [--only SUBSTRING]``: each file is
 ``OUTDIR/<configuration name>.cu``; lowering needs tilelang, no GPU and no nvcc.
-``python scripts/dump_kernel_cuda.py --compare BEFORE AFTER [--rename OLD=NEW ...]``: each configuration of BEFORE
+``python scripts/dump_kernel_cuda.py --compare BEFORE AFTER [--rename "OLD->NEW" ...]``: each configuration of BEFORE
 (its name after the renames, substring replacements applied in order) against AFTER's file of that name, byte for
 byte, and else after ``normalise``; prints one line per configuration (identical / identical after normalising /
 DIFFERENT / missing) and exits 1 if any differs.
@@ -69,7 +69,7 @@ def normalise(src: str) -> str:
 
 def compare(before: str, after: str, renames: list[str]) -> int:
     """Compare the dumps (module docstring); returns the number of configurations that differ or are missing."""
-    pairs = [r.split("=", 1) for r in renames]
+    pairs = [r.split("->", 1) for r in renames]
     bad = 0
     for f in sorted(os.listdir(before)):
         new = f
@@ -104,7 +104,7 @@ def _rename(f, pairs):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
-    ap.add_argument("--rename", action="append", default=[], metavar="OLD=NEW")
+    ap.add_argument("--rename", action="append", default=[], metavar="OLD->NEW")
     ap.add_argument("outdir", nargs="?")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--only", default=None, help="only configurations whose name contains this")
