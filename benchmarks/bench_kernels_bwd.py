@@ -1,4 +1,4 @@
-"""Forward + backward benchmark of our TileLang GDN (``kernels.gdn_bwd.autograd``) vs FLA Triton vs FlashQLA.
+"""Forward + backward benchmark of our TileLang GDN (``kernels.autograd``) vs FLA Triton vs FlashQLA.
 
     python benchmarks/bench_kernels_bwd.py [--shapes NAME,...] [--rep 50] [--no-check] [--dry-run]
 
@@ -7,20 +7,19 @@ v ~ N(0,1), g = logsigmoid(N(0,1)), beta ~ U(0,1); do ~ N(0,1), dht ~ 0.1 N(0,1)
 benchmark's (``bench_kernels_fwd.SHAPES``).  Times are ``triton.testing.do_bench`` medians (ms) in this run:
 ``fwd`` = the forward with autograd recording, ``fwd+bwd`` = forward then ``torch.autograd.backward``;
 ``bwd`` = their difference; for ours also the time of every backward stage (CUDA events, one call).  The leaves'
-gradients are reset before each timed call (``grad_to_none``, since session 13: before, every call but the first
-added its gradients onto the last, ~0.4 ms at B1 T32768 H16 HV32 in every column).  ``--rep`` and ``--warmup`` are
-do_bench's milliseconds, not counts: at ~8 ms a call ``--rep 10`` is one or two samples (the GPU steps used it
-until session 13; their A/B figures vary by up to 0.5 ms between calls); ``--rep 200`` gives ~25.
+gradients are reset before each timed call (``grad_to_none``).  ``--rep`` and ``--warmup`` are do_bench's
+milliseconds, not counts: at ~8 ms a call ``--rep 10`` is one or two samples; ``--rep 200`` gives ~25.
 
 Step 0 compiles the TileLang kernels (backward stages + the forward kernels, bf16) in parallel processes.
 Step 1 prints one correctness line per implementation on two check cases (dense GVA; varlen with h0 and the
 value-first state): each gradient's rel_rmse vs fp64 autograd through ``reference.chunk``, and the FLA-like
 baseline (autograd through ``reference.emulated``), so a fast but wrong variant is visible.  Step 2 times.
-Columns: ``ours`` (TileLang forward + backward), ``ours-lean`` (the same with the opt-in "lean_sd" chunk tables
-in the backward, ``--tables``), ``FLA`` (forward and backward with every FLA dispatch backend off,
+Columns: ``ours`` (TileLang forward + backward, the dispatched plans), the A/B columns of ``--ab`` (``AB``: ours
+with other plan values), ``FLA`` (forward and backward with every FLA dispatch backend off,
 ``parity.backends.fla_common.triton_backward``, except FLA's TileLang chunk_bwd_dqkwg where FLA refuses its Triton
 one: Hopper with Triton in [3.4, 3.7.1), fla #640; the header line says which), ``FlashQLA``.
 ``--dry-run``: CPU plumbing test, the torch emulations stand in for the kernels, shapes shrink 256x.
+The summary table is appended to ``benchmarks/RESULTS.md`` (``benchmarks/record.py``) unless ``--dry-run``.
 """
 
 from __future__ import annotations
@@ -42,8 +41,6 @@ from parity.execute import describe_error  # noqa: E402
 
 SHAPES = dict(FWD_SHAPES)       # the forward benchmark's shapes (a copy: --dry-run shrinks them)
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
-# our backward's chunk-table precision (--tables)
-COLUMN = {"split": "ours", "lean_sd": "ours-lean"}
 # (name, B, T, H, HV, varlen lengths, h0 std, state_v_first)
 CHECKS = [
     ("B1_T4096_H4_HV8", 1, 4096, 4, 8, None, None, False),
@@ -70,50 +67,62 @@ def backward_context(name: str):
     if name == "FLA":
         from parity.backends.fla_common import triton_backward
         return triton_backward()
-    if name in AB:
-        return _ab_switch(name)
     return contextlib.nullcontext()
 
 
-# A/B columns (``--ab``): our backward with one private switch of ``kernels.gdn_bwd`` set otherwise (module, name,
-# value), restored after
-AB = {"ours-serial": ("api", "_OVERLAP_RECOMPUTE", False),      # the recompute before prep and dh, on one stream
-      "ours-seq-dh": ("api", "_DH_SEGMENTS", False),            # the sequential reverse pass even with few CTAs
-      "ours-unfused": ("api", "_FUSED_DQK", False),             # the inter and intra terms in two kernels (s8)
-      "ours-torch-gsum": ("api", "_GROUP_SUM_KERNEL", False),   # the GVA group sums by torch (where no cluster)
-      "ours-intra2": ("api", "_RECOMPUTE_FROM_PREP", False),    # the recompute runs its own intra2 kernel (s9)
-      "ours-no-cluster": ("api", "_CLUSTER_GROUP_SUM", False),  # GVA sums: fp32 rows per value head + group-sum pass
-      "ours-torch-dgdb": ("api", "_DG_DBETA_KERNEL", False),    # dg, dbeta by the torch form of finish (s10)
-      "ours-rc-bv32": ("build", "_RECOMPUTE_STATE", (32, 1)),   # the recompute's state kernel: BV 32, 1 CTA/SM (s10)
-      "ours-rc-bv64": ("build", "_RECOMPUTE_STATE", (64, 1)),   # ... BV 64, 1 CTA/SM
-      "ours-rc-bv16o2": ("build", "_RECOMPUTE_STATE", (16, 2)),  # ... BV 16, 2 CTAs/SM
-      "ours-rc-bv32o2": ("build", "_RECOMPUTE_STATE", (32, 2)),  # ... BV 32, 2 CTAs/SM (s13)
-      "ours-no-cf": ("build", "_CONFLICT_FREE", False),         # without the conflict-free tiles (recompute, dqk; s12)
-      "ours-dh-split": ("build", "_DH_SINGLE", False),          # dh with every operand split (until s13)
-      "ours-intra-split": ("build", "_INTRA_SINGLE", False),    # the intra terms' 64x64 operands split (until s14)
-      "ours-dul16": ("build", "_DUL_INPUT_DTYPE", True),        # dUloc^T stored in the input dtype (s13 candidate)
-      "ours-no-saved": ("autograd", "_SAVE_TABLES", False),     # prep recomputes Tinv, Ag (the forward keeps none)
-      # several switches: a list (session 13 timed dh's single form with the recompute at BV 64 this way)
-      "ours-dh-intra-split": [("build", "_DH_SINGLE", False), ("build", "_INTRA_SINGLE", False)],  # the s12 operands
+# A/B columns (``--ab``): ours with plan values other than the dispatched ones (``dataclasses.replace`` of the
+# ForwardPlan / BackwardPlan the Function dispatches; ``kernels.autograd.apply(alter=...)``)
+AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompute on the main stream, before dh
+      "ours-no-cluster": ("backward", dict(cluster_group_sum=False)),  # GVA sums: fp32 rows + gdn_bwd_group_sum
+      "ours-rc-bv32": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=1)),  # the recompute's state
+      "ours-rc-bv64": ("backward", dict(recompute_block_v=64, recompute_ctas_per_sm=1)),  # kernel shape (BV, CTAs
+      "ours-rc-bv16o2": ("backward", dict(recompute_block_v=16, recompute_ctas_per_sm=2)),  # per SM)
+      "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2)),
+      "ours-no-saved": ("both", None),   # the forward keeps no intra tables: prep recomputes Tinv and Ag
       }
 
 
-@contextlib.contextmanager
-def _ab_switch(col: str):
-    """Column ``col``'s switch or switches (``AB``: one (module, name, value) or a list) set for the duration
-    (restored after, also on an error)."""
-    import importlib
-    switches = AB[col] if isinstance(AB[col], list) else [AB[col]]
-    saved = []
-    try:
-        for mod, flag, value in switches:
-            m = importlib.import_module(f"kernels.gdn_bwd.{mod}")
-            saved.append((m, flag, getattr(m, flag)))
-            setattr(m, flag, value)
-        yield
-    finally:
-        for m, flag, value in reversed(saved):
-            setattr(m, flag, value)
+def alter(col: str):
+    """The plan function (``kernels.autograd.apply``'s ``alter``) of A/B column ``col``; applied to a plan the column
+    does not change, it returns that plan.  A change the plan cannot take (a cluster sum off where there is none)
+    leaves it as dispatched."""
+    import dataclasses
+
+    from kernels.plan import BackwardPlan, ForwardPlan
+    where, change = AB[col]
+
+    def f(plan):
+        if where == "both":
+            if isinstance(plan, ForwardPlan):
+                return dataclasses.replace(plan, keep_tables=False)
+            return dataclasses.replace(plan, reads_saved_tables=False)
+        if isinstance(plan, BackwardPlan) and where == "backward":
+            return dataclasses.replace(plan, **change)
+        return plan
+    return f
+
+
+def call_configs(B, T, H, HV, lens, h0, cols):
+    """Every kernel configuration a bf16 forward + backward of this shape runs in columns ``cols``."""
+    import dataclasses
+
+    from kernels.plan import backward_plan, forward_plan
+    n = len(lens) if lens else B
+    mc = max(-(-x // 64) for x in lens) if lens else -(-T // 64)
+    nc = sum(-(-x // 64) for x in lens) if lens else B * -(-T // 64)
+    out = []
+    for keep in (True, False):
+        out += forward_plan("bfloat16", n, HV, mc, h0, keep_tables=keep).configs()
+    bp = backward_plan("bfloat16", H, HV, nc, n)
+    for p in [bp, dataclasses.replace(bp, dh_single=False, reads_saved_tables=False)]:
+        out += p.configs(True) + p.configs(False) + p.recompute_configs()
+    for col in cols:
+        if col in AB and AB[col][0] == "backward":
+            try:
+                out += dataclasses.replace(bp, **AB[col][1]).configs(True)
+            except ValueError:            # a change this shape's plan cannot take (no cluster to turn off)
+                pass
+    return out
 
 
 def grads(fn, args, kw, do, dht, cast=lambda x: x, name: str = ""):
@@ -136,31 +145,23 @@ def main(argv=None):
     ap.add_argument("--skip", default="", help="comma list of the reference columns not to run (FLA, FlashQLA), e.g. "
                     "for an A/B call of our columns alone")
     ap.add_argument("--dry-run", action="store_true")
-    ap.add_argument("--tables", default="split,lean_sd",
-                    help="our backward's chunk-table precisions to time: 'split' is column 'ours', 'lean_sd' (opt-in, "
-                    "gdn_bwd/dqk_lean.py) is column 'ours-lean'")
+    ap.add_argument("--results", default=None, help="append the summary here (default benchmarks/RESULTS.md; "
+                    "a dry run appends only when given)")
     ap.add_argument("--ab", default="",
-                    help="also time these A/B columns, 'ours' with one private switch of kernels.gdn_bwd set "
-                    "otherwise (the AB table): 'ours-serial' (recompute not overlapped with prep + dh), 'ours-seq-dh' "
-                    "(no segment-parallel dh), 'ours-unfused' (inter and intra terms in two kernels), "
-                    "'ours-torch-gsum' (the GVA group sums by torch, no clusters), 'ours-intra2' (the recompute's own intra2), "
-                    "'ours-no-cluster' (the GVA sums by gdn_bwd_group_sum after fp32 rows per value head), "
-                    "'ours-torch-dgdb' (dg, dbeta by the torch form of finish, not gdn_bwd_dg_dbeta), "
-                    "'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' / 'ours-rc-bv32o2' (the recompute's state "
-                    "kernel shape), "
-                    "'ours-no-cf' (without the conflict-free shared tiles of the recompute and the fused dqk kernel), "
-                    "'ours-dh-split' (dh with every operand split, not single Tinv, dU, F0 dX), 'ours-intra-split' "
-                    "(the intra terms' four 64x64 operands split, not single), 'ours-dh-intra-split' (those two "
-                    "together: session 12's operands), 'ours-dul16' (prep's dUloc^T table in the input dtype), "
-                    "'ours-no-saved' (the forward keeps no intra tables: prep recomputes Tinv and Ag, the form until "
-                    "session 14)")
+                    help="also time these A/B columns, ours with other plan values (the AB table): 'ours-serial' "
+                    "(the recompute not beside dh), 'ours-no-cluster' (the GVA sums by gdn_bwd_group_sum after fp32 "
+                    "rows per value head), 'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' / 'ours-rc-bv32o2' "
+                    "(the recompute's state kernel shape), 'ours-no-saved' (the forward keeps no intra tables: prep "
+                    "recomputes Tinv and Ag)")
     args = ap.parse_args(argv)
-    tables = [t for t in args.tables.split(",") if t]
-    if any(t not in COLUMN for t in tables):
-        ap.error(f"--tables takes {', '.join(COLUMN)}; got {args.tables!r}")
+    ab = [c for c in args.ab.split(",") if c]
+    for col in ab:
+        if col not in AB:
+            ap.error(f"--ab takes {', '.join(AB)}; got {col!r}")
 
-    from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as ours_fn
-    from kernels.gdn_fwd import testing as tt
+    from benchmarks import record
+    from kernels.autograd import apply as ours_fn
+    from tests import kernel_support as tt
 
     t_start = time.time()
     if args.dry_run:
@@ -178,7 +179,7 @@ def main(argv=None):
             return (time.time() - t) * 1e3
 
         def ours(*a, **k):
-            return ours_fn(*a, **k, _impl="emulation")
+            return ours_fn(*a, **k, impl="emulation")
     else:
         if not torch.cuda.is_available():
             print("no CUDA device (use --dry-run on a CPU)")
@@ -197,25 +198,17 @@ def main(argv=None):
 
     print("== step 0: compile ==", flush=True)
     if not args.dry_run:
-        from kernels.gdn_bwd.build import configs_for_call, precompile
+        from kernels.build import precompile
         cfgs = []
-        todo = [(SHAPES[n][0], SHAPES[n][1], SHAPES[n][3], SHAPES[n][4], False) for n in shapes]
-        todo += [] if args.no_check else [(c[1], c[2], c[4], c[5], c[6] is not None) for c in CHECKS]
-        for B, T, HV, lens, h0 in todo:
-            n = len(lens) if lens else B
-            mc = max(-(-x // 64) for x in lens) if lens else -(-T // 64)
-            for tb in tables:
-                cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0, tb) if c not in cfgs]
-            for col in [c for c in args.ab.split(",") if c in AB]:
-                with _ab_switch(col):
-                    cfgs += [c for c in configs_for_call("bfloat16", n, HV, mc, h0, "split") if c not in cfgs]
-        precompile(cfgs, args.workers, log=lambda m: print(m, flush=True))
+        todo = [(*SHAPES[n][:5], False) for n in shapes]
+        todo += [] if args.no_check else [(*c[1:6], c[6] is not None) for c in CHECKS]
+        for B, T, H, HV, lens, h0 in todo:
+            cfgs += call_configs(B, T, H, HV, lens, h0, ["ours"] + ab)
+        precompile(list(dict.fromkeys(cfgs)), args.workers, log=lambda m: print(m, flush=True))
 
-    impls = [(COLUMN[tb], (lambda *a, tb=tb, **k: ours(*a, **k, _tables=tb))) for tb in tables]
-    for col in [c for c in args.ab.split(",") if c]:
-        if col not in AB:
-            ap.error(f"--ab takes {', '.join(AB)}; got {col!r}")
-        impls.append((col, lambda *a, **k: ours(*a, **k, _tables="split")))
+    impls = [("ours", ours)]
+    for col in ab:
+        impls.append((col, lambda *a, f=alter(col), **k: ours(*a, **k, alter=f)))
     skipped = {}
     skip = {c for c in args.skip.split(",") if c}
     if skip - {"FLA", "FlashQLA"}:
@@ -288,8 +281,7 @@ def main(argv=None):
                     peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
                 tf = do_bench(fwd, warmup=args.warmup, rep=args.rep, return_mode="median")
                 # the leaves' gradients reset before each call (as triton's do_bench does with grad_to_none): without
-                # it every call after the first adds its gradients onto the last (~0.4 ms of elementwise adds at B1
-                # T32768 H16 HV32, in every column, until session 13)
+                # it every call after the first adds its gradients onto the last
                 tfb = do_bench(fwdbwd, warmup=args.warmup, rep=args.rep, return_mode="median", grad_to_none=leaves)
                 row[iname] = (tf, tfb, peak)
             except Exception as e:
@@ -301,32 +293,28 @@ def main(argv=None):
             print(f"  {name:<24} {iname:<9} " + (f"fwd {r[0]:.3f}  fwd+bwd {r[1]:.3f}  bwd {r[1] - r[0]:.3f} ms"
                                                  + (f"  peak {r[2]:.0f} MiB" if r[2] is not None else "")
                                                  if r else "failed") + f"  ({time.time() - t0:.1f} s)", flush=True)
-        for tb in tables:
-            iname = COLUMN[tb]
-            if args.dry_run or not row.get(iname):
-                continue
+        if not args.dry_run and row.get("ours"):
             try:              # where the backward's time goes (one call, CUDA events between the launches)
-                from kernels.gdn_bwd import autograd
-                from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd, stage_times
-                from kernels.gdn_fwd.api import chunk_gated_delta_rule as fwd_api
+                from kernels.backward.pipeline import chunk_gated_delta_rule_bwd, reads_saved_tables, stage_times
+                from kernels.forward.pipeline import chunk_gated_delta_rule as fwd_api
                 side = dict(initial_state=kw["initial_state"], state_v_first=kw["state_v_first"],
                             cu_seqlens=kw["cu_seqlens"])
                 saved = {}                    # the forward's intra tables, as the autograd Function hands them on
-                if autograd.keeps_tables(a[0], a[2], kw["cu_seqlens"]):
-                    fwd_api(*a, **side, _keep_tables=saved)
-                side.update(_tables=tb, **({"_saved_tables": saved} if saved else {}))
+                if reads_saved_tables(a[0], a[2], kw["cu_seqlens"]):
+                    fwd_api(*a, **side, keep_tables=saved)
+                side.update(**({"saved_tables": saved} if saved else {}))
                 for _ in range(2):
                     ev = []
-                    chunk_gated_delta_rule_bwd(*a, do, dht, **side, _events=ev)
+                    chunk_gated_delta_rule_bwd(*a, do, dht, **side, events=ev)
                     st = stage_times(ev)
-                # the backward API alone (no autograd, no forward): its launches back to back, against the sum of
-                # its stages, so that host time between them (and around the first) shows as the difference
+                # the backward alone (no autograd, no forward): its launches back to back, against the sum of its
+                # stages, so that host time between them (and around the first) shows as the difference
                 api_ms = do_bench(lambda: chunk_gated_delta_rule_bwd(*a, do, dht, **side), warmup=args.warmup,
                                   rep=args.rep, return_mode="median")
-                print(f"  {name:<24} {iname} bwd stages: " + "  ".join(f"{k} {v:.3f}" for k, v in st.items())
-                      + f" ms (sum {sum(st.values()):.3f}; the API call alone {api_ms:.3f} ms)", flush=True)
+                print(f"  {name:<24} ours bwd stages: " + "  ".join(f"{k} {v:.3f}" for k, v in st.items())
+                      + f" ms (sum {sum(st.values()):.3f}; the backward alone {api_ms:.3f} ms)", flush=True)
             except Exception as e:
-                print(f"  {name:<24} {iname} bwd stages: failed {describe_error(e)[:160]}", flush=True)
+                print(f"  {name:<24} ours bwd stages: failed {describe_error(e)[:160]}", flush=True)
         results[name] = row
         del a, kw, do, dht, leaves
         if dev.type == "cuda":
@@ -335,8 +323,9 @@ def main(argv=None):
     cols = [n for n, _ in impls]
     print(f"\n== summary: fwd+bwd (bwd) median ms, bf16 [{time.time() - t_start:.0f} s] ==")
     mine = [c for c in cols if c.startswith("ours")]
-    print(f"{'shape':<26}" + "".join(f"{c:>20}" for c in cols)
-          + "".join(f"   FLA/{m}  FQLA/{m} (fwd+bwd; bwd)" for m in mine))
+    table = ["fwd+bwd (bwd) median ms, bf16",
+             f"{'shape':<26}" + "".join(f"{c:>20}" for c in cols)
+             + "".join(f"   FLA/{m}  FQLA/{m} (fwd+bwd; bwd)" for m in mine)]
     for name, row in results.items():
         line = f"{name:<26}"
         for c in cols:
@@ -348,13 +337,18 @@ def main(argv=None):
                 r = row.get(c)
                 line += (f"   {r[1] / o[1]:.2f}; {(r[1] - r[0]) / max(o[1] - o[0], 1e-9):.2f}" if (r and o)
                          else "   -")
-        print(line)
+        table.append(line)
     if any(r and r[2] is not None for row in results.values() for r in row.values()):
-        print("\n== peak memory of one fwd+bwd above its inputs, MiB (gradients included) ==")
-        print(f"{'shape':<26}" + "".join(f"{c:>20}" for c in cols))
+        table += ["", "peak memory of one fwd+bwd above its inputs, MiB (gradients included)",
+                  f"{'shape':<26}" + "".join(f"{c:>20}" for c in cols)]
         for name, row in results.items():
-            print(f"{name:<26}" + "".join(f"{('%.0f' % row[c][2]) if row.get(c) and row[c][2] is not None else '-':>20}"
-                                          for c in cols))
+            mib = [("%.0f" % row[c][2]) if row.get(c) and row[c][2] is not None else "-" for c in cols]
+            table.append(f"{name:<26}" + "".join(f"{m:>20}" for m in mib))
+    print("\n".join(table[1:]))
+    if not args.dry_run or args.results:
+        print("appended to", args.results or record.RESULTS, "as:",
+              record.append("benchmarks/bench_kernels_bwd.py", table, **({"path": args.results} if args.results
+                                                                            else {})))
     for c, why in skipped.items():
         print(f"column {c} skipped/failed: {why}")
     return 0

@@ -13,25 +13,15 @@ with h0 and the value-first state layout): rel_rmse of o and of the final state 
 reference, the bf16 rounding floor of o, and the same for FLA / FlashQLA, so a fast but wrong
 variant is visible.  Step 2 times every variant on every shape.  Variants (columns):
 
-* ``default``   - what ``kernels.chunk_gated_delta_rule`` dispatches, timed through the public API:
-                  the v2 path ("split2": intra2 -> state kernel -> output2), precision "default"
-                  (kernels/NOTES.md), state kernel form and CP segments by ``build.plan_v2``;
-* ``v2rv``      - the register-operand state kernel (state3.py), CP off;
-* ``v2rvcp``    - the same with CP segments by ``build.cp_segments_for``;
-* ``v2cp4``     - ... forced to 4 segments per sequence;
-* ``v2bv128``   - the rv state kernel with 2 warpgroups (128 value columns) per CTA, CP off;
-* ``v2smem``    - the shared-memory-operand state kernel (state2.py, BV by ``build.block_v``), no CP;
-* ``v2smem16`` / ``v2smem32`` / ``v2smem64`` - the same with BV forced;
-* ``v2pipe``    - the pipelined output kernel (several chunks per CTA, TMA loads; ``build.output_config``);
-* ``v2ax``      - the intra kernel with the merge product over the A_o tile (4 CTAs per SM; ``_intra="ax"``, the
-                  default since session 5); ``v2intra`` - its older form (``_intra="v2"``);
-* ``v2occ``     - the smem state kernel with two resident CTAs per SM (``_occ=2``, BV by ``block_v(.., occ=2)``);
-* ``v2occ1``    - ... with one (``_occ=1``; the default picks 2 only where BV 32 gives two CTAs per SM);
-* ``v2occ16`` / ``v2occ32`` - two CTAs per SM with BV forced;
-* ``v2cpb16``   - the pipe output kernel with 16 chunks per CTA (``_cpb``; default 8);
-* ``v2lean``    - precision "lean" (no split X / state update: cheaper chain, less accuracy margin);
-* ``v2bf16``    - every operand single bf16 (speed reference; less accurate than FLA);
-* ``intra``     - the v2 intra-chunk kernel alone (part of every v2 variant);
+* ``default``   - what ``kernels.chunk_gated_delta_rule`` dispatches, timed through the public API
+                  (``kernels.plan.forward_plan``);
+* the other columns are plan values (``ForwardPlan`` fields, ``VARIANTS``) run by the same pipeline:
+  ``v2rv`` - the register-operand state kernel, CP off; ``v2rvcp`` - the same with CP segments by
+  ``plan.cp_segments``; ``v2cp4`` - forced to 4 segments per sequence; ``v2bv128`` - the rv state kernel with
+  128 value columns per CTA, CP off; ``v2smem`` - the shared-memory-operand state kernel, BV by
+  ``plan.block_v``, one CTA per SM; ``v2smem16`` / ``v2smem32`` / ``v2smem64`` - the same with BV forced;
+  ``v2occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``v2occ16`` / ``v2occ32`` - with BV forced;
+* ``intra``     - the intra-chunk kernel alone (part of every column);
 * ``FLA``       - FLA's Triton kernels (FLA_FLASH_QLA=0 FLA_TILELANG=0);
 * ``FlashQLA``  - ``flash_qla.chunk_gated_delta_rule`` (skipped with the reason if unavailable);
 * ``flashinfer`` / ``flashinfer-cake`` / ``cudnn`` - FlashInfer's GDN prefill paths as the engines call them
@@ -43,9 +33,7 @@ KK^T + QK^T + Tinv K + Tinv V + P U (2 C^2 (3 D + 2 D)) and W S, Q S, K^T U (3 x
 ~11.5 MFLOP per chunk-head at D = 128.  The summary's ratios are FLA/x and FlashQLA/x for the
 best of our variants and for ``default`` (> 1: ours faster).
 
-The older "split" / "fused" paths (variants ``old``, ``oldfast``, ``fused64``) were removed after the
-H200 comparison (benchmarks/results/2026-11-30-h200-bench_kernels_fwd-plan_v2.txt); they are in commit
-830262b.
+The summary table is appended to ``benchmarks/RESULTS.md`` (``benchmarks/record.py``) unless ``--dry-run``.
 """
 
 from __future__ import annotations
@@ -98,28 +86,60 @@ def make(B, T, H, HV, lens, dev, seed=0, gen=None):
     return q, k, v, g, beta, cu
 
 
+def _rv(cp=None, bv=64):
+    return lambda p, n, HV, mc: dict(state_form="rv", block_v=bv, ctas_per_sm=1,
+                                     cp=cp if cp is not None else cp_segments(n, HV, mc))
+
+
+def _smem(bv=None, occ=1):
+    return lambda p, n, HV, mc: dict(state_form="smem", block_v=bv or block_v(n, HV, occ), ctas_per_sm=occ, cp=1)
+
+
+def cp_segments(n, HV, mc):
+    from kernels.plan import cp_segments as f
+    return f(n, HV, mc)
+
+
+def block_v(n, HV, occ=1):
+    from kernels.plan import block_v as f
+    return f(n, HV, occ)
+
+
 VARIANTS = {
-    # name: private API knobs
-    "v2rv": dict(_form="rv", _cp=1),
-    "v2rvcp": dict(_form="rv"),
-    "v2cp4": dict(_cp=4),
-    "v2bv128": dict(_form="rv", _block_v=128, _cp=1),
-    "v2smem": dict(_form="smem"),
-    "v2smem16": dict(_form="smem", _block_v=16),
-    "v2smem32": dict(_form="smem", _block_v=32),
-    "v2smem64": dict(_form="smem", _block_v=64),
-    "v2pipe": dict(_out="pipe"),
-    "v2ax": dict(_intra="ax"),
-    "v2occ": dict(_form="smem", _occ=2),
-    "v2occ1": dict(_form="smem", _occ=1),
-    "v2occ16": dict(_form="smem", _occ=2, _block_v=16),
-    "v2occ32": dict(_form="smem", _occ=2, _block_v=32),
-    "v2intra": dict(_intra="v2"),
-    "v2cpb16": dict(_cpb=16),
-    "v2lean": dict(_precision="lean"),
-    "v2bf16": dict(_precision="bf16"),
+    # name: (dispatched plan, sequences, value heads, most chunks of a sequence) -> ForwardPlan fields to replace
+    "v2rv": _rv(cp=1),
+    "v2rvcp": _rv(),
+    "v2cp4": _rv(cp=4),
+    "v2bv128": _rv(cp=1, bv=128),
+    "v2smem": _smem(),
+    "v2smem16": _smem(16),
+    "v2smem32": _smem(32),
+    "v2smem64": _smem(64),
+    "v2occ": _smem(occ=2),
+    "v2occ16": _smem(16, 2),
+    "v2occ32": _smem(32, 2),
 }
-DEFAULT_VARIANTS = "default,v2rv,v2rvcp,v2smem"   # + v2pipe, v2ax, v2cp4, v2bv128, v2smem16/32/64 (forced BV), v2lean, v2bf16 on request
+DEFAULT_VARIANTS = "default,v2rv,v2rvcp,v2smem"   # the others on request
+
+
+def planned(impl, prepare, plan_for, change):
+    """``impl`` with the plan ``change`` makes of the dispatched one, computed once per input layout (outside the
+    timed calls)."""
+    import dataclasses
+
+    from kernels.interface import max_chunks
+    cache = {}
+
+    def run(*a, **k):
+        cu = k.get("cu_seqlens")
+        key = (tuple(a[0].shape), tuple(a[2].shape), id(cu), k.get("initial_state") is not None)
+        if key not in cache:
+            x = prepare(*a, **k)
+            p = plan_for(x)
+            cache[key] = dataclasses.replace(p, **change(p, x.N, x.HV, max_chunks(x.B, x.T, x.cu_host)))
+        return impl(*a, **k, plan=cache[key])
+    return run
+
 
 # correctness cases of step 1: (name, B, T, H, HV, varlen lengths, h0 std, state_v_first)
 CHECKS = [
@@ -144,28 +164,26 @@ def enqueue_ms(fn, dev, reps: int = 20) -> float | None:
 
 
 def _needed_configs(variants, shapes):
-    from kernels.gdn_fwd.build import Intra2Config, dispatch_v2, plan_v2, precision_v2
-    cfgs = [Intra2Config("bfloat16", precision_v2(None).merge, precision_v2(None).ag)]    # the "intra" column
+    import dataclasses
+
+    from kernels.forward.precision import preset
+    from kernels.plan import forward_plan
+    cfgs = []
     todo = [(SHAPES[name][0], SHAPES[name][1], SHAPES[name][3], SHAPES[name][4], False) for name in shapes]
     todo += [(c[1], c[2], c[4], c[5], c[6] is not None) for c in CHECKS]
     for B, T, HV, lens, h0 in todo:
         n = len(lens) if lens else B
-        max_chunks = max(-(-x // C) for x in lens) if lens else -(-T // C)
+        mc = max(-(-x // C) for x in lens) if lens else -(-T // C)
+        p = forward_plan("bfloat16", n, HV, mc, h0)
+        cfgs += p.configs()
         for v in variants:
-            kw = VARIANTS.get(v, {})
-            prec = precision_v2(kw.get("_precision"), has_h0=h0)
-            form, cp = plan_v2(n, HV, max_chunks, kw.get("_form"), kw.get("_cp"))
-            cfgs.extend(dispatch_v2("bfloat16", n, HV, kw.get("_block_v"), prec, cp, form, kw.get("_out"),
-                                    kw.get("_intra"), kw.get("_occ"), kw.get("_cpb")))
-    out = []
-    for c in cfgs:
-        if c not in out:
-            out.append(c)
-    return out
+            if v in VARIANTS:
+                cfgs += dataclasses.replace(p, precision=preset(h0), **VARIANTS[v](p, n, HV, mc)).configs()
+    return list(dict.fromkeys(cfgs))
 
 
 def precompile(cfgs, workers):
-    from kernels.gdn_fwd.build import precompile as _pre
+    from kernels.build import precompile as _pre
     _pre(cfgs, workers, log=lambda m: print(m, flush=True))
 
 
@@ -210,16 +228,20 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=25)
     ap.add_argument("--workers", type=int, default=min(10, os.cpu_count() or 1))
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--results", default=None, help="append the summary here (default benchmarks/RESULTS.md; "
+                    "a dry run appends only when given)")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU plumbing test: the torch emulation stands in for the kernels, shapes shrink 256x, "
                          "no compile, FLA/FlashQLA off")
     args = ap.parse_args(argv)
 
-    from kernels.gdn_fwd import testing as tt
-    from kernels.gdn_fwd.build import block_v
+    from benchmarks import record
+    from kernels.forward.pipeline import plan_for, prepare
+    from tests import kernel_support as tt
 
     if args.dry_run:
-        from kernels.gdn_fwd import emulation as E
+        from kernels.forward import emulation as E
+        from kernels.forward.precision import preset
         dev = torch.device("cpu")
         for k_, (B_, T_, H_, HV_, L_) in list(SHAPES.items()):
             SHAPES[k_] = (B_, T_ // 256, H_, HV_, [max(1, x // 256) for x in L_] if L_ else None)
@@ -238,12 +260,25 @@ def main(argv=None):
             return E.chunk_gated_delta_rule(*a, **kw)
 
         def intra_stage(q, k, g, beta, cu_seqlens=None):
-            from kernels.gdn_fwd.build import precision_v2
             Bq, Tq = q.shape[:2]
             cu = [int(x) for x in cu_seqlens.tolist()] if cu_seqlens is not None else [b * Tq for b in range(Bq + 1)]
-            return E.intra_v2(q.reshape(Bq * Tq, q.shape[2], -1), k.reshape(Bq * Tq, k.shape[2], -1),
-                              g.reshape(Bq * Tq, -1).float(), beta.reshape(Bq * Tq, -1).float(), cu,
-                              q.shape[-1] ** -0.5, False, q.dtype, precision_v2(None))
+            return E.intra_chunk(q.reshape(Bq * Tq, q.shape[2], -1), k.reshape(Bq * Tq, k.shape[2], -1),
+                                 g.reshape(Bq * Tq, -1).float(), beta.reshape(Bq * Tq, -1).float(), cu,
+                                 q.shape[-1] ** -0.5, False, q.dtype, preset(False))
+
+        def plan_for(x):                     # the emulation's plan: no CUDA device to prepare for
+            from kernels.plan import forward_plan
+            return forward_plan("bfloat16", x.N, x.HV, x.mc, False)
+
+        def prepare(q, k, v, g, beta, **kw):
+            from types import SimpleNamespace
+            cu = kw.get("cu_seqlens")
+            cu_host = None if cu is None else [int(x) for x in cu.tolist()]
+            from kernels.interface import max_chunks
+            B, T, HV = q.shape[0], q.shape[1], v.shape[2]
+            return SimpleNamespace(N=B if cu is None else len(cu_host) - 1, HV=HV, B=B, T=T, cu_host=cu_host,
+                                   mc=max_chunks(B, T, cu_host))
+
     else:
         if not torch.cuda.is_available():
             print("no CUDA device")
@@ -251,9 +286,13 @@ def main(argv=None):
         from triton.testing import do_bench
 
         import kernels
-        from kernels.gdn_fwd.api import chunk_gated_delta_rule as ours_impl
-        from kernels.gdn_fwd.api import intra2_stage as intra_stage
+        from kernels.forward.pipeline import chunk_gated_delta_rule as ours_impl
+        from kernels.forward.pipeline import intra_chunk
         dev = torch.device("cuda")
+
+        def intra_stage(q, k, g, beta, cu_seqlens=None):
+            x = prepare(q, k, q.new_empty(*q.shape[:2], g.shape[-1], q.shape[-1]), g, beta, cu_seqlens=cu_seqlens)
+            return intra_chunk(x=x, plan=plan_for(x))
 
     t_start = time.time()
     print(f"device: {torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu (dry run)'}  "
@@ -281,8 +320,7 @@ def main(argv=None):
     def ours_fn(v):
         if v == "default":
             return kernels.chunk_gated_delta_rule
-        kw = VARIANTS[v]
-        return lambda *a, **k: ours_impl(*a, **k, **kw)
+        return planned(ours_impl, prepare, plan_for, VARIANTS[v])
 
     if not args.no_check:
         checks = [(x, ours_fn(x)) for x in variants]
@@ -357,21 +395,26 @@ def main(argv=None):
             print(f"  {name:<24} {col:<9} {('%.3f ms' % row[col]) if row[col] else 'failed':>10} "
                   f"{('host %.3f ms' % hms) if hms else '':>15} (setup+bench {time.time() - t0:.1f} s)", flush=True)
         n = len(lens) if lens else B
-        results[name] = (row, flops(B, T, HV, lens), block_v(n, HV))
+        results[name] = (row, flops(B, T, HV, lens), block_v(n, HV))     # the smem kernel's dispatched BV
         hosts[name] = host
         del q, k, v, g, beta, cu
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 
     print(f"\n== summary: forward with final state, bf16, median ms (TFLOP/s) [{time.time() - t_start:.0f} s] ==")
-    hdr = f"{'shape':<24}{'autoBV':>7}" + "".join(f"{c:>15}" for c in cols)
-    print(hdr)
+    table = ["forward with final state, bf16, median ms (TFLOP/s)",
+             f"{'shape':<24}{'autoBV':>7}" + "".join(f"{c:>15}" for c in cols)]
     for name, (row, fl, bv) in results.items():
         line = f"{name:<24}{bv:>7}"
         for c in cols:
             ms = row.get(c)
             line += f"{('%.3f (%.0f)' % (ms, fl / ms / 1e9)) if ms else '-':>15}"
-        print(line)
+        table.append(line)
+    print("\n".join(table[1:]))
+    if not args.dry_run or args.results:
+        print("appended to", args.results or record.RESULTS, "as:",
+              record.append("benchmarks/bench_kernels_fwd.py", table, **({"path": args.results} if args.results
+                                                                            else {})))
     print("\nhost ms per call (launches enqueued without waiting; where it reaches the median above, the time is "
           "the host's, not the GPU's)")
     print(f"{'shape':<24}{'':>7}" + "".join(f"{c:>15}" for c in cols))

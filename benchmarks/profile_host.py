@@ -42,7 +42,7 @@ def main(argv=None) -> int:
         import kernels
         fn = kernels.chunk_gated_delta_rule
     else:
-        from kernels.gdn_fwd import testing as tt
+        from tests import kernel_support as tt
         fn = tt.fla_triton_fn()
         if fn is None:
             print("fla not importable")

@@ -2,16 +2,15 @@
 
     ncu --clock-control none --nvtx --nvtx-include "gdn-profile/" --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section WarpStateStats --csv --page details \
-        python3 benchmarks/profile_kernels.py [--shape B1_T32768_H16_HV32] [--fwd-only] [--tables lean_sd] \
-        [--ab ours-no-cf] [--impl fla-triton] > ncu.csv
+        python3 benchmarks/profile_kernels.py [--shape B1_T32768_H16_HV32] [--fwd-only] \
+        [--ab ours-no-cluster] [--impl fla-triton] > ncu.csv
     python3 scripts/ncu_summary.py ncu.csv          # one line per kernel: time, throughputs, occupancy, stalls
 
 (``scripts/gpu_steps.sh profile`` runs both.)  Inputs as ``benchmarks/bench_kernels_bwd.py`` (bf16, fp32 gates,
 final state, ``do`` and ``dht`` random) at one of the forward benchmark's shapes.  A first call outside the range
 compiles and warms up, so only the second call's kernels are profiled.  ``--dry-run``: CPU plumbing check with the
-torch emulations and a 256x smaller shape, no NVTX.  ``--ab COL``: both calls with the private switch of the
-benchmark's A/B column ``COL`` set (``bench_kernels_bwd.AB``), e.g. ``ours-no-cf`` to count the bank conflicts
-without the conflict-free tiles (``PROFILE_ARGS="--ab ours-no-cf" scripts/gpu_steps.sh profile``).  ``--impl
+torch emulations and a 256x smaller shape, no NVTX.  ``--ab COL``: both calls with the plans of the benchmark's
+A/B column ``COL`` (``bench_kernels_bwd.AB``), e.g. ``ours-no-cluster``.  ``--impl
 fla-triton``: FLA's chunk_gated_delta_rule on its Triton kernels instead (forward with FLA_FLASH_QLA=0,
 FLA_TILELANG=0; backward in the benchmark's FLA context), for a per-kernel comparison at the same shape (GPU only).
 """
@@ -30,7 +29,7 @@ if ROOT not in sys.path:
 
 import contextlib  # noqa: E402
 
-from benchmarks.bench_kernels_bwd import AB, COLUMN, SHAPES, _ab_switch, backward_context, make  # noqa: E402
+from benchmarks.bench_kernels_bwd import AB, SHAPES, alter, backward_context, make  # noqa: E402
 
 RANGE = "gdn-profile"
 
@@ -39,22 +38,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="B1_T32768_H16_HV32", choices=list(SHAPES))
     ap.add_argument("--fwd-only", action="store_true", help="profile the forward alone")
-    ap.add_argument("--tables", default=None, choices=list(COLUMN),
-                    help="the backward's chunk-table precision (default: the API's, 'split')")
     ap.add_argument("--ab", default=None, choices=list(AB),
-                    help="run with this A/B column's private switch set (benchmarks/bench_kernels_bwd.py's AB)")
+                    help="run with this A/B column's plans (benchmarks/bench_kernels_bwd.py's AB)")
     ap.add_argument("--impl", default="ours", choices=["ours", "fla-triton"],
                     help="whose kernels: ours (TileLang) or FLA's Triton ones (GPU only)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
-    if args.impl != "ours" and (args.dry_run or args.ab or args.tables):
-        ap.error("--impl fla-triton runs FLA's kernels on a GPU: no --dry-run, --ab or --tables with it")
-    with _ab_switch(args.ab) if args.ab else contextlib.nullcontext():
-        return _profile(args)
+    if args.impl != "ours" and (args.dry_run or args.ab):
+        ap.error("--impl fla-triton runs FLA's kernels on a GPU: no --dry-run or --ab with it")
+    return _profile(args)
 
 
 def _profile(args) -> int:
-    from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as ours
+    from kernels.autograd import apply as ours
 
     B, T, H, HV, lens = SHAPES[args.shape]
     impl = "tilelang"
@@ -71,14 +67,14 @@ def _profile(args) -> int:
     leaves = [x.detach().requires_grad_() for x in a]
 
     if args.impl == "fla-triton":
-        from kernels.gdn_fwd.testing import fla_triton_fn
+        from tests.kernel_support import fla_triton_fn
         fla = fla_triton_fn()
         if fla is None:
             print("fla is not importable")
             return 2
         fn, ctx = fla, lambda: backward_context("FLA")
     else:
-        fn = lambda *x, **k: ours(*x, **k, _impl=impl, _tables=args.tables)    # noqa: E731
+        fn = lambda *x, **k: ours(*x, **k, impl=impl, alter=alter(args.ab) if args.ab else None)    # noqa: E731
         ctx = contextlib.nullcontext
 
     def call():

@@ -1,14 +1,11 @@
-"""Our own TileLang GDN (gated delta rule) chunked forward and backward for Hopper (sm_90a).
+"""TileLang GDN (gated delta rule) chunked forward and backward for Hopper (sm_90a).
 
-``kernels.chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
-output_final_state=False, use_qk_l2norm_in_kernel=False, state_v_first=False,
-cu_seqlens=None) -> (o, final_state)`` follows FLA's
-``fla.ops.gated_delta_rule.chunk_gated_delta_rule``, and it is differentiable in q, k, v, g, beta and
-initial_state: ``gdn_bwd/autograd.py`` wraps the forward (unchanged) and the TileLang backward.
-See ``kernels/README.md``.
+``kernels.chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None) -> (o, final_state)`` follows FLA's
+``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` and is differentiable in q, k, v, g, beta and initial_state
+(``autograd.py``).  See ``kernels/README.md``.
 
-Importing this package imports neither tilelang nor CUDA: the kernels are built
-on the first call.
+Importing this package imports neither tilelang nor CUDA: the kernels are built on the first call.
 """
 
 __all__ = ["chunk_gated_delta_rule"]
@@ -16,8 +13,8 @@ __all__ = ["chunk_gated_delta_rule"]
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None):
-    """GDN chunked forward (``kernels.gdn_fwd.api``), differentiable through ``kernels.gdn_bwd``."""
-    from .gdn_bwd.autograd import chunk_gated_delta_rule as _impl
+    """GDN chunked forward, differentiable (``kernels.autograd``)."""
+    from .autograd import chunk_gated_delta_rule as _impl
     return _impl(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                  output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                  state_v_first=state_v_first, cu_seqlens=cu_seqlens)

@@ -21,13 +21,12 @@
 #       (pruned by scripts/prune_triton_cache.py): if it errors, the cache is emptied and the calls compile cold
 #   scripts/gpu_steps.sh kernels-fwd [S]      # tests/test_kernels_gpu.py + benchmarks/bench_kernels_fwd.py (#4)
 #   scripts/gpu_steps.sh kernels-bwd [S]      # tests/test_kernels_bwd_gpu.py + benchmarks/bench_kernels_bwd.py (#7)
-#   scripts/gpu_steps.sh bwd-ab [S]           # backward A/B (bench_kernels_bwd --ab: recompute overlap, segmented dh)
-#       and the ablations of the inter and intra kernels (benchmarks/ablate_bwd.py) (#7)
+#   scripts/gpu_steps.sh bwd-ab [S]           # backward A/B (bench_kernels_bwd --ab: recompute overlap, cluster sums)
 #   scripts/gpu_steps.sh profile [S]          # Nsight Compute over one fwd+bwd call (benchmarks/profile_kernels.py;
-#       PROFILE_SHAPE, and PROFILE_ARGS e.g. "--tables lean_sd", "--ab ours-no-cf" or "--impl fla-triton")
+#       PROFILE_SHAPE, and PROFILE_ARGS e.g. "--ab ours-no-cluster" or "--impl fla-triton")
 #   scripts/gpu_steps.sh ab [S]               # a candidate's GPU tests (AB_TESTS: a pytest -k expression over
 #       tests/test_kernels_bwd_gpu.py; none if unset), then the backward bench with the A/B columns AB_COLS (default
-#       ours-no-cf) and BENCH_ARGS (e.g. "--shapes A,B --no-check --skip FlashQLA") (#7); S per part
+#       ours-serial) and BENCH_ARGS (e.g. "--shapes A,B --no-check --skip FlashQLA") (#7); S per part
 set -u
 out=${OUT:?set OUT}
 step=${1:?step}
@@ -82,10 +81,9 @@ case "$step" in
     # every kernel configuration of the forward and the backward into the shared TileLang cache (10 processes), so
     # that the steps after it (and pytest's workers) load instead of compiling the same kernels several times
     mkdir -p "$out/k"
-    run python3 -c 'from kernels.gdn_fwd.build import all_configs as f, precompile as fp
-from kernels.gdn_bwd.build import all_configs as b, precompile as bp
+    run python3 -c 'from kernels.build import all_configs, precompile
 import sys
-sys.exit(1 if fp(f(), 10) + bp(b(), 10) else 0)' > "$out/k/precompile.txt" 2>&1
+sys.exit(1 if precompile(all_configs(), 10) else 0)' > "$out/k/precompile.txt" 2>&1
     echo "$step rc=$? $(( $(date +%s) - t0 )) s"; grep -v "TileLang\|Warning" "$out/k/precompile.txt" | grep "kernels in\|Error\|error" ;;
   triton-check)
     mkdir -p "$out/tc"
@@ -113,14 +111,10 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
     echo "bwd bench rc=$? $(( $(date +%s) - t0 )) s"; tail -25 "$out/k/bench-bwd.txt" ;;
   bwd-ab)
     mkdir -p "$out/k"
-    run python3 benchmarks/bench_kernels_bwd.py --rep 10 --warmup 2 --tables split --ab ours-serial,ours-seq-dh \
+    run python3 benchmarks/bench_kernels_bwd.py --rep 10 --warmup 2 --ab ours-serial,ours-no-cluster \
       > "$out/k/bench-bwd-ab.txt" 2>&1
     echo "bwd A/B bench rc=$? $(( $(date +%s) - t0 )) s"; grep "stages" "$out/k/bench-bwd-ab.txt"
-    grep -A8 "== summary" "$out/k/bench-bwd-ab.txt"
-    for kern in intra inter; do
-      run python3 benchmarks/ablate_bwd.py --kernel $kern > "$out/k/ablate-$kern.txt" 2>&1
-      echo "ablate $kern rc=$?"; grep -A10 "ablation" "$out/k/ablate-$kern.txt"
-    done ;;
+    grep -A8 "== summary" "$out/k/bench-bwd-ab.txt" ;;
   ab)
     mkdir -p "$out/k"
     if [ -n "${AB_TESTS:-}" ]; then
@@ -129,8 +123,8 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
       echo "A/B tests rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$out/k/test-ab.txt"
     fi
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of words (e.g. --shapes A,B --no-check)
-    # --rep / --warmup are do_bench's milliseconds: 200 is ~25 repetitions at ~8 ms (10 would be one or two)
-    run python3 benchmarks/bench_kernels_bwd.py --rep "${BENCH_REP:-200}" --warmup 30 --tables split --ab "${AB_COLS:-ours-no-cf}" \
+    # --rep / --warmup are do_bench's milliseconds: 200 is ~25 calls at ~8 ms (10 would be one or two)
+    run python3 benchmarks/bench_kernels_bwd.py --rep "${BENCH_REP:-200}" --warmup 30 --ab "${AB_COLS:-ours-serial}" \
       --workers 14 ${BENCH_ARGS:-} > "$out/k/bench-bwd-cand.txt" 2>&1
     echo "A/B bench rc=$? $(( $(date +%s) - t0 )) s"; grep "stages\|check" "$out/k/bench-bwd-cand.txt"
     grep -A8 "== summary" "$out/k/bench-bwd-cand.txt" ;;

@@ -4,6 +4,7 @@ small hand-written sources in TileLang's style.  CPU only, no TileLang."""
 
 from math import gcd
 
+import pytest
 from hypothesis import given, settings
 
 from kernels.common.bank_conflicts import (Site, access_sites, buffer_degrees, main, shared_buffers, site_degree,
@@ -114,3 +115,15 @@ def test_stmatrix_rows_are_16_byte_accesses():
     assert (s.width, s.store, d) == (16, True, 8)
     (s, d), = buffer_degrees(packed, "t_s")
     assert (s.width, s.store, d) == (16, False, 1)
+
+
+def test_addresses_are_integer_arithmetic_never_code():
+    """An address read from a .cu file is evaluated as integer arithmetic on known names: a call, an attribute or a
+    string is refused (the site is reported as not evaluated), so a crafted source cannot run code."""
+    from kernels.common.bank_conflicts import integer_expression
+    assert integer_expression("(tx >> 2) * 8 + (i_1 ^ (tx & 7)) % 64 - ~1")({"tx": 9, "i_1": 3}) == 16 + 2 + 2
+    for bad in ("__import__('os').getcwd()", "tx.real", "'a' * 3", "[tx][0]", "tx if tx else 0", "2 ** 3"):
+        with pytest.raises(SyntaxError):
+            integer_expression(bad)
+    site = Site(1, 4, 4, "__import__('os').getcwd()", False)
+    assert site_degree(site, 32) is None

@@ -1,48 +1,43 @@
 """``benchmarks/bench_kernels_bwd.py`` on a CPU (``--dry-run``: the emulations stand in for the kernels): its A/B
-columns (``--ab``: our backward with one of its private switches off) and the switches behind them."""
+columns (``--ab``: ours with other plan values) and the plans behind them."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 from benchmarks import bench_kernels_bwd as bench
-from kernels.gdn_bwd import api
-
-
-def _switches(col):
-    """Column ``col``'s (module, name, value) switches: one, or a list of several."""
-    return bench.AB[col] if isinstance(bench.AB[col], list) else [bench.AB[col]]
-
-
-def _state():
-    """The value of every AB switch now."""
-    import importlib
-    return {f: getattr(importlib.import_module(f"kernels.gdn_bwd.{m}"), f)
-            for col in bench.AB for m, f, _ in _switches(col)}
+from kernels.plan import backward_plan, forward_plan
 
 
 @pytest.mark.parametrize("col", list(bench.AB))
-def test_ab_column_sets_its_switch_inside_and_restores_it(col):
-    want = {flag: value for _, flag, value in _switches(col)}
-    before = _state()
-    assert all(before[f] != v for f, v in want.items())        # the column differs from the default
-    with bench.backward_context(col):
-        inside = _state()
-        assert all(inside[f] == v for f, v in want.items())
-        assert all(v == before[f] for f, v in inside.items() if f not in want)
-    assert _state() == before
-    with pytest.raises(RuntimeError), bench.backward_context(col):
-        raise RuntimeError("a failing cell")
-    assert _state() == before
-    with bench.backward_context("ours"):
-        assert _state() == before
-    assert api._FUSED_DQK is True
+def test_ab_column_changes_the_plan_it_names_and_no_other(col):
+    f = bench.alter(col)
+    fp = forward_plan("bfloat16", 1, 32, 512, False, keep_tables=True)
+    bp = backward_plan("bfloat16", 16, 32, 512, 1)
+    where, change = bench.AB[col]
+    nf, nb = f(fp), f(bp)
+    if where == "both":
+        assert nf == dataclasses.replace(fp, keep_tables=False) and not nb.reads_saved_tables
+    else:
+        assert nf is fp and nb == dataclasses.replace(bp, **change)
 
 
-def test_dry_run_times_the_ab_columns(capsys):
-    assert bench.main(["--dry-run", "--no-check", "--shapes", "B1_T8192_H4_HV8", "--tables", "split",
-                       "--ab", ",".join(bench.AB), "--rep", "1", "--warmup", "0"]) == 0
+def test_call_configs_cover_every_column():
+    cfgs = bench.call_configs(1, 8192, 4, 8, None, False, ["ours"] + list(bench.AB))
+    names = {c.name for c in cfgs}
+    assert any(n.startswith("bwd_dqk_g2") for n in names) and any(n.startswith("bwd_gsum") for n in names)
+    assert any(",occ2," in n and ",slz," in n for n in names)             # ours-rc-bv16o2 / bv32o2
+
+
+def test_dry_run_times_the_ab_columns(capsys, tmp_path):
+    out_md = tmp_path / "RESULTS.md"
+    assert bench.main(["--dry-run", "--no-check", "--shapes", "B1_T8192_H4_HV8", "--ab", ",".join(bench.AB),
+                       "--rep", "1", "--warmup", "0", "--results", str(out_md)]) == 0
     out = capsys.readouterr().out
     summary = out[out.index("== summary"):]
     row = next(line for line in summary.splitlines() if line.startswith("B1_T8192_H4_HV8"))
     assert all(c in summary for c in bench.AB) and row.count("(") == 1 + len(bench.AB)    # every column timed
+    text = out_md.read_text()
+    assert "## benchmarks/bench_kernels_bwd.py - commit " in text and row in text

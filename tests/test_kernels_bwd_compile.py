@@ -1,22 +1,20 @@
-"""Compile every backward kernel configuration of our TileLang GDN backward for sm_90a, on the CPU.
+"""Compile every backward kernel configuration a dispatch can choose, for sm_90a, on the CPU.
 
 Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The configurations are
-``kernels.gdn_bwd.build.all_configs()`` (its docstring lists them: every stage the API dispatches x {bf16, fp16}
-at K = V = 128, and the forms of the A/B columns and of the forward's saved tables).  Everything else (T, B, N, H,
-HV / GVA ratio, h0, dht present, state layout, l2norm, gate dtype, varlen or dense, head dim 64 zero-padded, scale)
-is a runtime argument of the same binaries.  The forward
-recompute runs the forward's dispatched intra2 / state kernels, compiled by ``test_kernels_compile.py``.
+``kernels.backward.configs.all_configs()`` (every stage x {bf16, fp16} at K = V = 128, dh in both operand forms,
+prep on the forward's saved tables; the dtype-free dgdb once).  Everything else (T, B, N, H, HV / GVA ratio, h0,
+dht present, state layout, l2norm, gate dtype, varlen or dense, head dim 64 zero-padded, scale) is a runtime
+argument of the same binaries.  The forward recompute runs the forward's kernels, compiled by
+``test_kernels_compile.py``.
 
-Asserts, from the generated CUDA and from ptxas (bf16 only: the fp16 binaries differ only in the operand
-type, so ptxas is run once per stage to stay within ~2 min on 2 cores):
+Asserts, from the generated CUDA and from ptxas (bf16 only: the fp16 binaries differ only in the operand type):
 * every matmul is a wgmma with input-dtype operands and fp32 accumulation, the number of call sites the
   design implies (``_WANT_WGMMA``), no TF32;
 * the reverse sequential kernel takes every A operand from registers (wgmma_rs) and loads its chunks with
-  TMA into an mbarrier pipeline, with no TMA stores;
+  TMA into an mbarrier pipeline; its split tables leave through four TMA store sites;
 * exponentials are exp2 (fast math); no register spills and no stack;
-* shared-memory bank conflicts, as worked out from the generated addresses (``kernels.common.bank_conflicts``): dh's
-  swizzled dUloc^T and dO tiles (session 11) at most 2-way and none; the ``cf`` dqk kernels (the API's) conflict-free
-  in every tile, where the form without them has 8-way ones.
+* shared-memory bank conflicts, as worked out from the generated addresses (``kernels.common.bank_conflicts``):
+  dh's swizzled dUloc^T and dO tiles at most 2-way and none; the dqk kernels conflict-free in every tile.
 """
 
 import os
@@ -25,29 +23,29 @@ import re
 import pytest
 
 from kernels.common.bank_conflicts import worst_degrees
-from kernels.gdn_bwd.build import CLUSTER_GROUPS, BwdConfig, all_configs, compile_for_test
-from kernels.gdn_fwd.testing import check_ptxas, check_wgmma, compile_in_processes, compile_skip_reason
+from kernels.backward.configs import CLUSTER_GROUPS, all_configs
+from kernels.build import compile_for_test, forward_configs
+from tests.kernel_support import check_ptxas, check_wgmma, compile_in_processes, compile_skip_reason
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(compile_skip_reason() is not None, reason=compile_skip_reason() or "")]
 
 CONFIGS = all_configs()
+OFFSET = len(forward_configs())     # the backward's entries of kernels.build.all_configs() follow the forward's
 N_WORKERS = max(1, min(2, os.cpu_count() or 1))
 
 # wgmma call sites: prep = K K^T + 2 merge levels x 2 + Q K^T + dO^T (Ph, Pl); dh = dS K^T (2) + dU Tinv (3)
-# + dO^T Q (2) + dX^T K (2); inter = dO S^T (2) + dY S^T (3) + U dS'^T (3); intra = Q K^T + K K^T + dO U^T (2)
-# + dY U^T (3) + dq (2) + dk (6); inter_lean = dO Sh^T + dYh Sh^T + Uh dSh'^T; dots: none (CUDA-core sums);
-# intra_lean = intra with dO Uh^T and dYh Uh^T alone
-_WANT_WGMMA = {"prep": 1 + 4 + 1 + 2, "dh": 2 + 3 + 2 + 2, "inter": 2 + 3 + 3, "intra": 1 + 1 + 2 + 3 + 2 + 6,
-               "dqk": (2 + 3 + 3) + (1 + 1 + 2 + 3 + 2 + 6), "gsum": 0, "gsum32": 0,
-               "inter_lean": 3, "dots": 0, "intra_lean": 1 + 1 + 1 + 1 + 2 + 6}
-_WANT_WGMMA.update({f"dqk_g{g}": _WANT_WGMMA["dqk"] for g in CLUSTER_GROUPS}, dgdb=0)
+# + dO^T Q (2) + dX^T K (2); dqk = the state products dO S^T (2) + dY S^T (3) + U dS'^T (3), then the intra terms
+# Q K^T + K K^T + dO U^T (2) + dY U^T (3) + dq (1) + dk (3) with single 64x64 operands
+_WANT_WGMMA = {"prep": 1 + 4 + 1 + 2, "dh": 2 + 3 + 2 + 2, "dqk": (2 + 3 + 3) + (1 + 1 + 2 + 3 + 1 + 3),
+               "gsum": 0, "gsum32": 0, "dgdb": 0}
+_WANT_WGMMA.update({f"dqk_g{g}": _WANT_WGMMA["dqk"] for g in CLUSTER_GROUPS})
 _WANT_WGMMA["dh_single"] = 2 + 1 + 2 + 1          # dS' and F1 dO keep their lo products; Tinv, dU, F0 dX single
 _WANT_WGMMA["prep_saved"] = 1 + 2                  # on the forward's Tinv and Ag: Q K^T and dO^T (Ph, Pl) alone
 
 
 def _job(i):
-    return compile_for_test(i, with_ptxas=CONFIGS[i].dtype in ("bfloat16", "float32"))   # float32: dtype-free kinds
+    return compile_for_test(OFFSET + i, with_ptxas=CONFIGS[i].dtype in ("bfloat16", "float32"))   # float32: dtype-free
 
 
 @pytest.fixture(scope="module")
@@ -60,40 +58,35 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     r = compiled[cfg.name]
     src = r["source"]
     kind = "dh_single" if cfg.single else "prep_saved" if cfg.saved else cfg.kind
-    want = _WANT_WGMMA[kind] - 4 * cfg.msingle   # msingle: no lo-term products
+    want = _WANT_WGMMA[kind]
     check_wgmma(src, "bfloat16" if cfg.dtype == "float32" else cfg.dtype, want)     # dtype-free kinds: no wgmma
-    assert "exp2f" in src or cfg.kind in ("dh", "dots", "gsum", "gsum32")
-    if cfg.kind == "inter_lean":                    # its chunks' tiles: TMA into a warp-specialised pipeline
-        assert "tma_load" in src and "mbarrier" in src and "warpgroup_reg_alloc" in src
+    assert "exp2f" in src or cfg.kind in ("dh", "gsum", "gsum32")
     if cfg.kind == "dh":
         assert src.count("wgmma_rs<") == want, src.count("wgmma_rs<")
         # loads through the TMA pipeline; the split dS' and dY tables leave through shared tiles (stmatrix) and TMA
-        # stores (session 8: 3.60 -> 2.59 ms), four store sites (dSh, dSl, dYh, dYl); one CTA per SM must fit
+        # stores, four store sites (dSh, dSl, dYh, dYl); one CTA per SM must fit
         assert "tma_load" in src and "mbarrier" in src
         assert src.count("tma_store(") == 4 and "stmatrix" in src, src.count("tma_store(")
-        # each chunk's table stores are waited for at the next chunk's (session 10: 2.61 -> 2.11 ms), and at the end
+        # each chunk's table stores are waited for at the next chunk's, and at the end
         assert src.count("tma_store_wait") == 2, src.count("tma_store_wait")
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024, r["dyn_smem"]
     if cfg.kind == "dh":
         # every shared tile at an offset of its own: TileLang's allocator merges buffers by their reads, so a tile
-        # TMA-loaded but never read shared the dY hi tile's memory in the single form (wrong dY tables, session 13)
+        # TMA-loaded but never read could share another tile's memory (and overwrite it in flight)
         offs = re.findall(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\);", src)
         assert len(offs) >= 9 and len({o for _, o in offs}) == len(offs), offs
-    if cfg.kind == "dh":                            # swizzled since session 11 (4-way each before)
+    if cfg.kind == "dh":                            # swizzled (4-way each without)
         w = worst_degrees(src, ["dul_s", "do_s"])
         assert w["dul_s"][0] <= 2 and w["do_s"][0] <= 1 and w["dul_s"][1] > 0 and w["do_s"][1] > 0, w
-    if cfg.kind.startswith("dqk"):                  # the API's conflict-free tiles (cf, session 13); without: 8-way
+    if cfg.kind.startswith("dqk"):                  # conflict-free tiles (laid out without them: 8-way)
         w = max(d for d, _ in worst_degrees(src).values())
-        assert w == 1 if cfg.cf else w > 1, (cfg.name, worst_degrees(src))
-    if cfg.kind in ("intra", "intra_lean"):          # dq~ / dk~ added by atomics, not read-modify-write (session 8)
-        assert "AtomicAdd" in src
-    # CTAs per SM the design relies on (shared memory, and registers of 128-thread CTAs): intra reads the gate
-    # table from global memory (112 KiB, 114 with a copy); inter and prep load in phases (66 / 60 KiB; 146 / 111 in
-    # one phase)
-    ctas = {"intra": 2, "intra_lean": 2, "inter": 2, "prep": 3}.get(cfg.kind)
+        assert w == 1, (cfg.name, worst_degrees(src))
+    # CTAs per SM the design relies on (shared memory, and registers of 128-thread CTAs): prep loads in phases
+    # (60 KiB; 111 in one phase)
+    ctas = {"prep": 3}.get(cfg.kind)
     if ctas:
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024 // ctas, r["dyn_smem"]
-    if cfg.kind.startswith("dqk"):   # the fused kernel: one CTA of 256 threads per SM (shared memory and registers)
+    if cfg.kind.startswith("dqk"):   # one CTA of 256 threads per SM (shared memory and registers)
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024, r["dyn_smem"]
         if "ptxas" in r:
             assert -(-r["ptxas"]["registers"] // 8) * 8 * 256 <= 65536, r["ptxas"]["registers"]

@@ -1,4 +1,4 @@
-"""CPU tests of the TileLang GDN backward's torch emulation (``kernels/gdn_bwd/emulation.py``: the same
+"""CPU tests of the TileLang GDN backward's torch emulation (``kernels/backward/emulation.py``: the same
 chunking, layouts and roundings as the kernels) against fp64 autograd through ``reference.chunk``.
 
 Criteria (no absolute tolerances): every gradient (dq, dk, dv, dg, dbeta, dh0) has a rel_rmse vs fp64 no
@@ -13,20 +13,20 @@ K = V = 64; and the autograd.Function plumbing.
 import pytest
 import torch
 
-from kernels.gdn_bwd.autograd import chunk_gated_delta_rule as fn
-from kernels.gdn_bwd.emulation import chunk_gated_delta_rule_bwd
-from kernels.gdn_fwd import testing as tt
+from kernels.autograd import apply as fn
+from kernels.backward.emulation import chunk_gated_delta_rule_bwd
+from tests import kernel_support as tt
 
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 
-def _check(name, xs, do, dht, kw, near_m20=False, tables="split"):
+def _check(name, xs, do, dht, kw, near_m20=False, dh_single=True):
     from reference.chunk import chunk_gated_delta_rule as ref
     from reference.emulated import chunk_gated_delta_rule as emu
 
     want = tt.autograd_grads(ref, xs, kw, do, dht, lambda x: x.double())
     base = tt.autograd_grads(emu, xs, kw, do, dht, lambda x: x if x.dtype != torch.float64 else x.float())
-    ours = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, _tables=tables)
+    ours = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=dh_single)
     dt = xs[0].dtype
     rows = []
     for n, a, b_, r, x in zip(NAMES, ours, base, want, list(xs) + [kw["initial_state"]]):
@@ -60,27 +60,13 @@ def test_bwd_emulation_vs_fp64(name):
     _check(name, xs, do, dht, kw, near_m20=CASES[name].get("gate") == "near_-20")
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_lean_tables_with_split_state_dots_meet_the_same_bar(name):
-    """Design study for the next inter / intra kernels (``kernels.gdn_bwd.accuracy``): reading only the hi terms of
-    the chunk tables, with the S o dS' row sums still from hi + lo ("lean_sd"), every gradient stays within the
-    FLA-like baseline, the issue's bar.  Not within the stricter bar the kernels meet near g = -20 (dg within the
-    rounding floor): there "lean_sd" is 1.06x the floor (1.99e-3 vs 1.88e-3 at T = 192).  Plain "lean" misses
-    the baseline itself: its dg is 3x the baseline's on fp16 varlen input."""
-    xs, do, dht, kw = tt.bwd_inputs(**CASES[name])
-    _check(name, xs, do, dht, kw, tables="lean_sd")
-
-
-# cases of the GPU tests, with their inputs (testing.case_bwd_inputs, as the GPU tests build them): with F1 dO
-# single as well, dh0 was 1.00x / 1.02x the FLA-like baseline's rel_rmse on the first two (GPU and emulation alike,
-# session 13); the third: dg at g near -20 against the rounding floor
 _GPU_NAMES = ("T65_h0", "fp16_fp16_gates_h0", "g_near_-20_h0x50", "bench_varlen4_h0_vfirst")
 
 
 def _gpu_case_inputs(name):
     if name == "bench_varlen4_h0_vfirst":
-        # the bench's second check case as its --dry-run runs it (lengths / 64): where a removed candidate (S without
-        # its lo term, session 13) put dg at 1.01x the FLA-like baseline after the other cases had passed it
+        # the bench's second check case as its --dry-run runs it (lengths / 64): where a candidate without S's lo
+        # term put dg at 1.01x the FLA-like baseline while the other cases passed
         from benchmarks.bench_kernels_bwd import make
         args, kw, do, dht = make(1, 63, 2, 4, [39, 1, 21, 2], torch.device("cpu"), h0std=1.0, vfirst=True)
         return args, do, dht, {k: v for k, v in kw.items() if k != "output_final_state"}
@@ -88,27 +74,18 @@ def _gpu_case_inputs(name):
     return args, do, dht, kw
 
 
-@pytest.mark.parametrize("switch", ["_DH_SINGLE", "_INTRA_SINGLE", "_DUL_INPUT_DTYPE"])
 @pytest.mark.parametrize("name", list(CASES) + list(_GPU_NAMES))
-def test_single_operand_forms_meet_the_same_bar(monkeypatch, name, switch):
-    """``build._DH_SINGLE`` (dh with single Tinv, dU, F0 dX operands: 6 instead of 9 wgmma a chunk; the API's form)
-    and, on top of it, ``build._INTRA_SINGLE`` (the intra terms' four 64x64 operands single; the API's form since
-    session 14) and the candidate ``build._DUL_INPUT_DTYPE`` (dUloc^T stored in the input dtype; measured with the
-    other two on) keep every gradient within the FLA-like
-    baseline, and dg near g = -20 within the rounding floor (the emulation follows the switches, as the API does);
-    each switch changes the gradient it should (dv: dh's dY alone, or dU; dq: the intra terms, not dh)."""
-    import kernels.gdn_bwd.build as bbuild
+def test_both_reverse_pass_forms_meet_the_same_bar(name):
+    """dh with single Tinv, dU, F0 dX operands (the sequential pass) and with every operand split (the segmented
+    pass) keep every gradient within the FLA-like baseline, and dg near g = -20 within the rounding floor; the
+    two forms differ in dv (dh's dY)."""
     xs, do, dht, kw = _gpu_case_inputs(name) if name in _GPU_NAMES else tt.bwd_inputs(**CASES[name])
-    monkeypatch.setattr(bbuild, "_DH_SINGLE", True)
-    monkeypatch.setattr(bbuild, switch, False)
-    off = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
-    monkeypatch.setattr(bbuild, switch, True)
     near_m20 = CASES.get(name, {}).get("gate") == "near_-20" or name == "g_near_-20_h0x50"
-    rows = _check(name, xs, do, dht, kw, near_m20=near_m20)
-    on = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
-    i = {"_DH_SINGLE": 2, "_INTRA_SINGLE": 0, "_DUL_INPUT_DTYPE": 2}[switch]
-    assert not torch.equal(on[i], off[i]), f"{NAMES[i]}: the switch changed nothing"
-    assert rows
+    _check(name, xs, do, dht, kw, near_m20=near_m20, dh_single=False)
+    _check(name, xs, do, dht, kw, near_m20=near_m20, dh_single=True)
+    split = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False)
+    single = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    assert not torch.equal(split[2], single[2]), "dv: the operand form changed nothing"
 
 
 def test_max_rel_diff_helper():
@@ -127,7 +104,7 @@ def test_autograd_function_plumbing():
     xs, do, dht, kw = tt.bwd_inputs(1, 70, 1, 2, h0=1.0, gate_dtype=torch.bfloat16)
     leaves = [x.clone().requires_grad_() for x in xs]
     h0 = kw["initial_state"].clone().requires_grad_()
-    o, ht = fn(*leaves, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True, _impl="emulation")
+    o, ht = fn(*leaves, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True, impl="emulation")
     (o.float() * do.float()).sum().add((ht * dht).sum()).backward()
     grads = [x.grad for x in leaves] + [h0.grad]
     ref = chunk_gated_delta_rule_bwd(*xs, do, dht, initial_state=kw["initial_state"], use_qk_l2norm_in_kernel=True)
@@ -135,7 +112,7 @@ def test_autograd_function_plumbing():
         assert a.dtype == x.dtype and a.shape == x.shape, n
         assert torch.equal(a, b_), n
     leaves = [x.clone().requires_grad_() for x in xs]
-    o, ht = fn(*leaves, use_qk_l2norm_in_kernel=True, _impl="emulation")
+    o, ht = fn(*leaves, use_qk_l2norm_in_kernel=True, impl="emulation")
     assert ht is None
     (o.float() * do.float()).sum().backward()
     ref = chunk_gated_delta_rule_bwd(*xs, do, None, use_qk_l2norm_in_kernel=True)
@@ -143,37 +120,11 @@ def test_autograd_function_plumbing():
     for n, a, b_ in zip(NAMES, [x.grad for x in leaves], ref):
         assert torch.equal(a, b_), n
     leaves = [x.clone().requires_grad_() for x in xs]
-    o, ht = fn(*leaves, output_final_state=True, use_qk_l2norm_in_kernel=True, _impl="emulation")
+    o, ht = fn(*leaves, output_final_state=True, use_qk_l2norm_in_kernel=True, impl="emulation")
     ht.sum().backward()
     ref = chunk_gated_delta_rule_bwd(*xs, torch.zeros_like(do), torch.ones_like(ht), use_qk_l2norm_in_kernel=True)
     for n, a, b_ in zip(NAMES, [x.grad for x in leaves], ref):
         assert torch.equal(a, b_), n
-
-
-def test_tables_knob_reaches_the_backward_and_rejects_unknown_values():
-    """``_tables`` goes through the autograd Function to the backward (here its emulation: "lean_sd" gives the
-    emulation's lean_sd gradients, not the default ones); the kernel API rejects an unknown value before any
-    CUDA check, the emulation too."""
-    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as kern
-
-    xs, do, dht, kw = tt.bwd_inputs(1, 70, 1, 2, h0=1.0)
-    leaves = [x.clone().requires_grad_() for x in xs]
-    o, ht = fn(*leaves, **dict(kw, initial_state=None), output_final_state=True, _impl="emulation",
-               _tables="lean_sd")
-    (o.float() * do.float()).sum().add((ht * dht).sum()).backward()
-    lean = chunk_gated_delta_rule_bwd(*xs, do, dht, **dict(kw, initial_state=None), _tables="lean_sd")
-    split = chunk_gated_delta_rule_bwd(*xs, do, dht, **dict(kw, initial_state=None))
-    for n, a, b_, c in zip(NAMES, [x.grad for x in leaves], lean, split):
-        assert torch.equal(a, b_), n
-    assert not torch.equal(lean[0], split[0])           # the knob changes the dq products
-    for impl in (kern, chunk_gated_delta_rule_bwd):
-        for bad in ("nope", "split+fg", "split+"):
-            with pytest.raises(ValueError, match="unknown chunk table precision"):
-                impl(*xs, do, dht, **kw, _tables=bad)
-    from kernels.gdn_bwd.build import stage_kinds
-    assert stage_kinds("lean_sd")[-1] == "intra_lean" and stage_kinds() == ("prep", "dh", "dqk", "dqk_g2", "dqk_g4",
-                                                                                "dqk_g8", "gsum", "gsum32", "dgdb")
-    assert stage_kinds("split", fused=False) == ("prep", "dh", "inter", "intra")
 
 
 def test_dg_has_no_cancellation_near_minus_20():
@@ -194,15 +145,19 @@ def test_dg_has_no_cancellation_near_minus_20():
 # order, layouts, padding of K = V = 64, dht / dh0 layouts, empty sequences, the host reductions).
 # ---------------------------------------------------------------------------------------------------------
 
-def _fake_kernels(monkeypatch):
-    import kernels.gdn_bwd.api as bapi
-    import kernels.gdn_bwd.build as bbuild
-    import kernels.gdn_bwd.emulation as E
-    import kernels.gdn_fwd.build as fbuild
-    from kernels.gdn_fwd import emulation as FE
+def _fake_kernels(monkeypatch, asked=None):
+    """Every kernel (``kernels.build.get_kernel``) replaced by its stand-in; the configurations asked for are
+    appended to ``asked``."""
+    import kernels.backward.configs as bbuild
+    import kernels.backward.emulation as E
+    import kernels.build as build
+    import kernels.forward.configs as fbuild
+    import kernels.forward.pipeline as fpipe
+    import kernels.interface as interface
+    from kernels.forward import emulation as FE
 
     f64 = torch.float64
-    orig_check = bapi._check
+    orig_check = interface.check_inputs
 
     def check_cpu(q, k, v, g, beta, h0, cu, vf):
         try:
@@ -229,29 +184,29 @@ def _fake_kernels(monkeypatch):
         return acc
 
     def fwd_kernel(cfg):
-        if isinstance(cfg, fbuild.Intra2Config):
+        if isinstance(cfg, fbuild.IntraConfig):
             def intra2(q, k, g, b, cu, ci, Ah, Al, F, Th, scale, use_l2):
                 dt = q.dtype
-                ah, al, f = FE.intra_v2(q, k, g, b, cu_list(cu), scale, bool(use_l2), dt, E.fwd_precision())
+                ah, al, f = FE.intra_chunk(q, k, g, b, cu_list(cu), scale, bool(use_l2), dt, E.fwd_precision())
                 put(Ah, ah), put(Al, al), put(F, f)
                 if cfg.th:          # Tinv, rounded once: prep's Th (the same solve)
                     z = torch.zeros(q.shape[0], g.shape[1], q.shape[2], dtype=dt)
                     put(Th, E.prep(q, k, z, g, b, cu_list(cu), scale, bool(use_l2), dt)[0])
             return intra2
-        if isinstance(cfg, fbuild.Output2Config):       # the forward's output kernel (the autograd tests)
+        if isinstance(cfg, fbuild.OutputConfig):        # the forward's output kernel (the autograd tests)
             assert not cfg.vt
 
             def output(q, k, F, Sch, Scl, Uh, Ul, cu, ci, o2):
-                put(o2, FE.output_v2(q, k, F.to(f64), Sch.to(f64), Scl.to(f64), Uh.to(f64), Ul.to(f64), cu_list(cu),
+                put(o2, FE.output(q, k, F.to(f64), Sch.to(f64), Scl.to(f64), Uh.to(f64), Ul.to(f64), cu_list(cu),
                                      q.dtype, cfg.prec))
             return output
-        assert isinstance(cfg, fbuild.State2Config) and cfg.form == "smem" and not cfg.scan
+        assert isinstance(cfg, fbuild.StateConfig) and cfg.form == "smem" and not cfg.scan
 
         def state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, vf):
             h = None
             if use_h0:
                 h = h0.transpose(-1, -2) if vf else h0
-            sh, sl, uh, ul, end = FE.state_v2(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu), cu_list(co), h,
+            sh, sl, uh, ul, end = FE.chunk_states(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu), cu_list(co), h,
                                               k.dtype, cfg.prec)
             put(Sch, sh), put(Scl, sl), put(Uh, uh), put(Ul, ul)
             if store_ht:
@@ -267,7 +222,7 @@ def _fake_kernels(monkeypatch):
                     return
                 put(Th, th), put(Tl, tl)
                 # Ag: the kernel's operations are intra2's (ag "split"), so its emulation stands in
-                ah, al, _ = FE.intra_v2(q, k, g, b, cu_list(cu), scale, bool(use_l2), q.dtype, E.fwd_precision())
+                ah, al, _ = FE.intra_chunk(q, k, g, b, cu_list(cu), scale, bool(use_l2), q.dtype, E.fwd_precision())
                 put(Agh, ah), put(Agl, al)
             return prep
         if cfg.kind == "dh":
@@ -282,7 +237,7 @@ def _fake_kernels(monkeypatch):
                 if store_dh0:
                     put(dh0, h0g.transpose(-1, -2) if vf else h0g)
             return dh
-        if cfg.kind == "inter":
+        if cfg.kind == "inter":             # the dqk stand-in's state products
             def inter(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, ci, dqv, dkv, qz, kw, kr, sd, yv,
                       scale):
                 cl = cu_list(cu)
@@ -300,7 +255,7 @@ def _fake_kernels(monkeypatch):
         if cfg.kind == "dgdb":
             # the torch form of the same terms (common.finish) stands in; the GPU test compares the two
             def dgdb(Fb, qz, kw, kr, yv, db2, sd, rect, cu, ci, dg, db):
-                from kernels.gdn_bwd.common import finish, valid_rows
+                from kernels.backward.finish import finish, valid_rows
                 tok, valid = E.token_index(cu_list(cu), Fb.device)
                 z = torch.zeros(dg.shape[0], 1, 1)
                 _, _, g_, b_ = finish(Fb=Fb, qz=qz, kw=kw, kr=kr, sd=sd, yv=yv[0] + yv[1], rect=rect,
@@ -332,32 +287,34 @@ def _fake_kernels(monkeypatch):
                 bwd_kernel(bbuild.BwdConfig("inter", cfg.dtype))(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl,
                                                                  Fb, cu, ci, dqv, dkv, qz, kw, kr, sd, yv[0], scale)
                 yv[1].zero_()
-                bwd_kernel(bbuild.BwdConfig("intra", cfg.dtype, msingle=cfg.msingle))(
-                    q, k, do, Uh, Ul, dYh, dYl, Fb, cu, ci, dqv, dkv, rect, db2[0], scale)
+                bwd_kernel(bbuild.BwdConfig("intra", cfg.dtype))(q, k, do, Uh, Ul, dYh, dYl, Fb, cu, ci, dqv, dkv,
+                                                                 rect, db2[0], scale)
                 db2[1].zero_()
                 for x, o32, o in ((dqv, dq32, dqo), (dkv, dk32, dko)):
                     acc = ordered_group_sum(x, HV // group)
                     put(o32, acc) if out32 else put(o, acc)
             return dqk
-        assert cfg.kind == "intra"
+        assert cfg.kind == "intra"          # the dqk stand-in's 64x64 terms
 
         def intra(q, k, do, Uh, Ul, dYh, dYl, Fb, cu, ci, dqv, dkv, rect, db2, scale):
             cl = cu_list(cu)
             T_ = lambda x: x.to(f64).transpose(-1, -2)   # noqa: E731
             dqt, dkt, r, b_ = E.dqk_intra(q, k, do, Uh.to(f64), Ul.to(f64), T_(dYh), T_(dYl), Fb.to(f64), cl, scale,
-                                          q.dtype, cfg.msingle)
+                                          q.dtype)
             tok, valid = E.token_index(cl, q.device)
             dqv[tok[valid]] = (dqv[tok[valid]].double() + dqt.permute(1, 2, 0, 3)[valid]).float()
             dkv[tok[valid]] = (dkv[tok[valid]].double() + dkt.permute(1, 2, 0, 3)[valid]).float()
             put(rect, r), put(db2, b_)
         return intra
 
-    import kernels.gdn_fwd.api as fapi
-    monkeypatch.setattr(bapi, "_check", check_cpu)
-    monkeypatch.setattr(fapi, "_check", check_cpu)
+    def any_kernel(cfg):
+        if asked is not None:
+            asked.append(cfg)
+        return bwd_kernel(cfg) if isinstance(cfg, bbuild.BwdConfig) else fwd_kernel(cfg)
+
+    monkeypatch.setattr(fpipe, "check_inputs", check_cpu)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    monkeypatch.setattr(fbuild, "get_kernel", fwd_kernel)
-    monkeypatch.setattr(bbuild, "get_kernel", bwd_kernel)
+    monkeypatch.setattr(build, "get_kernel", any_kernel)
 
 
 _PLUMBING = {
@@ -373,43 +330,31 @@ _PLUMBING = {
 }
 
 
-@pytest.mark.parametrize("form", ["fused", "fused_group_sum_kernel", "fused_torch_group_sum", "torch_dg_dbeta",
-                                  "two_kernels", "recompute_intra2", "plain_tiles", "dh_split", "intra_split",
-                                  "two_kernels_intra_split", "dul16"])
+@pytest.mark.parametrize("form", ["dispatched", "no_cluster", "serial_recompute", "recompute_bv16_occ2"])
 @pytest.mark.parametrize("name", list(_PLUMBING))
 def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
-    """kernels.gdn_bwd.api with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
-    emulation's stage functions, so any difference is the API's tensor plumbing), with the fused dqk kernel
-    (default: groups of 2, 4, 8 summed by the kernel's clusters, others by ``gdn_bwd_group_sum``; with the
-    clusters off, ``api._CLUSTER_GROUP_SUM``, every group by ``gdn_bwd_group_sum`` or by torch,
-    ``api._GROUP_SUM_KERNEL`` off; dg, dbeta by the torch form of finish, ``api._DG_DBETA_KERNEL`` off), with its
-    two-kernel form (``api._FUSED_DQK`` off), with
-    the recompute's own intra2 kernel instead of prep's Ag (``api._RECOMPUTE_FROM_PREP`` off), and without the
-    conflict-free tiles (``build._CONFLICT_FREE`` off, "plain_tiles"; on, the API must ask for the ``cf`` dqk kernel
-    and the ``sl_swizzle`` state kernel, and only for those; off, for neither), and with dh's single operands
-    (``build._DH_SINGLE``, the ``single`` dh kernel; off, "dh_split"; the emulation follows the switch), and with
-    the intra terms' single 64x64 operands (``build._INTRA_SINGLE``, the ``msingle`` kernels, fused or two-kernel;
-    off, "intra_split" and "two_kernels_intra_split")."""
-    import kernels.gdn_bwd.build as bbuild
-    import kernels.gdn_fwd.build as fbuild
-    from kernels.gdn_bwd import api
-    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
+    """kernels.backward.pipeline with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
+    emulation's stage functions, so any difference is the pipeline's tensor plumbing): with the dispatched plan
+    (groups of 2, 4, 8 summed by dqk's clusters, others by ``gdn_bwd_group_sum``), and with plan values a benchmark
+    may pass: no cluster sums (every group of two or more by ``gdn_bwd_group_sum``), the recompute on the main
+    stream, the recompute's state kernel at BV 16, two CTAs per SM.  The pipeline asks for the plan's kernels and
+    only for them: the swizzled recompute state kernel, dh's single form, the dqk kind of the group."""
+    import dataclasses
 
-    _fake_kernels(monkeypatch)
+    import kernels.backward.configs as bbuild
+    import kernels.forward.configs as fbuild
+    from kernels.backward import pipeline
+
     asked = []
-    for mod in (bbuild, fbuild):
-        monkeypatch.setattr(mod, "get_kernel", lambda cfg, _get=mod.get_kernel: asked.append(cfg) or _get(cfg))
-    monkeypatch.setattr(bbuild, "_CONFLICT_FREE", form != "plain_tiles")
-    monkeypatch.setattr(bbuild, "_DH_SINGLE", form != "dh_split")
-    monkeypatch.setattr(bbuild, "_INTRA_SINGLE", not form.endswith("intra_split"))
-    monkeypatch.setattr(bbuild, "_DUL_INPUT_DTYPE", form == "dul16")
-    monkeypatch.setattr(api, "_FUSED_DQK", not form.startswith("two_kernels"))
-    monkeypatch.setattr(api, "_GROUP_SUM_KERNEL", form != "fused_torch_group_sum")
-    monkeypatch.setattr(api, "_CLUSTER_GROUP_SUM", form == "fused")
-    monkeypatch.setattr(api, "_DG_DBETA_KERNEL", form != "torch_dg_dbeta")
-    monkeypatch.setattr(api, "_RECOMPUTE_FROM_PREP", form != "recompute_intra2")
+    _fake_kernels(monkeypatch, asked)
     xs, do, dht, kw = tt.bwd_inputs(**_PLUMBING[name])
-    got = api_bwd(*xs, do, dht, **kw)
+    plan = None
+    if form != "dispatched":
+        b = pipeline.prepare_backward(*xs, do, dht, **kw)
+        change = {"no_cluster": dict(cluster_group_sum=False), "serial_recompute": dict(overlap_recompute=False),
+                  "recompute_bv16_occ2": dict(recompute_block_v=16, recompute_ctas_per_sm=2)}[form]
+        plan = dataclasses.replace(pipeline.plan_for(b), **change) if b.x.NC else None
+    got = pipeline.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
     for n, a, b_ in zip(NAMES, got, want):
         if b_ is None:
@@ -420,54 +365,62 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, name, form):
         # the stand-ins round the fp64 stage results into the kernels' storage dtypes; nothing else differs
         assert torch.equal(a, b_) or tt.rel_rmse(a, b_) <= tt.rel_rmse(b_.to(xs[0].dtype), b_) / 4, \
             (n, tt.rel_rmse(a, b_))
-    cf = form != "plain_tiles"
-    dqk = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
-    state = [c for c in asked if isinstance(c, fbuild.State2Config)]
-    assert all(c.cf == cf for c in dqk) and all(c.sl_swizzle == cf for c in state), asked
+    if name == "all_empty_h0_vfirst":                   # (no token: no kernel)
+        assert not asked
+        return
+    H, HV = xs[0].shape[2], xs[2].shape[2]
+    state = [c for c in asked if isinstance(c, fbuild.StateConfig)]
+    assert state and all(c.sl_swizzle for c in state), asked
+    if form == "recompute_bv16_occ2":
+        assert all((c.BV, c.ctas_per_sm) == (16, 2) for c in state), asked
     dh = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "dh"]
-    assert all(c.single == (form != "dh_split") and c.dul16 == (form == "dul16") for c in dh), asked
-    prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
-    assert all(c.dul16 == (form == "dul16") for c in prep), asked
-    intra = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind in bbuild.INTRA_KINDS]
-    assert intra and all(c.msingle != form.endswith("intra_split") for c in intra) or name == "all_empty_h0_vfirst", \
-        asked
-    if name != "all_empty_h0_vfirst":                   # (no token: nothing to recompute)
-        assert state and dh and (dqk or form.startswith("two_kernels")), asked
+    assert dh and all(c.single for c in dh), asked
+    dqk = [c.kind for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
+    cluster = HV // H in bbuild.CLUSTER_GROUPS and form != "no_cluster"
+    assert dqk == [f"dqk_g{HV // H}" if cluster else "dqk"], asked
+    gsum = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("gsum")]
+    assert bool(gsum) == (HV // H > 1 and not cluster), asked
 
 
 @pytest.mark.parametrize("save", [True, False], ids=["saved_tables", "no_saved_tables"])
 @pytest.mark.parametrize("name", ["dense_B2_gva_no_h0", "varlen_empty_h0_vfirst_D64", "gva3_h0"])
 def test_autograd_hands_the_forward_tables_to_the_backward_on_cpu(monkeypatch, name, save):
-    """The autograd Function on the kernel path (``_impl="tilelang"``, stand-in kernels on the CPU) == the
-    emulation's Function, gradient by gradient.  With ``autograd._SAVE_TABLES`` the forward's intra kernel is asked
-    to store Tinv (``th``) and the backward's prep runs on the forward's tables (``saved``: its stand-in then writes
-    no Tinv, so a backward that read its own empty tables would be wrong); off, neither."""
-    import kernels.gdn_bwd.build as bbuild
-    import kernels.gdn_fwd.build as fbuild
-    from kernels.gdn_bwd import autograd
+    """The autograd Function on the kernel path (stand-in kernels on the CPU) == the emulation's Function, gradient
+    by gradient.  Where the backward reads them, the forward's intra kernel is asked to store Tinv (``th``) and the
+    backward's prep runs on the forward's tables (``saved``: its stand-in then writes no Tinv, so a backward that
+    read its own empty tables would be wrong); with plans that keep no tables (``alter``), neither."""
+    import dataclasses
 
-    _fake_kernels(monkeypatch)
+    import kernels.backward.configs as bbuild
+    import kernels.forward.configs as fbuild
+    from kernels import autograd
+    from kernels.plan import ForwardPlan
+
     asked = []
-    for mod in (bbuild, fbuild):
-        monkeypatch.setattr(mod, "get_kernel", lambda cfg, _get=mod.get_kernel: asked.append(cfg) or _get(cfg))
-    monkeypatch.setattr(autograd, "_SAVE_TABLES", save)
+    _fake_kernels(monkeypatch, asked)
+
+    def no_tables(plan):
+        if isinstance(plan, ForwardPlan):
+            return dataclasses.replace(plan, keep_tables=False)
+        return dataclasses.replace(plan, reads_saved_tables=False)
+
     xs, do, dht, kw = tt.bwd_inputs(**_PLUMBING[name])
-    got = tt.autograd_grads(autograd.chunk_gated_delta_rule, xs, kw, do, dht, lambda x: x)
-    want = tt.autograd_grads(autograd.chunk_gated_delta_rule, xs, kw, do, dht, lambda x: x, _impl="emulation")
+    got = tt.autograd_grads(autograd.apply, xs, kw, do, dht, lambda x: x, **({} if save else {"alter": no_tables}))
+    want = tt.autograd_grads(autograd.apply, xs, kw, do, dht, lambda x: x, impl="emulation")
     for n, a, b_ in zip(NAMES, got, want):
         assert a.shape == b_.shape and a.dtype == b_.dtype, (n, a.shape, b_.shape)
         assert tt.nonfinite(a) == 0, n
         assert torch.equal(a, b_) or tt.rel_rmse(a, b_) <= tt.rel_rmse(b_.to(xs[0].dtype), b_) / 4, \
             (n, tt.rel_rmse(a, b_))
-    intra = [c for c in asked if isinstance(c, fbuild.Intra2Config)]
+    intra = [c for c in asked if isinstance(c, fbuild.IntraConfig)]
     prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
     assert intra and prep and all(c.th == save for c in intra) and all(c.saved == save for c in prep), asked
 
 
 def test_saved_tables_of_another_call_raise_valueerror(monkeypatch):
-    """``_saved_tables`` that are not this call's (a missing key, another shape or dtype) raise a ValueError naming
+    """``saved_tables`` that are not this call's (a missing key, another shape or dtype) raise a ValueError naming
     the table, before any launch."""
-    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as api_bwd
 
     _fake_kernels(monkeypatch)
     xs, do, dht, kw = tt.bwd_inputs(1, 70, 1, 2)
@@ -476,57 +429,21 @@ def test_saved_tables_of_another_call_raise_valueerror(monkeypatch):
                          ({"Th": good, "Ah": good[:, :1].contiguous(), "Al": good}, "'Ah'"),
                          ({"Th": good.float(), "Ah": good, "Al": good}, "'Th'")):
         with pytest.raises(ValueError, match=match):
-            api_bwd(*xs, do, dht, **kw, _saved_tables=saved)
-
-
-def test_singles_study_runs_the_split_kernels_and_restores_the_switches(monkeypatch):
-    """``accuracy.singles`` (README's tables of single operands) measures against every operand split: inside it dh's
-    single form and the intra terms' are off, so its variant "split" differs from "dh" and from "intra" (the API's
-    forms); after it the switches are back."""
-    from kernels.gdn_bwd import accuracy, build
-
-    monkeypatch.setattr(accuracy, "cases", lambda T: {"gauss_h0": dict(B=1, T=T, H=1, HV=2, h0=1.0)})
-    lines = []
-    worst = accuracy.singles(130, log=lines.append)
-    assert build._DH_SINGLE is True and build._INTRA_SINGLE is True
-    assert set(worst) == set(accuracy.SINGLES) and all(0 < r < 1 for r, _ in worst.values()), worst
-    by = {ln.split()[1]: ln.split(None, 2)[2] for ln in lines}
-    assert by["split"] != by["dh"] and by["split"] != by["intra"], by
-
-
-def test_precision_study_switch_is_scoped_and_checked():
-    """``emulation.study`` (the accuracy study's single-bf16 columns) changes the emulation only inside its block:
-    gradients differ inside, are bitwise the kernels' emulation again after, and an unknown split name raises."""
-    from kernels.gdn_bwd.emulation import SPLITS, study
-
-    xs, do, dht, kw = tt.bwd_inputs(1, 70, 1, 2, h0=1.0)
-    before = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
-    with study(SPLITS, fwd_preset="bf16"):
-        inside = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
-    after = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
-    for n, a, b, c in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), before, inside, after):
-        assert torch.equal(a, c), n
-        assert not torch.equal(a, b), n
-    with pytest.raises(ValueError, match="unknown operand splits"):
-        with study(["dS", "nope"]):
-            pass
+            api_bwd(*xs, do, dht, **kw, saved_tables=saved)
 
 
 @pytest.mark.parametrize("cu", [[0, 200], [0, 1, 64, 65, 130, 400], [0, 0, 70, 70, 140]], ids=str)
 def test_finish_scatters_by_integer_rows_the_same_as_by_mask(cu):
-    """The API hands ``finish`` the rows of ``valid_rows`` (cached, computed on the host) so that it never indexes
-    by a boolean mask on the device (a sync): every token is one valid chunk row, selecting by the rows equals
-    selecting by the mask, and ``finish`` gives the same with the API's cached rows as with its own."""
-    from kernels.gdn_bwd.api import _token_index
-    from kernels.gdn_bwd.common import finish, token_index, valid_rows
+    """``finish`` scatters by the rows of ``valid_rows`` (computed on the host) rather than by a boolean mask on
+    the device (a sync): every token is one valid chunk row, selecting by the rows equals selecting by the mask, and
+    ``finish`` gives the same with given rows as with its own."""
+    from kernels.backward.finish import finish, token_index, valid_rows
     tok, valid = token_index(cu, "cpu")
     tv, sel = valid_rows(tok, valid)
     assert sorted(tv.tolist()) == list(range(cu[-1]))
     assert torch.equal(tok.reshape(-1)[sel], tok[valid]) and torch.equal(sel.sort().values, sel)
     x = torch.randn(3, *valid.shape)
     assert torch.equal(x.permute(1, 2, 0).reshape(-1, 3)[sel], x.permute(1, 2, 0)[valid])
-    t2, v2, (tv2, sel2) = _token_index(1, cu[-1], cu, torch.device("cpu"))
-    assert torch.equal(t2, tok) and torch.equal(v2, valid) and torch.equal(tv2, tv) and torch.equal(sel2, sel)
     g = torch.Generator().manual_seed(len(cu))
     NC, HV, H, D, Ttot = tok.shape[0], 4, 2, 128, cu[-1]
 
@@ -555,17 +472,16 @@ _SEGMENTED = {     # slow decay ("small" / "zero" gates): the state gradient cro
 
 @pytest.mark.parametrize("name", list(_SEGMENTED))
 def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, name):
-    """The few-heads form of the reverse pass (``dh_cp``: the dh kernel over segments, three passes and an fp64
-    scan), forced on small inputs with the emulation's stage functions standing in for the kernels, gives the
+    """The few-heads form of the reverse pass (``dh_segmented``: the dh kernel over segments, three passes and an
+    fp64 scan), forced on small inputs with the emulation's stage functions standing in for the kernels, gives the
     emulation's gradients (the sequential reverse pass), dh0 included.  The segmented pass runs dh with every
-    operand split, so the sequential one it is compared with does too (``build._DH_SINGLE`` off)."""
-    from kernels.gdn_bwd import api as bapi
-    from kernels.gdn_bwd import build as bbuild
-    from kernels.gdn_bwd import dh_cp
-    from kernels.gdn_bwd.api import chunk_gated_delta_rule_bwd as api_bwd
+    operand split, so the sequential one it is compared with does too (``dh_single=False``)."""
+    from kernels.backward import dh_segmented as dh_cp
+    from kernels.backward import pipeline as bapi
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as api_bwd
 
-    _fake_kernels(monkeypatch)
-    monkeypatch.setattr(bbuild, "_DH_SINGLE", False)
+    asked = []
+    _fake_kernels(monkeypatch, asked)
     monkeypatch.setattr(dh_cp, "MIN_CHUNKS", 1)
     monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 1)
     monkeypatch.setattr(bapi, "_sm_count", lambda dev: 256)
@@ -575,12 +491,13 @@ def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, name):
     xs, do, dht, kw = tt.bwd_inputs(**_SEGMENTED[name])
     got = api_bwd(*xs, do, dht, **kw)
     assert seen and seen[0] >= 4, seen                   # the segmented form ran, with several segments
-    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    assert all(not c.single for c in asked if getattr(c, "kind", None) == "dh"), asked
+    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False)
     tt.assert_segmented_matches_sequential(got, want, xs[0].dtype, NAMES)
 
 
 def test_segment_plan_covers_every_chunk_once_at_chunk_boundaries(monkeypatch):
-    from kernels.gdn_bwd import dh_cp
+    from kernels.backward import dh_segmented as dh_cp
     monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 16)
     cu = [0, 0, 64 * 40 + 5, 64 * 40 + 6, 64 * 100]
     p = dh_cp.plan(cu, HV=2, n_value_blocks=2, n_sms=132)
@@ -598,9 +515,9 @@ def test_segment_plan_covers_every_chunk_once_at_chunk_boundaries(monkeypatch):
 
 
 def test_segment_plan_only_for_long_sequences():
-    """The measured boundary (session 8): sequential at B1 T8192 H4 HV8 (128 chunks, where the segmented form lost on
+    """The measured boundary: sequential at B1 T8192 H4 HV8 (128 chunks, where the segmented form lost on
     an H200), segmented at B1 T65536 H2 HV4 (1024 chunks, where it won)."""
-    from kernels.gdn_bwd import dh_cp
+    from kernels.backward import dh_segmented as dh_cp
     assert dh_cp.plan([0, 8192], HV=8, n_value_blocks=2, n_sms=132) is None
     p = dh_cp.plan([0, 65536], HV=4, n_value_blocks=2, n_sms=132)
     assert p is not None and p.n_segments >= 4
@@ -608,39 +525,34 @@ def test_segment_plan_only_for_long_sequences():
     assert dh_cp.plan([0, 64 * dh_cp.MIN_SEQ_CHUNKS], HV=4, n_value_blocks=2, n_sms=132) is not None
 
 
-def test_recompute_overlap_only_where_it_was_measured_to_pay():
-    """The side stream for the recompute: off at B1 T8192 H4 HV8 (128 chunks x 8 value heads, where it cost 0.1-0.4
-    ms on an H200 in session 8), on at B1 T32768 H16 HV32 and B1 T65536 H2 HV4 (where it saved 0.8 ms), and never
-    with the A/B switch off."""
-    from kernels.gdn_bwd import api as bapi
-    assert not bapi._overlaps_recompute(8192 // 64, 8)
-    assert bapi._overlaps_recompute(32768 // 64, 32) and bapi._overlaps_recompute(65536 // 64, 4)
-    try:
-        bapi._OVERLAP_RECOMPUTE = False
-        assert not bapi._overlaps_recompute(32768 // 64, 32)
-    finally:
-        bapi._OVERLAP_RECOMPUTE = True
+def test_backward_dispatch():
+    """``backward_plan``: the recompute on a side stream from 4096 (chunk, value head) pairs (off at B1 T8192 H4
+    HV8, on at B1 T32768 H16 HV32 and B1 T65536 H2 HV4); its state kernel at the forward's ``block_v``, one CTA
+    per SM; cluster sums for groups of 2, 4, 8 only; the sequential reverse pass with single operands reads the
+    saved tables, the segmented one neither; a plan the kernels cannot run raises."""
+    import dataclasses
 
-
-@pytest.mark.parametrize("n_seq,HV", [(1, 32), (1, 4), (8, 32), (1, 8), (3, 5)])
-def test_recompute_state_shape_is_the_forwards_unless_overridden(n_seq, HV):
-    """The recompute's state kernel takes the forward's ``block_v`` at one CTA per SM (measured best beside dh,
-    session 10); the A/B override wins, and the configurations follow it."""
-    from kernels.gdn_bwd import build as bb
-    from kernels.gdn_fwd.build import block_v
-    assert bb.recompute_state_shape(n_seq, HV) == (block_v(n_seq, HV), 1)
-    try:
-        bb._RECOMPUTE_STATE = (16, 2)
-        assert bb.recompute_state_shape(n_seq, HV) == (16, 2)
-        cs = bb.forward_recompute_configs("bfloat16", n_seq, HV)[1]
-        assert (cs.BV, cs.ctas_per_sm) == (16, 2)
-    finally:
-        bb._RECOMPUTE_STATE = None
+    from kernels.plan import backward_plan, block_v
+    assert not backward_plan("bfloat16", 4, 8, 8192 // 64, 1).overlap_recompute
+    assert backward_plan("bfloat16", 16, 32, 32768 // 64, 1).overlap_recompute
+    assert backward_plan("bfloat16", 2, 4, 65536 // 64, 1).overlap_recompute
+    for n_seq, HV in ((1, 32), (1, 4), (8, 32), (1, 8), (3, 5)):
+        p = backward_plan("bfloat16", 1, HV, 64, n_seq)
+        assert (p.recompute_block_v, p.recompute_ctas_per_sm) == (block_v(n_seq, HV), 1)
+        assert p.recompute_configs()[1].BV == block_v(n_seq, HV)
+    assert [backward_plan("float16", 1, r, 64, 1).cluster_group_sum for r in (1, 2, 3, 4, 6, 8)] == \
+        [False, True, False, True, False, True]
+    seq, seg = backward_plan("bfloat16", 1, 2, 64, 1), backward_plan("bfloat16", 1, 2, 64, 1, dh_segments=object())
+    assert seq.dh_single and seq.reads_saved_tables and not seg.dh_single and not seg.reads_saved_tables
+    with pytest.raises(ValueError, match="cluster group sums"):
+        dataclasses.replace(backward_plan("bfloat16", 1, 3, 64, 1), cluster_group_sum=True)
+    with pytest.raises(ValueError, match="every operand split"):
+        dataclasses.replace(seg, dh_single=True)
 
 
 def test_segment_scan_composes_the_affine_maps_of_a_sequence(monkeypatch):
     """end_gradients against the plain backward composition of random affine maps dS_start = P dS_end + a."""
-    from kernels.gdn_bwd import dh_cp
+    from kernels.backward import dh_segmented as dh_cp
     monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 16)
     cu = [0, 64 * 40, 64 * 40 + 3, 64 * 90]
     p = dh_cp.plan(cu, HV=1, n_value_blocks=1, n_sms=132)
@@ -663,23 +575,18 @@ def test_segment_scan_composes_the_affine_maps_of_a_sequence(monkeypatch):
 
 
 def test_saved_tables_are_kept_only_where_the_backward_reads_them(monkeypatch):
-    """``api.saved_tables_used`` (the autograd Function asks it before its forward): the forward's intra tables are
+    """``reads_saved_tables`` (the autograd Function asks it before its forward): the forward's intra tables are
     kept where the reverse pass is the sequential one with dh's single operands, not where the segmented pass runs
-    (few heads over long sequences: it reads Tinv's lo term) nor with dh's split form."""
-    from kernels.gdn_bwd import api as bapi
-    from kernels.gdn_bwd import build as bbuild
-    from kernels.gdn_bwd import dh_cp
+    (few heads over long sequences: it reads Tinv's lo term)."""
+    from kernels.backward import dh_segmented as dh_cp
+    from kernels.backward import pipeline as bapi
 
     name = next(iter(_SEGMENTED))
     xs, do, dht, kw = tt.bwd_inputs(**_SEGMENTED[name])
     q, v, cu = xs[0], xs[2], kw["cu_seqlens"]
     monkeypatch.setattr(bapi, "_sm_count", lambda dev: 256)
-    assert bapi.saved_tables_used(q, v, cu)                 # too few chunks for segments: sequential
+    assert bapi.reads_saved_tables(q, v, cu)                # too few chunks for segments: sequential
     monkeypatch.setattr(dh_cp, "MIN_CHUNKS", 1)
     monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 1)
-    assert not bapi.saved_tables_used(q, v, cu)             # segmented
-    monkeypatch.setattr(bapi, "_DH_SEGMENTS", False)
-    assert bapi.saved_tables_used(q, v, cu)
-    monkeypatch.setattr(bbuild, "_DH_SINGLE", False)
-    assert not bapi.saved_tables_used(q, v, cu)
-    assert not bapi.saved_tables_used(q.float(), v, cu)     # no kernel dtype: nothing to keep
+    assert not bapi.reads_saved_tables(q, v, cu)            # segmented
+    assert not bapi.reads_saved_tables(q.float(), v, cu)    # no kernel dtype: nothing to keep

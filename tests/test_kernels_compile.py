@@ -1,33 +1,25 @@
-"""Compile every kernel configuration our GDN forward API can dispatch, for sm_90a, on the CPU.
+"""Compile every forward kernel configuration a dispatch can choose, for sm_90a, on the CPU.
 
-Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The set of
-configurations is ``kernels.gdn_fwd.build.all_configs()`` (the v2 path, the
-only one: intra2, the register-operand state kernel and its CP scan, the
-shared-memory state kernel at every BV ``block_v`` picks (one CTA per SM, and two at BV 16 / 32), output2 in
-both table layouts and both forms (one chunk per CTA; 8 or 16, pipelined), intra2 in both forms ("ax": merge
-product over the A_o tile; "v2"); default and default_h0 precision; bf16 and fp16; the backward recompute's
-candidate ``sl_swizzle`` state kernels: 60 kernels).  Everything
-else (T, B, N, H, HV / GVA ratio, h0, final state, state layout, l2norm, gate dtype,
-varlen or dense, head dim 64 (zero-padded)) is a runtime argument of the same
-binaries.
+Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The configurations are
+``kernels.build.forward_configs()`` (the intra kernel and its Tinv-keeping form; the register-operand state kernel
+and its CP scan; the shared-memory state kernel at every BV ``block_v`` picks, one and two CTAs per SM; the output
+kernel for both table layouts; precision "default" and "default_h0"; bf16 and fp16; the backward recompute's
+``sl_swizzle`` state kernels).  Everything else (T, B, N, H, HV / GVA ratio, h0, final state, state layout,
+l2norm, gate dtype, varlen or dense, head dim 64 zero-padded) is a runtime argument of the same binaries.
 
 Asserts what the design relies on, from the generated CUDA and from ptxas:
-* every matmul is a wgmma with input-dtype operands and fp32 accumulation, and
-  there is no TF32 anywhere, with the number of products the precision implies
-  (``_want_wgmma``); the rv state kernel takes every A operand from registers
-  (``wgmma_rs``), the output kernel its P;
-* the sequential kernels' chunk loads (and the pipelined output kernel's) are TMA (``tma_load``) into a
-  double-buffered, mbarrier-synchronised pipeline (TileLang's warp-specialised
-  ``T.Pipelined``), and they store no chunk table with TMA;
+* every matmul is a wgmma with input-dtype operands and fp32 accumulation, and there is no TF32 anywhere, with the
+  number of products the precision implies (``_WANT_WGMMA``); the rv state kernel takes every A operand from
+  registers (``wgmma_rs``), the output kernel its P;
+* the sequential kernels' and the output kernel's chunk loads are TMA (``tma_load``) into a double-buffered,
+  mbarrier-synchronised pipeline, and they store no chunk table with TMA;
 * exponentials are exp2 (fast math);
-* no register spills and no stack (the solve's columns and the fp32 state
-  block stay in registers);
+* no register spills and no stack;
 * the smem state kernel's fragment <-> shared accesses of its S, U, X and v tiles are free of bank conflicts, as
   worked out from the generated addresses (``kernels.common.bank_conflicts``), and so is the S lo tile's with
-  ``sl_swizzle`` (without it the same model finds the 2- to 8-way conflicts the switch removes).
+  ``sl_swizzle`` (without it the same model finds 2- to 8-way conflicts).
 
-Compiles in 2 processes; prints each kernel's compile and ptxas time and the total
-(~5 min cold on 2 cores for the 60 kernels).
+Compiles in 2 processes; prints each kernel's compile and ptxas time and the total.
 """
 
 
@@ -35,14 +27,14 @@ import os
 
 import pytest
 
+from kernels.build import compile_for_test, forward_configs
 from kernels.common.bank_conflicts import worst_degrees
-from kernels.gdn_fwd.build import all_configs, compile_for_test
-from kernels.gdn_fwd.testing import check_ptxas, check_wgmma, compile_in_processes, compile_skip_reason
+from tests.kernel_support import check_ptxas, check_wgmma, compile_in_processes, compile_skip_reason
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(compile_skip_reason() is not None, reason=compile_skip_reason() or "")]
 
-CONFIGS = all_configs()
+CONFIGS = forward_configs()        # the first entries of kernels.build.all_configs()
 
 
 def _compile_job(i):
@@ -61,14 +53,14 @@ def _sp(prec, f):
     return int(getattr(prec, f) == "split")
 
 
-# wgmma call sites per kernel.  v2: intra2 = K K^T + 2 merge levels x 2 products (x3 when split);
-# state/scan = K S (+ K Sl) + Ag X (+ Al X) (+ Ag Xl) + update (+ lo); output2 = Q K^T + Q S (+ Q Sl)
+# wgmma call sites per kernel: intra = K K^T + 2 merge levels x 2 products (x3 when split);
+# state/scan = K S (+ K Sl) + Ag X (+ Al X) (+ Ag Xl) + update (+ lo); output = Q K^T + Q S (+ Q Sl)
 # + P U (+ Pl U) (+ P Ul).
 _WANT_WGMMA = {
-    "Intra2Config": lambda c: 1 + 4 * (3 if c.merge == "split" else 1),
-    "State2Config": lambda c: (1 + _sp(c.prec, "ks") + 1 + _sp(c.prec, "ag") + _sp(c.prec, "x")
+    "IntraConfig": lambda c: 1 + 4 * (3 if c.merge == "split" else 1),
+    "StateConfig": lambda c: (1 + _sp(c.prec, "ks") + 1 + _sp(c.prec, "ag") + _sp(c.prec, "x")
                                + 1 + _sp(c.prec, "upd")),
-    "Output2Config": lambda c: 1 + 1 + _sp(c.prec, "s") + 1 + _sp(c.prec, "p") + _sp(c.prec, "u"),
+    "OutputConfig": lambda c: 1 + 1 + _sp(c.prec, "s") + 1 + _sp(c.prec, "p") + _sp(c.prec, "u"),
 }
 
 
@@ -78,9 +70,9 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
     src = r["source"]
     want = _WANT_WGMMA[r["kind"]](cfg)
     check_wgmma(src, cfg.dtype, want)
-    if r["kind"] == "Intra2Config":
+    if r["kind"] == "IntraConfig":
         assert "exp2f" in src
-    elif r["kind"] == "State2Config":
+    elif r["kind"] == "StateConfig":
         assert "tma_load" in src and "mbarrier" in src
         assert "tma_store" not in src                           # per-chunk outputs: plain stores, no TMA store + wait
         if cfg.form == "rv":                                    # every A operand from registers
@@ -94,8 +86,7 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
         if cfg.ctas_per_sm == 2:                                # two resident CTAs of 256 threads per SM
             assert "__launch_bounds__(256, 2)" in src and "warpgroup_reg_alloc" not in src
             assert r["ptxas"]["registers"] <= 65536 // (2 * 256), r["ptxas"]["registers"]
-    elif r["kind"] == "Output2Config":                          # P (+ Pl) from registers
+    elif r["kind"] == "OutputConfig":                          # P (+ Pl) from registers
         assert src.count("wgmma_rs<") == 1 + _sp(cfg.prec, "p") + _sp(cfg.prec, "u")
-        if cfg.cpb:                                             # "pipe": TMA loads in a warp-specialised pipeline
-            assert "tma_load" in src and "mbarrier" in src and "warpgroup_reg_alloc" in src
+        assert "tma_load" in src and "mbarrier" in src and "warpgroup_reg_alloc" in src
     check_ptxas(r["ptxas"])

@@ -1,13 +1,12 @@
 """CPU checks of our TileLang GDN design (no GPU, no tilelang needed).
 
-* ``kernels.gdn_fwd.emulation`` replays exactly the kernels' tiling, padding,
-  varlen chunk layout and roundings in torch.  The v2 ("split2") path, the only
-  one, must be no less accurate than an FLA-like bf16 scheme (``reference.emulated``)
+* ``kernels.forward.emulation`` replays exactly the kernels' tiling, padding,
+  varlen chunk layout and roundings in torch.  It must be no less accurate than an FLA-like bf16 scheme (``reference.emulated``)
   on o and on the state, within 2x the rounding floor of o.
 * The segment-parallel (CP) state passing gives the same accuracy as the
   sequential pass (slow decay, g = 0, h0, varlen with empty sequences).
-* The API's input validation raises ValueError without touching CUDA (also for the
-  removed "split" / "fused" paths and their "high" / "fast" precisions).
+* The API's input validation raises ValueError without touching CUDA; the dispatch's plans are valid kernel
+  configurations and a plan the kernels cannot run is refused by name.
 * ``import kernels`` imports neither tilelang nor CUDA.
 """
 
@@ -18,8 +17,8 @@ import sys
 import pytest
 import torch
 
-from kernels.gdn_fwd import emulation as E
-from kernels.gdn_fwd import testing as tt
+from kernels.forward import emulation as E
+from tests import kernel_support as tt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -152,61 +151,42 @@ def _bad(**over):
     (dict(), "CUDA"),
 ])
 def test_api_rejects_bad_input(over, needle):
-    from kernels.gdn_fwd.api import chunk_gated_delta_rule
+    from kernels.forward.pipeline import chunk_gated_delta_rule
     with pytest.raises(ValueError, match=needle):
         chunk_gated_delta_rule(**_bad(**over))
 
 
-@pytest.mark.parametrize("path,needle", [("split", "removed"), ("fused", "removed"), ("nope", "unknown path")])
-def test_removed_paths_raise(path, needle):
-    """The old "split" / "fused" paths are gone: the API (before any CUDA check) and the emulation say so."""
-    from kernels.gdn_fwd.api import chunk_gated_delta_rule
-    with pytest.raises(ValueError, match=needle):
-        chunk_gated_delta_rule(**_bad(), _path=path)
-    with pytest.raises(ValueError, match=needle):
-        E.chunk_gated_delta_rule(**_bad(), _path=path)
-    assert E.chunk_gated_delta_rule(**_bad(), _path="split2")[0].shape == (1, 8, 4, 64)
-
-
-@pytest.mark.parametrize("knob,value,needle", [("_out", "nope", "unknown output kernel form"),
-                                               ("_intra", "nope", "unknown intra kernel form"),
-                                               ("_occ", 3, "unknown state kernel occupancy"),
-                                               ("_cpb", 5, "unknown output kernel chunks per CTA")])
-def test_unknown_kernel_forms_raise(knob, value, needle):
-    """The output / intra kernel form and state-kernel occupancy knobs name their values: the API (before any
-    CUDA check) and the emulation."""
-    from kernels.gdn_fwd.api import chunk_gated_delta_rule
-    with pytest.raises(ValueError, match=needle):
-        chunk_gated_delta_rule(**_bad(), **{knob: value})
-    with pytest.raises(ValueError, match=needle):
-        E.chunk_gated_delta_rule(**_bad(), **{knob: value})
-    assert E.chunk_gated_delta_rule(**_bad(), _out="pipe", _intra="ax", _occ=2)[0].shape == (1, 8, 4, 64)
-
-
-def test_two_ctas_per_sm_needs_narrow_state_blocks():
-    """``_occ=2`` picks BV by ``block_v(.., occ=2)`` (at most 32) and rejects a forced BV 64 (shared memory);
-    without ``_occ``, two CTAs per SM run where BV 32 gives two per SM (B8 HV32), one elsewhere (B1 HV32)."""
-    from kernels.gdn_fwd.build import block_v, dispatch_v2
+def test_forward_dispatch_picks_the_measured_forms():
+    """``forward_plan``: the smem state kernel with two CTAs per SM where BV 32 gives two per SM (B8 HV32), one of
+    BV 32 at B1 HV32; the rv form with CP for few heads over long sequences; "default_h0" with an initial state;
+    the intra kernel keeps Tinv only when asked."""
+    from kernels.plan import block_v, forward_plan
     assert block_v(1, 32, occ=2) == 16 and block_v(8, 32, occ=2) == 32 and block_v(1, 32) == 32
-    state = dispatch_v2("bfloat16", 1, 32, form="smem", occ=2)[1]
-    assert (state.BV, state.ctas_per_sm) == (16, 2) and "occ2" in state.name
-    assert [(s.BV, s.ctas_per_sm) for s in (dispatch_v2("bfloat16", n, 32, form="smem")[1] for n in (1, 8))] \
-        == [(32, 1), (32, 2)]
-    assert dispatch_v2("bfloat16", 8, 32, form="smem", occ=1)[1].BV == 64
-    assert dispatch_v2("bfloat16", 1, 32, form="rv", occ=2)[1].ctas_per_sm == 1
-    with pytest.raises(ValueError, match="need BV <= 32"):
-        dispatch_v2("bfloat16", 1, 32, BV=64, form="smem", occ=2)
+    p = forward_plan("bfloat16", 8, 32, 64, False)
+    assert (p.state_form, p.block_v, p.ctas_per_sm, p.cp) == ("smem", 32, 2, 1) and "occ2" in p.configs()[1].name
+    p = forward_plan("bfloat16", 1, 32, 512, True)
+    assert (p.state_form, p.block_v, p.ctas_per_sm, p.precision.s) == ("smem", 32, 1, "split")
+    p = forward_plan("float16", 1, 4, 1024, False, keep_tables=True)
+    assert (p.state_form, p.cp, p.keep_tables) == ("rv", 16, True) and len(p.configs()) == 4
+    assert p.configs()[0].th and not forward_plan("float16", 1, 4, 1024, False).configs()[0].th
 
 
-@pytest.mark.parametrize("precision", ["high", "fast"])
-def test_old_precisions_raise(precision):
-    x = _bad()
-    with pytest.raises(ValueError, match="unknown v2 precision"):
-        E.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], _precision=precision)
+def test_a_plan_the_kernels_cannot_run_is_refused():
+    """Two smem CTAs per SM need BV <= 32, the rv form BV 64 or 128, CP the rv form: a plan outside that raises a
+    ValueError naming it, before any kernel is built."""
+    import dataclasses
+
+    from kernels.plan import forward_plan
+    p = forward_plan("bfloat16", 8, 32, 64, False)
+    for bad, needle in ((dict(block_v=64), "BV <= 32"), (dict(cp=2), "cp 1"), (dict(state_form="x"), "unknown"),
+                        (dict(state_form="rv"), "rv state kernel")):
+        with pytest.raises(ValueError, match=needle):
+            dataclasses.replace(p, **bad)
 
 
 def test_import_is_lazy():
-    code = ("import sys; import kernels, kernels.gdn_fwd, kernels.gdn_fwd.api; "
+    code = ("import sys; import kernels, kernels.forward.pipeline, kernels.backward.pipeline, kernels.autograd, "
+            "kernels.plan, kernels.build, kernels.interface; kernels.build.all_configs(); "
             "assert 'tilelang' not in sys.modules, 'tilelang imported'; "
             "import torch; assert not torch.cuda.is_initialized(), 'cuda initialised'")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -214,45 +194,19 @@ def test_import_is_lazy():
     assert r.returncode == 0, r.stderr
 
 
-def test_check_script_plumbing_on_cpu(capsys):
-    """``python -m kernels.check`` logic, run on the CPU with the emulation standing in for the
-    kernels (and reference.emulated for FLA), so a broken script cannot waste GPU time."""
-    from kernels import check
-
-    dev = torch.device("cpu")
-
-    from kernels.gdn_fwd.build import precision_v2
-
-    def intra_fn(q, k, g, b, use_qk_l2norm_in_kernel=False, cu_seqlens=None):
-        cu = [int(x) for x in cu_seqlens.tolist()]
-        T = q.shape[1]
-        return E.intra_v2(q.reshape(T, q.shape[2], -1), k.reshape(T, k.shape[2], -1), g.reshape(T, -1).float(),
-                          b.reshape(T, -1).float(), cu, q.shape[-1] ** -0.5, use_qk_l2norm_in_kernel, q.dtype,
-                          precision_v2(None))
-
-    try:
-        from reference.emulated import chunk_gated_delta_rule as fla_like
-    except ImportError:
-        fla_like = None
-    assert check.stage_check(dev, intra_fn, E.chunk_gated_delta_rule)
-    cases = [c for c in tt.GPU_CASES if c.name in ("T65_h0", "varlen_boundaries_h0_vfirst", "D64_h0_vfirst",
-                                                    "varlen_with_empty_h0")]
-    rows = check.correctness_table(dev, E.chunk_gated_delta_rule, fla_like, tt.reference_fn(), cases, "all")
-    assert check.summarize(rows, 0.0) == 0
-    out = capsys.readouterr().out
-    assert "summary" in out and "4/4 cases within bounds" in out
-
-
 @pytest.mark.parametrize("dist", ["gauss-l2", "strong-decay", "beta-edges", "heavy-tail-v", "large-h0"])
-def test_v2_default_beats_fla_like_on_distributions(dist):
-    """cases.distributions at T=1024 (H=2, HV=4, bf16): the default v2 preset is no worse than the
-    FLA-like bf16 scheme on o and on the state (measured margins: kernels/NOTES.md)."""
+def test_emulation_beats_fla_like_on_distributions(dist):
+    """``cases`` rows at T=1024 (H=2, HV=4, bf16; ``cases.inputs.make_inputs``): the dispatched precision is no
+    worse than the FLA-like bf16 scheme on o and on the state."""
     fla_like = _fla_like()
     if fla_like is None:
         pytest.skip("reference.emulated not available")
-    from kernels.gdn_fwd.accuracy import load_case
+    from cases.case import Case
+    from cases.distributions import get_distribution
+    from cases.inputs import make_inputs as case_inputs
     from reference.chunk import chunk_gated_delta_rule as ref
-    inp = load_case(dist, 1024)
+    h0 = "fp32" if get_distribution(dist).needs_h0 else None
+    inp = case_inputs(Case(B=1, T=1024, H=2, HV=4, dist=dist, h0_dtype=h0, seed=0))
     a = (inp.q, inp.k, inp.v, inp.g, inp.beta)
     kw = dict(initial_state=inp.initial_state, output_final_state=True,
               use_qk_l2norm_in_kernel=inp.use_qk_l2norm_in_kernel)
@@ -263,6 +217,12 @@ def test_v2_default_beats_fla_like_on_distributions(dist):
     f = (rel_rmse(o_f, o_ref), rel_rmse(s_f, s_ref))
     print(f"{dist}: ours o {e[0]:.3e} state {e[1]:.3e} | fla-like o {f[0]:.3e} state {f[1]:.3e}")
     assert e[0] <= f[0] and e[1] <= f[1]
+
+
+def _rv_plan(h0, cp):
+    from kernels.forward.precision import preset
+    from kernels.plan import ForwardPlan
+    return ForwardPlan("bfloat16", preset(h0 is not None), "rv", 64, 1, cp)
 
 
 @pytest.mark.parametrize("gate,h0,lens,cp", [
@@ -282,8 +242,8 @@ def test_cp_matches_sequential(gate, h0, lens, cp):
         cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist())
     args = dict(initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
     o_ref, S_ref = _reference()(q, k, v, g, b, **args)
-    o1, S1 = E.chunk_gated_delta_rule(q, k, v, g, b, **args, _cp=1)
-    oc, Sc = E.chunk_gated_delta_rule(q, k, v, g, b, **args, _cp=cp)
+    o1, S1 = E.chunk_gated_delta_rule(q, k, v, g, b, **args, plan=_rv_plan(s0, 1))
+    oc, Sc = E.chunk_gated_delta_rule(q, k, v, g, b, **args, plan=_rv_plan(s0, cp))
     e1 = (rel_rmse(o1, o_ref), rel_rmse(S1, S_ref))
     ec = (rel_rmse(oc, o_ref), rel_rmse(Sc, S_ref))
     print(f"{gate} h0={h0} lens={lens}: cp1 o {e1[0]:.3e} S {e1[1]:.3e} | cp{cp} o {ec[0]:.3e} S {ec[1]:.3e}")
@@ -294,7 +254,8 @@ def test_cp_matches_sequential(gate, h0, lens, cp):
 def test_varlen_tables_take_the_host_list_so_a_call_syncs_once():
     """The forward and backward APIs copy cu_seqlens to the host once and hand the list on: tables built from it
     equal those built from the tensor, and the tensor is not read again."""
-    from kernels.gdn_fwd.api import _host_list, _seq_tables
+    from kernels.interface import host_list as _host_list
+    from kernels.interface import seq_tables as _seq_tables
 
     class NoHostCopy(torch.Tensor):
         def tolist(self):
@@ -311,7 +272,8 @@ def test_varlen_tables_take_the_host_list_so_a_call_syncs_once():
 def test_varlen_tables_are_reused_for_the_same_unmodified_cu_seqlens():
     """A model calls the kernel once per layer with one cu_seqlens tensor: the second call with that tensor copies
     nothing to the host; an in-place change, another tensor, another T or device rebuilds the tables."""
-    from kernels.gdn_fwd.api import _call_tables, _seq_tables
+    from kernels.interface import call_tables as _call_tables
+    from kernels.interface import seq_tables as _seq_tables
 
     copies = []
 
@@ -345,7 +307,7 @@ def test_cp_fixup_scan_matches_the_sequential_walk(vt, with_h0, P):
     """The CP fix-up of uniform segment counts (a Hillis-Steele scan of the segments' affine maps, fp64) gives the
     segment start states of the plain walk ``S_(p+1) = M_p S_p + Z_p`` (fp64, from the same fp32 inputs), in both
     state layouts, with and without an initial state."""
-    from kernels.gdn_fwd.api import _cp_fixup
+    from kernels.forward.pipeline import _cp_fixup
 
     N, HV, D = 2, 3, 8
     gen = torch.Generator().manual_seed(P)

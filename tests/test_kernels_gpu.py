@@ -1,13 +1,13 @@
 """GPU correctness of our TileLang GDN forward against the fp64 reference (marker ``gpu``).
 
 Skips with the reason when there is no CUDA device, it is not sm_90 (Hopper), or
-tilelang is missing.  Cases (``kernels.gdn_fwd.testing.GPU_CASES``): T in 1, 63,
+tilelang is missing.  Cases (``tests.kernel_support.GPU_CASES``): T in 1, 63,
 64, 65, 1000, 8192, 20468; dense B=1 and B=3; varlen with boundary lengths
 (1, 63, 64, 65, 127, 128, 129) and with 300 short sequences; GVA ratios 2 and 4;
 h0 (also ~50x) and both state layouts; bf16 and fp16; fp32, bf16 and fp16
 gates; g near -20, g == 0, tiny decays; beta near 0/1; in-kernel l2 norm; K=V=64.
 
-Bounds (see ``testing.bounds``; default v2 path): o rel_rmse <= 2x the rounding floor
+Bounds (see ``kernel_support.bounds``; the dispatched plan): o rel_rmse <= 2x the rounding floor
 ``rel_rmse(ref.to(dtype), ref)``; final state rel_rmse <= 5e-3; no NaN/Inf.
 For some cases also: our errors <= FLA Triton's on the same inputs.
 """
@@ -15,7 +15,7 @@ For some cases also: our errors <= FLA Triton's on the same inputs.
 import pytest
 import torch
 
-from kernels.gdn_fwd import testing as tt
+from tests import kernel_support as tt
 
 
 pytestmark = [pytest.mark.gpu,
@@ -74,35 +74,38 @@ def test_bad_input_on_gpu_raises_valueerror():
         kernels.chunk_gated_delta_rule(q, k, v, g, b, initial_state=torch.zeros(3, 4, 128, 128, device="cuda"))
 
 
-# with h0 (precision "default_h0") and without ("default": the pipelined output kernel's 128-column form)
-_KNOB_CASES = [c for c in tt.GPU_CASES if c.name in ("T1000_h0_gva2", "varlen_boundaries_h0_vfirst", "D64_h0_vfirst",
+# with h0 (precision "default_h0") and without ("default": the output kernel's 128-column form)
+_PLAN_CASES = [c for c in tt.GPU_CASES if c.name in ("T1000_h0_gva2", "varlen_boundaries_h0_vfirst", "D64_h0_vfirst",
                                                      "varlen_300_short_h0", "T8192", "gva4_l2norm")]
+# plan values besides the dispatched one (ForwardPlan fields): the register-operand state kernel without CP, with
+# CP forced and with BV 128; the shared-memory one at two CTAs per SM and at one
+_PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1),
+          "rv_cp3": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=3),
+          "rv_bv128": dict(state_form="rv", block_v=128, ctas_per_sm=1, cp=1),
+          "smem_occ2_bv16": dict(state_form="smem", block_v=16, ctas_per_sm=2, cp=1),
+          "smem_occ2_bv32": dict(state_form="smem", block_v=32, ctas_per_sm=2, cp=1),
+          "smem_occ1_bv64": dict(state_form="smem", block_v=64, ctas_per_sm=1, cp=1)}
 
 
-@pytest.mark.parametrize("knobs", [dict(_form="rv", _cp=1), dict(_cp=3), dict(_form="rv", _block_v=128, _cp=1),
-                                   dict(_form="smem", _precision="max"), dict(_out="chunk"), dict(_out="pipe"),
-                                   dict(_out="pipe", _form="rv", _cp=1), dict(_intra="v2"),
-                                   dict(_form="smem", _occ=2), dict(_form="smem", _occ=2, _block_v=32),
-                                   dict(_form="smem", _occ=1)],
-                         ids=["v2_rv", "v2_rv_cp3", "v2_rv_bv128", "v2_smem_max", "v2_chunk", "v2_pipe",
-                              "v2_pipe_rv", "v2_intra_v2", "v2_occ2", "v2_occ2_bv32", "v2_occ1"])
-@pytest.mark.parametrize("case", _KNOB_CASES, ids=[c.name for c in _KNOB_CASES])
-def test_private_knobs(case, knobs):
-    """The variants the benchmark times besides the default: the register-operand state kernel
-    without CP, with CP forced on and with BV 128, the shared-memory one at the "max" precision
-    preset, both output kernel forms ("chunk", "pipe"; with key-first and value-first chunk tables), the
-    intra kernel's older "v2" form and the smem state kernel at two CTAs per SM and at one (bounds:
-    ``testing.bounds``)."""
-    from kernels.gdn_fwd.api import chunk_gated_delta_rule as impl
+@pytest.mark.parametrize("change", list(_PLANS))
+@pytest.mark.parametrize("case", _PLAN_CASES, ids=[c.name for c in _PLAN_CASES])
+def test_every_plan_the_dispatch_can_choose(case, change):
+    """Each state-kernel plan the dispatch can choose, forced on inputs where it would choose another, meets the
+    same bounds (``kernel_support.bounds``)."""
+    import dataclasses
+
+    from kernels.forward.pipeline import chunk_gated_delta_rule as impl
+    from kernels.forward.pipeline import plan_for, prepare
 
     dev = torch.device("cuda")
     args, kwargs = case.inputs(dev)
-    o, ht = impl(*args, **kwargs, **knobs)
+    plan = dataclasses.replace(plan_for(prepare(*args, **kwargs)), **_PLANS[change])
+    o, ht = impl(*args, **kwargs, plan=plan)
     torch.cuda.synchronize()
     o_ref, ht_ref = tt.reference_fn()(*args, **kwargs)
     floor = tt.rel_rmse(o_ref.to(case.dtype), o_ref)
     e_o, e_s = tt.rel_rmse(o, o_ref), tt.rel_rmse(ht, ht_ref)
-    print(f"{case.name} {knobs}: o {e_o:.3e} (floor {floor:.3e}) state {e_s:.3e}")
+    print(f"{case.name} {change}: o {e_o:.3e} (floor {floor:.3e}) state {e_s:.3e}")
     assert tt.nonfinite(o) == 0 and tt.nonfinite(ht) == 0
     b_o, b_s = tt.bounds(case, floor)
     assert e_o <= b_o and e_s <= b_s
@@ -112,19 +115,18 @@ _BITWISE_CASES = [c for c in tt.GPU_CASES if c.name in ("T1000_h0_gva2", "varlen
                                                         "varlen_300_short_h0", "T8192")]
 
 
-@pytest.mark.parametrize("knobs", [dict(_intra="v2"), dict(_cpb=16)], ids=["intra_v2", "out_cpb16"])
 @pytest.mark.parametrize("case", _BITWISE_CASES, ids=[c.name for c in _BITWISE_CASES])
-def test_forms_are_bitwise_equal(case, knobs):
-    """Forms that change only the schedule give bitwise the same o and final state as the default: the intra
-    kernel's "v2" form (the default "ax" writes the merge product over the dead A_o tile) and the pipe output
-    kernel at 16 chunks per CTA (default 8).  (In session 5 this test also held the state kernel with a wgmma
-    wait after every product, the form the grouped default replaced: bitwise equal on all five cases.)"""
-    from kernels.gdn_fwd.api import chunk_gated_delta_rule as impl
+def test_kept_tables_change_nothing_else(case):
+    """The forward that keeps its intra tables for the backward (the intra kernel also storing Tinv) gives bitwise
+    the same o and final state as the one that does not, and hands over Th, Ah, Al of [HV, NC, 64, 64]."""
+    from kernels.forward.pipeline import chunk_gated_delta_rule as impl
 
     dev = torch.device("cuda")
     args, kwargs = case.inputs(dev)
     o, ht = impl(*args, **kwargs)
-    o2, ht2 = impl(*args, **kwargs, **knobs)
+    kept = {}
+    o2, ht2 = impl(*args, **kwargs, keep_tables=kept)
     torch.cuda.synchronize()
     assert torch.equal(o, o2), f"o differs: max |diff| {tt.max_diff(o, o2):.3e}"
     assert torch.equal(ht, ht2), f"final state differs: max |diff| {tt.max_diff(ht, ht2):.3e}"
+    assert set(kept) == {"Th", "Ah", "Al"} and kept["Th"].shape[-2:] == (64, 64)

@@ -1,1 +1,2 @@
-"""Pieces shared by the forward (``gdn_fwd``) and backward (``gdn_bwd``) TileLang kernels."""
+"""TileLang macros both directions share (``prologue.py``) and the bank-conflict model of the compile tests
+(``bank_conflicts.py``)."""

@@ -29,7 +29,9 @@ measured numbers (``scripts/gpu_steps.sh profile``).
 
 from __future__ import annotations
 
+import ast
 import itertools
+import operator
 import re
 from dataclasses import dataclass
 
@@ -124,6 +126,36 @@ def _to_python(expr: str) -> str:
     return re.sub(r"(?<![/])/(?![/])", "//", e)
 
 
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+           ast.Mod: operator.mod, ast.LShift: operator.lshift, ast.RShift: operator.rshift,
+           ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.BitXor: operator.xor}
+_UNOPS = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}
+
+
+def integer_expression(py: str):
+    """A function of an environment {name: int} evaluating ``py``, an expression of integer literals, names and
+    the operators + - * // % << >> & | ^ (unary - + ~) only; ``SyntaxError`` for anything else.  Evaluating it
+    with a name missing from the environment raises ``KeyError``."""
+    tree = ast.parse(py, mode="eval")
+
+    def build(node):
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            v = node.value
+            return lambda env: v
+        if isinstance(node, ast.Name):
+            n = node.id
+            return lambda env: env[n]
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            f, a, b = _BINOPS[type(node.op)], build(node.left), build(node.right)
+            return lambda env: f(a(env), b(env))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNOPS:
+            f, a = _UNOPS[type(node.op)], build(node.operand)
+            return lambda env: f(a(env))
+        raise SyntaxError(f"not integer arithmetic: {ast.dump(node)[:80]}")
+
+    return build(tree.body)
+
+
 def warp_degree(byte_addrs: list[int], width: int) -> int:
     """Most distinct 4-byte words in one bank, over the phases of one warp's request (lanes in order)."""
     lanes = {1: 32, 2: 32, 4: 32, 8: 16, 16: 8}[width]
@@ -150,7 +182,7 @@ def site_degree(site: Site, threads: int, loop_range: int | None = None) -> int 
     if loop_range is None:
         loop_range = 16 if len(loops) <= 2 else 4
     try:
-        code = compile(py, "<address>", "eval")
+        address = integer_expression(py)
     except SyntaxError:
         return None
     worst = 0
@@ -159,7 +191,7 @@ def site_degree(site: Site, threads: int, loop_range: int | None = None) -> int 
             env = dict(zip(loops, lv), **dict(zip(others, ov)))
             for w0 in range(0, threads, 32):
                 try:
-                    addrs = [eval(code, {}, dict(env, tx=w0 + lane)) * site.elem for lane in range(32)]
+                    addrs = [address(dict(env, tx=w0 + lane)) * site.elem for lane in range(32)]
                 except Exception:
                     return None
                 if min(addrs) < 0:
@@ -199,10 +231,9 @@ def worst_degrees(src: str, buffers: list[str] | None = None) -> dict[str, tuple
 
 
 def _configs(pattern: str):
-    """The forward's and the backward's compile-test configurations whose name contains ``pattern``."""
-    from kernels.gdn_bwd import build as bb
-    from kernels.gdn_fwd import build as fb
-    return [c for c in fb.all_configs() + bb.all_configs() if pattern in c.name]
+    """The compile-test configurations (``kernels.build.all_configs``) whose name contains ``pattern``."""
+    from kernels.build import all_configs
+    return [c for c in all_configs() if pattern in c.name]
 
 
 def report(src: str, title: str) -> str:
@@ -240,9 +271,9 @@ def main(argv=None) -> int:
     if not cfgs:
         print(f"no compile-test configuration matches {args.pattern!r}")
         return 2
-    from kernels.gdn_bwd.build import _get_any
+    from kernels.build import get_kernel
     for c in cfgs:
-        print(report(_get_any(c).get_kernel_source(), c.name), flush=True)
+        print(report(get_kernel(c).get_kernel_source(), c.name), flush=True)
     return 0
 
 

@@ -1,5 +1,5 @@
 """``tilelang``: gdn-parity's own TileLang kernels from ``kernels/`` (SM90, chunk 64), with FLA's call
-signature, forward and backward (``kernels.gdn_bwd``, through a ``torch.autograd.Function``). Available on an
+signature, forward and backward (``kernels.autograd``, a ``torch.autograd.Function``). Available on an
 SM90 GPU with tilelang installed and the kernels present."""
 
 from __future__ import annotations

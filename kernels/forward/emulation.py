@@ -1,5 +1,4 @@
-"""Pure-torch emulation of exactly the tiling and precisions of our TileLang kernels (the v2
-"split2" path, the only one).
+"""Pure-torch emulation of exactly the tiling and precisions of the forward kernels.
 
 Runs anywhere torch runs (CPU in CI).  It follows the kernels step by step:
 same 64-token chunks per sequence, same zero padding, same padded intermediate
@@ -9,7 +8,7 @@ wherever the kernels round:
 
 * ``rd(x)``  - to the input dtype (bf16/fp16): every wgmma operand;
 * ``f32(x)`` - to fp32: every accumulator / CUDA-core result;
-* ``split(x) = (rd(x), rd(x - rd(x)))`` - the two-term operands (per ``variants.PrecisionV2``).
+* ``split(x) = (rd(x), rd(x - rd(x)))`` - the two-term operands (per ``precision.Precision``).
 
 A wgmma with fp32 accumulation is emulated as an fp64 product of the (exact)
 rounded operands followed by one rounding to fp32; this matches the kernel up
@@ -18,10 +17,10 @@ emulated as fp64 solves rounded to fp32 (the kernel's fp32 forward
 substitution agrees to a few fp32 ulps); the block merges are emulated exactly
 as the kernel does them.
 
-``intra_v2`` / ``state_v2`` / ``output_v2`` are the three kernels (``intra2.py``,
-``state2.py`` / ``state3.py``, ``output2.py``) and return their outputs in their
+``intra_chunk`` / ``chunk_states`` / ``output`` are the three kernels (``intra_chunk.py``,
+``state_smem.py`` / ``state_registers.py``, ``output.py``) and return their outputs in their
 layouts, so the GPU check can compare the kernels stage by stage;
-``chunk_gated_delta_rule_v2`` runs them end to end (optionally with the CP state
+``chunk_gated_delta_rule_at`` runs them end to end (optionally with the CP state
 passing); ``chunk_gated_delta_rule(...)`` has the public API's signature.
 """
 
@@ -65,7 +64,7 @@ def _solve(A: torch.Tensor, dt: torch.dtype, merge: str = "split") -> torch.Tens
     fp32 inverses of the 16x16 diagonal blocks (exact forward substitution, emulated by an fp64
     solve rounded to fp32), then ``L <- L - L A_o L`` at widths 16 and 32 with "split" (two-term
     operands, hi*hi + lo*hi + hi*lo), "bf16" (single input-dtype operands) or "fp32" (exact fp32,
-    emulation only) products, fp32 results (``gdn_intra_v2`` with ``PrecisionV2.merge``)."""
+    emulation only) products, fp32 results (``gdn_intra_v2`` with ``Precision.merge``)."""
     dev = A.device
     eye16 = torch.eye(16, dtype=f64, device=dev)
     L = torch.zeros_like(A)
@@ -125,36 +124,27 @@ def _gather_chunks(q, k, g, beta, cu_seqlens: list[int], use_l2: bool):
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                           use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
-                           _path: str | None = None, _precision: str | None = None, _cp: int | None = None,
-                           _form: str | None = None, _block_v: int | None = None, _out: str | None = None,
-                           _intra: str | None = None, _occ: int | None = None,
-                           _cpb: int | None = None):
-    """Same signature and result layout as ``kernels.chunk_gated_delta_rule`` (incl. its private
-    ``_path`` / ``_precision`` / ``_cp`` knobs; ``_form``, ``_block_v``, ``_out``, ``_intra``, ``_occ`` and ``_cpb`` change no rounding), computed by
-    the emulation: ``chunk_gated_delta_rule_v2`` with the API's precision and CP choice."""
-    from .build import check_knobs, plan_v2, precision_v2
-    check_knobs(_path, _out, _intra, _precision, _occ, _cpb)   # the same errors as the API
-    B, T = q.shape[:2]
-    HV = v.shape[2]
-    if cu_seqlens is None:
-        N, max_chunks = B, -(-T // BT)
-    else:
-        cu = [int(x) for x in cu_seqlens.tolist()]
-        N = len(cu) - 1
-        max_chunks = max([-(-(cu[i + 1] - cu[i]) // BT) for i in range(N)] + [0])
-    cp = plan_v2(N, HV, max_chunks, _form, _cp)[1]
-    return chunk_gated_delta_rule_v2(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                     use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
-                                     prec=precision_v2(_precision, initial_state is not None),
-                                     cp_segments_n=cp)
+                           use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=None):
+    """Same signature and result layout as ``kernels.forward.pipeline.chunk_gated_delta_rule``, computed by the
+    emulation (``chunk_gated_delta_rule_at``) with the precision and CP segments of ``plan`` (a
+    ``kernels.plan.ForwardPlan``; None: the one ``kernels.plan.forward_plan`` dispatches for these inputs; the
+    other fields of a plan change no rounding)."""
+    from kernels.interface import TL_DTYPE, max_chunks
+    from kernels.plan import forward_plan
+    if plan is None:
+        B, T, HV = q.shape[0], q.shape[1], v.shape[2]
+        cu = None if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
+        N = B if cu is None else len(cu) - 1
+        plan = forward_plan(TL_DTYPE[q.dtype], N, HV, max_chunks(B, T, cu), initial_state is not None)
+    return chunk_gated_delta_rule_at(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                     use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, prec=plan.precision,
+                                     cp_segments_n=plan.cp)
 
 
 # ----------------------------------------------------------------------------------------------
-# The v2 ("split2") kernels: lean intra kernel (no P), state kernel storing single-bf16 chunk states and
-# U, output kernel recomputing P from q/k; optional segment-parallel (context-parallel) state
-# passing.  Every rounding is a knob (see ``variants.PrecisionV2``); the kernels follow the same
-# knobs at compile time.
+# The kernels: intra-chunk kernel (no P), state kernel storing the chunk states and U, output kernel recomputing
+# P from q/k; optional segment-parallel (context-parallel) state passing.  Every rounding is a field of
+# ``precision.Precision``; the kernels follow the same fields at compile time.
 # ----------------------------------------------------------------------------------------------
 
 def _two(x, dt, split: bool):
@@ -191,7 +181,7 @@ def _gate_table(G, rk, rq, scale: float, vmask, row7):
     ], dim=2)
 
 
-def intra_v2(q, k, g, beta, cu_seqlens: list[int], scale: float, use_l2: bool, dt: torch.dtype, prec):
+def intra_chunk(q, k, g, beta, cu_seqlens: list[int], scale: float, use_l2: bool, dt: torch.dtype, prec):
     """Emulates ``gdn_intra_v2``: returns Ah, Al [HV, NC, 64, 64] (Al = 0 unless prec.ag == "split")
     and F [HV, NC, 8, 64] (rows: e^G rk, scale e^G rq, e^(GL-G) rk, e^GL, G, scale rq, rk, 0)."""
     qc, kc, gc, bc, vmask, G, rq, rk = _gather_chunks(q, k, g, beta, cu_seqlens, use_l2)
@@ -209,7 +199,7 @@ def _chunk_gather(x, tokc, inb, heads=None):
     return (y * inb[..., None, None]).permute(0, 2, 1, 3)
 
 
-def state_v2(k, v, Ah, Al, F, cu_seqlens: list[int], chunk_offsets: list[int], h0, dt, prec, *,
+def chunk_states(k, v, Ah, Al, F, cu_seqlens: list[int], chunk_offsets: list[int], h0, dt, prec, *,
              store_chunks: bool = True, aug: bool = False):
     """Emulates ``gdn_state_v2`` over the "sequences" ``cu_seqlens`` whose first chunk ids are
     ``chunk_offsets`` (segments of a sequence for the CP path).  Per chunk::
@@ -283,7 +273,7 @@ def state_v2(k, v, Ah, Al, F, cu_seqlens: list[int], chunk_offsets: list[int], h
     return Sch, Scl, Uh, Ul, S
 
 
-def output_v2(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec):
+def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec):
     """Emulates ``gdn_output_v2`` (fully parallel over chunks)::
 
         P  = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)   (j <= t, t valid; fp32)  -> Ph (+ Pl)
@@ -353,13 +343,14 @@ def cp_fixup(ZM, h0, seg_of, DV):
     return out
 
 
-def chunk_gated_delta_rule_v2(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+def chunk_gated_delta_rule_at(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                               use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
                               prec=None, cp_segments_n: int = 1):
-    """The v2 path end to end (``prec``: a ``variants.PrecisionV2``; ``cp_segments_n`` > 1: segment-
-    parallel state passing with that many segments per sequence).  Same signature/results as the API."""
-    from .variants import PRECISIONS_V2
-    prec = PRECISIONS_V2["default"] if prec is None else (PRECISIONS_V2[prec] if isinstance(prec, str) else prec)
+    """The forward end to end at precision ``prec`` (a ``precision.Precision``; None: "default");
+    ``cp_segments_n`` > 1: segment-parallel state passing with that many segments per sequence.  Same
+    signature and results as the kernels' pipeline."""
+    from .precision import PRESETS
+    prec = PRESETS["default"] if prec is None else prec
     B, T, H, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     dt = q.dtype
@@ -369,7 +360,7 @@ def chunk_gated_delta_rule_v2(q, k, v, g, beta, scale=None, initial_state=None, 
     v2 = v.reshape(B * T, HV, DV)
     g2 = g.reshape(B * T, HV).to(torch.float32)
     b2 = beta.reshape(B * T, HV).to(torch.float32)
-    Ah, Al, F = intra_v2(q2, k2, g2, b2, cu, scale, use_qk_l2norm_in_kernel, dt, prec)
+    Ah, Al, F = intra_chunk(q2, k2, g2, b2, cu, scale, use_qk_l2norm_in_kernel, dt, prec)
     h0 = None
     if initial_state is not None:
         h0 = initial_state.to(torch.float32)
@@ -378,13 +369,13 @@ def chunk_gated_delta_rule_v2(q, k, v, g, beta, scale=None, initial_state=None, 
     _, offs = chunk_tables(cu)
     if cp_segments_n > 1:
         seg_cu, seg_co, seg_of = cp_segments(cu, cp_segments_n)
-        _, _, _, _, ZM = state_v2(k2, v2, Ah, Al, F, seg_cu, seg_co, None, dt, prec, store_chunks=False, aug=True)
+        _, _, _, _, ZM = chunk_states(k2, v2, Ah, Al, F, seg_cu, seg_co, None, dt, prec, store_chunks=False, aug=True)
         h0s = cp_fixup(ZM, h0, seg_of, DV)
-        Sch, Scl, Uh, Ul, Send = state_v2(k2, v2, Ah, Al, F, seg_cu, seg_co, h0s, dt, prec)
+        Sch, Scl, Uh, Ul, Send = chunk_states(k2, v2, Ah, Al, F, seg_cu, seg_co, h0s, dt, prec)
         S = Send[[seg_of[n + 1] - 1 for n in range(len(cu) - 1)]]   # (an empty sequence: one empty segment)
     else:
-        Sch, Scl, Uh, Ul, S = state_v2(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
-    o = output_v2(q2, k2, F, Sch, Scl, Uh, Ul, cu, dt, prec).reshape(B, T, HV, DV)
+        Sch, Scl, Uh, Ul, S = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
+    o = output(q2, k2, F, Sch, Scl, Uh, Ul, cu, dt, prec).reshape(B, T, HV, DV)
     if not output_final_state:
         return o, None
     S = S.to(torch.float32)

@@ -25,10 +25,9 @@ import torch
 
 BT = 64
 MIN_CHUNKS = 8          # chunks per segment at least: three passes must beat one
-# chunks of the longest sequence at least.  On an H200 (session 8, call 1, ``bench_kernels_bwd.py --ab ours-seq-dh``,
-# with the recompute on its side stream) the segmented form lost at B1 T8192 H4 HV8 (128 chunks: backward 2.75 ms
-# against 2.33 sequential; its 128 CTAs take the SMs the overlapped recompute used) and won at B1 T65536 H2 HV4 (1024
-# chunks: 5.30 against 9.87 ms).  256 is between the two measured points, not a measured crossover.
+# chunks of the longest sequence at least: on an H200 the segmented form lost at B1 T8192 H4 HV8 (128 chunks; its
+# CTAs take the SMs the overlapped recompute uses) and won at B1 T65536 H2 HV4 (1024 chunks).  256 is between the
+# two measured points, not a measured crossover.
 MIN_SEQ_CHUNKS = 256
 
 

@@ -1,15 +1,15 @@
 """``gdn_bwd_dg_dbeta``: dg and dbeta of every token from the per-chunk row terms, one CTA of 64 threads (one per
-chunk row) per (chunk, value head): the dg / dbeta part of ``common.finish`` in one kernel instead of about 25 torch
-launches on [HV, NC, 64] tensors (0.23 ms at B1 T32768 H16 HV32 on an H200, session 11).
+chunk row) per (chunk, value head): the dg / dbeta part of ``finish.finish`` in one kernel instead of about 25 torch
+launches on [HV, NC, 64] tensors.
 
-Row t of chunk c, value head hv (``vm = [t < nv]``, the gate table ``Fb`` as in ``common``'s docstring; the row dots
-by the halves the fused dqk kernel stores, added here in the order half 0 + half 1):
+Row t of chunk c, value head hv (``vm = [t < nv]``, the gate table ``Fb`` as in ``finish``'s docstring; the row dots
+by the halves the dqk kernel stores, added here in the order half 0 + half 1):
 
     own_t  = (e^G_t F5_t qz_t - F7_t F0_t kw_t) vm          upd_t = F2_t kr_t vm
     dg_t   = sum_{u >= t} own_u + sum_{u < t} upd_u + F3_0 sum_d sd_d + rect_t
     dbeta_t = (-F0_t kw_t + yv_t) vm + db2_t
 
-the same terms as ``common.finish`` (so the same "no two O(1) terms cancel" grouping); the within-chunk sums are
+the same terms as ``finish.finish`` (so the same "no two O(1) terms cancel" grouping); the within-chunk sums are
 serial in each thread (the reverse sum from u = 63 down to t, the prefix from u = 0 up), the S o dS' total in the
 same order in every thread.  Only the summation order differs from the torch form (fp32 either way).
 """
@@ -17,9 +17,9 @@ same order in every thread.  Only the summation order differs from the torch for
 import tilelang.language as T
 
 from kernels.common.prologue import chunk_span, dynamic_dims
-from kernels.gdn_fwd.cumsum import LOG2E
+from kernels.forward.cumsum import LOG2E
 
-from .dqk import BT
+from .dqk_terms import BT
 
 
 def build_dg_dbeta(DV: int):

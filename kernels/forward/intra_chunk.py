@@ -1,10 +1,6 @@
-"""v2 intra-chunk kernel ``gdn_intra_v2``: the lean version of the first intra kernel
-(``gdn_intra_chunk``, removed with the old "split" path; last in commit 830262b).
+"""Intra-chunk kernel ``gdn_intra_v2``: one CTA (128 threads) per (chunk, value head).  It
 
-One CTA (128 threads) per (chunk, value head).  Compared with ``gdn_intra_chunk`` it
-
-* never computes ``P = Q K^T`` (the v2 output kernel recomputes it from q/k in registers, so the
-  16 KB ``Ph, Pl`` per chunk and head are neither written nor read);
+* never computes ``P = Q K^T`` (the output kernel recomputes it from q/k in registers);
 * never loads q into shared memory (q is read from global only for the in-kernel L2 norm);
 * does the two block merges of the triangular inverse with single input-dtype operands
   (``merge="bf16"``: 2 wgmma per level; "split" keeps the 3-term products: 6 per level);
@@ -110,13 +106,11 @@ def solve_diag16(a_s, l_s, t16):
             l_s[r, tx] = T.if_then_else(r // 16 == blk, t16[r % 16], T.float32(0))
 
 
-def build_intra_v2(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16", alias_x: bool = False,
-                   th: bool = False):
-    """TileLang prim_func of ``gdn_intra_v2``.  ``alias_x``: the merges write their product ``A_o L`` over the
-    ``A_o`` tile (dead by then) instead of a buffer of its own: 8 KiB less shared memory per CTA (57 -> 49 KiB,
-    4 CTAs per SM instead of 3 on an H100/H200).  ``th``: also store ``Tinv = (I + A)^-1`` itself, rounded once to
+def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16", th: bool = False):
+    """TileLang prim_func of ``gdn_intra_v2``.  The merges write their product ``A_o L`` over the ``A_o`` tile
+    (dead by then): 49 KiB of shared memory per CTA, 4 CTAs per SM on an H100/H200.  ``th``: also store ``Tinv = (I + A)^-1`` itself, rounded once to
     the input dtype, into ``Th`` (the autograd Function keeps it, with Ah and Al, for the backward: its prep kernel
-    then skips K K^T and the solve; ``kernels/gdn_bwd/prep.py``); without it ``Th`` is not accessed (pass ``Ah``).
+    then skips K K^T and the solve; ``kernels/backward/prep.py``); without it ``Th`` is not accessed (pass ``Ah``).
 
     Arguments:
       q, k        [Ttot, H, DK]     dtype   (q only read when use_l2 != 0)
@@ -169,12 +163,8 @@ def build_intra_v2(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16", a
             LB = BT if msplit else 8          # the lo buffers are only used by the split merge
             ll_s = T.alloc_shared((LB, LB), dtype)
             ol_s = T.alloc_shared((LB, LB), dtype)
-            if alias_x:                       # A_o L over A_o: each merge reads A_o (oh, ol) before it writes X
-                xh_s = oh_s
-                xl_s = ol_s
-            else:
-                xh_s = T.alloc_shared((BT, BT), dtype)
-                xl_s = T.alloc_shared((LB, LB), dtype)
+            xh_s = oh_s                       # A_o L over A_o: each merge reads A_o (oh, ol) before it writes X
+            xl_s = ol_s
 
             sq = T.alloc_fragment((BT, DK), f32)
             ss = T.alloc_fragment((BT,), f32)

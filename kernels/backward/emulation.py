@@ -1,83 +1,38 @@
-"""Pure-torch replay of the backward kernels (same chunking, padding, layouts up to a transpose,
-same roundings), in the style of ``kernels/gdn_fwd/emulation.py``:
+"""Pure-torch replay of the backward kernels (same chunking, padding, layouts up to a transpose, same roundings),
+the oracle of the kernels' CPU and GPU tests:
 
 * ``_rd``: to the input dtype (every wgmma operand), ``_f32``: to fp32 (accumulators, CUDA cores),
   ``_two``: the two-term split ``rd(x) + rd(x - rd(x))``;
 * a wgmma is an fp64 product of exact rounded operands rounded once to fp32.
 
 Stages (kernel in brackets):
-  0. forward recompute of the chunk-start states S and U (split hi+lo; ``gdn_fwd`` intra2 + state
-     kernels, precision ``fwd_precision()``);
+  0. forward recompute of the chunk-start states S and U (hi + lo; the forward's intra and state kernels,
+     precision ``fwd_precision()``);
   1. ``prep`` [gdn_bwd_prep]: (I + A)^-1 split, gate table Fb, dUloc = P^T dO (P split);
   2. ``dh`` [gdn_bwd_dh], reverse over chunks: dS' tables (split), dU = dUloc + F2 (K dS'),
-     dY = Tinv^T dU (split x split), dv = beta dY, dS = e^GL dS' + Q^T (F1 dO) - K^T (F0 beta dY);
-  3. ``dqk_inter`` [gdn_bwd_dqk_inter]: Z = dO S^T, W = dY S^T, R = U dS'^T -> dq~, dk~ terms, row dots;
-  4. ``dqk_intra`` [gdn_bwd_dqk_intra]: the 64x64 terms (P and A) -> dq~, dk~, dG, dbeta terms;
-  5. ``common.finish`` (shared with the kernel path).
+     dY = Tinv^T dU, dv = beta dY, dS = e^GL dS' + Q^T (F1 dO) - K^T (F0 beta dY);
+  3. ``dqk_inter`` and 4. ``dqk_intra`` [both in gdn_bwd_dqk]: the state products Z = dO S^T, W = dY S^T,
+     R = U dS'^T and the 64x64 terms (P and A) -> dq~, dk~, row dots, dG, dbeta terms;
+  5. ``finish.finish`` (shared with the kernel path).
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from kernels.gdn_fwd.emulation import (_f32, _gate_table, _gather_chunks, _tinv, _two, chunk_tables, intra_v2,
-                                       state_v2)
+from kernels.forward.emulation import (_f32, _gate_table, _gather_chunks, _tinv, _two, chunk_tables, intra_chunk,
+                                       chunk_states)
 
-from .common import BT, finish, group_sum, token_index
+from .finish import BT, finish, group_sum, token_index
 
 f64 = torch.float64
 
 
-# chunk tables the inter / intra kernels read: hi + lo (the kernels' default); hi alone ("lean", a study); hi alone
-# but the S o dS' and dY . V row dots from hi + lo ("lean_sd": the S o dS' sums carry dg's precision; dqk_lean.py)
-TABLES = ("split", "lean", "lean_sd")
-
-
-# Design studies (``accuracy.py``; never the kernels' path): the operand splits of the stages below that ``study``
-# turns into single input-dtype terms, and the forward recompute's preset
-SPLITS = ("T", "P", "dS", "dU", "dY", "dO", "dX", "intra")
-_SINGLE: frozenset = frozenset()
-_FWD_PRESET = "default_h0"
-
-
-@contextlib.contextmanager
-def study(single=(), fwd_preset: str = "default_h0"):
-    """Within the block the emulation rounds the named operand splits (``SPLITS``: Tinv and P of prep; the dS',
-    dU, dY tables and the F1 dO / F0 dX operands of dh; the intra kernel's four 64x64 operands) to one input-dtype
-    term, and recomputes the forward with preset ``fwd_preset`` (e.g. "bf16": S and U single): how accurate a
-    backward with FLA's / FlashQLA's single-bf16 operands would be.  Not thread-safe (module state)."""
-    global _SINGLE, _FWD_PRESET
-    bad = set(single) - set(SPLITS)
-    if bad:
-        raise ValueError(f"unknown operand splits {sorted(bad)}; choices: {SPLITS}")
-    old = _SINGLE, _FWD_PRESET
-    _SINGLE, _FWD_PRESET = frozenset(single), fwd_preset
-    try:
-        yield
-    finally:
-        _SINGLE, _FWD_PRESET = old
-
-
-def _api_form(switch: str) -> bool:
-    """The API's build switch ``kernels.gdn_bwd.build.<switch>`` (``_DH_SINGLE``: dh's single form;
-    ``_INTRA_SINGLE``: the intra terms' single 64x64 operands; ``_DUL_INPUT_DTYPE``: dUloc^T stored in the input
-    dtype), read at call time: the emulation follows the kernels' forms."""
-    from . import build
-    return getattr(build, switch)
-
-
-def _split(name: str) -> bool:
-    """Whether operand ``name`` (``SPLITS``) is a two-term split (always, outside ``study``)."""
-    return name not in _SINGLE
-
-
 def fwd_precision():
-    """Precision of the forward recompute: the dispatched "default_h0" preset (chunk state S and U
-    stored as hi + lo), so the backward reads S and U to ~16 bits (``study`` may pick another)."""
-    from kernels.gdn_fwd.variants import PRECISIONS_V2
-    return PRECISIONS_V2[_FWD_PRESET]
+    """Precision of the forward recompute: "default_h0" (chunk state S and U stored as hi + lo), so the backward
+    reads S and U to ~16 bits."""
+    from kernels.forward.precision import preset
+    return preset(True)
 
 
 def _chunks(x, cu, heads=None):
@@ -98,11 +53,11 @@ def prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt):
     causal = rows[:, None] >= rows[None, :]
     e_causal = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
     Tinv = _tinv(kc, bc, G, rk, dt, "bf16")
-    Th, Tl = _two(Tinv, dt, _split("T"))
+    Th, Tl = _two(Tinv, dt, True)
     Fb = _gate_table(G, rk, rq, scale, vm, bc)
     QK = _f32(qc @ kc.transpose(-1, -2))
     P = _f32(Fb[:, :, 5, :, None] * Fb[:, :, 6, None, :] * e_causal * QK)
-    Ph, Pl = _two(P, dt, _split("P"))
+    Ph, Pl = _two(P, dt, True)
     doc = _chunks(do2, cu)
     dUloc = _f32(Ph.transpose(-1, -2) @ doc + Pl.transpose(-1, -2) @ doc)
     return Th, Tl, Fb, dUloc
@@ -150,23 +105,23 @@ def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False):
         f = Fb[:, c].transpose(0, 1)
         dul = dUloc[:, c].transpose(0, 1)
         dS_a = dS[a]
-        sh, sl = _two(dS_a, dt, _split("dS"))
+        sh, sl = _two(dS_a, dt, True)
         dSnh[:, c], dSnl[:, c] = sh.transpose(0, 1), sl.transpose(0, 1)
         KdS = _f32(Kc @ (sh + sl))
         dU = _f32(dul + _f32(f[:, :, 2, :, None] * KdS))
-        uh, ul = _two(dU, dt, _split("dU") and not single)
+        uh, ul = _two(dU, dt, not single)
         thT = th.transpose(-1, -2)
         tlT = torch.zeros_like(thT) if single else tl.transpose(-1, -2)
         dY = _f32(thT @ uh + tlT @ uh + thT @ ul)
-        yh, yl = _two(dY, dt, _split("dY"))
+        yh, yl = _two(dY, dt, True)
         dYh[:, c], dYl[:, c] = yh.transpose(0, 1), yl.transpose(0, 1)
         dX = _f32(f[:, :, 7, :, None] * dY)
         st = tok < eos[:, None]
         for j in range(len(act)):
             m = st[j]
             dv[tok[j][m]] = dX[j][:, m].transpose(0, 1)
-        a1h, a1l = _two(_f32(f[:, :, 1, :, None] * dOc), dt, _split("dO"))
-        a2h, a2l = _two(_f32(f[:, :, 0, :, None] * dX), dt, _split("dX") and not single)
+        a1h, a1l = _two(_f32(f[:, :, 1, :, None] * dOc), dt, True)
+        a2h, a2l = _two(_f32(f[:, :, 0, :, None] * dX), dt, not single)
         QT, KT = Qc.transpose(-1, -2), Kc.transpose(-1, -2)
         dS[a] = _f32(_f32(dS_a * f[:, :, 3, 0, None, None]) + QT @ a1h + QT @ a1l - KT @ a2h - KT @ a2l)
     return dSnh, dSnl, dYh, dYl, dv.to(dt), dS.to(torch.float32)
@@ -195,25 +150,14 @@ def dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu, s
     qz = _f32((qc * Z).sum(-1))[None]
     kw = _f32((kc * W).sum(-1))[None]
     kr = _f32((kc * R).sum(-1))[None]
-    sd = state_dots(Sch, Scl, dSnh, dSnl)
-    yv = value_dots(vc, dYh, dYl)
+    sd = _f32(((Sch + Scl) * (dSnh + dSnl)).sum(-2))[None]     # S o dS' summed over the key dim
+    yv = _f32(((dYh + dYl) * vc).sum(-1))
     return dqt, dkt, qz, kw, kr, sd, yv
 
 
-def state_dots(Sch, Scl, dSnh, dSnl):
-    """``sd [1, HV, NC, DV]``: the per-value-column sums over the key dim of ``S o dS'`` (a dg term)."""
-    return _f32(((Sch + Scl) * (dSnh + dSnl)).sum(-2))[None]
-
-
-def value_dots(vc, dYh, dYl):
-    """``yv [HV, NC, 64]``: the row dots ``dY . V`` (``vc``: v in chunks, ``_chunks``; a dbeta term)."""
-    return _f32(((dYh + dYl) * vc).sum(-1))
-
-
-def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt, single: bool | None = None):
+def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
     """Emulates ``gdn_bwd_dqk_intra``: dqt2, dkt2 [HV, NC, 64, DK], rect, db2 [HV, NC, 64] (rect: the dg terms
-    of P and A summed over t >= s > j, see ``common.finish``).  ``single``: the four 64x64 operands single (the
-    kernels' ``msingle`` form); None: as the API runs them (``build._INTRA_SINGLE``)."""
+    of P and A summed over t >= s > j, see ``finish.finish``); the four 64x64 operands single, as the kernel."""
     H = q2.shape[1]
     HV = do2.shape[1]
     dev = q2.device
@@ -247,7 +191,7 @@ def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt, single: bool | N
     # rect_s = sum_{t >= s} sum_{j < s} m_tj: exclusive prefix over j, then the column sum over t >= s
     mex = _f32(torch.nn.functional.pad(torch.cumsum(m, -1)[..., :-1], (1, 0)))
     rect = _f32(torch.where(rows[:, None] >= rows[None, :], mex, 0.0).sum(-2))
-    si = _split("intra") and not (_api_form("_INTRA_SINGLE") if single is None else single)
+    si = False                                                  # the 64x64 operands: one input-dtype term
     Mq = _two(_f32(dqk0 * F6[..., None, :]), dt, si)            # dq~ = (dQK diag(rk)) k
     Mk1 = _two(dqk, dt, si)                                     # dk~ += (dQK diag(rq))^T q
     Mk2 = _two(_f32(dBk * F6[..., None, :]), dt, si)            # dk~ += (dBk diag(rk)) k
@@ -260,16 +204,11 @@ def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt, single: bool | N
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
-                               _stages: dict | None = None, _tables: str = "split"):
-    """Emulated backward with the API's shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
-    dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``_stages``: a dict
-    that receives the intermediates in the layouts of ``api.STAGE_LAYOUT`` (for stage-by-stage checks).
-    ``_tables``: "split" (what the kernels do), or a design study (``accuracy.py``): "lean", the inter and intra
-    kernels read only the hi term of the chunk tables S, U, dS', dY (one input-dtype term each); "lean_sd", the
-    same but the ``S o dS'`` and ``dY . V`` row dots (``state_dots``, ``value_dots``) still from hi + lo, as the
-    opt-in kernels compute them (``dqk_lean.py``)."""
-    from .build import parse_tables
-    _tables = parse_tables(_tables, TABLES)
+                               dh_single: bool = True, stages: dict | None = None):
+    """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
+    dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
+    pass's single operands (``BackwardPlan.dh_single``).  ``stages``: a dict that receives the intermediates in
+    the layouts of ``pipeline.STAGE_LAYOUT`` (for stage-by-stage checks)."""
     B, T, H, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     dt = q.dtype
@@ -291,21 +230,15 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         dS0 = dS0.transpose(-1, -2) if state_v_first else dS0
     prec = fwd_precision()
     _, offs = chunk_tables(cu)
-    Ah, Al, F = intra_v2(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
-    Sch, Scl, Uh, Ul, _ = state_v2(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
+    Ah, Al, F = intra_chunk(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
+    Sch, Scl, Uh, Ul, _ = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
     Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt)
-    if _api_form("_DUL_INPUT_DTYPE"):   # prep's dul16 form stores dUloc^T in the input dtype
-        dUloc = dUloc.to(dt).to(dUloc.dtype)
-    dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dS0, dt, _api_form("_DH_SINGLE"))
-    lo = (lambda x: x) if _tables == "split" else torch.zeros_like      # "lean": the hi terms alone
-    dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, lo(Scl), Uh, lo(Ul), dSnh, lo(dSnl), dYh,
-                                               lo(dYl), Fb, cu, scale)
-    dqt2, dkt2, rect, db2 = dqk_intra(q2, k2, do2, Uh, lo(Ul), dYh, lo(dYl), Fb, cu, scale, dt)
-    if _tables == "lean_sd":            # the row dots from hi + lo, as gdn_bwd_state_dots computes them
-        sd = state_dots(Sch, Scl, dSnh, dSnl)
-        yv = value_dots(_chunks(v2, cu), dYh, dYl)
-    if _stages is not None:
-        _stages.update(Tinv=Th + Tl, Fb=Fb, dUloc=dUloc, dSn=dSnh + dSnl, dY=dYh + dYl, qz=qz.sum(0), kw=kw.sum(0),
+    dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dS0, dt, dh_single)
+    dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu,
+                                               scale)
+    dqt2, dkt2, rect, db2 = dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt)
+    if stages is not None:
+        stages.update(Tinv=Th + Tl, Fb=Fb, dUloc=dUloc, dSn=dSnh + dSnl, dY=dYh + dYl, qz=qz.sum(0), kw=kw.sum(0),
                        kr=kr.sum(0), sd=sd.sum(0), yv=yv, rect=rect, db2=db2, S=Sch + Scl, U=Uh + Ul)
     tok, valid = token_index(cu, q.device)
     dqv = torch.zeros(Ttot, HV, DK, dtype=torch.float32, device=q.device)
@@ -313,8 +246,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     m = valid
     dqv[tok[m]] = _f32(dqt1 + dqt2).permute(1, 2, 0, 3)[m].float()
     dkv[tok[m]] = _f32(dkt1 + dkt2).permute(1, 2, 0, 3)[m].float()
-    if _stages is not None:
-        _stages.update(dqv=group_sum(dqv, H), dkv=group_sum(dkv, H))
+    if stages is not None:
+        stages.update(dqv=group_sum(dqv, H), dkv=group_sum(dkv, H))
     dq, dk, dg, db = finish(Fb=Fb, qz=qz, kw=kw, kr=kr, sd=sd, yv=yv, rect=rect, db2=db2, dqv=dqv, dkv=dkv, q=q2,
                             k=k2, H=H, use_l2=use_l2, tok=tok, valid=valid)
     dq = dq.reshape(B, T, H, DK).to(dt)

@@ -1,8 +1,8 @@
-"""v2 sequential state kernel ``gdn_state_v2`` (and the CP scan ``gdn_scan_v2``).
+"""Sequential state kernel, shared-memory-operand form ``gdn_state_v2`` (and the CP scan ``gdn_scan_v2``).
 
 One CTA (128 threads) per (block of ``BV`` value columns, value head, sequence or segment); the fp32
 state block ``S[DK, BV]`` lives in registers; chunk loads (k, v, Ag, F) are TMA through TileLang's
-warp-specialised ``T.Pipelined``.  Per chunk (``prec``: ``variants.PrecisionV2``)::
+warp-specialised ``T.Pipelined``.  Per chunk (``prec``: ``precision.Precision``)::
 
     Sh (+ Sl) = split(S)                 -> Sch (+ Scl)  chunk-start state for the output kernel
     X  = V - F0 * (K @ Sh (+ K @ Sl))     K@S lo term only when prec.ks == "split"
@@ -28,7 +28,7 @@ BT = 64
 THREADS = 128
 
 
-def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False,
+def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False,
                    ctas_per_sm: int = 1, swizzle_sl: bool = False):
     """TileLang prim_func of ``gdn_state_v2`` (``scan=False``) or ``gdn_scan_v2`` (``scan=True``).
 
@@ -50,20 +50,17 @@ def build_state_v2(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int 
     interleave on each SM, hiding the latency of the per-chunk chain of small dependent products.  Fits only
     for BV <= 32 (shared memory: 82 / 98 KiB per CTA at BV 16 / 32).
 
-    ``swizzle_sl`` (a candidate, session 12, not yet timed on a GPU): the S lo staging tile ``sl_s`` in a swizzled
+    ``swizzle_sl`` (the backward recompute's form): the S lo staging tile ``sl_s`` in a swizzled
     layout when it is only stored (precision ``s`` split, ``ks`` not): row-major, its fragment stores are 4-way
     bank conflicts at BV 32 (8-way at 64, 2-way at 16; 16 a chunk and thread), swizzled none, by the degrees
-    ``kernels.common.bank_conflicts`` works out from the generated CUDA; the same values stored.  Nsight Compute
-    counted 8.9 M more store conflicts in the backward's recompute (S lo stored) than in the forward's state kernel
-    (not stored) at B1 T32768 H16 HV32, BV 32 (session 11).
+    ``kernels.common.bank_conflicts`` works out from the generated CUDA; the same values stored.
 
     The products of one split (``K Sh (+ K Sl)``, ``Ah Xh + Al Xh + Ah Xl``, the update's hi + lo) are issued as
     one group of wgmma with one wait, instead of a wait after each: the same instructions in the same order on
-    the same accumulator, so bitwise the same result with two to three fewer waits on the per-chunk chain
-    (measured on an H200 in session 5, commit c769624, where ``_grouped=False`` still built the old form:
-    bitwise-equal o and state on five cases, forward 1.978 vs 2.008 ms at B1 T32768 H16 HV32).  Every product but the last is ``T.wgmma_gemm`` (no wait); the last is a ``T.gemm``, whose
-    wait covers the group, and it reads every pipelined buffer of its group, so TileLang's release of those
-    buffers to the TMA producer comes after the wait (Ah and Al then share one buffer, ``a_s``).
+    the same accumulator, so bitwise the same result with two to three fewer waits on the per-chunk chain.
+    Every product but the last is ``T.wgmma_gemm`` (no wait); the last is a ``T.gemm``, whose
+    wait covers the group, and it reads every pipelined buffer of its group, so TileLang hands those
+    buffers back to the TMA producer only after the wait (Ah and Al then share one buffer, ``a_s``).
     """
     assert DK in (64, 128) and DV == DK
     assert DV % BV == 0 and BV in (16, 32, 64, 128)

@@ -1,7 +1,7 @@
 """Stage 1: chunk-local gate cumsum (fp32), as a TileLang macro.
 
-It is fused into the intra-chunk kernel (`intra2.py`) and the backward's prep
-kernel (`gdn_bwd/prep.py`); it is not a kernel of its own.  For one chunk of
+It is fused into the intra-chunk kernel (`intra_chunk.py`) and the backward's prep
+kernel (`backward/prep.py`); it is not a kernel of its own.  For one chunk of
 ``BT = 64`` tokens of one value head it loads ``g[t0 : t0 + nv, hv]`` (fp32 on
 the device; the API casts bf16/fp16 gates to fp32 first, exactly) into a shared
 fp32 vector, zero-fills the ``64 - nv`` rows past the end of the sequence, and

@@ -1,6 +1,6 @@
-"""v2 sequential state kernel, register-operand form ``gdn_state_rv`` (and the CP scan ``gdn_scan_rv``).
+"""Sequential state kernel, register-operand form ``gdn_state_rv`` (and the CP scan ``gdn_scan_rv``).
 
-Same math and precision knobs as ``state2.py``, computed transposed so that every fp32 value that
+Same math and precision knobs as ``state_smem.py``, computed transposed so that every fp32 value that
 feeds the next product stays in registers (the FlashAttention-3 trick: a wgmma accumulator
 re-typed to the input dtype *is* the register A operand of the next wgmma).  One warpgroup owns
 ``BV = 64`` value columns of one head; the state lives transposed, ``S^T [BV, DK]`` fp32::
@@ -30,7 +30,7 @@ BT = 64
 FR = T.GemmWarpPolicy.FullRow     # every product splits its M (= value rows) over the warpgroups
 
 
-def build_state_rv(DK: int, DV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False, BV: int = 64):
+def build_state_registers(DK: int, DV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False, BV: int = 64):
     """Arguments:
       k        [Ttot, H, DK]     dtype
       v        [Ttot, HV, DV]    dtype

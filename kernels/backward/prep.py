@@ -2,14 +2,14 @@
 
 Recomputes what the backward needs of the intra-chunk forward and the local part of dU:
 
-* ``Tinv = (I + A)^-1`` exactly like ``gdn_fwd/intra2.py`` (fp32 16x16 forward substitution, two
+* ``Tinv = (I + A)^-1`` exactly like ``forward/intra_chunk.py`` (fp32 16x16 forward substitution, two
   single-bf16 merge levels, its ``_merge`` macro), stored as a two-term split ``Th + Tl``.  The forward
   stores ``Ag = Tinv diag(beta)``; the backward needs ``Tinv^T`` itself (dY = Tinv^T dU) and undoing
   ``diag(beta)`` would divide by beta.
 * ``Ag = Tinv diag(beta)`` as the same two-term split as ``gdn_intra_v2`` with ``ag="split"`` (the same
   operations on the same values: bitwise its ``Ah, Al``), so that the backward's forward recompute runs the
-  state kernel alone, on ``Agh, Agl`` and ``Fb`` (rows 0-3 are intra2's ``F`` rows);
-* the gate table ``Fb [HV, NC, 8, 64]`` (rows in ``common.py``), every exponent of a value <= 0;
+  state kernel alone, on ``Agh, Agl`` and ``Fb`` (rows 0-3 are the intra kernel's ``F`` rows);
+* the gate table ``Fb [HV, NC, 8, 64]`` (rows in ``finish.py``), every exponent of a value <= 0;
 * ``dUloc^T = dO^T P`` with ``P = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)`` (j <= t, fp32, exact-operand
   wgmma) split into ``Ph + Pl``: 2 wgmma with the transposed dO tile from shared memory, fp32 result
   stored value-first ``[HV, NC, DV, 64]`` for the sequential kernel.
@@ -18,23 +18,14 @@ Recomputes what the backward needs of the intra-chunk forward and the local part
 import tilelang.language as T
 
 from kernels.common.prologue import chunk_span, dynamic_dims
-from kernels.gdn_fwd.cumsum import BT, LOG2E, load_chunk_gate_cumsum
-from kernels.gdn_fwd.intra2 import _merge, fp32_tile, gated_kkt, l2_row_factors, solve_diag16
+from kernels.forward.cumsum import BT, LOG2E, load_chunk_gate_cumsum
+from kernels.forward.intra_chunk import _merge, fp32_tile, gated_kkt, l2_row_factors, solve_diag16
 
 THREADS = 128
 
 
-# timing-study switches (``benchmarks/ablate_bwd.py --kernel prep``; wrong results): without P and dUloc^T (its
-# split, the two products and the store) / without the solve (forward substitution and merges) / without the
-# stores of the four 64x64 tables
-PREP_ABLATIONS = ("no_dul", "no_solve", "no_tstore")
-
-
-def build_bwd_prep(DK: int, DV: int, dtype: str, dul16: bool = False, saved: bool = False,
-                   _ablate: frozenset = frozenset()):
-    """``_ablate``: timing studies only (``PREP_ABLATIONS``).  ``dul16`` (a candidate of session 13, the build's
-    ``_DUL_INPUT_DTYPE``): dUloc^T stored in the input dtype (one rounding of the fp32 product), not fp32.
-    ``saved``: Tinv and Ag come from the forward (the autograd Function keeps the intra kernel's ``Th``, ``Ah``,
+def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False):
+    """``saved``: Tinv and Ag come from the forward (the autograd Function keeps the intra kernel's ``Th``, ``Ah``,
     ``Al``: the same operations on the same values, so bitwise this kernel's): no K K^T, no solve, and ``Th``,
     ``Tl``, ``Agh``, ``Agl`` are not accessed; the gate table and dUloc^T as without it.
 
@@ -46,12 +37,11 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, dul16: bool = False, saved: boo
       Th, Tl        [HV, NC, 64, 64]  dtype  (out)
       Agh, Agl      [HV, NC, 64, 64]  dtype  (out, Tinv diag(beta) split, for the state kernel)
       Fb            [HV, NC, 8, 64]   fp32   (out)
-      dUl           [HV, NC, DV, 64]  fp32   (out, dUloc^T; dtype with ``dul16``)
+      dUl           [HV, NC, DV, 64]  fp32   (out, dUloc^T)
       scale fp32, use_l2 int32
     """
     assert DK in (64, 128) and DV in (64, 128)
     assert dtype in ("bfloat16", "float16")
-    assert set(_ablate) <= set(PREP_ABLATIONS), _ablate
     f32 = "float32"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
 
@@ -69,7 +59,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, dul16: bool = False, saved: boo
         Agh: T.Tensor((HV, NC, BT, BT), dtype),
         Agl: T.Tensor((HV, NC, BT, BT), dtype),
         Fb: T.Tensor((HV, NC, 8, BT), f32),
-        dUl: T.Tensor((HV, NC, DV, BT), dtype if dul16 else f32),
+        dUl: T.Tensor((HV, NC, DV, BT), f32),
         scale: T.float32,
         use_l2: T.int32,
     ):
@@ -104,8 +94,8 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, dul16: bool = False, saved: boo
 
             # The order keeps few tiles live at a time, so that TileLang's shared-memory allocator can reuse the dead
             # ones: P (from q, k) and dUloc^T = dO^T P first, so q, dO and P die before the fp32 tiles of the solve
-            # are born; k dies with K K^T.  The same operations on the same values as the load-everything-first
-            # order (session 5): 60 instead of 111 KiB of shared memory, 164 registers: three CTAs per SM instead of one.
+            # are born; k dies with K K^T.  The same operations on the same values as a load-everything-first
+            # order: 60 instead of 111 KiB of shared memory, 164 registers: three CTAs per SM instead of one.
             for r, d in T.Parallel(BT, DK):
                 k_s[r, d] = T.if_then_else(r < nv, k[t0 + r, h, d], T.cast(0, dtype))
                 q_s[r, d] = T.if_then_else(r < nv, q[t0 + r, h, d], T.cast(0, dtype))
@@ -130,38 +120,33 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, dul16: bool = False, saved: boo
                 f_s[7, r] = b_s[r]
             T.copy(f_s, Fb[hv, c, 0:8, 0:BT])
 
-            if "no_dul" not in _ablate:
-                # P = scale causal(E o Q~K~^T), split (the operand of dUloc^T = dO^T P)
-                T.gemm(q_s, k_s, kk, transpose_B=True, clear_accum=True)
-                for i, j in T.Parallel(BT, BT):
-                    kk[i, j] = T.if_then_else(
-                        j <= i, f_s[5, i] * f_s[6, j] * T.exp2((g_s[i] - g_s[j]) * LOG2E) * kk[i, j], T.float32(0))
-                for i, j in T.Parallel(BT, BT):
-                    ph_s[i, j] = T.cast(kk[i, j], dtype)
-                    pl_s[i, j] = T.cast(kk[i, j] - T.cast(T.cast(kk[i, j], dtype), f32), dtype)
+            # P = scale causal(E o Q~K~^T), split (the operand of dUloc^T = dO^T P)
+            T.gemm(q_s, k_s, kk, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(BT, BT):
+                kk[i, j] = T.if_then_else(
+                    j <= i, f_s[5, i] * f_s[6, j] * T.exp2((g_s[i] - g_s[j]) * LOG2E) * kk[i, j], T.float32(0))
+            for i, j in T.Parallel(BT, BT):
+                ph_s[i, j] = T.cast(kk[i, j], dtype)
+                pl_s[i, j] = T.cast(kk[i, j] - T.cast(T.cast(kk[i, j], dtype), f32), dtype)
 
-                # dUloc^T = dO^T P (then P and dO die, before the fp32 tiles of the solve are born)
-                for r, d in T.Parallel(BT, DV):
-                    do_s[r, d] = T.if_then_else(r < nv, do[t0 + r, hv, d], T.cast(0, dtype))
-                T.gemm(do_s, ph_s, du_f, transpose_A=True, clear_accum=True)
-                T.gemm(do_s, pl_s, du_f, transpose_A=True)
-                T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])
+            # dUloc^T = dO^T P (then P and dO die, before the fp32 tiles of the solve are born)
+            for r, d in T.Parallel(BT, DV):
+                do_s[r, d] = T.if_then_else(r < nv, do[t0 + r, hv, d], T.cast(0, dtype))
+            T.gemm(do_s, ph_s, du_f, transpose_A=True, clear_accum=True)
+            T.gemm(do_s, pl_s, du_f, transpose_A=True)
+            T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])
 
             # A and its inverse (as gdn_intra_v2 with merge="bf16"), unless the forward's are given (``saved``)
             if not saved:
                 gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s)
-                if "no_solve" not in _ablate:
-                    solve_diag16(a_s, l_s, t16)
-                    _merge(16, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
-                    _merge(32, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
-                else:
-                    T.copy(a_s, l_s)
-                if "no_tstore" not in _ablate:
-                    for r, j in T.Parallel(BT, BT):
-                        Th[hv, c, r, j] = T.cast(l_s[r, j], dtype)
-                        Tl[hv, c, r, j] = T.cast(l_s[r, j] - T.cast(T.cast(l_s[r, j], dtype), f32), dtype)
-                        Agh[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], dtype)
-                        Agl[hv, c, r, j] = T.cast(
-                            l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32), dtype)
+                solve_diag16(a_s, l_s, t16)
+                _merge(16, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
+                _merge(32, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
+                for r, j in T.Parallel(BT, BT):
+                    Th[hv, c, r, j] = T.cast(l_s[r, j], dtype)
+                    Tl[hv, c, r, j] = T.cast(l_s[r, j] - T.cast(T.cast(l_s[r, j], dtype), f32), dtype)
+                    Agh[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], dtype)
+                    Agl[hv, c, r, j] = T.cast(
+                        l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32), dtype)
 
     return gdn_bwd_prep

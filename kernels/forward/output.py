@@ -1,13 +1,12 @@
-"""v2 parallel output kernel ``gdn_output_v2`` (split2 path).
-
-One CTA (128 threads) per (chunk, block of ``BV`` value columns, value head); nothing sequential.
+"""Parallel output kernel ``gdn_output_v2``: one CTA (128 threads) per (``cpb`` chunks, block of ``BV`` value
+columns, value head); nothing sequential.
 It recomputes the gated, scaled ``P = Q K^T`` in registers instead of reading it from the intra
 kernel (no ``Ph, Pl`` tensors)::
 
     P  = scale rq_t rk_j exp(G_t - G_j) (q_t . k_j)     j <= t  (exact-operand wgmma, fp32)
     O  = F1 * (Q @ (Sch (+ Scl))) + Ph Uh (+ Pl Uh) (+ Ph Ul)                      (fp32)
 
-``prec`` (``variants.PrecisionV2``) picks which fp32 values are two-term splits: ``s`` (Scl read),
+``prec`` (``precision.Precision``) picks which fp32 values are two-term splits: ``s`` (Scl read),
 ``p`` (P lo term), ``u`` (Ul read).  Rows past the end of a sequence have zero F rows and are
 not stored.
 """
@@ -54,14 +53,13 @@ def _chunk_output(q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, qk, pa, pl, o_f, o, t0, 
             o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j], dtype)
 
 
-def build_output_v2(DK: int, DV: int, dtype: str, prec, BV: int = 64, vt: bool = True, cpb: int = 0,
-                    num_stages: int = 2):
-    """``vt``: the chunk tables are value-first (``state3.py``: ``Sch [HV, NC, DV, DK]``, ``Uh [HV, NC, DV, 64]``);
-    otherwise key-first (``state2.py``: ``Sch [HV, NC, DK, DV]``, ``Uh [HV, NC, 64, DV]``).  P is kept in
+def build_output(DK: int, DV: int, dtype: str, prec, BV: int = 128, vt: bool = True, cpb: int = 8,
+                 num_stages: int = 2):
+    """``vt``: the chunk tables are value-first (``state_registers.py``: ``Sch [HV, NC, DV, DK]``,
+    ``Uh [HV, NC, DV, 64]``); otherwise key-first (``state_smem.py``: ``Sch [HV, NC, DK, DV]``, ``Uh [HV, NC, 64, DV]``).  P is kept in
     registers and used as the register A operand of ``P @ U`` (wgmma_rs).
 
-    ``cpb = 0``: one CTA per (chunk, value block, value head), tiles copied synchronously.  ``cpb > 0``: one CTA
-    per (``cpb`` consecutive chunks, value block, value head), the chunks in a TileLang ``T.Pipelined`` loop
+    One CTA per (``cpb`` consecutive chunks, value block, value head), the chunks in a TileLang ``T.Pipelined`` loop
     (TMA loads of the next chunk's tiles overlap this chunk's products; ``num_stages`` tile sets in shared
     memory).  The last CTA of a head recomputes chunk ``NC - 1`` for its iterations past the end, without
     storing.
@@ -121,7 +119,7 @@ def build_output_v2(DK: int, DV: int, dtype: str, prec, BV: int = 64, vt: bool =
         chunk_indices: T.Tensor((NC, 2), "int32"),
         o: T.Tensor((Ttot, HV, DV), dtype),
     ):
-        with T.Kernel(T.ceildiv(NC, cpb) if cpb else NC, NV, HV, threads=128) as (cb, bv, hv):
+        with T.Kernel(T.ceildiv(NC, cpb), NV, HV, threads=128) as (cb, bv, hv):
             h = hv // (HV // H)
             v0 = bv * BV
 
@@ -137,18 +135,12 @@ def build_output_v2(DK: int, DV: int, dtype: str, prec, BV: int = 64, vt: bool =
             qk = T.alloc_fragment((BT, BT), f32)
             o_f = T.alloc_fragment((BT, BV), f32)
 
-            if cpb:
-                for it in T.Pipelined(cpb, num_stages=num_stages):
-                    c = T.min(cb * cpb + it, NC - 1)
-                    eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
-                    load_tiles(q, k, F, Sch, Scl, Uh, Ul, q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, t0, c, h, hv, v0)
-                    # past the last chunk: eos = t0 stores nothing
-                    _chunk_output(q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, qk, pa, pl, o_f, o, t0,
-                                  T.if_then_else(cb * cpb + it < NC, eos, t0), hv, v0, vt, s_sp, p_sp, u_sp)
-            else:
-                eos, t0 = chunk_span(chunk_indices, cu_seqlens, cb, False)
-                load_tiles(q, k, F, Sch, Scl, Uh, Ul, q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, t0, cb, h, hv, v0)
-                _chunk_output(q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, qk, pa, pl, o_f, o, t0, eos, hv, v0, vt,
-                              s_sp, p_sp, u_sp)
+            for it in T.Pipelined(cpb, num_stages=num_stages):
+                c = T.min(cb * cpb + it, NC - 1)
+                eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
+                load_tiles(q, k, F, Sch, Scl, Uh, Ul, q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, t0, c, h, hv, v0)
+                # past the last chunk: eos = t0 stores nothing
+                _chunk_output(q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, qk, pa, pl, o_f, o, t0,
+                              T.if_then_else(cb * cpb + it < NC, eos, t0), hv, v0, vt, s_sp, p_sp, u_sp)
 
     return gdn_output_v2

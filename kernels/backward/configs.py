@@ -1,0 +1,66 @@
+"""Configurations of the backward kernels (sm_90a) and their TileLang functions; compiled by ``kernels.build``.
+Imports tilelang lazily."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernels.forward.configs import DTYPES, KERNEL_HEAD_DIM
+
+# GVA group sizes (HV / H) the dqk kernel sums itself, in thread-block clusters (kinds "dqk_g2" ..)
+CLUSTER_GROUPS = (2, 4, 8)
+# prep, dh; dqk: the inter + intra terms of one value head; dqk_gN: the same in clusters of N value heads storing
+# the group sums; gsum, gsum32: the GVA group sums of other group sizes to the input dtype / fp32; dgdb: dg, dbeta
+KINDS = ("prep", "dh", "dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS), "gsum", "gsum32")
+# kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
+DTYPE_FREE_KINDS = ("dgdb",)
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    kind: str                      # one of KINDS or DTYPE_FREE_KINDS
+    dtype: str
+    DK: int = KERNEL_HEAD_DIM
+    single: bool = False           # dh only: Tinv, dU, F0 dX single (the sequential reverse pass)
+    saved: bool = False            # prep only: Tinv and Ag from the forward (the autograd Function's saved tables)
+
+    @property
+    def name(self) -> str:
+        flags = "".join(f",{f}" for f in ("single", "saved") if getattr(self, f))
+        return f"bwd_{self.kind}[DK=DV={self.DK}{flags},{self.dtype}]"
+
+
+def all_configs():
+    """Every backward kernel a dispatch decision can choose: each kind x {bf16, fp16} at K = V = 128 (K = V = 64 is
+    zero-padded to 128), dh in its single (sequential pass) and split (segmented pass) forms, prep computing the
+    tables and on the forward's saved ones; the dtype-free dgdb once.  The forward recompute runs the forward's
+    intra and smem state kernels (``kernels.forward.configs.all_configs``)."""
+    return ([BwdConfig(kind, dt) for dt in DTYPES for kind in KINDS]
+            + [BwdConfig(k, "float32") for k in DTYPE_FREE_KINDS]
+            + [BwdConfig("dh", dt, single=True) for dt in DTYPES]
+            + [BwdConfig("prep", dt, saved=True) for dt in DTYPES])
+
+
+def prim_func(cfg: BwdConfig):
+    """The TileLang function of ``cfg``."""
+    D = cfg.DK
+    if cfg.single and cfg.kind != "dh":
+        raise ValueError(f"single (operands) is a form of the dh kernel only: {cfg.name}")
+    if cfg.saved and cfg.kind != "prep":
+        raise ValueError(f"saved (the forward's Tinv and Ag) is a form of prep only: {cfg.name}")
+    if cfg.kind == "prep":
+        from .prep import build_bwd_prep
+        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved)
+    if cfg.kind == "dh":
+        from .dh import build_bwd_dh
+        return build_bwd_dh(D, D, cfg.dtype, single=cfg.single)
+    if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
+        from .dqk import build_bwd_dqk
+        return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1)
+    if cfg.kind == "dgdb":
+        from .dg_dbeta import build_dg_dbeta
+        return build_dg_dbeta(D)
+    if cfg.kind in ("gsum", "gsum32"):
+        from .group_sum import build_group_sum
+        return build_group_sum(D, "float32" if cfg.kind == "gsum32" else cfg.dtype)
+    raise ValueError(f"unknown backward kernel kind {cfg.kind!r}: {cfg.name}")

@@ -1,0 +1,202 @@
+"""``gdn_bwd_dh``: the reverse sequential pass over the chunks of each sequence.
+
+One warpgroup owns ``BV = 64`` value columns of one value head and keeps the state gradient
+transposed, ``dS^T [BV, DK]`` fp32, in registers for the whole sequence (value-first like
+``forward/state_registers.py``; every A operand is a register fragment, wgmma_rs).  Per chunk, last to first::
+
+    dSa, dSl = split(dS^T)                                  -> dSh, dSl [HV, NC, DV, DK]  (dS' of the chunk)
+    dU^T = dUloc^T + (dSa K^T + dSl K^T) diag(F2)           (2 wgmma)
+    dY^T = dU^T Tinv  as  dUa Th + dUl Th + dUa Tl          (3 wgmma)  -> dYh, dYl [HV, NC, DV, 64]
+    dv   = rd(beta dY)                                      (direct stores, input dtype)
+    dS^T = e^GL dS^T + split(dO^T diag(F1)) Q - split((beta dY)^T diag(F0)) K      (2 + 2 wgmma)
+
+That is every operand split (9 wgmma a chunk; the segmented pass).  The sequential pass's form (``single``)
+takes Tinv, dU and F0 dX as one input-dtype term: ``dY^T = rd(dU^T) Th`` (1
+wgmma) and ``- rd((beta dY)^T diag(F0)) K`` (1 wgmma), 6 a chunk; Tl is then neither loaded nor read.
+
+(F0 = e^G rk, F1 = scale e^G rq, F2 = e^(GL - G) rk: rows of the gate table ``Fb``.)  Rows past the end of
+a sequence have zero F rows and zero dUloc, so the next sequence's tokens that the tile loads add nothing.
+At the end ``dh0`` (the gradient of the initial state) is stored in the caller's layout.
+The chunk loads (q, k, dO, Th, Tl, Fb, dUloc) go through a 2-stage ``T.Pipelined`` (TMA + mbarriers).
+"""
+
+import tilelang.language as T
+from tilelang.layout import make_full_bank_swizzled_layout
+
+from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, store_state_vt
+
+BT = 64
+FR = T.GemmWarpPolicy.FullRow
+
+
+@T.macro
+def store_split(hi, lo, hi_s, lo_s, dst_hi, dst_lo):
+    """Store a two-term split (``hi``, ``lo`` register fragments) into the global regions ``dst_hi``, ``dst_lo``
+    through the shared tiles ``hi_s``, ``lo_s`` (stmatrix, then a TMA store each), issued without waiting for them
+    (``T.tma_copy``); the caller waits (``T.tma_store_wait``) before ``hi_s`` or ``lo_s`` is written again and
+    before the kernel ends."""
+    T.copy(hi, hi_s)
+    T.copy(lo, lo_s)
+    T.tma_copy(hi_s, dst_hi)
+    T.tma_copy(lo_s, dst_lo)
+
+
+def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, single: bool = False):
+    """``single`` (the sequential reverse pass's form): Tinv, dU and F0 dX as one input-dtype term each (dS' and
+    F1 dO keep their lo products, the dY tables stay split): 6 instead of 9 wgmma a chunk (the emulation's
+    ``dh(single=True)``).  The segmented pass (``dh_segmented``) runs every operand split.
+
+    The split dS' and dY tables leave through shared tiles (one copy from the fragment, then one TMA store per
+    tile); each chunk's stores are waited for at the next chunk's first store.  dv is stored element by element
+    from the accumulator.
+
+    Arguments:
+      q, k        [Ttot, H, DK]     dtype
+      do          [Ttot, HV, DV]    dtype
+      Th, Tl      [HV, NCg, 64, 64] dtype
+      Fb          [HV, NCg, 8, 64]  fp32
+      dUl         [HV, NCg, DV, 64] fp32    (dUloc^T from gdn_bwd_prep)
+      cu_seqlens, chunk_offsets [N + 1] int32
+      dht         [Nh, HV, DK, DV]  fp32 (read as [.., DV, DK] when v_first)
+      dSh, dSl    [HV, NCg, DV, DK] dtype   (out, value-first)
+      dYh, dYl    [HV, NCg, DV, 64] dtype   (out, value-first)
+      dv          [Ttot, HV, DV]    dtype   (out)
+      dh0         [Nt, HV, DK, DV]  fp32    (out; [.., DV, DK] when v_first)
+      use_dht, store_dh0, v_first int32
+    """
+    assert DK in (64, 128) and DV == DK and BV == 64 and DV % BV == 0
+    assert dtype in ("bfloat16", "float16")
+    olo = not single               # the lo products of Tinv, dU, F0 dX
+    f32 = "float32"
+    NV = DV // BV
+
+    @T.macro
+    def split_to(x_f, hi, lo_, with_lo):
+        """hi = rd(x), and lo = rd(x - hi) where ``with_lo`` (a build-time bool)."""
+        if with_lo:
+            for i, t in T.Parallel(BV, BT):
+                hi[i, t] = T.cast(x_f[i, t], dtype)
+                lo_[i, t] = T.cast(x_f[i, t] - T.cast(T.cast(x_f[i, t], dtype), f32), dtype)
+        else:
+            for i, t in T.Parallel(BV, BT):
+                hi[i, t] = T.cast(x_f[i, t], dtype)
+    Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
+
+    @T.prim_func
+    def gdn_bwd_dh(
+        q: T.Tensor((Ttot, H, DK), dtype),
+        k: T.Tensor((Ttot, H, DK), dtype),
+        do: T.Tensor((Ttot, HV, DV), dtype),
+        Th: T.Tensor((HV, NCg, BT, BT), dtype),
+        Tl: T.Tensor((HV, NCg, BT, BT), dtype),
+        Fb: T.Tensor((HV, NCg, 8, BT), f32),
+        dUl: T.Tensor((HV, NCg, DV, BT), f32),
+        cu_seqlens: T.Tensor((N + 1,), "int32"),
+        chunk_offsets: T.Tensor((N + 1,), "int32"),
+        dht: T.Tensor((Nh, HV, DK, DV), f32),
+        dSh: T.Tensor((HV, NCg, DV, DK), dtype),
+        dSl: T.Tensor((HV, NCg, DV, DK), dtype),
+        dYh: T.Tensor((HV, NCg, DV, BT), dtype),
+        dYl: T.Tensor((HV, NCg, DV, BT), dtype),
+        dv: T.Tensor((Ttot, HV, DV), dtype),
+        dh0: T.Tensor((Nt, HV, DK, DV), f32),
+        use_dht: T.int32,
+        store_dh0: T.int32,
+        v_first: T.int32,
+    ):
+        with T.Kernel(NV, HV, N, threads=128) as (bv, hv, n):
+            h = hv // (HV // H)
+            bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
+            v0 = bv * BV
+
+            q_s = T.alloc_shared((BT, DK), dtype)
+            k_s = T.alloc_shared((BT, DK), dtype)
+            do_s = T.alloc_shared((BT, BV), dtype)
+            th_s = T.alloc_shared((BT, BT), dtype)
+            # Tl only where read: an unread tile may share another tile's memory (TileLang's allocator merges
+            # buffers by their reads), and its TMA load would overwrite that tile in flight
+            tl_s = T.alloc_shared((BT, BT), dtype) if olo else None
+            f_s = T.alloc_shared((8, BT), f32)
+            dul_s = T.alloc_shared((BV, BT), f32)
+            # 128-byte swizzles: dUloc^T is read in the wgmma accumulator layout (rows 64 floats apart) and dO
+            # transposed, element by element; unswizzled, 4-way bank conflicts on each of those loads; swizzled, at
+            # most 2-way
+            T.annotate_layout({dul_s: make_full_bank_swizzled_layout(dul_s),
+                               do_s: make_full_bank_swizzled_layout(do_s)})
+            dsa_s = T.alloc_shared((BV, DK), dtype)
+            dsl_s = T.alloc_shared((BV, DK), dtype)
+            dya_s = T.alloc_shared((BV, BT), dtype)
+            dyl_s = T.alloc_shared((BV, BT), dtype)
+
+            ds_f = T.alloc_fragment((BV, DK), f32)
+            dsa = T.alloc_fragment((BV, DK), dtype)
+            dsl = T.alloc_fragment((BV, DK), dtype)
+            kd_f = T.alloc_fragment((BV, BT), f32)
+            dy_f = T.alloc_fragment((BV, BT), f32)
+            xa = T.alloc_fragment((BV, BT), dtype)
+            xl = T.alloc_fragment((BV, BT), dtype)
+
+            if use_dht != 0:
+                load_state_vt(dht, ds_f, v_first, n, hv, v0, BV, DK)
+            else:
+                T.clear(ds_f)
+
+            for icr in T.Pipelined(nchunks, num_stages=num_stages):
+                ic = nchunks - 1 - icr
+                t0 = bos + ic * BT
+                c = c0 + ic
+                T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
+                T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
+                T.copy(do[t0:t0 + BT, hv, v0:v0 + BV], do_s)
+                T.copy(Th[hv, c, 0:BT, 0:BT], th_s)
+                if olo:
+                    T.copy(Tl[hv, c, 0:BT, 0:BT], tl_s)
+                T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
+                T.copy(dUl[hv, c, v0:v0 + BV, 0:BT], dul_s)
+
+                # the gradient of this chunk's end state, split, stored for the parallel kernels
+                for i, d in T.Parallel(BV, DK):
+                    dsa[i, d] = T.cast(ds_f[i, d], dtype)
+                for i, d in T.Parallel(BV, DK):
+                    dsl[i, d] = T.cast(ds_f[i, d] - T.cast(T.cast(ds_f[i, d], dtype), f32), dtype)
+                T.tma_store_wait()          # the previous chunk's four table stores have read their tiles
+                store_split(dsa, dsl, dsa_s, dsl_s, dSh[hv, c, v0:v0 + BV, 0:DK], dSl[hv, c, v0:v0 + BV, 0:DK])
+
+                # dU^T = dUloc^T + (dS^T K^T) diag(F2)
+                T.gemm(dsa, k_s, kd_f, transpose_B=True, clear_accum=True, policy=FR)
+                T.gemm(dsl, k_s, kd_f, transpose_B=True, policy=FR)
+                for i, t in T.Parallel(BV, BT):
+                    kd_f[i, t] = T.cast(dul_s[i, t], f32) + f_s[2, t] * kd_f[i, t]
+                split_to(kd_f, xa, xl, olo)
+
+                # dY^T = dU^T Tinv
+                T.gemm(xa, th_s, dy_f, clear_accum=True, policy=FR)
+                if olo:
+                    T.gemm(xl, th_s, dy_f, policy=FR)
+                    T.gemm(xa, tl_s, dy_f, policy=FR)
+                split_to(dy_f, xa, xl, True)            # the dY tables: split in either form
+                store_split(xa, xl, dya_s, dyl_s, dYh[hv, c, v0:v0 + BV, 0:BT], dYl[hv, c, v0:v0 + BV, 0:BT])
+                for i, t in T.Parallel(BV, BT):
+                    if t0 + t < eos:
+                        dv[t0 + t, hv, v0 + i] = T.cast(f_s[7, t] * dy_f[i, t], dtype)
+
+                # dS^T = e^GL dS^T + (dO^T diag(F1)) Q - ((beta dY)^T diag(F0)) K
+                for i, d in T.Parallel(BV, DK):
+                    ds_f[i, d] = ds_f[i, d] * f_s[3, 0]
+                for i, t in T.Parallel(BV, BT):
+                    kd_f[i, t] = T.cast(do_s[t, i], f32) * f_s[1, t]
+                split_to(kd_f, xa, xl, True)            # split in either form (dh0's precision)
+                T.gemm(xa, q_s, ds_f, policy=FR)
+                T.gemm(xl, q_s, ds_f, policy=FR)
+                for i, t in T.Parallel(BV, BT):
+                    kd_f[i, t] = -(f_s[7, t] * dy_f[i, t]) * f_s[0, t]
+                split_to(kd_f, xa, xl, olo)
+                T.gemm(xa, k_s, ds_f, policy=FR)
+                if olo:
+                    T.gemm(xl, k_s, ds_f, policy=FR)
+
+            T.tma_store_wait()
+            if store_dh0 != 0:
+                store_state_vt(ds_f, dh0, v_first, n, hv, v0, BV, DK)
+
+    return gdn_bwd_dh

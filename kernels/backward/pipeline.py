@@ -1,0 +1,424 @@
+"""Host pipeline of the TileLang GDN backward (Hopper, sm_90a).
+
+``chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
+use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=None, saved_tables=None,
+stages=None, events=None) -> (dq, dk, dv, dg, dbeta, dh0)``
+
+Shapes and dtypes as the forward (``kernels.forward.pipeline``); ``do`` like the forward's o, ``dht`` like the
+final state (fp32, the caller's layout; None = 0).  Returns dq, dk, dv in the input dtype, dg and dbeta in the
+dtypes of g and beta, dh0 fp32 in the initial state's layout (None without an initial state).
+
+Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan``):
+  1. ``prep`` [gdn_bwd_prep] (chunk, head): Tinv and Ag = Tinv diag(beta) split, the gate table, dUloc^T; on the
+     forward's saved Tinv and Ag (``saved_tables``) only the gate table and dUloc^T;
+  2. ``recompute`` [the forward's smem state kernel, precision "default_h0"]: the chunk-start states S and U
+     (hi + lo, key-first) from prep's Ag and gate table; on a side stream beside dh (which does not read them)
+     where the plan overlaps them;
+  3. ``dh`` [gdn_bwd_dh] (64 value cols, head, seq): the reverse sequential pass (dS' tables, dY, dv, dh0); with
+     a segment plan three passes over segments of the sequences and a scan (``dh_segmented``);
+  4. ``dqk`` [gdn_bwd_dqk] (chunk, head): the state products and 64x64 terms -> dq~, dk~, row dots, dg / dbeta
+     terms; GVA groups of 2, 4, 8 summed in the kernel (clusters), others by [gdn_bwd_group_sum];
+  5. ``dg_dbeta`` [gdn_bwd_dg_dbeta] and ``finish.finish`` (torch): dg, dbeta, the L2-norm chain rule.
+
+``plan``: another plan value (a benchmark's alternative).  ``saved_tables``: the forward's ``{"Th", "Ah", "Al"}``
+(each [HV, NC, 64, 64] in the input dtype), used where the plan reads them.  ``stages`` (debugging): a dict that
+receives the intermediates in the emulation's layouts (``STAGE_LAYOUT``).  ``events`` (profiling): a list that
+receives ``(stage name, torch.cuda.Event)`` after each stage (the first, "start", before the first launch);
+``stage_times`` turns it into ms per stage.  No host sync except building a new varlen layout's tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from kernels.forward.pipeline import ForwardInputs, prepare
+from kernels.interface import BT, TL_DTYPE, call_tables, pad_last, padded_state, tma_ready
+
+from .finish import finish, group_sum
+
+# layouts of the ``stages`` intermediates, the same in both implementations (the kernel path at the padded
+# head dim 128); every value as fp32 / fp64
+STAGE_LAYOUT = {
+    "Tinv": "[HV, NC, 64, 64]  (I + A)^-1 (hi + lo)", "Fb": "[HV, NC, 8, 64]  gate table",
+    "dUloc": "[HV, NC, 64, DV]  P^T dO", "dY": "[HV, NC, 64, DV]  Tinv^T dU (hi + lo)",
+    "U": "[HV, NC, 64, DV]  forward U (hi + lo)", "S": "[HV, NC, DK, DV]  chunk-start state (hi + lo)",
+    "dSn": "[HV, NC, DK, DV]  chunk-end state gradient (hi + lo)",
+    "qz": "[HV, NC, 64]", "kw": "[HV, NC, 64]", "kr": "[HV, NC, 64]", "yv": "[HV, NC, 64]", "sd": "[HV, NC, DV]",
+    "rect": "[HV, NC, 64]", "db2": "[HV, NC, 64]",
+    "dqv": "[Ttot, H, DK]  dq~ summed over each group's value heads", "dkv": "[Ttot, H, DK]  dk~ likewise",
+}
+# the forward's intra tables the backward reads (``saved_tables``' keys)
+SAVED_TABLES = ("Th", "Ah", "Al")
+
+
+@dataclass
+class BackwardInputs:
+    x: ForwardInputs                # the forward's inputs of the call
+    do: torch.Tensor                # [Ttot, HV, D] input dtype
+    dht: torch.Tensor | None        # [N, HV, D, D] fp32, the caller's layout
+
+
+def prepare_backward(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
+                     use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None) -> BackwardInputs:
+    """Check the arguments (``ValueError`` naming the first bad one) and lay them out for the kernels."""
+    x = prepare(q, k, v, g, beta, scale, initial_state, False, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens)
+    if tuple(do.shape) != (x.B, x.T, x.HV, x.V):
+        raise ValueError(f"do must be [B, T, HV, V] = {(x.B, x.T, x.HV, x.V)}, got {tuple(do.shape)}")
+    if dht is not None:
+        want = (x.N, x.HV, x.V, x.K) if x.v_first else (x.N, x.HV, x.K, x.V)
+        if tuple(dht.shape) != want:
+            raise ValueError(f"dht must be {want}, got {tuple(dht.shape)}")
+    pad = x.D - x.K
+    do2 = tma_ready(pad_last(do.reshape(x.B * x.T, x.HV, x.V).to(q.dtype), pad))
+    return BackwardInputs(x, do2, None if dht is None else padded_state(dht, pad))
+
+
+def plan_for(b: BackwardInputs):
+    """``kernels.plan.backward_plan`` of the call ``b`` (the reverse pass's segment plan cached per layout)."""
+    from kernels.plan import backward_plan
+    x = b.x
+    return backward_plan(TL_DTYPE[x.q.dtype], x.H, x.HV, x.NC, x.N,
+                         _dh_plan(x.B, x.T, x.cu_host, x.HV, x.D // 64, x.q.device))
+
+
+def reads_saved_tables(q, v, cu_seqlens=None) -> bool:
+    """Whether the backward of these inputs (q [B, T, H, K], v [B, T, HV, V], the forward's ``cu_seqlens``) reads
+    the forward's intra tables: where its plan's reverse pass is the sequential one.  The autograd Function asks
+    before its forward, so that it keeps no tables the backward would not read."""
+    from kernels.forward.configs import KERNEL_HEAD_DIM
+    if q.dtype not in TL_DTYPE:
+        return False
+    B, T = q.shape[:2]
+    cu_host, _ = call_tables(B, T, cu_seqlens, q.device)
+    return _dh_plan(B, T, cu_host, v.shape[2], KERNEL_HEAD_DIM // 64, q.device) is None
+
+
+def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
+                               use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=None,
+                               saved_tables: dict | None = None, stages: dict | None = None,
+                               events: list | None = None):
+    """The backward (module docstring)."""
+    b = prepare_backward(q, k, v, g, beta, do, dht, scale, initial_state, use_qk_l2norm_in_kernel, state_v_first,
+                         cu_seqlens)
+    x = b.x
+    if x.NC == 0:
+        return _empty_gradients(b, g, beta, initial_state)
+    plan = plan or plan_for(b)
+    saved = saved_tables if plan.reads_saved_tables else None
+    mark = _marker(events)
+    mark("start")
+    tables = prep(b=b, plan=plan, saved=saved)
+    mark("prep")
+    side = _side_stream(x.q.device) if plan.overlap_recompute else None
+    if side is None:
+        states = recompute(x=x, plan=plan, tables=tables, side=None)
+        mark("recompute")
+    else:
+        side.wait_stream(torch.cuda.current_stream(x.q.device))   # prep is launched: the recompute may follow it
+    grads = dh(b=b, plan=plan, tables=tables)
+    if side is not None:
+        # launched after dh, so that dh's CTAs are placed first; the main stream waits for it before dqk
+        states = recompute(x=x, plan=plan, tables=tables, side=side)
+    mark("dh")
+    if side is not None:
+        torch.cuda.current_stream(x.q.device).wait_stream(side)
+        mark("recompute (not hidden by dh)")
+    terms = dqk(b=b, plan=plan, tables=tables, states=states, grads=grads, fp32_sums=stages is not None)
+    mark("dqk")
+    if stages is not None:
+        _record_stages(stages, x=x, tables=tables, states=states, grads=grads, terms=terms, saved=saved)
+    out = dg_dbeta(x=x, plan=plan, tables=tables, grads=grads, terms=terms, g=g, beta=beta,
+                   has_h0=initial_state is not None)
+    mark("finish")
+    return out
+
+
+@dataclass
+class PrepTables:
+    Th: torch.Tensor                # [HV, NC, 64, 64] Tinv hi
+    Tl: torch.Tensor                # lo (Th itself when Tinv comes from the forward: not read then)
+    Agh: torch.Tensor               # [HV, NC, 64, 64] Ag = Tinv diag(beta), hi
+    Agl: torch.Tensor               # lo
+    Fb: torch.Tensor                # [HV, NC, 8, 64] fp32 gate table
+    dUl: torch.Tensor               # [HV, NC, D, 64] fp32 dUloc^T
+
+
+def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
+    """``gdn_bwd_prep`` (parallel): on the forward's Tinv and Ag when ``saved``, else computing them."""
+    from kernels.build import get_kernel
+    x = b.x
+    dev, dt = x.q.device, x.q.dtype
+    if saved is not None:       # the forward's Tinv (hi: the single dh reads no Tl) and Ag
+        _check_saved(saved, (x.HV, x.NC, BT, BT), dt, dev)
+        Th, Agh, Agl = saved["Th"], saved["Ah"], saved["Al"]
+        Tl = Th
+    else:
+        Th = torch.empty(x.HV, x.NC, BT, BT, device=dev, dtype=dt)
+        Tl = torch.empty_like(Th)
+        Agh, Agl = torch.empty_like(Th), torch.empty_like(Th)
+    Fb = torch.empty(x.HV, x.NC, 8, BT, device=dev, dtype=torch.float32)
+    dUl = torch.empty(x.HV, x.NC, x.D, BT, device=dev, dtype=torch.float32)
+    get_kernel(plan.prep_config(saved is not None))(x.q, x.k, b.do, x.g, x.beta, x.cu, x.chunk_indices, Th, Tl,
+                                                    Agh, Agl, Fb, dUl, x.scale, int(x.use_l2))
+    return PrepTables(Th, Tl, Agh, Agl, Fb, dUl)
+
+
+@dataclass
+class RecomputedStates:
+    Sch: torch.Tensor               # [HV, NC, D, D] chunk-start states, hi (key-first)
+    Scl: torch.Tensor               # lo
+    Uh: torch.Tensor                # [HV, NC, 64, D] hi
+    Ul: torch.Tensor                # lo
+
+
+def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side) -> RecomputedStates:
+    """The forward's chunk-start states S and U (hi + lo, key-first) by its smem state kernel on prep's Ag and
+    gate table; on the stream ``side`` when given (its inputs then recorded on it)."""
+    from kernels.build import get_kernel
+    dev, dt, D = x.q.device, x.q.dtype, x.D
+    Sch = torch.empty(x.HV, x.NC, D, D, device=dev, dtype=dt)
+    Scl = torch.empty_like(Sch)
+    Uh = torch.empty(x.HV, x.NC, BT, D, device=dev, dtype=dt)
+    Ul = torch.empty_like(Uh)
+    ht = torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
+    h0 = x.h0 if x.h0 is not None else torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        get_kernel(plan.recompute_configs()[1])(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, x.cu, x.chunk_offsets,
+                                                h0, Sch, Scl, Uh, Ul, ht, int(x.h0 is not None), 0, int(x.v_first))
+    if side is not None:
+        for t in (ht, tables.Agh, tables.Agl):       # freed while the side stream may still use them
+            t.record_stream(side)
+    return RecomputedStates(Sch, Scl, Uh, Ul)
+
+
+@dataclass
+class StateGradients:
+    dSh: torch.Tensor               # [HV, NC, D, D] chunk-end state gradients dS', hi (value-first)
+    dSl: torch.Tensor               # lo
+    dYh: torch.Tensor               # [HV, NC, D, 64] dY, hi (value-first)
+    dYl: torch.Tensor               # lo
+    dv: torch.Tensor                # [Ttot, HV, D] input dtype
+    dh0: torch.Tensor               # [N or 1, HV, D, D] fp32 (the caller's layout)
+
+
+def dh(*, b: BackwardInputs, plan, tables: PrepTables) -> StateGradients:
+    """``gdn_bwd_dh``: the reverse sequential pass, or its segmented form (``plan.dh_segments``)."""
+    from kernels.build import get_kernel
+    x = b.x
+    dev, dt, D, HV = x.q.device, x.q.dtype, x.D, x.HV
+    dSh = torch.empty(HV, x.NC, D, D, device=dev, dtype=dt)
+    dSl = torch.empty_like(dSh)
+    dYh = torch.empty(HV, x.NC, D, BT, device=dev, dtype=dt)
+    dYl = torch.empty_like(dYh)
+    dv = torch.empty(x.B * x.T, HV, D, device=dev, dtype=dt)       # dh stores every token row (no zero fill)
+    use_h0 = x.h0 is not None
+    dh0 = torch.empty((x.N if use_h0 else 1), HV, D, D, device=dev, dtype=torch.float32)
+    kern = get_kernel(plan.dh_config())
+    t = tables
+    if plan.dh_segments is None:
+        dht = b.dht if b.dht is not None else torch.empty(1, HV, D, D, device=dev, dtype=torch.float32)
+        kern(x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, x.cu, x.chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0,
+             int(b.dht is not None), int(use_h0), int(x.v_first))
+    else:
+        dhk = None if b.dht is None else (b.dht.transpose(-1, -2) if x.v_first else b.dht)
+        dh0k = _dh_segmented(kern, plan.dh_segments, x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, dhk, dSh, dSl, dYh,
+                             dYl, dv)
+        if use_h0:
+            dh0 = (dh0k.transpose(-1, -2) if x.v_first else dh0k).contiguous()
+    return StateGradients(dSh, dSl, dYh, dYl, dv, dh0)
+
+
+@dataclass
+class ChunkTerms:
+    dqv: torch.Tensor               # [Ttot, H, D] dq~ summed over each GVA group (fp32 or the input dtype)
+    dkv: torch.Tensor               # likewise dk~
+    qz: torch.Tensor                # [2, HV, NC, 64] row dots by halves (q.Z, k.W, k.R)
+    kw: torch.Tensor
+    kr: torch.Tensor
+    sd: torch.Tensor                # [2, HV, NC, D] S o dS' sums by halves of the key dim
+    yv2: torch.Tensor               # [2, HV, NC, 64] dY . v by halves
+    rect: torch.Tensor              # [HV, NC, 64]
+    db22: torch.Tensor              # [2, HV, NC, 64] the intra dbeta row sums by halves
+
+
+def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates, grads: StateGradients,
+        fp32_sums: bool = False) -> ChunkTerms:
+    """``gdn_bwd_dqk`` (and ``gdn_bwd_group_sum`` where dqk leaves a group's rows per value head): dq~, dk~ summed
+    over each GVA group as [Ttot, H, D] rows, in the input dtype (the final dq, dk) unless the L2 norm's chain rule
+    follows on the host or ``fp32_sums`` asks for fp32; the row dots and dg / dbeta terms."""
+    from kernels.build import get_kernel
+    x = b.x
+    dev, dt, D, HV, NC, Ttot = x.q.device, x.q.dtype, x.D, x.HV, x.NC, x.B * x.T
+    f32 = torch.float32
+    qz = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
+    kw, kr = torch.empty_like(qz), torch.empty_like(qz)
+    sd = torch.empty(2, HV, NC, D, device=dev, dtype=f32)
+    rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
+    yv2 = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
+    db22 = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
+    g32 = x.use_l2 or fp32_sums
+    gsum = plan.group_sum_config(g32)
+    out32 = gsum is not None or g32
+    HO = x.H if plan.cluster_group_sum else HV
+    dq32 = torch.empty(Ttot, HO, D, device=dev, dtype=f32)      # the kernel stores every token row
+    dk32 = torch.empty_like(dq32)
+    # the input-dtype outputs use the first half of the fp32 buffers' memory (only one of the two is written)
+    dqo, dko = (t.view(-1).view(dt)[:t.numel()].view(Ttot, HO, D) for t in (dq32, dk32))
+    s, gr, t = states, grads, tables
+    get_kernel(plan.dqk_config())(x.q, x.k, x.v, b.do, s.Sch, s.Scl, s.Uh, s.Ul, gr.dSh, gr.dSl, gr.dYh, gr.dYl,
+                                  t.Fb, x.cu, x.chunk_indices, dq32, dk32, dqo, dko, qz, kw, kr, sd, yv2, rect, db22,
+                                  x.scale, int(out32))
+    dqv, dkv = (dq32, dk32) if out32 else (dqo, dko)
+    if gsum is not None:
+        gs = get_kernel(gsum)
+        dqv, dkv = (torch.empty(Ttot, x.H, D, device=dev, dtype=f32 if g32 else dt) for _ in range(2))
+        gs(dq32, dqv)
+        gs(dk32, dkv)
+    return ChunkTerms(dqv, dkv, qz, kw, kr, sd, yv2, rect, db22)
+
+
+def dg_dbeta(*, x: ForwardInputs, plan, tables: PrepTables, grads: StateGradients, terms: ChunkTerms, g, beta,
+             has_h0: bool):
+    """``gdn_bwd_dg_dbeta`` (dg, dbeta of every token), then ``finish`` (dq, dk: the L2-norm chain rule) and the
+    gradients in the caller's shapes and dtypes."""
+    from kernels.build import get_kernel
+
+    from .configs import BwdConfig
+    Ttot, dev = x.B * x.T, x.q.device
+    tm = terms
+    dgdb = tuple(torch.empty(Ttot, x.HV, device=dev, dtype=torch.float32) for _ in range(2))
+    get_kernel(BwdConfig("dgdb", "float32"))(tables.Fb, tm.qz, tm.kw, tm.kr, tm.yv2, tm.db22, tm.sd, tm.rect, x.cu,
+                                             x.chunk_indices, *dgdb)
+    dq, dk, dg, db = finish(Fb=tables.Fb, qz=tm.qz, kw=tm.kw, kr=tm.kr, sd=tm.sd, yv=None, rect=tm.rect, db2=None,
+                            dqv=tm.dqv, dkv=tm.dkv, q=x.q, k=x.k, H=x.H, use_l2=x.use_l2, tok=None, valid=None,
+                            dgdb=dgdb)
+    return _outputs(x, dq, dk, grads.dv, dg, db, grads.dh0, g, beta, has_h0)
+
+
+def _outputs(x: ForwardInputs, dq, dk, dv, dg, db, dh0, g, beta, has_h0: bool):
+    """The gradients in the caller's shapes and dtypes (padding removed)."""
+    B, T, H, HV, K, V, dt = x.B, x.T, x.H, x.HV, x.K, x.V, x.q.dtype
+    dq = dq[..., :K].reshape(B, T, H, K).to(dt)
+    dk = dk[..., :K].reshape(B, T, H, K).to(dt)
+    dv = dv[..., :V].reshape(B, T, HV, V).to(dt)
+    dg = dg.reshape(B, T, HV).to(g.dtype)
+    db = db.reshape(B, T, HV).to(beta.dtype)
+    if not has_h0:
+        dh0 = None
+    elif x.D != K:
+        dh0 = dh0[..., :K, :V].contiguous()
+    return dq, dk, dv, dg, db, dh0
+
+
+def _empty_gradients(b: BackwardInputs, g, beta, initial_state):
+    """The gradients of a call without tokens."""
+    x = b.x
+    dev, f32, Ttot = x.q.device, torch.float32, x.B * x.T
+    z = torch.zeros(Ttot, x.HV, device=dev, dtype=f32)
+    dh0 = (b.dht.clone() if b.dht is not None
+           else torch.zeros(x.N, x.HV, x.D, x.D, device=dev, dtype=f32))
+    return _outputs(x, torch.zeros(Ttot, x.H, x.D, device=dev), torch.zeros(Ttot, x.H, x.D, device=dev),
+                    torch.zeros(Ttot, x.HV, x.D, device=dev), z, z.clone(), dh0, g, beta, initial_state is not None)
+
+
+def _record_stages(stages: dict, *, x, tables, states, grads, terms, saved):
+    """The intermediates in the emulation's layouts (``STAGE_LAYOUT``), for a stage-by-stage comparison."""
+    f = lambda t: t.float()   # noqa: E731
+    tr = lambda t: t.float().transpose(-1, -2)   # noqa: E731
+    t, s, gr, tm = tables, states, grads, terms
+    stages.update(Tinv=f(t.Th) + (f(t.Tl) if saved is None else 0), Fb=t.Fb, dUloc=t.dUl.transpose(-1, -2),
+                  dSn=tr(gr.dSh) + tr(gr.dSl), dY=tr(gr.dYh) + tr(gr.dYl), qz=tm.qz.sum(0), kw=tm.kw.sum(0),
+                  kr=tm.kr.sum(0), sd=tm.sd.sum(0), yv=tm.yv2[0] + tm.yv2[1], rect=tm.rect,
+                  db2=tm.db22[0] + tm.db22[1], S=f(s.Sch) + f(s.Scl), U=f(s.Uh) + f(s.Ul),
+                  dqv=group_sum(tm.dqv, x.H), dkv=group_sum(tm.dkv, x.H))
+
+
+def _marker(events):
+    def mark(name):
+        if events is not None:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            events.append((name, ev))
+    return mark
+
+
+def _check_saved(saved, shape, dt, dev):
+    """The forward's tables must be this call's: keys Th, Ah, Al, each ``shape`` in ``dt`` on ``dev`` (a
+    ValueError names the first that is not)."""
+    for name in SAVED_TABLES:
+        t = saved.get(name)
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"saved_tables needs a tensor {name!r}, got {type(t).__name__}")
+        if tuple(t.shape) != shape or t.dtype != dt or t.device != dev or not t.is_contiguous():
+            raise ValueError(f"saved_tables[{name!r}] must be a contiguous {shape} {dt} tensor on {dev}, got "
+                             f"{tuple(t.shape)} {t.dtype} on {t.device}")
+
+
+_PLANS: dict = {}
+
+
+def _sm_count(dev) -> int:
+    """Streaming multiprocessors of ``dev`` (132 off a GPU, the H100 / H200 count, for CPU tests of the plumbing)."""
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+
+
+def _dh_plan(B, T, cu_host, HV, n_value_blocks, dev):
+    """``dh_segmented.plan_tensors`` of the call's segment plan, or None (sequential), cached per layout and
+    device."""
+    from . import dh_segmented
+    sms = _sm_count(dev)
+    key = ((B, T) if cu_host is None else tuple(cu_host), HV, n_value_blocks, str(dev), sms,
+           dh_segmented.MIN_CHUNKS, dh_segmented.MIN_SEQ_CHUNKS)
+    if key not in _PLANS:
+        if len(_PLANS) > 64:
+            _PLANS.clear()
+        p = dh_segmented.plan([b * T for b in range(B + 1)] if cu_host is None else list(cu_host), HV,
+                              n_value_blocks, sms)
+        _PLANS[key] = None if p is None else dh_segmented.plan_tensors(p, dev)
+    return _PLANS[key]
+
+
+def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dYl, dv2):
+    """``gdn_bwd_dh`` over the segments of plan ``cp`` (``dh_segmented``): pass A (zero end gradients, the caller's
+    dht ``dhk`` [N, HV, D, D] key-first at each sequence's end), pass B (identity, dO = dUloc = 0: the transfer
+    matrices), the scan, pass C (true end gradients; writes every per-chunk output).  Returns the start gradient of
+    every sequence [N, HV, D, D] (key-first)."""
+    from . import dh_segmented
+    NS = cp.cu.numel() - 1
+    HV, D = Th.shape[0], q2.shape[-1]
+    dev, f32 = q2.device, torch.float32
+    dht_a = torch.zeros(NS, HV, D, D, device=dev, dtype=f32)
+    if dhk is not None:
+        dht_a[cp.last] = dhk
+    a = torch.empty_like(dht_a)
+    kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, dht_a, dSh, dSl, dYh, dYl, dv2, a, 1, 1, 0)
+    eye = torch.eye(D, device=dev, dtype=f32).expand(NS, HV, D, D).contiguous()
+    P = torch.empty_like(dht_a)
+    kern(q2, k2, torch.zeros_like(do2), Th, Tl, Fb, torch.zeros_like(dUl), cp.cu, cp.chunk_offsets, eye, dSh, dSl,
+         dYh, dYl, dv2, P, 1, 1, 0)
+    E = dh_segmented.end_gradients(cp, a, P, dhk)
+    start = torch.empty_like(dht_a)
+    kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, E, dSh, dSl, dYh, dYl, dv2, start, 1, 1, 0)
+    return start[cp.first]
+
+
+_SIDE: dict = {}
+
+
+def _side_stream(dev):
+    """The side stream of ``dev`` for the forward recompute (one per device, created once); None off a GPU."""
+    if dev.type != "cuda":
+        return None
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _SIDE:
+        _SIDE[idx] = torch.cuda.Stream(device=idx)
+    return _SIDE[idx]
+
+
+def stage_times(events) -> dict:
+    """{stage: ms} from the ``events`` list of one call (synchronises)."""
+    torch.cuda.synchronize()
+    return {name: prev[1].elapsed_time(ev) for prev, (name, ev) in zip(events, events[1:])}

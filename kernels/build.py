@@ -1,0 +1,161 @@
+"""Compilation of the kernels of both directions: target, pass configs, every configuration a dispatch can
+choose, an in-process cache (TileLang adds its own on-disk cache, ``TILELANG_CACHE_DIR``), parallel precompile,
+and the ptxas / shared-memory reports the compile tests check.
+
+Importing this module imports neither tilelang nor CUDA.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from kernels.backward import configs as bwd
+from kernels.forward import configs as fwd
+from kernels.forward.configs import DTYPES, RV_BV, StateConfig
+from kernels.forward.precision import PRESETS
+from kernels.plan import ForwardPlan
+
+TARGET = {"kind": "cuda", "arch": "sm_90a"}
+
+
+def forward_configs():
+    """Every forward configuration a dispatch decision can choose (``kernels.plan.forward_plan`` and the
+    backward's recompute): for bf16 and fp16, precision "default" and "default_h0": the intra kernel (and its
+    Tinv-keeping form), the rv state kernel + its CP scan, the smem state kernel at every BV ``block_v`` picks
+    (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts, and the
+    recompute's swizzled smem state kernels.
+
+    Everything else (T, B, N, H, HV, the GVA ratio, scale, h0 present or not, final state stored or not, the state
+    layout, l2norm on/off, gate dtype, dense vs varlen, head dim 64 zero-padded) is a runtime argument of the same
+    binaries."""
+    out = []
+    for dtype in DTYPES:
+        for prec in (PRESETS["default"], PRESETS["default_h0"]):
+            plans = [ForwardPlan(dtype, prec, "rv", RV_BV, 1, 2)]
+            plans += [ForwardPlan(dtype, prec, "smem", bv, 1, 1) for bv in (64, 32, 16)]
+            plans += [ForwardPlan(dtype, prec, "smem", bv, 2, 1) for bv in (32, 16)]
+            plans += [ForwardPlan(dtype, prec, "smem", 64, 1, 1, keep_tables=True)]
+            cfgs = [c for p in plans for c in p.configs()]
+            if prec.s == "split" and prec.ks != "split":          # the backward recompute's (sl_swizzle)
+                cfgs += [StateConfig(dtype, bv, prec, form="smem", sl_swizzle=True) for bv in (64, 32, 16)]
+            for c in cfgs:
+                if c not in out:
+                    out.append(c)
+    return out
+
+
+def all_configs():
+    """Every kernel configuration of both directions (forward first; what the compile tests build)."""
+    return forward_configs() + bwd.all_configs()
+
+
+def prim_func(cfg):
+    """The TileLang function of a configuration of either direction."""
+    return bwd.prim_func(cfg) if isinstance(cfg, bwd.BwdConfig) else fwd.prim_func(cfg)
+
+
+def pass_configs():
+    import tilelang
+    return {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+
+
+@functools.lru_cache(maxsize=None)
+def get_kernel(cfg):
+    """Compile (or fetch from TileLang's cache) the kernel of ``cfg`` (either direction) for sm_90a."""
+    import tilelang
+    return tilelang.compile(prim_func(cfg), target=TARGET, pass_configs=pass_configs())
+
+
+def _compile_named(cfg, get=None):
+    import time
+    t = time.time()
+    try:
+        (get or get_kernel)(cfg)
+        return cfg.name, time.time() - t, None
+    except Exception as e:  # pragma: no cover - reported by the caller
+        return cfg.name, time.time() - t, f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def precompile(cfgs, workers: int | None = None, log=print, get=None):
+    """Compile ``cfgs`` in parallel spawned processes (each fills TileLang's disk cache, so this
+    process then loads them quickly).  ``get``: the compile function of one configuration (a
+    top-level function; ``get_kernel`` when None).  Returns the names that failed."""
+    import multiprocessing as mp
+    import os
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    cfgs = list(cfgs)
+    workers = max(1, min(workers or (os.cpu_count() or 1), len(cfgs), 10))
+    t = time.time()
+    failed = []
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+        for name, secs, err in ex.map(functools.partial(_compile_named, get=get), cfgs):
+            log(f"  compiled {name:<60} {secs:6.1f} s {err or ''}")
+            if err:
+                failed.append(name)
+    log(f"  {len(cfgs)} kernels in {time.time() - t:.1f} s ({workers} processes)")
+    return failed
+
+
+def ptxas_report(src: str, timeout: float = 300.0) -> dict:
+    """Compile a TileLang CUDA source with ``nvcc -cubin -Xptxas -v`` (sm_90a) and parse
+    registers / spills / stack.  Used by the compile test (the design keeps the
+    solve's column and the state in registers: no spills, no stack)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    from tilelang.contrib.nvcc import default_compile_options
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cu")
+        with open(path, "w") as f:
+            f.write(src)
+        cmd = ["nvcc", "-arch=sm_90a", "-cubin", "-O3", "--use_fast_math", "-Xptxas", "-v", "-DENABLE_BF16",
+               "-o", os.path.join(d, "k.cubin"), path] + default_compile_options()
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    out = r.stdout + r.stderr
+    info = {"returncode": r.returncode, "log": out[-4000:]}
+    m = re.search(r"Used (\d+) registers", out)
+    info["registers"] = int(m.group(1)) if m else None
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", out)
+    if m:
+        info["stack"], info["spill_stores"], info["spill_loads"] = map(int, m.groups())
+    return info
+
+
+def dyn_smem_bytes(host_src: str) -> int | None:
+    """The dynamic shared memory (bytes) a TileLang kernel's launch asks for, read from its host code: the last
+    integer argument packed before the launch (TileLang 0.1.15's TVM-FFI host code).  None if not found."""
+    import re
+
+    i = host_src.find("_kernel_packed == NULL")
+    found = re.findall(r"v_int64\) = \(\(int64_t\)(\d+)\)", host_src[:i]) if i >= 0 else []
+    return int(found[-1]) if found else None
+
+
+def compile_report(cfg, get, kind: str, with_ptxas: bool = True) -> dict:
+    """Compile ``cfg`` with ``get`` (sm_90a); return name, kind, dtype, seconds, CUDA source, the launch's
+    dynamic shared memory and ptxas stats (what the compile tests check)."""
+    import time
+
+    t = time.time()
+    kern = get(cfg)
+    src = kern.get_kernel_source()
+    out = {"name": cfg.name, "kind": kind, "dtype": cfg.dtype, "seconds": time.time() - t, "source": src,
+           "dyn_smem": dyn_smem_bytes(kern.get_host_source())}
+    if with_ptxas:
+        t = time.time()
+        out["ptxas"] = ptxas_report(src)
+        out["ptxas_seconds"] = time.time() - t
+    return out
+
+
+def compile_for_test(index: int, with_ptxas: bool = True) -> dict:
+    """``compile_report`` of ``all_configs()[index]`` (kind: the configuration's class name, or the backward
+    kind).  Top-level so a process pool can call it."""
+    cfg = all_configs()[index]
+    kind = cfg.kind if isinstance(cfg, bwd.BwdConfig) else type(cfg).__name__
+    return compile_report(cfg, get_kernel, kind, with_ptxas)

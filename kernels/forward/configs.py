@@ -1,0 +1,99 @@
+"""Configurations of the forward kernels (sm_90a) and their TileLang functions; compiled by ``kernels.build``.
+
+Everything here imports tilelang lazily, so importing this module is cheap and works without tilelang / CUDA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("bfloat16", "float16")
+KERNEL_HEAD_DIM = 128          # the kernels are built for K == V == 128; K == V == 64 is zero-padded to 128
+OUT_CPB = 8                    # chunks per CTA of the output kernel (pipelined TMA loads)
+SCAN_BV = 32                   # value columns per CTA of the CP phase-1 scan (over 2 x 128 columns)
+RV_BV = 64                     # value columns per warpgroup of the register-operand state kernel (wgmma M)
+NUM_STAGES = 2                 # software pipelining depth of the sequential kernels' chunk loads
+STATE_FORMS = ("rv", "smem")   # register-operand (value-first tables) / shared-memory-operand (key-first) state
+
+
+@dataclass(frozen=True)
+class IntraConfig:
+    """``gdn_intra_v2`` (intra_chunk.py): the merges' product written over the A_o tile (49 KiB of shared
+    memory); ``th``: it also stores Tinv in the input dtype for the backward."""
+    dtype: str
+    merge: str = "bf16"
+    ag: str = "bf16"
+    DK: int = KERNEL_HEAD_DIM
+    th: bool = False
+
+    @property
+    def name(self) -> str:
+        th = ",th" if self.th else ""
+        return f"intra[DK={self.DK},merge={self.merge},ag={self.ag}{th},{self.dtype}]"
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """The sequential state kernel (or, with ``scan``, the CP phase-1 scan): ``form`` "rv"
+    (state_registers.py, BV 64 / 128) or "smem" (state_smem.py, ``ctas_per_sm`` 1 or 2, ``sl_swizzle``: the S
+    lo staging tile swizzled, the backward recompute's form)."""
+    dtype: str
+    BV: int
+    prec: object                   # precision.Precision (frozen, hashable)
+    scan: bool = False
+    form: str = "rv"
+    DK: int = KERNEL_HEAD_DIM
+    num_stages: int = NUM_STAGES
+    ctas_per_sm: int = 1
+    sl_swizzle: bool = False
+
+    @property
+    def name(self) -> str:
+        kind = ("scan" if self.scan else "state") + ("_rv" if self.form == "rv" else "_smem")
+        occ = f",occ{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
+        slz = ",slz" if self.sl_swizzle else ""
+        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz},"
+                f"{self.dtype}]")
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """``gdn_output_v2`` (output.py): ``cpb`` chunks per CTA in a pipelined loop; ``vt``: value-first tables
+    (from the "rv" state kernel)."""
+    dtype: str
+    prec: object
+    BV: int = KERNEL_HEAD_DIM
+    vt: bool = True
+    DK: int = KERNEL_HEAD_DIM
+    cpb: int = OUT_CPB
+
+    @property
+    def name(self) -> str:
+        return (f"output[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},{'vt' if self.vt else 'kt'},cpb={self.cpb},"
+                f"{self.dtype}]")
+
+
+def output_block_v(prec) -> int:
+    """Value columns per CTA of the output kernel: all 128, or 64 when the chunk-start state is split (two 32 KB
+    state tiles per stage would not fit twice in shared memory)."""
+    return 64 if prec.s == "split" else KERNEL_HEAD_DIM
+
+
+def prim_func(cfg):
+    """The TileLang function of ``cfg``."""
+    if isinstance(cfg, IntraConfig):
+        from .intra_chunk import build_intra_chunk
+        return build_intra_chunk(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.th)
+    if isinstance(cfg, StateConfig):
+        if cfg.form == "rv":
+            if cfg.sl_swizzle:
+                raise ValueError(f"sl_swizzle is a form of the smem state kernel, not of the rv form: {cfg!r}")
+            from .state_registers import build_state_registers
+            return build_state_registers(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.BV)
+        from .state_smem import build_state_smem
+        return build_state_smem(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan,
+                                cfg.ctas_per_sm, cfg.sl_swizzle)
+    if isinstance(cfg, OutputConfig):
+        from .output import build_output
+        return build_output(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.BV, cfg.vt, cfg.cpb, NUM_STAGES)
+    raise TypeError(f"not a forward kernel configuration: {cfg!r}")

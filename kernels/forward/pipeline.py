@@ -1,0 +1,324 @@
+"""Host pipeline of the TileLang GDN chunked forward (Hopper, sm_90a).
+
+``chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=None, keep_tables=None)
+-> (o, final_state)`` with the semantics of FLA's ``fla.ops.gated_delta_rule.chunk_gated_delta_rule``:
+
+* q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``: bf16 or fp16 (all the same dtype), ``K == V`` in {64, 128},
+  ``HV % H == 0`` (value head j reads q/k head ``j // (HV // H)``);
+* g, beta ``[B, T, HV]``: fp32 or the input dtype (g is the log decay; the cumsum and every exponent are fp32);
+* initial_state ``[N, HV, K, V]`` fp32 (``[N, HV, V, K]`` with ``state_v_first=True``), N = B, or
+  ``len(cu_seqlens) - 1`` with varlen;
+* cu_seqlens: int32/int64 ``[N + 1]``, requires B == 1; the state restarts at every boundary;
+* returns o ``[B, T, HV, V]`` in the input dtype and the final state (fp32, same layout as initial_state) or
+  None.
+
+Bad input raises ``ValueError`` naming the problem.  Dense input is run as varlen (B sequences of length T).
+Stages: ``intra_chunk`` (parallel), ``state`` (sequential; or, with CP, ``state_segmented``: the scan, the fp64
+fix-up and the state kernel per segment), ``output`` (parallel); which kernels run is ``kernels.plan``'s
+``ForwardPlan`` (``plan``: another plan value, e.g. a benchmark's alternative).  ``keep_tables``: a dict that
+receives the intra kernel's Tinv and Ag tables for the backward (``Th``, ``Ah``, ``Al``, each
+[HV, NC, 64, 64] in the input dtype) where the plan keeps them.  The kernels are built for K == V == 128;
+K == V == 64 is zero-padded to 128 here (exact).  This module imports tilelang only when a kernel is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.interface import (BT, TL_DTYPE, call_tables, check_inputs, host_list, max_chunks, pad_last,
+                               padded_state, require_sm90, tma_ready)
+
+
+@dataclass
+class ForwardInputs:
+    """One call's tensors as the kernels take them (token-flattened, head dims padded to ``D``) and its tables."""
+    q: torch.Tensor                 # [Ttot, H, D] input dtype
+    k: torch.Tensor                 # [Ttot, H, D]
+    v: torch.Tensor                 # [Ttot, HV, D]
+    g: torch.Tensor                 # [Ttot, HV] fp32
+    beta: torch.Tensor              # [Ttot, HV] fp32
+    h0: torch.Tensor | None         # [N, HV, D, D] fp32, the caller's layout
+    B: int
+    T: int
+    H: int
+    HV: int
+    K: int
+    V: int
+    N: int
+    D: int
+    scale: float
+    use_l2: bool
+    v_first: bool
+    store_ht: bool
+    cu_seqlens: torch.Tensor | None
+    cu_host: list | None            # cu_seqlens as a host list (None for dense input)
+    cu: torch.Tensor                # [N + 1] int32
+    chunk_indices: torch.Tensor     # [NC, 2] int32
+    chunk_offsets: torch.Tensor     # [N + 1] int32
+    NC: int
+
+
+def prepare(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+            use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None) -> ForwardInputs:
+    """Check the arguments (``ValueError`` naming the first bad one; ``RuntimeError`` off sm_90) and lay them out
+    for the kernels (one host sync for a new varlen layout, none for the previous call's ``cu_seqlens``)."""
+    from .configs import KERNEL_HEAD_DIM
+    B, T, H, HV, K, V, N = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
+    require_sm90(q.device, "kernels.chunk_gated_delta_rule")
+    D = KERNEL_HEAD_DIM
+    pad = D - K
+    Ttot = B * T
+    cu_host, (cu, chunk_indices, chunk_offsets, NC) = call_tables(B, T, cu_seqlens, q.device)
+    return ForwardInputs(
+        q=tma_ready(pad_last(q.reshape(Ttot, H, K), pad)), k=tma_ready(pad_last(k.reshape(Ttot, H, K), pad)),
+        v=tma_ready(pad_last(v.reshape(Ttot, HV, V), pad)), g=g.reshape(Ttot, HV).to(torch.float32).contiguous(),
+        beta=beta.reshape(Ttot, HV).to(torch.float32).contiguous(),
+        h0=None if initial_state is None else padded_state(initial_state, pad), B=B, T=T, H=H, HV=HV, K=K, V=V,
+        N=N, D=D, scale=K ** -0.5 if scale is None else float(scale), use_l2=bool(use_qk_l2norm_in_kernel),
+        v_first=bool(state_v_first), store_ht=bool(output_final_state), cu_seqlens=cu_seqlens, cu_host=cu_host,
+        cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, NC=NC)
+
+
+def plan_for(x: ForwardInputs, keep_tables: bool = False):
+    """``kernels.plan.forward_plan`` of the call ``x``."""
+    from kernels.plan import forward_plan
+    return forward_plan(TL_DTYPE[x.q.dtype], x.N, x.HV, max_chunks(x.B, x.T, x.cu_host), x.h0 is not None,
+                        keep_tables=keep_tables)
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                           use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=None,
+                           keep_tables: dict | None = None):
+    """GDN chunked forward (module docstring)."""
+    x = prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                state_v_first, cu_seqlens)
+    if x.NC == 0:
+        return empty_output(x, initial_state)
+    plan = plan or plan_for(x, keep_tables is not None)
+    tables = intra_chunk(x=x, plan=plan)
+    if keep_tables is not None and plan.keep_tables:
+        keep_tables.update(Th=tables.Th, Ah=tables.Ah, Al=tables.Al)
+    states = state(x=x, plan=plan, tables=tables) if plan.cp <= 1 else state_segmented(x=x, plan=plan, tables=tables)
+    o = output(x=x, plan=plan, tables=tables, states=states)
+    return finish(x=x, o=o, ht=states.ht)
+
+
+def empty_output(x: ForwardInputs, initial_state):
+    """(o, final state) of a call without tokens."""
+    dev = x.q.device
+    o = torch.zeros(x.B, x.T, x.HV, x.V, device=dev, dtype=x.q.dtype)
+    if not x.store_ht:
+        return o, None
+    if initial_state is None:
+        shape = (x.N, x.HV, x.V, x.K) if x.v_first else (x.N, x.HV, x.K, x.V)
+        return o, torch.zeros(shape, device=dev, dtype=torch.float32)
+    return o, initial_state.to(torch.float32).clone()
+
+
+@dataclass
+class IntraTables:
+    Ah: torch.Tensor                # [HV, NC, 64, 64] Ag = Tinv diag(beta), hi
+    Al: torch.Tensor                # lo (Ah itself unless the precision splits Ag)
+    F: torch.Tensor                 # [HV, NC, 8, 64] fp32 gate table
+    Th: torch.Tensor | None         # [HV, NC, 64, 64] Tinv (only where the plan keeps the tables)
+
+
+def intra_chunk(*, x: ForwardInputs, plan) -> IntraTables:
+    """``gdn_intra_v2``: the per-chunk tables (parallel over chunks and value heads)."""
+    from kernels.build import get_kernel
+    dev, dt = x.q.device, x.q.dtype
+    Ah = torch.empty(x.HV, x.NC, BT, BT, device=dev, dtype=dt)
+    Al = torch.empty_like(Ah) if plan.precision.ag == "split" else Ah      # not read unless split
+    F = torch.empty(x.HV, x.NC, 8, BT, device=dev, dtype=torch.float32)
+    Th = torch.empty_like(Ah) if plan.keep_tables else Ah                  # not accessed unless kept
+    get_kernel(plan.configs()[0])(x.q, x.k, x.g, x.beta, x.cu, x.chunk_indices, Ah, Al, F, Th, x.scale,
+                                  int(x.use_l2))
+    return IntraTables(Ah, Al, F, Th if plan.keep_tables else None)
+
+
+@dataclass
+class ChunkStates:
+    Sch: torch.Tensor               # [HV, NC, D, D] chunk-start states, hi ([.., DV, DK] value-first for "rv")
+    Scl: torch.Tensor               # lo (Sch itself unless the precision splits S)
+    Uh: torch.Tensor                # [HV, NC, 64, D] (key-first) or [HV, NC, D, 64] (value-first), hi
+    Ul: torch.Tensor                # lo (Uh itself unless the precision splits U)
+    ht: torch.Tensor | None         # [N, HV, D, D] fp32 final states in the caller's layout, or None
+
+
+def _state_tables(x: ForwardInputs, plan):
+    dev, dt, D = x.q.device, x.q.dtype, x.D
+    vt = plan.state_form == "rv"
+    Sch = torch.empty(x.HV, x.NC, D, D, device=dev, dtype=dt)
+    Scl = torch.empty_like(Sch) if plan.precision.s == "split" else Sch
+    Uh = torch.empty((x.HV, x.NC, D, BT) if vt else (x.HV, x.NC, BT, D), device=dev, dtype=dt)
+    Ul = torch.empty_like(Uh) if plan.precision.u == "split" else Uh
+    return Sch, Scl, Uh, Ul
+
+
+def state(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:
+    """The sequential state kernel over every sequence: chunk-start states, U, and the final states."""
+    from kernels.build import get_kernel
+    dev = x.q.device
+    Sch, Scl, Uh, Ul = _state_tables(x, plan)
+    h0 = x.h0 if x.h0 is not None else torch.empty((1, x.HV, x.D, x.D), device=dev, dtype=torch.float32)
+    ht = torch.empty((x.N if x.store_ht else 1, x.HV, x.D, x.D), device=dev, dtype=torch.float32)
+    get_kernel(plan.configs()[1])(x.k, x.v, tables.Ah, tables.Al, tables.F, x.cu, x.chunk_offsets, h0, Sch, Scl,
+                                  Uh, Ul, ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
+    return ChunkStates(Sch, Scl, Uh, Ul, ht if x.store_ht else None)
+
+
+def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:
+    """CP: the scan of every segment from zero (with its transition product), the fp64 fix-up of the segment
+    start states, then the state kernel per segment (value-first, "rv" form)."""
+    from kernels.build import get_kernel
+    dev, D, HV = x.q.device, x.D, x.HV
+    vt = plan.state_form == "rv"
+    kerns = [get_kernel(c) for c in plan.configs()]
+    Sch, Scl, Uh, Ul = _state_tables(x, plan)
+    seg_cu, seg_co, seg_of, counts, sched, Nseg = _cp_tables(x.B, x.T, x.cu_seqlens, x.cu_host, plan.cp, dev)
+    ZM = torch.empty((Nseg, HV, 2 * D, D) if vt else (Nseg, HV, D, 2 * D), device=dev, dtype=torch.float32)
+    h0 = x.h0 if x.h0 is not None else torch.empty((1, HV, D, D), device=dev, dtype=torch.float32)
+    kerns[3](x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0[:1], Sch, Scl, Uh, Ul, ZM, 0, 1, 0)
+    h0k = None
+    if x.h0 is not None:                # into the kernel's natural layout (value-first for rv)
+        h0k = x.h0 if x.v_first == vt else x.h0.transpose(-1, -2)
+    h0s = _cp_fixup(ZM, h0k, seg_of, counts, sched, x.N, HV, D, vt)
+    hts = torch.empty(Nseg, HV, D, D, device=dev, dtype=torch.float32)
+    kerns[1](x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0s, Sch, Scl, Uh, Ul, hts, 1,
+             int(x.store_ht), int(vt))
+    ht = None
+    if x.store_ht:
+        ht = hts.index_select(0, _last_segments(seg_of, dev))
+        if x.v_first != vt:
+            ht = ht.transpose(-1, -2).contiguous()
+    return ChunkStates(Sch, Scl, Uh, Ul, ht)
+
+
+def output(*, x: ForwardInputs, plan, tables: IntraTables, states: ChunkStates) -> torch.Tensor:
+    """``gdn_output_v2``: o [Ttot, HV, D] in the input dtype (parallel over chunks)."""
+    from kernels.build import get_kernel
+    o = torch.empty(x.B * x.T, x.HV, x.D, device=x.q.device, dtype=x.q.dtype)
+    get_kernel(plan.configs()[2])(x.q, x.k, tables.F, states.Sch, states.Scl, states.Uh, states.Ul, x.cu,
+                                  x.chunk_indices, o)
+    return o
+
+
+def finish(*, x: ForwardInputs, o: torch.Tensor, ht):
+    """(o [B, T, HV, V], final state or None) with the head-dim padding removed."""
+    pad = x.D - x.K
+    o = (o[..., :x.V] if pad else o).reshape(x.B, x.T, x.HV, x.V)
+    if pad:
+        o = o.contiguous()
+    if ht is not None and pad:
+        ht = ht[..., :x.K, :x.V].contiguous()
+    return o, ht
+
+
+_SEG_TABLES: dict = {}
+
+
+def _cp_tables(B, T, cu_seqlens, cu_host, n_seg, dev):
+    """Segment tables of the CP path: seg_cu, seg_co (int32, device), seg_of (host list [N + 1]),
+    the fix-up schedule (per step p: (sequence ids, segment ids) as device int64 tensors, or None
+    when every sequence has the same number of segments) and Nseg.  Cached for dense input."""
+    key = (B, T, n_seg, str(dev)) if cu_seqlens is None else None
+    if key is not None and key in _SEG_TABLES:
+        return _SEG_TABLES[key]
+    from .emulation import cp_segments
+    if cu_host is None:
+        cu_host = [b * T for b in range(B + 1)] if cu_seqlens is None else host_list(cu_seqlens)
+    seg_cu, seg_co, seg_of = cp_segments(cu_host, n_seg)
+    counts = [seg_of[n + 1] - seg_of[n] for n in range(len(seg_of) - 1)]
+    uniform = len(set(counts)) == 1
+    sched = None
+    if not uniform:
+        sched = []
+        for p in range(max(counts)):
+            seqs = [n for n, cn in enumerate(counts) if cn > p]
+            sched.append((torch.tensor(seqs, dtype=torch.long).to(dev, non_blocking=True),
+                          torch.tensor([seg_of[n] + p for n in seqs], dtype=torch.long).to(dev, non_blocking=True)))
+    out = (torch.tensor(seg_cu, dtype=torch.int32).to(dev, non_blocking=True),
+           torch.tensor(seg_co, dtype=torch.int32).to(dev, non_blocking=True), seg_of, counts, sched,
+           len(seg_cu) - 1)
+    if key is not None:
+        if len(_SEG_TABLES) > 64:
+            _SEG_TABLES.clear()
+        _SEG_TABLES[key] = out
+    return out
+
+
+def _cp_fixup(ZM, h0, seg_of, counts, sched, N, HV, D, vt):
+    """Phase 2 of CP (fp64 batched matmuls: no TF32 whatever the global torch flags say).
+
+    The chunk-aligned segments p = 0..P-1 of a sequence start from S_0 = h0 (or 0) and
+    S_{p+1} = M_p S_p + Z_p, with the scan's output ZM [Nseg, HV, D, 2D] = [Z | M] (key-first form)
+    or, with ``vt`` (the rv kernels, value-first), ZM [Nseg, HV, 2D, D] = [Z^T ; M^T] and
+    S^T_{p+1} = S^T_p M^T_p + Z^T_p.  ``h0`` must already be in the kernel's layout.
+    Returns the segment start states [Nseg, HV, D, D] (fp32, the kernel's layout)."""
+    if sched is None:                   # every sequence has P segments: segment id = n * P + p
+        return _cp_fixup_uniform(ZM, h0, counts[0], N, HV, D, vt)
+    dev = ZM.device
+    if vt:
+        Z, M = ZM[:, :, :D, :], ZM[:, :, D:, :]
+    else:
+        Z, M = ZM[..., :D], ZM[..., D:]
+
+    def step(Zp, Mp, Sp):
+        a, b = (Sp, Mp) if vt else (Mp, Sp)
+        return torch.baddbmm(Zp, a, b)
+
+    S0 = h0.double() if h0 is not None else torch.zeros(N, HV, D, D, device=dev, dtype=torch.float64)
+    Z, M = Z.double(), M.double()
+    S = S0.clone()
+    h0s = torch.empty(ZM.shape[0], HV, D, D, device=dev, dtype=torch.float32)
+    for p, (seqs, segs) in enumerate(sched):
+        h0s[segs] = S[seqs].float()
+        if p + 1 < len(sched):
+            S[seqs] = step(Z[segs].reshape(-1, D, D), M[segs].reshape(-1, D, D),
+                           S[seqs].reshape(-1, D, D)).view(-1, HV, D, D)
+    return h0s
+
+
+def _cp_fixup_uniform(ZM, h0, P, N, HV, D, vt):
+    """``_cp_fixup`` when every sequence has ``P`` segments (segment id = n * P + p), in ~3 log2(P) + 3 launches
+    instead of a sequential walk (2 per segment): an inclusive Hillis-Steele scan of the affine maps
+    ``A_p(S) = M_p S + Z_p`` in fp64.  Level d composes ``C_p <- C_p o C_(p-d)`` for p >= d, with
+    ``(M, Z) o (M', Z') = (M M', M Z' + Z)``, as one batched matmul ``M_p [Z'_q | M'_q]``; after the scan
+    ``S_(p+1) = Mc_p S_0 + Zc_p``.  Key-first throughout (the value-first ``vt`` input and output are transposed in
+    the fp64 conversion and the final cast)."""
+    zm = ZM.transpose(-1, -2) if vt else ZM                     # [Nseg, HV, D, 2D] = [Z | M] (key-first)
+    c = zm.reshape(N, P, HV, D, 2 * D).transpose(0, 1).to(torch.float64).reshape(P, N * HV, D, 2 * D)
+    d = 1
+    while d < P:
+        y = torch.matmul(c[d:, :, :, D:], c[:-d])               # [M_p Zc_q | M_p Mc_q], q = p - d
+        y[..., :D] += c[d:, :, :, :D]
+        c[d:] = y
+        d *= 2
+    S = torch.empty(P, N * HV, D, D, device=ZM.device, dtype=torch.float64)
+    if h0 is None:
+        S[0].zero_()
+        S[1:] = c[:-1, :, :, :D]
+    else:
+        S0 = h0.transpose(-1, -2) if vt else h0
+        S[0] = S0.reshape(N * HV, D, D)
+        torch.baddbmm(c[:-1, :, :, :D].reshape(-1, D, D), c[:-1, :, :, D:].reshape(-1, D, D),
+                      S[0].expand(P - 1, N * HV, D, D).reshape(-1, D, D), out=S[1:].view(-1, D, D))
+    S = S.view(P, N, HV, D, D).transpose(0, 1).reshape(N * P, HV, D, D)
+    # the kernels take packed tensors: the value-first transpose is made contiguous in the fp32 cast
+    return (S.transpose(-1, -2) if vt else S).to(torch.float32, memory_format=torch.contiguous_format)
+
+
+_LAST: dict = {}
+
+
+def _last_segments(seg_of, dev):
+    key = (tuple(seg_of), str(dev))
+    if key not in _LAST:
+        if len(_LAST) > 64:
+            _LAST.clear()
+        _LAST[key] = torch.tensor([seg_of[n + 1] - 1 for n in range(len(seg_of) - 1)],
+                                  dtype=torch.long).to(dev, non_blocking=True)
+    return _LAST[key]

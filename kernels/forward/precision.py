@@ -1,0 +1,63 @@
+"""The roundings of the forward's wgmma operands and stored tables, and the presets the dispatch chooses;
+imports nothing heavy.
+
+Every field names one rounding of an fp32 value that becomes a wgmma operand or is stored between
+kernels: "bf16" = one input-dtype term (``rd(x)``), "split" = two terms ``rd(x) + rd(x - rd(x))``
+(~16 mantissa bits); ``merge`` also allows "fp32" (emulation only).
+
+* ``merge`` - the two block-merge levels of the 64x64 triangular inverse (intra kernel);
+* ``ag``    - ``Ag = Tinv diag(beta)`` as stored by the intra kernel and used in ``U = Ag X``;
+* ``ks``    - the chunk-start state ``S`` in ``K @ S`` (state kernel);
+* ``x``     - ``X = V - F0 (K S)`` in ``U = Ag X``;
+* ``u``     - ``U`` (v_new) as stored for the output kernel (``P @ U``);
+* ``upd``   - ``F2 U`` in the state update ``S += K^T (F2 U)``;
+* ``s``     - the chunk-start state as stored for ``Q @ S`` in the output kernel;
+* ``p``     - ``P`` (gated, scaled ``Q K^T``, computed in fp32 by the output kernel) in ``P @ U``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Precision:
+    merge: str = "bf16"
+    ag: str = "bf16"
+    ks: str = "bf16"
+    x: str = "bf16"
+    u: str = "bf16"
+    upd: str = "bf16"
+    s: str = "bf16"
+    p: str = "bf16"
+
+    def for_scan(self) -> "Precision":
+        """The CP scan stores no chunk tables: ``s`` and ``u`` do not change its code."""
+        from dataclasses import replace
+        return replace(self, s="bf16", u="bf16", p="bf16")
+
+    def state_splits(self, scan: bool = False) -> tuple[bool, bool, bool, bool, bool, bool]:
+        """(ks, s, x, ag, u, upd): which operands the state kernels (``state_smem`` / ``state_registers``) split into hi + lo.
+        The CP scan (``scan``) stores no chunk tables, so its ``s`` and ``u`` are never split."""
+        sp = lambda f: getattr(self, f) == "split"   # noqa: E731
+        return sp("ks"), sp("s") and not scan, sp("x"), sp("ag"), sp("u") and not scan, sp("upd")
+
+    def tag(self) -> str:
+        """Short name: the fields that are split, e.g. 'sp[ag,upd]' ('bf16' when none)."""
+        on = [k for k, v in asdict(self).items() if v == "split"]
+        return "sp[" + "+".join(on) + "]" if on else "bf16"
+
+
+PRESETS = {
+    # split only where the emulation shows it buys accuracy: Ag and X (U = Ag X), F2 U (state update), U and P
+    # (output)
+    "default": Precision(ag="split", u="split", p="split", upd="split", x="split"),
+    # chosen instead of "default" when an initial state is given: a large carried-in state makes rd(S) in Q S the
+    # dominant error; the split S fixes it (also the backward recompute's: S and U hi + lo)
+    "default_h0": Precision(ag="split", u="split", p="split", upd="split", x="split", s="split"),
+}
+
+
+def preset(has_h0: bool) -> Precision:
+    """The precision the dispatch chooses: "default_h0" with an initial state, else "default"."""
+    return PRESETS["default_h0" if has_h0 else "default"]

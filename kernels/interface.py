@@ -1,0 +1,184 @@
+"""What both directions share at the host: argument checks, dtype maps, the sm_90 requirement and the
+per-call chunk tables (dense or varlen), cached per layout.
+
+Importing this module imports neither tilelang nor CUDA.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BT = 64                                      # tokens per chunk
+INPUT_DTYPES = (torch.bfloat16, torch.float16)
+TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first):
+    """Raise ValueError naming the first bad argument; return (B, T, H, HV, K, V, N), N the number of sequences."""
+    tensors = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+    for name, x in tensors.items():
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D [B, T, H, K] / [B, T, HV, V]; got shapes "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape != k.shape:
+        raise ValueError(f"q and k must have the same shape, got {tuple(q.shape)} and {tuple(k.shape)}")
+    B, T, H, K = q.shape
+    if v.shape[0] != B or v.shape[1] != T:
+        raise ValueError(f"v must be [B, T, HV, V] with B={B}, T={T}; got {tuple(v.shape)}")
+    HV, V = v.shape[2], v.shape[3]
+    if q.dtype not in INPUT_DTYPES:
+        raise ValueError(f"q/k/v dtype must be bfloat16 or float16, got {q.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if H == 0 or HV % H != 0:
+        raise ValueError(f"HV % H must be 0 (GVA: HV={HV} value heads, H={H} q/k heads)")
+    if K != V or K not in (64, 128):
+        raise ValueError(f"unsupported head dims K={K}, V={V}: this kernel needs K == V in (64, 128)")
+    for name, x in (("g", g), ("beta", beta)):
+        if tuple(x.shape) != (B, T, HV):
+            raise ValueError(f"{name} must be [B, T, HV] = {(B, T, HV)}, got {tuple(x.shape)}")
+        if x.dtype not in (torch.float32, q.dtype):
+            raise ValueError(f"{name} dtype must be float32 or the input dtype {q.dtype}, got {x.dtype}")
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ValueError("cu_seqlens must be a 1-D tensor [N + 1] with N >= 1")
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"cu_seqlens dtype must be int32 or int64, got {cu_seqlens.dtype}")
+        if B != 1:
+            raise ValueError(f"with cu_seqlens the batch size must be 1 (flattened varlen input), got B={B}")
+        N = cu_seqlens.numel() - 1
+    else:
+        N = B
+    if initial_state is not None:
+        if not isinstance(initial_state, torch.Tensor):
+            raise ValueError("initial_state must be a torch.Tensor or None")
+        want = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+        if tuple(initial_state.shape) != want:
+            lay = "[N, HV, V, K] (state_v_first)" if state_v_first else "[N, HV, K, V]"
+            raise ValueError(f"initial_state must be {lay} = {want}, got {tuple(initial_state.shape)}")
+        if not initial_state.is_floating_point():
+            raise ValueError(f"initial_state must be floating point (fp32), got {initial_state.dtype}")
+    if N > 65535:
+        raise ValueError(f"at most 65535 sequences per call (grid z), got N={N}")
+    if HV > 65535:
+        raise ValueError(f"at most 65535 value heads, got HV={HV}")
+    if B * T >= 2 ** 31 - BT:
+        raise ValueError(f"B*T = {B * T} tokens is too many (int32 token indices)")
+    dev = q.device
+    if dev.type != "cuda":
+        raise ValueError(f"tensors must be on a CUDA device (sm_90), got {dev}")
+    others = dict(tensors, initial_state=initial_state)  # cu_seqlens may be on the host or the device
+    for name, x in others.items():
+        if x is not None and x.device != dev:
+            raise ValueError(f"{name} is on {x.device}, expected {dev} like q")
+    return B, T, H, HV, K, V, N
+
+
+_DENSE_TABLES: dict = {}
+
+
+def require_sm90(dev, what: str):
+    """Raise unless ``dev`` is an sm_90 (Hopper) GPU: the kernels are built for sm_90a."""
+    major, minor = torch.cuda.get_device_capability(dev)
+    if (major, minor) != (9, 0):
+        raise RuntimeError(f"{what} is built for sm_90a (Hopper); device is sm_{major}{minor}")
+
+
+def seq_tables(B, T, cu_seqlens, dev, cu_host=None):
+    """cu_seqlens (int32), chunk_indices [NC, 2] (int32), chunk_offsets [N + 1] (int32), NC.
+
+    Dense tables are built on the device without a host sync and cached per (B, T, device); varlen tables
+    from ``cu_host`` (cu_seqlens as a host list) when the caller already has it, else with one host sync."""
+    if cu_seqlens is None:
+        key = (B, T, str(dev))
+        hit = _DENSE_TABLES.get(key)
+        if hit is not None:
+            return hit
+        if len(_DENSE_TABLES) > 64:
+            _DENSE_TABLES.clear()
+        _DENSE_TABLES[key] = _dense_tables(B, T, dev)
+        return _DENSE_TABLES[key]
+    return _varlen_tables(T, cu_seqlens, dev, cu_host)
+
+
+def _dense_tables(B, T, dev):
+    nt = -(-T // BT)
+    cu = torch.arange(0, B + 1, device=dev, dtype=torch.int32) * T
+    offs = torch.arange(0, B + 1, device=dev, dtype=torch.int32) * nt
+    seq = torch.arange(B, device=dev, dtype=torch.int32).repeat_interleave(nt)
+    ic = torch.arange(nt, device=dev, dtype=torch.int32).repeat(B)
+    return cu, torch.stack([seq, ic], 1).contiguous(), offs, B * nt
+
+
+def host_list(cu_seqlens) -> list[int]:
+    """cu_seqlens as a host list of ints (one device -> host copy)."""
+    return [int(x) for x in cu_seqlens.tolist()]
+
+
+_VARLEN_LAST: dict = {}
+
+
+def call_tables(B, T, cu_seqlens, dev):
+    """``(cu_host, seq_tables(...))`` of a call (``cu_host`` None for dense input).  A varlen call reuses the
+    previous call's when ``cu_seqlens`` is the same tensor object, unmodified (same ``_version``), with the same T
+    and device: a model calls the kernel once per layer with one ``cu_seqlens``, and only the first call then pays
+    the device -> host copy (a sync) and the host-side table build.  (FLA caches its chunk indices by tensor
+    identity the same way.)  The cache holds a reference to that one tensor, so its memory cannot be reused by
+    another tensor while it is cached."""
+    if cu_seqlens is None:
+        return None, seq_tables(B, T, None, dev)
+    last = _VARLEN_LAST.get("entry")     # one tuple, replaced in one assignment: no torn key / value pair
+    if (last is not None and last[0] is cu_seqlens and last[1] == cu_seqlens._version and last[2] == T
+            and last[3] == str(dev)):
+        return last[4]
+    cu_host = host_list(cu_seqlens)
+    value = (cu_host, seq_tables(B, T, cu_seqlens, dev, cu_host))
+    _VARLEN_LAST["entry"] = (cu_seqlens, cu_seqlens._version, T, str(dev), value)
+    return value
+
+
+def _varlen_tables(T, cu_seqlens, dev, cu_host=None):
+    if cu_host is None:
+        cu_host = host_list(cu_seqlens)
+    if cu_host[0] != 0 or cu_host[-1] != T:
+        raise ValueError(f"cu_seqlens must start at 0 and end at T={T}, got {cu_host[0]} ... {cu_host[-1]}")
+    idx, offs = [], [0]
+    for n in range(len(cu_host) - 1):
+        L = cu_host[n + 1] - cu_host[n]
+        if L < 0:
+            raise ValueError(f"cu_seqlens must be non-decreasing (sequence {n} has length {L})")
+        nch = -(-L // BT)
+        idx.extend((n, i) for i in range(nch))
+        offs.append(offs[-1] + nch)
+    cu = torch.tensor(cu_host, dtype=torch.int32).to(dev, non_blocking=True)
+    ci = torch.tensor(idx if idx else [[0, 0]], dtype=torch.int32).reshape(-1, 2).to(dev, non_blocking=True)
+    co = torch.tensor(offs, dtype=torch.int32).to(dev, non_blocking=True)
+    return cu, ci, co, len(idx)
+
+
+
+
+def pad_last(x, n: int):
+    """``x`` zero-padded by ``n`` columns in its last dim (``x`` itself when ``n`` is 0)."""
+    return torch.nn.functional.pad(x, (0, n)) if n else x
+
+
+def tma_ready(x):
+    """``x`` contiguous with a 16-byte aligned base (TMA descriptors need it; odd views are copied)."""
+    x = x.contiguous()
+    return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
+def padded_state(x, pad: int):
+    """A state-shaped tensor ``[N, HV, K, V]`` as contiguous fp32, zero-padded by ``pad`` rows and columns."""
+    x = x.to(torch.float32)
+    return (torch.nn.functional.pad(x, (0, pad, 0, pad)) if pad else x).contiguous()
+
+
+def max_chunks(B: int, T: int, cu_host) -> int:
+    """Chunks of the longest sequence (dense when ``cu_host`` is None)."""
+    if cu_host is None:
+        return -(-T // BT)
+    return max([-(-(cu_host[i + 1] - cu_host[i]) // BT) for i in range(len(cu_host) - 1)] + [0])
