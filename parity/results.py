@@ -98,7 +98,7 @@ class FileLocked(RuntimeError):
 
 class WriteLock:
     """An exclusive ``flock`` on ``<path>.lock`` naming its holder (pid, host, start time) inside. The kernel
-    releases a flock when its holder's file descriptor closes, including when the process dies, so a ``.lock``
+    drops a flock when its holder's file descriptor closes, including when the process dies, so a ``.lock``
     left behind by a dead process is simply taken over; the text inside only serves the error message. (flock is
     per host on most network filesystems: two hosts writing one file over NFS are not caught.)"""
 
@@ -123,7 +123,7 @@ class WriteLock:
         self.fd = fd
         return self
 
-    def release(self) -> None:
+    def unlock(self) -> None:
         if self.fd is not None:
             os.close(self.fd)  # closing the descriptor drops the flock
             self.fd = None
@@ -132,7 +132,7 @@ class WriteLock:
         return self.acquire() if self.fd is None else self
 
     def __exit__(self, *exc) -> None:
-        self.release()
+        self.unlock()
 
 
 class ResultWriter:
@@ -175,13 +175,13 @@ class ResultWriter:
         self._append([{"record": "row", "part": self.part, "at": now, **r} for r in rows])
 
     def finish(self, summary: dict) -> None:
-        """Append the part's end record (wall time, counts) and release a lock the writer took itself."""
+        """Append the part's end record (wall time, counts) and drop a lock the writer took itself."""
         self._append([{"record": "end", "part": self.part, **summary}])
         self.close()
 
     def close(self) -> None:
         if self._own_lock:
-            self.lock.release()
+            self.lock.unlock()
 
 
 def _read_text(path: Path) -> str:

@@ -119,7 +119,7 @@ def test_a_second_writer_is_refused_with_the_holder_named(tmp_path, capsys):
         assert not out.exists()  # the second run wrote nothing
         with pytest.raises(FileLocked):
             results.ResultWriter(out, {})
-    assert cli_main(args) == 0  # released: the next run writes
+    assert cli_main(args) == 0  # unlocked: the next run writes
     rs = results.load(out)
     assert len(rs.runs) == 1 and not rs.problems
 
@@ -138,7 +138,7 @@ def test_a_lock_left_by_a_killed_process_does_not_block(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     assert (tmp_path / "results.jsonl.lock").exists()  # the file stays; the kernel dropped the flock
-    WriteLock(out).acquire().release()
+    WriteLock(out).acquire().unlock()
 
 
 @pytest.mark.slow

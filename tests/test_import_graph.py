@@ -7,13 +7,8 @@ from __future__ import annotations
 import ast
 import os
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("kernels", "parity", "cases", "reference", "benchmarks", "scripts", "tests")
-# a cycle another change removes; listed by its modules, with why it may stand until then
-KNOWN = {frozenset({"parity.recommend", "parity.report", "parity.verdicts"}):
-         "parity's markdown helpers move out of report.py (issue #24's parity half)"}
 
 
 def project_modules() -> dict[str, str]:
@@ -106,13 +101,4 @@ def test_relative_and_lazy_imports_are_edges():
 
 def test_no_import_cycle_among_the_project_modules():
     found = cycles(_graph())
-    unknown = [sorted(c) for c in found if c not in KNOWN]
-    assert not unknown, f"import cycles: {unknown}"
-
-
-@pytest.mark.parametrize("cycle", sorted(KNOWN, key=sorted), ids=lambda c: "+".join(sorted(c)))
-def test_known_cycle_still_there(cycle):
-    """A listed cycle that is gone must leave ``KNOWN``."""
-    if cycle not in cycles(_graph()):
-        pytest.fail(f"{sorted(cycle)} no longer forms a cycle: remove it from KNOWN")
-    pytest.xfail(f"known import cycle {sorted(cycle)}: {KNOWN[cycle]}")
+    assert not found, f"import cycles: {[sorted(c) for c in found]}"
