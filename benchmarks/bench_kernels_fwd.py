@@ -16,11 +16,11 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
 * ``default``   - what ``kernels.chunk_gated_delta_rule`` dispatches, timed through the public API
                   (``kernels.plan.forward_plan``);
 * the other columns are plan values (``ForwardPlan`` fields, ``VARIANTS``) run by the same pipeline:
-  ``v2rv`` - the register-operand state kernel, CP off; ``v2rvcp`` - the same with CP segments by
-  ``plan.cp_segments``; ``v2cp4`` - forced to 4 segments per sequence; ``v2bv128`` - the rv state kernel with
-  128 value columns per CTA, CP off; ``v2smem`` - the shared-memory-operand state kernel, BV by
-  ``plan.block_v``, one CTA per SM; ``v2smem16`` / ``v2smem32`` / ``v2smem64`` - the same with BV forced;
-  ``v2occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``v2occ16`` / ``v2occ32`` - with BV forced;
+  ``rv`` - the register-operand state kernel, CP off; ``rvcp`` - the same with CP segments by
+  ``plan.cp_segments``; ``cp4`` - forced to 4 segments per sequence; ``bv128`` - the rv state kernel with
+  128 value columns per CTA, CP off; ``smem`` - the shared-memory-operand state kernel, BV by
+  ``plan.block_v``, one CTA per SM; ``smem16`` / ``smem32`` / ``smem64`` - the same with BV forced;
+  ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
 * ``intra``     - the intra-chunk kernel alone (part of every column);
 * ``FLA``       - FLA's Triton kernels (FLA_FLASH_QLA=0 FLA_TILELANG=0);
 * ``FlashQLA``  - ``flash_qla.chunk_gated_delta_rule`` (skipped with the reason if unavailable);
@@ -107,19 +107,19 @@ def block_v(n, HV, occ=1):
 
 VARIANTS = {
     # name: (dispatched plan, sequences, value heads, most chunks of a sequence) -> ForwardPlan fields to replace
-    "v2rv": _rv(cp=1),
-    "v2rvcp": _rv(),
-    "v2cp4": _rv(cp=4),
-    "v2bv128": _rv(cp=1, bv=128),
-    "v2smem": _smem(),
-    "v2smem16": _smem(16),
-    "v2smem32": _smem(32),
-    "v2smem64": _smem(64),
-    "v2occ": _smem(occ=2),
-    "v2occ16": _smem(16, 2),
-    "v2occ32": _smem(32, 2),
+    "rv": _rv(cp=1),
+    "rvcp": _rv(),
+    "cp4": _rv(cp=4),
+    "bv128": _rv(cp=1, bv=128),
+    "smem": _smem(),
+    "smem16": _smem(16),
+    "smem32": _smem(32),
+    "smem64": _smem(64),
+    "occ": _smem(occ=2),
+    "occ16": _smem(16, 2),
+    "occ32": _smem(32, 2),
 }
-DEFAULT_VARIANTS = "default,v2rv,v2rvcp,v2smem"   # the others on request
+DEFAULT_VARIANTS = "default,rv,rvcp,smem"   # the others on request
 
 
 def planned(impl, prepare, plan_for, change):
