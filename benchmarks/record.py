@@ -1,6 +1,6 @@
 """Appends a benchmark's printed table to ``benchmarks/RESULTS.md``, keyed by commit, GPU and date.
 
-Each call adds one section: a heading with the script, the short commit (``git rev-parse --short HEAD``, with
+Each call adds one section: a heading with the script, the short commit (as the result files record it, with
 ``+dirty`` when the tree has uncommitted changes), the GPU's name and the UTC date, then the table in a fenced
 block exactly as printed.  The file is created when missing; nothing in it is rewritten.
 """
@@ -9,22 +9,21 @@ from __future__ import annotations
 
 import datetime
 import os
-import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "RESULTS.md")
 
 
 def commit() -> str:
-    """The checkout's short commit, ``+dirty`` when tracked files differ from it; "unknown" outside git."""
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+    """The short commit, ``+dirty`` when tracked files differ from it; "unknown" outside git.  The same source as
+    the result files' (parity.environment.git_info: GDN_PARITY_COMMIT wins on a GPU box whose tree copy may carry
+    a stale .git)."""
+    from parity.environment import git_info
+
+    info = git_info()
+    if not info["commit"]:
         return "unknown"
-    return sha + ("+dirty" if dirty else "")
+    return info["commit"][:7] + ("+dirty" if info["dirty"] else "")
 
 
 def gpu_name() -> str:

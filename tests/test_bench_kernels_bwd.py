@@ -41,3 +41,15 @@ def test_dry_run_times_the_ab_columns(capsys, tmp_path):
     assert all(c in summary for c in bench.AB) and row.count("(") == 1 + len(bench.AB)    # every column timed
     text = out_md.read_text()
     assert "## benchmarks/bench_kernels_bwd.py - commit " in text and row in text
+
+
+def test_results_sections_carry_the_commit_the_gpu_box_was_given(tmp_path, monkeypatch):
+    """On a GPU box the tree's copy may hold a stale .git: GDN_PARITY_COMMIT (scripts/gpu_env.sh) names the commit."""
+    from benchmarks import record
+
+    monkeypatch.setenv("GDN_PARITY_COMMIT", "0123456789abcdef")
+    monkeypatch.setenv("GDN_PARITY_DIRTY", "0")
+    heading = record.append("bench.py", ["a b", "1 2"], path=str(tmp_path / "R.md"), gpu="GPU X")
+    assert "commit 0123456 " in heading.replace(",", " ") and "GPU X" in heading
+    monkeypatch.setenv("GDN_PARITY_DIRTY", "1")
+    assert record.commit() == "0123456+dirty"
