@@ -76,11 +76,13 @@ def plan(cases: list[Case], backend_names: list[str], done: set[tuple[str, str]]
     return tasks
 
 
-def missing_rows(case: Case, backends, rows: dict, pairwise: bool = True, attribution: bool = True) -> list[str]:
+def missing_rows(case: Case, backends, rows: dict, pairwise: bool = True, attribution: bool = True,
+                 available: set[str] = frozenset()) -> list[str]:
     """What the result rows ``rows`` ({row_key: row}, parity.results.latest_rows) lack for ``case`` run on
     ``backends`` (objects): a cell without a row for every tensor, a cell its worker did not finish (rows marked
-    ``interrupted``), a pairwise row between two backends that both ran cleanly, an attribution row of a clean
-    backend that exposes chunk states. Empty when the case is complete."""
+    ``interrupted``), a cell recorded ``unavailable`` of a backend in ``available`` (available now), a pairwise row
+    between two backends that both ran cleanly, an attribution row of a clean backend that exposes chunk states.
+    Empty when the case is complete."""
     from parity.attribution import TENSOR as H, eligible
     from parity.backends.base import Backend
     from parity.refs import tensor_names
@@ -94,6 +96,8 @@ def missing_rows(case: Case, backends, rows: dict, pairwise: bool = True, attrib
         elif any(r.get("interrupted") for r in got):
             why = (got[0].get("reason") or "").partition("\n")[0][:120]
             out.append(f"{b}: did not finish ({why})")
+        elif b in available and all(r.get("status") == "unavailable" for r in got):
+            out.append(f"{b}: unavailable when the case ran, available now")
         elif b != FLOOR_BACKEND and all(r.get("status") == "ok" for r in got):
             clean.append(b)
     if pairwise:
@@ -108,14 +112,16 @@ def missing_rows(case: Case, backends, rows: dict, pairwise: bool = True, attrib
 
 def resume_plan(cases: list[Case], backends, rows: list[dict], pairwise: bool = True,
                 attribution: bool = True) -> list[tuple[str, list[str]]]:
-    """Tasks for a resumed run: every case with anything missing (``missing_rows``) runs again whole (every
+    """Tasks for a resumed run: every case with anything missing (``missing_rows``; a backend that was unavailable
+    when the case ran and is available now counts as missing) runs again whole (every
     backend, so that its pairwise and attribution rows are recomputed too; the rounding floor only when its rows
     are missing), its new rows replacing the old; complete cases are skipped."""
     index = latest_rows(rows)
     names = [b.name for b in backends]
+    available = {b.name for b in backends if _availability(b)["available"]}
     tasks = []
     for c in cases:
-        lack = missing_rows(c, backends, index, pairwise, attribution)
+        lack = missing_rows(c, backends, index, pairwise, attribution, available)
         if lack:
             floor = [FLOOR_BACKEND] if any(m.startswith(f"{FLOOR_BACKEND}:") for m in lack) else []
             tasks.append((c.id, floor + names))

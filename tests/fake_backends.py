@@ -96,6 +96,17 @@ class Unavailable(TorchEmulated):
         return False, "fake: never available"
 
 
+class InstalledLater(TorchEmulated):
+    """Unavailable until ``$GDN_FAKE_INSTALLED`` is "1" (a package installed between a run and its resume)."""
+
+    name = "fake-installed-later"
+
+    def available(self):
+        if os.environ.get("GDN_FAKE_INSTALLED") == "1":
+            return True, ""
+        return False, "fake: not installed yet"
+
+
 class WrongShape(TorchEmulated):
     name = "fake-wrong-shape"
     has_backward = False

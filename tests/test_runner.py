@@ -232,3 +232,20 @@ def test_an_error_without_a_message_is_recorded_with_where_it_was_raised(tmp_pat
     assert row["status"] == "error"
     assert first == "RuntimeError (no message), raised in _forward at fake_backends.py:" + first.rsplit(":", 1)[1]
     assert "fake_backends.py" in row["reason"].split("\n", 1)[1]  # the traceback ends where it was raised
+
+
+def test_resume_runs_a_backend_that_became_available(tmp_path, monkeypatch):
+    """A backend unavailable when the cases ran (its package not yet installed) and available at --resume: its cells
+    run then, with their pairwise rows; while it stays unavailable, resume has nothing to do."""
+    spec = f"{FAKE}:InstalledLater"
+    monkeypatch.delenv("GDN_FAKE_INSTALLED", raising=False)
+    first = _run(tmp_path, ["torch-emulated", spec], cases=SMALL[:1])
+    assert {r["status"] for r in _rows(first, backend="fake-installed-later")} == {"unavailable"}
+    again = _run(tmp_path, ["torch-emulated", spec], cases=SMALL[:1], resume=True)
+    assert again.runs[-1]["tasks"] == 0
+    monkeypatch.setenv("GDN_FAKE_INSTALLED", "1")
+    done = _run(tmp_path, ["torch-emulated", spec], cases=SMALL[:1], resume=True)
+    latest = report.frame(done)
+    mine = latest[(latest["backend"] == "fake-installed-later") & (latest["against"] == "fp64")]
+    assert set(mine["status"]) == {"ok"}
+    assert ((latest["backend"] == "fake-installed-later") & (latest["against"] == "torch-emulated")).any()
