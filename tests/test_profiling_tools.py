@@ -41,15 +41,15 @@ CSV = "\n".join([
     _row(2, "gdn_bwd_dqk_inter_kernel(float const*, ...)", "GPU Speed Of Light Throughput", "Duration", "usecond",
          "940"),
     # ncu 2025 (the H200 box) writes "ns", and rule rows (advice) with an empty metric name
-    _row(3, "gdn_output_v2_kernel", "GPU Speed Of Light Throughput", "Duration", "ns", "1,498,304"),
-    _row(3, "gdn_output_v2_kernel", "Occupancy", "", "", ""),
+    _row(3, "gdn_output_kernel", "GPU Speed Of Light Throughput", "Duration", "ns", "1,498,304"),
+    _row(3, "gdn_output_kernel", "Occupancy", "", "", ""),
     # MemoryWorkloadAnalysis repeats "Memory Throughput" as a rate: the SpeedOfLight percentage (first) is kept
     _row(0, "gdn_bwd_dqk_inter_kernel(float const*, ...)", "GPU Speed Of Light Throughput", "Memory Throughput", "%",
          "13.4"),
     _row(0, "gdn_bwd_dqk_inter_kernel(float const*, ...)", "Memory Workload Analysis", "Memory Throughput",
          "Gbyte/s", "532.20"),
     # a raw metric from --metrics (bank conflicts), shown in thousands
-    _row(3, "gdn_output_v2_kernel", "Command line profiler metrics",
+    _row(3, "gdn_output_kernel", "Command line profiler metrics",
          "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", "", "2,048,000"),
 ])
 

@@ -6,7 +6,7 @@ Recomputes what the backward needs of the intra-chunk forward and the local part
   single-bf16 merge levels, its ``_merge`` macro), stored as a two-term split ``Th + Tl``.  The forward
   stores ``Ag = Tinv diag(beta)``; the backward needs ``Tinv^T`` itself (dY = Tinv^T dU) and undoing
   ``diag(beta)`` would divide by beta.
-* ``Ag = Tinv diag(beta)`` as the same two-term split as ``gdn_intra_v2`` with ``ag="split"`` (the same
+* ``Ag = Tinv diag(beta)`` as the same two-term split as ``gdn_intra`` with ``ag="split"`` (the same
   operations on the same values: bitwise its ``Ah, Al``), so that the backward's forward recompute runs the
   state kernel alone, on ``Agh, Agl`` and ``Fb`` (rows 0-3 are the intra kernel's ``F`` rows);
 * the gate table ``Fb [HV, NC, 8, 64]`` (rows in ``finish.py``), every exponent of a value <= 0;
@@ -136,7 +136,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False):
             T.gemm(do_s, pl_s, du_f, transpose_A=True)
             T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])
 
-            # A and its inverse (as gdn_intra_v2 with merge="bf16"), unless the forward's are given (``saved``)
+            # A and its inverse (as gdn_intra with merge="bf16"), unless the forward's are given (``saved``)
             if not saved:
                 gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s)
                 solve_diag16(a_s, l_s, t16)

@@ -18,7 +18,7 @@ STATE_FORMS = ("rv", "smem")   # register-operand (value-first tables) / shared-
 
 @dataclass(frozen=True)
 class IntraConfig:
-    """``gdn_intra_v2`` (intra_chunk.py): the merges' product written over the A_o tile (49 KiB of shared
+    """``gdn_intra`` (intra_chunk.py): the merges' product written over the A_o tile (49 KiB of shared
     memory); ``th``: it also stores Tinv in the input dtype for the backward."""
     dtype: str
     merge: str = "bf16"
@@ -58,7 +58,7 @@ class StateConfig:
 
 @dataclass(frozen=True)
 class OutputConfig:
-    """``gdn_output_v2`` (output.py): ``cpb`` chunks per CTA in a pipelined loop; ``vt``: value-first tables
+    """``gdn_output`` (output.py): ``cpb`` chunks per CTA in a pipelined loop; ``vt``: value-first tables
     (from the "rv" state kernel)."""
     dtype: str
     prec: object

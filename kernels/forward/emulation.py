@@ -64,7 +64,7 @@ def _solve(A: torch.Tensor, dt: torch.dtype, merge: str = "split") -> torch.Tens
     fp32 inverses of the 16x16 diagonal blocks (exact forward substitution, emulated by an fp64
     solve rounded to fp32), then ``L <- L - L A_o L`` at widths 16 and 32 with "split" (two-term
     operands, hi*hi + lo*hi + hi*lo), "bf16" (single input-dtype operands) or "fp32" (exact fp32,
-    emulation only) products, fp32 results (``gdn_intra_v2`` with ``Precision.merge``)."""
+    emulation only) products, fp32 results (``gdn_intra`` with ``Precision.merge``)."""
     dev = A.device
     eye16 = torch.eye(16, dtype=f64, device=dev)
     L = torch.zeros_like(A)
@@ -155,7 +155,7 @@ def _two(x, dt, split: bool):
 
 def _tinv(kc, bc, G, rk, dt: torch.dtype, merge: str):
     """Tinv = (I + A)^-1 of every chunk, A = beta_t rk_t rk_j e^(G_t - G_j) (k_t . k_j) (j < t), as
-    ``gdn_intra_v2`` and ``gdn_bwd_prep`` compute it (``merge``: the merge precision)."""
+    ``gdn_intra`` and ``gdn_bwd_prep`` compute it (``merge``: the merge precision)."""
     rows = torch.arange(BT, device=kc.device)
     KK = _f32(kc @ kc.transpose(-1, -2))
     D = G[..., :, None] - G[..., None, :]
@@ -182,7 +182,7 @@ def _gate_table(G, rk, rq, scale: float, vmask, row7):
 
 
 def intra_chunk(q, k, g, beta, cu_seqlens: list[int], scale: float, use_l2: bool, dt: torch.dtype, prec):
-    """Emulates ``gdn_intra_v2``: returns Ah, Al [HV, NC, 64, 64] (Al = 0 unless prec.ag == "split")
+    """Emulates ``gdn_intra``: returns Ah, Al [HV, NC, 64, 64] (Al = 0 unless prec.ag == "split")
     and F [HV, NC, 8, 64] (rows: e^G rk, scale e^G rq, e^(GL-G) rk, e^GL, G, scale rq, rk, 0)."""
     qc, kc, gc, bc, vmask, G, rq, rk = _gather_chunks(q, k, g, beta, cu_seqlens, use_l2)
     vmask = vmask.to(f64)
@@ -201,7 +201,7 @@ def _chunk_gather(x, tokc, inb, heads=None):
 
 def chunk_states(k, v, Ah, Al, F, cu_seqlens: list[int], chunk_offsets: list[int], h0, dt, prec, *,
              store_chunks: bool = True, aug: bool = False):
-    """Emulates ``gdn_state_v2`` over the "sequences" ``cu_seqlens`` whose first chunk ids are
+    """Emulates ``gdn_state_smem`` over the "sequences" ``cu_seqlens`` whose first chunk ids are
     ``chunk_offsets`` (segments of a sequence for the CP path).  Per chunk::
 
         Sc = split(S) (hi, + lo when prec.s == "split")  -> Sch, Scl    (chunk-start state, for o)
@@ -274,7 +274,7 @@ def chunk_states(k, v, Ah, Al, F, cu_seqlens: list[int], chunk_offsets: list[int
 
 
 def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec):
-    """Emulates ``gdn_output_v2`` (fully parallel over chunks)::
+    """Emulates ``gdn_output`` (fully parallel over chunks)::
 
         P  = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)   (j <= t, t valid; fp32)  -> Ph (+ Pl)
         O  = F1 (Q (Sch + Scl)) + Ph Uh + Pl Uh + Ph Ul

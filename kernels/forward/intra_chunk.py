@@ -1,4 +1,4 @@
-"""Intra-chunk kernel ``gdn_intra_v2``: one CTA (128 threads) per (chunk, value head).  It
+"""Intra-chunk kernel ``gdn_intra``: one CTA (128 threads) per (chunk, value head).  It
 
 * never computes ``P = Q K^T`` (the output kernel recomputes it from q/k in registers);
 * never loads q into shared memory (q is read from global only for the in-kernel L2 norm);
@@ -107,7 +107,7 @@ def solve_diag16(a_s, l_s, t16):
 
 
 def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16", th: bool = False):
-    """TileLang prim_func of ``gdn_intra_v2``.  The merges write their product ``A_o L`` over the ``A_o`` tile
+    """TileLang prim_func of ``gdn_intra``.  The merges write their product ``A_o L`` over the ``A_o`` tile
     (dead by then): 49 KiB of shared memory per CTA, 4 CTAs per SM on an H100/H200.  ``th``: also store ``Tinv = (I + A)^-1`` itself, rounded once to
     the input dtype, into ``Th`` (the autograd Function keeps it, with Ah and Al, for the backward: its prep kernel
     then skips K K^T and the solve; ``kernels/backward/prep.py``); without it ``Th`` is not accessed (pass ``Ah``).
@@ -132,7 +132,7 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
 
     @T.prim_func
-    def gdn_intra_v2(
+    def gdn_intra(
         q: T.Tensor((Ttot, H, DK), dtype),
         k: T.Tensor((Ttot, H, DK), dtype),
         g: T.Tensor((Ttot, HV), f32),
@@ -218,4 +218,4 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
                     Al[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32),
                                              dtype)
 
-    return gdn_intra_v2
+    return gdn_intra

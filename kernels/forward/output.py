@@ -1,4 +1,4 @@
-"""Parallel output kernel ``gdn_output_v2``: one CTA (128 threads) per (``cpb`` chunks, block of ``BV`` value
+"""Parallel output kernel ``gdn_output``: one CTA (128 threads) per (``cpb`` chunks, block of ``BV`` value
 columns, value head); nothing sequential.
 It recomputes the gated, scaled ``P = Q K^T`` in registers instead of reading it from the intra
 kernel (no ``Ph, Pl`` tensors)::
@@ -107,7 +107,7 @@ def build_output(DK: int, DV: int, dtype: str, prec, BV: int = 128, vt: bool = T
                 T.copy(Ul[hv, c, 0:BT, v0:v0 + BV], ul_s)
 
     @T.prim_func
-    def gdn_output_v2(
+    def gdn_output(
         q: T.Tensor((Ttot, H, DK), dtype),
         k: T.Tensor((Ttot, H, DK), dtype),
         F: T.Tensor((HV, NC, 8, BT), f32),
@@ -143,4 +143,4 @@ def build_output(DK: int, DV: int, dtype: str, prec, BV: int = 128, vt: bool = T
                 _chunk_output(q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, qk, pa, pl, o_f, o, t0,
                               T.if_then_else(cb * cpb + it < NC, eos, t0), hv, v0, vt, s_sp, p_sp, u_sp)
 
-    return gdn_output_v2
+    return gdn_output

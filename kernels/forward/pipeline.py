@@ -127,7 +127,7 @@ class IntraTables:
 
 
 def intra_chunk(*, x: ForwardInputs, plan) -> IntraTables:
-    """``gdn_intra_v2``: the per-chunk tables (parallel over chunks and value heads)."""
+    """``gdn_intra``: the per-chunk tables (parallel over chunks and value heads)."""
     from kernels.build import get_kernel
     dev, dt = x.q.device, x.q.dtype
     Ah = torch.empty(x.HV, x.NC, BT, BT, device=dev, dtype=dt)
@@ -198,7 +198,7 @@ def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStat
 
 
 def output(*, x: ForwardInputs, plan, tables: IntraTables, states: ChunkStates) -> torch.Tensor:
-    """``gdn_output_v2``: o [Ttot, HV, D] in the input dtype (parallel over chunks)."""
+    """``gdn_output``: o [Ttot, HV, D] in the input dtype (parallel over chunks)."""
     from kernels.build import get_kernel
     o = torch.empty(x.B * x.T, x.HV, x.D, device=x.q.device, dtype=x.q.dtype)
     get_kernel(plan.configs()[2])(x.q, x.k, tables.F, states.Sch, states.Scl, states.Uh, states.Ul, x.cu,

@@ -1,4 +1,4 @@
-"""Sequential state kernel, shared-memory-operand form ``gdn_state_v2`` (and the CP scan ``gdn_scan_v2``).
+"""Sequential state kernel, shared-memory-operand form ``gdn_state_smem`` (and the CP scan ``gdn_scan_smem``).
 
 One CTA (128 threads) per (block of ``BV`` value columns, value head, sequence or segment); the fp32
 state block ``S[DK, BV]`` lives in registers; chunk loads (k, v, Ag, F) are TMA through TileLang's
@@ -30,7 +30,7 @@ THREADS = 128
 
 def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False,
                    ctas_per_sm: int = 1, swizzle_sl: bool = False):
-    """TileLang prim_func of ``gdn_state_v2`` (``scan=False``) or ``gdn_scan_v2`` (``scan=True``).
+    """TileLang prim_func of ``gdn_state_smem`` (``scan=False``) or ``gdn_scan_smem`` (``scan=True``).
 
     Arguments:
       k        [Ttot, H, DK]          dtype
@@ -81,7 +81,7 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
     upd_first = T.wgmma_gemm if upd_sp else T.gemm
 
     @T.prim_func
-    def gdn_state_v2(
+    def gdn_state_smem(
         k: T.Tensor((Ttot, H, DK), dtype),
         v: T.Tensor((Ttot, HV, DV), dtype),
         Ah: T.Tensor((HV, NCg, BT, BT), dtype),
@@ -238,4 +238,4 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                     else:
                         T.copy(s_f, ht[n, hv, 0:DK, v0:v0 + BV])
 
-    return gdn_state_v2
+    return gdn_state_smem
