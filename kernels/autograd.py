@@ -59,13 +59,15 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         else:
             o, ht = fwd(q, k, v, g, beta, **kw)
         kept = [keep.get(n) for n in SAVED_TABLES] if keep else [None] * len(SAVED_TABLES)
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, *kept)
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, *kept)
+        ctx.cu_seqlens = cu_seqlens  # not differentiable; may be an inference tensor, which autograd cannot save
         ctx.opts = (scale, bool(use_qk_l2norm_in_kernel), bool(state_v_first), impl, alter)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, initial_state, cu_seqlens, *kept = ctx.saved_tensors
+        q, k, v, g, beta, initial_state, *kept = ctx.saved_tensors
+        cu_seqlens = ctx.cu_seqlens
         scale, use_l2, state_v_first, impl, alter = ctx.opts
         _, bwd = _directions(impl)
         if do is None:

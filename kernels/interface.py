@@ -126,16 +126,20 @@ def call_tables(B, T, cu_seqlens, dev):
     and device: a model calls the kernel once per layer with one ``cu_seqlens``, and only the first call then pays
     the device -> host copy (a sync) and the host-side table build.  (FLA caches its chunk indices by tensor
     identity the same way.)  The cache holds a reference to that one tensor, so its memory cannot be reused by
-    another tensor while it is cached."""
+    another tensor while it is cached.  An inference tensor (made under ``torch.inference_mode()``, as engines make
+    their metadata) has no version counter, so an in-place change could not be seen: its tables are built on every
+    call (one device -> host copy each)."""
     if cu_seqlens is None:
         return None, seq_tables(B, T, None, dev)
+    tracked = not cu_seqlens.is_inference()
     last = _VARLEN_LAST.get("entry")     # one tuple, replaced in one assignment: no torn key / value pair
-    if (last is not None and last[0] is cu_seqlens and last[1] == cu_seqlens._version and last[2] == T
+    if (tracked and last is not None and last[0] is cu_seqlens and last[1] == cu_seqlens._version and last[2] == T
             and last[3] == str(dev)):
         return last[4]
     cu_host = host_list(cu_seqlens)
     value = (cu_host, seq_tables(B, T, cu_seqlens, dev, cu_host))
-    _VARLEN_LAST["entry"] = (cu_seqlens, cu_seqlens._version, T, str(dev), value)
+    if tracked:
+        _VARLEN_LAST["entry"] = (cu_seqlens, cu_seqlens._version, T, str(dev), value)
     return value
 
 

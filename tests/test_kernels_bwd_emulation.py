@@ -590,3 +590,31 @@ def test_saved_tables_are_kept_only_where_the_backward_reads_them(monkeypatch):
     monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 1)
     assert not bapi.reads_saved_tables(q, v, cu)            # segmented
     assert not bapi.reads_saved_tables(q.float(), v, cu)    # no kernel dtype: nothing to keep
+
+
+def test_autograd_takes_cu_seqlens_made_under_inference_mode():
+    """Engines make cu_seqlens under torch.inference_mode(): the Function's gradients with such a tensor equal those
+    with an ordinary one, and the forward runs under inference_mode and no_grad."""
+    from kernels.autograd import apply
+
+    torch.manual_seed(0)
+    T, H, HV, D = 130, 1, 2, 64
+    q = torch.randn(1, T, H, D).bfloat16()
+    k = torch.nn.functional.normalize(torch.randn(1, T, H, D), dim=-1).bfloat16()
+    v = torch.randn(1, T, HV, D).bfloat16()
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV))
+    beta = torch.rand(1, T, HV)
+    with torch.inference_mode():
+        cu_inf = torch.tensor([0, 50, 130])
+    grads = []
+    for cu in (torch.tensor([0, 50, 130]), cu_inf):
+        xs = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
+        o, ht = apply(*xs, output_final_state=True, cu_seqlens=cu, impl="emulation")
+        (o.float().square().sum() + ht.square().sum()).backward()
+        grads.append([x.grad for x in xs])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+    for ctx in (torch.inference_mode, torch.no_grad):
+        with ctx():
+            o2, _ = apply(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu_inf, impl="emulation")
+        assert torch.equal(o2, o.detach())

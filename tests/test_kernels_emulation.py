@@ -330,3 +330,20 @@ def test_cp_fixup_scan_matches_the_sequential_walk(vt, with_h0, P):
     if vt:
         got = got.transpose(-1, -2)
     torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_varlen_tables_of_an_inference_tensor_follow_in_place_changes():
+    """Engines build cu_seqlens under torch.inference_mode(): such a tensor has no version counter, so its tables
+    are built from its current values on every call, in and outside inference mode."""
+    from kernels.interface import call_tables as _call_tables
+
+    dev = torch.device("cpu")
+    with torch.inference_mode():
+        cu = torch.tensor([0, 1, 64, 64, 193], dtype=torch.int32)
+    assert _call_tables(1, 193, cu, dev)[0] == [0, 1, 64, 64, 193]
+    with torch.inference_mode():
+        first = _call_tables(1, 193, cu, dev)
+        cu[2] = 32
+        changed = _call_tables(1, 193, cu, dev)
+    assert first[0] == [0, 1, 64, 64, 193] and first[1][3] == 5
+    assert changed[0] == [0, 1, 32, 64, 193] and changed[1][3] == 1 + 1 + 1 + 3
