@@ -230,6 +230,7 @@ def cmd_list(args) -> int:
     from tabulate import tabulate
 
     from parity.backends import all_backends, plugins
+    from parity.execute import availability
 
     print("Matrices:")
     rows = []
@@ -244,11 +245,8 @@ def cmd_list(args) -> int:
     print("\nBackends:")
     rows = []
     for name, cls in all_backends().items():
-        try:
-            ok, reason = cls().available()
-        except Exception as err:  # noqa: BLE001 - listed as unavailable with the error
-            ok, reason = False, f"available() raised {type(err).__name__}: {err}"
-        rows.append((name, "yes" if ok else "no", reason, cls.description))
+        a = availability(cls())
+        rows.append((name, "yes" if a["available"] else "no", a["reason"], cls.description))
     print(tabulate(rows, headers=["backend", "available", "reason / note", "what"], tablefmt="simple"))
     for problem in plugins().problems:
         print(f"warning: {problem}", file=sys.stderr)

@@ -248,3 +248,20 @@ def run_case(case: Case, backends: list[Backend], device: torch.device, cache: R
         if rows:
             emit("attribution", rows)
     return ref.seconds
+
+
+def availability(b: Backend) -> dict:
+    """{"available", "reason"} of ``b``; an ``available()`` that raises is unavailable with the error."""
+    try:
+        ok, reason = b.available()
+    except Exception as err:  # noqa: BLE001 - its cells record the error (parity.execute.run_backend)
+        ok, reason = False, f"available() raised {describe_error(err)}"
+    return {"available": ok, "reason": reason}
+
+
+def versions(b: Backend) -> dict:
+    """``b.versions()``; one that raises gives {"error": ...}."""
+    try:
+        return b.versions()
+    except Exception as err:  # noqa: BLE001
+        return {"error": f"versions() raised {describe_error(err)}"}

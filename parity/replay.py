@@ -299,7 +299,7 @@ def replay(path: str | os.PathLike, backends: list[str] | None = None, out: str 
     ``out``/report.md (default out: reports/replay-<stem>/). Returns (results, report)."""
     from parity import environment
     from parity.backends import resolve
-    from parity.execute import ContextPoisoned, run_case, status_rows
+    from parity.execute import ContextPoisoned, availability, run_case, status_rows, versions
     from parity.refs import REF_VERSION
     from parity.results import FLOOR_BACKEND, ResultWriter, load
 
@@ -315,8 +315,8 @@ def replay(path: str | os.PathLike, backends: list[str] | None = None, out: str 
     case = cap.case
     header = {
         "run_id": out.name, "matrix": "replay", "seeds": None, "shard": None, "backends": [b.name for b in chosen],
-        "availability": {b.name: dict(zip(("available", "reason"), b.available())) for b in chosen},
-        "versions": {b.name: b.versions() for b in chosen}, "ref_version": REF_VERSION, "cases": 1, "tasks": 1,
+        "availability": {b.name: availability(b) for b in chosen},
+        "versions": {b.name: versions(b) for b in chosen}, "ref_version": REF_VERSION, "cases": 1, "tasks": 1,
         "env": environment.collect(),
         "capture": {"file": str(cap.path), "sha256": cap.sha256, "case_id": case.id, "settings": cap.settings(),
                     "notes": cap.notes, "sequences": len(cap.inputs.seq_lens), "supports_asked_as": proxy.id,

@@ -28,7 +28,7 @@ import torch
 from cases.case import Case
 from parity import environment
 from parity.backends import resolve
-from parity.execute import ContextPoisoned, describe_error, run_case, status_rows
+from parity.execute import ContextPoisoned, availability, run_case, status_rows, versions
 from parity.refs import REF_VERSION, RefCache
 from parity.results import FLOOR_BACKEND, ResultWriter, WriteLock, latest_rows, load
 
@@ -118,7 +118,7 @@ def resume_plan(cases: list[Case], backends, rows: list[dict], pairwise: bool = 
     are missing), its new rows replacing the old; complete cases are skipped."""
     index = latest_rows(rows)
     names = [b.name for b in backends]
-    available = {b.name for b in backends if _availability(b)["available"]}
+    available = {b.name for b in backends if availability(b)["available"]}
     tasks = []
     for c in cases:
         lack = missing_rows(c, backends, index, pairwise, attribution, available)
@@ -345,21 +345,6 @@ def run(config: RunConfig) -> Path:
         return _run_locked(config, cases, backends, lock)
 
 
-def _availability(b) -> dict:
-    try:
-        ok, reason = b.available()
-    except Exception as err:  # noqa: BLE001 - its cells record the error (parity.execute.run_backend)
-        ok, reason = False, f"available() raised {describe_error(err)}"
-    return {"available": ok, "reason": reason}
-
-
-def _versions(b) -> dict:
-    try:
-        return b.versions()
-    except Exception as err:  # noqa: BLE001
-        return {"error": f"versions() raised {describe_error(err)}"}
-
-
 def _run_locked(config: RunConfig, cases: list[Case], backends, lock: WriteLock) -> Path:
     names = [b.name for b in backends]
     if not config.resume and Path(config.out).exists():
@@ -371,11 +356,11 @@ def _run_locked(config: RunConfig, cases: list[Case], backends, lock: WriteLock)
     if config.repeat is None:
         config.repeat = torch.cuda.is_available()
     env = environment.collect()
-    availability = {b.name: {**_availability(b), "conversion": b.conversion} for b in backends}
+    avail = {b.name: {**availability(b), "conversion": b.conversion} for b in backends}
     header = {
         "run_id": Path(config.out).parent.name, "matrix": config.matrix, "seeds": config.seeds,
         "shard": None if config.shard is None else f"{config.shard[0]}/{config.shard[1]}",
-        "backends": names, "availability": availability, "versions": {b.name: _versions(b) for b in backends},
+        "backends": names, "availability": avail, "versions": {b.name: versions(b) for b in backends},
         "ref_version": REF_VERSION, "cases": len(cases), "tasks": len(tasks), "env": env, **config.extra_meta,
     }
     writer = ResultWriter(config.out, header, lock=lock)

@@ -174,3 +174,18 @@ def test_an_fp64_capture_is_judged_by_the_fp64_rule(tmp_path):
     res, _ = replay.replay(path, backends=["ref-recurrent"], out=tmp_path / "out")
     judged = judge_frame(results.load(res).frame())
     assert set(zip(judged["tensor"], judged["verdict"])) == {("o", PASS), ("ht", PASS)}, judged["v_message"].tolist()
+
+
+def test_a_backend_whose_available_raises_costs_only_its_own_rows(tmp_path):
+    """The replay's run header asks each backend whether it is available: one that raises is recorded unavailable
+    with the error, its rows say so, and the other backends are judged."""
+    path = _capture(tmp_path / "layer3.safetensors")
+    res, _ = replay.replay(path, backends=["torch-emulated", "tests.fake_backends:RaisingAvailable"],
+                           out=tmp_path / "out")
+    res = results.load(res)
+    run = res.runs[0]
+    assert run["availability"]["fake-raising-available"]["available"] is False
+    assert "available() raised" in run["availability"]["fake-raising-available"]["reason"]
+    mine = [r for r in res.rows if r["backend"] == "fake-raising-available"]
+    assert mine and {r["status"] for r in mine} <= {"error", "unavailable"}
+    assert any(r["backend"] == "torch-emulated" and r["status"] == "ok" for r in res.rows)
