@@ -175,4 +175,3 @@ def test_a_killed_run_is_completed_by_resume(tmp_path):
     after = results.load(out)
     assert runner.resume_plan(CASES, resolve(specs.split(",")), after.rows) == []
     assert _fp64(after, CASES[1].id, "fake-hanger")["o"]["status"] == "ok" and (out.parent / "report.md").exists()
-
