@@ -111,14 +111,15 @@ def missing_rows(case: Case, backends, rows: dict, pairwise: bool = True, attrib
 
 
 def resume_plan(cases: list[Case], backends, rows: list[dict], pairwise: bool = True,
-                attribution: bool = True) -> list[tuple[str, list[str]]]:
+                attribution: bool = True, available: set[str] | None = None) -> list[tuple[str, list[str]]]:
     """Tasks for a resumed run: every case with anything missing (``missing_rows``; a backend that was unavailable
     when the case ran and is available now counts as missing) runs again whole (every
     backend, so that its pairwise and attribution rows are recomputed too; the rounding floor only when its rows
     are missing), its new rows replacing the old; complete cases are skipped."""
     index = latest_rows(rows)
     names = [b.name for b in backends]
-    available = {b.name for b in backends if availability(b)["available"]}
+    if available is None:  # the backends available now, when the caller has not asked them already
+        available = {b.name for b in backends if availability(b)["available"]}
     tasks = []
     for c in cases:
         lack = missing_rows(c, backends, index, pairwise, attribution, available)
@@ -349,14 +350,15 @@ def _run_locked(config: RunConfig, cases: list[Case], backends, lock: WriteLock)
     names = [b.name for b in backends]
     if not config.resume and Path(config.out).exists():
         raise FileExistsError(f"{config.out} exists; pass --resume to continue it or choose another --out")
+    avail = {b.name: {**availability(b), "conversion": b.conversion} for b in backends}
     if config.resume and Path(config.out).exists():
-        tasks = resume_plan(cases, backends, load(config.out).rows, config.pairwise, config.attribution)
+        tasks = resume_plan(cases, backends, load(config.out).rows, config.pairwise, config.attribution,
+                            {name for name, a in avail.items() if a["available"]})
     else:
         tasks = plan(cases, names, set())
     if config.repeat is None:
         config.repeat = torch.cuda.is_available()
     env = environment.collect()
-    avail = {b.name: {**availability(b), "conversion": b.conversion} for b in backends}
     header = {
         "run_id": Path(config.out).parent.name, "matrix": config.matrix, "seeds": config.seeds,
         "shard": None if config.shard is None else f"{config.shard[0]}/{config.shard[1]}",
