@@ -10,11 +10,9 @@ Known upstream defects are strict expected failures listed in ``tests/known_fail
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch  # does not import triton
@@ -35,7 +33,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one torch thread per xdist worker: the workers already fill the cores
     torch.set_num_threads(1)
 
-KNOWN_FAILURES = Path(__file__).parent / "tests" / "known_failures.json"
+from parity import known_failures  # noqa: E402 - after TRITON_INTERPRET; imports neither torch nor triton
+
 REFERENCE_BACKENDS = {"ref-recurrent", "torch-emulated"}
 
 
@@ -63,26 +62,11 @@ def pytest_configure(config):
 
 
 def load_known_failures() -> list[dict]:
-    """Entries: backend, case, reason, link (all required) and scope (optional).  ``case`` is a glob over
-    the case id or a list of them: the cells measured to fail (``scripts/refresh_known_failures.py``
-    writes the list from a result file, for the cells of ``scope`` that failed); ``scope`` is the glob of
-    cases the defect can touch, for the reader."""
-    entries = json.loads(KNOWN_FAILURES.read_text())
-    for e in entries:
-        missing = {"backend", "case", "reason", "link"} - set(e)
-        if missing:
-            raise ValueError(f"{KNOWN_FAILURES}: entry {e} lacks {sorted(missing)}")
-        if isinstance(e["case"], str):
-            e["case"] = [e["case"]]
-    return entries
+    """The entries of tests/known_failures.json (parity.known_failures.load)."""
+    return known_failures.load()
 
 
-def known_failure(known: list[dict], case_id: str, backend: str) -> int | None:
-    """Index of the first entry of ``known`` that matches (case id, backend), or None."""
-    for i, e in enumerate(known):
-        if e["backend"] == backend and any(fnmatch.fnmatchcase(case_id, c) for c in e["case"]):
-            return i
-    return None
+known_failure = known_failures.match  # index of the first entry matching (case id, backend), or None
 
 
 def matrix_cells(config):

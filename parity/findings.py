@@ -7,40 +7,15 @@ tests/known_failures.json where an entry names the cell; then what the serving e
 
 from __future__ import annotations
 
-import fnmatch
-import json
 from pathlib import Path
 
 import pandas as pd
 
+from parity import known_failures
 from parity.backends import BASELINE
 from parity.results import FLOOR_BACKEND, REFERENCE_BACKENDS
 
-KNOWN_FAILURES = Path(__file__).resolve().parent.parent / "tests" / "known_failures.json"
 MAX_ROWS = 25
-
-
-def load_known(path: str | Path = KNOWN_FAILURES) -> list[dict]:
-    """The known-failure entries (backend, case ids or globs, reason, link); [] when the file is absent; ValueError
-    naming the file when it is not a JSON list."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON list of entries, got {type(data).__name__}")
-    return data
-
-
-def known_cause(known: list[dict], case_id: str, backend: str) -> str:
-    """'reason (link)' of the first entry of ``backend`` whose case list matches ``case_id``, else ''."""
-    for e in known:
-        if e.get("backend") == backend and any(fnmatch.fnmatchcase(case_id, p) for p in e.get("case", [])):
-            return f"{e.get('reason', '')} ({e.get('link', '')})"
-    return ""
 
 
 def _errors(df: pd.DataFrame, backend: str) -> pd.Series:
@@ -83,7 +58,7 @@ def failing(df: pd.DataFrame, known: list[dict]) -> pd.DataFrame:
     for (backend, gid, tensor), g in bad.groupby(["backend", "group_id", "tensor"]):
         worst = g.loc[g["rel_rmse"].idxmax()] if g["rel_rmse"].notna().any() else g.iloc[0]
         key = (worst["case_id"], tensor)
-        causes = [c for c in (known_cause(known, cid, backend) for cid in g["case_id"]) if c]
+        causes = [c for c in (known_failures.cause(known, cid, backend) for cid in g["case_id"]) if c]
         rows.append({"backend": backend, "configuration": gid, "tensor": tensor,
                      "verdict": ",".join(sorted(set(g["verdict"]))), "seeds": len(g),
                      "rel_rmse": worst["rel_rmse"], "x floor": _ratio(worst["rel_rmse"], floor.get(key)),
@@ -94,7 +69,7 @@ def failing(df: pd.DataFrame, known: list[dict]) -> pd.DataFrame:
     return out.sort_values(["backend", "x floor"], ascending=[True, False], na_position="first")
 
 
-def section(rs, df: pd.DataFrame, known_path: str | Path = KNOWN_FAILURES) -> str:
+def section(rs, df: pd.DataFrame, known_path: str | Path = known_failures.PATH) -> str:
     """The markdown section: failing configurations (at most MAX_ROWS, the worst per backend first), the backends
     with none, and the engine view's summary."""
     from parity import engines
@@ -102,7 +77,7 @@ def section(rs, df: pd.DataFrame, known_path: str | Path = KNOWN_FAILURES) -> st
 
     out = ["## Findings", ""]
     try:
-        known = load_known(known_path)
+        known = known_failures.load(known_path)
         note = ""
     except ValueError as err:
         known, note = [], f"Known causes not read: {err}."
