@@ -65,6 +65,11 @@ def _num(x) -> float:
     return float("nan") if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
 
+def _nonfinite(row: dict) -> str:
+    """'N NaN and M Inf' of a row of status nan."""
+    return f"{int(_num(row.get('nan_count')) or 0)} NaN and {int(_num(row.get('inf_count')) or 0)} Inf"
+
+
 def _is_fp64(row: dict) -> bool:
     """Was the tensor returned in fp64? (``out_dtype``; rows written without it: an fp64 case.)"""
     out = row.get("out_dtype")
@@ -101,7 +106,7 @@ def cross_check(rows: list[dict]) -> str | None:
         status = check_status(r)
         if status == "nan":
             return (f"case {r['case_id']}: the two fp64 references disagree: {CHECK_BACKEND} {r['tensor']} has "
-                    f"{int(_num(r.get('nan_count')) or 0)} NaN and {int(_num(r.get('inf_count')) or 0)} Inf")
+                    f"{_nonfinite(r)}")
         if status != "ok":
             continue
         over = fp64_excess(r)
@@ -157,8 +162,7 @@ def judge(row: dict, base: dict | None, floor: dict | None, invalid: str | None 
     where = _where(row)
     if status == "nan":
         return Verdict(FAIL, "nan_count", _num(row.get("nan_count")), 0.0,
-                       failure_message(row, "nan/inf", f"{int(_num(row.get('nan_count')) or 0)} NaN and "
-                                       f"{int(_num(row.get('inf_count')) or 0)} Inf", "0", where))
+                       failure_message(row, "nan/inf", _nonfinite(row), "0", where))
     if status == "error":
         return Verdict(ERROR, message=(row.get("reason") or "").split("\n")[0])
     if status in ("unsupported", "unavailable"):
