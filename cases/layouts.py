@@ -3,7 +3,8 @@
 A layout turns (T, B, rng) into sequence lengths. Dense layouts give every row T tokens; varlen
 layouts pack sequences into one row (B=1) described by cu_seqlens; ``left-pad`` gives each dense row
 a short prompt at its end, the tokens before it being zeros (q=k=v=0, g=0, beta=0), which leave the
-state exactly unchanged.
+state exactly unchanged; ``varlen-padded`` packs a few sequences and leaves the row's last tokens outside
+every sequence (``cu_seqlens[-1] < T``: drawn like the rest, their o must be 0).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ BOUNDARY_LENGTHS = (1, 63, 64, 65, 127, 128, 129)
 @dataclass(frozen=True)
 class Layout:
     """name; rationale (one line); varlen: packed with cu_seqlens; lengths(T, B, gen) -> per-sequence lengths
-    (varlen) or per-row prompt lengths (left-pad) or None (dense); min_T: the smallest T it makes sense for."""
+    (varlen; with ``padded`` they sum to less than T) or per-row prompt lengths (left-pad) or None (dense);
+    min_T: the smallest T it makes sense for."""
 
     name: str
     rationale: str
@@ -27,6 +29,7 @@ class Layout:
     lengths: Callable[[int, int, torch.Generator], list[int] | None]
     min_T: int = 1
     left_pad: bool = False
+    padded: bool = False
 
 
 def _fill(cycle, T: int) -> list[int]:
@@ -61,6 +64,14 @@ def _with_empty(T: int, B: int, gen: torch.Generator) -> list[int]:
     return [0, 1, 0, half, rest - half, 0]
 
 
+def _padded(T: int, B: int, gen: torch.Generator) -> list[int]:
+    """Three ragged sequences over the first T - T/5 tokens (at least one token of padding after them)."""
+    used = T - max(1, T // 5)
+    cuts = sorted(int(torch.randint(0, used + 1, (1,), generator=gen)) for _ in range(2))
+    bounds = [0, *cuts, used]
+    return [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def _left_pad(T: int, B: int, gen: torch.Generator) -> list[int]:
     lo, hi = max(1, T // 16), max(1, T // 4)
     return [int(torch.randint(lo, hi + 1, (1,), generator=gen)) for _ in range(B)]
@@ -79,6 +90,8 @@ LAYOUTS: dict[str, Layout] = {
                True, _many_short),
         Layout("varlen-empty", "zero-length and one-token sequences among two long ones: an empty sequence must pass "
                "its initial state through exactly", True, _with_empty, min_T=3),
+        Layout("varlen-padded", "three ragged sequences then T/5 padding tokens past cu_seqlens[-1]: a serving "
+               "batch padded to a fixed size (o and the gradients must be 0 there)", True, _padded, padded=True),
         Layout("left-pad", "a short prompt (T/16 to T/4 tokens) left-padded with zeros to T in each row: padded "
                "batched inference", False, _left_pad, min_T=1, left_pad=True),
     )

@@ -90,8 +90,9 @@ def standard() -> list[Case]:
         out += _both_gate_dtypes(base.replace(T=T, dtype="fp16"))
     for d in DISTRIBUTIONS:  # every distribution, both gate dtypes
         out += _both_gate_dtypes(base.replace(dist=d, h0_dtype=_h0_for(d)))
-    for lay in LAYOUTS:  # every layout
-        out.append(base.replace(layout=lay))
+    for lay in LAYOUTS:  # every layout but padded varlen (most backends leave padding undefined: smoke has it)
+        if not LAYOUTS[lay].padded:
+            out.append(base.replace(layout=lay))
     out += [
         base.replace(B=4, T=2048),
         base.replace(layout="varlen-short", h0_dtype="fp32"),

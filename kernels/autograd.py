@@ -1,7 +1,9 @@
 """``torch.autograd.Function`` of the TileLang GDN forward and backward.
 
-``chunk_gated_delta_rule(...)`` has the forward's signature (``kernels.forward.pipeline``) and is differentiable
-in q, k, v, g, beta and initial_state: gradients come back in the inputs' dtypes (dh0 in fp32).  Where a gradient
+``chunk_gated_delta_rule(...)`` has the forward's signature (``kernels.forward.pipeline``) plus FLA's in-kernel
+activations (``use_gate_in_kernel``, ``A_log``, ``dt_bias``, ``use_beta_sigmoid_in_kernel``: ``kernels.activations``,
+applied in torch before the Function) and is differentiable in q, k, v, g, beta, initial_state, A_log and dt_bias:
+gradients come back in the inputs' dtypes (dh0 in fp32).  Where a gradient
 is needed and the backward reads them (``backward.pipeline.reads_saved_tables``), the forward's intra kernel also
 stores Tinv and the Function keeps its tables ``Th`` (Tinv), ``Ah``, ``Al`` (Ag = Tinv diag(beta), hi + lo):
 3 x [HV, NC, 64, 64] in the input dtype, 384 bytes a token and value head; the backward's prep kernel then skips
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.activations import activations
 from kernels.backward.pipeline import SAVED_TABLES
 
 
@@ -89,14 +92,19 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
 
 
 def apply(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
-          state_v_first=False, cu_seqlens=None, *, impl: str = "tilelang", alter=None):
-    """``ChunkGatedDeltaRuleFunction`` with the forward's signature; ``impl`` and ``alter`` as the module says."""
+          state_v_first=False, cu_seqlens=None, use_gate_in_kernel=False, A_log=None, dt_bias=None,
+          use_beta_sigmoid_in_kernel=False, *, impl: str = "tilelang", alter=None):
+    """The activations, then ``ChunkGatedDeltaRuleFunction`` with the forward's signature; ``impl`` and ``alter``
+    as the module says."""
+    g, beta = activations(g, beta, v, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
     return ChunkGatedDeltaRuleFunction.apply(q, k, v, g, beta, scale, initial_state, output_final_state,
                                              use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, impl, alter)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                           use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None):
-    """Differentiable GDN chunked forward (``kernels.forward.pipeline`` for shapes and dtypes)."""
+                           use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None,
+                           use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False):
+    """Differentiable GDN chunked forward (``kernels.forward.pipeline`` for shapes and dtypes,
+    ``kernels.activations`` for the in-kernel gate and beta)."""
     return apply(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                 state_v_first, cu_seqlens)
+                 state_v_first, cu_seqlens, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)

@@ -146,8 +146,9 @@ def call_tables(B, T, cu_seqlens, dev):
 def _varlen_tables(T, cu_seqlens, dev, cu_host=None):
     if cu_host is None:
         cu_host = host_list(cu_seqlens)
-    if cu_host[0] != 0 or cu_host[-1] != T:
-        raise ValueError(f"cu_seqlens must start at 0 and end at T={T}, got {cu_host[0]} ... {cu_host[-1]}")
+    if cu_host[0] != 0 or cu_host[-1] > T:
+        raise ValueError(f"cu_seqlens must start at 0 and end at most at T={T} (tokens past its end are padding), "
+                         f"got {cu_host[0]} ... {cu_host[-1]}")
     idx, offs = [], [0]
     for n in range(len(cu_host) - 1):
         L = cu_host[n + 1] - cu_host[n]
@@ -162,6 +163,27 @@ def _varlen_tables(T, cu_seqlens, dev, cu_host=None):
     return cu, ci, co, len(idx)
 
 
+
+
+def token_count(B: int, T: int, cu_host) -> int:
+    """Tokens in sequences: B * T dense, ``cu_seqlens[-1]`` varlen (``<= T``: the rest is padding)."""
+    return B * T if cu_host is None else cu_host[-1]
+
+
+def token_rows(x, n: int):
+    """The first ``n`` token rows of ``x [Ttot, ...]`` (a contiguous view of contiguous ``x``): what the kernels
+    see of a padded varlen call, so that no padding token is ever read."""
+    return x if n == x.shape[0] else x[:n]
+
+
+def pad_rows(x, n: int):
+    """``x [Ttot', ...]`` zero-padded to ``n`` token rows: the outputs of a padded varlen call (zero past the last
+    sequence); ``x`` itself when it has ``n`` rows."""
+    if x.shape[0] == n:
+        return x
+    out = x.new_zeros((n, *x.shape[1:]))
+    out[: x.shape[0]] = x
+    return out
 
 
 def pad_last(x, n: int):

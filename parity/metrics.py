@@ -72,7 +72,8 @@ class Metrics:
 def locate(flat_index: int, shape: tuple[int, ...], kind: str = TOKEN_KIND,
            cu_seqlens: list[int] | None = None) -> Location:
     """Map a flat index of a tensor of ``shape`` to a Location. Token tensors are [B, T, heads(, channels)] (with
-    cu_seqlens the packed token is mapped to (sequence, token in it)); state tensors are [N, heads, d1, d2]."""
+    cu_seqlens the packed token is mapped to (sequence, token in it); a token past cu_seqlens[-1], padding, to
+    (N, token past the end)); state tensors are [N, heads, d1, d2]."""
     idx = []
     rem = int(flat_index)
     for size in reversed(shape):
@@ -85,6 +86,8 @@ def locate(flat_index: int, shape: tuple[int, ...], kind: str = TOKEN_KIND,
         return Location(seq=idx[0], token=idx[1] * CHUNK_SIZE, head=idx[2], channel=f"{idx[3]},{idx[4]}")
     b, t, h = idx[0], idx[1], idx[2]
     ch = idx[3] if len(idx) > 3 else None
+    if cu_seqlens is not None and t >= cu_seqlens[-1]:
+        return Location(seq=len(cu_seqlens) - 1, token=t - cu_seqlens[-1], head=h, channel=ch)
     if cu_seqlens is not None:
         seq = max(i for i in range(len(cu_seqlens) - 1) if cu_seqlens[i] <= t and t < cu_seqlens[i + 1])
         return Location(seq=seq, token=t - cu_seqlens[seq], head=h, channel=ch)

@@ -64,10 +64,13 @@ def _block_sums(x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 
 def bin_index(t: torch.Tensor, T: int, cu_seqlens: torch.Tensor | None, bins: int = N_BINS) -> torch.Tensor:
-    """The bin of each token index ``t`` (of a dense row of length T, or packed with ``cu_seqlens``)."""
+    """The bin of each token index ``t`` (of a dense row of length T, or packed with ``cu_seqlens``; tokens past
+    ``cu_seqlens[-1]``, padding, are binned as one more sequence)."""
     if cu_seqlens is None:
         return torch.div(t * bins, max(T, 1), rounding_mode="floor")
     cu = cu_seqlens.to(device=t.device, dtype=torch.int64)
+    if int(cu[-1]) < T:
+        cu = torch.cat([cu, cu.new_tensor([T])])
     seq = torch.searchsorted(cu[1:], t, right=True)
     start, length = cu[seq], cu[seq + 1] - cu[seq]
     return torch.div((t - start) * bins, length.clamp_min(1), rounding_mode="floor")

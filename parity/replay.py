@@ -245,7 +245,7 @@ def load_capture(path: str | os.PathLike) -> Capture:
 
 def nearest_case(cap: Capture):
     """The registered ``cases.Case`` a backend's ``supports`` is asked with: the capture's shapes and dtypes, layout
-    varlen-one or dense, and the registered distribution whose in-kernel transforms match the capture's best."""
+    varlen-one (varlen-padded when ``cu_seqlens[-1] < T``) or dense, and the registered distribution whose in-kernel transforms match the capture's best."""
     from cases.case import Case
     from cases.distributions import DISTRIBUTIONS
 
@@ -259,7 +259,10 @@ def nearest_case(cap: Capture):
 
     dist = min((d for d in DISTRIBUTIONS.values() if not d.needs_h0), key=distance)
     fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(Case)}
-    return Case(**{**fields, "layout": "varlen-one" if inp.cu_seqlens is not None else "dense", "dist": dist.name})
+    layout = "dense"
+    if inp.cu_seqlens is not None:
+        layout = "varlen-padded" if int(inp.cu_seqlens[-1]) < inp.q.shape[1] else "varlen-one"
+    return Case(**{**fields, "layout": layout, "dist": dist.name})
 
 
 class AsCaptured(Backend):

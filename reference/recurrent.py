@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from reference.prepare import prepare
-from reference.segments import segments, state_in, state_out
+from reference.segments import pad_tokens, segments, state_in, state_out
 from reference.validate import check_inputs
 
 
@@ -70,6 +70,6 @@ def fused_recurrent_gated_delta_rule(
             o_n, S_n = _recur(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], S0[n:n + 1], scale)
             os_.append(o_n)
             Ss.append(S_n)
-        o = torch.cat(os_, dim=1)
+        o = pad_tokens(torch.cat(os_, dim=1), dims.T)
         S = torch.cat(Ss, dim=0)
     return o, (state_out(S, state_v_first) if output_final_state else None)

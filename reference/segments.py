@@ -67,6 +67,14 @@ def to_chunks(xs, dims: Dims, cu_seqlens, C: int) -> list[torch.Tensor]:
     return [_neutral_pad(x, L) for x in xs]
 
 
+def pad_tokens(o: torch.Tensor, T: int) -> torch.Tensor:
+    """A packed output [1, T', ...] zero-padded to T tokens: o past the last sequence (padded varlen) is 0."""
+    if o.shape[1] == T:
+        return o
+    return torch.cat([o, o.new_zeros((o.shape[0], T - o.shape[1], *o.shape[2:]))], dim=1)
+
+
 def from_chunks(o: torch.Tensor, dims: Dims, cu_seqlens) -> torch.Tensor:
-    """Inverse of to_chunks for an output [N, L, ...] -> [B or 1, T, ...], contiguous."""
-    return (unpad_varlen(o, cu_seqlens) if dims.varlen else o[:, : dims.T]).contiguous()
+    """Inverse of to_chunks for an output [N, L, ...] -> [B or 1, T, ...] (zero past the last sequence),
+    contiguous."""
+    return (pad_tokens(unpad_varlen(o, cu_seqlens), dims.T) if dims.varlen else o[:, : dims.T]).contiguous()

@@ -51,7 +51,8 @@ def check_finite(name: str, x: torch.Tensor | None) -> None:
 
 
 def check_cu_seqlens(cu_seqlens: torch.Tensor, T: int) -> list[int]:
-    """Validate cu_seqlens ([N+1] integer, starts at 0, non-decreasing, ends at T); return it as a list."""
+    """Validate cu_seqlens ([N+1] integer, starts at 0, non-decreasing, ends at most at T: the tokens past its end
+    are padding, outside every sequence); return it as a list."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise ValueError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
     if cu_seqlens.ndim != 1 or cu_seqlens.numel() < 2:
@@ -65,8 +66,8 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, T: int) -> list[int]:
     if bad:
         i = bad[0]
         raise ValueError(f"cu_seqlens must be non-decreasing, but cu_seqlens[{i}]={cu[i]} < cu_seqlens[{i-1}]={cu[i-1]}")
-    if cu[-1] != T:
-        raise ValueError(f"cu_seqlens must end at T={T}, got {cu[-1]}")
+    if cu[-1] > T:
+        raise ValueError(f"cu_seqlens must end at most at T={T} (tokens past its end are padding), got {cu[-1]}")
     return cu
 
 

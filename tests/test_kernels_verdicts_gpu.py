@@ -4,7 +4,8 @@ baseline, judged by ``parity.verdicts.judge_frame`` exactly as ``parity run`` ju
 
 Skips with the reason when there is no sm_90 GPU or tilelang.  Rows: dense and every varlen layout, GVA ratios
 1, 2 and 4, an initial state in both layouts, bf16 and fp16, gates in the input dtype, K = V = 64, the decay
-distributions that stress the state (g near -20, no decay) and the gradient rows of each.
+distributions that stress the state (g near -20, no decay), padded varlen (cu_seqlens[-1] < T), FLA's in-kernel
+gate and beta sigmoid (``qwen-gates-kernel``) and the gradient rows of each.
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ CASES = [
     Case(layout="dense", B=1, T=1000, H=2, HV=4, K=64, V=64, h0_dtype="fp32", state_v_first=True, grad=True),
     Case(layout="dense", B=1, T=2048, H=2, HV=4, dist="strong-decay", grad=True),
     Case(layout="dense", B=1, T=2048, H=2, HV=4, dist="large-h0", h0_dtype="fp32", grad=True),
+    Case(layout="varlen-padded", T=4096, H=2, HV=4, h0_dtype="fp32", grad=True),
+    Case(layout="varlen-padded", T=1000, H=2, HV=4, K=64, V=64, h0_dtype="fp32", state_v_first=True, grad=True),
+    Case(layout="varlen-padded", T=2048, H=1, HV=2, dtype="fp16", g_dtype="fp16", beta_dtype="fp16", grad=True),
+    Case(layout="dense", B=2, T=1000, H=2, HV=4, dist="qwen-gates-kernel", grad=True),
+    Case(layout="varlen-ragged", T=4096, H=2, HV=4, dist="qwen-gates-kernel", h0_dtype="fp32", grad=True),
+    Case(layout="varlen-padded", T=2048, H=2, HV=4, dist="qwen-gates-kernel", g_dtype="bf16", beta_dtype="bf16",
+         grad=True),
+    Case(layout="dense", B=1, T=8192, H=4, HV=8, dist="qwen-gates-kernel"),
 ]
 
 

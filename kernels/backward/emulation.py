@@ -23,6 +23,8 @@ import torch
 from kernels.forward.emulation import (_f32, _gate_table, _gather_chunks, _tinv, _two, chunk_tables, intra_chunk,
                                        chunk_states)
 
+from kernels.interface import pad_rows
+
 from .finish import BT, finish, group_sum, token_index
 
 f64 = torch.float64
@@ -214,11 +216,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     dt = q.dtype
     scale = DK ** -0.5 if scale is None else float(scale)
     cu = [b * T for b in range(B + 1)] if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
-    Ttot = B * T
-    q2, k2 = q.reshape(Ttot, H, DK), k.reshape(Ttot, H, DK)
-    v2, do2 = v.reshape(Ttot, HV, DV), do.reshape(Ttot, HV, DV).to(dt)
-    g2 = g.reshape(Ttot, HV).to(torch.float32)
-    b2 = beta.reshape(Ttot, HV).to(torch.float32)
+    Ttot = cu[-1]                                        # tokens past it are padding: never read, zero gradients
+    q2, k2 = q.reshape(B * T, H, DK)[:Ttot], k.reshape(B * T, H, DK)[:Ttot]
+    v2, do2 = v.reshape(B * T, HV, DV)[:Ttot], do.reshape(B * T, HV, DV)[:Ttot].to(dt)
+    g2 = g.reshape(B * T, HV)[:Ttot].to(torch.float32)
+    b2 = beta.reshape(B * T, HV)[:Ttot].to(torch.float32)
     use_l2 = bool(use_qk_l2norm_in_kernel)
     h0 = None
     if initial_state is not None:
@@ -250,11 +252,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         stages.update(dqv=group_sum(dqv, H), dkv=group_sum(dkv, H))
     dq, dk, dg, db = finish(Fb=Fb, qz=qz, kw=kw, kr=kr, sd=sd, yv=yv, rect=rect, db2=db2, dqv=dqv, dkv=dkv, q=q2,
                             k=k2, H=H, use_l2=use_l2, tok=tok, valid=valid)
-    dq = dq.reshape(B, T, H, DK).to(dt)
-    dk = dk.reshape(B, T, H, DK).to(dt)
-    dv = dv.reshape(B, T, HV, DV)
-    dg = dg.reshape(B, T, HV).to(g.dtype)
-    db = db.reshape(B, T, HV).to(beta.dtype)
+    dq = pad_rows(dq, B * T).reshape(B, T, H, DK).to(dt)
+    dk = pad_rows(dk, B * T).reshape(B, T, H, DK).to(dt)
+    dv = pad_rows(dv, B * T).reshape(B, T, HV, DV)
+    dg = pad_rows(dg, B * T).reshape(B, T, HV).to(g.dtype)
+    db = pad_rows(db, B * T).reshape(B, T, HV).to(beta.dtype)
     if initial_state is None:
         dh0 = None
     elif state_v_first:

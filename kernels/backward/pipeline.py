@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.forward.pipeline import ForwardInputs, prepare
-from kernels.interface import BT, TL_DTYPE, call_tables, pad_last, padded_state, tma_ready
+from kernels.interface import BT, TL_DTYPE, call_tables, pad_last, pad_rows, padded_state, tma_ready, token_rows
 
 from .finish import finish, group_sum
 
@@ -72,7 +72,7 @@ def prepare_backward(q, k, v, g, beta, do, dht=None, scale=None, initial_state=N
         if tuple(dht.shape) != want:
             raise ValueError(f"dht must be {want}, got {tuple(dht.shape)}")
     pad = x.D - x.K
-    do2 = tma_ready(pad_last(do.reshape(x.B * x.T, x.HV, x.V).to(q.dtype), pad))
+    do2 = tma_ready(pad_last(token_rows(do.reshape(x.B * x.T, x.HV, x.V), x.n_tok).to(q.dtype), pad))
     return BackwardInputs(x, do2, None if dht is None else padded_state(dht, pad))
 
 
@@ -213,7 +213,7 @@ def dh(*, b: BackwardInputs, plan, tables: PrepTables) -> StateGradients:
     dSl = torch.empty_like(dSh)
     dYh = torch.empty(HV, x.NC, D, BT, device=dev, dtype=dt)
     dYl = torch.empty_like(dYh)
-    dv = torch.empty(x.B * x.T, HV, D, device=dev, dtype=dt)       # dh stores every token row (no zero fill)
+    dv = torch.empty(x.n_tok, HV, D, device=dev, dtype=dt)         # dh stores every token row (no zero fill)
     use_h0 = x.h0 is not None
     dh0 = torch.empty((x.N if use_h0 else 1), HV, D, D, device=dev, dtype=torch.float32)
     kern = get_kernel(plan.dh_config())
@@ -251,7 +251,7 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
     follows on the host or ``fp32_sums`` asks for fp32; the row dots and dg / dbeta terms."""
     from kernels.build import get_kernel
     x = b.x
-    dev, dt, D, HV, NC, Ttot = x.q.device, x.q.dtype, x.D, x.HV, x.NC, x.B * x.T
+    dev, dt, D, HV, NC, Ttot = x.q.device, x.q.dtype, x.D, x.HV, x.NC, x.n_tok
     f32 = torch.float32
     qz = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
     kw, kr = torch.empty_like(qz), torch.empty_like(qz)
@@ -287,7 +287,7 @@ def dg_dbeta(*, x: ForwardInputs, plan, tables: PrepTables, grads: StateGradient
     from kernels.build import get_kernel
 
     from .configs import BwdConfig
-    Ttot, dev = x.B * x.T, x.q.device
+    Ttot, dev = x.n_tok, x.q.device
     tm = terms
     dgdb = tuple(torch.empty(Ttot, x.HV, device=dev, dtype=torch.float32) for _ in range(2))
     get_kernel(BwdConfig("dgdb", "float32"))(tables.Fb, tm.qz, tm.kw, tm.kr, tm.yv2, tm.db22, tm.sd, tm.rect, x.cu,
@@ -299,13 +299,14 @@ def dg_dbeta(*, x: ForwardInputs, plan, tables: PrepTables, grads: StateGradient
 
 
 def _outputs(x: ForwardInputs, dq, dk, dv, dg, db, dh0, g, beta, has_h0: bool):
-    """The gradients in the caller's shapes and dtypes (padding removed)."""
+    """The gradients in the caller's shapes and dtypes (head-dim padding removed, zero past the last sequence)."""
     B, T, H, HV, K, V, dt = x.B, x.T, x.H, x.HV, x.K, x.V, x.q.dtype
-    dq = dq[..., :K].reshape(B, T, H, K).to(dt)
-    dk = dk[..., :K].reshape(B, T, H, K).to(dt)
-    dv = dv[..., :V].reshape(B, T, HV, V).to(dt)
-    dg = dg.reshape(B, T, HV).to(g.dtype)
-    db = db.reshape(B, T, HV).to(beta.dtype)
+    n = B * T
+    dq = pad_rows(dq[..., :K], n).reshape(B, T, H, K).to(dt)
+    dk = pad_rows(dk[..., :K], n).reshape(B, T, H, K).to(dt)
+    dv = pad_rows(dv[..., :V], n).reshape(B, T, HV, V).to(dt)
+    dg = pad_rows(dg, n).reshape(B, T, HV).to(g.dtype)
+    db = pad_rows(db, n).reshape(B, T, HV).to(beta.dtype)
     if not has_h0:
         dh0 = None
     elif x.D != K:

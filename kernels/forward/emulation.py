@@ -349,6 +349,8 @@ def chunk_gated_delta_rule_at(q, k, v, g, beta, scale=None, initial_state=None, 
     """The forward end to end at precision ``prec`` (a ``precision.Precision``; None: "default");
     ``cp_segments_n`` > 1: segment-parallel state passing with that many segments per sequence.  Same
     signature and results as the kernels' pipeline."""
+    from kernels.interface import pad_rows
+
     from .precision import PRESETS
     prec = PRESETS["default"] if prec is None else prec
     B, T, H, DK = q.shape
@@ -356,10 +358,11 @@ def chunk_gated_delta_rule_at(q, k, v, g, beta, scale=None, initial_state=None, 
     dt = q.dtype
     scale = DK ** -0.5 if scale is None else float(scale)
     cu = [b * T for b in range(B + 1)] if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
-    q2, k2 = q.reshape(B * T, H, DK), k.reshape(B * T, H, DK)
-    v2 = v.reshape(B * T, HV, DV)
-    g2 = g.reshape(B * T, HV).to(torch.float32)
-    b2 = beta.reshape(B * T, HV).to(torch.float32)
+    n = cu[-1]                                           # tokens past it are padding: never read, o = 0 there
+    q2, k2 = q.reshape(B * T, H, DK)[:n], k.reshape(B * T, H, DK)[:n]
+    v2 = v.reshape(B * T, HV, DV)[:n]
+    g2 = g.reshape(B * T, HV)[:n].to(torch.float32)
+    b2 = beta.reshape(B * T, HV)[:n].to(torch.float32)
     Ah, Al, F = intra_chunk(q2, k2, g2, b2, cu, scale, use_qk_l2norm_in_kernel, dt, prec)
     h0 = None
     if initial_state is not None:
@@ -375,7 +378,7 @@ def chunk_gated_delta_rule_at(q, k, v, g, beta, scale=None, initial_state=None, 
         S = Send[[seg_of[n + 1] - 1 for n in range(len(cu) - 1)]]   # (an empty sequence: one empty segment)
     else:
         Sch, Scl, Uh, Ul, S = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
-    o = output(q2, k2, F, Sch, Scl, Uh, Ul, cu, dt, prec).reshape(B, T, HV, DV)
+    o = pad_rows(output(q2, k2, F, Sch, Scl, Uh, Ul, cu, dt, prec), B * T).reshape(B, T, HV, DV)
     if not output_final_state:
         return o, None
     S = S.to(torch.float32)

@@ -9,7 +9,8 @@ use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=Non
 * g, beta ``[B, T, HV]``: fp32 or the input dtype (g is the log decay; the cumsum and every exponent are fp32);
 * initial_state ``[N, HV, K, V]`` fp32 (``[N, HV, V, K]`` with ``state_v_first=True``), N = B, or
   ``len(cu_seqlens) - 1`` with varlen;
-* cu_seqlens: int32/int64 ``[N + 1]``, requires B == 1; the state restarts at every boundary;
+* cu_seqlens: int32/int64 ``[N + 1]``, requires B == 1; the state restarts at every boundary; tokens past
+  ``cu_seqlens[-1] <= T`` are padding: never read, o and every gradient there are zero;
 * returns o ``[B, T, HV, V]`` in the input dtype and the final state (fp32, same layout as initial_state) or
   None.
 
@@ -28,14 +29,15 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.interface import (BT, TL_DTYPE, call_tables, check_inputs, host_list, max_chunks, pad_last,
-                               padded_state, require_sm90, tma_ready)
+from kernels.interface import (BT, TL_DTYPE, call_tables, check_inputs, host_list, max_chunks, pad_last, pad_rows,
+                               padded_state, require_sm90, tma_ready, token_count, token_rows)
 
 
 @dataclass
 class ForwardInputs:
-    """One call's tensors as the kernels take them (token-flattened, head dims padded to ``D``) and its tables."""
-    q: torch.Tensor                 # [Ttot, H, D] input dtype
+    """One call's tensors as the kernels take them (token-flattened, head dims padded to ``D``, the ``n_tok``
+    tokens in sequences only) and its tables."""
+    q: torch.Tensor                 # [Ttot, H, D] input dtype, Ttot = n_tok
     k: torch.Tensor                 # [Ttot, H, D]
     v: torch.Tensor                 # [Ttot, HV, D]
     g: torch.Tensor                 # [Ttot, HV] fp32
@@ -59,6 +61,7 @@ class ForwardInputs:
     chunk_indices: torch.Tensor     # [NC, 2] int32
     chunk_offsets: torch.Tensor     # [N + 1] int32
     NC: int
+    n_tok: int                      # tokens in sequences (B * T, or cu_seqlens[-1] <= T with padding)
 
 
 def prepare(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -72,14 +75,19 @@ def prepare(q, k, v, g, beta, scale=None, initial_state=None, output_final_state
     pad = D - K
     Ttot = B * T
     cu_host, (cu, chunk_indices, chunk_offsets, NC) = call_tables(B, T, cu_seqlens, q.device)
+    n = token_count(B, T, cu_host)
+
+    def rows(x, width):
+        return token_rows(x.reshape(Ttot, *width), n)
+
     return ForwardInputs(
-        q=tma_ready(pad_last(q.reshape(Ttot, H, K), pad)), k=tma_ready(pad_last(k.reshape(Ttot, H, K), pad)),
-        v=tma_ready(pad_last(v.reshape(Ttot, HV, V), pad)), g=g.reshape(Ttot, HV).to(torch.float32).contiguous(),
-        beta=beta.reshape(Ttot, HV).to(torch.float32).contiguous(),
+        q=tma_ready(pad_last(rows(q, (H, K)), pad)), k=tma_ready(pad_last(rows(k, (H, K)), pad)),
+        v=tma_ready(pad_last(rows(v, (HV, V)), pad)), g=rows(g, (HV,)).to(torch.float32).contiguous(),
+        beta=rows(beta, (HV,)).to(torch.float32).contiguous(),
         h0=None if initial_state is None else padded_state(initial_state, pad), B=B, T=T, H=H, HV=HV, K=K, V=V,
         N=N, D=D, scale=K ** -0.5 if scale is None else float(scale), use_l2=bool(use_qk_l2norm_in_kernel),
         v_first=bool(state_v_first), store_ht=bool(output_final_state), cu_seqlens=cu_seqlens, cu_host=cu_host,
-        cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, NC=NC)
+        cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, NC=NC, n_tok=n)
 
 
 def plan_for(x: ForwardInputs, keep_tables: bool = False):
@@ -200,16 +208,17 @@ def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStat
 def output(*, x: ForwardInputs, plan, tables: IntraTables, states: ChunkStates) -> torch.Tensor:
     """``gdn_output``: o [Ttot, HV, D] in the input dtype (parallel over chunks)."""
     from kernels.build import get_kernel
-    o = torch.empty(x.B * x.T, x.HV, x.D, device=x.q.device, dtype=x.q.dtype)
+    o = torch.empty(x.n_tok, x.HV, x.D, device=x.q.device, dtype=x.q.dtype)
     get_kernel(plan.configs()[2])(x.q, x.k, tables.F, states.Sch, states.Scl, states.Uh, states.Ul, x.cu,
                                   x.chunk_indices, o)
     return o
 
 
 def finish(*, x: ForwardInputs, o: torch.Tensor, ht):
-    """(o [B, T, HV, V], final state or None) with the head-dim padding removed."""
+    """(o [B, T, HV, V], final state or None) with the head-dim padding removed and zero past the last
+    sequence."""
     pad = x.D - x.K
-    o = (o[..., :x.V] if pad else o).reshape(x.B, x.T, x.HV, x.V)
+    o = pad_rows(o[..., :x.V] if pad else o, x.B * x.T).reshape(x.B, x.T, x.HV, x.V)
     if pad:
         o = o.contiguous()
     if ht is not None and pad:

@@ -123,6 +123,16 @@ def cuda_capability() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability()
 
 
+def unpadded(case: Case, who: str) -> tuple[bool, str]:
+    """(False, reason) when the case leaves tokens past cu_seqlens[-1] (a padded varlen layout) and ``who`` gives
+    no defined output there, else (True, '')."""
+    from cases.layouts import get_layout
+    if get_layout(case.layout).padded:
+        return False, f"padded varlen (cu_seqlens[-1] < T): o and the gradients past the last sequence are not " \
+                      f"defined by {who}"
+    return True, ""
+
+
 def all_float(case: Case, dtype: str) -> bool:
     """Every floating input of the case (q/k/v, g, beta, h0) is ``dtype``."""
     return all(d in (None, dtype) for d in (case.dtype, case.g_dtype, case.beta_dtype, case.h0_dtype))

@@ -21,7 +21,7 @@ import importlib.util
 import torch
 
 from cases.case import Case
-from parity.backends.base import Backend, cuda_capability
+from parity.backends.base import Backend, cuda_capability, unpadded
 
 CONVERSION = ("packed [1, B*T, H, K] + cu_seqlens int64 (dense -> B sequences); g log-space and beta as given (the "
               "engine's fused_gdn_gating for in-kernel gates); state in the copy's documented layout, h0 dtype kept")
@@ -58,7 +58,7 @@ class EngineFla(Backend):
         if case.dtype not in ("bf16", "fp16"):
             return False, (f"{self.package}'s FLA copy takes fp16/bf16 q/k/v (it asserts q is not fp32), "
                            f"got {case.dtype}")
-        return True, ""
+        return unpadded(case, f"{self.package}'s FLA copy")
 
     def gates(self, inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """g and beta [1, B*T, HV] as the engine feeds its chunk function."""

@@ -18,7 +18,7 @@ import warnings
 import torch
 
 from cases.case import Case
-from parity.backends.base import all_float
+from parity.backends.base import all_float, unpadded
 
 _interpret_shims_applied = False
 
@@ -43,11 +43,15 @@ def fla_available() -> tuple[bool, str]:
     return True, ""
 
 
+FLA_PADDING = "FLA (fla-core 0.6 allocates them with torch.empty_like and writes the sequences' tokens only)"
+
+
 def cpu_interpreter_supports(case: Case, max_tokens: int = 128) -> tuple[bool, str]:
     """The interpreter runs fp32 faithfully but not bf16/fp16, and slowly (seconds per chunk of 64 tokens):
-    fp32 inputs and at most ``max_tokens`` tokens."""
-    if not on_cpu_interpreter():
-        return True, ""
+    fp32 inputs and at most ``max_tokens`` tokens.  Padded varlen is refused on any device (``FLA_PADDING``)."""
+    ok, why = unpadded(case, FLA_PADDING)
+    if not ok or not on_cpu_interpreter():
+        return ok, why
     if not all_float(case, "fp32"):
         return False, "no GPU: the Triton interpreter does not emulate bf16/fp16 faithfully (fp32 inputs only)"
     if case.B * case.T > max_tokens:

@@ -9,7 +9,7 @@ import torch
 
 from cases.case import Case
 from parity.backends import fla_common
-from parity.backends.base import Backend
+from parity.backends.base import Backend, unpadded
 
 
 class FlaDispatch(Backend):
@@ -25,9 +25,10 @@ class FlaDispatch(Backend):
     def supports(self, case: Case, device: torch.device) -> tuple[bool, str]:
         if case.dtype == "fp64":
             return False, "FLA takes fp16/bf16/fp32 inputs, not fp64"
-        if fla_common.on_cpu_interpreter():
+        ok, why = unpadded(case, fla_common.FLA_PADDING)
+        if ok and fla_common.on_cpu_interpreter():
             return False, "no GPU: FLA has nothing to dispatch to, the run would repeat fla-triton"
-        return True, ""
+        return ok, why
 
     def _forward(self, inputs):
         gdn = fla_common.import_gdn()

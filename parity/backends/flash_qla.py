@@ -10,7 +10,7 @@ import torch
 
 from cases.case import Case
 from cases.distributions import get_distribution
-from parity.backends.base import Backend, cuda_capability
+from parity.backends.base import Backend, cuda_capability, unpadded
 
 SUPPORTED_ARCHS = {(9, 0), (10, 0), (10, 3), (12, 0), (12, 1)}
 
@@ -42,7 +42,7 @@ class FlashQLA(Backend):
             return False, "FlashQLA has no in-kernel gate (use_gate_in_kernel) or beta sigmoid"
         if cuda_capability() in {(12, 0), (12, 1)} and (case.dtype == "fp16" or case.grad):
             return False, "FlashQLA on SM120 has a bf16 forward only"
-        return True, ""
+        return unpadded(case, "FlashQLA's API")
 
     def _forward(self, inputs):
         import flash_qla

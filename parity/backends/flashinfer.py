@@ -30,7 +30,7 @@ import torch
 
 from cases.case import Case
 from cases.distributions import get_distribution
-from parity.backends.base import Backend, cuda_capability
+from parity.backends.base import Backend, cuda_capability, unpadded
 from reference.prepare import l2norm
 
 MODULE = "flashinfer.gdn_prefill"
@@ -143,6 +143,9 @@ class FlashInfer(Backend):
             return False, f"FlashInfer's GDN prefill needs K=V=128 (one head_size), got K={case.K}, V={case.V}"
         if get_distribution(case.dist).gate_in_kernel:
             return False, "FlashInfer takes computed gates (alpha, beta): no in-kernel gate or beta sigmoid"
+        ok, why = unpadded(case, "FlashInfer's API")
+        if not ok:
+            return ok, why
         cap = cuda_capability()
         if cap is not None and cap not in ARCHS:
             return False, f"GPU is sm_{cap[0]}{cap[1]}; FlashInfer's GDN prefill runs on SM90, SM100/103 and SM120"

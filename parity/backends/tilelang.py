@@ -1,6 +1,7 @@
 """``tilelang``: gdn-parity's own TileLang kernels from ``kernels/`` (SM90, chunk 64), with FLA's call
-signature, forward and backward (``kernels.autograd``, a ``torch.autograd.Function``). Available on an
-SM90 GPU with tilelang installed and the kernels present."""
+signature (the in-kernel gate and beta sigmoid, padded varlen included), forward and backward
+(``kernels.autograd``, a ``torch.autograd.Function``). Available on an SM90 GPU with tilelang installed and the
+kernels present."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import importlib.util
 import torch
 
 from cases.case import Case
-from cases.distributions import get_distribution
 from parity.backends.base import Backend, cuda_capability
 
 SUPPORTED_HEAD_DIMS = {64, 128}
@@ -43,9 +43,6 @@ class TileLangKernels(Backend):
             return False, f"our TileLang kernels take fp16/bf16 q/k/v, got {case.dtype}"
         if case.K != case.V or case.K not in SUPPORTED_HEAD_DIMS:
             return False, f"our TileLang kernels need K=V in {sorted(SUPPORTED_HEAD_DIMS)}, got K={case.K}, V={case.V}"
-        dist = get_distribution(case.dist)
-        if dist.gate_in_kernel or dist.beta_sigmoid_in_kernel:
-            return False, "our TileLang kernels have no in-kernel gate or beta sigmoid"
         if case.h0_dtype not in (None, "fp32"):
             return False, f"our TileLang kernels take an fp32 initial state, got {case.h0_dtype}"
         return True, ""
@@ -57,6 +54,9 @@ class TileLangKernels(Backend):
             inputs.q, inputs.k, inputs.v, inputs.g, inputs.beta, scale=inputs.scale,
             initial_state=inputs.initial_state, output_final_state=True,
             use_qk_l2norm_in_kernel=inputs.use_qk_l2norm_in_kernel, state_v_first=inputs.state_v_first,
-            cu_seqlens=inputs.cu_seqlens,
+            cu_seqlens=inputs.cu_seqlens, use_gate_in_kernel=inputs.use_gate_in_kernel,
+            A_log=inputs.A_log if inputs.use_gate_in_kernel else None,
+            dt_bias=inputs.dt_bias if inputs.use_gate_in_kernel else None,
+            use_beta_sigmoid_in_kernel=inputs.use_beta_sigmoid_in_kernel,
         )
         return o, ht, "gdn-parity/tilelang"
