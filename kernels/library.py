@@ -36,6 +36,7 @@ from kernels.interface import BT, check_inputs
 __all__ = ["chunk_gated_delta_rule", "chunk_gdr_fwd", "chunk_gdr_bwd"]
 
 _FLOAT = torch.float32
+_KEEPS_TABLES = ("cuda",)          # device types whose forward keeps intra tables for the backward
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -85,7 +86,7 @@ def _chunk_gdr_fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, scale, outp
                      dtype=_FLOAT)
     if cu_seqlens is None:
         n = dense_kept_chunks(q, v, initial_state is not None, keep_tables)
-    elif keep_tables and q.device.type == "cuda":
+    elif keep_tables and q.device.type in _KEEPS_TABLES:
         n = torch.library.get_ctx().new_dynamic_size()
     else:
         n = 0
@@ -153,7 +154,7 @@ def dense_kept_chunks(q, v, has_h0: bool, keep_tables: bool) -> int:
     from kernels.forward.precision import preset
     from kernels.plan import keeps_tables
     B, T, HV = int(q.shape[0]), int(q.shape[1]), int(v.shape[2])
-    if not keep_tables or q.device.type != "cuda" or B * T == 0 or not keeps_tables(preset(has_h0)):
+    if not keep_tables or q.device.type not in _KEEPS_TABLES or B * T == 0 or not keeps_tables(preset(has_h0)):
         return 0
     if dh_segmented.plan([b * T for b in range(B + 1)], HV, KERNEL_HEAD_DIM // 64, _sm_count(q.device)) is not None:
         return 0
