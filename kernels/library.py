@@ -166,9 +166,9 @@ def _no_tables(v):
 
 
 def _final_state(ht, v):
-    return v.new_empty(0, dtype=_FLOAT) if ht is None else ht
+    return v.new_empty(0, dtype=_FLOAT) if ht is None else ht.contiguous()    # a clone of h0 keeps its strides
 
 
 def _gradients(grads, v):
     dq, dk, dv, dg, db, dh0 = grads
-    return dq, dk, dv, dg, db, v.new_empty(0, dtype=_FLOAT) if dh0 is None else dh0
+    return dq, dk, dv, dg, db, v.new_empty(0, dtype=_FLOAT) if dh0 is None else dh0.contiguous()

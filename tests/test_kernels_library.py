@@ -79,6 +79,19 @@ def test_opcheck(case):
     assert set(out.values()) == {"SUCCESS"}, out
 
 
+def test_opcheck_strided_initial_state_without_tokens():
+    """A call without tokens returns (a copy of) the initial state: contiguous like the fake's, also for a strided
+    initial state."""
+    from kernels.library import chunk_gdr_fwd
+
+    case = OpCase("varlen_all_empty_strided_h0", lens=(0, 0), T=0, h0=1.0)
+    xs, _, _, kw = case.inputs(CPU)
+    h0 = kw["initial_state"].transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_()
+    out = torch.library.opcheck(chunk_gdr_fwd, (*[x.requires_grad_() for x in xs], h0, kw["cu_seqlens"], None, True,
+                                                False, False, True))
+    assert set(out.values()) == {"SUCCESS"}, out
+
+
 @pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=[CASES[0].id, CASES[2].id])
 def test_inference_mode_and_no_grad(case):
     """Under inference_mode (inputs and cu_seqlens made there, as engines make them) and no_grad the op gives the
