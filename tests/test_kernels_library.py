@@ -149,13 +149,16 @@ def test_dense_kept_chunks_follows_the_backward(monkeypatch):
     assert dense_kept_chunks(q, v, True, True) == 0                             # the CPU forward keeps none
 
 
-def test_fake_gives_exact_shapes_on_cuda_tensors():
+def test_fake_gives_exact_shapes_on_cuda_tensors(monkeypatch):
     """Fake CUDA tensors (no GPU needed): final state in the caller's layout, kept tables [HV, n, 64, 64] with n
-    an unbacked size for varlen input and 0 when no gradient is asked."""
+    the chunk count for dense input, an unbacked size for varlen input, and 0 when no gradient is asked."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+    from kernels.backward import pipeline as bapi
     from kernels.library import chunk_gdr_fwd
+
+    monkeypatch.setattr(bapi, "_sm_count", lambda dev: 132)
 
     with FakeTensorMode(shape_env=ShapeEnv()):
         q = torch.empty(1, 100, 1, 64, device="cuda", dtype=torch.bfloat16)
@@ -171,6 +174,9 @@ def test_fake_gives_exact_shapes_on_cuda_tensors():
         assert all(t.shape == (2, n, 64, 64) and t.dtype == torch.bfloat16 for t in tables)
         _, ht, *tables = chunk_gdr_fwd(q, q, v, g, g, None, cu, None, False, False, False, False)
         assert ht.shape == (0,) and all(t.shape == (2, 0, 64, 64) for t in tables)
+        for keep, n in ((True, 2), (False, 0)):                                 # dense: 2 chunks of T = 100
+            _, ht, *tables = chunk_gdr_fwd(q, q, v, g, g, None, None, None, True, False, False, keep)
+            assert ht.shape == (1, 2, 64, 64) and all(t.shape == (2, n, 64, 64) for t in tables), (keep, tables)
 
 
 def test_compile_with_data_dependent_table_size(monkeypatch):
