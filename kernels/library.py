@@ -23,9 +23,7 @@ tables (``kernels.interface.call_tables``: once per ``cu_seqlens`` tensor, on ev
 tensor).
 """
 
-from __future__ import annotations
-
-from typing import Optional
+from typing import Optional     # runtime annotations: infer_schema reads them (no ``from __future__``)
 
 import torch
 from torch import Tensor
