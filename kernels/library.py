@@ -48,12 +48,26 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     return o, (ht if output_final_state else None)
 
 
-@torch.library.custom_op("gdn_parity::chunk_gdr_fwd", mutates_args=(), device_types="cuda")
+@torch.library.custom_op("gdn_parity::chunk_gdr_fwd", mutates_args=())
 def chunk_gdr_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor],
                   cu_seqlens: Optional[Tensor], scale: Optional[float], output_final_state: bool,
                   use_qk_l2norm_in_kernel: bool, state_v_first: bool,
                   keep_tables: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The TileLang forward (module docstring)."""
+    """The forward (module docstring): ``_fwd_tilelang`` on CUDA, ``_fwd_emulation`` on the CPU."""
+    raise NotImplementedError(f"gdn_parity::chunk_gdr_fwd runs on CUDA or the CPU, got {q.device}")
+
+
+@torch.library.custom_op("gdn_parity::chunk_gdr_bwd", mutates_args=())
+def chunk_gdr_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, dht: Optional[Tensor],
+                  initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], Th: Tensor, Ah: Tensor, Al: Tensor,
+                  scale: Optional[float], use_qk_l2norm_in_kernel: bool,
+                  state_v_first: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The backward (module docstring): ``_bwd_tilelang`` on CUDA, ``_bwd_emulation`` on the CPU."""
+    raise NotImplementedError(f"gdn_parity::chunk_gdr_bwd runs on CUDA or the CPU, got {q.device}")
+
+
+def _fwd_tilelang(q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state, use_qk_l2norm_in_kernel,
+                  state_v_first, keep_tables):
     o, ht, kept = run_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                               state_v_first, cu_seqlens, impl="tilelang", keep=keep_tables)
     tables = kept if kept is not None else _no_tables(v)
@@ -65,18 +79,33 @@ def chunk_gdr_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, init
     return o, _final_state(ht, v), *tables
 
 
-@chunk_gdr_fwd.register_kernel("cpu")
-def _chunk_gdr_fwd_cpu(q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state,
-                       use_qk_l2norm_in_kernel, state_v_first, keep_tables):
+def _fwd_emulation(q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state, use_qk_l2norm_in_kernel,
+                   state_v_first, keep_tables):
     check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first, require_cuda=False)
     o, ht, _ = run_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                            state_v_first, cu_seqlens, impl="emulation")
     return o, _final_state(ht, v), *_no_tables(v)
 
 
+def _bwd_tilelang(q, k, v, g, beta, do, dht, initial_state, cu_seqlens, Th, Ah, Al, scale, use_qk_l2norm_in_kernel,
+                  state_v_first):
+    kept = [Th, Ah, Al] if Th.shape[1] > 0 else None      # the forward's tables where it kept any
+    grads = run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_in_kernel, state_v_first,
+                         cu_seqlens, impl="tilelang", kept=kept)
+    return _gradients(grads, v)
+
+
+def _bwd_emulation(q, k, v, g, beta, do, dht, initial_state, cu_seqlens, Th, Ah, Al, scale,
+                   use_qk_l2norm_in_kernel, state_v_first):
+    check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first, require_cuda=False)
+    grads = run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_in_kernel, state_v_first,
+                         cu_seqlens, impl="emulation")
+    return _gradients(grads, v)
+
+
 @chunk_gdr_fwd.register_fake
-def _chunk_gdr_fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state,
-                        use_qk_l2norm_in_kernel, state_v_first, keep_tables):
+def _fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state, use_qk_l2norm_in_kernel,
+              state_v_first, keep_tables):
     B, T, H, HV, K, V, N = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first,
                                         require_cuda=False)
     o = v.new_empty(B, T, HV, V)
@@ -89,6 +118,15 @@ def _chunk_gdr_fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, scale, outp
     else:
         n = 0
     return o, ht, *(v.new_empty(HV, n, BT, BT) for _ in range(3))
+
+
+@chunk_gdr_bwd.register_fake
+def _bwd_fake(q, k, v, g, beta, do, dht, initial_state, cu_seqlens, Th, Ah, Al, scale, use_qk_l2norm_in_kernel,
+              state_v_first):
+    check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first, require_cuda=False)
+    dh0 = v.new_empty(0, dtype=_FLOAT) if initial_state is None else initial_state.new_empty(initial_state.shape)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), g.new_empty(g.shape),
+            beta.new_empty(beta.shape), dh0)
 
 
 def _setup_context(ctx, inputs, output):
@@ -109,37 +147,11 @@ def _backward(ctx, do, dht, *_tables):
     return dq, dk, dv, dg, db, (dh0 if initial_state is not None else None), None, None, None, None, None, None
 
 
+chunk_gdr_fwd.register_kernel("cuda")(_fwd_tilelang)
+chunk_gdr_fwd.register_kernel("cpu")(_fwd_emulation)
+chunk_gdr_bwd.register_kernel("cuda")(_bwd_tilelang)
+chunk_gdr_bwd.register_kernel("cpu")(_bwd_emulation)
 chunk_gdr_fwd.register_autograd(_backward, setup_context=_setup_context)
-
-
-@torch.library.custom_op("gdn_parity::chunk_gdr_bwd", mutates_args=(), device_types="cuda")
-def chunk_gdr_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, dht: Optional[Tensor],
-                  initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], Th: Tensor, Ah: Tensor, Al: Tensor,
-                  scale: Optional[float], use_qk_l2norm_in_kernel: bool,
-                  state_v_first: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The TileLang backward (module docstring); reads Th, Ah, Al when they hold any chunk."""
-    kept = [Th, Ah, Al] if Th.shape[1] > 0 else None
-    grads = run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_in_kernel, state_v_first,
-                         cu_seqlens, impl="tilelang", kept=kept)
-    return _gradients(grads, v)
-
-
-@chunk_gdr_bwd.register_kernel("cpu")
-def _chunk_gdr_bwd_cpu(q, k, v, g, beta, do, dht, initial_state, cu_seqlens, Th, Ah, Al, scale,
-                       use_qk_l2norm_in_kernel, state_v_first):
-    check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first, require_cuda=False)
-    grads = run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_in_kernel, state_v_first,
-                         cu_seqlens, impl="emulation")
-    return _gradients(grads, v)
-
-
-@chunk_gdr_bwd.register_fake
-def _chunk_gdr_bwd_fake(q, k, v, g, beta, do, dht, initial_state, cu_seqlens, Th, Ah, Al, scale,
-                        use_qk_l2norm_in_kernel, state_v_first):
-    check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first, require_cuda=False)
-    dh0 = v.new_empty(0, dtype=_FLOAT) if initial_state is None else initial_state.new_empty(initial_state.shape)
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), g.new_empty(g.shape),
-            beta.new_empty(beta.shape), dh0)
 
 
 def dense_kept_chunks(q, v, has_h0: bool, keep_tables: bool) -> int:

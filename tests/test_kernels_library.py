@@ -191,3 +191,48 @@ def test_compile_with_data_dependent_table_size(monkeypatch):
     assert_same(results(_compiled(), case, CPU), results(kernels.chunk_gated_delta_rule, case, CPU), case,
                 "compiled (aot_eager, unbacked table size) vs eager",
                 "pytest tests/test_kernels_library.py::test_compile_with_data_dependent_table_size")
+
+
+@pytest.fixture
+def kernel_path_on_cpu(monkeypatch):
+    """The ops' TileLang path (``_fwd_tilelang`` / ``_bwd_tilelang``) as their CPU kernels, the TileLang kernels
+    replaced by their emulation stand-ins (``test_kernels_bwd_emulation._fake_kernels``), tables kept on the CPU."""
+    from kernels import library
+    from tests.test_kernels_bwd_emulation import _fake_kernels
+
+    _fake_kernels(monkeypatch)
+    monkeypatch.setattr(library, "_KEEPS_TABLES", ("cuda", "cpu"))
+    library.chunk_gdr_fwd.register_kernel("cpu")(library._fwd_tilelang)
+    library.chunk_gdr_bwd.register_kernel("cpu")(library._bwd_tilelang)
+    try:
+        yield library
+    finally:
+        library.chunk_gdr_fwd.register_kernel("cpu")(library._fwd_emulation)
+        library.chunk_gdr_bwd.register_kernel("cpu")(library._bwd_emulation)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=[CASES[0].id, CASES[2].id])
+def test_kernel_path_keeps_tables_compiles_and_equals_the_function(kernel_path_on_cpu, case):
+    """On the kernel path (stand-in kernels): the forward keeps its intra tables (dense: the count the fake
+    predicts, which the op checks and opcheck compares; varlen: the sequences' chunks, a real non-zero value of the
+    fake's unbacked size); eager equals the autograd Function on the same path, and fullgraph compile equals
+    eager, outputs and gradients bitwise."""
+    import kernels
+    from kernels.autograd import apply
+
+    library = kernel_path_on_cpu
+    xs, _, _, kw = case.inputs(CPU)
+    xs = [x.requires_grad_() for x in xs]
+    args = (*xs, kw["initial_state"], kw["cu_seqlens"], None, case.final, case.l2, case.vf, True)
+    _, _, *tables = library.chunk_gdr_fwd(*args)
+    chunks = (case.B * -(-case.T // 64) if case.lens is None else sum(-(-n // 64) for n in case.lens))
+    assert [tuple(t.shape) for t in tables] == [(case.HV, chunks, 64, 64)] * 3
+    if case.lens is None:
+        assert library.dense_kept_chunks(xs[0], xs[2], case.h0 is not None, True) == chunks
+        out = torch.library.opcheck(library.chunk_gdr_fwd, args, test_utils=("test_faketensor",))
+        assert set(out.values()) == {"SUCCESS"}, out
+    rerun = _rerun("test_kernel_path_keeps_tables_compiles_and_equals_the_function", case)
+    eager = results(kernels.chunk_gated_delta_rule, case, CPU)
+    assert_same(eager, results(apply, case, CPU), case, "op vs autograd.apply (stand-in kernels)", rerun)
+    assert_same(results(_compiled(), case, CPU), eager, case, "compiled (aot_eager) vs eager (stand-in kernels)",
+                rerun)
