@@ -35,12 +35,18 @@ __all__ = ["chunk_gated_delta_rule", "chunk_gdr_fwd", "chunk_gdr_bwd"]
 
 _FLOAT = torch.float32
 _KEEPS_TABLES = ("cuda",)          # device types whose forward keeps intra tables for the backward
+_REQUIRED = ("q", "k", "v", "g", "beta")
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None):
     """GDN chunked forward through ``gdn_parity::chunk_gdr_fwd`` -> (o, final state or None); differentiable in
     q, k, v, g, beta and initial_state (``gdn_parity::chunk_gdr_bwd``)."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state),
+                    ("cu_seqlens", cu_seqlens)):
+        if not isinstance(x, Tensor) and (x is not None or name in _REQUIRED):
+            raise ValueError(f"{name} must be a torch.Tensor{'' if name in _REQUIRED else ' or None'}, "
+                             f"got {type(x).__name__}")
     keep = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
                                            for t in (q, k, v, g, beta, initial_state))
     o, ht, *_ = chunk_gdr_fwd(q, k, v, g, beta, initial_state, cu_seqlens, None if scale is None else float(scale),

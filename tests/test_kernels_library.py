@@ -121,6 +121,10 @@ def test_bad_input_raises_valueerror_naming_the_argument():
         kernels.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=torch.zeros(3, 2, 64, 64))
     with pytest.raises(Exception, match=r"g must be \[B, T, HV\]"):
         _compiled()(q, k, v, g[:, :50], beta)
+    with pytest.raises(ValueError, match="cu_seqlens must be a torch.Tensor or None, got list"):
+        kernels.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=[0, 100])
+    with pytest.raises(ValueError, match="q must be a torch.Tensor, got NoneType"):
+        kernels.chunk_gated_delta_rule(None, k, v, g, beta)
 
 
 def _like(shape, device):
