@@ -5,20 +5,13 @@ use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, use_gate_in
 dt_bias=None, use_beta_sigmoid_in_kernel=False) -> (o, final_state)`` follows FLA's
 ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` (the in-kernel gate and beta sigmoid included; padded varlen:
 ``cu_seqlens[-1] < T``, o and the gradients zero past it) and is differentiable in q, k, v, g, beta,
-initial_state, A_log and dt_bias (``autograd.py``).  See ``kernels/README.md``.
+initial_state, A_log and dt_bias.  It runs as the ``torch.library`` ops ``gdn_parity::chunk_gdr_fwd`` /
+``chunk_gdr_bwd`` (``library.py``: ``torch.compile`` traces it without a graph break; CPU tensors run the torch
+emulation).  See ``kernels/README.md``.
 
 Importing this package imports neither tilelang nor CUDA: the kernels are built on the first call.
 """
 
+from kernels.library import chunk_gated_delta_rule
+
 __all__ = ["chunk_gated_delta_rule"]
-
-
-def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                           use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None,
-                           use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False):
-    """GDN chunked forward, differentiable (``kernels.autograd``)."""
-    from .autograd import chunk_gated_delta_rule as _impl
-    return _impl(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                 output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                 state_v_first=state_v_first, cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate_in_kernel,
-                 A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)

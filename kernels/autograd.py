@@ -1,9 +1,10 @@
 """``torch.autograd.Function`` of the TileLang GDN forward and backward.
 
-``chunk_gated_delta_rule(...)`` has the forward's signature (``kernels.forward.pipeline``) plus FLA's in-kernel
-activations (``use_gate_in_kernel``, ``A_log``, ``dt_bias``, ``use_beta_sigmoid_in_kernel``: ``kernels.activations``,
-applied in torch before the Function) and is differentiable in q, k, v, g, beta, initial_state, A_log and dt_bias:
-gradients come back in the inputs' dtypes (dh0 in fp32).  Where a gradient
+``apply(...)`` has the forward's signature (``kernels.forward.pipeline``) plus FLA's in-kernel activations
+(``use_gate_in_kernel``, ``A_log``, ``dt_bias``, ``use_beta_sigmoid_in_kernel``: ``kernels.activations``, applied in
+torch before the Function) and is differentiable in q, k, v, g, beta, initial_state, A_log and dt_bias: gradients
+come back in the inputs' dtypes.  ``run_forward`` / ``run_backward`` are the two directions, shared with the
+``torch.library`` ops (``kernels.library``).  Where a gradient
 is needed and the backward reads them (``backward.pipeline.reads_saved_tables``), the forward's intra kernel also
 stores Tinv and the Function keeps its tables ``Th`` (Tinv), ``Ah``, ``Al`` (Ag = Tinv diag(beta), hi + lo):
 3 x [HV, NC, 64, 64] in the input dtype, 384 bytes a token and value head; the backward's prep kernel then skips
@@ -42,27 +43,58 @@ def _forward_plan(q, k, v, g, beta, scale, initial_state, output_final_state, us
     return alter(plan_for(x, keep)) if x.NC else None
 
 
+def run_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
+                cu_seqlens, *, impl: str, alter=None, keep: bool = False):
+    """(o, final state or None, kept tables ``[Th, Ah, Al]`` or None) of one forward.  ``keep``: a gradient will be
+    asked, so the tilelang forward keeps its intra tables where the backward reads them
+    (``backward.pipeline.reads_saved_tables``); the emulation keeps none."""
+    fwd, _ = _directions(impl)
+    kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_v_first=state_v_first, cu_seqlens=cu_seqlens)
+    if impl != "tilelang":
+        o, ht = fwd(q, k, v, g, beta, **kw)
+        return o, ht, None
+    from kernels.backward.pipeline import reads_saved_tables
+    want = keep and reads_saved_tables(q, v, cu_seqlens)
+    tables = {} if want else None
+    if alter is not None:
+        kw["plan"] = _forward_plan(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                   use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, want, alter)
+    o, ht = fwd(q, k, v, g, beta, **kw, keep_tables=tables)
+    return o, ht, [tables[n] for n in SAVED_TABLES] if tables else None
+
+
+def run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_in_kernel, state_v_first,
+                 cu_seqlens, *, impl: str, alter=None, kept=None):
+    """(dq, dk, dv, dg, dbeta, dh0) of one backward on the forward's inputs; ``do`` None = 0; ``kept``: the forward's
+    ``[Th, Ah, Al]`` (or None); dh0 in the initial state's dtype (None without one)."""
+    _, bwd = _directions(impl)
+    if do is None:
+        do = torch.zeros(*v.shape[:2], v.shape[2], v.shape[3], device=v.device, dtype=v.dtype)
+    args = (q, k, v, g, beta, do.to(q.dtype), dht)
+    kw = dict(scale=scale, initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+              state_v_first=state_v_first, cu_seqlens=cu_seqlens)
+    if impl == "tilelang":
+        if alter is not None:
+            from kernels.backward.pipeline import plan_for, prepare_backward
+            b = prepare_backward(*args, **kw)
+            kw["plan"] = alter(plan_for(b)) if b.x.NC else None
+        if kept is not None:
+            kw["saved_tables"] = dict(zip(SAVED_TABLES, kept))
+    dq, dk, dv, dg, db, dh0 = bwd(*args, **kw)
+    if dh0 is not None and initial_state is not None:
+        dh0 = dh0.to(initial_state.dtype)
+    return dq, dk, dv, dg, db, dh0
+
+
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                 state_v_first, cu_seqlens, impl, alter):
-        fwd, _ = _directions(impl)
-        kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_v_first=state_v_first,
-                  cu_seqlens=cu_seqlens)
-        keep = None
-        if impl == "tilelang":
-            from kernels.backward.pipeline import reads_saved_tables
-            want = any(ctx.needs_input_grad) and reads_saved_tables(q, v, cu_seqlens)
-            keep = {} if want else None
-            if alter is not None:
-                kw["plan"] = _forward_plan(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                           use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, want, alter)
-            o, ht = fwd(q, k, v, g, beta, **kw, keep_tables=keep)
-        else:
-            o, ht = fwd(q, k, v, g, beta, **kw)
-        kept = [keep.get(n) for n in SAVED_TABLES] if keep else [None] * len(SAVED_TABLES)
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, *kept)
+        o, ht, kept = run_forward(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                  use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, impl=impl, alter=alter,
+                                  keep=any(ctx.needs_input_grad))
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, *(kept or [None] * len(SAVED_TABLES)))
         ctx.cu_seqlens = cu_seqlens  # not differentiable; may be an inference tensor, which autograd cannot save
         ctx.opts = (scale, bool(use_qk_l2norm_in_kernel), bool(state_v_first), impl, alter)
         return o, ht
@@ -70,25 +102,10 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, g, beta, initial_state, *kept = ctx.saved_tensors
-        cu_seqlens = ctx.cu_seqlens
         scale, use_l2, state_v_first, impl, alter = ctx.opts
-        _, bwd = _directions(impl)
-        if do is None:
-            do = torch.zeros(*v.shape[:2], v.shape[2], v.shape[3], device=v.device, dtype=v.dtype)
-        args = (q, k, v, g, beta, do.to(q.dtype), dht)
-        kw = dict(scale=scale, initial_state=initial_state, use_qk_l2norm_in_kernel=use_l2,
-                  state_v_first=state_v_first, cu_seqlens=cu_seqlens)
-        if impl == "tilelang":
-            if kept[0] is not None:
-                kw["saved_tables"] = dict(zip(SAVED_TABLES, kept))
-            if alter is not None:
-                from kernels.backward.pipeline import plan_for, prepare_backward
-                b = prepare_backward(*args, **{n: a for n, a in kw.items() if n != "saved_tables"})
-                kw["plan"] = alter(plan_for(b)) if b.x.NC else None
-        dq, dk, dv, dg, db, dh0 = bwd(*args, **kw)
-        if dh0 is not None and initial_state is not None:
-            dh0 = dh0.to(initial_state.dtype)
-        return dq, dk, dv, dg, db, None, dh0, None, None, None, None, None, None
+        grads = run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_l2, state_v_first, ctx.cu_seqlens,
+                             impl=impl, alter=alter, kept=kept if kept[0] is not None else None)
+        return (*grads[:5], None, grads[5], None, None, None, None, None, None)
 
 
 def apply(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
@@ -99,12 +116,3 @@ def apply(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=F
     g, beta = activations(g, beta, v, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
     return ChunkGatedDeltaRuleFunction.apply(q, k, v, g, beta, scale, initial_state, output_final_state,
                                              use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, impl, alter)
-
-
-def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                           use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None,
-                           use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False):
-    """Differentiable GDN chunked forward (``kernels.forward.pipeline`` for shapes and dtypes,
-    ``kernels.activations`` for the in-kernel gate and beta)."""
-    return apply(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                 state_v_first, cu_seqlens, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)

@@ -13,8 +13,9 @@ INPUT_DTYPES = (torch.bfloat16, torch.float16)
 TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first):
-    """Raise ValueError naming the first bad argument; return (B, T, H, HV, K, V, N), N the number of sequences."""
+def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first, require_cuda: bool = True):
+    """Raise ValueError naming the first bad argument; return (B, T, H, HV, K, V, N), N the number of sequences.
+    ``require_cuda=False`` accepts any device (the CPU emulation, shape propagation), one for all tensors."""
     tensors = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
     for name, x in tensors.items():
         if not isinstance(x, torch.Tensor):
@@ -67,7 +68,7 @@ def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first):
     if B * T >= 2 ** 31 - BT:
         raise ValueError(f"B*T = {B * T} tokens is too many (int32 token indices)")
     dev = q.device
-    if dev.type != "cuda":
+    if require_cuda and dev.type != "cuda":
         raise ValueError(f"tensors must be on a CUDA device (sm_90), got {dev}")
     others = dict(tensors, initial_state=initial_state)  # cu_seqlens may be on the host or the device
     for name, x in others.items():
