@@ -190,5 +190,6 @@ def _final_state(ht, v):
 
 
 def _gradients(grads, v):
-    dq, dk, dv, dg, db, dh0 = grads
-    return dq, dk, dv, dg, db, v.new_empty(0, dtype=_FLOAT) if dh0 is None else dh0.contiguous()
+    """Contiguous gradients (the fake's strides): a head-dim-padded pipeline returns views of wider buffers."""
+    *gx, dh0 = grads
+    return *(x.contiguous() for x in gx), v.new_empty(0, dtype=_FLOAT) if dh0 is None else dh0.contiguous()

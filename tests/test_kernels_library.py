@@ -235,6 +235,11 @@ def test_kernel_path_keeps_tables_compiles_and_equals_the_function(kernel_path_o
         assert library.dense_kept_chunks(xs[0], xs[2], case.h0 is not None, True) == chunks
         out = torch.library.opcheck(library.chunk_gdr_fwd, args, test_utils=("test_faketensor",))
         assert set(out.values()) == {"SUCCESS"}, out
+    _, do, dht, _ = case.inputs(CPU)
+    bwd_args = (*[x.detach() for x in xs], do, dht, kw["initial_state"], kw["cu_seqlens"],
+                *[t.detach() for t in tables], 0.125, case.l2, case.vf)
+    out = torch.library.opcheck(library.chunk_gdr_bwd, bwd_args, test_utils=("test_faketensor",))
+    assert set(out.values()) == {"SUCCESS"}, out       # the gradients' strides are the fake's (head-dim padding)
     rerun = _rerun("test_kernel_path_keeps_tables_compiles_and_equals_the_function", case)
     eager = results(kernels.chunk_gated_delta_rule, case, CPU)
     assert_same(eager, results(apply, case, CPU), case, "op vs autograd.apply (stand-in kernels)", rerun)
