@@ -80,16 +80,26 @@ def check_ptxas(p: dict):
     assert p.get("stack") == 0, p["log"]
 
 
-def call_args(case, device="cpu"):
-    """``((q, k, v, g, beta), kw)`` of ``case`` (``cases.inputs.make_inputs``) on ``device`` in the kernel APIs' call
-    form: kw holds scale, initial_state, use_qk_l2norm_in_kernel, state_v_first and cu_seqlens (no
-    output_final_state).  ValueError for a case whose gate or beta transform is in-kernel (the kernels have none)."""
+def kernel_inputs(case, device="cpu"):
+    """``cases.inputs.make_inputs(case, device)``; ValueError for a case whose gate or beta transform is in-kernel
+    (the TileLang kernels have none)."""
     from cases.inputs import make_inputs
 
     inp = make_inputs(case, device)
     if inp.use_gate_in_kernel or inp.use_beta_sigmoid_in_kernel:
         raise ValueError(f"case {case.id}: distribution {case.dist!r} computes the gate or beta in the kernel; "
                          "the TileLang kernels take g and beta as they are")
+    return inp
+
+
+def call_args(case, device="cpu"):
+    """``((q, k, v, g, beta), kw)`` of ``case`` (``cases.inputs.make_inputs``) on ``device`` in the kernel APIs' call
+    form: kw holds scale, initial_state, use_qk_l2norm_in_kernel, state_v_first and cu_seqlens (no
+    output_final_state); ValueError as ``kernel_inputs``."""
+    return _call_form(kernel_inputs(case, device))
+
+
+def _call_form(inp):
     kw = dict(scale=inp.scale, initial_state=inp.initial_state, use_qk_l2norm_in_kernel=inp.use_qk_l2norm_in_kernel,
               state_v_first=inp.state_v_first, cu_seqlens=inp.cu_seqlens)
     return (inp.q, inp.k, inp.v, inp.g, inp.beta), kw
@@ -98,12 +108,11 @@ def call_args(case, device="cpu"):
 def bwd_args(case, device="cpu"):
     """``(args, kw, do, dht)``: ``call_args`` of ``case`` and its output gradients (``parity.refs.grad_outputs``:
     do in the input dtype, dht fp32 in the state layout), on ``device``."""
-    from cases.inputs import make_inputs
     from parity.refs import grad_outputs
 
-    args, kw = call_args(case, device)
-    do, dht = grad_outputs(case, make_inputs(case))
-    return args, kw, do.to(device), dht.to(device)
+    inp = kernel_inputs(case, device)
+    args, kw = _call_form(inp)
+    return (args, kw, *grad_outputs(case, inp))
 
 
 def fp64_grads(case, device="cpu") -> list:
@@ -133,12 +142,10 @@ def function_grads(fn, case, device="cpu", **extra) -> list:
     """Gradients in ``GRAD_NAMES`` order (None for dh0 without an initial state) of sum(o * do) + sum(ht * dht)
     through ``fn`` (FLA's call signature, e.g. ``kernels.autograd.apply``; ``extra``: its further keyword
     arguments) on ``case``'s inputs (``parity.backends.base.run_with_grads``)."""
-    from cases.inputs import make_inputs
     from parity.backends.base import run_with_grads
     from parity.refs import grad_outputs
 
-    inputs = make_inputs(case, device)
-    call_args(case)                                     # refuses an in-kernel gate or beta
+    inputs = kernel_inputs(case, device)
 
     def forward(x):
         return (*fn(**x.kwargs(), **extra), getattr(fn, "__name__", "fn"))

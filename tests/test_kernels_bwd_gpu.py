@@ -1,20 +1,3 @@
-"""GPU correctness of our TileLang GDN backward (marker ``gpu``), through the autograd Function
-``kernels.autograd``, against fp64 autograd through ``reference.chunk``.
-
-Skips with the reason when there is no CUDA device, it is not sm_90 (Hopper), or tilelang is missing.
-Cases (``tests.kernel_support.GPU_CASES`` by name): T in 1, 63, 64, 65, 1000, 8192; dense B=1 and B=3;
-varlen with boundary lengths and with empty sequences; GVA ratios 2 and 4; h0 (also ~50x) and both state
-layouts; bf16 and fp16; fp32, bf16 and fp16 gates; g near -20, g == 0 with extreme beta; in-kernel l2 norm;
-K = V = 64.  ``do`` ~ N(0, 1), ``dht`` ~ 0.1 N(0, 1).
-
-Criteria (no absolute tolerances; the CPU emulation of the same kernels meets them with a wide margin,
-``tests/test_kernels_bwd_emulation.py``): no NaN/Inf; every gradient's rel_rmse vs fp64 no larger than the
-FLA-like baseline's (autograd through ``reference.emulated``, FLA's intermediate roundings); with g near -20
-dg within the input dtype's rounding floor; on the ``compare_fla`` cases also no larger than FLA Triton's.
-``test_stages_match_emulation`` prints every intermediate's distance to the emulation (to localise a
-failing stage) and asserts the final gradients agree with it within the input dtype's rounding floor.
-"""
-
 """GPU checks of our TileLang GDN backward that the verdict rows (``test_kernels_verdicts_gpu.py``) cannot express
 (marker ``gpu``): the kernels' intermediates against the torch emulation of the same kernels, two calls bitwise
 equal, the segment-parallel reverse pass against the sequential one, the recompute at other state-kernel shapes,

@@ -4,7 +4,7 @@ dbeta dh0) beside the same-precision baseline, judged by ``parity.verdicts.judge
 judges a sweep cell; FLA Triton (``fla-triton``: every FLA dispatch backend off) runs beside them on
 ``FLA_COMPARED``.
 
-Skips with the reason when there is no sm_90 GPU or tilelang.  Rows (``GPU_CASES``): T of 1, 63, 64, 65, 1000,
+Skips with the reason when there is no sm_90 GPU or tilelang.  Rows (``CASES``): T of 1, 63, 64, 65, 1000,
 2048, 8192 and 20468; dense B=1, 2, 3 and every varlen layout; GVA ratios 1, 2 and 4; an initial state in both
 layouts; bf16 and fp16, gates in fp32, bf16 and fp16; the in-kernel L2 norm; K = V = 64; decays near -20, none
 and slow; beta at its edges; a large initial state.  Besides the verdict: every gradient no farther from fp64 than
