@@ -6,10 +6,11 @@ judges a sweep cell; FLA Triton (``fla-triton``: every FLA dispatch backend off)
 
 Skips with the reason when there is no sm_90 GPU or tilelang.  Rows (``CASES``): T of 1, 63, 64, 65, 1000,
 2048, 8192 and 20468; dense B=1, 2, 3 and every varlen layout; GVA ratios 1, 2 and 4; an initial state in both
-layouts; bf16 and fp16, gates in fp32, bf16 and fp16; the in-kernel L2 norm; K = V = 64; decays near -20, none
-and slow; beta at its edges; a large initial state.  Besides the verdict: every gradient no farther from fp64 than
-the baseline's (dg of strong decay, where the baseline's is meaningless, within the rounding floor), and on
-``FLA_COMPARED`` every tensor no farther from fp64 than FLA Triton's (0.1% slack).  Each row runs once.
+layouts; bf16 and fp16, gates in fp32, bf16 and fp16; the in-kernel L2 norm; K = V = 64; strong decay (g in
+[-25, -15]), none on half the heads, slow; beta at its edges; a large initial state.  Besides the verdict, on rows
+of at least 64 tokens every gradient is no farther from fp64 than the baseline's (dg of strong decay, where the
+baseline's is meaningless, within the input dtype's rounding floor), and on ``FLA_COMPARED`` every tensor no
+farther than FLA Triton's (0.1% slack).  Each row runs once.
 """
 
 from __future__ import annotations
@@ -97,16 +98,21 @@ def _rows(case: Case, backend: str) -> dict:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_tilelang_cells_pass_the_harness_rule(case):
-    from parity.refs import tensor_names
+    """Every tensor PASSES, returned in the dtype the harness expects (``parity.refs.output_dtype``)."""
+    from parity.refs import output_dtype, tensor_names
     from parity.verdicts import PASS
 
     ours = _rows(case, OURS)
     assert set(ours) == set(tensor_names(case)), sorted(ours)
+    dtypes = {t: (r.get("out_dtype"), str(output_dtype(case, t)).replace("torch.", "")) for t, r in ours.items()}
+    assert all(got == want for got, want in dtypes.values() if got is not None), dtypes
     bad = [r["v_message"] or f"{t}: {r['verdict']} {r.get('reason')}" for t, r in ours.items() if r["verdict"] != PASS]
     assert not bad, "\n".join(bad)
 
 
-GRAD_CASES = [c for c in CASES if c.grad]
+# a row of fewer tokens than a chunk has too few values for two rel_rmse near the rounding floor to be ordered by
+# more than one rounding: the harness rule alone judges it
+GRAD_CASES = [c for c in CASES if c.grad and c.B * c.T >= 64]
 
 
 @pytest.mark.parametrize("case", GRAD_CASES, ids=[c.id for c in GRAD_CASES])
