@@ -86,7 +86,7 @@ def test_both_reverse_pass_forms_meet_the_same_bar(case):
     assert not torch.equal(split[2], single[2]), "dv: the operand form changed nothing"
 
 
-def test_max_rel_helper():
+def test_max_rel():
     """``kernel_support.max_rel`` (the GPU tests' stage distances): max |x - ref| / max |ref|, in fp64, over
     max |x - ref| alone for an all-zero reference; zero only for equal tensors."""
     ref = torch.tensor([1.0, -4.0, 2.0])
