@@ -36,7 +36,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.bench_kernels_fwd import D, SHAPES as FWD_SHAPES, make as make_fwd_inputs  # noqa: E402
+from benchmarks.bench_kernels_fwd import D, SHAPES as FWD_SHAPES, fla_triton, flash_qla  # noqa: E402
+from benchmarks.bench_kernels_fwd import make as make_fwd_inputs  # noqa: E402
 from parity.execute import describe_error  # noqa: E402
 
 SHAPES = dict(FWD_SHAPES)       # the forward benchmark's shapes (a copy: --dry-run shrinks them)
@@ -161,7 +162,7 @@ def main(argv=None):
 
     from benchmarks import record
     from kernels.autograd import apply as ours_fn
-    from tests import kernel_support as tt
+    from parity.metrics import compare
 
     t_start = time.time()
     if args.dry_run:
@@ -215,12 +216,12 @@ def main(argv=None):
         ap.error(f"--skip takes FLA, FlashQLA; got {sorted(skip - {'FLA', 'FlashQLA'})}")
     skipped.update({c: "--skip" for c in sorted(skip)})
     if not args.dry_run:
-        fla = tt.fla_triton_fn() if "FLA" not in skip else None
+        fla, why = fla_triton() if "FLA" not in skip else (None, "--skip")
         if fla is None:
-            skipped.setdefault("FLA", "fla not importable")
+            skipped.setdefault("FLA", why)
         else:
             impls.append(("FLA", fla))
-        fq, why = tt.flash_qla_fn() if "FlashQLA" not in skip else (None, "--skip")
+        fq, why = flash_qla() if "FlashQLA" not in skip else (None, "--skip")
         if fq is None:
             skipped.setdefault("FlashQLA", why)
         else:
@@ -239,8 +240,9 @@ def main(argv=None):
                     got = grads(fn, a, kw, do, dht, name=name)
                     if dev.type == "cuda":
                         torch.cuda.synchronize()
-                    parts = [f"{n} {tt.rel_rmse(x, r):.2e}" for n, x, r in zip(NAMES, got, want)]
-                    bad = sum(tt.nonfinite(x) for x in got)
+                    ms = [compare(x, r) for x, r in zip(got, want)]
+                    parts = [f"{n} {m.rel_rmse:.2e}" for n, m in zip(NAMES, ms)]
+                    bad = sum(m.nan_count + m.inf_count for m in ms)
                     print(f"  check {name:<9} " + "  ".join(parts) + f"  nonfinite {bad}", flush=True)
                 except Exception as e:
                     print(f"  check {name:<9} FAILED {describe_error(e)[:200]}", flush=True)

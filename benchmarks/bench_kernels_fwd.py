@@ -22,7 +22,7 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   ``plan.block_v``, one CTA per SM; ``smem16`` / ``smem32`` / ``smem64`` - the same with BV forced;
   ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
 * ``intra``     - the intra-chunk kernel alone (part of every column);
-* ``FLA``       - FLA's Triton kernels (FLA_FLASH_QLA=0 FLA_TILELANG=0);
+* ``FLA``       - FLA's Triton kernels (every FLA dispatch backend off: ``parity.backends.fla_common``);
 * ``FlashQLA``  - ``flash_qla.chunk_gated_delta_rule`` (skipped with the reason if unavailable);
 * ``flashinfer`` / ``flashinfer-cake`` / ``cudnn`` - FlashInfer's GDN prefill paths as the engines call them
                   (parity.backends.flashinfer: checked through the adapter; timed on inputs converted once, the
@@ -84,6 +84,31 @@ def make(B, T, H, HV, lens, dev, seed=0, gen=None):
         assert sum(lens) == T and B == 1
         cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64, device=dev)
     return q, k, v, g, beta, cu
+
+
+def fla_triton():
+    """(FLA's chunk_gated_delta_rule on its Triton kernels, ``parity.backends.fla_common``, None) or (None, why)."""
+    from parity.backends.fla_common import triton_chunk_gated_delta_rule
+
+    try:
+        return triton_chunk_gated_delta_rule(), None
+    except Exception as e:  # noqa: BLE001 - a column that cannot run is skipped with the reason
+        return None, describe_error(e)
+
+
+def flash_qla():
+    """(flash_qla.chunk_gated_delta_rule, None) where parity's ``flash-qla`` backend is available here, else
+    (None, why)."""
+    from parity.backends import get_backend
+
+    ok, why = get_backend("flash-qla").available()
+    if not ok:
+        return None, why
+    try:
+        import flash_qla as fq
+    except Exception as e:  # noqa: BLE001
+        return None, describe_error(e)
+    return fq.chunk_gated_delta_rule, None
 
 
 def _rv(cp=None, bv=64):
@@ -237,7 +262,8 @@ def main(argv=None):
 
     from benchmarks import record
     from kernels.forward.pipeline import plan_for, prepare
-    from tests import kernel_support as tt
+    from parity.metrics import compare
+    from reference import chunk_gated_delta_rule as fp64_reference
 
     if args.dry_run:
         from kernels.forward import emulation as E
@@ -307,11 +333,11 @@ def main(argv=None):
     if not args.dry_run:
         precompile(_needed_configs(variants, shapes), args.workers)
 
-    fla = tt.fla_triton_fn() if not args.dry_run else None
-    fqla, fqla_reason = tt.flash_qla_fn() if not args.dry_run else (None, "dry run")
+    fla, fla_reason = fla_triton() if not args.dry_run else (None, "dry run")
+    fqla, fqla_reason = flash_qla() if not args.dry_run else (None, "dry run")
     skipped = {}
     if fla is None:
-        skipped["FLA"] = "fla not importable"
+        skipped["FLA"] = fla_reason
     if fqla is None:
         skipped["FlashQLA"] = fqla_reason
     fi_cols, fi_why = flashinfer_columns(dev) if not args.dry_run else ({}, {})
@@ -343,17 +369,18 @@ def main(argv=None):
                 n = len(lens) if lens else B
                 h0 = h0std * torch.randn(n, HV, D, D, device=dev, generator=gen)
             kw = dict(initial_state=h0, output_final_state=True, state_v_first=vfirst, cu_seqlens=cu)
-            o_ref, s_ref = tt.reference_fn()(q, k, v, g, beta, **kw)
-            floor = tt.rel_rmse(o_ref.to(torch.bfloat16), o_ref)
+            o_ref, s_ref = fp64_reference(q, k, v, g, beta, **kw)
+            floor = compare(o_ref.to(torch.bfloat16), o_ref).rel_rmse
             print(f"  bf16 rounding floor of o: {floor:.3e}")
             for name, fn in checks:
                 try:
                     o, st = fn(q, k, v, g, beta, **kw)
                     if dev.type == "cuda":
                         torch.cuda.synchronize()
-                    print(f"  check {name:<9} o {tt.rel_rmse(o, o_ref):.3e} ({tt.rel_rmse(o, o_ref) / floor:.2f}x floor)"
-                          f"  state {tt.rel_rmse(st, s_ref):.3e}  nonfinite {tt.nonfinite(o) + tt.nonfinite(st)}",
-                          flush=True)
+                    mo, ms = compare(o, o_ref), compare(st, s_ref)
+                    bad = mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count
+                    print(f"  check {name:<9} o {mo.rel_rmse:.3e} ({mo.rel_rmse / floor:.2f}x floor)"
+                          f"  state {ms.rel_rmse:.3e}  nonfinite {bad}", flush=True)
                 except Exception as e:
                     print(f"  check {name:<9} FAILED {describe_error(e)[:200]}", flush=True)
             del q, k, v, g, beta, o_ref, s_ref

@@ -67,10 +67,10 @@ def _profile(args) -> int:
     leaves = [x.detach().requires_grad_() for x in a]
 
     if args.impl == "fla-triton":
-        from tests.kernel_support import fla_triton_fn
-        fla = fla_triton_fn()
+        from benchmarks.bench_kernels_fwd import fla_triton
+        fla, why = fla_triton()
         if fla is None:
-            print("fla is not importable")
+            print(f"FLA's Triton path cannot run here: {why}")
             return 2
         fn, ctx = fla, lambda: backward_context("FLA")
     else:

@@ -7,35 +7,48 @@ from dataclasses import dataclass
 
 import torch
 
+from cases.case import Case
+from cases.distributions import get_distribution
+from cases.layouts import get_layout
 from tests import kernel_support as tt
 
 
 @dataclass(frozen=True)
 class OpCase:
-    """One call of ``kernels.chunk_gated_delta_rule``: dense ``[B, T]`` or varlen ``lens`` (B = 1), H q/k heads,
-    HV value heads, head dim D; ``h0``: initial state scale (None: no initial state); ``final``: output_final_state;
-    ``vf``: state_v_first; ``l2``: use_qk_l2norm_in_kernel."""
+    """One call of ``kernels.chunk_gated_delta_rule``: the inputs of the ``cases.Case`` ``case`` (with its output
+    gradients, ``tests.kernel_support.bwd_args``); ``final``: output_final_state; ``empty``: every sequence cut to
+    zero tokens (cu_seqlens all 0, T = 0), an input no layout draws."""
     id: str
-    B: int = 1
-    T: int = 100
-    lens: tuple | None = None
-    H: int = 1
-    HV: int = 2
-    D: int = 64
-    h0: float | None = None
+    case: Case
     final: bool = True
-    vf: bool = False
-    l2: bool = False
+    empty: bool = False
+
+    @property
+    def varlen(self) -> bool:
+        return get_layout(self.case.layout).varlen
+
+    B = property(lambda self: self.case.B)
+    T = property(lambda self: 0 if self.empty else self.case.T)
+    HV = property(lambda self: self.case.HV)
+    vf = property(lambda self: self.case.state_v_first)
+    l2 = property(lambda self: get_distribution(self.case.dist).qk_l2norm_in_kernel)
+    h0 = property(lambda self: self.case.h0_dtype)
 
     def inputs(self, device):
         """((q, k, v, g, beta), do, dht or None, kwargs of the call) on ``device``."""
-        xs, do, dht, kw = tt.bwd_inputs(self.B, self.T, self.H, self.HV, D=self.D,
-                                        lens=None if self.lens is None else list(self.lens), h0=self.h0, vf=self.vf,
-                                        l2=self.l2)
-        move = lambda x: None if x is None else x.to(device)   # noqa: E731
-        kw = {n: move(x) if isinstance(x, torch.Tensor) else x for n, x in kw.items()}
-        kw["output_final_state"] = self.final
-        return [move(x) for x in xs], move(do), move(dht) if self.final else None, kw
+        xs, kw, do, dht = tt.bwd_args(self.case, device)
+        xs, kw = list(xs), dict(kw, output_final_state=self.final)
+        if self.empty:
+            xs, do = [x[:, :0].contiguous() for x in xs], do[:, :0].contiguous()
+            kw["cu_seqlens"] = torch.zeros_like(kw["cu_seqlens"])
+        return xs, do, dht if self.final else None, kw
+
+    def chunks(self, cu_seqlens) -> int:
+        """Chunks of 64 tokens of the call (per sequence for varlen input)."""
+        if cu_seqlens is None:
+            return self.B * -(-self.T // 64)
+        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        return sum(-(-n // 64) for n in lens)
 
 
 def results(fn, case: OpCase, device, *, grad: bool = True) -> dict:

@@ -1,10 +1,10 @@
 """CPU checks of our TileLang GDN design (no GPU, no tilelang needed).
 
-* ``kernels.forward.emulation`` replays exactly the kernels' tiling, padding,
-  varlen chunk layout and roundings in torch.  It must be no less accurate than an FLA-like bf16 scheme (``reference.emulated``)
-  on o and on the state, within 2x the rounding floor of o.
-* The segment-parallel (CP) state passing gives the same accuracy as the
-  sequential pass (slow decay, g = 0, h0, varlen with empty sequences).
+* ``kernels.forward.emulation`` replays exactly the kernels' tiling, padding, varlen chunk layout and roundings in
+  torch.  On ``cases.Case`` rows (inputs ``cases.inputs``, metrics ``parity.metrics``) it must be no less accurate
+  than an FLA-like bf16 scheme (``reference.emulated``) on o and on the state, within 2x the rounding floor of o.
+* The segment-parallel (CP) state passing gives the same accuracy as the sequential pass (slow decay, no decay on
+  half the heads, a large h0, varlen with empty sequences).
 * The API's input validation raises ValueError without touching CUDA; the dispatch's plans are valid kernel
   configurations and a plan the kernels cannot run is refused by name.
 * ``import kernels`` imports neither tilelang nor CUDA.
@@ -17,111 +17,70 @@ import sys
 import pytest
 import torch
 
+from cases.case import Case
 from kernels.forward import emulation as E
-from tests import kernel_support as tt
+from parity.metrics import compare
+from reference import chunk_gated_delta_rule as fp64_reference
+from reference.emulated import chunk_gated_delta_rule as fla_like
+from tests.kernel_support import call_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-_reference = tt.reference_fn
-rel_rmse = tt.rel_rmse
-make_inputs = tt.make_inputs
-
-
 CASES = [
-    # name, B, T, H, HV, D, dtype, cu_seqlens, kwargs
-    ("dense_b1_T200_gva2", 1, 200, 2, 4, 64, torch.bfloat16, None, {}),
-    ("dense_b2_T130_fp16_h0", 2, 130, 2, 4, 128, torch.float16, None, dict(h0=1.0)),
-    ("dense_T1", 1, 1, 1, 1, 64, torch.bfloat16, None, {}),
-    ("dense_T64_bf16gate", 1, 64, 2, 2, 64, torch.bfloat16, None, dict(gate_dtype=torch.bfloat16)),
-    ("varlen_boundaries_vfirst_h0", 1, 577, 1, 2, 64, torch.bfloat16, [0, 1, 64, 128, 193, 320, 448, 577],
-     dict(h0=1.0, vfirst=True)),
-    ("varlen_many_short", 1, 0, 1, 2, 64, torch.bfloat16, "short", {}),
-    ("varlen_with_empty_h0", 1, 165, 1, 2, 64, torch.bfloat16, [0, 0, 100, 100, 164, 165, 165], dict(h0=1.0)),
-    ("gate_zero_no_l2", 1, 300, 2, 2, 64, torch.bfloat16, None, dict(gate="zero", l2=False)),
-    ("gate_-20_big_h0", 1, 150, 2, 2, 64, torch.bfloat16, None, dict(gate="near_-20", h0=50.0)),
-    ("beta_extreme_fp16", 1, 200, 1, 2, 64, torch.float16, None, dict(beta="extreme")),
+    Case(T=200, H=2, HV=4, K=64, V=64, dist="raw-qk-l2"),
+    Case(B=2, T=130, H=2, HV=4, dtype="fp16", h0_dtype="fp32", dist="raw-qk-l2"),
+    Case(T=1, H=1, HV=1, K=64, V=64),
+    Case(T=64, H=2, HV=2, K=64, V=64, g_dtype="bf16", beta_dtype="bf16", dist="raw-qk-l2"),
+    Case(layout="varlen-boundary", T=577, H=1, HV=2, K=64, V=64, h0_dtype="fp32", state_v_first=True,
+         dist="raw-qk-l2"),
+    Case(layout="varlen-short", T=1024, H=1, HV=2, K=64, V=64),
+    Case(layout="varlen-empty", T=165, H=1, HV=2, K=64, V=64, h0_dtype="fp32", dist="raw-qk-l2"),
+    Case(T=300, H=2, HV=2, K=64, V=64, dist="mixed-heads"),
+    Case(T=150, H=2, HV=2, K=64, V=64, h0_dtype="fp32", dist="strong-decay"),
+    Case(T=150, H=2, HV=2, K=64, V=64, h0_dtype="fp32", dist="large-h0"),
+    Case(T=200, H=1, HV=2, K=64, V=64, dtype="fp16", dist="beta-edges"),
 ]
 
 
-def _case_args(case):
-    name, B, T, H, HV, D, dt, cu, kw = case
-    if cu == "short":
-        gen = torch.Generator().manual_seed(1)
-        lens = torch.randint(1, 20, (120,), generator=gen).tolist() + [63, 64, 65]
-        cu = [0]
-        for L in lens:
-            cu.append(cu[-1] + L)
-        T = cu[-1]
-    vfirst = kw.pop("vfirst", False) if isinstance(kw, dict) else False
-    kw = dict(kw)
-    N = None if cu is None else len(cu) - 1
-    l2 = kw.get("l2", True)
-    q, k, v, g, b, s0 = make_inputs(B, T, H, HV, D, dt, N=N, **kw)
-    if s0 is not None and vfirst:
-        s0 = s0.transpose(-1, -2).contiguous()
-    cut = None if cu is None else torch.tensor(cu, dtype=torch.int64)
-    args = dict(initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=l2,
-                state_v_first=vfirst, cu_seqlens=cut)
-    return name, dt, (q, k, v, g, b), args
+def _errors(out, ref):
+    """rel_rmse of (o, final state) against the fp64 reference's."""
+    return tuple(compare(x, r).rel_rmse for x, r in zip(out, ref))
 
 
-def _fla_like():
-    try:
-        from reference.emulated import chunk_gated_delta_rule as fla_like
-        return fla_like
-    except ImportError:
-        return None
-
-
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_emulation_default_vs_fp64_reference(case):
-    """Default v2 path: finite, o <= 2x the rounding floor, state <= 5e-3, and no worse than an
+    """The dispatched plan's emulation: finite, o <= 2x the rounding floor, state <= 5e-3, and no worse than an
     FLA-like bf16 scheme (reference.emulated) on the same inputs (5% slack on tiny cases)."""
-    name, dt, a, args = _case_args(case)
-    o, S = E.chunk_gated_delta_rule(*a, **args)
-    o_ref, S_ref = _reference()(*a, **args)
-    assert o.dtype == dt and o.shape == o_ref.shape
+    a, kw = call_args(case)
+    kw["output_final_state"] = True
+    o, S = E.chunk_gated_delta_rule(*a, **kw)
+    o_ref, S_ref = fp64_reference(*a, **kw)
+    assert o.dtype == a[0].dtype and o.shape == o_ref.shape
     assert S.dtype == torch.float32 and S.shape == S_ref.shape
     assert torch.isfinite(o).all() and torch.isfinite(S).all()
-    floor = rel_rmse(o_ref.to(dt), o_ref)
-    e_o, e_s = rel_rmse(o, o_ref), rel_rmse(S, S_ref)
-    msg = f"{name}: o {e_o:.3e} (floor {floor:.3e})  state {e_s:.3e}"
-    fla_like = _fla_like()
-    if fla_like is not None:
-        try:
-            o_f, S_f = fla_like(*a, **args)
-            f_o, f_s = rel_rmse(o_f, o_ref), rel_rmse(S_f, S_ref)
-            msg += f" | fla-like o {f_o:.3e} state {f_s:.3e}"
-            assert e_o <= 1.05 * f_o + 1e-6, msg
-            assert e_s <= 1.05 * f_s + 1e-7, msg
-        except (TypeError, ValueError):
-            pass
+    floor = compare(o_ref.to(o.dtype), o_ref).rel_rmse
+    e_o, e_s = _errors((o, S), (o_ref, S_ref))
+    f_o, f_s = _errors(fla_like(*a, **kw), (o_ref, S_ref))
+    msg = f"{case.id}: o {e_o:.3e} (floor {floor:.3e})  state {e_s:.3e} | fla-like o {f_o:.3e} state {f_s:.3e}"
     print(msg)
-    assert e_o <= 2.0 * floor + 1e-6, msg     # g = 0 everywhere: ~1.75x (FLA-like ~2.6x)
+    assert e_o <= 1.05 * f_o + 1e-6, msg
+    assert e_s <= 1.05 * f_s + 1e-7, msg
+    assert e_o <= 2.0 * floor + 1e-6, msg
     assert e_s <= 5e-3, msg
 
 
 def test_emulation_beats_fla_like_precision_scheme():
-    """At T=2048 (no in-kernel l2 norm, logsigmoid gates, like the harness case) the emulated
-    kernel is much closer to fp64 than an emulation of FLA's bf16 intermediates
-    (reference.emulated when present)."""
-    try:
-        from reference.emulated import chunk_gated_delta_rule as fla_like
-    except ImportError:
-        pytest.skip("reference.emulated not available")
-    q, k, v, g, b, _ = make_inputs(1, 2048, 2, 4, 128, torch.bfloat16, l2=False)
-    o, S = E.chunk_gated_delta_rule(q, k, v, g, b, output_final_state=True)
-    o_ref, S_ref = _reference()(q, k, v, g, b, output_final_state=True)
-    try:
-        o_f, S_f = fla_like(q, k, v, g, b, output_final_state=True)
-    except TypeError:
-        pytest.skip("reference.emulated has a different signature")
-    assert rel_rmse(o, o_ref) < 0.8 * rel_rmse(o_f, o_ref)         # v2 default: ~1.06x floor vs ~2x
-    print(f"ours o {rel_rmse(o, o_ref):.3e} S {rel_rmse(S, S_ref):.3e} | fla-like o {rel_rmse(o_f, o_ref):.3e} "
-          f"S {rel_rmse(S_f, S_ref):.3e}")
-    assert rel_rmse(o, o_ref) < rel_rmse(o_f, o_ref)
-    assert rel_rmse(S, S_ref) < rel_rmse(S_f, S_ref)
+    """At T=2048 (no in-kernel l2 norm, like the harness's default case) the emulated kernel is much closer to fp64
+    than an emulation of FLA's bf16 intermediates (reference.emulated)."""
+    a, kw = call_args(Case(T=2048, H=2, HV=4))
+    kw["output_final_state"] = True
+    ref = fp64_reference(*a, **kw)
+    e_o, e_s = _errors(E.chunk_gated_delta_rule(*a, **kw), ref)
+    f_o, f_s = _errors(fla_like(*a, **kw), ref)
+    print(f"ours o {e_o:.3e} S {e_s:.3e} | fla-like o {f_o:.3e} S {f_s:.3e}")
+    assert e_o < 0.8 * f_o
+    assert e_s < f_s
 
 
 def _bad(**over):
@@ -196,25 +155,16 @@ def test_import_is_lazy():
 
 @pytest.mark.parametrize("dist", ["gauss-l2", "strong-decay", "beta-edges", "heavy-tail-v", "large-h0"])
 def test_emulation_beats_fla_like_on_distributions(dist):
-    """``cases`` rows at T=1024 (H=2, HV=4, bf16; ``cases.inputs.make_inputs``): the dispatched precision is no
-    worse than the FLA-like bf16 scheme on o and on the state."""
-    fla_like = _fla_like()
-    if fla_like is None:
-        pytest.skip("reference.emulated not available")
-    from cases.case import Case
+    """``cases`` rows at T=1024 (H=2, HV=4, bf16): the dispatched precision is no worse than the FLA-like bf16
+    scheme on o and on the state."""
     from cases.distributions import get_distribution
-    from cases.inputs import make_inputs as case_inputs
-    from reference.chunk import chunk_gated_delta_rule as ref
+
     h0 = "fp32" if get_distribution(dist).needs_h0 else None
-    inp = case_inputs(Case(B=1, T=1024, H=2, HV=4, dist=dist, h0_dtype=h0, seed=0))
-    a = (inp.q, inp.k, inp.v, inp.g, inp.beta)
-    kw = dict(initial_state=inp.initial_state, output_final_state=True,
-              use_qk_l2norm_in_kernel=inp.use_qk_l2norm_in_kernel)
-    o_ref, s_ref = ref(*a, **kw)
-    o, s = E.chunk_gated_delta_rule(*a, **kw)
-    o_f, s_f = fla_like(*a, **kw)
-    e = (rel_rmse(o, o_ref), rel_rmse(s, s_ref))
-    f = (rel_rmse(o_f, o_ref), rel_rmse(s_f, s_ref))
+    a, kw = call_args(Case(B=1, T=1024, H=2, HV=4, dist=dist, h0_dtype=h0, seed=0))
+    kw["output_final_state"] = True
+    ref = fp64_reference(*a, **kw)
+    e = _errors(E.chunk_gated_delta_rule(*a, **kw), ref)
+    f = _errors(fla_like(*a, **kw), ref)
     print(f"{dist}: ours o {e[0]:.3e} state {e[1]:.3e} | fla-like o {f[0]:.3e} state {f[1]:.3e}")
     assert e[0] <= f[0] and e[1] <= f[1]
 
@@ -225,28 +175,22 @@ def _rv_plan(h0, cp):
     return ForwardPlan("bfloat16", preset(h0 is not None), "rv", 64, 1, cp)
 
 
-@pytest.mark.parametrize("gate,h0,lens,cp", [
-    ("small", 1.0, None, 4),            # slow decay: the carried state matters across segments
-    ("zero", 50.0, None, 3),            # no decay at all, large h0
-    ("small", 1.0, [700, 0, 130, 1, 64, 900], 3),   # varlen, uneven segment counts, empty sequences
-])
-def test_cp_matches_sequential(gate, h0, lens, cp):
+@pytest.mark.parametrize("case,cp", [
+    (Case(T=1300, H=1, HV=2, h0_dtype="fp32", dist="slow-decay"), 4),      # the carried state matters across segments
+    (Case(T=1300, H=1, HV=2, h0_dtype="fp32", dist="mixed-heads"), 3),     # no decay at all on half the heads
+    (Case(T=1300, H=1, HV=2, h0_dtype="fp32", dist="large-h0"), 3),        # a large initial state
+    (Case(layout="varlen-empty", T=1795, H=1, HV=2, h0_dtype="fp32", dist="slow-decay"), 3),   # uneven segment
+], ids=lambda x: x.id if isinstance(x, Case) else f"cp{x}")                                       # counts, empty seqs
+def test_cp_matches_sequential(case, cp):
     """Segment-parallel state passing (scan of [Z | M], fp64 fix-up, per-segment pass) has the same
     accuracy as the sequential pass."""
-    if lens is None:
-        q, k, v, g, b, s0 = make_inputs(1, 1300, 1, 2, 128, torch.bfloat16, gate=gate, h0=h0, l2=True)
-        cu = None
-    else:
-        q, k, v, g, b, s0 = make_inputs(1, sum(lens), 1, 2, 128, torch.bfloat16, gate=gate, h0=h0, l2=True,
-                                        N=len(lens))
-        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist())
-    args = dict(initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
-    o_ref, S_ref = _reference()(q, k, v, g, b, **args)
-    o1, S1 = E.chunk_gated_delta_rule(q, k, v, g, b, **args, plan=_rv_plan(s0, 1))
-    oc, Sc = E.chunk_gated_delta_rule(q, k, v, g, b, **args, plan=_rv_plan(s0, cp))
-    e1 = (rel_rmse(o1, o_ref), rel_rmse(S1, S_ref))
-    ec = (rel_rmse(oc, o_ref), rel_rmse(Sc, S_ref))
-    print(f"{gate} h0={h0} lens={lens}: cp1 o {e1[0]:.3e} S {e1[1]:.3e} | cp{cp} o {ec[0]:.3e} S {ec[1]:.3e}")
+    a, kw = call_args(case)
+    kw["output_final_state"] = True
+    ref = fp64_reference(*a, **kw)
+    o1, S1 = E.chunk_gated_delta_rule(*a, **kw, plan=_rv_plan(kw["initial_state"], 1))
+    oc, Sc = E.chunk_gated_delta_rule(*a, **kw, plan=_rv_plan(kw["initial_state"], cp))
+    e1, ec = _errors((o1, S1), ref), _errors((oc, Sc), ref)
+    print(f"{case.id}: cp1 o {e1[0]:.3e} S {e1[1]:.3e} | cp{cp} o {ec[0]:.3e} S {ec[1]:.3e}")
     assert torch.isfinite(oc).all() and torch.isfinite(Sc).all()
     assert ec[0] <= 1.1 * e1[0] + 1e-6 and ec[1] <= 1.2 * e1[1] + 1e-6
 

@@ -13,13 +13,16 @@ import types
 import pytest
 import torch
 
+from cases.case import Case
 from tests.library_support import OpCase, assert_same, results
 
 CASES = [
-    OpCase("dense_B2_h0_final", B=2, T=70, h0=1.0),
-    OpCase("dense_no_h0_no_final", final=False),
-    OpCase("varlen_empty_h0_vfirst_final", lens=(30, 0, 70), h0=1.0, vf=True),
-    OpCase("varlen_l2_no_h0_no_final", lens=(64, 1, 35), l2=True, final=False, H=2, HV=4),
+    OpCase("dense_B2_h0_final", Case(B=2, T=70, H=1, HV=2, K=64, V=64, h0_dtype="fp32", grad=True)),
+    OpCase("dense_no_h0_no_final", Case(T=100, H=1, HV=2, K=64, V=64, grad=True), final=False),
+    OpCase("varlen_empty_h0_vfirst_final", Case(layout="varlen-empty", T=100, H=1, HV=2, K=64, V=64,
+                                                h0_dtype="fp32", state_v_first=True, grad=True)),
+    OpCase("varlen_l2_no_h0_no_final", Case(layout="varlen-boundary", T=100, H=2, HV=4, K=64, V=64,
+                                            dist="raw-qk-l2", grad=True), final=False),
 ]
 CPU = torch.device("cpu")
 
@@ -84,7 +87,8 @@ def test_opcheck_strided_initial_state_without_tokens():
     initial state."""
     from kernels.library import chunk_gdr_fwd
 
-    case = OpCase("varlen_all_empty_strided_h0", lens=(0, 0), T=0, h0=1.0)
+    case = OpCase("varlen_all_empty_strided_h0", Case(layout="varlen-ragged", T=100, H=1, HV=2, K=64, V=64,
+                                                      h0_dtype="fp32", grad=True), empty=True)
     xs, _, _, kw = case.inputs(CPU)
     h0 = kw["initial_state"].transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_()
     out = torch.library.opcheck(chunk_gdr_fwd, (*[x.requires_grad_() for x in xs], h0, kw["cu_seqlens"], None, True,
@@ -229,9 +233,9 @@ def test_kernel_path_keeps_tables_compiles_and_equals_the_function(kernel_path_o
     xs = [x.requires_grad_() for x in xs]
     args = (*xs, kw["initial_state"], kw["cu_seqlens"], None, case.final, case.l2, case.vf, True)
     _, _, *tables = library.chunk_gdr_fwd(*args)
-    chunks = (case.B * -(-case.T // 64) if case.lens is None else sum(-(-n // 64) for n in case.lens))
+    chunks = case.chunks(kw["cu_seqlens"])
     assert [tuple(t.shape) for t in tables] == [(case.HV, chunks, 64, 64)] * 3
-    if case.lens is None:
+    if not case.varlen:
         assert library.dense_kept_chunks(xs[0], xs[2], case.h0 is not None, True) == chunks
         out = torch.library.opcheck(library.chunk_gdr_fwd, args, test_utils=("test_faketensor",))
         assert set(out.values()) == {"SUCCESS"}, out

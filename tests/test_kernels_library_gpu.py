@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 import torch
 
+from cases.case import Case
 from tests import kernel_support as tt
 from tests.library_support import OpCase, assert_same, results
 
@@ -20,15 +21,17 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(tt.gpu_skip_reason() is not None, reason=tt.gpu_skip_reason() or "")]
 
 CASES = [
-    OpCase("dense_B2_T1000_h0_final", B=2, T=1000, H=2, HV=4, D=128, h0=1.0),
-    OpCase("dense_T300_no_h0_no_final", T=300, H=2, HV=4, D=128, final=False),
+    OpCase("dense_B2_T1000_h0_final", Case(B=2, T=1000, H=2, HV=4, h0_dtype="fp32", grad=True)),
+    OpCase("dense_T300_no_h0_no_final", Case(T=300, H=2, HV=4, grad=True), final=False),
     # few heads over a long sequence: the backward's segmented reverse pass, which reads no forward tables
-    OpCase("dense_T19200_segmented_backward_h0", T=19200, H=1, HV=2, D=128, h0=1.0),
-    OpCase("varlen_empty_h0_vfirst_final", lens=(1, 63, 0, 65, 300), H=2, HV=4, D=128, h0=1.0, vf=True),
-    OpCase("varlen_D64_l2_no_final", lens=(100, 200), H=1, HV=2, D=64, l2=True, final=False),
+    OpCase("dense_T19200_segmented_backward_h0", Case(T=19200, H=1, HV=2, h0_dtype="fp32", grad=True)),
+    OpCase("varlen_empty_h0_vfirst_final", Case(layout="varlen-empty", T=429, H=2, HV=4, h0_dtype="fp32",
+                                                state_v_first=True, grad=True)),
+    OpCase("varlen_D64_l2_no_final", Case(layout="varlen-ragged", T=300, H=1, HV=2, K=64, V=64, dist="raw-qk-l2",
+                                          grad=True), final=False),
 ]
-DENSE = [c for c in CASES if c.lens is None]
-VARLEN = [c for c in CASES if c.lens is not None]
+DENSE = [c for c in CASES if not c.varlen]
+VARLEN = [c for c in CASES if c.varlen]
 _IDS = lambda cases: [c.id for c in cases]     # noqa: E731
 
 
@@ -198,6 +201,6 @@ def test_no_host_synchronisation_once_the_layout_is_known(case):
     _call(case, xs, kw, do, dht, True)
     torch.cuda.synchronize()
     _no_sync(lambda: _call(case, xs, kw, do, dht, True))
-    if case.lens is not None:
+    if case.varlen:
         with torch.no_grad(), pytest.raises(RuntimeError, match="synchroniz"):
             _no_sync(lambda: _call(case, xs, dict(kw, cu_seqlens=kw["cu_seqlens"].clone()), do, dht, False))

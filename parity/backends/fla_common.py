@@ -211,3 +211,16 @@ def fla_kwargs(inputs) -> dict:
     if kw.get("cu_seqlens") is not None:
         kw["cu_seqlens"] = kw["cu_seqlens"].to(torch.int64)
     return kw
+
+
+def triton_chunk_gated_delta_rule():
+    """FLA's ``chunk_gated_delta_rule`` (FLA's call signature) with every dispatch backend switched off while it
+    runs, so that its Triton kernels run: the callable the kernel benchmarks time (no dispatch trace around the call).
+    RuntimeError with the reason when FLA cannot be imported here."""
+    gdn = import_gdn()
+
+    def call(*args, **kwargs):
+        with dispatch_off():
+            return gdn.chunk_gated_delta_rule(*args, **kwargs)
+
+    return call
