@@ -1,10 +1,10 @@
 """Compile every backward kernel configuration a dispatch can choose, for sm_90a, on the CPU.
 
 Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The configurations are
-``kernels.backward.configs.all_configs()`` (every stage x {bf16, fp16} at K = V = 128, dh in both operand forms,
-prep on the forward's saved tables; the dtype-free dgdb once).  Everything else (T, B, N, H, HV / GVA ratio, h0,
-dht present, state layout, l2norm, gate dtype, varlen or dense, head dim 64 zero-padded, scale) is a runtime
-argument of the same binaries.  The forward recompute runs the forward's kernels, compiled by
+``kernels.backward.configs.all_configs()`` (every stage x {bf16, fp16} at each head dim K = V in 128, 64, dh in
+both operand forms, prep on the forward's saved tables; the dtype-free dgdb once per head dim).  Everything else
+(T, B, N, H, HV / GVA ratio, h0, dht present, state layout, l2norm, gate dtype, varlen or dense, scale) is a
+runtime argument of the same binaries.  The forward recompute runs the forward's kernels, compiled by
 ``test_kernels_compile.py``.
 
 Asserts, from the generated CUDA and from ptxas (bf16 only: the fp16 binaries differ only in the operand type):
@@ -22,7 +22,7 @@ import re
 
 import pytest
 
-from kernels.common.bank_conflicts import worst_degrees
+from kernels.common.bank_conflicts import threads_of, worst_degrees
 from kernels.backward.configs import CLUSTER_GROUPS, all_configs
 from kernels.build import compile_for_test, forward_configs
 from tests.kernel_support import check_ptxas, check_wgmma, compile_in_processes, compile_skip_reason
@@ -86,10 +86,12 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     ctas = {"prep": 3}.get(cfg.kind)
     if ctas:
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024 // ctas, r["dyn_smem"]
-    if cfg.kind.startswith("dqk"):   # one CTA of 256 threads per SM (shared memory and registers)
+    if cfg.kind.startswith("dqk"):   # one CTA of 2 DV threads per SM (shared memory and registers)
+        threads = threads_of(src)
+        assert threads == 2 * cfg.DK, (threads, cfg.DK)
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024, r["dyn_smem"]
         if "ptxas" in r:
-            assert -(-r["ptxas"]["registers"] // 8) * 8 * 256 <= 65536, r["ptxas"]["registers"]
+            assert -(-r["ptxas"]["registers"] // 8) * 8 * threads <= 65536, r["ptxas"]["registers"]
         assert "AtomicAdd" not in src      # dq~, dk~ stored once per value head (the group sums: gsum) or group
     if cfg.kind.startswith("dqk_g"):      # a group's sums through distributed shared memory: one SM-to-SM bulk copy
         # site, a barrier each CTA waits on, cluster barriers around the exchange (after the barrier's init too)

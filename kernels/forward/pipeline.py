@@ -18,8 +18,9 @@ Stages: ``intra_chunk`` (parallel), ``state`` (sequential; or, with CP, ``state_
 fix-up and the state kernel per segment), ``output`` (parallel); which kernels run is ``kernels.plan``'s
 ``ForwardPlan`` (``plan``: another plan value, e.g. a benchmark's alternative).  ``keep_tables``: a dict that
 receives the intra kernel's Tinv and Ag tables for the backward (``Th``, ``Ah``, ``Al``, each
-[HV, NC, 64, 64] in the input dtype) where the plan keeps them.  The kernels are built for K == V == 128;
-K == V == 64 is zero-padded to 128 here (exact).  This module imports tilelang only when a kernel is needed.
+[HV, NC, 64, 64] in the input dtype) where the plan keeps them.  Every kernel is built for the call's head dim
+(K == V in {64, 128}; the plan's ``DK``): nothing is padded.  This module imports tilelang only when a kernel is
+needed.
 """
 
 from __future__ import annotations
@@ -28,19 +29,20 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.interface import (BT, TL_DTYPE, call_tables, check_inputs, host_list, max_chunks, pad_last,
-                               padded_state, require_sm90, tma_ready)
+from kernels.interface import (BT, TL_DTYPE, call_tables, check_inputs, fp32_state, host_list, max_chunks,
+                               require_sm90, tma_ready)
 
 
 @dataclass
 class ForwardInputs:
-    """One call's tensors as the kernels take them (token-flattened, head dims padded to ``D``) and its tables."""
+    """One call's tensors as the kernels take them (token-flattened; ``D`` = K = V, the kernels' head dim) and its
+    tables."""
     q: torch.Tensor                 # [Ttot, H, D] input dtype
     k: torch.Tensor                 # [Ttot, H, D]
     v: torch.Tensor                 # [Ttot, HV, D]
     g: torch.Tensor                 # [Ttot, HV] fp32
     beta: torch.Tensor              # [Ttot, HV] fp32
-    h0: torch.Tensor | None         # [N, HV, D, D] fp32, the caller's layout
+    h0: torch.Tensor | None         # [N, HV, D, D] fp32 contiguous, the caller's layout
     B: int
     T: int
     H: int
@@ -65,19 +67,16 @@ def prepare(q, k, v, g, beta, scale=None, initial_state=None, output_final_state
             use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None) -> ForwardInputs:
     """Check the arguments (``ValueError`` naming the first bad one; ``RuntimeError`` off sm_90) and lay them out
     for the kernels (one host sync for a new varlen layout, none for the previous call's ``cu_seqlens``)."""
-    from .configs import KERNEL_HEAD_DIM
     B, T, H, HV, K, V, N = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     require_sm90(q.device, "kernels.chunk_gated_delta_rule")
-    D = KERNEL_HEAD_DIM
-    pad = D - K
     Ttot = B * T
     cu_host, (cu, chunk_indices, chunk_offsets, NC) = call_tables(B, T, cu_seqlens, q.device)
     return ForwardInputs(
-        q=tma_ready(pad_last(q.reshape(Ttot, H, K), pad)), k=tma_ready(pad_last(k.reshape(Ttot, H, K), pad)),
-        v=tma_ready(pad_last(v.reshape(Ttot, HV, V), pad)), g=g.reshape(Ttot, HV).to(torch.float32).contiguous(),
+        q=tma_ready(q.reshape(Ttot, H, K)), k=tma_ready(k.reshape(Ttot, H, K)), v=tma_ready(v.reshape(Ttot, HV, V)),
+        g=g.reshape(Ttot, HV).to(torch.float32).contiguous(),
         beta=beta.reshape(Ttot, HV).to(torch.float32).contiguous(),
-        h0=None if initial_state is None else padded_state(initial_state, pad), B=B, T=T, H=H, HV=HV, K=K, V=V,
-        N=N, D=D, scale=K ** -0.5 if scale is None else float(scale), use_l2=bool(use_qk_l2norm_in_kernel),
+        h0=None if initial_state is None else fp32_state(initial_state), B=B, T=T, H=H, HV=HV, K=K, V=V,
+        N=N, D=K, scale=K ** -0.5 if scale is None else float(scale), use_l2=bool(use_qk_l2norm_in_kernel),
         v_first=bool(state_v_first), store_ht=bool(output_final_state), cu_seqlens=cu_seqlens, cu_host=cu_host,
         cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, NC=NC)
 
@@ -86,7 +85,7 @@ def plan_for(x: ForwardInputs, keep_tables: bool = False):
     """``kernels.plan.forward_plan`` of the call ``x``."""
     from kernels.plan import forward_plan
     return forward_plan(TL_DTYPE[x.q.dtype], x.N, x.HV, max_chunks(x.B, x.T, x.cu_host), x.h0 is not None,
-                        keep_tables=keep_tables)
+                        keep_tables=keep_tables, DK=x.D)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -103,7 +102,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
         keep_tables.update(Th=tables.Th, Ah=tables.Ah, Al=tables.Al)
     states = state(x=x, plan=plan, tables=tables) if plan.cp <= 1 else state_segmented(x=x, plan=plan, tables=tables)
     o = output(x=x, plan=plan, tables=tables, states=states)
-    return finish(x=x, o=o, ht=states.ht)
+    return o.reshape(x.B, x.T, x.HV, x.V), states.ht
 
 
 def empty_output(x: ForwardInputs, initial_state):
@@ -204,17 +203,6 @@ def output(*, x: ForwardInputs, plan, tables: IntraTables, states: ChunkStates) 
     get_kernel(plan.configs()[2])(x.q, x.k, tables.F, states.Sch, states.Scl, states.Uh, states.Ul, x.cu,
                                   x.chunk_indices, o)
     return o
-
-
-def finish(*, x: ForwardInputs, o: torch.Tensor, ht):
-    """(o [B, T, HV, V], final state or None) with the head-dim padding removed."""
-    pad = x.D - x.K
-    o = (o[..., :x.V] if pad else o).reshape(x.B, x.T, x.HV, x.V)
-    if pad:
-        o = o.contiguous()
-    if ht is not None and pad:
-        ht = ht[..., :x.K, :x.V].contiguous()
-    return o, ht
 
 
 _SEG_TABLES: dict = {}
