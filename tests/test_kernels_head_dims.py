@@ -1,7 +1,7 @@
 """Head dim K = V = 64 as its own kernels (CPU, no tilelang needed): the plans build every kernel of a call for the
 call's head dim, their occupancy math counts CTAs at that head dim, and the compile list holds every configuration
 at both head dims.  (Compiling them: ``test_kernels_compile.py`` / ``test_kernels_bwd_compile.py``; running them:
-the GPU tests' K = V = 64 cases.)"""
+the GPU tests' K = V = 64 cases and ``test_head_dim_64_kernels_match_the_padded_128_call`` below.)"""
 
 import dataclasses
 
@@ -10,8 +10,9 @@ import torch
 
 from kernels.backward.configs import BwdConfig
 from kernels.forward.configs import HEAD_DIMS, IntraConfig, OutputConfig, StateConfig
-from kernels.plan import N_SM, ForwardPlan, backward_plan, block_v, forward_plan
 from kernels.forward.precision import preset
+from kernels.plan import N_SM, ForwardPlan, backward_plan, block_v, forward_plan
+from tests import kernel_support as tt
 
 # (n_seq, HV, max_chunks, has_h0): the smem form at one and two CTAs per SM, the rv form with CP
 _SHAPES = [(8, 32, 64, False), (1, 32, 512, True), (2, 4, 1024, False), (1, 2, 2048, True), (64, 8, 16, False)]
@@ -92,3 +93,69 @@ def test_a_head_dim_without_kernels_is_refused():
             backward_plan("bfloat16", 1, 4, 64, 1, DK=bad)
     with pytest.raises(ValueError, match="at most DK"):        # the rv form's 128 value columns at DK 64
         ForwardPlan("bfloat16", preset(False), "rv", 128, DK=64)
+
+
+# K = V = 64 on the GPU against the same call zero-padded to 128 (what the API ran before the DK 64 kernels; the
+# padding is exact): the dispatch's forms at DK 64 (smem at one and two CTAs per SM, rv with CP; dqk alone, in
+# clusters of 2 / 4 / 8 and with the group-sum kernel; the sequential and the segmented reverse pass)
+_GPU_CASES = [tt.Case("D64_gva3_l2_fp16", 2, 700, 1, 3, D=64, l2=True, dtype=torch.float16),
+              tt.Case("D64_varlen_h0_gva2", 1, 0, 2, 4, D=64, lens=[1, 700, 64, 1300], h0=1.0),
+              tt.Case("D64_long_cp", 1, 40000, 1, 4, D=64),
+              tt.Case("D64_vfirst_h0_gva8", 1, 2000, 2, 16, D=64, state_v_first=True, h0=1.0),
+              tt.Case("D64_B8_occ2_gva4", 8, 300, 4, 16, D=64)]
+_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+
+
+def _padded(x, dims: int):
+    """``x`` zero-padded from 64 to 128 in its last ``dims`` dims (None stays None)."""
+    return None if x is None else torch.nn.functional.pad(x, (0, 64) * dims)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(tt.gpu_skip_reason() is not None, reason=tt.gpu_skip_reason() or "")
+@pytest.mark.parametrize("case", _GPU_CASES, ids=[c.name for c in _GPU_CASES])
+def test_head_dim_64_kernels_match_the_padded_128_call(case):
+    """Forward and backward at K = V = 64 run the DK 64 kernels and agree with the same call zero-padded to 128
+    within the input dtype's rounding floor of each output (against fp64); o and the final state also within the
+    forward's bounds against fp64 (``kernel_support.bounds``)."""
+    import kernels
+    from kernels.backward.pipeline import plan_for, prepare_backward
+    from kernels.forward.pipeline import plan_for as fplan_for
+
+    dev = torch.device("cuda")
+    args, kw, do, dht = tt.case_bwd_inputs(case, dev)
+    b = prepare_backward(*args, do, dht, **kw)
+    fp, bp = fplan_for(b.x, True), plan_for(b)
+    assert {c.DK for c in fp.configs() + bp.configs(True)} == {64}, (fp, bp)
+    print(f"{case.name}: forward {fp.state_form} BV {fp.block_v} occ {fp.ctas_per_sm} cp {fp.cp}; backward "
+          f"segmented {bp.dh_segments is not None}, group {bp.group}, cluster {bp.cluster_group_sum}")
+
+    q, k, v, g, beta = args
+    pad_kw = dict(kw, initial_state=_padded(kw["initial_state"], 2))
+    pad_args = (_padded(q, 1), _padded(k, 1), _padded(v, 1), g, beta)
+    scale = 64 ** -0.5
+
+    o, ht = kernels.chunk_gated_delta_rule(*args, **kw, output_final_state=True)
+    op, htp = kernels.chunk_gated_delta_rule(*pad_args, **pad_kw, output_final_state=True, scale=scale)
+    o_ref, ht_ref = tt.reference_fn()(*args, **kw, output_final_state=True)
+    floor = tt.rel_rmse(o_ref.to(case.dtype), o_ref)
+    b_o, b_s = tt.bounds(case, floor)
+    e_o, e_s = tt.rel_rmse(o, o_ref), tt.rel_rmse(ht, ht_ref)
+    d_o, d_s = tt.rel_rmse(o, op[..., :64]), tt.rel_rmse(ht, htp[..., :64, :64])
+    print(f"  o {e_o:.3e} (floor {floor:.3e}), state {e_s:.3e}; vs padded: o {d_o:.3e}, state {d_s:.3e}")
+    assert tt.nonfinite(o) == 0 and tt.nonfinite(ht) == 0
+    assert e_o <= b_o and e_s <= b_s, (e_o, b_o, e_s, b_s)
+    assert d_o <= floor, (d_o, floor)
+
+    grads = tt.autograd_grads(kernels.chunk_gated_delta_rule, args, kw, do, dht, lambda x: x)
+    padded = tt.autograd_grads(kernels.chunk_gated_delta_rule, pad_args, pad_kw, _padded(do, 1), _padded(dht, 2),
+                               lambda x: x, scale=scale)
+    from reference.chunk import chunk_gated_delta_rule as ref
+    want = tt.autograd_grads(ref, args, kw, do, dht, lambda x: x.double())
+    for n, a, p, r in zip(_NAMES, grads, padded, want):
+        p = p[tuple(slice(0, s) for s in a.shape)]
+        d, fl = tt.rel_rmse(a, p), tt.rel_rmse(r.to(case.dtype), r)
+        print(f"  {n}: vs padded {d:.3e}, floor {fl:.3e}, vs fp64 {tt.rel_rmse(a, r):.3e} "
+              f"(padded {tt.rel_rmse(p, r):.3e})")
+        assert tt.nonfinite(a) == 0 and a.shape == r.shape, n
+        assert d <= fl, (n, d, fl)
