@@ -22,7 +22,7 @@ import re
 
 import pytest
 
-from kernels.common.bank_conflicts import threads_of, worst_degrees
+from kernels.common.bank_conflicts import buffer_degrees, shared_buffers, threads_of, worst_degrees
 from kernels.backward.configs import CLUSTER_GROUPS, all_configs
 from kernels.build import compile_for_test, forward_configs
 from tests.kernel_support import check_ptxas, check_wgmma, compile_in_processes, compile_skip_reason
@@ -78,20 +78,26 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     if cfg.kind == "dh":                            # swizzled (4-way each without)
         w = worst_degrees(src, ["dul_s", "do_s"])
         assert w["dul_s"][0] <= 2 and w["do_s"][0] <= 1 and w["dul_s"][1] > 0 and w["do_s"][1] > 0, w
-    if cfg.kind.startswith("dqk"):                  # conflict-free tiles (laid out without them: 8-way)
+    if cfg.kind.startswith("dqk") and cfg.DK == 128:    # conflict-free tiles (laid out without them: 8-way)
         w = max(d for d, _ in worst_degrees(src).values())
         assert w == 1, (cfg.name, worst_degrees(src))
+    if cfg.kind.startswith("dqk") and cfg.DK == 64:
+        # loosened at DK 64: TileLang lays the [64, 64] key-dim operand tiles (q, k, dS' hi + lo), whose columns the
+        # two warpgroups split as wgmma B operands, out in 64-byte swizzles, so their 16-byte global -> shared copy
+        # stores (once a chunk) are 2-way; every other access is conflict-free
+        bad = [(b, s.line, s.width, s.store, d) for b in shared_buffers(src) for s, d in buffer_degrees(src, b)
+               if d is not None and d > 1]
+        assert bad and all(d == 2 and width == 16 and st for _, _, width, st, d in bad), (cfg.name, bad)
     # CTAs per SM the design relies on (shared memory, and registers of 128-thread CTAs): prep loads in phases
     # (60 KiB; 111 in one phase)
     ctas = {"prep": 3}.get(cfg.kind)
     if ctas:
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024 // ctas, r["dyn_smem"]
-    if cfg.kind.startswith("dqk"):   # one CTA of 2 DV threads per SM (shared memory and registers)
-        threads = threads_of(src)
-        assert threads == 2 * cfg.DK, (threads, cfg.DK)
+    if cfg.kind.startswith("dqk"):   # one CTA of 256 threads per SM (shared memory and registers), at either DK
+        assert threads_of(src) == 256, threads_of(src)
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024, r["dyn_smem"]
         if "ptxas" in r:
-            assert -(-r["ptxas"]["registers"] // 8) * 8 * threads <= 65536, r["ptxas"]["registers"]
+            assert -(-r["ptxas"]["registers"] // 8) * 8 * 256 <= 65536, r["ptxas"]["registers"]
         assert "AtomicAdd" not in src      # dq~, dk~ stored once per value head (the group sums: gsum) or group
     if cfg.kind.startswith("dqk_g"):      # a group's sums through distributed shared memory: one SM-to-SM bulk copy
         # site, a barrier each CTA waits on, cluster barriers around the exchange (after the barrier's init too)
