@@ -14,7 +14,8 @@ Asserts, from the generated CUDA and from ptxas (bf16 only: the fp16 binaries di
   TMA into an mbarrier pipeline; its split tables leave through four TMA store sites;
 * exponentials are exp2 (fast math); no register spills and no stack;
 * shared-memory bank conflicts, as worked out from the generated addresses (``kernels.common.bank_conflicts``):
-  dh's swizzled dUloc^T and dO tiles at most 2-way and none; the dqk kernels conflict-free in every tile.
+  dh's swizzled dUloc^T and dO tiles at most 2-way and none; the dqk kernels conflict-free in every tile (at
+  DK 64 but for the 2-way 16-byte stores of the key-dim operand tiles' global -> shared copies).
 """
 
 import os
