@@ -11,7 +11,7 @@ import functools
 
 from kernels.backward import configs as bwd
 from kernels.forward import configs as fwd
-from kernels.forward.configs import DTYPES, RV_BV, StateConfig
+from kernels.forward.configs import DTYPES, HEAD_DIMS, RV_BV, StateConfig
 from kernels.forward.precision import PRESETS
 from kernels.plan import ForwardPlan
 
@@ -25,22 +25,23 @@ def forward_configs():
     (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts, and the
     recompute's swizzled smem state kernels.
 
-    Everything else (T, B, N, H, HV, the GVA ratio, scale, h0 present or not, final state stored or not, the state
-    layout, l2norm on/off, gate dtype, dense vs varlen, head dim 64 zero-padded) is a runtime argument of the same
-    binaries."""
+    All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
+    ratio, scale, h0 present or not, final state stored or not, the state layout, l2norm on/off, gate dtype, dense
+    vs varlen) is a runtime argument of the same binaries."""
     out = []
-    for dtype in DTYPES:
-        for prec in (PRESETS["default"], PRESETS["default_h0"]):
-            plans = [ForwardPlan(dtype, prec, "rv", RV_BV, 1, 2)]
-            plans += [ForwardPlan(dtype, prec, "smem", bv, 1, 1) for bv in (64, 32, 16)]
-            plans += [ForwardPlan(dtype, prec, "smem", bv, 2, 1) for bv in (32, 16)]
-            plans += [ForwardPlan(dtype, prec, "smem", 64, 1, 1, keep_tables=True)]
-            cfgs = [c for p in plans for c in p.configs()]
-            if prec.s == "split" and prec.ks != "split":          # the backward recompute's (sl_swizzle)
-                cfgs += [StateConfig(dtype, bv, prec, form="smem", sl_swizzle=True) for bv in (64, 32, 16)]
-            for c in cfgs:
-                if c not in out:
-                    out.append(c)
+    for DK in sorted(HEAD_DIMS, reverse=True):
+        for dtype in DTYPES:
+            for prec in (PRESETS["default"], PRESETS["default_h0"]):
+                plans = [ForwardPlan(dtype, prec, "rv", RV_BV, 1, 2, DK=DK)]
+                plans += [ForwardPlan(dtype, prec, "smem", bv, 1, 1, DK=DK) for bv in (64, 32, 16)]
+                plans += [ForwardPlan(dtype, prec, "smem", bv, 2, 1, DK=DK) for bv in (32, 16)]
+                plans += [ForwardPlan(dtype, prec, "smem", 64, 1, 1, keep_tables=True, DK=DK)]
+                cfgs = [c for p in plans for c in p.configs()]
+                if prec.s == "split" and prec.ks != "split":          # the backward recompute's (sl_swizzle)
+                    cfgs += [StateConfig(dtype, bv, prec, form="smem", DK=DK, sl_swizzle=True) for bv in (64, 32, 16)]
+                for c in cfgs:
+                    if c not in out:
+                        out.append(c)
     return out
 
 

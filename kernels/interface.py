@@ -187,21 +187,15 @@ def pad_rows(x, n: int):
     return out
 
 
-def pad_last(x, n: int):
-    """``x`` zero-padded by ``n`` columns in its last dim (``x`` itself when ``n`` is 0)."""
-    return torch.nn.functional.pad(x, (0, n)) if n else x
-
-
 def tma_ready(x):
     """``x`` contiguous with a 16-byte aligned base (TMA descriptors need it; odd views are copied)."""
     x = x.contiguous()
     return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
-def padded_state(x, pad: int):
-    """A state-shaped tensor ``[N, HV, K, V]`` as contiguous fp32, zero-padded by ``pad`` rows and columns."""
-    x = x.to(torch.float32)
-    return (torch.nn.functional.pad(x, (0, pad, 0, pad)) if pad else x).contiguous()
+def fp32_state(x):
+    """A state-shaped tensor ``[N, HV, K, V]`` as contiguous fp32 (``x`` itself when it already is)."""
+    return x.to(torch.float32).contiguous()
 
 
 def max_chunks(B: int, T: int, cu_host) -> int:

@@ -169,14 +169,14 @@ def dense_kept_chunks(q, v, has_h0: bool, keep_tables: bool) -> int:
     (``run_forward``): B * ceil(T / 64) on CUDA where ``keep_tables``, the backward's reverse pass is the sequential
     one and the dispatched precision computes the tables; else 0.  Host arithmetic only (no tensor is made)."""
     from kernels.backward import dh_segmented
-    from kernels.backward.pipeline import _sm_count
-    from kernels.forward.configs import KERNEL_HEAD_DIM
+    from kernels.backward.pipeline import _sm_count, dh_value_blocks
     from kernels.forward.precision import preset
     from kernels.plan import keeps_tables
     B, T, HV = int(q.shape[0]), int(q.shape[1]), int(v.shape[2])
     if not keep_tables or q.device.type not in _KEEPS_TABLES or B * T == 0 or not keeps_tables(preset(has_h0)):
         return 0
-    if dh_segmented.plan([b * T for b in range(B + 1)], HV, KERNEL_HEAD_DIM // 64, _sm_count(q.device)) is not None:
+    if dh_segmented.plan([b * T for b in range(B + 1)], HV, dh_value_blocks(int(q.shape[-1])),
+                          _sm_count(q.device)) is not None:
         return 0
     return B * -(-T // BT)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kernels.backward.configs import CLUSTER_GROUPS, BwdConfig
-from kernels.forward.configs import (KERNEL_HEAD_DIM, OUT_CPB, RV_BV, SCAN_BV, IntraConfig, OutputConfig,
-                                     StateConfig, output_block_v)
+from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, SCAN_BV, IntraConfig,
+                                     OutputConfig, StateConfig, output_block_v)
 from kernels.forward.precision import Precision, preset
 
 __all__ = ["ForwardPlan", "BackwardPlan", "forward_plan", "backward_plan", "replace"]
@@ -22,7 +22,7 @@ __all__ = ["ForwardPlan", "BackwardPlan", "forward_plan", "backward_plan", "repl
 # ~SMs of an H200 (132); the sequential state kernel wants about one CTA per SM.
 N_SM = 128
 CP_MIN_CHUNKS = 16             # chunks per CP segment at the least
-CP_MAX_CTAS = 8                # rv CTAs (N x HV x 128/64) at most for CP
+CP_MAX_CTAS = 8                # rv CTAs (N x HV x DK/64) at most for CP
 CP_MIN_TOTAL_CHUNKS = 512      # chunks of the longest sequence at the least for CP
 # the backward's recompute runs on a side stream beside dh from this many (chunk, value head) pairs
 OVERLAP_MIN_CHUNK_HEADS = 4096
@@ -35,7 +35,8 @@ class ForwardPlan:
     ``state_form``: "rv" (register operands, value-first tables) or "smem" (shared-memory operands, key-first);
     ``block_v``: the state kernel's value columns per CTA; ``ctas_per_sm``: resident state CTAs per SM ("smem": 1
     or 2, BV <= 32 for 2); ``cp``: segments per sequence of the segment-parallel state passing (1 = off, "rv"
-    only); ``keep_tables``: the intra kernel also stores Tinv and the call hands Tinv, Ag to the backward."""
+    only); ``keep_tables``: the intra kernel also stores Tinv and the call hands Tinv, Ag to the backward;
+    ``DK``: the head dim K == V every kernel is built for (``HEAD_DIMS``)."""
     dtype: str
     precision: Precision
     state_form: str
@@ -43,12 +44,15 @@ class ForwardPlan:
     ctas_per_sm: int = 1
     cp: int = 1
     keep_tables: bool = False
+    DK: int = KERNEL_HEAD_DIM
 
     def __post_init__(self):
+        check_head_dim(self.DK)
         if self.state_form not in ("rv", "smem"):
             raise ValueError(f"unknown state kernel form {self.state_form!r}; forms: ('rv', 'smem')")
-        if self.state_form == "rv" and (self.block_v not in (64, 128) or self.ctas_per_sm != 1):
-            raise ValueError(f"the rv state kernel needs BV in (64, 128) at one CTA per SM: {self}")
+        if self.state_form == "rv" and (self.block_v not in (64, 128) or self.block_v > self.DK
+                                        or self.ctas_per_sm != 1):
+            raise ValueError(f"the rv state kernel needs BV in (64, 128), at most DK, at one CTA per SM: {self}")
         if self.state_form == "smem" and (self.cp != 1 or self.block_v not in (16, 32, 64)
                                           or self.ctas_per_sm not in (1, 2)
                                           or (self.ctas_per_sm == 2 and self.block_v > 32)):
@@ -59,14 +63,22 @@ class ForwardPlan:
 
     def configs(self) -> tuple:
         """(intra, state, output[, scan]) kernel configurations; the CP scan only when ``cp > 1``."""
-        prec, rv = self.precision, self.state_form == "rv"
-        out = [IntraConfig(self.dtype, prec.merge, prec.ag, th=self.keep_tables),
-               StateConfig(self.dtype, self.block_v, prec, form=self.state_form, ctas_per_sm=self.ctas_per_sm),
-               OutputConfig(self.dtype, prec, BV=output_block_v(prec), vt=rv, cpb=OUT_CPB)]
+        prec, rv, DK = self.precision, self.state_form == "rv", self.DK
+        out = [IntraConfig(self.dtype, prec.merge, prec.ag, DK=DK, th=self.keep_tables),
+               StateConfig(self.dtype, self.block_v, prec, form=self.state_form, DK=DK,
+                           ctas_per_sm=self.ctas_per_sm),
+               OutputConfig(self.dtype, prec, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
         if self.cp > 1:
             out.append(StateConfig(self.dtype, RV_BV if rv else SCAN_BV, prec.for_scan(), scan=True,
-                                   form=self.state_form))
+                                   form=self.state_form, DK=DK))
         return tuple(out)
+
+
+def check_head_dim(DK) -> int:
+    """``DK`` itself when the kernels are built for it (``HEAD_DIMS``), else a ValueError naming it."""
+    if DK not in HEAD_DIMS:
+        raise ValueError(f"no kernel is built for head dim DK={DK!r}; head dims: {HEAD_DIMS}")
+    return DK
 
 
 def keeps_tables(prec: Precision) -> bool:
@@ -75,20 +87,20 @@ def keeps_tables(prec: Precision) -> bool:
     return prec.merge == "bf16" and prec.ag == "split"
 
 
-def block_v(n_seq: int, HV: int, occ: int = 1) -> int:
+def block_v(n_seq: int, HV: int, occ: int = 1, DK: int = KERNEL_HEAD_DIM) -> int:
     """Value columns per CTA of the sequential smem state kernel: the widest block that still gives about ``occ``
-    CTAs per SM (N x HV x 128/BV CTAs), 16 at the least; with occ 2, 32 at the most (shared memory)."""
+    CTAs per SM (N x HV x DK/BV CTAs), 16 at the least; with occ 2, 32 at the most (shared memory)."""
     for bv in ((64, 32) if occ == 1 else (32,)):
-        if n_seq * HV * (KERNEL_HEAD_DIM // bv) >= N_SM * occ:
+        if n_seq * HV * (DK // bv) >= N_SM * occ:
             return bv
     return 16
 
 
-def cp_segments(n_seq: int, HV: int, max_chunks: int) -> int:
+def cp_segments(n_seq: int, HV: int, max_chunks: int, DK: int = KERNEL_HEAD_DIM) -> int:
     """Segments per sequence of the segment-parallel (CP) state passing of the rv form, 1 = off: it pays when
     N x HV leaves most SMs idle and the sequences are long (>= CP_MIN_CHUNKS chunks per segment); phase 3 then
     has about N_SM CTAs."""
-    ctas = n_seq * HV * (KERNEL_HEAD_DIM // RV_BV)
+    ctas = n_seq * HV * (DK // RV_BV)
     if ctas >= 48 or max_chunks < 2 * CP_MIN_CHUNKS:
         return 1
     per = -(-N_SM // ctas)
@@ -96,18 +108,20 @@ def cp_segments(n_seq: int, HV: int, max_chunks: int) -> int:
 
 
 def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: bool,
-                 keep_tables: bool = False) -> ForwardPlan:
+                 keep_tables: bool = False, DK: int = KERNEL_HEAD_DIM) -> ForwardPlan:
     """The forward's dispatch.  The rv form with CP for at most ``CP_MAX_CTAS`` CTAs over at least
     ``CP_MIN_TOTAL_CHUNKS`` chunks (few heads, long sequences), else the smem form without CP, two CTAs per SM
     when BV 32 gives two per SM (else one, ``block_v``); precision "default_h0" with an initial state, else
-    "default"; ``keep_tables`` where the precision computes the backward's tables."""
+    "default"; ``keep_tables`` where the precision computes the backward's tables; every kernel built for the
+    call's head dim ``DK`` (K == V), which also sets the CTA counts above."""
+    check_head_dim(DK)
     prec = preset(has_h0)
-    few = n_seq * HV * (KERNEL_HEAD_DIM // RV_BV) <= CP_MAX_CTAS and max_chunks >= CP_MIN_TOTAL_CHUNKS
+    few = n_seq * HV * (DK // RV_BV) <= CP_MAX_CTAS and max_chunks >= CP_MIN_TOTAL_CHUNKS
     keep = keep_tables and keeps_tables(prec)
     if few:
-        return ForwardPlan(dtype, prec, "rv", RV_BV, 1, cp_segments(n_seq, HV, max_chunks), keep)
-    occ = 2 if block_v(n_seq, HV, occ=2) == 32 else 1
-    return ForwardPlan(dtype, prec, "smem", block_v(n_seq, HV, occ), occ, 1, keep)
+        return ForwardPlan(dtype, prec, "rv", RV_BV, 1, cp_segments(n_seq, HV, max_chunks, DK), keep, DK)
+    occ = 2 if block_v(n_seq, HV, 2, DK) == 32 else 1
+    return ForwardPlan(dtype, prec, "smem", block_v(n_seq, HV, occ, DK), occ, 1, keep, DK)
 
 
 @dataclass(frozen=True)
@@ -120,7 +134,8 @@ class BackwardPlan:
     ``overlap_recompute``: the forward recompute runs on a side stream beside dh; ``recompute_block_v``,
     ``recompute_ctas_per_sm``: the recompute's smem state kernel; ``group``: value heads per q/k head (HV / H);
     ``cluster_group_sum``: dqk sums each group itself in a thread-block cluster (groups of 2, 4, 8), else groups
-    of more than one value head are summed by ``gdn_bwd_group_sum``."""
+    of more than one value head are summed by ``gdn_bwd_group_sum``; ``DK``: the head dim K == V every kernel
+    is built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = True
@@ -130,8 +145,10 @@ class BackwardPlan:
     recompute_ctas_per_sm: int = 1
     group: int = 1
     cluster_group_sum: bool = False
+    DK: int = KERNEL_HEAD_DIM
 
     def __post_init__(self):
+        check_head_dim(self.DK)
         if self.cluster_group_sum and self.group not in CLUSTER_GROUPS:
             raise ValueError(f"cluster group sums need HV / H in {CLUSTER_GROUPS}, got {self.group}")
         if self.dh_segments is not None and self.dh_single:
@@ -141,42 +158,48 @@ class BackwardPlan:
         """(intra, smem state) of the forward recompute at precision "default_h0" (S and U hi + lo, key-first),
         the S lo tile swizzled."""
         prec = preset(True)
-        return (IntraConfig(self.dtype, prec.merge, prec.ag),
-                StateConfig(self.dtype, self.recompute_block_v, prec, form="smem",
+        return (IntraConfig(self.dtype, prec.merge, prec.ag, DK=self.DK),
+                StateConfig(self.dtype, self.recompute_block_v, prec, form="smem", DK=self.DK,
                             ctas_per_sm=self.recompute_ctas_per_sm, sl_swizzle=True))
 
     def prep_config(self, saved: bool) -> BwdConfig:
-        return BwdConfig("prep", self.dtype, saved=saved)
+        return BwdConfig("prep", self.dtype, self.DK, saved=saved)
 
     def dh_config(self) -> BwdConfig:
-        return BwdConfig("dh", self.dtype, single=self.dh_single)
+        return BwdConfig("dh", self.dtype, self.DK, single=self.dh_single)
 
     def dqk_config(self) -> BwdConfig:
-        return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype)
+        return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK)
+
+    def dgdb_config(self) -> BwdConfig:
+        return BwdConfig("dgdb", "float32", self.DK)
 
     def group_sum_config(self, fp32: bool) -> BwdConfig | None:
         """``gdn_bwd_group_sum`` to fp32 or the input dtype where dqk leaves per-value-head rows of a group."""
         if self.group == 1 or self.cluster_group_sum:
             return None
-        return BwdConfig("gsum32" if fp32 else "gsum", self.dtype)
+        return BwdConfig("gsum32" if fp32 else "gsum", self.dtype, self.DK)
 
     def configs(self, with_saved: bool) -> tuple:
         """Every kernel configuration the call runs (``with_saved``: prep on the forward's tables)."""
         out = list(self.recompute_configs()[1:])
         out += [self.prep_config(with_saved and self.reads_saved_tables), self.dh_config(), self.dqk_config(),
-                BwdConfig("dgdb", "float32")]
+                self.dgdb_config()]
         out += [c for c in (self.group_sum_config(True), self.group_sum_config(False)) if c is not None]
         return tuple(out)
 
 
-def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_segments=None) -> BackwardPlan:
+def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_segments=None,
+                  DK: int = KERNEL_HEAD_DIM) -> BackwardPlan:
     """The backward's dispatch: ``dh_segments`` (``dh_segmented.plan``'s tensors, or None) from the caller, who
     owns the layout cache; the sequential pass with single operands reads the forward's saved tables; the
     recompute beside dh from ``OVERLAP_MIN_CHUNK_HEADS`` (chunk, value head) pairs; its state kernel at the
-    forward's ``block_v`` (one CTA per SM); cluster group sums for groups of 2, 4, 8."""
+    forward's ``block_v`` (one CTA per SM); cluster group sums for groups of 2, 4, 8; every kernel built for the
+    call's head dim ``DK`` (K == V)."""
+    check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
     return BackwardPlan(dtype, dh_segments, dh_single=seq, reads_saved_tables=seq,
                         overlap_recompute=n_chunks * HV >= OVERLAP_MIN_CHUNK_HEADS,
-                        recompute_block_v=block_v(n_seq, HV), recompute_ctas_per_sm=1, group=group,
-                        cluster_group_sum=group in CLUSTER_GROUPS)
+                        recompute_block_v=block_v(n_seq, HV, 1, DK), recompute_ctas_per_sm=1, group=group,
+                        cluster_group_sum=group in CLUSTER_GROUPS, DK=DK)

@@ -4,8 +4,8 @@ Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The configur
 ``kernels.build.forward_configs()`` (the intra kernel and its Tinv-keeping form; the register-operand state kernel
 and its CP scan; the shared-memory state kernel at every BV ``block_v`` picks, one and two CTAs per SM; the output
 kernel for both table layouts; precision "default" and "default_h0"; bf16 and fp16; the backward recompute's
-``sl_swizzle`` state kernels).  Everything else (T, B, N, H, HV / GVA ratio, h0, final state, state layout,
-l2norm, gate dtype, varlen or dense, head dim 64 zero-padded) is a runtime argument of the same binaries.
+``sl_swizzle`` state kernels; each head dim K = V in 128, 64).  Everything else (T, B, N, H, HV / GVA ratio, h0,
+final state, state layout, l2norm, gate dtype, varlen or dense) is a runtime argument of the same binaries.
 
 Asserts what the design relies on, from the generated CUDA and from ptxas:
 * every matmul is a wgmma with input-dtype operands and fp32 accumulation, and there is no TF32 anywhere, with the

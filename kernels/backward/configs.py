@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.forward.configs import DTYPES, KERNEL_HEAD_DIM
+from kernels.forward.configs import DTYPES, HEAD_DIMS, KERNEL_HEAD_DIM
 
 # GVA group sizes (HV / H) the dqk kernel sums itself, in thread-block clusters (kinds "dqk_g2" ..)
 CLUSTER_GROUPS = (2, 4, 8)
@@ -31,14 +31,18 @@ class BwdConfig:
 
 
 def all_configs():
-    """Every backward kernel a dispatch decision can choose: each kind x {bf16, fp16} at K = V = 128 (K = V = 64 is
-    zero-padded to 128), dh in its single (sequential pass) and split (segmented pass) forms, prep computing the
-    tables and on the forward's saved ones; the dtype-free dgdb once.  The forward recompute runs the forward's
-    intra and smem state kernels (``kernels.forward.configs.all_configs``)."""
-    return ([BwdConfig(kind, dt) for dt in DTYPES for kind in KINDS]
-            + [BwdConfig(k, "float32") for k in DTYPE_FREE_KINDS]
-            + [BwdConfig("dh", dt, single=True) for dt in DTYPES]
-            + [BwdConfig("prep", dt, saved=True) for dt in DTYPES])
+    """Every backward kernel a dispatch decision can choose, for each head dim K = V in ``HEAD_DIMS`` (128 first):
+    each kind x {bf16, fp16}, dh in its single (sequential pass) and split (segmented pass) forms, prep computing
+    the tables and on the forward's saved ones; the dtype-free dgdb once.  The forward recompute runs the
+    forward's intra and smem state kernels (``kernels.build.forward_configs``)."""
+    return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
+
+
+def _configs_at(D: int):
+    return ([BwdConfig(kind, dt, D) for dt in DTYPES for kind in KINDS]
+            + [BwdConfig(k, "float32", D) for k in DTYPE_FREE_KINDS]
+            + [BwdConfig("dh", dt, D, single=True) for dt in DTYPES]
+            + [BwdConfig("prep", dt, D, saved=True) for dt in DTYPES])
 
 
 def prim_func(cfg: BwdConfig):

@@ -1,15 +1,15 @@
 """``gdn_bwd_dqk``: the inter-chunk (state) and intra-chunk (64x64) gradients of q, k, g, beta of one chunk and
 value head; grid (chunk, value head), 256 threads (two warpgroups; each product's output columns split between
-them).
+them), at K = V = 128 or 64.
 
 * dq~ and dk~ stay in two [64, DK] fp32 fragments: the inter terms are folded in after their row dots, the intra
   products accumulate onto them by wgmma, and each element is stored once (per value head, or as the sums of a GVA
   group of 2, 4 or 8 value heads exchanged across a thread-block cluster).
-* the products are ordered so that shared memory peaks at 192 KiB (one CTA of eight warps per SM): the S o dS'
-  row dots (S, dS' hi + lo: 128 KiB), R = U dS'^T (then dS' dies), Z = dO S^T, W = dY S^T (then S dies), the
-  dY . v dots, then the 64x64 terms (q, k, dO, U, dY and the 64x64 operand tiles).
-* the S o dS' dots: thread ``tx`` sums value column ``tx % DV`` over key rows ``(tx // DV) * DK/2 ..`` (the
-  two halves go to ``sd[0]`` and ``sd[1]``).
+* the products are ordered so that shared memory peaks at 192 KiB at DK = DV = 128 (one CTA of eight warps per
+  SM): the S o dS' row dots (S, dS' hi + lo: 128 KiB), R = U dS'^T (then dS' dies), Z = dO S^T, W = dY S^T (then S
+  dies), the dY . v dots, then the 64x64 terms (q, k, dO, U, dY and the 64x64 operand tiles).
+* the S o dS' dots: thread ``tx < 2 DV`` sums value column ``tx % DV`` over key rows ``(tx // DV) * DK/2 ..``
+  (the two halves go to ``sd[0]`` and ``sd[1]``).
 """
 
 import tilelang.language as T
@@ -19,6 +19,10 @@ from kernels.common.prologue import chunk_span, dynamic_dims, lo_shape
 from kernels.forward.cumsum import LOG2E
 
 from .dqk_terms import BT, half_row_dots, intra_terms, rect_sums, split_dot_rows, v_dy_half_row_dots
+
+# two warpgroups at either head dim: at DK 64 one warpgroup would hold every 64x64 fp32 fragment alone (twice the
+# registers a thread: spills)
+THREADS = 256
 
 
 class _HeadTiles:
@@ -43,7 +47,7 @@ class _HeadTiles:
         # 8 padding columns (neither stored nor summed: the row prefix sums scan m_s[:, 0:64]), so that the
         # fragment's stores do not hit one bank from 8 rows at once
         self.m_s = T.alloc_shared((BT, BT + 8), f32)
-        self.part = T.alloc_shared((4, BT), f32)      # the dg rectangle sums' column walk by 4 x 64 threads
+        self.part = T.alloc_shared((THREADS // BT, BT), f32)    # the dg rectangle sums' column walk by 4 x 64 threads
 
 
 @T.macro
@@ -63,8 +67,9 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     T.copy(dSh[hv, c, 0:DV, 0:DK], ts.dsh)
     T.copy(dSl[hv, c, 0:DV, 0:DK], ts.dsl)
     acc[0] = T.float32(0)
-    split_dot_rows(ts.sh, ts.sl, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
-    sd[tx // DV, hv, c, tx % DV] = acc[0]
+    if tx < 2 * DV:
+        split_dot_rows(ts.sh, ts.sl, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
+        sd[tx // DV, hv, c, tx % DV] = acc[0]
     # 2. R = U dS'^T (U, dS' hi + lo) -> dk~ += e^(GL-G) R, the k.R dots
     T.copy(Uh[hv, c, 0:BT, 0:DV], ts.uh)
     T.copy(Ul[hv, c, 0:BT, 0:DV], ts.ul)
@@ -189,7 +194,7 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1):
       rect            [HV, NC, 64]      fp32   (out)
       scale fp32, out32 int32
     """
-    assert DK == DV == 128, "the fused kernel's thread map assumes K = V = 128 (64 is zero-padded by the API)"
+    assert DK == DV and DV in (64, 128), "the S o dS' dots (2 DV threads, halves of the key rows) need K = V"
     assert group in (1, 2, 4, 8), group
     f32 = "float32"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
@@ -227,7 +232,7 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1):
         scale: T.float32,
         out32: T.int32,
     ):
-        with T.Kernel(NC, HV, threads=2 * DV, **launch) as g:
+        with T.Kernel(NC, HV, threads=THREADS, **launch) as g:
             c, hv = g[0], g[1]
             h = hv // group if group > 1 else hv // (HV // H)    # a cluster's group size is known
             eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)

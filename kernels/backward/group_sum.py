@@ -10,12 +10,13 @@ import tilelang.language as T
 
 from kernels.common.prologue import dynamic_dims
 
-ROWS = 8          # token rows per CTA (x 128 columns: 8 elements per thread)
+ELEMENTS = 1024   # elements per CTA of 128 threads (8 a thread): 8 token rows at D 128, 16 at D 64
 
 
 def build_group_sum(D: int, out_dtype: str):
     """Arguments: x [Ttot, HV, D] fp32; y [Ttot, H, D] ``out_dtype`` (out)."""
     f32 = "float32"
+    ROWS = ELEMENTS // D          # token rows per CTA
     Ttot, H, HV = dynamic_dims("Ttot H HV")
 
     @T.prim_func

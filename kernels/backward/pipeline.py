@@ -35,12 +35,11 @@ from dataclasses import dataclass
 import torch
 
 from kernels.forward.pipeline import ForwardInputs, prepare
-from kernels.interface import BT, TL_DTYPE, call_tables, pad_last, pad_rows, padded_state, tma_ready, token_rows
+from kernels.interface import BT, TL_DTYPE, call_tables, fp32_state, pad_rows, tma_ready, token_rows
 
 from .finish import finish, group_sum
 
-# layouts of the ``stages`` intermediates, the same in both implementations (the kernel path at the padded
-# head dim 128); every value as fp32 / fp64
+# layouts of the ``stages`` intermediates, the same in both implementations; every value as fp32 / fp64
 STAGE_LAYOUT = {
     "Tinv": "[HV, NC, 64, 64]  (I + A)^-1 (hi + lo)", "Fb": "[HV, NC, 8, 64]  gate table",
     "dUloc": "[HV, NC, 64, DV]  P^T dO", "dY": "[HV, NC, 64, DV]  Tinv^T dU (hi + lo)",
@@ -58,7 +57,7 @@ SAVED_TABLES = ("Th", "Ah", "Al")
 class BackwardInputs:
     x: ForwardInputs                # the forward's inputs of the call
     do: torch.Tensor                # [Ttot, HV, D] input dtype
-    dht: torch.Tensor | None        # [N, HV, D, D] fp32, the caller's layout
+    dht: torch.Tensor | None        # [N, HV, D, D] fp32 contiguous, the caller's layout
 
 
 def prepare_backward(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
@@ -71,9 +70,8 @@ def prepare_backward(q, k, v, g, beta, do, dht=None, scale=None, initial_state=N
         want = (x.N, x.HV, x.V, x.K) if x.v_first else (x.N, x.HV, x.K, x.V)
         if tuple(dht.shape) != want:
             raise ValueError(f"dht must be {want}, got {tuple(dht.shape)}")
-    pad = x.D - x.K
-    do2 = tma_ready(pad_last(token_rows(do.reshape(x.B * x.T, x.HV, x.V), x.n_tok).to(q.dtype), pad))
-    return BackwardInputs(x, do2, None if dht is None else padded_state(dht, pad))
+    do2 = tma_ready(token_rows(do.reshape(x.B * x.T, x.HV, x.V), x.n_tok).to(q.dtype))
+    return BackwardInputs(x, do2, None if dht is None else fp32_state(dht))
 
 
 def plan_for(b: BackwardInputs):
@@ -81,19 +79,24 @@ def plan_for(b: BackwardInputs):
     from kernels.plan import backward_plan
     x = b.x
     return backward_plan(TL_DTYPE[x.q.dtype], x.H, x.HV, x.NC, x.N,
-                         _dh_plan(x.B, x.T, x.cu_host, x.HV, x.D // 64, x.q.device))
+                         _dh_plan(x.B, x.T, x.cu_host, x.HV, dh_value_blocks(x.D), x.q.device), DK=x.D)
 
 
 def reads_saved_tables(q, v, cu_seqlens=None) -> bool:
     """Whether the backward of these inputs (q [B, T, H, K], v [B, T, HV, V], the forward's ``cu_seqlens``) reads
     the forward's intra tables: where its plan's reverse pass is the sequential one.  The autograd Function asks
     before its forward, so that it keeps no tables the backward would not read."""
-    from kernels.forward.configs import KERNEL_HEAD_DIM
-    if q.dtype not in TL_DTYPE:
-        return False
+    from kernels.forward.configs import HEAD_DIMS
+    if q.dtype not in TL_DTYPE or q.dim() != 4 or q.shape[-1] not in HEAD_DIMS:
+        return False                 # the forward refuses these inputs
     B, T = q.shape[:2]
     cu_host, _ = call_tables(B, T, cu_seqlens, q.device)
-    return _dh_plan(B, T, cu_host, v.shape[2], KERNEL_HEAD_DIM // 64, q.device) is None
+    return _dh_plan(B, T, cu_host, v.shape[2], dh_value_blocks(q.shape[-1]), q.device) is None
+
+
+def dh_value_blocks(D: int) -> int:
+    """CTAs of ``gdn_bwd_dh`` per (value head, sequence) at head dim ``D``: one per 64 value columns."""
+    return D // 64
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
@@ -286,12 +289,11 @@ def dg_dbeta(*, x: ForwardInputs, plan, tables: PrepTables, grads: StateGradient
     gradients in the caller's shapes and dtypes."""
     from kernels.build import get_kernel
 
-    from .configs import BwdConfig
     Ttot, dev = x.n_tok, x.q.device
     tm = terms
     dgdb = tuple(torch.empty(Ttot, x.HV, device=dev, dtype=torch.float32) for _ in range(2))
-    get_kernel(BwdConfig("dgdb", "float32"))(tables.Fb, tm.qz, tm.kw, tm.kr, tm.yv2, tm.db22, tm.sd, tm.rect, x.cu,
-                                             x.chunk_indices, *dgdb)
+    get_kernel(plan.dgdb_config())(tables.Fb, tm.qz, tm.kw, tm.kr, tm.yv2, tm.db22, tm.sd, tm.rect, x.cu,
+                                   x.chunk_indices, *dgdb)
     dq, dk, dg, db = finish(Fb=tables.Fb, qz=tm.qz, kw=tm.kw, kr=tm.kr, sd=tm.sd, yv=None, rect=tm.rect, db2=None,
                             dqv=tm.dqv, dkv=tm.dkv, q=x.q, k=x.k, H=x.H, use_l2=x.use_l2, tok=None, valid=None,
                             dgdb=dgdb)
@@ -299,19 +301,15 @@ def dg_dbeta(*, x: ForwardInputs, plan, tables: PrepTables, grads: StateGradient
 
 
 def _outputs(x: ForwardInputs, dq, dk, dv, dg, db, dh0, g, beta, has_h0: bool):
-    """The gradients in the caller's shapes and dtypes (head-dim padding removed, zero past the last sequence)."""
+    """The gradients in the caller's shapes and dtypes (zero past the last sequence)."""
     B, T, H, HV, K, V, dt = x.B, x.T, x.H, x.HV, x.K, x.V, x.q.dtype
     n = B * T
-    dq = pad_rows(dq[..., :K], n).reshape(B, T, H, K).to(dt)
-    dk = pad_rows(dk[..., :K], n).reshape(B, T, H, K).to(dt)
-    dv = pad_rows(dv[..., :V], n).reshape(B, T, HV, V).to(dt)
+    dq = pad_rows(dq, n).reshape(B, T, H, K).to(dt)
+    dk = pad_rows(dk, n).reshape(B, T, H, K).to(dt)
+    dv = pad_rows(dv, n).reshape(B, T, HV, V).to(dt)
     dg = pad_rows(dg, n).reshape(B, T, HV).to(g.dtype)
     db = pad_rows(db, n).reshape(B, T, HV).to(beta.dtype)
-    if not has_h0:
-        dh0 = None
-    elif x.D != K:
-        dh0 = dh0[..., :K, :V].contiguous()
-    return dq, dk, dv, dg, db, dh0
+    return dq, dk, dv, dg, db, dh0 if has_h0 else None
 
 
 def _empty_gradients(b: BackwardInputs, g, beta, initial_state):

@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPES = ("bfloat16", "float16")
-KERNEL_HEAD_DIM = 128          # the kernels are built for K == V == 128; K == V == 64 is zero-padded to 128
+HEAD_DIMS = (64, 128)          # K == V: each kernel is built for the call's head dim (its configuration's DK)
+KERNEL_HEAD_DIM = 128          # the configurations' default DK
 OUT_CPB = 8                    # chunks per CTA of the output kernel (pipelined TMA loads)
-SCAN_BV = 32                   # value columns per CTA of the CP phase-1 scan (over 2 x 128 columns)
+SCAN_BV = 32                   # value columns per CTA of the CP phase-1 scan (over 2 x DV columns)
 RV_BV = 64                     # value columns per warpgroup of the register-operand state kernel (wgmma M)
 NUM_STAGES = 2                 # software pipelining depth of the sequential kernels' chunk loads
 STATE_FORMS = ("rv", "smem")   # register-operand (value-first tables) / shared-memory-operand (key-first) state
@@ -73,10 +74,10 @@ class OutputConfig:
                 f"{self.dtype}]")
 
 
-def output_block_v(prec) -> int:
-    """Value columns per CTA of the output kernel: all 128, or 64 when the chunk-start state is split (two 32 KB
-    state tiles per stage would not fit twice in shared memory)."""
-    return 64 if prec.s == "split" else KERNEL_HEAD_DIM
+def output_block_v(prec, DK: int = KERNEL_HEAD_DIM) -> int:
+    """Value columns per CTA of the output kernel: all ``DK``, or at most 64 when the chunk-start state is split
+    (at DK 128, two 32 KB state tiles per stage would not fit twice in shared memory)."""
+    return min(64, DK) if prec.s == "split" else DK
 
 
 def prim_func(cfg):

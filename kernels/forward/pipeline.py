@@ -19,8 +19,9 @@ Stages: ``intra_chunk`` (parallel), ``state`` (sequential; or, with CP, ``state_
 fix-up and the state kernel per segment), ``output`` (parallel); which kernels run is ``kernels.plan``'s
 ``ForwardPlan`` (``plan``: another plan value, e.g. a benchmark's alternative).  ``keep_tables``: a dict that
 receives the intra kernel's Tinv and Ag tables for the backward (``Th``, ``Ah``, ``Al``, each
-[HV, NC, 64, 64] in the input dtype) where the plan keeps them.  The kernels are built for K == V == 128;
-K == V == 64 is zero-padded to 128 here (exact).  This module imports tilelang only when a kernel is needed.
+[HV, NC, 64, 64] in the input dtype) where the plan keeps them.  Every kernel is built for the call's head dim
+(K == V in {64, 128}; the plan's ``DK``): nothing is padded.  This module imports tilelang only when a kernel is
+needed.
 """
 
 from __future__ import annotations
@@ -29,20 +30,20 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.interface import (BT, TL_DTYPE, call_tables, check_inputs, host_list, max_chunks, pad_last, pad_rows,
-                               padded_state, require_sm90, tma_ready, token_count, token_rows)
+from kernels.interface import (BT, TL_DTYPE, call_tables, check_inputs, fp32_state, host_list, max_chunks,
+                               pad_rows, require_sm90, tma_ready, token_count, token_rows)
 
 
 @dataclass
 class ForwardInputs:
-    """One call's tensors as the kernels take them (token-flattened, head dims padded to ``D``, the ``n_tok``
-    tokens in sequences only) and its tables."""
+    """One call's tensors as the kernels take them (token-flattened, the ``n_tok`` tokens in sequences only;
+    ``D`` = K = V, the kernels' head dim) and its tables."""
     q: torch.Tensor                 # [Ttot, H, D] input dtype, Ttot = n_tok
     k: torch.Tensor                 # [Ttot, H, D]
     v: torch.Tensor                 # [Ttot, HV, D]
     g: torch.Tensor                 # [Ttot, HV] fp32
     beta: torch.Tensor              # [Ttot, HV] fp32
-    h0: torch.Tensor | None         # [N, HV, D, D] fp32, the caller's layout
+    h0: torch.Tensor | None         # [N, HV, D, D] fp32 contiguous, the caller's layout
     B: int
     T: int
     H: int
@@ -68,11 +69,8 @@ def prepare(q, k, v, g, beta, scale=None, initial_state=None, output_final_state
             use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None) -> ForwardInputs:
     """Check the arguments (``ValueError`` naming the first bad one; ``RuntimeError`` off sm_90) and lay them out
     for the kernels (one host sync for a new varlen layout, none for the previous call's ``cu_seqlens``)."""
-    from .configs import KERNEL_HEAD_DIM
     B, T, H, HV, K, V, N = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     require_sm90(q.device, "kernels.chunk_gated_delta_rule")
-    D = KERNEL_HEAD_DIM
-    pad = D - K
     Ttot = B * T
     cu_host, (cu, chunk_indices, chunk_offsets, NC) = call_tables(B, T, cu_seqlens, q.device)
     n = token_count(B, T, cu_host)
@@ -81,11 +79,10 @@ def prepare(q, k, v, g, beta, scale=None, initial_state=None, output_final_state
         return token_rows(x.reshape(Ttot, *width), n)
 
     return ForwardInputs(
-        q=tma_ready(pad_last(rows(q, (H, K)), pad)), k=tma_ready(pad_last(rows(k, (H, K)), pad)),
-        v=tma_ready(pad_last(rows(v, (HV, V)), pad)), g=rows(g, (HV,)).to(torch.float32).contiguous(),
-        beta=rows(beta, (HV,)).to(torch.float32).contiguous(),
-        h0=None if initial_state is None else padded_state(initial_state, pad), B=B, T=T, H=H, HV=HV, K=K, V=V,
-        N=N, D=D, scale=K ** -0.5 if scale is None else float(scale), use_l2=bool(use_qk_l2norm_in_kernel),
+        q=tma_ready(rows(q, (H, K))), k=tma_ready(rows(k, (H, K))), v=tma_ready(rows(v, (HV, V))),
+        g=rows(g, (HV,)).to(torch.float32).contiguous(), beta=rows(beta, (HV,)).to(torch.float32).contiguous(),
+        h0=None if initial_state is None else fp32_state(initial_state), B=B, T=T, H=H, HV=HV, K=K, V=V,
+        N=N, D=K, scale=K ** -0.5 if scale is None else float(scale), use_l2=bool(use_qk_l2norm_in_kernel),
         v_first=bool(state_v_first), store_ht=bool(output_final_state), cu_seqlens=cu_seqlens, cu_host=cu_host,
         cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, NC=NC, n_tok=n)
 
@@ -94,7 +91,7 @@ def plan_for(x: ForwardInputs, keep_tables: bool = False):
     """``kernels.plan.forward_plan`` of the call ``x``."""
     from kernels.plan import forward_plan
     return forward_plan(TL_DTYPE[x.q.dtype], x.N, x.HV, max_chunks(x.B, x.T, x.cu_host), x.h0 is not None,
-                        keep_tables=keep_tables)
+                        keep_tables=keep_tables, DK=x.D)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -215,15 +212,8 @@ def output(*, x: ForwardInputs, plan, tables: IntraTables, states: ChunkStates) 
 
 
 def finish(*, x: ForwardInputs, o: torch.Tensor, ht):
-    """(o [B, T, HV, V], final state or None) with the head-dim padding removed and zero past the last
-    sequence."""
-    pad = x.D - x.K
-    o = pad_rows(o[..., :x.V] if pad else o, x.B * x.T).reshape(x.B, x.T, x.HV, x.V)
-    if pad:
-        o = o.contiguous()
-    if ht is not None and pad:
-        ht = ht[..., :x.K, :x.V].contiguous()
-    return o, ht
+    """(o [B, T, HV, V], final state or None), o zero past the last sequence."""
+    return pad_rows(o, x.B * x.T).reshape(x.B, x.T, x.HV, x.V), ht
 
 
 _SEG_TABLES: dict = {}
