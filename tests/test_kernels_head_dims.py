@@ -142,7 +142,9 @@ def test_head_dim_64_kernels_match_the_padded_128_call(case):
     assert {c.DK for c in fp.configs() + bp.configs(True)} == {64}, (fp, bp)
     print(f"{case.id}: forward {fp.state_form} BV {fp.block_v} occ {fp.ctas_per_sm} cp {fp.cp}; backward "
           f"segmented {bp.dh_segments is not None}, group {bp.group}, cluster {bp.cluster_group_sum}")
-    pad_kw = dict(kw, initial_state=_padded(kw["initial_state"], 2), scale=kw["scale"])
+    scale = 64 ** -0.5 if kw["scale"] is None else kw["scale"]      # the K = 64 call's default, not 128's
+    kw = dict(kw, scale=scale)
+    pad_kw = dict(kw, initial_state=_padded(kw["initial_state"], 2))
     pad_args = [_padded(x, 1) for x in args[:3]] + list(args[3:])
     got = _grads(args, kw, do, dht)
     padded = _grads(pad_args, pad_kw, _padded(do, 1), _padded(dht, 2))
