@@ -29,10 +29,10 @@ import torch
 from torch import Tensor
 
 from kernels.activations import activations
-from kernels.autograd import run_backward, run_forward
+from kernels.autograd import apply, run_backward, run_forward
 from kernels.interface import BT, check_inputs
 
-__all__ = ["chunk_gated_delta_rule", "chunk_gdr_fwd", "chunk_gdr_bwd"]
+__all__ = ["chunk_gated_delta_rule", "op_call", "chunk_gdr_fwd", "chunk_gdr_bwd"]
 
 _FLOAT = torch.float32
 _KEEPS_TABLES = ("cuda",)          # device types whose forward keeps intra tables for the backward
@@ -42,15 +42,28 @@ _REQUIRED = ("q", "k", "v", "g", "beta")
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None,
                            use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False):
-    """GDN chunked forward through ``gdn_parity::chunk_gdr_fwd`` -> (o, final state or None), FLA's in-kernel
-    activations first (``kernels.activations``, plain torch); differentiable in q, k, v, g, beta, initial_state,
-    A_log and dt_bias (``gdn_parity::chunk_gdr_bwd``)."""
+    """GDN chunked forward -> (o, final state or None), FLA's in-kernel activations first (``kernels.activations``,
+    plain torch); differentiable in q, k, v, g, beta, initial_state, A_log and dt_bias.  Under ``torch.compile``
+    and on the CPU the call is the op ``gdn_parity::chunk_gdr_fwd`` (``op_call``); an eager CUDA call runs the same
+    pipelines through ``kernels.autograd.ChunkGatedDeltaRuleFunction``, which spares the op's eager dispatch (host
+    time that bounds small calls)."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state),
                     ("cu_seqlens", cu_seqlens)):
         if not isinstance(x, Tensor) and (x is not None or name in _REQUIRED):
             raise ValueError(f"{name} must be a torch.Tensor{'' if name in _REQUIRED else ' or None'}, "
                              f"got {type(x).__name__}")
     g, beta = activations(g, beta, v, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
+    if q.is_cuda and not torch.compiler.is_compiling():
+        return apply(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                     state_v_first, cu_seqlens)
+    return op_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                   state_v_first, cu_seqlens)
+
+
+def op_call(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+            use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None):
+    """The forward's signature (no activations) through ``gdn_parity::chunk_gdr_fwd`` -> (o, final state or
+    None); differentiable through ``gdn_parity::chunk_gdr_bwd``."""
     keep = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
                                            for t in (q, k, v, g, beta, initial_state))
     o, ht, *_ = chunk_gdr_fwd(q, k, v, g, beta, initial_state, cu_seqlens, None if scale is None else float(scale),

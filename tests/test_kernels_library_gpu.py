@@ -67,13 +67,16 @@ def _precompile():
 def test_compile_fullgraph_equals_eager(case):
     import kernels
     from kernels.autograd import apply
+    from kernels.library import op_call
 
     torch._dynamo.reset()
     eager = results(kernels.chunk_gated_delta_rule, case, _dev())
     compiled = torch.compile(kernels.chunk_gated_delta_rule, fullgraph=True)
     assert_same(results(compiled, case, _dev()), eager, case, "compiled (inductor) vs eager",
                 _rerun("test_compile_fullgraph_equals_eager", case))
-    assert_same(eager, results(apply, case, _dev()), case, "op vs autograd.apply",
+    assert_same(results(op_call, case, _dev()), eager, case, "the op in eager (op_call) vs eager",
+                _rerun("test_compile_fullgraph_equals_eager", case))
+    assert_same(eager, results(apply, case, _dev()), case, "eager vs autograd.apply",
                 _rerun("test_compile_fullgraph_equals_eager", case))
 
 
