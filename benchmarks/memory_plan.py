@@ -8,7 +8,7 @@ replaced by a stand-in so that the launch order (the recompute after dh where th
 Inputs as ``benchmarks/bench_kernels_bwd.py`` (bf16 q/k/v/do, fp32 g/beta/dht, no initial state, the final state
 returned; ``bench_kernels_fwd.SHAPES``), one warm-up call (the layout caches), then one traced call.  A
 ``TorchDispatchMode`` records every new storage (bytes, shape, dtype, the allocating line in ``kernels/`` and its
-variable) and its free (a weakref finalizer on the storage); the pipeline stages are wrapped to record the memory
+variable) and its free (a weak reference to the storage expires); the pipeline stages are wrapped to record the memory
 at their ends.  Printed per shape: the timeline per stage, the tensors alive at the peak, and last a summary table:
 peak above the inputs (the benchmark's figure: gradients included) and above inputs + gradients.  ``--check``
 also runs the call under ``torch.profiler`` (profile_memory) and prints its peak from the CPU allocator's own
@@ -24,10 +24,10 @@ import linecache
 import os
 import re
 import sys
-import weakref
 from dataclasses import dataclass, field
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -54,6 +54,7 @@ class Allocation:
     function, ``name`` the variable it is assigned to (the line's left-hand side), ``born`` / ``died`` the event
     indices of its allocation and free (``died`` None: alive at the end)."""
     id: int
+    key: int                        # the storage's identity while it is alive
     nbytes: int
     shape: tuple
     dtype: torch.dtype
@@ -61,7 +62,7 @@ class Allocation:
     func: str
     name: str
     op: str
-    born: int
+    born: int = 0
     died: int | None = None
 
     @property
@@ -71,38 +72,49 @@ class Allocation:
 
 @dataclass
 class MemoryTrace:
-    """Allocations and frees in event order; ``timeline``: (direction, stage, bytes at its end, peak during it)."""
+    """Allocations and frees in event order; ``timeline``: (direction, stage, bytes at its end, peak during it).
+    A free is seen at the next allocation or stage end (``poll``: a weak reference to each storage expires), so
+    the peak, always reached at an allocation, is exact."""
     allocations: list = field(default_factory=list)
     current: int = 0
     peak: int = 0
     peak_alive: tuple = ()
     events: int = 0
     timeline: list = field(default_factory=list)
-    _alive: dict = field(default_factory=dict)
+    _live: dict = field(default_factory=dict)       # storage key -> (StorageWeakRef, Allocation)
     _stage_peak: int = 0
 
-    def alloc(self, a: Allocation):
+    def tracks(self, key: int) -> bool:
+        return key in self._live
+
+    def alloc(self, a: Allocation, storage):
+        self.poll()
+        self._live[a.key] = (StorageWeakRef(storage), a)
         self.allocations.append(a)
-        self._alive[a.id] = a
         self.current += a.nbytes
         self.events += 1
+        a.born = self.events
         if self.current > self.peak:
             self.peak = self.current
-            self.peak_alive = tuple(self._alive.values())
+            self.peak_alive = self.alive()
         self._stage_peak = max(self._stage_peak, self.current)
 
-    def free(self, a: Allocation):
-        if self._alive.pop(a.id, None) is not None:
-            self.current -= a.nbytes
-            self.events += 1
-            a.died = self.events
+    def poll(self):
+        """Record the frees of the tracked storages that died since the last call."""
+        for key, (ref, a) in list(self._live.items()):
+            if ref.expired():
+                del self._live[key]
+                self.current -= a.nbytes
+                self.events += 1
+                a.died = self.events
 
     def mark(self, direction: str, stage: str):
+        self.poll()
         self.timeline.append((direction, stage, self.current, self._stage_peak))
         self._stage_peak = self.current
 
-    def alive(self) -> list:
-        return list(self._alive.values())
+    def alive(self) -> tuple:
+        return tuple(a for _, a in self._live.values())
 
 
 def _site(stack_skip: int = 3):
@@ -128,12 +140,11 @@ def _site(stack_skip: int = 3):
 
 
 class _Tracer(TorchDispatchMode):
-    """Records every new storage an operator returns, and its free."""
+    """Records every new storage an operator returns into ``trace``."""
 
     def __init__(self, trace: MemoryTrace):
         super().__init__()
         self.trace = trace
-        self.seen: set = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -142,19 +153,12 @@ class _Tracer(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 s = t.untyped_storage()
                 key = s._cdata
-                if key in self.seen or key in given or s.nbytes() == 0:      # a view, in place, or empty
+                if self.trace.tracks(key) or key in given or s.nbytes() == 0:      # a view, in place, or empty
                     continue
-                self.seen.add(key)
                 site, fn, name = _site()
-                a = Allocation(len(self.trace.allocations), s.nbytes(), tuple(t.shape), t.dtype, site, fn, name,
-                               str(func), self.trace.events + 1)
-                self.trace.alloc(a)
-                weakref.finalize(s, self._freed, a, key)
+                self.trace.alloc(Allocation(len(self.trace.allocations), key, s.nbytes(), tuple(t.shape), t.dtype,
+                                            site, fn, name, str(func), 0), s)
         return out
-
-    def _freed(self, a, key):
-        self.seen.discard(key)
-        self.trace.free(a)
 
 
 class _FakeStream:
@@ -228,11 +232,12 @@ def inputs(B, T, H, HV, lens, dtype=torch.bfloat16):
 
 @dataclass
 class Plan:
-    """One shape's traced forward + backward: ``trace``; ``grads`` the gradients' bytes; ``profiler_peak`` the
-    CPU allocator's peak (``check``) or None."""
+    """One shape's traced forward + backward: ``trace``; ``grads`` the bytes of the gradients' storages (``grad_keys``
+their identities); ``profiler_peak`` the CPU allocator's peak (``check``) or None."""
     shape: str
     trace: MemoryTrace
     grads: int
+    grad_keys: tuple = ()
     profiler_peak: int | None = None
 
     @property
@@ -261,8 +266,9 @@ def plan(shape: str, check: bool = False, dtype=torch.bfloat16) -> Plan:
     trace = MemoryTrace()
     with stub_kernel_path(trace), _Tracer(trace):
         _fwd_bwd(leaves, kw, do, dht)
-    grads = sum(x.grad.untyped_storage().nbytes() for x in leaves)
-    out = Plan(shape if isinstance(shape, str) else str(shape), trace, grads)
+    trace.poll()
+    stores = {x.grad.untyped_storage()._cdata: x.grad.untyped_storage().nbytes() for x in leaves}
+    out = Plan(shape if isinstance(shape, str) else str(shape), trace, sum(stores.values()), tuple(stores))
     if check:
         for x in leaves:
             x.grad = None
