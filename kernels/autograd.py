@@ -67,7 +67,9 @@ def run_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_
 def run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_in_kernel, state_v_first,
                  cu_seqlens, *, impl: str, alter=None, kept=None):
     """(dq, dk, dv, dg, dbeta, dh0) of one backward on the forward's inputs; ``do`` None = 0; ``kept``: the forward's
-    ``[Th, Ah, Al]`` (or None); dh0 in the initial state's dtype (None without one)."""
+    ``[Th, Ah, Al]``, or ``{"Th": .., "Ah": .., "Al": ..}`` handed over (the backward empties it once read, so that
+    the tables' memory is reused within the backward), or None / empty (prep recomputes them); dh0 in the initial
+    state's dtype (None without one)."""
     _, bwd = _directions(impl)
     if do is None:
         do = torch.zeros(*v.shape[:2], v.shape[2], v.shape[3], device=v.device, dtype=v.dtype)
@@ -79,8 +81,8 @@ def run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_
             from kernels.backward.pipeline import plan_for, prepare_backward
             b = prepare_backward(*args, **kw)
             kw["plan"] = alter(plan_for(b)) if b.x.NC else None
-        if kept is not None:
-            kw["saved_tables"] = dict(zip(SAVED_TABLES, kept))
+        if kept:
+            kw["saved_tables"] = kept if isinstance(kept, dict) else dict(zip(SAVED_TABLES, kept))
     dq, dk, dv, dg, db, dh0 = bwd(*args, **kw)
     if dh0 is not None and initial_state is not None:
         dh0 = dh0.to(initial_state.dtype)
@@ -94,17 +96,20 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         o, ht, kept = run_forward(q, k, v, g, beta, scale, initial_state, output_final_state,
                                   use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, impl=impl, alter=alter,
                                   keep=any(ctx.needs_input_grad))
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, *(kept or [None] * len(SAVED_TABLES)))
+        ctx.save_for_backward(q, k, v, g, beta, initial_state)
+        # the tables are handed to the backward, which frees them after their last read (a second backward of a
+        # retained graph finds the dict empty and recomputes them)
+        ctx.kept = dict(zip(SAVED_TABLES, kept)) if kept else None
         ctx.cu_seqlens = cu_seqlens  # not differentiable; may be an inference tensor, which autograd cannot save
         ctx.opts = (scale, bool(use_qk_l2norm_in_kernel), bool(state_v_first), impl, alter)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, initial_state, *kept = ctx.saved_tensors
+        q, k, v, g, beta, initial_state = ctx.saved_tensors
         scale, use_l2, state_v_first, impl, alter = ctx.opts
         grads = run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_l2, state_v_first, ctx.cu_seqlens,
-                             impl=impl, alter=alter, kept=kept if kept[0] is not None else None)
+                             impl=impl, alter=alter, kept=ctx.kept)
         return (*grads[:5], None, grads[5], None, None, None, None, None, None)
 
 

@@ -64,3 +64,51 @@ def test_unknown_shape_is_refused_naming_the_option(capsys):
     with pytest.raises(SystemExit):
         mp.main(["--shapes", "B1_T7_H1_HV1"])
     assert "--shapes" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Buffer lifetimes of the backward (kernels/backward/pipeline.py, kernels/autograd.py), read from the trace
+# ---------------------------------------------------------------------------------------------------------
+
+def _first(trace, func, name):
+    return next(a for a in trace.allocations if a.func == func and a.name == name)
+
+
+def test_buffers_only_dh_and_the_recompute_read_are_freed_before_dqk_allocates(traced):
+    """dUloc^T and the forward's (or prep's) Tinv and Ag tables are freed before dqk's first output is allocated; the
+    chunk states and their gradients before dg_dbeta's; the autograd Function keeps no table to its end."""
+    t = traced.trace
+    dqk_born = _first(t, "dqk", "qz").born
+    dgdb_born = _first(t, "dg_dbeta", "dgdb").born
+    early = [a for a in t.allocations if (a.func, a.name) in {("prep", "dUl"), ("intra_chunk", "Ah"),
+                                                              ("intra_chunk", "Al"), ("intra_chunk", "Th"),
+                                                              ("prep", "Th"), ("prep", "Tl"), ("prep", "Agh, Agl")}]
+    late = [a for a in t.allocations if a.func in ("recompute", "dh") and a.name[:2] in ("Sc", "Uh", "Ul", "dS", "dY")]
+    assert any(a.name == "dUl" for a in early) and len(late) == 8
+    assert all(a.died is not None and a.died < dqk_born for a in early), [a.label for a in early if
+                                                                          a.died is None or a.died > dqk_born]
+    assert all(a.died is not None and a.died < dgdb_born for a in late), [a.label for a in late if
+                                                                          a.died is None or a.died > dgdb_born]
+
+
+def test_a_retained_graph_runs_its_second_backward_without_the_handed_over_tables(monkeypatch):
+    """The Function hands its intra tables to the first backward, which frees them; a second backward of a retained
+    graph recomputes them in prep and gives the same gradients (the torch stand-ins of the kernels)."""
+    from cases.case import Case
+    from kernels.autograd import apply
+    from tests import kernel_support as tt
+    from tests.test_kernels_bwd_emulation import _fake_kernels
+
+    asked = []
+    _fake_kernels(monkeypatch, asked)
+    xs, kw, do, dht = tt.bwd_args(Case(T=130, H=2, HV=4))
+    xs = [x.detach().requires_grad_() for x in xs]
+    o, ht = apply(*xs, **{**kw, "output_final_state": True})
+    grads = []
+    for _ in range(2):
+        first = torch.autograd.grad((o, ht), xs, (do, dht), retain_graph=True)
+        grads.append(first)
+    preps = [c for c in asked if getattr(c, "kind", None) == "prep"]
+    assert [c.saved for c in preps] == [True, False]           # the second backward recomputed Tinv and Ag
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, rtol=2e-2, atol=1e-3)
