@@ -9,8 +9,10 @@ Inputs as ``benchmarks/bench_kernels_bwd.py`` (bf16 q/k/v/do, fp32 g/beta/dht, n
 returned; ``bench_kernels_fwd.SHAPES``), one warm-up call (the layout caches), then one traced call.  A
 ``TorchDispatchMode`` records every new storage (bytes, shape, dtype, the allocating line in ``kernels/`` and its
 variable) and its free (a weak reference to the storage expires); the pipeline stages are wrapped to record the memory
-at their ends.  Printed per shape: the timeline per stage, the tensors alive at the peak, and last a summary table:
-peak above the inputs (the benchmark's figure: gradients included) and above inputs + gradients.  ``--check``
+at their ends; every kernel launch and operator records the last use of the storages it takes.  Printed per shape:
+the timeline per stage, the tensors alive at the peak (flagged where past their last use), and last a summary
+table: peak above the inputs (the benchmark's figure: gradients included), above inputs + gradients, and the
+floor of the peak by lifetimes alone (every buffer freed after its last use, in the same order).  ``--check``
 also runs the call under ``torch.profiler`` (profile_memory) and prints its peak from the CPU allocator's own
 events, which sees every allocation (temporaries inside operators included).
 """
@@ -64,6 +66,7 @@ class Allocation:
     op: str
     born: int = 0
     died: int | None = None
+    last_use: int = 0               # the last event (a kernel launch or an operator) that took it as an argument
 
     @property
     def label(self) -> str:
@@ -79,8 +82,10 @@ class MemoryTrace:
     current: int = 0
     peak: int = 0
     peak_alive: tuple = ()
+    peak_event: int = 0
     events: int = 0
     timeline: list = field(default_factory=list)
+    returned: int = 2 ** 62                         # the event at which the call returned
     _live: dict = field(default_factory=dict)       # storage key -> (StorageWeakRef, Allocation)
     _stage_peak: int = 0
 
@@ -97,6 +102,7 @@ class MemoryTrace:
         if self.current > self.peak:
             self.peak = self.current
             self.peak_alive = self.alive()
+            self.peak_event = self.events
         self._stage_peak = max(self._stage_peak, self.current)
 
     def poll(self):
@@ -108,10 +114,29 @@ class MemoryTrace:
                 self.events += 1
                 a.died = self.events
 
+    def held_by_caller(self, a: Allocation) -> bool:
+        """Whether ``a`` outlives the call (an output, a gradient): its lifetime is the caller's."""
+        return a.died is None or a.died > self.returned
+
+    def lifetime_floor(self) -> int:
+        """The peak if every buffer the call does not return were freed right after its last use, in the same
+        order of allocations and launches and on one stream."""
+        ends = [(a.born, a.died if self.held_by_caller(a) or a.died is None else max(a.born, a.last_use), a.nbytes)
+                for a in self.allocations]
+        return max((sum(n for b, e, n in ends if b <= t and (e is None or t <= e)) for t, _, _ in ends), default=0)
+
     def mark(self, direction: str, stage: str):
         self.poll()
         self.timeline.append((direction, stage, self.current, self._stage_peak))
         self._stage_peak = self.current
+
+    def use(self, tensors):
+        """One event (a kernel launch, an operator) that takes ``tensors``: their storages' last use."""
+        self.events += 1
+        for t in tensors:
+            hit = self._live.get(t.untyped_storage()._cdata)
+            if hit is not None:
+                hit[1].last_use = self.events
 
     def alive(self) -> tuple:
         return tuple(a for _, a in self._live.values())
@@ -148,7 +173,8 @@ class _Tracer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        given = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        given = {t.untyped_storage()._cdata for t in inputs}
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 s = t.untyped_storage()
@@ -158,6 +184,7 @@ class _Tracer(TorchDispatchMode):
                 site, fn, name = _site()
                 self.trace.alloc(Allocation(len(self.trace.allocations), key, s.nbytes(), tuple(t.shape), t.dtype,
                                             site, fn, name, str(func), 0), s)
+        self.trace.use(inputs + [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)])
         return out
 
 
@@ -188,7 +215,9 @@ def stub_kernel_path(trace: MemoryTrace | None = None):
     from kernels.interface import check_inputs
 
     def no_op_kernel(cfg):
-        return lambda *args: None
+        if trace is None:
+            return lambda *args: None
+        return lambda *args: trace.use([a for a in args if isinstance(a, torch.Tensor)])
 
     with contextlib.ExitStack() as st:
         st.enter_context(_patched(build, "get_kernel", no_op_kernel))
@@ -253,6 +282,7 @@ def _fwd_bwd(leaves, kw, do, dht):
     from kernels.autograd import apply
     o, ht = apply(*leaves, **kw)
     torch.autograd.backward((o, ht), (do, dht))
+    return o, ht
 
 
 def plan(shape: str, check: bool = False, dtype=torch.bfloat16) -> Plan:
@@ -265,7 +295,10 @@ def plan(shape: str, check: bool = False, dtype=torch.bfloat16) -> Plan:
         x.grad = None
     trace = MemoryTrace()
     with stub_kernel_path(trace), _Tracer(trace):
-        _fwd_bwd(leaves, kw, do, dht)
+        o, ht = _fwd_bwd(leaves, kw, do, dht)
+    trace.poll()
+    trace.returned = trace.events
+    del o, ht
     trace.poll()
     stores = {x.grad.untyped_storage()._cdata: x.grad.untyped_storage().nbytes() for x in leaves}
     out = Plan(shape if isinstance(shape, str) else str(shape), trace, sum(stores.values()), tuple(stores))
@@ -299,9 +332,11 @@ def render(p: Plan, top: int = 30) -> list:
     lines = [f"== {p.shape}: timeline (MiB above the inputs at each stage's end; the peak within it)"]
     lines += [f"  {d:<9} {s:<17} {_mib(cur)} {_mib(pk)}" for d, s, cur, pk in t.timeline]
     alive = sorted(t.peak_alive, key=lambda a: -a.nbytes)
-    lines += ["", f"== {p.shape}: {len(alive)} tensors alive at the peak ({t.peak / MiB:.1f} MiB), largest first"]
+    lines += ["", f"== {p.shape}: {len(alive)} tensors alive at the peak ({t.peak / MiB:.1f} MiB), largest first; "
+              f"* past its last use, ^ outlives the call"]
     for a in alive[:top]:
-        lines.append(f"  {a.nbytes / MiB:8.1f}  {str(tuple(a.shape)):<24} {str(a.dtype)[6:]:<9} {a.label}")
+        flag = "^" if t.held_by_caller(a) else "*" if a.last_use < t.peak_event else " "
+        lines.append(f"  {a.nbytes / MiB:8.1f} {flag} {str(tuple(a.shape)):<24} {str(a.dtype)[6:]:<9} {a.label}")
     rest = alive[top:]
     if rest:
         lines.append(f"  {sum(a.nbytes for a in rest) / MiB:8.1f}  ({len(rest)} more)")
@@ -310,12 +345,13 @@ def render(p: Plan, top: int = 30) -> list:
 
 def summary(plans) -> list:
     """The summary table (MiB)."""
-    head = f"{'shape':<26} {'peak':>9} {'peak-grads':>11} {'grads':>8} {'at peak':>8}"
+    head = f"{'shape':<26} {'peak':>9} {'peak-grads':>11} {'grads':>8} {'at peak':>8} {'floor':>8}"
     head += " profiler" if any(p.profiler_peak is not None for p in plans) else ""
-    lines = ["peak memory of one fwd+bwd above its inputs, MiB (CPU trace, no-op kernels)", head]
+    lines = ["peak memory of one fwd+bwd above its inputs, MiB (CPU trace, no-op kernels); floor: the peak with every",
+             "buffer freed after its last use (same order, one stream)", head]
     for p in plans:
         row = (f"{p.shape:<26} {p.peak / MiB:9.1f} {p.peak_above_grads / MiB:11.1f} {p.grads / MiB:8.1f} "
-               f"{len(p.trace.peak_alive):8d}")
+               f"{len(p.trace.peak_alive):8d} {p.trace.lifetime_floor() / MiB:8.1f}")
         if p.profiler_peak is not None:
             row += f" {p.profiler_peak / MiB:8.1f}"
         lines.append(row)

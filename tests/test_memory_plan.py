@@ -112,3 +112,24 @@ def test_a_retained_graph_runs_its_second_backward_without_the_handed_over_table
     assert [c.saved for c in preps] == [True, False]           # the second backward recomputed Tinv and Ag
     for a, b in zip(*grads):
         assert torch.allclose(a, b, rtol=2e-2, atol=1e-3)
+
+
+def test_lifetime_floor_frees_each_buffer_after_its_last_use_but_not_the_callers():
+    """Synthetic trace: A (100 B) last used before B (50 B) is allocated, C (30 B) returned to the caller."""
+    t = mp.MemoryTrace(returned=20)
+
+    def alloc(i, n, born, last_use, died):
+        return mp.Allocation(i, i, n, (n,), torch.uint8, "x.py:1", "f", "v", "op", born, died, last_use)
+
+    t.allocations = [alloc(0, 100, 1, 2, 10), alloc(1, 30, 3, 3, 25), alloc(2, 50, 4, 5, 10)]
+    assert t.lifetime_floor() == 100                    # A alone at 1; then C + B = 80
+    t.allocations[0].last_use = 4                       # A read when B is allocated: all three together
+    assert t.lifetime_floor() == 180
+
+
+def test_floor_of_the_traced_call_is_at_most_its_peak_and_kernels_record_their_arguments(traced):
+    t = traced.trace
+    assert 0 < t.lifetime_floor() <= t.peak
+    for func, name in (("output", "o"), ("dh", "dv"), ("prep", "Fb")):
+        a = _first(t, func, name)
+        assert a.last_use > a.born, (func, name)        # a kernel (a stub launch) took it after its allocation
