@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from kernels.activations import activations
-from kernels.backward.pipeline import SAVED_TABLES
+from kernels.backward.pipeline import SAVED_TABLES, HandedTables
 
 
 def _directions(impl: str):
@@ -67,9 +67,9 @@ def run_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_
 def run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_in_kernel, state_v_first,
                  cu_seqlens, *, impl: str, alter=None, kept=None):
     """(dq, dk, dv, dg, dbeta, dh0) of one backward on the forward's inputs; ``do`` None = 0; ``kept``: the forward's
-    ``[Th, Ah, Al]``, or ``{"Th": .., "Ah": .., "Al": ..}`` handed over (the backward empties it once read, so that
-    the tables' memory is reused within the backward), or None / empty (prep recomputes them); dh0 in the initial
-    state's dtype (None without one)."""
+    ``[Th, Ah, Al]``, or a ``backward.pipeline.HandedTables`` (emptied once read, so that the tables' memory is
+    reused within the backward), or None / empty (prep recomputes them); dh0 in the initial state's dtype (None
+    without one)."""
     _, bwd = _directions(impl)
     if do is None:
         do = torch.zeros(*v.shape[:2], v.shape[2], v.shape[3], device=v.device, dtype=v.dtype)
@@ -99,7 +99,7 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, g, beta, initial_state)
         # the tables are handed to the backward, which frees them after their last read (a second backward of a
         # retained graph finds the dict empty and recomputes them)
-        ctx.kept = dict(zip(SAVED_TABLES, kept)) if kept else None
+        ctx.kept = HandedTables(zip(SAVED_TABLES, kept)) if kept else None
         ctx.cu_seqlens = cu_seqlens  # not differentiable; may be an inference tensor, which autograd cannot save
         ctx.opts = (scale, bool(use_qk_l2norm_in_kernel), bool(state_v_first), impl, alter)
         return o, ht

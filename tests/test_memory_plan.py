@@ -133,3 +133,24 @@ def test_floor_of_the_traced_call_is_at_most_its_peak_and_kernels_record_their_a
     for func, name in (("output", "o"), ("dh", "dv"), ("prep", "Fb")):
         a = _first(t, func, name)
         assert a.last_use > a.born, (func, name)        # a kernel (a stub launch) took it after its allocation
+
+
+def test_a_plain_saved_tables_dict_is_read_not_emptied(monkeypatch):
+    """Only a ``HandedTables`` is emptied: a caller's plain dict (the benchmark's stage timing reuses one) serves
+    every backward it is passed to."""
+    from cases.case import Case
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as bwd
+    from kernels.forward.pipeline import chunk_gated_delta_rule as fwd
+    from tests import kernel_support as tt
+    from tests.test_kernels_bwd_emulation import _fake_kernels
+
+    asked = []
+    _fake_kernels(monkeypatch, asked)
+    xs, kw, do, dht = tt.bwd_args(Case(T=130, H=2, HV=4))
+    saved = {}
+    fwd(*xs, **kw, keep_tables=saved)
+    assert sorted(saved) == ["Ah", "Al", "Th"]
+    first, second = (bwd(*xs, do, dht, **kw, saved_tables=saved) for _ in range(2))
+    assert sorted(saved) == ["Ah", "Al", "Th"]
+    assert [c.saved for c in asked if getattr(c, "kind", None) == "prep"] == [True, True]
+    assert all(torch.equal(a, b) for a, b in zip(first, second) if a is not None)

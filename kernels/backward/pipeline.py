@@ -21,10 +21,10 @@ Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan
   5. ``dg_dbeta`` [gdn_bwd_dg_dbeta] and ``finish.finish`` (torch): dg, dbeta, the L2-norm chain rule.
 
 ``plan``: another plan value (a benchmark's alternative).  ``saved_tables``: the forward's ``{"Th", "Ah", "Al"}``
-(each [HV, NC, 64, 64] in the input dtype), used where the plan reads them; handed over: the call empties the dict
-once prep has run, so that the tables' memory is reused once dh and the recompute have read them (the buffers no
-later stage reads are released likewise: dUloc^T before dqk, the chunk states and their gradients after it).
-``stages`` (debugging): a dict that
+(each [HV, NC, 64, 64] in the input dtype), used where the plan reads them; a ``HandedTables`` is emptied once prep
+has run, so that the tables' memory is reused once dh and the recompute have read them (the call's own buffers are
+released likewise where no later stage reads them: dUloc^T before dqk, the chunk states and their gradients after
+it).  ``stages`` (debugging): a dict that
 receives the intermediates in the emulation's layouts (``STAGE_LAYOUT``).  ``events`` (profiling): a list that
 receives ``(stage name, torch.cuda.Event)`` after each stage (the first, "start", before the first launch);
 ``stage_times`` turns it into ms per stage.  No host sync except building a new varlen layout's tables.
@@ -55,6 +55,10 @@ STAGE_LAYOUT = {
 }
 # the forward's intra tables the backward reads (``saved_tables``' keys)
 SAVED_TABLES = ("Th", "Ah", "Al")
+
+
+class HandedTables(dict):
+    """``saved_tables`` handed over to one backward, which empties it once read (its holder keeps no copy)."""
 
 
 @dataclass
@@ -119,7 +123,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     mark("start")
     tables = prep(b=b, plan=plan, saved=saved)
     from_saved, saved = saved is not None, None
-    if saved_tables is not None:
+    if isinstance(saved_tables, HandedTables):
         saved_tables.clear()
     mark("prep")
     side = _side_stream(x.q.device) if plan.overlap_recompute else None
