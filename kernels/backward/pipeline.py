@@ -23,7 +23,7 @@ Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan
 ``plan``: another plan value (a benchmark's alternative).  ``saved_tables``: the forward's ``{"Th", "Ah", "Al"}``
 (each [HV, NC, 64, 64] in the input dtype), used where the plan reads them; a ``HandedTables`` is emptied once prep
 has run, so that the tables' memory is reused once dh and the recompute have read them (the call's own buffers are
-released likewise where no later stage reads them: dUloc^T before dqk, the chunk states and their gradients after
+freed likewise where no later stage reads them: dUloc^T before dqk, the chunk states and their gradients after
 it).  ``stages`` (debugging): a dict that
 receives the intermediates in the emulation's layouts (``STAGE_LAYOUT``).  ``events`` (profiling): a list that
 receives ``(stage name, torch.cuda.Event)`` after each stage (the first, "start", before the first launch);
@@ -142,19 +142,19 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         mark("recompute (not hidden by dh)")
     if stages is None:
         # dUloc^T, Tinv and Ag are read by dh and the recompute only: their memory serves dqk's outputs
-        tables = _release(tables, "Th", "Tl", "Agh", "Agl", "dUl")
+        tables = _without(tables, "Th", "Tl", "Agh", "Agl", "dUl")
     terms = dqk(b=b, plan=plan, tables=tables, states=states, grads=grads, fp32_sums=stages is not None)
     mark("dqk")
     if stages is not None:
         _record_stages(stages, x=x, tables=tables, states=states, grads=grads, terms=terms, from_saved=from_saved)
-    states, grads = None, _release(grads, "dSh", "dSl", "dYh", "dYl")      # read by dqk last
+    states, grads = None, _without(grads, "dSh", "dSl", "dYh", "dYl")      # read by dqk last
     out = dg_dbeta(x=x, plan=plan, tables=tables, grads=grads, terms=terms, g=g, beta=beta,
                    has_h0=initial_state is not None)
     mark("finish")
     return out
 
 
-def _release(stage_out, *names):
+def _without(stage_out, *names):
     """``stage_out`` (a stage's dataclass) without its tensors ``names``, which no later stage reads: the pipeline's
     last references to them.  Their memory returns to the allocator at once; it is reused by later allocations on
     the main stream, which run after every kernel that reads them (the side stream's reads are recorded on it)."""
