@@ -1,6 +1,6 @@
 """Memory plan of one forward + backward of our TileLang GDN (``kernels.autograd.apply``), traced on the CPU.
 
-    python benchmarks/memory_plan.py [--shapes NAME,...] [--top 30] [--check]
+    python benchmarks/memory_plan.py [--shapes NAME,...] [--top 30] [--check] [--record [PATH]]
 
 The pipelines' host code runs as on the GPU, every TileLang kernel replaced by a no-op (``kernels.build.get_kernel``
 stubbed: outputs stay uninitialised, nothing computes), the sm_90 checks faked and the backward's side stream
@@ -14,7 +14,8 @@ the timeline per stage, the tensors alive at the peak (flagged where past their 
 table: peak above the inputs (the benchmark's figure: gradients included), above inputs + gradients, and the
 floor of the peak by lifetimes alone (every buffer freed after its last use, in the same order).  ``--check``
 also runs the call under ``torch.profiler`` (profile_memory) and prints its peak from the CPU allocator's own
-events, which sees every allocation (temporaries inside operators included).
+events, which sees every allocation (temporaries inside operators included).  ``--record``: the summary table is
+appended to ``benchmarks/RESULTS.md`` (``benchmarks/record.py``; its machine column says "CPU trace").
 """
 
 from __future__ import annotations
@@ -364,6 +365,8 @@ def main(argv=None) -> int:
                     help=f"comma-separated names of {', '.join(SHAPES)}")
     ap.add_argument("--top", type=int, default=30, help="tensors listed at the peak")
     ap.add_argument("--check", action="store_true", help="also the CPU allocator's peak (torch.profiler)")
+    ap.add_argument("--record", default=None, metavar="PATH", nargs="?", const="",
+                    help="append the summary table to PATH (no PATH: benchmarks/RESULTS.md)")
     args = ap.parse_args(argv)
     names = [s for s in args.shapes.split(",") if s]
     bad = [s for s in names if s not in SHAPES]
@@ -378,7 +381,12 @@ def main(argv=None) -> int:
             continue
         plans.append(p)
         print("\n".join(render(p, args.top)) + "\n", flush=True)
-    print("\n".join(summary(plans)))
+    table = summary(plans)
+    print("\n".join(table))
+    if args.record is not None:
+        from benchmarks import record
+        print("appended as:", record.append("benchmarks/memory_plan.py", table, gpu="CPU trace (no-op kernels)",
+                                            **({"path": args.record} if args.record else {})))
     return 0 if len(plans) == len(names) else 1
 
 

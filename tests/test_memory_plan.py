@@ -154,3 +154,15 @@ def test_a_plain_saved_tables_dict_is_read_not_emptied(monkeypatch):
     assert sorted(saved) == ["Ah", "Al", "Th"]
     assert [c.saved for c in asked if getattr(c, "kind", None) == "prep"] == [True, True]
     assert all(torch.equal(a, b) for a, b in zip(first, second) if a is not None)
+
+
+def test_record_appends_the_summary_table(tmp_path, monkeypatch, capsys):
+    """``--record PATH`` appends the printed summary as one section keyed by commit and "CPU trace"."""
+    monkeypatch.setitem(mp.SHAPES, "tiny", SHAPES["varlen"])
+    out = tmp_path / "RESULTS.md"
+    assert mp.main(["--shapes", "tiny", "--record", str(out)]) == 0
+    text = out.read_text()
+    printed = capsys.readouterr().out
+    assert "## benchmarks/memory_plan.py - commit" in text and "CPU trace (no-op kernels)" in text
+    row = next(line for line in printed.splitlines() if line.startswith("tiny "))
+    assert row in text
