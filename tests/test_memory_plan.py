@@ -4,6 +4,8 @@ against itself (the peak is the sum of what it lists alive there) and against th
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -166,3 +168,43 @@ def test_record_appends_the_summary_table(tmp_path, monkeypatch, capsys):
     assert "## benchmarks/memory_plan.py - commit" in text and "CPU trace (no-op kernels)" in text
     row = next(line for line in printed.splitlines() if line.startswith("tiny "))
     assert row in text
+
+
+def test_the_overlapped_recompute_allocates_on_the_side_stream_and_records_its_outputs_on_main():
+    """Where the recompute runs on the side stream beside dh, its outputs are allocated with the side stream
+    current (so that none reuses a block dh's pending kernels still read: the segmented dh frees its temporaries
+    while they run) and recorded on the main stream, which reads them in dqk and frees them."""
+    import kernels.backward.pipeline as bpipe
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    log = {"side": False, "allocs": [], "records": []}
+    main, side = mp._FakeStream(), bpipe._side_stream   # the stub's side stream is a stand-in; main a marker
+
+    @contextlib.contextmanager
+    def on_stream(s):
+        log["side"] = True
+        try:
+            yield
+        finally:
+            log["side"] = False
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if "empty" in str(func) and log["side"]:
+                log["allocs"].append(out)
+            return out
+
+    leaves, kw, do, dht = mp.inputs(1, 512 * 64, 1, 8, None)    # 512 chunks x 8 value heads: the overlap's threshold
+    with mp.stub_kernel_path():
+        assert side is not bpipe._side_stream
+        with mp._patched(torch.cuda, "stream", on_stream), \
+                mp._patched(torch.cuda, "current_stream", lambda *a: main), \
+                mp._patched(torch.Tensor, "record_stream", lambda t, s: log["records"].append((t, s))), Spy():
+            mp._fwd_bwd(leaves, kw, do, dht)
+    shapes = sorted(tuple(t.shape) for t in log["allocs"])
+    assert shapes == sorted([(8, 512, 128, 128)] * 2 + [(8, 512, 64, 128)] * 2 + [(1, 8, 128, 128)] * 2), shapes
+    on_main = [t for t, s in log["records"] if s is main]
+    made = {a.untyped_storage()._cdata for a in log["allocs"]}
+    assert sorted(tuple(t.shape) for t in on_main) == shapes[2:]
+    assert all(t.untyped_storage()._cdata in made for t in on_main)

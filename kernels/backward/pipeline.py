@@ -201,21 +201,26 @@ class RecomputedStates:
 
 def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side) -> RecomputedStates:
     """The forward's chunk-start states S and U (hi + lo, key-first) by its smem state kernel on prep's Ag and
-    gate table; on the stream ``side`` when given (its inputs then recorded on it)."""
+    gate table; on the stream ``side`` when given: its outputs are then allocated on it (so that none reuses a
+    buffer the main stream's pending kernels still read, such as dh's) and recorded on the main stream, which reads
+    and frees them; its inputs recorded on it."""
     from kernels.build import get_kernel
     dev, dt, D = x.q.device, x.q.dtype, x.D
-    Sch = torch.empty(x.HV, x.NC, D, D, device=dev, dtype=dt)
-    Scl = torch.empty_like(Sch)
-    Uh = torch.empty(x.HV, x.NC, BT, D, device=dev, dtype=dt)
-    Ul = torch.empty_like(Uh)
-    ht = torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
-    h0 = x.h0 if x.h0 is not None else torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
+    main = torch.cuda.current_stream(dev) if side is not None else None
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        Sch = torch.empty(x.HV, x.NC, D, D, device=dev, dtype=dt)
+        Scl = torch.empty_like(Sch)
+        Uh = torch.empty(x.HV, x.NC, BT, D, device=dev, dtype=dt)
+        Ul = torch.empty_like(Uh)
+        ht = torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
+        h0 = x.h0 if x.h0 is not None else torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
         get_kernel(plan.recompute_configs()[1])(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, x.cu, x.chunk_offsets,
                                                 h0, Sch, Scl, Uh, Ul, ht, int(x.h0 is not None), 0, int(x.v_first))
     if side is not None:
-        for t in (ht, tables.Agh, tables.Agl):       # freed while the side stream may still use them
+        for t in (tables.Agh, tables.Agl):          # freed while the side stream may still use them
             t.record_stream(side)
+        for t in (Sch, Scl, Uh, Ul):
+            t.record_stream(main)
     return RecomputedStates(Sch, Scl, Uh, Ul)
 
 
