@@ -8,7 +8,8 @@ come back in the inputs' dtypes.  ``run_forward`` / ``run_backward`` are the two
 is needed and the backward reads them (``backward.pipeline.reads_saved_tables``), the forward's intra kernel also
 stores Tinv and the Function keeps its tables ``Th`` (Tinv), ``Ah``, ``Al`` (Ag = Tinv diag(beta), hi + lo):
 3 x [HV, NC, 64, 64] in the input dtype, 384 bytes a token and value head; the backward's prep kernel then skips
-K K^T and the solve.
+K K^T and the solve.  The Function hands them to its backward (``backward.pipeline.HandedTables``), which frees
+them once dh and the recompute have read them.
 
 ``apply(..., impl="emulation")`` runs the torch emulations of both directions instead (any device; CPU tests);
 ``alter``: a function of a plan returning the plan to run (a benchmark's alternative, ``dataclasses.replace``),
