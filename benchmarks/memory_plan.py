@@ -40,7 +40,7 @@ if ROOT not in sys.path:
 
 from benchmarks.bench_kernels_fwd import D, SHAPES  # noqa: E402
 
-__all__ = ["Allocation", "MemoryTrace", "Plan", "plan", "stub_kernel_path"]
+__all__ = ["Allocation", "MemoryTrace", "Plan", "gpu_peak", "plan", "stub_kernel_path"]
 
 MiB = 2 ** 20
 KERNELS = os.path.join(ROOT, "kernels") + os.sep
@@ -308,6 +308,17 @@ def plan(shape: str, check: bool = False, dtype=torch.bfloat16) -> Plan:
             x.grad = None
         out.profiler_peak = _profiler_peak(leaves, kw, do, dht)
     return out
+
+
+def gpu_peak(call) -> int:
+    """Peak bytes the CUDA allocator holds during ``call()`` above what it held before (synchronised), the figure
+    of ``bench_kernels_bwd``; for comparing a traced plan with the GPU."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    call()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
 
 
 def _profiler_peak(leaves, kw, do, dht) -> int:
