@@ -8,7 +8,8 @@ come back in the inputs' dtypes.  ``run_forward`` / ``run_backward`` are the two
 is needed and the backward reads them (``backward.pipeline.reads_saved_tables``), the forward's intra kernel also
 stores Tinv and the Function keeps its tables ``Th`` (Tinv), ``Ah``, ``Al`` (Ag = Tinv diag(beta), hi + lo):
 3 x [HV, NC, 64, 64] in the input dtype, 384 bytes a token and value head; the backward's prep kernel then skips
-K K^T and the solve.
+K K^T and the solve.  The Function hands them to its backward (``backward.pipeline.HandedTables``), which frees
+them once dh and the recompute have read them.
 
 ``apply(..., impl="emulation")`` runs the torch emulations of both directions instead (any device; CPU tests);
 ``alter``: a function of a plan returning the plan to run (a benchmark's alternative, ``dataclasses.replace``),
@@ -20,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from kernels.activations import activations
-from kernels.backward.pipeline import SAVED_TABLES
+from kernels.backward.pipeline import SAVED_TABLES, HandedTables
 
 
 def _directions(impl: str):
@@ -67,7 +68,9 @@ def run_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_
 def run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_in_kernel, state_v_first,
                  cu_seqlens, *, impl: str, alter=None, kept=None):
     """(dq, dk, dv, dg, dbeta, dh0) of one backward on the forward's inputs; ``do`` None = 0; ``kept``: the forward's
-    ``[Th, Ah, Al]`` (or None); dh0 in the initial state's dtype (None without one)."""
+    ``[Th, Ah, Al]``, or a ``backward.pipeline.HandedTables`` (emptied once read, so that the tables' memory is
+    reused within the backward), or None / empty (prep recomputes them); dh0 in the initial state's dtype (None
+    without one)."""
     _, bwd = _directions(impl)
     if do is None:
         do = torch.zeros(*v.shape[:2], v.shape[2], v.shape[3], device=v.device, dtype=v.dtype)
@@ -79,8 +82,8 @@ def run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_
             from kernels.backward.pipeline import plan_for, prepare_backward
             b = prepare_backward(*args, **kw)
             kw["plan"] = alter(plan_for(b)) if b.x.NC else None
-        if kept is not None:
-            kw["saved_tables"] = dict(zip(SAVED_TABLES, kept))
+        if kept:
+            kw["saved_tables"] = kept if isinstance(kept, dict) else dict(zip(SAVED_TABLES, kept))
     dq, dk, dv, dg, db, dh0 = bwd(*args, **kw)
     if dh0 is not None and initial_state is not None:
         dh0 = dh0.to(initial_state.dtype)
@@ -94,17 +97,20 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         o, ht, kept = run_forward(q, k, v, g, beta, scale, initial_state, output_final_state,
                                   use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, impl=impl, alter=alter,
                                   keep=any(ctx.needs_input_grad))
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, *(kept or [None] * len(SAVED_TABLES)))
+        ctx.save_for_backward(q, k, v, g, beta, initial_state)
+        # the tables are handed to the backward, which frees them after their last read (a second backward of a
+        # retained graph finds the dict empty and recomputes them)
+        ctx.kept = HandedTables(zip(SAVED_TABLES, kept)) if kept else None
         ctx.cu_seqlens = cu_seqlens  # not differentiable; may be an inference tensor, which autograd cannot save
         ctx.opts = (scale, bool(use_qk_l2norm_in_kernel), bool(state_v_first), impl, alter)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, initial_state, *kept = ctx.saved_tensors
+        q, k, v, g, beta, initial_state = ctx.saved_tensors
         scale, use_l2, state_v_first, impl, alter = ctx.opts
         grads = run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_l2, state_v_first, ctx.cu_seqlens,
-                             impl=impl, alter=alter, kept=kept if kept[0] is not None else None)
+                             impl=impl, alter=alter, kept=ctx.kept)
         return (*grads[:5], None, grads[5], None, None, None, None, None, None)
 
 

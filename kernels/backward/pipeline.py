@@ -21,7 +21,10 @@ Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan
   5. ``dg_dbeta`` [gdn_bwd_dg_dbeta] and ``finish.finish`` (torch): dg, dbeta, the L2-norm chain rule.
 
 ``plan``: another plan value (a benchmark's alternative).  ``saved_tables``: the forward's ``{"Th", "Ah", "Al"}``
-(each [HV, NC, 64, 64] in the input dtype), used where the plan reads them.  ``stages`` (debugging): a dict that
+(each [HV, NC, 64, 64] in the input dtype), used where the plan reads them; a ``HandedTables`` is emptied once prep
+has run, so that the tables' memory is reused once dh and the recompute have read them (the call's own buffers are
+freed likewise where no later stage reads them: dUloc^T before dqk, the chunk states and their gradients after
+it).  ``stages`` (debugging): a dict that
 receives the intermediates in the emulation's layouts (``STAGE_LAYOUT``).  ``events`` (profiling): a list that
 receives ``(stage name, torch.cuda.Event)`` after each stage (the first, "start", before the first launch);
 ``stage_times`` turns it into ms per stage.  No host sync except building a new varlen layout's tables.
@@ -30,6 +33,7 @@ receives ``(stage name, torch.cuda.Event)`` after each stage (the first, "start"
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +55,10 @@ STAGE_LAYOUT = {
 }
 # the forward's intra tables the backward reads (``saved_tables``' keys)
 SAVED_TABLES = ("Th", "Ah", "Al")
+
+
+class HandedTables(dict):
+    """``saved_tables`` handed over to one backward, which empties it once read (its holder keeps no copy)."""
 
 
 @dataclass
@@ -114,6 +122,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     mark = _marker(events)
     mark("start")
     tables = prep(b=b, plan=plan, saved=saved)
+    from_saved, saved = saved is not None, None
+    if isinstance(saved_tables, HandedTables):
+        saved_tables.clear()
     mark("prep")
     side = _side_stream(x.q.device) if plan.overlap_recompute else None
     if side is None:
@@ -129,14 +140,25 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if side is not None:
         torch.cuda.current_stream(x.q.device).wait_stream(side)
         mark("recompute (not hidden by dh)")
+    if stages is None:
+        # dUloc^T, Tinv and Ag are read by dh and the recompute only: their memory serves dqk's outputs
+        tables = _without(tables, "Th", "Tl", "Agh", "Agl", "dUl")
     terms = dqk(b=b, plan=plan, tables=tables, states=states, grads=grads, fp32_sums=stages is not None)
     mark("dqk")
     if stages is not None:
-        _record_stages(stages, x=x, tables=tables, states=states, grads=grads, terms=terms, saved=saved)
+        _record_stages(stages, x=x, tables=tables, states=states, grads=grads, terms=terms, from_saved=from_saved)
+    states, grads = None, _without(grads, "dSh", "dSl", "dYh", "dYl")      # read by dqk last
     out = dg_dbeta(x=x, plan=plan, tables=tables, grads=grads, terms=terms, g=g, beta=beta,
                    has_h0=initial_state is not None)
     mark("finish")
     return out
+
+
+def _without(stage_out, *names):
+    """``stage_out`` (a stage's dataclass) without its tensors ``names``, which no later stage reads: the pipeline's
+    last references to them.  Their memory returns to the allocator at once; it is reused by later allocations on
+    the main stream, which run after every kernel that reads them (the side stream's reads are recorded on it)."""
+    return dataclasses.replace(stage_out, **dict.fromkeys(names))
 
 
 @dataclass
@@ -179,21 +201,26 @@ class RecomputedStates:
 
 def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side) -> RecomputedStates:
     """The forward's chunk-start states S and U (hi + lo, key-first) by its smem state kernel on prep's Ag and
-    gate table; on the stream ``side`` when given (its inputs then recorded on it)."""
+    gate table; on the stream ``side`` when given: its outputs are then allocated on it (so that none reuses a
+    buffer the main stream's pending kernels still read, such as dh's) and recorded on the main stream, which reads
+    and frees them; its inputs recorded on it."""
     from kernels.build import get_kernel
     dev, dt, D = x.q.device, x.q.dtype, x.D
-    Sch = torch.empty(x.HV, x.NC, D, D, device=dev, dtype=dt)
-    Scl = torch.empty_like(Sch)
-    Uh = torch.empty(x.HV, x.NC, BT, D, device=dev, dtype=dt)
-    Ul = torch.empty_like(Uh)
-    ht = torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
-    h0 = x.h0 if x.h0 is not None else torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
+    main = torch.cuda.current_stream(dev) if side is not None else None
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        Sch = torch.empty(x.HV, x.NC, D, D, device=dev, dtype=dt)
+        Scl = torch.empty_like(Sch)
+        Uh = torch.empty(x.HV, x.NC, BT, D, device=dev, dtype=dt)
+        Ul = torch.empty_like(Uh)
+        ht = torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
+        h0 = x.h0 if x.h0 is not None else torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
         get_kernel(plan.recompute_configs()[1])(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, x.cu, x.chunk_offsets,
                                                 h0, Sch, Scl, Uh, Ul, ht, int(x.h0 is not None), 0, int(x.v_first))
     if side is not None:
-        for t in (ht, tables.Agh, tables.Agl):       # freed while the side stream may still use them
+        for t in (tables.Agh, tables.Agl):          # freed while the side stream may still use them
             t.record_stream(side)
+        for t in (Sch, Scl, Uh, Ul):
+            t.record_stream(main)
     return RecomputedStates(Sch, Scl, Uh, Ul)
 
 
@@ -323,12 +350,12 @@ def _empty_gradients(b: BackwardInputs, g, beta, initial_state):
                     torch.zeros(Ttot, x.HV, x.D, device=dev), z, z.clone(), dh0, g, beta, initial_state is not None)
 
 
-def _record_stages(stages: dict, *, x, tables, states, grads, terms, saved):
+def _record_stages(stages: dict, *, x, tables, states, grads, terms, from_saved: bool):
     """The intermediates in the emulation's layouts (``STAGE_LAYOUT``), for a stage-by-stage comparison."""
     f = lambda t: t.float()   # noqa: E731
     tr = lambda t: t.float().transpose(-1, -2)   # noqa: E731
     t, s, gr, tm = tables, states, grads, terms
-    stages.update(Tinv=f(t.Th) + (f(t.Tl) if saved is None else 0), Fb=t.Fb, dUloc=t.dUl.transpose(-1, -2),
+    stages.update(Tinv=f(t.Th) + (0 if from_saved else f(t.Tl)), Fb=t.Fb, dUloc=t.dUl.transpose(-1, -2),
                   dSn=tr(gr.dSh) + tr(gr.dSl), dY=tr(gr.dYh) + tr(gr.dYl), qz=tm.qz.sum(0), kw=tm.kw.sum(0),
                   kr=tm.kr.sum(0), sd=tm.sd.sum(0), yv=tm.yv2[0] + tm.yv2[1], rect=tm.rect,
                   db2=tm.db22[0] + tm.db22[1], S=f(s.Sch) + f(s.Scl), U=f(s.Uh) + f(s.Ul),

@@ -1,0 +1,68 @@
+"""GPU checks of the backward's buffer lifetimes (marker ``gpu``): the CPU memory plan
+(``benchmarks/memory_plan.py``) predicts the GPU's peak of one forward + backward, and the recompute overlapped
+with the segmented reverse pass (which frees its temporaries while its kernels run) gives the serial schedule's
+gradients.
+
+Skips with the reason when there is no CUDA device, it is not sm_90 (Hopper), or tilelang is missing.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from cases.case import Case
+from tests import kernel_support as tt
+
+CUDA = torch.device("cuda")
+MiB = 2 ** 20
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(tt.gpu_skip_reason() is not None, reason=tt.gpu_skip_reason() or "")]
+
+
+@pytest.mark.parametrize("shape", ["B1_T8192_H4_HV8", "B1_T65536_H2_HV4"])
+def test_memory_plan_predicts_the_gpu_peak(shape):
+    """One forward + backward as ``bench_kernels_bwd`` measures it: the peak above the inputs (gradients included)
+    within 1 MiB of the CPU trace's."""
+    from benchmarks import memory_plan as mp
+    from benchmarks.bench_kernels_bwd import make
+    from benchmarks.bench_kernels_fwd import SHAPES
+    from kernels.autograd import apply
+
+    B, T, H, HV, lens = SHAPES[shape]
+    a, kw, do, dht = make(B, T, H, HV, lens, CUDA)
+    leaves = [x.detach().requires_grad_() for x in a]
+
+    def fwd_bwd():
+        o, ht = apply(*leaves, **kw)
+        torch.autograd.backward((o, ht), (do, dht))
+
+    fwd_bwd()                                   # compiles; the layout caches
+    for x in leaves:
+        x.grad = None
+    gpu = mp.gpu_peak(fwd_bwd) / MiB
+    cpu = mp.plan(shape).peak / MiB
+    print(f"  {shape}: GPU {gpu:.1f} MiB, CPU trace {cpu:.1f} MiB")
+    assert abs(gpu - cpu) <= 1, (gpu, cpu)
+
+
+def test_overlapped_recompute_beside_the_segmented_pass_equals_the_serial_schedule():
+    """B1 T65536 H2 HV4 dispatches the segmented reverse pass and the recompute on the side stream; three calls
+    give the serial schedule's gradients bitwise (the same kernels on the same inputs), none touched by a buffer
+    the side stream reused while dh still read it."""
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
+    from kernels.backward.pipeline import plan_for, prepare_backward
+
+    case = Case(T=65536, H=2, HV=4, grad=True)
+    xs, kw, do, dht = tt.bwd_args(case, CUDA)
+    plan = plan_for(prepare_backward(*xs, do, dht, **kw))
+    assert plan.overlap_recompute and plan.dh_segments is not None, plan
+    serial = kern(*xs, do, dht, **kw, plan=dataclasses.replace(plan, overlap_recompute=False))
+    for _ in range(3):
+        got = kern(*xs, do, dht, **kw, plan=plan)
+        torch.cuda.synchronize()
+        for n, a, b in zip(tt.GRAD_NAMES, got, serial):
+            if b is None:
+                continue
+            assert torch.isfinite(a).all() and torch.equal(a, b), (n, tt.max_rel(a, b))
