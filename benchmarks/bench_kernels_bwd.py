@@ -80,6 +80,8 @@ AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompu
       "ours-rc-bv16o2": ("backward", dict(recompute_block_v=16, recompute_ctas_per_sm=2)),  # per SM)
       "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2)),
       "ours-no-saved": ("both", None),   # the forward keeps no intra tables: prep recomputes Tinv and Ag
+      "ours-dh-split": ("backward", dict(dh_single=False)),  # dh's operands split (dU, F0 dX), Tinv hi alone
+      "ours-dh-split-full": ("both", dict(dh_single=False)),  # the same with Tinv hi + lo: prep recomputes Tinv
       }
 
 
@@ -96,7 +98,7 @@ def alter(col: str):
         if where == "both":
             if isinstance(plan, ForwardPlan):
                 return dataclasses.replace(plan, keep_tables=False)
-            return dataclasses.replace(plan, reads_saved_tables=False)
+            return dataclasses.replace(plan, reads_saved_tables=False, **(change or {}))
         if isinstance(plan, BackwardPlan) and where == "backward":
             return dataclasses.replace(plan, **change)
         return plan
@@ -153,7 +155,8 @@ def main(argv=None):
                     "(the recompute not beside dh), 'ours-no-cluster' (the GVA sums by gdn_bwd_group_sum after fp32 "
                     "rows per value head), 'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' / 'ours-rc-bv32o2' "
                     "(the recompute's state kernel shape), 'ours-no-saved' (the forward keeps no intra tables: prep "
-                    "recomputes Tinv and Ag)")
+                    "recomputes Tinv and Ag), 'ours-dh-split' (dh's dU and F0 dX split, Tinv hi alone), "
+                    "'ours-dh-split-full' (the same with Tinv hi + lo, recomputed by prep)")
     args = ap.parse_args(argv)
     ab = [c for c in args.ab.split(",") if c]
     for col in ab:

@@ -129,8 +129,9 @@ class BackwardPlan:
     """The backward kernels of one call.
 
     ``dh_segments``: the segment plan of the reverse pass (``dh_segmented.PlanTensors``; None = one sequential
-    pass); ``dh_single``: dh's single operands (the sequential pass; the segmented one runs every operand split);
-    ``reads_saved_tables``: prep takes Tinv and Ag from the forward when given (where dh reads Tinv hi alone);
+    pass); ``dh_single``: dh's single operands (the sequential pass; the segmented one runs every operand split;
+    split operands on the forward's saved tables read Tinv hi alone); ``reads_saved_tables``: prep takes Tinv and
+    Ag from the forward when given;
     ``overlap_recompute``: the forward recompute runs on a side stream beside dh; ``recompute_block_v``,
     ``recompute_ctas_per_sm``: the recompute's smem state kernel; ``group``: value heads per q/k head (HV / H);
     ``cluster_group_sum``: dqk sums each group itself in a thread-block cluster (groups of 2, 4, 8), else groups

@@ -636,3 +636,53 @@ def test_autograd_takes_cu_seqlens_made_under_inference_mode():
         with ctx():
             o2, _ = apply(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu_inf, impl="emulation")
         assert torch.equal(o2, o.detach())
+
+
+# the row where the single dh's dbeta is farthest from fp64: strong decay, so a sequence's last token carries the
+# final-state gradient's share of dbeta through dU, which the single form rounds to one input-dtype term
+_DBETA_ROW = Case(T=128, H=1, HV=1, dist="strong-decay", seed=3, grad=True)
+
+
+def test_split_dh_on_tinv_hi_makes_dbeta_the_most_accurate():
+    """dh with dU and F0 dX split (two input-dtype terms) on Tinv hi alone (what ``BackwardPlan(dh_single=False)``
+    runs on the forward's saved tables) puts dbeta at least 10x closer to fp64 than the same-precision baseline,
+    where the single form is farther than the baseline; every other gradient no farther than the single form's."""
+    xs, kw, do, dht = tt.bwd_args(_DBETA_ROW)
+    want, base = tt.fp64_grads(_DBETA_ROW), tt.baseline_grads(_DBETA_ROW)
+    single = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=True)
+    split = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False, tinv_hi_only=True)
+    err = {n: (compare(s, r).rel_rmse, compare(p, r).rel_rmse, compare(b_, r).rel_rmse)
+           for n, s, p, b_, r in zip(NAMES, single, split, base, want) if r is not None}
+    print("\n" + "  ".join(f"{n}: single {s:.2e} split {p:.2e} baseline {b_:.2e}" for n, (s, p, b_) in err.items()))
+    s, p, b_ = err["dbeta"]
+    assert p <= b_ / 10 and s > b_, f"dbeta rel_rmse: split {p:.2e}, single {s:.2e}, baseline {b_:.2e}"
+    for n, (s, p, _) in err.items():
+        assert p <= s * 1.001, f"{n}: split {p:.2e} > single {s:.2e}"
+
+
+def test_split_dh_plan_on_saved_tables_runs_tinv_hi_alone(monkeypatch):
+    """The kernel path (stand-in kernels) with the backward plan's ``dh_single`` False on the forward's saved tables
+    gives the emulation's ``tinv_hi_only`` gradients: prep on the saved tables, dh split, its Tinv lo term zero."""
+    import dataclasses
+
+    import kernels.backward.configs as bbuild
+    from kernels import autograd
+    from kernels.plan import BackwardPlan
+
+    asked = []
+    _fake_kernels(monkeypatch, asked)
+
+    def split(plan):
+        return dataclasses.replace(plan, dh_single=False) if isinstance(plan, BackwardPlan) else plan
+
+    got = tt.function_grads(autograd.apply, _DBETA_ROW, alter=split)
+    xs, kw, do, dht = tt.bwd_args(_DBETA_ROW)
+    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False, tinv_hi_only=True)
+    for n, a, b_ in zip(NAMES, got, want):
+        if b_ is None:
+            assert a is None, n
+            continue
+        _assert_within_a_quarter_of_rounding(n, a, b_, got[0].dtype)
+    bw = [c for c in asked if isinstance(c, bbuild.BwdConfig)]
+    assert any(c.kind == "prep" and c.saved for c in bw), asked
+    assert all(not c.single for c in bw if c.kind == "dh") and any(c.kind == "dh" for c in bw), asked

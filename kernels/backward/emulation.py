@@ -206,10 +206,11 @@ def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
-                               dh_single: bool = True, stages: dict | None = None):
+                               dh_single: bool = True, tinv_hi_only: bool = False, stages: dict | None = None):
     """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
-    pass's single operands (``BackwardPlan.dh_single``).  ``stages``: a dict that receives the intermediates in
+    pass's single operands (``BackwardPlan.dh_single``); ``tinv_hi_only``: dh reads Tinv hi alone (a zero lo term),
+    as the split dh does on the forward's saved tables.  ``stages``: a dict that receives the intermediates in
     the layouts of ``pipeline.STAGE_LAYOUT`` (for stage-by-stage checks)."""
     B, T, H, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
@@ -235,7 +236,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     Ah, Al, F = intra_chunk(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
     Sch, Scl, Uh, Ul, _ = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
     Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt)
-    dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dS0, dt, dh_single)
+    dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, torch.zeros_like(Tl) if tinv_hi_only else Tl, Fb, dUloc, cu,
+                                       dS0, dt, dh_single)
     dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu,
                                                scale)
     dqt2, dkt2, rect, db2 = dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt)

@@ -164,7 +164,7 @@ def _without(stage_out, *names):
 @dataclass
 class PrepTables:
     Th: torch.Tensor                # [HV, NC, 64, 64] Tinv hi
-    Tl: torch.Tensor                # lo (Th itself when Tinv comes from the forward: not read then)
+    Tl: torch.Tensor                # lo (from the forward's tables: Th itself, unread, or zero)
     Agh: torch.Tensor               # [HV, NC, 64, 64] Ag = Tinv diag(beta), hi
     Agl: torch.Tensor               # lo
     Fb: torch.Tensor                # [HV, NC, 8, 64] fp32 gate table
@@ -176,10 +176,11 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
     from kernels.build import get_kernel
     x = b.x
     dev, dt = x.q.device, x.q.dtype
-    if saved is not None:       # the forward's Tinv (hi: the single dh reads no Tl) and Ag
+    if saved is not None:       # the forward's Tinv (hi alone) and Ag
         _check_saved(saved, (x.HV, x.NC, BT, BT), dt, dev)
         Th, Agh, Agl = saved["Th"], saved["Ah"], saved["Al"]
-        Tl = Th
+        # the single dh reads no Tl; the split one, on these tables, reads Tinv hi alone (a zero lo term)
+        Tl = Th if plan.dh_single else torch.zeros_like(Th)
     else:
         Th = torch.empty(x.HV, x.NC, BT, BT, device=dev, dtype=dt)
         Tl = torch.empty_like(Th)
