@@ -19,6 +19,7 @@
 #   scripts/gpu_steps.sh precompile [S]       # compile every forward and backward kernel configuration (shared cache)
 #   scripts/gpu_steps.sh triton-check [S]     # one FLA Triton cell (forward + backward) on the restored Triton cache
 #       (pruned by scripts/prune_triton_cache.py): if it errors, the cache is emptied and the calls compile cold
+#   scripts/gpu_steps.sh kernels [S]          # every kernel GPU test file (run precompile first)
 #   scripts/gpu_steps.sh kernels-fwd [S]      # tests/test_kernels_gpu.py + benchmarks/bench_kernels_fwd.py (#4)
 #   scripts/gpu_steps.sh kernels-bwd [S]      # tests/test_kernels_bwd_gpu.py + benchmarks/bench_kernels_bwd.py (#7)
 #   scripts/gpu_steps.sh bwd-ab [S]           # backward A/B (bench_kernels_bwd --ab: recompute overlap, cluster sums)
@@ -97,6 +98,15 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
     else
       rm -rf "$HOME/.triton/cache"; echo "$step: FLA Triton failed on the restored cache: emptied it"; tail -5 "$out/tc/log.txt"
     fi ;;
+  kernels)
+    # every kernel GPU test file (plans, stages, verdict rows, the torch.library op, padded varlen and in-kernel
+    # gates, K = V = 64, the memory plan against the GPU), KT_WORKERS xdist processes (default 6); precompile first
+    mkdir -p "$out/k"
+    run python3 -m pytest -q -p no:cacheprovider -rfEs -n "${KT_WORKERS:-6}" -m gpu tests/test_kernels_gpu.py \
+      tests/test_kernels_bwd_gpu.py tests/test_kernels_verdicts_gpu.py tests/test_kernels_library_gpu.py \
+      tests/test_kernels_complete_gpu.py tests/test_kernels_head_dims.py tests/test_backward_memory_gpu.py \
+      > "$out/k/test-kernels.txt" 2>&1
+    echo "kernel tests rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/k/test-kernels.txt" | tail -20 ;;
   kernels-fwd)
     mkdir -p "$out/k"
     run python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py > "$out/k/test-fwd.txt" 2>&1
