@@ -206,3 +206,17 @@ def sequences_then_padding(lens, pad: int, H: int, HV: int, D: int, dtype=torch.
     cu = torch.tensor([0, *torch.tensor(lens, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int64,
                       device=device)
     return [x.q, x.k, x.v, x.g, x.beta], s0, cu
+
+
+def call_grads(args, kw, do, dht) -> list:
+    """``[o, ht, dq, dk, dv, dg, dbeta(, dh0)]`` of sum(o * do) + sum(ht * dht) through
+    ``kernels.chunk_gated_delta_rule(*args, **kw, output_final_state=True)`` (fresh leaves; dh0 where ``kw`` has an
+    initial state)."""
+    import kernels
+
+    leaves = [x.detach().clone().requires_grad_() for x in args]
+    h0 = kw["initial_state"]
+    kw = dict(kw, initial_state=None if h0 is None else h0.detach().clone().requires_grad_())
+    o, ht = kernels.chunk_gated_delta_rule(*leaves, **kw, output_final_state=True)
+    wrt = leaves + ([kw["initial_state"]] if h0 is not None else [])
+    return [o.detach(), ht.detach(), *torch.autograd.grad((o, ht), wrt, (do, dht))]

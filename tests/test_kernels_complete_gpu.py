@@ -44,20 +44,6 @@ def _inputs(name, nan_padding=False):
     return [q, k, v, g, b], kw, do, dht, n
 
 
-def _run(xs, kw, do, dht):
-    """[o, ht, dq, dk, dv, dg, dbeta(, dh0)] of sum(o * do) + sum(ht * dht) through kernels.chunk_gated_delta_rule."""
-    import kernels
-
-    leaves = [x.detach().clone().requires_grad_() for x in xs]
-    kw = dict(kw)
-    h0 = kw["initial_state"]
-    if h0 is not None:
-        kw["initial_state"] = h0 = h0.detach().clone().requires_grad_()
-    o, ht = kernels.chunk_gated_delta_rule(*leaves, **kw, output_final_state=True)
-    (o.float() * do.float()).sum().add((ht * dht).sum()).backward()
-    return [o.detach(), ht.detach()] + [x.grad for x in leaves] + ([h0.grad] if h0 is not None else [])
-
-
 @pytest.mark.parametrize("name", list(PADDED))
 def test_padded_varlen_is_the_call_on_the_sequences(name):
     """o and the gradients: bitwise the call on the sequences' tokens before cu_seqlens[-1], 0 past it; the final
@@ -72,9 +58,9 @@ def test_padded_varlen_is_the_call_on_the_sequences(name):
     if name == "cp_and_segmented_dh":
         assert plan_for(prepare(*xs, **kw)).cp > 1, "the long case does not run the CP forward"
         assert bwd_plan(prepare_backward(*xs, do, dht, **kw)).dh_segments is not None, "no segmented reverse pass"
-    got = _run(xs, kw, do, dht)
-    cut = _run([x[:, :n] for x in xs], kw, do[:, :n], dht)
-    nan = _run(*_inputs(name, nan_padding=True)[:4])
+    got = tt.call_grads(xs, kw, do, dht)
+    cut = tt.call_grads([x[:, :n] for x in xs], kw, do[:, :n], dht)
+    nan = tt.call_grads(*_inputs(name, nan_padding=True)[:4])
     labels = ["o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"][:len(got)]
     for label, a, c, z in zip(labels, got, cut, nan):
         assert bool(torch.isfinite(a).all()), label

@@ -111,18 +111,6 @@ def _padded(x, dims: int):
     return None if x is None else torch.nn.functional.pad(x, (0, 64) * dims)
 
 
-def _grads(args, kw, do, dht):
-    """[o, ht, dq, dk, dv, dg, dbeta(, dh0)] of sum(o * do) + sum(ht * dht) through kernels.chunk_gated_delta_rule."""
-    import kernels
-
-    leaves = [x.detach().clone().requires_grad_() for x in args]
-    h0 = kw["initial_state"]
-    kw = dict(kw, initial_state=None if h0 is None else h0.detach().clone().requires_grad_())
-    o, ht = kernels.chunk_gated_delta_rule(*leaves, **kw, output_final_state=True)
-    wrt = leaves + ([kw["initial_state"]] if h0 is not None else [])
-    return [o.detach(), ht.detach(), *torch.autograd.grad((o, ht), wrt, (do, dht))]
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(tt.gpu_skip_reason() is not None, reason=tt.gpu_skip_reason() or "")
 @pytest.mark.parametrize("case", _GPU_CASES, ids=[c.id for c in _GPU_CASES])
@@ -146,8 +134,8 @@ def test_head_dim_64_kernels_match_the_padded_128_call(case):
     kw = dict(kw, scale=scale)
     pad_kw = dict(kw, initial_state=_padded(kw["initial_state"], 2))
     pad_args = [_padded(x, 1) for x in args[:3]] + list(args[3:])
-    got = _grads(args, kw, do, dht)
-    padded = _grads(pad_args, pad_kw, _padded(do, 1), _padded(dht, 2))
+    got = tt.call_grads(args, kw, do, dht)
+    padded = tt.call_grads(pad_args, pad_kw, _padded(do, 1), _padded(dht, 2))
     ref = compute(case, make_inputs(case, dev))
     names = ["o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"][:len(got)]
     for n, a, p in zip(names, got, padded):
