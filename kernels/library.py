@@ -52,10 +52,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
         if not isinstance(x, Tensor) and (x is not None or name in _REQUIRED):
             raise ValueError(f"{name} must be a torch.Tensor{'' if name in _REQUIRED else ' or None'}, "
                              f"got {type(x).__name__}")
-    g, beta = activations(g, beta, v, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
     if q.is_cuda and not torch.compiler.is_compiling():
         return apply(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                     state_v_first, cu_seqlens)
+                     state_v_first, cu_seqlens, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
+    g, beta = activations(g, beta, v, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
     return op_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                    state_v_first, cu_seqlens)
 
