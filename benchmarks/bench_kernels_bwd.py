@@ -79,9 +79,8 @@ AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompu
       "ours-rc-bv64": ("backward", dict(recompute_block_v=64, recompute_ctas_per_sm=1)),  # kernel shape (BV, CTAs
       "ours-rc-bv16o2": ("backward", dict(recompute_block_v=16, recompute_ctas_per_sm=2)),  # per SM)
       "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2)),
-      "ours-no-saved": ("both", None),   # the forward keeps no intra tables: prep recomputes Tinv and Ag
-      "ours-dh-split": ("backward", dict(dh_single=False)),  # dh's operands split (dU, F0 dX), Tinv hi alone
-      "ours-dh-split-full": ("both", dict(dh_single=False)),  # the same with Tinv hi + lo: prep recomputes Tinv
+      "ours-no-saved": ("both", None),   # the forward keeps no intra tables: prep recomputes Tinv (hi + lo) and Ag
+      "ours-dh-single": ("backward", dict(dh_single=True)),  # dh's Tinv, dU and F0 dX single terms (sequential)
       }
 
 
@@ -155,8 +154,8 @@ def main(argv=None):
                     "(the recompute not beside dh), 'ours-no-cluster' (the GVA sums by gdn_bwd_group_sum after fp32 "
                     "rows per value head), 'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' / 'ours-rc-bv32o2' "
                     "(the recompute's state kernel shape), 'ours-no-saved' (the forward keeps no intra tables: prep "
-                    "recomputes Tinv and Ag), 'ours-dh-split' (dh's dU and F0 dX split, Tinv hi alone), "
-                    "'ours-dh-split-full' (the same with Tinv hi + lo, recomputed by prep)")
+                    "recomputes Tinv, hi + lo, and Ag), 'ours-dh-single' (dh's Tinv, dU and F0 dX as single terms on the "
+                    "sequential pass)")
     args = ap.parse_args(argv)
     ab = [c for c in args.ab.split(",") if c]
     for col in ab:

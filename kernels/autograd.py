@@ -11,7 +11,8 @@ stores Tinv and the Function keeps its tables ``Th`` (Tinv), ``Ah``, ``Al`` (Ag 
 K K^T and the solve.  The Function hands them to its backward (``backward.pipeline.HandedTables``), which frees
 them once dh and the recompute have read them.
 
-``apply(..., impl="emulation")`` runs the torch emulations of both directions instead (any device; CPU tests);
+``apply(..., impl="emulation")`` runs the torch emulations of both directions instead (any device; CPU tests),
+with the tilelang Function's arithmetic (its dh reads Tinv's hi term alone where the tables are the forward's);
 ``alter``: a function of a plan returning the plan to run (a benchmark's alternative, ``dataclasses.replace``),
 applied to the forward's and the backward's dispatched plans.
 """
@@ -84,6 +85,9 @@ def run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_
             kw["plan"] = alter(plan_for(b)) if b.x.NC else None
         if kept:
             kw["saved_tables"] = kept if isinstance(kept, dict) else dict(zip(SAVED_TABLES, kept))
+    else:       # as the tilelang Function's dh: Tinv's hi term alone where it reads the forward's tables
+        from kernels.backward.pipeline import reads_saved_tables
+        kw["tinv_hi_only"] = reads_saved_tables(q, v, cu_seqlens)
     dq, dk, dv, dg, db, dh0 = bwd(*args, **kw)
     if dh0 is not None and initial_state is not None:
         dh0 = dh0.to(initial_state.dtype)

@@ -129,9 +129,9 @@ class BackwardPlan:
     """The backward kernels of one call.
 
     ``dh_segments``: the segment plan of the reverse pass (``dh_segmented.PlanTensors``; None = one sequential
-    pass); ``dh_single``: dh's single operands (the sequential pass; the segmented one runs every operand split;
-    split operands on the forward's saved tables read Tinv hi alone); ``reads_saved_tables``: prep takes Tinv and
-    Ag from the forward when given;
+    pass); ``dh_single``: dh's single operands (Tinv, dU and F0 dX one input-dtype term each: an A/B alternative,
+    for the sequential pass only); else every operand split, Tinv's hi term alone where dh reads the forward's saved
+    tables; ``reads_saved_tables``: prep takes Tinv and Ag from the forward when given;
     ``overlap_recompute``: the forward recompute runs on a side stream beside dh; ``recompute_block_v``,
     ``recompute_ctas_per_sm``: the recompute's smem state kernel; ``group``: value heads per q/k head (HV / H);
     ``cluster_group_sum``: dqk sums each group itself in a thread-block cluster (groups of 2, 4, 8), else groups
@@ -139,7 +139,7 @@ class BackwardPlan:
     is built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
-    dh_single: bool = True
+    dh_single: bool = False
     reads_saved_tables: bool = True
     overlap_recompute: bool = False
     recompute_block_v: int = 64
@@ -166,8 +166,9 @@ class BackwardPlan:
     def prep_config(self, saved: bool) -> BwdConfig:
         return BwdConfig("prep", self.dtype, self.DK, saved=saved)
 
-    def dh_config(self) -> BwdConfig:
-        return BwdConfig("dh", self.dtype, self.DK, single=self.dh_single)
+    def dh_config(self, saved: bool) -> BwdConfig:
+        """dh's form; ``saved``: prep took Tinv from the forward (its hi term alone)."""
+        return BwdConfig("dh", self.dtype, self.DK, single=self.dh_single, tinv_hi=saved and not self.dh_single)
 
     def dqk_config(self) -> BwdConfig:
         return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK)
@@ -184,7 +185,8 @@ class BackwardPlan:
     def configs(self, with_saved: bool) -> tuple:
         """Every kernel configuration the call runs (``with_saved``: prep on the forward's tables)."""
         out = list(self.recompute_configs()[1:])
-        out += [self.prep_config(with_saved and self.reads_saved_tables), self.dh_config(), self.dqk_config(),
+        saved = with_saved and self.reads_saved_tables
+        out += [self.prep_config(saved), self.dh_config(saved), self.dqk_config(),
                 self.dgdb_config()]
         out += [c for c in (self.group_sum_config(True), self.group_sum_config(False)) if c is not None]
         return tuple(out)
@@ -193,14 +195,14 @@ class BackwardPlan:
 def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_segments=None,
                   DK: int = KERNEL_HEAD_DIM) -> BackwardPlan:
     """The backward's dispatch: ``dh_segments`` (``dh_segmented.plan``'s tensors, or None) from the caller, who
-    owns the layout cache; the sequential pass with single operands reads the forward's saved tables; the
+    owns the layout cache; dh with every operand split; the sequential pass reads the forward's saved tables; the
     recompute beside dh from ``OVERLAP_MIN_CHUNK_HEADS`` (chunk, value head) pairs; its state kernel at the
     forward's ``block_v`` (one CTA per SM); cluster group sums for groups of 2, 4, 8; every kernel built for the
     call's head dim ``DK`` (K == V)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
-    return BackwardPlan(dtype, dh_segments, dh_single=seq, reads_saved_tables=seq,
+    return BackwardPlan(dtype, dh_segments, dh_single=False, reads_saved_tables=seq,
                         overlap_recompute=n_chunks * HV >= OVERLAP_MIN_CHUNK_HEADS,
                         recompute_block_v=block_v(n_seq, HV, 1, DK), recompute_ctas_per_sm=1, group=group,
                         cluster_group_sum=group in CLUSTER_GROUPS, DK=DK)

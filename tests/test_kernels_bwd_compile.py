@@ -42,6 +42,7 @@ _WANT_WGMMA = {"prep": 1 + 4 + 1 + 2, "dh": 2 + 3 + 2 + 2, "dqk": (2 + 3 + 3) + 
                "gsum": 0, "gsum32": 0, "dgdb": 0}
 _WANT_WGMMA.update({f"dqk_g{g}": _WANT_WGMMA["dqk"] for g in CLUSTER_GROUPS})
 _WANT_WGMMA["dh_single"] = 2 + 1 + 2 + 1          # dS' and F1 dO keep their lo products; Tinv, dU, F0 dX single
+_WANT_WGMMA["dh_tinv_hi"] = 2 + 2 + 2 + 2        # every operand split, Tinv's hi term alone (no dU Tl)
 _WANT_WGMMA["prep_saved"] = 1 + 2                  # on the forward's Tinv and Ag: Q K^T and dO^T (Ph, Pl) alone
 
 
@@ -58,7 +59,7 @@ def compiled():
 def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     r = compiled[cfg.name]
     src = r["source"]
-    kind = "dh_single" if cfg.single else "prep_saved" if cfg.saved else cfg.kind
+    kind = "dh_single" if cfg.single else "dh_tinv_hi" if cfg.tinv_hi else "prep_saved" if cfg.saved else cfg.kind
     want = _WANT_WGMMA[kind]
     check_wgmma(src, "bfloat16" if cfg.dtype == "float32" else cfg.dtype, want)     # dtype-free kinds: no wgmma
     assert "exp2f" in src or cfg.kind in ("dh", "gsum", "gsum32")

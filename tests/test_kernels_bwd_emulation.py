@@ -82,7 +82,7 @@ def test_both_reverse_pass_forms_meet_the_same_bar(case):
     _check(case, xs, do, dht, kw, dh_single=False)
     _check(case, xs, do, dht, kw, dh_single=True)
     split = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False)
-    single = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    single = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=True)
     assert not torch.equal(split[2], single[2]), "dv: the operand form changed nothing"
 
 
@@ -98,15 +98,19 @@ def test_max_rel():
 
 def test_autograd_function_plumbing():
     """The Function returns gradients in the inputs' dtypes (dh0 fp32), None for an absent initial state, and
-    works without output_final_state (no dht) and with only the final state used (no do)."""
+    works without output_final_state (no dht) and with only the final state used (no do); its dh reads Tinv's hi
+    term alone, as the tilelang Function's does on the forward's tables."""
+    from functools import partial
+
     xs, kw, do, dht = tt.bwd_args(Case(T=70, H=1, HV=2, g_dtype="bf16", beta_dtype="bf16", h0_dtype="fp32",
                                        dist="raw-qk-l2"))
+    bwd = partial(chunk_gated_delta_rule_bwd, tinv_hi_only=True)
     leaves = [x.clone().requires_grad_() for x in xs]
     h0 = kw["initial_state"].clone().requires_grad_()
     o, ht = fn(*leaves, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True, impl="emulation")
     (o.float() * do.float()).sum().add((ht * dht).sum()).backward()
     grads = [x.grad for x in leaves] + [h0.grad]
-    ref = chunk_gated_delta_rule_bwd(*xs, do, dht, initial_state=kw["initial_state"], use_qk_l2norm_in_kernel=True)
+    ref = bwd(*xs, do, dht, initial_state=kw["initial_state"], use_qk_l2norm_in_kernel=True)
     for n, a, b_, x in zip(NAMES, grads, ref, leaves + [h0]):
         assert a.dtype == x.dtype and a.shape == x.shape, n
         assert torch.equal(a, b_), n
@@ -114,14 +118,14 @@ def test_autograd_function_plumbing():
     o, ht = fn(*leaves, use_qk_l2norm_in_kernel=True, impl="emulation")
     assert ht is None
     (o.float() * do.float()).sum().backward()
-    ref = chunk_gated_delta_rule_bwd(*xs, do, None, use_qk_l2norm_in_kernel=True)
+    ref = bwd(*xs, do, None, use_qk_l2norm_in_kernel=True)
     assert ref[5] is None
     for n, a, b_ in zip(NAMES, [x.grad for x in leaves], ref):
         assert torch.equal(a, b_), n
     leaves = [x.clone().requires_grad_() for x in xs]
     o, ht = fn(*leaves, output_final_state=True, use_qk_l2norm_in_kernel=True, impl="emulation")
     ht.sum().backward()
-    ref = chunk_gated_delta_rule_bwd(*xs, torch.zeros_like(do), torch.ones_like(ht), use_qk_l2norm_in_kernel=True)
+    ref = bwd(*xs, torch.zeros_like(do), torch.ones_like(ht), use_qk_l2norm_in_kernel=True)
     for n, a, b_ in zip(NAMES, [x.grad for x in leaves], ref):
         assert torch.equal(a, b_), n
 
@@ -239,7 +243,8 @@ def _fake_kernels(monkeypatch, asked=None):
                 d = None
                 if use_dht:
                     d = dht.transpose(-1, -2) if vf else dht
-                a, b_, c, e, dvv, h0g = E.dh(q, k, do, Th.to(f64), Tl.to(f64), Fb.to(f64),
+                tl = torch.zeros_like(Tl) if cfg.tinv_hi else Tl           # Tl not read
+                a, b_, c, e, dvv, h0g = E.dh(q, k, do, Th.to(f64), tl.to(f64), Fb.to(f64),
                                              dUl.to(f64).transpose(-1, -2), cu_list(cu), d, q.dtype, cfg.single)
                 put(dSh, a.transpose(-1, -2)), put(dSl, b_.transpose(-1, -2))
                 put(dYh, c.transpose(-1, -2)), put(dYl, e.transpose(-1, -2)), put(dv, dvv)
@@ -359,7 +364,7 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     (groups of 2, 4, 8 summed by dqk's clusters, others by ``gdn_bwd_group_sum``), and with plan values a benchmark
     may pass: no cluster sums (every group of two or more by ``gdn_bwd_group_sum``), the recompute on the main
     stream, the recompute's state kernel at BV 16, two CTAs per SM.  The pipeline asks for the plan's kernels and
-    only for them: the swizzled recompute state kernel, dh's single form, the dqk kind of the group."""
+    only for them: the swizzled recompute state kernel, dh's split form, the dqk kind of the group."""
     import dataclasses
 
     import kernels.backward.configs as bbuild
@@ -393,7 +398,7 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     if form == "recompute_bv16_occ2":
         assert all((c.BV, c.ctas_per_sm) == (16, 2) for c in state), asked
     dh = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "dh"]
-    assert dh and all(c.single for c in dh), asked
+    assert dh and all(not c.single and not c.tinv_hi for c in dh), asked         # no saved tables: Tinv hi + lo
     dqk = [c.kind for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
     cluster = HV // H in bbuild.CLUSTER_GROUPS and form != "no_cluster"
     assert dqk == [f"dqk_g{HV // H}" if cluster else "dqk"], asked
@@ -404,8 +409,8 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
 @pytest.mark.parametrize("save", [True, False], ids=["saved_tables", "no_saved_tables"])
 @pytest.mark.parametrize("case", [_PLUMBING[i] for i in (1, 0, 5)], ids=[_PLUMBING_IDS[i] for i in (1, 0, 5)])
 def test_autograd_hands_the_forward_tables_to_the_backward_on_cpu(monkeypatch, case, save):
-    """The autograd Function on the kernel path (stand-in kernels on the CPU) == the emulation's Function, gradient
-    by gradient.  Where the backward reads them, the forward's intra kernel is asked to store Tinv (``th``) and the
+    """The autograd Function on the kernel path (stand-in kernels on the CPU) == the emulation, gradient by gradient
+    (dh reading Tinv's hi term alone where the tables are the forward's).  Where the backward reads them, the forward's intra kernel is asked to store Tinv (``th``) and the
     backward's prep runs on the forward's tables (``saved``: its stand-in then writes no Tinv, so a backward that
     read its own empty tables would be wrong); with plans that keep no tables (``alter``), neither."""
     import dataclasses
@@ -424,7 +429,8 @@ def test_autograd_hands_the_forward_tables_to_the_backward_on_cpu(monkeypatch, c
         return dataclasses.replace(plan, reads_saved_tables=False)
 
     got = tt.function_grads(autograd.apply, case, **({} if save else {"alter": no_tables}))
-    want = tt.function_grads(autograd.apply, case, impl="emulation")
+    xs, kw, do, dht = tt.bwd_args(case)
+    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, tinv_hi_only=save)    # dh on the saved Tinv: hi alone
     for n, a, b_ in zip(NAMES, got, want):
         if b_ is None:
             assert a is None, n
@@ -562,7 +568,10 @@ def test_backward_dispatch():
     assert [backward_plan("float16", 1, r, 64, 1).cluster_group_sum for r in (1, 2, 3, 4, 6, 8)] == \
         [False, True, False, True, False, True]
     seq, seg = backward_plan("bfloat16", 1, 2, 64, 1), backward_plan("bfloat16", 1, 2, 64, 1, dh_segments=object())
-    assert seq.dh_single and seq.reads_saved_tables and not seg.dh_single and not seg.reads_saved_tables
+    assert not seq.dh_single and seq.reads_saved_tables and not seg.dh_single and not seg.reads_saved_tables
+    assert seq.dh_config(True).tinv_hi and not seq.dh_config(False).tinv_hi and not seg.dh_config(False).tinv_hi
+    single = dataclasses.replace(seq, dh_single=True)
+    assert single.dh_config(True).single and not single.dh_config(True).tinv_hi
     with pytest.raises(ValueError, match="cluster group sums"):
         dataclasses.replace(backward_plan("bfloat16", 1, 3, 64, 1), cluster_group_sum=True)
     with pytest.raises(ValueError, match="every operand split"):
@@ -644,8 +653,8 @@ _DBETA_ROW = Case(T=128, H=1, HV=1, dist="strong-decay", seed=3, grad=True)
 
 
 def test_split_dh_on_tinv_hi_makes_dbeta_the_most_accurate():
-    """dh with dU and F0 dX split (two input-dtype terms) on Tinv hi alone (what ``BackwardPlan(dh_single=False)``
-    runs on the forward's saved tables) puts dbeta at least 10x closer to fp64 than the same-precision baseline,
+    """dh with dU and F0 dX split (two input-dtype terms) on Tinv hi alone (what the default plan runs on the
+    forward's saved tables) puts dbeta at least 10x closer to fp64 than the same-precision baseline,
     where the single form is farther than the baseline; every other gradient no farther than the single form's."""
     xs, kw, do, dht = tt.bwd_args(_DBETA_ROW)
     want, base = tt.fp64_grads(_DBETA_ROW), tt.baseline_grads(_DBETA_ROW)
@@ -660,22 +669,15 @@ def test_split_dh_on_tinv_hi_makes_dbeta_the_most_accurate():
         assert p <= s * 1.001, f"{n}: split {p:.2e} > single {s:.2e}"
 
 
-def test_split_dh_plan_on_saved_tables_runs_tinv_hi_alone(monkeypatch):
-    """The kernel path (stand-in kernels) with the backward plan's ``dh_single`` False on the forward's saved tables
-    gives the emulation's ``tinv_hi_only`` gradients: prep on the saved tables, dh split, its Tinv lo term zero."""
-    import dataclasses
-
+def test_default_plan_on_saved_tables_runs_split_dh_on_tinv_hi(monkeypatch):
+    """The kernel path (stand-in kernels) with the dispatched plans gives the emulation's ``tinv_hi_only``
+    gradients: prep on the forward's saved tables, dh with every operand split reading Tinv's hi term alone."""
     import kernels.backward.configs as bbuild
     from kernels import autograd
-    from kernels.plan import BackwardPlan
 
     asked = []
     _fake_kernels(monkeypatch, asked)
-
-    def split(plan):
-        return dataclasses.replace(plan, dh_single=False) if isinstance(plan, BackwardPlan) else plan
-
-    got = tt.function_grads(autograd.apply, _DBETA_ROW, alter=split)
+    got = tt.function_grads(autograd.apply, _DBETA_ROW)
     xs, kw, do, dht = tt.bwd_args(_DBETA_ROW)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False, tinv_hi_only=True)
     for n, a, b_ in zip(NAMES, got, want):
@@ -685,4 +687,5 @@ def test_split_dh_plan_on_saved_tables_runs_tinv_hi_alone(monkeypatch):
         _assert_within_a_quarter_of_rounding(n, a, b_, got[0].dtype)
     bw = [c for c in asked if isinstance(c, bbuild.BwdConfig)]
     assert any(c.kind == "prep" and c.saved for c in bw), asked
-    assert all(not c.single for c in bw if c.kind == "dh") and any(c.kind == "dh" for c in bw), asked
+    dhs = [c for c in bw if c.kind == "dh"]
+    assert dhs and all(c.tinv_hi and not c.single for c in dhs), asked

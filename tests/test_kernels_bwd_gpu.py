@@ -243,13 +243,16 @@ def test_cluster_group_sums_match_the_group_sum_kernel(case):
 @pytest.mark.parametrize("case", _SAVED_CASES, ids=[c.id for c in _SAVED_CASES])
 def test_saved_forward_tables_give_the_same_gradients(case):
     """The forward's intra kernel also stores Tinv and the Function hands it, with Ag hi + lo, to the backward,
-    whose prep skips K K^T and the solve.  Those are the same operations on the same values as prep's own, so every
+    whose prep skips K K^T and the solve.  Those are the same operations on the same values as prep's own, so with
+    a dh that reads no Tinv lo term (the single form; the segmented pass recomputes the tables either way) every
     gradient is bitwise the same as with plans that keep no tables; the forward's output and final state are
-    bitwise unchanged by the extra store."""
+    bitwise unchanged by the extra store.  The dispatched plan (dh split, Tinv's hi term alone on the saved tables)
+    is within the input dtype's rounding floor of the emulation's ``tinv_hi_only`` and within the baseline."""
     from kernels import autograd
-    from kernels.backward.pipeline import SAVED_TABLES
+    from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
+    from kernels.backward.pipeline import SAVED_TABLES, reads_saved_tables
     from kernels.forward.pipeline import chunk_gated_delta_rule as fwd
-    from kernels.plan import ForwardPlan
+    from kernels.plan import BackwardPlan, ForwardPlan
 
     args, kw, do, dht = tt.bwd_args(case, CUDA)
     kept = {}
@@ -262,7 +265,24 @@ def test_saved_forward_tables_give_the_same_gradients(case):
             return dataclasses.replace(plan, keep_tables=False)
         return dataclasses.replace(plan, reads_saved_tables=False)
 
-    saved = tt.function_grads(autograd.apply, case, CUDA)
-    recomputed = tt.function_grads(autograd.apply, case, CUDA, alter=no_tables)
+    def single(plan):
+        if isinstance(plan, BackwardPlan) and plan.dh_segments is None:
+            return dataclasses.replace(plan, dh_single=True)
+        return plan
+
+    saved = tt.function_grads(autograd.apply, case, CUDA, alter=single)
+    recomputed = tt.function_grads(autograd.apply, case, CUDA, alter=lambda p: single(no_tables(p)))
     torch.cuda.synchronize()
     _check_forms(case, saved, recomputed)
+    got = tt.function_grads(autograd.apply, case, CUDA)
+    args, kw, do, dht = tt.bwd_args(case, CUDA)
+    hi_only = reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
+    ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only)
+    want = tt.fp64_grads(case, CUDA)
+    for n, a, b, r in zip(NAMES, got, ge, want):
+        if r is None:
+            continue
+        d, floor = compare(a, b).rel_rmse, compare(r.to(args[0].dtype), r).rel_rmse
+        print(f"  {case.id} {n}: dispatched vs emulation (Tinv hi alone: {hi_only}) {d:.2e}, floor {floor:.2e}")
+        assert d <= floor, (n, d, floor)
+    _within_baseline(case, got)

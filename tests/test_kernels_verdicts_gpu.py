@@ -125,14 +125,7 @@ GRAD_CASES = [c for c in CASES if c.grad and c.B * c.T >= 64]
 # dbeta of a sequence's last token carries the final-state gradient's share, which the kernels round coarser than
 # the baseline; where one-token sequences make that share count, the kernels' CPU emulation puts dbeta just above
 # the baseline's (the harness rule still passes it)
-SHORT_SEQUENCES_DBETA = "dbeta at the ends of one-token sequences: rounded coarser than the baseline's"
-CLAIM_EXPECTED_TO_FAIL = {Case(layout="varlen-empty", T=1024, H=2, HV=4, h0_dtype="fp32", grad=True).id:
-                          SHORT_SEQUENCES_DBETA}
-
-
-@pytest.mark.parametrize("case", [
-    pytest.param(c, marks=pytest.mark.xfail(reason=CLAIM_EXPECTED_TO_FAIL[c.id], strict=False))
-    if c.id in CLAIM_EXPECTED_TO_FAIL else c for c in GRAD_CASES], ids=[c.id for c in GRAD_CASES])
+@pytest.mark.parametrize("case", GRAD_CASES, ids=[c.id for c in GRAD_CASES])
 def test_gradients_no_farther_from_fp64_than_the_baseline(case):
     """rel_rmse against fp64 of every gradient <= the same-precision baseline's; dg of strong decay (the true dg is
     ~e^-20 of the others, the baseline's is off by orders of magnitude) <= the rounding floor's."""

@@ -23,17 +23,18 @@ class BwdConfig:
     DK: int = KERNEL_HEAD_DIM
     single: bool = False           # dh only: Tinv, dU, F0 dX single (the sequential reverse pass)
     saved: bool = False            # prep only: Tinv and Ag from the forward (the autograd Function's saved tables)
+    tinv_hi: bool = False          # dh only: dU and F0 dX split, Tinv's hi term alone (the forward's saved tables)
 
     @property
     def name(self) -> str:
-        flags = "".join(f",{f}" for f in ("single", "saved") if getattr(self, f))
+        flags = "".join(f",{f}" for f in ("single", "saved", "tinv_hi") if getattr(self, f))
         return f"bwd_{self.kind}[DK=DV={self.DK}{flags},{self.dtype}]"
 
 
 def all_configs():
     """Every backward kernel a dispatch decision can choose, for each head dim K = V in ``HEAD_DIMS`` (128 first):
-    each kind x {bf16, fp16}, dh in its single (sequential pass) and split (segmented pass) forms, prep computing
-    the tables and on the forward's saved ones; the dtype-free dgdb once.  The forward recompute runs the
+    each kind x {bf16, fp16}, dh in its split form (every operand; on the saved tables, Tinv hi alone) and its
+    single form (an A/B alternative), prep computing the tables and on the forward's saved ones; the dtype-free dgdb once.  The forward recompute runs the
     forward's intra and smem state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
@@ -42,6 +43,7 @@ def _configs_at(D: int):
     return ([BwdConfig(kind, dt, D) for dt in DTYPES for kind in KINDS]
             + [BwdConfig(k, "float32", D) for k in DTYPE_FREE_KINDS]
             + [BwdConfig("dh", dt, D, single=True) for dt in DTYPES]
+            + [BwdConfig("dh", dt, D, tinv_hi=True) for dt in DTYPES]
             + [BwdConfig("prep", dt, D, saved=True) for dt in DTYPES])
 
 
@@ -50,6 +52,8 @@ def prim_func(cfg: BwdConfig):
     D = cfg.DK
     if cfg.single and cfg.kind != "dh":
         raise ValueError(f"single (operands) is a form of the dh kernel only: {cfg.name}")
+    if cfg.tinv_hi and (cfg.kind != "dh" or cfg.single):
+        raise ValueError(f"tinv_hi (Tinv's hi term alone) is a form of the split dh kernel only: {cfg.name}")
     if cfg.saved and cfg.kind != "prep":
         raise ValueError(f"saved (the forward's Tinv and Ag) is a form of prep only: {cfg.name}")
     if cfg.kind == "prep":
@@ -57,7 +61,7 @@ def prim_func(cfg: BwdConfig):
         return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved)
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
-        return build_bwd_dh(D, D, cfg.dtype, single=cfg.single)
+        return build_bwd_dh(D, D, cfg.dtype, single=cfg.single, tinv_lo=not cfg.tinv_hi)
     if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
         from .dqk import build_bwd_dqk
         return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1)

@@ -10,9 +10,10 @@ transposed, ``dS^T [BV, DK]`` fp32, in registers for the whole sequence (value-f
     dv   = rd(beta dY)                                      (direct stores, input dtype)
     dS^T = e^GL dS^T + split(dO^T diag(F1)) Q - split((beta dY)^T diag(F0)) K      (2 + 2 wgmma)
 
-That is every operand split (9 wgmma a chunk; the segmented pass).  The sequential pass's form (``single``)
-takes Tinv, dU and F0 dX as one input-dtype term: ``dY^T = rd(dU^T) Th`` (1
-wgmma) and ``- rd((beta dY)^T diag(F0)) K`` (1 wgmma), 6 a chunk; Tl is then neither loaded nor read.
+That is every operand split (9 wgmma a chunk).  On the forward's saved tables, which hold Tinv's hi term alone,
+``tinv_lo=False`` drops ``dUa Tl`` (8 a chunk).  ``single`` takes Tinv, dU and F0 dX as one input-dtype term:
+``dY^T = rd(dU^T) Th`` (1 wgmma) and ``- rd((beta dY)^T diag(F0)) K`` (1 wgmma), 6 a chunk.  Where Tinv's lo term
+is not read, Tl is neither loaded nor read.
 
 (F0 = e^G rk, F1 = scale e^G rq, F2 = e^(GL - G) rk: rows of the gate table ``Fb``.)  Rows past the end of
 a sequence have zero F rows and zero dUloc, so the next sequence's tokens that the tile loads add nothing.
@@ -41,10 +42,12 @@ def store_split(hi, lo, hi_s, lo_s, dst_hi, dst_lo):
     T.tma_copy(lo_s, dst_lo)
 
 
-def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, single: bool = False):
-    """``single`` (the sequential reverse pass's form): Tinv, dU and F0 dX as one input-dtype term each (dS' and
-    F1 dO keep their lo products, the dY tables stay split): 6 instead of 9 wgmma a chunk (the emulation's
-    ``dh(single=True)``).  The segmented pass (``dh_segmented``) runs every operand split.
+def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, single: bool = False,
+                 tinv_lo: bool = True):
+    """``single``: Tinv, dU and F0 dX as one input-dtype term each (dS' and F1 dO keep their lo products, the dY
+    tables stay split): 6 instead of 9 wgmma a chunk (the emulation's ``dh(single=True)``).  ``tinv_lo=False``
+    (split dU and F0 dX, Tinv's hi term alone: the forward's saved tables): 8 a chunk, Tl not read (the
+    emulation's ``tinv_hi_only``).  The segmented pass (``dh_segmented``) runs every operand split.
 
     The split dS' and dY tables leave through shared tiles (one copy from the fragment, then one TMA store per
     tile); each chunk's stores are waited for at the next chunk's first store.  dv is stored element by element
@@ -66,7 +69,9 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
     """
     assert DK in (64, 128) and DV == DK and BV == 64 and DV % BV == 0
     assert dtype in ("bfloat16", "float16")
-    olo = not single               # the lo products of Tinv, dU, F0 dX
+    assert not (single and not tinv_lo), "single reads no Tinv lo term: tinv_lo is a form of the split dh"
+    olo = not single               # the lo products of dU, F0 dX
+    tlo = olo and tinv_lo          # Tinv's lo term loaded and read
     f32 = "float32"
     NV = DV // BV
 
@@ -115,7 +120,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
             th_s = T.alloc_shared((BT, BT), dtype)
             # Tl only where read: an unread tile may share another tile's memory (TileLang's allocator merges
             # buffers by their reads), and its TMA load would overwrite that tile in flight
-            tl_s = T.alloc_shared((BT, BT), dtype) if olo else None
+            tl_s = T.alloc_shared((BT, BT), dtype) if tlo else None
             f_s = T.alloc_shared((8, BT), f32)
             dul_s = T.alloc_shared((BV, BT), f32)
             # 128-byte swizzles: dUloc^T is read in the wgmma accumulator layout (rows 64 floats apart) and dO
@@ -149,7 +154,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
                 T.copy(do[t0:t0 + BT, hv, v0:v0 + BV], do_s)
                 T.copy(Th[hv, c, 0:BT, 0:BT], th_s)
-                if olo:
+                if tlo:
                     T.copy(Tl[hv, c, 0:BT, 0:BT], tl_s)
                 T.copy(Fb[hv, c, 0:8, 0:BT], f_s)
                 T.copy(dUl[hv, c, v0:v0 + BV, 0:BT], dul_s)
@@ -173,6 +178,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 T.gemm(xa, th_s, dy_f, clear_accum=True, policy=FR)
                 if olo:
                     T.gemm(xl, th_s, dy_f, policy=FR)
+                if tlo:
                     T.gemm(xa, tl_s, dy_f, policy=FR)
                 split_to(dy_f, xa, xl, True)            # the dY tables: split in either form
                 store_split(xa, xl, dya_s, dyl_s, dYh[hv, c, v0:v0 + BV, 0:BT], dYl[hv, c, v0:v0 + BV, 0:BT])

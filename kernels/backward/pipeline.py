@@ -132,7 +132,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         mark("recompute")
     else:
         side.wait_stream(torch.cuda.current_stream(x.q.device))   # prep is launched: the recompute may follow it
-    grads = dh(b=b, plan=plan, tables=tables)
+    grads = dh(b=b, plan=plan, tables=tables, saved=from_saved)
     if side is not None:
         # launched after dh, so that dh's CTAs are placed first; the main stream waits for it before dqk
         states = recompute(x=x, plan=plan, tables=tables, side=side)
@@ -164,7 +164,7 @@ def _without(stage_out, *names):
 @dataclass
 class PrepTables:
     Th: torch.Tensor                # [HV, NC, 64, 64] Tinv hi
-    Tl: torch.Tensor                # lo (from the forward's tables: Th itself, unread, or zero)
+    Tl: torch.Tensor                # lo (from the forward's tables: Th itself, unread)
     Agh: torch.Tensor               # [HV, NC, 64, 64] Ag = Tinv diag(beta), hi
     Agl: torch.Tensor               # lo
     Fb: torch.Tensor                # [HV, NC, 8, 64] fp32 gate table
@@ -179,8 +179,7 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
     if saved is not None:       # the forward's Tinv (hi alone) and Ag
         _check_saved(saved, (x.HV, x.NC, BT, BT), dt, dev)
         Th, Agh, Agl = saved["Th"], saved["Ah"], saved["Al"]
-        # the single dh reads no Tl; the split one, on these tables, reads Tinv hi alone (a zero lo term)
-        Tl = Th if plan.dh_single else torch.zeros_like(Th)
+        Tl = Th                 # not read: dh on these tables reads Tinv's hi term alone (``dh_config(saved)``)
     else:
         Th = torch.empty(x.HV, x.NC, BT, BT, device=dev, dtype=dt)
         Tl = torch.empty_like(Th)
@@ -235,8 +234,9 @@ class StateGradients:
     dh0: torch.Tensor               # [N or 1, HV, D, D] fp32 (the caller's layout)
 
 
-def dh(*, b: BackwardInputs, plan, tables: PrepTables) -> StateGradients:
-    """``gdn_bwd_dh``: the reverse sequential pass, or its segmented form (``plan.dh_segments``)."""
+def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool) -> StateGradients:
+    """``gdn_bwd_dh``: the reverse sequential pass, or its segmented form (``plan.dh_segments``); ``saved``: the
+    tables' Tinv is the forward's (hi alone)."""
     from kernels.build import get_kernel
     x = b.x
     dev, dt, D, HV = x.q.device, x.q.dtype, x.D, x.HV
@@ -247,7 +247,7 @@ def dh(*, b: BackwardInputs, plan, tables: PrepTables) -> StateGradients:
     dv = torch.empty(x.n_tok, HV, D, device=dev, dtype=dt)         # dh stores every token row (no zero fill)
     use_h0 = x.h0 is not None
     dh0 = torch.empty((x.N if use_h0 else 1), HV, D, D, device=dev, dtype=torch.float32)
-    kern = get_kernel(plan.dh_config())
+    kern = get_kernel(plan.dh_config(saved))
     t = tables
     if plan.dh_segments is None:
         dht = b.dht if b.dht is not None else torch.empty(1, HV, D, D, device=dev, dtype=torch.float32)
