@@ -14,8 +14,14 @@ restore() {  # restore NAME DIR-under-HOME
   if ls .gpu/"$1".tar.xz.part-* >/dev/null 2>&1; then cat .gpu/"$1".tar.xz.part-* | xz -d | tar -xf - -C "$HOME"
   elif [ -f .gpu/"$1".tgz ]; then tar -xzf .gpu/"$1".tgz -C "$HOME"; fi
 }
+fresh_tilelang=0; [ -d "$HOME/.tilelang/cache" ] || fresh_tilelang=1
 restore tilelang-cache .tilelang/cache
 restore triton-cache .triton/cache
+# FlashQLA's prebuilt kernels (the bundle's tilelang-cache-flashqla.tgz) join a saved cache of ours: a cache saved
+# by a run that never called FlashQLA lacks them, and compiling them cold takes minutes
+if [ "$fresh_tilelang" = 1 ] && [ -f .gpu/tilelang-cache-flashqla.tgz ]; then
+  tar -xzf .gpu/tilelang-cache-flashqla.tgz -C "$HOME" --skip-old-files
+fi
 # Triton keeps autotuning results in its cache: FLA's autotuned kernels then skip benchmarking every config
 export TRITON_CACHE_AUTOTUNING=1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 GDN_PARITY_CACHE=/tmp/gdn-parity-ref
