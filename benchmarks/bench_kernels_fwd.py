@@ -21,7 +21,9 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   128 value columns per CTA, CP off; ``smem`` - the shared-memory-operand state kernel, BV by
   ``plan.block_v``, one CTA per SM; ``smem16`` / ``smem32`` / ``smem64`` - the same with BV forced;
   ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
-* ``intra``     - the intra-chunk kernel alone (part of every column);
+* ``intra``, ``state``, ``output`` - the dispatched plan's three stages, each alone on the tables the stages
+                  before it made once (``state``: the sequential state kernel, or with CP the scan, the fix-up and
+                  the state kernel per segment); where the time of ``default`` goes;
 * ``FLA``       - FLA's Triton kernels (every FLA dispatch backend off: ``parity.backends.fla_common``);
 * ``FlashQLA``  - ``flash_qla.chunk_gated_delta_rule`` (skipped with the reason if unavailable);
 * ``flashinfer`` / ``flashinfer-cake`` / ``cudnn`` - FlashInfer's GDN prefill paths as the engines call them
@@ -285,12 +287,24 @@ def main(argv=None):
         def ours_impl(*a, **kw):
             return E.chunk_gated_delta_rule(*a, **kw)
 
-        def intra_stage(q, k, g, beta, cu_seqlens=None):
+        def stage_fns(q, k, v, g, beta, cu_seqlens=None):
             Bq, Tq = q.shape[:2]
             cu = [int(x) for x in cu_seqlens.tolist()] if cu_seqlens is not None else [b * Tq for b in range(Bq + 1)]
-            return E.intra_chunk(q.reshape(Bq * Tq, q.shape[2], -1), k.reshape(Bq * Tq, k.shape[2], -1),
-                                 g.reshape(Bq * Tq, -1).float(), beta.reshape(Bq * Tq, -1).float(), cu,
-                                 q.shape[-1] ** -0.5, False, q.dtype, preset(False))
+            offs = E.chunk_tables(cu)[1]
+            rows = lambda x: x.reshape(Bq * Tq, *x.shape[2:])   # noqa: E731
+            q2, k2, v2 = rows(q), rows(k), rows(v)
+            prec = preset(False)
+
+            def intra():
+                return E.intra_chunk(q2, k2, rows(g).float(), rows(beta).float(), cu, q.shape[-1] ** -0.5, False,
+                                     q.dtype, prec)
+            Ah, Al, F = intra()
+
+            def state():
+                return E.chunk_states(k2, v2, Ah, Al, F, cu, offs, None, q.dtype, prec)
+            Sch, Scl, Uh, Ul, _ = state()
+            return {"intra": intra, "state": state,
+                    "output": lambda: E.output(q2, k2, F, Sch, Scl, Uh, Ul, cu, q.dtype, prec)}
 
         def plan_for(x):                     # the emulation's plan: no CUDA device to prepare for
             from kernels.plan import forward_plan
@@ -312,13 +326,20 @@ def main(argv=None):
         from triton.testing import do_bench
 
         import kernels
+        from kernels.forward import pipeline as fp
         from kernels.forward.pipeline import chunk_gated_delta_rule as ours_impl
-        from kernels.forward.pipeline import intra_chunk
         dev = torch.device("cuda")
 
-        def intra_stage(q, k, g, beta, cu_seqlens=None):
-            x = prepare(q, k, q.new_empty(*q.shape[:2], g.shape[-1], q.shape[-1]), g, beta, cu_seqlens=cu_seqlens)
-            return intra_chunk(x=x, plan=plan_for(x))
+        def stage_fns(q, k, v, g, beta, cu_seqlens=None):
+            x = prepare(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu_seqlens)
+            plan = plan_for(x)
+            tables = fp.intra_chunk(x=x, plan=plan)
+
+            def state():
+                return (fp.state if plan.cp <= 1 else fp.state_segmented)(x=x, plan=plan, tables=tables)
+            states = state()
+            return {"intra": lambda: fp.intra_chunk(x=x, plan=plan), "state": state,
+                    "output": lambda: fp.output(x=x, plan=plan, tables=tables, states=states)}
 
     t_start = time.time()
     print(f"device: {torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu (dry run)'}  "
@@ -388,7 +409,8 @@ def main(argv=None):
                 torch.cuda.empty_cache()
 
     print("\n== step 2: timing ==", flush=True)
-    cols = variants + ["intra", "FLA", "FlashQLA"] + list(fi_cols)
+    stage_cols = ["intra", "state", "output"]
+    cols = variants + stage_cols + ["FLA", "FlashQLA"] + list(fi_cols)
     results = {}
     hosts = {}
     for name in shapes:
@@ -397,7 +419,11 @@ def main(argv=None):
         fns = {}
         for x in variants:
             fns[x] = (lambda f=ours_fn(x): f(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu))
-        fns["intra"] = lambda: intra_stage(q, k, g, beta, cu_seqlens=cu)
+        try:
+            fns.update(stage_fns(q, k, v, g, beta, cu_seqlens=cu))
+        except Exception as e:
+            for c in stage_cols:
+                skipped.setdefault(c, describe_error(e)[:160])
         if fla is not None:
             fns["FLA"] = lambda: fla(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
         if fqla is not None:
