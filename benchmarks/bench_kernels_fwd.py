@@ -255,6 +255,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=25)
     ap.add_argument("--workers", type=int, default=min(10, os.cpu_count() or 1))
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--skip", default="", help="comma list of the reference columns not to run (FLA, FlashQLA, "
+                    "flashinfer: every FlashInfer path), e.g. when only our stages are timed")
     ap.add_argument("--results", default=None, help="append the summary here (default benchmarks/RESULTS.md; "
                     "a dry run appends only when given)")
     ap.add_argument("--dry-run", action="store_true",
@@ -354,14 +356,18 @@ def main(argv=None):
     if not args.dry_run:
         precompile(_needed_configs(variants, shapes), args.workers)
 
-    fla, fla_reason = fla_triton() if not args.dry_run else (None, "dry run")
-    fqla, fqla_reason = flash_qla() if not args.dry_run else (None, "dry run")
+    skip = {c for c in args.skip.split(",") if c}
+    if skip - {"FLA", "FlashQLA", "flashinfer"}:
+        ap.error(f"--skip takes FLA, FlashQLA, flashinfer; got {sorted(skip - {'FLA', 'FlashQLA', 'flashinfer'})}")
+    off = "dry run" if args.dry_run else None
+    fla, fla_reason = (None, off or "--skip") if off or "FLA" in skip else fla_triton()
+    fqla, fqla_reason = (None, off or "--skip") if off or "FlashQLA" in skip else flash_qla()
     skipped = {}
     if fla is None:
         skipped["FLA"] = fla_reason
     if fqla is None:
         skipped["FlashQLA"] = fqla_reason
-    fi_cols, fi_why = flashinfer_columns(dev) if not args.dry_run else ({}, {})
+    fi_cols, fi_why = ({}, {}) if off or "flashinfer" in skip else flashinfer_columns(dev)
     skipped.update(fi_why)
 
     def ours_fn(v):
