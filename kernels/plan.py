@@ -11,6 +11,7 @@ Importing this module imports neither tilelang nor CUDA.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from kernels.backward.configs import CLUSTER_GROUPS, BwdConfig
 from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, SCAN_BV, IntraConfig,
@@ -36,7 +37,8 @@ class ForwardPlan:
     ``block_v``: the state kernel's value columns per CTA; ``ctas_per_sm``: resident state CTAs per SM ("smem": 1
     or 2, BV <= 32 for 2); ``cp``: segments per sequence of the segment-parallel state passing (1 = off, "rv"
     only); ``keep_tables``: the intra kernel also stores Tinv and the call hands Tinv, Ag to the backward;
-    ``DK``: the head dim K == V every kernel is built for (``HEAD_DIMS``)."""
+    ``DK``: the head dim K == V every kernel is built for (``HEAD_DIMS``); ``fused_output``: the smem state kernel
+    computes o in its chain (``gdn_state_output``, BV 16 / 32, one CTA per SM, no CP) and no output kernel runs."""
     dtype: str
     precision: Precision
     state_form: str
@@ -45,6 +47,7 @@ class ForwardPlan:
     cp: int = 1
     keep_tables: bool = False
     DK: int = KERNEL_HEAD_DIM
+    fused_output: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -58,20 +61,31 @@ class ForwardPlan:
                                           or (self.ctas_per_sm == 2 and self.block_v > 32)):
             raise ValueError(f"the smem state kernel needs cp 1, BV in (16, 32, 64), 1 CTA per SM or 2 with "
                              f"BV <= 32: {self}")
+        if self.fused_output and (self.state_form != "smem" or self.block_v not in (16, 32)
+                                  or self.ctas_per_sm != 1):
+            raise ValueError(f"the fused state-output kernel is an smem form at BV 16 / 32, one CTA per SM: {self}")
         if self.keep_tables and not keeps_tables(self.precision):
             raise ValueError(f"precision {self.precision.tag()} does not compute the backward's tables: {self}")
 
     def configs(self) -> tuple:
-        """(intra, state, output[, scan]) kernel configurations; the CP scan only when ``cp > 1``."""
-        prec, rv, DK = self.precision, self.state_form == "rv", self.DK
-        out = [IntraConfig(self.dtype, prec.merge, prec.ag, DK=DK, th=self.keep_tables),
-               StateConfig(self.dtype, self.block_v, prec, form=self.state_form, DK=DK,
-                           ctas_per_sm=self.ctas_per_sm),
-               OutputConfig(self.dtype, prec, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
-        if self.cp > 1:
-            out.append(StateConfig(self.dtype, RV_BV if rv else SCAN_BV, prec.for_scan(), scan=True,
-                                   form=self.state_form, DK=DK))
-        return tuple(out)
+        """(intra, state, output[, scan]) kernel configurations; the CP scan only when ``cp > 1``; (intra, fused
+        state-output) with ``fused_output``.  Built once per plan value: each stage of a call asks for its own."""
+        return _forward_configs(self)
+
+
+@lru_cache(maxsize=512)
+def _forward_configs(plan: ForwardPlan) -> tuple:
+    prec, rv, DK = plan.precision, plan.state_form == "rv", plan.DK
+    if plan.fused_output:
+        return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
+                StateConfig(plan.dtype, plan.block_v, prec, form="smem", DK=DK, fused=True))
+    out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
+           StateConfig(plan.dtype, plan.block_v, prec, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),
+           OutputConfig(plan.dtype, prec, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
+    if plan.cp > 1:
+        out.append(StateConfig(plan.dtype, RV_BV if rv else SCAN_BV, prec.for_scan(), scan=True,
+                               form=plan.state_form, DK=DK))
+    return tuple(out)
 
 
 def check_head_dim(DK) -> int:

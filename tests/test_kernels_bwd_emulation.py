@@ -210,10 +210,26 @@ def _fake_kernels(monkeypatch, asked=None):
             assert not cfg.vt
 
             def output(q, k, F, Sch, Scl, Uh, Ul, cu, ci, o2):
-                put(o2, FE.output(q, k, F.to(f64), Sch.to(f64), Scl.to(f64), Uh.to(f64), Ul.to(f64), cu_list(cu),
+                # a lo table the precision does not split is the hi table passed again, which the kernel does not
+                # read: zero in the emulation's sum
+                def lo(t, hi):
+                    return t.to(f64) if t.data_ptr() != hi.data_ptr() else torch.zeros_like(t, dtype=f64)
+                put(o2, FE.output(q, k, F.to(f64), Sch.to(f64), lo(Scl, Sch), Uh.to(f64), lo(Ul, Uh), cu_list(cu),
                                      q.dtype, cfg.prec))
             return output
         assert isinstance(cfg, fbuild.StateConfig) and cfg.form == "smem" and not cfg.scan
+        if cfg.fused:                   # the state kernel's tables in their storage dtype, then the output's o
+            def state_output(q, k, v, Ah, Al, F, cu, co, h0, o2, ht, use_h0, store_ht, vf):
+                h = None
+                if use_h0:
+                    h = h0.transpose(-1, -2) if vf else h0
+                tabs = FE.chunk_states(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu), cu_list(co), h,
+                                       k.dtype, cfg.prec)
+                sh, sl, uh, ul = (t.to(k.dtype).to(f64) for t in tabs[:4])
+                put(o2, FE.output(q, k, F.to(f64), sh, sl, uh, ul, cu_list(cu), q.dtype, cfg.prec))
+                if store_ht:
+                    put(ht, tabs[4].transpose(-1, -2) if vf else tabs[4])
+            return state_output
 
         def state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, vf):
             h = None
@@ -221,7 +237,13 @@ def _fake_kernels(monkeypatch, asked=None):
                 h = h0.transpose(-1, -2) if vf else h0
             sh, sl, uh, ul, end = FE.chunk_states(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu), cu_list(co), h,
                                               k.dtype, cfg.prec)
-            put(Sch, sh), put(Scl, sl), put(Uh, uh), put(Ul, ul)
+            put(Sch, sh), put(Uh, uh)
+            # the lo tables only where the precision splits them (else the pipeline passes the hi table again, which
+            # the kernel does not write)
+            if Scl.data_ptr() != Sch.data_ptr():
+                put(Scl, sl)
+            if Ul.data_ptr() != Uh.data_ptr():
+                put(Ul, ul)
             if store_ht:
                 put(ht, end.transpose(-1, -2) if vf else end)
         return state
@@ -410,9 +432,10 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
 @pytest.mark.parametrize("case", [_PLUMBING[i] for i in (1, 0, 5)], ids=[_PLUMBING_IDS[i] for i in (1, 0, 5)])
 def test_autograd_hands_the_forward_tables_to_the_backward_on_cpu(monkeypatch, case, save):
     """The autograd Function on the kernel path (stand-in kernels on the CPU) == the emulation, gradient by gradient
-    (dh reading Tinv's hi term alone where the tables are the forward's).  Where the backward reads them, the forward's intra kernel is asked to store Tinv (``th``) and the
-    backward's prep runs on the forward's tables (``saved``: its stand-in then writes no Tinv, so a backward that
-    read its own empty tables would be wrong); with plans that keep no tables (``alter``), neither."""
+    (dh reading Tinv's hi term alone where the tables are the forward's).  Where the backward reads them, the
+    forward's intra kernel is asked to store Tinv (``th``) and the backward's prep runs on the forward's tables
+    (``saved``: its stand-in then writes no Tinv, so a backward that read its own empty tables would be wrong); with
+    plans that keep no tables (``alter``), neither."""
     import dataclasses
 
     import kernels.backward.configs as bbuild

@@ -138,9 +138,40 @@ def test_a_plan_the_kernels_cannot_run_is_refused():
     from kernels.plan import forward_plan
     p = forward_plan("bfloat16", 8, 32, 64, False)
     for bad, needle in ((dict(block_v=64), "BV <= 32"), (dict(cp=2), "cp 1"), (dict(state_form="x"), "unknown"),
-                        (dict(state_form="rv"), "rv state kernel")):
+                        (dict(state_form="rv"), "rv state kernel"),
+                        (dict(ctas_per_sm=1, block_v=64, fused_output=True), "fused state-output")):
         with pytest.raises(ValueError, match=needle):
             dataclasses.replace(p, **bad)
+
+
+_FUSED_ROWS = [Case(T=200, H=2, HV=4, dist="raw-qk-l2"),
+               Case(layout="varlen-empty", T=165, H=1, HV=2, K=64, V=64, h0_dtype="fp32", state_v_first=True,
+                    dist="raw-qk-l2")]
+
+
+@pytest.mark.parametrize("case", _FUSED_ROWS, ids=[c.id for c in _FUSED_ROWS])
+def test_fused_state_output_plan_plumbing_on_cpu(monkeypatch, case):
+    """The forward pipeline with ``fused_output`` (stand-in kernels on the CPU: the fused kernel's stand-in is the
+    state kernel's and the output kernel's emulations) asks for the intra kernel and the fused state-output kernel
+    alone, and gives the o and final state of the same plan without it, bitwise, in the caller's state layout."""
+    import dataclasses
+
+    from kernels.forward import pipeline
+    from tests.kernel_support import bwd_args
+    from tests.test_kernels_bwd_emulation import _fake_kernels
+
+    asked = []
+    _fake_kernels(monkeypatch, asked)
+    xs, kw, _, _ = bwd_args(case)
+    x = pipeline.prepare(*xs, **kw, output_final_state=True)
+    base = dataclasses.replace(pipeline.plan_for(x), state_form="smem", block_v=32, ctas_per_sm=1, cp=1)
+    want = pipeline.chunk_gated_delta_rule(*xs, **kw, output_final_state=True, plan=base)
+    asked.clear()
+    got = pipeline.chunk_gated_delta_rule(*xs, **kw, output_final_state=True,
+                                          plan=dataclasses.replace(base, fused_output=True))
+    assert [type(c).__name__ for c in asked] == ["IntraConfig", "StateConfig"] and asked[1].fused, asked
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
 
 
 def test_import_is_lazy():

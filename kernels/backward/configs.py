@@ -34,8 +34,9 @@ class BwdConfig:
 def all_configs():
     """Every backward kernel a dispatch decision can choose, for each head dim K = V in ``HEAD_DIMS`` (128 first):
     each kind x {bf16, fp16}, dh in its split form (every operand; on the saved tables, Tinv hi alone) and its
-    single form (an A/B alternative), prep computing the tables and on the forward's saved ones; the dtype-free dgdb once.  The forward recompute runs the
-    forward's intra and smem state kernels (``kernels.build.forward_configs``)."""
+    single form (an A/B alternative), prep computing the tables and on the forward's saved ones; the dtype-free
+    dgdb once.  The forward recompute runs the forward's intra and smem state kernels
+    (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
 

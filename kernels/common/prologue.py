@@ -76,3 +76,24 @@ def store_state_vt(s_f, dst, v_first, n, hv, v0, BV, DK):
     else:
         for i, d in T.Parallel(BV, DK):
             dst[n, hv, d, v0 + i] = s_f[i, d]
+
+
+@T.macro
+def load_state_kt(src, s_f, v_first, n, hv, v0, BV, DK):
+    """``s_f [DK, BV] = S`` of columns ``[v0, v0 + BV)`` of ``src[n, hv]`` (``[DV, DK]`` when ``v_first``, else
+    ``[DK, DV]``): the key-first counterpart of ``load_state_vt``."""
+    if v_first != 0:
+        for i, j in T.Parallel(DK, BV):
+            s_f[i, j] = src[n, hv, v0 + j, i]
+    else:
+        T.copy(src[n, hv, 0:DK, v0:v0 + BV], s_f)
+
+
+@T.macro
+def store_state_kt(s_f, dst, v_first, n, hv, v0, BV, DK):
+    """The inverse of ``load_state_kt``: ``s_f [DK, BV]`` into ``dst[n, hv]`` in its layout."""
+    if v_first != 0:
+        for i, j in T.Parallel(DK, BV):
+            dst[n, hv, v0 + j, i] = s_f[i, j]
+    else:
+        T.copy(s_f, dst[n, hv, 0:DK, v0:v0 + BV])

@@ -22,7 +22,7 @@ advance the transition product ``M`` from the identity with ``v = 0`` (the updat
 import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
-from kernels.common.prologue import dynamic_dims, lo_shape, seq_span
+from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, seq_span, store_state_kt
 
 BT = 64
 THREADS = 128
@@ -148,11 +148,7 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                     s_f[i, j] = T.if_then_else(v0 + j == DV + i, T.float32(1), T.float32(0))
             else:
                 if use_h0 != 0:
-                    if v_first != 0:
-                        for i, j in T.Parallel(DK, BV):
-                            s_f[i, j] = h0[n, hv, v0 + j, i]
-                    else:
-                        T.copy(h0[n, hv, 0:DK, v0:v0 + BV], s_f)
+                    load_state_kt(h0, s_f, v_first, n, hv, v0, BV, DK)
                 else:
                     T.clear(s_f)
 
@@ -232,10 +228,6 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                 T.copy(s_f, ht[n, hv, 0:DK, v0:v0 + BV])
             else:
                 if store_ht != 0:
-                    if v_first != 0:
-                        for i, j in T.Parallel(DK, BV):
-                            ht[n, hv, v0 + j, i] = s_f[i, j]
-                    else:
-                        T.copy(s_f, ht[n, hv, 0:DK, v0:v0 + BV])
+                    store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
 
     return gdn_state_smem
