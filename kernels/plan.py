@@ -38,7 +38,8 @@ class ForwardPlan:
     or 2, BV <= 32 for 2); ``cp``: segments per sequence of the segment-parallel state passing (1 = off, "rv"
     only); ``keep_tables``: the intra kernel also stores Tinv and the call hands Tinv, Ag to the backward;
     ``DK``: the head dim K == V every kernel is built for (``HEAD_DIMS``); ``fused_output``: the smem state kernel
-    computes o in its chain (``gdn_state_output``, BV 16 / 32, one CTA per SM, no CP) and no output kernel runs."""
+    computes o in its chain (``gdn_state_output``, BV 16 / 32, one CTA per SM; with CP, after the smem scan and the
+    fix-up, per segment) and no output kernel runs."""
     dtype: str
     precision: Precision
     state_form: str
@@ -56,11 +57,12 @@ class ForwardPlan:
         if self.state_form == "rv" and (self.block_v not in (64, 128) or self.block_v > self.DK
                                         or self.ctas_per_sm != 1):
             raise ValueError(f"the rv state kernel needs BV in (64, 128), at most DK, at one CTA per SM: {self}")
-        if self.state_form == "smem" and (self.cp != 1 or self.block_v not in (16, 32, 64)
+        smem_cp = self.cp == 1 or self.fused_output
+        if self.state_form == "smem" and (not smem_cp or self.block_v not in (16, 32, 64)
                                           or self.ctas_per_sm not in (1, 2)
                                           or (self.ctas_per_sm == 2 and self.block_v > 32)):
-            raise ValueError(f"the smem state kernel needs cp 1, BV in (16, 32, 64), 1 CTA per SM or 2 with "
-                             f"BV <= 32: {self}")
+            raise ValueError(f"the smem state kernel needs cp 1 (CP only with the fused output), BV in (16, 32, 64), "
+                             f"1 CTA per SM or 2 with BV <= 32: {self}")
         if self.fused_output and (self.state_form != "smem" or self.block_v not in (16, 32)
                                   or self.ctas_per_sm != 1):
             raise ValueError(f"the fused state-output kernel is an smem form at BV 16 / 32, one CTA per SM: {self}")
@@ -68,8 +70,9 @@ class ForwardPlan:
             raise ValueError(f"precision {self.precision.tag()} does not compute the backward's tables: {self}")
 
     def configs(self) -> tuple:
-        """(intra, state, output[, scan]) kernel configurations; the CP scan only when ``cp > 1``; (intra, fused
-        state-output) with ``fused_output``.  Built once per plan value: each stage of a call asks for its own."""
+        """(intra, state, output[, scan]) kernel configurations; the CP scan (always last) only when ``cp > 1``;
+        (intra, fused state-output[, scan]) with ``fused_output``.  Built once per plan value: each stage of a call
+        asks for its own."""
         return _forward_configs(self)
 
 
@@ -77,11 +80,13 @@ class ForwardPlan:
 def _forward_configs(plan: ForwardPlan) -> tuple:
     prec, rv, DK = plan.precision, plan.state_form == "rv", plan.DK
     if plan.fused_output:
-        return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
-                StateConfig(plan.dtype, plan.block_v, prec, form="smem", DK=DK, fused=True))
-    out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
-           StateConfig(plan.dtype, plan.block_v, prec, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),
-           OutputConfig(plan.dtype, prec, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
+        out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
+               StateConfig(plan.dtype, plan.block_v, prec, form="smem", DK=DK, fused=True)]
+    else:
+        out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
+               StateConfig(plan.dtype, plan.block_v, prec, form=plan.state_form, DK=DK,
+                           ctas_per_sm=plan.ctas_per_sm),
+               OutputConfig(plan.dtype, prec, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
     if plan.cp > 1:
         out.append(StateConfig(plan.dtype, RV_BV if rv else SCAN_BV, prec.for_scan(), scan=True,
                                form=plan.state_form, DK=DK))

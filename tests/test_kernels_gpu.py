@@ -33,7 +33,8 @@ PLAN_CASES = [
     Case(T=2048, H=2, HV=8, dist="raw-qk-l2"),
 ]
 # plan values besides the dispatched one (ForwardPlan fields): the register-operand state kernel without CP, with
-# CP forced and with BV 128; the shared-memory one at two CTAs per SM and at one; the latter with the output fused
+# CP forced and with BV 128; the shared-memory one at two CTAs per SM and at one; the latter with the output fused,
+# without and with CP
 PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1),
          "rv_cp3": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=3),
          "rv_bv128": dict(state_form="rv", block_v=128, ctas_per_sm=1, cp=1),
@@ -41,7 +42,8 @@ PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1),
          "smem_occ2_bv32": dict(state_form="smem", block_v=32, ctas_per_sm=2, cp=1),
          "smem_occ1_bv64": dict(state_form="smem", block_v=64, ctas_per_sm=1, cp=1),
          "fused_bv32": dict(state_form="smem", block_v=32, ctas_per_sm=1, cp=1, fused_output=True),
-         "fused_bv16": dict(state_form="smem", block_v=16, ctas_per_sm=1, cp=1, fused_output=True)}
+         "fused_bv16": dict(state_form="smem", block_v=16, ctas_per_sm=1, cp=1, fused_output=True),
+         "fused_cp3": dict(state_form="smem", block_v=32, ctas_per_sm=1, cp=3, fused_output=True)}
 
 
 class PlannedTileLang(TileLangKernels):

@@ -17,8 +17,8 @@ use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=Non
 Bad input raises ``ValueError`` naming the problem.  Dense input is run as varlen (B sequences of length T).
 Stages: ``intra_chunk`` (parallel), ``state`` (sequential; or, with CP, ``state_segmented``: the scan, the fp64
 fix-up and the state kernel per segment), ``output`` (parallel); or ``intra_chunk`` and ``state_output`` (the
-sequential kernel computing o too, ``ForwardPlan.fused_output``); which kernels run is ``kernels.plan``'s
-``ForwardPlan`` (``plan``: another plan value, e.g. a benchmark's alternative).  ``keep_tables``: a dict that
+sequential kernel computing o too, ``ForwardPlan.fused_output``; with CP ``state_output_segmented``); which
+kernels run is ``kernels.plan``'s ``ForwardPlan`` (``plan``: another plan value, e.g. a benchmark's alternative).  ``keep_tables``: a dict that
 receives the intra kernel's Tinv and Ag tables for the backward (``Th``, ``Ah``, ``Al``, each
 [HV, NC, 64, 64] in the input dtype) where the plan keeps them.  Every kernel is built for the call's head dim
 (K == V in {64, 128}; the plan's ``DK``): nothing is padded.  This module imports tilelang only when a kernel is
@@ -108,7 +108,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     if keep_tables is not None and plan.keep_tables:
         keep_tables.update(Th=tables.Th, Ah=tables.Ah, Al=tables.Al)
     if plan.fused_output:
-        o, ht = state_output(x=x, plan=plan, tables=tables)
+        o, ht = (state_output if plan.cp <= 1 else state_output_segmented)(x=x, plan=plan, tables=tables)
         return finish(x=x, o=o, ht=ht)
     states = state(x=x, plan=plan, tables=tables) if plan.cp <= 1 else state_segmented(x=x, plan=plan, tables=tables)
     o = output(x=x, plan=plan, tables=tables, states=states)
@@ -190,7 +190,7 @@ def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStat
     seg_cu, seg_co, seg_of, counts, sched, Nseg = _cp_tables(x.B, x.T, x.cu_seqlens, x.cu_host, plan.cp, dev)
     ZM = torch.empty((Nseg, HV, 2 * D, D) if vt else (Nseg, HV, D, 2 * D), device=dev, dtype=torch.float32)
     h0 = x.h0 if x.h0 is not None else torch.empty((1, HV, D, D), device=dev, dtype=torch.float32)
-    kerns[3](x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0[:1], Sch, Scl, Uh, Ul, ZM, 0, 1, 0)
+    kerns[-1](x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0[:1], Sch, Scl, Uh, Ul, ZM, 0, 1, 0)
     h0k = None
     if x.h0 is not None:                # into the kernel's natural layout (value-first for rv)
         h0k = x.h0 if x.v_first == vt else x.h0.transpose(-1, -2)
@@ -217,6 +217,34 @@ def state_output(*, x: ForwardInputs, plan, tables: IntraTables):
     get_kernel(plan.configs()[1])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, x.cu, x.chunk_offsets, h0, o, ht,
                                   int(x.h0 is not None), int(x.store_ht), int(x.v_first))
     return o, (ht if x.store_ht else None)
+
+
+def state_output_segmented(*, x: ForwardInputs, plan, tables: IntraTables):
+    """CP with the fused output: the smem scan of every segment from zero (with its transition product), the fp64
+    fix-up of the segment start states, then ``gdn_state_output`` per segment -> (o, final states or None) as
+    ``state_output``.  The scan writes no chunk table; its table arguments are allocated and freed unread."""
+    from kernels.build import get_kernel
+    dev, D, HV = x.q.device, x.D, x.HV
+    cfgs = plan.configs()
+    seg_cu, seg_co, seg_of, counts, sched, Nseg = _cp_tables(x.B, x.T, x.cu_seqlens, x.cu_host, plan.cp, dev)
+    ZM = torch.empty((Nseg, HV, D, 2 * D), device=dev, dtype=torch.float32)
+    h0 = x.h0 if x.h0 is not None else torch.empty((1, HV, D, D), device=dev, dtype=torch.float32)
+    Sc = torch.empty(HV, x.NC, D, D, device=dev, dtype=x.q.dtype)       # the scan's table arguments: not written
+    U = torch.empty(HV, x.NC, BT, D, device=dev, dtype=x.q.dtype)
+    get_kernel(cfgs[-1])(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0[:1], Sc, Sc, U, U, ZM, 0, 1, 0)
+    Sc = U = None
+    h0k = None if x.h0 is None else (x.h0.transpose(-1, -2) if x.v_first else x.h0)    # key-first
+    h0s = _cp_fixup(ZM, h0k, seg_of, counts, sched, x.N, HV, D, False)
+    o = torch.empty(x.n_tok, HV, D, device=dev, dtype=x.q.dtype)
+    hts = torch.empty(Nseg, HV, D, D, device=dev, dtype=torch.float32)
+    get_kernel(cfgs[1])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0s, o, hts, 1,
+                        int(x.store_ht), 0)
+    ht = None
+    if x.store_ht:
+        ht = hts.index_select(0, _last_segments(seg_of, dev))
+        if x.v_first:
+            ht = ht.transpose(-1, -2).contiguous()
+    return o, ht
 
 
 def output(*, x: ForwardInputs, plan, tables: IntraTables, states: ChunkStates) -> torch.Tensor:

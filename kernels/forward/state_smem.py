@@ -164,6 +164,11 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                     T.copy(Ah[hv, c, 0:BT, 0:BT], ah_s)
                 T.copy(F[hv, c, 0:4, 0:BT], f_s)
 
+                if scan:
+                    # a loaded tile read first: with no table store after it, the S split below would otherwise
+                    # be the loop body's first statement, which TileLang moves into the TMA producer's branch
+                    for i, j in T.Parallel(BT, BV):
+                        u_f[i, j] = vkeep * T.cast(v_s[i, j], f32)
                 for i, j in T.Parallel(DK, BV):
                     sh_s[i, j] = T.cast(s_f[i, j], dtype)
                 if sl_need:
@@ -180,7 +185,7 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                     T.gemm(k_s, sl_s, ks_f)
                 if scan:
                     for i, j in T.Parallel(BT, BV):
-                        ks_f[i, j] = vkeep * T.cast(v_s[i, j], f32) - f_s[0, i] * ks_f[i, j]
+                        ks_f[i, j] = u_f[i, j] - f_s[0, i] * ks_f[i, j]
                 else:
                     for i, j in T.Parallel(BT, BV):
                         ks_f[i, j] = T.cast(v_s[i, j], f32) - f_s[0, i] * ks_f[i, j]
