@@ -79,14 +79,11 @@ class ForwardPlan:
 @lru_cache(maxsize=512)
 def _forward_configs(plan: ForwardPlan) -> tuple:
     prec, rv, DK = plan.precision, plan.state_form == "rv", plan.DK
-    if plan.fused_output:
-        out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
-               StateConfig(plan.dtype, plan.block_v, prec, form="smem", DK=DK, fused=True)]
-    else:
-        out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
-               StateConfig(plan.dtype, plan.block_v, prec, form=plan.state_form, DK=DK,
-                           ctas_per_sm=plan.ctas_per_sm),
-               OutputConfig(plan.dtype, prec, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
+    out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
+           StateConfig(plan.dtype, plan.block_v, prec, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm,
+                       fused=plan.fused_output)]
+    if not plan.fused_output:
+        out.append(OutputConfig(plan.dtype, prec, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB))
     if plan.cp > 1:
         out.append(StateConfig(plan.dtype, RV_BV if rv else SCAN_BV, prec.for_scan(), scan=True,
                                form=plan.state_form, DK=DK))

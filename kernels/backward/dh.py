@@ -24,7 +24,7 @@ The chunk loads (q, k, dO, Th, Tl, Fb, dUloc) go through a 2-stage ``T.Pipelined
 import tilelang.language as T
 from tilelang.layout import make_full_bank_swizzled_layout
 
-from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, store_state_vt
+from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, split_into, store_state_vt
 
 BT = 64
 FR = T.GemmWarpPolicy.FullRow
@@ -160,10 +160,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 T.copy(dUl[hv, c, v0:v0 + BV, 0:BT], dul_s)
 
                 # the gradient of this chunk's end state, split, stored for the parallel kernels
-                for i, d in T.Parallel(BV, DK):
-                    dsa[i, d] = T.cast(ds_f[i, d], dtype)
-                for i, d in T.Parallel(BV, DK):
-                    dsl[i, d] = T.cast(ds_f[i, d] - T.cast(T.cast(ds_f[i, d], dtype), f32), dtype)
+                split_into(ds_f, dsa, dsl, True)
                 T.tma_store_wait()          # the previous chunk's four table stores have read their tiles
                 store_split(dsa, dsl, dsa_s, dsl_s, dSh[hv, c, v0:v0 + BV, 0:DK], dSl[hv, c, v0:v0 + BV, 0:DK])
 

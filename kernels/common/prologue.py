@@ -97,3 +97,15 @@ def store_state_kt(s_f, dst, v_first, n, hv, v0, BV, DK):
             dst[n, hv, v0 + j, i] = s_f[i, j]
     else:
         T.copy(s_f, dst[n, hv, 0:DK, v0:v0 + BV])
+
+
+@T.macro
+def split_into(x_f, hi, lo, with_lo):
+    """``hi = rd(x)`` and, where ``with_lo`` (a build-time bool), ``lo = rd(x - hi)``: a two-term split of the fp32
+    tile ``x_f`` into the dtype of ``hi`` (any 2-D shape; two loops, the hi one first)."""
+    dtype = hi.dtype
+    for i, j in T.Parallel(*x_f.shape):
+        hi[i, j] = T.cast(x_f[i, j], dtype)
+    if with_lo:
+        for i, j in T.Parallel(*x_f.shape):
+            lo[i, j] = T.cast(x_f[i, j] - T.cast(T.cast(x_f[i, j], dtype), "float32"), dtype)

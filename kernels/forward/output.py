@@ -13,11 +13,23 @@ not stored.
 
 import tilelang.language as T
 
-from kernels.common.prologue import chunk_span, dynamic_dims, lo_shape
+from kernels.common.prologue import chunk_span, dynamic_dims, lo_shape, split_into
 
 from .cumsum import LOG2E
 
 BT = 64
+
+
+@T.macro
+def gated_scores(qk, pa, pl, f_s, p_sp):
+    """``P = scale rq_t rk_j e^(G_t - G_j) (Q K^T)_tj`` on the lower triangle incl. the diagonal, from ``qk = Q K^T``
+    (fp32, overwritten) and the gate table rows 4 (G), 5 (scale rq), 6 (rk) of ``f_s``, split into ``pa`` (+ ``pl``
+    where ``p_sp``)."""
+    for i, j in T.Parallel(BT, BT):
+        qk[i, j] = T.if_then_else(
+            j <= i, f_s[5, i] * f_s[6, j] * T.exp2((f_s[4, i] - f_s[4, j]) * LOG2E) * qk[i, j],
+            T.float32(0))
+    split_into(qk, pa, pl, p_sp)
 
 
 @T.macro
@@ -26,17 +38,8 @@ def _chunk_output(q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, qk, pa, pl, o_f, o, t0, 
     memory (the module docstring's formula)."""
     dtype = q_s.dtype
     BV = o_f.shape[1]
-    # P = scale rq_t rk_j e^(G_t - G_j) (Q K^T)_tj, lower triangle incl. the diagonal
     T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
-    for i, j in T.Parallel(BT, BT):
-        qk[i, j] = T.if_then_else(
-            j <= i, f_s[5, i] * f_s[6, j] * T.exp2((f_s[4, i] - f_s[4, j]) * LOG2E) * qk[i, j],
-            T.float32(0))
-    for i, j in T.Parallel(BT, BT):
-        pa[i, j] = T.cast(qk[i, j], dtype)
-    if p_sp:
-        for i, j in T.Parallel(BT, BT):
-            pl[i, j] = T.cast(qk[i, j] - T.cast(T.cast(qk[i, j], dtype), "float32"), dtype)
+    gated_scores(qk, pa, pl, f_s, p_sp)
 
     T.gemm(q_s, s_s, o_f, transpose_B=vt, clear_accum=True)
     if s_sp:

@@ -183,27 +183,40 @@ def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStat
     """CP: the scan of every segment from zero (with its transition product), the fp64 fix-up of the segment
     start states, then the state kernel per segment (value-first, "rv" form)."""
     from kernels.build import get_kernel
+    vt = plan.state_form == "rv"
+    Sch, Scl, Uh, Ul = _state_tables(x, plan)
+    seg_cu, seg_co, seg_of, h0s = _segment_starts(x, plan, tables, (Sch, Scl, Uh, Ul))
+    hts = torch.empty(h0s.shape, device=x.q.device, dtype=torch.float32)
+    get_kernel(plan.configs()[1])(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0s, Sch, Scl, Uh, Ul,
+                                  hts, 1, int(x.store_ht), int(vt))
+    return ChunkStates(Sch, Scl, Uh, Ul, _sequence_final_states(x, hts, seg_of, vt))
+
+
+def _segment_starts(x: ForwardInputs, plan, tables: IntraTables, chunk_tables):
+    """CP phases 1 and 2: the scan (``plan.configs()[-1]``; it writes none of ``chunk_tables``, the Sch, Scl, Uh,
+    Ul arguments of its signature) and the fp64 fix-up -> (seg_cu, seg_co, seg_of, the segment start states
+    [Nseg, HV, D, D] in the kernel's natural layout: value-first for "rv")."""
+    from kernels.build import get_kernel
     dev, D, HV = x.q.device, x.D, x.HV
     vt = plan.state_form == "rv"
-    kerns = [get_kernel(c) for c in plan.configs()]
-    Sch, Scl, Uh, Ul = _state_tables(x, plan)
     seg_cu, seg_co, seg_of, counts, sched, Nseg = _cp_tables(x.B, x.T, x.cu_seqlens, x.cu_host, plan.cp, dev)
     ZM = torch.empty((Nseg, HV, 2 * D, D) if vt else (Nseg, HV, D, 2 * D), device=dev, dtype=torch.float32)
     h0 = x.h0 if x.h0 is not None else torch.empty((1, HV, D, D), device=dev, dtype=torch.float32)
-    kerns[-1](x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0[:1], Sch, Scl, Uh, Ul, ZM, 0, 1, 0)
+    get_kernel(plan.configs()[-1])(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0[:1], *chunk_tables,
+                                   ZM, 0, 1, 0)
     h0k = None
     if x.h0 is not None:                # into the kernel's natural layout (value-first for rv)
         h0k = x.h0 if x.v_first == vt else x.h0.transpose(-1, -2)
-    h0s = _cp_fixup(ZM, h0k, seg_of, counts, sched, x.N, HV, D, vt)
-    hts = torch.empty(Nseg, HV, D, D, device=dev, dtype=torch.float32)
-    kerns[1](x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0s, Sch, Scl, Uh, Ul, hts, 1,
-             int(x.store_ht), int(vt))
-    ht = None
-    if x.store_ht:
-        ht = hts.index_select(0, _last_segments(seg_of, dev))
-        if x.v_first != vt:
-            ht = ht.transpose(-1, -2).contiguous()
-    return ChunkStates(Sch, Scl, Uh, Ul, ht)
+    return seg_cu, seg_co, seg_of, _cp_fixup(ZM, h0k, seg_of, counts, sched, x.N, HV, D, vt)
+
+
+def _sequence_final_states(x: ForwardInputs, hts, seg_of, vt: bool):
+    """The final state of every sequence (its last segment's, ``hts`` [Nseg, HV, D, D] in the kernel's layout) in
+    the caller's layout, or None when not asked for."""
+    if not x.store_ht:
+        return None
+    ht = hts.index_select(0, _last_segments(seg_of, x.q.device))
+    return ht.transpose(-1, -2).contiguous() if x.v_first != vt else ht
 
 
 def state_output(*, x: ForwardInputs, plan, tables: IntraTables):
@@ -225,26 +238,15 @@ def state_output_segmented(*, x: ForwardInputs, plan, tables: IntraTables):
     ``state_output``.  The scan writes no chunk table; its table arguments are allocated and freed unread."""
     from kernels.build import get_kernel
     dev, D, HV = x.q.device, x.D, x.HV
-    cfgs = plan.configs()
-    seg_cu, seg_co, seg_of, counts, sched, Nseg = _cp_tables(x.B, x.T, x.cu_seqlens, x.cu_host, plan.cp, dev)
-    ZM = torch.empty((Nseg, HV, D, 2 * D), device=dev, dtype=torch.float32)
-    h0 = x.h0 if x.h0 is not None else torch.empty((1, HV, D, D), device=dev, dtype=torch.float32)
     Sc = torch.empty(HV, x.NC, D, D, device=dev, dtype=x.q.dtype)       # the scan's table arguments: not written
     U = torch.empty(HV, x.NC, BT, D, device=dev, dtype=x.q.dtype)
-    get_kernel(cfgs[-1])(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0[:1], Sc, Sc, U, U, ZM, 0, 1, 0)
+    seg_cu, seg_co, seg_of, h0s = _segment_starts(x, plan, tables, (Sc, Sc, U, U))
     Sc = U = None
-    h0k = None if x.h0 is None else (x.h0.transpose(-1, -2) if x.v_first else x.h0)    # key-first
-    h0s = _cp_fixup(ZM, h0k, seg_of, counts, sched, x.N, HV, D, False)
     o = torch.empty(x.n_tok, HV, D, device=dev, dtype=x.q.dtype)
-    hts = torch.empty(Nseg, HV, D, D, device=dev, dtype=torch.float32)
-    get_kernel(cfgs[1])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0s, o, hts, 1,
-                        int(x.store_ht), 0)
-    ht = None
-    if x.store_ht:
-        ht = hts.index_select(0, _last_segments(seg_of, dev))
-        if x.v_first:
-            ht = ht.transpose(-1, -2).contiguous()
-    return o, ht
+    hts = torch.empty(h0s.shape, device=dev, dtype=torch.float32)
+    get_kernel(plan.configs()[1])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0s, o, hts, 1,
+                                  int(x.store_ht), 0)
+    return o, _sequence_final_states(x, hts, seg_of, False)
 
 
 def output(*, x: ForwardInputs, plan, tables: IntraTables, states: ChunkStates) -> torch.Tensor:

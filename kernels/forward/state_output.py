@@ -19,23 +19,12 @@ Every product and rounding is the one the smem state kernel and the output kerne
 import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
-from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, seq_span, store_state_kt
+from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, store_state_kt
 
-from .cumsum import LOG2E
+from .output import gated_scores
 
 BT = 64
 THREADS = 128
-
-
-@T.macro
-def split_into(x_f, hi, lo, with_lo):
-    """hi = rd(x), and lo = rd(x - hi) where ``with_lo`` (a build-time bool); any 2-D shapes."""
-    dtype = hi.dtype
-    for i, j in T.Parallel(*x_f.shape):
-        hi[i, j] = T.cast(x_f[i, j], dtype)
-    if with_lo:
-        for i, j in T.Parallel(*x_f.shape):
-            lo[i, j] = T.cast(x_f[i, j] - T.cast(T.cast(x_f[i, j], dtype), "float32"), dtype)
 
 
 def build_state_output(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int = 2):
@@ -146,11 +135,7 @@ def build_state_output(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: 
                 split_into(ks_f, xh_s, xl_s, x_sp)
                 for i, j in T.Parallel(BT, BV):
                     o_f[i, j] = o_f[i, j] * f_s[1, i]
-                for i, j in T.Parallel(BT, BT):
-                    qk[i, j] = T.if_then_else(
-                        j <= i, f_s[5, i] * f_s[6, j] * T.exp2((f_s[4, i] - f_s[4, j]) * LOG2E) * qk[i, j],
-                        T.float32(0))
-                split_into(qk, pa, pl, p_sp)
+                gated_scores(qk, pa, pl, f_s, p_sp)
 
                 # group 2: U = Ag X
                 if ag_sp:

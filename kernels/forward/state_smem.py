@@ -22,7 +22,7 @@ advance the transition product ``M`` from the identity with ``v = 0`` (the updat
 import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
-from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, seq_span, store_state_kt
+from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, store_state_kt
 
 BT = 64
 THREADS = 128
@@ -169,11 +169,7 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                     # be the loop body's first statement, which TileLang moves into the TMA producer's branch
                     for i, j in T.Parallel(BT, BV):
                         u_f[i, j] = vkeep * T.cast(v_s[i, j], f32)
-                for i, j in T.Parallel(DK, BV):
-                    sh_s[i, j] = T.cast(s_f[i, j], dtype)
-                if sl_need:
-                    for i, j in T.Parallel(DK, BV):
-                        sl_s[i, j] = T.cast(s_f[i, j] - T.cast(T.cast(s_f[i, j], dtype), f32), dtype)
+                split_into(s_f, sh_s, sl_s, sl_need)
                 if store:
                     T.copy(sh_s, Sch[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
                     if s_sp:
@@ -189,11 +185,7 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                 else:
                     for i, j in T.Parallel(BT, BV):
                         ks_f[i, j] = T.cast(v_s[i, j], f32) - f_s[0, i] * ks_f[i, j]
-                for i, j in T.Parallel(BT, BV):
-                    xh_s[i, j] = T.cast(ks_f[i, j], dtype)
-                if x_sp:
-                    for i, j in T.Parallel(BT, BV):
-                        xl_s[i, j] = T.cast(ks_f[i, j] - T.cast(T.cast(ks_f[i, j], dtype), f32), dtype)
+                split_into(ks_f, xh_s, xl_s, x_sp)
 
                 # U = Ag @ X
                 if ag_sp:
@@ -206,11 +198,7 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                     if x_sp:
                         T.gemm(ah_s, xl_s, u_f)
                 if store:
-                    for i, j in T.Parallel(BT, BV):
-                        uh_s[i, j] = T.cast(u_f[i, j], dtype)
-                    if u_sp:
-                        for i, j in T.Parallel(BT, BV):
-                            ul_s[i, j] = T.cast(u_f[i, j] - T.cast(T.cast(u_f[i, j], dtype), f32), dtype)
+                    split_into(u_f, uh_s, ul_s, u_sp)
                     T.copy(uh_s, Uh[hv, c, 0:BT, v0:v0 + BV], disable_tma=True)
                     if u_sp:
                         T.copy(ul_s, Ul[hv, c, 0:BT, v0:v0 + BV], disable_tma=True)
@@ -218,11 +206,7 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                 # S = F3 * S + K^T @ (F2 * U)
                 for i, j in T.Parallel(BT, BV):
                     u_f[i, j] = f_s[2, i] * u_f[i, j]
-                for i, j in T.Parallel(BT, BV):
-                    xh_s[i, j] = T.cast(u_f[i, j], dtype)
-                if upd_sp:
-                    for i, j in T.Parallel(BT, BV):
-                        xl_s[i, j] = T.cast(u_f[i, j] - T.cast(T.cast(u_f[i, j], dtype), f32), dtype)
+                split_into(u_f, xh_s, xl_s, upd_sp)
                 for i, j in T.Parallel(DK, BV):
                     s_f[i, j] = s_f[i, j] * f_s[3, 0]
                 upd_first(k_s, xh_s, s_f, transpose_A=True)
