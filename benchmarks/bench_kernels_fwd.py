@@ -21,9 +21,6 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   128 value columns per CTA, CP off; ``smem`` - the shared-memory-operand state kernel, BV by
   ``plan.block_v``, one CTA per SM; ``smem16`` / ``smem32`` / ``smem64`` - the same with BV forced;
   ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
-  ``fused`` - the smem state kernel computing o in its chain, no output kernel (``ForwardPlan.fused_output``; BV
-  by ``block_v``, at most 32); ``fused16`` - the same at BV 16; ``fusedcp`` - at BV 32 with the CP segments of
-  ``plan.cp_segments`` (the smem scan, the fix-up, the fused kernel per segment);
 * ``intra``, ``state``, ``output`` - the dispatched plan's three stages, each alone on the tables the stages
                   before it made once (``state``: the sequential state kernel, or with CP the scan, the fix-up and
                   the state kernel per segment); where the time of ``default`` goes;
@@ -125,11 +122,6 @@ def _smem(bv=None, occ=1):
     return lambda p, n, HV, mc: dict(state_form="smem", block_v=bv or block_v(n, HV, occ), ctas_per_sm=occ, cp=1)
 
 
-def _fused(bv=None, cp=False):
-    return lambda p, n, HV, mc: dict(state_form="smem", block_v=bv or min(32, block_v(n, HV)), ctas_per_sm=1,
-                                     cp=cp_segments(n, HV, mc) if cp else 1, fused_output=True)
-
-
 def cp_segments(n, HV, mc):
     from kernels.plan import cp_segments as f
     return f(n, HV, mc)
@@ -153,9 +145,6 @@ VARIANTS = {
     "occ": _smem(occ=2),
     "occ16": _smem(16, 2),
     "occ32": _smem(32, 2),
-    "fused": _fused(),
-    "fused16": _fused(16),
-    "fusedcp": _fused(32, cp=True),
 }
 DEFAULT_VARIANTS = "default,rv,rvcp,smem"   # the others on request
 

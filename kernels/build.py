@@ -22,9 +22,8 @@ def forward_configs():
     """Every forward configuration a dispatch decision can choose (``kernels.plan.forward_plan`` and the
     backward's recompute): for bf16 and fp16, precision "default" and "default_h0": the intra kernel (and its
     Tinv-keeping form), the rv state kernel + its CP scan, the smem state kernel at every BV ``block_v`` picks
-    (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts, the recompute's
-    swizzled smem state kernels, and the state kernel with the output fused (BV 32 / 16, an A/B plan value) with
-    its CP scan (the smem form's).
+    (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts, and the recompute's
+    swizzled smem state kernels.
 
     All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
     ratio, scale, h0 present or not, final state stored or not, the state layout, l2norm on/off, gate dtype, dense
@@ -37,8 +36,6 @@ def forward_configs():
                 plans += [ForwardPlan(dtype, prec, "smem", bv, 1, 1, DK=DK) for bv in (64, 32, 16)]
                 plans += [ForwardPlan(dtype, prec, "smem", bv, 2, 1, DK=DK) for bv in (32, 16)]
                 plans += [ForwardPlan(dtype, prec, "smem", 64, 1, 1, keep_tables=True, DK=DK)]
-                plans += [ForwardPlan(dtype, prec, "smem", bv, 1, 1, DK=DK, fused_output=True) for bv in (32, 16)]
-                plans += [ForwardPlan(dtype, prec, "smem", 32, 1, 2, DK=DK, fused_output=True)]     # + smem scan
                 cfgs = [c for p in plans for c in p.configs()]
                 if prec.s == "split" and prec.ks != "split":          # the backward recompute's (sl_swizzle)
                     cfgs += [StateConfig(dtype, bv, prec, form="smem", DK=DK, sl_swizzle=True) for bv in (64, 32, 16)]

@@ -37,9 +37,7 @@ class ForwardPlan:
     ``block_v``: the state kernel's value columns per CTA; ``ctas_per_sm``: resident state CTAs per SM ("smem": 1
     or 2, BV <= 32 for 2); ``cp``: segments per sequence of the segment-parallel state passing (1 = off, "rv"
     only); ``keep_tables``: the intra kernel also stores Tinv and the call hands Tinv, Ag to the backward;
-    ``DK``: the head dim K == V every kernel is built for (``HEAD_DIMS``); ``fused_output``: the smem state kernel
-    computes o in its chain (``gdn_state_output``, BV 16 / 32, one CTA per SM; with CP, after the smem scan and the
-    fix-up, per segment) and no output kernel runs."""
+    ``DK``: the head dim K == V every kernel is built for (``HEAD_DIMS``)."""
     dtype: str
     precision: Precision
     state_form: str
@@ -48,7 +46,6 @@ class ForwardPlan:
     cp: int = 1
     keep_tables: bool = False
     DK: int = KERNEL_HEAD_DIM
-    fused_output: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -57,22 +54,17 @@ class ForwardPlan:
         if self.state_form == "rv" and (self.block_v not in (64, 128) or self.block_v > self.DK
                                         or self.ctas_per_sm != 1):
             raise ValueError(f"the rv state kernel needs BV in (64, 128), at most DK, at one CTA per SM: {self}")
-        smem_cp = self.cp == 1 or self.fused_output
-        if self.state_form == "smem" and (not smem_cp or self.block_v not in (16, 32, 64)
+        if self.state_form == "smem" and (self.cp != 1 or self.block_v not in (16, 32, 64)
                                           or self.ctas_per_sm not in (1, 2)
                                           or (self.ctas_per_sm == 2 and self.block_v > 32)):
-            raise ValueError(f"the smem state kernel needs cp 1 (CP only with the fused output), BV in (16, 32, 64), "
+            raise ValueError(f"the smem state kernel needs cp 1, BV in (16, 32, 64), "
                              f"1 CTA per SM or 2 with BV <= 32: {self}")
-        if self.fused_output and (self.state_form != "smem" or self.block_v not in (16, 32)
-                                  or self.ctas_per_sm != 1):
-            raise ValueError(f"the fused state-output kernel is an smem form at BV 16 / 32, one CTA per SM: {self}")
         if self.keep_tables and not keeps_tables(self.precision):
             raise ValueError(f"precision {self.precision.tag()} does not compute the backward's tables: {self}")
 
     def configs(self) -> tuple:
-        """(intra, state, output[, scan]) kernel configurations; the CP scan (always last) only when ``cp > 1``;
-        (intra, fused state-output[, scan]) with ``fused_output``.  Built once per plan value: each stage of a call
-        asks for its own."""
+        """(intra, state, output[, scan]) kernel configurations; the CP scan (always last) only when ``cp > 1``.
+        Built once per plan value: each stage of a call asks for its own."""
         return _forward_configs(self)
 
 
@@ -80,10 +72,8 @@ class ForwardPlan:
 def _forward_configs(plan: ForwardPlan) -> tuple:
     prec, rv, DK = plan.precision, plan.state_form == "rv", plan.DK
     out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
-           StateConfig(plan.dtype, plan.block_v, prec, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm,
-                       fused=plan.fused_output)]
-    if not plan.fused_output:
-        out.append(OutputConfig(plan.dtype, prec, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB))
+           StateConfig(plan.dtype, plan.block_v, prec, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),
+           OutputConfig(plan.dtype, prec, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
     if plan.cp > 1:
         out.append(StateConfig(plan.dtype, RV_BV if rv else SCAN_BV, prec.for_scan(), scan=True,
                                form=plan.state_form, DK=DK))

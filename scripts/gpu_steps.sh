@@ -24,8 +24,8 @@
 #   scripts/gpu_steps.sh kernels-bwd [S]      # tests/test_kernels_bwd_gpu.py + benchmarks/bench_kernels_bwd.py (#7)
 #   scripts/gpu_steps.sh bwd-ab [S]           # backward A/B (bench_kernels_bwd --ab: recompute overlap, cluster sums)
 #   scripts/gpu_steps.sh fwd-ab [S]           # forward A/B: the GPU tests of tests/test_kernels_gpu.py matching
-#       FWD_TESTS (a pytest -k expression, default "fused"), then bench_kernels_fwd.py with the variants FWD_VARIANTS
-#       (default "default,fused,fused16,fusedcp", the stage columns beside them) and FWD_ARGS (default: no reference columns)
+#       FWD_TESTS (a pytest -k expression; none if unset), then bench_kernels_fwd.py with the variants FWD_VARIANTS
+#       (default "default,smem,occ", the stage columns beside them) and FWD_ARGS (default: no reference columns)
 #   scripts/gpu_steps.sh profile [S]          # Nsight Compute over one fwd+bwd call (benchmarks/profile_kernels.py;
 #       PROFILE_SHAPE, and PROFILE_ARGS e.g. "--ab ours-no-cluster" or "--impl fla-triton")
 #   scripts/gpu_steps.sh ab [S]               # a candidate's GPU tests (AB_TESTS: a pytest -k expression over
@@ -143,11 +143,13 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
     grep -A8 "== summary" "$out/k/bench-bwd-cand.txt" ;;
   fwd-ab)
     mkdir -p "$out/k"
-    run python3 -m pytest -q -s -p no:cacheprovider -rfE -m gpu tests/test_kernels_gpu.py -k "${FWD_TESTS:-fused}" \
-      > "$out/k/test-fwd-ab.txt" 2>&1
-    echo "forward A/B tests rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$out/k/test-fwd-ab.txt"
+    if [ -n "${FWD_TESTS:-}" ]; then
+      run python3 -m pytest -q -s -p no:cacheprovider -rfE -m gpu tests/test_kernels_gpu.py -k "$FWD_TESTS" \
+        > "$out/k/test-fwd-ab.txt" 2>&1
+      echo "forward A/B tests rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$out/k/test-fwd-ab.txt"
+    fi
     # shellcheck disable=SC2086  # FWD_ARGS is a list of words
-    run python3 benchmarks/bench_kernels_fwd.py --variants "${FWD_VARIANTS:-default,fused,fused16,fusedcp}" --rep 30 --warmup 5 \
+    run python3 benchmarks/bench_kernels_fwd.py --variants "${FWD_VARIANTS:-default,smem,occ}" --rep 30 --warmup 5 \
       ${FWD_ARGS:---no-check --skip FLA,FlashQLA,flashinfer} > "$out/k/bench-fwd-ab.txt" 2>&1
     echo "forward A/B bench rc=$? $(( $(date +%s) - t0 )) s"; grep -A8 "== summary" "$out/k/bench-fwd-ab.txt" ;;
   profile)

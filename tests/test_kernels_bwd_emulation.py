@@ -217,24 +217,7 @@ def _fake_kernels(monkeypatch, asked=None):
                 put(o2, FE.output(q, k, F.to(f64), Sch.to(f64), lo(Scl, Sch), Uh.to(f64), lo(Ul, Uh), cu_list(cu),
                                      q.dtype, cfg.prec))
             return output
-        assert isinstance(cfg, fbuild.StateConfig) and cfg.form == "smem"
-        if cfg.scan:                    # the CP phase-1 scan: [Z | M] of every segment as its "final state"
-            def scan(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ZM, use_h0, store_ht, vf):
-                put(ZM, FE.chunk_states(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu), cu_list(co), None,
-                                        k.dtype, cfg.prec, store_chunks=False, aug=True)[4])
-            return scan
-        if cfg.fused:                   # the state kernel's tables in their storage dtype, then the output's o
-            def state_output(q, k, v, Ah, Al, F, cu, co, h0, o2, ht, use_h0, store_ht, vf):
-                h = None
-                if use_h0:
-                    h = h0.transpose(-1, -2) if vf else h0
-                tabs = FE.chunk_states(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu), cu_list(co), h,
-                                       k.dtype, cfg.prec)
-                sh, sl, uh, ul = (t.to(k.dtype).to(f64) for t in tabs[:4])
-                put(o2, FE.output(q, k, F.to(f64), sh, sl, uh, ul, cu_list(cu), q.dtype, cfg.prec))
-                if store_ht:
-                    put(ht, tabs[4].transpose(-1, -2) if vf else tabs[4])
-            return state_output
+        assert isinstance(cfg, fbuild.StateConfig) and cfg.form == "smem" and not cfg.scan
 
         def state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, vf):
             h = None

@@ -55,12 +55,11 @@ def _sp(prec, f):
 
 # wgmma call sites per kernel: intra = K K^T + 2 merge levels x 2 products (x3 when split);
 # state/scan = K S (+ K Sl) + Ag X (+ Al X) (+ Ag Xl) + update (+ lo); output = Q K^T + Q S (+ Q Sl)
-# + P U (+ Pl U) (+ P Ul); the fused state-output kernel, the state's and the output's.
+# + P U (+ Pl U) (+ P Ul).
 _WANT_WGMMA = {
     "IntraConfig": lambda c: 1 + 4 * (3 if c.merge == "split" else 1),
     "StateConfig": lambda c: (1 + _sp(c.prec, "ks") + 1 + _sp(c.prec, "ag") + _sp(c.prec, "x")
-                               + 1 + _sp(c.prec, "upd")
-                               + (c.fused and 1 + 1 + _sp(c.prec, "s") + 1 + _sp(c.prec, "p") + _sp(c.prec, "u"))),
+                               + 1 + _sp(c.prec, "upd")),
     "OutputConfig": lambda c: 1 + 1 + _sp(c.prec, "s") + 1 + _sp(c.prec, "p") + _sp(c.prec, "u"),
 }
 
@@ -78,15 +77,12 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
         assert "tma_store" not in src                           # per-chunk outputs: plain stores, no TMA store + wait
         if cfg.form == "rv":                                    # every A operand from registers
             assert src.count("wgmma_rs<") == want, src.count("wgmma_rs<")
-        if cfg.fused:                                           # P (+ Pl) from registers; three waits a chunk
-            assert src.count("wgmma_rs<") == 1 + _sp(cfg.prec, "p") + _sp(cfg.prec, "u")
-            assert src.count("warpgroup_wait<0>") == 3, src.count("warpgroup_wait<0>")
         if cfg.form == "smem":                                  # no bank conflicts (the model: module docstring)
             w = worst_degrees(src, ["sh_s", "uh_s", "ul_s", "xh_s", "xl_s", "v_s"])
-            assert all(d <= 1 for d, _ in w.values()) and w["sh_s"][1] > 0 and (cfg.scan or w["uh_s"][1] > 0), w
-            if cfg.prec.s == "split" and cfg.prec.ks != "split":   # S lo stored only: swizzled by sl_swizzle;
-                d, n = worst_degrees(src, ["sl_s"])["sl_s"]         # fused, a wgmma operand (Q Sl) laid out as one
-                assert n > 0 and (d == 1 if cfg.sl_swizzle or cfg.fused else d > 1), (d, n)
+            assert all(d <= 1 for d, _ in w.values()) and w["sh_s"][1] > 0 and w["uh_s"][1] > 0, w
+            if cfg.prec.s == "split" and cfg.prec.ks != "split":   # S lo stored only: swizzled by sl_swizzle
+                d, n = worst_degrees(src, ["sl_s"])["sl_s"]
+                assert n > 0 and (d == 1 if cfg.sl_swizzle else d > 1), (d, n)
         if cfg.ctas_per_sm == 2:                                # two resident CTAs of 256 threads per SM
             assert "__launch_bounds__(256, 2)" in src and "warpgroup_reg_alloc" not in src
             assert r["ptxas"]["registers"] <= 65536 // (2 * 256), r["ptxas"]["registers"]

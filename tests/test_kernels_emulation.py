@@ -23,7 +23,6 @@ from parity.metrics import compare
 from reference import chunk_gated_delta_rule as fp64_reference
 from reference.emulated import chunk_gated_delta_rule as fla_like
 from tests.kernel_support import call_args
-from tests.kernel_support import rel_rmse as tt_rel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -139,50 +138,9 @@ def test_a_plan_the_kernels_cannot_run_is_refused():
     from kernels.plan import forward_plan
     p = forward_plan("bfloat16", 8, 32, 64, False)
     for bad, needle in ((dict(block_v=64), "BV <= 32"), (dict(cp=2), "cp 1"), (dict(state_form="x"), "unknown"),
-                        (dict(state_form="rv"), "rv state kernel"),
-                        (dict(ctas_per_sm=1, block_v=64, fused_output=True), "fused state-output")):
+                        (dict(state_form="rv"), "rv state kernel")):
         with pytest.raises(ValueError, match=needle):
             dataclasses.replace(p, **bad)
-
-
-_FUSED_ROWS = [Case(T=200, H=2, HV=4, dist="raw-qk-l2"),
-               Case(layout="varlen-empty", T=165, H=1, HV=2, K=64, V=64, h0_dtype="fp32", state_v_first=True,
-                    dist="raw-qk-l2")]
-
-
-@pytest.mark.parametrize("cp", [1, 3])
-@pytest.mark.parametrize("case", _FUSED_ROWS, ids=[c.id for c in _FUSED_ROWS])
-def test_fused_state_output_plan_plumbing_on_cpu(monkeypatch, case, cp):
-    """The forward pipeline with ``fused_output`` (stand-in kernels on the CPU: the fused kernel's stand-in is the
-    state kernel's and the output kernel's emulations) asks for the intra kernel and the fused state-output kernel
-    alone, and gives the o and final state of the same plan without it, bitwise, in the caller's state layout;
-    with CP (``cp`` 3: the smem scan, the fp64 fix-up, the fused kernel per segment) those of the emulation's CP
-    path."""
-    import dataclasses
-
-    from kernels.forward import pipeline
-    from tests.kernel_support import bwd_args
-    from tests.test_kernels_bwd_emulation import _fake_kernels
-
-    asked = []
-    _fake_kernels(monkeypatch, asked)
-    xs, kw, _, _ = bwd_args(case)
-    x = pipeline.prepare(*xs, **kw, output_final_state=True)
-    base = dataclasses.replace(pipeline.plan_for(x), state_form="smem", block_v=32, ctas_per_sm=1, cp=1)
-    if cp == 1:
-        want = pipeline.chunk_gated_delta_rule(*xs, **kw, output_final_state=True, plan=base)
-    else:
-        want = E.chunk_gated_delta_rule(*xs, **kw, output_final_state=True, plan=dataclasses.replace(base, cp=cp,
-                                                                                                   fused_output=True))
-    asked.clear()
-    got = pipeline.chunk_gated_delta_rule(*xs, **kw, output_final_state=True,
-                                          plan=dataclasses.replace(base, cp=cp, fused_output=True))
-    kinds = ["IntraConfig", "StateConfig"] + (["StateConfig"] if cp > 1 else [])
-    assert [type(c).__name__ for c in asked] == kinds and asked[-1].fused, asked       # the scan first with CP
-    assert cp == 1 or (asked[1].scan and asked[1].form == "smem"), asked
-    for a, b in zip(got, want):
-        assert a.shape == b.shape and a.dtype == b.dtype
-        assert torch.equal(a, b) or tt_rel(a, b) <= torch.finfo(a.dtype).eps / 4, tt_rel(a, b)
 
 
 def test_import_is_lazy():

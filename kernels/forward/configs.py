@@ -37,8 +37,7 @@ class IntraConfig:
 class StateConfig:
     """The sequential state kernel (or, with ``scan``, the CP phase-1 scan): ``form`` "rv"
     (state_registers.py, BV 64 / 128) or "smem" (state_smem.py, ``ctas_per_sm`` 1 or 2, ``sl_swizzle``: the S
-    lo staging tile swizzled, the backward recompute's form; ``fused``: with the output computed in the same
-    chain, state_output.py, BV 16 / 32 at one CTA per SM)."""
+    lo staging tile swizzled, the backward recompute's form)."""
     dtype: str
     BV: int
     prec: object                   # precision.Precision (frozen, hashable)
@@ -48,12 +47,10 @@ class StateConfig:
     num_stages: int = NUM_STAGES
     ctas_per_sm: int = 1
     sl_swizzle: bool = False
-    fused: bool = False
 
     @property
     def name(self) -> str:
-        kind = ("scan" if self.scan else "state_out" if self.fused else "state") + ("_rv" if self.form == "rv"
-                                                                                     else "_smem")
+        kind = ("scan" if self.scan else "state") + ("_rv" if self.form == "rv" else "_smem")
         occ = f",occ{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
         slz = ",slz" if self.sl_swizzle else ""
         return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz},"
@@ -90,17 +87,10 @@ def prim_func(cfg):
         return build_intra_chunk(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.th)
     if isinstance(cfg, StateConfig):
         if cfg.form == "rv":
-            if cfg.sl_swizzle or cfg.fused:
-                raise ValueError(f"sl_swizzle and fused are forms of the smem state kernel, not of the rv form: "
-                                 f"{cfg!r}")
+            if cfg.sl_swizzle:
+                raise ValueError(f"sl_swizzle is a form of the smem state kernel, not of the rv form: {cfg!r}")
             from .state_registers import build_state_registers
             return build_state_registers(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.BV)
-        if cfg.fused:
-            if cfg.scan or cfg.sl_swizzle or cfg.ctas_per_sm != 1 or cfg.BV not in (16, 32):
-                raise ValueError(f"the fused state-output kernel is a non-scan smem form at BV 16 / 32, one CTA "
-                                 f"per SM: {cfg!r}")
-            from .state_output import build_state_output
-            return build_state_output(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages)
         from .state_smem import build_state_smem
         return build_state_smem(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan,
                                 cfg.ctas_per_sm, cfg.sl_swizzle)

@@ -16,9 +16,7 @@ use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=Non
 
 Bad input raises ``ValueError`` naming the problem.  Dense input is run as varlen (B sequences of length T).
 Stages: ``intra_chunk`` (parallel), ``state`` (sequential; or, with CP, ``state_segmented``: the scan, the fp64
-fix-up and the state kernel per segment), ``output`` (parallel); or ``intra_chunk`` and ``state_output`` (the
-sequential kernel computing o too, ``ForwardPlan.fused_output``; with CP ``state_output_segmented``); which
-kernels run is ``kernels.plan``'s ``ForwardPlan`` (``plan``: another plan value, e.g. a benchmark's alternative).  ``keep_tables``: a dict that
+fix-up and the state kernel per segment), ``output`` (parallel); which kernels run is ``kernels.plan``'s ``ForwardPlan`` (``plan``: another plan value, e.g. a benchmark's alternative).  ``keep_tables``: a dict that
 receives the intra kernel's Tinv and Ag tables for the backward (``Th``, ``Ah``, ``Al``, each
 [HV, NC, 64, 64] in the input dtype) where the plan keeps them.  Every kernel is built for the call's head dim
 (K == V in {64, 128}; the plan's ``DK``): nothing is padded.  This module imports tilelang only when a kernel is
@@ -107,9 +105,6 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     tables = intra_chunk(x=x, plan=plan)
     if keep_tables is not None and plan.keep_tables:
         keep_tables.update(Th=tables.Th, Ah=tables.Ah, Al=tables.Al)
-    if plan.fused_output:
-        o, ht = (state_output if plan.cp <= 1 else state_output_segmented)(x=x, plan=plan, tables=tables)
-        return finish(x=x, o=o, ht=ht)
     states = state(x=x, plan=plan, tables=tables) if plan.cp <= 1 else state_segmented(x=x, plan=plan, tables=tables)
     o = output(x=x, plan=plan, tables=tables, states=states)
     return finish(x=x, o=o, ht=states.ht)
@@ -217,36 +212,6 @@ def _sequence_final_states(x: ForwardInputs, hts, seg_of, vt: bool):
         return None
     ht = hts.index_select(0, _last_segments(seg_of, x.q.device))
     return ht.transpose(-1, -2).contiguous() if x.v_first != vt else ht
-
-
-def state_output(*, x: ForwardInputs, plan, tables: IntraTables):
-    """``gdn_state_output`` (``plan.fused_output``): the sequential state kernel computing o in its chain ->
-    (o [Ttot, HV, D] in the input dtype, the final states in the caller's layout or None)."""
-    from kernels.build import get_kernel
-    dev = x.q.device
-    o = torch.empty(x.n_tok, x.HV, x.D, device=dev, dtype=x.q.dtype)
-    h0 = x.h0 if x.h0 is not None else torch.empty((1, x.HV, x.D, x.D), device=dev, dtype=torch.float32)
-    ht = torch.empty((x.N if x.store_ht else 1, x.HV, x.D, x.D), device=dev, dtype=torch.float32)
-    get_kernel(plan.configs()[1])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, x.cu, x.chunk_offsets, h0, o, ht,
-                                  int(x.h0 is not None), int(x.store_ht), int(x.v_first))
-    return o, (ht if x.store_ht else None)
-
-
-def state_output_segmented(*, x: ForwardInputs, plan, tables: IntraTables):
-    """CP with the fused output: the smem scan of every segment from zero (with its transition product), the fp64
-    fix-up of the segment start states, then ``gdn_state_output`` per segment -> (o, final states or None) as
-    ``state_output``.  The scan writes no chunk table; its table arguments are allocated and freed unread."""
-    from kernels.build import get_kernel
-    dev, D, HV = x.q.device, x.D, x.HV
-    Sc = torch.empty(HV, x.NC, D, D, device=dev, dtype=x.q.dtype)       # the scan's table arguments: not written
-    U = torch.empty(HV, x.NC, BT, D, device=dev, dtype=x.q.dtype)
-    seg_cu, seg_co, seg_of, h0s = _segment_starts(x, plan, tables, (Sc, Sc, U, U))
-    Sc = U = None
-    o = torch.empty(x.n_tok, HV, D, device=dev, dtype=x.q.dtype)
-    hts = torch.empty(h0s.shape, device=dev, dtype=torch.float32)
-    get_kernel(plan.configs()[1])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0s, o, hts, 1,
-                                  int(x.store_ht), 0)
-    return o, _sequence_final_states(x, hts, seg_of, False)
 
 
 def output(*, x: ForwardInputs, plan, tables: IntraTables, states: ChunkStates) -> torch.Tensor:
