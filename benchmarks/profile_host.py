@@ -2,10 +2,12 @@
 at one of the forward benchmark's shapes, with the GPU time of the same calls for comparison.
 
     python3 benchmarks/profile_host.py [--shape B1_T65536_H2_HV4] [--impl ours|fla] [--calls 20] [--rows 25]
+                                       [--python 25]
 
 Prints the host time per call (enqueue, no sync) and the GPU time per call (CUDA events over the same calls,
 synchronised), the number of kernel launches per call, and the profiler's table of the operators with the most
-self CPU time.  When the host time per call reaches the GPU time, the GPU waits for the host: fewer launches or
+self CPU time; with ``--python N``, also cProfile's N Python functions with the most own time over the same
+number of calls (where the host time goes between the operators).  When the host time per call reaches the GPU time, the GPU waits for the host: fewer launches or
 less Python per call is then what makes the call faster.  CUDA only.
 """
 
@@ -31,6 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--impl", default="ours", choices=["ours", "fla"])
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--python", type=int, default=0, metavar="N", help="cProfile's N functions with most own time")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device")
@@ -79,6 +82,18 @@ def main(argv=None) -> int:
           f"events {wall:.3f} ms per call back to back, kernels busy {gpu_busy / 1e3 / args.calls:.3f} ms per call, "
           f"{launches / args.calls:.1f} kernel launches per call")
     print(ev.table(sort_by="self_cpu_time_total", row_limit=args.rows))
+    if args.python:
+        import cProfile
+        import pstats
+        with torch.no_grad():
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(args.calls):
+                call()
+            pr.disable()
+            torch.cuda.synchronize()
+        print(f"cProfile over {args.calls} calls (own time, then with callees; profiling adds its own overhead):")
+        pstats.Stats(pr, stream=sys.stdout).sort_stats("tottime").print_stats(args.python)
     return 0
 
 
