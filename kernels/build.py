@@ -21,9 +21,9 @@ TARGET = {"kind": "cuda", "arch": "sm_90a"}
 def forward_configs():
     """Every forward configuration a dispatch decision can choose (``kernels.plan.forward_plan`` and the
     backward's recompute): for bf16 and fp16, precision "default" and "default_h0": the intra kernel (and its
-    Tinv-keeping form), the rv state kernel + its CP scan, the smem state kernel at every BV ``block_v`` picks
-    (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts, and the recompute's
-    swizzled smem state kernels.
+    Tinv-keeping form), the rv state kernel + its CP scan and fix-up, the smem state kernel at every BV
+    ``block_v`` picks (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts,
+    and the recompute's swizzled smem state kernels.
 
     All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
     ratio, scale, h0 present or not, final state stored or not, the state layout, l2norm on/off, gate dtype, dense
@@ -145,7 +145,7 @@ def compile_report(cfg, get, kind: str, with_ptxas: bool = True) -> dict:
     t = time.time()
     kern = get(cfg)
     src = kern.get_kernel_source()
-    out = {"name": cfg.name, "kind": kind, "dtype": cfg.dtype, "seconds": time.time() - t, "source": src,
+    out = {"name": cfg.name, "kind": kind, "dtype": getattr(cfg, "dtype", "float32"), "seconds": time.time() - t, "source": src,
            "dyn_smem": dyn_smem_bytes(kern.get_host_source())}
     if with_ptxas:
         t = time.time()

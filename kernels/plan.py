@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from kernels.backward.configs import CLUSTER_GROUPS, BwdConfig
-from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, SCAN_BV, IntraConfig,
-                                     OutputConfig, StateConfig, output_block_v)
+from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, SCAN_BV, FixupConfig,
+                                     IntraConfig, OutputConfig, StateConfig, output_block_v)
 from kernels.forward.precision import Precision, preset
 
 __all__ = ["ForwardPlan", "BackwardPlan", "forward_plan", "backward_plan", "replace"]
@@ -63,8 +63,8 @@ class ForwardPlan:
             raise ValueError(f"precision {self.precision.tag()} does not compute the backward's tables: {self}")
 
     def configs(self) -> tuple:
-        """(intra, state, output[, scan]) kernel configurations; the CP scan (always last) only when ``cp > 1``.
-        Built once per plan value: each stage of a call asks for its own."""
+        """(intra, state, output[, scan, fix-up]) kernel configurations; the CP scan and fix-up only when
+        ``cp > 1``.  Built once per plan value: each stage of a call asks for its own."""
         return _forward_configs(self)
 
 
@@ -75,8 +75,8 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
            StateConfig(plan.dtype, plan.block_v, prec, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),
            OutputConfig(plan.dtype, prec, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
     if plan.cp > 1:
-        out.append(StateConfig(plan.dtype, RV_BV if rv else SCAN_BV, prec.for_scan(), scan=True,
-                               form=plan.state_form, DK=DK))
+        out += [StateConfig(plan.dtype, RV_BV if rv else SCAN_BV, prec.for_scan(), scan=True, form=plan.state_form,
+                            DK=DK), FixupConfig(DK)]
     return tuple(out)
 
 

@@ -2,8 +2,8 @@
 
 Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The configurations are
 ``kernels.build.forward_configs()`` (the intra kernel and its Tinv-keeping form; the register-operand state kernel
-and its CP scan; the shared-memory state kernel at every BV ``block_v`` picks, one and two CTAs per SM; the output
-kernel for both table layouts; precision "default" and "default_h0"; bf16 and fp16; the backward recompute's
+and its CP scan and fix-up; the shared-memory state kernel at every BV ``block_v`` picks, one and two CTAs per SM;
+the output kernel for both table layouts; precision "default" and "default_h0"; bf16 and fp16; the backward recompute's
 ``sl_swizzle`` state kernels; each head dim K = V in 128, 64).  Everything else (T, B, N, H, HV / GVA ratio, h0,
 final state, state layout, l2norm, gate dtype, varlen or dense) is a runtime argument of the same binaries.
 
@@ -68,6 +68,10 @@ _WANT_WGMMA = {
 def test_kernel_compiles_for_sm90a(compiled, cfg):
     r = compiled[cfg.name]
     src = r["source"]
+    if r["kind"] == "FixupConfig":                              # fp64 FMA, no tensor core; fp32 in and out
+        assert "wgmma" not in src and "double" in src and "tf32" not in src.lower()
+        check_ptxas(r["ptxas"])
+        return
     want = _WANT_WGMMA[r["kind"]](cfg)
     check_wgmma(src, cfg.dtype, want)
     if r["kind"] == "IntraConfig":

@@ -126,7 +126,7 @@ def test_forward_dispatch_picks_the_measured_forms():
     p = forward_plan("bfloat16", 1, 32, 512, True)
     assert (p.state_form, p.block_v, p.ctas_per_sm, p.precision.s) == ("smem", 32, 1, "split")
     p = forward_plan("float16", 1, 4, 1024, False, keep_tables=True)
-    assert (p.state_form, p.cp, p.keep_tables) == ("rv", 16, True) and len(p.configs()) == 4
+    assert (p.state_form, p.cp, p.keep_tables) == ("rv", 16, True) and len(p.configs()) == 5
     assert p.configs()[0].th and not forward_plan("float16", 1, 4, 1024, False).configs()[0].th
 
 
@@ -242,38 +242,6 @@ def test_varlen_tables_are_reused_for_the_same_unmodified_cu_seqlens():
     assert _call_tables(1, 193, other, dev)[1][3] == 4 and len(copies) == 3
     with pytest.raises(ValueError, match="end at most at T=150"):    # same tensor, another T: rebuilt, checked
         _call_tables(1, 150, other, dev)
-
-
-@pytest.mark.parametrize("vt", [False, True], ids=["key-first", "value-first"])
-@pytest.mark.parametrize("with_h0", [False, True], ids=["no-h0", "h0"])
-@pytest.mark.parametrize("P", [2, 3, 8, 16])
-def test_cp_fixup_scan_matches_the_sequential_walk(vt, with_h0, P):
-    """The CP fix-up of uniform segment counts (a Hillis-Steele scan of the segments' affine maps, fp64) gives the
-    segment start states of the plain walk ``S_(p+1) = M_p S_p + Z_p`` (fp64, from the same fp32 inputs), in both
-    state layouts, with and without an initial state."""
-    from kernels.forward.pipeline import _cp_fixup
-
-    N, HV, D = 2, 3, 8
-    gen = torch.Generator().manual_seed(P)
-    Z = torch.randn(N * P, HV, D, D, generator=gen)
-    M = 0.5 * torch.randn(N * P, HV, D, D, generator=gen) / D ** 0.5
-    h0 = torch.randn(N, HV, D, D, generator=gen) if with_h0 else None
-    want = torch.empty(N * P, HV, D, D, dtype=torch.float64)
-    for n in range(N):
-        S = h0[n].double() if with_h0 else torch.zeros(HV, D, D, dtype=torch.float64)
-        for p in range(P):
-            want[n * P + p] = S
-            S = M[n * P + p].double() @ S + Z[n * P + p].double()
-    if vt:     # the rv kernels' form: [Z^T ; M^T], states value-first
-        ZM = torch.cat([Z.transpose(-1, -2), M.transpose(-1, -2)], dim=-2)
-        got = _cp_fixup(ZM, h0.transpose(-1, -2) if with_h0 else None, None, [P] * N, None, N, HV, D, True)
-    else:
-        ZM = torch.cat([Z, M], dim=-1)
-        got = _cp_fixup(ZM, h0, None, [P] * N, None, N, HV, D, False)
-    assert got.dtype == torch.float32 and got.shape == (N * P, HV, D, D) and got.is_contiguous()
-    if vt:
-        got = got.transpose(-1, -2)
-    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
 
 
 def test_varlen_tables_of_an_inference_tensor_follow_in_place_changes():

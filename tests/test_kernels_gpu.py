@@ -1,7 +1,8 @@
 """GPU checks of our TileLang GDN forward that the verdict rows (``test_kernels_verdicts_gpu.py``) cannot express
 (marker ``gpu``): every state-kernel plan the dispatch can choose, forced where it would choose another, judged by
 ``parity.verdicts`` as its own backend; the forward keeping its intra tables changes no bit of o or the final
-state; int32 cu_seqlens give bitwise the int64 result; output_final_state=False and bad inputs.
+state; the CP fix-up kernel is the fp64 walk of the segments' maps; int32 cu_seqlens give bitwise the int64 result;
+output_final_state=False and bad inputs.
 
 Skips with the reason when there is no CUDA device, it is not sm_90 (Hopper), or tilelang is missing.
 """
@@ -111,6 +112,39 @@ def test_kept_tables_change_nothing_else(case):
     assert torch.equal(o, o2), f"o differs: max |diff| / max {tt.max_rel(o2, o):.3e}"
     assert torch.equal(ht, ht2), f"final state differs: max |diff| / max {tt.max_rel(ht2, ht):.3e}"
     assert set(kept) == {"Th", "Ah", "Al"} and kept["Th"].shape[-2:] == (64, 64)
+
+
+@pytest.mark.parametrize("D", [128, 64])
+@pytest.mark.parametrize("h0", ["none", "value-first", "key-first"])
+def test_cp_fixup_kernel_is_the_fp64_walk(D, h0):
+    """``gdn_cp_fixup`` on segment counts 3, 1, 16, 5 (varlen: they differ) gives every segment's start state
+    ``S_0 = h0 (or 0), S_(p+1) = M_p S_p + Z_p`` of the fp64 walk from the same fp32 inputs, rounded once to fp32:
+    within 2 fp32 units of the last place of the largest state (the sums' order differs)."""
+    from kernels.build import get_kernel
+    from kernels.forward.configs import FixupConfig
+
+    dev, HV, counts = torch.device("cuda"), 3, [3, 1, 16, 5]
+    seg_of = [0]
+    for c in counts:
+        seg_of.append(seg_of[-1] + c)
+    gen = torch.Generator().manual_seed(D)
+    Z = torch.randn(seg_of[-1], HV, D, D, generator=gen)
+    M = torch.eye(D) * 0.9 + 0.1 * torch.randn(seg_of[-1], HV, D, D, generator=gen) / D ** 0.5
+    S0 = torch.randn(len(counts), HV, D, D, generator=gen)
+    want = torch.empty(seg_of[-1], HV, D, D, dtype=torch.float64)
+    for n in range(len(counts)):
+        S = S0[n].double() if h0 != "none" else torch.zeros(HV, D, D, dtype=torch.float64)
+        for p in range(seg_of[n], seg_of[n + 1]):
+            want[p] = S
+            S = M[p].double() @ S + Z[p].double()
+    ZM = torch.cat([Z.transpose(-1, -2), M.transpose(-1, -2)], dim=-2).contiguous().to(dev)   # [Z^T ; M^T]
+    h0_arg = {"none": S0[:1], "value-first": S0.transpose(-1, -2), "key-first": S0}[h0].contiguous().to(dev)
+    out = torch.full((seg_of[-1], HV, D, D), float("nan"), device=dev)
+    get_kernel(FixupConfig(D))(ZM, h0_arg, torch.tensor(seg_of, dtype=torch.int32, device=dev), out,
+                               int(h0 != "none"), int(h0 == "value-first"))
+    got = out.transpose(-1, -2).double().cpu()
+    err = (got - want).abs().max().item() / want.abs().max().item()
+    assert err <= 2 * torch.finfo(torch.float32).eps, err
 
 
 def test_int32_cu_seqlens_give_the_int64_result():

@@ -74,6 +74,17 @@ class OutputConfig:
                 f"{self.dtype}]")
 
 
+@dataclass(frozen=True)
+class FixupConfig:
+    """``gdn_cp_fixup`` (cp_fixup.py): the CP segment start states in fp64, after the rv scan (no dtype: fp32
+    in and out)."""
+    DK: int = KERNEL_HEAD_DIM
+
+    @property
+    def name(self) -> str:
+        return f"cp_fixup[DK=DV={self.DK}]"
+
+
 def output_block_v(prec, DK: int = KERNEL_HEAD_DIM) -> int:
     """Value columns per CTA of the output kernel: all ``DK``, or at most 64 when the chunk-start state is split
     (at DK 128, two 32 KB state tiles per stage would not fit twice in shared memory)."""
@@ -94,6 +105,9 @@ def prim_func(cfg):
         from .state_smem import build_state_smem
         return build_state_smem(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan,
                                 cfg.ctas_per_sm, cfg.sl_swizzle)
+    if isinstance(cfg, FixupConfig):
+        from .cp_fixup import build_cp_fixup
+        return build_cp_fixup(cfg.DK)
     if isinstance(cfg, OutputConfig):
         from .output import build_output
         return build_output(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.BV, cfg.vt, cfg.cpb, NUM_STAGES)

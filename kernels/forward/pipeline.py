@@ -175,43 +175,30 @@ def state(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:
 
 
 def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:
-    """CP: the scan of every segment from zero (with its transition product), the fp64 fix-up of the segment
-    start states, then the state kernel per segment (value-first, "rv" form)."""
+    """CP ("rv" form): the scan of every segment from zero (with its transition product, ``gdn_scan_rv``), the fp64
+    fix-up of the segment start states (``gdn_cp_fixup``), then the state kernel per segment, value-first."""
     from kernels.build import get_kernel
-    vt = plan.state_form == "rv"
-    Sch, Scl, Uh, Ul = _state_tables(x, plan)
-    seg_cu, seg_co, seg_of, h0s = _segment_starts(x, plan, tables, (Sch, Scl, Uh, Ul))
-    hts = torch.empty(h0s.shape, device=x.q.device, dtype=torch.float32)
-    get_kernel(plan.configs()[1])(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0s, Sch, Scl, Uh, Ul,
-                                  hts, 1, int(x.store_ht), int(vt))
-    return ChunkStates(Sch, Scl, Uh, Ul, _sequence_final_states(x, hts, seg_of, vt))
-
-
-def _segment_starts(x: ForwardInputs, plan, tables: IntraTables, chunk_tables):
-    """CP phases 1 and 2: the scan (``plan.configs()[-1]``; it writes none of ``chunk_tables``, the Sch, Scl, Uh,
-    Ul arguments of its signature) and the fp64 fix-up -> (seg_cu, seg_co, seg_of, the segment start states
-    [Nseg, HV, D, D] in the kernel's natural layout: value-first for "rv")."""
-    from kernels.build import get_kernel
+    if plan.state_form != "rv":
+        raise ValueError(f"CP runs the rv state kernel: {plan}")
     dev, D, HV = x.q.device, x.D, x.HV
-    vt = plan.state_form == "rv"
-    seg_cu, seg_co, seg_of, counts, sched, Nseg = _cp_tables(x.B, x.T, x.cu_seqlens, x.cu_host, plan.cp, dev)
-    ZM = torch.empty((Nseg, HV, 2 * D, D) if vt else (Nseg, HV, D, 2 * D), device=dev, dtype=torch.float32)
+    _, _, _, scan, fixup = plan.configs()
+    Sch, Scl, Uh, Ul = _state_tables(x, plan)
+    seg_cu, seg_co, seg_of, seg_of_d, Nseg = _cp_tables(x.B, x.T, x.cu_seqlens, x.cu_host, plan.cp, dev)
+    ZM = torch.empty((Nseg, HV, 2 * D, D), device=dev, dtype=torch.float32)
     h0 = x.h0 if x.h0 is not None else torch.empty((1, HV, D, D), device=dev, dtype=torch.float32)
-    get_kernel(plan.configs()[-1])(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0[:1], *chunk_tables,
-                                   ZM, 0, 1, 0)
-    h0k = None
-    if x.h0 is not None:                # into the kernel's natural layout (value-first for rv)
-        h0k = x.h0 if x.v_first == vt else x.h0.transpose(-1, -2)
-    return seg_cu, seg_co, seg_of, _cp_fixup(ZM, h0k, seg_of, counts, sched, x.N, HV, D, vt)
-
-
-def _sequence_final_states(x: ForwardInputs, hts, seg_of, vt: bool):
-    """The final state of every sequence (its last segment's, ``hts`` [Nseg, HV, D, D] in the kernel's layout) in
-    the caller's layout, or None when not asked for."""
-    if not x.store_ht:
-        return None
-    ht = hts.index_select(0, _last_segments(seg_of, x.q.device))
-    return ht.transpose(-1, -2).contiguous() if x.v_first != vt else ht
+    # the scan writes none of the chunk tables of its signature
+    get_kernel(scan)(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0[:1], Sch, Scl, Uh, Ul, ZM, 0, 1, 0)
+    h0s = torch.empty((Nseg, HV, D, D), device=dev, dtype=torch.float32)
+    get_kernel(fixup)(ZM, h0, seg_of_d, h0s, int(x.h0 is not None), int(x.v_first))
+    ZM = None
+    hts = torch.empty_like(h0s)
+    get_kernel(plan.configs()[1])(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0s, Sch, Scl, Uh, Ul,
+                                  hts, 1, int(x.store_ht), 1)
+    ht = None
+    if x.store_ht:                  # every sequence's last segment, in the caller's layout
+        ht = hts.index_select(0, _last_segments(seg_of, dev))
+        ht = ht if x.v_first else ht.transpose(-1, -2).contiguous()
+    return ChunkStates(Sch, Scl, Uh, Ul, ht)
 
 
 def output(*, x: ForwardInputs, plan, tables: IntraTables, states: ChunkStates) -> torch.Tensor:
@@ -232,9 +219,8 @@ _SEG_TABLES: dict = {}
 
 
 def _cp_tables(B, T, cu_seqlens, cu_host, n_seg, dev):
-    """Segment tables of the CP path: seg_cu, seg_co (int32, device), seg_of (host list [N + 1]),
-    the fix-up schedule (per step p: (sequence ids, segment ids) as device int64 tensors, or None
-    when every sequence has the same number of segments) and Nseg.  Cached for dense input."""
+    """Segment tables of the CP path: seg_cu, seg_co (int32, device), seg_of (host list [N + 1]: each sequence's
+    first segment id), seg_of on the device (int32) and Nseg.  Cached for dense input."""
     key = (B, T, n_seg, str(dev)) if cu_seqlens is None else None
     if key is not None and key in _SEG_TABLES:
         return _SEG_TABLES[key]
@@ -242,84 +228,13 @@ def _cp_tables(B, T, cu_seqlens, cu_host, n_seg, dev):
     if cu_host is None:
         cu_host = [b * T for b in range(B + 1)] if cu_seqlens is None else host_list(cu_seqlens)
     seg_cu, seg_co, seg_of = cp_segments(cu_host, n_seg)
-    counts = [seg_of[n + 1] - seg_of[n] for n in range(len(seg_of) - 1)]
-    uniform = len(set(counts)) == 1
-    sched = None
-    if not uniform:
-        sched = []
-        for p in range(max(counts)):
-            seqs = [n for n, cn in enumerate(counts) if cn > p]
-            sched.append((torch.tensor(seqs, dtype=torch.long).to(dev, non_blocking=True),
-                          torch.tensor([seg_of[n] + p for n in seqs], dtype=torch.long).to(dev, non_blocking=True)))
-    out = (torch.tensor(seg_cu, dtype=torch.int32).to(dev, non_blocking=True),
-           torch.tensor(seg_co, dtype=torch.int32).to(dev, non_blocking=True), seg_of, counts, sched,
-           len(seg_cu) - 1)
+    out = tuple(torch.tensor(t, dtype=torch.int32).to(dev, non_blocking=True) for t in (seg_cu, seg_co))
+    out = (*out, seg_of, torch.tensor(seg_of, dtype=torch.int32).to(dev, non_blocking=True), len(seg_cu) - 1)
     if key is not None:
         if len(_SEG_TABLES) > 64:
             _SEG_TABLES.clear()
         _SEG_TABLES[key] = out
     return out
-
-
-def _cp_fixup(ZM, h0, seg_of, counts, sched, N, HV, D, vt):
-    """Phase 2 of CP (fp64 batched matmuls: no TF32 whatever the global torch flags say).
-
-    The chunk-aligned segments p = 0..P-1 of a sequence start from S_0 = h0 (or 0) and
-    S_{p+1} = M_p S_p + Z_p, with the scan's output ZM [Nseg, HV, D, 2D] = [Z | M] (key-first form)
-    or, with ``vt`` (the rv kernels, value-first), ZM [Nseg, HV, 2D, D] = [Z^T ; M^T] and
-    S^T_{p+1} = S^T_p M^T_p + Z^T_p.  ``h0`` must already be in the kernel's layout.
-    Returns the segment start states [Nseg, HV, D, D] (fp32, the kernel's layout)."""
-    if sched is None:                   # every sequence has P segments: segment id = n * P + p
-        return _cp_fixup_uniform(ZM, h0, counts[0], N, HV, D, vt)
-    dev = ZM.device
-    if vt:
-        Z, M = ZM[:, :, :D, :], ZM[:, :, D:, :]
-    else:
-        Z, M = ZM[..., :D], ZM[..., D:]
-
-    def step(Zp, Mp, Sp):
-        a, b = (Sp, Mp) if vt else (Mp, Sp)
-        return torch.baddbmm(Zp, a, b)
-
-    S0 = h0.double() if h0 is not None else torch.zeros(N, HV, D, D, device=dev, dtype=torch.float64)
-    Z, M = Z.double(), M.double()
-    S = S0.clone()
-    h0s = torch.empty(ZM.shape[0], HV, D, D, device=dev, dtype=torch.float32)
-    for p, (seqs, segs) in enumerate(sched):
-        h0s[segs] = S[seqs].float()
-        if p + 1 < len(sched):
-            S[seqs] = step(Z[segs].reshape(-1, D, D), M[segs].reshape(-1, D, D),
-                           S[seqs].reshape(-1, D, D)).view(-1, HV, D, D)
-    return h0s
-
-
-def _cp_fixup_uniform(ZM, h0, P, N, HV, D, vt):
-    """``_cp_fixup`` when every sequence has ``P`` segments (segment id = n * P + p), in ~3 log2(P) + 3 launches
-    instead of a sequential walk (2 per segment): an inclusive Hillis-Steele scan of the affine maps
-    ``A_p(S) = M_p S + Z_p`` in fp64.  Level d composes ``C_p <- C_p o C_(p-d)`` for p >= d, with
-    ``(M, Z) o (M', Z') = (M M', M Z' + Z)``, as one batched matmul ``M_p [Z'_q | M'_q]``; after the scan
-    ``S_(p+1) = Mc_p S_0 + Zc_p``.  Key-first throughout (the value-first ``vt`` input and output are transposed in
-    the fp64 conversion and the final cast)."""
-    zm = ZM.transpose(-1, -2) if vt else ZM                     # [Nseg, HV, D, 2D] = [Z | M] (key-first)
-    c = zm.reshape(N, P, HV, D, 2 * D).transpose(0, 1).to(torch.float64).reshape(P, N * HV, D, 2 * D)
-    d = 1
-    while d < P:
-        y = torch.matmul(c[d:, :, :, D:], c[:-d])               # [M_p Zc_q | M_p Mc_q], q = p - d
-        y[..., :D] += c[d:, :, :, :D]
-        c[d:] = y
-        d *= 2
-    S = torch.empty(P, N * HV, D, D, device=ZM.device, dtype=torch.float64)
-    if h0 is None:
-        S[0].zero_()
-        S[1:] = c[:-1, :, :, :D]
-    else:
-        S0 = h0.transpose(-1, -2) if vt else h0
-        S[0] = S0.reshape(N * HV, D, D)
-        torch.baddbmm(c[:-1, :, :, :D].reshape(-1, D, D), c[:-1, :, :, D:].reshape(-1, D, D),
-                      S[0].expand(P - 1, N * HV, D, D).reshape(-1, D, D), out=S[1:].view(-1, D, D))
-    S = S.view(P, N, HV, D, D).transpose(0, 1).reshape(N * P, HV, D, D)
-    # the kernels take packed tensors: the value-first transpose is made contiguous in the fp32 cast
-    return (S.transpose(-1, -2) if vt else S).to(torch.float32, memory_format=torch.contiguous_format)
 
 
 _LAST: dict = {}
