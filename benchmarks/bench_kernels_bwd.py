@@ -1,9 +1,11 @@
 """Forward + backward benchmark of our TileLang GDN (``kernels.autograd``) vs FLA Triton vs FlashQLA.
 
     python benchmarks/bench_kernels_bwd.py [--shapes NAME,...] [--rep 50] [--no-check] [--dry-run]
+                                          [--gates logsigmoid|qwen]
 
 bf16 q/k/v, fp32 g/beta, no initial state, output_final_state=True; q ~ N(0,1), k L2-normalised N(0,1),
-v ~ N(0,1), g = logsigmoid(N(0,1)), beta ~ U(0,1); do ~ N(0,1), dht ~ 0.1 N(0,1).  Shapes: the forward
+v ~ N(0,1), g = logsigmoid(N(0,1)) (``--gates qwen``: the forward benchmark's Qwen gates), beta ~ U(0,1);
+do ~ N(0,1), dht ~ 0.1 N(0,1).  Shapes: the forward
 benchmark's (``bench_kernels_fwd.SHAPES``).  Times are ``triton.testing.do_bench`` medians (ms) in this run:
 ``fwd`` = the forward with autograd recording, ``fwd+bwd`` = forward then ``torch.autograd.backward``;
 ``bwd`` = their difference; for ours also the time of every backward stage (CUDA events, one call).  The leaves'
@@ -36,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.bench_kernels_fwd import D, SHAPES as FWD_SHAPES, fla_triton, flash_qla  # noqa: E402
+from benchmarks.bench_kernels_fwd import D, GATES, SHAPES as FWD_SHAPES, fla_triton, flash_qla  # noqa: E402
 from benchmarks.bench_kernels_fwd import make as make_fwd_inputs  # noqa: E402
 from parity.execute import describe_error  # noqa: E402
 
@@ -49,9 +51,9 @@ CHECKS = [
 ]
 
 
-def make(B, T, H, HV, lens, dev, seed=0, h0std=None, vfirst=False):
+def make(B, T, H, HV, lens, dev, seed=0, h0std=None, vfirst=False, gates="logsigmoid"):
     gen = torch.Generator(device=dev).manual_seed(seed)
-    q, k, v, g, beta, cu = make_fwd_inputs(B, T, H, HV, lens, dev, gen=gen)
+    q, k, v, g, beta, cu = make_fwd_inputs(B, T, H, HV, lens, dev, seed=seed, gen=gen, gates=gates)
     N = len(lens) if lens else B
     h0 = None if h0std is None else h0std * torch.randn(N, HV, D, D, device=dev, generator=gen)
     do = torch.randn(B, T, HV, D, device=dev, generator=gen).to(torch.bfloat16)
@@ -147,6 +149,8 @@ def main(argv=None):
     ap.add_argument("--skip", default="", help="comma list of the reference columns not to run (FLA, FlashQLA), e.g. "
                     "for an A/B call of our columns alone")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--gates", default="logsigmoid", choices=GATES,
+                    help="g = logsigmoid(N(0,1)) (default) or the qwen-gates distribution's")
     ap.add_argument("--results", default=None, help="append the summary here (default benchmarks/RESULTS.md; "
                     "a dry run appends only when given)")
     ap.add_argument("--ab", default="",
@@ -234,7 +238,7 @@ def main(argv=None):
         from reference.emulated import chunk_gated_delta_rule as emu
         for cname, B, T, H, HV, lens, h0std, vfirst in CHECKS:
             print(f"\n== step 1: correctness on {cname} (rel_rmse vs fp64 autograd) ==", flush=True)
-            a, kw, do, dht = make(B, T, H, HV, lens, dev, h0std=h0std, vfirst=vfirst)
+            a, kw, do, dht = make(B, T, H, HV, lens, dev, h0std=h0std, vfirst=vfirst, gates=args.gates)
             want = grads(ref, a, kw, do, dht, cast=lambda x: x.double())
             rows = [("fla-like", lambda *x, **k: emu(*x, **k))] + impls
             for name, fn in rows:
@@ -256,7 +260,7 @@ def main(argv=None):
     results = {}
     for name in shapes:
         B, T, H, HV, lens = SHAPES[name]
-        a, kw, do, dht = make(B, T, H, HV, lens, dev)
+        a, kw, do, dht = make(B, T, H, HV, lens, dev, gates=args.gates)
         leaves = [x.detach().requires_grad_() for x in a]
         row = {}
         for iname, fn in impls:
@@ -325,9 +329,10 @@ def main(argv=None):
             torch.cuda.empty_cache()
 
     cols = [n for n, _ in impls]
-    print(f"\n== summary: fwd+bwd (bwd) median ms, bf16 [{time.time() - t_start:.0f} s] ==")
+    title = "fwd+bwd (bwd) median ms, bf16" + (", qwen gates" if args.gates == "qwen" else "")
+    print(f"\n== summary: {title} [{time.time() - t_start:.0f} s] ==")
     mine = [c for c in cols if c.startswith("ours")]
-    table = ["fwd+bwd (bwd) median ms, bf16",
+    table = [title,
              f"{'shape':<26}" + "".join(f"{c:>20}" for c in cols)
              + "".join(f"   FLA/{m}  FQLA/{m} (fwd+bwd; bwd)" for m in mine)]
     for name, row in results.items():

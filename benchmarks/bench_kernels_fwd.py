@@ -1,10 +1,14 @@
 """Forward benchmark of our TileLang GDN kernels vs FLA Triton vs FlashQLA (H200 / sm_90).
 
     python benchmarks/bench_kernels_fwd.py [--shapes NAME,...] [--variants NAME,...] [--rep 100]
+                                          [--gates logsigmoid|qwen]
 
 Forward with the final state, bf16 q/k/v, fp32 g/beta, no initial state; inputs are
 random (q ~ N(0,1), k L2-normalised N(0,1), v ~ N(0,1), g = logsigmoid(N(0,1)),
-beta ~ U(0,1)).  Times are ``triton.testing.do_bench`` medians (ms) in this one run.
+beta ~ U(0,1)).  ``--gates qwen``: g of the ``qwen-gates`` distribution instead (Qwen3-Next's gate with the Mamba
+initialisation, ``cases.distributions.qwen_gates``; per 64-token chunk a log-decay of about -1 on many heads where
+logsigmoid(N(0,1)) gives about -52), the other inputs unchanged: a state that carries across many chunks, which
+no kernel may cut short.  Times are ``triton.testing.do_bench`` medians (ms) in this one run.
 
 Step 0 compiles every TileLang kernel the variants need in parallel processes (fills
 TileLang's disk cache; the timed processes then load them).  Step 1 prints one
@@ -72,15 +76,25 @@ def flops(B, T, HV, lens):
     return n_chunks * HV * per
 
 
-def make(B, T, H, HV, lens, dev, seed=0, gen=None):
+GATES = ("logsigmoid", "qwen")
+
+
+def make(B, T, H, HV, lens, dev, seed=0, gen=None, gates="logsigmoid"):
     """(q, k, v, g, beta, cu_seqlens); ``gen``: draw from this generator instead of a new one seeded
-    with ``seed`` (the backward benchmark draws its further inputs from the same one)."""
+    with ``seed`` (the backward benchmark draws its further inputs from the same one); ``gates`` (``GATES``):
+    "qwen" replaces g by ``cases.distributions.qwen_gates`` (a CPU generator seeded with ``seed``), every other
+    draw unchanged."""
+    if gates not in GATES:
+        raise ValueError(f"unknown gates {gates!r}; known: {GATES}")
     gen = gen if gen is not None else torch.Generator(device=dev).manual_seed(seed)
     q = torch.randn(B, T, H, D, device=dev, generator=gen).to(torch.bfloat16)
     k = Fn.normalize(torch.randn(B, T, H, D, device=dev, generator=gen), dim=-1).to(torch.bfloat16)
     v = torch.randn(B, T, HV, D, device=dev, generator=gen).to(torch.bfloat16)
     g = Fn.logsigmoid(torch.randn(B, T, HV, device=dev, generator=gen))
     beta = torch.rand(B, T, HV, device=dev, generator=gen)
+    if gates == "qwen":
+        from cases.distributions import qwen_gates
+        g = qwen_gates(B, T, HV, torch.Generator().manual_seed(seed)).to(dev)
     cu = None
     if lens:
         assert sum(lens) == T and B == 1
@@ -259,6 +273,8 @@ def main(argv=None):
                     "flashinfer: every FlashInfer path), e.g. when only our stages are timed")
     ap.add_argument("--results", default=None, help="append the summary here (default benchmarks/RESULTS.md; "
                     "a dry run appends only when given)")
+    ap.add_argument("--gates", default="logsigmoid", choices=GATES,
+                    help="g = logsigmoid(N(0,1)) (default) or the qwen-gates distribution's (module docstring)")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU plumbing test: the torch emulation stands in for the kernels, shapes shrink 256x, "
                          "no compile, FLA/FlashQLA off")
@@ -389,7 +405,7 @@ def main(argv=None):
                 lens = [max(1, x // 256) for x in lens] if lens else None
                 T = sum(lens) if lens else T
             print(f"\n== step 1: correctness on {cname} (rel_rmse vs fp64 reference) ==", flush=True)
-            q, k, v, g, beta, cu = make(B, T, H, HV, lens, dev)
+            q, k, v, g, beta, cu = make(B, T, H, HV, lens, dev, gates=args.gates)
             h0 = None
             if h0std is not None:
                 gen = torch.Generator(device=dev).manual_seed(1)
@@ -421,7 +437,7 @@ def main(argv=None):
     hosts = {}
     for name in shapes:
         B, T, H, HV, lens = SHAPES[name]
-        q, k, v, g, beta, cu = make(B, T, H, HV, lens, dev)
+        q, k, v, g, beta, cu = make(B, T, H, HV, lens, dev, gates=args.gates)
         fns = {}
         for x in variants:
             fns[x] = (lambda f=ours_fn(x): f(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu))
@@ -460,8 +476,9 @@ def main(argv=None):
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 
-    print(f"\n== summary: forward with final state, bf16, median ms (TFLOP/s) [{time.time() - t_start:.0f} s] ==")
-    table = ["forward with final state, bf16, median ms (TFLOP/s)",
+    title = "forward with final state, bf16" + (", qwen gates" if args.gates == "qwen" else "")
+    print(f"\n== summary: {title}, median ms (TFLOP/s) [{time.time() - t_start:.0f} s] ==")
+    table = [f"{title}, median ms (TFLOP/s)",
              f"{'shape':<24}{'autoBV':>7}" + "".join(f"{c:>15}" for c in cols)]
     for name, (row, fl, bv) in results.items():
         line = f"{name:<24}{bv:>7}"

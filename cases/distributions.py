@@ -59,6 +59,12 @@ def _mamba_gate_params(B, T, HV, gen):
     return a, torch.log(A), dt_bias
 
 
+def qwen_gates(B, T, HV, gen):
+    """g [B, T, HV] fp32 of the ``qwen-gates`` distribution alone: ``-exp(A_log) softplus(a + dt_bias)`` with
+    the Mamba initialisation of A_log and dt_bias per head (the benchmarks' realistic gates)."""
+    return gate_from_raw(*_mamba_gate_params(B, T, HV, gen))
+
+
 def _fla_test(B, T, H, HV, K, V, gen):
     q, k, v = _qkv(B, T, H, HV, K, V, gen)
     g = F.logsigmoid(_rand((B, T, HV), gen))
