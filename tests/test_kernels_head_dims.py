@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernels.backward.configs import BwdConfig
-from kernels.forward.configs import HEAD_DIMS, IntraConfig, OutputConfig, StateConfig
+from kernels.forward.configs import HEAD_DIMS, FixupConfig, IntraConfig, OutputConfig, StateConfig
 from kernels.forward.precision import preset
 from kernels.plan import N_SM, ForwardPlan, backward_plan, block_v, forward_plan
 from cases.case import Case
@@ -65,7 +65,7 @@ def _at_64(c):
     """The DK 64 counterpart of a DK 128 configuration (value blocks of 128 columns become 64)."""
     if isinstance(c, BwdConfig):
         return dataclasses.replace(c, DK=64)
-    if isinstance(c, IntraConfig):
+    if isinstance(c, (IntraConfig, FixupConfig)):
         return dataclasses.replace(c, DK=64)
     return dataclasses.replace(c, DK=64, BV=min(c.BV, 64))
 
@@ -81,7 +81,7 @@ def test_compile_list_holds_every_configuration_at_both_head_dims():
     fwd = forward_configs()
     assert cfgs[:len(fwd)] == fwd and not any(isinstance(c, BwdConfig) for c in fwd)
     kinds = {type(c).__name__ if not isinstance(c, BwdConfig) else c.kind for c in at[64]}
-    assert {"IntraConfig", "StateConfig", "OutputConfig", "prep", "dh", "dqk", "dgdb", "gsum", "gsum32"} <= kinds
+    assert {"IntraConfig", "StateConfig", "OutputConfig", "FixupConfig", "prep", "dh", "dqk", "dgdb", "gsum", "gsum32"} <= kinds
     assert any(isinstance(c, StateConfig) and c.scan for c in at[64])
     assert any(isinstance(c, OutputConfig) and c.vt for c in at[64])
 
