@@ -133,6 +133,10 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     else:
         side.wait_stream(torch.cuda.current_stream(x.q.device))   # prep is launched: the recompute may follow it
     grads = dh(b=b, plan=plan, tables=tables, saved=from_saved)
+    if stages is None:
+        # dUloc^T and Tinv are read by dh alone: their memory is no longer allocated while the recompute's outputs
+        # are (main-stream allocations that reuse it run after dh)
+        tables = _without(tables, "Th", "Tl", "dUl")
     if side is not None:
         # launched after dh, so that dh's CTAs are placed first; the main stream waits for it before dqk
         states = recompute(x=x, plan=plan, tables=tables, side=side)
@@ -141,8 +145,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         torch.cuda.current_stream(x.q.device).wait_stream(side)
         mark("recompute (not hidden by dh)")
     if stages is None:
-        # dUloc^T, Tinv and Ag are read by dh and the recompute only: their memory serves dqk's outputs
-        tables = _without(tables, "Th", "Tl", "Agh", "Agl", "dUl")
+        # Ag is read by the recompute only: its memory serves dqk's outputs
+        tables = _without(tables, "Agh", "Agl")
     terms = dqk(b=b, plan=plan, tables=tables, states=states, grads=grads, fp32_sums=stages is not None)
     mark("dqk")
     if stages is not None:
