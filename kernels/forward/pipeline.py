@@ -178,9 +178,7 @@ def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStat
     """CP ("rv" form): the scan of every segment from zero (with its transition product, ``gdn_scan_rv``), the fp64
     fix-up of the segment start states (``gdn_cp_fixup``), then the state kernel per segment, value-first."""
     from kernels.build import get_kernel
-    if plan.state_form != "rv":
-        raise ValueError(f"CP runs the rv state kernel: {plan}")
-    dev, D, HV = x.q.device, x.D, x.HV
+    dev, D, HV = x.q.device, x.D, x.HV          # ForwardPlan allows CP for the rv form alone
     _, _, _, scan, fixup = plan.configs()
     Sch, Scl, Uh, Ul = _state_tables(x, plan)
     seg_cu, seg_co, seg_of, seg_of_d, Nseg = _cp_tables(x.B, x.T, x.cu_seqlens, x.cu_host, plan.cp, dev)
