@@ -6,13 +6,14 @@
 bf16 q/k/v, fp32 g/beta, no initial state, output_final_state=True; q ~ N(0,1), k L2-normalised N(0,1),
 v ~ N(0,1), g = logsigmoid(N(0,1)) (``--gates qwen``: the forward benchmark's Qwen gates), beta ~ U(0,1);
 do ~ N(0,1), dht ~ 0.1 N(0,1).  Shapes: the forward
-benchmark's (``bench_kernels_fwd.SHAPES``).  Times are ``triton.testing.do_bench`` medians (ms) in this run:
+benchmark's (``benchmarks.inputs.SHAPES``).  Times are ``triton.testing.do_bench`` medians (ms) in this run:
 ``fwd`` = the forward with autograd recording, ``fwd+bwd`` = forward then ``torch.autograd.backward``;
 ``bwd`` = their difference; for ours also the time of every backward stage (CUDA events, one call).  The leaves'
 gradients are reset before each timed call (``grad_to_none``).  ``--rep`` and ``--warmup`` are do_bench's
 milliseconds, not counts: at ~8 ms a call ``--rep 10`` is one or two samples; ``--rep 200`` gives ~25.
 
-Step 0 compiles the TileLang kernels (backward stages + the forward kernels, bf16) in parallel processes.
+Step 0 compiles the TileLang kernels (backward stages + the forward kernels, bf16) in parallel processes, and
+FlashQLA's forward and backward for every shape, one process a shape (``benchmarks.warm_references``).
 Step 1 prints one correctness line per implementation on two check cases (dense GVA; varlen with h0 and the
 value-first state): each gradient's rel_rmse vs fp64 autograd through ``reference.chunk``, and the FLA-like
 baseline (autograd through ``reference.emulated``), so a fast but wrong variant is visible.  Step 2 times.
@@ -38,11 +39,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.bench_kernels_fwd import D, GATES, SHAPES as FWD_SHAPES, fla_triton, flash_qla  # noqa: E402
-from benchmarks.bench_kernels_fwd import make as make_fwd_inputs  # noqa: E402
+from benchmarks.bench_kernels_fwd import fla_triton, flash_qla  # noqa: E402
+from benchmarks.inputs import D, GATES, SHAPES as FWD_SHAPES, shrunk  # noqa: E402
+from benchmarks.inputs import make as make_fwd_inputs  # noqa: E402
 from parity.execute import describe_error  # noqa: E402
 
-SHAPES = dict(FWD_SHAPES)       # the forward benchmark's shapes (a copy: --dry-run shrinks them)
+SHAPES = FWD_SHAPES             # the forward benchmark's shapes
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 # (name, B, T, H, HV, varlen lengths, h0 std, state_v_first)
 CHECKS = [
@@ -171,14 +173,14 @@ def main(argv=None):
     from parity.metrics import compare
 
     t_start = time.time()
+    table, checks = SHAPES, CHECKS
     if args.dry_run:
         dev = torch.device("cpu")
-        for name, (B_, T_, H_, HV_, L_) in list(SHAPES.items()):
-            L2 = [max(1, x // 256) for x in L_] if L_ else None
-            SHAPES[name] = (B_, sum(L2) if L2 else T_ // 256, H_, HV_, L2)
-        for i, c in enumerate(CHECKS):
+        table = shrunk(SHAPES)
+        checks = []
+        for c in CHECKS:
             L2 = [max(1, x // 64) for x in c[5]] if c[5] else None
-            CHECKS[i] = (c[0], c[1], sum(L2) if L2 else c[2] // 64, *c[3:5], L2, *c[6:])
+            checks.append((c[0], c[1], sum(L2) if L2 else c[2] // 64, *c[3:5], L2, *c[6:]))
 
         def do_bench(fn, warmup, rep, return_mode, grad_to_none=None):
             t = time.time()
@@ -207,11 +209,15 @@ def main(argv=None):
     if not args.dry_run:
         from kernels.build import precompile
         cfgs = []
-        todo = [(*SHAPES[n][:5], False) for n in shapes]
-        todo += [] if args.no_check else [(*c[1:6], c[6] is not None) for c in CHECKS]
+        todo = [(*table[n][:5], False) for n in shapes]
+        todo += [] if args.no_check else [(*c[1:6], c[6] is not None) for c in checks]
         for B, T, H, HV, lens, h0 in todo:
             cfgs += call_configs(B, T, H, HV, lens, h0, ["ours"] + ab)
         precompile(list(dict.fromkeys(cfgs)), args.workers, log=lambda m: print(m, flush=True))
+        if "FlashQLA" not in {c for c in args.skip.split(",") if c} and flash_qla()[0] is not None:
+            from benchmarks.warm_references import warm         # its JIT, forward and backward, one process a shape
+            warm("benchmarks.bench_kernels_fwd:flash_qla", shapes, args.workers, gates=args.gates, backward=True,
+                 log=lambda m: print(m, flush=True))
 
     impls = [("ours", ours)]
     for col in ab:
@@ -236,7 +242,7 @@ def main(argv=None):
     if not args.no_check:
         from reference.chunk import chunk_gated_delta_rule as ref
         from reference.emulated import chunk_gated_delta_rule as emu
-        for cname, B, T, H, HV, lens, h0std, vfirst in CHECKS:
+        for cname, B, T, H, HV, lens, h0std, vfirst in checks:
             print(f"\n== step 1: correctness on {cname} (rel_rmse vs fp64 autograd) ==", flush=True)
             a, kw, do, dht = make(B, T, H, HV, lens, dev, h0std=h0std, vfirst=vfirst, gates=args.gates)
             want = grads(ref, a, kw, do, dht, cast=lambda x: x.double())
@@ -259,7 +265,7 @@ def main(argv=None):
     print("\n== step 2: timing (median ms) ==", flush=True)
     results = {}
     for name in shapes:
-        B, T, H, HV, lens = SHAPES[name]
+        B, T, H, HV, lens = table[name]
         a, kw, do, dht = make(B, T, H, HV, lens, dev, gates=args.gates)
         leaves = [x.detach().requires_grad_() for x in a]
         row = {}

@@ -7,11 +7,11 @@ Forward with the final state, bf16 q/k/v, fp32 g/beta, no initial state; inputs 
 random (q ~ N(0,1), k L2-normalised N(0,1), v ~ N(0,1), g = logsigmoid(N(0,1)),
 beta ~ U(0,1)).  ``--gates qwen``: g of the ``qwen-gates`` distribution instead (Qwen3-Next's gate with the Mamba
 initialisation, ``cases.distributions.qwen_gates``; per 64-token chunk a log-decay of about -1 on many heads where
-logsigmoid(N(0,1)) gives about -52), the other inputs unchanged: a state that carries across many chunks, which
-no kernel may cut short.  Times are ``triton.testing.do_bench`` medians (ms) in this one run.
+logsigmoid(N(0,1)) gives about -52), the other inputs unchanged: a state that carries across many chunks.  Times are ``triton.testing.do_bench`` medians (ms) in this one run.
 
 Step 0 compiles every TileLang kernel the variants need in parallel processes (fills
-TileLang's disk cache; the timed processes then load them).  Step 1 prints one
+TileLang's disk cache; the timed processes then load them), and FlashQLA's for every shape, one process a shape
+(``benchmarks.warm_references``).  Step 1 prints one
 correctness line per variant and check case (B1_T8192_H4_HV8 without h0, and a varlen case
 with h0 and the value-first state layout): rel_rmse of o and of the final state vs the fp64
 reference, the bf16 rounding floor of o, and the same for FLA / FlashQLA, so a fast but wrong
@@ -50,23 +50,14 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as Fn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from benchmarks.inputs import D, GATES, SHAPES, make, shrunk  # noqa: E402,F401 - shapes and inputs
 from parity.execute import describe_error  # noqa: E402
 
-SHAPES = {
-    # name: (B, T, H, HV, varlen lengths or None)
-    "B1_T32768_H16_HV32": (1, 32768, 16, 32, None),
-    "B8_T4096_H16_HV32": (8, 4096, 16, 32, None),
-    "B1_T8192_H4_HV8": (1, 8192, 4, 8, None),
-    "B1_T65536_H2_HV4": (1, 65536, 2, 4, None),
-    "varlen8_T32768_H16_HV32": (1, 32768, 16, 32, [1000, 7000, 2500, 6000, 300, 9000, 4000, 2968]),
-}
-D = 128
 C = 64
 
 
@@ -74,32 +65,6 @@ def flops(B, T, HV, lens):
     n_chunks = sum(-(-L // C) for L in lens) if lens else B * -(-T // C)
     per = 2 * C * C * (3 * D + 2 * D) + 3 * 2 * C * D * D
     return n_chunks * HV * per
-
-
-GATES = ("logsigmoid", "qwen")
-
-
-def make(B, T, H, HV, lens, dev, seed=0, gen=None, gates="logsigmoid"):
-    """(q, k, v, g, beta, cu_seqlens); ``gen``: draw from this generator instead of a new one seeded
-    with ``seed`` (the backward benchmark draws its further inputs from the same one); ``gates`` (``GATES``):
-    "qwen" replaces g by ``cases.distributions.qwen_gates`` (a CPU generator seeded with ``seed``), every other
-    draw unchanged."""
-    if gates not in GATES:
-        raise ValueError(f"unknown gates {gates!r}; known: {GATES}")
-    gen = gen if gen is not None else torch.Generator(device=dev).manual_seed(seed)
-    q = torch.randn(B, T, H, D, device=dev, generator=gen).to(torch.bfloat16)
-    k = Fn.normalize(torch.randn(B, T, H, D, device=dev, generator=gen), dim=-1).to(torch.bfloat16)
-    v = torch.randn(B, T, HV, D, device=dev, generator=gen).to(torch.bfloat16)
-    g = Fn.logsigmoid(torch.randn(B, T, HV, device=dev, generator=gen))
-    beta = torch.rand(B, T, HV, device=dev, generator=gen)
-    if gates == "qwen":
-        from cases.distributions import qwen_gates
-        g = qwen_gates(B, T, HV, torch.Generator().manual_seed(seed)).to(dev)
-    cu = None
-    if lens:
-        assert sum(lens) == T and B == 1
-        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64, device=dev)
-    return q, k, v, g, beta, cu
 
 
 def fla_triton():
@@ -289,10 +254,7 @@ def main(argv=None):
         from kernels.forward import emulation as E
         from kernels.forward.precision import preset
         dev = torch.device("cpu")
-        for k_, (B_, T_, H_, HV_, L_) in list(SHAPES.items()):
-            SHAPES[k_] = (B_, T_ // 256, H_, HV_, [max(1, x // 256) for x in L_] if L_ else None)
-            if L_:
-                SHAPES[k_] = (B_, sum(SHAPES[k_][4]), H_, HV_, SHAPES[k_][4])
+        table = shrunk(SHAPES)
 
         def do_bench(fn, warmup, rep, return_mode):
             t = time.time()
@@ -338,6 +300,7 @@ def main(argv=None):
                                    mc=max_chunks(B, T, cu_host))
 
     else:
+        table = SHAPES
         if not torch.cuda.is_available():
             print("no CUDA device")
             return 2
@@ -368,13 +331,15 @@ def main(argv=None):
         if v != "default" and v not in VARIANTS:
             raise SystemExit(f"unknown variant {v}")
 
-    print("== step 0: compile ==", flush=True)
-    if not args.dry_run:
-        precompile(_needed_configs(variants, shapes), args.workers)
-
     skip = {c for c in args.skip.split(",") if c}
     if skip - {"FLA", "FlashQLA", "flashinfer"}:
         ap.error(f"--skip takes FLA, FlashQLA, flashinfer; got {sorted(skip - {'FLA', 'FlashQLA', 'flashinfer'})}")
+    print("== step 0: compile ==", flush=True)
+    if not args.dry_run:
+        precompile(_needed_configs(variants, shapes), args.workers)
+        if "FlashQLA" not in skip and flash_qla()[0] is not None:     # its JIT, one process per shape
+            from benchmarks.warm_references import warm
+            warm("benchmarks.bench_kernels_fwd:flash_qla", shapes, args.workers, gates=args.gates)
     off = "dry run" if args.dry_run else None
     fla, fla_reason = (None, off or "--skip") if off or "FLA" in skip else fla_triton()
     fqla, fqla_reason = (None, off or "--skip") if off or "FlashQLA" in skip else flash_qla()
@@ -436,7 +401,7 @@ def main(argv=None):
     results = {}
     hosts = {}
     for name in shapes:
-        B, T, H, HV, lens = SHAPES[name]
+        B, T, H, HV, lens = table[name]
         q, k, v, g, beta, cu = make(B, T, H, HV, lens, dev, gates=args.gates)
         fns = {}
         for x in variants:

@@ -6,7 +6,7 @@ The pipelines' host code runs as on the GPU, every TileLang kernel replaced by a
 stubbed: outputs stay uninitialised, nothing computes), the sm_90 checks faked and the backward's side stream
 replaced by a stand-in so that the launch order (the recompute after dh where the plan overlaps them) is the GPU's.
 Inputs as ``benchmarks/bench_kernels_bwd.py`` (bf16 q/k/v/do, fp32 g/beta/dht, no initial state, the final state
-returned; ``bench_kernels_fwd.SHAPES``), one warm-up call (the layout caches), then one traced call.  A
+returned; ``benchmarks.inputs.SHAPES``), one warm-up call (the layout caches), then one traced call.  A
 ``TorchDispatchMode`` records every new storage (bytes, shape, dtype, the allocating line in ``kernels/`` and its
 variable) and its free (a weak reference to the storage expires); the pipeline stages are wrapped to record the memory
 at their ends; every kernel launch and operator records the last use of the storages it takes.  Printed per shape:
@@ -38,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.bench_kernels_fwd import D, SHAPES  # noqa: E402
+from benchmarks.inputs import D, SHAPES  # noqa: E402
 
 __all__ = ["Allocation", "MemoryTrace", "Plan", "gpu_peak", "plan", "stub_kernel_path"]
 

@@ -24,7 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.bench_kernels_fwd import SHAPES, fla_triton, make  # noqa: E402
+from benchmarks.bench_kernels_fwd import fla_triton  # noqa: E402
+from benchmarks.inputs import SHAPES, make  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,7 @@ def test_memory_plan_predicts_the_gpu_peak(shape):
     within 1 MiB of the CPU trace's."""
     from benchmarks import memory_plan as mp
     from benchmarks.bench_kernels_bwd import make
-    from benchmarks.bench_kernels_fwd import SHAPES
+    from benchmarks.inputs import SHAPES
     from kernels.autograd import apply
 
     B, T, H, HV, lens = SHAPES[shape]

@@ -1,5 +1,6 @@
-"""The benchmarks' inputs on a CPU: ``--gates qwen`` changes g alone, to gates that carry the state across many
-chunks, and the summaries name the gates they were timed with."""
+"""The benchmarks' inputs on a CPU (``benchmarks.inputs``): ``--gates qwen`` changes g alone, to gates that carry
+the state across many chunks; the summaries name the gates they were timed with; a dry run leaves the shape
+table as it was."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from benchmarks import bench_kernels_bwd as bench_bwd
 from benchmarks import bench_kernels_fwd as bench_fwd
+from benchmarks.inputs import SHAPES, make
 from cases.distributions import qwen_gates
 
 CPU = torch.device("cpu")
@@ -19,8 +21,8 @@ def _chunk_log_decay(g):
 
 
 def test_qwen_gates_change_g_alone():
-    base = bench_fwd.make(1, 1024, 2, 4, None, CPU, seed=3)
-    qwen = bench_fwd.make(1, 1024, 2, 4, None, CPU, seed=3, gates="qwen")
+    base = make(1, 1024, 2, 4, None, CPU, seed=3)
+    qwen = make(1, 1024, 2, 4, None, CPU, seed=3, gates="qwen")
     for a, b in zip(base[:3] + base[4:5], qwen[:3] + qwen[4:5]):       # q, k, v, beta
         assert torch.equal(a, b)
     assert torch.equal(qwen[3], qwen_gates(1, 1024, 4, torch.Generator().manual_seed(3)))
@@ -31,7 +33,7 @@ def test_qwen_gates_change_g_alone():
 
 def test_unknown_gates_are_refused_naming_them():
     with pytest.raises(ValueError, match="unknown gates 'sigmoid'"):
-        bench_fwd.make(1, 64, 1, 1, None, CPU, gates="sigmoid")
+        make(1, 64, 1, 1, None, CPU, gates="sigmoid")
 
 
 @pytest.mark.parametrize("bench", [bench_fwd, bench_bwd], ids=["fwd", "bwd"])
@@ -43,3 +45,4 @@ def test_summary_names_the_qwen_gates(bench, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "qwen gates" in out[out.index("== summary"):].splitlines()[0]
     assert "qwen gates" in out_md.read_text()
+    assert SHAPES["B1_T8192_H4_HV8"] == (1, 8192, 4, 8, None)     # the dry run shrank a copy
