@@ -62,9 +62,14 @@ def warm(resolver: str, shapes, workers: int, gates: str = "logsigmoid", backwar
     t = time.time()
     out = {}
     job = functools.partial(_warm_one, resolver=resolver, gates=gates, backward=backward, device=device)
-    with ProcessPoolExecutor(max(1, min(workers, len(shapes))), mp_context=mp.get_context("spawn")) as ex:
-        for shape, secs, err in ex.map(job, shapes):
-            out[shape] = err
-            log(f"  warmed {resolver.split(':')[-1]} on {shape:<26} {secs:6.1f} s {err or ''}")
+    try:
+        with ProcessPoolExecutor(max(1, min(workers, len(shapes))), mp_context=mp.get_context("spawn")) as ex:
+            for shape, secs, err in ex.map(job, shapes):
+                out[shape] = err
+                log(f"  warmed {resolver.split(':')[-1]} on {shape:<26} {secs:6.1f} s {err or ''}")
+    except Exception as e:  # noqa: BLE001 - a worker that died (a crash in the JIT): the benchmark compiles in-process
+        for shape in shapes:
+            out.setdefault(shape, f"warm-up process lost: {type(e).__name__}: {e}"[:300])
+        log(f"  warm-up stopped: {type(e).__name__}: {e}"[:300])
     log(f"  {len(shapes)} shapes in {time.time() - t:.1f} s")
     return out

@@ -36,3 +36,15 @@ def test_every_shape_is_called_once_and_a_failure_stays_its_own():
 def test_an_unavailable_implementation_is_reported_per_shape():
     out = warm("tests.test_warm_references:unavailable", SHAPES[:1], workers=1, device="cpu", log=lambda m: None)
     assert out == {"B1_T8192_H4_HV8": "unavailable: not installed here"}
+
+
+def crash():
+    import os
+    os._exit(3)                    # a worker process that dies, as a segfault in a JIT would
+
+
+def test_a_worker_that_dies_is_reported_and_returns():
+    lines = []
+    out = warm("tests.test_warm_references:crash", SHAPES[:1], workers=1, device="cpu", log=lines.append)
+    assert out["B1_T8192_H4_HV8"].startswith("warm-up process lost: BrokenProcessPool")
+    assert any("warm-up stopped" in m for m in lines)
