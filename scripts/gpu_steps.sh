@@ -26,6 +26,10 @@
 #   scripts/gpu_steps.sh fwd-ab [S]           # forward A/B: the GPU tests of tests/test_kernels_gpu.py matching
 #       FWD_TESTS (a pytest -k expression; none if unset), then bench_kernels_fwd.py with the variants FWD_VARIANTS
 #       (default "default,smem,occ", the stage columns beside them) and FWD_ARGS (default: no reference columns)
+#   scripts/gpu_steps.sh refs [S]             # the forward, then the forward + backward benchmark with every reference
+#       column (FLA Triton, FlashQLA; FlashInfer where scripts/flashinfer_env.sh was sourced), the default plan
+#       only, REFS_ARGS (e.g. "--gates qwen" or "--no-check"); S per benchmark; then the compile caches into
+#       OUT/c (scripts/gpu_save_caches.sh), FlashQLA's per-shape kernels included
 #   scripts/gpu_steps.sh profile [S]          # Nsight Compute over one fwd+bwd call (benchmarks/profile_kernels.py;
 #       PROFILE_SHAPE, and PROFILE_ARGS e.g. "--ab ours-no-cluster" or "--impl fla-triton")
 #   scripts/gpu_steps.sh ab [S]               # a candidate's GPU tests (AB_TESTS: a pytest -k expression over
@@ -152,6 +156,18 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
     run python3 benchmarks/bench_kernels_fwd.py --variants "${FWD_VARIANTS:-default,smem,occ}" --rep 30 --warmup 5 \
       ${FWD_ARGS:---no-check --skip FLA,FlashQLA,flashinfer} > "$out/k/bench-fwd-ab.txt" 2>&1
     echo "forward A/B bench rc=$? $(( $(date +%s) - t0 )) s"; grep -A8 "== summary" "$out/k/bench-fwd-ab.txt" ;;
+  refs)
+    mkdir -p "$out/k"
+    # shellcheck disable=SC2086  # REFS_ARGS is a list of words
+    run python3 benchmarks/bench_kernels_fwd.py --variants default --rep 30 --warmup 5 ${REFS_ARGS:-} \
+      > "$out/k/bench-fwd-refs.txt" 2>&1
+    echo "forward bench rc=$? $(( $(date +%s) - t0 )) s"; grep -A7 "== summary" "$out/k/bench-fwd-refs.txt"
+    grep -A6 "^ratios" "$out/k/bench-fwd-refs.txt"
+    # shellcheck disable=SC2086
+    run python3 benchmarks/bench_kernels_bwd.py --rep 200 --warmup 30 --workers 14 ${REFS_ARGS:-} \
+      > "$out/k/bench-bwd-refs.txt" 2>&1
+    echo "fwd+bwd bench rc=$? $(( $(date +%s) - t0 )) s"; grep -A16 "== summary" "$out/k/bench-bwd-refs.txt"
+    "$(dirname "$0")/gpu_save_caches.sh" "$out/c" > /dev/null ;;
   profile)
     # needs ncu's hardware counters: a container runtime that hides them (e.g. gVisor) makes ncu fail
     mkdir -p "$out/k"
