@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -298,10 +299,16 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
     gsum = plan.group_sum_config(g32)
     out32 = gsum is not None or g32
     HO = x.H if plan.cluster_group_sum else HV
-    dq32 = torch.empty(Ttot, HO, D, device=dev, dtype=f32)      # the kernel stores every token row
-    dk32 = torch.empty_like(dq32)
-    # the input-dtype outputs use the first half of the fp32 buffers' memory (only one of the two is written)
-    dqo, dko = (t.view(-1).view(dt)[:t.numel()].view(Ttot, HO, D) for t in (dq32, dk32))
+    # the kernel stores every token row, either fp32 (dq32, dk32) or in the input dtype (dqo, dko) by ``out32``
+    # (``dqk.store_rows``); the pair it leaves unwritten is a view of memory the call holds anyway
+    if out32:
+        dq32 = torch.empty(Ttot, HO, D, device=dev, dtype=f32)
+        dk32 = torch.empty_like(dq32)
+        dqo, dko = (t.view(-1).view(dt)[:t.numel()].view(Ttot, HO, D) for t in (dq32, dk32))
+    else:
+        dqo = torch.empty(Ttot, HO, D, device=dev, dtype=dt)
+        dko = torch.empty_like(dqo)
+        dq32 = dk32 = _unwritten(states.Sch, (Ttot, HO, D), f32)
     s, gr, t = states, grads, tables
     get_kernel(plan.dqk_config())(x.q, x.k, x.v, b.do, s.Sch, s.Scl, s.Uh, s.Ul, gr.dSh, gr.dSl, gr.dYh, gr.dYl,
                                   t.Fb, x.cu, x.chunk_indices, dq32, dk32, dqo, dko, qz, kw, kr, sd, yv2, rect, db22,
@@ -313,6 +320,16 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
         gs(dq32, dqv)
         gs(dk32, dkv)
     return ChunkTerms(dqv, dkv, qz, kw, kr, sd, yv2, rect, db22)
+
+
+def _unwritten(buf: torch.Tensor, shape, dtype) -> torch.Tensor:
+    """A contiguous ``dtype`` tensor of ``shape`` over ``buf``'s memory, for a kernel argument the kernel does not
+    write (and never reads); a new allocation where ``buf`` is too small."""
+    n = math.prod(shape)
+    raw = buf.view(-1).view(torch.uint8)
+    if raw.numel() < n * dtype.itemsize:
+        return torch.empty(shape, device=buf.device, dtype=dtype)
+    return raw[:n * dtype.itemsize].view(dtype).view(shape)
 
 
 def dg_dbeta(*, x: ForwardInputs, plan, tables: PrepTables, grads: StateGradients, terms: ChunkTerms, g, beta,
