@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from kernels.backward.configs import CLUSTER_GROUPS, BwdConfig
-from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, SCAN_BV, FixupConfig,
+from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, FixupConfig,
                                      IntraConfig, OutputConfig, StateConfig, output_block_v)
 from kernels.forward.precision import Precision, preset
 
@@ -75,8 +75,8 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
            StateConfig(plan.dtype, plan.block_v, prec, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),
            OutputConfig(plan.dtype, prec, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
     if plan.cp > 1:
-        out += [StateConfig(plan.dtype, RV_BV if rv else SCAN_BV, prec.for_scan(), scan=True, form=plan.state_form,
-                            DK=DK), FixupConfig(DK)]
+        # the rv form's scan (__post_init__ allows CP for it alone)
+        out += [StateConfig(plan.dtype, RV_BV, prec.for_scan(), scan=True, form="rv", DK=DK), FixupConfig(DK)]
     return tuple(out)
 
 

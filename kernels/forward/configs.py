@@ -11,7 +11,6 @@ DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128)          # K == V: each kernel is built for the call's head dim (its configuration's DK)
 KERNEL_HEAD_DIM = 128          # the configurations' default DK
 OUT_CPB = 8                    # chunks per CTA of the output kernel (pipelined TMA loads)
-SCAN_BV = 32                   # value columns per CTA of the CP phase-1 scan (over 2 x DV columns)
 RV_BV = 64                     # value columns per warpgroup of the register-operand state kernel (wgmma M)
 NUM_STAGES = 2                 # software pipelining depth of the sequential kernels' chunk loads
 STATE_FORMS = ("rv", "smem")   # register-operand (value-first tables) / shared-memory-operand (key-first) state
@@ -102,9 +101,11 @@ def prim_func(cfg):
                 raise ValueError(f"sl_swizzle is a form of the smem state kernel, not of the rv form: {cfg!r}")
             from .state_registers import build_state_registers
             return build_state_registers(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.BV)
+        if cfg.scan:
+            raise ValueError(f"the CP scan is a form of the rv state kernel, not of the smem form: {cfg!r}")
         from .state_smem import build_state_smem
-        return build_state_smem(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan,
-                                cfg.ctas_per_sm, cfg.sl_swizzle)
+        return build_state_smem(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.ctas_per_sm,
+                                cfg.sl_swizzle)
     if isinstance(cfg, FixupConfig):
         from .cp_fixup import build_cp_fixup
         return build_cp_fixup(cfg.DK)

@@ -1,4 +1,4 @@
-"""Sequential state kernel, shared-memory-operand form ``gdn_state_smem`` (and the CP scan ``gdn_scan_smem``).
+"""Sequential state kernel, shared-memory-operand form ``gdn_state_smem``.
 
 One CTA (128 threads) per (block of ``BV`` value columns, value head, sequence or segment); the fp32
 state block ``S[DK, BV]`` lives in registers; chunk loads (k, v, Ag, F) are TMA through TileLang's
@@ -12,11 +12,7 @@ warp-specialised ``T.Pipelined``.  Per chunk (``prec``: ``precision.Precision``)
 
 All products accumulate in fp32 (wgmma); nothing is TF32.  With the all-"bf16" preset this is 4
 wgmma per chunk (K S, Ag X, update) like FLA's ``chunk_gated_delta_rule_fwd_h``, and 48 KB written per chunk and head.
-
-``scan=True`` builds the CP phase-1 kernel: no per-chunk stores, and the value columns run over
-``2 DV``: columns ``[0, DV)`` advance the state of the segment from zero, columns ``[DV, 2 DV)``
-advance the transition product ``M`` from the identity with ``v = 0`` (the update is affine:
-``S_end = M S_start + Z``).  It writes ``[Z | M]`` as the "final state" ``ht [Nseg, HV, DK, 2 DV]``.
+The CP scan is the register-operand form's (``state_registers.py``).
 """
 
 import tilelang.language as T
@@ -28,9 +24,9 @@ BT = 64
 THREADS = 128
 
 
-def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False,
-                   ctas_per_sm: int = 1, swizzle_sl: bool = False):
-    """TileLang prim_func of ``gdn_state_smem`` (``scan=False``) or ``gdn_scan_smem`` (``scan=True``).
+def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int = 2, ctas_per_sm: int = 1,
+                     swizzle_sl: bool = False):
+    """TileLang prim_func of ``gdn_state_smem``.
 
     Arguments:
       k        [Ttot, H, DK]          dtype
@@ -39,10 +35,10 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
       F        [HV, NCg, 8, 64]       fp32
       cu_seqlens    [N + 1]  int32    token boundaries of the sequences (segments for CP)
       chunk_offsets [N + 1]  int32    their first global chunk ids
-      h0       [Nh, HV, DK, DV]       fp32 (read as [.., DV, DK] when v_first; unused by the scan)
+      h0       [Nh, HV, DK, DV]       fp32 (read as [.., DV, DK] when v_first)
       Sch, Scl [HV, NCg, DK, DV]      dtype   (outputs; Scl only when prec.s == "split")
       Uh, Ul   [HV, NCg, 64, DV]      dtype   (outputs; Ul only when prec.u == "split")
-      ht       [Nt, HV, DK, DV]       fp32    (scan: [Nt, HV, DK, 2 DV], always [.., K, V])
+      ht       [Nt, HV, DK, DV]       fp32    (written as [.., DV, DK] when v_first)
       use_h0, store_ht, v_first       int32
 
     ``ctas_per_sm = 2`` asks for two resident CTAs per SM (``__launch_bounds__(256, 2)``, at most 128
@@ -67,11 +63,9 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
     assert dtype in ("bfloat16", "float16")
     assert ctas_per_sm in (1, 2) and (ctas_per_sm == 1 or BV <= 32)
     f32 = "float32"
-    W = 2 * DV if scan else DV
-    NV = W // BV
-    ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits(scan)
+    NV = DV // BV
+    ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits()
     sl_need = ks_sp or s_sp
-    store = not scan
 
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
     # every product of a group but the last is issued without a wait (T.wgmma_gemm)
@@ -94,7 +88,7 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
         Scl: T.Tensor((HV, NCg, DK, DV), dtype),
         Uh: T.Tensor((HV, NCg, BT, DV), dtype),
         Ul: T.Tensor((HV, NCg, BT, DV), dtype),
-        ht: T.Tensor((Nt, HV, DK, W), f32),
+        ht: T.Tensor((Nt, HV, DK, DV), f32),
         use_h0: T.int32,
         store_ht: T.int32,
         v_first: T.int32,
@@ -106,8 +100,6 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
             h = hv // (HV // H)
             bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
             v0 = bv * BV
-            vv = v0 % DV               # column block of v / of the chunk tables
-            vkeep = T.if_then_else(v0 < DV, T.float32(1), T.float32(0))   # scan: 0 on the M columns
 
             k_s = T.alloc_shared((BT, DK), dtype)
             v_s = T.alloc_shared((BT, BV), dtype)
@@ -137,26 +129,21 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                 # S lo only stored (no K @ Sl wgmma lays it out), so row-major: each bf16x2 store from the fragment
                 # is a 4-way bank conflict at BV 32; swizzled like sh_s, none (kernels.common.bank_conflicts)
                 swz[sl_s] = make_swizzled_layout(sl_s)
-            if store:
-                swz[uh_s] = make_swizzled_layout(uh_s)
-                if u_sp:
-                    swz[ul_s] = make_swizzled_layout(ul_s)
+            swz[uh_s] = make_swizzled_layout(uh_s)
+            if u_sp:
+                swz[ul_s] = make_swizzled_layout(ul_s)
             T.annotate_layout(swz)
 
-            if scan:
-                for i, j in T.Parallel(DK, BV):
-                    s_f[i, j] = T.if_then_else(v0 + j == DV + i, T.float32(1), T.float32(0))
+            if use_h0 != 0:
+                load_state_kt(h0, s_f, v_first, n, hv, v0, BV, DK)
             else:
-                if use_h0 != 0:
-                    load_state_kt(h0, s_f, v_first, n, hv, v0, BV, DK)
-                else:
-                    T.clear(s_f)
+                T.clear(s_f)
 
             for ic in T.Pipelined(nchunks, num_stages=num_stages):
                 t0 = bos + ic * BT
                 c = c0 + ic
                 T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
-                T.copy(v[t0:t0 + BT, hv, vv:vv + BV], v_s)
+                T.copy(v[t0:t0 + BT, hv, v0:v0 + BV], v_s)
                 if ag_sp:
                     T.copy(Ah[hv, c, 0:BT, 0:BT], a_s[0, :, :])
                     T.copy(Al[hv, c, 0:BT, 0:BT], a_s[1, :, :])
@@ -164,27 +151,17 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                     T.copy(Ah[hv, c, 0:BT, 0:BT], ah_s)
                 T.copy(F[hv, c, 0:4, 0:BT], f_s)
 
-                if scan:
-                    # a loaded tile read first: with no table store after it, the S split below would otherwise
-                    # be the loop body's first statement, which TileLang moves into the TMA producer's branch
-                    for i, j in T.Parallel(BT, BV):
-                        u_f[i, j] = vkeep * T.cast(v_s[i, j], f32)
                 split_into(s_f, sh_s, sl_s, sl_need)
-                if store:
-                    T.copy(sh_s, Sch[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
-                    if s_sp:
-                        T.copy(sl_s, Scl[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
+                T.copy(sh_s, Sch[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
+                if s_sp:
+                    T.copy(sl_s, Scl[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
 
                 # X = V - F0 * (K @ S)
                 ks_first(k_s, sh_s, ks_f, clear_accum=True)
                 if ks_sp:
                     T.gemm(k_s, sl_s, ks_f)
-                if scan:
-                    for i, j in T.Parallel(BT, BV):
-                        ks_f[i, j] = u_f[i, j] - f_s[0, i] * ks_f[i, j]
-                else:
-                    for i, j in T.Parallel(BT, BV):
-                        ks_f[i, j] = T.cast(v_s[i, j], f32) - f_s[0, i] * ks_f[i, j]
+                for i, j in T.Parallel(BT, BV):
+                    ks_f[i, j] = T.cast(v_s[i, j], f32) - f_s[0, i] * ks_f[i, j]
                 split_into(ks_f, xh_s, xl_s, x_sp)
 
                 # U = Ag @ X
@@ -197,11 +174,10 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                     u_first(ah_s, xh_s, u_f, clear_accum=True)
                     if x_sp:
                         T.gemm(ah_s, xl_s, u_f)
-                if store:
-                    split_into(u_f, uh_s, ul_s, u_sp)
-                    T.copy(uh_s, Uh[hv, c, 0:BT, v0:v0 + BV], disable_tma=True)
-                    if u_sp:
-                        T.copy(ul_s, Ul[hv, c, 0:BT, v0:v0 + BV], disable_tma=True)
+                split_into(u_f, uh_s, ul_s, u_sp)
+                T.copy(uh_s, Uh[hv, c, 0:BT, v0:v0 + BV], disable_tma=True)
+                if u_sp:
+                    T.copy(ul_s, Ul[hv, c, 0:BT, v0:v0 + BV], disable_tma=True)
 
                 # S = F3 * S + K^T @ (F2 * U)
                 for i, j in T.Parallel(BT, BV):
@@ -213,10 +189,7 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                 if upd_sp:
                     T.gemm(k_s, xl_s, s_f, transpose_A=True)
 
-            if scan:
-                T.copy(s_f, ht[n, hv, 0:DK, v0:v0 + BV])
-            else:
-                if store_ht != 0:
-                    store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
+            if store_ht != 0:
+                store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
 
     return gdn_state_smem
