@@ -5,8 +5,7 @@
 
 bf16 q/k/v, fp32 g/beta, no initial state, output_final_state=True; q ~ N(0,1), k L2-normalised N(0,1),
 v ~ N(0,1), g = logsigmoid(N(0,1)) (``--gates qwen``: the forward benchmark's Qwen gates), beta ~ U(0,1);
-do ~ N(0,1), dht ~ 0.1 N(0,1).  Shapes: the forward
-benchmark's (``benchmarks.inputs.SHAPES``).  Times are ``triton.testing.do_bench`` medians (ms) in this run:
+do ~ N(0,1), dht ~ 0.1 N(0,1).  Shapes: the forward benchmark's (``benchmarks.inputs.SHAPES``).  Times are ``triton.testing.do_bench`` medians (ms) in this run:
 ``fwd`` = the forward with autograd recording, ``fwd+bwd`` = forward then ``torch.autograd.backward``;
 ``bwd`` = their difference; for ours also the time of every backward stage (CUDA events, one call).  The leaves'
 gradients are reset before each timed call (``grad_to_none``).  ``--rep`` and ``--warmup`` are do_bench's
@@ -40,11 +39,10 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.bench_kernels_fwd import fla_triton, flash_qla  # noqa: E402
-from benchmarks.inputs import D, GATES, SHAPES as FWD_SHAPES, shrunk  # noqa: E402
+from benchmarks.inputs import D, GATES, SHAPES, shrunk  # noqa: E402
 from benchmarks.inputs import make as make_fwd_inputs  # noqa: E402
 from parity.execute import describe_error  # noqa: E402
 
-SHAPES = FWD_SHAPES             # the forward benchmark's shapes
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 # (name, B, T, H, HV, varlen lengths, h0 std, state_v_first)
 CHECKS = [
@@ -204,6 +202,11 @@ def main(argv=None):
     except ImportError as e:
         print(f"FLA column: fla not importable ({e})", flush=True)
     shapes = [s for s in args.shapes.split(",") if s]
+    skip = {c for c in args.skip.split(",") if c}
+    if skip - {"FLA", "FlashQLA"}:
+        ap.error(f"--skip takes FLA, FlashQLA; got {sorted(skip - {'FLA', 'FlashQLA'})}")
+    # FlashQLA's column (its JIT is warmed in step 0); the dry run has no reference columns
+    fq, fq_why = (None, "--skip") if "FlashQLA" in skip else (None, "dry run") if args.dry_run else flash_qla()
 
     print("== step 0: compile ==", flush=True)
     if not args.dry_run:
@@ -214,7 +217,7 @@ def main(argv=None):
         for B, T, H, HV, lens, h0 in todo:
             cfgs += call_configs(B, T, H, HV, lens, h0, ["ours"] + ab)
         precompile(list(dict.fromkeys(cfgs)), args.workers, log=lambda m: print(m, flush=True))
-        if "FlashQLA" not in {c for c in args.skip.split(",") if c} and flash_qla()[0] is not None:
+        if fq is not None:
             from benchmarks.warm_references import warm         # its JIT, forward and backward, one process a shape
             warm("benchmarks.bench_kernels_fwd:flash_qla", shapes, args.workers, gates=args.gates, backward=True,
                  log=lambda m: print(m, flush=True))
@@ -223,9 +226,6 @@ def main(argv=None):
     for col in ab:
         impls.append((col, lambda *a, f=alter(col), **k: ours(*a, **k, alter=f)))
     skipped = {}
-    skip = {c for c in args.skip.split(",") if c}
-    if skip - {"FLA", "FlashQLA"}:
-        ap.error(f"--skip takes FLA, FlashQLA; got {sorted(skip - {'FLA', 'FlashQLA'})}")
     skipped.update({c: "--skip" for c in sorted(skip)})
     if not args.dry_run:
         fla, why = fla_triton() if "FLA" not in skip else (None, "--skip")
@@ -233,9 +233,8 @@ def main(argv=None):
             skipped.setdefault("FLA", why)
         else:
             impls.append(("FLA", fla))
-        fq, why = flash_qla() if "FlashQLA" not in skip else (None, "--skip")
         if fq is None:
-            skipped.setdefault("FlashQLA", why)
+            skipped.setdefault("FlashQLA", fq_why)
         else:
             impls.append(("FlashQLA", fq))
 

@@ -7,14 +7,14 @@ Forward with the final state, bf16 q/k/v, fp32 g/beta, no initial state; inputs 
 random (q ~ N(0,1), k L2-normalised N(0,1), v ~ N(0,1), g = logsigmoid(N(0,1)),
 beta ~ U(0,1)).  ``--gates qwen``: g of the ``qwen-gates`` distribution instead (Qwen3-Next's gate with the Mamba
 initialisation, ``cases.distributions.qwen_gates``; per 64-token chunk a log-decay of about -1 on many heads where
-logsigmoid(N(0,1)) gives about -52), the other inputs unchanged: a state that carries across many chunks.  Times are ``triton.testing.do_bench`` medians (ms) in this one run.
+logsigmoid(N(0,1)) gives about -52), the other inputs unchanged: a state that carries across many chunks.  Times
+are ``triton.testing.do_bench`` medians (ms) in this one run.
 
 Step 0 compiles every TileLang kernel the variants need in parallel processes (fills
 TileLang's disk cache; the timed processes then load them), and FlashQLA's for every shape, one process a shape
-(``benchmarks.warm_references``).  Step 1 prints one
-correctness line per variant and check case (B1_T8192_H4_HV8 without h0, and a varlen case
-with h0 and the value-first state layout): rel_rmse of o and of the final state vs the fp64
-reference, the bf16 rounding floor of o, and the same for FLA / FlashQLA, so a fast but wrong
+(``benchmarks.warm_references``).  Step 1 prints one correctness line per variant and check case
+(B1_T8192_H4_HV8 without h0, and a varlen case with h0 and the value-first state layout): rel_rmse of o and of
+the final state vs the fp64 reference, the bf16 rounding floor of o, and the same for FLA / FlashQLA, so a fast but wrong
 variant is visible.  Step 2 times every variant on every shape.  Variants (columns):
 
 * ``default``   - what ``kernels.chunk_gated_delta_rule`` dispatches, timed through the public API
@@ -55,7 +55,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.inputs import D, GATES, SHAPES, make, shrunk  # noqa: E402,F401 - shapes and inputs
+from benchmarks.inputs import D, GATES, SHAPES, make, shrunk  # noqa: E402
 from parity.execute import describe_error  # noqa: E402
 
 C = 64
@@ -334,15 +334,15 @@ def main(argv=None):
     skip = {c for c in args.skip.split(",") if c}
     if skip - {"FLA", "FlashQLA", "flashinfer"}:
         ap.error(f"--skip takes FLA, FlashQLA, flashinfer; got {sorted(skip - {'FLA', 'FlashQLA', 'flashinfer'})}")
-    print("== step 0: compile ==", flush=True)
-    if not args.dry_run:
-        precompile(_needed_configs(variants, shapes), args.workers)
-        if "FlashQLA" not in skip and flash_qla()[0] is not None:     # its JIT, one process per shape
-            from benchmarks.warm_references import warm
-            warm("benchmarks.bench_kernels_fwd:flash_qla", shapes, args.workers, gates=args.gates)
     off = "dry run" if args.dry_run else None
     fla, fla_reason = (None, off or "--skip") if off or "FLA" in skip else fla_triton()
     fqla, fqla_reason = (None, off or "--skip") if off or "FlashQLA" in skip else flash_qla()
+    print("== step 0: compile ==", flush=True)
+    if not args.dry_run:
+        precompile(_needed_configs(variants, shapes), args.workers)
+        if fqla is not None:            # FlashQLA's JIT, one process per shape
+            from benchmarks.warm_references import warm
+            warm("benchmarks.bench_kernels_fwd:flash_qla", shapes, args.workers, gates=args.gates)
     skipped = {}
     if fla is None:
         skipped["FLA"] = fla_reason

@@ -16,7 +16,8 @@ use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=Non
 
 Bad input raises ``ValueError`` naming the problem.  Dense input is run as varlen (B sequences of length T).
 Stages: ``intra_chunk`` (parallel), ``state`` (sequential; or, with CP, ``state_segmented``: the scan, the fp64
-fix-up and the state kernel per segment), ``output`` (parallel); which kernels run is ``kernels.plan``'s ``ForwardPlan`` (``plan``: another plan value, e.g. a benchmark's alternative).  ``keep_tables``: a dict that
+fix-up and the state kernel per segment), ``output`` (parallel); which kernels run is ``kernels.plan``'s
+``ForwardPlan`` (``plan``: another plan value, e.g. a benchmark's alternative).  ``keep_tables``: a dict that
 receives the intra kernel's Tinv and Ag tables for the backward (``Th``, ``Ah``, ``Al``, each
 [HV, NC, 64, 64] in the input dtype) where the plan keeps them.  Every kernel is built for the call's head dim
 (K == V in {64, 128}; the plan's ``DK``): nothing is padded.  This module imports tilelang only when a kernel is
@@ -179,7 +180,7 @@ def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStat
     fix-up of the segment start states (``gdn_cp_fixup``), then the state kernel per segment, value-first."""
     from kernels.build import get_kernel
     dev, D, HV = x.q.device, x.D, x.HV          # ForwardPlan allows CP for the rv form alone
-    _, _, _, scan, fixup = plan.configs()
+    _, state_cfg, _, scan, fixup = plan.configs()
     Sch, Scl, Uh, Ul = _state_tables(x, plan)
     seg_cu, seg_co, seg_of, seg_of_d, Nseg = _cp_tables(x.B, x.T, x.cu_seqlens, x.cu_host, plan.cp, dev)
     ZM = torch.empty((Nseg, HV, 2 * D, D), device=dev, dtype=torch.float32)
@@ -190,8 +191,8 @@ def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStat
     get_kernel(fixup)(ZM, h0, seg_of_d, h0s, int(x.h0 is not None), int(x.v_first))
     ZM = None
     hts = torch.empty_like(h0s)
-    get_kernel(plan.configs()[1])(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0s, Sch, Scl, Uh, Ul,
-                                  hts, 1, int(x.store_ht), 1)
+    get_kernel(state_cfg)(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0s, Sch, Scl, Uh, Ul, hts, 1,
+                          int(x.store_ht), 1)
     ht = None
     if x.store_ht:                  # every sequence's last segment, in the caller's layout
         ht = hts.index_select(0, _last_segments(seg_of, dev))
