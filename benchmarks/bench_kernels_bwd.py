@@ -106,7 +106,7 @@ def alter(col: str):
     return f
 
 
-def call_configs(B, T, H, HV, lens, h0, cols):
+def call_configs(B, T, H, HV, lens, cols):
     """Every kernel configuration a bf16 forward + backward of this shape runs in columns ``cols``."""
     import dataclasses
 
@@ -116,7 +116,7 @@ def call_configs(B, T, H, HV, lens, h0, cols):
     nc = sum(-(-x // 64) for x in lens) if lens else B * -(-T // 64)
     out = []
     for keep in (True, False):
-        out += forward_plan("bfloat16", n, HV, mc, h0, keep_tables=keep).configs()
+        out += forward_plan("bfloat16", n, HV, mc, keep_tables=keep).configs()
     bp = backward_plan("bfloat16", H, HV, nc, n)
     for p in [bp, dataclasses.replace(bp, dh_single=False, reads_saved_tables=False)]:
         out += p.configs(True) + p.configs(False) + p.recompute_configs()
@@ -212,10 +212,10 @@ def main(argv=None):
     if not args.dry_run:
         from kernels.build import precompile
         cfgs = []
-        todo = [(*table[n][:5], False) for n in shapes]
-        todo += [] if args.no_check else [(*c[1:6], c[6] is not None) for c in checks]
-        for B, T, H, HV, lens, h0 in todo:
-            cfgs += call_configs(B, T, H, HV, lens, h0, ["ours"] + ab)
+        todo = [table[n][:5] for n in shapes]
+        todo += [] if args.no_check else [c[1:6] for c in checks]
+        for B, T, H, HV, lens in todo:
+            cfgs += call_configs(B, T, H, HV, lens, ["ours"] + ab)
         precompile(list(dict.fromkeys(cfgs)), args.workers, log=lambda m: print(m, flush=True))
         if fq is not None:
             from benchmarks.warm_references import warm         # its JIT, forward and backward, one process a shape

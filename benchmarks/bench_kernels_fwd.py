@@ -25,6 +25,8 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   128 value columns per CTA, CP off; ``smem`` - the shared-memory-operand state kernel, BV by
   ``plan.block_v``, one CTA per SM; ``smem16`` / ``smem32`` / ``smem64`` - the same with BV forced;
   ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
+  ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``msplit`` - the
+  intra kernel's block merges split (precision fields of the dispatched plan);
 * ``intra``, ``state``, ``output`` - the dispatched plan's three stages, each alone on the tables the stages
                   before it made once (``state``: the sequential state kernel, or with CP the scan, the fix-up and
                   the state kernel per segment); where the time of ``default`` goes;
@@ -101,6 +103,11 @@ def _smem(bv=None, occ=1):
     return lambda p, n, HV, mc: dict(state_form="smem", block_v=bv or block_v(n, HV, occ), ctas_per_sm=occ, cp=1)
 
 
+def _prec(**fields):
+    import dataclasses
+    return lambda p, n, HV, mc: dict(precision=dataclasses.replace(p.precision, **fields))
+
+
 def cp_segments(n, HV, mc):
     from kernels.plan import cp_segments as f
     return f(n, HV, mc)
@@ -124,6 +131,9 @@ VARIANTS = {
     "occ": _smem(occ=2),
     "occ16": _smem(16, 2),
     "occ32": _smem(32, 2),
+    "s1": _prec(s="bf16", ks="bf16"),
+    "ks1": _prec(ks="bf16"),
+    "msplit": _prec(merge="split"),
 }
 DEFAULT_VARIANTS = "default,rv,rvcp,smem"   # the others on request
 
@@ -172,19 +182,18 @@ def enqueue_ms(fn, dev, reps: int = 20) -> float | None:
 def _needed_configs(variants, shapes):
     import dataclasses
 
-    from kernels.forward.precision import preset
     from kernels.plan import forward_plan
     cfgs = []
-    todo = [(SHAPES[name][0], SHAPES[name][1], SHAPES[name][3], SHAPES[name][4], False) for name in shapes]
-    todo += [(c[1], c[2], c[4], c[5], c[6] is not None) for c in CHECKS]
-    for B, T, HV, lens, h0 in todo:
+    todo = [(SHAPES[name][0], SHAPES[name][1], SHAPES[name][3], SHAPES[name][4]) for name in shapes]
+    todo += [(c[1], c[2], c[4], c[5]) for c in CHECKS]
+    for B, T, HV, lens in todo:
         n = len(lens) if lens else B
         mc = max(-(-x // C) for x in lens) if lens else -(-T // C)
-        p = forward_plan("bfloat16", n, HV, mc, h0)
+        p = forward_plan("bfloat16", n, HV, mc)
         cfgs += p.configs()
         for v in variants:
             if v in VARIANTS:
-                cfgs += dataclasses.replace(p, precision=preset(h0), **VARIANTS[v](p, n, HV, mc)).configs()
+                cfgs += dataclasses.replace(p, **VARIANTS[v](p, n, HV, mc)).configs()
     return list(dict.fromkeys(cfgs))
 
 
@@ -273,7 +282,7 @@ def main(argv=None):
             offs = E.chunk_tables(cu)[1]
             rows = lambda x: x.reshape(Bq * Tq, *x.shape[2:])   # noqa: E731
             q2, k2, v2 = rows(q), rows(k), rows(v)
-            prec = preset(False)
+            prec = preset()
 
             def intra():
                 return E.intra_chunk(q2, k2, rows(g).float(), rows(beta).float(), cu, q.shape[-1] ** -0.5, False,
@@ -288,7 +297,7 @@ def main(argv=None):
 
         def plan_for(x):                     # the emulation's plan: no CUDA device to prepare for
             from kernels.plan import forward_plan
-            return forward_plan("bfloat16", x.N, x.HV, x.mc, False)
+            return forward_plan("bfloat16", x.N, x.HV, x.mc)
 
         def prepare(q, k, v, g, beta, **kw):
             from types import SimpleNamespace

@@ -11,16 +11,16 @@ import functools
 
 from kernels.backward import configs as bwd
 from kernels.forward import configs as fwd
-from kernels.forward.configs import DTYPES, HEAD_DIMS, RV_BV, StateConfig
-from kernels.forward.precision import PRESETS
-from kernels.plan import ForwardPlan
+from kernels.forward.configs import DTYPES, HEAD_DIMS, RV_BV
+from kernels.forward.precision import preset
+from kernels.plan import BackwardPlan, ForwardPlan
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 
 
 def forward_configs():
     """Every forward configuration a dispatch decision can choose (``kernels.plan.forward_plan`` and the
-    backward's recompute): for bf16 and fp16, precision "default" and "default_h0": the intra kernel (and its
+    backward's recompute): for bf16 and fp16, precision "default": the intra kernel (and its
     Tinv-keeping form), the rv state kernel + its CP scan and fix-up, the smem state kernel at every BV
     ``block_v`` picks (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts,
     and the recompute's swizzled smem state kernels.
@@ -31,17 +31,17 @@ def forward_configs():
     out = []
     for DK in sorted(HEAD_DIMS, reverse=True):
         for dtype in DTYPES:
-            for prec in (PRESETS["default"], PRESETS["default_h0"]):
-                plans = [ForwardPlan(dtype, prec, "rv", RV_BV, 1, 2, DK=DK)]
-                plans += [ForwardPlan(dtype, prec, "smem", bv, 1, 1, DK=DK) for bv in (64, 32, 16)]
-                plans += [ForwardPlan(dtype, prec, "smem", bv, 2, 1, DK=DK) for bv in (32, 16)]
-                plans += [ForwardPlan(dtype, prec, "smem", 64, 1, 1, keep_tables=True, DK=DK)]
-                cfgs = [c for p in plans for c in p.configs()]
-                if prec.s == "split" and prec.ks != "split":          # the backward recompute's (sl_swizzle)
-                    cfgs += [StateConfig(dtype, bv, prec, form="smem", DK=DK, sl_swizzle=True) for bv in (64, 32, 16)]
-                for c in cfgs:
-                    if c not in out:
-                        out.append(c)
+            prec = preset()
+            plans = [ForwardPlan(dtype, prec, "rv", RV_BV, 1, 2, DK=DK)]
+            plans += [ForwardPlan(dtype, prec, "smem", bv, 1, 1, DK=DK) for bv in (64, 32, 16)]
+            plans += [ForwardPlan(dtype, prec, "smem", bv, 2, 1, DK=DK) for bv in (32, 16)]
+            plans += [ForwardPlan(dtype, prec, "smem", 64, 1, 1, keep_tables=True, DK=DK)]
+            cfgs = [c for p in plans for c in p.configs()]
+            # the backward recompute's (precision "recompute", S lo tile swizzled) at every BV block_v picks
+            cfgs += [BackwardPlan(dtype, recompute_block_v=bv, DK=DK).recompute_configs()[1] for bv in (64, 32, 16)]
+            for c in cfgs:
+                if c not in out:
+                    out.append(c)
     return out
 
 

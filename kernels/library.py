@@ -95,7 +95,7 @@ def _fwd_tilelang(q, k, v, g, beta, initial_state, cu_seqlens, scale, output_fin
                               state_v_first, cu_seqlens, impl="tilelang", keep=keep_tables)
     tables = kept if kept is not None else _no_tables(v)
     if cu_seqlens is None:
-        want = dense_kept_chunks(q, v, initial_state is not None, keep_tables)
+        want = dense_kept_chunks(q, v, keep_tables)
         if tables[0].shape[1] != want:
             raise RuntimeError(f"chunk_gdr_fwd kept intra tables of {tables[0].shape[1]} chunks where "
                                f"dense_kept_chunks says {want}: the fake implementation would be wrong")
@@ -135,7 +135,7 @@ def _fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_s
     ht = v.new_empty(((N, HV, V, K) if state_v_first else (N, HV, K, V)) if output_final_state else (0,),
                      dtype=_FLOAT)
     if cu_seqlens is None:
-        n = dense_kept_chunks(q, v, initial_state is not None, keep_tables)
+        n = dense_kept_chunks(q, v, keep_tables)
     elif keep_tables and q.device.type in _KEEPS_TABLES:
         n = torch.library.get_ctx().new_dynamic_size()
     else:
@@ -177,7 +177,7 @@ chunk_gdr_bwd.register_kernel("cpu")(_bwd_emulation)
 chunk_gdr_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def dense_kept_chunks(q, v, has_h0: bool, keep_tables: bool) -> int:
+def dense_kept_chunks(q, v, keep_tables: bool) -> int:
     """Chunks of the intra tables a dense forward of q [B, T, H, K], v [B, T, HV, V] keeps for the backward
     (``run_forward``): B * ceil(T / 64) on CUDA where ``keep_tables``, the backward's reverse pass is the sequential
     one and the dispatched precision computes the tables; else 0.  Host arithmetic only (no tensor is made)."""
@@ -186,7 +186,7 @@ def dense_kept_chunks(q, v, has_h0: bool, keep_tables: bool) -> int:
     from kernels.forward.precision import preset
     from kernels.plan import keeps_tables
     B, T, HV = int(q.shape[0]), int(q.shape[1]), int(v.shape[2])
-    if not keep_tables or q.device.type not in _KEEPS_TABLES or B * T == 0 or not keeps_tables(preset(has_h0)):
+    if not keep_tables or q.device.type not in _KEEPS_TABLES or B * T == 0 or not keeps_tables(preset()):
         return 0
     if dh_segmented.plan([b * T for b in range(B + 1)], HV, dh_value_blocks(int(q.shape[-1])),
                           _sm_count(q.device)) is not None:

@@ -16,7 +16,7 @@ from functools import lru_cache
 from kernels.backward.configs import CLUSTER_GROUPS, BwdConfig
 from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, FixupConfig,
                                      IntraConfig, OutputConfig, StateConfig, output_block_v)
-from kernels.forward.precision import Precision, preset
+from kernels.forward.precision import PRESETS, Precision, preset
 
 __all__ = ["ForwardPlan", "BackwardPlan", "forward_plan", "backward_plan", "replace"]
 
@@ -113,15 +113,13 @@ def cp_segments(n_seq: int, HV: int, max_chunks: int, DK: int = KERNEL_HEAD_DIM)
     return max(1, min(16, per, max_chunks // CP_MIN_CHUNKS))
 
 
-def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, has_h0: bool,
-                 keep_tables: bool = False, DK: int = KERNEL_HEAD_DIM) -> ForwardPlan:
+def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: bool = False, DK: int = KERNEL_HEAD_DIM) -> ForwardPlan:
     """The forward's dispatch.  The rv form with CP for at most ``CP_MAX_CTAS`` CTAs over at least
     ``CP_MIN_TOTAL_CHUNKS`` chunks (few heads, long sequences), else the smem form without CP, two CTAs per SM
-    when BV 32 gives two per SM (else one, ``block_v``); precision "default_h0" with an initial state, else
-    "default"; ``keep_tables`` where the precision computes the backward's tables; every kernel built for the
+    when BV 32 gives two per SM (else one, ``block_v``); precision "default"; ``keep_tables`` where the precision computes the backward's tables; every kernel built for the
     call's head dim ``DK`` (K == V), which also sets the CTA counts above."""
     check_head_dim(DK)
-    prec = preset(has_h0)
+    prec = preset()
     few = n_seq * HV * (DK // RV_BV) <= CP_MAX_CTAS and max_chunks >= CP_MIN_TOTAL_CHUNKS
     keep = keep_tables and keeps_tables(prec)
     if few:
@@ -162,9 +160,9 @@ class BackwardPlan:
             raise ValueError("the segmented reverse pass runs every operand split (dh_single False)")
 
     def recompute_configs(self) -> tuple:
-        """(intra, smem state) of the forward recompute at precision "default_h0" (S and U hi + lo, key-first),
+        """(intra, smem state) of the forward recompute at precision "recompute" (S and U hi + lo, key-first),
         the S lo tile swizzled."""
-        prec = preset(True)
+        prec = PRESETS["recompute"]
         return (IntraConfig(self.dtype, prec.merge, prec.ag, DK=self.DK),
                 StateConfig(self.dtype, self.recompute_block_v, prec, form="smem", DK=self.DK,
                             ctas_per_sm=self.recompute_ctas_per_sm, sl_swizzle=True))

@@ -14,7 +14,7 @@ from kernels.plan import backward_plan, forward_plan
 @pytest.mark.parametrize("col", list(bench.AB))
 def test_ab_column_changes_the_plan_it_names_and_no_other(col):
     f = bench.alter(col)
-    fp = forward_plan("bfloat16", 1, 32, 512, False, keep_tables=True)
+    fp = forward_plan("bfloat16", 1, 32, 512, keep_tables=True)
     bp = backward_plan("bfloat16", 16, 32, 512, 1)
     where, change = bench.AB[col]
     nf, nb = f(fp), f(bp)
@@ -25,7 +25,7 @@ def test_ab_column_changes_the_plan_it_names_and_no_other(col):
 
 
 def test_call_configs_cover_every_column():
-    cfgs = bench.call_configs(1, 8192, 4, 8, None, False, ["ours"] + list(bench.AB))
+    cfgs = bench.call_configs(1, 8192, 4, 8, None, ["ours"] + list(bench.AB))
     names = {c.name for c in cfgs}
     assert any(n.startswith("bwd_dqk_g2") for n in names) and any(n.startswith("bwd_gsum") for n in names)
     assert any(",occ2," in n and ",slz," in n for n in names)             # ours-rc-bv16o2 / bv32o2

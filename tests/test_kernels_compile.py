@@ -3,7 +3,7 @@
 Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The configurations are
 ``kernels.build.forward_configs()`` (the intra kernel and its Tinv-keeping form; the register-operand state kernel
 and its CP scan and fix-up; the shared-memory state kernel at every BV ``block_v`` picks, one and two CTAs per SM;
-the output kernel for both table layouts; precision "default" and "default_h0"; bf16 and fp16; the backward recompute's
+the output kernel for both table layouts; precision "default"; bf16 and fp16; the backward recompute's
 ``sl_swizzle`` state kernels; each head dim K = V in 128, 64).  Everything else (T, B, N, H, HV / GVA ratio, h0,
 final state, state layout, l2norm, gate dtype, varlen or dense) is a runtime argument of the same binaries.
 

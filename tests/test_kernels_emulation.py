@@ -117,17 +117,17 @@ def test_api_rejects_bad_input(over, needle):
 
 def test_forward_dispatch_picks_the_measured_forms():
     """``forward_plan``: the smem state kernel with two CTAs per SM where BV 32 gives two per SM (B8 HV32), one of
-    BV 32 at B1 HV32; the rv form with CP for few heads over long sequences; "default_h0" with an initial state;
+    BV 32 at B1 HV32; the rv form with CP for few heads over long sequences; the chunk-start state split;
     the intra kernel keeps Tinv only when asked."""
     from kernels.plan import block_v, forward_plan
     assert block_v(1, 32, occ=2) == 16 and block_v(8, 32, occ=2) == 32 and block_v(1, 32) == 32
-    p = forward_plan("bfloat16", 8, 32, 64, False)
+    p = forward_plan("bfloat16", 8, 32, 64)
     assert (p.state_form, p.block_v, p.ctas_per_sm, p.cp) == ("smem", 32, 2, 1) and "occ2" in p.configs()[1].name
-    p = forward_plan("bfloat16", 1, 32, 512, True)
+    p = forward_plan("bfloat16", 1, 32, 512)
     assert (p.state_form, p.block_v, p.ctas_per_sm, p.precision.s) == ("smem", 32, 1, "split")
-    p = forward_plan("float16", 1, 4, 1024, False, keep_tables=True)
+    p = forward_plan("float16", 1, 4, 1024, keep_tables=True)
     assert (p.state_form, p.cp, p.keep_tables) == ("rv", 16, True) and len(p.configs()) == 5
-    assert p.configs()[0].th and not forward_plan("float16", 1, 4, 1024, False).configs()[0].th
+    assert p.configs()[0].th and not forward_plan("float16", 1, 4, 1024).configs()[0].th
 
 
 def test_a_plan_the_kernels_cannot_run_is_refused():
@@ -136,7 +136,7 @@ def test_a_plan_the_kernels_cannot_run_is_refused():
     import dataclasses
 
     from kernels.plan import forward_plan
-    p = forward_plan("bfloat16", 8, 32, 64, False)
+    p = forward_plan("bfloat16", 8, 32, 64)
     for bad, needle in ((dict(block_v=64), "BV <= 32"), (dict(cp=2), "cp 1"), (dict(state_form="x"), "unknown"),
                         (dict(state_form="rv"), "rv state kernel")):
         with pytest.raises(ValueError, match=needle):
@@ -172,7 +172,7 @@ def test_emulation_beats_fla_like_on_distributions(dist):
 def _rv_plan(h0, cp):
     from kernels.forward.precision import preset
     from kernels.plan import ForwardPlan
-    return ForwardPlan("bfloat16", preset(h0 is not None), "rv", 64, 1, cp)
+    return ForwardPlan("bfloat16", preset(), "rv", 64, 1, cp)
 
 
 @pytest.mark.parametrize("case,cp", [

@@ -15,15 +15,15 @@ from kernels.plan import N_SM, ForwardPlan, backward_plan, block_v, forward_plan
 from cases.case import Case
 from tests import kernel_support as tt
 
-# (n_seq, HV, max_chunks, has_h0): the smem form at one and two CTAs per SM, the rv form with CP
-_SHAPES = [(8, 32, 64, False), (1, 32, 512, True), (2, 4, 1024, False), (1, 2, 2048, True), (64, 8, 16, False)]
+# (n_seq, HV, max_chunks): the smem form at one and two CTAs per SM, the rv form with CP
+_SHAPES = [(8, 32, 64), (1, 32, 512), (2, 4, 1024), (1, 2, 2048), (64, 8, 16)]
 
 
 @pytest.mark.parametrize("DK", HEAD_DIMS)
-@pytest.mark.parametrize("shape", _SHAPES, ids=[f"N{n}_HV{hv}_C{c}_h0{int(h)}" for n, hv, c, h in _SHAPES])
+@pytest.mark.parametrize("shape", _SHAPES, ids=[f"N{n}_HV{hv}_C{c}" for n, hv, c in _SHAPES])
 def test_plans_build_every_kernel_at_the_call_head_dim(DK, shape):
-    n_seq, HV, chunks, h0 = shape
-    fp = forward_plan("bfloat16", n_seq, HV, chunks, h0, keep_tables=True, DK=DK)
+    n_seq, HV, chunks = shape
+    fp = forward_plan("bfloat16", n_seq, HV, chunks, keep_tables=True, DK=DK)
     bp = backward_plan("bfloat16", 1, HV, chunks * n_seq, n_seq, DK=DK)
     cfgs = fp.configs() + bp.configs(with_saved=True) + bp.configs(with_saved=False)
     assert fp.DK == bp.DK == DK
@@ -43,7 +43,7 @@ def test_state_kernel_occupancy_counts_ctas_at_the_head_dim():
                 assert n_seq * HV * (DK // (2 * bv)) < N_SM, (n_seq, HV, DK, bv)
     assert (block_v(2, 32, 1, 128), block_v(2, 32, 1, 64)) == (64, 32)
     # 8 value heads of one long sequence: 16 rv CTAs at DK 128 (over CP_MAX_CTAS), 8 at DK 64
-    wide, narrow = (forward_plan("bfloat16", 1, 8, 1024, False, DK=d) for d in (128, 64))
+    wide, narrow = (forward_plan("bfloat16", 1, 8, 1024, DK=d) for d in (128, 64))
     assert (wide.state_form, narrow.state_form) == ("smem", "rv") and narrow.cp > 1
     assert backward_plan("bfloat16", 1, 32, 64, 2, DK=64).recompute_block_v == block_v(2, 32, 1, 64) == 32
 
@@ -89,11 +89,11 @@ def test_compile_list_holds_every_configuration_at_both_head_dims():
 def test_a_head_dim_without_kernels_is_refused():
     for bad in (32, 96, 256):
         with pytest.raises(ValueError, match=f"DK={bad}"):
-            forward_plan("bfloat16", 1, 4, 64, False, DK=bad)
+            forward_plan("bfloat16", 1, 4, 64, DK=bad)
         with pytest.raises(ValueError, match=f"DK={bad}"):
             backward_plan("bfloat16", 1, 4, 64, 1, DK=bad)
     with pytest.raises(ValueError, match="at most DK"):        # the rv form's 128 value columns at DK 64
-        ForwardPlan("bfloat16", preset(False), "rv", 128, DK=64)
+        ForwardPlan("bfloat16", preset(), "rv", 128, DK=64)
 
 
 # K = V = 64 on the GPU against the same call zero-padded to 128 (what the API ran before the DK 64 kernels; the

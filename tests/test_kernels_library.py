@@ -152,9 +152,9 @@ def test_dense_kept_chunks_follows_the_backward(monkeypatch):
             monkeypatch.setattr(dh_segmented, "MIN_SEQ_CHUNKS", 1)
         reads = bapi.reads_saved_tables(q, v, None)
         assert reads is not segmented
-        assert dense_kept_chunks(qc, vc, False, True) == (B * 100 if reads else 0)
-    assert dense_kept_chunks(qc, vc, True, False) == 0                          # no gradient asked
-    assert dense_kept_chunks(q, v, True, True) == 0                             # the CPU forward keeps none
+        assert dense_kept_chunks(qc, vc, True) == (B * 100 if reads else 0)
+    assert dense_kept_chunks(qc, vc, False) == 0                          # no gradient asked
+    assert dense_kept_chunks(q, v, True) == 0                             # the CPU forward keeps none
 
 
 def test_fake_gives_exact_shapes_on_cuda_tensors(monkeypatch):
@@ -236,7 +236,7 @@ def test_kernel_path_keeps_tables_compiles_and_equals_the_function(kernel_path_o
     chunks = case.chunks(kw["cu_seqlens"])
     assert [tuple(t.shape) for t in tables] == [(case.HV, chunks, 64, 64)] * 3
     if not case.varlen:
-        assert library.dense_kept_chunks(xs[0], xs[2], case.h0 is not None, True) == chunks
+        assert library.dense_kept_chunks(xs[0], xs[2], True) == chunks
         out = torch.library.opcheck(library.chunk_gdr_fwd, args, test_utils=("test_faketensor",))
         assert set(out.values()) == {"SUCCESS"}, out
     _, do, dht, _ = case.inputs(CPU)

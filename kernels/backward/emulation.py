@@ -31,10 +31,10 @@ f64 = torch.float64
 
 
 def fwd_precision():
-    """Precision of the forward recompute: "default_h0" (chunk state S and U stored as hi + lo), so the backward
+    """Precision of the forward recompute: "recompute" (chunk state S and U stored as hi + lo), so the backward
     reads S and U to ~16 bits."""
-    from kernels.forward.precision import preset
-    return preset(True)
+    from kernels.forward.precision import PRESETS
+    return PRESETS["recompute"]
 
 
 def _chunks(x, cu, heads=None):

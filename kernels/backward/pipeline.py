@@ -11,7 +11,7 @@ dtypes of g and beta, dh0 fp32 in the initial state's layout (None without an in
 Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan``):
   1. ``prep`` [gdn_bwd_prep] (chunk, head): Tinv and Ag = Tinv diag(beta) split, the gate table, dUloc^T; on the
      forward's saved Tinv and Ag (``saved_tables``) only the gate table and dUloc^T;
-  2. ``recompute`` [the forward's smem state kernel, precision "default_h0"]: the chunk-start states S and U
+  2. ``recompute`` [the forward's smem state kernel, precision "recompute"]: the chunk-start states S and U
      (hi + lo, key-first) from prep's Ag and gate table; on a side stream beside dh (which does not read them)
      where the plan overlaps them;
   3. ``dh`` [gdn_bwd_dh] (64 value cols, head, seq): the reverse sequential pass (dS' tables, dY, dv, dh0); with

@@ -135,8 +135,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
         B, T, HV = q.shape[0], q.shape[1], v.shape[2]
         cu = None if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
         N = B if cu is None else len(cu) - 1
-        plan = forward_plan(TL_DTYPE[q.dtype], N, HV, max_chunks(B, T, cu), initial_state is not None,
-                            DK=q.shape[-1])
+        plan = forward_plan(TL_DTYPE[q.dtype], N, HV, max_chunks(B, T, cu), DK=q.shape[-1])
     return chunk_gated_delta_rule_at(q, k, v, g, beta, scale, initial_state, output_final_state,
                                      use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, prec=plan.precision,
                                      cp_segments_n=plan.cp)

@@ -90,7 +90,7 @@ def prepare(q, k, v, g, beta, scale=None, initial_state=None, output_final_state
 def plan_for(x: ForwardInputs, keep_tables: bool = False):
     """``kernels.plan.forward_plan`` of the call ``x``."""
     from kernels.plan import forward_plan
-    return forward_plan(TL_DTYPE[x.q.dtype], x.N, x.HV, max_chunks(x.B, x.T, x.cu_host), x.h0 is not None,
+    return forward_plan(TL_DTYPE[x.q.dtype], x.N, x.HV, max_chunks(x.B, x.T, x.cu_host),
                         keep_tables=keep_tables, DK=x.D)
 
 
