@@ -113,11 +113,13 @@ def cp_segments(n_seq: int, HV: int, max_chunks: int, DK: int = KERNEL_HEAD_DIM)
     return max(1, min(16, per, max_chunks // CP_MIN_CHUNKS))
 
 
-def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: bool = False, DK: int = KERNEL_HEAD_DIM) -> ForwardPlan:
+def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: bool = False,
+                 DK: int = KERNEL_HEAD_DIM) -> ForwardPlan:
     """The forward's dispatch.  The rv form with CP for at most ``CP_MAX_CTAS`` CTAs over at least
     ``CP_MIN_TOTAL_CHUNKS`` chunks (few heads, long sequences), else the smem form without CP, two CTAs per SM
-    when BV 32 gives two per SM (else one, ``block_v``); precision "default"; ``keep_tables`` where the precision computes the backward's tables; every kernel built for the
-    call's head dim ``DK`` (K == V), which also sets the CTA counts above."""
+    when BV 32 gives two per SM (else one, ``block_v``); precision "default"; ``keep_tables`` where the
+    precision computes the backward's tables; every kernel built for the call's head dim ``DK`` (K == V), which
+    also sets the CTA counts above."""
     check_head_dim(DK)
     prec = preset()
     few = n_seq * HV * (DK // RV_BV) <= CP_MAX_CTAS and max_chunks >= CP_MIN_TOTAL_CHUNKS

@@ -150,7 +150,8 @@ def test_cp_fixup_kernel_is_the_fp64_walk(D, h0):
 O_FLOOR_RATIO = 1.1
 # the decays where one term of the chunk-start state put o at 1.15-1.54x its floor (H200 standard matrix, 60d6e0a)
 FLOOR_CASES = [Case(T=8192, H=4, HV=8, dist=d) for d in ("slow-decay", "mixed-heads", "qwen-gates", "raw-qk-l2")]
-FLOOR_CASES += [Case(T=8192, H=16, HV=32, dist="qwen-gates"), Case(T=4096, H=4, HV=8, dist="qwen-gates", h0_dtype="fp32")]
+FLOOR_CASES += [Case(T=8192, H=16, HV=32, dist="qwen-gates"),
+                Case(T=4096, H=4, HV=8, dist="qwen-gates", h0_dtype="fp32")]
 
 
 @pytest.mark.parametrize("case", FLOOR_CASES, ids=[c.id for c in FLOOR_CASES])

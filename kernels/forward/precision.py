@@ -51,8 +51,8 @@ class Precision:
 PRESETS = {
     # split where the emulation shows it buys accuracy: Ag and X (U = Ag X), F2 U (state update), U and P (output),
     # and the chunk-start state S in both K S (state kernel) and Q S (output kernel). Under slow decays one term of S
-    # put o at up to 1.54x its bf16 rounding floor and the final state only ~3x closer to fp64 than FLA Triton (H200
-    # standard matrix at 60d6e0a); split, the emulation gives o at 1.06-1.07x and the final state 1.8x closer again
+    # put o at up to 1.54x its bf16 rounding floor and the final state only ~3x closer to fp64 than FLA Triton; split,
+    # o is at most 1.07x and the final state 1.8x closer again (H200 standard matrix, 60d6e0a and d09c518)
     "default": Precision(ag="split", u="split", p="split", upd="split", x="split", s="split", ks="split"),
     # the backward's forward recompute: S and U stored hi + lo for its products, K S one term
     "recompute": Precision(ag="split", u="split", p="split", upd="split", x="split", s="split"),
