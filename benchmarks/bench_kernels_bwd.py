@@ -83,6 +83,7 @@ AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompu
       "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2)),
       "ours-no-saved": ("both", None),   # the forward keeps no intra tables: prep recomputes Tinv (hi + lo) and Ag
       "ours-dh-single": ("backward", dict(dh_single=True)),  # dh's Tinv, dU and F0 dX single terms (sequential)
+      "ours-s-single": ("backward", dict(s_single=True)),  # the recompute's S hi alone: no S lo table (no h0 only)
       }
 
 

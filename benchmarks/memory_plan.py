@@ -1,6 +1,6 @@
 """Memory plan of one forward + backward of our TileLang GDN (``kernels.autograd.apply``), traced on the CPU.
 
-    python benchmarks/memory_plan.py [--shapes NAME,...] [--top 30] [--check] [--record [PATH]]
+    python benchmarks/memory_plan.py [--shapes NAME,...] [--top 30] [--check] [--ab COL] [--record [PATH]]
 
 The pipelines' host code runs as on the GPU, every TileLang kernel replaced by a no-op (``kernels.build.get_kernel``
 stubbed: outputs stay uninitialised, nothing computes), the sm_90 checks faked and the backward's side stream
@@ -14,8 +14,10 @@ the timeline per stage, the tensors alive at the peak (flagged where past their 
 table: peak above the inputs (the benchmark's figure: gradients included), above inputs + gradients, and the
 floor of the peak by lifetimes alone (every buffer freed after its last use, in the same order).  ``--check``
 also runs the call under ``torch.profiler`` (profile_memory) and prints its peak from the CPU allocator's own
-events, which sees every allocation (temporaries inside operators included).  ``--record``: the summary table is
-appended to ``benchmarks/RESULTS.md`` (``benchmarks/record.py``; its machine column says "CPU trace").
+events, which sees every allocation (temporaries inside operators included).  ``--ab COL``: the plans of the
+backward benchmark's A/B column COL (``bench_kernels_bwd.AB``) instead of the dispatched ones.  ``--record``: the
+summary table is appended to ``benchmarks/RESULTS.md`` (``benchmarks/record.py``; its machine column says "CPU
+trace").
 """
 
 from __future__ import annotations
@@ -279,24 +281,25 @@ their identities); ``profiler_peak`` the CPU allocator's peak (``check``) or Non
         return self.trace.peak - self.grads
 
 
-def _fwd_bwd(leaves, kw, do, dht):
+def _fwd_bwd(leaves, kw, do, dht, alter=None):
     from kernels.autograd import apply
-    o, ht = apply(*leaves, **kw)
+    o, ht = apply(*leaves, **kw, **({"alter": alter} if alter is not None else {}))
     torch.autograd.backward((o, ht), (do, dht))
     return o, ht
 
 
-def plan(shape: str, check: bool = False, dtype=torch.bfloat16) -> Plan:
-    """Trace one forward + backward at ``shape`` (a name of ``SHAPES``, or a tuple (B, T, H, HV, lens))."""
+def plan(shape: str, check: bool = False, dtype=torch.bfloat16, alter=None) -> Plan:
+    """Trace one forward + backward at ``shape`` (a name of ``SHAPES``, or a tuple (B, T, H, HV, lens)); ``alter``:
+    ``kernels.autograd.apply``'s plan function (a benchmark's A/B column, ``bench_kernels_bwd.alter``)."""
     B, T, H, HV, lens = SHAPES[shape] if isinstance(shape, str) else shape
     leaves, kw, do, dht = inputs(B, T, H, HV, lens, dtype)
     with stub_kernel_path():
-        _fwd_bwd(leaves, kw, do, dht)                   # warm-up: the layout caches, as the benchmark's first call
+        _fwd_bwd(leaves, kw, do, dht, alter)            # warm-up: the layout caches, as the benchmark's first call
     for x in leaves:
         x.grad = None
     trace = MemoryTrace()
     with stub_kernel_path(trace), _Tracer(trace):
-        o, ht = _fwd_bwd(leaves, kw, do, dht)
+        o, ht = _fwd_bwd(leaves, kw, do, dht, alter)
     trace.poll()
     trace.returned = trace.events
     del o, ht
@@ -376,6 +379,8 @@ def main(argv=None) -> int:
                     help=f"comma-separated names of {', '.join(SHAPES)}")
     ap.add_argument("--top", type=int, default=30, help="tensors listed at the peak")
     ap.add_argument("--check", action="store_true", help="also the CPU allocator's peak (torch.profiler)")
+    ap.add_argument("--ab", default=None, metavar="COL",
+                    help="trace the plans of benchmarks/bench_kernels_bwd.py's A/B column COL instead of the dispatched")
     ap.add_argument("--record", default=None, metavar="PATH", nargs="?", const="",
                     help="append the summary table to PATH (no PATH: benchmarks/RESULTS.md)")
     args = ap.parse_args(argv)
@@ -383,10 +388,16 @@ def main(argv=None) -> int:
     bad = [s for s in names if s not in SHAPES]
     if bad:
         ap.error(f"--shapes: unknown shape(s) {', '.join(bad)} (known: {', '.join(SHAPES)})")
+    alter = None
+    if args.ab is not None:
+        from benchmarks.bench_kernels_bwd import AB, alter as ab_alter
+        if args.ab not in AB:
+            ap.error(f"--ab: unknown column {args.ab!r} (known: {', '.join(AB)})")
+        alter = ab_alter(args.ab)
     plans = []
     for name in names:
         try:
-            p = plan(name, check=args.check)
+            p = plan(name, check=args.check, alter=alter)
         except Exception as e:  # noqa: BLE001 - one shape failing does not stop the others
             print(f"{name}: failed: {type(e).__name__}: {e}", flush=True)
             continue

@@ -37,8 +37,10 @@ def forward_configs():
             plans += [ForwardPlan(dtype, prec, "smem", bv, 2, 1, DK=DK) for bv in (32, 16)]
             plans += [ForwardPlan(dtype, prec, "smem", 64, 1, 1, keep_tables=True, DK=DK)]
             cfgs = [c for p in plans for c in p.configs()]
-            # the backward recompute's (precision "recompute", S lo tile swizzled) at every BV block_v picks
-            cfgs += [BackwardPlan(dtype, recompute_block_v=bv, DK=DK).recompute_configs()[1] for bv in (64, 32, 16)]
+            # the backward recompute's (precision "recompute", S lo tile swizzled; S hi alone with s_single) at every
+            # BV block_v picks
+            cfgs += [BackwardPlan(dtype, recompute_block_v=bv, s_single=s, DK=DK).recompute_configs()[1]
+                     for s in (False, True) for bv in (64, 32, 16)]
             for c in cfgs:
                 if c not in out:
                     out.append(c)

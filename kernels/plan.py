@@ -87,6 +87,11 @@ def check_head_dim(DK) -> int:
     return DK
 
 
+def recompute_precision(s_single: bool = False) -> Precision:
+    """The backward's forward recompute: precision "recompute", with S one term where ``s_single``."""
+    return replace(PRESETS["recompute"], s="bf16") if s_single else PRESETS["recompute"]
+
+
 def keeps_tables(prec: Precision) -> bool:
     """Whether a forward at ``prec`` computes the backward's intra tables (Tinv, Ag hi + lo): bf16 merges, Ag
     split (what ``gdn_bwd_prep`` computes)."""
@@ -141,8 +146,9 @@ class BackwardPlan:
     ``overlap_recompute``: the forward recompute runs on a side stream beside dh; ``recompute_block_v``,
     ``recompute_ctas_per_sm``: the recompute's smem state kernel; ``group``: value heads per q/k head (HV / H);
     ``cluster_group_sum``: dqk sums each group itself in a thread-block cluster (groups of 2, 4, 8), else groups
-    of more than one value head are summed by ``gdn_bwd_group_sum``; ``DK``: the head dim K == V every kernel
-    is built for."""
+    of more than one value head are summed by ``gdn_bwd_group_sum``; ``s_single``: the recompute stores S's hi term
+    alone and dqk reads it alone (no S lo table: an A/B alternative); ``DK``: the head dim K == V every kernel is
+    built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -152,6 +158,7 @@ class BackwardPlan:
     recompute_ctas_per_sm: int = 1
     group: int = 1
     cluster_group_sum: bool = False
+    s_single: bool = False
     DK: int = KERNEL_HEAD_DIM
 
     def __post_init__(self):
@@ -162,12 +169,12 @@ class BackwardPlan:
             raise ValueError("the segmented reverse pass runs every operand split (dh_single False)")
 
     def recompute_configs(self) -> tuple:
-        """(intra, smem state) of the forward recompute at precision "recompute" (S and U hi + lo, key-first),
-        the S lo tile swizzled."""
-        prec = PRESETS["recompute"]
+        """(intra, smem state) of the forward recompute at precision "recompute" (S and U hi + lo, key-first; S hi
+        alone with ``s_single``), the S lo tile swizzled where there is one."""
+        prec = recompute_precision(self.s_single)
         return (IntraConfig(self.dtype, prec.merge, prec.ag, DK=self.DK),
                 StateConfig(self.dtype, self.recompute_block_v, prec, form="smem", DK=self.DK,
-                            ctas_per_sm=self.recompute_ctas_per_sm, sl_swizzle=True))
+                            ctas_per_sm=self.recompute_ctas_per_sm, sl_swizzle=prec.s == "split"))
 
     def prep_config(self, saved: bool) -> BwdConfig:
         return BwdConfig("prep", self.dtype, self.DK, saved=saved)
@@ -177,7 +184,8 @@ class BackwardPlan:
         return BwdConfig("dh", self.dtype, self.DK, single=self.dh_single, tinv_hi=saved and not self.dh_single)
 
     def dqk_config(self) -> BwdConfig:
-        return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK)
+        return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK,
+                         s_single=self.s_single)
 
     def dgdb_config(self) -> BwdConfig:
         return BwdConfig("dgdb", "float32", self.DK)

@@ -23,11 +23,11 @@ from tests import kernel_support as tt
 NAMES = tt.GRAD_NAMES
 
 
-def _check(case, xs, do, dht, kw, dh_single=True):
+def _check(case, xs, do, dht, kw, dh_single=True, s_single=False):
     """The emulation's gradients of ``case`` (inputs ``tt.bwd_args``) against fp64 and the FLA-like baseline."""
     want = tt.fp64_grads(case)
     base = tt.baseline_grads(case)
-    ours = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=dh_single)
+    ours = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=dh_single, s_single=s_single)
     near_m20 = case.dist == "strong-decay"
     rows = []
     for n, a, b_, r, x in zip(NAMES, ours, base, want, list(xs) + [kw["initial_state"]]):
@@ -84,6 +84,39 @@ def test_both_reverse_pass_forms_meet_the_same_bar(case):
     split = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False)
     single = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=True)
     assert not torch.equal(split[2], single[2]), "dv: the operand form changed nothing"
+
+
+# without an initial state: strong decay, mixed heads, slow and qwen gates, fp16
+_NO_H0 = [c for c in CASES if c.h0_dtype is None] + [
+    Case(T=300, H=1, HV=2, dist="slow-decay", grad=True), Case(T=300, H=1, HV=2, dist="qwen-gates", grad=True),
+    Case(T=200, H=1, HV=2, dtype="fp16", g_dtype="fp16", beta_dtype="fp16", grad=True)]
+
+
+@pytest.mark.parametrize("case", _NO_H0, ids=[c.id for c in _NO_H0])
+def test_recomputed_state_hi_alone_meets_the_same_bar_without_h0(case):
+    """Without an initial state, the recompute storing S's hi term alone (``BackwardPlan.s_single``: no S lo
+    table, 512 MiB less at the peak of B1 T32768 H16 HV32) keeps every gradient within the FLA-like baseline, and dg
+    of strong decay within the rounding floor; it changes dg (S o dS' and the dq, dk state terms lose their lo
+    products)."""
+    xs, kw, do, dht = tt.bwd_args(case)
+    _check(case, xs, do, dht, kw, dh_single=False, s_single=True)
+    split = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False)
+    single = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False, s_single=True)
+    assert not torch.equal(split[3], single[3]), "dg: S's lo term changed nothing"
+
+
+def test_recomputed_state_hi_alone_fails_the_bar_with_h0():
+    """With an initial state the carried-in state makes rd(S) dominate dg: S's hi term alone puts dg past the
+    FLA-like baseline's error where the split S stays well within it, so ``s_single`` is no plan for such calls."""
+    case = CASES[2]                                 # varlen-empty, h0, value-first state
+    assert case.h0_dtype is not None
+    xs, kw, do, dht = tt.bwd_args(case)
+    want, base = tt.fp64_grads(case)[3], tt.baseline_grads(case)[3]
+    e_split, e_single = (compare(chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False, s_single=s)[3],
+                                 want).rel_rmse for s in (False, True))
+    eb = compare(base, want).rel_rmse
+    print(f"dg: split S {e_split:.2e}, S hi alone {e_single:.2e}, fla-like {eb:.2e}")
+    assert e_split <= eb < e_single
 
 
 def test_max_rel():
@@ -308,7 +341,9 @@ def _fake_kernels(monkeypatch, asked=None):
                 # the row dots' halves (qz, kw, kr, yv, db2 [2, HV, NC, 64]): the whole sums in half 0, zeros in half 1
                 assert qz.shape[0] == kw.shape[0] == kr.shape[0] == yv.shape[0] == db2.shape[0] == 2
                 assert yv.dim() == db2.dim() == 4
-                bwd_kernel(bbuild.BwdConfig("inter", cfg.dtype))(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl,
+                # S's hi term alone (s_single): Scl is the hi table passed again, which the kernel does not read
+                sl = torch.zeros_like(Sch) if cfg.s_single else Scl
+                bwd_kernel(bbuild.BwdConfig("inter", cfg.dtype))(q, k, v, do, Sch, sl, Uh, Ul, dSh, dSl, dYh, dYl,
                                                                  Fb, cu, ci, dqv, dkv, qz, kw, kr, sd, yv[0], scale)
                 yv[1].zero_()
                 bwd_kernel(bbuild.BwdConfig("intra", cfg.dtype))(q, k, do, Uh, Ul, dYh, dYl, Fb, cu, ci, dqv, dkv,
@@ -366,15 +401,16 @@ def _plumbing_args(item):
     return [x[:, :0].contiguous() for x in xs], kw, do[:, :0].contiguous(), dht[:2].contiguous()
 
 
-@pytest.mark.parametrize("form", ["dispatched", "no_cluster", "serial_recompute", "recompute_bv16_occ2"])
+@pytest.mark.parametrize("form", ["dispatched", "no_cluster", "serial_recompute", "recompute_bv16_occ2", "s_single"])
 @pytest.mark.parametrize("item", _PLUMBING, ids=_PLUMBING_IDS)
 def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     """kernels.backward.pipeline with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
     emulation's stage functions, so any difference is the pipeline's tensor plumbing): with the dispatched plan
     (groups of 2, 4, 8 summed by dqk's clusters, others by ``gdn_bwd_group_sum``), and with plan values a benchmark
     may pass: no cluster sums (every group of two or more by ``gdn_bwd_group_sum``), the recompute on the main
-    stream, the recompute's state kernel at BV 16, two CTAs per SM.  The pipeline asks for the plan's kernels and
-    only for them: the swizzled recompute state kernel, dh's split form, the dqk kind of the group."""
+    stream, the recompute's state kernel at BV 16, two CTAs per SM, S's hi term alone (against the emulation's
+    ``s_single``).  The pipeline asks for the plan's kernels and only for them: the recompute state kernel (S lo
+    swizzled, or none), dh's split form, the dqk kind of the group (``s_single`` as the plan)."""
     import dataclasses
 
     import kernels.backward.configs as bbuild
@@ -388,10 +424,11 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     if form != "dispatched":
         b = pipeline.prepare_backward(*xs, do, dht, **kw)
         change = {"no_cluster": dict(cluster_group_sum=False), "serial_recompute": dict(overlap_recompute=False),
-                  "recompute_bv16_occ2": dict(recompute_block_v=16, recompute_ctas_per_sm=2)}[form]
+                  "recompute_bv16_occ2": dict(recompute_block_v=16, recompute_ctas_per_sm=2),
+                  "s_single": dict(s_single=True)}[form]
         plan = dataclasses.replace(pipeline.plan_for(b), **change) if b.x.NC else None
     got = pipeline.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
-    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, s_single=form == "s_single")
     for n, a, b_ in zip(NAMES, got, want):
         if b_ is None:
             assert a is None, n
@@ -404,14 +441,16 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
         return
     H, HV = xs[0].shape[2], xs[2].shape[2]
     state = [c for c in asked if isinstance(c, fbuild.StateConfig)]
-    assert state and all(c.sl_swizzle for c in state), asked
+    single = form == "s_single"
+    assert state and all(c.sl_swizzle != single and (c.prec.s == "split") != single for c in state), asked
     if form == "recompute_bv16_occ2":
         assert all((c.BV, c.ctas_per_sm) == (16, 2) for c in state), asked
     dh = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "dh"]
     assert dh and all(not c.single and not c.tinv_hi for c in dh), asked         # no saved tables: Tinv hi + lo
-    dqk = [c.kind for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
+    dqk = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
     cluster = HV // H in bbuild.CLUSTER_GROUPS and form != "no_cluster"
-    assert dqk == [f"dqk_g{HV // H}" if cluster else "dqk"], asked
+    assert [c.kind for c in dqk] == [f"dqk_g{HV // H}" if cluster else "dqk"], asked
+    assert all(c.s_single == single for c in dqk), asked
     gsum = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("gsum")]
     assert bool(gsum) == (HV // H > 1 and not cluster), asked
 

@@ -1,7 +1,8 @@
 """GPU checks of our TileLang GDN backward that the verdict rows (``test_kernels_verdicts_gpu.py``) cannot express
 (marker ``gpu``): the kernels' intermediates against the torch emulation of the same kernels, two calls bitwise
 equal, the segment-parallel reverse pass against the sequential one, the recompute at other state-kernel shapes,
-dqk's cluster group sums against the group-sum kernel, and the forward's saved tables against none.  Inputs from
+dqk's cluster group sums against the group-sum kernel, the forward's saved tables against none, and the
+recompute storing S's hi term alone against its emulation.  Inputs from
 ``cases.inputs`` (``tests.kernel_support.bwd_args``: do, dht from ``parity.refs.grad_outputs``), fp64 gradients
 from ``parity.refs.compute``, metrics from ``parity.metrics``.
 
@@ -284,5 +285,38 @@ def test_saved_forward_tables_give_the_same_gradients(case):
             continue
         d, floor = compare(a, b).rel_rmse, compare(r.to(args[0].dtype), r).rel_rmse
         print(f"  {case.id} {n}: dispatched vs emulation (Tinv hi alone: {hi_only}) {d:.2e}, floor {floor:.2e}")
+        assert d <= floor, (n, d, floor)
+    _within_baseline(case, got)
+
+
+# calls without an initial state (``BackwardPlan.s_single`` is no plan for others:
+# tests/test_kernels_bwd_emulation.py), GVA 2 and 4, dense and varlen, qwen and slow gates, fp16
+_S_SINGLE_CASES = [Case(T=1000, H=2, HV=4, dist="qwen-gates", grad=True),
+                   Case(layout="varlen-ragged", T=1001, H=2, HV=8, dist="slow-decay", grad=True),
+                   Case(B=2, T=333, H=2, HV=4, dtype="fp16", g_dtype="fp16", beta_dtype="fp16", grad=True)]
+
+
+@pytest.mark.parametrize("case", _S_SINGLE_CASES, ids=[c.id for c in _S_SINGLE_CASES])
+def test_recomputed_state_hi_alone_is_the_emulations(case):
+    """``BackwardPlan.s_single`` (the recompute stores S's hi term alone, dqk reads no S lo table): every gradient
+    within the input dtype's rounding floor of the emulation's ``s_single`` and within the FLA-like baseline."""
+    from kernels import autograd
+    from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
+    from kernels.backward.pipeline import reads_saved_tables
+    from kernels.plan import BackwardPlan
+
+    def single(plan):
+        return dataclasses.replace(plan, s_single=True) if isinstance(plan, BackwardPlan) else plan
+
+    got = tt.function_grads(autograd.apply, case, CUDA, alter=single)
+    args, kw, do, dht = tt.bwd_args(case, CUDA)
+    hi_only = reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
+    ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only, s_single=True)
+    want = tt.fp64_grads(case, CUDA)
+    for n, a, b, r in zip(NAMES, got, ge, want):
+        if r is None:
+            continue
+        d, floor = compare(a, b).rel_rmse, compare(r.to(args[0].dtype), r).rel_rmse
+        print(f"  {case.id} {n}: S hi alone vs emulation {d:.2e}, floor {floor:.2e}")
         assert d <= floor, (n, d, floor)
     _within_baseline(case, got)

@@ -24,18 +24,19 @@ class BwdConfig:
     single: bool = False           # dh only: Tinv, dU, F0 dX single (the sequential reverse pass)
     saved: bool = False            # prep only: Tinv and Ag from the forward (the autograd Function's saved tables)
     tinv_hi: bool = False          # dh only: dU and F0 dX split, Tinv's hi term alone (the forward's saved tables)
+    s_single: bool = False         # dqk only: the recomputed S its hi term alone (no S lo table)
 
     @property
     def name(self) -> str:
-        flags = "".join(f",{f}" for f in ("single", "saved", "tinv_hi") if getattr(self, f))
+        flags = "".join(f",{f}" for f in ("single", "saved", "tinv_hi", "s_single") if getattr(self, f))
         return f"bwd_{self.kind}[DK=DV={self.DK}{flags},{self.dtype}]"
 
 
 def all_configs():
     """Every backward kernel a dispatch decision can choose, for each head dim K = V in ``HEAD_DIMS`` (128 first):
     each kind x {bf16, fp16}, dh in its split form (every operand; on the saved tables, Tinv hi alone) and its
-    single form (an A/B alternative), prep computing the tables and on the forward's saved ones; the dtype-free
-    dgdb once.  The forward recompute runs the forward's intra and smem state kernels
+    single form (an A/B alternative), prep computing the tables and on the forward's saved ones, dqk also on S's hi
+    term alone (an A/B alternative); the dtype-free dgdb once.  The forward recompute runs the forward's intra and smem state kernels
     (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
@@ -45,7 +46,8 @@ def _configs_at(D: int):
             + [BwdConfig(k, "float32", D) for k in DTYPE_FREE_KINDS]
             + [BwdConfig("dh", dt, D, single=True) for dt in DTYPES]
             + [BwdConfig("dh", dt, D, tinv_hi=True) for dt in DTYPES]
-            + [BwdConfig("prep", dt, D, saved=True) for dt in DTYPES])
+            + [BwdConfig("prep", dt, D, saved=True) for dt in DTYPES]
+            + [BwdConfig(kind, dt, D, s_single=True) for dt in DTYPES for kind in KINDS if kind.startswith("dqk")])
 
 
 def prim_func(cfg: BwdConfig):
@@ -57,6 +59,8 @@ def prim_func(cfg: BwdConfig):
         raise ValueError(f"tinv_hi (Tinv's hi term alone) is a form of the split dh kernel only: {cfg.name}")
     if cfg.saved and cfg.kind != "prep":
         raise ValueError(f"saved (the forward's Tinv and Ag) is a form of prep only: {cfg.name}")
+    if cfg.s_single and not cfg.kind.startswith("dqk"):
+        raise ValueError(f"s_single (S's hi term alone) is a form of dqk only: {cfg.name}")
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
         return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved)
@@ -65,7 +69,8 @@ def prim_func(cfg: BwdConfig):
         return build_bwd_dh(D, D, cfg.dtype, single=cfg.single, tinv_lo=not cfg.tinv_hi)
     if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
         from .dqk import build_bwd_dqk
-        return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1)
+        return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
+                             s_lo=not cfg.s_single)
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)

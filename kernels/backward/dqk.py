@@ -28,11 +28,11 @@ THREADS = 256
 class _HeadTiles:
     """The shared tiles of one value head's pass (a Python object, so that ``value_head`` can name them)."""
 
-    def __init__(self, DK, DV, dtype):
+    def __init__(self, DK, DV, dtype, s_lo):
         f32 = "float32"
         self.f_s = T.alloc_shared((8, BT), f32)
         self.sh = T.alloc_shared((DK, DV), dtype)
-        self.sl = T.alloc_shared((DK, DV), dtype)
+        self.sl = T.alloc_shared(lo_shape((DK, DV), s_lo), dtype)     # an unread placeholder without S lo
         self.dsh = T.alloc_shared((DV, DK), dtype)
         self.dsl = T.alloc_shared((DV, DK), dtype)
         self.do = T.alloc_shared((BT, DV), dtype)
@@ -52,23 +52,28 @@ class _HeadTiles:
 
 @T.macro
 def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk, dpu,
-               dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale):
+               dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale,
+               s_lo):
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
     dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32.
     The q.Z, k.W, k.R and dY . v row dots go out as two halves (``half_row_dots``, fragments ``t2, r2``) into
     ``qz, kw, kr, yv [2, HV, NC, 64]``, the dbeta row sums likewise into ``db2`` (``intra_terms``, fragments
-    ``t2b, r2b``)."""
+    ``t2b, r2b``).  ``s_lo`` (a Python bool): S is hi + lo, else its hi term alone (Scl not read)."""
     DK = dq_f.shape[1]
     DV = ts.sh.shape[1]
-    # 1. the S o dS' row dots (S, dS' hi + lo)
+    # 1. the S o dS' row dots (S hi (+ lo), dS' hi + lo)
     T.copy(Fb[hv, c, 0:8, 0:BT], ts.f_s)
     T.copy(Sch[hv, c, 0:DK, 0:DV], ts.sh)
-    T.copy(Scl[hv, c, 0:DK, 0:DV], ts.sl)
+    if s_lo:
+        T.copy(Scl[hv, c, 0:DK, 0:DV], ts.sl)
     T.copy(dSh[hv, c, 0:DV, 0:DK], ts.dsh)
     T.copy(dSl[hv, c, 0:DV, 0:DK], ts.dsl)
     acc[0] = T.float32(0)
     if tx < 2 * DV:
-        split_dot_rows(ts.sh, ts.sl, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
+        if s_lo:
+            split_dot_rows(ts.sh, ts.sl, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
+        else:
+            split_dot_rows(ts.sh, None, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
         sd[tx // DV, hv, c, tx % DV] = acc[0]
     # 2. R = U dS'^T (U, dS' hi + lo) -> dk~ += e^(GL-G) R, the k.R dots
     T.copy(Uh[hv, c, 0:BT, 0:DV], ts.uh)
@@ -79,19 +84,21 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     for t, d in T.Parallel(BT, DK):
         dk_f[t, d] = dk_f[t, d] + T.exp2((ts.f_s[4, BT - 1] - ts.f_s[4, t]) * LOG2E) * x_f[t, d]
     half_row_dots(x_f, k_s, t2, r2, nv, kr, hv, c)
-    # 3. Z = dO S^T (S hi + lo) -> dq~ += scale e^G Z, the q.Z dots
+    # 3. Z = dO S^T (S hi (+ lo)) -> dq~ += scale e^G Z, the q.Z dots
     T.copy(do[t0:t0 + BT, hv, 0:DV], ts.do)
     T.gemm(ts.do, ts.sh, x_f, transpose_B=True, clear_accum=True)
-    T.gemm(ts.do, ts.sl, x_f, transpose_B=True)
+    if s_lo:
+        T.gemm(ts.do, ts.sl, x_f, transpose_B=True)
     for t, d in T.Parallel(BT, DK):
         dq_f[t, d] = dq_f[t, d] + scale * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     half_row_dots(x_f, q_s, t2, r2, nv, qz, hv, c)
-    # 4. W = dY S^T (dY, S hi + lo) -> dk~ -= beta e^G W, the k.W dots; then the dY . v dots
+    # 4. W = dY S^T (dY hi + lo, S hi (+ lo)) -> dk~ -= beta e^G W, the k.W dots; then the dY . v dots
     T.copy(dYh[hv, c, 0:DV, 0:BT], ts.dyh)
     T.copy(dYl[hv, c, 0:DV, 0:BT], ts.dyl)
     T.gemm(ts.dyh, ts.sh, x_f, transpose_A=True, transpose_B=True, clear_accum=True)
     T.gemm(ts.dyl, ts.sh, x_f, transpose_A=True, transpose_B=True)
-    T.gemm(ts.dyh, ts.sl, x_f, transpose_A=True, transpose_B=True)
+    if s_lo:
+        T.gemm(ts.dyh, ts.sl, x_f, transpose_A=True, transpose_B=True)
     for t, d in T.Parallel(BT, DK):
         dk_f[t, d] = dk_f[t, d] - ts.f_s[7, t] * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     half_row_dots(x_f, k_s, t2, r2, nv, kw, hv, c)
@@ -158,7 +165,7 @@ def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0
     T.cluster_sync()
 
 
-def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1):
+def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = True):
     """Grid (chunk, value head).  With ``group == 1`` dq~ and dk~ leave the kernel in one of two ways, by ``out32``:
 
     * fp32 per value head (``dq32, dk32``), summed per group by ``gdn_bwd_group_sum`` (groups of two or more, or the
@@ -171,6 +178,9 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1):
     chain rule follows on the host), else the final dq, dk in the input dtype; no per-value-head rows, no
     ``gdn_bwd_group_sum`` pass.
 
+    ``s_lo``: the recomputed chunk-start state S is hi + lo (``Scl`` read), else its hi term alone (``Scl`` an unread
+    placeholder; 32 KiB less shared memory at DK = DV = 128, two products and one load fewer).
+
     The four 64x64 operands of the intra terms are single (``intra_terms(mlo=False)``).  The shared tiles whose
     per-thread accesses would be bank conflicts are laid out without them (``kernels.common.bank_conflicts``), the
     same values in the same order: the v tile of the dY . v dots swizzled, the dg summands' fp32 tile ``m_s`` with 8
@@ -180,7 +190,7 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1):
     halves of the key dim):
       q, k            [Ttot, H, DK]     dtype
       v, do           [Ttot, HV, DV]    dtype
-      Sch, Scl        [HV, NC, DK, DV]  dtype  (forward recompute, key-first)
+      Sch, Scl        [HV, NC, DK, DV]  dtype  (forward recompute, key-first; Scl read only when s_lo)
       Uh, Ul          [HV, NC, 64, DV]  dtype
       dSh, dSl        [HV, NC, DV, DK]  dtype  (gdn_bwd_dh, value-first)
       dYh, dYl        [HV, NC, DV, 64]  dtype
@@ -240,7 +250,7 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1):
 
             q_s = T.alloc_shared((BT, DK), dtype)
             k_s = T.alloc_shared((BT, DK), dtype)
-            ts = _HeadTiles(DK, DV, dtype)
+            ts = _HeadTiles(DK, DV, dtype, s_lo)
             T.annotate_layout({ts.v: make_swizzled_layout(ts.v)})
             dq_f = T.alloc_fragment((BT, DK), f32)
             dk_f = T.alloc_fragment((BT, DK), f32)
@@ -267,7 +277,7 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1):
             T.clear(dk_f)
             value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
                        dpu, dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0,
-                       nv, scale)
+                       nv, scale, s_lo)
             # each row stored once
             if group > 1:
                 pad = 4

@@ -199,7 +199,7 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
 @dataclass
 class RecomputedStates:
     Sch: torch.Tensor               # [HV, NC, D, D] chunk-start states, hi (key-first)
-    Scl: torch.Tensor               # lo
+    Scl: torch.Tensor               # lo (Sch itself, unread, where the plan stores S hi alone)
     Uh: torch.Tensor                # [HV, NC, 64, D] hi
     Ul: torch.Tensor                # lo
 
@@ -211,16 +211,17 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side) -> Recomputed
     and frees them; its inputs recorded on it."""
     from kernels.build import get_kernel
     dev, dt, D = x.q.device, x.q.dtype, x.D
+    cfg = plan.recompute_configs()[1]
     main = torch.cuda.current_stream(dev) if side is not None else None
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         Sch = torch.empty(x.HV, x.NC, D, D, device=dev, dtype=dt)
-        Scl = torch.empty_like(Sch)
+        Scl = torch.empty_like(Sch) if cfg.prec.s == "split" else Sch     # neither written nor read without S lo
         Uh = torch.empty(x.HV, x.NC, BT, D, device=dev, dtype=dt)
         Ul = torch.empty_like(Uh)
         ht = torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
         h0 = x.h0 if x.h0 is not None else torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
-        get_kernel(plan.recompute_configs()[1])(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, x.cu, x.chunk_offsets,
-                                                h0, Sch, Scl, Uh, Ul, ht, int(x.h0 is not None), 0, int(x.v_first))
+        get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, x.cu, x.chunk_offsets, h0, Sch, Scl, Uh, Ul, ht,
+                        int(x.h0 is not None), 0, int(x.v_first))
     if side is not None:
         for t in (tables.Agh, tables.Agl):          # freed while the side stream may still use them
             t.record_stream(side)
