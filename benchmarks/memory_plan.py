@@ -380,7 +380,7 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=30, help="tensors listed at the peak")
     ap.add_argument("--check", action="store_true", help="also the CPU allocator's peak (torch.profiler)")
     ap.add_argument("--ab", default=None, metavar="COL",
-                    help="trace the plans of benchmarks/bench_kernels_bwd.py's A/B column COL instead of the dispatched")
+                    help="the plans of benchmarks/bench_kernels_bwd.py's A/B column COL, not the dispatched ones")
     ap.add_argument("--record", default=None, metavar="PATH", nargs="?", const="",
                     help="append the summary table to PATH (no PATH: benchmarks/RESULTS.md)")
     args = ap.parse_args(argv)

@@ -279,14 +279,21 @@ def test_saved_forward_tables_give_the_same_gradients(case):
     args, kw, do, dht = tt.bwd_args(case, CUDA)
     hi_only = reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
     ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only)
+    _within_floor_of_emulation(case, got, ge, f"dispatched vs emulation (Tinv hi alone: {hi_only})")
+    _within_baseline(case, got)
+
+
+def _within_floor_of_emulation(case, got, emulated, label):
+    """Every gradient within the input dtype's rounding floor (rel_rmse of fp64 rounded, against fp64) of the
+    emulation's (printed with ``label``)."""
     want = tt.fp64_grads(case, CUDA)
-    for n, a, b, r in zip(NAMES, got, ge, want):
+    dt = got[0].dtype
+    for n, a, b, r in zip(NAMES, got, emulated, want):
         if r is None:
             continue
-        d, floor = compare(a, b).rel_rmse, compare(r.to(args[0].dtype), r).rel_rmse
-        print(f"  {case.id} {n}: dispatched vs emulation (Tinv hi alone: {hi_only}) {d:.2e}, floor {floor:.2e}")
+        d, floor = compare(a, b).rel_rmse, compare(r.to(dt), r).rel_rmse
+        print(f"  {case.id} {n}: {label} {d:.2e}, floor {floor:.2e}")
         assert d <= floor, (n, d, floor)
-    _within_baseline(case, got)
 
 
 # calls without an initial state (``BackwardPlan.s_single`` is no plan for others:
@@ -312,11 +319,5 @@ def test_recomputed_state_hi_alone_is_the_emulations(case):
     args, kw, do, dht = tt.bwd_args(case, CUDA)
     hi_only = reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
     ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only, s_single=True)
-    want = tt.fp64_grads(case, CUDA)
-    for n, a, b, r in zip(NAMES, got, ge, want):
-        if r is None:
-            continue
-        d, floor = compare(a, b).rel_rmse, compare(r.to(args[0].dtype), r).rel_rmse
-        print(f"  {case.id} {n}: S hi alone vs emulation {d:.2e}, floor {floor:.2e}")
-        assert d <= floor, (n, d, floor)
+    _within_floor_of_emulation(case, got, ge, "S hi alone vs emulation")
     _within_baseline(case, got)

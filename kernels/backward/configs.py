@@ -36,8 +36,8 @@ def all_configs():
     """Every backward kernel a dispatch decision can choose, for each head dim K = V in ``HEAD_DIMS`` (128 first):
     each kind x {bf16, fp16}, dh in its split form (every operand; on the saved tables, Tinv hi alone) and its
     single form (an A/B alternative), prep computing the tables and on the forward's saved ones, dqk also on S's hi
-    term alone (an A/B alternative); the dtype-free dgdb once.  The forward recompute runs the forward's intra and smem state kernels
-    (``kernels.build.forward_configs``)."""
+    term alone (an A/B alternative); the dtype-free dgdb once.  The forward recompute runs the forward's intra and
+    smem state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
 

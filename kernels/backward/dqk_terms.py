@@ -79,15 +79,7 @@ def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx, xh=None, xl=None, d0=0, nd
     ``sl_s`` None: S is its hi term alone (with ``xh, xl`` only)."""
     f32 = "float32"
     nd = sh_s.shape[0] if nd is None else nd
-    if sl_s is None:
-        for d8 in T.serial(nd // 8):
-            for j in T.vectorized(8):
-                xh[j] = dsh_s[tx, d0 + d8 * 8 + j]
-            for j in T.vectorized(8):
-                xl[j] = dsl_s[tx, d0 + d8 * 8 + j]
-            for j in T.serial(8):
-                acc[0] = acc[0] + (T.cast(sh_s[d0 + d8 * 8 + j, tx], f32) * (T.cast(xh[j], f32) + T.cast(xl[j], f32)))
-    elif xh is None:
+    if xh is None:
         for d in T.serial(nd):
             acc[0] = acc[0] + ((T.cast(sh_s[d0 + d, tx], f32) + T.cast(sl_s[d0 + d, tx], f32))
                                * (T.cast(dsh_s[tx, d0 + d], f32) + T.cast(dsl_s[tx, d0 + d], f32)))
@@ -98,8 +90,12 @@ def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx, xh=None, xl=None, d0=0, nd
             for j in T.vectorized(8):
                 xl[j] = dsl_s[tx, d0 + d8 * 8 + j]
             for j in T.serial(8):
-                acc[0] = acc[0] + ((T.cast(sh_s[d0 + d8 * 8 + j, tx], f32) + T.cast(sl_s[d0 + d8 * 8 + j, tx], f32))
-                                   * (T.cast(xh[j], f32) + T.cast(xl[j], f32)))
+                if sl_s is None:
+                    acc[0] = acc[0] + T.cast(sh_s[d0 + d8 * 8 + j, tx], f32) * (T.cast(xh[j], f32) + T.cast(xl[j], f32))
+                else:
+                    acc[0] = acc[0] + ((T.cast(sh_s[d0 + d8 * 8 + j, tx], f32)
+                                        + T.cast(sl_s[d0 + d8 * 8 + j, tx], f32))
+                                       * (T.cast(xh[j], f32) + T.cast(xl[j], f32)))
 
 
 @T.macro
