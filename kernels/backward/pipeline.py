@@ -333,6 +333,16 @@ def _unwritten(buf: torch.Tensor, shape, dtype) -> torch.Tensor:
     return raw[:n * dtype.itemsize].view(dtype).view(shape)
 
 
+def _zeros_over(zero: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A zero tensor shaped and typed as ``like`` over the zeroed buffer ``zero``'s memory where it fits (a new one
+    where it does not)."""
+    n = like.numel() * like.element_size()
+    raw = zero.view(-1).view(torch.uint8)
+    if raw.numel() < n:
+        return torch.zeros_like(like)
+    return raw[:n].view(like.dtype).view(like.shape)
+
+
 def dg_dbeta(*, x: ForwardInputs, plan, tables: PrepTables, grads: StateGradients, terms: ChunkTerms, g, beta,
              has_h0: bool):
     """``gdn_bwd_dg_dbeta`` (dg, dbeta of every token), then ``finish`` (dq, dk: the L2-norm chain rule) and the
@@ -446,8 +456,11 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
     kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, dht_a, dSh, dSl, dYh, dYl, dv2, a, 1, 1, 0)
     eye = torch.eye(D, device=dev, dtype=f32).expand(NS, HV, D, D).contiguous()
     P = torch.empty_like(dht_a)
-    kern(q2, k2, torch.zeros_like(do2), Th, Tl, Fb, torch.zeros_like(dUl), cp.cu, cp.chunk_offsets, eye, dSh, dSl,
-         dYh, dYl, dv2, P, 1, 1, 0)
+    # pass B's zero dUloc and dO: one zero buffer, dO a view of its first bytes (both only read)
+    zero = torch.zeros_like(dUl)
+    kern(q2, k2, _zeros_over(zero, do2), Th, Tl, Fb, zero, cp.cu, cp.chunk_offsets, eye, dSh, dSl, dYh, dYl, dv2, P,
+         1, 1, 0)
+    zero = None
     E = dh_segmented.end_gradients(cp, a, P, dhk)
     start = torch.empty_like(dht_a)
     kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, E, dSh, dSl, dYh, dYl, dv2, start, 1, 1, 0)
