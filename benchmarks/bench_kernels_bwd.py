@@ -84,6 +84,7 @@ AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompu
       "ours-no-saved": ("both", None),   # the forward keeps no intra tables: prep recomputes Tinv (hi + lo) and Ag
       "ours-dh-single": ("backward", dict(dh_single=True)),  # dh's Tinv, dU and F0 dX single terms (sequential)
       "ours-s-single": ("backward", dict(s_single=True)),  # the recompute's S hi alone: no S lo table (no h0 only)
+      "ours-msplit": ("merges", None),   # the forward's block merges split, and prep's where it computes Tinv
       }
 
 
@@ -97,6 +98,10 @@ def alter(col: str):
     where, change = AB[col]
 
     def f(plan):
+        if where == "merges":
+            if isinstance(plan, ForwardPlan):
+                return dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, merge="split"))
+            return dataclasses.replace(plan, merge_split=True)
         if where == "both":
             if isinstance(plan, ForwardPlan):
                 return dataclasses.replace(plan, keep_tables=False)
@@ -116,11 +121,15 @@ def call_configs(B, T, H, HV, lens, cols):
     mc = max(-(-x // 64) for x in lens) if lens else -(-T // 64)
     nc = sum(-(-x // 64) for x in lens) if lens else B * -(-T // 64)
     out = []
+    merges = "ours-msplit" in cols
     for keep in (True, False):
-        out += forward_plan("bfloat16", n, HV, mc, keep_tables=keep).configs()
+        fp = forward_plan("bfloat16", n, HV, mc, keep_tables=keep)
+        out += fp.configs() + (alter("ours-msplit")(fp).configs() if merges else ())
     bp = backward_plan("bfloat16", H, HV, nc, n)
     for p in [bp, dataclasses.replace(bp, dh_single=False, reads_saved_tables=False)]:
         out += p.configs(True) + p.configs(False) + p.recompute_configs()
+        if merges:
+            out += dataclasses.replace(p, merge_split=True).configs(False)
     for col in cols:
         if col in AB and AB[col][0] == "backward":
             try:

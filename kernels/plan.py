@@ -87,15 +87,16 @@ def check_head_dim(DK) -> int:
     return DK
 
 
-def recompute_precision(s_single: bool = False) -> Precision:
-    """The backward's forward recompute: precision "recompute", with S one term where ``s_single``."""
-    return replace(PRESETS["recompute"], s="bf16") if s_single else PRESETS["recompute"]
+def recompute_precision(s_single: bool = False, merge_split: bool = False) -> Precision:
+    """The backward's forward recompute: precision "recompute", with S one term where ``s_single`` and the merges
+    split where ``merge_split`` (prep's Tinv)."""
+    return replace(PRESETS["recompute"], s="bf16" if s_single else "split", merge="split" if merge_split else "bf16")
 
 
 def keeps_tables(prec: Precision) -> bool:
-    """Whether a forward at ``prec`` computes the backward's intra tables (Tinv, Ag hi + lo): bf16 merges, Ag
-    split (what ``gdn_bwd_prep`` computes)."""
-    return prec.merge == "bf16" and prec.ag == "split"
+    """Whether a forward at ``prec`` computes the backward's intra tables (Tinv, Ag hi + lo): Ag split, what
+    ``gdn_bwd_prep`` computes (with the same merges: ``BackwardPlan.merge_split`` for split ones)."""
+    return prec.ag == "split"
 
 
 def block_v(n_seq: int, HV: int, occ: int = 1, DK: int = KERNEL_HEAD_DIM) -> int:
@@ -147,7 +148,8 @@ class BackwardPlan:
     ``recompute_ctas_per_sm``: the recompute's smem state kernel; ``group``: value heads per q/k head (HV / H);
     ``cluster_group_sum``: dqk sums each group itself in a thread-block cluster (groups of 2, 4, 8), else groups
     of more than one value head are summed by ``gdn_bwd_group_sum``; ``s_single``: the recompute stores S's hi term
-    alone and dqk reads it alone (no S lo table: an A/B alternative); ``DK``: the head dim K == V every kernel is
+    alone and dqk reads it alone (no S lo table: an A/B alternative); ``merge_split``: prep's Tinv with split block
+    merges, as a forward at merge "split" computes it (an A/B alternative); ``DK``: the head dim K == V every kernel is
     built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
@@ -159,6 +161,7 @@ class BackwardPlan:
     group: int = 1
     cluster_group_sum: bool = False
     s_single: bool = False
+    merge_split: bool = False
     DK: int = KERNEL_HEAD_DIM
 
     def __post_init__(self):
@@ -171,13 +174,13 @@ class BackwardPlan:
     def recompute_configs(self) -> tuple:
         """(intra, smem state) of the forward recompute at precision "recompute" (S and U hi + lo, key-first; S hi
         alone with ``s_single``), the S lo tile swizzled where there is one."""
-        prec = recompute_precision(self.s_single)
+        prec = recompute_precision(self.s_single, self.merge_split)
         return (IntraConfig(self.dtype, prec.merge, prec.ag, DK=self.DK),
                 StateConfig(self.dtype, self.recompute_block_v, prec, form="smem", DK=self.DK,
                             ctas_per_sm=self.recompute_ctas_per_sm, sl_swizzle=prec.s == "split"))
 
     def prep_config(self, saved: bool) -> BwdConfig:
-        return BwdConfig("prep", self.dtype, self.DK, saved=saved)
+        return BwdConfig("prep", self.dtype, self.DK, saved=saved, msplit=self.merge_split and not saved)
 
     def dh_config(self, saved: bool) -> BwdConfig:
         """dh's form; ``saved``: prep took Tinv from the forward (its hi term alone)."""

@@ -20,6 +20,9 @@ def test_ab_column_changes_the_plan_it_names_and_no_other(col):
     nf, nb = f(fp), f(bp)
     if where == "both":
         assert nf == dataclasses.replace(fp, keep_tables=False) and not nb.reads_saved_tables
+    elif where == "merges":
+        assert nf == dataclasses.replace(fp, precision=dataclasses.replace(fp.precision, merge="split"))
+        assert nb == dataclasses.replace(bp, merge_split=True) and nf.keep_tables
     else:
         assert nf is fp and nb == dataclasses.replace(bp, **change)
 
@@ -29,6 +32,7 @@ def test_call_configs_cover_every_column():
     names = {c.name for c in cfgs}
     assert any(n.startswith("bwd_dqk_g2") for n in names) and any(n.startswith("bwd_gsum") for n in names)
     assert any(",occ2," in n and ",slz," in n for n in names)             # ours-rc-bv16o2 / bv32o2
+    assert any("merge=split,ag=split,th" in n for n in names) and any(",msplit," in n for n in names)  # ours-msplit
 
 
 def test_dry_run_times_the_ab_columns(capsys, tmp_path):

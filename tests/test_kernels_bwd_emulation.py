@@ -23,11 +23,12 @@ from tests import kernel_support as tt
 NAMES = tt.GRAD_NAMES
 
 
-def _check(case, xs, do, dht, kw, dh_single=True, s_single=False):
+def _check(case, xs, do, dht, kw, dh_single=True, s_single=False, merge_split=False):
     """The emulation's gradients of ``case`` (inputs ``tt.bwd_args``) against fp64 and the FLA-like baseline."""
     want = tt.fp64_grads(case)
     base = tt.baseline_grads(case)
-    ours = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=dh_single, s_single=s_single)
+    ours = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=dh_single, s_single=s_single,
+                                      merge_split=merge_split)
     near_m20 = case.dist == "strong-decay"
     rows = []
     for n, a, b_, r, x in zip(NAMES, ours, base, want, list(xs) + [kw["initial_state"]]):
@@ -103,6 +104,15 @@ def test_recomputed_state_hi_alone_meets_the_same_bar_without_h0(case):
     split = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False)
     single = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False, s_single=True)
     assert not torch.equal(split[3], single[3]), "dg: S's lo term changed nothing"
+
+
+@pytest.mark.parametrize("case", CASES[:4], ids=[c.id for c in CASES[:4]])
+def test_split_merges_meet_the_same_bar(case):
+    """Tinv and Ag from split block merges (``BackwardPlan.merge_split``, what a forward at merge "split" keeps for
+    the backward) keep every gradient within the FLA-like baseline, and dg of strong decay within the rounding
+    floor."""
+    xs, kw, do, dht = tt.bwd_args(case)
+    _check(case, xs, do, dht, kw, dh_single=False, merge_split=True)
 
 
 def test_recomputed_state_hi_alone_fails_the_bar_with_h0():
@@ -233,11 +243,12 @@ def _fake_kernels(monkeypatch, asked=None):
         if isinstance(cfg, fbuild.IntraConfig):
             def intra2(q, k, g, b, cu, ci, Ah, Al, F, Th, scale, use_l2):
                 dt = q.dtype
-                ah, al, f = FE.intra_chunk(q, k, g, b, cu_list(cu), scale, bool(use_l2), dt, E.fwd_precision())
+                prec = E.fwd_precision(merge_split=cfg.merge == "split")
+                ah, al, f = FE.intra_chunk(q, k, g, b, cu_list(cu), scale, bool(use_l2), dt, prec)
                 put(Ah, ah), put(Al, al), put(F, f)
                 if cfg.th:          # Tinv, rounded once: prep's Th (the same solve)
                     z = torch.zeros(q.shape[0], g.shape[1], q.shape[2], dtype=dt)
-                    put(Th, E.prep(q, k, z, g, b, cu_list(cu), scale, bool(use_l2), dt)[0])
+                    put(Th, E.prep(q, k, z, g, b, cu_list(cu), scale, bool(use_l2), dt, cfg.merge)[0])
             return intra2
         if isinstance(cfg, fbuild.OutputConfig):        # the forward's output kernel (the autograd tests)
             assert not cfg.vt
@@ -272,13 +283,15 @@ def _fake_kernels(monkeypatch, asked=None):
     def bwd_kernel(cfg):
         if cfg.kind == "prep":
             def prep(q, k, do, g, b, cu, ci, Th, Tl, Agh, Agl, Fb, dUl, scale, use_l2):
-                th, tl, fb, dul = E.prep(q, k, do, g, b, cu_list(cu), scale, bool(use_l2), q.dtype)
+                merge = "split" if cfg.msplit else "bf16"
+                th, tl, fb, dul = E.prep(q, k, do, g, b, cu_list(cu), scale, bool(use_l2), q.dtype, merge)
                 put(Fb, fb), put(dUl, dul.transpose(-1, -2))
                 if cfg.saved:       # the forward's Tinv and Ag are given: the kernel writes neither
                     return
                 put(Th, th), put(Tl, tl)
                 # Ag: the kernel's operations are intra2's (ag "split"), so its emulation stands in
-                ah, al, _ = FE.intra_chunk(q, k, g, b, cu_list(cu), scale, bool(use_l2), q.dtype, E.fwd_precision())
+                ah, al, _ = FE.intra_chunk(q, k, g, b, cu_list(cu), scale, bool(use_l2), q.dtype,
+                                           E.fwd_precision(merge_split=cfg.msplit))
                 put(Agh, ah), put(Agl, al)
             return prep
         if cfg.kind == "dh":
@@ -401,16 +414,18 @@ def _plumbing_args(item):
     return [x[:, :0].contiguous() for x in xs], kw, do[:, :0].contiguous(), dht[:2].contiguous()
 
 
-@pytest.mark.parametrize("form", ["dispatched", "no_cluster", "serial_recompute", "recompute_bv16_occ2", "s_single"])
+@pytest.mark.parametrize("form", ["dispatched", "no_cluster", "serial_recompute", "recompute_bv16_occ2", "s_single",
+                                  "merge_split"])
 @pytest.mark.parametrize("item", _PLUMBING, ids=_PLUMBING_IDS)
 def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     """kernels.backward.pipeline with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
     emulation's stage functions, so any difference is the pipeline's tensor plumbing): with the dispatched plan
     (groups of 2, 4, 8 summed by dqk's clusters, others by ``gdn_bwd_group_sum``), and with plan values a benchmark
     may pass: no cluster sums (every group of two or more by ``gdn_bwd_group_sum``), the recompute on the main
-    stream, the recompute's state kernel at BV 16, two CTAs per SM, S's hi term alone (against the emulation's
-    ``s_single``).  The pipeline asks for the plan's kernels and only for them: the recompute state kernel (S lo
-    swizzled, or none), dh's split form, the dqk kind of the group (``s_single`` as the plan)."""
+    stream, the recompute's state kernel at BV 16, two CTAs per SM, S's hi term alone, prep's split merges (against
+    the emulation's ``s_single``, ``merge_split``).  The pipeline asks for the plan's kernels and only for them: the
+    recompute state kernel (S lo swizzled, or none), prep's form, dh's split form, the dqk kind of the group
+    (``s_single`` as the plan)."""
     import dataclasses
 
     import kernels.backward.configs as bbuild
@@ -425,10 +440,11 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
         b = pipeline.prepare_backward(*xs, do, dht, **kw)
         change = {"no_cluster": dict(cluster_group_sum=False), "serial_recompute": dict(overlap_recompute=False),
                   "recompute_bv16_occ2": dict(recompute_block_v=16, recompute_ctas_per_sm=2),
-                  "s_single": dict(s_single=True)}[form]
+                  "s_single": dict(s_single=True), "merge_split": dict(merge_split=True)}[form]
         plan = dataclasses.replace(pipeline.plan_for(b), **change) if b.x.NC else None
     got = pipeline.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
-    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, s_single=form == "s_single")
+    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, s_single=form == "s_single",
+                                      merge_split=form == "merge_split")
     for n, a, b_ in zip(NAMES, got, want):
         if b_ is None:
             assert a is None, n
@@ -451,6 +467,8 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     cluster = HV // H in bbuild.CLUSTER_GROUPS and form != "no_cluster"
     assert [c.kind for c in dqk] == [f"dqk_g{HV // H}" if cluster else "dqk"], asked
     assert all(c.s_single == single for c in dqk), asked
+    prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
+    assert prep and all(c.msplit == (form == "merge_split") for c in prep), asked
     gsum = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("gsum")]
     assert bool(gsum) == (HV // H > 1 and not cluster), asked
 
@@ -490,6 +508,41 @@ def test_autograd_hands_the_forward_tables_to_the_backward_on_cpu(monkeypatch, c
     intra = [c for c in asked if isinstance(c, fbuild.IntraConfig)]
     prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
     assert intra and prep and all(c.th == save for c in intra) and all(c.saved == save for c in prep), asked
+
+
+@pytest.mark.parametrize("case", [_PLUMBING[i] for i in (1, 5)], ids=[_PLUMBING_IDS[i] for i in (1, 5)])
+def test_autograd_hands_split_merge_tables_to_the_backward_on_cpu(monkeypatch, case):
+    """The backward benchmark's ``ours-msplit`` on the kernel path (stand-in kernels on the CPU): the forward's intra
+    kernel at merge "split" stores Tinv, the backward's prep runs on the forward's tables, and the gradients are the
+    emulation's ``merge_split`` (dh on the saved Tinv: hi alone)."""
+    import kernels.backward.configs as bbuild
+    import kernels.forward.configs as fbuild
+    from benchmarks.bench_kernels_bwd import alter
+
+    asked = _kernel_path_is_the_emulation(monkeypatch, case, alter("ours-msplit"), tinv_hi_only=True,
+                                          merge_split=True)
+    intra = [c for c in asked if isinstance(c, fbuild.IntraConfig)]
+    prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
+    assert intra and all(c.th and c.merge == "split" for c in intra), asked
+    assert prep and all(c.saved and not c.msplit for c in prep), asked
+
+
+def _kernel_path_is_the_emulation(monkeypatch, case, alter, **emu) -> list:
+    """The autograd Function on the kernel path (stand-in kernels, plans through ``alter`` or as dispatched) against
+    the emulation's backward called with ``emu``, gradient by gradient; the configurations the call asked for."""
+    from kernels import autograd
+
+    asked = []
+    _fake_kernels(monkeypatch, asked)
+    got = tt.function_grads(autograd.apply, case, **({} if alter is None else {"alter": alter}))
+    xs, kw, do, dht = tt.bwd_args(case)
+    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **emu)
+    for n, a, b_ in zip(NAMES, got, want):
+        if b_ is None:
+            assert a is None, n
+            continue
+        _assert_within_a_quarter_of_rounding(n, a, b_, got[0].dtype)
+    return asked
 
 
 def test_saved_tables_of_another_call_raise_valueerror(monkeypatch):
@@ -723,18 +776,8 @@ def test_default_plan_on_saved_tables_runs_split_dh_on_tinv_hi(monkeypatch):
     """The kernel path (stand-in kernels) with the dispatched plans gives the emulation's ``tinv_hi_only``
     gradients: prep on the forward's saved tables, dh with every operand split reading Tinv's hi term alone."""
     import kernels.backward.configs as bbuild
-    from kernels import autograd
 
-    asked = []
-    _fake_kernels(monkeypatch, asked)
-    got = tt.function_grads(autograd.apply, _DBETA_ROW)
-    xs, kw, do, dht = tt.bwd_args(_DBETA_ROW)
-    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False, tinv_hi_only=True)
-    for n, a, b_ in zip(NAMES, got, want):
-        if b_ is None:
-            assert a is None, n
-            continue
-        _assert_within_a_quarter_of_rounding(n, a, b_, got[0].dtype)
+    asked = _kernel_path_is_the_emulation(monkeypatch, _DBETA_ROW, None, dh_single=False, tinv_hi_only=True)
     bw = [c for c in asked if isinstance(c, bbuild.BwdConfig)]
     assert any(c.kind == "prep" and c.saved for c in bw), asked
     dhs = [c for c in bw if c.kind == "dh"]

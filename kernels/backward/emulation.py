@@ -30,11 +30,12 @@ from .finish import BT, finish, group_sum, token_index
 f64 = torch.float64
 
 
-def fwd_precision(s_single: bool = False):
+def fwd_precision(s_single: bool = False, merge_split: bool = False):
     """Precision of the forward recompute: "recompute" (chunk state S and U stored as hi + lo), so the backward
-    reads S and U to ~16 bits; ``s_single``: S one term (``BackwardPlan.s_single``)."""
+    reads S and U to ~16 bits; ``s_single``: S one term (``BackwardPlan.s_single``); ``merge_split``: Tinv's block
+    merges split (``BackwardPlan.merge_split``)."""
     from kernels.plan import recompute_precision
-    return recompute_precision(s_single)
+    return recompute_precision(s_single, merge_split)
 
 
 def _chunks(x, cu, heads=None):
@@ -46,15 +47,16 @@ def _chunks(x, cu, heads=None):
     return (y * valid[..., None, None]).permute(2, 0, 1, 3)
 
 
-def prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt):
-    """Emulates ``gdn_bwd_prep``: Th, Tl [HV, NC, 64, 64], Fb [HV, NC, 8, 64], dUloc [HV, NC, 64, DV]."""
+def prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, merge: str = "bf16"):
+    """Emulates ``gdn_bwd_prep``: Th, Tl [HV, NC, 64, 64], Fb [HV, NC, 8, 64], dUloc [HV, NC, 64, DV]; ``merge``:
+    the block merges' operands, "bf16" or "split" (its ``merge_split`` form)."""
     qc, kc, gc, bc, vmask, G, rq, rk = _gather_chunks(q2, k2, g2, b2, cu, use_l2)
     vm = vmask.to(f64)
     rows = torch.arange(BT, device=q2.device)
     D = G[..., :, None] - G[..., None, :]
     causal = rows[:, None] >= rows[None, :]
     e_causal = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
-    Tinv = _tinv(kc, bc, G, rk, dt, "bf16")
+    Tinv = _tinv(kc, bc, G, rk, dt, merge)
     Th, Tl = _two(Tinv, dt, True)
     Fb = _gate_table(G, rk, rq, scale, vm, bc)
     QK = _f32(qc @ kc.transpose(-1, -2))
@@ -207,12 +209,13 @@ def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
                                dh_single: bool = False, tinv_hi_only: bool = False, s_single: bool = False,
-                               stages: dict | None = None):
+                               merge_split: bool = False, stages: dict | None = None):
     """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
     pass's single operands (``BackwardPlan.dh_single``); ``tinv_hi_only``: dh reads Tinv hi alone (a zero lo term),
     as the split dh does on the forward's saved tables; ``s_single``: the recompute's S one term (a zero lo term,
-    ``BackwardPlan.s_single``).  ``stages``: a dict that receives the intermediates in
+    ``BackwardPlan.s_single``); ``merge_split``: Tinv and Ag from split block merges (``BackwardPlan.merge_split``,
+    the tables of a forward at merge "split").  ``stages``: a dict that receives the intermediates in
     the layouts of ``pipeline.STAGE_LAYOUT`` (for stage-by-stage checks)."""
     B, T, H, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
@@ -233,11 +236,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if dht is not None:
         dS0 = dht.to(torch.float32)
         dS0 = dS0.transpose(-1, -2) if state_v_first else dS0
-    prec = fwd_precision(s_single)
+    prec = fwd_precision(s_single, merge_split)
     _, offs = chunk_tables(cu)
     Ah, Al, F = intra_chunk(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
     Sch, Scl, Uh, Ul, _ = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
-    Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt)
+    Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, prec.merge)
     dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, torch.zeros_like(Tl) if tinv_hi_only else Tl, Fb, dUloc, cu,
                                        dS0, dt, dh_single)
     dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu,

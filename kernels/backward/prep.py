@@ -2,8 +2,9 @@
 
 Recomputes what the backward needs of the intra-chunk forward and the local part of dU:
 
-* ``Tinv = (I + A)^-1`` exactly like ``forward/intra_chunk.py`` (fp32 16x16 forward substitution, two
-  single-bf16 merge levels, its ``_merge`` macro), stored as a two-term split ``Th + Tl``.  The forward
+* ``Tinv = (I + A)^-1`` exactly like ``forward/intra_chunk.py`` (fp32 16x16 forward substitution, two merge
+  levels, single-term or split as the forward's ``merge``, its ``_merge`` macro), stored as a two-term split
+  ``Th + Tl``.  The forward
   stores ``Ag = Tinv diag(beta)``; the backward needs ``Tinv^T`` itself (dY = Tinv^T dU) and undoing
   ``diag(beta)`` would divide by beta.
 * ``Ag = Tinv diag(beta)`` as the same two-term split as ``gdn_intra`` with ``ag="split"`` (the same
@@ -24,10 +25,11 @@ from kernels.forward.intra_chunk import _merge, fp32_tile, gated_kkt, l2_row_fac
 THREADS = 128
 
 
-def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False):
+def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge_split: bool = False):
     """``saved``: Tinv and Ag come from the forward (the autograd Function keeps the intra kernel's ``Th``, ``Ah``,
     ``Al``: the same operations on the same values, so bitwise this kernel's): no K K^T, no solve, and ``Th``,
-    ``Tl``, ``Agh``, ``Agl`` are not accessed; the gate table and dUloc^T as without it.
+    ``Tl``, ``Agh``, ``Agl`` are not accessed; the gate table and dUloc^T as without it.  ``merge_split``: the
+    merges' operands are 3-term splits (the intra kernel's ``merge="split"``; 24 KiB more shared memory).
 
     Arguments:
       q, k          [Ttot, H, DK]     dtype
@@ -42,6 +44,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False):
     """
     assert DK in (64, 128) and DV in (64, 128)
     assert dtype in ("bfloat16", "float16")
+    assert not (saved and merge_split), "with the forward's tables prep computes no merge"
     f32 = "float32"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
 
@@ -81,7 +84,15 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False):
             lh_s = T.alloc_shared((BT, BT), dtype)
             oh_s = T.alloc_shared((BT, BT), dtype)
             xh_s = T.alloc_shared((BT, BT), dtype)
-            dummy = T.alloc_shared((8, 8), dtype)        # the merges' lo buffers (unused: bf16 merges)
+            if merge_split:                              # the merges' lo tiles
+                ll_s = T.alloc_shared((BT, BT), dtype)
+                ol_s = T.alloc_shared((BT, BT), dtype)
+                xl_s = T.alloc_shared((BT, BT), dtype)
+            else:                                        # one placeholder, never accessed (bf16 merges)
+                dummy = T.alloc_shared((8, 8), dtype)
+                ll_s = dummy
+                ol_s = dummy
+                xl_s = dummy
             ph_s = T.alloc_shared((BT, BT), dtype)
             pl_s = T.alloc_shared((BT, BT), dtype)
 
@@ -136,12 +147,12 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False):
             T.gemm(do_s, pl_s, du_f, transpose_A=True)
             T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])
 
-            # A and its inverse (as gdn_intra with merge="bf16"), unless the forward's are given (``saved``)
+            # A and its inverse (as gdn_intra with the same merge), unless the forward's are given (``saved``)
             if not saved:
                 gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s)
                 solve_diag16(a_s, l_s, t16)
-                _merge(16, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
-                _merge(32, a_s, l_s, lh_s, dummy, oh_s, dummy, xh_s, dummy, x_f, dtype, False)
+                _merge(16, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, merge_split)
+                _merge(32, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, merge_split)
                 for r, j in T.Parallel(BT, BT):
                     Th[hv, c, r, j] = T.cast(l_s[r, j], dtype)
                     Tl[hv, c, r, j] = T.cast(l_s[r, j] - T.cast(T.cast(l_s[r, j], dtype), f32), dtype)
