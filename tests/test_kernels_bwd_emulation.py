@@ -787,11 +787,11 @@ def test_default_plan_on_saved_tables_runs_split_dh_on_tinv_hi(monkeypatch):
 def test_unwritten_arguments_view_held_memory_or_get_their_own():
     """dqk's fp32 pair that it leaves unwritten views a table the call holds (its bytes from the start), and gets an
     allocation of its own where that table is too small (K = 64 without GVA)."""
-    from kernels.backward.pipeline import _unwritten
+    from kernels.backward.pipeline import _view_over
 
     held = torch.empty(4, 8, dtype=torch.bfloat16)                  # 64 bytes
-    v = _unwritten(held, (2, 8), torch.float32)
+    v = _view_over(held, (2, 8), torch.float32)
     assert v.shape == (2, 8) and v.dtype == torch.float32 and v.is_contiguous()
     assert v.data_ptr() == held.data_ptr() and v.untyped_storage().data_ptr() == held.untyped_storage().data_ptr()
-    own = _unwritten(held, (3, 8), torch.float32)                   # 96 bytes > 64
+    own = _view_over(held, (3, 8), torch.float32)                   # 96 bytes > 64
     assert own.shape == (3, 8) and own.untyped_storage().data_ptr() != held.untyped_storage().data_ptr()

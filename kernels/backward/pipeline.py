@@ -309,7 +309,7 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
     else:
         dqo = torch.empty(Ttot, HO, D, device=dev, dtype=dt)
         dko = torch.empty_like(dqo)
-        dq32 = dk32 = _unwritten(states.Sch, (Ttot, HO, D), f32)
+        dq32 = dk32 = _view_over(states.Sch, (Ttot, HO, D), f32)      # never written, never read
     s, gr, t = states, grads, tables
     get_kernel(plan.dqk_config())(x.q, x.k, x.v, b.do, s.Sch, s.Scl, s.Uh, s.Ul, gr.dSh, gr.dSl, gr.dYh, gr.dYl,
                                   t.Fb, x.cu, x.chunk_indices, dq32, dk32, dqo, dko, qz, kw, kr, sd, yv2, rect, db22,
@@ -323,24 +323,15 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
     return ChunkTerms(dqv, dkv, qz, kw, kr, sd, yv2, rect, db22)
 
 
-def _unwritten(buf: torch.Tensor, shape, dtype) -> torch.Tensor:
-    """A contiguous ``dtype`` tensor of ``shape`` over ``buf``'s memory, for a kernel argument the kernel does not
-    write (and never reads); a new allocation where ``buf`` is too small."""
-    n = math.prod(shape)
+def _view_over(buf: torch.Tensor, shape, dtype, new=torch.empty) -> torch.Tensor:
+    """A contiguous ``dtype`` tensor of ``shape`` over ``buf``'s first bytes, for a kernel argument that is not
+    written while ``buf`` is alive: unwritten and unread (over any held buffer), or only read (over a zeroed one);
+    ``new(shape, ...)`` (``torch.empty`` or ``torch.zeros``) where ``buf`` is too small."""
+    n = math.prod(shape) * dtype.itemsize
     raw = buf.view(-1).view(torch.uint8)
-    if raw.numel() < n * dtype.itemsize:
-        return torch.empty(shape, device=buf.device, dtype=dtype)
-    return raw[:n * dtype.itemsize].view(dtype).view(shape)
-
-
-def _zeros_over(zero: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A zero tensor shaped and typed as ``like`` over the zeroed buffer ``zero``'s memory where it fits (a new one
-    where it does not)."""
-    n = like.numel() * like.element_size()
-    raw = zero.view(-1).view(torch.uint8)
     if raw.numel() < n:
-        return torch.zeros_like(like)
-    return raw[:n].view(like.dtype).view(like.shape)
+        return new(shape, device=buf.device, dtype=dtype)
+    return raw[:n].view(dtype).view(shape)
 
 
 def dg_dbeta(*, x: ForwardInputs, plan, tables: PrepTables, grads: StateGradients, terms: ChunkTerms, g, beta,
@@ -458,8 +449,8 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
     P = torch.empty_like(dht_a)
     # pass B's zero dUloc and dO: one zero buffer, dO a view of its first bytes (both only read)
     zero = torch.zeros_like(dUl)
-    kern(q2, k2, _zeros_over(zero, do2), Th, Tl, Fb, zero, cp.cu, cp.chunk_offsets, eye, dSh, dSl, dYh, dYl, dv2, P,
-         1, 1, 0)
+    kern(q2, k2, _view_over(zero, do2.shape, do2.dtype, torch.zeros), Th, Tl, Fb, zero, cp.cu, cp.chunk_offsets, eye,
+         dSh, dSl, dYh, dYl, dv2, P, 1, 1, 0)
     zero = None
     E = dh_segmented.end_gradients(cp, a, P, dhk)
     start = torch.empty_like(dht_a)
