@@ -5,7 +5,8 @@
 
 bf16 q/k/v, fp32 g/beta, no initial state, output_final_state=True; q ~ N(0,1), k L2-normalised N(0,1),
 v ~ N(0,1), g = logsigmoid(N(0,1)) (``--gates qwen``: the forward benchmark's Qwen gates), beta ~ U(0,1);
-do ~ N(0,1), dht ~ 0.1 N(0,1).  Shapes: the forward benchmark's (``benchmarks.inputs.SHAPES``).  Times are ``triton.testing.do_bench`` medians (ms) in this run:
+do ~ N(0,1), dht ~ 0.1 N(0,1).  Shapes: the forward benchmark's (``benchmarks.inputs.SHAPES``).  Times are
+``triton.testing.do_bench`` medians (ms) in this run:
 ``fwd`` = the forward with autograd recording, ``fwd+bwd`` = forward then ``torch.autograd.backward``;
 ``bwd`` = their difference; for ours also the time of every backward stage (CUDA events, one call).  The leaves'
 gradients are reset before each timed call (``grad_to_none``).  ``--rep`` and ``--warmup`` are do_bench's

@@ -81,7 +81,8 @@ def test_compile_list_holds_every_configuration_at_both_head_dims():
     fwd = forward_configs()
     assert cfgs[:len(fwd)] == fwd and not any(isinstance(c, BwdConfig) for c in fwd)
     kinds = {type(c).__name__ if not isinstance(c, BwdConfig) else c.kind for c in at[64]}
-    assert {"IntraConfig", "StateConfig", "OutputConfig", "FixupConfig", "prep", "dh", "dqk", "dgdb", "gsum", "gsum32"} <= kinds
+    assert {"IntraConfig", "StateConfig", "OutputConfig", "FixupConfig", "prep", "dh", "dqk", "dgdb", "gsum",
+            "gsum32"} <= kinds
     assert any(isinstance(c, StateConfig) and c.scan for c in at[64])
     assert any(isinstance(c, OutputConfig) and c.vt for c in at[64])
 
