@@ -84,8 +84,8 @@ AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompu
       "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2)),
       "ours-no-saved": ("both", None),   # the forward keeps no intra tables: prep recomputes Tinv (hi + lo) and Ag
       "ours-dh-single": ("backward", dict(dh_single=True)),  # dh's Tinv, dU and F0 dX single terms (sequential)
-      "ours-s-single": ("backward", dict(s_single=True)),  # the recompute's S hi alone: no S lo table (no h0 only)
-      "ours-msplit": ("merges", None),   # the forward's block merges split, and prep's where it computes Tinv
+      "ours-s-split": ("backward", dict(s_single=False)),  # the recompute's S hi + lo (as with an initial state)
+      "ours-m1": ("merges", None),   # the forward's block merges one term, and prep's where it computes Tinv
       }
 
 
@@ -101,8 +101,8 @@ def alter(col: str):
     def f(plan):
         if where == "merges":
             if isinstance(plan, ForwardPlan):
-                return dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, merge="split"))
-            return dataclasses.replace(plan, merge_split=True)
+                return dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, merge="bf16"))
+            return dataclasses.replace(plan, merge_split=False)
         if where == "both":
             if isinstance(plan, ForwardPlan):
                 return dataclasses.replace(plan, keep_tables=False)
@@ -122,21 +122,22 @@ def call_configs(B, T, H, HV, lens, cols):
     mc = max(-(-x // 64) for x in lens) if lens else -(-T // 64)
     nc = sum(-(-x // 64) for x in lens) if lens else B * -(-T // 64)
     out = []
-    merges = "ours-msplit" in cols
+    merges = "ours-m1" in cols
     for keep in (True, False):
         fp = forward_plan("bfloat16", n, HV, mc, keep_tables=keep)
-        out += fp.configs() + (alter("ours-msplit")(fp).configs() if merges else ())
-    bp = backward_plan("bfloat16", H, HV, nc, n)
-    for p in [bp, dataclasses.replace(bp, dh_single=False, reads_saved_tables=False)]:
+        out += fp.configs() + (alter("ours-m1")(fp).configs() if merges else ())
+    bp = backward_plan("bfloat16", H, HV, nc, n, has_h0=False)
+    for p in [bp, dataclasses.replace(bp, s_single=False), dataclasses.replace(bp, reads_saved_tables=False)]:
         out += p.configs(True) + p.configs(False) + p.recompute_configs()
         if merges:
-            out += dataclasses.replace(p, merge_split=True).configs(False)
+            out += dataclasses.replace(p, merge_split=False).configs(False)
     for col in cols:
         if col in AB and AB[col][0] == "backward":
-            try:
-                out += dataclasses.replace(bp, **AB[col][1]).configs(True)
-            except ValueError:            # a change this shape's plan cannot take (no cluster to turn off)
-                pass
+            for base in (bp, dataclasses.replace(bp, s_single=False)):      # without and with an initial state
+                try:
+                    out += dataclasses.replace(base, **AB[col][1]).configs(True)
+                except ValueError:        # a change this shape's plan cannot take (no cluster to turn off)
+                    pass
     return out
 
 

@@ -25,8 +25,8 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   128 value columns per CTA, CP off; ``smem`` - the shared-memory-operand state kernel, BV by
   ``plan.block_v``, one CTA per SM; ``smem16`` / ``smem32`` / ``smem64`` - the same with BV forced;
   ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
-  ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``msplit`` - the
-  intra kernel's block merges split (precision fields of the dispatched plan);
+  ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``m1`` - the
+  intra kernel's block merges one term (precision fields of the dispatched plan);
 * ``intra``, ``state``, ``output`` - the dispatched plan's three stages, each alone on the tables the stages
                   before it made once (``state``: the sequential state kernel, or with CP the scan, the fix-up and
                   the state kernel per segment); where the time of ``default`` goes;
@@ -133,7 +133,7 @@ VARIANTS = {
     "occ32": _smem(32, 2),
     "s1": _prec(s="bf16", ks="bf16"),
     "ks1": _prec(ks="bf16"),
-    "msplit": _prec(merge="split"),
+    "m1": _prec(merge="bf16"),
 }
 DEFAULT_VARIANTS = "default,rv,rvcp,smem"   # the others on request
 

@@ -23,8 +23,8 @@ def forward_configs():
     backward's recompute): for bf16 and fp16, precision "default": the intra kernel (and its
     Tinv-keeping form), the rv state kernel + its CP scan and fix-up, the smem state kernel at every BV
     ``block_v`` picks (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts,
-    the recompute's smem state kernels (S lo swizzled, or S hi alone), and the intra kernel with split merges (the
-    A/B alternatives of ``BackwardPlan.s_single`` and ``merge_split``).
+    the recompute's smem state kernels (S lo swizzled, or S hi alone), and the intra kernel with one-term merges
+    (the A/B alternative of ``BackwardPlan.merge_split``).
 
     All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
     ratio, scale, h0 present or not, final state stored or not, the state layout, l2norm on/off, gate dtype, dense
@@ -38,8 +38,8 @@ def forward_configs():
             plans += [ForwardPlan(dtype, prec, "smem", bv, 2, 1, DK=DK) for bv in (32, 16)]
             plans += [ForwardPlan(dtype, prec, "smem", 64, 1, 1, keep_tables=True, DK=DK)]
             cfgs = [c for p in plans for c in p.configs()]
-            # the intra kernel with split block merges (the backward benchmark's ours-msplit), with and without Tinv
-            cfgs += [IntraConfig(dtype, "split", prec.ag, DK=DK, th=th) for th in (False, True)]
+            # the intra kernel with one-term block merges (the benchmarks' m1), with and without Tinv
+            cfgs += [IntraConfig(dtype, "bf16", prec.ag, DK=DK, th=th) for th in (False, True)]
             # the backward recompute's (precision "recompute", S lo tile swizzled; S hi alone with s_single) at every
             # BV block_v picks
             cfgs += [BackwardPlan(dtype, recompute_block_v=bv, s_single=s, DK=DK).recompute_configs()[1]

@@ -72,11 +72,12 @@ class ForwardPlan:
 def _forward_configs(plan: ForwardPlan) -> tuple:
     prec, rv, DK = plan.precision, plan.state_form == "rv", plan.DK
     out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
-           StateConfig(plan.dtype, plan.block_v, prec, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),
-           OutputConfig(plan.dtype, prec, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
+           StateConfig(plan.dtype, plan.block_v, prec.past_intra(), form=plan.state_form, DK=DK,
+                       ctas_per_sm=plan.ctas_per_sm),
+           OutputConfig(plan.dtype, prec.past_intra(), BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
     if plan.cp > 1:
         # the rv form's scan (__post_init__ allows CP for it alone)
-        out += [StateConfig(plan.dtype, RV_BV, prec.for_scan(), scan=True, form="rv", DK=DK), FixupConfig(DK)]
+        out += [StateConfig(plan.dtype, RV_BV, prec.past_intra().for_scan(), scan=True, form="rv", DK=DK), FixupConfig(DK)]
     return tuple(out)
 
 
@@ -87,9 +88,9 @@ def check_head_dim(DK) -> int:
     return DK
 
 
-def recompute_precision(s_single: bool = False, merge_split: bool = False) -> Precision:
+def recompute_precision(s_single: bool = False, merge_split: bool = True) -> Precision:
     """The backward's forward recompute: precision "recompute", with S one term where ``s_single`` and the merges
-    split where ``merge_split`` (prep's Tinv)."""
+    one term unless ``merge_split`` (prep's Tinv)."""
     return replace(PRESETS["recompute"], s="bf16" if s_single else "split", merge="split" if merge_split else "bf16")
 
 
@@ -148,8 +149,9 @@ class BackwardPlan:
     ``recompute_ctas_per_sm``: the recompute's smem state kernel; ``group``: value heads per q/k head (HV / H);
     ``cluster_group_sum``: dqk sums each group itself in a thread-block cluster (groups of 2, 4, 8), else groups
     of more than one value head are summed by ``gdn_bwd_group_sum``; ``s_single``: the recompute stores S's hi term
-    alone and dqk reads it alone (no S lo table: an A/B alternative); ``merge_split``: prep's Tinv with split block
-    merges, as a forward at merge "split" computes it (an A/B alternative); ``DK``: the head dim K == V every kernel is
+    alone and dqk reads it alone (no S lo table; dispatched without an initial state); ``merge_split``: prep's Tinv
+    with split block merges, as the forward's precision computes it (False: one-term merges, the A/B alternative
+    of a forward at merge "bf16"); ``DK``: the head dim K == V every kernel is
     built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
@@ -161,7 +163,7 @@ class BackwardPlan:
     group: int = 1
     cluster_group_sum: bool = False
     s_single: bool = False
-    merge_split: bool = False
+    merge_split: bool = True
     DK: int = KERNEL_HEAD_DIM
 
     def __post_init__(self):
@@ -176,7 +178,7 @@ class BackwardPlan:
         alone with ``s_single``), the S lo tile swizzled where there is one."""
         prec = recompute_precision(self.s_single, self.merge_split)
         return (IntraConfig(self.dtype, prec.merge, prec.ag, DK=self.DK),
-                StateConfig(self.dtype, self.recompute_block_v, prec, form="smem", DK=self.DK,
+                StateConfig(self.dtype, self.recompute_block_v, prec.past_intra(), form="smem", DK=self.DK,
                             ctas_per_sm=self.recompute_ctas_per_sm, sl_swizzle=prec.s == "split"))
 
     def prep_config(self, saved: bool) -> BwdConfig:
@@ -210,16 +212,17 @@ class BackwardPlan:
 
 
 def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_segments=None,
-                  DK: int = KERNEL_HEAD_DIM) -> BackwardPlan:
+                  DK: int = KERNEL_HEAD_DIM, has_h0: bool = True) -> BackwardPlan:
     """The backward's dispatch: ``dh_segments`` (``dh_segmented.plan``'s tensors, or None) from the caller, who
     owns the layout cache; dh with every operand split; the sequential pass reads the forward's saved tables; the
     recompute beside dh from ``OVERLAP_MIN_CHUNK_HEADS`` (chunk, value head) pairs; its state kernel at the
-    forward's ``block_v`` (one CTA per SM); cluster group sums for groups of 2, 4, 8; every kernel built for the
-    call's head dim ``DK`` (K == V)."""
+    forward's ``block_v`` (one CTA per SM); cluster group sums for groups of 2, 4, 8; S's hi term alone
+    (``s_single``) where the call has no initial state (``has_h0``); prep's merges split, as the forward's; every
+    kernel built for the call's head dim ``DK`` (K == V)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
     return BackwardPlan(dtype, dh_segments, dh_single=False, reads_saved_tables=seq,
                         overlap_recompute=n_chunks * HV >= OVERLAP_MIN_CHUNK_HEADS,
                         recompute_block_v=block_v(n_seq, HV, 1, DK), recompute_ctas_per_sm=1, group=group,
-                        cluster_group_sum=group in CLUSTER_GROUPS, DK=DK)
+                        cluster_group_sum=group in CLUSTER_GROUPS, s_single=not has_h0, DK=DK)

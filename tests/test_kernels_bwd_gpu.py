@@ -2,7 +2,7 @@
 (marker ``gpu``): the kernels' intermediates against the torch emulation of the same kernels, two calls bitwise
 equal, the segment-parallel reverse pass against the sequential one, the recompute at other state-kernel shapes,
 dqk's cluster group sums against the group-sum kernel, the forward's saved tables against none (also with
-split block merges), and the recompute storing S's hi term alone against its emulation.  Inputs from
+one-term block merges), and the recompute storing S's hi term alone against its emulation.  Inputs from
 ``cases.inputs`` (``tests.kernel_support.bwd_args``: do, dht from ``parity.refs.grad_outputs``), fp64 gradients
 from ``parity.refs.compute``, metrics from ``parity.metrics``.
 
@@ -296,7 +296,7 @@ def _within_floor_of_emulation(case, got, emulated, label):
         assert d <= floor, (n, d, floor)
 
 
-# calls without an initial state (``BackwardPlan.s_single`` is no plan for others:
+# calls without an initial state (where the dispatch takes ``BackwardPlan.s_single``; not with one:
 # tests/test_kernels_bwd_emulation.py), GVA 2 and 4, dense and varlen, qwen and slow gates, fp16
 _S_SINGLE_CASES = [Case(T=1000, H=2, HV=4, dist="qwen-gates", grad=True),
                    Case(layout="varlen-ragged", T=1001, H=2, HV=8, dist="slow-decay", grad=True),
@@ -325,11 +325,11 @@ def test_recomputed_state_hi_alone_is_the_emulations(case):
 
 @pytest.mark.parametrize("case", [_STAGE_CASES[0], _SAVED_CASES[6], _S_SINGLE_CASES[1]],
                          ids=[c.id for c in (_STAGE_CASES[0], _SAVED_CASES[6], _S_SINGLE_CASES[1])])
-def test_split_merges_saved_or_recomputed_give_the_same_gradients(case):
-    """The backward benchmark's ``ours-msplit``: the forward at merge "split" keeps its Tinv and Ag, and prep with
-    split merges (``BackwardPlan.merge_split``) computes the same tables, so with dh's single form (no Tinv lo term)
-    every gradient is bitwise the same either way; the dispatched dh on the saved tables is within the rounding
-    floor of the emulation's ``merge_split`` and within the FLA-like baseline."""
+def test_one_term_merges_saved_or_recomputed_give_the_same_gradients(case):
+    """The backward benchmark's ``ours-m1``: the forward at merge "bf16" keeps its Tinv and Ag, and prep with one-term
+    merges (``merge_split=False``) computes the same tables, so with dh's single form (no Tinv lo term) every
+    gradient is bitwise the same either way; the dispatched dh on the saved tables is within the rounding floor of
+    the emulation's ``merge_split=False`` and within the FLA-like baseline."""
     from kernels import autograd
     from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
     from kernels.backward.pipeline import reads_saved_tables
@@ -337,9 +337,9 @@ def test_split_merges_saved_or_recomputed_give_the_same_gradients(case):
 
     def merges(plan, single=False, keep=True):
         if isinstance(plan, ForwardPlan):
-            return dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, merge="split"),
+            return dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, merge="bf16"),
                                        keep_tables=plan.keep_tables and keep)
-        return dataclasses.replace(plan, merge_split=True, dh_single=single and plan.dh_segments is None,
+        return dataclasses.replace(plan, merge_split=False, dh_single=single and plan.dh_segments is None,
                                    reads_saved_tables=plan.reads_saved_tables and keep)
 
     saved = tt.function_grads(autograd.apply, case, CUDA, alter=lambda p: merges(p, single=True))
@@ -349,6 +349,6 @@ def test_split_merges_saved_or_recomputed_give_the_same_gradients(case):
     got = tt.function_grads(autograd.apply, case, CUDA, alter=merges)
     args, kw, do, dht = tt.bwd_args(case, CUDA)
     hi_only = reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
-    ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only, merge_split=True)
-    _within_floor_of_emulation(case, got, ge, f"split merges vs emulation (Tinv hi alone: {hi_only})")
+    ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only, merge_split=False)
+    _within_floor_of_emulation(case, got, ge, f"one-term merges vs emulation (Tinv hi alone: {hi_only})")
     _within_baseline(case, got)

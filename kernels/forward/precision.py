@@ -42,6 +42,12 @@ class Precision:
         sp = lambda f: getattr(self, f) == "split"   # noqa: E731
         return sp("ks"), sp("s") and not scan, sp("x"), sp("ag"), sp("u") and not scan, sp("upd")
 
+    def past_intra(self) -> "Precision":
+        """The fields the kernels after the intra kernel read: ``merge`` (the intra kernel's alone) at "bf16", so
+        that their configurations do not depend on it."""
+        from dataclasses import replace
+        return replace(self, merge="bf16")
+
     def tag(self) -> str:
         """Short name: the fields that are split, e.g. 'sp[ag,upd]' ('bf16' when none)."""
         on = [k for k, v in asdict(self).items() if v == "split"]
@@ -50,12 +56,14 @@ class Precision:
 
 PRESETS = {
     # split where the emulation shows it buys accuracy: Ag and X (U = Ag X), F2 U (state update), U and P (output),
-    # and the chunk-start state S in both K S (state kernel) and Q S (output kernel). Under slow decays one term of S
-    # put o at up to 1.54x its bf16 rounding floor and the final state only ~3x closer to fp64 than FLA Triton; split,
-    # o is at most 1.07x and the final state 1.8x closer again (H200 standard matrix, 60d6e0a and d09c518)
-    "default": Precision(ag="split", u="split", p="split", upd="split", x="split", s="split", ks="split"),
+    # the chunk-start state S in both K S (state kernel) and Q S (output kernel), and the intra kernel's block merges.
+    # Under slow decays one term of S put o at up to 1.54x its bf16 rounding floor (split: at most 1.07x, H200 standard
+    # matrix, 60d6e0a and d09c518); one-term merges left the final state only 4.9x closer to fp64 than FLA Triton's
+    # (split: ~100x, H200, B1 T8192 qwen gates, d09c518)
+    "default": Precision(merge="split", ag="split", u="split", p="split", upd="split", x="split", s="split",
+                         ks="split"),
     # the backward's forward recompute: S and U stored hi + lo for its products, K S one term
-    "recompute": Precision(ag="split", u="split", p="split", upd="split", x="split", s="split"),
+    "recompute": Precision(merge="split", ag="split", u="split", p="split", upd="split", x="split", s="split"),
 }
 
 
