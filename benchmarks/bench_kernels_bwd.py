@@ -84,7 +84,7 @@ AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompu
       "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2)),
       "ours-no-saved": ("both", None),   # the forward keeps no intra tables: prep recomputes Tinv (hi + lo) and Ag
       "ours-dh-single": ("backward", dict(dh_single=True)),  # dh's Tinv, dU and F0 dX single terms (sequential)
-      "ours-s-split": ("backward", dict(s_single=False)),  # the recompute's S hi + lo (as with an initial state)
+      "ours-s-single": ("backward", dict(s_single=True)),  # the recompute's S hi alone: no S lo table (no h0 only)
       "ours-m1": ("merges", None),   # the forward's block merges one term, and prep's where it computes Tinv
       }
 
@@ -126,18 +126,17 @@ def call_configs(B, T, H, HV, lens, cols):
     for keep in (True, False):
         fp = forward_plan("bfloat16", n, HV, mc, keep_tables=keep)
         out += fp.configs() + (alter("ours-m1")(fp).configs() if merges else ())
-    bp = backward_plan("bfloat16", H, HV, nc, n, has_h0=False)
-    for p in [bp, dataclasses.replace(bp, s_single=False), dataclasses.replace(bp, reads_saved_tables=False)]:
+    bp = backward_plan("bfloat16", H, HV, nc, n)
+    for p in [bp, dataclasses.replace(bp, reads_saved_tables=False)]:
         out += p.configs(True) + p.configs(False) + p.recompute_configs()
         if merges:
             out += dataclasses.replace(p, merge_split=False).configs(False)
     for col in cols:
         if col in AB and AB[col][0] == "backward":
-            for base in (bp, dataclasses.replace(bp, s_single=False)):      # without and with an initial state
-                try:
-                    out += dataclasses.replace(base, **AB[col][1]).configs(True)
-                except ValueError:        # a change this shape's plan cannot take (no cluster to turn off)
-                    pass
+            try:
+                out += dataclasses.replace(bp, **AB[col][1]).configs(True)
+            except ValueError:            # a change this shape's plan cannot take (no cluster to turn off)
+                pass
     return out
 
 

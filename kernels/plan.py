@@ -149,7 +149,7 @@ class BackwardPlan:
     ``recompute_ctas_per_sm``: the recompute's smem state kernel; ``group``: value heads per q/k head (HV / H);
     ``cluster_group_sum``: dqk sums each group itself in a thread-block cluster (groups of 2, 4, 8), else groups
     of more than one value head are summed by ``gdn_bwd_group_sum``; ``s_single``: the recompute stores S's hi term
-    alone and dqk reads it alone (no S lo table; dispatched without an initial state); ``merge_split``: prep's Tinv
+    alone and dqk reads it alone (no S lo table: an A/B alternative); ``merge_split``: prep's Tinv
     with split block merges, as the forward's precision computes it (False: one-term merges, the A/B alternative
     of a forward at merge "bf16"); ``DK``: the head dim K == V every kernel is
     built for."""
@@ -212,17 +212,16 @@ class BackwardPlan:
 
 
 def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_segments=None,
-                  DK: int = KERNEL_HEAD_DIM, has_h0: bool = True) -> BackwardPlan:
+                  DK: int = KERNEL_HEAD_DIM) -> BackwardPlan:
     """The backward's dispatch: ``dh_segments`` (``dh_segmented.plan``'s tensors, or None) from the caller, who
     owns the layout cache; dh with every operand split; the sequential pass reads the forward's saved tables; the
     recompute beside dh from ``OVERLAP_MIN_CHUNK_HEADS`` (chunk, value head) pairs; its state kernel at the
-    forward's ``block_v`` (one CTA per SM); cluster group sums for groups of 2, 4, 8; S's hi term alone
-    (``s_single``) where the call has no initial state (``has_h0``); prep's merges split, as the forward's; every
-    kernel built for the call's head dim ``DK`` (K == V)."""
+    forward's ``block_v`` (one CTA per SM); cluster group sums for groups of 2, 4, 8; prep's merges split, as the
+    forward's; every kernel built for the call's head dim ``DK`` (K == V)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
     return BackwardPlan(dtype, dh_segments, dh_single=False, reads_saved_tables=seq,
                         overlap_recompute=n_chunks * HV >= OVERLAP_MIN_CHUNK_HEADS,
                         recompute_block_v=block_v(n_seq, HV, 1, DK), recompute_ctas_per_sm=1, group=group,
-                        cluster_group_sum=group in CLUSTER_GROUPS, s_single=not has_h0, DK=DK)
+                        cluster_group_sum=group in CLUSTER_GROUPS, DK=DK)

@@ -15,7 +15,7 @@ from kernels.plan import backward_plan, forward_plan
 def test_ab_column_changes_the_plan_it_names_and_no_other(col):
     f = bench.alter(col)
     fp = forward_plan("bfloat16", 1, 32, 512, keep_tables=True)
-    bp = backward_plan("bfloat16", 16, 32, 512, 1, has_h0=False)
+    bp = backward_plan("bfloat16", 16, 32, 512, 1)
     where, change = bench.AB[col]
     nf, nb = f(fp), f(bp)
     if where == "both":
@@ -25,8 +25,8 @@ def test_ab_column_changes_the_plan_it_names_and_no_other(col):
         assert nb == dataclasses.replace(bp, merge_split=False) and nf.keep_tables and nf != fp
     else:
         assert nf is fp and nb == dataclasses.replace(bp, **change)
-    if col == "ours-s-split":                       # the dispatch stores S hi alone without an initial state
-        assert bp.s_single and not nb.s_single
+    if col == "ours-s-single":
+        assert not bp.s_single and nb.s_single
 
 
 def test_call_configs_cover_every_column():
@@ -36,7 +36,7 @@ def test_call_configs_cover_every_column():
     assert any(",occ2," in n and ",slz," in n for n in names)             # ours-rc-bv16o2 / bv32o2
     assert any("merge=bf16,ag=split,th" in n for n in names)                                       # ours-m1
     assert any(n.startswith("bwd_prep[") and ",msplit," not in n and ",saved," not in n for n in names)
-    assert any(n.startswith("bwd_dqk") and ",s_single," not in n for n in names)                    # ours-s-split
+    assert any(n.startswith("bwd_dqk") and ",s_single," in n for n in names)                        # ours-s-single
 
 
 def test_dry_run_times_the_ab_columns(capsys, tmp_path):

@@ -296,7 +296,7 @@ def _within_floor_of_emulation(case, got, emulated, label):
         assert d <= floor, (n, d, floor)
 
 
-# calls without an initial state (where the dispatch takes ``BackwardPlan.s_single``; not with one:
+# calls without an initial state (``BackwardPlan.s_single`` is no plan for others:
 # tests/test_kernels_bwd_emulation.py), GVA 2 and 4, dense and varlen, qwen and slow gates, fp16
 _S_SINGLE_CASES = [Case(T=1000, H=2, HV=4, dist="qwen-gates", grad=True),
                    Case(layout="varlen-ragged", T=1001, H=2, HV=8, dist="slow-decay", grad=True),

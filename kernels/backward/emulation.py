@@ -208,13 +208,13 @@ def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
-                               dh_single: bool = False, tinv_hi_only: bool = False, s_single: bool | None = None,
+                               dh_single: bool = False, tinv_hi_only: bool = False, s_single: bool = False,
                                merge_split: bool = True, stages: dict | None = None):
     """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
     pass's single operands (``BackwardPlan.dh_single``); ``tinv_hi_only``: dh reads Tinv hi alone (a zero lo term),
     as the split dh does on the forward's saved tables; ``s_single``: the recompute's S one term (a zero lo term,
-    ``BackwardPlan.s_single``; None: as the dispatch, without an initial state alone); ``merge_split``: Tinv and Ag from split block merges (``BackwardPlan.merge_split``,
+    ``BackwardPlan.s_single``); ``merge_split``: Tinv and Ag from split block merges (``BackwardPlan.merge_split``,
     the tables of a forward at merge "split").  ``stages``: a dict that receives the intermediates in
     the layouts of ``pipeline.STAGE_LAYOUT`` (for stage-by-stage checks)."""
     B, T, H, DK = q.shape
@@ -236,7 +236,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if dht is not None:
         dS0 = dht.to(torch.float32)
         dS0 = dS0.transpose(-1, -2) if state_v_first else dS0
-    prec = fwd_precision(initial_state is None if s_single is None else s_single, merge_split)
+    prec = fwd_precision(s_single, merge_split)
     _, offs = chunk_tables(cu)
     Ah, Al, F = intra_chunk(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
     Sch, Scl, Uh, Ul, _ = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)

@@ -88,8 +88,7 @@ def plan_for(b: BackwardInputs):
     from kernels.plan import backward_plan
     x = b.x
     return backward_plan(TL_DTYPE[x.q.dtype], x.H, x.HV, x.NC, x.N,
-                         _dh_plan(x.B, x.T, x.cu_host, x.HV, dh_value_blocks(x.D), x.q.device), DK=x.D,
-                         has_h0=x.h0 is not None)
+                         _dh_plan(x.B, x.T, x.cu_host, x.HV, dh_value_blocks(x.D), x.q.device), DK=x.D)
 
 
 def reads_saved_tables(q, v, cu_seqlens=None) -> bool:
