@@ -77,7 +77,8 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
            OutputConfig(plan.dtype, prec.past_intra(), BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
     if plan.cp > 1:
         # the rv form's scan (__post_init__ allows CP for it alone)
-        out += [StateConfig(plan.dtype, RV_BV, prec.past_intra().for_scan(), scan=True, form="rv", DK=DK), FixupConfig(DK)]
+        out += [StateConfig(plan.dtype, RV_BV, prec.past_intra().for_scan(), scan=True, form="rv", DK=DK),
+                FixupConfig(DK)]
     return tuple(out)
 
 

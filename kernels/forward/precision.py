@@ -59,7 +59,7 @@ PRESETS = {
     # the chunk-start state S in both K S (state kernel) and Q S (output kernel), and the intra kernel's block merges.
     # Under slow decays one term of S put o at up to 1.54x its bf16 rounding floor (split: at most 1.07x, H200 standard
     # matrix, 60d6e0a and d09c518); one-term merges left the final state only 4.9x closer to fp64 than FLA Triton's
-    # (split: ~100x, H200, B1 T8192 qwen gates, d09c518)
+    # (split: at least 360x in every cell, 7bc563f)
     "default": Precision(merge="split", ag="split", u="split", p="split", upd="split", x="split", s="split",
                          ks="split"),
     # the backward's forward recompute: S and U stored hi + lo for its products, K S one term
