@@ -36,7 +36,8 @@ class IntraConfig:
 class StateConfig:
     """The sequential state kernel (or, with ``scan``, the CP phase-1 scan): ``form`` "rv"
     (state_registers.py, BV 64 / 128) or "smem" (state_smem.py, ``ctas_per_sm`` 1 or 2, ``sl_swizzle``: the S
-    lo staging tile swizzled, the backward recompute's form)."""
+    lo staging tile swizzled, the backward recompute's form; ``qs``: it stores ``QS = Q S`` for the output kernel
+    instead of S, one CTA per SM)."""
     dtype: str
     BV: int
     prec: object                   # precision.Precision (frozen, hashable)
@@ -46,31 +47,35 @@ class StateConfig:
     num_stages: int = NUM_STAGES
     ctas_per_sm: int = 1
     sl_swizzle: bool = False
+    qs: bool = False
 
     @property
     def name(self) -> str:
         kind = ("scan" if self.scan else "state") + ("_rv" if self.form == "rv" else "_smem")
         occ = f",occ{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
         slz = ",slz" if self.sl_swizzle else ""
-        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz},"
+        qs = ",qs" if self.qs else ""
+        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz}{qs},"
                 f"{self.dtype}]")
 
 
 @dataclass(frozen=True)
 class OutputConfig:
     """``gdn_output`` (output.py): ``cpb`` chunks per CTA in a pipelined loop; ``vt``: value-first tables
-    (from the "rv" state kernel)."""
+    (from the "rv" state kernel); ``qs``: it reads ``Q S`` from the state kernel (key-first)."""
     dtype: str
     prec: object
     BV: int = KERNEL_HEAD_DIM
     vt: bool = True
     DK: int = KERNEL_HEAD_DIM
     cpb: int = OUT_CPB
+    qs: bool = False
 
     @property
     def name(self) -> str:
-        return (f"output[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},{'vt' if self.vt else 'kt'},cpb={self.cpb},"
-                f"{self.dtype}]")
+        qs = ",qs" if self.qs else ""
+        return (f"output[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},{'vt' if self.vt else 'kt'},cpb={self.cpb}"
+                f"{qs},{self.dtype}]")
 
 
 @dataclass(frozen=True)
@@ -84,10 +89,10 @@ class FixupConfig:
         return f"cp_fixup[DK=DV={self.DK}]"
 
 
-def output_block_v(prec, DK: int = KERNEL_HEAD_DIM) -> int:
-    """Value columns per CTA of the output kernel: all ``DK``, or at most 64 when the chunk-start state is split
-    (at DK 128, two 32 KB state tiles per stage would not fit twice in shared memory)."""
-    return min(64, DK) if prec.s == "split" else DK
+def output_block_v(prec, DK: int = KERNEL_HEAD_DIM, qs: bool = False) -> int:
+    """Value columns per CTA of the output kernel: all ``DK``, or at most 64 when it reads the split chunk-start
+    state (at DK 128, two 32 KB state tiles per stage would not fit twice in shared memory); all with ``qs``."""
+    return min(64, DK) if prec.s == "split" and not qs else DK
 
 
 def prim_func(cfg):
@@ -97,19 +102,19 @@ def prim_func(cfg):
         return build_intra_chunk(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.th)
     if isinstance(cfg, StateConfig):
         if cfg.form == "rv":
-            if cfg.sl_swizzle:
-                raise ValueError(f"sl_swizzle is a form of the smem state kernel, not of the rv form: {cfg!r}")
+            if cfg.sl_swizzle or cfg.qs:
+                raise ValueError(f"sl_swizzle and qs are forms of the smem state kernel, not of the rv form: {cfg!r}")
             from .state_registers import build_state_registers
             return build_state_registers(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.BV)
         if cfg.scan:
             raise ValueError(f"the CP scan is a form of the rv state kernel, not of the smem form: {cfg!r}")
         from .state_smem import build_state_smem
         return build_state_smem(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.ctas_per_sm,
-                                cfg.sl_swizzle)
+                                cfg.sl_swizzle, cfg.qs)
     if isinstance(cfg, FixupConfig):
         from .cp_fixup import build_cp_fixup
         return build_cp_fixup(cfg.DK)
     if isinstance(cfg, OutputConfig):
         from .output import build_output
-        return build_output(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.BV, cfg.vt, cfg.cpb, NUM_STAGES)
+        return build_output(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.BV, cfg.vt, cfg.cpb, NUM_STAGES, cfg.qs)
     raise TypeError(f"not a forward kernel configuration: {cfg!r}")

@@ -273,12 +273,13 @@ def chunk_states(k, v, Ah, Al, F, cu_seqlens: list[int], chunk_offsets: list[int
     return Sch, Scl, Uh, Ul, S
 
 
-def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec):
+def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec, QS=None):
     """Emulates ``gdn_output`` (fully parallel over chunks)::
 
         P  = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)   (j <= t, t valid; fp32)  -> Ph (+ Pl)
-        O  = F1 (Q (Sch + Scl)) + Ph Uh + Pl Uh + Ph Ul
-    """
+        O  = F1 QS + Ph Uh + Pl Uh + Ph Ul,   QS = Q (Sch + Scl)   (fp32; ``chunk_qs``)
+
+    ``QS`` [HV, NC, 64, DV]: ``Q S`` as the state kernel of a ``qs`` plan stores it (``Sch``, ``Scl`` unused)."""
     Ttot, H, DK = q.shape
     HV = F.shape[0]
     r = HV // H
@@ -302,12 +303,26 @@ def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec):
     QK = _f32(Qc @ Kc.transpose(-1, -2))
     P = _f32(F[:, :, 5, :, None] * F[:, :, 6, None, :] * e * QK)
     Ph, Pl = _two(P, dt, prec.p == "split")
-    QS = _f32(Qc @ (Sch + Scl))
+    QS = _f32(Qc @ (Sch + Scl)) if QS is None else QS
     O = _f32(_f32(QS * F[:, :, 1, :, None]) + Ph @ Uh + Pl @ Uh + Ph @ Ul)   # [HV, NC, 64, DV]
     o = torch.zeros(Ttot, HV, O.shape[-1], dtype=f64, device=dev)
     store = valid[0]
     o[tok[store]] = O.permute(1, 2, 0, 3)[store]
     return o.to(dt)
+
+
+def chunk_qs(q, Sch, Scl, cu_seqlens: list[int], HV: int):
+    """``Q S`` per chunk as the state kernel of a ``qs`` plan stores it: [HV, NC, 64, DV] fp32 values (fp64 tensor),
+    rows past the last token zero."""
+    Ttot, H, _ = q.shape
+    dev = q.device
+    idx, _ = chunk_tables(cu_seqlens)
+    t0 = torch.tensor([cu_seqlens[n] + i * BT for n, i in idx], device=dev, dtype=torch.long)
+    tok = t0[:, None] + torch.arange(BT, device=dev)[None, :]
+    inb = tok < Ttot
+    heads = torch.arange(HV, device=dev) // (HV // H)
+    Qc = _chunk_gather(q.to(f64), torch.where(inb, tok, torch.zeros_like(tok)), inb, heads).transpose(0, 1)
+    return _f32(Qc @ (Sch.to(f64) + Scl.to(f64)))
 
 
 def cp_segments(cu_seqlens: list[int], n_seg: int):
