@@ -156,10 +156,9 @@ class BackwardPlan:
     ``recompute_ctas_per_sm``: the recompute's smem state kernel; ``group``: value heads per q/k head (HV / H);
     ``cluster_group_sum``: dqk sums each group itself in a thread-block cluster (groups of 2, 4, 8), else groups
     of more than one value head are summed by ``gdn_bwd_group_sum``; ``s_single``: the recompute stores S's hi term
-    alone and dqk reads it alone (no S lo table: an A/B alternative); ``merge_split``: prep's Tinv
-    with split block merges, as the forward's precision computes it (False: one-term merges, the A/B alternative
-    of a forward at merge "bf16"); ``DK``: the head dim K == V every kernel is
-    built for."""
+    alone and dqk reads it alone (no S lo table: an A/B alternative); ``merge_split``: prep's Tinv with split block
+    merges, as the forward's precision computes it (False: one-term merges, the A/B alternative of a forward at
+    merge "bf16"); ``DK``: the head dim K == V every kernel is built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
