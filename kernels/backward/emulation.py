@@ -38,6 +38,14 @@ def fwd_precision(s_single: bool = False, merge_split: bool = True):
     return recompute_precision(s_single, merge_split)
 
 
+def lo8(lo):
+    """A stored lo term as fp8 e4m3 with one power-of-two scale per chunk tile (the last two dims): the values a
+    kernel would read back from such a table (fp64)."""
+    amax = lo.abs().amax(dim=(-1, -2), keepdim=True)
+    s = torch.exp2(torch.ceil(torch.log2(torch.clamp(amax, min=1e-30) / 448.0)))
+    return (lo / s).to(torch.float8_e4m3fn).to(f64) * s
+
+
 def _chunks(x, cu, heads=None):
     """[Ttot, Hx, D] -> [HV, NC, 64, D] fp64, zero past each sequence's end."""
     tok, valid = token_index(cu, x.device)
@@ -209,14 +217,16 @@ def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
                                dh_single: bool = False, tinv_hi_only: bool = False, s_single: bool = False,
-                               merge_split: bool = True, stages: dict | None = None):
+                               merge_split: bool = True, lo8_tables: bool = False, stages: dict | None = None):
     """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
     pass's single operands (``BackwardPlan.dh_single``); ``tinv_hi_only``: dh reads Tinv hi alone (a zero lo term),
     as the split dh does on the forward's saved tables; ``s_single``: the recompute's S one term (a zero lo term,
     ``BackwardPlan.s_single``); ``merge_split``: Tinv and Ag from split block merges (``BackwardPlan.merge_split``,
-    the tables of a forward at merge "split").  ``stages``: a dict that receives the intermediates in
-    the layouts of ``pipeline.STAGE_LAYOUT`` (for stage-by-stage checks)."""
+    the tables of a forward at merge "split"); ``lo8_tables``: the lo terms of the stored S (recompute) and dS'
+    (dh) tables that dqk reads, as fp8 with a scale per chunk tile (``lo8``; dh's own recurrence unchanged).
+    ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
+    stage-by-stage checks)."""
     B, T, H, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     dt = q.dtype
@@ -243,6 +253,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, prec.merge)
     dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, torch.zeros_like(Tl) if tinv_hi_only else Tl, Fb, dUloc, cu,
                                        dS0, dt, dh_single)
+    if lo8_tables:
+        Scl, dSnl = lo8(Scl), lo8(dSnl)
     dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu,
                                                scale)
     dqt2, dkt2, rect, db2 = dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt)
