@@ -283,7 +283,7 @@ their identities); ``profiler_peak`` the CPU allocator's peak (``check``) or Non
 
 def _fwd_bwd(leaves, kw, do, dht, alter=None):
     from kernels.autograd import apply
-    o, ht = apply(*leaves, **kw, **({"alter": alter} if alter is not None else {}))
+    o, ht = apply(*leaves, **kw, alter=alter)
     torch.autograd.backward((o, ht), (do, dht))
     return o, ht
 

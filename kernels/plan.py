@@ -76,15 +76,15 @@ class ForwardPlan:
 @lru_cache(maxsize=512)
 def _forward_configs(plan: ForwardPlan) -> tuple:
     prec, rv, DK = plan.precision, plan.state_form == "rv", plan.DK
+    past = prec.past_intra()                    # what the state and output kernels read of the precision
     out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
-           StateConfig(plan.dtype, plan.block_v, prec.past_intra(), form=plan.state_form, DK=DK,
-                       ctas_per_sm=plan.ctas_per_sm, qs=plan.qs),
-           OutputConfig(plan.dtype, prec.past_intra(), BV=output_block_v(prec, DK, plan.qs), vt=rv, DK=DK,
-                        cpb=OUT_CPB, qs=plan.qs)]
+           StateConfig(plan.dtype, plan.block_v, past, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm,
+                       qs=plan.qs),
+           OutputConfig(plan.dtype, past, BV=output_block_v(prec, DK, plan.qs), vt=rv, DK=DK, cpb=OUT_CPB,
+                        qs=plan.qs)]
     if plan.cp > 1:
         # the rv form's scan (__post_init__ allows CP for it alone)
-        out += [StateConfig(plan.dtype, RV_BV, prec.past_intra().for_scan(), scan=True, form="rv", DK=DK),
-                FixupConfig(DK)]
+        out += [StateConfig(plan.dtype, RV_BV, past.for_scan(), scan=True, form="rv", DK=DK), FixupConfig(DK)]
     return tuple(out)
 
 

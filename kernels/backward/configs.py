@@ -37,9 +37,9 @@ def all_configs():
     """Every backward kernel a dispatch decision can choose, for each head dim K = V in ``HEAD_DIMS`` (128 first):
     each kind x {bf16, fp16}, dh in its split form (every operand; on the saved tables, Tinv hi alone) and its
     single form (an A/B alternative), prep computing the tables (with split merges, and one-term ones, an A/B
-    alternative) and on the forward's saved ones, dqk also on S's hi term alone (calls without an initial state);
-    the dtype-free dgdb once.  The
-    forward recompute runs the forward's intra and smem state kernels (``kernels.build.forward_configs``)."""
+    alternative) and on the forward's saved ones, dqk also on S's hi term alone (an A/B alternative); the
+    dtype-free dgdb once.  The forward recompute runs the forward's intra and smem state kernels
+    (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
 

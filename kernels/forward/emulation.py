@@ -282,17 +282,10 @@ def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec, QS=None):
     ``QS`` [HV, NC, 64, DV]: ``Q S`` as the state kernel of a ``qs`` plan stores it (``Sch``, ``Scl`` unused)."""
     Ttot, H, DK = q.shape
     HV = F.shape[0]
-    r = HV // H
     dev = q.device
-    idx, _ = chunk_tables(cu_seqlens)
-    NC = len(idx)
-    t0 = torch.tensor([cu_seqlens[n] + i * BT for n, i in idx], device=dev, dtype=torch.long)
-    eos = torch.tensor([cu_seqlens[n + 1] for n, _ in idx], device=dev, dtype=torch.long)
+    tok, eos, inb, tokc = _chunk_tokens(cu_seqlens, Ttot, dev)
     rows = torch.arange(BT, device=dev)
-    tok = t0[:, None] + rows[None, :]
-    inb = tok < Ttot
-    tokc = torch.where(inb, tok, torch.zeros_like(tok))
-    heads = torch.arange(HV, device=dev) // r
+    heads = torch.arange(HV, device=dev) // (HV // H)
     Qc = _chunk_gather(q.to(f64), tokc, inb, heads).transpose(0, 1)     # [HV, NC, 64, DK]
     Kc = _chunk_gather(k.to(f64), tokc, inb, heads).transpose(0, 1)
     G = F[:, :, 4]
@@ -315,14 +308,21 @@ def chunk_qs(q, Sch, Scl, cu_seqlens: list[int], HV: int):
     """``Q S`` per chunk as the state kernel of a ``qs`` plan stores it: [HV, NC, 64, DV] fp32 values (fp64 tensor),
     rows past the last token zero."""
     Ttot, H, _ = q.shape
-    dev = q.device
+    _, _, inb, tokc = _chunk_tokens(cu_seqlens, Ttot, q.device)
+    heads = torch.arange(HV, device=q.device) // (HV // H)
+    Qc = _chunk_gather(q.to(f64), tokc, inb, heads).transpose(0, 1)
+    return _f32(Qc @ (Sch.to(f64) + Scl.to(f64)))
+
+
+def _chunk_tokens(cu_seqlens: list[int], Ttot: int, dev):
+    """Per chunk of ``chunk_tables(cu_seqlens)``: its 64 token rows ``tok [NC, 64]``, its sequence's end
+    ``eos [NC]``, which rows exist (``inb``: below ``Ttot``) and the rows clamped to 0 where not (``tokc``)."""
     idx, _ = chunk_tables(cu_seqlens)
     t0 = torch.tensor([cu_seqlens[n] + i * BT for n, i in idx], device=dev, dtype=torch.long)
+    eos = torch.tensor([cu_seqlens[n + 1] for n, _ in idx], device=dev, dtype=torch.long)
     tok = t0[:, None] + torch.arange(BT, device=dev)[None, :]
     inb = tok < Ttot
-    heads = torch.arange(HV, device=dev) // (HV // H)
-    Qc = _chunk_gather(q.to(f64), torch.where(inb, tok, torch.zeros_like(tok)), inb, heads).transpose(0, 1)
-    return _f32(Qc @ (Sch.to(f64) + Scl.to(f64)))
+    return tok, eos, inb, torch.where(inb, tok, torch.zeros_like(tok))
 
 
 def cp_segments(cu_seqlens: list[int], n_seg: int):
