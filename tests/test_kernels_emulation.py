@@ -194,8 +194,8 @@ def _slow_decay_errors(dist, **variants) -> dict:
 @pytest.mark.parametrize("dist", _SLOW)
 def test_dispatched_precision_keeps_o_near_its_floor_under_slow_decays(dist):
     """Where the state carries across many chunks (T=2048, H=4, HV=8, no initial state), the dispatched precision
-    (S split in K S and Q S) keeps o within 1.1x its rounding floor; S one term in both (the precision before it)
-    does not."""
+    (S split in K S and Q S) keeps o within 1.1x its rounding floor; S one term in both (the precision before
+    d09c518, its other fields as dispatched) does not."""
     e = _slow_decay_errors(dist, split={}, one=dict(s="bf16", ks="bf16"))
     ratio = {k: v[0] for k, v in e.items()}
     print(f"{dist}: o / floor, S split {ratio['split']:.3f}, S one term {ratio['one']:.3f}")
