@@ -23,8 +23,8 @@ def forward_configs():
     backward's recompute): for bf16 and fp16, precision "default": the intra kernel (and its
     Tinv-keeping form), the rv state kernel + its CP scan and fix-up, the smem state kernel at every BV
     ``block_v`` picks (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts,
-    the recompute's smem state kernels (S lo swizzled, or S hi alone), and the A/B alternatives: the intra kernel
-    with one-term merges (``BackwardPlan.merge_split``) and the ``qs`` state and output kernels at BV 64 and 32.
+    the recompute's smem state kernels (S lo swizzled, S hi alone, or S lo in fp8), and the A/B alternatives: the
+    intra kernel with one-term merges (``BackwardPlan.merge_split``) and the ``qs`` state and output kernels at BV 64 and 32.
 
     All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
     ratio, scale, h0 present or not, final state stored or not, the state layout, l2norm on/off, gate dtype, dense
@@ -42,10 +42,10 @@ def forward_configs():
             cfgs = [c for p in plans for c in p.configs()]
             # the intra kernel with one-term block merges (the benchmarks' m1), with and without Tinv
             cfgs += [IntraConfig(dtype, "bf16", prec.ag, DK=DK, th=th) for th in (False, True)]
-            # the backward recompute's (precision "recompute", S lo tile swizzled; S hi alone with s_single) at every
-            # BV block_v picks
-            cfgs += [BackwardPlan(dtype, recompute_block_v=bv, s_single=s, DK=DK).recompute_configs()[1]
-                     for s in (False, True) for bv in (64, 32, 16)]
+            # the backward recompute's (precision "recompute", S lo tile swizzled; S hi alone with s_single; S lo in
+            # fp8 with lo8) at every BV block_v picks
+            cfgs += [BackwardPlan(dtype, recompute_block_v=bv, s_single=s, lo8=lo8, DK=DK).recompute_configs()[1]
+                     for s, lo8 in ((False, False), (True, False), (False, True)) for bv in (64, 32, 16)]
             for c in cfgs:
                 if c not in out:
                     out.append(c)

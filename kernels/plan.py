@@ -158,7 +158,9 @@ class BackwardPlan:
     of more than one value head are summed by ``gdn_bwd_group_sum``; ``s_single``: the recompute stores S's hi term
     alone and dqk reads it alone (no S lo table: an A/B alternative); ``merge_split``: prep's Tinv with split block
     merges, as the forward's precision computes it (False: one-term merges, the A/B alternative of a forward at
-    merge "bf16"); ``DK``: the head dim K == V every kernel is built for."""
+    merge "bf16"); ``lo8``: the lo terms of the S and dS' tables that dqk reads stored as fp8 under their hi terms'
+    exponents (``kernels.common.lo8``; the split dh and S only); ``DK``: the head dim K == V every kernel is built
+    for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -170,6 +172,7 @@ class BackwardPlan:
     cluster_group_sum: bool = False
     s_single: bool = False
     merge_split: bool = True
+    lo8: bool = False
     DK: int = KERNEL_HEAD_DIM
 
     def __post_init__(self):
@@ -178,25 +181,29 @@ class BackwardPlan:
             raise ValueError(f"cluster group sums need HV / H in {CLUSTER_GROUPS}, got {self.group}")
         if self.dh_segments is not None and self.dh_single:
             raise ValueError("the segmented reverse pass runs every operand split (dh_single False)")
+        if self.lo8 and (self.dh_single or self.s_single):
+            raise ValueError("lo8 (fp8 lo tables) is a form of the split dh and S tables (dh_single, s_single False)")
 
     def recompute_configs(self) -> tuple:
         """(intra, smem state) of the forward recompute at precision "recompute" (S and U hi + lo, key-first; S hi
-        alone with ``s_single``), the S lo tile swizzled where there is one."""
+        alone with ``s_single``), the S lo tile swizzled where there is one in the input dtype (fp8 with ``lo8``)."""
         prec = recompute_precision(self.s_single, self.merge_split)
         return (IntraConfig(self.dtype, prec.merge, prec.ag, DK=self.DK),
                 StateConfig(self.dtype, self.recompute_block_v, prec.past_intra(), form="smem", DK=self.DK,
-                            ctas_per_sm=self.recompute_ctas_per_sm, sl_swizzle=prec.s == "split"))
+                            ctas_per_sm=self.recompute_ctas_per_sm, sl_swizzle=prec.s == "split" and not self.lo8,
+                            lo8=self.lo8))
 
     def prep_config(self, saved: bool) -> BwdConfig:
         return BwdConfig("prep", self.dtype, self.DK, saved=saved, msplit=self.merge_split and not saved)
 
     def dh_config(self, saved: bool) -> BwdConfig:
         """dh's form; ``saved``: prep took Tinv from the forward (its hi term alone)."""
-        return BwdConfig("dh", self.dtype, self.DK, single=self.dh_single, tinv_hi=saved and not self.dh_single)
+        return BwdConfig("dh", self.dtype, self.DK, single=self.dh_single, tinv_hi=saved and not self.dh_single,
+                         lo8=self.lo8)
 
     def dqk_config(self) -> BwdConfig:
         return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK,
-                         s_single=self.s_single)
+                         s_single=self.s_single, lo8=self.lo8)
 
     def dgdb_config(self) -> BwdConfig:
         return BwdConfig("dgdb", "float32", self.DK)
@@ -223,11 +230,11 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     owns the layout cache; dh with every operand split; the sequential pass reads the forward's saved tables; the
     recompute beside dh from ``OVERLAP_MIN_CHUNK_HEADS`` (chunk, value head) pairs; its state kernel at the
     forward's ``block_v`` (one CTA per SM); cluster group sums for groups of 2, 4, 8; prep's merges split, as the
-    forward's; every kernel built for the call's head dim ``DK`` (K == V)."""
+    forward's; the S and dS' lo tables in fp8 (``lo8``); every kernel built for the call's head dim ``DK`` (K == V)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
     return BackwardPlan(dtype, dh_segments, dh_single=False, reads_saved_tables=seq,
                         overlap_recompute=n_chunks * HV >= OVERLAP_MIN_CHUNK_HEADS,
                         recompute_block_v=block_v(n_seq, HV, 1, DK), recompute_ctas_per_sm=1, group=group,
-                        cluster_group_sum=group in CLUSTER_GROUPS, DK=DK)
+                        cluster_group_sum=group in CLUSTER_GROUPS, lo8=True, DK=DK)

@@ -23,7 +23,7 @@ from tests import kernel_support as tt
 NAMES = tt.GRAD_NAMES
 
 
-def _check(case, xs, do, dht, kw, dh_single=False, s_single=False, merge_split=True, lo8_tables=False):
+def _check(case, xs, do, dht, kw, dh_single=False, s_single=False, merge_split=True, lo8_tables=True):
     """The emulation's gradients of ``case`` (inputs ``tt.bwd_args``) against fp64 and the FLA-like baseline; by
     default with the dispatched plan's forms."""
     want = tt.fp64_grads(case)
@@ -120,38 +120,50 @@ _LO8_CASES = _NO_H0 + [CASES[0], CASES[2]]
 
 
 @pytest.mark.parametrize("case", _LO8_CASES, ids=[c.id for c in _LO8_CASES])
-def test_fp8_lo_tables_meet_the_same_bar(case):
-    """The lo terms of the S and dS' tables that dqk reads, as fp8 with a scale per chunk tile (``lo8_tables``;
-    512 MiB of the backward's peak at B1 T32768 H16 HV32 were kernels to store them so), keep every gradient within
+def test_lo_tables_in_the_input_dtype_meet_the_same_bar(case):
+    """The S and dS' lo tables that dqk reads in the input dtype (``lo8_tables=False``: ``BackwardPlan.lo8`` off, the
+    A/B alternative of the dispatched fp8 tables, which the other ``_check`` tests cover) keep every gradient within
     the FLA-like baseline and dg of strong decay within the rounding floor, with an initial state or without."""
     xs, kw, do, dht = tt.bwd_args(case)
-    _check(case, xs, do, dht, kw, lo8_tables=True)
+    _check(case, xs, do, dht, kw, lo8_tables=False)
 
 
 def test_fp8_lo_tables_keep_dg_where_s_hi_alone_loses_it():
     """On the row where S's hi term alone took dg past the FLA-like baseline on the H200 (raw-qk-l2, T 1000, H 1,
-    HV 4), fp8 lo terms keep dg within 1.1x the split tables' and 10x under the baseline; S hi alone is past it here
-    too."""
+    HV 4), fp8 lo terms keep dg within 1.1x the input-dtype tables' and 10x under the baseline; S hi alone is past it
+    here too."""
     case = Case(T=1000, H=1, HV=4, dist="raw-qk-l2", grad=True)
     xs, kw, do, dht = tt.bwd_args(case)
     want, base = tt.fp64_grads(case)[3], tt.baseline_grads(case)[3]
     e = {name: compare(chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **form)[3], want).rel_rmse
-         for name, form in (("split", {}), ("lo8", dict(lo8_tables=True)), ("hi", dict(s_single=True)))}
+         for name, form in (("split", dict(lo8_tables=False)), ("lo8", {}), ("hi", dict(s_single=True)))}
     eb = compare(base, want).rel_rmse
     print(f"dg: split {e['split']:.2e}, fp8 lo {e['lo8']:.2e}, S hi alone {e['hi']:.2e}, fla-like {eb:.2e}")
     assert e["lo8"] <= 1.1 * e["split"] and 10 * e["lo8"] <= eb < e["hi"], (e, eb)
 
 
-def test_lo8_rounds_to_e4m3_under_a_power_of_two_tile_scale():
-    """``lo8``: per chunk tile, values that e4m3 holds under the tile's scale come back exact; the scale is a power of
-    two with the tile's largest magnitude at most 448 times it; an all-zero tile stays zero."""
-    from kernels.backward.emulation import lo8
-    x = torch.zeros(2, 1, 4, 4, dtype=torch.float64)
-    x[0, 0] = torch.tensor([[1.0, -0.5, 0.375, 3.0]] * 4) * 2.0 ** -12
-    y = lo8(x)
-    assert torch.equal(y, x)                                   # 3 mantissa bits: all representable
-    x[0, 0, 0, 0] = 1.0625 * 2.0 ** -12                        # 4 bits: rounds
-    assert not torch.equal(lo8(x), x) and torch.equal(lo8(x)[1], x[1])
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_lo8_keeps_hi_plus_lo_within_2_to_minus_shift_minus_5_of_hi(dt):
+    """``lo8`` on the split of fp32 values over 2^-60 .. 2^60 (fp16: 2^-14 .. 2^15, its normal range), either sign:
+    every code is in [-1, 1] and ``hi + lo8`` is within ``2^(E - shift - 5)`` of the value (half an e4m3 ulp at the
+    code's scale; ``E`` hi's exponent: 13 bits for bf16, 16 for fp16); the encode / decode pair is ``lo8``; hi zero
+    drops lo."""
+    from kernels.backward.emulation import lo8, lo8_decode, lo8_encode, lo8_shift
+    gen = torch.Generator().manual_seed(0)
+    lo_e, hi_e = (-60, 60) if dt == torch.bfloat16 else (-14, 15)
+    sign = torch.randint(0, 2, (4096,), generator=gen).float() * 2 - 1
+    mag = 1 + torch.rand(4096, generator=gen) * 0.999
+    x = sign * mag * torch.exp2(torch.randint(lo_e, hi_e, (4096,), generator=gen).float())
+    hi = x.to(dt)
+    lo = x.double() - hi.double()
+    code = lo8_encode(hi, lo, dt)
+    assert code.float().abs().max() <= 1.0
+    e = torch.floor(torch.log2(hi.double().abs()))
+    err = (hi.double() + lo8(hi, lo, dt) - x.double()).abs()
+    assert (err <= torch.exp2(e - lo8_shift(dt) - 5)).all()
+    assert torch.equal(lo8_decode(hi, code, dt), lo8(hi, lo, dt))
+    z = torch.zeros(3, dtype=dt)
+    assert torch.equal(lo8(z, torch.full((3,), 1e-40, dtype=torch.float64), dt), torch.zeros(3, dtype=torch.float64))
 
 
 def test_recomputed_state_hi_alone_fails_the_bar_with_h0():
@@ -322,7 +334,9 @@ def _fake_kernels(monkeypatch, asked=None):
             if Sch is None:                 # the qs form: S stays in the kernel
                 return sh, sl
             put(Sch, sh)
-            if Scl.data_ptr() != Sch.data_ptr():
+            if cfg.lo8:                     # fp8 codes of S's lo term under its hi term
+                Scl.copy_(E.lo8_encode(sh, sl, k.dtype))
+            elif Scl.data_ptr() != Sch.data_ptr():
                 put(Scl, sl)
         return state_qs if cfg.qs else state
 
@@ -348,7 +362,8 @@ def _fake_kernels(monkeypatch, asked=None):
                 tl = torch.zeros_like(Tl) if cfg.tinv_hi else Tl           # Tl not read
                 a, b_, c, e, dvv, h0g = E.dh(q, k, do, Th.to(f64), tl.to(f64), Fb.to(f64),
                                              dUl.to(f64).transpose(-1, -2), cu_list(cu), d, q.dtype, cfg.single)
-                put(dSh, a.transpose(-1, -2)), put(dSl, b_.transpose(-1, -2))
+                put(dSh, a.transpose(-1, -2))
+                put(dSl, E.lo8_encode(a, b_, q.dtype).transpose(-1, -2) if cfg.lo8 else b_.transpose(-1, -2))
                 put(dYh, c.transpose(-1, -2)), put(dYl, e.transpose(-1, -2)), put(dv, dvv)
                 if store_dh0:
                     put(dh0, h0g.transpose(-1, -2) if vf else h0g)
@@ -402,6 +417,8 @@ def _fake_kernels(monkeypatch, asked=None):
                 assert yv.dim() == db2.dim() == 4
                 # S's hi term alone (s_single): Scl is the hi table passed again, which the kernel does not read
                 sl = torch.zeros_like(Sch) if cfg.s_single else Scl
+                if cfg.lo8:                 # fp8 codes: their values under the hi terms
+                    sl, dSl = E.lo8_decode(Sch, Scl, q.dtype), E.lo8_decode(dSh, dSl, q.dtype)
                 bwd_kernel(bbuild.BwdConfig("inter", cfg.dtype))(q, k, v, do, Sch, sl, Uh, Ul, dSh, dSl, dYh, dYl,
                                                                  Fb, cu, ci, dqv, dkv, qz, kw, kr, sd, yv[0], scale)
                 yv[1].zero_()
@@ -461,17 +478,18 @@ def _plumbing_args(item):
 
 
 @pytest.mark.parametrize("form", ["dispatched", "no_cluster", "serial_recompute", "recompute_bv16_occ2", "s_single",
-                                  "merge_bf16"])
+                                  "merge_bf16", "lo_tables_in_input_dtype"])
 @pytest.mark.parametrize("item", _PLUMBING, ids=_PLUMBING_IDS)
 def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     """kernels.backward.pipeline with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
     emulation's stage functions, so any difference is the pipeline's tensor plumbing): with the dispatched plan
     (groups of 2, 4, 8 summed by dqk's clusters, others by ``gdn_bwd_group_sum``), and with plan values a benchmark
     may pass: no cluster sums (every group of two or more by ``gdn_bwd_group_sum``), the recompute on the main
-    stream, the recompute's state kernel at BV 16, two CTAs per SM, S's hi term alone, prep's one-term merges
-    (against the emulation's ``s_single``, ``merge_split``).  The pipeline asks for the plan's kernels and only for
-    them: the recompute state kernel (S lo swizzled, or none), prep's form, dh's split form, the dqk kind of the group
-    (``s_single`` as the plan)."""
+    stream, the recompute's state kernel at BV 16, two CTAs per SM, S's hi term alone, prep's one-term merges, the S
+    and dS' lo tables in the input dtype instead of fp8 (against the emulation's ``s_single``, ``merge_split``,
+    ``lo8_tables``).  The pipeline asks for the plan's kernels and only for them: the recompute state kernel (S lo in
+    fp8, swizzled in the input dtype, or none), prep's form, dh's split form, the dqk kind of the group (``s_single``
+    and ``lo8`` as the plan)."""
     import dataclasses
 
     import kernels.backward.configs as bbuild
@@ -485,12 +503,13 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     change = {"dispatched": {}, "no_cluster": dict(cluster_group_sum=False),
               "serial_recompute": dict(overlap_recompute=False),
               "recompute_bv16_occ2": dict(recompute_block_v=16, recompute_ctas_per_sm=2),
-              "s_single": dict(s_single=True),
-              "merge_bf16": dict(merge_split=False)}[form]
+              "s_single": dict(s_single=True, lo8=False),
+              "merge_bf16": dict(merge_split=False),
+              "lo_tables_in_input_dtype": dict(lo8=False)}[form]
     plan = dataclasses.replace(pipeline.plan_for(b), **change) if b.x.NC else None
-    single, msplit = (plan.s_single, plan.merge_split) if plan else (False, True)
+    single, msplit, lo8 = (plan.s_single, plan.merge_split, plan.lo8) if plan else (False, True, True)
     got = pipeline.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
-    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, s_single=single, merge_split=msplit)
+    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, s_single=single, merge_split=msplit, lo8_tables=lo8)
     for n, a, b_ in zip(NAMES, got, want):
         if b_ is None:
             assert a is None, n
@@ -503,15 +522,16 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
         return
     H, HV = xs[0].shape[2], xs[2].shape[2]
     state = [c for c in asked if isinstance(c, fbuild.StateConfig)]
-    assert state and all(c.sl_swizzle != single and (c.prec.s == "split") != single for c in state), asked
+    assert state and all(c.sl_swizzle == (not single and not lo8) and c.lo8 == lo8 and (c.prec.s == "split") != single
+                         for c in state), asked
     if form == "recompute_bv16_occ2":
         assert all((c.BV, c.ctas_per_sm) == (16, 2) for c in state), asked
     dh = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "dh"]
-    assert dh and all(not c.single and not c.tinv_hi for c in dh), asked         # no saved tables: Tinv hi + lo
+    assert dh and all(not c.single and not c.tinv_hi and c.lo8 == lo8 for c in dh), asked  # Tinv hi + lo
     dqk = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
     cluster = HV // H in bbuild.CLUSTER_GROUPS and form != "no_cluster"
     assert [c.kind for c in dqk] == [f"dqk_g{HV // H}" if cluster else "dqk"], asked
-    assert all(c.s_single == single for c in dqk), asked
+    assert all(c.s_single == single and c.lo8 == lo8 for c in dqk), asked
     prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
     assert prep and all(c.msplit == msplit for c in prep), asked
     gsum = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("gsum")]
@@ -743,12 +763,12 @@ def test_backward_dispatch():
     seq, seg = backward_plan("bfloat16", 1, 2, 64, 1), backward_plan("bfloat16", 1, 2, 64, 1, dh_segments=object())
     assert not seq.dh_single and seq.reads_saved_tables and not seg.dh_single and not seg.reads_saved_tables
     assert seq.dh_config(True).tinv_hi and not seq.dh_config(False).tinv_hi and not seg.dh_config(False).tinv_hi
-    single = dataclasses.replace(seq, dh_single=True)
+    single = dataclasses.replace(seq, dh_single=True, lo8=False)
     assert single.dh_config(True).single and not single.dh_config(True).tinv_hi
     with pytest.raises(ValueError, match="cluster group sums"):
         dataclasses.replace(backward_plan("bfloat16", 1, 3, 64, 1), cluster_group_sum=True)
     with pytest.raises(ValueError, match="every operand split"):
-        dataclasses.replace(seg, dh_single=True)
+        dataclasses.replace(seg, dh_single=True, lo8=False)
 
 
 def test_segment_scan_composes_the_affine_maps_of_a_sequence(monkeypatch):

@@ -268,7 +268,7 @@ def test_saved_forward_tables_give_the_same_gradients(case):
 
     def single(plan):
         if isinstance(plan, BackwardPlan) and plan.dh_segments is None:
-            return dataclasses.replace(plan, dh_single=True)
+            return dataclasses.replace(plan, dh_single=True, lo8=False)
         return plan
 
     saved = tt.function_grads(autograd.apply, case, CUDA, alter=single)
@@ -313,12 +313,12 @@ def test_recomputed_state_hi_alone_is_the_emulations(case):
     from kernels.plan import BackwardPlan
 
     def single(plan):
-        return dataclasses.replace(plan, s_single=True) if isinstance(plan, BackwardPlan) else plan
+        return dataclasses.replace(plan, s_single=True, lo8=False) if isinstance(plan, BackwardPlan) else plan
 
     got = tt.function_grads(autograd.apply, case, CUDA, alter=single)
     args, kw, do, dht = tt.bwd_args(case, CUDA)
     hi_only = reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
-    ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only, s_single=True)
+    ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only, s_single=True, lo8_tables=False)
     _within_floor_of_emulation(case, got, ge, "S hi alone vs emulation")
     _within_baseline(case, got)
 
@@ -339,7 +339,8 @@ def test_one_term_merges_saved_or_recomputed_give_the_same_gradients(case):
         if isinstance(plan, ForwardPlan):
             return dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, merge="bf16"),
                                        keep_tables=plan.keep_tables and keep)
-        return dataclasses.replace(plan, merge_split=False, dh_single=single and plan.dh_segments is None,
+        single = single and plan.dh_segments is None        # dh's single form writes no fp8 lo tables
+        return dataclasses.replace(plan, merge_split=False, dh_single=single, lo8=plan.lo8 and not single,
                                    reads_saved_tables=plan.reads_saved_tables and keep)
 
     saved = tt.function_grads(autograd.apply, case, CUDA, alter=lambda p: merges(p, single=True))

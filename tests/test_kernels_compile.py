@@ -85,7 +85,10 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
         if cfg.form == "smem":                                  # no bank conflicts (the model: module docstring)
             w = worst_degrees(src, ["sh_s", "uh_s", "ul_s", "xh_s", "xl_s", "v_s"])
             assert all(d <= 1 for d, _ in w.values()) and w["sh_s"][1] > 0 and w["uh_s"][1] > 0, w
-            if cfg.prec.s == "split" and cfg.prec.ks != "split":   # S lo stored only: swizzled by sl_swizzle
+            if cfg.lo8:                                         # the fp8 S lo tile: swizzled from BV 32
+                d, n = worst_degrees(src, ["sl8_s"])["sl8_s"]
+                assert n > 0 and d == 1, (d, n)
+            elif cfg.prec.s == "split" and cfg.prec.ks != "split":  # S lo stored only: swizzled by sl_swizzle
                 d, n = worst_degrees(src, ["sl_s"])["sl_s"]
                 assert n > 0 and (d == 1 if cfg.sl_swizzle else d > 1), (d, n)
         if cfg.ctas_per_sm == 2:                                # two resident CTAs of 256 threads per SM

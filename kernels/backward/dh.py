@@ -24,6 +24,7 @@ The chunk loads (q, k, dO, Th, Tl, Fb, dUloc) go through a 2-stage ``T.Pipelined
 import tilelang.language as T
 from tilelang.layout import make_full_bank_swizzled_layout
 
+from kernels.common.lo8 import LO8, lo8_code
 from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, split_into, store_state_vt
 
 BT = 64
@@ -43,11 +44,14 @@ def store_split(hi, lo, hi_s, lo_s, dst_hi, dst_lo):
 
 
 def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, single: bool = False,
-                 tinv_lo: bool = True):
+                 tinv_lo: bool = True, lo8: bool = False):
     """``single``: Tinv, dU and F0 dX as one input-dtype term each (dS' and F1 dO keep their lo products, the dY
     tables stay split): 6 instead of 9 wgmma a chunk (the emulation's ``dh(single=True)``).  ``tinv_lo=False``
     (split dU and F0 dX, Tinv's hi term alone: the forward's saved tables): 8 a chunk, Tl not read (the
     emulation's ``tinv_hi_only``).  The segmented pass (``dh_segmented``) runs every operand split.
+
+    ``lo8``: the dS' table's lo term ``dSl`` is fp8 e4m3 under its hi term's exponent (``kernels.common.lo8``,
+    computed from the fp32 state gradient); the recurrence itself keeps its input-dtype lo term.
 
     The split dS' and dY tables leave through shared tiles (one copy from the fragment, then one TMA store per
     tile); each chunk's stores are waited for at the next chunk's first store.  dv is stored element by element
@@ -61,7 +65,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
       dUl         [HV, NCg, DV, 64] fp32    (dUloc^T from gdn_bwd_prep)
       cu_seqlens, chunk_offsets [N + 1] int32
       dht         [Nh, HV, DK, DV]  fp32 (read as [.., DV, DK] when v_first)
-      dSh, dSl    [HV, NCg, DV, DK] dtype   (out, value-first)
+      dSh, dSl    [HV, NCg, DV, DK] dtype   (out, value-first; dSl fp8 e4m3 with lo8)
       dYh, dYl    [HV, NCg, DV, 64] dtype   (out, value-first)
       dv          [Ttot, HV, DV]    dtype   (out)
       dh0         [Nt, HV, DK, DV]  fp32    (out; [.., DV, DK] when v_first)
@@ -100,7 +104,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
         chunk_offsets: T.Tensor((N + 1,), "int32"),
         dht: T.Tensor((Nh, HV, DK, DV), f32),
         dSh: T.Tensor((HV, NCg, DV, DK), dtype),
-        dSl: T.Tensor((HV, NCg, DV, DK), dtype),
+        dSl: T.Tensor((HV, NCg, DV, DK), LO8 if lo8 else dtype),
         dYh: T.Tensor((HV, NCg, DV, BT), dtype),
         dYl: T.Tensor((HV, NCg, DV, BT), dtype),
         dv: T.Tensor((Ttot, HV, DV), dtype),
@@ -129,7 +133,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
             T.annotate_layout({dul_s: make_full_bank_swizzled_layout(dul_s),
                                do_s: make_full_bank_swizzled_layout(do_s)})
             dsa_s = T.alloc_shared((BV, DK), dtype)
-            dsl_s = T.alloc_shared((BV, DK), dtype)
+            dsl_s = T.alloc_shared((BV, DK), LO8 if lo8 else dtype)
             dya_s = T.alloc_shared((BV, BT), dtype)
             dyl_s = T.alloc_shared((BV, BT), dtype)
 
@@ -162,7 +166,14 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 # the gradient of this chunk's end state, split, stored for the parallel kernels
                 split_into(ds_f, dsa, dsl, True)
                 T.tma_store_wait()          # the previous chunk's four table stores have read their tiles
-                store_split(dsa, dsl, dsa_s, dsl_s, dSh[hv, c, v0:v0 + BV, 0:DK], dSl[hv, c, v0:v0 + BV, 0:DK])
+                if lo8:
+                    T.copy(dsa, dsa_s)
+                    for i, d in T.Parallel(BV, DK):
+                        dsl_s[i, d] = lo8_code(ds_f[i, d], dtype)
+                    T.tma_copy(dsa_s, dSh[hv, c, v0:v0 + BV, 0:DK])
+                    T.tma_copy(dsl_s, dSl[hv, c, v0:v0 + BV, 0:DK])
+                else:
+                    store_split(dsa, dsl, dsa_s, dsl_s, dSh[hv, c, v0:v0 + BV, 0:DK], dSl[hv, c, v0:v0 + BV, 0:DK])
 
                 # dU^T = dUloc^T + (dS^T K^T) diag(F2)
                 T.gemm(dsa, k_s, kd_f, transpose_B=True, clear_accum=True, policy=FR)

@@ -15,6 +15,7 @@ them), at K = V = 128 or 64.
 import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
+from kernels.common.lo8 import LO8, lo8_value
 from kernels.common.prologue import chunk_span, dynamic_dims, lo_shape
 from kernels.forward.cumsum import LOG2E
 
@@ -53,21 +54,30 @@ class _HeadTiles:
 @T.macro
 def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk, dpu,
                dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale,
-               s_lo):
+               s_lo, lo8):
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
     dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32.
     The q.Z, k.W, k.R and dY . v row dots go out as two halves (``half_row_dots``, fragments ``t2, r2``) into
     ``qz, kw, kr, yv [2, HV, NC, 64]``, the dbeta row sums likewise into ``db2`` (``intra_terms``, fragments
-    ``t2b, r2b``).  ``s_lo`` (a Python bool): S is hi + lo, else its hi term alone (Scl not read)."""
+    ``t2b, r2b``).  ``s_lo`` (a Python bool): S is hi + lo, else its hi term alone (Scl not read); ``lo8``: the lo
+    terms ``Scl``, ``dSl`` are fp8 codes, widened to the input dtype in shared memory (``kernels.common.lo8``)."""
+    dtype = ts.sh.dtype
     DK = dq_f.shape[1]
     DV = ts.sh.shape[1]
     # 1. the S o dS' row dots (S hi (+ lo), dS' hi + lo)
     T.copy(Fb[hv, c, 0:8, 0:BT], ts.f_s)
     T.copy(Sch[hv, c, 0:DK, 0:DV], ts.sh)
-    if s_lo:
-        T.copy(Scl[hv, c, 0:DK, 0:DV], ts.sl)
     T.copy(dSh[hv, c, 0:DV, 0:DK], ts.dsh)
-    T.copy(dSl[hv, c, 0:DV, 0:DK], ts.dsl)
+    if lo8:
+        if s_lo:
+            for i, j in T.Parallel(DK, DV):
+                ts.sl[i, j] = T.cast(lo8_value(Scl[hv, c, i, j], ts.sh[i, j], dtype), dtype)
+        for i, j in T.Parallel(DV, DK):
+            ts.dsl[i, j] = T.cast(lo8_value(dSl[hv, c, i, j], ts.dsh[i, j], dtype), dtype)
+    else:
+        if s_lo:
+            T.copy(Scl[hv, c, 0:DK, 0:DV], ts.sl)
+        T.copy(dSl[hv, c, 0:DV, 0:DK], ts.dsl)
     acc[0] = T.float32(0)
     if tx < 2 * DV:
         if s_lo:
@@ -165,7 +175,7 @@ def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0
     T.cluster_sync()
 
 
-def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = True):
+def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = True, lo8: bool = False):
     """Grid (chunk, value head).  With ``group == 1`` dq~ and dk~ leave the kernel in one of two ways, by ``out32``:
 
     * fp32 per value head (``dq32, dk32``), summed per group by ``gdn_bwd_group_sum`` (groups of two or more, or the
@@ -179,7 +189,8 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
     ``gdn_bwd_group_sum`` pass.
 
     ``s_lo``: the recomputed chunk-start state S is hi + lo (``Scl`` read), else its hi term alone (``Scl`` an unread
-    placeholder; 32 KiB less shared memory at DK = DV = 128, two products and one load fewer).
+    placeholder; 32 KiB less shared memory at DK = DV = 128, two products and one load fewer).  ``lo8``: ``Scl`` and
+    ``dSl`` are fp8 e4m3 codes under their hi terms' exponents (``kernels.common.lo8``), widened in shared memory.
 
     The four 64x64 operands of the intra terms are single (``intra_terms(mlo=False)``).  The shared tiles whose
     per-thread accesses would be bank conflicts are laid out without them (``kernels.common.bank_conflicts``), the
@@ -192,7 +203,7 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
       v, do           [Ttot, HV, DV]    dtype
       Sch, Scl        [HV, NC, DK, DV]  dtype  (forward recompute, key-first; Scl read only when s_lo)
       Uh, Ul          [HV, NC, 64, DV]  dtype
-      dSh, dSl        [HV, NC, DV, DK]  dtype  (gdn_bwd_dh, value-first)
+      dSh, dSl        [HV, NC, DV, DK]  dtype  (gdn_bwd_dh, value-first; Scl and dSl fp8 e4m3 with lo8)
       dYh, dYl        [HV, NC, DV, 64]  dtype
       Fb              [HV, NC, 8, 64]   fp32
       cu_seqlens [N + 1], chunk_indices [NC, 2] int32
@@ -218,11 +229,11 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
         v: T.Tensor((Ttot, HV, DV), dtype),
         do: T.Tensor((Ttot, HV, DV), dtype),
         Sch: T.Tensor((HV, NC, DK, DV), dtype),
-        Scl: T.Tensor((HV, NC, DK, DV), dtype),
+        Scl: T.Tensor((HV, NC, DK, DV), LO8 if lo8 else dtype),
         Uh: T.Tensor((HV, NC, BT, DV), dtype),
         Ul: T.Tensor((HV, NC, BT, DV), dtype),
         dSh: T.Tensor((HV, NC, DV, DK), dtype),
-        dSl: T.Tensor((HV, NC, DV, DK), dtype),
+        dSl: T.Tensor((HV, NC, DV, DK), LO8 if lo8 else dtype),
         dYh: T.Tensor((HV, NC, DV, BT), dtype),
         dYl: T.Tensor((HV, NC, DV, BT), dtype),
         Fb: T.Tensor((HV, NC, 8, BT), f32),
@@ -277,7 +288,7 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
             T.clear(dk_f)
             value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
                        dpu, dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0,
-                       nv, scale, s_lo)
+                       nv, scale, s_lo, lo8)
             # each row stored once
             if group > 1:
                 pad = 4

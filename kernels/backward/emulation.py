@@ -38,12 +38,36 @@ def fwd_precision(s_single: bool = False, merge_split: bool = True):
     return recompute_precision(s_single, merge_split)
 
 
-def lo8(lo):
-    """A stored lo term as fp8 e4m3 with one power-of-two scale per chunk tile (the last two dims): the values a
-    kernel would read back from such a table (fp64)."""
-    amax = lo.abs().amax(dim=(-1, -2), keepdim=True)
-    s = torch.exp2(torch.ceil(torch.log2(torch.clamp(amax, min=1e-30) / 448.0)))
-    return (lo / s).to(torch.float8_e4m3fn).to(f64) * s
+def lo8_shift(dt: torch.dtype) -> int:
+    """Mantissa bits + 1 of the hi term's dtype: a lo term is at most 2^-shift times its hi term's power of two."""
+    return 8 if dt == torch.bfloat16 else 11
+
+
+def _lo8_scale(hi, dt: torch.dtype):
+    """(2^(shift - E) fp64, where the lo term is kept) from the fp32 exponent bits of ``hi``."""
+    eb = (hi.to(torch.float32).view(torch.int32) >> 23) & 255
+    shift = lo8_shift(dt)
+    return torch.exp2((127 + shift - eb).to(f64)), eb > shift
+
+
+def lo8_encode(hi, lo, dt: torch.dtype) -> torch.Tensor:
+    """The fp8 e4m3 codes (``torch.float8_e4m3fn``) of the lo terms ``lo`` under their hi terms ``hi`` (``dt`` the
+    hi terms' dtype): ``e4m3(lo 2^(shift - E))`` with ``E`` the fp32 exponent of ``hi`` (``lo8_shift(dt)``: half an
+    ulp of hi maps to at most 1); zero where ``E <= shift - 127`` (hi below 2^-118 for bf16)."""
+    up, ok = _lo8_scale(hi, dt)
+    return torch.where(ok, lo.to(f64) * up, torch.zeros((), dtype=f64)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+def lo8_decode(hi, code, dt: torch.dtype) -> torch.Tensor:
+    """The lo terms (fp64) that the fp8 ``code`` holds under their hi terms ``hi`` (``lo8_encode``)."""
+    up, ok = _lo8_scale(hi, dt)
+    return torch.where(ok, code.to(f64) / up, torch.zeros((), dtype=f64))
+
+
+def lo8(hi, lo, dt: torch.dtype):
+    """A stored lo term as the fp8 table holds it (``lo8_encode`` then ``lo8_decode``): element by element, no
+    scale table; the values a kernel reads back (fp64)."""
+    return lo8_decode(hi, lo8_encode(hi, lo, dt), dt)
 
 
 def _chunks(x, cu, heads=None):
@@ -217,14 +241,15 @@ def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
                                dh_single: bool = False, tinv_hi_only: bool = False, s_single: bool = False,
-                               merge_split: bool = True, lo8_tables: bool = False, stages: dict | None = None):
+                               merge_split: bool = True, lo8_tables: bool = True, stages: dict | None = None):
     """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
     pass's single operands (``BackwardPlan.dh_single``); ``tinv_hi_only``: dh reads Tinv hi alone (a zero lo term),
     as the split dh does on the forward's saved tables; ``s_single``: the recompute's S one term (a zero lo term,
     ``BackwardPlan.s_single``); ``merge_split``: Tinv and Ag from split block merges (``BackwardPlan.merge_split``,
     the tables of a forward at merge "split"); ``lo8_tables``: the lo terms of the stored S (recompute) and dS'
-    (dh) tables that dqk reads, as fp8 with a scale per chunk tile (``lo8``; dh's own recurrence unchanged).
+    (dh) tables that dqk reads, as fp8 under their hi terms' exponents (``lo8``; dh's own recurrence unchanged;
+    ``BackwardPlan.lo8``, dispatched; False: in the input dtype).
     ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
     stage-by-stage checks)."""
     B, T, H, DK = q.shape
@@ -254,7 +279,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, torch.zeros_like(Tl) if tinv_hi_only else Tl, Fb, dUloc, cu,
                                        dS0, dt, dh_single)
     if lo8_tables:
-        Scl, dSnl = lo8(Scl), lo8(dSnl)
+        Scl, dSnl = lo8(Sch, Scl, dt), lo8(dSnh, dSnl, dt)
     dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu,
                                                scale)
     dqt2, dkt2, rect, db2 = dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt)

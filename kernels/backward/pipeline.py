@@ -199,7 +199,7 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
 @dataclass
 class RecomputedStates:
     Sch: torch.Tensor               # [HV, NC, D, D] chunk-start states, hi (key-first)
-    Scl: torch.Tensor               # lo (Sch itself, unread, where the plan stores S hi alone)
+    Scl: torch.Tensor               # lo (Sch itself, unread, where the plan stores S hi alone; fp8 codes with lo8)
     Uh: torch.Tensor                # [HV, NC, 64, D] hi
     Ul: torch.Tensor                # lo
 
@@ -215,7 +215,9 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side) -> Recomputed
     main = torch.cuda.current_stream(dev) if side is not None else None
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         Sch = torch.empty(x.HV, x.NC, D, D, device=dev, dtype=dt)
-        Scl = torch.empty_like(Sch) if cfg.prec.s == "split" else Sch     # neither written nor read without S lo
+        # neither written nor read without S lo; fp8 codes under Sch's exponents with lo8 (kernels.common.lo8)
+        Scl = (torch.empty_like(Sch, dtype=torch.float8_e4m3fn if cfg.lo8 else dt) if cfg.prec.s == "split"
+               else Sch)
         Uh = torch.empty(x.HV, x.NC, BT, D, device=dev, dtype=dt)
         Ul = torch.empty_like(Uh)
         ht = torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
@@ -233,7 +235,7 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side) -> Recomputed
 @dataclass
 class StateGradients:
     dSh: torch.Tensor               # [HV, NC, D, D] chunk-end state gradients dS', hi (value-first)
-    dSl: torch.Tensor               # lo
+    dSl: torch.Tensor               # lo (fp8 codes with lo8)
     dYh: torch.Tensor               # [HV, NC, D, 64] dY, hi (value-first)
     dYl: torch.Tensor               # lo
     dv: torch.Tensor                # [Ttot, HV, D] input dtype
@@ -247,7 +249,7 @@ def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool) -> StateGrad
     x = b.x
     dev, dt, D, HV = x.q.device, x.q.dtype, x.D, x.HV
     dSh = torch.empty(HV, x.NC, D, D, device=dev, dtype=dt)
-    dSl = torch.empty_like(dSh)
+    dSl = torch.empty_like(dSh, dtype=torch.float8_e4m3fn if plan.lo8 else dt)
     dYh = torch.empty(HV, x.NC, D, BT, device=dev, dtype=dt)
     dYl = torch.empty_like(dYh)
     dv = torch.empty(x.n_tok, HV, D, device=dev, dtype=dt)         # dh stores every token row (no zero fill)
@@ -376,13 +378,19 @@ def _empty_gradients(b: BackwardInputs, g, beta, initial_state):
 
 def _record_stages(stages: dict, *, x, tables, states, grads, terms, from_saved: bool):
     """The intermediates in the emulation's layouts (``STAGE_LAYOUT``), for a stage-by-stage comparison."""
+    from .emulation import lo8_decode
+
     f = lambda t: t.float()   # noqa: E731
     tr = lambda t: t.float().transpose(-1, -2)   # noqa: E731
     t, s, gr, tm = tables, states, grads, terms
+
+    def lo(hi, t):          # a lo table's values (fp8 codes decoded under their hi terms)
+        return lo8_decode(hi, t, hi.dtype).float() if t.dtype == torch.float8_e4m3fn else t.float()
+
     stages.update(Tinv=f(t.Th) + (0 if from_saved else f(t.Tl)), Fb=t.Fb, dUloc=t.dUl.transpose(-1, -2),
-                  dSn=tr(gr.dSh) + tr(gr.dSl), dY=tr(gr.dYh) + tr(gr.dYl), qz=tm.qz.sum(0), kw=tm.kw.sum(0),
-                  kr=tm.kr.sum(0), sd=tm.sd.sum(0), yv=tm.yv2[0] + tm.yv2[1], rect=tm.rect,
-                  db2=tm.db22[0] + tm.db22[1], S=f(s.Sch) + f(s.Scl), U=f(s.Uh) + f(s.Ul),
+                  dSn=tr(gr.dSh) + lo(gr.dSh, gr.dSl).transpose(-1, -2), dY=tr(gr.dYh) + tr(gr.dYl),
+                  qz=tm.qz.sum(0), kw=tm.kw.sum(0), kr=tm.kr.sum(0), sd=tm.sd.sum(0), yv=tm.yv2[0] + tm.yv2[1],
+                  rect=tm.rect, db2=tm.db22[0] + tm.db22[1], S=f(s.Sch) + lo(s.Sch, s.Scl), U=f(s.Uh) + f(s.Ul),
                   dqv=group_sum(tm.dqv, x.H), dkv=group_sum(tm.dkv, x.H))
 
 

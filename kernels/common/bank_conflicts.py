@@ -42,7 +42,7 @@ _VEC_BYTES = {"uint1": 4, "uint2": 8, "uint4": 16, "int": 4, "float": 4, "float2
               "int4": 16, "half_t": 2, "bfloat16_t": 2, "half": 2, "__nv_bfloat16": 2, "ushort": 2, "uchar": 1,
               "char": 1, "signed char": 1, "uint": 4, "unsigned int": 4}
 _ELEM_BYTES = {"bfloat16_t": 2, "half_t": 2, "float": 4, "int": 4, "uint": 4, "signed char": 1, "uchar": 1,
-               "char": 1, "double": 8, "int64_t": 8, "uint64_t": 8}
+               "char": 1, "double": 8, "int64_t": 8, "uint64_t": 8, "fp8_e4_t": 1, "fp8_e5_t": 1}
 _TX = "((int)threadIdx.x)"
 # ldmatrix / stmatrix: every lane gives the address of one 16-byte row of an 8x8 matrix, a matrix (8 lanes) a phase
 _MATRIX = re.compile(r"ptx_(ld|st)matrix\w*\(\(*&\(*$")

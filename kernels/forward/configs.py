@@ -37,7 +37,8 @@ class StateConfig:
     """The sequential state kernel (or, with ``scan``, the CP phase-1 scan): ``form`` "rv"
     (state_registers.py, BV 64 / 128) or "smem" (state_smem.py, ``ctas_per_sm`` 1 or 2, ``sl_swizzle``: the S
     lo staging tile swizzled, the backward recompute's form; ``qs``: it stores ``QS = Q S`` for the output kernel
-    instead of S, one CTA per SM)."""
+    instead of S, one CTA per SM; ``lo8``: S's lo term stored as fp8 (``kernels.common.lo8``), the backward
+    recompute's form)."""
     dtype: str
     BV: int
     prec: object                   # precision.Precision (frozen, hashable)
@@ -48,6 +49,7 @@ class StateConfig:
     ctas_per_sm: int = 1
     sl_swizzle: bool = False
     qs: bool = False
+    lo8: bool = False
 
     @property
     def name(self) -> str:
@@ -55,6 +57,7 @@ class StateConfig:
         occ = f",occ{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
         slz = ",slz" if self.sl_swizzle else ""
         qs = ",qs" if self.qs else ""
+        qs += ",lo8" if self.lo8 else ""
         return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz}{qs},"
                 f"{self.dtype}]")
 
@@ -102,15 +105,16 @@ def prim_func(cfg):
         return build_intra_chunk(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.th)
     if isinstance(cfg, StateConfig):
         if cfg.form == "rv":
-            if cfg.sl_swizzle or cfg.qs:
-                raise ValueError(f"sl_swizzle and qs are forms of the smem state kernel, not of the rv form: {cfg!r}")
+            if cfg.sl_swizzle or cfg.qs or cfg.lo8:
+                raise ValueError(f"sl_swizzle, qs and lo8 are forms of the smem state kernel, not of the rv form: "
+                                 f"{cfg!r}")
             from .state_registers import build_state_registers
             return build_state_registers(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.BV)
         if cfg.scan:
             raise ValueError(f"the CP scan is a form of the rv state kernel, not of the smem form: {cfg!r}")
         from .state_smem import build_state_smem
         return build_state_smem(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.ctas_per_sm,
-                                cfg.sl_swizzle, cfg.qs)
+                                cfg.sl_swizzle, cfg.qs, cfg.lo8)
     if isinstance(cfg, FixupConfig):
         from .cp_fixup import build_cp_fixup
         return build_cp_fixup(cfg.DK)

@@ -21,6 +21,7 @@ The CP scan is the register-operand form's (``state_registers.py``).
 import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
+from kernels.common.lo8 import LO8, lo8_code
 from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, store_state_kt
 
 BT = 64
@@ -28,7 +29,7 @@ THREADS = 128
 
 
 def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int = 2, ctas_per_sm: int = 1,
-                     swizzle_sl: bool = False, qs: bool = False):
+                     swizzle_sl: bool = False, qs: bool = False, lo8: bool = False):
     """TileLang prim_func of ``gdn_state_smem`` (``gdn_state_qs`` with ``qs``).
 
     Arguments:
@@ -55,6 +56,9 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
     interleave on each SM, hiding the latency of the per-chunk chain of small dependent products.  Fits only
     for BV <= 32 (shared memory: 82 / 98 KiB per CTA at BV 16 / 32).
 
+    ``lo8`` (the backward recompute's form, with ``prec.s == "split"``): ``Scl`` is fp8 e4m3, S's lo term under its
+    hi term's exponent (``kernels.common.lo8``), computed from the fp32 state into its own staging tile.
+
     ``swizzle_sl`` (the backward recompute's form): the S lo staging tile ``sl_s`` in a swizzled
     layout when it is only stored (precision ``s`` split, ``ks`` not): row-major, its fragment stores are 4-way
     bank conflicts at BV 32 (8-way at 64, 2-way at 16; 16 a chunk and thread), swizzled none, by the degrees
@@ -74,7 +78,8 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
     f32 = "float32"
     NV = DV // BV
     ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits()
-    sl_need = ks_sp or s_sp
+    assert not (lo8 and (qs or not s_sp)), "lo8 stores S's lo term: a form of the split S tables"
+    sl_need = ks_sp or (s_sp and not lo8)
 
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
     # every product of a group but the last is issued without a wait (T.wgmma_gemm)
@@ -107,6 +112,7 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
             f_s = T.alloc_shared((4, BT), f32)
             sh_s = T.alloc_shared((DK, BV), dtype)
             sl_s = T.alloc_shared(lo_shape((DK, BV), sl_need), dtype)
+            sl8_s = T.alloc_shared(lo_shape((DK, BV), lo8), LO8)
             xh_s = T.alloc_shared((BT, BV), dtype)
             xl_s = T.alloc_shared(lo_shape((BT, BV), x_sp or upd_sp), dtype)
             uh_s = T.alloc_shared((BT, BV), dtype)
@@ -124,6 +130,10 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                 # S lo only stored (no K @ Sl wgmma lays it out), so row-major: each bf16x2 store from the fragment
                 # is a 4-way bank conflict at BV 32; swizzled like sh_s, none (kernels.common.bank_conflicts)
                 swz[sl_s] = make_swizzled_layout(sl_s)
+            if lo8 and BV >= 32:
+                # the fp8 S lo tile: row-major, its byte stores from the fragment are 2-way (BV 32) and 4-way (64) bank
+                # conflicts; swizzled, none
+                swz[sl8_s] = make_swizzled_layout(sl8_s)
             swz[uh_s] = make_swizzled_layout(uh_s)
             if u_sp:
                 swz[ul_s] = make_swizzled_layout(ul_s)
@@ -151,6 +161,9 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                 T.copy(F[hv, c, 0:4, 0:BT], f_s)
 
                 split_into(s_f, sh_s, sl_s, sl_need)
+                if lo8:
+                    for i, j in T.Parallel(DK, BV):
+                        sl8_s[i, j] = lo8_code(s_f[i, j], dtype)
                 if qs:
                     # the previous chunk's Q S (computed at the end of its iteration), stored where the other forms
                     # store S: a shared -> global store there keeps the split on the consumer warps
@@ -158,7 +171,9 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                         T.copy(qs_s, QS[hv, c - 1, 0:BT, v0:v0 + BV], disable_tma=True)
                 else:
                     T.copy(sh_s, Sch[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
-                    if s_sp:
+                    if lo8:
+                        T.copy(sl8_s, Scl[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
+                    elif s_sp:
                         T.copy(sl_s, Scl[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
 
                 # X = V - F0 * (K @ S)
@@ -218,7 +233,7 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
         chunk_offsets: T.Tensor((N + 1,), "int32"),
         h0: T.Tensor((Nh, HV, DK, DV), f32),
         Sch: T.Tensor((HV, NCg, DK, DV), dtype),
-        Scl: T.Tensor((HV, NCg, DK, DV), dtype),
+        Scl: T.Tensor((HV, NCg, DK, DV), LO8 if lo8 else dtype),
         Uh: T.Tensor((HV, NCg, BT, DV), dtype),
         Ul: T.Tensor((HV, NCg, BT, DV), dtype),
         ht: T.Tensor((Nt, HV, DK, DV), f32),

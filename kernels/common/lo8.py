@@ -1,0 +1,39 @@
+"""fp8 lo terms: the lo term of a two-term split stored as fp8 e4m3 under the power of two that its own hi term
+sets, element by element (no scale table; ``kernels.backward.emulation.lo8`` is the same arithmetic in torch).
+
+For ``x`` fp32 and ``hi = rd(x)`` in the input dtype of ``m`` mantissa bits, ``|x - hi|`` is at most half an ulp of
+hi, ``2^(E - shift)`` with ``E`` hi's exponent and ``shift = m + 1``; the code is ``e4m3((x - hi) 2^(shift - E))``
+(in [-1, 1]: e4m3's 4 significant bits, subnormals down to 2^-9) and the value read back ``code 2^(E - shift)``.
+Both powers of two are built from hi's fp32 exponent bits ``eb``; where ``eb <= shift`` (hi below 2^-118 for
+bf16, or zero) the lo term is dropped.  These are expression builders for TileLang kernel bodies.
+"""
+
+import tilelang.language as T
+
+LO8 = "float8_e4m3fn"          # TileLang's name of the table dtype (torch.float8_e4m3fn)
+
+
+def lo8_shift(dtype: str) -> int:
+    """Mantissa bits + 1 of the hi term's dtype ("bfloat16": 8, "float16": 11)."""
+    return 8 if dtype == "bfloat16" else 11
+
+
+def _exponent_bits(hi32):
+    return (T.reinterpret(hi32, "int32") >> 23) & 255
+
+
+def lo8_code(x, dtype: str):
+    """The fp8 code of fp32 ``x``'s lo term under ``rd(x)`` in ``dtype``."""
+    shift = lo8_shift(dtype)
+    hi = T.cast(T.cast(x, dtype), "float32")
+    eb = _exponent_bits(hi)
+    up = T.reinterpret((254 + shift - eb) << 23, "float32")
+    return T.cast(T.if_then_else(eb > shift, (x - hi) * up, T.float32(0)), LO8)
+
+
+def lo8_value(code, hi, dtype: str):
+    """The lo term (fp32) that the fp8 ``code`` holds under its hi term ``hi`` (``dtype``)."""
+    shift = lo8_shift(dtype)
+    eb = _exponent_bits(T.cast(hi, "float32"))
+    down = T.reinterpret((eb - shift) << 23, "float32")
+    return T.if_then_else(eb > shift, T.cast(code, "float32") * down, T.float32(0))
