@@ -268,7 +268,7 @@ def test_saved_forward_tables_give_the_same_gradients(case):
 
     def single(plan):
         if isinstance(plan, BackwardPlan) and plan.dh_segments is None:
-            return dataclasses.replace(plan, dh_single=True, lo8=False)
+            return dataclasses.replace(plan, dh_single=True)
         return plan
 
     saved = tt.function_grads(autograd.apply, case, CUDA, alter=single)
@@ -313,13 +313,41 @@ def test_recomputed_state_hi_alone_is_the_emulations(case):
     from kernels.plan import BackwardPlan
 
     def single(plan):
-        return dataclasses.replace(plan, s_single=True, lo8=False) if isinstance(plan, BackwardPlan) else plan
+        return dataclasses.replace(plan, s_single=True) if isinstance(plan, BackwardPlan) else plan
 
     got = tt.function_grads(autograd.apply, case, CUDA, alter=single)
     args, kw, do, dht = tt.bwd_args(case, CUDA)
     hi_only = reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
-    ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only, s_single=True, lo8_tables=False)
+    ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only, s_single=True)
     _within_floor_of_emulation(case, got, ge, "S hi alone vs emulation")
+    _within_baseline(case, got)
+
+
+# with h0 and without, GVA 2, 4 and 8, dense and varlen, raw-qk-l2 (the row where S hi alone lost dg), fp16
+_LO8_CASES = [Case(T=1000, H=1, HV=4, dist="raw-qk-l2", grad=True),
+              Case(layout="varlen-ragged", T=1001, H=2, HV=8, dist="slow-decay", h0_dtype="fp32", grad=True),
+              Case(B=2, T=333, H=2, HV=4, dtype="fp16", g_dtype="fp16", beta_dtype="fp16", grad=True),
+              Case(T=8192, H=4, HV=8, dist="strong-decay", grad=True)]
+
+
+@pytest.mark.parametrize("case", _LO8_CASES, ids=[c.id for c in _LO8_CASES])
+def test_fp8_lo_tables_are_the_emulations(case):
+    """``BackwardPlan.lo8`` (the recompute and dh store the S and dS' lo terms as fp8 under their hi terms'
+    exponents, dqk widens them): every gradient within the input dtype's rounding floor of the emulation's
+    ``lo8_tables`` and within the FLA-like baseline."""
+    from kernels import autograd
+    from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
+    from kernels.backward.pipeline import reads_saved_tables
+    from kernels.plan import BackwardPlan
+
+    def lo8(plan):
+        return dataclasses.replace(plan, lo8=True) if isinstance(plan, BackwardPlan) else plan
+
+    got = tt.function_grads(autograd.apply, case, CUDA, alter=lo8)
+    args, kw, do, dht = tt.bwd_args(case, CUDA)
+    hi_only = reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
+    ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only, lo8_tables=True)
+    _within_floor_of_emulation(case, got, ge, "fp8 lo tables vs emulation")
     _within_baseline(case, got)
 
 
@@ -339,8 +367,7 @@ def test_one_term_merges_saved_or_recomputed_give_the_same_gradients(case):
         if isinstance(plan, ForwardPlan):
             return dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, merge="bf16"),
                                        keep_tables=plan.keep_tables and keep)
-        single = single and plan.dh_segments is None        # dh's single form writes no fp8 lo tables
-        return dataclasses.replace(plan, merge_split=False, dh_single=single, lo8=plan.lo8 and not single,
+        return dataclasses.replace(plan, merge_split=False, dh_single=single and plan.dh_segments is None,
                                    reads_saved_tables=plan.reads_saved_tables and keep)
 
     saved = tt.function_grads(autograd.apply, case, CUDA, alter=lambda p: merges(p, single=True))
