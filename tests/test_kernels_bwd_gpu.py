@@ -303,24 +303,31 @@ _S_SINGLE_CASES = [Case(T=1000, H=2, HV=4, dist="qwen-gates", grad=True),
                    Case(B=2, T=333, H=2, HV=4, dtype="fp16", g_dtype="fp16", beta_dtype="fp16", grad=True)]
 
 
-@pytest.mark.parametrize("case", _S_SINGLE_CASES, ids=[c.id for c in _S_SINGLE_CASES])
-def test_recomputed_state_hi_alone_is_the_emulations(case):
-    """``BackwardPlan.s_single`` (the recompute stores S's hi term alone, dqk reads no S lo table): every gradient
-    within the input dtype's rounding floor of the emulation's ``s_single`` and within the FLA-like baseline."""
+def _backward_alternative_is_the_emulations(case, change: dict, emulated: dict, label: str):
+    """The autograd Function with the dispatched BackwardPlan changed by ``change``: every gradient within the input
+    dtype's rounding floor of the emulation called with ``emulated`` (printed with ``label``), and within the FLA-like
+    baseline."""
     from kernels import autograd
     from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
     from kernels.backward.pipeline import reads_saved_tables
     from kernels.plan import BackwardPlan
 
-    def single(plan):
-        return dataclasses.replace(plan, s_single=True) if isinstance(plan, BackwardPlan) else plan
+    def alter(plan):
+        return dataclasses.replace(plan, **change) if isinstance(plan, BackwardPlan) else plan
 
-    got = tt.function_grads(autograd.apply, case, CUDA, alter=single)
+    got = tt.function_grads(autograd.apply, case, CUDA, alter=alter)
     args, kw, do, dht = tt.bwd_args(case, CUDA)
     hi_only = reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
-    ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only, s_single=True)
-    _within_floor_of_emulation(case, got, ge, "S hi alone vs emulation")
+    ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only, **emulated)
+    _within_floor_of_emulation(case, got, ge, label)
     _within_baseline(case, got)
+
+
+@pytest.mark.parametrize("case", _S_SINGLE_CASES, ids=[c.id for c in _S_SINGLE_CASES])
+def test_recomputed_state_hi_alone_is_the_emulations(case):
+    """``BackwardPlan.s_single`` (the recompute stores S's hi term alone, dqk reads no S lo table): every gradient
+    within the input dtype's rounding floor of the emulation's ``s_single`` and within the FLA-like baseline."""
+    _backward_alternative_is_the_emulations(case, dict(s_single=True), dict(s_single=True), "S hi alone vs emulation")
 
 
 # with h0 and without, GVA 2, 4 and 8, dense and varlen, raw-qk-l2 (the row where S hi alone lost dg), fp16
@@ -335,20 +342,7 @@ def test_fp8_lo_tables_are_the_emulations(case):
     """``BackwardPlan.lo8`` (the recompute and dh store the S and dS' lo terms as fp8 under their hi terms'
     exponents, dqk widens them): every gradient within the input dtype's rounding floor of the emulation's
     ``lo8_tables`` and within the FLA-like baseline."""
-    from kernels import autograd
-    from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
-    from kernels.backward.pipeline import reads_saved_tables
-    from kernels.plan import BackwardPlan
-
-    def lo8(plan):
-        return dataclasses.replace(plan, lo8=True) if isinstance(plan, BackwardPlan) else plan
-
-    got = tt.function_grads(autograd.apply, case, CUDA, alter=lo8)
-    args, kw, do, dht = tt.bwd_args(case, CUDA)
-    hi_only = reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
-    ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only, lo8_tables=True)
-    _within_floor_of_emulation(case, got, ge, "fp8 lo tables vs emulation")
-    _within_baseline(case, got)
+    _backward_alternative_is_the_emulations(case, dict(lo8=True), dict(lo8_tables=True), "fp8 lo tables vs emulation")
 
 
 @pytest.mark.parametrize("case", [_STAGE_CASES[0], _SAVED_CASES[6], _S_SINGLE_CASES[1]],
