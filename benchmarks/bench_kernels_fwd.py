@@ -26,8 +26,7 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   ``plan.block_v``, one CTA per SM; ``smem16`` / ``smem32`` / ``smem64`` - the same with BV forced;
   ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
   ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``m1`` - the
-  intra kernel's block merges one term (precision fields of the dispatched plan); ``qs`` - the smem state kernel
-  stores Q S (fp32) instead of the chunk-start state, the output kernel reads it at every value column;
+  intra kernel's block merges one term (precision fields of the dispatched plan);
 * ``intra``, ``state``, ``output`` - the dispatched plan's three stages, each alone on the tables the stages
                   before it made once (``state``: the sequential state kernel, or with CP the scan, the fix-up and
                   the state kernel per segment); where the time of ``default`` goes;
@@ -135,8 +134,6 @@ VARIANTS = {
     "s1": _prec(s="bf16", ks="bf16"),
     "ks1": _prec(ks="bf16"),
     "m1": _prec(merge="bf16"),
-    # Q S in the state kernel (one CTA per SM, BV 64 or 32), the output kernel at every value column
-    "qs": lambda p, n, HV, mc: dict(_smem(max(32, block_v(n, HV)))(p, n, HV, mc), qs=True),
 }
 DEFAULT_VARIANTS = "default,rv,rvcp,smem"   # the others on request
 

@@ -23,8 +23,8 @@ def forward_configs():
     backward's recompute): for bf16 and fp16, precision "default": the intra kernel (and its
     Tinv-keeping form), the rv state kernel + its CP scan and fix-up, the smem state kernel at every BV
     ``block_v`` picks (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts,
-    the recompute's smem state kernels (S lo swizzled, S hi alone, or S lo in fp8), and the A/B alternatives: the
-    intra kernel with one-term merges (``BackwardPlan.merge_split``) and the ``qs`` state and output kernels at BV 64 and 32.
+    the recompute's smem state kernels (S lo swizzled, S hi alone, or S lo in fp8), and the intra kernel with
+    one-term merges (the A/B alternative of ``BackwardPlan.merge_split``).
 
     All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
     ratio, scale, h0 present or not, final state stored or not, the state layout, l2norm on/off, gate dtype, dense
@@ -37,8 +37,6 @@ def forward_configs():
             plans += [ForwardPlan(dtype, prec, "smem", bv, 1, 1, DK=DK) for bv in (64, 32, 16)]
             plans += [ForwardPlan(dtype, prec, "smem", bv, 2, 1, DK=DK) for bv in (32, 16)]
             plans += [ForwardPlan(dtype, prec, "smem", 64, 1, 1, keep_tables=True, DK=DK)]
-            # Q S in the state kernel (the forward benchmark's qs), at the BV block_v picks for many heads
-            plans += [ForwardPlan(dtype, prec, "smem", bv, 1, 1, DK=DK, qs=True) for bv in (64, 32)]
             cfgs = [c for p in plans for c in p.configs()]
             # the intra kernel with one-term block merges (the benchmarks' m1), with and without Tinv
             cfgs += [IntraConfig(dtype, "bf16", prec.ag, DK=DK, th=th) for th in (False, True)]

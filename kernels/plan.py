@@ -37,9 +37,7 @@ class ForwardPlan:
     ``block_v``: the state kernel's value columns per CTA; ``ctas_per_sm``: resident state CTAs per SM ("smem": 1
     or 2, BV <= 32 for 2); ``cp``: segments per sequence of the segment-parallel state passing (1 = off, "rv"
     only); ``keep_tables``: the intra kernel also stores Tinv and the call hands Tinv, Ag to the backward;
-    ``qs``: the smem state kernel (one CTA per SM) stores ``Q S`` (fp32) in place of S and the output kernel reads
-    it at all value columns (an A/B alternative); ``DK``: the head dim K == V every kernel is built for
-    (``HEAD_DIMS``)."""
+    ``DK``: the head dim K == V every kernel is built for (``HEAD_DIMS``)."""
     dtype: str
     precision: Precision
     state_form: str
@@ -48,12 +46,9 @@ class ForwardPlan:
     cp: int = 1
     keep_tables: bool = False
     DK: int = KERNEL_HEAD_DIM
-    qs: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
-        if self.qs and (self.state_form != "smem" or self.ctas_per_sm != 1):
-            raise ValueError(f"qs is a form of the smem state kernel at one CTA per SM: {self}")
         if self.state_form not in ("rv", "smem"):
             raise ValueError(f"unknown state kernel form {self.state_form!r}; forms: ('rv', 'smem')")
         if self.state_form == "rv" and (self.block_v not in (64, 128) or self.block_v > self.DK
@@ -78,10 +73,8 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
     prec, rv, DK = plan.precision, plan.state_form == "rv", plan.DK
     past = prec.past_intra()                    # what the state and output kernels read of the precision
     out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
-           StateConfig(plan.dtype, plan.block_v, past, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm,
-                       qs=plan.qs),
-           OutputConfig(plan.dtype, past, BV=output_block_v(prec, DK, plan.qs), vt=rv, DK=DK, cpb=OUT_CPB,
-                        qs=plan.qs)]
+           StateConfig(plan.dtype, plan.block_v, past, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),
+           OutputConfig(plan.dtype, past, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
     if plan.cp > 1:
         # the rv form's scan (__post_init__ allows CP for it alone)
         out += [StateConfig(plan.dtype, RV_BV, past.for_scan(), scan=True, form="rv", DK=DK), FixupConfig(DK)]

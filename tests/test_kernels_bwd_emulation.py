@@ -306,17 +306,13 @@ def _fake_kernels(monkeypatch, asked=None):
 
             def output(q, k, F, Sch, Scl, Uh, Ul, cu, ci, o2):
                 # a lo table the precision does not split is the hi table passed again, which the kernel does not
-                # read: zero in the emulation's sum (with qs both are the state kernel's Q S)
+                # read: zero in the emulation's sum
                 def lo(t, hi):
                     return t.to(f64) if t.data_ptr() != hi.data_ptr() else torch.zeros_like(t, dtype=f64)
                 put(o2, FE.output(q, k, F.to(f64), Sch.to(f64), lo(Scl, Sch), Uh.to(f64), lo(Ul, Uh), cu_list(cu),
-                                  q.dtype, cfg.prec, QS=Sch.to(f64) if cfg.qs else None))
+                                     q.dtype, cfg.prec))
             return output
         assert isinstance(cfg, fbuild.StateConfig) and cfg.form == "smem" and not cfg.scan
-
-        def state_qs(q, k, v, Ah, Al, F, cu, co, h0, QS, Uh, Ul, ht, use_h0, store_ht, vf):
-            sh, sl = state(k, v, Ah, Al, F, cu, co, h0, None, None, Uh, Ul, ht, use_h0, store_ht, vf)
-            put(QS, FE.chunk_qs(q, sh, sl, cu_list(cu), Uh.shape[0]))
 
         def state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, vf):
             h = None
@@ -324,21 +320,18 @@ def _fake_kernels(monkeypatch, asked=None):
                 h = h0.transpose(-1, -2) if vf else h0
             sh, sl, uh, ul, end = FE.chunk_states(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu), cu_list(co), h,
                                               k.dtype, cfg.prec)
-            put(Uh, uh)
+            put(Sch, sh), put(Uh, uh)
             # the lo tables only where the precision splits them (else the pipeline passes the hi table again, which
-            # the kernel does not write)
+            # the kernel does not write); S's as fp8 codes under its hi term with lo8
+            if cfg.lo8:
+                Scl.copy_(E.lo8_encode(sh, sl, k.dtype))
+            elif Scl.data_ptr() != Sch.data_ptr():
+                put(Scl, sl)
             if Ul.data_ptr() != Uh.data_ptr():
                 put(Ul, ul)
             if store_ht:
                 put(ht, end.transpose(-1, -2) if vf else end)
-            if Sch is None:                 # the qs form: S stays in the kernel
-                return sh, sl
-            put(Sch, sh)
-            if cfg.lo8:                     # fp8 codes of S's lo term under its hi term
-                Scl.copy_(E.lo8_encode(sh, sl, k.dtype))
-            elif Scl.data_ptr() != Sch.data_ptr():
-                put(Scl, sl)
-        return state_qs if cfg.qs else state
+        return state
 
     def bwd_kernel(cfg):
         if cfg.kind == "prep":
@@ -590,31 +583,6 @@ def test_autograd_hands_one_term_merge_tables_to_the_backward_on_cpu(monkeypatch
     prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
     assert intra and all(c.th and c.merge == "bf16" for c in intra), asked
     assert prep and all(c.saved and not c.msplit for c in prep), asked
-
-
-@pytest.mark.parametrize("case", [_PLUMBING[i] for i in (0, 1, 4)], ids=[_PLUMBING_IDS[i] for i in (0, 1, 4)])
-def test_qs_forward_is_the_smem_forward_on_cpu(monkeypatch, case):
-    """``ForwardPlan.qs`` (the state kernel stores Q S, the output kernel reads it at every value column) on the
-    kernel path with stand-in kernels: o and the final state bitwise those of the same smem plan without it (the
-    same products, stored in fp32 between the kernels), and the call asks for the qs state and output kernels."""
-    import dataclasses
-
-    import kernels.forward.configs as fbuild
-    from kernels.forward import pipeline as fpipe
-
-    asked = []
-    _fake_kernels(monkeypatch, asked)
-    xs, kw = tt.bwd_args(case)[:2]
-    kw = dict(kw, output_final_state=True)
-    x = fpipe.prepare(*xs, **kw)
-    smem = dataclasses.replace(fpipe.plan_for(x), state_form="smem", block_v=32, ctas_per_sm=1, cp=1)
-    want = fpipe.chunk_gated_delta_rule(*xs, **kw, plan=smem)
-    asked.clear()
-    got = fpipe.chunk_gated_delta_rule(*xs, **kw, plan=dataclasses.replace(smem, qs=True))
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    state = [c for c in asked if isinstance(c, fbuild.StateConfig)]
-    out = [c for c in asked if isinstance(c, fbuild.OutputConfig)]
-    assert state and out and all(c.qs for c in state + out) and all(c.BV == x.D for c in out), asked
 
 
 def _kernel_path_is_the_emulation(monkeypatch, case, alter, **emu) -> list:

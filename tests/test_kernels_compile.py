@@ -54,14 +54,13 @@ def _sp(prec, f):
 
 
 # wgmma call sites per kernel: intra = K K^T + 2 merge levels x 2 products (x3 when split);
-# state/scan = K S (+ K Sl) + Ag X (+ Al X) (+ Ag Xl) + update (+ lo) (+ Q S (+ Q Sl) with qs); output = Q K^T
-# + Q S (+ Q Sl) (none with qs) + P U (+ Pl U) (+ P Ul).
+# state/scan = K S (+ K Sl) + Ag X (+ Al X) (+ Ag Xl) + update (+ lo); output = Q K^T + Q S (+ Q Sl)
+# + P U (+ Pl U) (+ P Ul).
 _WANT_WGMMA = {
     "IntraConfig": lambda c: 1 + 4 * (3 if c.merge == "split" else 1),
     "StateConfig": lambda c: (1 + _sp(c.prec, "ks") + 1 + _sp(c.prec, "ag") + _sp(c.prec, "x")
-                               + 1 + _sp(c.prec, "upd") + (1 + _sp(c.prec, "s")) * c.qs),
-    "OutputConfig": lambda c: (1 + (0 if c.qs else 1 + _sp(c.prec, "s")) + 1 + _sp(c.prec, "p")
-                               + _sp(c.prec, "u")),
+                               + 1 + _sp(c.prec, "upd")),
+    "OutputConfig": lambda c: 1 + 1 + _sp(c.prec, "s") + 1 + _sp(c.prec, "p") + _sp(c.prec, "u"),
 }
 
 

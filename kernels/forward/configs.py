@@ -36,9 +36,8 @@ class IntraConfig:
 class StateConfig:
     """The sequential state kernel (or, with ``scan``, the CP phase-1 scan): ``form`` "rv"
     (state_registers.py, BV 64 / 128) or "smem" (state_smem.py, ``ctas_per_sm`` 1 or 2, ``sl_swizzle``: the S
-    lo staging tile swizzled, the backward recompute's form; ``qs``: it stores ``QS = Q S`` for the output kernel
-    instead of S, one CTA per SM; ``lo8``: S's lo term stored as fp8 (``kernels.common.lo8``), the backward
-    recompute's form)."""
+    lo staging tile swizzled, the backward recompute's form; ``lo8``: S's lo term stored as fp8
+    (``kernels.common.lo8``), the backward recompute's form)."""
     dtype: str
     BV: int
     prec: object                   # precision.Precision (frozen, hashable)
@@ -48,7 +47,6 @@ class StateConfig:
     num_stages: int = NUM_STAGES
     ctas_per_sm: int = 1
     sl_swizzle: bool = False
-    qs: bool = False
     lo8: bool = False
 
     @property
@@ -56,29 +54,26 @@ class StateConfig:
         kind = ("scan" if self.scan else "state") + ("_rv" if self.form == "rv" else "_smem")
         occ = f",occ{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
         slz = ",slz" if self.sl_swizzle else ""
-        qs = ",qs" if self.qs else ""
-        qs += ",lo8" if self.lo8 else ""
-        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz}{qs},"
+        lo8 = ",lo8" if self.lo8 else ""
+        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz}{lo8},"
                 f"{self.dtype}]")
 
 
 @dataclass(frozen=True)
 class OutputConfig:
     """``gdn_output`` (output.py): ``cpb`` chunks per CTA in a pipelined loop; ``vt``: value-first tables
-    (from the "rv" state kernel); ``qs``: it reads ``Q S`` from the state kernel (key-first)."""
+    (from the "rv" state kernel)."""
     dtype: str
     prec: object
     BV: int = KERNEL_HEAD_DIM
     vt: bool = True
     DK: int = KERNEL_HEAD_DIM
     cpb: int = OUT_CPB
-    qs: bool = False
 
     @property
     def name(self) -> str:
-        qs = ",qs" if self.qs else ""
-        return (f"output[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},{'vt' if self.vt else 'kt'},cpb={self.cpb}"
-                f"{qs},{self.dtype}]")
+        return (f"output[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},{'vt' if self.vt else 'kt'},cpb={self.cpb},"
+                f"{self.dtype}]")
 
 
 @dataclass(frozen=True)
@@ -92,10 +87,10 @@ class FixupConfig:
         return f"cp_fixup[DK=DV={self.DK}]"
 
 
-def output_block_v(prec, DK: int = KERNEL_HEAD_DIM, qs: bool = False) -> int:
-    """Value columns per CTA of the output kernel: all ``DK``, or at most 64 when it reads the split chunk-start
-    state (at DK 128, two 32 KB state tiles per stage would not fit twice in shared memory); all with ``qs``."""
-    return min(64, DK) if prec.s == "split" and not qs else DK
+def output_block_v(prec, DK: int = KERNEL_HEAD_DIM) -> int:
+    """Value columns per CTA of the output kernel: all ``DK``, or at most 64 when the chunk-start state is split
+    (at DK 128, two 32 KB state tiles per stage would not fit twice in shared memory)."""
+    return min(64, DK) if prec.s == "split" else DK
 
 
 def prim_func(cfg):
@@ -105,20 +100,19 @@ def prim_func(cfg):
         return build_intra_chunk(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.th)
     if isinstance(cfg, StateConfig):
         if cfg.form == "rv":
-            if cfg.sl_swizzle or cfg.qs or cfg.lo8:
-                raise ValueError(f"sl_swizzle, qs and lo8 are forms of the smem state kernel, not of the rv form: "
-                                 f"{cfg!r}")
+            if cfg.sl_swizzle or cfg.lo8:
+                raise ValueError(f"sl_swizzle and lo8 are forms of the smem state kernel, not of the rv form: {cfg!r}")
             from .state_registers import build_state_registers
             return build_state_registers(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.BV)
         if cfg.scan:
             raise ValueError(f"the CP scan is a form of the rv state kernel, not of the smem form: {cfg!r}")
         from .state_smem import build_state_smem
         return build_state_smem(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.ctas_per_sm,
-                                cfg.sl_swizzle, cfg.qs, cfg.lo8)
+                                cfg.sl_swizzle, cfg.lo8)
     if isinstance(cfg, FixupConfig):
         from .cp_fixup import build_cp_fixup
         return build_cp_fixup(cfg.DK)
     if isinstance(cfg, OutputConfig):
         from .output import build_output
-        return build_output(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.BV, cfg.vt, cfg.cpb, NUM_STAGES, cfg.qs)
+        return build_output(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.BV, cfg.vt, cfg.cpb, NUM_STAGES)
     raise TypeError(f"not a forward kernel configuration: {cfg!r}")

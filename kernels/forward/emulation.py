@@ -273,13 +273,12 @@ def chunk_states(k, v, Ah, Al, F, cu_seqlens: list[int], chunk_offsets: list[int
     return Sch, Scl, Uh, Ul, S
 
 
-def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec, QS=None):
+def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec):
     """Emulates ``gdn_output`` (fully parallel over chunks)::
 
         P  = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)   (j <= t, t valid; fp32)  -> Ph (+ Pl)
-        O  = F1 QS + Ph Uh + Pl Uh + Ph Ul,   QS = Q (Sch + Scl)   (fp32; ``chunk_qs``)
-
-    ``QS`` [HV, NC, 64, DV]: ``Q S`` as the state kernel of a ``qs`` plan stores it (``Sch``, ``Scl`` unused)."""
+        O  = F1 (Q (Sch + Scl)) + Ph Uh + Pl Uh + Ph Ul
+    """
     Ttot, H, DK = q.shape
     HV = F.shape[0]
     dev = q.device
@@ -296,22 +295,12 @@ def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec, QS=None):
     QK = _f32(Qc @ Kc.transpose(-1, -2))
     P = _f32(F[:, :, 5, :, None] * F[:, :, 6, None, :] * e * QK)
     Ph, Pl = _two(P, dt, prec.p == "split")
-    QS = _f32(Qc @ (Sch + Scl)) if QS is None else QS
+    QS = _f32(Qc @ (Sch + Scl))
     O = _f32(_f32(QS * F[:, :, 1, :, None]) + Ph @ Uh + Pl @ Uh + Ph @ Ul)   # [HV, NC, 64, DV]
     o = torch.zeros(Ttot, HV, O.shape[-1], dtype=f64, device=dev)
     store = valid[0]
     o[tok[store]] = O.permute(1, 2, 0, 3)[store]
     return o.to(dt)
-
-
-def chunk_qs(q, Sch, Scl, cu_seqlens: list[int], HV: int):
-    """``Q S`` per chunk as the state kernel of a ``qs`` plan stores it: [HV, NC, 64, DV] fp32 values (fp64 tensor),
-    rows past the last token zero."""
-    Ttot, H, _ = q.shape
-    _, _, inb, tokc = _chunk_tokens(cu_seqlens, Ttot, q.device)
-    heads = torch.arange(HV, device=q.device) // (HV // H)
-    Qc = _chunk_gather(q.to(f64), tokc, inb, heads).transpose(0, 1)
-    return _f32(Qc @ (Sch.to(f64) + Scl.to(f64)))
 
 
 def _chunk_tokens(cu_seqlens: list[int], Ttot: int, dev):

@@ -7,8 +7,7 @@ kernel (no ``Ph, Pl`` tensors)::
     O  = F1 * (Q @ (Sch (+ Scl))) + Ph Uh (+ Pl Uh) (+ Ph Ul)                      (fp32)
 
 ``prec`` (``precision.Precision``) picks which fp32 values are two-term splits: ``s`` (Scl read),
-``p`` (P lo term), ``u`` (Ul read).  ``qs``: ``Q @ S`` comes from the state kernel (``QS``, fp32, read in place
-of ``Sch, Scl``; key-first tables).  Rows past the end of a sequence have zero F rows and are
+``p`` (P lo term), ``u`` (Ul read).  Rows past the end of a sequence have zero F rows and are
 not stored.
 """
 
@@ -34,21 +33,17 @@ def gated_scores(qk, pa, pl, f_s, p_sp):
 
 
 @T.macro
-def _chunk_output(q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, qk, pa, pl, o_f, o, t0, eos, hv, v0, vt, s_sp, p_sp, u_sp,
-                  qs):
+def _chunk_output(q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, qk, pa, pl, o_f, o, t0, eos, hv, v0, vt, s_sp, p_sp, u_sp):
     """``o[t0 + i, hv, v0:v0 + BV] = O[i]`` for the rows ``t0 + i < eos`` of one chunk whose tiles are in shared
-    memory (the module docstring's formula; with ``qs``, ``s_s`` is the fp32 ``QS`` tile)."""
+    memory (the module docstring's formula)."""
     dtype = q_s.dtype
     BV = o_f.shape[1]
     T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
     gated_scores(qk, pa, pl, f_s, p_sp)
 
-    if qs:
-        T.copy(s_s, o_f)
-    else:
-        T.gemm(q_s, s_s, o_f, transpose_B=vt, clear_accum=True)
-        if s_sp:
-            T.gemm(q_s, sl_s, o_f, transpose_B=vt)
+    T.gemm(q_s, s_s, o_f, transpose_B=vt, clear_accum=True)
+    if s_sp:
+        T.gemm(q_s, sl_s, o_f, transpose_B=vt)
     for i, j in T.Parallel(BT, BV):
         o_f[i, j] = o_f[i, j] * f_s[1, i]
     T.gemm(pa, uh_s, o_f, transpose_B=vt)
@@ -62,10 +57,10 @@ def _chunk_output(q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, qk, pa, pl, o_f, o, t0, 
 
 
 def build_output(DK: int, DV: int, dtype: str, prec, BV: int = 128, vt: bool = True, cpb: int = 8,
-                 num_stages: int = 2, qs: bool = False):
+                 num_stages: int = 2):
     """``vt``: the chunk tables are value-first (``state_registers.py``: ``Sch [HV, NC, DV, DK]``,
-    ``Uh [HV, NC, DV, 64]``); otherwise key-first (``state_smem.py``: ``Sch [HV, NC, DK, DV]``,
-    ``Uh [HV, NC, 64, DV]``).  P is kept in registers and used as the register A operand of ``P @ U`` (wgmma_rs).
+    ``Uh [HV, NC, DV, 64]``); otherwise key-first (``state_smem.py``: ``Sch [HV, NC, DK, DV]``, ``Uh [HV, NC, 64, DV]``).  P is kept in
+    registers and used as the register A operand of ``P @ U`` (wgmma_rs).
 
     One CTA per (``cpb`` consecutive chunks, value block, value head), the chunks in a TileLang ``T.Pipelined`` loop
     (TMA loads of the next chunk's tiles overlap this chunk's products; ``num_stages`` tile sets in shared
@@ -75,25 +70,23 @@ def build_output(DK: int, DV: int, dtype: str, prec, BV: int = 128, vt: bool = T
     Arguments:
       q, k        [Ttot, H, DK]      dtype
       F           [HV, NC, 8, 64]    fp32   (rows 1 F1, 4 G, 5 scale rq, 6 rk)
-      Sch, Scl    [HV, NC, DK, DV]   dtype  (Scl read only when prec.s == "split"); with ``qs`` both are
-                                        QS [HV, NC, 64, DV] fp32 (read once)
+      Sch, Scl    [HV, NC, DK, DV]   dtype  (Scl read only when prec.s == "split")
       Uh, Ul      [HV, NC, 64, DV]   dtype  (Ul read only when prec.u == "split")
       cu_seqlens  [N + 1]  int32;  chunk_indices [NC, 2] int32
       o           [Ttot, HV, DV]     dtype  (output)
     """
     assert DK in (64, 128) and DV == DK and DV % BV == 0
-    assert dtype in ("bfloat16", "float16") and not (qs and vt)
+    assert dtype in ("bfloat16", "float16")
     f32 = "float32"
     NV = DV // BV
-    s_sp = prec.s == "split" and not qs
+    s_sp = prec.s == "split"
     p_sp = prec.p == "split"
     u_sp = prec.u == "split"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
 
-    s_tab = (HV, NC, DV, DK) if vt else (HV, NC, BT, DV) if qs else (HV, NC, DK, DV)
+    s_tab = (HV, NC, DV, DK) if vt else (HV, NC, DK, DV)
     u_tab = (HV, NC, DV, BT) if vt else (HV, NC, BT, DV)
-    s_tile = (BV, DK) if vt else (BT, BV) if qs else (DK, BV)
-    s_dtype = f32 if qs else dtype
+    s_tile = (BV, DK) if vt else (DK, BV)
     u_tile = (BV, BT) if vt else (BT, BV)
 
     @T.macro
@@ -109,10 +102,7 @@ def build_output(DK: int, DV: int, dtype: str, prec, BV: int = 128, vt: bool = T
             if u_sp:
                 T.copy(Ul[hv, c, v0:v0 + BV, 0:BT], ul_s)
         else:
-            if qs:
-                T.copy(Sch[hv, c, 0:BT, v0:v0 + BV], s_s)
-            else:
-                T.copy(Sch[hv, c, 0:DK, v0:v0 + BV], s_s)
+            T.copy(Sch[hv, c, 0:DK, v0:v0 + BV], s_s)
             if s_sp:
                 T.copy(Scl[hv, c, 0:DK, v0:v0 + BV], sl_s)
             T.copy(Uh[hv, c, 0:BT, v0:v0 + BV], uh_s)
@@ -124,8 +114,8 @@ def build_output(DK: int, DV: int, dtype: str, prec, BV: int = 128, vt: bool = T
         q: T.Tensor((Ttot, H, DK), dtype),
         k: T.Tensor((Ttot, H, DK), dtype),
         F: T.Tensor((HV, NC, 8, BT), f32),
-        Sch: T.Tensor(s_tab, s_dtype),
-        Scl: T.Tensor(s_tab, s_dtype),
+        Sch: T.Tensor(s_tab, dtype),
+        Scl: T.Tensor(s_tab, dtype),
         Uh: T.Tensor(u_tab, dtype),
         Ul: T.Tensor(u_tab, dtype),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
@@ -138,7 +128,7 @@ def build_output(DK: int, DV: int, dtype: str, prec, BV: int = 128, vt: bool = T
 
             q_s = T.alloc_shared((BT, DK), dtype)
             k_s = T.alloc_shared((BT, DK), dtype)
-            s_s = T.alloc_shared(s_tile, s_dtype)
+            s_s = T.alloc_shared(s_tile, dtype)
             sl_s = T.alloc_shared(lo_shape(s_tile, s_sp), dtype)
             uh_s = T.alloc_shared(u_tile, dtype)
             ul_s = T.alloc_shared(lo_shape(u_tile, u_sp), dtype)
@@ -154,6 +144,6 @@ def build_output(DK: int, DV: int, dtype: str, prec, BV: int = 128, vt: bool = T
                 load_tiles(q, k, F, Sch, Scl, Uh, Ul, q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, t0, c, h, hv, v0)
                 # past the last chunk: eos = t0 stores nothing
                 _chunk_output(q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, qk, pa, pl, o_f, o, t0,
-                              T.if_then_else(cb * cpb + it < NC, eos, t0), hv, v0, vt, s_sp, p_sp, u_sp, qs)
+                              T.if_then_else(cb * cpb + it < NC, eos, t0), hv, v0, vt, s_sp, p_sp, u_sp)
 
     return gdn_output

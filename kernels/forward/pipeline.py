@@ -146,8 +146,7 @@ def intra_chunk(*, x: ForwardInputs, plan) -> IntraTables:
 
 @dataclass
 class ChunkStates:
-    Sch: torch.Tensor               # [HV, NC, D, D] chunk-start states, hi ([.., DV, DK] value-first for "rv");
-    #                                 with plan.qs, Q S [HV, NC, 64, D] fp32 (here and in Scl)
+    Sch: torch.Tensor               # [HV, NC, D, D] chunk-start states, hi ([.., DV, DK] value-first for "rv")
     Scl: torch.Tensor               # lo (Sch itself unless the precision splits S)
     Uh: torch.Tensor                # [HV, NC, 64, D] (key-first) or [HV, NC, D, 64] (value-first), hi
     Ul: torch.Tensor                # lo (Uh itself unless the precision splits U)
@@ -157,11 +156,8 @@ class ChunkStates:
 def _state_tables(x: ForwardInputs, plan):
     dev, dt, D = x.q.device, x.q.dtype, x.D
     vt = plan.state_form == "rv"
-    if plan.qs:
-        Sch = Scl = torch.empty(x.HV, x.NC, BT, D, device=dev, dtype=torch.float32)
-    else:
-        Sch = torch.empty(x.HV, x.NC, D, D, device=dev, dtype=dt)
-        Scl = torch.empty_like(Sch) if plan.precision.s == "split" else Sch
+    Sch = torch.empty(x.HV, x.NC, D, D, device=dev, dtype=dt)
+    Scl = torch.empty_like(Sch) if plan.precision.s == "split" else Sch
     Uh = torch.empty((x.HV, x.NC, D, BT) if vt else (x.HV, x.NC, BT, D), device=dev, dtype=dt)
     Ul = torch.empty_like(Uh) if plan.precision.u == "split" else Uh
     return Sch, Scl, Uh, Ul
@@ -174,10 +170,8 @@ def state(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:
     Sch, Scl, Uh, Ul = _state_tables(x, plan)
     h0 = x.h0 if x.h0 is not None else torch.empty((1, x.HV, x.D, x.D), device=dev, dtype=torch.float32)
     ht = torch.empty((x.N if x.store_ht else 1, x.HV, x.D, x.D), device=dev, dtype=torch.float32)
-    s_out = (Sch,) if plan.qs else (Sch, Scl)          # the qs form: q first, Q S in place of the S tables
-    get_kernel(plan.configs()[1])(*((x.q,) if plan.qs else ()), x.k, x.v, tables.Ah, tables.Al, tables.F, x.cu,
-                                  x.chunk_offsets, h0, *s_out, Uh, Ul, ht, int(x.h0 is not None), int(x.store_ht),
-                                  int(x.v_first))
+    get_kernel(plan.configs()[1])(x.k, x.v, tables.Ah, tables.Al, tables.F, x.cu, x.chunk_offsets, h0, Sch, Scl,
+                                  Uh, Ul, ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
     return ChunkStates(Sch, Scl, Uh, Ul, ht if x.store_ht else None)
 
 

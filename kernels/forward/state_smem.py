@@ -10,9 +10,6 @@ warp-specialised ``T.Pipelined``.  Per chunk (``prec``: ``precision.Precision``)
     Uh (+ Ul) = split(U)                 -> Uh (+ Ul)    v_new for the output kernel
     S  = F3 * S + K^T @ (rd(F2 U) (+ lo)) per prec.upd
 
-``qs`` (the output kernel's inter-chunk term here, where S is at hand): the chunk-start state is not stored;
-``QS = Q @ Sh (+ Q @ Sl)`` (fp32, ``[HV, NCg, 64, DV]``) is, from the same shared tiles after the update.
-
 All products accumulate in fp32 (wgmma); nothing is TF32.  With the all-"bf16" preset this is 4
 wgmma per chunk (K S, Ag X, update) like FLA's ``chunk_gated_delta_rule_fwd_h``, and 48 KB written per chunk and head.
 The CP scan is the register-operand form's (``state_registers.py``).
@@ -29,8 +26,8 @@ THREADS = 128
 
 
 def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: int = 2, ctas_per_sm: int = 1,
-                     swizzle_sl: bool = False, qs: bool = False, lo8: bool = False):
-    """TileLang prim_func of ``gdn_state_smem`` (``gdn_state_qs`` with ``qs``).
+                     swizzle_sl: bool = False, lo8: bool = False):
+    """TileLang prim_func of ``gdn_state_smem``.
 
     Arguments:
       k        [Ttot, H, DK]          dtype
@@ -40,16 +37,10 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
       cu_seqlens    [N + 1]  int32    token boundaries of the sequences (segments for CP)
       chunk_offsets [N + 1]  int32    their first global chunk ids
       h0       [Nh, HV, DK, DV]       fp32 (read as [.., DV, DK] when v_first)
-      Sch, Scl [HV, NCg, DK, DV]      dtype   (outputs; Scl only when prec.s == "split")
+      Sch, Scl [HV, NCg, DK, DV]      dtype   (outputs; Scl only when prec.s == "split"; fp8 e4m3 with lo8)
       Uh, Ul   [HV, NCg, 64, DV]      dtype   (outputs; Ul only when prec.u == "split")
       ht       [Nt, HV, DK, DV]       fp32    (written as [.., DV, DK] when v_first)
       use_h0, store_ht, v_first       int32
-
-    With ``qs`` the arguments are ``q [Ttot, H, DK]`` (dtype) first, then the above with ``QS [HV, NCg, 64, DV]``
-    (fp32, output) in place of ``Sch, Scl``; one CTA per SM (the q tiles take the shared memory of a second).  A
-    chunk's Q S is staged in shared memory at the end of its iteration and stored at the start of the next, where
-    the other forms store S: without a shared -> global store after the split, TileLang 0.1.15's warp
-    specialisation gives the producer warps a full private copy of the state (a 16-32 KiB stack frame).
 
     ``ctas_per_sm = 2`` asks for two resident CTAs per SM (``__launch_bounds__(256, 2)``, at most 128
     registers a thread, no ``setmaxnreg`` hand-over from the producer warps): two independent chunk chains
@@ -74,11 +65,11 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
     assert DK in (64, 128) and DV == DK
     assert DV % BV == 0 and BV in (16, 32, 64, 128)
     assert dtype in ("bfloat16", "float16")
-    assert ctas_per_sm in (1, 2) and (ctas_per_sm == 1 or BV <= 32) and not (qs and ctas_per_sm != 1)
+    assert ctas_per_sm in (1, 2) and (ctas_per_sm == 1 or BV <= 32)
     f32 = "float32"
     NV = DV // BV
     ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits()
-    assert not (lo8 and (qs or not s_sp)), "lo8 stores S's lo term: a form of the split S tables"
+    assert not (lo8 and not s_sp), "lo8 stores S's lo term: a form of the split S tables"
     sl_need = ks_sp or (s_sp and not lo8)
 
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
@@ -87,10 +78,26 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
     u_first = T.wgmma_gemm if (ag_sp or x_sp) else T.gemm
     u_mid = T.wgmma_gemm if x_sp else T.gemm
     upd_first = T.wgmma_gemm if upd_sp else T.gemm
-    qs_last = T.wgmma_gemm if s_sp else T.gemm
 
-    @T.macro
-    def body(q, k, v, Ah, Al, F, cu_seqlens, chunk_offsets, h0, Sch, Scl, QS, Uh, Ul, ht, use_h0, store_ht, v_first):
+    @T.prim_func
+    def gdn_state_smem(
+        k: T.Tensor((Ttot, H, DK), dtype),
+        v: T.Tensor((Ttot, HV, DV), dtype),
+        Ah: T.Tensor((HV, NCg, BT, BT), dtype),
+        Al: T.Tensor((HV, NCg, BT, BT), dtype),
+        F: T.Tensor((HV, NCg, 8, BT), f32),
+        cu_seqlens: T.Tensor((N + 1,), "int32"),
+        chunk_offsets: T.Tensor((N + 1,), "int32"),
+        h0: T.Tensor((Nh, HV, DK, DV), f32),
+        Sch: T.Tensor((HV, NCg, DK, DV), dtype),
+        Scl: T.Tensor((HV, NCg, DK, DV), LO8 if lo8 else dtype),
+        Uh: T.Tensor((HV, NCg, BT, DV), dtype),
+        Ul: T.Tensor((HV, NCg, BT, DV), dtype),
+        ht: T.Tensor((Nt, HV, DK, DV), f32),
+        use_h0: T.int32,
+        store_ht: T.int32,
+        v_first: T.int32,
+    ):
         with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, n):
             if ctas_per_sm > 1:
                 T.annotate_min_blocks_per_sm(ctas_per_sm)
@@ -100,7 +107,6 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
             v0 = bv * BV
 
             k_s = T.alloc_shared((BT, DK), dtype)
-            q_s = T.alloc_shared(lo_shape((BT, DK), qs), dtype)
             v_s = T.alloc_shared((BT, BV), dtype)
             # with Al, Ah and Al in one pipelined buffer a_s[2, BT, BT] (see the docstring); its planes are written
             # inline as a_s[i, :, :] (a slice bound to a name in the kernel body becomes a let-bound load of the whole
@@ -117,7 +123,6 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
             xl_s = T.alloc_shared(lo_shape((BT, BV), x_sp or upd_sp), dtype)
             uh_s = T.alloc_shared((BT, BV), dtype)
             ul_s = T.alloc_shared(lo_shape((BT, BV), u_sp), dtype)
-            qs_s = T.alloc_shared(lo_shape((BT, BV), qs), f32)
 
             s_f = T.alloc_fragment((DK, BV), f32)
             ks_f = T.alloc_fragment((BT, BV), f32)
@@ -137,8 +142,6 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
             swz[uh_s] = make_swizzled_layout(uh_s)
             if u_sp:
                 swz[ul_s] = make_swizzled_layout(ul_s)
-            if qs:
-                swz[qs_s] = make_swizzled_layout(qs_s)
             T.annotate_layout(swz)
 
             if use_h0 != 0:
@@ -150,8 +153,6 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                 t0 = bos + ic * BT
                 c = c0 + ic
                 T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
-                if qs:
-                    T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
                 T.copy(v[t0:t0 + BT, hv, v0:v0 + BV], v_s)
                 if ag_sp:
                     T.copy(Ah[hv, c, 0:BT, 0:BT], a_s[0, :, :])
@@ -164,17 +165,11 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                 if lo8:
                     for i, j in T.Parallel(DK, BV):
                         sl8_s[i, j] = lo8_code(s_f[i, j], dtype)
-                if qs:
-                    # the previous chunk's Q S (computed at the end of its iteration), stored where the other forms
-                    # store S: a shared -> global store there keeps the split on the consumer warps
-                    if ic > 0:
-                        T.copy(qs_s, QS[hv, c - 1, 0:BT, v0:v0 + BV], disable_tma=True)
-                else:
-                    T.copy(sh_s, Sch[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
-                    if lo8:
-                        T.copy(sl8_s, Scl[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
-                    elif s_sp:
-                        T.copy(sl_s, Scl[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
+                T.copy(sh_s, Sch[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
+                if lo8:
+                    T.copy(sl8_s, Scl[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
+                elif s_sp:
+                    T.copy(sl_s, Scl[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
 
                 # X = V - F0 * (K @ S)
                 ks_first(k_s, sh_s, ks_f, clear_accum=True)
@@ -209,59 +204,7 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                 if upd_sp:
                     T.gemm(k_s, xl_s, s_f, transpose_A=True)
 
-                if qs:                      # QS = Q @ S of the chunk-start S (still in sh_s, sl_s), u_f free again
-                    qs_last(q_s, sh_s, u_f, clear_accum=True)
-                    if s_sp:
-                        T.gemm(q_s, sl_s, u_f)
-                    for i, j in T.Parallel(BT, BV):
-                        qs_s[i, j] = u_f[i, j]
-
-            if qs and nchunks > 0:
-                T.copy(qs_s, QS[hv, c0 + nchunks - 1, 0:BT, v0:v0 + BV], disable_tma=True)
-
             if store_ht != 0:
                 store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
 
-    @T.prim_func
-    def gdn_state_smem(
-        k: T.Tensor((Ttot, H, DK), dtype),
-        v: T.Tensor((Ttot, HV, DV), dtype),
-        Ah: T.Tensor((HV, NCg, BT, BT), dtype),
-        Al: T.Tensor((HV, NCg, BT, BT), dtype),
-        F: T.Tensor((HV, NCg, 8, BT), f32),
-        cu_seqlens: T.Tensor((N + 1,), "int32"),
-        chunk_offsets: T.Tensor((N + 1,), "int32"),
-        h0: T.Tensor((Nh, HV, DK, DV), f32),
-        Sch: T.Tensor((HV, NCg, DK, DV), dtype),
-        Scl: T.Tensor((HV, NCg, DK, DV), LO8 if lo8 else dtype),
-        Uh: T.Tensor((HV, NCg, BT, DV), dtype),
-        Ul: T.Tensor((HV, NCg, BT, DV), dtype),
-        ht: T.Tensor((Nt, HV, DK, DV), f32),
-        use_h0: T.int32,
-        store_ht: T.int32,
-        v_first: T.int32,
-    ):
-        body(k, k, v, Ah, Al, F, cu_seqlens, chunk_offsets, h0, Sch, Scl, Sch, Uh, Ul, ht, use_h0, store_ht, v_first)
-
-    @T.prim_func
-    def gdn_state_qs(
-        q: T.Tensor((Ttot, H, DK), dtype),
-        k: T.Tensor((Ttot, H, DK), dtype),
-        v: T.Tensor((Ttot, HV, DV), dtype),
-        Ah: T.Tensor((HV, NCg, BT, BT), dtype),
-        Al: T.Tensor((HV, NCg, BT, BT), dtype),
-        F: T.Tensor((HV, NCg, 8, BT), f32),
-        cu_seqlens: T.Tensor((N + 1,), "int32"),
-        chunk_offsets: T.Tensor((N + 1,), "int32"),
-        h0: T.Tensor((Nh, HV, DK, DV), f32),
-        QS: T.Tensor((HV, NCg, BT, DV), f32),
-        Uh: T.Tensor((HV, NCg, BT, DV), dtype),
-        Ul: T.Tensor((HV, NCg, BT, DV), dtype),
-        ht: T.Tensor((Nt, HV, DK, DV), f32),
-        use_h0: T.int32,
-        store_ht: T.int32,
-        v_first: T.int32,
-    ):
-        body(q, k, v, Ah, Al, F, cu_seqlens, chunk_offsets, h0, QS, QS, QS, Uh, Ul, ht, use_h0, store_ht, v_first)
-
-    return gdn_state_qs if qs else gdn_state_smem
+    return gdn_state_smem
