@@ -32,8 +32,10 @@ def lo8_code(x, dtype: str):
 
 
 def lo8_value(code, hi, dtype: str):
-    """The lo term (fp32) that the fp8 ``code`` holds under its hi term ``hi`` (``dtype``)."""
+    """The lo term (fp32) that the fp8 ``code`` holds under its hi term ``hi`` (``dtype``).  No branch: where
+    ``eb <= shift`` the power of two's bits are 0 (the float 0), so that a load of ``code`` is never conditional on
+    ``hi`` (a branch kept each load of a code behind the read of its hi term: one memory latency each)."""
     shift = lo8_shift(dtype)
     eb = _exponent_bits(T.cast(hi, "float32"))
-    down = T.reinterpret((eb - shift) << 23, "float32")
-    return T.if_then_else(eb > shift, T.cast(code, "float32") * down, T.float32(0))
+    down = T.reinterpret(T.max(eb - shift, 0) << 23, "float32")
+    return T.cast(code, "float32") * down
