@@ -201,9 +201,9 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
     halves of the key dim):
       q, k            [Ttot, H, DK]     dtype
       v, do           [Ttot, HV, DV]    dtype
-      Sch, Scl        [HV, NC, DK, DV]  dtype  (forward recompute, key-first; Scl read only when s_lo)
+      Sch, Scl        [HV, NC, DK, DV]  dtype  (forward recompute, key-first; Scl read only when s_lo, fp8 with lo8)
       Uh, Ul          [HV, NC, 64, DV]  dtype
-      dSh, dSl        [HV, NC, DV, DK]  dtype  (gdn_bwd_dh, value-first; Scl and dSl fp8 e4m3 with lo8)
+      dSh, dSl        [HV, NC, DV, DK]  dtype  (gdn_bwd_dh, value-first; dSl fp8 with lo8)
       dYh, dYl        [HV, NC, DV, 64]  dtype
       Fb              [HV, NC, 8, 64]   fp32
       cu_seqlens [N + 1], chunk_indices [NC, 2] int32
