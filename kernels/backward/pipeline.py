@@ -131,6 +131,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if side is None:
         states = recompute(x=x, plan=plan, tables=tables, side=None)
         mark("recompute")
+        if stages is None:
+            # Ag is read by the recompute only: its memory serves dh's outputs
+            tables = _without(tables, "Agh", "Agl")
     else:
         side.wait_stream(torch.cuda.current_stream(x.q.device))   # prep is launched: the recompute may follow it
     grads = dh(b=b, plan=plan, tables=tables, saved=from_saved)
