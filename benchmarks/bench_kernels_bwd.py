@@ -76,7 +76,7 @@ def backward_context(name: str):
 
 # A/B columns (``--ab``): ours with plan values other than the dispatched ones (``dataclasses.replace`` of the
 # ForwardPlan / BackwardPlan the Function dispatches; ``kernels.autograd.apply(alter=...)``)
-AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompute on the main stream, before dh
+AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompute on the main stream, after dh
       "ours-no-cluster": ("backward", dict(cluster_group_sum=False)),  # GVA sums: fp32 rows + gdn_bwd_group_sum
       "ours-rc-bv32": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=1)),  # the recompute's state
       "ours-rc-bv64": ("backward", dict(recompute_block_v=64, recompute_ctas_per_sm=1)),  # kernel shape (BV, CTAs

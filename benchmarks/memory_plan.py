@@ -4,7 +4,7 @@
 
 The pipelines' host code runs as on the GPU, every TileLang kernel replaced by a no-op (``kernels.build.get_kernel``
 stubbed: outputs stay uninitialised, nothing computes), the sm_90 checks faked and the backward's side stream
-replaced by a stand-in so that the launch order (the recompute after dh where the plan overlaps them) is the GPU's.
+replaced by a stand-in so that the launch order (the recompute after dh) is the GPU's.
 Inputs as ``benchmarks/bench_kernels_bwd.py`` (bf16 q/k/v/do, fp32 g/beta/dht, no initial state, the final state
 returned; ``benchmarks.inputs.SHAPES``), one warm-up call (the layout caches), then one traced call.  A
 ``TorchDispatchMode`` records every new storage (bytes, shape, dtype, the allocating line in ``kernels/`` and its

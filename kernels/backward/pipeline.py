@@ -11,11 +11,11 @@ dtypes of g and beta, dh0 fp32 in the initial state's layout (None without an in
 Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan``):
   1. ``prep`` [gdn_bwd_prep] (chunk, head): Tinv and Ag = Tinv diag(beta) split, the gate table, dUloc^T; on the
      forward's saved Tinv and Ag (``saved_tables``) only the gate table and dUloc^T;
-  2. ``recompute`` [the forward's smem state kernel, precision "recompute"]: the chunk-start states S and U
-     (hi + lo, key-first) from prep's Ag and gate table; on a side stream beside dh (which does not read them)
-     where the plan overlaps them;
-  3. ``dh`` [gdn_bwd_dh] (64 value cols, head, seq): the reverse sequential pass (dS' tables, dY, dv, dh0); with
+  2. ``dh`` [gdn_bwd_dh] (64 value cols, head, seq): the reverse sequential pass (dS' tables, dY, dv, dh0); with
      a segment plan three passes over segments of the sequences and a scan (``dh_segmented``);
+  3. ``recompute`` [the forward's smem state kernel, precision "recompute"]: the chunk-start states S and U
+     (hi + lo, key-first) from prep's Ag and gate table, launched after dh (which does not read them): on a side
+     stream beside it where the plan overlaps them, else after it on the main stream;
   4. ``dqk`` [gdn_bwd_dqk] (chunk, head): the state products and 64x64 terms -> dq~, dk~, row dots, dg / dbeta
      terms; GVA groups of 2, 4, 8 summed in the kernel (clusters), others by [gdn_bwd_group_sum];
   5. ``dg_dbeta`` [gdn_bwd_dg_dbeta] and ``finish.finish`` (torch): dg, dbeta, the L2-norm chain rule.
@@ -128,24 +128,23 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         saved_tables.clear()
     mark("prep")
     side = _side_stream(x.q.device) if plan.overlap_recompute else None
-    if side is None:
-        states = recompute(x=x, plan=plan, tables=tables, side=None)
-        mark("recompute")
-        if stages is None:
-            # Ag is read by the recompute only: its memory serves dh's outputs
-            tables = _without(tables, "Agh", "Agl")
-    else:
+    if side is not None:
         side.wait_stream(torch.cuda.current_stream(x.q.device))   # prep is launched: the recompute may follow it
     grads = dh(b=b, plan=plan, tables=tables, saved=from_saved)
     if stages is None:
         # dUloc^T and Tinv are read by dh alone: their memory is no longer allocated while the recompute's outputs
         # are (main-stream allocations that reuse it run after dh)
         tables = _without(tables, "Th", "Tl", "dUl")
-    if side is not None:
-        # launched after dh, so that dh's CTAs are placed first; the main stream waits for it before dqk
+    # the recompute after dh either way, so that its outputs are not allocated beside dh's inputs and outputs: on
+    # the main stream, or on the side stream launched after dh (dh's CTAs are placed first), which the main stream
+    # waits for before dqk
+    if side is None:
+        mark("dh")
+        states = recompute(x=x, plan=plan, tables=tables, side=None)
+        mark("recompute")
+    else:
         states = recompute(x=x, plan=plan, tables=tables, side=side)
-    mark("dh")
-    if side is not None:
+        mark("dh")
         torch.cuda.current_stream(x.q.device).wait_stream(side)
         mark("recompute (not hidden by dh)")
     if stages is None:
