@@ -5,7 +5,8 @@ For ``x`` fp32 and ``hi = rd(x)`` in the input dtype of ``m`` mantissa bits, ``|
 hi, ``2^(E - shift)`` with ``E`` hi's exponent and ``shift = m + 1``; the code is ``e4m3((x - hi) 2^(shift - E))``
 (in [-1, 1]: e4m3's 4 significant bits, subnormals down to 2^-9) and the value read back ``code 2^(E - shift)``.
 Both powers of two are built from hi's fp32 exponent bits ``eb``; where ``eb <= shift`` (hi below 2^-118 for
-bf16, or zero) the lo term is dropped.  These are expression builders for TileLang kernel bodies.
+bf16, or zero) the lo term is dropped.  These are expression builders for TileLang kernel bodies, without branches
+(a select on hi kept the generated code from batching the loads and conversions of a tile).
 """
 
 import tilelang.language as T
@@ -23,12 +24,12 @@ def _exponent_bits(hi32):
 
 
 def lo8_code(x, dtype: str):
-    """The fp8 code of fp32 ``x``'s lo term under ``rd(x)`` in ``dtype``."""
+    """The fp8 code of fp32 ``x``'s lo term under ``rd(x)`` in ``dtype``.  No branch: where ``eb <= shift`` the scale
+    is capped at 2^127 (the code is then some value in [-1, 1] that ``lo8_value`` reads back as 0)."""
     shift = lo8_shift(dtype)
     hi = T.cast(T.cast(x, dtype), "float32")
-    eb = _exponent_bits(hi)
-    up = T.reinterpret((254 + shift - eb) << 23, "float32")
-    return T.cast(T.if_then_else(eb > shift, (x - hi) * up, T.float32(0)), LO8)
+    up = T.reinterpret(T.min(254 + shift - _exponent_bits(hi), 254) << 23, "float32")
+    return T.cast((x - hi) * up, LO8)
 
 
 def lo8_value(code, hi, dtype: str):
