@@ -1,9 +1,10 @@
 """fp8 lo terms: the lo term of a two-term split stored as fp8 e4m3 under the power of two that its own hi term
-sets, element by element (no scale table; ``kernels.backward.emulation.lo8`` is the same arithmetic in torch).
+sets, element by element (no scale table; ``kernels.backward.emulation.lo8`` gives the values read back, in torch).
 
 For ``x`` fp32 and ``hi = rd(x)`` in the input dtype of ``m`` mantissa bits, ``|x - hi|`` is at most half an ulp of
 hi, ``2^(E - shift)`` with ``E`` hi's exponent and ``shift = m + 1``; the code is ``e4m3((x - hi) 2^(shift - E))``
-(in [-1, 1]: e4m3's 4 significant bits, subnormals down to 2^-9) and the value read back ``code 2^(E - shift)``.
+(in [-1, 1] for a normal hi: e4m3's 4 significant bits, subnormals down to 2^-9; the conversion saturates) and the
+value read back ``code 2^(E - shift)``.
 Both powers of two are built from hi's fp32 exponent bits ``eb``; where ``eb <= shift`` (hi below 2^-118 for
 bf16, or zero) the lo term is dropped.  These are expression builders for TileLang kernel bodies, without branches
 (a select on hi kept the generated code from batching the loads and conversions of a tile).
@@ -25,7 +26,7 @@ def _exponent_bits(hi32):
 
 def lo8_code(x, dtype: str):
     """The fp8 code of fp32 ``x``'s lo term under ``rd(x)`` in ``dtype``.  No branch: where ``eb <= shift`` the scale
-    is capped at 2^127 (the code is then some value in [-1, 1] that ``lo8_value`` reads back as 0)."""
+    is capped at 2^127 (the code is then a finite value that ``lo8_value`` reads back as 0)."""
     shift = lo8_shift(dtype)
     hi = T.cast(T.cast(x, dtype), "float32")
     up = T.reinterpret(T.min(254 + shift - _exponent_bits(hi), 254) << 23, "float32")
