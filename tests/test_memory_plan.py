@@ -93,6 +93,18 @@ def test_buffers_only_dh_and_the_recompute_read_are_freed_before_dqk_allocates(t
                                                                           a.died is None or a.died > dgdb_born]
 
 
+def test_the_recompute_allocates_after_dh_and_after_its_inputs_are_freed(traced):
+    """The recompute runs after dh (on the main stream at these sizes: no side stream), so its S and U tables are
+    allocated after dh's outputs, once dUloc^T (read by dh alone) is freed: never alive beside dh's inputs."""
+    t = traced.trace
+    rec = [a for a in t.allocations if a.func == "recompute" and a.name[:2] in ("Sc", "Uh", "Ul")]
+    dh_out = [a for a in t.allocations if a.func == "dh" and a.name[:2] in ("dS", "dY")]
+    dul = _first(t, "prep", "dUl")
+    assert len(rec) == 4 and len(dh_out) == 4, ([a.label for a in rec], [a.label for a in dh_out])
+    assert min(a.born for a in rec) > max(a.born for a in dh_out)
+    assert dul.died is not None and dul.died < min(a.born for a in rec), dul.label
+
+
 def test_a_retained_graph_runs_its_second_backward_without_the_handed_over_tables(monkeypatch):
     """The Function hands its intra tables to the first backward, which frees them; a second backward of a retained
     graph recomputes them in prep and gives the same gradients (the torch stand-ins of the kernels)."""
