@@ -6,11 +6,20 @@ Importing this module imports neither tilelang nor CUDA.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 BT = 64                                      # tokens per chunk
 INPUT_DTYPES = (torch.bfloat16, torch.float16)
 TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+LO8_DTYPE = torch.float8_e4m3fn              # a lo table stored as fp8 (kernels.common.lo8)
+
+
+def lo8_shift(dt: torch.dtype) -> int:
+    """Mantissa bits + 1 of a lo8 hi term's dtype (bf16: 8, fp16: 11): a lo term is at most 2^-shift times its hi
+    term's power of two."""
+    return round(-math.log2(torch.finfo(dt).eps)) + 1        # eps = 2^-(mantissa bits)
 
 
 def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first, require_cuda: bool = True):

@@ -23,7 +23,7 @@ import torch
 from kernels.forward.emulation import (_f32, _gate_table, _gather_chunks, _tinv, _two, chunk_tables, intra_chunk,
                                        chunk_states)
 
-from kernels.interface import pad_rows
+from kernels.interface import LO8_DTYPE, lo8_shift, pad_rows
 
 from .finish import BT, finish, group_sum, token_index
 
@@ -38,11 +38,6 @@ def fwd_precision(s_single: bool = False, merge_split: bool = True):
     return recompute_precision(s_single, merge_split)
 
 
-def lo8_shift(dt: torch.dtype) -> int:
-    """Mantissa bits + 1 of the hi term's dtype: a lo term is at most 2^-shift times its hi term's power of two."""
-    return 8 if dt == torch.bfloat16 else 11
-
-
 def _lo8_scale(hi, dt: torch.dtype):
     """(2^(shift - E) fp64, where the lo term is kept) from the fp32 exponent bits of ``hi``."""
     eb = (hi.to(torch.float32).view(torch.int32) >> 23) & 255
@@ -51,11 +46,11 @@ def _lo8_scale(hi, dt: torch.dtype):
 
 
 def lo8_encode(hi, lo, dt: torch.dtype) -> torch.Tensor:
-    """The fp8 e4m3 codes (``torch.float8_e4m3fn``) of the lo terms ``lo`` under their hi terms ``hi`` (``dt`` the
+    """The fp8 e4m3 codes (``LO8_DTYPE``) of the lo terms ``lo`` under their hi terms ``hi`` (``dt`` the
     hi terms' dtype): ``e4m3(lo 2^(shift - E))`` with ``E`` the fp32 exponent of ``hi`` (``lo8_shift(dt)``: half an
     ulp of hi maps to at most 1); zero where ``E <= shift - 127`` (hi below 2^-118 for bf16)."""
     up, ok = _lo8_scale(hi, dt)
-    return torch.where(ok, lo.to(f64) * up, torch.zeros((), dtype=f64)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return torch.where(ok, lo.to(f64) * up, torch.zeros((), dtype=f64)).clamp(-448.0, 448.0).to(LO8_DTYPE)
 
 
 def lo8_decode(hi, code, dt: torch.dtype) -> torch.Tensor:

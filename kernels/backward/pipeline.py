@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.forward.pipeline import ForwardInputs, prepare
-from kernels.interface import BT, TL_DTYPE, call_tables, fp32_state, pad_rows, tma_ready, token_rows
+from kernels.interface import BT, LO8_DTYPE, TL_DTYPE, call_tables, fp32_state, pad_rows, tma_ready, token_rows
 
 from .finish import finish, group_sum
 
@@ -218,8 +218,7 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side) -> Recomputed
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         Sch = torch.empty(x.HV, x.NC, D, D, device=dev, dtype=dt)
         # neither written nor read without S lo; fp8 codes under Sch's exponents with lo8 (kernels.common.lo8)
-        Scl = (torch.empty_like(Sch, dtype=torch.float8_e4m3fn if cfg.lo8 else dt) if cfg.prec.s == "split"
-               else Sch)
+        Scl = torch.empty_like(Sch, dtype=LO8_DTYPE if cfg.lo8 else dt) if cfg.prec.s == "split" else Sch
         Uh = torch.empty(x.HV, x.NC, BT, D, device=dev, dtype=dt)
         Ul = torch.empty_like(Uh)
         ht = torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
@@ -251,7 +250,7 @@ def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool) -> StateGrad
     x = b.x
     dev, dt, D, HV = x.q.device, x.q.dtype, x.D, x.HV
     dSh = torch.empty(HV, x.NC, D, D, device=dev, dtype=dt)
-    dSl = torch.empty_like(dSh, dtype=torch.float8_e4m3fn if plan.lo8 else dt)
+    dSl = torch.empty_like(dSh, dtype=LO8_DTYPE if plan.lo8 else dt)
     dYh = torch.empty(HV, x.NC, D, BT, device=dev, dtype=dt)
     dYl = torch.empty_like(dYh)
     dv = torch.empty(x.n_tok, HV, D, device=dev, dtype=dt)         # dh stores every token row (no zero fill)
@@ -387,7 +386,7 @@ def _record_stages(stages: dict, *, x, tables, states, grads, terms, from_saved:
     t, s, gr, tm = tables, states, grads, terms
 
     def lo(hi, t):          # a lo table's values (fp8 codes decoded under their hi terms)
-        return lo8_decode(hi, t, hi.dtype).float() if t.dtype == torch.float8_e4m3fn else t.float()
+        return lo8_decode(hi, t, hi.dtype).float() if t.dtype == LO8_DTYPE else t.float()
 
     stages.update(Tinv=f(t.Th) + (0 if from_saved else f(t.Tl)), Fb=t.Fb, dUloc=t.dUl.transpose(-1, -2),
                   dSn=tr(gr.dSh) + lo(gr.dSh, gr.dSl).transpose(-1, -2), dY=tr(gr.dYh) + tr(gr.dYl),

@@ -11,13 +11,16 @@ bf16, or zero) the lo term is dropped.  These are expression builders for TileLa
 """
 
 import tilelang.language as T
+import torch
 
-LO8 = "float8_e4m3fn"          # TileLang's name of the table dtype (torch.float8_e4m3fn)
+from kernels.interface import LO8_DTYPE, lo8_shift as _shift
+
+LO8 = str(LO8_DTYPE).removeprefix("torch.")          # TileLang's name of the table dtype: "float8_e4m3fn"
 
 
 def lo8_shift(dtype: str) -> int:
-    """Mantissa bits + 1 of the hi term's dtype ("bfloat16": 8, "float16": 11)."""
-    return 8 if dtype == "bfloat16" else 11
+    """``kernels.interface.lo8_shift`` of the hi terms' dtype by its TileLang name ("bfloat16": 8, "float16": 11)."""
+    return _shift(getattr(torch, dtype))
 
 
 def _exponent_bits(hi32):
