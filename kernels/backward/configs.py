@@ -70,7 +70,8 @@ def prim_func(cfg: BwdConfig):
         raise ValueError(f"s_single (S's hi term alone) is a form of dqk only: {cfg.name}")
     if cfg.msplit and (cfg.kind != "prep" or cfg.saved):
         raise ValueError(f"msplit (split merges) is a form of prep computing Tinv only: {cfg.name}")
-    if cfg.lo8 and (cfg.kind != "dh" or cfg.single) and not (cfg.kind.startswith("dqk") and not cfg.s_single):
+    split_tables = (cfg.kind == "dh" and not cfg.single) or (cfg.kind.startswith("dqk") and not cfg.s_single)
+    if cfg.lo8 and not split_tables:
         raise ValueError(f"lo8 (fp8 lo tables) is a form of the split dh and of dqk on the split S: {cfg.name}")
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
