@@ -152,8 +152,8 @@ class BackwardPlan:
     alone and dqk reads it alone (no S lo table: an A/B alternative); ``merge_split``: prep's Tinv with split block
     merges, as the forward's precision computes it (False: one-term merges, the A/B alternative of a forward at
     merge "bf16"); ``lo8``: the lo terms of the S and dS' tables that dqk reads stored as fp8 under their hi terms'
-    exponents (``kernels.common.lo8``; the split dh and S only; an A/B alternative); ``DK``: the head dim K == V every kernel is built
-    for."""
+    exponents (``kernels.common.lo8``; the split dh and S only; an A/B alternative); ``DK``: the head dim K == V
+    every kernel is built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False

@@ -59,8 +59,8 @@ def _chunk_output(q_s, k_s, f_s, s_s, sl_s, uh_s, ul_s, qk, pa, pl, o_f, o, t0, 
 def build_output(DK: int, DV: int, dtype: str, prec, BV: int = 128, vt: bool = True, cpb: int = 8,
                  num_stages: int = 2):
     """``vt``: the chunk tables are value-first (``state_registers.py``: ``Sch [HV, NC, DV, DK]``,
-    ``Uh [HV, NC, DV, 64]``); otherwise key-first (``state_smem.py``: ``Sch [HV, NC, DK, DV]``, ``Uh [HV, NC, 64, DV]``).  P is kept in
-    registers and used as the register A operand of ``P @ U`` (wgmma_rs).
+    ``Uh [HV, NC, DV, 64]``); otherwise key-first (``state_smem.py``: ``Sch [HV, NC, DK, DV]``,
+    ``Uh [HV, NC, 64, DV]``).  P is kept in registers and used as the register A operand of ``P @ U`` (wgmma_rs).
 
     One CTA per (``cpb`` consecutive chunks, value block, value head), the chunks in a TileLang ``T.Pipelined`` loop
     (TMA loads of the next chunk's tiles overlap this chunk's products; ``num_stages`` tile sets in shared
