@@ -318,16 +318,19 @@ def main(argv=None):
             print(f"  {name:<24} {iname:<9} " + (f"fwd {r[0]:.3f}  fwd+bwd {r[1]:.3f}  bwd {r[1] - r[0]:.3f} ms"
                                                  + (f"  peak {r[2]:.0f} MiB" if r[2] is not None else "")
                                                  if r else "failed") + f"  ({time.time() - t0:.1f} s)", flush=True)
-        if not args.dry_run and row.get("ours"):
+        for col in [c for c in ["ours"] + ab if not args.dry_run and row.get(c)]:
             try:              # where the backward's time goes (one call, CUDA events between the launches)
-                from kernels.backward.pipeline import chunk_gated_delta_rule_bwd, reads_saved_tables, stage_times
+                from kernels.backward.pipeline import (chunk_gated_delta_rule_bwd, plan_for, prepare_backward,
+                                                       reads_saved_tables, stage_times)
                 from kernels.forward.pipeline import chunk_gated_delta_rule as fwd_api
                 side = dict(initial_state=kw["initial_state"], state_v_first=kw["state_v_first"],
                             cu_seqlens=kw["cu_seqlens"])
+                plan = plan_for(prepare_backward(*a, do, dht, **side))
+                plan = plan if col == "ours" else alter(col)(plan)
                 saved = {}                    # the forward's intra tables, as the autograd Function hands them on
-                if reads_saved_tables(a[0], a[2], kw["cu_seqlens"]):
+                if plan.reads_saved_tables and reads_saved_tables(a[0], a[2], kw["cu_seqlens"]):
                     fwd_api(*a, **side, keep_tables=saved)
-                side.update(**({"saved_tables": saved} if saved else {}))
+                side.update(plan=plan, **({"saved_tables": saved} if saved else {}))
                 for _ in range(2):
                     ev = []
                     chunk_gated_delta_rule_bwd(*a, do, dht, **side, events=ev)
@@ -336,10 +339,10 @@ def main(argv=None):
                 # stages, so that host time between them (and around the first) shows as the difference
                 api_ms = do_bench(lambda: chunk_gated_delta_rule_bwd(*a, do, dht, **side), warmup=args.warmup,
                                   rep=args.rep, return_mode="median")
-                print(f"  {name:<24} ours bwd stages: " + "  ".join(f"{k} {v:.3f}" for k, v in st.items())
+                print(f"  {name:<24} {col} bwd stages: " + "  ".join(f"{k} {v:.3f}" for k, v in st.items())
                       + f" ms (sum {sum(st.values()):.3f}; the backward alone {api_ms:.3f} ms)", flush=True)
             except Exception as e:
-                print(f"  {name:<24} ours bwd stages: failed {describe_error(e)[:160]}", flush=True)
+                print(f"  {name:<24} {col} bwd stages: failed {describe_error(e)[:160]}", flush=True)
         results[name] = row
         del a, kw, do, dht, leaves
         if dev.type == "cuda":
