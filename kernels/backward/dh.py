@@ -24,7 +24,7 @@ The chunk loads (q, k, dO, Th, Tl, Fb, dUloc) go through a 2-stage ``T.Pipelined
 import tilelang.language as T
 from tilelang.layout import make_full_bank_swizzled_layout
 
-from kernels.common.lo8 import LO8, lo8_code
+from kernels.common.lo8 import LO8, lo8_code_of
 from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, split_into, store_state_vt
 
 BT = 64
@@ -33,15 +33,14 @@ FR = T.GemmWarpPolicy.FullRow
 
 @T.macro
 def store_split(hi, lo, hi_s, lo_s, dst_hi, dst_lo):
-    """Store a two-term split (``hi``, ``lo`` register fragments) into the global regions ``dst_hi``, ``dst_lo``
-    through the shared tiles ``hi_s``, ``lo_s`` (stmatrix, then a TMA store each), issued without waiting for them
-    (``T.tma_copy``); the caller waits (``T.tma_store_wait``) before ``hi_s`` or ``lo_s`` is written again and
-    before the kernel ends.  An fp8 ``lo_s`` (``kernels.common.lo8``) takes the codes of the lo terms of ``lo``, the
-    fp32 values ``hi`` rounds."""
+    """Store a two-term split (``hi``, ``lo`` register fragments, input dtype) into the global regions ``dst_hi``,
+    ``dst_lo`` through the shared tiles ``hi_s``, ``lo_s`` (stmatrix, then a TMA store each), issued without waiting
+    for them (``T.tma_copy``); the caller waits (``T.tma_store_wait``) before ``hi_s`` or ``lo_s`` is written again
+    and before the kernel ends.  An fp8 ``lo_s`` takes the codes of ``lo`` under ``hi`` (``kernels.common.lo8``)."""
     T.copy(hi, hi_s)
     if lo_s.dtype == LO8:
         for i, j in T.Parallel(lo_s.shape[0], lo_s.shape[1]):
-            lo_s[i, j] = lo8_code(lo[i, j], hi.dtype)
+            lo_s[i, j] = lo8_code_of(lo[i, j], hi[i, j], hi.dtype)
     else:
         T.copy(lo, lo_s)
     T.tma_copy(hi_s, dst_hi)
@@ -171,8 +170,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 # the gradient of this chunk's end state, split, stored for the parallel kernels
                 split_into(ds_f, dsa, dsl, True)
                 T.tma_store_wait()          # the previous chunk's four table stores have read their tiles
-                store_split(dsa, ds_f if lo8 else dsl, dsa_s, dsl_s, dSh[hv, c, v0:v0 + BV, 0:DK],
-                            dSl[hv, c, v0:v0 + BV, 0:DK])
+                store_split(dsa, dsl, dsa_s, dsl_s, dSh[hv, c, v0:v0 + BV, 0:DK], dSl[hv, c, v0:v0 + BV, 0:DK])
 
                 # dU^T = dUloc^T + (dS^T K^T) diag(F2)
                 T.gemm(dsa, k_s, kd_f, transpose_B=True, clear_accum=True, policy=FR)

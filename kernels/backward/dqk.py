@@ -15,7 +15,7 @@ them), at K = V = 128 or 64.
 import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
-from kernels.common.lo8 import LO8, lo8_value
+from kernels.common.lo8 import LO8, widen_lo8
 from kernels.common.prologue import chunk_span, dynamic_dims, lo_shape
 from kernels.forward.cumsum import LOG2E
 
@@ -29,8 +29,10 @@ THREADS = 256
 class _HeadTiles:
     """The shared tiles of one value head's pass (a Python object, so that ``value_head`` can name them)."""
 
-    def __init__(self, DK, DV, dtype, s_lo):
+    def __init__(self, DK, DV, dtype, s_lo, lo8):
         f32 = "float32"
+        if lo8:
+            self.c8 = T.alloc_local((8,), LO8)         # 8 fp8 codes on their way to a widened lo tile
         self.f_s = T.alloc_shared((8, BT), f32)
         self.sh = T.alloc_shared((DK, DV), dtype)
         self.sl = T.alloc_shared(lo_shape((DK, DV), s_lo), dtype)     # an unread placeholder without S lo
@@ -70,10 +72,8 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     T.copy(dSh[hv, c, 0:DV, 0:DK], ts.dsh)
     if lo8:
         if s_lo:
-            for i, j in T.Parallel(DK, DV):
-                ts.sl[i, j] = T.cast(lo8_value(Scl[hv, c, i, j], ts.sh[i, j], dtype), dtype)
-        for i, j in T.Parallel(DV, DK):
-            ts.dsl[i, j] = T.cast(lo8_value(dSl[hv, c, i, j], ts.dsh[i, j], dtype), dtype)
+            widen_lo8(Scl, hv, c, ts.sh, ts.sl, tx, ts.c8, xl, THREADS)
+        widen_lo8(dSl, hv, c, ts.dsh, ts.dsl, tx, ts.c8, xl, THREADS)
     else:
         if s_lo:
             T.copy(Scl[hv, c, 0:DK, 0:DV], ts.sl)
@@ -261,7 +261,7 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
 
             q_s = T.alloc_shared((BT, DK), dtype)
             k_s = T.alloc_shared((BT, DK), dtype)
-            ts = _HeadTiles(DK, DV, dtype, s_lo)
+            ts = _HeadTiles(DK, DV, dtype, s_lo, lo8)
             T.annotate_layout({ts.v: make_swizzled_layout(ts.v)})
             dq_f = T.alloc_fragment((BT, DK), f32)
             dk_f = T.alloc_fragment((BT, DK), f32)
