@@ -83,9 +83,9 @@ AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompu
       "ours-rc-bv16o2": ("backward", dict(recompute_block_v=16, recompute_ctas_per_sm=2)),  # per SM)
       "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2)),
       "ours-no-saved": ("both", None),   # the forward keeps no intra tables: prep recomputes Tinv (hi + lo) and Ag
-      "ours-dh-single": ("backward", dict(dh_single=True)),  # dh's Tinv, dU and F0 dX single terms (sequential)
-      "ours-s-single": ("backward", dict(s_single=True)),  # the recompute's S hi alone: no S lo table (no h0 only)
-      "ours-lo8": ("backward", dict(lo8=True)),  # the S and dS' lo tables as fp8 under their hi terms' exponents
+      "ours-dh-single": ("backward", dict(dh_single=True, lo8=False)),  # dh's Tinv, dU, F0 dX single (sequential)
+      "ours-s-single": ("backward", dict(s_single=True, lo8=False)),  # the recompute's S hi alone: no S lo table
+      "ours-lo16": ("backward", dict(lo8=False)),  # the S and dS' lo tables in the input dtype, not fp8
       "ours-m1": ("merges", None),   # the forward's block merges one term, and prep's where it computes Tinv
       }
 

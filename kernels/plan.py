@@ -152,8 +152,8 @@ class BackwardPlan:
     alone and dqk reads it alone (no S lo table: an A/B alternative); ``merge_split``: prep's Tinv with split block
     merges, as the forward's precision computes it (False: one-term merges, the A/B alternative of a forward at
     merge "bf16"); ``lo8``: the lo terms of the S and dS' tables that dqk reads stored as fp8 under their hi terms'
-    exponents (``kernels.common.lo8``; the split dh and S only; an A/B alternative); ``DK``: the head dim K == V
-    every kernel is built for."""
+    exponents (``kernels.common.lo8``; the split dh and S only); ``DK``: the head dim K == V every kernel is built
+    for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -223,11 +223,11 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     owns the layout cache; dh with every operand split; the sequential pass reads the forward's saved tables; the
     recompute beside dh from ``OVERLAP_MIN_CHUNK_HEADS`` (chunk, value head) pairs; its state kernel at the
     forward's ``block_v`` (one CTA per SM); cluster group sums for groups of 2, 4, 8; prep's merges split, as the
-    forward's; every kernel built for the call's head dim ``DK`` (K == V)."""
+    forward's; the S and dS' lo tables in fp8 (``lo8``); every kernel built for the call's head dim ``DK`` (K == V)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
     return BackwardPlan(dtype, dh_segments, dh_single=False, reads_saved_tables=seq,
                         overlap_recompute=n_chunks * HV >= OVERLAP_MIN_CHUNK_HEADS,
                         recompute_block_v=block_v(n_seq, HV, 1, DK), recompute_ctas_per_sm=1, group=group,
-                        cluster_group_sum=group in CLUSTER_GROUPS, DK=DK)
+                        cluster_group_sum=group in CLUSTER_GROUPS, lo8=True, DK=DK)

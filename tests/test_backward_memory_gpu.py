@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 @pytest.mark.parametrize("shape,col", [("B1_T8192_H4_HV8", None), ("B1_T65536_H2_HV4", None),
-                                       ("B1_T65536_H2_HV4", "ours-s-single"), ("B1_T65536_H2_HV4", "ours-lo8")])
+                                       ("B1_T65536_H2_HV4", "ours-s-single"), ("B1_T65536_H2_HV4", "ours-lo16")])
 def test_memory_plan_predicts_the_gpu_peak(shape, col):
     """One forward + backward as ``bench_kernels_bwd`` measures it: the peak above the inputs (gradients included)
     within 1 MiB of the CPU trace's; with the dispatched plans, or those of the benchmark's A/B column ``col``."""

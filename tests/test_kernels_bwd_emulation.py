@@ -23,7 +23,7 @@ from tests import kernel_support as tt
 NAMES = tt.GRAD_NAMES
 
 
-def _check(case, xs, do, dht, kw, dh_single=False, s_single=False, merge_split=True, lo8_tables=False):
+def _check(case, xs, do, dht, kw, dh_single=False, s_single=False, merge_split=True, lo8_tables=True):
     """The emulation's gradients of ``case`` (inputs ``tt.bwd_args``) against fp64 and the FLA-like baseline; by
     default with the dispatched plan's forms."""
     want = tt.fp64_grads(case)
@@ -120,12 +120,12 @@ _LO8_CASES = _NO_H0 + [CASES[0], CASES[2]]
 
 
 @pytest.mark.parametrize("case", _LO8_CASES, ids=[c.id for c in _LO8_CASES])
-def test_fp8_lo_tables_meet_the_same_bar(case):
-    """The S and dS' lo tables that dqk reads as fp8 under their hi terms' exponents (``lo8_tables``:
-    ``BackwardPlan.lo8``, 512 MiB of the peak of one forward + backward at B1 T32768 H16 HV32) keep every gradient
-    within the FLA-like baseline and dg of strong decay within the rounding floor, with an initial state or without."""
+def test_lo_tables_in_the_input_dtype_meet_the_same_bar(case):
+    """The S and dS' lo tables that dqk reads in the input dtype (``lo8_tables=False``: ``BackwardPlan.lo8`` off, the
+    A/B alternative of the dispatched fp8 tables, which the other ``_check`` tests cover) keep every gradient within
+    the FLA-like baseline and dg of strong decay within the rounding floor, with an initial state or without."""
     xs, kw, do, dht = tt.bwd_args(case)
-    _check(case, xs, do, dht, kw, lo8_tables=True)
+    _check(case, xs, do, dht, kw, lo8_tables=False)
 
 
 def test_fp8_lo_tables_keep_dg_where_s_hi_alone_loses_it():
@@ -136,7 +136,7 @@ def test_fp8_lo_tables_keep_dg_where_s_hi_alone_loses_it():
     xs, kw, do, dht = tt.bwd_args(case)
     want, base = tt.fp64_grads(case)[3], tt.baseline_grads(case)[3]
     e = {name: compare(chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **form)[3], want).rel_rmse
-         for name, form in (("split", {}), ("lo8", dict(lo8_tables=True)), ("hi", dict(s_single=True)))}
+         for name, form in (("split", dict(lo8_tables=False)), ("lo8", {}), ("hi", dict(s_single=True)))}
     eb = compare(base, want).rel_rmse
     print(f"dg: split {e['split']:.2e}, fp8 lo {e['lo8']:.2e}, S hi alone {e['hi']:.2e}, fla-like {eb:.2e}")
     assert e["lo8"] <= 1.1 * e["split"] and 10 * e["lo8"] <= eb < e["hi"], (e, eb)
@@ -471,7 +471,7 @@ def _plumbing_args(item):
 
 
 @pytest.mark.parametrize("form", ["dispatched", "no_cluster", "serial_recompute", "recompute_bv16_occ2", "s_single",
-                                  "merge_bf16", "lo8"])
+                                  "merge_bf16", "lo_tables_in_input_dtype"])
 @pytest.mark.parametrize("item", _PLUMBING, ids=_PLUMBING_IDS)
 def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     """kernels.backward.pipeline with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
@@ -479,7 +479,7 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     (groups of 2, 4, 8 summed by dqk's clusters, others by ``gdn_bwd_group_sum``), and with plan values a benchmark
     may pass: no cluster sums (every group of two or more by ``gdn_bwd_group_sum``), the recompute on the main
     stream, the recompute's state kernel at BV 16, two CTAs per SM, S's hi term alone, prep's one-term merges, the S
-    and dS' lo tables in fp8 (against the emulation's ``s_single``, ``merge_split``,
+    and dS' lo tables in the input dtype instead of fp8 (against the emulation's ``s_single``, ``merge_split``,
     ``lo8_tables``).  The pipeline asks for the plan's kernels and only for them: the recompute state kernel (S lo in
     fp8, swizzled in the input dtype, or none), prep's form, dh's split form, the dqk kind of the group (``s_single``
     and ``lo8`` as the plan)."""
@@ -496,11 +496,11 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     change = {"dispatched": {}, "no_cluster": dict(cluster_group_sum=False),
               "serial_recompute": dict(overlap_recompute=False),
               "recompute_bv16_occ2": dict(recompute_block_v=16, recompute_ctas_per_sm=2),
-              "s_single": dict(s_single=True),
+              "s_single": dict(s_single=True, lo8=False),
               "merge_bf16": dict(merge_split=False),
-              "lo8": dict(lo8=True)}[form]
+              "lo_tables_in_input_dtype": dict(lo8=False)}[form]
     plan = dataclasses.replace(pipeline.plan_for(b), **change) if b.x.NC else None
-    single, msplit, lo8 = (plan.s_single, plan.merge_split, plan.lo8) if plan else (False, True, False)
+    single, msplit, lo8 = (plan.s_single, plan.merge_split, plan.lo8) if plan else (False, True, True)
     got = pipeline.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, s_single=single, merge_split=msplit, lo8_tables=lo8)
     for n, a, b_ in zip(NAMES, got, want):
@@ -731,12 +731,12 @@ def test_backward_dispatch():
     seq, seg = backward_plan("bfloat16", 1, 2, 64, 1), backward_plan("bfloat16", 1, 2, 64, 1, dh_segments=object())
     assert not seq.dh_single and seq.reads_saved_tables and not seg.dh_single and not seg.reads_saved_tables
     assert seq.dh_config(True).tinv_hi and not seq.dh_config(False).tinv_hi and not seg.dh_config(False).tinv_hi
-    single = dataclasses.replace(seq, dh_single=True)
+    single = dataclasses.replace(seq, dh_single=True, lo8=False)
     assert single.dh_config(True).single and not single.dh_config(True).tinv_hi
     with pytest.raises(ValueError, match="cluster group sums"):
         dataclasses.replace(backward_plan("bfloat16", 1, 3, 64, 1), cluster_group_sum=True)
     with pytest.raises(ValueError, match="every operand split"):
-        dataclasses.replace(seg, dh_single=True)
+        dataclasses.replace(seg, dh_single=True, lo8=False)
 
 
 def test_segment_scan_composes_the_affine_maps_of_a_sequence(monkeypatch):

@@ -268,7 +268,7 @@ def test_saved_forward_tables_give_the_same_gradients(case):
 
     def single(plan):
         if isinstance(plan, BackwardPlan) and plan.dh_segments is None:
-            return dataclasses.replace(plan, dh_single=True)
+            return dataclasses.replace(plan, dh_single=True, lo8=False)
         return plan
 
     saved = tt.function_grads(autograd.apply, case, CUDA, alter=single)
@@ -327,7 +327,8 @@ def _backward_alternative_is_the_emulations(case, change: dict, emulated: dict, 
 def test_recomputed_state_hi_alone_is_the_emulations(case):
     """``BackwardPlan.s_single`` (the recompute stores S's hi term alone, dqk reads no S lo table): every gradient
     within the input dtype's rounding floor of the emulation's ``s_single`` and within the FLA-like baseline."""
-    _backward_alternative_is_the_emulations(case, dict(s_single=True), dict(s_single=True), "S hi alone vs emulation")
+    _backward_alternative_is_the_emulations(case, dict(s_single=True, lo8=False), dict(s_single=True, lo8_tables=False),
+                                            "S hi alone vs emulation")
 
 
 # with h0 and without, GVA 2, 4 and 8, dense and varlen, raw-qk-l2 (the row where S hi alone lost dg), fp16
@@ -339,10 +340,18 @@ _LO8_CASES = [Case(T=1000, H=1, HV=4, dist="raw-qk-l2", grad=True),
 
 @pytest.mark.parametrize("case", _LO8_CASES, ids=[c.id for c in _LO8_CASES])
 def test_fp8_lo_tables_are_the_emulations(case):
-    """``BackwardPlan.lo8`` (the recompute and dh store the S and dS' lo terms as fp8 under their hi terms'
-    exponents, dqk widens them): every gradient within the input dtype's rounding floor of the emulation's
+    """``BackwardPlan.lo8``, dispatched (the recompute and dh store the S and dS' lo terms as fp8 under their hi
+    terms' exponents, dqk widens them): every gradient within the input dtype's rounding floor of the emulation's
     ``lo8_tables`` and within the FLA-like baseline."""
     _backward_alternative_is_the_emulations(case, dict(lo8=True), dict(lo8_tables=True), "fp8 lo tables vs emulation")
+
+
+@pytest.mark.parametrize("case", _LO8_CASES[:2], ids=[c.id for c in _LO8_CASES[:2]])
+def test_input_dtype_lo_tables_are_the_emulations(case):
+    """The backward benchmark's ``ours-lo16`` (``lo8=False``: the S and dS' lo tables in the input dtype): every
+    gradient within the input dtype's rounding floor of the emulation's and within the FLA-like baseline."""
+    _backward_alternative_is_the_emulations(case, dict(lo8=False), dict(lo8_tables=False),
+                                            "input-dtype lo tables vs emulation")
 
 
 @pytest.mark.parametrize("case", [_STAGE_CASES[0], _SAVED_CASES[6], _S_SINGLE_CASES[1]],
@@ -361,7 +370,8 @@ def test_one_term_merges_saved_or_recomputed_give_the_same_gradients(case):
         if isinstance(plan, ForwardPlan):
             return dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, merge="bf16"),
                                        keep_tables=plan.keep_tables and keep)
-        return dataclasses.replace(plan, merge_split=False, dh_single=single and plan.dh_segments is None,
+        single = single and plan.dh_segments is None        # dh's single form writes no fp8 lo tables
+        return dataclasses.replace(plan, merge_split=False, dh_single=single, lo8=plan.lo8 and not single,
                                    reads_saved_tables=plan.reads_saved_tables and keep)
 
     saved = tt.function_grads(autograd.apply, case, CUDA, alter=lambda p: merges(p, single=True))

@@ -236,7 +236,7 @@ def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
                                dh_single: bool = False, tinv_hi_only: bool = False, s_single: bool = False,
-                               merge_split: bool = True, lo8_tables: bool = False, stages: dict | None = None):
+                               merge_split: bool = True, lo8_tables: bool = True, stages: dict | None = None):
     """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
     pass's single operands (``BackwardPlan.dh_single``); ``tinv_hi_only``: dh reads Tinv hi alone (a zero lo term),
@@ -244,7 +244,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     ``BackwardPlan.s_single``); ``merge_split``: Tinv and Ag from split block merges (``BackwardPlan.merge_split``,
     the tables of a forward at merge "split"); ``lo8_tables``: the lo terms of the stored S (recompute) and dS'
     (dh) tables that dqk reads, as fp8 under their hi terms' exponents (``lo8``; dh's own recurrence unchanged;
-    ``BackwardPlan.lo8``, an A/B alternative; False: in the input dtype, as dispatched).
+    ``BackwardPlan.lo8``, dispatched; False: in the input dtype).
     ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
     stage-by-stage checks)."""
     B, T, H, DK = q.shape
