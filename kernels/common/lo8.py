@@ -59,8 +59,7 @@ def widen_lo8(codes, hv, c, hi_s, lo_s, tx, c8, w8, threads):
     """``lo_s = lo8_value(codes[hv, c], hi_s)`` in ``lo_s``'s dtype: fp8 codes ``codes [HV, NC, R, C]`` (global),
     shared tiles ``hi_s, lo_s [R, C]``; ``c8`` (fp8) and ``w8`` (``lo_s``'s dtype) local buffers of 8.  Each of the
     ``threads`` threads ``tx`` takes 8 consecutive elements at a time: one 8-byte load of codes and one 16-byte
-    shared read and write (element by element, a tile took 8 times the load and store instructions).  ``R C`` a
-    multiple of ``8 threads``."""
+    shared read and write.  ``R C`` a multiple of ``8 threads``."""
     R, C = lo_s.shape
     for r in T.unroll(R * C // (8 * threads)):       # unrolled: the loads of every step issued together
         e = (r * threads + tx) * 8
@@ -72,4 +71,3 @@ def widen_lo8(codes, hv, c, hi_s, lo_s, tx, c8, w8, threads):
             w8[u] = T.cast(lo8_value(c8[u], w8[u], lo_s.dtype), lo_s.dtype)
         for u in T.vectorized(8):
             lo_s[e // C, e % C + u] = w8[u]
-
