@@ -25,6 +25,8 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   128 value columns per CTA, CP off; ``smem`` - the shared-memory-operand state kernel, BV by
   ``plan.block_v``, one CTA per SM; ``smem16`` / ``smem32`` / ``smem64`` - the same with BV forced;
   ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
+  ``ws`` - the fused warp-specialised state-output kernel (state form "ws": no chunk tables, no output kernel; BV
+  by ``block_v``, at most 64); ``ws16`` / ``ws32`` / ``ws64`` - with BV forced;
   ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``m1`` - the
   intra kernel's block merges one term (precision fields of the dispatched plan);
 * ``intra``, ``state``, ``output`` - the dispatched plan's three stages, each alone on the tables the stages
@@ -103,6 +105,10 @@ def _smem(bv=None, occ=1):
     return lambda p, n, HV, mc: dict(state_form="smem", block_v=bv or block_v(n, HV, occ), ctas_per_sm=occ, cp=1)
 
 
+def _ws(bv=None):
+    return lambda p, n, HV, mc: dict(state_form="ws", block_v=bv or min(64, block_v(n, HV)), ctas_per_sm=1, cp=1)
+
+
 def _prec(**fields):
     import dataclasses
     return lambda p, n, HV, mc: dict(precision=dataclasses.replace(p.precision, **fields))
@@ -131,6 +137,10 @@ VARIANTS = {
     "occ": _smem(occ=2),
     "occ16": _smem(16, 2),
     "occ32": _smem(32, 2),
+    "ws": _ws(),
+    "ws16": _ws(16),
+    "ws32": _ws(32),
+    "ws64": _ws(64),
     "s1": _prec(s="bf16", ks="bf16"),
     "ks1": _prec(ks="bf16"),
     "m1": _prec(merge="bf16"),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from kernels.backward.configs import CLUSTER_GROUPS, BwdConfig
-from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, FixupConfig,
+from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, STATE_FORMS, FixupConfig,
                                      IntraConfig, OutputConfig, StateConfig, output_block_v)
 from kernels.forward.precision import PRESETS, Precision, preset
 
@@ -33,7 +33,9 @@ OVERLAP_MIN_CHUNK_HEADS = 4096
 class ForwardPlan:
     """The forward kernels of one call.
 
-    ``state_form``: "rv" (register operands, value-first tables) or "smem" (shared-memory operands, key-first);
+    ``state_form``: "rv" (register operands, value-first tables), "smem" (shared-memory operands, key-first) or
+    "ws" (the smem products with o in the same warp-specialised kernel, ``gdn_state_output_ws``: no chunk tables,
+    no output kernel; an A/B alternative);
     ``block_v``: the state kernel's value columns per CTA; ``ctas_per_sm``: resident state CTAs per SM ("smem": 1
     or 2, BV <= 32 for 2); ``cp``: segments per sequence of the segment-parallel state passing (1 = off, "rv"
     only); ``keep_tables``: the intra kernel also stores Tinv and the call hands Tinv, Ag to the backward;
@@ -49,8 +51,8 @@ class ForwardPlan:
 
     def __post_init__(self):
         check_head_dim(self.DK)
-        if self.state_form not in ("rv", "smem"):
-            raise ValueError(f"unknown state kernel form {self.state_form!r}; forms: ('rv', 'smem')")
+        if self.state_form not in STATE_FORMS:
+            raise ValueError(f"unknown state kernel form {self.state_form!r}; forms: {STATE_FORMS}")
         if self.state_form == "rv" and (self.block_v not in (64, 128) or self.block_v > self.DK
                                         or self.ctas_per_sm != 1):
             raise ValueError(f"the rv state kernel needs BV in (64, 128), at most DK, at one CTA per SM: {self}")
@@ -59,12 +61,17 @@ class ForwardPlan:
                                           or (self.ctas_per_sm == 2 and self.block_v > 32)):
             raise ValueError(f"the smem state kernel needs cp 1, BV in (16, 32, 64), "
                              f"1 CTA per SM or 2 with BV <= 32: {self}")
+        if self.state_form == "ws" and (self.cp != 1 or self.block_v not in (16, 32, 64) or self.ctas_per_sm != 1
+                                        or self.block_v > self.DK):
+            raise ValueError(f"the fused warp-specialised state-output kernel needs cp 1, BV in (16, 32, 64) and "
+                             f"one CTA per SM: {self}")
         if self.keep_tables and not keeps_tables(self.precision):
             raise ValueError(f"precision {self.precision.tag()} does not compute the backward's tables: {self}")
 
     def configs(self) -> tuple:
         """(intra, state, output[, scan, fix-up]) kernel configurations; the CP scan and fix-up only when
-        ``cp > 1``.  Built once per plan value: each stage of a call asks for its own."""
+        ``cp > 1``; (intra, state-output) for the "ws" form.  Built once per plan value: each stage of a call asks
+        for its own."""
         return _forward_configs(self)
 
 
@@ -72,6 +79,9 @@ class ForwardPlan:
 def _forward_configs(plan: ForwardPlan) -> tuple:
     prec, rv, DK = plan.precision, plan.state_form == "rv", plan.DK
     past = prec.past_intra()                    # what the state and output kernels read of the precision
+    if plan.state_form == "ws":                 # o from the state kernel: no output kernel
+        return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
+                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK))
     out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
            StateConfig(plan.dtype, plan.block_v, past, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),
            OutputConfig(plan.dtype, past, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]

@@ -312,6 +312,22 @@ def _fake_kernels(monkeypatch, asked=None):
                 put(o2, FE.output(q, k, F.to(f64), Sch.to(f64), lo(Scl, Sch), Uh.to(f64), lo(Ul, Uh), cu_list(cu),
                                      q.dtype, cfg.prec))
             return output
+        if isinstance(cfg, fbuild.StateConfig) and cfg.form == "ws":      # the fused state-output kernel
+            def state_output(q, k, v, Ah, Al, F, cu, co, h0, o2, ht, use_h0, store_ht, vf):
+                dt, f = q.dtype, F.to(f64)
+                h = (h0.transpose(-1, -2) if vf else h0) if use_h0 else None
+                sh, sl, uh, ul, end = FE.chunk_states(k, v, Ah.to(f64), Al.to(f64), f, cu_list(cu), cu_list(co), h,
+                                                      dt, cfg.prec)
+                # the chunk tables as the smem state kernel rounds them for the output kernel (a lo term only
+                # where the precision splits it), kept on chip
+
+                def rd(t, split=True):
+                    return t.to(dt).to(f64) if split else torch.zeros_like(t, dtype=f64)
+                put(o2, FE.output(q, k, f, rd(sh), rd(sl, cfg.prec.s == "split"), rd(uh),
+                                  rd(ul, cfg.prec.u == "split"), cu_list(cu), dt, cfg.prec))
+                if store_ht:
+                    put(ht, end.transpose(-1, -2) if vf else end)
+            return state_output
         assert isinstance(cfg, fbuild.StateConfig) and cfg.form == "smem" and not cfg.scan
 
         def state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, vf):
@@ -601,6 +617,32 @@ def _kernel_path_is_the_emulation(monkeypatch, case, alter, **emu) -> list:
             continue
         _assert_within_a_quarter_of_rounding(n, a, b_, got[0].dtype)
     return asked
+
+
+@pytest.mark.parametrize("case", [Case(T=200, H=1, HV=2, dist="raw-qk-l2"),
+                                  Case(layout="varlen-ragged", T=300, H=2, HV=4, h0_dtype="fp32", state_v_first=True),
+                                  Case(B=2, T=70, H=1, HV=2, K=64, V=64, h0_dtype="fp32")], ids=lambda c: c.id)
+def test_fused_state_output_form_plumbing_on_cpu(monkeypatch, case):
+    """The forward pipeline's "ws" form (``gdn_state_output_ws``) with stand-in kernels: the same o and final state
+    as the smem state and output kernels' stand-ins (its arguments, h0 and ht layouts, padded rows), asking for the
+    intra kernel and the fused kernel alone."""
+    import dataclasses
+
+    from kernels.forward.pipeline import chunk_gated_delta_rule as impl
+    from kernels.forward.pipeline import plan_for, prepare
+
+    asked = []
+    _fake_kernels(monkeypatch, asked)
+    args, kw = tt.call_args(case)
+    base = plan_for(prepare(*args, **kw, output_final_state=True))
+    got = {}
+    for form in ("smem", "ws"):
+        asked.clear()
+        plan = dataclasses.replace(base, state_form=form, block_v=32, ctas_per_sm=1, cp=1)
+        got[form] = impl(*args, **kw, output_final_state=True, plan=plan)
+    assert [type(c).__name__ for c in asked] == ["IntraConfig", "StateConfig"] and asked[1].form == "ws", asked
+    for a, b in zip(got["ws"], got["smem"]):
+        assert torch.equal(a, b)
 
 
 def test_saved_tables_of_another_call_raise_valueerror(monkeypatch):

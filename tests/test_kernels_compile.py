@@ -4,8 +4,9 @@ Needs tilelang and nvcc, no GPU (skips with the reason otherwise).  The configur
 ``kernels.build.forward_configs()`` (the intra kernel and its Tinv-keeping form; the register-operand state kernel
 and its CP scan and fix-up; the shared-memory state kernel at every BV ``block_v`` picks, one and two CTAs per SM;
 the output kernel for both table layouts; precision "default"; bf16 and fp16; the backward recompute's
-``sl_swizzle`` state kernels; each head dim K = V in 128, 64).  Everything else (T, B, N, H, HV / GVA ratio, h0,
-final state, state layout, l2norm, gate dtype, varlen or dense) is a runtime argument of the same binaries.
+``sl_swizzle`` state kernels; the fused warp-specialised state-output kernel; each head dim K = V in 128, 64).
+Everything else (T, B, N, H, HV / GVA ratio, h0, final state, state layout, l2norm, gate dtype, varlen or dense) is
+a runtime argument of the same binaries.
 
 Asserts what the design relies on, from the generated CUDA and from ptxas:
 * every matmul is a wgmma with input-dtype operands and fp32 accumulation, and there is no TF32 anywhere, with the
@@ -73,14 +74,22 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
         check_ptxas(r["ptxas"])
         return
     want = _WANT_WGMMA[r["kind"]](cfg)
+    if r["kind"] == "StateConfig" and cfg.form == "ws":         # the output kernel's products as well
+        want += _WANT_WGMMA["OutputConfig"](cfg)
     check_wgmma(src, cfg.dtype, want)
     if r["kind"] == "IntraConfig":
         assert "exp2f" in src
     elif r["kind"] == "StateConfig":
-        assert "tma_load" in src and "mbarrier" in src
+        # (the ws form's own barriers: a TMA transaction count on each stage's)
+        assert "tma_load" in src and ("expect_transaction" in src if cfg.form == "ws" else "mbarrier" in src)
         assert "tma_store" not in src                           # per-chunk outputs: plain stores, no TMA store + wait
         if cfg.form == "rv":                                    # every A operand from registers
             assert src.count("wgmma_rs<") == want, src.count("wgmma_rs<")
+        if cfg.form == "ws":        # four warpgroups: state, K S / U, output, TMA producer; P (+ Pl) from registers
+            assert "__launch_bounds__(512" in src and "warpgroup_reg_alloc" in src and "warpgroup_reg_dealloc" in src
+            assert src.count("wgmma_rs<") == 1 + _sp(cfg.prec, "p") + _sp(cfg.prec, "u"), src.count("wgmma_rs<")
+            w = worst_degrees(src, ["sh_s", "sl_s", "uh_s", "ul_s", "xh_s", "xl_s", "wh_s", "wl_s", "v_s"])
+            assert all(d <= 1 for d, _ in w.values()) and all(n > 0 for _, n in w.values()), w
         if cfg.form == "smem":                                  # no bank conflicts (the model: module docstring)
             w = worst_degrees(src, ["sh_s", "uh_s", "ul_s", "xh_s", "xl_s", "v_s"])
             assert all(d <= 1 for d, _ in w.values()) and w["sh_s"][1] > 0 and w["uh_s"][1] > 0, w

@@ -131,14 +131,15 @@ def test_forward_dispatch_picks_the_measured_forms():
 
 
 def test_a_plan_the_kernels_cannot_run_is_refused():
-    """Two smem CTAs per SM need BV <= 32, the rv form BV 64 or 128, CP the rv form: a plan outside that raises a
-    ValueError naming it, before any kernel is built."""
+    """Two smem CTAs per SM need BV <= 32, the rv form BV 64 or 128, CP the rv form, the ws form one CTA per SM and
+    no CP: a plan outside that raises a ValueError naming it, before any kernel is built."""
     import dataclasses
 
     from kernels.plan import forward_plan
     p = forward_plan("bfloat16", 8, 32, 64)
     for bad, needle in ((dict(block_v=64), "BV <= 32"), (dict(cp=2), "cp 1"), (dict(state_form="x"), "unknown"),
-                        (dict(state_form="rv"), "rv state kernel")):
+                        (dict(state_form="rv"), "rv state kernel"),
+                        (dict(state_form="ws", block_v=32, ctas_per_sm=2), "warp-specialised")):
         with pytest.raises(ValueError, match=needle):
             dataclasses.replace(p, **bad)
 

@@ -13,7 +13,8 @@ KERNEL_HEAD_DIM = 128          # the configurations' default DK
 OUT_CPB = 8                    # chunks per CTA of the output kernel (pipelined TMA loads)
 RV_BV = 64                     # value columns per warpgroup of the register-operand state kernel (wgmma M)
 NUM_STAGES = 2                 # software pipelining depth of the sequential kernels' chunk loads
-STATE_FORMS = ("rv", "smem")   # register-operand (value-first tables) / shared-memory-operand (key-first) state
+STATE_FORMS = ("rv", "smem", "ws")   # register-operand (value-first tables) / shared-memory-operand (key-first) state
+#                                      / the latter's products with o, warp-specialised (no chunk tables)
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,10 @@ class IntraConfig:
 
 @dataclass(frozen=True)
 class StateConfig:
-    """The sequential state kernel (or, with ``scan``, the CP phase-1 scan): ``form`` "rv"
-    (state_registers.py, BV 64 / 128) or "smem" (state_smem.py, ``ctas_per_sm`` 1 or 2, ``sl_swizzle``: the S
-    lo staging tile swizzled, the backward recompute's form; ``lo8``: S's lo term stored as fp8
-    (``kernels.common.lo8``), the backward recompute's form)."""
+    """The sequential state kernel (or, with ``scan``, the CP phase-1 scan): ``form`` "rv" (state_registers.py, BV
+    64 / 128), "ws" (state_output_ws.py, o computed beside the chain) or "smem" (state_smem.py, ``ctas_per_sm`` 1
+    or 2, ``sl_swizzle``: the S lo staging tile swizzled, the backward recompute's form; ``lo8``: S's lo term
+    stored as fp8 (``kernels.common.lo8``), the backward recompute's form)."""
     dtype: str
     BV: int
     prec: object                   # precision.Precision (frozen, hashable)
@@ -51,7 +52,7 @@ class StateConfig:
 
     @property
     def name(self) -> str:
-        kind = ("scan" if self.scan else "state") + ("_rv" if self.form == "rv" else "_smem")
+        kind = ("scan" if self.scan else "state") + "_" + self.form
         occ = f",occ{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
         slz = ",slz" if self.sl_swizzle else ""
         lo8 = ",lo8" if self.lo8 else ""
@@ -106,6 +107,11 @@ def prim_func(cfg):
             return build_state_registers(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.BV)
         if cfg.scan:
             raise ValueError(f"the CP scan is a form of the rv state kernel, not of the smem form: {cfg!r}")
+        if cfg.form == "ws":
+            if cfg.sl_swizzle or cfg.lo8 or cfg.ctas_per_sm != 1:
+                raise ValueError(f"sl_swizzle, lo8 and two CTAs per SM are forms of the smem state kernel: {cfg!r}")
+            from .state_output_ws import build_state_output_ws
+            return build_state_output_ws(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec)
         from .state_smem import build_state_smem
         return build_state_smem(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.ctas_per_sm,
                                 cfg.sl_swizzle, cfg.lo8)

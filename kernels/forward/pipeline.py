@@ -16,7 +16,8 @@ use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=Non
 
 Bad input raises ``ValueError`` naming the problem.  Dense input is run as varlen (B sequences of length T).
 Stages: ``intra_chunk`` (parallel), ``state`` (sequential; or, with CP, ``state_segmented``: the scan, the fp64
-fix-up and the state kernel per segment), ``output`` (parallel); which kernels run is ``kernels.plan``'s
+fix-up and the state kernel per segment), ``output`` (parallel); or, for the plan form "ws", ``intra_chunk`` and
+``state_output`` (the state and o in one kernel, no chunk tables); which kernels run is ``kernels.plan``'s
 ``ForwardPlan`` (``plan``: another plan value, e.g. a benchmark's alternative).  ``keep_tables``: a dict that
 receives the intra kernel's Tinv and Ag tables for the backward (``Th``, ``Ah``, ``Al``, each
 [HV, NC, 64, 64] in the input dtype) where the plan keeps them.  Every kernel is built for the call's head dim
@@ -106,6 +107,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     tables = intra_chunk(x=x, plan=plan)
     if keep_tables is not None and plan.keep_tables:
         keep_tables.update(Th=tables.Th, Ah=tables.Ah, Al=tables.Al)
+    if plan.state_form == "ws":
+        o, ht = state_output(x=x, plan=plan, tables=tables)
+        return finish(x=x, o=o, ht=ht)
     states = state(x=x, plan=plan, tables=tables) if plan.cp <= 1 else state_segmented(x=x, plan=plan, tables=tables)
     o = output(x=x, plan=plan, tables=tables, states=states)
     return finish(x=x, o=o, ht=states.ht)
@@ -173,6 +177,19 @@ def state(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:
     get_kernel(plan.configs()[1])(x.k, x.v, tables.Ah, tables.Al, tables.F, x.cu, x.chunk_offsets, h0, Sch, Scl,
                                   Uh, Ul, ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
     return ChunkStates(Sch, Scl, Uh, Ul, ht if x.store_ht else None)
+
+
+def state_output(*, x: ForwardInputs, plan, tables: IntraTables):
+    """``gdn_state_output_ws`` (the "ws" form): (o [Ttot, HV, D] in the input dtype, the final states or None);
+    no chunk tables."""
+    from kernels.build import get_kernel
+    dev = x.q.device
+    h0 = x.h0 if x.h0 is not None else torch.empty((1, x.HV, x.D, x.D), device=dev, dtype=torch.float32)
+    ht = torch.empty((x.N if x.store_ht else 1, x.HV, x.D, x.D), device=dev, dtype=torch.float32)
+    o = torch.empty(x.n_tok, x.HV, x.D, device=dev, dtype=x.q.dtype)
+    get_kernel(plan.configs()[1])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, x.cu, x.chunk_offsets, h0, o, ht,
+                                  int(x.h0 is not None), int(x.store_ht), int(x.v_first))
+    return o, (ht if x.store_ht else None)
 
 
 def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:

@@ -1,0 +1,240 @@
+"""Fused state-output kernel, warp-specialised: ``gdn_state_output_ws`` (shared-memory operands, key-first).
+
+The state kernel's chain and the output kernel's products in one kernel, so that no chunk-start state and no U
+table goes through global memory; the output's products run beside the chain instead of in it.  One CTA of four
+warpgroups per (block of ``BV`` value columns, value head, sequence):
+
+* WG0, the state: holds ``S [DK, BV]`` fp32 in registers; per chunk ``Sh (+ Sl) = split(S)`` to shared memory, then
+  ``S = F3 S + K^T (rd(F2 U) (+ lo))`` once WG1 has written ``F2 U``;
+* WG1, the chain's middle: ``KS = K Sh (+ K Sl)``, ``X = V - F0 KS``, ``U = Ah Xh (+ Al Xh) (+ Ah Xl)``; ``Uh (+ Ul)``
+  to WG2, ``rd(F2 U) (+ lo)`` to WG0;
+* WG2, the output: ``P = scale rq_t rk_j e^(G_t - G_j) Q K^T`` (j <= t), ``O = F1 (Q Sh (+ Q Sl))``,
+  ``O += Ph Uh (+ Pl Uh) (+ Ph Ul)``, ``o = rd(O)`` stored from registers;
+* WG3, the producer: one warp issues the TMA loads of q, k, v, Ah (+ Al), F into two stages.
+
+Every product and rounding is the one ``gdn_state_smem`` and ``gdn_output`` make (``prec``:
+``precision.Precision``), in the same order on the same accumulators, so o and the final state are those of the
+two kernels run one after the other.  Hand-offs through single shared tiles and mbarriers, each completed once a
+chunk (waited on at parity ``c % 2``; a tile's "free" barrier at ``(c + 1) % 2``, which a fresh barrier passes).
+"""
+
+import tilelang.language as T
+from tilelang.layout import make_swizzled_layout
+
+from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, store_state_kt
+
+from .cumsum import LOG2E
+
+BT = 64
+THREADS = 512
+WG = 128
+
+
+def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec):
+    """TileLang prim_func of ``gdn_state_output_ws``.
+
+    Arguments:
+      q, k     [Ttot, H, DK]          dtype
+      v        [Ttot, HV, DV]         dtype
+      Ah, Al   [HV, NCg, 64, 64]      dtype   (Al read only when prec.ag == "split")
+      F        [HV, NCg, 8, 64]       fp32    (rows 0 F0, 1 F1, 2 F2, 3 F3, 4 G, 5 scale rq, 6 rk)
+      cu_seqlens    [N + 1]  int32;  chunk_offsets [N + 1] int32
+      h0       [Nh, HV, DK, DV]       fp32 (read as [.., DV, DK] when v_first)
+      o        [Ttot, HV, DV]         dtype   (output)
+      ht       [Nt, HV, DK, DV]       fp32    (output; [.., DV, DK] when v_first)
+      use_h0, store_ht, v_first       int32
+    """
+    assert DK in (64, 128) and DV == DK
+    assert DV % BV == 0 and BV in (16, 32, 64)
+    assert dtype in ("bfloat16", "float16")
+    f32 = "float32"
+    NV = DV // BV
+    ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits()
+    p_sp = prec.p == "split"
+    sl_need = ks_sp or s_sp
+    Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
+
+    @T.prim_func
+    def gdn_state_output_ws(
+        q: T.Tensor((Ttot, H, DK), dtype),
+        k: T.Tensor((Ttot, H, DK), dtype),
+        v: T.Tensor((Ttot, HV, DV), dtype),
+        Ah: T.Tensor((HV, NCg, BT, BT), dtype),
+        Al: T.Tensor((HV, NCg, BT, BT), dtype),
+        F: T.Tensor((HV, NCg, 8, BT), f32),
+        cu_seqlens: T.Tensor((N + 1,), "int32"),
+        chunk_offsets: T.Tensor((N + 1,), "int32"),
+        h0: T.Tensor((Nh, HV, DK, DV), f32),
+        o: T.Tensor((Ttot, HV, DV), dtype),
+        ht: T.Tensor((Nt, HV, DK, DV), f32),
+        use_h0: T.int32,
+        store_ht: T.int32,
+        v_first: T.int32,
+    ):
+        with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, n):
+            h = hv // (HV // H)
+            bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
+            v0 = bv * BV
+
+            # the inputs, two stages
+            q_s = T.alloc_shared((2, BT, DK), dtype)
+            k_s = T.alloc_shared((2, BT, DK), dtype)
+            v_s = T.alloc_shared((2, BT, BV), dtype)
+            ah_s = T.alloc_shared((2, BT, BT), dtype)
+            al_s = T.alloc_shared(lo_shape((2, BT, BT), ag_sp), dtype)
+            f_s = T.alloc_shared((2, 8, BT), f32)
+            # the hand-offs, one tile each
+            sh_s = T.alloc_shared((DK, BV), dtype)
+            sl_s = T.alloc_shared(lo_shape((DK, BV), sl_need), dtype)
+            xh_s = T.alloc_shared((BT, BV), dtype)
+            xl_s = T.alloc_shared(lo_shape((BT, BV), x_sp), dtype)
+            uh_s = T.alloc_shared((BT, BV), dtype)
+            ul_s = T.alloc_shared(lo_shape((BT, BV), u_sp), dtype)
+            wh_s = T.alloc_shared((BT, BV), dtype)
+            wl_s = T.alloc_shared(lo_shape((BT, BV), upd_sp), dtype)
+            T.annotate_layout({v_s: make_swizzled_layout(v_s)})
+
+            full = T.alloc_barrier(arrive_count=[32] * 2)          # a stage's loads landed (the loading warp)
+            empty = T.alloc_barrier(arrive_count=[3 * WG] * 2)     # a stage read by the three consumers
+            s_ready = T.alloc_barrier(arrive_count=WG)             # Sh (+ Sl) written (WG0)
+            s_free = T.alloc_barrier(arrive_count=2 * WG)          # Sh (+ Sl) read (WG1 K S, WG2 Q S)
+            u_ready = T.alloc_barrier(arrive_count=WG)             # Uh (+ Ul) written (WG1)
+            u_free = T.alloc_barrier(arrive_count=WG)              # Uh (+ Ul) read (WG2)
+            w_ready = T.alloc_barrier(arrive_count=WG)             # rd(F2 U) (+ lo) written (WG1)
+            w_free = T.alloc_barrier(arrive_count=WG)              # rd(F2 U) (+ lo) read (WG0)
+
+            tx = T.get_thread_binding()
+
+            if tx < WG:
+                # WG0: the state
+                T.set_max_nreg(160, 1)
+                s_f = T.alloc_fragment((DK, BV), f32)
+                if use_h0 != 0:
+                    load_state_kt(h0, s_f, v_first, n, hv, v0, BV, DK)
+                else:
+                    T.clear(s_f)
+                for c in T.serial(nchunks):
+                    st = c % 2
+                    T.barrier_wait(full[st], (c // 2) % 2)
+                    T.barrier_wait(s_free, (c + 1) % 2)
+                    split_into(s_f, sh_s, sl_s, sl_need)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(s_ready)
+                    for i, j in T.Parallel(DK, BV):
+                        s_f[i, j] = s_f[i, j] * f_s[st, 3, 0]
+                    T.barrier_wait(w_ready, c % 2)
+                    if upd_sp:
+                        T.wgmma_gemm(k_s[st, :, :], wh_s, s_f, transpose_A=True)
+                        T.gemm(k_s[st, :, :], wl_s, s_f, transpose_A=True)
+                    else:
+                        T.gemm(k_s[st, :, :], wh_s, s_f, transpose_A=True)
+                    T.barrier_arrive(w_free)
+                    T.barrier_arrive(empty[st])
+                if store_ht != 0:
+                    store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
+            elif tx < 2 * WG:
+                # WG1: K S, X, U
+                T.set_max_nreg(160, 1)
+                ks_f = T.alloc_fragment((BT, BV), f32)
+                u_f = T.alloc_fragment((BT, BV), f32)
+                for c in T.serial(nchunks):
+                    st = c % 2
+                    T.barrier_wait(full[st], (c // 2) % 2)
+                    T.barrier_wait(s_ready, c % 2)
+                    if ks_sp:
+                        T.wgmma_gemm(k_s[st, :, :], sh_s, ks_f, clear_accum=True)
+                        T.gemm(k_s[st, :, :], sl_s, ks_f)
+                    else:
+                        T.gemm(k_s[st, :, :], sh_s, ks_f, clear_accum=True)
+                    T.barrier_arrive(s_free)
+                    for i, j in T.Parallel(BT, BV):
+                        ks_f[i, j] = T.cast(v_s[st, i, j], f32) - f_s[st, 0, i] * ks_f[i, j]
+                    split_into(ks_f, xh_s, xl_s, x_sp)
+                    T.fence_proxy_async()
+                    if ag_sp:
+                        T.wgmma_gemm(ah_s[st, :, :], xh_s, u_f, clear_accum=True)
+                        if x_sp:
+                            T.wgmma_gemm(al_s[st, :, :], xh_s, u_f)
+                            T.gemm(ah_s[st, :, :], xl_s, u_f)
+                        else:
+                            T.gemm(al_s[st, :, :], xh_s, u_f)
+                    else:
+                        if x_sp:
+                            T.wgmma_gemm(ah_s[st, :, :], xh_s, u_f, clear_accum=True)
+                            T.gemm(ah_s[st, :, :], xl_s, u_f)
+                        else:
+                            T.gemm(ah_s[st, :, :], xh_s, u_f, clear_accum=True)
+                    T.barrier_wait(u_free, (c + 1) % 2)
+                    split_into(u_f, uh_s, ul_s, u_sp)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(u_ready)
+                    for i, j in T.Parallel(BT, BV):
+                        u_f[i, j] = f_s[st, 2, i] * u_f[i, j]
+                    T.barrier_wait(w_free, (c + 1) % 2)
+                    split_into(u_f, wh_s, wl_s, upd_sp)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(w_ready)
+                    T.barrier_arrive(empty[st])
+            elif tx < 3 * WG:
+                # WG2: the output
+                T.set_max_nreg(160, 1)
+                o_f = T.alloc_fragment((BT, BV), f32)
+                qk = T.alloc_fragment((BT, BT), f32)
+                pa = T.alloc_fragment((BT, BT), dtype)
+                pl = T.alloc_fragment(lo_shape((BT, BT), p_sp), dtype)
+                for c in T.serial(nchunks):
+                    st = c % 2
+                    t0 = bos + c * BT
+                    T.barrier_wait(full[st], (c // 2) % 2)
+                    T.gemm(q_s[st, :, :], k_s[st, :, :], qk, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(BT, BT):
+                        qk[i, j] = T.if_then_else(
+                            j <= i,
+                            f_s[st, 5, i] * f_s[st, 6, j] * T.exp2((f_s[st, 4, i] - f_s[st, 4, j]) * LOG2E) * qk[i, j],
+                            T.float32(0))
+                    split_into(qk, pa, pl, p_sp)
+                    T.barrier_wait(s_ready, c % 2)
+                    if s_sp:
+                        T.wgmma_gemm(q_s[st, :, :], sh_s, o_f, clear_accum=True)
+                        T.gemm(q_s[st, :, :], sl_s, o_f)
+                    else:
+                        T.gemm(q_s[st, :, :], sh_s, o_f, clear_accum=True)
+                    T.barrier_arrive(s_free)
+                    for i, j in T.Parallel(BT, BV):
+                        o_f[i, j] = o_f[i, j] * f_s[st, 1, i]
+                    T.barrier_wait(u_ready, c % 2)
+                    if p_sp or u_sp:
+                        T.wgmma_gemm(pa, uh_s, o_f)
+                        if p_sp and u_sp:
+                            T.wgmma_gemm(pl, uh_s, o_f)
+                            T.gemm(pa, ul_s, o_f)
+                        elif p_sp:
+                            T.gemm(pl, uh_s, o_f)
+                        else:
+                            T.gemm(pa, ul_s, o_f)
+                    else:
+                        T.gemm(pa, uh_s, o_f)
+                    T.barrier_arrive(u_free)
+                    T.barrier_arrive(empty[st])
+                    for i, j in T.Parallel(BT, BV):
+                        if t0 + i < eos:
+                            o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j], dtype)
+            else:
+                # WG3: the producer (its first warp loads; the others wait out the kernel)
+                T.set_max_nreg(24, 0)
+                if tx < 3 * WG + 32:
+                    for c in T.serial(nchunks):
+                        st = c % 2
+                        t0 = bos + c * BT
+                        cg = c0 + c
+                        T.barrier_wait(empty[st], (c // 2 + 1) % 2)
+                        T.tma_copy(q[t0:t0 + BT, h, 0:DK], q_s[st, :, :], barrier=full[st])
+                        T.tma_copy(k[t0:t0 + BT, h, 0:DK], k_s[st, :, :], barrier=full[st])
+                        T.tma_copy(v[t0:t0 + BT, hv, v0:v0 + BV], v_s[st, :, :], barrier=full[st])
+                        T.tma_copy(Ah[hv, cg, 0:BT, 0:BT], ah_s[st, :, :], barrier=full[st])
+                        if ag_sp:
+                            T.tma_copy(Al[hv, cg, 0:BT, 0:BT], al_s[st, :, :], barrier=full[st])
+                        T.tma_copy(F[hv, cg, 0:8, 0:BT], f_s[st, :, :], barrier=full[st])
+                        T.barrier_arrive(full[st])
+
+    return gdn_state_output_ws
