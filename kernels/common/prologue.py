@@ -25,8 +25,9 @@ def dynamic_dims(names: str):
 
 
 def lo_shape(shape, need: bool):
-    """``shape`` when the lo term of a split operand is used, else an 8x8 placeholder (never read)."""
-    return shape if need else (8, 8)
+    """``shape`` when the lo term of a split operand is used, else a placeholder of the same rank with 8 x 8 last
+    dims (never read)."""
+    return shape if need else (*shape[:-2], 8, 8)
 
 
 @T.macro
@@ -109,3 +110,22 @@ def split_into(x_f, hi, lo, with_lo):
     if with_lo:
         for i, j in T.Parallel(*x_f.shape):
             lo[i, j] = T.cast(x_f[i, j] - T.cast(T.cast(x_f[i, j], dtype), "float32"), dtype)
+
+
+@T.macro
+def split_products(ah, al, bh, bl, acc, a_lo, b_lo, clear, transpose_A):
+    """``acc (+)= ah bh (+ al bh) (+ ah bl)``: the products of two operands split into hi + lo (``a_lo``, ``b_lo``:
+    build-time bools; the lo tile is not read without them), in that order, as one group of wgmma with one wait:
+    every product but the last issued with ``T.wgmma_gemm`` (no wait), the last a ``T.gemm``, whose wait covers the
+    group.  ``clear``: the first product overwrites ``acc``."""
+    if a_lo or b_lo:
+        T.wgmma_gemm(ah, bh, acc, transpose_A=transpose_A, clear_accum=clear)
+        if a_lo and b_lo:
+            T.wgmma_gemm(al, bh, acc, transpose_A=transpose_A)
+            T.gemm(ah, bl, acc, transpose_A=transpose_A)
+        elif a_lo:
+            T.gemm(al, bh, acc, transpose_A=transpose_A)
+        else:
+            T.gemm(ah, bl, acc, transpose_A=transpose_A)
+    else:
+        T.gemm(ah, bh, acc, transpose_A=transpose_A, clear_accum=clear)

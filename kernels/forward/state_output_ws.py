@@ -21,7 +21,8 @@ chunk (waited on at parity ``c % 2``; a tile's "free" barrier at ``(c + 1) % 2``
 import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
-from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, store_state_kt
+from kernels.common.prologue import (dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, split_products,
+                                     store_state_kt)
 
 from .cumsum import LOG2E
 
@@ -123,11 +124,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec):
                     for i, j in T.Parallel(DK, BV):
                         s_f[i, j] = s_f[i, j] * f_s[st, 3, 0]
                     T.barrier_wait(w_ready, c % 2)
-                    if upd_sp:
-                        T.wgmma_gemm(k_s[st, :, :], wh_s, s_f, transpose_A=True)
-                        T.gemm(k_s[st, :, :], wl_s, s_f, transpose_A=True)
-                    else:
-                        T.gemm(k_s[st, :, :], wh_s, s_f, transpose_A=True)
+                    split_products(k_s[st, :, :], None, wh_s, wl_s, s_f, False, upd_sp, False, True)
                     T.barrier_arrive(w_free)
                     T.barrier_arrive(empty[st])
                 if store_ht != 0:
@@ -141,29 +138,13 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec):
                     st = c % 2
                     T.barrier_wait(full[st], (c // 2) % 2)
                     T.barrier_wait(s_ready, c % 2)
-                    if ks_sp:
-                        T.wgmma_gemm(k_s[st, :, :], sh_s, ks_f, clear_accum=True)
-                        T.gemm(k_s[st, :, :], sl_s, ks_f)
-                    else:
-                        T.gemm(k_s[st, :, :], sh_s, ks_f, clear_accum=True)
+                    split_products(k_s[st, :, :], None, sh_s, sl_s, ks_f, False, ks_sp, True, False)
                     T.barrier_arrive(s_free)
                     for i, j in T.Parallel(BT, BV):
                         ks_f[i, j] = T.cast(v_s[st, i, j], f32) - f_s[st, 0, i] * ks_f[i, j]
                     split_into(ks_f, xh_s, xl_s, x_sp)
                     T.fence_proxy_async()
-                    if ag_sp:
-                        T.wgmma_gemm(ah_s[st, :, :], xh_s, u_f, clear_accum=True)
-                        if x_sp:
-                            T.wgmma_gemm(al_s[st, :, :], xh_s, u_f)
-                            T.gemm(ah_s[st, :, :], xl_s, u_f)
-                        else:
-                            T.gemm(al_s[st, :, :], xh_s, u_f)
-                    else:
-                        if x_sp:
-                            T.wgmma_gemm(ah_s[st, :, :], xh_s, u_f, clear_accum=True)
-                            T.gemm(ah_s[st, :, :], xl_s, u_f)
-                        else:
-                            T.gemm(ah_s[st, :, :], xh_s, u_f, clear_accum=True)
+                    split_products(ah_s[st, :, :], al_s[st, :, :], xh_s, xl_s, u_f, ag_sp, x_sp, True, False)
                     T.barrier_wait(u_free, (c + 1) % 2)
                     split_into(u_f, uh_s, ul_s, u_sp)
                     T.fence_proxy_async()
@@ -194,26 +175,12 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec):
                             T.float32(0))
                     split_into(qk, pa, pl, p_sp)
                     T.barrier_wait(s_ready, c % 2)
-                    if s_sp:
-                        T.wgmma_gemm(q_s[st, :, :], sh_s, o_f, clear_accum=True)
-                        T.gemm(q_s[st, :, :], sl_s, o_f)
-                    else:
-                        T.gemm(q_s[st, :, :], sh_s, o_f, clear_accum=True)
+                    split_products(q_s[st, :, :], None, sh_s, sl_s, o_f, False, s_sp, True, False)
                     T.barrier_arrive(s_free)
                     for i, j in T.Parallel(BT, BV):
                         o_f[i, j] = o_f[i, j] * f_s[st, 1, i]
                     T.barrier_wait(u_ready, c % 2)
-                    if p_sp or u_sp:
-                        T.wgmma_gemm(pa, uh_s, o_f)
-                        if p_sp and u_sp:
-                            T.wgmma_gemm(pl, uh_s, o_f)
-                            T.gemm(pa, ul_s, o_f)
-                        elif p_sp:
-                            T.gemm(pl, uh_s, o_f)
-                        else:
-                            T.gemm(pa, ul_s, o_f)
-                    else:
-                        T.gemm(pa, uh_s, o_f)
+                    split_products(pa, pl, uh_s, ul_s, o_f, p_sp, u_sp, False, False)
                     T.barrier_arrive(u_free)
                     T.barrier_arrive(empty[st])
                     for i, j in T.Parallel(BT, BV):

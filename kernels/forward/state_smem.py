@@ -19,7 +19,8 @@ import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
 from kernels.common.lo8 import LO8, lo8_code
-from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, store_state_kt
+from kernels.common.prologue import (dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, split_products,
+                                     store_state_kt)
 
 BT = 64
 THREADS = 128
@@ -59,8 +60,9 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
     one group of wgmma with one wait, instead of a wait after each: the same instructions in the same order on
     the same accumulator, so bitwise the same result with two to three fewer waits on the per-chunk chain.
     Every product but the last is ``T.wgmma_gemm`` (no wait); the last is a ``T.gemm``, whose
-    wait covers the group, and it reads every pipelined buffer of its group, so TileLang hands those
-    buffers back to the TMA producer only after the wait (Ah and Al then share one buffer, ``a_s``).
+    wait covers the group (``kernels.common.prologue.split_products``), and it reads every pipelined buffer of its
+    group, so TileLang hands those buffers back to the TMA producer only after the wait (Ah and Al then share one
+    buffer, ``a_s``).
     """
     assert DK in (64, 128) and DV == DK
     assert DV % BV == 0 and BV in (16, 32, 64, 128)
@@ -73,11 +75,6 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
     sl_need = ks_sp or (s_sp and not lo8)
 
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
-    # every product of a group but the last is issued without a wait (T.wgmma_gemm)
-    ks_first = T.wgmma_gemm if ks_sp else T.gemm
-    u_first = T.wgmma_gemm if (ag_sp or x_sp) else T.gemm
-    u_mid = T.wgmma_gemm if x_sp else T.gemm
-    upd_first = T.wgmma_gemm if upd_sp else T.gemm
 
     @T.prim_func
     def gdn_state_smem(
@@ -172,23 +169,16 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                     T.copy(sl_s, Scl[hv, c, 0:DK, v0:v0 + BV], disable_tma=True)
 
                 # X = V - F0 * (K @ S)
-                ks_first(k_s, sh_s, ks_f, clear_accum=True)
-                if ks_sp:
-                    T.gemm(k_s, sl_s, ks_f)
+                split_products(k_s, None, sh_s, sl_s, ks_f, False, ks_sp, True, False)
                 for i, j in T.Parallel(BT, BV):
                     ks_f[i, j] = T.cast(v_s[i, j], f32) - f_s[0, i] * ks_f[i, j]
                 split_into(ks_f, xh_s, xl_s, x_sp)
 
                 # U = Ag @ X
                 if ag_sp:
-                    u_first(a_s[0, :, :], xh_s, u_f, clear_accum=True)
-                    u_mid(a_s[1, :, :], xh_s, u_f)
-                    if x_sp:
-                        T.gemm(a_s[0, :, :], xl_s, u_f)
+                    split_products(a_s[0, :, :], a_s[1, :, :], xh_s, xl_s, u_f, True, x_sp, True, False)
                 else:
-                    u_first(ah_s, xh_s, u_f, clear_accum=True)
-                    if x_sp:
-                        T.gemm(ah_s, xl_s, u_f)
+                    split_products(ah_s, None, xh_s, xl_s, u_f, False, x_sp, True, False)
                 split_into(u_f, uh_s, ul_s, u_sp)
                 T.copy(uh_s, Uh[hv, c, 0:BT, v0:v0 + BV], disable_tma=True)
                 if u_sp:
@@ -200,9 +190,7 @@ def build_state_smem(DK: int, DV: int, BV: int, dtype: str, prec, num_stages: in
                 split_into(u_f, xh_s, xl_s, upd_sp)
                 for i, j in T.Parallel(DK, BV):
                     s_f[i, j] = s_f[i, j] * f_s[3, 0]
-                upd_first(k_s, xh_s, s_f, transpose_A=True)
-                if upd_sp:
-                    T.gemm(k_s, xl_s, s_f, transpose_A=True)
+                split_products(k_s, None, xh_s, xl_s, s_f, False, upd_sp, False, True)
 
             if store_ht != 0:
                 store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
