@@ -1,15 +1,15 @@
 """Fused state-output kernel, warp-specialised: ``gdn_state_output_ws`` (shared-memory operands, key-first).
 
 The state kernel's chain and the output kernel's products in one kernel, so that no chunk-start state and no U
-table goes through global memory; the output's products run beside the chain instead of in it.  One CTA of four
-warpgroups per (block of ``BV`` value columns, value head, sequence):
+table goes through global memory and the output's products run beside the chain instead of after it.  One CTA of
+four warpgroups per (block of ``BV`` value columns, value head, sequence):
 
-* WG0, the state: holds ``S [DK, BV]`` fp32 in registers; per chunk ``Sh (+ Sl) = split(S)`` to shared memory, then
-  ``S = F3 S + K^T (rd(F2 U) (+ lo))`` once WG1 has written ``F2 U``;
-* WG1, the chain's middle: ``KS = K Sh (+ K Sl)``, ``X = V - F0 KS``, ``U = Ah Xh (+ Al Xh) (+ Ah Xl)``; ``Uh (+ Ul)``
-  to WG2, ``rd(F2 U) (+ lo)`` to WG0;
-* WG2, the output: ``P = scale rq_t rk_j e^(G_t - G_j) Q K^T`` (j <= t), ``O = F1 (Q Sh (+ Q Sl))``,
-  ``O += Ph Uh (+ Pl Uh) (+ Ph Ul)``, ``o = rd(O)`` stored from registers;
+* WG0, the chain (``gdn_state_smem``'s, in one warpgroup): ``S [DK, BV]`` fp32 in registers; per chunk
+  ``Sh (+ Sl) = split(S)`` (to WG2), ``KS = K Sh (+ K Sl)``, ``X = V - F0 KS``, ``U = Ah Xh (+ Al Xh) (+ Ah Xl)``,
+  ``Uh (+ Ul) = split(U)`` (to WG2), ``S = F3 S + K^T (rd(F2 U) (+ lo))``;
+* WG1, the gated scores: ``P = scale rq_t rk_j e^(G_t - G_j) Q K^T`` (j <= t), ``Ph (+ Pl)`` to WG2;
+* WG2, the output: ``O = F1 (Q Sh (+ Q Sl))``, ``O += Ph Uh (+ Pl Uh) (+ Ph Ul)``, ``o = rd(O)`` stored from
+  registers;
 * WG3, the producer: one warp issues the TMA loads of q, k, v, Ah (+ Al), F into two stages.
 
 Every product and rounding is the one ``gdn_state_smem`` and ``gdn_output`` make (``prec``:
@@ -84,32 +84,34 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec):
             ah_s = T.alloc_shared((2, BT, BT), dtype)
             al_s = T.alloc_shared(lo_shape((2, BT, BT), ag_sp), dtype)
             f_s = T.alloc_shared((2, 8, BT), f32)
-            # the hand-offs, one tile each
+            # the chain's own operands (X, then rd(F2 U)) and the hand-offs to WG2, one tile each
+            xh_s = T.alloc_shared((BT, BV), dtype)
+            xl_s = T.alloc_shared(lo_shape((BT, BV), x_sp or upd_sp), dtype)
             sh_s = T.alloc_shared((DK, BV), dtype)
             sl_s = T.alloc_shared(lo_shape((DK, BV), sl_need), dtype)
-            xh_s = T.alloc_shared((BT, BV), dtype)
-            xl_s = T.alloc_shared(lo_shape((BT, BV), x_sp), dtype)
             uh_s = T.alloc_shared((BT, BV), dtype)
             ul_s = T.alloc_shared(lo_shape((BT, BV), u_sp), dtype)
-            wh_s = T.alloc_shared((BT, BV), dtype)
-            wl_s = T.alloc_shared(lo_shape((BT, BV), upd_sp), dtype)
+            ph_s = T.alloc_shared((BT, BT), dtype)
+            pl_s = T.alloc_shared(lo_shape((BT, BT), p_sp), dtype)
             T.annotate_layout({v_s: make_swizzled_layout(v_s)})
 
             full = T.alloc_barrier(arrive_count=[32] * 2)          # a stage's loads landed (the loading warp)
             empty = T.alloc_barrier(arrive_count=[3 * WG] * 2)     # a stage read by the three consumers
             s_ready = T.alloc_barrier(arrive_count=WG)             # Sh (+ Sl) written (WG0)
-            s_free = T.alloc_barrier(arrive_count=2 * WG)          # Sh (+ Sl) read (WG1 K S, WG2 Q S)
-            u_ready = T.alloc_barrier(arrive_count=WG)             # Uh (+ Ul) written (WG1)
+            s_free = T.alloc_barrier(arrive_count=WG)              # Sh (+ Sl) read by Q S (WG2)
+            u_ready = T.alloc_barrier(arrive_count=WG)             # Uh (+ Ul) written (WG0)
             u_free = T.alloc_barrier(arrive_count=WG)              # Uh (+ Ul) read (WG2)
-            w_ready = T.alloc_barrier(arrive_count=WG)             # rd(F2 U) (+ lo) written (WG1)
-            w_free = T.alloc_barrier(arrive_count=WG)              # rd(F2 U) (+ lo) read (WG0)
+            p_ready = T.alloc_barrier(arrive_count=WG)             # Ph (+ Pl) written (WG1)
+            p_free = T.alloc_barrier(arrive_count=WG)              # Ph (+ Pl) read (WG2)
 
             tx = T.get_thread_binding()
 
             if tx < WG:
-                # WG0: the state
-                T.set_max_nreg(160, 1)
+                # WG0: the chain
+                T.set_max_nreg(240, 1)
                 s_f = T.alloc_fragment((DK, BV), f32)
+                ks_f = T.alloc_fragment((BT, BV), f32)
+                u_f = T.alloc_fragment((BT, BV), f32)
                 if use_h0 != 0:
                     load_state_kt(h0, s_f, v_first, n, hv, v0, BV, DK)
                 else:
@@ -121,51 +123,35 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec):
                     split_into(s_f, sh_s, sl_s, sl_need)
                     T.fence_proxy_async()
                     T.barrier_arrive(s_ready)
-                    for i, j in T.Parallel(DK, BV):
-                        s_f[i, j] = s_f[i, j] * f_s[st, 3, 0]
-                    T.barrier_wait(w_ready, c % 2)
-                    split_products(k_s[st, :, :], None, wh_s, wl_s, s_f, False, upd_sp, False, True)
-                    T.barrier_arrive(w_free)
-                    T.barrier_arrive(empty[st])
-                if store_ht != 0:
-                    store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
-            elif tx < 2 * WG:
-                # WG1: K S, X, U
-                T.set_max_nreg(160, 1)
-                ks_f = T.alloc_fragment((BT, BV), f32)
-                u_f = T.alloc_fragment((BT, BV), f32)
-                for c in T.serial(nchunks):
-                    st = c % 2
-                    T.barrier_wait(full[st], (c // 2) % 2)
-                    T.barrier_wait(s_ready, c % 2)
+                    # X = V - F0 (K S)
                     split_products(k_s[st, :, :], None, sh_s, sl_s, ks_f, False, ks_sp, True, False)
-                    T.barrier_arrive(s_free)
                     for i, j in T.Parallel(BT, BV):
                         ks_f[i, j] = T.cast(v_s[st, i, j], f32) - f_s[st, 0, i] * ks_f[i, j]
                     split_into(ks_f, xh_s, xl_s, x_sp)
                     T.fence_proxy_async()
+                    # U = Ag X
                     split_products(ah_s[st, :, :], al_s[st, :, :], xh_s, xl_s, u_f, ag_sp, x_sp, True, False)
                     T.barrier_wait(u_free, (c + 1) % 2)
                     split_into(u_f, uh_s, ul_s, u_sp)
                     T.fence_proxy_async()
                     T.barrier_arrive(u_ready)
+                    # S = F3 S + K^T (F2 U)
                     for i, j in T.Parallel(BT, BV):
                         u_f[i, j] = f_s[st, 2, i] * u_f[i, j]
-                    T.barrier_wait(w_free, (c + 1) % 2)
-                    split_into(u_f, wh_s, wl_s, upd_sp)
+                    split_into(u_f, xh_s, xl_s, upd_sp)
                     T.fence_proxy_async()
-                    T.barrier_arrive(w_ready)
+                    for i, j in T.Parallel(DK, BV):
+                        s_f[i, j] = s_f[i, j] * f_s[st, 3, 0]
+                    split_products(k_s[st, :, :], None, xh_s, xl_s, s_f, False, upd_sp, False, True)
                     T.barrier_arrive(empty[st])
-            elif tx < 3 * WG:
-                # WG2: the output
-                T.set_max_nreg(160, 1)
-                o_f = T.alloc_fragment((BT, BV), f32)
+                if store_ht != 0:
+                    store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
+            elif tx < 2 * WG:
+                # WG1: the gated scores P
+                T.set_max_nreg(104, 0)
                 qk = T.alloc_fragment((BT, BT), f32)
-                pa = T.alloc_fragment((BT, BT), dtype)
-                pl = T.alloc_fragment(lo_shape((BT, BT), p_sp), dtype)
                 for c in T.serial(nchunks):
                     st = c % 2
-                    t0 = bos + c * BT
                     T.barrier_wait(full[st], (c // 2) % 2)
                     T.gemm(q_s[st, :, :], k_s[st, :, :], qk, transpose_B=True, clear_accum=True)
                     for i, j in T.Parallel(BT, BT):
@@ -173,16 +159,30 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec):
                             j <= i,
                             f_s[st, 5, i] * f_s[st, 6, j] * T.exp2((f_s[st, 4, i] - f_s[st, 4, j]) * LOG2E) * qk[i, j],
                             T.float32(0))
-                    split_into(qk, pa, pl, p_sp)
+                    T.barrier_arrive(empty[st])
+                    T.barrier_wait(p_free, (c + 1) % 2)
+                    split_into(qk, ph_s, pl_s, p_sp)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(p_ready)
+            elif tx < 3 * WG:
+                # WG2: the output
+                T.set_max_nreg(136, 1)
+                o_f = T.alloc_fragment((BT, BV), f32)
+                for c in T.serial(nchunks):
+                    st = c % 2
+                    t0 = bos + c * BT
+                    T.barrier_wait(full[st], (c // 2) % 2)
                     T.barrier_wait(s_ready, c % 2)
                     split_products(q_s[st, :, :], None, sh_s, sl_s, o_f, False, s_sp, True, False)
                     T.barrier_arrive(s_free)
                     for i, j in T.Parallel(BT, BV):
                         o_f[i, j] = o_f[i, j] * f_s[st, 1, i]
-                    T.barrier_wait(u_ready, c % 2)
-                    split_products(pa, pl, uh_s, ul_s, o_f, p_sp, u_sp, False, False)
-                    T.barrier_arrive(u_free)
                     T.barrier_arrive(empty[st])
+                    T.barrier_wait(p_ready, c % 2)
+                    T.barrier_wait(u_ready, c % 2)
+                    split_products(ph_s, pl_s, uh_s, ul_s, o_f, p_sp, u_sp, False, False)
+                    T.barrier_arrive(u_free)
+                    T.barrier_arrive(p_free)
                     for i, j in T.Parallel(BT, BV):
                         if t0 + i < eos:
                             o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j], dtype)
