@@ -47,7 +47,8 @@ __all__ = ["Allocation", "MemoryTrace", "Plan", "gpu_peak", "plan", "stub_kernel
 MiB = 2 ** 20
 KERNELS = os.path.join(ROOT, "kernels") + os.sep
 # the pipeline stages whose ends the timeline records, by module
-STAGES = {"kernels.forward.pipeline": ("prepare", "intra_chunk", "state", "state_segmented", "output", "finish"),
+STAGES = {"kernels.forward.pipeline": ("prepare", "intra_chunk", "state", "state_segmented", "state_output", "output",
+                                     "finish"),
           "kernels.backward.pipeline": ("prepare_backward", "prep", "recompute", "dh", "dqk", "dg_dbeta")}
 _ASSIGN = re.compile(r"^\s*([A-Za-z_][\w\s,.\[\]()]*?)\s*(?:\+|-|\*)?=(?!=)")
 

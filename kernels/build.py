@@ -25,7 +25,7 @@ def forward_configs():
     ``block_v`` picks (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts,
     the recompute's smem state kernels (S lo swizzled, S hi alone, or S lo in fp8), the intra kernel with
     one-term merges (the A/B alternative of ``BackwardPlan.merge_split``), and the fused warp-specialised
-    state-output kernel (the plan form "ws", an A/B alternative) at BV 64 / 32.
+    state-output kernel (the plan form "ws") at BV 64 / 32.
 
     All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
     ratio, scale, h0 present or not, final state stored or not, the state layout, l2norm on/off, gate dtype, dense
@@ -38,7 +38,7 @@ def forward_configs():
             plans += [ForwardPlan(dtype, prec, "smem", bv, 1, 1, DK=DK) for bv in (64, 32, 16)]
             plans += [ForwardPlan(dtype, prec, "smem", bv, 2, 1, DK=DK) for bv in (32, 16)]
             plans += [ForwardPlan(dtype, prec, "smem", 64, 1, 1, keep_tables=True, DK=DK)]
-            # the fused warp-specialised state-output kernel (the "ws" form, an A/B alternative)
+            # the fused warp-specialised state-output kernel (the "ws" form)
             plans += [ForwardPlan(dtype, prec, "ws", bv, 1, 1, DK=DK) for bv in (64, 32)]
             cfgs = [c for p in plans for c in p.configs()]
             # the intra kernel with one-term block merges (the benchmarks' m1), with and without Tinv

@@ -25,6 +25,7 @@ N_SM = 128
 CP_MIN_CHUNKS = 16             # chunks per CP segment at the least
 CP_MAX_CTAS = 8                # rv CTAs (N x HV x DK/64) at most for CP
 CP_MIN_TOTAL_CHUNKS = 512      # chunks of the longest sequence at the least for CP
+WS_HEAD_DIMS = (128,)          # head dims at which the "ws" form is dispatched (where it was measured faster)
 # the backward's recompute runs on a side stream beside dh from this many (chunk, value head) pairs
 OVERLAP_MIN_CHUNK_HEADS = 4096
 
@@ -35,7 +36,7 @@ class ForwardPlan:
 
     ``state_form``: "rv" (register operands, value-first tables), "smem" (shared-memory operands, key-first) or
     "ws" (the smem products with o in the same warp-specialised kernel, ``gdn_state_output_ws``: no chunk tables,
-    no output kernel; an A/B alternative);
+    no output kernel);
     ``block_v``: the state kernel's value columns per CTA; ``ctas_per_sm``: resident state CTAs per SM ("smem": 1
     or 2, BV <= 32 for 2); ``cp``: segments per sequence of the segment-parallel state passing (1 = off, "rv"
     only); ``keep_tables``: the intra kernel also stores Tinv and the call hands Tinv, Ag to the backward;
@@ -133,16 +134,20 @@ def cp_segments(n_seq: int, HV: int, max_chunks: int, DK: int = KERNEL_HEAD_DIM)
 def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: bool = False,
                  DK: int = KERNEL_HEAD_DIM) -> ForwardPlan:
     """The forward's dispatch.  The rv form with CP for at most ``CP_MAX_CTAS`` CTAs over at least
-    ``CP_MIN_TOTAL_CHUNKS`` chunks (few heads, long sequences), else the smem form without CP, two CTAs per SM
-    when BV 32 gives two per SM (else one, ``block_v``); precision "default"; ``keep_tables`` where the
-    precision computes the backward's tables; every kernel built for the call's head dim ``DK`` (K == V), which
-    also sets the CTA counts above."""
+    ``CP_MIN_TOTAL_CHUNKS`` chunks (few heads, long sequences); else the ws form where blocks of at least 32
+    value columns give a CTA per SM (``block_v``; head dims ``WS_HEAD_DIMS``); else the smem form without CP, two
+    CTAs per SM when BV 32 gives two per SM (else one); precision "default"; ``keep_tables`` where the precision
+    computes the backward's tables; every kernel built for the call's head dim ``DK`` (K == V), which also sets
+    the CTA counts above."""
     check_head_dim(DK)
     prec = preset()
     few = n_seq * HV * (DK // RV_BV) <= CP_MAX_CTAS and max_chunks >= CP_MIN_TOTAL_CHUNKS
     keep = keep_tables and keeps_tables(prec)
     if few:
         return ForwardPlan(dtype, prec, "rv", RV_BV, 1, cp_segments(n_seq, HV, max_chunks, DK), keep, DK)
+    bv = block_v(n_seq, HV, 1, DK)
+    if bv >= 32 and DK in WS_HEAD_DIMS:
+        return ForwardPlan(dtype, prec, "ws", bv, 1, 1, keep, DK)
     occ = 2 if block_v(n_seq, HV, 2, DK) == 32 else 1
     return ForwardPlan(dtype, prec, "smem", block_v(n_seq, HV, occ, DK), occ, 1, keep, DK)
 

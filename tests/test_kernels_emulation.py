@@ -116,15 +116,20 @@ def test_api_rejects_bad_input(over, needle):
 
 
 def test_forward_dispatch_picks_the_measured_forms():
-    """``forward_plan``: the smem state kernel with two CTAs per SM where BV 32 gives two per SM (B8 HV32), one of
-    BV 32 at B1 HV32; the rv form with CP for few heads over long sequences; the chunk-start state split;
-    the intra kernel keeps Tinv only when asked."""
+    """``forward_plan``: the fused ws kernel where blocks of 32 or more value columns fill the SMs at K = 128 (BV 64
+    at B8 HV32, 32 at B1 HV32), the smem state kernel below that (BV 16, and at K = 64: two CTAs per SM where BV
+    32 gives two); the rv form with CP for few heads over long sequences; the chunk-start state split; the intra
+    kernel keeps Tinv only when asked."""
     from kernels.plan import block_v, forward_plan
     assert block_v(1, 32, occ=2) == 16 and block_v(8, 32, occ=2) == 32 and block_v(1, 32) == 32
     p = forward_plan("bfloat16", 8, 32, 64)
-    assert (p.state_form, p.block_v, p.ctas_per_sm, p.cp) == ("smem", 32, 2, 1) and "occ2" in p.configs()[1].name
+    assert (p.state_form, p.block_v, p.ctas_per_sm, p.cp) == ("ws", 64, 1, 1) and len(p.configs()) == 2
     p = forward_plan("bfloat16", 1, 32, 512)
-    assert (p.state_form, p.block_v, p.ctas_per_sm, p.precision.s) == ("smem", 32, 1, "split")
+    assert (p.state_form, p.block_v, p.ctas_per_sm, p.precision.s) == ("ws", 32, 1, "split")
+    p = forward_plan("bfloat16", 1, 8, 512)
+    assert (p.state_form, p.block_v, p.ctas_per_sm) == ("smem", 16, 1)
+    p = forward_plan("bfloat16", 8, 32, 64, DK=64)
+    assert (p.state_form, p.block_v, p.ctas_per_sm) == ("smem", 32, 2) and "occ2" in p.configs()[1].name
     p = forward_plan("float16", 1, 4, 1024, keep_tables=True)
     assert (p.state_form, p.cp, p.keep_tables) == ("rv", 16, True) and len(p.configs()) == 5
     assert p.configs()[0].th and not forward_plan("float16", 1, 4, 1024).configs()[0].th
@@ -136,7 +141,7 @@ def test_a_plan_the_kernels_cannot_run_is_refused():
     import dataclasses
 
     from kernels.plan import forward_plan
-    p = forward_plan("bfloat16", 8, 32, 64)
+    p = dataclasses.replace(forward_plan("bfloat16", 8, 32, 64), state_form="smem", block_v=32, ctas_per_sm=2)
     for bad, needle in ((dict(block_v=64), "BV <= 32"), (dict(cp=2), "cp 1"), (dict(state_form="x"), "unknown"),
                         (dict(state_form="rv"), "rv state kernel"),
                         (dict(state_form="ws", block_v=32, ctas_per_sm=2), "warp-specialised")):
