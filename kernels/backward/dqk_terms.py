@@ -127,22 +127,22 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, m1h, m2h, m3h
     # (t, j) = (row, col); F5 = scale rq, F6 = rk, F7 = beta (0 on rows past the end)
     for t, j in T.Parallel(BT, BT):
         # dQK (rows t < nv) times rk_j -> dq~ operand
-        x_f[t, j] = T.if_then_else((j <= t) & (t < nv),
-                                   scale * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j] * fv[6, j],
-                                   T.float32(0))
+        # the value first, then a select: no branch per element (masked values, inf or not, are never selected)
+        x = scale * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j] * fv[6, j]
+        x_f[t, j] = T.if_then_else((j <= t) & (t < nv), x, T.float32(0))
     for t, j in T.Parallel(BT, BT):
         put_split(mqh, None, t, j, x_f[t, j], False)
     for t, j in T.Parallel(BT, BT):
         # rq_t dQK_tj (-> dk~ operand, transposed) ; dpu <- its product with q~ k~^T for dg
-        x_f[t, j] = T.if_then_else(j <= t, fv[5, t] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j],
-                                   T.float32(0))
+        x = fv[5, t] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j]
+        x_f[t, j] = T.if_then_else(j <= t, x, T.float32(0))
     for t, j in T.Parallel(BT, BT):
         put_split(m1h, None, t, j, x_f[t, j], False)
         dpu[t, j] = x_f[t, j] * fv[6, j] * qk[t, j]
     for t, j in T.Parallel(BT, BT):
         # braw = e rk_t rk_j KK (j < t);  kk <- braw
-        kk[t, j] = T.if_then_else(j < t, T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * fv[6, t] * fv[6, j]
-                                  * kk[t, j], T.float32(0))
+        x = T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * fv[6, t] * fv[6, j] * kk[t, j]
+        kk[t, j] = T.if_then_else(j < t, x, T.float32(0))
     for t, j in T.Parallel(BT, BT):
         dyu[t, j] = T.if_then_else(j < t, -dyu[t, j], T.float32(0))          # dA
     for hf, t, j in T.Parallel(2, BT, BT // 2):
@@ -153,8 +153,8 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, m1h, m2h, m3h
     T.copy(x_f, m_s[:, 0:BT])
     for t, j in T.Parallel(BT, BT):
         # dBk = beta_t e dA
-        x_f[t, j] = T.if_then_else(j < t, fv[7, t] * dyu[t, j] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E),
-                                   T.float32(0))
+        x = fv[7, t] * dyu[t, j] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E)
+        x_f[t, j] = T.if_then_else(j < t, x, T.float32(0))
     for t, j in T.Parallel(BT, BT):
         put_split(m2h, None, t, j, x_f[t, j] * fv[6, j], False)
         put_split(m3h, None, t, j, x_f[t, j] * fv[6, t], False)

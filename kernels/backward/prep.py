@@ -134,8 +134,9 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge_spli
             # P = scale causal(E o Q~K~^T), split (the operand of dUloc^T = dO^T P)
             T.gemm(q_s, k_s, kk, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(BT, BT):
-                kk[i, j] = T.if_then_else(
-                    j <= i, f_s[5, i] * f_s[6, j] * T.exp2((g_s[i] - g_s[j]) * LOG2E) * kk[i, j], T.float32(0))
+                # the value first, then a select: no branch per element (masked values, inf or not, are never selected)
+                p = f_s[5, i] * f_s[6, j] * T.exp2((g_s[i] - g_s[j]) * LOG2E) * kk[i, j]
+                kk[i, j] = T.if_then_else(j <= i, p, T.float32(0))
             for i, j in T.Parallel(BT, BT):
                 ph_s[i, j] = T.cast(kk[i, j], dtype)
                 pl_s[i, j] = T.cast(kk[i, j] - T.cast(T.cast(kk[i, j], dtype), f32), dtype)

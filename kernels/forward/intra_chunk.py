@@ -86,8 +86,9 @@ def gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s):
     wgmma into ``kk``, stored to the shared ``a_s``)."""
     T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
     for r, j in T.Parallel(BT, BT):
-        a_s[r, j] = T.if_then_else(
-            j < r, b_s[r] * rk_s[r] * rk_s[j] * T.exp2((g_s[r] - g_s[j]) * LOG2E) * kk[r, j], T.float32(0))
+        # the value first, then a select: no branch per element (masked values, inf or not, are never selected)
+        a = b_s[r] * rk_s[r] * rk_s[j] * T.exp2((g_s[r] - g_s[j]) * LOG2E) * kk[r, j]
+        a_s[r, j] = T.if_then_else(j < r, a, T.float32(0))
 
 
 @T.macro

@@ -26,9 +26,9 @@ def gated_scores(qk, pa, pl, f_s, p_sp):
     (fp32, overwritten) and the gate table rows 4 (G), 5 (scale rq), 6 (rk) of ``f_s``, split into ``pa`` (+ ``pl``
     where ``p_sp``)."""
     for i, j in T.Parallel(BT, BT):
-        qk[i, j] = T.if_then_else(
-            j <= i, f_s[5, i] * f_s[6, j] * T.exp2((f_s[4, i] - f_s[4, j]) * LOG2E) * qk[i, j],
-            T.float32(0))
+        # the value first, then a select: no branch per element (masked values, inf or not, are never selected)
+        p = f_s[5, i] * f_s[6, j] * T.exp2((f_s[4, i] - f_s[4, j]) * LOG2E) * qk[i, j]
+        qk[i, j] = T.if_then_else(j <= i, p, T.float32(0))
     split_into(qk, pa, pl, p_sp)
 
 

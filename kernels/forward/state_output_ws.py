@@ -155,10 +155,9 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec):
                     T.barrier_wait(full[st], (c // 2) % 2)
                     T.gemm(q_s[st, :, :], k_s[st, :, :], qk, transpose_B=True, clear_accum=True)
                     for i, j in T.Parallel(BT, BT):
-                        qk[i, j] = T.if_then_else(
-                            j <= i,
-                            f_s[st, 5, i] * f_s[st, 6, j] * T.exp2((f_s[st, 4, i] - f_s[st, 4, j]) * LOG2E) * qk[i, j],
-                            T.float32(0))
+                        # the value, then a select: branch-free (masked values are never selected)
+                        p = f_s[st, 5, i] * f_s[st, 6, j] * T.exp2((f_s[st, 4, i] - f_s[st, 4, j]) * LOG2E) * qk[i, j]
+                        qk[i, j] = T.if_then_else(j <= i, p, T.float32(0))
                     T.barrier_arrive(empty[st])
                     T.barrier_wait(p_free, (c + 1) % 2)
                     split_into(qk, ph_s, pl_s, p_sp)
