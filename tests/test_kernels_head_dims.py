@@ -15,7 +15,7 @@ from kernels.plan import N_SM, ForwardPlan, backward_plan, block_v, forward_plan
 from cases.case import Case
 from tests import kernel_support as tt
 
-# (n_seq, HV, max_chunks): the smem form at one and two CTAs per SM, the rv form with CP
+# (n_seq, HV, max_chunks): the ws form (smem at one and two CTAs per SM at DK 64), the rv form with CP
 _SHAPES = [(8, 32, 64), (1, 32, 512), (2, 4, 1024), (1, 2, 2048), (64, 8, 16)]
 
 
