@@ -38,16 +38,17 @@ def fp32_tile():
 def _merge(w, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, msplit):
     """One merge level in place on ``l_s`` (fp32): ``L <- L - L (A_o L)``, A_o = the blocks (2i+1, 2i)
     of width ``w``; operands single input-dtype terms, or 3-term splits when ``msplit``."""
+    # the values first, then selects: no branch per element (as in ``gated_kkt``)
     for r, m in T.Parallel(BT, BT):
         lh_s[r, m] = T.cast(l_s[r, m], dtype)
-        oh_s[r, m] = T.cast(
-            T.if_then_else(((r // w) % 2 == 1) & (m // w == r // w - 1), a_s[r, m], T.float32(0)), dtype)
+        a = a_s[r, m]
+        oh_s[r, m] = T.cast(T.if_then_else(((r // w) % 2 == 1) & (m // w == r // w - 1), a, T.float32(0)), dtype)
     if msplit:
         for r, m in T.Parallel(BT, BT):
             ll_s[r, m] = T.cast(l_s[r, m] - T.cast(T.cast(l_s[r, m], dtype), "float32"), dtype)
-            ol_s[r, m] = T.cast(
-                T.if_then_else(((r // w) % 2 == 1) & (m // w == r // w - 1),
-                               a_s[r, m] - T.cast(T.cast(a_s[r, m], dtype), "float32"), T.float32(0)), dtype)
+            al = a_s[r, m] - T.cast(T.cast(a_s[r, m], dtype), "float32")
+            ol_s[r, m] = T.cast(T.if_then_else(((r // w) % 2 == 1) & (m // w == r // w - 1), al, T.float32(0)),
+                                dtype)
     T.gemm(oh_s, lh_s, x_f, clear_accum=True)
     if msplit:
         T.gemm(ol_s, lh_s, x_f)
