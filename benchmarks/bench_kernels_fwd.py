@@ -26,7 +26,7 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   ``plan.block_v``, one CTA per SM; ``smem16`` / ``smem32`` / ``smem64`` - the same with BV forced;
   ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
   ``ws`` - the fused warp-specialised state-output kernel (state form "ws": no chunk tables, no output kernel; BV
-  by ``block_v``, at most 64); ``ws16`` / ``ws32`` / ``ws64`` - with BV forced;
+  by ``block_v``); ``ws16`` / ``ws32`` / ``ws64`` - with BV forced;
   ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``m1`` - the
   intra kernel's block merges one term (precision fields of the dispatched plan);
 * ``intra``, ``state``, ``output`` - the dispatched plan's three stages, each alone on the tables the stages
@@ -106,7 +106,7 @@ def _smem(bv=None, occ=1):
 
 
 def _ws(bv=None):
-    return lambda p, n, HV, mc: dict(state_form="ws", block_v=bv or min(64, block_v(n, HV)), ctas_per_sm=1, cp=1)
+    return lambda p, n, HV, mc: dict(state_form="ws", block_v=bv or block_v(n, HV), ctas_per_sm=1, cp=1)
 
 
 def _prec(**fields):

@@ -62,8 +62,7 @@ class ForwardPlan:
                                           or (self.ctas_per_sm == 2 and self.block_v > 32)):
             raise ValueError(f"the smem state kernel needs cp 1, BV in (16, 32, 64), "
                              f"1 CTA per SM or 2 with BV <= 32: {self}")
-        if self.state_form == "ws" and (self.cp != 1 or self.block_v not in (16, 32, 64) or self.ctas_per_sm != 1
-                                        or self.block_v > self.DK):
+        if self.state_form == "ws" and (self.cp != 1 or self.block_v not in (16, 32, 64) or self.ctas_per_sm != 1):
             raise ValueError(f"the fused warp-specialised state-output kernel needs cp 1, BV in (16, 32, 64) and "
                              f"one CTA per SM: {self}")
         if self.keep_tables and not keeps_tables(self.precision):

@@ -167,13 +167,24 @@ def _state_tables(x: ForwardInputs, plan):
     return Sch, Scl, Uh, Ul
 
 
+def _initial_states(x: ForwardInputs) -> torch.Tensor:
+    """The initial states the state kernels read: ``x.h0``, or an unread [1, HV, D, D] fp32 placeholder."""
+    h0 = x.h0 if x.h0 is not None else torch.empty((1, x.HV, x.D, x.D), device=x.q.device, dtype=torch.float32)
+    return h0
+
+
+def _final_states(x: ForwardInputs) -> torch.Tensor:
+    """The state kernels' final-state output: [N, HV, D, D] fp32, or [1, HV, D, D] (not written) without
+    ``store_ht``."""
+    ht = torch.empty((x.N if x.store_ht else 1, x.HV, x.D, x.D), device=x.q.device, dtype=torch.float32)
+    return ht
+
+
 def state(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:
     """The sequential state kernel over every sequence: chunk-start states, U, and the final states."""
     from kernels.build import get_kernel
-    dev = x.q.device
     Sch, Scl, Uh, Ul = _state_tables(x, plan)
-    h0 = x.h0 if x.h0 is not None else torch.empty((1, x.HV, x.D, x.D), device=dev, dtype=torch.float32)
-    ht = torch.empty((x.N if x.store_ht else 1, x.HV, x.D, x.D), device=dev, dtype=torch.float32)
+    h0, ht = _initial_states(x), _final_states(x)
     get_kernel(plan.configs()[1])(x.k, x.v, tables.Ah, tables.Al, tables.F, x.cu, x.chunk_offsets, h0, Sch, Scl,
                                   Uh, Ul, ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
     return ChunkStates(Sch, Scl, Uh, Ul, ht if x.store_ht else None)
@@ -183,10 +194,8 @@ def state_output(*, x: ForwardInputs, plan, tables: IntraTables):
     """``gdn_state_output_ws`` (the "ws" form): (o [Ttot, HV, D] in the input dtype, the final states or None);
     no chunk tables."""
     from kernels.build import get_kernel
-    dev = x.q.device
-    h0 = x.h0 if x.h0 is not None else torch.empty((1, x.HV, x.D, x.D), device=dev, dtype=torch.float32)
-    ht = torch.empty((x.N if x.store_ht else 1, x.HV, x.D, x.D), device=dev, dtype=torch.float32)
-    o = torch.empty(x.n_tok, x.HV, x.D, device=dev, dtype=x.q.dtype)
+    h0, ht = _initial_states(x), _final_states(x)
+    o = torch.empty(x.n_tok, x.HV, x.D, device=x.q.device, dtype=x.q.dtype)
     get_kernel(plan.configs()[1])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, x.cu, x.chunk_offsets, h0, o, ht,
                                   int(x.h0 is not None), int(x.store_ht), int(x.v_first))
     return o, (ht if x.store_ht else None)
@@ -201,7 +210,7 @@ def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStat
     Sch, Scl, Uh, Ul = _state_tables(x, plan)
     seg_cu, seg_co, seg_of, seg_of_d, Nseg = _cp_tables(x.B, x.T, x.cu_seqlens, x.cu_host, plan.cp, dev)
     ZM = torch.empty((Nseg, HV, 2 * D, D), device=dev, dtype=torch.float32)
-    h0 = x.h0 if x.h0 is not None else torch.empty((1, HV, D, D), device=dev, dtype=torch.float32)
+    h0 = _initial_states(x)
     # the scan writes none of the chunk tables of its signature
     get_kernel(scan)(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0[:1], Sch, Scl, Uh, Ul, ZM, 0, 1, 0)
     h0s = torch.empty((Nseg, HV, D, D), device=dev, dtype=torch.float32)
