@@ -275,78 +275,83 @@ def main(argv=None):
 
     print("\n== step 2: timing (median ms) ==", flush=True)
     results = {}
-    for name in shapes:
-        B, T, H, HV, lens = table[name]
-        a, kw, do, dht = make(B, T, H, HV, lens, dev, gates=args.gates)
-        leaves = [x.detach().requires_grad_() for x in a]
-        row = {}
-        for iname, fn in impls:
-            t0 = time.time()
-            try:
-                def fwd(fn=fn):
-                    return fn(*leaves, **kw)
+    interrupted = None
+    try:
+        for name in shapes:
+            B, T, H, HV, lens = table[name]
+            a, kw, do, dht = make(B, T, H, HV, lens, dev, gates=args.gates)
+            leaves = [x.detach().requires_grad_() for x in a]
+            row = {}
+            for iname, fn in impls:
+                t0 = time.time()
+                try:
+                    def fwd(fn=fn):
+                        return fn(*leaves, **kw)
 
-                def fwdbwd(fn=fn, iname=iname):
-                    with backward_context(iname):
-                        o, ht = fn(*leaves, **kw)
-                        torch.autograd.backward((o, ht), (do, dht))
+                    def fwdbwd(fn=fn, iname=iname):
+                        with backward_context(iname):
+                            o, ht = fn(*leaves, **kw)
+                            torch.autograd.backward((o, ht), (do, dht))
 
-                fwdbwd()            # compile / autotune outside the timing
-                peak = None
-                if dev.type == "cuda":
-                    # the memory one fwd+bwd call takes above what it starts with (inputs), gradients included: the
-                    # columns differ by what the forward keeps for the backward and by the backward's own buffers
-                    for x in leaves:
-                        x.grad = None
-                    torch.cuda.synchronize()
-                    base = torch.cuda.memory_allocated()
-                    torch.cuda.reset_peak_memory_stats()
-                    fwdbwd()
-                    torch.cuda.synchronize()
-                    peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-                tf = do_bench(fwd, warmup=args.warmup, rep=args.rep, return_mode="median")
-                # the leaves' gradients reset before each call (as triton's do_bench does with grad_to_none): without
-                # it every call after the first adds its gradients onto the last
-                tfb = do_bench(fwdbwd, warmup=args.warmup, rep=args.rep, return_mode="median", grad_to_none=leaves)
-                row[iname] = (tf, tfb, peak)
-            except Exception as e:
-                row[iname] = None
-                skipped.setdefault(iname, describe_error(e)[:160])
-            for x in leaves:
-                x.grad = None
-            r = row[iname]
-            print(f"  {name:<24} {iname:<9} " + (f"fwd {r[0]:.3f}  fwd+bwd {r[1]:.3f}  bwd {r[1] - r[0]:.3f} ms"
-                                                 + (f"  peak {r[2]:.0f} MiB" if r[2] is not None else "")
-                                                 if r else "failed") + f"  ({time.time() - t0:.1f} s)", flush=True)
-        for col in [c for c in ["ours"] + ab if not args.dry_run and row.get(c)]:
-            try:              # where the backward's time goes (one call, CUDA events between the launches)
-                from kernels.backward.pipeline import (chunk_gated_delta_rule_bwd, plan_for, prepare_backward,
-                                                       reads_saved_tables, stage_times)
-                from kernels.forward.pipeline import chunk_gated_delta_rule as fwd_api
-                side = dict(initial_state=kw["initial_state"], state_v_first=kw["state_v_first"],
-                            cu_seqlens=kw["cu_seqlens"])
-                plan = plan_for(prepare_backward(*a, do, dht, **side))
-                plan = plan if col == "ours" else alter(col)(plan)
-                saved = {}                    # the forward's intra tables, as the autograd Function hands them on
-                if plan.reads_saved_tables and reads_saved_tables(a[0], a[2], kw["cu_seqlens"]):
-                    fwd_api(*a, **side, keep_tables=saved)
-                side.update(plan=plan, **({"saved_tables": saved} if saved else {}))
-                for _ in range(2):
-                    ev = []
-                    chunk_gated_delta_rule_bwd(*a, do, dht, **side, events=ev)
-                    st = stage_times(ev)
-                # the backward alone (no autograd, no forward): its launches back to back, against the sum of its
-                # stages, so that host time between them (and around the first) shows as the difference
-                api_ms = do_bench(lambda: chunk_gated_delta_rule_bwd(*a, do, dht, **side), warmup=args.warmup,
-                                  rep=args.rep, return_mode="median")
-                print(f"  {name:<24} {col} bwd stages: " + "  ".join(f"{k} {v:.3f}" for k, v in st.items())
-                      + f" ms (sum {sum(st.values()):.3f}; the backward alone {api_ms:.3f} ms)", flush=True)
-            except Exception as e:
-                print(f"  {name:<24} {col} bwd stages: failed {describe_error(e)[:160]}", flush=True)
-        results[name] = row
-        del a, kw, do, dht, leaves
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+                    fwdbwd()            # compile / autotune outside the timing
+                    peak = None
+                    if dev.type == "cuda":
+                        # the memory one fwd+bwd call takes above what it starts with (inputs), gradients included: the
+                        # columns differ by what the forward keeps for the backward and by the backward's own buffers
+                        for x in leaves:
+                            x.grad = None
+                        torch.cuda.synchronize()
+                        base = torch.cuda.memory_allocated()
+                        torch.cuda.reset_peak_memory_stats()
+                        fwdbwd()
+                        torch.cuda.synchronize()
+                        peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+                    tf = do_bench(fwd, warmup=args.warmup, rep=args.rep, return_mode="median")
+                    # the leaves' gradients reset before each call (as triton's do_bench does with grad_to_none):
+                    # without it every call after the first adds its gradients onto the last
+                    tfb = do_bench(fwdbwd, warmup=args.warmup, rep=args.rep, return_mode="median", grad_to_none=leaves)
+                    row[iname] = (tf, tfb, peak)
+                except Exception as e:
+                    row[iname] = None
+                    skipped.setdefault(iname, describe_error(e)[:160])
+                for x in leaves:
+                    x.grad = None
+                r = row[iname]
+                print(f"  {name:<24} {iname:<9} " + (f"fwd {r[0]:.3f}  fwd+bwd {r[1]:.3f}  bwd {r[1] - r[0]:.3f} ms"
+                                                     + (f"  peak {r[2]:.0f} MiB" if r[2] is not None else "")
+                                                     if r else "failed") + f"  ({time.time() - t0:.1f} s)", flush=True)
+            for col in [c for c in ["ours"] + ab if not args.dry_run and row.get(c)]:
+                try:              # where the backward's time goes (one call, CUDA events between the launches)
+                    from kernels.backward.pipeline import (chunk_gated_delta_rule_bwd, plan_for, prepare_backward,
+                                                           reads_saved_tables, stage_times)
+                    from kernels.forward.pipeline import chunk_gated_delta_rule as fwd_api
+                    side = dict(initial_state=kw["initial_state"], state_v_first=kw["state_v_first"],
+                                cu_seqlens=kw["cu_seqlens"])
+                    plan = plan_for(prepare_backward(*a, do, dht, **side))
+                    plan = plan if col == "ours" else alter(col)(plan)
+                    saved = {}                    # the forward's intra tables, as the autograd Function hands them on
+                    if plan.reads_saved_tables and reads_saved_tables(a[0], a[2], kw["cu_seqlens"]):
+                        fwd_api(*a, **side, keep_tables=saved)
+                    side.update(plan=plan, **({"saved_tables": saved} if saved else {}))
+                    for _ in range(2):
+                        ev = []
+                        chunk_gated_delta_rule_bwd(*a, do, dht, **side, events=ev)
+                        st = stage_times(ev)
+                    # the backward alone (no autograd, no forward): its launches back to back, against the sum of its
+                    # stages, so that host time between them (and around the first) shows as the difference
+                    api_ms = do_bench(lambda: chunk_gated_delta_rule_bwd(*a, do, dht, **side), warmup=args.warmup,
+                                      rep=args.rep, return_mode="median")
+                    print(f"  {name:<24} {col} bwd stages: " + "  ".join(f"{k} {v:.3f}" for k, v in st.items())
+                          + f" ms (sum {sum(st.values()):.3f}; the backward alone {api_ms:.3f} ms)", flush=True)
+                except Exception as e:
+                    print(f"  {name:<24} {col} bwd stages: failed {describe_error(e)[:160]}", flush=True)
+            results[name] = row
+            del a, kw, do, dht, leaves
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    except KeyboardInterrupt:        # SIGINT (e.g. a timeout): the shapes done so far are still reported
+        interrupted = f"interrupted after {len(results)} of {len(shapes)} shapes; the others not timed"
+        print(f"\n{interrupted}", flush=True)
 
     cols = [n for n, _ in impls]
     title = "fwd+bwd (bwd) median ms, bf16" + (", qwen gates" if args.gates == "qwen" else "")
@@ -373,6 +378,8 @@ def main(argv=None):
         for name, row in results.items():
             mib = [("%.0f" % row[c][2]) if row.get(c) and row[c][2] is not None else "-" for c in cols]
             table.append(f"{name:<26}" + "".join(f"{m:>20}" for m in mib))
+    if interrupted:
+        table += ["", interrupted]
     print("\n".join(table[1:]))
     if not args.dry_run or args.results:
         print("appended to", args.results or record.RESULTS, "as:",

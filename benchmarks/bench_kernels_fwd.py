@@ -31,7 +31,8 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   intra kernel's block merges one term (precision fields of the dispatched plan);
 * ``intra``, ``state``, ``output`` - the dispatched plan's three stages, each alone on the tables the stages
                   before it made once (``state``: the sequential state kernel, or with CP the scan, the fix-up and
-                  the state kernel per segment); where the time of ``default`` goes;
+                  the state kernel per segment; for the "ws" form the fused state-output kernel, and no
+                  ``output``); where the time of ``default`` goes;
 * ``FLA``       - FLA's Triton kernels (every FLA dispatch backend off: ``parity.backends.fla_common``);
 * ``FlashQLA``  - ``flash_qla.chunk_gated_delta_rule`` (skipped with the reason if unavailable);
 * ``flashinfer`` / ``flashinfer-cake`` / ``cudnn`` - FlashInfer's GDN prefill paths as the engines call them
@@ -245,6 +246,25 @@ def _outputs(res):
     return res.o, res.final_state
 
 
+def ratio_table(rows: dict, refs: list, ours: str = "default") -> list[str]:
+    """Lines of reference ms / ``ours`` ms per shape (> 1: ours faster) for each reference column in ``refs``, and
+    against the fastest of them (named): the targets' form.  ``rows``: {shape: {column: ms or None}}."""
+    if not refs:
+        return []
+    out = ["", f"{ours} against each reference: reference ms / ours ms (> 1: ours faster)",
+           f"{'shape':<24}" + "".join(f"{c:>12}" for c in refs) + "   fastest"]
+    for name, row in rows.items():
+        mine = row.get(ours)
+        have = {c: row[c] for c in refs if row.get(c)}
+        line = f"{name:<24}" + "".join(f"{('%.2f' % (have[c] / mine)) if mine and c in have else '-':>12}"
+                                       for c in refs)
+        if mine and have:
+            best = min(have, key=have.get)
+            line += f"   {have[best] / mine:.2f} ({best} {have[best]:.3f} ms)"
+        out.append(line)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -334,6 +354,9 @@ def main(argv=None):
             x = prepare(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu_seqlens)
             plan = plan_for(x)
             tables = fp.intra_chunk(x=x, plan=plan)
+            if plan.state_form == "ws":         # o comes from the fused state kernel: no output stage
+                return {"intra": lambda: fp.intra_chunk(x=x, plan=plan),
+                        "state": lambda: fp.state_output(x=x, plan=plan, tables=tables)}
 
             def state():
                 return (fp.state if plan.cp <= 1 else fp.state_segmented)(x=x, plan=plan, tables=tables)
@@ -419,46 +442,51 @@ def main(argv=None):
     cols = variants + stage_cols + ["FLA", "FlashQLA"] + list(fi_cols)
     results = {}
     hosts = {}
-    for name in shapes:
-        B, T, H, HV, lens = table[name]
-        q, k, v, g, beta, cu = make(B, T, H, HV, lens, dev, gates=args.gates)
-        fns = {}
-        for x in variants:
-            fns[x] = (lambda f=ours_fn(x): f(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu))
-        try:
-            fns.update(stage_fns(q, k, v, g, beta, cu_seqlens=cu))
-        except Exception as e:
-            for c in stage_cols:
-                skipped.setdefault(c, describe_error(e)[:160])
-        if fla is not None:
-            fns["FLA"] = lambda: fla(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
-        if fqla is not None:
-            fns["FlashQLA"] = lambda: fqla(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
-        for col, b in fi_cols.items():
-            fns[col] = b.prepared_call(gdn_inputs(q, k, v, g, beta, cu_seqlens=cu))
-        row, host = {}, {}
-        for col, fn in fns.items():
-            t0 = time.time()
+    interrupted = None
+    try:
+        for name in shapes:
+            B, T, H, HV, lens = table[name]
+            q, k, v, g, beta, cu = make(B, T, H, HV, lens, dev, gates=args.gates)
+            fns = {}
+            for x in variants:
+                fns[x] = (lambda f=ours_fn(x): f(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu))
             try:
-                with torch.no_grad():
-                    fn()  # compile / autotune outside the timing
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize()
-                    ms = do_bench(fn, warmup=args.warmup, rep=args.rep, return_mode="median")
-                    host[col] = enqueue_ms(fn, dev)
-                row[col] = ms
+                fns.update(stage_fns(q, k, v, g, beta, cu_seqlens=cu))
             except Exception as e:
-                row[col] = None
-                skipped.setdefault(col, describe_error(e)[:160])
-            hms = host.get(col)
-            print(f"  {name:<24} {col:<9} {('%.3f ms' % row[col]) if row[col] else 'failed':>10} "
-                  f"{('host %.3f ms' % hms) if hms else '':>15} (setup+bench {time.time() - t0:.1f} s)", flush=True)
-        n = len(lens) if lens else B
-        results[name] = (row, flops(B, T, HV, lens), block_v(n, HV))     # the smem kernel's dispatched BV
-        hosts[name] = host
-        del q, k, v, g, beta, cu
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+                for c in stage_cols:
+                    skipped.setdefault(c, describe_error(e)[:160])
+            if fla is not None:
+                fns["FLA"] = lambda: fla(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
+            if fqla is not None:
+                fns["FlashQLA"] = lambda: fqla(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
+            for col, b in fi_cols.items():
+                fns[col] = b.prepared_call(gdn_inputs(q, k, v, g, beta, cu_seqlens=cu))
+            row, host = {}, {}
+            for col, fn in fns.items():
+                t0 = time.time()
+                try:
+                    with torch.no_grad():
+                        fn()  # compile / autotune outside the timing
+                        if dev.type == "cuda":
+                            torch.cuda.synchronize()
+                        ms = do_bench(fn, warmup=args.warmup, rep=args.rep, return_mode="median")
+                        host[col] = enqueue_ms(fn, dev)
+                    row[col] = ms
+                except Exception as e:
+                    row[col] = None
+                    skipped.setdefault(col, describe_error(e)[:160])
+                hms = host.get(col)
+                print(f"  {name:<24} {col:<9} {('%.3f ms' % row[col]) if row[col] else 'failed':>10} "
+                      f"{('host %.3f ms' % hms) if hms else '':>15} (setup+bench {time.time() - t0:.1f} s)", flush=True)
+            n = len(lens) if lens else B
+            results[name] = (row, flops(B, T, HV, lens), block_v(n, HV))     # the smem kernel's dispatched BV
+            hosts[name] = host
+            del q, k, v, g, beta, cu
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    except KeyboardInterrupt:        # SIGINT (e.g. a timeout): the shapes done so far are still reported
+        interrupted = f"interrupted after {len(results)} of {len(shapes)} shapes; the others not timed"
+        print(f"\n{interrupted}", flush=True)
 
     title = "forward with final state, bf16" + (", qwen gates" if args.gates == "qwen" else "")
     print(f"\n== summary: {title}, median ms (TFLOP/s) [{time.time() - t_start:.0f} s] ==")
@@ -470,6 +498,10 @@ def main(argv=None):
             ms = row.get(c)
             line += f"{('%.3f (%.0f)' % (ms, fl / ms / 1e9)) if ms else '-':>15}"
         table.append(line)
+    refs = [c for c in ["FLA", "FlashQLA"] + list(fi_cols) if any(r.get(c) for r, _, _ in results.values())]
+    table += ratio_table({name: row for name, (row, _, _) in results.items()}, refs)
+    if interrupted:
+        table += ["", interrupted]
     print("\n".join(table[1:]))
     if not args.dry_run or args.results:
         print("appended to", args.results or record.RESULTS, "as:",
