@@ -7,7 +7,9 @@ Importing this module imports neither tilelang nor CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 
 from kernels.backward import configs as bwd
 from kernels.forward import configs as fwd
@@ -107,15 +109,18 @@ def precompile(cfgs, workers: int | None = None, log=print, get=None):
     return failed
 
 
-def ptxas_report(src: str, timeout: float = 300.0) -> dict:
-    """Compile a TileLang CUDA source with ``nvcc -cubin -Xptxas -v`` (sm_90a) and parse
-    registers / spills / stack.  Used by the compile test (the design keeps the
-    solve's column and the state in registers: no spills, no stack)."""
-    import os
-    import re
+def ptxas_report(src: str, timeout: float = 300.0, log: str | None = None) -> dict:
+    """Registers / spills / stack of a TileLang CUDA source for sm_90a (the compile tests: the design keeps the
+    solve's column and the state in registers, no spills, no stack): parsed from ``log`` (ptxas' verbose output of
+    that source's compile, e.g. TileLang's own, ``compile_report``), else from this source's report saved by an
+    earlier call (``_ptxas_saved``), else from ``nvcc -cubin -Xptxas -v`` run here."""
     import subprocess
     import tempfile
 
+    if log is None:
+        log = _ptxas_saved(src)
+    if log is not None:
+        return _parse_ptxas(0, log)
     from tilelang.contrib.nvcc import default_compile_options
 
     with tempfile.TemporaryDirectory() as d:
@@ -125,14 +130,78 @@ def ptxas_report(src: str, timeout: float = 300.0) -> dict:
         cmd = ["nvcc", "-arch=sm_90a", "-cubin", "-O3", "--use_fast_math", "-Xptxas", "-v", "-DENABLE_BF16",
                "-o", os.path.join(d, "k.cubin"), path] + default_compile_options()
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    out = r.stdout + r.stderr
-    info = {"returncode": r.returncode, "log": out[-4000:]}
+    return _parse_ptxas(r.returncode, r.stdout + r.stderr)
+
+
+def _parse_ptxas(returncode: int, out: str) -> dict:
+    import re
+
+    info = {"returncode": returncode, "log": out[-4000:]}
     m = re.search(r"Used (\d+) registers", out)
     info["registers"] = int(m.group(1)) if m else None
     m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", out)
     if m:
         info["stack"], info["spill_stores"], info["spill_loads"] = map(int, m.groups())
     return info
+
+
+def _ptxas_path(src: str) -> str:
+    """Where the ptxas report of ``src`` is kept: beside TileLang's disk cache, keyed by the source's hash."""
+    import hashlib
+
+    root = os.environ.get("TILELANG_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".tilelang", "cache")
+    return os.path.join(root, "gdn_parity_ptxas", hashlib.sha256(src.encode()).hexdigest() + ".txt")
+
+
+def _ptxas_saved(src: str) -> str | None:
+    try:
+        with open(_ptxas_path(src)) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _save_ptxas(src: str, log: str) -> None:
+    path = _ptxas_path(src)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(log)
+        os.replace(tmp, path)
+    except OSError:
+        pass                    # a report not kept is computed again next time
+
+
+@contextlib.contextmanager
+def _tilelang_ptxas_log(out: list):
+    """While open, TileLang compiles with ptxas' verbose output (``TILELANG_VERBOSE``) and each such output it logs
+    is appended to ``out``: the compile tests read registers and spills from TileLang's own nvcc run instead of
+    compiling the source a second time.  A kernel TileLang loads from its cache logs nothing."""
+    import logging
+
+    from tilelang import logger
+
+    class Grab(logging.Handler):
+        def emit(self, record):
+            msg = record.getMessage()
+            if msg.startswith("PTXAS verbose output:"):
+                out.append(msg)
+
+    handler, level, env = Grab(), logger.level, os.environ.get("TILELANG_VERBOSE")
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    os.environ["TILELANG_VERBOSE"] = "1"
+    try:
+        yield out
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        if env is None:
+            os.environ.pop("TILELANG_VERBOSE", None)
+        else:
+            os.environ["TILELANG_VERBOSE"] = env
 
 
 def dyn_smem_bytes(host_src: str) -> int | None:
@@ -151,13 +220,17 @@ def compile_report(cfg, get, kind: str, with_ptxas: bool = True) -> dict:
     import time
 
     t = time.time()
-    kern = get(cfg)
+    logs: list = []
+    with _tilelang_ptxas_log(logs) if with_ptxas else contextlib.nullcontext():
+        kern = get(cfg)
     src = kern.get_kernel_source()
     out = {"name": cfg.name, "kind": kind, "dtype": getattr(cfg, "dtype", "float32"),    # the fix-up has none
            "seconds": time.time() - t, "source": src, "dyn_smem": dyn_smem_bytes(kern.get_host_source())}
     if with_ptxas:
         t = time.time()
-        out["ptxas"] = ptxas_report(src)
+        out["ptxas"] = ptxas_report(src, log=logs[-1] if len(logs) == 1 else None)
+        if out["ptxas"]["returncode"] == 0:
+            _save_ptxas(src, out["ptxas"]["log"])
         out["ptxas_seconds"] = time.time() - t
     return out
 
