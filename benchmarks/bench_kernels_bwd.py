@@ -350,7 +350,7 @@ def main(argv=None):
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
     except KeyboardInterrupt:        # SIGINT (e.g. a timeout): the shapes done so far are still reported
-        interrupted = f"interrupted after {len(results)} of {len(shapes)} shapes; the others not timed"
+        interrupted = record.interrupted(len(results), len(shapes))
         print(f"\n{interrupted}", flush=True)
 
     cols = [n for n, _ in impls]

@@ -31,6 +31,12 @@ def gpu_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
+def interrupted(done: int, total: int) -> str:
+    """The line a benchmark's summary and section end with when a SIGINT stopped it after ``done`` of ``total``
+    shapes."""
+    return f"interrupted after {done} of {total} shapes; the others not timed"
+
+
 def append(script: str, lines: list[str], path: str = RESULTS, gpu: str | None = None,
            when: datetime.datetime | None = None) -> str:
     """Append ``lines`` (the printed table) as one section of ``path``; returns the section's heading."""

@@ -113,14 +113,19 @@ def ptxas_report(src: str, timeout: float = 300.0, log: str | None = None) -> di
     """Registers / spills / stack of a TileLang CUDA source for sm_90a (the compile tests: the design keeps the
     solve's column and the state in registers, no spills, no stack): parsed from ``log`` (ptxas' verbose output of
     that source's compile, e.g. TileLang's own, ``compile_report``), else from this source's report saved by an
-    earlier call (``_ptxas_saved``), else from ``nvcc -cubin -Xptxas -v`` run here."""
+    earlier call (``_ptxas_saved``), else from ``nvcc -cubin -Xptxas -v`` run here.  A report not read from the
+    saved one is saved when its compile succeeded."""
     import subprocess
     import tempfile
 
     if log is None:
-        log = _ptxas_saved(src)
+        saved = _ptxas_saved(src)
+        if saved is not None:
+            return _parse_ptxas(0, saved)
     if log is not None:
-        return _parse_ptxas(0, log)
+        info = _parse_ptxas(0, log)
+        _save_ptxas(src, info["log"])
+        return info
     from tilelang.contrib.nvcc import default_compile_options
 
     with tempfile.TemporaryDirectory() as d:
@@ -130,7 +135,10 @@ def ptxas_report(src: str, timeout: float = 300.0, log: str | None = None) -> di
         cmd = ["nvcc", "-arch=sm_90a", "-cubin", "-O3", "--use_fast_math", "-Xptxas", "-v", "-DENABLE_BF16",
                "-o", os.path.join(d, "k.cubin"), path] + default_compile_options()
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    return _parse_ptxas(r.returncode, r.stdout + r.stderr)
+    info = _parse_ptxas(r.returncode, r.stdout + r.stderr)
+    if r.returncode == 0:
+        _save_ptxas(src, info["log"])
+    return info
 
 
 def _parse_ptxas(returncode: int, out: str) -> dict:
@@ -229,8 +237,6 @@ def compile_report(cfg, get, kind: str, with_ptxas: bool = True) -> dict:
     if with_ptxas:
         t = time.time()
         out["ptxas"] = ptxas_report(src, log=logs[-1] if len(logs) == 1 else None)
-        if out["ptxas"]["returncode"] == 0:
-            _save_ptxas(src, out["ptxas"]["log"])
         out["ptxas_seconds"] = time.time() - t
     return out
 

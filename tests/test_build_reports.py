@@ -27,7 +27,8 @@ def test_a_saved_report_is_read_without_compiling(tmp_path, monkeypatch):
     r = build.ptxas_report("__global__ void k() {}")
     assert (r["returncode"], r["registers"], r["stack"], r["spill_stores"], r["spill_loads"]) == (0, 168, 8, 4, 4)
     assert build._ptxas_saved("__global__ void k2() {}") is None         # keyed by the source
-    assert build.ptxas_report("other", log=LOG)["registers"] == 168       # a given log wins
+    assert build.ptxas_report("other", log=LOG)["registers"] == 168       # a given log wins, and is kept
+    assert build._ptxas_saved("other") is not None
 
 
 def test_tilelang_ptxas_output_is_captured_and_the_environment_restored(monkeypatch):
