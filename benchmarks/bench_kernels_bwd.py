@@ -86,7 +86,8 @@ AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompu
       "ours-dh-single": ("backward", dict(dh_single=True, lo8=False)),  # dh's Tinv, dU, F0 dX single (sequential)
       "ours-s-single": ("backward", dict(s_single=True, lo8=False)),  # the recompute's S hi alone: no S lo table
       "ours-lo16": ("backward", dict(lo8=False)),  # the S and dS' lo tables in the input dtype, not fp8
-      "ours-m1": ("merges", None),   # the forward's block merges one term, and prep's where it computes Tinv
+      "ours-m1": ("merges", "bf16"),   # the forward's block merges one term, and prep's where it computes Tinv
+      "ours-msplit": ("merges", "split"),   # the same with split (3-term wgmma) merges instead of fp32 ones
       }
 
 
@@ -102,8 +103,8 @@ def alter(col: str):
     def f(plan):
         if where == "merges":
             if isinstance(plan, ForwardPlan):
-                return dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, merge="bf16"))
-            return dataclasses.replace(plan, merge_split=False)
+                return dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, merge=change))
+            return dataclasses.replace(plan, merge=change)
         if where == "both":
             if isinstance(plan, ForwardPlan):
                 return dataclasses.replace(plan, keep_tables=False)
@@ -123,15 +124,15 @@ def call_configs(B, T, H, HV, lens, cols):
     mc = max(-(-x // 64) for x in lens) if lens else -(-T // 64)
     nc = sum(-(-x // 64) for x in lens) if lens else B * -(-T // 64)
     out = []
-    merges = "ours-m1" in cols
+    merges = [c for c in cols if c in AB and AB[c][0] == "merges"]
     for keep in (True, False):
         fp = forward_plan("bfloat16", n, HV, mc, keep_tables=keep)
-        out += fp.configs() + (alter("ours-m1")(fp).configs() if merges else ())
+        out += fp.configs() + tuple(c for m in merges for c in alter(m)(fp).configs())
     bp = backward_plan("bfloat16", H, HV, nc, n)
     for p in [bp, dataclasses.replace(bp, reads_saved_tables=False)]:
         out += p.configs(True) + p.configs(False) + p.recompute_configs()
-        if merges:
-            out += dataclasses.replace(p, merge_split=False).configs(False)
+        for m in merges:
+            out += dataclasses.replace(p, merge=AB[m][1]).configs(False)
     for col in cols:
         if col in AB and AB[col][0] == "backward":
             try:

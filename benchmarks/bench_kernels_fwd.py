@@ -28,7 +28,8 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   ``ws`` - the fused warp-specialised state-output kernel (state form "ws": no chunk tables, no output kernel; BV
   by ``block_v``); ``ws16`` / ``ws32`` / ``ws64`` - with BV forced;
   ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``m1`` - the
-  intra kernel's block merges one term (precision fields of the dispatched plan);
+  intra kernel's block merges as one-term wgmma operands, ``msplit`` - as 3-term splits (the dispatch's are fp32;
+  precision fields of the dispatched plan);
 * ``intra``, ``state``, ``output`` - the dispatched plan's three stages, each alone on the tables the stages
                   before it made once (``state``: the sequential state kernel, or with CP the scan, the fix-up and
                   the state kernel per segment; for the "ws" form the fused state-output kernel, and no
@@ -145,6 +146,7 @@ VARIANTS = {
     "s1": _prec(s="bf16", ks="bf16"),
     "ks1": _prec(ks="bf16"),
     "m1": _prec(merge="bf16"),
+    "msplit": _prec(merge="split"),
 }
 DEFAULT_VARIANTS = "default,rv,rvcp,smem"   # the others on request
 

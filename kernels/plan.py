@@ -98,15 +98,15 @@ def check_head_dim(DK) -> int:
     return DK
 
 
-def recompute_precision(s_single: bool = False, merge_split: bool = True) -> Precision:
-    """The backward's forward recompute: precision "recompute", with S one term where ``s_single`` and the merges
-    one term unless ``merge_split`` (prep's Tinv)."""
-    return replace(PRESETS["recompute"], s="bf16" if s_single else "split", merge="split" if merge_split else "bf16")
+def recompute_precision(s_single: bool = False, merge: str = "fp32") -> Precision:
+    """The backward's forward recompute: precision "recompute", with S one term where ``s_single`` and prep's block
+    merges in ``merge`` (``Precision.merge``)."""
+    return replace(PRESETS["recompute"], s="bf16" if s_single else "split", merge=merge)
 
 
 def keeps_tables(prec: Precision) -> bool:
     """Whether a forward at ``prec`` computes the backward's intra tables (Tinv, Ag hi + lo): Ag split, what
-    ``gdn_bwd_prep`` computes (with the same merges: ``BackwardPlan.merge_split`` for split ones)."""
+    ``gdn_bwd_prep`` computes (with the same merges: ``BackwardPlan.merge``)."""
     return prec.ag == "split"
 
 
@@ -163,11 +163,11 @@ class BackwardPlan:
     ``recompute_ctas_per_sm``: the recompute's smem state kernel; ``group``: value heads per q/k head (HV / H);
     ``cluster_group_sum``: dqk sums each group itself in a thread-block cluster (groups of 2, 4, 8), else groups
     of more than one value head are summed by ``gdn_bwd_group_sum``; ``s_single``: the recompute stores S's hi term
-    alone and dqk reads it alone (no S lo table: an A/B alternative); ``merge_split``: prep's Tinv with split block
-    merges, as the forward's precision computes it (False: one-term merges, the A/B alternative of a forward at
-    merge "bf16"); ``lo8``: the lo terms of the S and dS' tables that dqk reads stored as fp8 under their hi terms'
-    exponents (``kernels.common.lo8``; the split dh and S only); ``DK``: the head dim K == V every kernel is built
-    for."""
+    alone and dqk reads it alone (no S lo table: an A/B alternative); ``merge``: prep's block merges where it
+    computes Tinv, the forward's ``Precision.merge`` ("fp32", dispatched; "split" and "bf16", the A/B alternatives
+    of a forward at that merge); ``lo8``: the lo terms of the S and dS' tables that dqk reads stored as fp8 under
+    their hi terms' exponents (``kernels.common.lo8``; the split dh and S only); ``DK``: the head dim K == V every
+    kernel is built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -178,7 +178,7 @@ class BackwardPlan:
     group: int = 1
     cluster_group_sum: bool = False
     s_single: bool = False
-    merge_split: bool = True
+    merge: str = "fp32"
     lo8: bool = False
     DK: int = KERNEL_HEAD_DIM
 
@@ -194,14 +194,14 @@ class BackwardPlan:
     def recompute_configs(self) -> tuple:
         """(intra, smem state) of the forward recompute at precision "recompute" (S and U hi + lo, key-first; S hi
         alone with ``s_single``), the S lo tile swizzled where there is one in the input dtype (fp8 with ``lo8``)."""
-        prec = recompute_precision(self.s_single, self.merge_split)
+        prec = recompute_precision(self.s_single, self.merge)
         return (IntraConfig(self.dtype, prec.merge, prec.ag, DK=self.DK),
                 StateConfig(self.dtype, self.recompute_block_v, prec.past_intra(), form="smem", DK=self.DK,
                             ctas_per_sm=self.recompute_ctas_per_sm, sl_swizzle=prec.s == "split" and not self.lo8,
                             lo8=self.lo8))
 
     def prep_config(self, saved: bool) -> BwdConfig:
-        return BwdConfig("prep", self.dtype, self.DK, saved=saved, msplit=self.merge_split and not saved)
+        return BwdConfig("prep", self.dtype, self.DK, saved=saved, merge="bf16" if saved else self.merge)
 
     def dh_config(self, saved: bool) -> BwdConfig:
         """dh's form; ``saved``: prep took Tinv from the forward (its hi term alone)."""
@@ -236,7 +236,7 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     """The backward's dispatch: ``dh_segments`` (``dh_segmented.plan``'s tensors, or None) from the caller, who
     owns the layout cache; dh with every operand split; the sequential pass reads the forward's saved tables; the
     recompute beside dh from ``OVERLAP_MIN_CHUNK_HEADS`` (chunk, value head) pairs; its state kernel at the
-    forward's ``block_v`` (one CTA per SM); cluster group sums for groups of 2, 4, 8; prep's merges split, as the
+    forward's ``block_v`` (one CTA per SM); cluster group sums for groups of 2, 4, 8; prep's merges in fp32, as the
     forward's; the S and dS' lo tables in fp8 (``lo8``); every kernel built for the call's head dim ``DK`` (K == V)."""
     check_head_dim(DK)
     seq = dh_segments is None

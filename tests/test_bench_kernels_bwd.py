@@ -21,8 +21,8 @@ def test_ab_column_changes_the_plan_it_names_and_no_other(col):
     if where == "both":
         assert nf == dataclasses.replace(fp, keep_tables=False) and not nb.reads_saved_tables
     elif where == "merges":
-        assert nf == dataclasses.replace(fp, precision=dataclasses.replace(fp.precision, merge="bf16"))
-        assert nb == dataclasses.replace(bp, merge_split=False) and nf.keep_tables and nf != fp
+        assert nf == dataclasses.replace(fp, precision=dataclasses.replace(fp.precision, merge=change))
+        assert nb == dataclasses.replace(bp, merge=change) and nf.keep_tables and nf != fp and nb != bp
     else:
         assert nf is fp and nb == dataclasses.replace(bp, **change)
     if col == "ours-s-single":
@@ -35,7 +35,9 @@ def test_call_configs_cover_every_column():
     assert any(n.startswith("bwd_dqk_g2") for n in names) and any(n.startswith("bwd_gsum") for n in names)
     assert any(",occ2," in n and ",lo8," in n for n in names)             # ours-rc-bv16o2 / bv32o2
     assert any("merge=bf16,ag=split,th" in n for n in names)                                       # ours-m1
-    assert any(n.startswith("bwd_prep[") and ",msplit," not in n and ",saved," not in n for n in names)
+    assert any("merge=split,ag=split,th" in n for n in names)                                    # ours-msplit
+    assert {m for m in ("bf16", "fp32", "split") for n in names if n.startswith("bwd_prep[") and ",saved," not in n
+            and (f",merge={m}," in n or (m == "bf16" and ",merge=" not in n))} == {"bf16", "fp32", "split"}
     assert any(n.startswith("bwd_dqk") and ",s_single," in n for n in names)                        # ours-s-single
     # ours-lo16: the S lo tile swizzled in the input dtype, dqk without fp8 tables
     assert any(",slz," in n for n in names) and any(n.startswith("bwd_dqk") and ",lo8," not in n for n in names)

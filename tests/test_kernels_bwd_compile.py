@@ -61,7 +61,7 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     src = r["source"]
     kind = "dh_single" if cfg.single else "dh_tinv_hi" if cfg.tinv_hi else "prep_saved" if cfg.saved else cfg.kind
     want = _WANT_WGMMA[kind] - (2 if cfg.s_single else 0)     # S hi alone: no dO Sl^T, dY Sl^T
-    want += 8 if cfg.msplit else 0                             # split merges: 3 products a merge product, not 1
+    want += {"split": 8, "fp32": -4}.get(cfg.merge, 0)         # merges: 3 products a merge product, or none
     check_wgmma(src, "bfloat16" if cfg.dtype == "float32" else cfg.dtype, want)     # dtype-free kinds: no wgmma
     assert "exp2f" in src or cfg.kind in ("dh", "gsum", "gsum32")
     if cfg.kind == "dh":
@@ -94,7 +94,7 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
         assert bad and all(d == 2 and width == 16 and (st or cfg.lo8) for _, _, width, st, d in bad), (cfg.name, bad)
     # CTAs per SM the design relies on (shared memory, and registers of 128-thread CTAs): prep loads in phases
     # (60 KiB; 111 in one phase)
-    ctas = {"prep": 2 if cfg.msplit else 3}.get(cfg.kind)      # the split merges' lo tiles: 24 KiB more
+    ctas = {"prep": 2 if cfg.merge == "split" else 3}.get(cfg.kind)      # the split merges' lo tiles: 24 KiB more
     if ctas:
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024 // ctas, r["dyn_smem"]
     if cfg.kind.startswith("dqk"):   # one CTA of 256 threads per SM (shared memory and registers), at either DK

@@ -23,13 +23,13 @@ from tests import kernel_support as tt
 NAMES = tt.GRAD_NAMES
 
 
-def _check(case, xs, do, dht, kw, dh_single=False, s_single=False, merge_split=True, lo8_tables=True):
+def _check(case, xs, do, dht, kw, dh_single=False, s_single=False, merge="fp32", lo8_tables=True):
     """The emulation's gradients of ``case`` (inputs ``tt.bwd_args``) against fp64 and the FLA-like baseline; by
     default with the dispatched plan's forms."""
     want = tt.fp64_grads(case)
     base = tt.baseline_grads(case)
     ours = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=dh_single, s_single=s_single,
-                                      merge_split=merge_split, lo8_tables=lo8_tables)
+                                      merge=merge, lo8_tables=lo8_tables)
     near_m20 = case.dist == "strong-decay"
     rows = []
     for n, a, b_, r, x in zip(NAMES, ours, base, want, list(xs) + [kw["initial_state"]]):
@@ -109,11 +109,11 @@ def test_recomputed_state_hi_alone_meets_the_same_bar_without_h0(case):
 
 @pytest.mark.parametrize("case", CASES[:4], ids=[c.id for c in CASES[:4]])
 def test_one_term_merges_meet_the_same_bar(case):
-    """Tinv and Ag from one-term block merges (``merge_split=False``, what a forward at merge "bf16" keeps for the
+    """Tinv and Ag from one-term block merges (``merge="bf16"``, what a forward at merge "bf16" keeps for the
     backward: the A/B alternative) keep every gradient within the FLA-like baseline, and dg of strong decay within
     the rounding floor."""
     xs, kw, do, dht = tt.bwd_args(case)
-    _check(case, xs, do, dht, kw, dh_single=False, merge_split=False)
+    _check(case, xs, do, dht, kw, dh_single=False, merge="bf16")
 
 
 _LO8_CASES = _NO_H0 + [CASES[0], CASES[2]]
@@ -294,7 +294,7 @@ def _fake_kernels(monkeypatch, asked=None):
         if isinstance(cfg, fbuild.IntraConfig):
             def intra2(q, k, g, b, cu, ci, Ah, Al, F, Th, scale, use_l2):
                 dt = q.dtype
-                prec = E.fwd_precision(merge_split=cfg.merge == "split")
+                prec = E.fwd_precision(merge=cfg.merge)
                 ah, al, f = FE.intra_chunk(q, k, g, b, cu_list(cu), scale, bool(use_l2), dt, prec)
                 put(Ah, ah), put(Al, al), put(F, f)
                 if cfg.th:          # Tinv, rounded once: prep's Th (the same solve)
@@ -352,15 +352,14 @@ def _fake_kernels(monkeypatch, asked=None):
     def bwd_kernel(cfg):
         if cfg.kind == "prep":
             def prep(q, k, do, g, b, cu, ci, Th, Tl, Agh, Agl, Fb, dUl, scale, use_l2):
-                merge = "split" if cfg.msplit else "bf16"
-                th, tl, fb, dul = E.prep(q, k, do, g, b, cu_list(cu), scale, bool(use_l2), q.dtype, merge)
+                th, tl, fb, dul = E.prep(q, k, do, g, b, cu_list(cu), scale, bool(use_l2), q.dtype, cfg.merge)
                 put(Fb, fb), put(dUl, dul.transpose(-1, -2))
                 if cfg.saved:       # the forward's Tinv and Ag are given: the kernel writes neither
                     return
                 put(Th, th), put(Tl, tl)
                 # Ag: the kernel's operations are intra2's (ag "split"), so its emulation stands in
                 ah, al, _ = FE.intra_chunk(q, k, g, b, cu_list(cu), scale, bool(use_l2), q.dtype,
-                                           E.fwd_precision(merge_split=cfg.msplit))
+                                           E.fwd_precision(merge=cfg.merge))
                 put(Agh, ah), put(Agl, al)
             return prep
         if cfg.kind == "dh":
@@ -487,15 +486,15 @@ def _plumbing_args(item):
 
 
 @pytest.mark.parametrize("form", ["dispatched", "no_cluster", "serial_recompute", "recompute_bv16_occ2", "s_single",
-                                  "merge_bf16", "lo_tables_in_input_dtype"])
+                                  "merge_bf16", "merge_split", "lo_tables_in_input_dtype"])
 @pytest.mark.parametrize("item", _PLUMBING, ids=_PLUMBING_IDS)
 def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     """kernels.backward.pipeline with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
     emulation's stage functions, so any difference is the pipeline's tensor plumbing): with the dispatched plan
     (groups of 2, 4, 8 summed by dqk's clusters, others by ``gdn_bwd_group_sum``), and with plan values a benchmark
     may pass: no cluster sums (every group of two or more by ``gdn_bwd_group_sum``), the recompute on the main
-    stream, the recompute's state kernel at BV 16, two CTAs per SM, S's hi term alone, prep's one-term merges, the S
-    and dS' lo tables in the input dtype instead of fp8 (against the emulation's ``s_single``, ``merge_split``,
+    stream, the recompute's state kernel at BV 16, two CTAs per SM, S's hi term alone, prep's one-term and split
+    merges, the S and dS' lo tables in the input dtype instead of fp8 (against the emulation's ``s_single``, ``merge``,
     ``lo8_tables``).  The pipeline asks for the plan's kernels and only for them: the recompute state kernel (S lo in
     fp8, swizzled in the input dtype, or none), prep's form, dh's split form, the dqk kind of the group (``s_single``
     and ``lo8`` as the plan)."""
@@ -513,12 +512,12 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
               "serial_recompute": dict(overlap_recompute=False),
               "recompute_bv16_occ2": dict(recompute_block_v=16, recompute_ctas_per_sm=2),
               "s_single": dict(s_single=True, lo8=False),
-              "merge_bf16": dict(merge_split=False),
+              "merge_bf16": dict(merge="bf16"), "merge_split": dict(merge="split"),
               "lo_tables_in_input_dtype": dict(lo8=False)}[form]
     plan = dataclasses.replace(pipeline.plan_for(b), **change) if b.x.NC else None
-    single, msplit, lo8 = (plan.s_single, plan.merge_split, plan.lo8) if plan else (False, True, True)
+    single, merge, lo8 = (plan.s_single, plan.merge, plan.lo8) if plan else (False, "fp32", True)
     got = pipeline.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
-    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, s_single=single, merge_split=msplit, lo8_tables=lo8)
+    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, s_single=single, merge=merge, lo8_tables=lo8)
     for n, a, b_ in zip(NAMES, got, want):
         if b_ is None:
             assert a is None, n
@@ -542,7 +541,7 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     assert [c.kind for c in dqk] == [f"dqk_g{HV // H}" if cluster else "dqk"], asked
     assert all(c.s_single == single and c.lo8 == lo8 for c in dqk), asked
     prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
-    assert prep and all(c.msplit == msplit for c in prep), asked
+    assert prep and all(c.merge == merge for c in prep), asked
     gsum = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("gsum")]
     assert bool(gsum) == (HV // H > 1 and not cluster), asked
 
@@ -588,17 +587,17 @@ def test_autograd_hands_the_forward_tables_to_the_backward_on_cpu(monkeypatch, c
 def test_autograd_hands_one_term_merge_tables_to_the_backward_on_cpu(monkeypatch, case):
     """The backward benchmark's ``ours-m1`` on the kernel path (stand-in kernels on the CPU): the forward's intra
     kernel at merge "bf16" stores Tinv, the backward's prep runs on the forward's tables, and the gradients are the
-    emulation's with ``merge_split=False`` (dh on the saved Tinv: hi alone)."""
+    emulation's with ``merge="bf16"`` (dh on the saved Tinv: hi alone)."""
     import kernels.backward.configs as bbuild
     import kernels.forward.configs as fbuild
     from benchmarks.bench_kernels_bwd import alter
 
     asked = _kernel_path_is_the_emulation(monkeypatch, case, alter("ours-m1"), tinv_hi_only=True,
-                                          merge_split=False)
+                                          merge="bf16")
     intra = [c for c in asked if isinstance(c, fbuild.IntraConfig)]
     prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
     assert intra and all(c.th and c.merge == "bf16" for c in intra), asked
-    assert prep and all(c.saved and not c.msplit for c in prep), asked
+    assert prep and all(c.saved and c.merge == "bf16" for c in prep), asked
 
 
 def _kernel_path_is_the_emulation(monkeypatch, case, alter, **emu) -> list:

@@ -354,13 +354,14 @@ def test_input_dtype_lo_tables_are_the_emulations(case):
                                             "input-dtype lo tables vs emulation")
 
 
+@pytest.mark.parametrize("merge", ["bf16", "split"])
 @pytest.mark.parametrize("case", [_STAGE_CASES[0], _SAVED_CASES[6], _S_SINGLE_CASES[1]],
                          ids=[c.id for c in (_STAGE_CASES[0], _SAVED_CASES[6], _S_SINGLE_CASES[1])])
-def test_one_term_merges_saved_or_recomputed_give_the_same_gradients(case):
-    """The backward benchmark's ``ours-m1``: the forward at merge "bf16" keeps its Tinv and Ag, and prep with one-term
-    merges (``merge_split=False``) computes the same tables, so with dh's single form (no Tinv lo term) every
-    gradient is bitwise the same either way; the dispatched dh on the saved tables is within the rounding floor of
-    the emulation's ``merge_split=False`` and within the FLA-like baseline."""
+def test_wgmma_merges_saved_or_recomputed_give_the_same_gradients(case, merge):
+    """The backward benchmark's ``ours-m1`` / ``ours-msplit``: the forward at merge "bf16" / "split" keeps its Tinv
+    and Ag, and prep with the same merges (``BackwardPlan.merge``) computes the same tables, so with dh's single form
+    (no Tinv lo term) every gradient is bitwise the same either way; the dispatched dh on the saved tables is within
+    the rounding floor of the emulation's at that ``merge`` and within the FLA-like baseline."""
     from kernels import autograd
     from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
     from kernels.backward.pipeline import reads_saved_tables
@@ -368,10 +369,10 @@ def test_one_term_merges_saved_or_recomputed_give_the_same_gradients(case):
 
     def merges(plan, single=False, keep=True):
         if isinstance(plan, ForwardPlan):
-            return dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, merge="bf16"),
+            return dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, merge=merge),
                                        keep_tables=plan.keep_tables and keep)
         single = single and plan.dh_segments is None        # dh's single form writes no fp8 lo tables
-        return dataclasses.replace(plan, merge_split=False, dh_single=single, lo8=plan.lo8 and not single,
+        return dataclasses.replace(plan, merge=merge, dh_single=single, lo8=plan.lo8 and not single,
                                    reads_saved_tables=plan.reads_saved_tables and keep)
 
     saved = tt.function_grads(autograd.apply, case, CUDA, alter=lambda p: merges(p, single=True))
@@ -381,6 +382,6 @@ def test_one_term_merges_saved_or_recomputed_give_the_same_gradients(case):
     got = tt.function_grads(autograd.apply, case, CUDA, alter=merges)
     args, kw, do, dht = tt.bwd_args(case, CUDA)
     hi_only = reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
-    ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only, merge_split=False)
-    _within_floor_of_emulation(case, got, ge, f"one-term merges vs emulation (Tinv hi alone: {hi_only})")
+    ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only, merge=merge)
+    _within_floor_of_emulation(case, got, ge, f"{merge} merges vs emulation (Tinv hi alone: {hi_only})")
     _within_baseline(case, got)

@@ -54,11 +54,11 @@ def _sp(prec, f):
     return int(getattr(prec, f) == "split")
 
 
-# wgmma call sites per kernel: intra = K K^T + 2 merge levels x 2 products (x3 when split);
+# wgmma call sites per kernel: intra = K K^T + 2 merge levels x 2 products (x3 when split; none in fp32);
 # state/scan = K S (+ K Sl) + Ag X (+ Al X) (+ Ag Xl) + update (+ lo); output = Q K^T + Q S (+ Q Sl)
 # + P U (+ Pl U) (+ P Ul).
 _WANT_WGMMA = {
-    "IntraConfig": lambda c: 1 + 4 * (3 if c.merge == "split" else 1),
+    "IntraConfig": lambda c: 1 + {"fp32": 0, "bf16": 4, "split": 12}[c.merge],
     "StateConfig": lambda c: (1 + _sp(c.prec, "ks") + 1 + _sp(c.prec, "ag") + _sp(c.prec, "x")
                                + 1 + _sp(c.prec, "upd")),
     "OutputConfig": lambda c: 1 + 1 + _sp(c.prec, "s") + 1 + _sp(c.prec, "p") + _sp(c.prec, "u"),
@@ -79,6 +79,9 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
     check_wgmma(src, cfg.dtype, want)
     if r["kind"] == "IntraConfig":
         assert "exp2f" in src
+        # CTAs per SM the design relies on: 4 (53 KiB) with fp32 or bf16 merges, 3 with split ones' lo tiles
+        ctas = 3 if cfg.merge == "split" else 4
+        assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024 // ctas, r["dyn_smem"]
     elif r["kind"] == "StateConfig":
         # (the ws form's own barriers: a TMA transaction count on each stage's)
         assert "tma_load" in src and ("expect_transaction" in src if cfg.form == "ws" else "mbarrier" in src)

@@ -25,23 +25,25 @@ class BwdConfig:
     saved: bool = False            # prep only: Tinv and Ag from the forward (the autograd Function's saved tables)
     tinv_hi: bool = False          # dh only: dU and F0 dX split, Tinv's hi term alone (the forward's saved tables)
     s_single: bool = False         # dqk only: the recomputed S its hi term alone (no S lo table)
-    msplit: bool = False           # prep only (computing Tinv): the block merges split (a forward at merge "split")
+    merge: str = "bf16"            # prep only (computing Tinv): the block merges "fp32", "bf16" or "split" (the
+    #                                forward's Precision.merge; "bf16" where prep reads the saved tables: no merge)
     lo8: bool = False              # dh, dqk: the lo terms of the S and dS' tables as fp8 (kernels.common.lo8)
 
     @property
     def name(self) -> str:
-        names = ("single", "saved", "tinv_hi", "s_single", "msplit", "lo8")
+        names = ("single", "saved", "tinv_hi", "s_single", "lo8")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
+        flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         return f"bwd_{self.kind}[DK=DV={self.DK}{flags},{self.dtype}]"
 
 
 def all_configs():
     """Every backward kernel a dispatch decision can choose, for each head dim K = V in ``HEAD_DIMS`` (128 first):
     each kind x {bf16, fp16}, dh in its split form (every operand; on the saved tables, Tinv hi alone) and its
-    single form (an A/B alternative), prep computing the tables (with split merges, and one-term ones, an A/B
-    alternative) and on the forward's saved ones, dqk also on S's hi term alone (an A/B alternative); the split dh
-    and dqk with fp8 lo tables (``lo8``); the dtype-free dgdb once.  The forward recompute runs the forward's intra
-    and smem state kernels (``kernels.build.forward_configs``)."""
+    single form (an A/B alternative), prep computing the tables (with fp32 merges, and split and one-term ones,
+    the A/B alternatives) and on the forward's saved ones, dqk also on S's hi term alone (an A/B alternative); the
+    split dh and dqk with fp8 lo tables (``lo8``); the dtype-free dgdb once.  The forward recompute runs the
+    forward's intra and smem state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
 
@@ -51,7 +53,7 @@ def _configs_at(D: int):
             + [BwdConfig("dh", dt, D, single=True) for dt in DTYPES]
             + [BwdConfig("dh", dt, D, tinv_hi=True) for dt in DTYPES]
             + [BwdConfig("prep", dt, D, saved=True) for dt in DTYPES]
-            + [BwdConfig("prep", dt, D, msplit=True) for dt in DTYPES]
+            + [BwdConfig("prep", dt, D, merge=m) for dt in DTYPES for m in ("fp32", "split")]
             + [BwdConfig(kind, dt, D, s_single=True) for dt in DTYPES for kind in KINDS if kind.startswith("dqk")]
             + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True) for dt in DTYPES for t in (False, True)]
             + [BwdConfig(kind, dt, D, lo8=True) for dt in DTYPES for kind in KINDS if kind.startswith("dqk")])
@@ -68,14 +70,14 @@ def prim_func(cfg: BwdConfig):
         raise ValueError(f"saved (the forward's Tinv and Ag) is a form of prep only: {cfg.name}")
     if cfg.s_single and not cfg.kind.startswith("dqk"):
         raise ValueError(f"s_single (S's hi term alone) is a form of dqk only: {cfg.name}")
-    if cfg.msplit and (cfg.kind != "prep" or cfg.saved):
-        raise ValueError(f"msplit (split merges) is a form of prep computing Tinv only: {cfg.name}")
+    if cfg.merge != "bf16" and (cfg.kind != "prep" or cfg.saved):
+        raise ValueError(f"merge (the block merges) is a form of prep computing Tinv only: {cfg.name}")
     split_tables = (cfg.kind == "dh" and not cfg.single) or (cfg.kind.startswith("dqk") and not cfg.s_single)
     if cfg.lo8 and not split_tables:
         raise ValueError(f"lo8 (fp8 lo tables) is a form of the split dh and of dqk on the split S: {cfg.name}")
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
-        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge_split=cfg.msplit)
+        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge)
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
         return build_bwd_dh(D, D, cfg.dtype, single=cfg.single, tinv_lo=not cfg.tinv_hi, lo8=cfg.lo8)

@@ -30,12 +30,12 @@ from .finish import BT, finish, group_sum, token_index
 f64 = torch.float64
 
 
-def fwd_precision(s_single: bool = False, merge_split: bool = True):
+def fwd_precision(s_single: bool = False, merge: str = "fp32"):
     """Precision of the forward recompute: "recompute" (chunk state S and U stored as hi + lo), so the backward
-    reads S and U to ~16 bits; ``s_single``: S one term (``BackwardPlan.s_single``); ``merge_split``: Tinv's block
-    merges split (``BackwardPlan.merge_split``; False: one term)."""
+    reads S and U to ~16 bits; ``s_single``: S one term (``BackwardPlan.s_single``); ``merge``: Tinv's block
+    merges (``BackwardPlan.merge``)."""
     from kernels.plan import recompute_precision
-    return recompute_precision(s_single, merge_split)
+    return recompute_precision(s_single, merge)
 
 
 def _lo8_scale(hi, dt: torch.dtype):
@@ -76,7 +76,7 @@ def _chunks(x, cu, heads=None):
 
 def prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, merge: str = "bf16"):
     """Emulates ``gdn_bwd_prep``: Th, Tl [HV, NC, 64, 64], Fb [HV, NC, 8, 64], dUloc [HV, NC, 64, DV]; ``merge``:
-    the block merges' operands, "bf16" or "split" (its ``merge_split`` form)."""
+    the block merges, "fp32", "bf16" or "split" (its ``merge`` forms)."""
     qc, kc, gc, bc, vmask, G, rq, rk = _gather_chunks(q2, k2, g2, b2, cu, use_l2)
     vm = vmask.to(f64)
     rows = torch.arange(BT, device=q2.device)
@@ -236,14 +236,14 @@ def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
                                dh_single: bool = False, tinv_hi_only: bool = False, s_single: bool = False,
-                               merge_split: bool = True, lo8_tables: bool = True, stages: dict | None = None):
+                               merge: str = "fp32", lo8_tables: bool = True, stages: dict | None = None):
     """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
     pass's single operands (``BackwardPlan.dh_single``); ``tinv_hi_only``: dh reads Tinv hi alone (a zero lo term),
     as the split dh does on the forward's saved tables; ``s_single``: the recompute's S one term (a zero lo term,
-    ``BackwardPlan.s_single``); ``merge_split``: Tinv and Ag from split block merges (``BackwardPlan.merge_split``,
-    the tables of a forward at merge "split"); ``lo8_tables``: the lo terms of the stored S (recompute) and dS'
-    (dh) tables that dqk reads, as fp8 under their hi terms' exponents (``lo8``; dh's own recurrence unchanged;
+    ``BackwardPlan.s_single``); ``merge``: Tinv and Ag from block merges of that precision (``BackwardPlan.merge``,
+    the tables of a forward at that ``Precision.merge``); ``lo8_tables``: the lo terms of the stored S (recompute)
+    and dS' (dh) tables that dqk reads, as fp8 under their hi terms' exponents (``lo8``; dh's own recurrence unchanged;
     ``BackwardPlan.lo8``, dispatched; False: in the input dtype).
     ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
     stage-by-stage checks)."""
@@ -266,7 +266,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if dht is not None:
         dS0 = dht.to(torch.float32)
         dS0 = dS0.transpose(-1, -2) if state_v_first else dS0
-    prec = fwd_precision(s_single, merge_split)
+    prec = fwd_precision(s_single, merge)
     _, offs = chunk_tables(cu)
     Ah, Al, F = intra_chunk(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
     Sch, Scl, Uh, Ul, _ = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)

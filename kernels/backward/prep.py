@@ -3,8 +3,8 @@
 Recomputes what the backward needs of the intra-chunk forward and the local part of dU:
 
 * ``Tinv = (I + A)^-1`` exactly like ``forward/intra_chunk.py`` (fp32 16x16 forward substitution, two merge
-  levels, single-term or split as the forward's ``merge``, its ``_merge`` macro), stored as a two-term split
-  ``Th + Tl``.  The forward
+  levels in the forward's ``merge``: fp32 on the CUDA cores, single-term or split wgmma operands; its macros),
+  stored as a two-term split ``Th + Tl``.  The forward
   stores ``Ag = Tinv diag(beta)``; the backward needs ``Tinv^T`` itself (dY = Tinv^T dU) and undoing
   ``diag(beta)`` would divide by beta.
 * ``Ag = Tinv diag(beta)`` as the same two-term split as ``gdn_intra`` with ``ag="split"`` (the same
@@ -20,16 +20,16 @@ import tilelang.language as T
 
 from kernels.common.prologue import chunk_span, dynamic_dims
 from kernels.forward.cumsum import BT, LOG2E, load_chunk_gate_cumsum
-from kernels.forward.intra_chunk import _merge, fp32_tile, gated_kkt, l2_row_factors, solve_diag16
+from kernels.forward.intra_chunk import MERGES, _merge, _merge_fp32, fp32_tile, gated_kkt, l2_row_factors, solve_diag16
 
 THREADS = 128
 
 
-def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge_split: bool = False):
+def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str = "bf16"):
     """``saved``: Tinv and Ag come from the forward (the autograd Function keeps the intra kernel's ``Th``, ``Ah``,
     ``Al``: the same operations on the same values, so bitwise this kernel's): no K K^T, no solve, and ``Th``,
-    ``Tl``, ``Agh``, ``Agl`` are not accessed; the gate table and dUloc^T as without it.  ``merge_split``: the
-    merges' operands are 3-term splits (the intra kernel's ``merge="split"``; 24 KiB more shared memory).
+    ``Tl``, ``Agh``, ``Agl`` are not accessed; the gate table and dUloc^T as without it.  ``merge``: the block
+    merges as the intra kernel's of that name ("fp32", "bf16", or "split": 24 KiB more shared memory).
 
     Arguments:
       q, k          [Ttot, H, DK]     dtype
@@ -44,7 +44,8 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge_spli
     """
     assert DK in (64, 128) and DV in (64, 128)
     assert dtype in ("bfloat16", "float16")
-    assert not (saved and merge_split), "with the forward's tables prep computes no merge"
+    assert merge in MERGES and not (saved and merge != "bf16"), "with the forward's tables prep computes no merge"
+    merge_split = merge == "split"
     f32 = "float32"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
 
@@ -81,25 +82,28 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge_spli
             f_s = T.alloc_shared((8, BT), f32)
             a_s = fp32_tile()
             l_s = fp32_tile()
-            lh_s = T.alloc_shared((BT, BT), dtype)
-            oh_s = T.alloc_shared((BT, BT), dtype)
-            xh_s = T.alloc_shared((BT, BT), dtype)
+            if merge != "fp32":                          # the wgmma merges' operand tiles
+                lh_s = T.alloc_shared((BT, BT), dtype)
+                oh_s = T.alloc_shared((BT, BT), dtype)
+                xh_s = T.alloc_shared((BT, BT), dtype)
+                x_f = T.alloc_fragment((BT, BT), f32)
             if merge_split:                              # the merges' lo tiles
                 ll_s = T.alloc_shared((BT, BT), dtype)
                 ol_s = T.alloc_shared((BT, BT), dtype)
                 xl_s = T.alloc_shared((BT, BT), dtype)
-            else:                                        # one placeholder, never accessed (bf16 merges)
+            elif merge == "bf16":                        # one placeholder, never accessed (bf16 merges)
                 dummy = T.alloc_shared((8, 8), dtype)
                 ll_s = dummy
                 ol_s = dummy
                 xl_s = dummy
+            else:
+                xr = T.alloc_local((8,), f32)
             ph_s = T.alloc_shared((BT, BT), dtype)
             pl_s = T.alloc_shared((BT, BT), dtype)
 
             sq = T.alloc_fragment((BT, DK), f32)
             ss = T.alloc_fragment((BT,), f32)
             kk = T.alloc_fragment((BT, BT), f32)
-            x_f = T.alloc_fragment((BT, BT), f32)
             du_f = T.alloc_fragment((DV, BT), f32)
             t16 = T.alloc_local((16,), f32)
 
@@ -152,8 +156,11 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge_spli
             if not saved:
                 gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s)
                 solve_diag16(a_s, l_s, t16)
-                _merge(16, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, merge_split)
-                _merge(32, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, merge_split)
+                if merge == "fp32":
+                    _merge_fp32(a_s, l_s, xr)
+                else:
+                    _merge(16, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, merge_split)
+                    _merge(32, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, merge_split)
                 for r, j in T.Parallel(BT, BT):
                     Th[hv, c, r, j] = T.cast(l_s[r, j], dtype)
                     Tl[hv, c, r, j] = T.cast(l_s[r, j] - T.cast(T.cast(l_s[r, j], dtype), f32), dtype)

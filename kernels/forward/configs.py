@@ -19,8 +19,8 @@ STATE_FORMS = ("rv", "smem", "ws")   # register-operand (value-first tables) / s
 
 @dataclass(frozen=True)
 class IntraConfig:
-    """``gdn_intra`` (intra_chunk.py): the merges' product written over the A_o tile (49 KiB of shared
-    memory); ``th``: it also stores Tinv in the input dtype for the backward."""
+    """``gdn_intra`` (intra_chunk.py): ``merge`` "fp32" (CUDA cores), "bf16" or "split" (wgmma operands);
+    ``th``: it also stores Tinv in the input dtype for the backward."""
     dtype: str
     merge: str = "bf16"
     ag: str = "bf16"

@@ -14,8 +14,9 @@ A wgmma with fp32 accumulation is emulated as an fp64 product of the (exact)
 rounded operands followed by one rounding to fp32; this matches the kernel up
 to the order of the fp32 additions.  The 16x16 diagonal-block inverses are
 emulated as fp64 solves rounded to fp32 (the kernel's fp32 forward
-substitution agrees to a few fp32 ulps); the block merges are emulated exactly
-as the kernel does them.
+substitution agrees to a few fp32 ulps); the wgmma block merges are emulated exactly
+as the kernel does them, the fp32 ones as exact products rounded once to fp32 (the
+kernel's fp32 FMA chains agree to a few fp32 ulps).
 
 ``intra_chunk`` / ``chunk_states`` / ``output`` are the three kernels (``intra_chunk.py``,
 ``state_smem.py`` / ``state_registers.py``, ``output.py``) and return their outputs in their
@@ -59,12 +60,12 @@ def chunk_tables(cu_seqlens: list[int]):
     return idx, offs
 
 
-def _solve(A: torch.Tensor, dt: torch.dtype, merge: str = "split") -> torch.Tensor:
+def _solve(A: torch.Tensor, dt: torch.dtype, merge: str = "fp32") -> torch.Tensor:
     """(I + A)^{-1} for strictly lower ``A [..., 64, 64]`` the way the intra kernels do it:
     fp32 inverses of the 16x16 diagonal blocks (exact forward substitution, emulated by an fp64
     solve rounded to fp32), then ``L <- L - L A_o L`` at widths 16 and 32 with "split" (two-term
-    operands, hi*hi + lo*hi + hi*lo), "bf16" (single input-dtype operands) or "fp32" (exact fp32,
-    emulation only) products, fp32 results (``gdn_intra`` with ``Precision.merge``)."""
+    operands, hi*hi + lo*hi + hi*lo), "bf16" (single input-dtype operands) or "fp32" (unrounded operands, the
+    CUDA-core merges) products, fp32 results (``gdn_intra`` with ``Precision.merge``)."""
     dev = A.device
     eye16 = torch.eye(16, dtype=f64, device=dev)
     L = torch.zeros_like(A)

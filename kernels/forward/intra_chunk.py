@@ -2,13 +2,13 @@
 
 * never computes ``P = Q K^T`` (the output kernel recomputes it from q/k in registers);
 * never loads q into shared memory (q is read from global only for the in-kernel L2 norm);
-* does the two block merges of the triangular inverse with single input-dtype operands
-  (``merge="bf16"``: 2 wgmma per level; "split" keeps the 3-term products: 6 per level);
+* does the two block merges of the triangular inverse in fp32 on the CUDA cores (``merge="fp32"``, the
+  dispatch's), or as wgmma with single input-dtype operands ("bf16": 2 per level) or 3-term splits ("split": 6);
 * stores ``Ag = Tinv diag(beta)`` as one input-dtype term (``ag="bf16"``) or a two-term split.
 
 Math: ``A[t, j] = beta_t rk_t rk_j exp(G_t - G_j) (k_t . k_j)`` (j < t, fp32,
 exact-operand wgmma ``K K^T``), fp32 forward substitution on the 16x16 diagonal blocks, merges
-``L <- L - L A_o L`` at widths 16 and 32.
+``L <- L - L A_o L`` at widths 16 and 32 (in fp32: ``L_21 = -L_22 (A_21 L_11)`` on each block pair).
 
 Outputs (rows/cols past the end of the sequence are 0):
   Ah, Al  [HV, NC, 64, 64]  dtype (Al written only when ag == "split")
@@ -27,6 +27,7 @@ THREADS = 128
 # accumulator fragment touches at once in different banks (unpadded, the rows are 256 B apart, all in the same
 # banks: 8-way conflicts on every fragment store and 4-way on the float2 accesses of the merges).
 FP32_ROW = BT + 8
+MERGES = ("fp32", "bf16", "split")   # the block merges: fp32 CUDA cores, or wgmma on one / two-term operands
 
 
 def fp32_tile():
@@ -71,6 +72,46 @@ def _merge(w, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, msplit):
 
 
 @T.macro
+def _merge_pair_fp32(a_s, l_s, xr, R, C, K0, w, rstep, nc):
+    """One block pair of a merge level in fp32, in place: rows ``R + rstep a`` (a < 2) and columns ``C + j`` (j <
+    ``nc``) of ``L_21 = -L_22 X``, ``X = A_21 L_11``, the blocks of width ``w`` from row / column ``K0``; ``X`` goes
+    to shared memory over ``A_21`` (dead from then on).  ``xr``: a local fp32 ``[2 nc]``."""
+    for j in T.unroll(2 * nc):
+        xr[j] = T.float32(0)
+    for m in T.unroll(w):
+        for a in T.unroll(2):
+            for j in T.unroll(nc):
+                xr[a * nc + j] = xr[a * nc + j] + a_s[R + rstep * a, K0 + m] * l_s[K0 + m, C + j]
+    T.sync_threads()
+    for a in T.unroll(2):
+        for j in T.unroll(nc):
+            a_s[R + rstep * a, C + j] = xr[a * nc + j]
+    T.sync_threads()
+    for j in T.unroll(2 * nc):
+        xr[j] = T.float32(0)
+    for m in T.unroll(w):
+        for a in T.unroll(2):
+            for j in T.unroll(nc):
+                xr[a * nc + j] = xr[a * nc + j] - l_s[R + rstep * a, K0 + w + m] * a_s[K0 + w + m, C + j]
+    for a in T.unroll(2):
+        for j in T.unroll(nc):
+            l_s[R + rstep * a, C + j] = xr[a * nc + j]
+
+
+@T.macro
+def _merge_fp32(a_s, l_s, xr):
+    """Both merge levels in exact fp32 on the CUDA cores, in place on ``l_s``: at width 16, ``L_(2p+1, 2p) =
+    -L_(2p+1, 2p+1) (A_(2p+1, 2p) L_(2p, 2p))`` for the block pairs p = 0, 1 (2 x 2 outputs a thread); at width 32
+    the same with the 32-wide blocks (2 x 4 outputs a thread).  A thread's rows are 8 (16) apart, so a warp's rows
+    fall in different banks.  ``xr``: a local fp32 ``[8]``."""
+    tx = T.get_thread_binding()
+    p = tx // 64
+    _merge_pair_fp32(a_s, l_s, xr, 32 * p + 16 + (tx % 64) // 8, 32 * p + (tx % 8) * 2, 32 * p, 16, 8, 2)
+    T.sync_threads()
+    _merge_pair_fp32(a_s, l_s, xr, 32 + tx // 8, (tx % 8) * 4, 0, 32, 16, 4)
+
+
+@T.macro
 def l2_row_factors(x_s, sq, ss, r_s):
     """``r_s[r] = 1 / sqrt(|x_s[r]|^2 + 1e-6)`` (fp32) of a shared ``[BT, DK]`` tile (``sq``, ``ss``: fp32
     fragments ``[BT, DK]``, ``[BT]``)."""
@@ -86,10 +127,14 @@ def gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s):
     """``A[r, j] = beta_r rk_r rk_j e^(G_r - G_j) (k_r . k_j)`` for j < r, else 0 (fp32, exact-operand
     wgmma into ``kk``, stored to the shared ``a_s``)."""
     T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
+    # in the fragment first, then one copy: with no shared store between them, each thread loads its 2 rows' and 16
+    # columns' gate values once instead of once per element
     for r, j in T.Parallel(BT, BT):
         # the value first, then a select: no branch per element (masked values, inf or not, are never selected)
         a = b_s[r] * rk_s[r] * rk_s[j] * T.exp2((g_s[r] - g_s[j]) * LOG2E) * kk[r, j]
-        a_s[r, j] = T.if_then_else(j < r, a, T.float32(0))
+        kk[r, j] = T.if_then_else(j < r, a, T.float32(0))
+    for r, j in T.Parallel(BT, BT):
+        a_s[r, j] = kk[r, j]
 
 
 @T.macro
@@ -110,7 +155,8 @@ def solve_diag16(a_s, l_s, t16):
 
 def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16", th: bool = False):
     """TileLang prim_func of ``gdn_intra``.  The merges write their product ``A_o L`` over the ``A_o`` tile
-    (dead by then): 49 KiB of shared memory per CTA, 4 CTAs per SM on an H100/H200.  ``th``: also store ``Tinv = (I + A)^-1`` itself, rounded once to
+    (dead by then): 53 KiB of shared memory per CTA with fp32 or bf16 merges (4 CTAs per SM on an H100/H200), 69
+    KiB with split ones (3).  ``th``: also store ``Tinv = (I + A)^-1`` itself, rounded once to
     the input dtype, into ``Th`` (the autograd Function keeps it, with Ah and Al, for the backward: its prep kernel
     then skips K K^T and the solve; ``kernels/backward/prep.py``); without it ``Th`` is not accessed (pass ``Ah``).
 
@@ -126,7 +172,7 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
     """
     assert DK in (64, 128)
     assert dtype in ("bfloat16", "float16")
-    assert merge in ("bf16", "split") and ag in ("bf16", "split")
+    assert merge in MERGES and ag in ("bf16", "split")
     msplit = merge == "split"
     asplit = ag == "split"
     f32 = "float32"
@@ -160,18 +206,21 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
             rk_s = T.alloc_shared((BT,), f32)
             a_s = fp32_tile()
             l_s = fp32_tile()
-            lh_s = T.alloc_shared((BT, BT), dtype)
-            oh_s = T.alloc_shared((BT, BT), dtype)
-            LB = BT if msplit else 8          # the lo buffers are only used by the split merge
-            ll_s = T.alloc_shared((LB, LB), dtype)
-            ol_s = T.alloc_shared((LB, LB), dtype)
-            xh_s = oh_s                       # A_o L over A_o: each merge reads A_o (oh, ol) before it writes X
-            xl_s = ol_s
+            if merge != "fp32":
+                lh_s = T.alloc_shared((BT, BT), dtype)
+                oh_s = T.alloc_shared((BT, BT), dtype)
+                LB = BT if msplit else 8          # the lo buffers are only used by the split merge
+                ll_s = T.alloc_shared((LB, LB), dtype)
+                ol_s = T.alloc_shared((LB, LB), dtype)
+                xh_s = oh_s                       # A_o L over A_o: each merge reads A_o (oh, ol) before it writes X
+                xl_s = ol_s
+                x_f = T.alloc_fragment((BT, BT), f32)
+            else:
+                xr = T.alloc_local((8,), f32)
 
             sq = T.alloc_fragment((BT, DK), f32)
             ss = T.alloc_fragment((BT,), f32)
             kk = T.alloc_fragment((BT, BT), f32)
-            x_f = T.alloc_fragment((BT, BT), f32)
             t16 = T.alloc_local((16,), f32)
 
             for r, d in T.Parallel(BT, DK):
@@ -209,8 +258,11 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
             solve_diag16(a_s, l_s, t16)
 
             # merges L <- L - L A_o L at widths 16 and 32
-            _merge(16, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, msplit)
-            _merge(32, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, msplit)
+            if merge == "fp32":
+                _merge_fp32(a_s, l_s, xr)
+            else:
+                _merge(16, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, msplit)
+                _merge(32, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, msplit)
 
             for r, j in T.Parallel(BT, BT):
                 Ah[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], dtype)

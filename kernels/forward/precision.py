@@ -3,7 +3,8 @@ imports nothing heavy.
 
 Every field names one rounding of an fp32 value that becomes a wgmma operand or is stored between
 kernels: "bf16" = one input-dtype term (``rd(x)``), "split" = two terms ``rd(x) + rd(x - rd(x))``
-(~16 mantissa bits); ``merge`` also allows "fp32" (emulation only).
+(~16 mantissa bits); ``merge`` also allows "fp32" (products and sums in fp32 on the CUDA cores, no operand
+rounding: the dispatch's).
 
 * ``merge`` - the two block-merge levels of the 64x64 triangular inverse (intra kernel);
 * ``ag``    - ``Ag = Tinv diag(beta)`` as stored by the intra kernel and used in ``U = Ag X``;
@@ -56,14 +57,15 @@ class Precision:
 
 PRESETS = {
     # split where the emulation shows it buys accuracy: Ag and X (U = Ag X), F2 U (state update), U and P (output),
-    # the chunk-start state S in both K S (state kernel) and Q S (output kernel), and the intra kernel's block merges.
-    # Under slow decays one term of S put o at up to 1.54x its bf16 rounding floor (split: at most 1.07x, H200 standard
-    # matrix, 60d6e0a and d09c518); one-term merges left the final state only 4.9x closer to fp64 than FLA Triton's
-    # (split: at least 360x in every cell, 7bc563f)
-    "default": Precision(merge="split", ag="split", u="split", p="split", upd="split", x="split", s="split",
+    # the chunk-start state S in both K S (state kernel) and Q S (output kernel); the intra kernel's block merges in
+    # fp32. Under slow decays one term of S put o at up to 1.54x its bf16 rounding floor (split: at most 1.07x, H200
+    # standard matrix, 60d6e0a and d09c518); one-term merges left the final state only 4.9x closer to fp64 than FLA
+    # Triton's (split: at least 360x in every cell, 7bc563f); fp32 merges give Ag as close to fp64 as split ones, the
+    # intra kernel in 0.65x their time (H200, benchmarks/RESULTS.md)
+    "default": Precision(merge="fp32", ag="split", u="split", p="split", upd="split", x="split", s="split",
                          ks="split"),
     # the backward's forward recompute: S and U stored hi + lo for its products, K S one term
-    "recompute": Precision(merge="split", ag="split", u="split", p="split", upd="split", x="split", s="split"),
+    "recompute": Precision(merge="fp32", ag="split", u="split", p="split", upd="split", x="split", s="split"),
 }
 
 
