@@ -2,6 +2,7 @@
 
 * never computes ``P = Q K^T`` (the output kernel recomputes it from q/k in registers);
 * never loads q into shared memory (q is read from global only for the in-kernel L2 norm);
+* loads k with one TMA copy while the gates load, and zeroes the rows past the sequence in shared memory;
 * does the two block merges of the triangular inverse in fp32 on the CUDA cores (``merge="fp32"``, the
   dispatch's), or as wgmma with single input-dtype operands ("bf16": 2 per level) or 3-term splits ("split": 6);
 * stores ``Ag = Tinv diag(beta)`` as one input-dtype term (``ag="bf16"``) or a two-term split.
@@ -222,10 +223,20 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
             ss = T.alloc_fragment((BT,), f32)
             kk = T.alloc_fragment((BT, BT), f32)
             t16 = T.alloc_local((16,), f32)
+            k_ready = T.alloc_barrier(arrive_count=32)
+            tx = T.get_thread_binding()
 
-            for r, d in T.Parallel(BT, DK):
-                k_s[r, d] = T.if_then_else(r < nv, k[t0 + r, h, d], T.cast(0, dtype))
+            # one TMA load of k (rows past the tensor zero-filled) in flight while the gates load, then the rows past
+            # the sequence zeroed in shared memory: a load per element under ``r < nv`` is a branch, and a thread's
+            # eight loads then wait one after another
+            if tx < 32:
+                T.tma_copy(k[t0:t0 + BT, h, 0:DK], k_s, barrier=k_ready)
+                T.barrier_arrive(k_ready)
             load_chunk_gate_cumsum(g, beta, hv, t0, nv, g_s, b_s)
+            T.barrier_wait(k_ready, 0)
+            for r, d in T.Parallel(BT, DK):
+                if r >= nv:
+                    k_s[r, d] = T.cast(0, dtype)
 
             # L2-norm row factors (fp32; 1 when use_l2 == 0).  q is read from global only here.
             if use_l2 != 0:
