@@ -25,9 +25,10 @@ def forward_configs():
     backward's recompute): for bf16 and fp16, precision "default": the intra kernel (and its
     Tinv-keeping form), the rv state kernel + its CP scan and fix-up, the smem state kernel at every BV
     ``block_v`` picks (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts,
-    the recompute's smem state kernels (S lo swizzled, S hi alone, or S lo in fp8), the intra kernel with
-    one-term and split merges (the A/B alternatives of ``Precision.merge`` and ``BackwardPlan.merge``), and the
-    fused warp-specialised state-output kernel (the plan form "ws") at BV 64 / 32.
+    the recompute's smem state kernels (S lo swizzled, S hi alone, or S lo in fp8), the intra kernel with split
+    merges (the A/B alternative of ``Precision.merge`` and ``BackwardPlan.merge``; the one-term merges' kernels
+    compile when a benchmark asks for them), and the fused warp-specialised state-output kernel (the plan form
+    "ws") at BV 64 / 32.
 
     All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
     ratio, scale, h0 present or not, final state stored or not, the state layout, l2norm on/off, gate dtype, dense
@@ -43,8 +44,8 @@ def forward_configs():
             # the fused warp-specialised state-output kernel (the "ws" form)
             plans += [ForwardPlan(dtype, prec, "ws", bv, 1, 1, DK=DK) for bv in (64, 32)]
             cfgs = [c for p in plans for c in p.configs()]
-            # the intra kernel with one-term and split block merges (the benchmarks' m1, msplit), with and without Tinv
-            cfgs += [IntraConfig(dtype, m, prec.ag, DK=DK, th=th) for m in ("bf16", "split") for th in (False, True)]
+            # the intra kernel with split block merges (the benchmarks' msplit), with and without Tinv
+            cfgs += [IntraConfig(dtype, "split", prec.ag, DK=DK, th=th) for th in (False, True)]
             # the backward recompute's (precision "recompute", S lo tile swizzled; S hi alone with s_single; S lo in
             # fp8 with lo8) at every BV block_v picks
             cfgs += [BackwardPlan(dtype, recompute_block_v=bv, s_single=s, lo8=lo8, DK=DK).recompute_configs()[1]

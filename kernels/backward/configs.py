@@ -40,15 +40,15 @@ class BwdConfig:
 def all_configs():
     """Every backward kernel a dispatch decision can choose, for each head dim K = V in ``HEAD_DIMS`` (128 first):
     each kind x {bf16, fp16}, dh in its split form (every operand; on the saved tables, Tinv hi alone) and its
-    single form (an A/B alternative), prep computing the tables (with fp32 merges, and split and one-term ones,
-    the A/B alternatives) and on the forward's saved ones, dqk also on S's hi term alone (an A/B alternative); the
+    single form (an A/B alternative), prep computing the tables (with fp32 merges, and split ones, the A/B
+    alternative; one-term ones compile when a benchmark asks for them) and on the forward's saved ones, dqk also on S's hi term alone (an A/B alternative); the
     split dh and dqk with fp8 lo tables (``lo8``); the dtype-free dgdb once.  The forward recompute runs the
     forward's intra and smem state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
 
 def _configs_at(D: int):
-    return ([BwdConfig(kind, dt, D) for dt in DTYPES for kind in KINDS]
+    return ([BwdConfig(kind, dt, D) for dt in DTYPES for kind in KINDS if kind != "prep"]
             + [BwdConfig(k, "float32", D) for k in DTYPE_FREE_KINDS]
             + [BwdConfig("dh", dt, D, single=True) for dt in DTYPES]
             + [BwdConfig("dh", dt, D, tinv_hi=True) for dt in DTYPES]
