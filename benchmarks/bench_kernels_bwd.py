@@ -132,7 +132,7 @@ def call_configs(B, T, H, HV, lens, cols):
     for p in [bp, dataclasses.replace(bp, reads_saved_tables=False)]:
         out += p.configs(True) + p.configs(False) + p.recompute_configs()
         for m in merges:
-            out += dataclasses.replace(p, merge=AB[m][1]).configs(False)
+            out += alter(m)(p).configs(False)
     for col in cols:
         if col in AB and AB[col][0] == "backward":
             try:
