@@ -14,11 +14,14 @@ Recomputes what the backward needs of the intra-chunk forward and the local part
 * ``dUloc^T = dO^T P`` with ``P = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)`` (j <= t, fp32, exact-operand
   wgmma) split into ``Ph + Pl``: 2 wgmma with the transposed dO tile from shared memory, fp32 result
   stored value-first ``[HV, NC, DV, 64]`` for the sequential kernel.
+
+k, q and dO arrive by TMA copies of whole chunks (k and q while the gates load), rows past the sequence zeroed
+in shared memory after.
 """
 
 import tilelang.language as T
 
-from kernels.common.prologue import chunk_span, dynamic_dims
+from kernels.common.prologue import chunk_span, dynamic_dims, zero_rows_past
 from kernels.forward.cumsum import BT, LOG2E, load_chunk_gate_cumsum
 from kernels.forward.intra_chunk import MERGES, _merge, _merge_fp32, fp32_tile, gated_kkt, l2_row_factors, solve_diag16
 
@@ -106,15 +109,23 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
             kk = T.alloc_fragment((BT, BT), f32)
             du_f = T.alloc_fragment((DV, BT), f32)
             t16 = T.alloc_local((16,), f32)
+            kq_ready = T.alloc_barrier(arrive_count=32)
+            do_ready = T.alloc_barrier(arrive_count=32)
+            tx = T.get_thread_binding()
 
             # The order keeps few tiles live at a time, so that TileLang's shared-memory allocator can reuse the dead
             # ones: P (from q, k) and dUloc^T = dO^T P first, so q, dO and P die before the fp32 tiles of the solve
             # are born; k dies with K K^T.  The same operations on the same values as a load-everything-first
             # order: 60 instead of 111 KiB of shared memory, 164 registers: three CTAs per SM instead of one.
-            for r, d in T.Parallel(BT, DK):
-                k_s[r, d] = T.if_then_else(r < nv, k[t0 + r, h, d], T.cast(0, dtype))
-                q_s[r, d] = T.if_then_else(r < nv, q[t0 + r, h, d], T.cast(0, dtype))
+            # k and q by TMA (as gdn_intra's k) in flight while the gates load, rows past the sequence zeroed after
+            if tx < 32:
+                T.tma_copy(k[t0:t0 + BT, h, 0:DK], k_s, barrier=kq_ready)
+                T.tma_copy(q[t0:t0 + BT, h, 0:DK], q_s, barrier=kq_ready)
+                T.barrier_arrive(kq_ready)
             load_chunk_gate_cumsum(g, beta, hv, t0, nv, g_s, b_s)
+            T.barrier_wait(kq_ready, 0)
+            zero_rows_past(k_s, nv)
+            zero_rows_past(q_s, nv)
 
             if use_l2 != 0:
                 l2_row_factors(q_s, sq, ss, rq_s)
@@ -146,8 +157,11 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
                 pl_s[i, j] = T.cast(kk[i, j] - T.cast(T.cast(kk[i, j], dtype), f32), dtype)
 
             # dUloc^T = dO^T P (then P and dO die, before the fp32 tiles of the solve are born)
-            for r, d in T.Parallel(BT, DV):
-                do_s[r, d] = T.if_then_else(r < nv, do[t0 + r, hv, d], T.cast(0, dtype))
+            if tx < 32:
+                T.tma_copy(do[t0:t0 + BT, hv, 0:DV], do_s, barrier=do_ready)
+                T.barrier_arrive(do_ready)
+            T.barrier_wait(do_ready, 0)
+            zero_rows_past(do_s, nv)
             T.gemm(do_s, ph_s, du_f, transpose_A=True, clear_accum=True)
             T.gemm(do_s, pl_s, du_f, transpose_A=True)
             T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])

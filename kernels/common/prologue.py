@@ -10,6 +10,7 @@ Variables a macro returns take the caller's names.
 * ``lo_shape``: the shape of a two-term split's lo buffer (a placeholder when the split is off);
 * ``chunk_span``: the token range of chunk ``c`` of the varlen chunk table (parallel kernels);
 * ``seq_span``: the token and chunk range of sequence ``n`` (sequential kernels);
+* ``zero_rows_past``: the rows of a tile past the sequence's end set to zero (after a TMA copy of whole chunks);
 * ``load_state_vt`` / ``store_state_vt``: a value-first fp32 state block ``[BV, DK]`` from / to a
   ``[N, HV, DK, DV]`` tensor stored in either layout (``v_first``).
 """
@@ -56,6 +57,15 @@ def seq_span(cu_seqlens, chunk_offsets, n):
     c0 = chunk_offsets[n]
     nchunks = T.ceildiv(eos - bos, BT)
     return bos, eos, c0, nchunks
+
+
+@T.macro
+def zero_rows_past(tile, nv):
+    """Rows ``r >= nv`` of the 2-D shared tile ``tile`` set to zero: a TMA copy of a whole chunk reads the next
+    sequence's tokens there (or zeros past the tensor's end)."""
+    for r, d in T.Parallel(*tile.shape):
+        if r >= nv:
+            tile[r, d] = T.cast(0, tile.dtype)
 
 
 @T.macro

@@ -1,8 +1,8 @@
 """Intra-chunk kernel ``gdn_intra``: one CTA (128 threads) per (chunk, value head).  It
 
 * never computes ``P = Q K^T`` (the output kernel recomputes it from q/k in registers);
-* never loads q into shared memory (q is read from global only for the in-kernel L2 norm);
-* loads k with one TMA copy while the gates load, and zeroes the rows past the sequence in shared memory;
+* loads k (and q, for the in-kernel L2 norm alone) with one TMA copy while the gates load, and zeroes k's rows
+  past the sequence in shared memory; with the split merges q is read per element instead (shared memory);
 * does the two block merges of the triangular inverse in fp32 on the CUDA cores (``merge="fp32"``, the
   dispatch's), or as wgmma with single input-dtype operands ("bf16": 2 per level) or 3-term splits ("split": 6);
 * stores ``Ag = Tinv diag(beta)`` as one input-dtype term (``ag="bf16"``) or a two-term split.
@@ -19,7 +19,7 @@ Outputs (rows/cols past the end of the sequence are 0):
 
 import tilelang.language as T
 
-from kernels.common.prologue import chunk_span, dynamic_dims
+from kernels.common.prologue import chunk_span, dynamic_dims, zero_rows_past
 
 from .cumsum import BT, LOG2E, load_chunk_gate_cumsum
 
@@ -175,6 +175,7 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
     assert dtype in ("bfloat16", "float16")
     assert merge in MERGES and ag in ("bf16", "split")
     msplit = merge == "split"
+    q_tma = not msplit
     asplit = ag == "split"
     f32 = "float32"
 
@@ -201,6 +202,8 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
             nv = T.min(eos - t0, BT)
 
             k_s = T.alloc_shared((BT, DK), dtype)
+            if q_tma:
+                q_s = T.alloc_shared((BT, DK), dtype)
             g_s = T.alloc_shared((BT,), f32)
             b_s = T.alloc_shared((BT,), f32)
             rq_s = T.alloc_shared((BT,), f32)
@@ -231,18 +234,26 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
             # eight loads then wait one after another
             if tx < 32:
                 T.tma_copy(k[t0:t0 + BT, h, 0:DK], k_s, barrier=k_ready)
+                if q_tma and use_l2 != 0:
+                    T.tma_copy(q[t0:t0 + BT, h, 0:DK], q_s, barrier=k_ready)
                 T.barrier_arrive(k_ready)
             load_chunk_gate_cumsum(g, beta, hv, t0, nv, g_s, b_s)
             T.barrier_wait(k_ready, 0)
-            for r, d in T.Parallel(BT, DK):
-                if r >= nv:
-                    k_s[r, d] = T.cast(0, dtype)
+            zero_rows_past(k_s, nv)
 
-            # L2-norm row factors (fp32; 1 when use_l2 == 0).  q is read from global only here.
+            # L2-norm row factors (fp32; 1 when use_l2 == 0).  q is read only here: by TMA into a tile that shares
+            # the fp32 tiles' memory (they are born later), or per element with the split merges (whose shared
+            # memory the tile would grow past 3 CTAs per SM)
             if use_l2 != 0:
-                for r, d in T.Parallel(BT, DK):
-                    sq[r, d] = T.if_then_else(r < nv, T.cast(q[t0 + r, h, d], f32) * T.cast(q[t0 + r, h, d], f32),
-                                              T.float32(0))
+                if q_tma:
+                    for r, d in T.Parallel(BT, DK):
+                        sq[r, d] = T.if_then_else(r < nv, T.cast(q_s[r, d], f32) * T.cast(q_s[r, d], f32),
+                                                  T.float32(0))
+                else:
+                    for r, d in T.Parallel(BT, DK):
+                        sq[r, d] = T.if_then_else(r < nv,
+                                                  T.cast(q[t0 + r, h, d], f32) * T.cast(q[t0 + r, h, d], f32),
+                                                  T.float32(0))
                 T.reduce_sum(sq, ss, dim=1)
                 for r in T.Parallel(BT):
                     rq_s[r] = T.float32(1) / T.sqrt(ss[r] + T.float32(1e-6))
