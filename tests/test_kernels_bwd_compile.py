@@ -15,7 +15,9 @@ Asserts, from the generated CUDA and from ptxas (bf16 only: the fp16 binaries di
 * exponentials are exp2 (fast math); no register spills and no stack;
 * shared-memory bank conflicts, as worked out from the generated addresses (``kernels.common.bank_conflicts``):
   dh's swizzled dUloc^T and dO tiles at most 2-way and none; the dqk kernels conflict-free in every tile (at
-  DK 64 but for the 2-way 16-byte stores of the key-dim operand tiles' global -> shared copies).
+  DK 64 with fp8 lo tables but for the 2-way 16-byte accesses that widen the lo codes);
+* the dqk kernels' TMA loads in flight together land in disjoint tiles (TileLang's allocator places buffers by
+  their reads; a TMA load is not one), and the late ones (dY, v) only over the dead dS' tiles.
 """
 
 import os
@@ -44,6 +46,50 @@ _WANT_WGMMA.update({f"dqk_g{g}": _WANT_WGMMA["dqk"] for g in CLUSTER_GROUPS})
 _WANT_WGMMA["dh_single"] = 2 + 1 + 2 + 1          # dS' and F1 dO keep their lo products; Tinv, dU, F0 dX single
 _WANT_WGMMA["dh_tinv_hi"] = 2 + 2 + 2 + 2        # every operand split, Tinv's hi term alone (no dU Tl)
 _WANT_WGMMA["prep_saved"] = 1 + 2                  # on the forward's Tinv and Ag: Q K^T and dO^T (Ph, Pl) alone
+
+
+_OFFSET = re.compile(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\);")
+_TMA_TILE = re.compile(r"tl::tma_load\((\w+)_desc, ld\[(\d)\], \(&\(\(\(\w+\*\)(\w+)\)")
+_TMA_BULK = re.compile(r"tl::tma_load\(\(&\(\(\(\w+\*\)(\w+)\)\[0\]\)\), \(&\((\w+)\[[^;]*ld\[(\d)\]")
+
+
+def _widened_tile(src, table):
+    """The shared tile that ``widen_lo8`` writes from the fp8 codes of ``table`` (None when not widened)."""
+    i = src.find(f"({table} + ")
+    if i < 0:
+        return None
+    m = re.search(r"\*\(uint4\*\)\(\(\(\w+\*\)(\w+)\) \+ [^;]*\) = \*\(uint4\*\)\(xl \+ 0\)", src[i:])
+    return m.group(1)
+
+
+def dqk_tile_overlaps(cfg, src) -> list:
+    """Pairs of dqk tiles that are live together and share shared memory: the tiles of the loads issued at the start
+    (barriers 0, 1, 2, 4) with the widened lo tiles among themselves; the late loads (barrier 3) among themselves
+    and with every early tile but dS' hi and lo (dead by then)."""
+    off = {v: int(o) for v, o in _OFFSET.findall(src)}
+    size = {"q": 64 * cfg.DK, "k": 64 * cfg.DK, "do": 64 * cfg.DK, "v": 64 * cfg.DK, "Uh": 64 * cfg.DK,
+            "Ul": 64 * cfg.DK, "dYh": 64 * cfg.DK, "dYl": 64 * cfg.DK, "Sch": cfg.DK * cfg.DK,
+            "Scl": cfg.DK * cfg.DK, "dSh": cfg.DK * cfg.DK, "dSl": cfg.DK * cfg.DK}
+    tiles = {}                                              # tensor -> (buffer, barrier)
+    for t, b, buf in _TMA_TILE.findall(src):
+        tiles[t] = (buf, int(b))
+    for buf, t, b in _TMA_BULK.findall(src):
+        tiles[t] = (buf, int(b))
+    assert set(tiles) >= {"q", "k", "Fb", "Sch", "dSh", "Uh", "Ul", "do", "dYh", "dYl", "v"}, sorted(tiles)
+    rng = {t: (off[buf], off[buf] + (8 * 64 * 4 if t == "Fb" else 2 * size[t])) for t, (buf, _) in tiles.items()}
+    for t in ("Scl", "dSl"):
+        w = _widened_tile(src, t) if cfg.lo8 else None
+        if w is not None:
+            rng[t] = (off[w], off[w] + 2 * size[t])
+    early = [t for t in rng if t not in tiles or tiles[t][1] != 3]
+    late = [t for t in rng if t in tiles and tiles[t][1] == 3]
+
+    def meet(a, b):
+        return rng[a][0] < rng[b][1] and rng[b][0] < rng[a][1]
+    bad = [(a, b) for i, a in enumerate(early) for b in early[i + 1:] if meet(a, b)]
+    bad += [(a, b) for i, a in enumerate(late) for b in late[i + 1:] + [e for e in early if e not in ("dSh", "dSl")]
+            if meet(a, b)]
+    return bad
 
 
 def _job(i):
@@ -85,13 +131,13 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
         w = max(d for d, _ in worst_degrees(src).values())
         assert w == 1, (cfg.name, worst_degrees(src))
     if cfg.kind.startswith("dqk") and cfg.DK == 64:
-        # loosened at DK 64: TileLang lays the [64, 64] key-dim operand tiles (q, k, dS' hi + lo), whose columns the
-        # two warpgroups split as wgmma B operands, out in 64-byte swizzles, so their 16-byte global -> shared copy
-        # stores (once a chunk) are 2-way, and with fp8 lo tables so are the 16-byte reads of the dS' and S hi tiles
-        # that widen their lo codes (``widen_lo8``, twice a chunk); every other access is conflict-free
+        # loosened at DK 64 with fp8 lo tables: TileLang lays the [64, 64] key-dim operand tiles (q, k, dS' hi + lo),
+        # whose columns the two warpgroups split as wgmma B operands, out in 64-byte swizzles, so the 16-byte
+        # accesses of ``widen_lo8`` to the dS' and S hi and lo tiles (twice a chunk) are 2-way; the tiles arrive by
+        # TMA, and every other access is conflict-free
         bad = [(b, s.line, s.width, s.store, d) for b in shared_buffers(src) for s, d in buffer_degrees(src, b)
                if d is not None and d > 1]
-        assert bad and all(d == 2 and width == 16 and (st or cfg.lo8) for _, _, width, st, d in bad), (cfg.name, bad)
+        assert bool(bad) == cfg.lo8 and all(d == 2 and width == 16 for _, _, width, _, d in bad), (cfg.name, bad)
     # CTAs per SM the design relies on (shared memory, and registers of 128-thread CTAs): prep loads in phases
     # (60 KiB; 111 in one phase)
     ctas = {"prep": 2 if cfg.merge == "split" else 3}.get(cfg.kind)      # the split merges' lo tiles: 24 KiB more
@@ -103,6 +149,8 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
         if "ptxas" in r:
             assert -(-r["ptxas"]["registers"] // 8) * 8 * 256 <= 65536, r["ptxas"]["registers"]
         assert "AtomicAdd" not in src      # dq~, dk~ stored once per value head (the group sums: gsum) or group
+    if cfg.kind.startswith("dqk"):
+        assert src.count("tma_load(") >= 11 and not dqk_tile_overlaps(cfg, src), dqk_tile_overlaps(cfg, src)
     if cfg.kind.startswith("dqk_g"):      # a group's sums through distributed shared memory: one SM-to-SM bulk copy
         # site, a barrier each CTA waits on, cluster barriers around the exchange (after the barrier's init too)
         assert src.count("tma_store_cluster(") == 1 and "bar[0].wait(0)" in src, src.count("tma_store_cluster(")

@@ -5,9 +5,11 @@ them), at K = V = 128 or 64.
 * dq~ and dk~ stay in two [64, DK] fp32 fragments: the inter terms are folded in after their row dots, the intra
   products accumulate onto them by wgmma, and each element is stored once (per value head, or as the sums of a GVA
   group of 2, 4 or 8 value heads exchanged across a thread-block cluster).
-* the products are ordered so that shared memory peaks at 192 KiB at DK = DV = 128 (one CTA of eight warps per
-  SM): the S o dS' row dots (S, dS' hi + lo: 128 KiB), R = U dS'^T (then dS' dies), Z = dO S^T, W = dY S^T (then S
-  dies), the dY . v dots, then the 64x64 terms (q, k, dO, U, dY and the 64x64 operand tiles).
+* the products are ordered so that the tiles die early (one CTA of eight warps per SM): the S o dS' row dots
+  (S, dS' hi + lo: 128 KiB), R = U dS'^T (then dS' dies), Z = dO S^T, W = dY S^T (then S dies), the dY . v dots,
+  then the 64x64 terms (q, k, dO, U, dY and the 64x64 operand tiles).
+* every tile arrives by TMA, issued by the first warp: q, k, S, dS', U, dO and the gates at the start, all in
+  flight together (about 210 KiB at DK = DV = 128 with fp8 lo tables); dY and v once dS' is dead, into its memory.
 * the S o dS' dots: thread ``tx < 2 DV`` sums value column ``tx % DV`` over key rows ``(tx // DV) * DK/2 ..``
   (the two halves go to ``sd[0]`` and ``sd[1]``).
 """
@@ -55,29 +57,41 @@ class _HeadTiles:
 
 @T.macro
 def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk, dpu,
-               dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale,
+               dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, ld, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale,
                s_lo, lo8):
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
     dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32.
     The q.Z, k.W, k.R and dY . v row dots go out as two halves (``half_row_dots``, fragments ``t2, r2``) into
     ``qz, kw, kr, yv [2, HV, NC, 64]``, the dbeta row sums likewise into ``db2`` (``intra_terms``, fragments
     ``t2b, r2b``).  ``s_lo`` (a Python bool): S is hi + lo, else its hi term alone (Scl not read); ``lo8``: the lo
-    terms ``Scl``, ``dSl`` are fp8 codes, widened to the input dtype in shared memory (``kernels.common.lo8``)."""
+    terms ``Scl``, ``dSl`` are fp8 codes, widened to the input dtype in shared memory (``kernels.common.lo8``).
+
+    The tiles arrive by TMA copies, issued by the first warp: S, dS' and the gates (barrier ``ld[0]``), U
+    (``ld[1]``) and dO (``ld[2]``) at the start, all in flight together; dY and v (``ld[3]``) once dS' is dead
+    (their tiles may take its memory).  ``ld[4]``: q and k (the kernel's)."""
     dtype = ts.sh.dtype
     DK = dq_f.shape[1]
     DV = ts.sh.shape[1]
+    if tx < 32:
+        T.tma_copy(Fb[hv, c, 0:8, 0:BT], ts.f_s, barrier=ld[0])
+        T.tma_copy(Sch[hv, c, 0:DK, 0:DV], ts.sh, barrier=ld[0])
+        T.tma_copy(dSh[hv, c, 0:DV, 0:DK], ts.dsh, barrier=ld[0])
+        if not lo8:
+            if s_lo:
+                T.tma_copy(Scl[hv, c, 0:DK, 0:DV], ts.sl, barrier=ld[0])
+            T.tma_copy(dSl[hv, c, 0:DV, 0:DK], ts.dsl, barrier=ld[0])
+        T.barrier_arrive(ld[0])
+        T.tma_copy(Uh[hv, c, 0:BT, 0:DV], ts.uh, barrier=ld[1])
+        T.tma_copy(Ul[hv, c, 0:BT, 0:DV], ts.ul, barrier=ld[1])
+        T.barrier_arrive(ld[1])
+        T.tma_copy(do[t0:t0 + BT, hv, 0:DV], ts.do, barrier=ld[2])
+        T.barrier_arrive(ld[2])
     # 1. the S o dS' row dots (S hi (+ lo), dS' hi + lo)
-    T.copy(Fb[hv, c, 0:8, 0:BT], ts.f_s)
-    T.copy(Sch[hv, c, 0:DK, 0:DV], ts.sh)
-    T.copy(dSh[hv, c, 0:DV, 0:DK], ts.dsh)
+    T.barrier_wait(ld[0], 0)
     if lo8:
         if s_lo:
             widen_lo8(Scl, hv, c, ts.sh, ts.sl, tx, ts.c8, xl, THREADS)
         widen_lo8(dSl, hv, c, ts.dsh, ts.dsl, tx, ts.c8, xl, THREADS)
-    else:
-        if s_lo:
-            T.copy(Scl[hv, c, 0:DK, 0:DV], ts.sl)
-        T.copy(dSl[hv, c, 0:DV, 0:DK], ts.dsl)
     acc[0] = T.float32(0)
     if tx < 2 * DV:
         if s_lo:
@@ -86,16 +100,24 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
             split_dot_rows(ts.sh, None, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
         sd[tx // DV, hv, c, tx % DV] = acc[0]
     # 2. R = U dS'^T (U, dS' hi + lo) -> dk~ += e^(GL-G) R, the k.R dots
-    T.copy(Uh[hv, c, 0:BT, 0:DV], ts.uh)
-    T.copy(Ul[hv, c, 0:BT, 0:DV], ts.ul)
+    T.barrier_wait(ld[1], 0)
+    T.barrier_wait(ld[4], 0)
     T.gemm(ts.uh, ts.dsh, x_f, clear_accum=True)
     T.gemm(ts.ul, ts.dsh, x_f)
     T.gemm(ts.uh, ts.dsl, x_f)
+    # dS' is dead: dY and v may land in its memory once both warpgroups have read it
+    T.sync_threads()
+    if tx < 32:
+        T.fence_proxy_async()
+        T.tma_copy(dYh[hv, c, 0:DV, 0:BT], ts.dyh, barrier=ld[3])
+        T.tma_copy(dYl[hv, c, 0:DV, 0:BT], ts.dyl, barrier=ld[3])
+        T.tma_copy(v[t0:t0 + BT, hv, 0:DV], ts.v, barrier=ld[3])
+        T.barrier_arrive(ld[3])
     for t, d in T.Parallel(BT, DK):
         dk_f[t, d] = dk_f[t, d] + T.exp2((ts.f_s[4, BT - 1] - ts.f_s[4, t]) * LOG2E) * x_f[t, d]
     half_row_dots(x_f, k_s, t2, r2, nv, kr, hv, c)
     # 3. Z = dO S^T (S hi (+ lo)) -> dq~ += scale e^G Z, the q.Z dots
-    T.copy(do[t0:t0 + BT, hv, 0:DV], ts.do)
+    T.barrier_wait(ld[2], 0)
     T.gemm(ts.do, ts.sh, x_f, transpose_B=True, clear_accum=True)
     if s_lo:
         T.gemm(ts.do, ts.sl, x_f, transpose_B=True)
@@ -103,8 +125,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
         dq_f[t, d] = dq_f[t, d] + scale * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     half_row_dots(x_f, q_s, t2, r2, nv, qz, hv, c)
     # 4. W = dY S^T (dY hi + lo, S hi (+ lo)) -> dk~ -= beta e^G W, the k.W dots; then the dY . v dots
-    T.copy(dYh[hv, c, 0:DV, 0:BT], ts.dyh)
-    T.copy(dYl[hv, c, 0:DV, 0:BT], ts.dyl)
+    T.barrier_wait(ld[3], 0)
     T.gemm(ts.dyh, ts.sh, x_f, transpose_A=True, transpose_B=True, clear_accum=True)
     T.gemm(ts.dyl, ts.sh, x_f, transpose_A=True, transpose_B=True)
     if s_lo:
@@ -112,7 +133,6 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     for t, d in T.Parallel(BT, DK):
         dk_f[t, d] = dk_f[t, d] - ts.f_s[7, t] * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     half_row_dots(x_f, k_s, t2, r2, nv, kw, hv, c)
-    T.copy(v[t0:t0 + BT, hv, 0:DV], ts.v)
     v_dy_half_row_dots(ts.v, ts.dyh, ts.dyl, t2, r2, nv, yv, hv, c)
     # 5. the 64x64 terms, accumulated onto dq~ / dk~
     m = ts.m
@@ -281,14 +301,17 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
             xh = T.alloc_local((8,), dtype)
             xl = T.alloc_local((8,), dtype)
             tx = T.get_thread_binding()
+            ld = T.alloc_barrier(arrive_count=[32] * 5)        # the TMA loads' barriers (``value_head``)
 
-            T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
-            T.copy(k[t0:t0 + BT, h, 0:DK], k_s)
+            if tx < 32:
+                T.tma_copy(q[t0:t0 + BT, h, 0:DK], q_s, barrier=ld[4])
+                T.tma_copy(k[t0:t0 + BT, h, 0:DK], k_s, barrier=ld[4])
+                T.barrier_arrive(ld[4])
             T.clear(dq_f)
             T.clear(dk_f)
             value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
-                       dpu, dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, qz, kw, kr, sd, yv, rect, db2, hv, c, t0,
-                       nv, scale, s_lo, lo8)
+                       dpu, dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, ld, qz, kw, kr, sd, yv, rect, db2, hv, c,
+                       t0, nv, scale, s_lo, lo8)
             # each row stored once
             if group > 1:
                 pad = 4
