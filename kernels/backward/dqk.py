@@ -57,8 +57,8 @@ class _HeadTiles:
 
 @T.macro
 def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk, dpu,
-               dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, ld, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv, scale,
-               s_lo, lo8):
+               dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, ld, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv,
+               scale, s_lo, lo8):
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
     dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32.
     The q.Z, k.W, k.R and dY . v row dots go out as two halves (``half_row_dots``, fragments ``t2, r2``) into
