@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from kernels.backward.configs import CLUSTER_GROUPS, BwdConfig
+from kernels.backward.configs import CLUSTER_GROUPS, DH_WS_BLOCKS, BwdConfig
 from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, STATE_FORMS, FixupConfig,
                                      IntraConfig, OutputConfig, StateConfig, output_block_v)
 from kernels.forward.precision import PRESETS, Precision, preset
@@ -26,6 +26,10 @@ CP_MIN_CHUNKS = 16             # chunks per CP segment at the least
 CP_MAX_CTAS = 8                # rv CTAs (N x HV x DK/64) at most for CP
 CP_MIN_TOTAL_CHUNKS = 512      # chunks of the longest sequence at the least for CP
 WS_HEAD_DIMS = (128,)          # head dims at which the "ws" form is dispatched (where it was measured faster)
+# dh's warp-specialised kernel at 32 value columns (one CTA per SM: 384 threads x 168 registers) up to this many
+# CTAs.  On an H200 it took dh from 3.07 to 1.53 ms at B1 T32768 H16 HV32 (128 CTAs against the register kernel's
+# 64) and from 1.23 to 1.54 at B8 T4096 H16 HV32 (1024 CTAs against 512).
+DH_WS_MAX_CTAS = N_SM
 # the backward's recompute runs on a side stream beside dh from this many (chunk, value head) pairs
 OVERLAP_MIN_CHUNK_HEADS = 4096
 
@@ -166,7 +170,9 @@ class BackwardPlan:
     alone and dqk reads it alone (no S lo table: an A/B alternative); ``merge``: prep's block merges where it
     computes Tinv, the forward's ``Precision.merge`` ("fp32", dispatched; "split" and "bf16", the A/B alternatives
     of a forward at that merge); ``lo8``: the lo terms of the S and dS' tables that dqk reads stored as fp8 under
-    their hi terms' exponents (``kernels.common.lo8``; the split dh and S only); ``DK``: the head dim K == V every
+    their hi terms' exponents (``kernels.common.lo8``; the split dh and S only); ``dh_ws_bv``: dh's warp-specialised
+    key-first kernel (``backward/dh_ws.py``) at this many value columns a CTA, 0: the value-first register kernel
+    (64 columns); ``DK``: the head dim K == V every
     kernel is built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
@@ -180,10 +186,13 @@ class BackwardPlan:
     s_single: bool = False
     merge: str = "fp32"
     lo8: bool = False
+    dh_ws_bv: int = 0
     DK: int = KERNEL_HEAD_DIM
 
     def __post_init__(self):
         check_head_dim(self.DK)
+        if self.dh_ws_bv not in (0, *DH_WS_BLOCKS):
+            raise ValueError(f"dh_ws_bv must be 0 or one of {DH_WS_BLOCKS}, got {self.dh_ws_bv}")
         if self.cluster_group_sum and self.group not in CLUSTER_GROUPS:
             raise ValueError(f"cluster group sums need HV / H in {CLUSTER_GROUPS}, got {self.group}")
         if self.dh_segments is not None and self.dh_single:
@@ -206,7 +215,7 @@ class BackwardPlan:
     def dh_config(self, saved: bool) -> BwdConfig:
         """dh's form; ``saved``: prep took Tinv from the forward (its hi term alone)."""
         return BwdConfig("dh", self.dtype, self.DK, single=self.dh_single, tinv_hi=saved and not self.dh_single,
-                         lo8=self.lo8)
+                         lo8=self.lo8, ws_bv=self.dh_ws_bv)
 
     def dqk_config(self) -> BwdConfig:
         return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK,
@@ -237,11 +246,15 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     owns the layout cache; dh with every operand split; the sequential pass reads the forward's saved tables; the
     recompute beside dh from ``OVERLAP_MIN_CHUNK_HEADS`` (chunk, value head) pairs; its state kernel at the
     forward's ``block_v`` (one CTA per SM); cluster group sums for groups of 2, 4, 8; prep's merges in fp32, as the
-    forward's; the S and dS' lo tables in fp8 (``lo8``); every kernel built for the call's head dim ``DK`` (K == V)."""
+    forward's; the S and dS' lo tables in fp8 (``lo8``); the sequential dh warp-specialised at 32 value columns a
+    CTA where those CTAs fit one wave (``DH_WS_MAX_CTAS``; at the head dims of ``WS_HEAD_DIMS``, where it was
+    measured), else the register kernel; every kernel built for the
+    call's head dim ``DK`` (K == V)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
-    return BackwardPlan(dtype, dh_segments, dh_single=False, reads_saved_tables=seq,
+    ws = 32 if seq and DK in WS_HEAD_DIMS and n_seq * HV * (DK // 32) <= DH_WS_MAX_CTAS else 0
+    return BackwardPlan(dtype, dh_segments, dh_single=False, reads_saved_tables=seq, dh_ws_bv=ws,
                         overlap_recompute=n_chunks * HV >= OVERLAP_MIN_CHUNK_HEADS,
                         recompute_block_v=block_v(n_seq, HV, 1, DK), recompute_ctas_per_sm=1, group=group,
                         cluster_group_sum=group in CLUSTER_GROUPS, lo8=True, DK=DK)

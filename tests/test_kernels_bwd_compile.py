@@ -10,11 +10,12 @@ runtime argument of the same binaries.  The forward recompute runs the forward's
 Asserts, from the generated CUDA and from ptxas (bf16 only: the fp16 binaries differ only in the operand type):
 * every matmul is a wgmma with input-dtype operands and fp32 accumulation, the number of call sites the
   design implies (``_WANT_WGMMA``), no TF32;
-* the reverse sequential kernel takes every A operand from registers (wgmma_rs) and loads its chunks with
-  TMA into an mbarrier pipeline; its split tables leave through four TMA store sites;
+* the reverse sequential kernel takes every A operand from registers (wgmma_rs; its warp-specialised form
+  ``dh_ws`` every operand from shared memory) and loads its chunks with TMA into an mbarrier pipeline; its split
+  tables leave through four TMA store sites;
 * exponentials are exp2 (fast math); no register spills and no stack;
 * shared-memory bank conflicts, as worked out from the generated addresses (``kernels.common.bank_conflicts``):
-  dh's swizzled dUloc^T and dO tiles at most 2-way and none; the dqk kernels conflict-free in every tile (at
+  dh's swizzled dUloc^T and dO tiles at most 2-way and none, ``dh_ws`` conflict-free in every tile; the dqk kernels conflict-free in every tile (at
   DK 64 with fp8 lo tables but for the 2-way 16-byte accesses that widen the lo codes);
 * the dqk kernels' TMA loads in flight together land in disjoint tiles (TileLang's allocator places buffers by
   their reads; a TMA load is not one), and the late ones (dY, v) only over the dead dS' tiles.
@@ -111,12 +112,15 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     check_wgmma(src, "bfloat16" if cfg.dtype == "float32" else cfg.dtype, want)     # dtype-free kinds: no wgmma
     assert "exp2f" in src or cfg.kind in ("dh", "gsum", "gsum32")
     if cfg.kind == "dh":
-        assert src.count("wgmma_rs<") == want, src.count("wgmma_rs<")
-        # loads through the TMA pipeline; the split dS' and dY tables leave through shared tiles (stmatrix) and TMA
-        # stores, four store sites (dSh, dSl, dYh, dYl); one CTA per SM must fit
-        assert "tma_load" in src and "mbarrier" in src
-        assert src.count("tma_store(") == 4 and "stmatrix" in src, src.count("tma_store(")
-        # each chunk's table stores are waited for at the next chunk's, and at the end
+        # the register kernel: every A operand from registers; the warp-specialised one: every operand in shared
+        # memory (the state gradient key-first, the rows of its products DK, 64)
+        assert src.count("wgmma_rs<") == (0 if cfg.ws_bv else want), src.count("wgmma_rs<")
+        # loads through the TMA pipeline; the split dS' and dY tables leave through shared tiles (stmatrix in the
+        # register kernel) and TMA stores, four store sites (dSh, dSl, dYh, dYl); one CTA per SM must fit
+        assert "tma_load" in src and ("full[" in src if cfg.ws_bv else "mbarrier" in src)
+        assert src.count("tma_store(") == 4 and (cfg.ws_bv or "stmatrix" in src), src.count("tma_store(")
+        # the register kernel waits for each chunk's table stores at the next chunk's, and at the end; the
+        # warp-specialised one for the dS' and the dY stores before their tiles are handed back
         assert src.count("tma_store_wait") == 2, src.count("tma_store_wait")
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024, r["dyn_smem"]
     if cfg.kind == "dh":
@@ -124,9 +128,15 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
         # TMA-loaded but never read could share another tile's memory (and overwrite it in flight)
         offs = re.findall(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\);", src)
         assert len(offs) >= 9 and len({o for _, o in offs}) == len(offs), offs
-    if cfg.kind == "dh":                            # swizzled (4-way each without)
+    if cfg.kind == "dh" and not cfg.ws_bv:          # swizzled (4-way each without)
         w = worst_degrees(src, ["dul_s", "do_s"])
         assert w["dul_s"][0] <= 2 and w["do_s"][0] <= 1 and w["dul_s"][1] > 0 and w["do_s"][1] > 0, w
+    if cfg.kind == "dh" and cfg.ws_bv:
+        # conflict-free, the value-first tiles written from key-first accumulators and dUloc^T read into one among
+        # them (128-byte swizzles; 4-way each without)
+        w = worst_degrees(src)
+        assert all(w[b][1] > 0 for b in ("dsh_s", "dsl_s", "yh_s", "yl_s", "dul_s")), w
+        assert max(d for d, _ in w.values()) == 1, (cfg.name, w)
     if cfg.kind.startswith("dqk") and cfg.DK == 128:    # conflict-free tiles (laid out without them: 8-way)
         w = max(d for d, _ in worst_degrees(src).values())
         assert w == 1, (cfg.name, worst_degrees(src))

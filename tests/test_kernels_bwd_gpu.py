@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from cases.case import Case
+from kernels.backward.configs import DH_WS_BLOCKS
 from parity.metrics import compare
 from tests import kernel_support as tt
 
@@ -75,6 +76,7 @@ def _precompile():
             cfgs += p.configs()
         for p in (bp, dataclasses.replace(bp, dh_single=False, reads_saved_tables=False)):
             cfgs += p.configs(True) + p.configs(False) + p.recompute_configs()
+            cfgs += [dataclasses.replace(p, dh_ws_bv=bv).dh_config(s) for bv in DH_WS_BLOCKS for s in (True, False)]
         if bp.cluster_group_sum:
             cfgs += dataclasses.replace(bp, cluster_group_sum=False).configs(True)
         for bv, occ in _RECOMPUTE_SHAPES.values():
@@ -148,18 +150,20 @@ def test_bad_input_raises_valueerror():
         kern(*args, do, dht[:, :1], **kw)
 
 
+@pytest.mark.parametrize("ws", [0, 32], ids=["dh", "dh_ws32"])
 @pytest.mark.parametrize("case", _SEGMENTED, ids=[c.id for c in _SEGMENTED])
-def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, case):
+def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, case, ws):
     """The few-heads reverse pass (``dh_segmented``: the dh kernel over segments, three launches and an fp64 scan),
     forced on (its thresholds set to 1), gives the sequential pass's gradients on the GPU
-    (``kernel_support.assert_segmented_matches_sequential``).  The segmented pass runs dh with every operand split,
-    so the sequential one it is compared with does too (a plan with ``dh_single`` off)."""
+    (``kernel_support.assert_segmented_matches_sequential``), with either dh kernel (``ws``: the warp-specialised
+    one at 32 value columns a CTA).  The segmented pass runs dh with every operand split, so the sequential one it is
+    compared with does too (a plan with ``dh_single`` off)."""
     from kernels.backward import dh_segmented
     from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
     from kernels.backward.pipeline import plan_for, prepare_backward
 
     xs, kw, do, dht = tt.bwd_args(case, CUDA)
-    split = dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)), dh_single=False)
+    split = dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)), dh_single=False, dh_ws_bv=ws)
     assert split.dh_segments is None
     seq = kern(*xs, do, dht, **kw, plan=split)
     monkeypatch.setattr(dh_segmented, "MIN_CHUNKS", 1)
@@ -167,7 +171,9 @@ def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, case):
     seen = []
     real = dh_segmented.end_gradients
     monkeypatch.setattr(dh_segmented, "end_gradients", lambda *a: seen.append(a[0].cu.numel() - 1) or real(*a))
-    seg = kern(*xs, do, dht, **kw)         # the plan cache is keyed by the thresholds: no stale plan is reused
+    # the plan cache is keyed by the thresholds: no stale plan is reused
+    seg = kern(*xs, do, dht, **kw, plan=dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)),
+                                                             dh_ws_bv=ws))
     torch.cuda.synchronize()
     assert seen and seen[0] >= 4, seen                   # the segmented form ran, with several segments
     tt.assert_segmented_matches_sequential(seg, seq, xs[0].dtype, NAMES, label=case.id)
@@ -280,6 +286,38 @@ def test_saved_forward_tables_give_the_same_gradients(case):
     hi_only = reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
     ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only)
     _within_floor_of_emulation(case, got, ge, f"dispatched vs emulation (Tinv hi alone: {hi_only})")
+    _within_baseline(case, got)
+
+
+@pytest.mark.parametrize("bv", [32, 64])
+@pytest.mark.parametrize("case", _SAVED_CASES, ids=[c.id for c in _SAVED_CASES])
+def test_warp_specialised_dh_gives_the_register_kernels_gradients(case, bv):
+    """dh's warp-specialised key-first kernel (``dh_ws``, ``bv`` value columns a CTA; dispatched at 32 where its CTAs
+    fit one wave) in the dispatched plan otherwise, through the autograd Function: two calls give bitwise the same gradients (its warpgroups' hand-offs
+    leave no race), every gradient is within the input dtype's rounding floor of the register kernel's and of the
+    emulation's (the same products and roundings, summed in other wgmma shapes) and within the baseline."""
+    from kernels import autograd
+    from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
+    from kernels.backward.pipeline import reads_saved_tables
+    from kernels.plan import BackwardPlan
+
+    def ws(plan):
+        return dataclasses.replace(plan, dh_ws_bv=bv) if isinstance(plan, BackwardPlan) else plan
+
+    def register_kernel(plan):
+        return dataclasses.replace(plan, dh_ws_bv=0) if isinstance(plan, BackwardPlan) else plan
+
+    got = tt.function_grads(autograd.apply, case, CUDA, alter=ws)
+    again = tt.function_grads(autograd.apply, case, CUDA, alter=ws)
+    register = tt.function_grads(autograd.apply, case, CUDA, alter=register_kernel)
+    torch.cuda.synchronize()
+    for n, x, y in zip(NAMES, got, again):
+        assert (x is None and y is None) or torch.equal(x, y), n
+    _within_floor_of_emulation(case, got, register, f"dh_ws{bv} vs the register dh")
+    args, kw, do, dht = tt.bwd_args(case, CUDA)
+    hi_only = reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
+    ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only)
+    _within_floor_of_emulation(case, got, ge, f"dh_ws{bv} vs emulation (Tinv hi alone: {hi_only})")
     _within_baseline(case, got)
 
 

@@ -12,6 +12,8 @@ CLUSTER_GROUPS = (2, 4, 8)
 # prep, dh; dqk: the inter + intra terms of one value head; dqk_gN: the same in clusters of N value heads storing
 # the group sums; gsum, gsum32: the GVA group sums of other group sizes to the input dtype / fp32; dgdb: dg, dbeta
 KINDS = ("prep", "dh", "dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS), "gsum", "gsum32")
+# value columns a CTA of the warp-specialised reverse pass (``dh_ws``) can own
+DH_WS_BLOCKS = (32, 64)
 # kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
 DTYPE_FREE_KINDS = ("dgdb",)
 
@@ -28,12 +30,15 @@ class BwdConfig:
     merge: str = "bf16"            # prep only (computing Tinv): the block merges "fp32", "bf16" or "split" (the
     #                                forward's Precision.merge; "bf16" where prep reads the saved tables: no merge)
     lo8: bool = False              # dh, dqk: the lo terms of the S and dS' tables as fp8 (kernels.common.lo8)
+    ws_bv: int = 0                 # dh only: the warp-specialised key-first kernel (dh_ws) at this many value
+    #                                columns a CTA (32, 64); 0: the value-first register kernel (64 columns)
 
     @property
     def name(self) -> str:
         names = ("single", "saved", "tinv_hi", "s_single", "lo8")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
+        flags += f",ws{self.ws_bv}" if self.ws_bv else ""
         return f"bwd_{self.kind}[DK=DV={self.DK}{flags},{self.dtype}]"
 
 
@@ -42,7 +47,8 @@ def all_configs():
     each kind x {bf16, fp16}, dh in its split form (every operand; on the saved tables, Tinv hi alone) and its
     single form (an A/B alternative), prep computing the tables (with fp32 merges, and split ones, the A/B
     alternative; one-term ones compile when a benchmark asks for them) and on the forward's saved ones, dqk also on S's hi term alone (an A/B alternative); the
-    split dh and dqk with fp8 lo tables (``lo8``); the dtype-free dgdb once.  The forward recompute runs the
+    split dh and dqk with fp8 lo tables (``lo8``), the split dh with fp8 lo tables also warp-specialised at 32
+    value columns (``ws_bv``; at 64 they compile when a benchmark asks for them); the dtype-free dgdb once.  The forward recompute runs the
     forward's intra and smem state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
@@ -56,6 +62,7 @@ def _configs_at(D: int):
             + [BwdConfig("prep", dt, D, merge=m) for dt in DTYPES for m in ("fp32", "split")]
             + [BwdConfig(kind, dt, D, s_single=True) for dt in DTYPES for kind in KINDS if kind.startswith("dqk")]
             + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True) for dt in DTYPES for t in (False, True)]
+            + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True, ws_bv=32) for dt in DTYPES for t in (False, True)]
             + [BwdConfig(kind, dt, D, lo8=True) for dt in DTYPES for kind in KINDS if kind.startswith("dqk")])
 
 
@@ -78,6 +85,12 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
         return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge)
+    if cfg.ws_bv and (cfg.kind != "dh" or cfg.ws_bv not in DH_WS_BLOCKS):
+        raise ValueError(f"ws_bv (the warp-specialised reverse pass) is a form of dh at {DH_WS_BLOCKS}: {cfg.name}")
+    if cfg.kind == "dh" and cfg.ws_bv:
+        from .dh_ws import build_bwd_dh_ws
+        return build_bwd_dh_ws(D, D, cfg.dtype, BV=cfg.ws_bv, single=cfg.single, tinv_lo=not cfg.tinv_hi,
+                               lo8=cfg.lo8)
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
         return build_bwd_dh(D, D, cfg.dtype, single=cfg.single, tinv_lo=not cfg.tinv_hi, lo8=cfg.lo8)
