@@ -87,8 +87,7 @@ AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompu
       "ours-s-single": ("backward", dict(s_single=True, lo8=False)),  # the recompute's S hi alone: no S lo table
       "ours-lo16": ("backward", dict(lo8=False)),  # the S and dS' lo tables in the input dtype, not fp8
       "ours-dh-regs": ("backward", dict(dh_ws_bv=0)),  # dh's register kernel (value-first, 64 value columns a CTA)
-      "ours-dh-ws32": ("backward", dict(dh_ws_bv=32)),  # dh warp-specialised, key-first, 32 / 64 value columns a CTA
-      "ours-dh-ws64": ("backward", dict(dh_ws_bv=64)),
+      "ours-dh-ws32": ("backward", dict(dh_ws_bv=32)),  # dh warp-specialised, key-first, 32 value columns a CTA
       "ours-m1": ("merges", "bf16"),   # the forward's block merges one term, and prep's where it computes Tinv
       "ours-msplit": ("merges", "split"),   # the same with split (3-term wgmma) merges instead of fp32 ones
       }
@@ -175,8 +174,8 @@ def main(argv=None):
                     "rows per value head), 'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' / 'ours-rc-bv32o2' "
                     "(the recompute's state kernel shape), 'ours-no-saved' (the forward keeps no intra tables: prep "
                     "recomputes Tinv, hi + lo, and Ag), 'ours-dh-single' (dh's Tinv, dU and F0 dX as single terms on the "
-                    "sequential pass), 'ours-dh-regs' (dh's register kernel), 'ours-dh-ws32' / 'ours-dh-ws64' (dh "
-                    "warp-specialised and key-first, 32 / 64 value columns a CTA)")
+                    "sequential pass), 'ours-dh-regs' (dh's register kernel), 'ours-dh-ws32' (dh "
+                    "warp-specialised and key-first, 32 value columns a CTA)")
     args = ap.parse_args(argv)
     ab = [c for c in args.ab.split(",") if c]
     for col in ab:

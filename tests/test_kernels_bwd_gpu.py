@@ -289,7 +289,7 @@ def test_saved_forward_tables_give_the_same_gradients(case):
     _within_baseline(case, got)
 
 
-@pytest.mark.parametrize("bv", [32, 64])
+@pytest.mark.parametrize("bv", DH_WS_BLOCKS)
 @pytest.mark.parametrize("case", _SAVED_CASES, ids=[c.id for c in _SAVED_CASES])
 def test_warp_specialised_dh_gives_the_register_kernels_gradients(case, bv):
     """dh's warp-specialised key-first kernel (``dh_ws``, ``bv`` value columns a CTA; dispatched at 32 where its CTAs

@@ -13,7 +13,7 @@ CLUSTER_GROUPS = (2, 4, 8)
 # the group sums; gsum, gsum32: the GVA group sums of other group sizes to the input dtype / fp32; dgdb: dg, dbeta
 KINDS = ("prep", "dh", "dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS), "gsum", "gsum32")
 # value columns a CTA of the warp-specialised reverse pass (``dh_ws``) can own
-DH_WS_BLOCKS = (32, 64)
+DH_WS_BLOCKS = (32,)
 # kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
 DTYPE_FREE_KINDS = ("dgdb",)
 
@@ -31,7 +31,7 @@ class BwdConfig:
     #                                forward's Precision.merge; "bf16" where prep reads the saved tables: no merge)
     lo8: bool = False              # dh, dqk: the lo terms of the S and dS' tables as fp8 (kernels.common.lo8)
     ws_bv: int = 0                 # dh only: the warp-specialised key-first kernel (dh_ws) at this many value
-    #                                columns a CTA (32, 64); 0: the value-first register kernel (64 columns)
+    #                                columns a CTA (32); 0: the value-first register kernel (64 columns)
 
     @property
     def name(self) -> str:
@@ -48,7 +48,7 @@ def all_configs():
     single form (an A/B alternative), prep computing the tables (with fp32 merges, and split ones, the A/B
     alternative; one-term ones compile when a benchmark asks for them) and on the forward's saved ones, dqk also on S's hi term alone (an A/B alternative); the
     split dh and dqk with fp8 lo tables (``lo8``), the split dh with fp8 lo tables also warp-specialised at 32
-    value columns (``ws_bv``; at 64 they compile when a benchmark asks for them); the dtype-free dgdb once.  The forward recompute runs the
+    value columns (``ws_bv``); the dtype-free dgdb once.  The forward recompute runs the
     forward's intra and smem state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 

@@ -45,8 +45,8 @@ def split_transposed(x_f, hi_s, lo_s):
 def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = False, tinv_lo: bool = True,
                     lo8: bool = False):
     """TileLang prim_func of ``gdn_bwd_dh_ws``: ``build_bwd_dh``'s forms (``single``, ``tinv_lo``, ``lo8``) and
-    arguments, with ``BV`` value columns a CTA (32 or 64)."""
-    assert DK in (64, 128) and DV == DK and BV in (32, 64) and DV % BV == 0
+    arguments, with ``BV = 32`` value columns a CTA."""
+    assert DK in (64, 128) and DV == DK and BV == 32 and DV % BV == 0
     assert dtype in ("bfloat16", "float16")
     assert not (single and not tinv_lo), "single reads no Tinv lo term: tinv_lo is a form of the split dh"
     olo = not single               # the lo products of dU, F0 dX
