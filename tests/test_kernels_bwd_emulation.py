@@ -756,8 +756,11 @@ def test_backward_dispatch():
     """``backward_plan``: the recompute on a side stream from 4096 (chunk, value head) pairs (off at B1 T8192 H4
     HV8, on at B1 T32768 H16 HV32 and B1 T65536 H2 HV4); its state kernel at the forward's ``block_v``, one CTA
     per SM; cluster sums for groups of 2, 4, 8 only; the sequential reverse pass with single operands reads the
-    saved tables, the segmented one neither; a plan the kernels cannot run raises."""
+    saved tables, the segmented one neither; dh warp-specialised where its 32-column CTAs fit one wave; a plan the
+    kernels cannot run raises."""
     import dataclasses
+
+    from kernels.backward.configs import BwdConfig, prim_func
 
     from kernels.plan import backward_plan, block_v
     assert not backward_plan("bfloat16", 4, 8, 8192 // 64, 1).overlap_recompute
@@ -778,6 +781,17 @@ def test_backward_dispatch():
         dataclasses.replace(backward_plan("bfloat16", 1, 3, 64, 1), cluster_group_sum=True)
     with pytest.raises(ValueError, match="every operand split"):
         dataclasses.replace(seg, dh_single=True, lo8=False)
+    # dh warp-specialised at 32 value columns where those CTAs (N x HV x K / 32) fit one wave, at K = 128, on the
+    # sequential pass; the register kernel elsewhere
+    ws = {(n, HV, D, s is None): backward_plan("bfloat16", 1, HV, 64, n, dh_segments=s, DK=D).dh_ws_bv
+          for n, HV in ((1, 32), (1, 33), (4, 8), (8, 32), (1, 4)) for D in (128, 64) for s in (None, object())}
+    assert {k for k, v in ws.items() if v} == {(1, 32, 128, True), (4, 8, 128, True), (1, 4, 128, True)}, ws
+    assert set(ws.values()) == {0, 32}
+    assert seq.dh_config(True).ws_bv == 32 and seg.dh_config(False).ws_bv == 0
+    with pytest.raises(ValueError, match="dh_ws_bv"):
+        dataclasses.replace(seq, dh_ws_bv=64)
+    with pytest.raises(ValueError, match="a form of dh"):
+        prim_func(BwdConfig("dqk", "bfloat16", ws_bv=32))
 
 
 def test_segment_scan_composes_the_affine_maps_of_a_sequence(monkeypatch):
