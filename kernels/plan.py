@@ -172,8 +172,7 @@ class BackwardPlan:
     of a forward at that merge); ``lo8``: the lo terms of the S and dS' tables that dqk reads stored as fp8 under
     their hi terms' exponents (``kernels.common.lo8``; the split dh and S only); ``dh_ws_bv``: dh's warp-specialised
     key-first kernel (``backward/dh_ws.py``) at this many value columns a CTA, 0: the value-first register kernel
-    (64 columns); ``DK``: the head dim K == V every
-    kernel is built for."""
+    (64 columns); ``DK``: the head dim K == V every kernel is built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -248,8 +247,7 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     forward's ``block_v`` (one CTA per SM); cluster group sums for groups of 2, 4, 8; prep's merges in fp32, as the
     forward's; the S and dS' lo tables in fp8 (``lo8``); the sequential dh warp-specialised at 32 value columns a
     CTA where those CTAs fit one wave (``DH_WS_MAX_CTAS``; at the head dims of ``WS_HEAD_DIMS``, where it was
-    measured), else the register kernel; every kernel built for the
-    call's head dim ``DK`` (K == V)."""
+    measured), else the register kernel; every kernel built for the call's head dim ``DK`` (K == V)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H

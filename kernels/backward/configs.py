@@ -48,8 +48,8 @@ def all_configs():
     single form (an A/B alternative), prep computing the tables (with fp32 merges, and split ones, the A/B
     alternative; one-term ones compile when a benchmark asks for them) and on the forward's saved ones, dqk also on S's hi term alone (an A/B alternative); the
     split dh and dqk with fp8 lo tables (``lo8``), the split dh with fp8 lo tables also warp-specialised at 32
-    value columns (``ws_bv``); the dtype-free dgdb once.  The forward recompute runs the
-    forward's intra and smem state kernels (``kernels.build.forward_configs``)."""
+    value columns (``ws_bv``); the dtype-free dgdb once.  The forward recompute runs the forward's intra and smem
+    state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
 
