@@ -32,6 +32,9 @@
 #       OUT/c (scripts/gpu_save_caches.sh), FlashQLA's per-shape kernels included
 #   scripts/gpu_steps.sh profile [S]          # Nsight Compute over one fwd+bwd call (benchmarks/profile_kernels.py;
 #       PROFILE_SHAPE, and PROFILE_ARGS e.g. "--ab ours-no-cluster" or "--impl fla-triton")
+#   scripts/gpu_steps.sh profile-source [S]   # Nsight Compute's per-instruction warp-state samples (SourceCounters) of
+#       the kernels matching PROFILE_KERNELS (a regex, default "dqk|state_output_ws|dh_ws") in the same call: one
+#       SASS listing per kernel (OUT/k/sass-KERNEL.csv) and scripts/ncu_stalls.py on each
 #   scripts/gpu_steps.sh ab [S]               # a candidate's GPU tests (AB_TESTS: a pytest -k expression over
 #       tests/test_kernels_bwd_gpu.py; none if unset), then the backward bench with the A/B columns AB_COLS (default
 #       ours-serial) and BENCH_ARGS (e.g. "--shapes A,B --no-check --skip FlashQLA") (#7); S per part
@@ -180,5 +183,20 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
       2> "$out/k/ncu-log.txt"
     echo "profile rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$out/k/ncu-log.txt"
     python3 scripts/ncu_summary.py "$out/k/ncu.csv" | tee "$out/k/ncu-summary.txt" ;;
+  profile-source)
+    mkdir -p "$out/k"
+    run ncu --clock-control none --nvtx --nvtx-include "gdn-profile/" \
+      -k "regex:${PROFILE_KERNELS:-dqk|state_output_ws|dh_ws}" --section SourceCounters --section WarpStateStats \
+      -o "$out/k/src" -f \
+      python3 benchmarks/profile_kernels.py --shape "${PROFILE_SHAPE:-B1_T32768_H16_HV32}" ${PROFILE_ARGS:-} \
+      > "$out/k/ncu-src-log.txt" 2>&1
+    echo "profile-source rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$out/k/ncu-src-log.txt"
+    # the kernel names of the report (its raw page: one row per launch under a numeric ID)
+    names='import csv, sys; print(" ".join(sorted({r["Kernel Name"] for r in csv.DictReader(sys.stdin)
+           if r["ID"].isdigit()})))'
+    for k in $(ncu -i "$out/k/src.ncu-rep" --page raw --csv 2>/dev/null | python3 -c "$names"); do
+      ncu -i "$out/k/src.ncu-rep" -k "$k" --page source --csv --print-source sass > "$out/k/sass-$k.csv"
+      echo "== $k"; python3 scripts/ncu_stalls.py "$out/k/sass-$k.csv" --min 1.5 | tee "$out/k/stalls-$k.txt"
+    done ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac

@@ -1,5 +1,6 @@
 """The profiling tools on a CPU: scripts/ncu_summary.py (Nsight Compute's CSV, details page, to one line per kernel)
-on a synthetic file, and benchmarks/profile_kernels.py's dry run."""
+and scripts/ncu_stalls.py (its source page, warp-state samples per SASS instruction) on synthetic files, and
+benchmarks/profile_kernels.py's dry run."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ import pytest
 _spec = importlib.util.spec_from_file_location("ncu_summary", Path(__file__).parent.parent / "scripts" / "ncu_summary.py")
 ncu = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ncu)
+_spec = importlib.util.spec_from_file_location("ncu_stalls",
+                                               Path(__file__).parent.parent / "scripts" / "ncu_stalls.py")
+stalls = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stalls)
 
 HEAD = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",' \
        '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
@@ -77,6 +82,52 @@ def test_a_file_without_the_csv_header_is_refused(tmp_path):
     assert ncu.main([str(p)]) == 2
     with pytest.raises(ValueError, match="--csv --page details"):
         ncu.read(p.read_text())
+
+
+SOURCE_HEAD = ('"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
+               '"Instructions Executed","stall_barrier","stall_long_sb","stall_selected","stall_barrier (Not Issued)",'
+               '"stall_long_sb (Not Issued)"')
+
+
+def _sass(addr, src, barrier, long_sb, selected):
+    n = barrier + long_sb + selected
+    return f'"0x{addr:x}","      {src}","{n}","{n - selected}","128","{barrier}","{long_sb}","{selected}","0","0"'
+
+
+SOURCE = "\n".join([
+    '"Kernel Name","gdn_bwd_dqk_kernel",',
+    SOURCE_HEAD,
+    _sass(0, "LDC R1, c[0x0][0x28]", 0, 0, 10),
+    _sass(16, "@!P0  BRA 0x7f4b514162c0", 0, 60, 0),
+    _sass(32, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR32].tnspB, RZ, !UPT", 0, 0, 5),
+    _sass(48, "WARPGROUP.DEPBAR.LE gsb0, 0x0", 24, 0, 1),
+])
+
+
+def test_stall_shares_per_reason_instruction_and_range():
+    df = stalls.read(SOURCE)
+    assert list(df["s"]) == [10, 60, 5, 25]
+    r = stalls.reasons(df)
+    assert list(r.index) == ["long_sb", "barrier", "selected"] and r["long_sb"] == pytest.approx(60.0)
+    hot = stalls.hot(df, 10.0)
+    assert [h[0] for h in hot] == [0, 1, 3] and hot[1][2] == pytest.approx(70.0)
+    assert hot[1][4] == [("long_sb", pytest.approx(100.0))] and hot[2][4][0] == ("barrier", pytest.approx(96.0))
+    ranges = stalls.parse_ranges("0:2=start,2:=end", len(df))
+    assert ranges == [("start", 0, 2), ("end", 2, 4)]
+    assert stalls.range_shares(df, ranges) == [("start", pytest.approx(70.0)), ("end", pytest.approx(30.0))]
+    text = stalls.render(df, 10.0, ranges)
+    assert "100 samples over 4 instructions" in text and "BRA 0x7f4b514162c0" in text and "LDC" in text
+    assert "HGMMA" not in text
+
+
+def test_a_bad_source_page_or_range_is_refused(tmp_path, capsys):
+    p = tmp_path / "k.csv"
+    p.write_text("==PROF== Connected\n")
+    assert stalls.main([str(p)]) == 2 and "--page source --csv --print-source sass" in capsys.readouterr().err
+    p.write_text(SOURCE)
+    assert stalls.main([str(p), "--ranges", "0:9=past"]) == 2 and "outside" in capsys.readouterr().err
+    assert stalls.main([str(p), "--ranges", "0:2"]) == 2 and "START:END=NAME" in capsys.readouterr().err
+    assert stalls.main([str(p), "--min", "50"]) == 0 and "BRA" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("shape,extra", [("B1_T8192_H4_HV8", []), ("varlen8_T32768_H16_HV32", ["--fwd-only"]),
