@@ -47,8 +47,8 @@ def stall_columns(df: pd.DataFrame) -> list[str]:
 
 def reasons(df: pd.DataFrame) -> pd.Series:
     """Each stall reason's share of all samples, in %, largest first."""
-    tot = df["s"].sum()
-    r = df[stall_columns(df)].sum() / tot * 100 if tot > 0 else df[stall_columns(df)].sum() * float("nan")
+    sums = df[stall_columns(df)].sum()
+    r = sums * (100 / tot) if (tot := df["s"].sum()) > 0 else sums * float("nan")
     return r.rename(lambda c: c.removeprefix("stall_")).sort_values(ascending=False)
 
 

@@ -9,13 +9,17 @@ from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("ncu_summary", Path(__file__).parent.parent / "scripts" / "ncu_summary.py")
-ncu = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ncu)
-_spec = importlib.util.spec_from_file_location("ncu_stalls",
-                                               Path(__file__).parent.parent / "scripts" / "ncu_stalls.py")
-stalls = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(stalls)
+
+def _script(name):
+    """The module of ``scripts/NAME.py`` (the scripts folder is no package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent.parent / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ncu = _script("ncu_summary")
+stalls = _script("ncu_stalls")
 
 HEAD = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",' \
        '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
