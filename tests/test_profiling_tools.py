@@ -4,22 +4,12 @@ benchmarks/profile_kernels.py's dry run."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
+from tests.script_support import load_script
 
-def _script(name):
-    """The module of ``scripts/NAME.py`` (the scripts folder is no package)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent.parent / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ncu = _script("ncu_summary")
-stalls = _script("ncu_stalls")
+ncu = load_script("ncu_summary")
+stalls = load_script("ncu_stalls")
 
 HEAD = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",' \
        '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'

@@ -3,14 +3,12 @@ compile stages are deleted, files outside groups and malformed groups are left a
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location(
-    "prune_triton_cache", Path(__file__).parent.parent / "scripts" / "prune_triton_cache.py")
-prune_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(prune_mod)
+from tests.script_support import load_script
+
+prune_mod = load_script("prune_triton_cache")
 
 STAGES = ("source", "ttir", "ttgir", "llir", "ptx", "cubin", "json")
 
