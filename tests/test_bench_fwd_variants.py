@@ -1,0 +1,44 @@
+"""The forward benchmark's precision columns on a CPU: each changes only the precision fields it names, and the
+dry run's accuracy step (the emulation standing in for the kernels) ranks them as their roundings imply."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from benchmarks import bench_kernels_fwd as bench_fwd
+from kernels.forward.precision import preset
+
+PAST_INTRA = ("ag", "ks", "x", "u", "upd", "s", "p")
+
+
+def _altered(name):
+    """(the dispatched precision, the precision of the benchmark column ``name`` on a plan with it)."""
+    base = preset()
+    plan = type("P", (), {"precision": base})()
+    return base, bench_fwd.VARIANTS[name](plan, 1, 8, 128)["precision"]
+
+
+def test_single_makes_every_operand_past_the_intra_kernel_one_term():
+    base, single = _altered("single")
+    assert all(getattr(base, f) == "split" for f in PAST_INTRA), base
+    assert all(getattr(single, f) == "bf16" for f in PAST_INTRA), single
+    assert single.merge == base.merge
+
+
+def test_ks1_changes_k_s_alone():
+    base, ks1 = _altered("ks1")
+    changed = [f for f in dataclasses.asdict(base) if getattr(base, f) != getattr(ks1, f)]
+    assert changed == ["ks"], changed
+
+
+def test_dry_run_check_puts_single_farther_from_fp64_than_default(capsys, tmp_path):
+    assert bench_fwd.main(["--dry-run", "--variants", "default,single", "--shapes", "B1_T8192_H4_HV8", "--rep", "1",
+                           "--warmup", "0", "--results", str(tmp_path / "r.md")]) in (0, None)
+    out = capsys.readouterr().out
+    found = {}
+    for name, floor, state in re.findall(r"check (\w+)\s+o \S+ \(([\d.]+)x floor\)\s+state (\S+)", out):
+        found.setdefault(name, []).append((float(floor), float(state)))
+    assert set(found) == {"default", "single"}, out[-2000:]
+    for (fd, sd), (fs, ss) in zip(found["default"], found["single"]):
+        assert fd < fs and sd < ss, (found, out[-2000:])
