@@ -27,7 +27,8 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
   ``ws`` - the fused warp-specialised state-output kernel (state form "ws": no chunk tables, no output kernel; BV
   by ``block_v``); ``ws16`` / ``ws32`` / ``ws64`` - with BV forced;
-  ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``single`` - every
+  ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``ag1`` / ``x1`` / ``u1`` /
+  ``upd1`` / ``p1`` - that one operand one term (``kernels.forward.precision``); ``single`` - every
   operand after the intra kernel one term (what the splits cost; the merges stay fp32); ``m1`` - the
   intra kernel's block merges as one-term wgmma operands, ``msplit`` - as 3-term splits (the dispatch's are fp32;
   precision fields of the dispatched plan);
@@ -146,6 +147,11 @@ VARIANTS = {
     "ws64": _ws(64),
     "s1": _prec(s="bf16", ks="bf16"),
     "ks1": _prec(ks="bf16"),
+    "ag1": _prec(ag="bf16"),
+    "x1": _prec(x="bf16"),
+    "u1": _prec(u="bf16"),
+    "upd1": _prec(upd="bf16"),
+    "p1": _prec(p="bf16"),
     "single": _prec(ag="bf16", ks="bf16", x="bf16", u="bf16", upd="bf16", s="bf16", p="bf16"),
     "m1": _prec(merge="bf16"),
     "msplit": _prec(merge="split"),
