@@ -58,7 +58,7 @@ def _sp(prec, f):
 # state/scan = K S (+ K Sl) + Ag X (+ Al X) (+ Ag Xl) + update (+ lo); output = Q K^T + Q S (+ Q Sl)
 # + P U (+ Pl U) (+ P Ul).
 _WANT_WGMMA = {
-    "IntraConfig": lambda c: 1 + {"fp32": 0, "bf16": 4, "split": 12}[c.merge] + c.pt,
+    "IntraConfig": lambda c: 1 + {"fp32": 0, "bf16": 4, "split": 12}[c.merge],
     "StateConfig": lambda c: (1 + _sp(c.prec, "ks") + 1 + _sp(c.prec, "ag") + _sp(c.prec, "x")
                                + 1 + _sp(c.prec, "upd")),
     "OutputConfig": lambda c: 1 + 1 + _sp(c.prec, "s") + 1 + _sp(c.prec, "p") + _sp(c.prec, "u"),
@@ -75,7 +75,7 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
         return
     want = _WANT_WGMMA[r["kind"]](cfg)
     if r["kind"] == "StateConfig" and cfg.form == "ws":         # the output kernel's products as well
-        want += _WANT_WGMMA["OutputConfig"](cfg) - cfg.pt       # (but Q K^T with the intra kernel's P tables)
+        want += _WANT_WGMMA["OutputConfig"](cfg)
     check_wgmma(src, cfg.dtype, want)
     if r["kind"] == "IntraConfig":
         assert "exp2f" in src
@@ -93,11 +93,7 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
         if cfg.form == "ws":        # four warpgroups: chain, P, output, TMA producer; every operand in shared memory
             assert "__launch_bounds__(512" in src and "warpgroup_reg_alloc" in src and "warpgroup_reg_dealloc" in src
             assert "wgmma_rs<" not in src
-            # with P tables, P lands by TMA (one load site each for hi and lo) and no thread writes its tiles
-            assert src.count("tma_load(") == 5 + _sp(cfg.prec, "ag") + cfg.pt * (1 + _sp(cfg.prec, "p")), src.count(
-                "tma_load(")
-            tiles = ["sh_s", "sl_s", "uh_s", "ul_s", "xh_s", "xl_s", "v_s"] + ([] if cfg.pt else ["ph_s", "pl_s"])
-            w = worst_degrees(src, tiles)
+            w = worst_degrees(src, ["sh_s", "sl_s", "uh_s", "ul_s", "xh_s", "xl_s", "ph_s", "pl_s", "v_s"])
             assert all(d <= 1 for d, _ in w.values()) and all(n > 0 for _, n in w.values()), w
         if cfg.form == "smem":                                  # no bank conflicts (the model: module docstring)
             w = worst_degrees(src, ["sh_s", "uh_s", "ul_s", "xh_s", "xl_s", "v_s"])
