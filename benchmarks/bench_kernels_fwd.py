@@ -27,8 +27,8 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
   ``ws`` - the fused warp-specialised state-output kernel (state form "ws": no chunk tables, no output kernel; BV
   by ``block_v``); ``ws16`` / ``ws32`` / ``ws64`` - with BV forced;
-  ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``ag1`` / ``x1`` / ``u1`` /
-  ``upd1`` / ``p1`` - that one operand one term (``kernels.forward.precision``); ``single`` - every
+  ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``ag1`` / ``x1`` /
+  ``u1`` / ``upd1`` / ``p1`` - that one operand one term (``kernels.forward.precision``); ``single`` - every
   operand after the intra kernel one term (what the splits cost; the merges stay fp32); ``m1`` - the
   intra kernel's block merges as one-term wgmma operands, ``msplit`` - as 3-term splits (the dispatch's are fp32;
   precision fields of the dispatched plan);
@@ -53,6 +53,7 @@ The summary table is appended to ``benchmarks/RESULTS.md`` (``benchmarks/record.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -64,6 +65,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.inputs import D, GATES, SHAPES, make, shrunk  # noqa: E402
+from kernels.forward.precision import Precision  # noqa: E402
 from parity.execute import describe_error  # noqa: E402
 
 C = 64
@@ -114,7 +116,6 @@ def _ws(bv=None):
 
 
 def _prec(**fields):
-    import dataclasses
     return lambda p, n, HV, mc: dict(precision=dataclasses.replace(p.precision, **fields))
 
 
@@ -152,7 +153,8 @@ VARIANTS = {
     "u1": _prec(u="bf16"),
     "upd1": _prec(upd="bf16"),
     "p1": _prec(p="bf16"),
-    "single": _prec(ag="bf16", ks="bf16", x="bf16", u="bf16", upd="bf16", s="bf16", p="bf16"),
+    # every Precision field but the intra kernel's merges
+    "single": _prec(**{f.name: "bf16" for f in dataclasses.fields(Precision) if f.name != "merge"}),
     "m1": _prec(merge="bf16"),
     "msplit": _prec(merge="split"),
 }
@@ -162,8 +164,6 @@ DEFAULT_VARIANTS = "default,rv,rvcp,smem"   # the others on request
 def planned(impl, prepare, plan_for, change):
     """``impl`` with the plan ``change`` makes of the dispatched one, computed once per input layout (outside the
     timed calls)."""
-    import dataclasses
-
     from kernels.interface import max_chunks
     cache = {}
 
@@ -201,8 +201,6 @@ def enqueue_ms(fn, dev, reps: int = 20) -> float | None:
 
 
 def _needed_configs(variants, shapes):
-    import dataclasses
-
     from kernels.plan import forward_plan
     cfgs = []
     todo = [(SHAPES[name][0], SHAPES[name][1], SHAPES[name][3], SHAPES[name][4]) for name in shapes]
