@@ -105,7 +105,9 @@ def alter(col: str):
     def f(plan):
         if where == "merges":
             if isinstance(plan, ForwardPlan):
-                return dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, merge=change))
+                # P tables need the intra kernel's q tile, which the split merges do without
+                return dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, merge=change),
+                                           p_table=plan.p_table and change != "split")
             return dataclasses.replace(plan, merge=change)
         if where == "both":
             if isinstance(plan, ForwardPlan):

@@ -26,7 +26,8 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   ``plan.block_v``, one CTA per SM; ``smem16`` / ``smem32`` / ``smem64`` - the same with BV forced;
   ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
   ``ws`` - the fused warp-specialised state-output kernel (state form "ws": no chunk tables, no output kernel; BV
-  by ``block_v``); ``ws16`` / ``ws32`` / ``ws64`` - with BV forced;
+  by ``block_v``); ``ws16`` / ``ws32`` / ``ws64`` - with BV forced; ``noptab`` - the dispatched plan with the ws
+  kernel's P warpgroup computing P instead of reading the intra kernel's P tables (``ForwardPlan.p_table``);
   ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``ag1`` / ``x1`` /
   ``u1`` / ``upd1`` / ``p1`` - that one operand one term (``kernels.forward.precision``); ``single`` - every
   operand after the intra kernel one term (what the splits cost; the merges stay fp32); ``m1`` - the
@@ -103,16 +104,17 @@ def flash_qla():
 
 
 def _rv(cp=None, bv=64):
-    return lambda p, n, HV, mc: dict(state_form="rv", block_v=bv, ctas_per_sm=1,
+    return lambda p, n, HV, mc: dict(state_form="rv", block_v=bv, ctas_per_sm=1, p_table=False,
                                      cp=cp if cp is not None else cp_segments(n, HV, mc))
 
 
 def _smem(bv=None, occ=1):
-    return lambda p, n, HV, mc: dict(state_form="smem", block_v=bv or block_v(n, HV, occ), ctas_per_sm=occ, cp=1)
+    return lambda p, n, HV, mc: dict(state_form="smem", block_v=bv or block_v(n, HV, occ), ctas_per_sm=occ, cp=1,
+                                     p_table=False)
 
 
 def _ws(bv=None):
-    return lambda p, n, HV, mc: dict(state_form="ws", block_v=bv or block_v(n, HV), ctas_per_sm=1, cp=1)
+    return lambda p, n, HV, mc: dict(state_form="ws", block_v=bv or block_v(n, HV), ctas_per_sm=1, cp=1, p_table=True)
 
 
 def _prec(**fields):
@@ -146,6 +148,7 @@ VARIANTS = {
     "ws16": _ws(16),
     "ws32": _ws(32),
     "ws64": _ws(64),
+    "noptab": lambda p, n, HV, mc: dict(p_table=False),
     "s1": _prec(s="bf16", ks="bf16"),
     "ks1": _prec(ks="bf16"),
     "ag1": _prec(ag="bf16"),
@@ -156,7 +159,7 @@ VARIANTS = {
     # every Precision field but the intra kernel's merges
     "single": _prec(**{f.name: "bf16" for f in dataclasses.fields(Precision) if f.name != "merge"}),
     "m1": _prec(merge="bf16"),
-    "msplit": _prec(merge="split"),
+    "msplit": lambda p, n, HV, mc: dict(_prec(merge="split")(p, n, HV, mc), p_table=False),  # no q tile for P
 }
 DEFAULT_VARIANTS = "default,rv,rvcp,smem"   # the others on request
 

@@ -15,7 +15,7 @@ from kernels.backward import configs as bwd
 from kernels.forward import configs as fwd
 from kernels.forward.configs import DTYPES, HEAD_DIMS, RV_BV, IntraConfig
 from kernels.forward.precision import preset
-from kernels.plan import BackwardPlan, ForwardPlan
+from kernels.plan import WS_HEAD_DIMS, BackwardPlan, ForwardPlan
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 
@@ -28,7 +28,7 @@ def forward_configs():
     the recompute's smem state kernels (S lo swizzled, S hi alone, or S lo in fp8), the intra kernel with split
     merges (the A/B alternative of ``Precision.merge`` and ``BackwardPlan.merge``; the one-term merges' kernels
     compile when a benchmark asks for them), and the fused warp-specialised state-output kernel (the plan form
-    "ws") at BV 64 / 32.
+    "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables.
 
     All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
     ratio, scale, h0 present or not, final state stored or not, the state layout, l2norm on/off, gate dtype, dense
@@ -43,6 +43,9 @@ def forward_configs():
             plans += [ForwardPlan(dtype, prec, "smem", 64, 1, 1, keep_tables=True, DK=DK)]
             # the fused warp-specialised state-output kernel (the "ws" form)
             plans += [ForwardPlan(dtype, prec, "ws", bv, 1, 1, DK=DK) for bv in (64, 32)]
+            if DK in WS_HEAD_DIMS:  # as dispatched: P from the intra kernel's tables (with Tinv kept, too)
+                plans += [ForwardPlan(dtype, prec, "ws", bv, 1, 1, keep_tables=kt, DK=DK, p_table=True)
+                          for bv, kt in ((64, False), (32, False), (64, True))]
             cfgs = [c for p in plans for c in p.configs()]
             # the intra kernel with split block merges (the benchmarks' msplit), with and without Tinv
             cfgs += [IntraConfig(dtype, "split", prec.ag, DK=DK, th=th) for th in (False, True)]

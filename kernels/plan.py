@@ -44,6 +44,7 @@ class ForwardPlan:
     ``block_v``: the state kernel's value columns per CTA; ``ctas_per_sm``: resident state CTAs per SM ("smem": 1
     or 2, BV <= 32 for 2); ``cp``: segments per sequence of the segment-parallel state passing (1 = off, "rv"
     only); ``keep_tables``: the intra kernel also stores Tinv and the call hands Tinv, Ag to the backward;
+    ``p_table``: the intra kernel stores the gated scores P and the "ws" kernel reads them (its P warpgroup idles);
     ``DK``: the head dim K == V every kernel is built for (``HEAD_DIMS``)."""
     dtype: str
     precision: Precision
@@ -53,6 +54,7 @@ class ForwardPlan:
     cp: int = 1
     keep_tables: bool = False
     DK: int = KERNEL_HEAD_DIM
+    p_table: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -69,6 +71,9 @@ class ForwardPlan:
         if self.state_form == "ws" and (self.cp != 1 or self.block_v not in (16, 32, 64) or self.ctas_per_sm != 1):
             raise ValueError(f"the fused warp-specialised state-output kernel needs cp 1, BV in (16, 32, 64) and "
                              f"one CTA per SM: {self}")
+        if self.p_table and (self.state_form != "ws" or self.precision.merge == "split"):
+            raise ValueError(f"P tables are read by the ws form alone, and stored by an intra kernel with fp32 or "
+                             f"bf16 merges: {self}")
         if self.keep_tables and not keeps_tables(self.precision):
             raise ValueError(f"precision {self.precision.tag()} does not compute the backward's tables: {self}")
 
@@ -84,8 +89,8 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
     prec, rv, DK = plan.precision, plan.state_form == "rv", plan.DK
     past = prec.past_intra()                    # what the state and output kernels read of the precision
     if plan.state_form == "ws":                 # o from the state kernel: no output kernel
-        return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
-                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK))
+        return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables, pt=plan.p_table),
+                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table))
     out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
            StateConfig(plan.dtype, plan.block_v, past, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),
            OutputConfig(plan.dtype, past, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
@@ -138,7 +143,8 @@ def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: 
                  DK: int = KERNEL_HEAD_DIM) -> ForwardPlan:
     """The forward's dispatch.  The rv form with CP for at most ``CP_MAX_CTAS`` CTAs over at least
     ``CP_MIN_TOTAL_CHUNKS`` chunks (few heads, long sequences); else the ws form where blocks of at least 32
-    value columns give a CTA per SM (``block_v``; head dims ``WS_HEAD_DIMS``); else the smem form without CP, two
+    value columns give a CTA per SM (``block_v``; head dims ``WS_HEAD_DIMS``), P from the intra kernel's tables
+    (``p_table``); else the smem form without CP, two
     CTAs per SM when BV 32 gives two per SM (else one); precision "default"; ``keep_tables`` where the precision
     computes the backward's tables; every kernel built for the call's head dim ``DK`` (K == V), which also sets
     the CTA counts above."""
@@ -150,7 +156,7 @@ def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: 
         return ForwardPlan(dtype, prec, "rv", RV_BV, 1, cp_segments(n_seq, HV, max_chunks, DK), keep, DK)
     bv = block_v(n_seq, HV, 1, DK)
     if bv >= 32 and DK in WS_HEAD_DIMS:
-        return ForwardPlan(dtype, prec, "ws", bv, 1, 1, keep, DK)
+        return ForwardPlan(dtype, prec, "ws", bv, 1, 1, keep, DK, p_table=True)
     occ = 2 if block_v(n_seq, HV, 2, DK) == 32 else 1
     return ForwardPlan(dtype, prec, "smem", block_v(n_seq, HV, occ, DK), occ, 1, keep, DK)
 

@@ -21,7 +21,9 @@ def test_ab_column_changes_the_plan_it_names_and_no_other(col):
     if where == "both":
         assert nf == dataclasses.replace(fp, keep_tables=False) and not nb.reads_saved_tables
     elif where == "merges":
-        assert nf == dataclasses.replace(fp, precision=dataclasses.replace(fp.precision, merge=change))
+        # (the forward's P tables need the q tile that the split merges do without)
+        assert nf == dataclasses.replace(fp, precision=dataclasses.replace(fp.precision, merge=change),
+                                         p_table=fp.p_table and change != "split")
         assert nb == dataclasses.replace(bp, merge=change) and nf.keep_tables and nf != fp and nb != bp
     else:
         assert nf is fp and nb == dataclasses.replace(bp, **change)

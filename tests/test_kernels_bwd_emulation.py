@@ -292,11 +292,15 @@ def _fake_kernels(monkeypatch, asked=None):
 
     def fwd_kernel(cfg):
         if isinstance(cfg, fbuild.IntraConfig):
-            def intra2(q, k, g, b, cu, ci, Ah, Al, F, Th, scale, use_l2):
+            def intra2(q, k, g, b, cu, ci, Ah, Al, F, Th, Ph, Pl, scale, use_l2):
                 dt = q.dtype
                 prec = E.fwd_precision(merge=cfg.merge)
                 ah, al, f = FE.intra_chunk(q, k, g, b, cu_list(cu), scale, bool(use_l2), dt, prec)
                 put(Ah, ah), put(Al, al), put(F, f)
+                if cfg.pt:          # P as the fused kernel's P warpgroup forms it, hi + lo
+                    from dataclasses import replace
+                    ph, pl = FE.gated_scores(q, k, f, cu_list(cu), dt, replace(prec, p="split"))
+                    put(Ph, ph), put(Pl, pl)
                 if cfg.th:          # Tinv, rounded once: prep's Th (the same solve)
                     z = torch.zeros(q.shape[0], g.shape[1], q.shape[2], dtype=dt)
                     put(Th, E.prep(q, k, z, g, b, cu_list(cu), scale, bool(use_l2), dt, cfg.merge)[0])
@@ -313,7 +317,7 @@ def _fake_kernels(monkeypatch, asked=None):
                                      q.dtype, cfg.prec))
             return output
         if isinstance(cfg, fbuild.StateConfig) and cfg.form == "ws":      # the fused state-output kernel
-            def state_output(q, k, v, Ah, Al, F, cu, co, h0, o2, ht, use_h0, store_ht, vf):
+            def state_output(q, k, v, Ah, Al, F, Ph, Pl, cu, co, h0, o2, ht, use_h0, store_ht, vf):
                 dt, f = q.dtype, F.to(f64)
                 h = (h0.transpose(-1, -2) if vf else h0) if use_h0 else None
                 sh, sl, uh, ul, end = FE.chunk_states(k, v, Ah.to(f64), Al.to(f64), f, cu_list(cu), cu_list(co), h,
@@ -323,8 +327,10 @@ def _fake_kernels(monkeypatch, asked=None):
 
                 def rd(t, split=True):
                     return t.to(dt).to(f64) if split else torch.zeros_like(t, dtype=f64)
+                # with P tables, P as the intra kernel stored it (lo read where the precision splits P)
+                P = (Ph.to(f64), rd(Pl, cfg.prec.p == "split")) if cfg.pt else None
                 put(o2, FE.output(q, k, f, rd(sh), rd(sl, cfg.prec.s == "split"), rd(uh),
-                                  rd(ul, cfg.prec.u == "split"), cu_list(cu), dt, cfg.prec))
+                                  rd(ul, cfg.prec.u == "split"), cu_list(cu), dt, cfg.prec, P=P))
                 if store_ht:
                     put(ht, end.transpose(-1, -2) if vf else end)
             return state_output
@@ -624,7 +630,8 @@ def _kernel_path_is_the_emulation(monkeypatch, case, alter, **emu) -> list:
 def test_fused_state_output_form_plumbing_on_cpu(monkeypatch, case):
     """The forward pipeline's "ws" form (``gdn_state_output_ws``) with stand-in kernels: the same o and final state
     as the smem state and output kernels' stand-ins (its arguments, h0 and ht layouts, padded rows), asking for the
-    intra kernel and the fused kernel alone."""
+    intra kernel and the fused kernel alone; with the plan's P tables (``p_table``) the fused kernel's stand-in
+    takes P from the intra kernel's, and both configurations say so."""
     import dataclasses
 
     from kernels.forward.pipeline import chunk_gated_delta_rule as impl
@@ -635,13 +642,16 @@ def test_fused_state_output_form_plumbing_on_cpu(monkeypatch, case):
     args, kw = tt.call_args(case)
     base = plan_for(prepare(*args, **kw, output_final_state=True))
     got = {}
-    for form in ("smem", "ws"):
+    for form, pt in (("smem", False), ("ws", False), ("ws", True)):
         asked.clear()
-        plan = dataclasses.replace(base, state_form=form, block_v=32, ctas_per_sm=1, cp=1)
-        got[form] = impl(*args, **kw, output_final_state=True, plan=plan)
-    assert [type(c).__name__ for c in asked] == ["IntraConfig", "StateConfig"] and asked[1].form == "ws", asked
-    for a, b in zip(got["ws"], got["smem"]):
-        assert torch.equal(a, b)
+        plan = dataclasses.replace(base, state_form=form, block_v=32, ctas_per_sm=1, cp=1, p_table=pt)
+        got[form, pt] = impl(*args, **kw, output_final_state=True, plan=plan)
+        if form == "ws":
+            assert [type(c).__name__ for c in asked] == ["IntraConfig", "StateConfig"] and asked[1].form == "ws", asked
+            assert asked[0].pt == asked[1].pt == pt, asked
+    for pt in (False, True):
+        for a, b in zip(got["ws", pt], got["smem", False]):
+            assert torch.equal(a, b)
 
 
 def test_saved_tables_of_another_call_raise_valueerror(monkeypatch):

@@ -58,7 +58,7 @@ def _sp(prec, f):
 # state/scan = K S (+ K Sl) + Ag X (+ Al X) (+ Ag Xl) + update (+ lo); output = Q K^T + Q S (+ Q Sl)
 # + P U (+ Pl U) (+ P Ul).
 _WANT_WGMMA = {
-    "IntraConfig": lambda c: 1 + {"fp32": 0, "bf16": 4, "split": 12}[c.merge],
+    "IntraConfig": lambda c: 1 + {"fp32": 0, "bf16": 4, "split": 12}[c.merge] + c.pt,
     "StateConfig": lambda c: (1 + _sp(c.prec, "ks") + 1 + _sp(c.prec, "ag") + _sp(c.prec, "x")
                                + 1 + _sp(c.prec, "upd")),
     "OutputConfig": lambda c: 1 + 1 + _sp(c.prec, "s") + 1 + _sp(c.prec, "p") + _sp(c.prec, "u"),
@@ -75,7 +75,7 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
         return
     want = _WANT_WGMMA[r["kind"]](cfg)
     if r["kind"] == "StateConfig" and cfg.form == "ws":         # the output kernel's products as well
-        want += _WANT_WGMMA["OutputConfig"](cfg)
+        want += _WANT_WGMMA["OutputConfig"](cfg) - cfg.pt       # (but Q K^T with the intra kernel's P tables)
     check_wgmma(src, cfg.dtype, want)
     if r["kind"] == "IntraConfig":
         assert "exp2f" in src
@@ -84,6 +84,10 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
         # CTAs per SM the design relies on: 4 (53 KiB) with fp32 or bf16 merges, 3 with split ones' lo tiles
         ctas = 3 if cfg.merge == "split" else 4
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024 // ctas, r["dyn_smem"]
+        if cfg.pt:                  # P staged in swizzled tiles (no bank conflict) and stored by two TMA copies
+            assert src.count("tma_store(") == 2, src.count("tma_store(")
+            w = worst_degrees(src, ["ph_s", "pl_s"])
+            assert all(d <= 1 and n > 0 for d, n in w.values()), w
     elif r["kind"] == "StateConfig":
         # (the ws form's own barriers: a TMA transaction count on each stage's)
         assert "tma_load" in src and ("expect_transaction" in src if cfg.form == "ws" else "mbarrier" in src)
@@ -93,7 +97,11 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
         if cfg.form == "ws":        # four warpgroups: chain, P, output, TMA producer; every operand in shared memory
             assert "__launch_bounds__(512" in src and "warpgroup_reg_alloc" in src and "warpgroup_reg_dealloc" in src
             assert "wgmma_rs<" not in src
-            w = worst_degrees(src, ["sh_s", "sl_s", "uh_s", "ul_s", "xh_s", "xl_s", "ph_s", "pl_s", "v_s"])
+            # with P tables, P lands by TMA (one load site each for hi and lo) and no thread writes its tiles
+            assert src.count("tma_load(") == 5 + _sp(cfg.prec, "ag") + cfg.pt * (1 + _sp(cfg.prec, "p")), src.count(
+                "tma_load(")
+            tiles = ["sh_s", "sl_s", "uh_s", "ul_s", "xh_s", "xl_s", "v_s"] + ([] if cfg.pt else ["ph_s", "pl_s"])
+            w = worst_degrees(src, tiles)
             assert all(d <= 1 for d, _ in w.values()) and all(n > 0 for _, n in w.values()), w
         if cfg.form == "smem":                                  # no bank conflicts (the model: module docstring)
             w = worst_degrees(src, ["sh_s", "uh_s", "ul_s", "xh_s", "xl_s", "v_s"])

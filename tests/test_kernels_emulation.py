@@ -141,7 +141,8 @@ def test_a_plan_the_kernels_cannot_run_is_refused():
     import dataclasses
 
     from kernels.plan import forward_plan
-    p = dataclasses.replace(forward_plan("bfloat16", 8, 32, 64), state_form="smem", block_v=32, ctas_per_sm=2)
+    p = dataclasses.replace(forward_plan("bfloat16", 8, 32, 64), state_form="smem", block_v=32, ctas_per_sm=2,
+                            p_table=False)
     for bad, needle in ((dict(block_v=64), "BV <= 32"), (dict(cp=2), "cp 1"), (dict(state_form="x"), "unknown"),
                         (dict(state_form="rv"), "rv state kernel"),
                         (dict(state_form="ws", block_v=32, ctas_per_sm=2), "warp-specialised")):

@@ -35,12 +35,12 @@ PLAN_CASES = [
 # plan values besides the dispatched one (ForwardPlan fields): the register-operand state kernel without CP, with
 # CP forced and with BV 128; the shared-memory one at two CTAs per SM and at one; the fused warp-specialised
 # state-output kernel (form "ws")
-PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1),
-         "rv_cp3": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=3),
-         "rv_bv128": dict(state_form="rv", block_v=128, ctas_per_sm=1, cp=1),
-         "smem_occ2_bv16": dict(state_form="smem", block_v=16, ctas_per_sm=2, cp=1),
-         "smem_occ2_bv32": dict(state_form="smem", block_v=32, ctas_per_sm=2, cp=1),
-         "smem_occ1_bv64": dict(state_form="smem", block_v=64, ctas_per_sm=1, cp=1),
+PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1, p_table=False),
+         "rv_cp3": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=3, p_table=False),
+         "rv_bv128": dict(state_form="rv", block_v=128, ctas_per_sm=1, cp=1, p_table=False),
+         "smem_occ2_bv16": dict(state_form="smem", block_v=16, ctas_per_sm=2, cp=1, p_table=False),
+         "smem_occ2_bv32": dict(state_form="smem", block_v=32, ctas_per_sm=2, cp=1, p_table=False),
+         "smem_occ1_bv64": dict(state_form="smem", block_v=64, ctas_per_sm=1, cp=1, p_table=False),
          "ws_bv32": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=1),
          "ws_bv64": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=1)}
 
@@ -121,22 +121,27 @@ def test_kept_tables_change_nothing_else(case):
 def test_fused_state_output_is_the_state_and_output_kernels(case, bv):
     """The "ws" form (``gdn_state_output_ws``: the state kernel's products and the output kernel's in one
     warp-specialised kernel) gives bitwise the o and final state of the smem state kernel and the output kernel run
-    one after the other at the same BV."""
+    one after the other at the same BV; so does it with P from the intra kernel's tables (``p_table``, at the head
+    dims where the ws form is dispatched)."""
     from kernels.forward.pipeline import chunk_gated_delta_rule as impl
     from kernels.forward.pipeline import plan_for, prepare
+    from kernels.plan import WS_HEAD_DIMS
 
     if bv > case.V:
         pytest.skip(f"a state block of {bv} value columns needs V >= {bv} (V = {case.V})")
     args, kw = tt.call_args(case, torch.device("cuda"))
     base = plan_for(prepare(*args, **kw, output_final_state=True))
     got = {}
-    for form in ("smem", "ws"):
-        plan = dataclasses.replace(base, state_form=form, block_v=bv, ctas_per_sm=1, cp=1)
-        got[form] = impl(*args, **kw, output_final_state=True, plan=plan)
+    forms = [("smem", False), ("ws", False)] + ([("ws", True)] if case.K in WS_HEAD_DIMS else [])
+    for form, pt in forms:
+        plan = dataclasses.replace(base, state_form=form, block_v=bv, ctas_per_sm=1, cp=1, p_table=pt)
+        got[form, pt] = impl(*args, **kw, output_final_state=True, plan=plan)
     torch.cuda.synchronize()
-    (o, ht), (o2, ht2) = got["smem"], got["ws"]
-    assert torch.equal(o, o2), f"o differs: max |diff| / max {tt.max_rel(o2, o):.3e}"
-    assert torch.equal(ht, ht2), f"final state differs: max |diff| / max {tt.max_rel(ht2, ht):.3e}"
+    o, ht = got["smem", False]
+    for key in forms[1:]:
+        o2, ht2 = got[key]
+        assert torch.equal(o, o2), f"{key}: o differs: max |diff| / max {tt.max_rel(o2, o):.3e}"
+        assert torch.equal(ht, ht2), f"{key}: final state differs: max |diff| / max {tt.max_rel(ht2, ht):.3e}"
 
 
 @pytest.mark.parametrize("D", [128, 64])

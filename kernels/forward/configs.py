@@ -20,17 +20,20 @@ STATE_FORMS = ("rv", "smem", "ws")   # register-operand (value-first tables) / s
 @dataclass(frozen=True)
 class IntraConfig:
     """``gdn_intra`` (intra_chunk.py): ``merge`` "fp32" (CUDA cores), "bf16" or "split" (wgmma operands);
-    ``th``: it also stores Tinv in the input dtype for the backward."""
+    ``th``: it also stores Tinv in the input dtype for the backward; ``pt``: the gated scores P (hi + lo) for the
+    fused state-output kernel."""
     dtype: str
     merge: str = "bf16"
     ag: str = "bf16"
     DK: int = KERNEL_HEAD_DIM
     th: bool = False
+    pt: bool = False
 
     @property
     def name(self) -> str:
         th = ",th" if self.th else ""
-        return f"intra[DK={self.DK},merge={self.merge},ag={self.ag}{th},{self.dtype}]"
+        pt = ",pt" if self.pt else ""
+        return f"intra[DK={self.DK},merge={self.merge},ag={self.ag}{th}{pt},{self.dtype}]"
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,8 @@ class StateConfig:
     """The sequential state kernel (or, with ``scan``, the CP phase-1 scan): ``form`` "rv" (state_registers.py, BV
     64 / 128), "ws" (state_output_ws.py, o computed beside the chain) or "smem" (state_smem.py, ``ctas_per_sm`` 1
     or 2, ``sl_swizzle``: the S lo staging tile swizzled, the backward recompute's form; ``lo8``: S's lo term
-    stored as fp8 (``kernels.common.lo8``), the backward recompute's form)."""
+    stored as fp8 (``kernels.common.lo8``), the backward recompute's form; ``pt``: the "ws" form reading P from
+    the intra kernel's tables instead of computing it)."""
     dtype: str
     BV: int
     prec: object                   # precision.Precision (frozen, hashable)
@@ -49,6 +53,7 @@ class StateConfig:
     ctas_per_sm: int = 1
     sl_swizzle: bool = False
     lo8: bool = False
+    pt: bool = False
 
     @property
     def name(self) -> str:
@@ -56,7 +61,8 @@ class StateConfig:
         occ = f",occ{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
         slz = ",slz" if self.sl_swizzle else ""
         lo8 = ",lo8" if self.lo8 else ""
-        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz}{lo8},"
+        pt = ",pt" if self.pt else ""
+        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz}{lo8}{pt},"
                 f"{self.dtype}]")
 
 
@@ -98,11 +104,12 @@ def prim_func(cfg):
     """The TileLang function of ``cfg``."""
     if isinstance(cfg, IntraConfig):
         from .intra_chunk import build_intra_chunk
-        return build_intra_chunk(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.th)
+        return build_intra_chunk(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.th, cfg.pt)
     if isinstance(cfg, StateConfig):
         if cfg.form == "rv":
-            if cfg.sl_swizzle or cfg.lo8:
-                raise ValueError(f"sl_swizzle and lo8 are forms of the smem state kernel, not of the rv form: {cfg!r}")
+            if cfg.sl_swizzle or cfg.lo8 or cfg.pt:
+                raise ValueError(f"sl_swizzle and lo8 are forms of the smem state kernel, P tables of the ws form, not "
+                                 f"of the rv form: {cfg!r}")
             from .state_registers import build_state_registers
             return build_state_registers(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.BV)
         if cfg.scan:
@@ -111,7 +118,9 @@ def prim_func(cfg):
             if cfg.sl_swizzle or cfg.lo8 or cfg.ctas_per_sm != 1:
                 raise ValueError(f"sl_swizzle, lo8 and two CTAs per SM are forms of the smem state kernel: {cfg!r}")
             from .state_output_ws import build_state_output_ws
-            return build_state_output_ws(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec)
+            return build_state_output_ws(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.pt)
+        if cfg.pt:
+            raise ValueError(f"P tables are read by the ws form alone: {cfg!r}")
         from .state_smem import build_state_smem
         return build_state_smem(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.ctas_per_sm,
                                 cfg.sl_swizzle, cfg.lo8)

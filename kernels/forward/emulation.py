@@ -274,12 +274,10 @@ def chunk_states(k, v, Ah, Al, F, cu_seqlens: list[int], chunk_offsets: list[int
     return Sch, Scl, Uh, Ul, S
 
 
-def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec):
-    """Emulates ``gdn_output`` (fully parallel over chunks)::
-
-        P  = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)   (j <= t, t valid; fp32)  -> Ph (+ Pl)
-        O  = F1 (Q (Sch + Scl)) + Ph Uh + Pl Uh + Ph Ul
-    """
+def gated_scores(q, k, F, cu_seqlens: list[int], dt, prec):
+    """Emulates the P of ``gdn_output`` and of ``gdn_state_output_ws`` (its P warpgroup, or the intra kernel's P
+    tables with ``pt``): ``P = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)`` (j <= t, t valid; fp32) -> (Ph, Pl)
+    [HV, NC, 64, 64] (Pl = 0 unless prec.p == "split")."""
     Ttot, H, DK = q.shape
     HV = F.shape[0]
     dev = q.device
@@ -295,7 +293,23 @@ def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec):
     e = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
     QK = _f32(Qc @ Kc.transpose(-1, -2))
     P = _f32(F[:, :, 5, :, None] * F[:, :, 6, None, :] * e * QK)
-    Ph, Pl = _two(P, dt, prec.p == "split")
+    return _two(P, dt, prec.p == "split")
+
+
+def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec, P=None):
+    """Emulates ``gdn_output`` (fully parallel over chunks)::
+
+        P  = gated_scores(...) -> Ph (+ Pl)     (or ``P`` = (Ph, Pl) as given: the intra kernel's P tables)
+        O  = F1 (Q (Sch + Scl)) + Ph Uh + Pl Uh + Ph Ul
+    """
+    Ttot, H, DK = q.shape
+    HV = F.shape[0]
+    dev = q.device
+    tok, eos, inb, tokc = _chunk_tokens(cu_seqlens, Ttot, dev)
+    heads = torch.arange(HV, device=dev) // (HV // H)
+    Qc = _chunk_gather(q.to(f64), tokc, inb, heads).transpose(0, 1)     # [HV, NC, 64, DK]
+    valid = (tok < eos[:, None])[None]                                   # [1, NC, 64]
+    Ph, Pl = P if P is not None else gated_scores(q, k, F, cu_seqlens, dt, prec)
     QS = _f32(Qc @ (Sch + Scl))
     O = _f32(_f32(QS * F[:, :, 1, :, None]) + Ph @ Uh + Pl @ Uh + Ph @ Ul)   # [HV, NC, 64, DV]
     o = torch.zeros(Ttot, HV, O.shape[-1], dtype=f64, device=dev)

@@ -18,6 +18,7 @@ Outputs (rows/cols past the end of the sequence are 0):
 """
 
 import tilelang.language as T
+from tilelang.layout import make_swizzled_layout
 
 from kernels.common.prologue import chunk_span, dynamic_dims, zero_rows_past
 
@@ -154,12 +155,16 @@ def solve_diag16(a_s, l_s, t16):
             l_s[r, tx] = T.if_then_else(r // 16 == blk, t16[r % 16], T.float32(0))
 
 
-def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16", th: bool = False):
+def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16", th: bool = False,
+                      pt: bool = False):
     """TileLang prim_func of ``gdn_intra``.  The merges write their product ``A_o L`` over the ``A_o`` tile
     (dead by then): 53 KiB of shared memory per CTA with fp32 or bf16 merges (4 CTAs per SM on an H100/H200), 69
     KiB with split ones (3).  ``th``: also store ``Tinv = (I + A)^-1`` itself, rounded once to
     the input dtype, into ``Th`` (the autograd Function keeps it, with Ah and Al, for the backward: its prep kernel
     then skips K K^T and the solve; ``kernels/backward/prep.py``); without it ``Th`` is not accessed (pass ``Ah``).
+    ``pt``: also store the gated scores ``P = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)`` (j <= t) split into
+    ``Ph + Pl`` for the fused state-output kernel, the product and expression its P warpgroup computes (needs the
+    fp32 or bf16 merges: q by TMA); without it ``Ph`` / ``Pl`` are not accessed (pass ``Ah``).
 
     Arguments:
       q, k        [Ttot, H, DK]     dtype   (q only read when use_l2 != 0)
@@ -169,6 +174,7 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
       Ah, Al      [HV, NC, 64, 64]  dtype   (outputs)
       F           [HV, NC, 8, 64]   fp32    (output)
       Th          [HV, NC, 64, 64]  dtype   (output with ``th``; else not accessed)
+      Ph, Pl      [HV, NC, 64, 64]  dtype   (outputs with ``pt``; else not accessed)
       scale fp32, use_l2 int32
     """
     assert DK in (64, 128)
@@ -176,6 +182,7 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
     assert merge in MERGES and ag in ("bf16", "split")
     msplit = merge == "split"
     q_tma = not msplit
+    assert q_tma or not pt, "P tables need q by TMA (fp32 or bf16 merges)"
     asplit = ag == "split"
     f32 = "float32"
 
@@ -193,6 +200,8 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
         Al: T.Tensor((HV, NC, BT, BT), dtype),
         F: T.Tensor((HV, NC, 8, BT), f32),
         Th: T.Tensor((HV, NC, BT, BT), dtype),
+        Ph: T.Tensor((HV, NC, BT, BT), dtype),
+        Pl: T.Tensor((HV, NC, BT, BT), dtype),
         scale: T.float32,
         use_l2: T.int32,
     ):
@@ -208,6 +217,12 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
             b_s = T.alloc_shared((BT,), f32)
             rq_s = T.alloc_shared((BT,), f32)
             rk_s = T.alloc_shared((BT,), f32)
+            if pt:
+                f5_s = T.alloc_shared((BT,), f32)
+                f6_s = T.alloc_shared((BT,), f32)
+                ph_s = T.alloc_shared((BT, BT), dtype)
+                pl_s = T.alloc_shared((BT, BT), dtype)
+                T.annotate_layout({ph_s: make_swizzled_layout(ph_s), pl_s: make_swizzled_layout(pl_s)})
             a_s = fp32_tile()
             l_s = fp32_tile()
             if merge != "fp32":
@@ -234,7 +249,9 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
             # eight loads then wait one after another
             if tx < 32:
                 T.tma_copy(k[t0:t0 + BT, h, 0:DK], k_s, barrier=k_ready)
-                if q_tma and use_l2 != 0:
+                if pt:
+                    T.tma_copy(q[t0:t0 + BT, h, 0:DK], q_s, barrier=k_ready)
+                elif q_tma and use_l2 != 0:
                     T.tma_copy(q[t0:t0 + BT, h, 0:DK], q_s, barrier=k_ready)
                 T.barrier_arrive(k_ready)
             load_chunk_gate_cumsum(g, beta, hv, t0, nv, g_s, b_s)
@@ -262,6 +279,24 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
                 for r in T.Parallel(BT):
                     rq_s[r] = T.float32(1)
                     rk_s[r] = T.float32(1)
+
+            if pt:
+                # P as the fused kernel's P warpgroup forms it: the exact-operand Q K^T, then F5_t F6_j e^(G_t - G_j)
+                # in the same order (F5 = scale rq, F6 = rk, zero past the sequence: formed once per row, not per
+                # element), selected where j <= t; staged in shared memory and stored by rows; before K K^T, so
+                # that q's and P's tiles are dead when the fp32 tiles they share memory with are born
+                for r in T.Parallel(BT):
+                    f5_s[r] = T.if_then_else(r < nv, scale * rq_s[r], T.float32(0))
+                    f6_s[r] = T.if_then_else(r < nv, rk_s[r], T.float32(0))
+                T.gemm(q_s, k_s, kk, transpose_B=True, clear_accum=True)
+                for r, j in T.Parallel(BT, BT):
+                    p = f5_s[r] * f6_s[j] * T.exp2((g_s[r] - g_s[j]) * LOG2E) * kk[r, j]
+                    kk[r, j] = T.if_then_else(j <= r, p, T.float32(0))
+                for r, j in T.Parallel(BT, BT):
+                    ph_s[r, j] = T.cast(kk[r, j], dtype)
+                    pl_s[r, j] = T.cast(kk[r, j] - T.cast(T.cast(kk[r, j], dtype), f32), dtype)
+                T.copy(ph_s, Ph[hv, c, 0:BT, 0:BT])
+                T.copy(pl_s, Pl[hv, c, 0:BT, 0:BT])
 
             gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s)
 

@@ -133,6 +133,8 @@ class IntraTables:
     Al: torch.Tensor                # lo (Ah itself unless the precision splits Ag)
     F: torch.Tensor                 # [HV, NC, 8, 64] fp32 gate table
     Th: torch.Tensor | None         # [HV, NC, 64, 64] Tinv (only where the plan keeps the tables)
+    Ph: torch.Tensor | None = None  # [HV, NC, 64, 64] the gated scores P, hi (only with the plan's p_table)
+    Pl: torch.Tensor | None = None  # lo
 
 
 def intra_chunk(*, x: ForwardInputs, plan) -> IntraTables:
@@ -143,9 +145,12 @@ def intra_chunk(*, x: ForwardInputs, plan) -> IntraTables:
     Al = torch.empty_like(Ah) if plan.precision.ag == "split" else Ah      # not read unless split
     F = torch.empty(x.HV, x.NC, 8, BT, device=dev, dtype=torch.float32)
     Th = torch.empty_like(Ah) if plan.keep_tables else Ah                  # not accessed unless kept
-    get_kernel(plan.configs()[0])(x.q, x.k, x.g, x.beta, x.cu, x.chunk_indices, Ah, Al, F, Th, x.scale,
+    Ph = torch.empty_like(Ah) if plan.p_table else Ah                      # not accessed without P tables
+    Pl = torch.empty_like(Ah) if plan.p_table else Ah
+    get_kernel(plan.configs()[0])(x.q, x.k, x.g, x.beta, x.cu, x.chunk_indices, Ah, Al, F, Th, Ph, Pl, x.scale,
                                   int(x.use_l2))
-    return IntraTables(Ah, Al, F, Th if plan.keep_tables else None)
+    return IntraTables(Ah, Al, F, Th if plan.keep_tables else None, Ph if plan.p_table else None,
+                       Pl if plan.p_table else None)
 
 
 @dataclass
@@ -196,8 +201,10 @@ def state_output(*, x: ForwardInputs, plan, tables: IntraTables):
     from kernels.build import get_kernel
     h0, ht = _initial_states(x), _final_states(x)
     o = torch.empty(x.n_tok, x.HV, x.D, device=x.q.device, dtype=x.q.dtype)
-    get_kernel(plan.configs()[1])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, x.cu, x.chunk_offsets, h0, o, ht,
-                                  int(x.h0 is not None), int(x.store_ht), int(x.v_first))
+    Ph = tables.Ph if tables.Ph is not None else tables.Ah                # not read without P tables
+    Pl = tables.Pl if tables.Pl is not None else tables.Ah
+    get_kernel(plan.configs()[1])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, x.cu, x.chunk_offsets, h0,
+                                  o, ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
     return o, (ht if x.store_ht else None)
 
 

@@ -7,10 +7,12 @@ four warpgroups per (block of ``BV`` value columns, value head, sequence):
 * WG0, the chain (``gdn_state_smem``'s, in one warpgroup): ``S [DK, BV]`` fp32 in registers; per chunk
   ``Sh (+ Sl) = split(S)`` (to WG2), ``KS = K Sh (+ K Sl)``, ``X = V - F0 KS``, ``U = Ah Xh (+ Al Xh) (+ Ah Xl)``,
   ``Uh (+ Ul) = split(U)`` (to WG2), ``S = F3 S + K^T (rd(F2 U) (+ lo))``;
-* WG1, the gated scores: ``P = scale rq_t rk_j e^(G_t - G_j) Q K^T`` (j <= t), ``Ph (+ Pl)`` to WG2;
+* WG1, the gated scores: ``P = scale rq_t rk_j e^(G_t - G_j) Q K^T`` (j <= t), ``Ph (+ Pl)`` to WG2; with ``pt``
+  the intra kernel has stored them (the same product and expression) and the producer loads them: WG1 idles;
 * WG2, the output: ``O = F1 (Q Sh (+ Q Sl))``, ``O += Ph Uh (+ Pl Uh) (+ Ph Ul)``, ``o = rd(O)`` stored from
   registers;
-* WG3, the producer: one warp issues the TMA loads of q, k, v, Ah (+ Al), F into two stages.
+* WG3, the producer: one warp issues the TMA loads of q, k, v, Ah (+ Al), F (and Ph (+ Pl) with ``pt``) into two
+  stages.
 
 Every product and rounding is the one ``gdn_state_smem`` and ``gdn_output`` make (``prec``:
 ``precision.Precision``), in the same order on the same accumulators, so o and the final state are those of the
@@ -31,7 +33,7 @@ THREADS = 512
 WG = 128
 
 
-def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec):
+def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool = False):
     """TileLang prim_func of ``gdn_state_output_ws``.
 
     Arguments:
@@ -39,6 +41,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec):
       v        [Ttot, HV, DV]         dtype
       Ah, Al   [HV, NCg, 64, 64]      dtype   (Al read only when prec.ag == "split")
       F        [HV, NCg, 8, 64]       fp32    (rows 0 F0, 1 F1, 2 F2, 3 F3, 4 G, 5 scale rq, 6 rk)
+      Ph, Pl   [HV, NCg, 64, 64]      dtype   (read only with ``pt``; Pl only when prec.p == "split")
       cu_seqlens    [N + 1]  int32;  chunk_offsets [N + 1] int32
       h0       [Nh, HV, DK, DV]       fp32 (read as [.., DV, DK] when v_first)
       o        [Ttot, HV, DV]         dtype   (output)
@@ -63,6 +66,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec):
         Ah: T.Tensor((HV, NCg, BT, BT), dtype),
         Al: T.Tensor((HV, NCg, BT, BT), dtype),
         F: T.Tensor((HV, NCg, 8, BT), f32),
+        Ph: T.Tensor((HV, NCg, BT, BT), dtype),
+        Pl: T.Tensor((HV, NCg, BT, BT), dtype),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
         chunk_offsets: T.Tensor((N + 1,), "int32"),
         h0: T.Tensor((Nh, HV, DK, DV), f32),
@@ -91,12 +96,16 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec):
             sl_s = T.alloc_shared(lo_shape((DK, BV), sl_need), dtype)
             uh_s = T.alloc_shared((BT, BV), dtype)
             ul_s = T.alloc_shared(lo_shape((BT, BV), u_sp), dtype)
-            ph_s = T.alloc_shared((BT, BT), dtype)
-            pl_s = T.alloc_shared(lo_shape((BT, BT), p_sp), dtype)
+            if pt:      # P by TMA with the other inputs of its stage
+                ph_s = T.alloc_shared((2, BT, BT), dtype)
+                pl_s = T.alloc_shared(lo_shape((2, BT, BT), p_sp), dtype)
+            else:
+                ph_s = T.alloc_shared((BT, BT), dtype)
+                pl_s = T.alloc_shared(lo_shape((BT, BT), p_sp), dtype)
             T.annotate_layout({v_s: make_swizzled_layout(v_s)})
 
             full = T.alloc_barrier(arrive_count=[32] * 2)          # a stage's loads landed (the loading warp)
-            empty = T.alloc_barrier(arrive_count=[3 * WG] * 2)     # a stage read by the three consumers
+            empty = T.alloc_barrier(arrive_count=[(2 if pt else 3) * WG] * 2)  # a stage read by its consumers
             s_ready = T.alloc_barrier(arrive_count=WG)             # Sh (+ Sl) written (WG0)
             s_free = T.alloc_barrier(arrive_count=WG)              # Sh (+ Sl) read by Q S (WG2)
             u_ready = T.alloc_barrier(arrive_count=WG)             # Uh (+ Ul) written (WG0)
@@ -147,22 +156,27 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec):
                 if store_ht != 0:
                     store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
             elif tx < 2 * WG:
-                # WG1: the gated scores P
-                T.set_max_nreg(104, 0)
-                qk = T.alloc_fragment((BT, BT), f32)
-                for c in T.serial(nchunks):
-                    st = c % 2
-                    T.barrier_wait(full[st], (c // 2) % 2)
-                    T.gemm(q_s[st, :, :], k_s[st, :, :], qk, transpose_B=True, clear_accum=True)
-                    for i, j in T.Parallel(BT, BT):
-                        # the value, then a select: branch-free (masked values are never selected)
-                        p = f_s[st, 5, i] * f_s[st, 6, j] * T.exp2((f_s[st, 4, i] - f_s[st, 4, j]) * LOG2E) * qk[i, j]
-                        qk[i, j] = T.if_then_else(j <= i, p, T.float32(0))
-                    T.barrier_arrive(empty[st])
-                    T.barrier_wait(p_free, (c + 1) % 2)
-                    split_into(qk, ph_s, pl_s, p_sp)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(p_ready)
+                if pt:
+                    # WG1 idles: P comes from the intra kernel's tables
+                    T.set_max_nreg(24, 0)
+                else:
+                    # WG1: the gated scores P
+                    T.set_max_nreg(104, 0)
+                    qk = T.alloc_fragment((BT, BT), f32)
+                    for c in T.serial(nchunks):
+                        st = c % 2
+                        T.barrier_wait(full[st], (c // 2) % 2)
+                        T.gemm(q_s[st, :, :], k_s[st, :, :], qk, transpose_B=True, clear_accum=True)
+                        for i, j in T.Parallel(BT, BT):
+                            # the value, then a select: branch-free (masked values are never selected)
+                            p = (f_s[st, 5, i] * f_s[st, 6, j] * T.exp2((f_s[st, 4, i] - f_s[st, 4, j]) * LOG2E)
+                                 * qk[i, j])
+                            qk[i, j] = T.if_then_else(j <= i, p, T.float32(0))
+                        T.barrier_arrive(empty[st])
+                        T.barrier_wait(p_free, (c + 1) % 2)
+                        split_into(qk, ph_s, pl_s, p_sp)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(p_ready)
             elif tx < 3 * WG:
                 # WG2: the output
                 T.set_max_nreg(136, 1)
@@ -176,12 +190,18 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec):
                     T.barrier_arrive(s_free)
                     for i, j in T.Parallel(BT, BV):
                         o_f[i, j] = o_f[i, j] * f_s[st, 1, i]
-                    T.barrier_arrive(empty[st])
-                    T.barrier_wait(p_ready, c % 2)
-                    T.barrier_wait(u_ready, c % 2)
-                    split_products(ph_s, pl_s, uh_s, ul_s, o_f, p_sp, u_sp, False, False)
-                    T.barrier_arrive(u_free)
-                    T.barrier_arrive(p_free)
+                    if pt:
+                        T.barrier_wait(u_ready, c % 2)
+                        split_products(ph_s[st, :, :], pl_s[st, :, :], uh_s, ul_s, o_f, p_sp, u_sp, False, False)
+                        T.barrier_arrive(u_free)
+                        T.barrier_arrive(empty[st])
+                    else:
+                        T.barrier_arrive(empty[st])
+                        T.barrier_wait(p_ready, c % 2)
+                        T.barrier_wait(u_ready, c % 2)
+                        split_products(ph_s, pl_s, uh_s, ul_s, o_f, p_sp, u_sp, False, False)
+                        T.barrier_arrive(u_free)
+                        T.barrier_arrive(p_free)
                     for i, j in T.Parallel(BT, BV):
                         if t0 + i < eos:
                             o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j], dtype)
@@ -201,6 +221,10 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec):
                         if ag_sp:
                             T.tma_copy(Al[hv, cg, 0:BT, 0:BT], al_s[st, :, :], barrier=full[st])
                         T.tma_copy(F[hv, cg, 0:8, 0:BT], f_s[st, :, :], barrier=full[st])
+                        if pt:
+                            T.tma_copy(Ph[hv, cg, 0:BT, 0:BT], ph_s[st, :, :], barrier=full[st])
+                            if p_sp:
+                                T.tma_copy(Pl[hv, cg, 0:BT, 0:BT], pl_s[st, :, :], barrier=full[st])
                         T.barrier_arrive(full[st])
 
     return gdn_state_output_ws
