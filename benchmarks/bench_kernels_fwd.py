@@ -26,13 +26,16 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   ``plan.block_v``, one CTA per SM; ``smem16`` / ``smem32`` / ``smem64`` - the same with BV forced;
   ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
   ``ws`` - the fused warp-specialised state-output kernel (state form "ws": no chunk tables, no output kernel; BV
-  by ``block_v``); ``ws16`` / ``ws32`` / ``ws64`` - with BV forced; ``noptab`` - the dispatched plan with the ws
-  kernel's P warpgroup computing P instead of reading the intra kernel's P tables (``ForwardPlan.p_table``);
+  by ``block_v``); ``ws16`` / ``ws32`` / ``ws64`` - with BV forced; ``noptab`` - the dispatched plan at the split
+  precision with the ws kernel's P warpgroup computing P instead of reading the intra kernel's P tables
+  (``ForwardPlan.p_table``; against ``split``);
   ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``ag1`` / ``x1`` /
   ``u1`` / ``upd1`` / ``p1`` - that one operand one term (``kernels.forward.precision``); ``single`` - every
-  operand after the intra kernel one term (what the splits cost; the merges stay fp32); ``m1`` - the
-  intra kernel's block merges as one-term wgmma operands, ``msplit`` - as 3-term splits (the dispatch's are fp32;
-  precision fields of the dispatched plan);
+  operand after the intra kernel one term (what the splits cost; the merges stay fp32); ``half`` - every such
+  operand one fp16 term (precision "half": the ws form with P tables, BV by ``block_v``; dispatched there for
+  bf16); ``split`` - the dispatched plan at the split precision (``PRESETS["default"]``, what every other form
+  runs); ``m1`` - the intra kernel's block merges as one-term wgmma operands, ``msplit`` - as 3-term splits (the
+  dispatch's are fp32); these precision columns replace fields of the split precision;
 * ``intra``, ``state``, ``output`` - the dispatched plan's three stages, each alone on the tables the stages
                   before it made once (``state``: the sequential state kernel, or with CP the scan, the fix-up and
                   the state kernel per segment; for the "ws" form the fused state-output kernel, and no
@@ -66,7 +69,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.inputs import D, GATES, SHAPES, make, shrunk  # noqa: E402
-from kernels.forward.precision import Precision  # noqa: E402
+from kernels.forward.precision import PRESETS, Precision  # noqa: E402
 from parity.execute import describe_error  # noqa: E402
 
 C = 64
@@ -103,14 +106,14 @@ def flash_qla():
     return fq.chunk_gated_delta_rule, None
 
 
-def _rv(cp=None, bv=64):
+def _rv(cp=None, bv=64):        # (the split precision: fp16 operands are a form of the ws kernel)
     return lambda p, n, HV, mc: dict(state_form="rv", block_v=bv, ctas_per_sm=1, p_table=False,
-                                     cp=cp if cp is not None else cp_segments(n, HV, mc))
+                                     cp=cp if cp is not None else cp_segments(n, HV, mc), precision=PRESETS["default"])
 
 
 def _smem(bv=None, occ=1):
     return lambda p, n, HV, mc: dict(state_form="smem", block_v=bv or block_v(n, HV, occ), ctas_per_sm=occ, cp=1,
-                                     p_table=False)
+                                     p_table=False, precision=PRESETS["default"])
 
 
 def _ws(bv=None):
@@ -118,7 +121,8 @@ def _ws(bv=None):
 
 
 def _prec(**fields):
-    return lambda p, n, HV, mc: dict(precision=dataclasses.replace(p.precision, **fields))
+    """The dispatched plan at the split precision (``PRESETS["default"]``) with ``fields`` replaced."""
+    return lambda p, n, HV, mc: dict(precision=dataclasses.replace(PRESETS["default"], **fields))
 
 
 def cp_segments(n, HV, mc):
@@ -148,7 +152,7 @@ VARIANTS = {
     "ws16": _ws(16),
     "ws32": _ws(32),
     "ws64": _ws(64),
-    "noptab": lambda p, n, HV, mc: dict(p_table=False),
+    "noptab": lambda p, n, HV, mc: dict(p_table=False, precision=PRESETS["default"]),
     "s1": _prec(s="bf16", ks="bf16"),
     "ks1": _prec(ks="bf16"),
     "ag1": _prec(ag="bf16"),
@@ -157,7 +161,9 @@ VARIANTS = {
     "upd1": _prec(upd="bf16"),
     "p1": _prec(p="bf16"),
     # every Precision field but the intra kernel's merges
+    "split": _prec(),
     "single": _prec(**{f.name: "bf16" for f in dataclasses.fields(Precision) if f.name != "merge"}),
+    "half": lambda p, n, HV, mc: dict(_ws()(p, n, HV, mc), precision=PRESETS["half"]),
     "m1": _prec(merge="bf16"),
     "msplit": lambda p, n, HV, mc: dict(_prec(merge="split")(p, n, HV, mc), p_table=False),  # no q tile for P
 }

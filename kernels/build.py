@@ -14,7 +14,7 @@ import os
 from kernels.backward import configs as bwd
 from kernels.forward import configs as fwd
 from kernels.forward.configs import DTYPES, HEAD_DIMS, RV_BV, IntraConfig
-from kernels.forward.precision import preset
+from kernels.forward.precision import PRESETS, preset
 from kernels.plan import WS_HEAD_DIMS, BackwardPlan, ForwardPlan
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
@@ -46,6 +46,8 @@ def forward_configs():
             if DK in WS_HEAD_DIMS:  # as dispatched: P from the intra kernel's tables (with Tinv kept, too)
                 plans += [ForwardPlan(dtype, prec, "ws", bv, 1, 1, keep_tables=kt, DK=DK, p_table=True)
                           for bv, kt in ((64, False), (32, False), (64, True))]
+                # the fp16-operand precision (an A/B alternative of the ws form with P tables)
+                plans += [ForwardPlan(dtype, PRESETS["half"], "ws", bv, 1, 1, DK=DK, p_table=True) for bv in (64, 32)]
             cfgs = [c for p in plans for c in p.configs()]
             # the intra kernel with split block merges (the benchmarks' msplit), with and without Tinv
             cfgs += [IntraConfig(dtype, "split", prec.ag, DK=DK, th=th) for th in (False, True)]

@@ -13,6 +13,7 @@ import torch
 BT = 64                                      # tokens per chunk
 INPUT_DTYPES = (torch.bfloat16, torch.float16)
 TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+TORCH_DTYPE = {v: k for k, v in TL_DTYPE.items()}
 LO8_DTYPE = torch.float8_e4m3fn              # a lo table stored as fp8 (kernels.common.lo8)
 
 

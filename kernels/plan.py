@@ -74,6 +74,8 @@ class ForwardPlan:
         if self.p_table and (self.state_form != "ws" or self.precision.merge == "split"):
             raise ValueError(f"P tables are read by the ws form alone, and stored by an intra kernel with fp32 or "
                              f"bf16 merges: {self}")
+        if self.precision.half and not (self.state_form == "ws" and self.p_table):
+            raise ValueError(f"fp16 operands (Precision.half) are a form of the ws kernel with P tables: {self}")
         if self.keep_tables and not keeps_tables(self.precision):
             raise ValueError(f"precision {self.precision.tag()} does not compute the backward's tables: {self}")
 
@@ -144,10 +146,9 @@ def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: 
     """The forward's dispatch.  The rv form with CP for at most ``CP_MAX_CTAS`` CTAs over at least
     ``CP_MIN_TOTAL_CHUNKS`` chunks (few heads, long sequences); else the ws form where blocks of at least 32
     value columns give a CTA per SM (``block_v``; head dims ``WS_HEAD_DIMS``), P from the intra kernel's tables
-    (``p_table``); else the smem form without CP, two
-    CTAs per SM when BV 32 gives two per SM (else one); precision "default"; ``keep_tables`` where the precision
-    computes the backward's tables; every kernel built for the call's head dim ``DK`` (K == V), which also sets
-    the CTA counts above."""
+    (``p_table``); else the smem form without CP, two CTAs per SM when BV 32 gives two per SM (else one);
+    precision "default"; ``keep_tables`` where the precision computes the backward's tables; every kernel built for
+    the call's head dim ``DK`` (K == V), which also sets the CTA counts above."""
     check_head_dim(DK)
     prec = preset()
     few = n_seq * HV * (DK // RV_BV) <= CP_MAX_CTAS and max_chunks >= CP_MIN_TOTAL_CHUNKS

@@ -32,13 +32,23 @@ def test_ks1_changes_k_s_alone():
     assert changed == ["ks"], changed
 
 
-def test_dry_run_check_puts_single_farther_from_fp64_than_default(capsys, tmp_path):
-    assert bench_fwd.main(["--dry-run", "--variants", "default,single", "--shapes", "B1_T8192_H4_HV8", "--rep", "1",
-                           "--warmup", "0", "--results", str(tmp_path / "r.md")]) in (0, None)
+def test_half_makes_every_operand_past_the_intra_kernel_one_fp16_term_on_the_ws_form():
+    base = preset()
+    plan = type("P", (), {"precision": base})()
+    change = bench_fwd.VARIANTS["half"](plan, 1, 32, 512)
+    assert all(getattr(change["precision"], f) == "fp16" for f in PAST_INTRA), change
+    assert (change["state_form"], change["p_table"]) == ("ws", True), change
+
+
+def test_dry_run_check_ranks_split_half_single(capsys, tmp_path):
+    """On the accuracy step's inputs: split operands closer to fp64 than half (fp16 operands), half closer than
+    single (bf16 operands), in o and the final state."""
+    assert bench_fwd.main(["--dry-run", "--variants", "split,half,single", "--shapes", "B1_T8192_H4_HV8", "--rep",
+                           "1", "--warmup", "0", "--results", str(tmp_path / "r.md")]) in (0, None)
     out = capsys.readouterr().out
     found = {}
     for name, floor, state in re.findall(r"check (\w+)\s+o \S+ \(([\d.]+)x floor\)\s+state (\S+)", out):
         found.setdefault(name, []).append((float(floor), float(state)))
-    assert set(found) == {"default", "single"}, out[-2000:]
-    for (fd, sd), (fs, ss) in zip(found["default"], found["single"]):
-        assert fd < fs and sd < ss, (found, out[-2000:])
+    assert set(found) == {"split", "half", "single"}, out[-2000:]
+    for (fd, sd), (fh, sh), (fs, ss) in zip(found["split"], found["half"], found["single"]):
+        assert fd < fh < fs and sd < sh < ss, (found, out[-2000:])

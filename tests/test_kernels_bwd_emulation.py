@@ -292,7 +292,7 @@ def _fake_kernels(monkeypatch, asked=None):
 
     def fwd_kernel(cfg):
         if isinstance(cfg, fbuild.IntraConfig):
-            def intra2(q, k, g, b, cu, ci, Ah, Al, F, Th, Ph, Pl, scale, use_l2):
+            def intra2(q, k, g, b, cu, ci, Ah, Al, F, Th, Ph, Pl, qo, ko, scale, use_l2):
                 dt = q.dtype
                 prec = E.fwd_precision(merge=cfg.merge)
                 ah, al, f = FE.intra_chunk(q, k, g, b, cu_list(cu), scale, bool(use_l2), dt, prec)
@@ -317,7 +317,8 @@ def _fake_kernels(monkeypatch, asked=None):
                                      q.dtype, cfg.prec))
             return output
         if isinstance(cfg, fbuild.StateConfig) and cfg.form == "ws":      # the fused state-output kernel
-            def state_output(q, k, v, Ah, Al, F, Ph, Pl, cu, co, h0, o2, ht, use_h0, store_ht, vf):
+            def state_output(q, k, v, Ah, Al, F, vs, Ph, Pl, cu, co, h0, o2, ht, use_h0, store_ht, vf):
+                assert not cfg.prec.half, "the stand-in runs the split precision (vs unread)"
                 dt, f = q.dtype, F.to(f64)
                 h = (h0.transpose(-1, -2) if vf else h0) if use_h0 else None
                 sh, sl, uh, ul, end = FE.chunk_states(k, v, Ah.to(f64), Al.to(f64), f, cu_list(cu), cu_list(co), h,
@@ -636,11 +637,12 @@ def test_fused_state_output_form_plumbing_on_cpu(monkeypatch, case):
 
     from kernels.forward.pipeline import chunk_gated_delta_rule as impl
     from kernels.forward.pipeline import plan_for, prepare
+    from kernels.forward.precision import preset
 
     asked = []
     _fake_kernels(monkeypatch, asked)
     args, kw = tt.call_args(case)
-    base = plan_for(prepare(*args, **kw, output_final_state=True))
+    base = dataclasses.replace(plan_for(prepare(*args, **kw, output_final_state=True)), precision=preset())
     got = {}
     for form, pt in (("smem", False), ("ws", False), ("ws", True)):
         asked.clear()

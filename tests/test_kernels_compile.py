@@ -76,7 +76,9 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
     want = _WANT_WGMMA[r["kind"]](cfg)
     if r["kind"] == "StateConfig" and cfg.form == "ws":         # the output kernel's products as well
         want += _WANT_WGMMA["OutputConfig"](cfg) - cfg.pt       # (but Q K^T with the intra kernel's P tables)
-    check_wgmma(src, cfg.dtype, want)
+    # the state kernels' operands in the precision's operand type (fp16 with fp16 operands), the intra kernel's in
+    # the input dtype (K K^T, Q K^T and the merges take the inputs as they are)
+    check_wgmma(src, cfg.prec.operand_dtype(cfg.dtype) if r["kind"] == "StateConfig" else cfg.dtype, want)
     if r["kind"] == "IntraConfig":
         assert "exp2f" in src
         # k (and q for the L2 norm, but with the split merges) by one TMA copy each, not per element
@@ -84,9 +86,13 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
         # CTAs per SM the design relies on: 4 (53 KiB) with fp32 or bf16 merges, 3 with split ones' lo tiles
         ctas = 3 if cfg.merge == "split" else 4
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024 // ctas, r["dyn_smem"]
-        if cfg.pt:                  # P staged in swizzled tiles (no bank conflict) and stored by two TMA copies
-            assert src.count("tma_store(") == 2, src.count("tma_store(")
-            w = worst_degrees(src, ["ph_s", "pl_s"])
+        if cfg.pt:                  # P staged in swizzled tiles (no bank conflict) and stored by TMA copies: hi +
+            #                         lo, or with fp16 operands of bf16 inputs P one term and the fp16 copies of q, k
+            half = cfg.ag == "fp16"
+            cv = half and cfg.dtype != "float16"
+            tiles = ["ph_s"] + ([] if half else ["pl_s"]) + (["cv_s"] if cv else [])
+            assert src.count("tma_store(") == len(tiles) + cv, src.count("tma_store(")
+            w = worst_degrees(src, tiles)
             assert all(d <= 1 and n > 0 for d, n in w.values()), w
     elif r["kind"] == "StateConfig":
         # (the ws form's own barriers: a TMA transaction count on each stage's)
@@ -97,10 +103,13 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
         if cfg.form == "ws":        # four warpgroups: chain, P, output, TMA producer; every operand in shared memory
             assert "__launch_bounds__(512" in src and "warpgroup_reg_alloc" in src and "warpgroup_reg_dealloc" in src
             assert "wgmma_rs<" not in src
-            # with P tables, P lands by TMA (one load site each for hi and lo) and no thread writes its tiles
-            assert src.count("tma_load(") == 5 + _sp(cfg.prec, "ag") + cfg.pt * (1 + _sp(cfg.prec, "p")), src.count(
-                "tma_load(")
-            tiles = ["sh_s", "sl_s", "uh_s", "ul_s", "xh_s", "xl_s", "v_s"] + ([] if cfg.pt else ["ph_s", "pl_s"])
+            # with P tables, P lands by TMA (one load site each for hi and lo) and no thread writes its tiles; with fp16
+            # operands the value-column scales land by one more
+            assert src.count("tma_load(") == (5 + _sp(cfg.prec, "ag") + cfg.pt * (1 + _sp(cfg.prec, "p"))
+                                              + cfg.prec.half), src.count("tma_load(")
+            tiles = ["sh_s", "uh_s", "xh_s", "v_s"] + ([] if cfg.pt else ["ph_s"])
+            if not cfg.prec.half:   # (fp16 operands have no lo tiles)
+                tiles += ["sl_s", "ul_s", "xl_s"] + ([] if cfg.pt else ["pl_s"])
             w = worst_degrees(src, tiles)
             assert all(d <= 1 for d, _ in w.values()) and all(n > 0 for _, n in w.values()), w
         if cfg.form == "smem":                                  # no bank conflicts (the model: module docstring)

@@ -118,8 +118,8 @@ def test_api_rejects_bad_input(over, needle):
 def test_forward_dispatch_picks_the_measured_forms():
     """``forward_plan``: the fused ws kernel where blocks of 32 or more value columns fill the SMs at K = 128 (BV 64
     at B8 HV32, 32 at B1 HV32), the smem state kernel below that (BV 16, and at K = 64: two CTAs per SM where BV
-    32 gives two); the rv form with CP for few heads over long sequences; the chunk-start state split; the intra
-    kernel keeps Tinv only when asked."""
+    32 gives two); the rv form with CP for few heads over long sequences; the chunk-start state split (fp16
+    operands are not dispatched); the intra kernel keeps Tinv only when asked."""
     from kernels.plan import block_v, forward_plan
     assert block_v(1, 32, occ=2) == 16 and block_v(8, 32, occ=2) == 32 and block_v(1, 32) == 32
     p = forward_plan("bfloat16", 8, 32, 64)
@@ -140,14 +140,84 @@ def test_a_plan_the_kernels_cannot_run_is_refused():
     no CP: a plan outside that raises a ValueError naming it, before any kernel is built."""
     import dataclasses
 
+    from kernels.forward.precision import preset
     from kernels.plan import forward_plan
     p = dataclasses.replace(forward_plan("bfloat16", 8, 32, 64), state_form="smem", block_v=32, ctas_per_sm=2,
-                            p_table=False)
+                            p_table=False, precision=preset())
     for bad, needle in ((dict(block_v=64), "BV <= 32"), (dict(cp=2), "cp 1"), (dict(state_form="x"), "unknown"),
                         (dict(state_form="rv"), "rv state kernel"),
                         (dict(state_form="ws", block_v=32, ctas_per_sm=2), "warp-specialised")):
         with pytest.raises(ValueError, match=needle):
             dataclasses.replace(p, **bad)
+
+
+def test_fp16_operands_are_all_or_none_and_need_the_ws_form_with_p_tables():
+    """``Precision`` refuses an unknown value and fp16 on some operands alone (a product's operands share a type);
+    a plan refuses fp16 operands outside the ws form with P tables, where WG1 converts q and k."""
+    import dataclasses
+
+    from kernels.forward.precision import PRESETS, Precision
+    from kernels.plan import forward_plan
+    with pytest.raises(ValueError, match="all or none"):
+        dataclasses.replace(PRESETS["half"], ks="split")
+    with pytest.raises(ValueError, match="must be one of"):
+        Precision(merge="fp16")
+    ws = forward_plan("bfloat16", 8, 32, 64)
+    assert (ws.state_form, ws.p_table) == ("ws", True)
+    half = dataclasses.replace(ws, precision=PRESETS["half"])
+    assert half.configs()[1].name.startswith("state_ws[DK=DV=128,BV=64,fp16,")
+    assert half.configs()[0].ag == "fp16" and PRESETS["half"].operand_dtype("bfloat16") == "float16"
+    for bad in (dict(p_table=False), dict(state_form="smem", p_table=False)):
+        with pytest.raises(ValueError, match="fp16 operands"):
+            dataclasses.replace(half, **bad)
+
+
+@pytest.mark.parametrize("dist", ["gauss-l2", "qwen-gates", "slow-decay", "strong-decay", "large-h0"])
+def test_fp16_operands_meet_the_accuracy_bar(dist):
+    """Every operand one fp16 term (precision "half"), T=2048, H=2, HV=4, bf16: o within 1.1x its rounding floor and
+    the final state at least 5x closer to fp64 than the FLA-like bf16 scheme; farther than the dispatched precision
+    (whose S, X, U and P are split), so the fp16 roundings are in effect."""
+    from cases.distributions import get_distribution
+    from kernels.forward.precision import PRESETS
+
+    h0 = "fp32" if get_distribution(dist).needs_h0 else None
+    a, kw = call_args(Case(T=2048, H=2, HV=4, dist=dist, h0_dtype=h0))
+    kw["output_final_state"] = True
+    o_ref, S_ref = fp64_reference(*a, **kw)
+    floor = compare(o_ref.to(a[0].dtype), o_ref).rel_rmse
+    half = _errors(E.chunk_gated_delta_rule_at(*a, **kw, prec=PRESETS["half"]), (o_ref, S_ref))
+    dflt = _errors(E.chunk_gated_delta_rule_at(*a, **kw, prec=PRESETS["default"]), (o_ref, S_ref))
+    fla = _errors(fla_like(*a, **kw), (o_ref, S_ref))
+    msg = (f"{dist}: half o {half[0] / floor:.3f}x floor, state {half[1]:.2e} | default state {dflt[1]:.2e} | "
+           f"fla-like state {fla[1]:.2e}")
+    print(msg)
+    assert half[0] <= 1.1 * floor, msg
+    assert 5 * half[1] <= fla[1], msg
+    assert half[1] > 10 * dflt[1], msg
+
+
+def test_fp16_operands_hold_inputs_past_fp16_range():
+    """q and k at 2^17 (normalised in the kernel), v and h0 at 2^15, bf16 (q, k, v past fp16's 65504; the state
+    with them): the fp16-operand forward stays finite and within the accuracy bar (o <= 1.1x its floor, the final
+    state >= 5x closer to fp64 than the FLA-like scheme), its q / k row scales and value-column scales keeping
+    every operand in range."""
+    from kernels.forward.precision import PRESETS
+
+    (q, k, v, g, beta), kw = call_args(Case(T=512, H=2, HV=4, dist="raw-qk-l2", h0_dtype="fp32"))
+    q, k, v = (x.to(torch.float32) * 2.0 ** e for x, e in ((q, 17), (k, 17), (v, 15)))
+    assert not torch.isfinite(q.to(torch.float16)).all() and not torch.isfinite(v.to(torch.float16)).all()
+    q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+    kw.update(initial_state=kw["initial_state"] * 2.0 ** 15, output_final_state=True)
+    a = (q, k, v, g, beta)
+    o_ref, S_ref = fp64_reference(*a, **kw)
+    floor = compare(o_ref.to(q.dtype), o_ref).rel_rmse
+    o, S = E.chunk_gated_delta_rule_at(*a, **kw, prec=PRESETS["half"])
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    e_o, e_s = _errors((o, S), (o_ref, S_ref))
+    f_s = _errors(fla_like(*a, **kw), (o_ref, S_ref))[1]
+    msg = f"half o {e_o / floor:.3f}x floor, state {e_s:.2e} | fla-like state {f_s:.2e}"
+    print(msg)
+    assert e_o <= 1.1 * floor and 5 * e_s <= f_s, msg
 
 
 def test_import_is_lazy():

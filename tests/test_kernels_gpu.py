@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from cases.case import Case
+from kernels.forward.precision import PRESETS
+from kernels.plan import WS_HEAD_DIMS
 from parity.backends.tilelang import TileLangKernels
 from tests import kernel_support as tt
 
@@ -34,15 +36,19 @@ PLAN_CASES = [
 ]
 # plan values besides the dispatched one (ForwardPlan fields): the register-operand state kernel without CP, with
 # CP forced and with BV 128; the shared-memory one at two CTAs per SM and at one; the fused warp-specialised
-# state-output kernel (form "ws")
-PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1, p_table=False),
-         "rv_cp3": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=3, p_table=False),
-         "rv_bv128": dict(state_form="rv", block_v=128, ctas_per_sm=1, cp=1, p_table=False),
-         "smem_occ2_bv16": dict(state_form="smem", block_v=16, ctas_per_sm=2, cp=1, p_table=False),
-         "smem_occ2_bv32": dict(state_form="smem", block_v=32, ctas_per_sm=2, cp=1, p_table=False),
-         "smem_occ1_bv64": dict(state_form="smem", block_v=64, ctas_per_sm=1, cp=1, p_table=False),
-         "ws_bv32": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=1),
-         "ws_bv64": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=1)}
+# state-output kernel (form "ws"), all at the split precision, and the ws form with every operand one fp16 term
+# (precision "half", with P tables)
+HALF, SPLIT = PRESETS["half"], PRESETS["default"]
+PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1, p_table=False, precision=SPLIT),
+         "rv_cp3": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=3, p_table=False, precision=SPLIT),
+         "rv_bv128": dict(state_form="rv", block_v=128, ctas_per_sm=1, cp=1, p_table=False, precision=SPLIT),
+         "smem_occ2_bv16": dict(state_form="smem", block_v=16, ctas_per_sm=2, cp=1, p_table=False, precision=SPLIT),
+         "smem_occ2_bv32": dict(state_form="smem", block_v=32, ctas_per_sm=2, cp=1, p_table=False, precision=SPLIT),
+         "smem_occ1_bv64": dict(state_form="smem", block_v=64, ctas_per_sm=1, cp=1, p_table=False, precision=SPLIT),
+         "ws_bv32": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=1, precision=SPLIT),
+         "ws_bv64": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=1, precision=SPLIT),
+         "ws_half_bv32": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=1, p_table=True, precision=HALF),
+         "ws_half_bv64": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=1, p_table=True, precision=HALF)}
 
 
 class PlannedTileLang(TileLangKernels):
@@ -58,6 +64,8 @@ class PlannedTileLang(TileLangKernels):
         bv = self.change.get("block_v", 0)
         if bv > case.V:
             return False, f"a state block of {bv} value columns needs V >= {bv} (V = {case.V})"
+        if self.change.get("precision") == HALF and case.K not in WS_HEAD_DIMS:
+            return False, f"fp16 operands are built at the ws form's head dims {WS_HEAD_DIMS} (K = {case.K})"
         return super().supports(case, device)
 
     def _forward(self, inputs):
@@ -103,11 +111,14 @@ def test_every_plan_the_dispatch_can_choose_passes_the_harness_rule(case, label)
 @pytest.mark.parametrize("case", PLAN_CASES[:5], ids=[c.id for c in PLAN_CASES[:5]])
 def test_kept_tables_change_nothing_else(case):
     """The forward that keeps its intra tables for the backward (the intra kernel also storing Tinv) gives bitwise
-    the same o and final state as the one that does not, and hands over Th, Ah, Al of [HV, NC, 64, 64]."""
+    the same o and final state as the same plan without them, and hands over Th, Ah, Al of [HV, NC, 64, 64]."""
     from kernels.forward.pipeline import chunk_gated_delta_rule as impl
+    from kernels.forward.pipeline import plan_for, prepare
 
     args, kw = tt.call_args(case, torch.device("cuda"))
-    o, ht = impl(*args, **kw, output_final_state=True)
+    plan = dataclasses.replace(plan_for(prepare(*args, **kw, output_final_state=True), keep_tables=True),
+                               keep_tables=False)
+    o, ht = impl(*args, **kw, output_final_state=True, plan=plan)
     kept = {}
     o2, ht2 = impl(*args, **kw, output_final_state=True, keep_tables=kept)
     torch.cuda.synchronize()
@@ -130,7 +141,7 @@ def test_fused_state_output_is_the_state_and_output_kernels(case, bv):
     if bv > case.V:
         pytest.skip(f"a state block of {bv} value columns needs V >= {bv} (V = {case.V})")
     args, kw = tt.call_args(case, torch.device("cuda"))
-    base = plan_for(prepare(*args, **kw, output_final_state=True))
+    base = dataclasses.replace(plan_for(prepare(*args, **kw, output_final_state=True)), precision=SPLIT)
     got = {}
     forms = [("smem", False), ("ws", False)] + ([("ws", True)] if case.K in WS_HEAD_DIMS else [])
     for form, pt in forms:
@@ -185,23 +196,69 @@ FLOOR_CASES += [Case(T=8192, H=16, HV=32, dist="qwen-gates"),
                 Case(T=4096, H=4, HV=8, dist="qwen-gates", h0_dtype="fp32")]
 
 
+@pytest.mark.parametrize("precision", ["dispatched", "half"])
 @pytest.mark.parametrize("case", FLOOR_CASES, ids=[c.id for c in FLOOR_CASES])
-def test_o_stays_within_its_rounding_floor(case):
-    """The dispatched forward's o is within ``O_FLOOR_RATIO`` x the rounding floor (the fp64 reference rounded to
-    the input dtype, both against the fp64 reference) under slow, mixed and realistic decays."""
+def test_o_stays_within_its_rounding_floor(case, precision):
+    """The dispatched forward's o, and o with every operand one fp16 term (precision "half", the ws form with P
+    tables), are within ``O_FLOOR_RATIO`` x the rounding floor (the fp64 reference rounded to the input dtype, both
+    against the fp64 reference) under slow, mixed and realistic decays."""
     import kernels
     from cases.inputs import make_inputs
     from parity.refs import compute
 
+    from kernels.forward.pipeline import chunk_gated_delta_rule as impl
+    from kernels.forward.pipeline import plan_for, prepare
+    from reference.emulated import chunk_gated_delta_rule as fla_like
+
     dev = torch.device("cuda")
-    ref = compute(case, make_inputs(case, dev))["o"]
+    refs = compute(case, make_inputs(case, dev))
+    ref = refs["o"]
     args, kw = tt.call_args(case, dev)
-    o, _ = kernels.chunk_gated_delta_rule(*args, **kw, output_final_state=True)
+    if precision == "half":
+        plan = dataclasses.replace(plan_for(prepare(*args, **kw, output_final_state=True)), state_form="ws", cp=1,
+                                   ctas_per_sm=1, p_table=True, precision=HALF)
+        plan = dataclasses.replace(plan, block_v=max(32, plan.block_v))
+        o, ht = impl(*args, **kw, output_final_state=True, plan=plan)
+    else:
+        o, ht = kernels.chunk_gated_delta_rule(*args, **kw, output_final_state=True)
     floor = tt.rel_rmse(ref.to(o.dtype), ref)
     got = tt.rel_rmse(o, ref)
+    where = f"case {case.id} / backend tilelang[{precision}] / rerun: pytest -m gpu tests/test_kernels_gpu.py -k floor"
     assert got <= O_FLOOR_RATIO * floor, (
-        f"o rel_rmse {got:.3e} > {O_FLOOR_RATIO} x rounding floor {floor:.3e} ({got / floor:.2f}x) / case {case.id} "
-        f"/ backend tilelang / rerun: pytest -m gpu tests/test_kernels_gpu.py -k floor")
+        f"o rel_rmse {got:.3e} > {O_FLOOR_RATIO} x rounding floor {floor:.3e} ({got / floor:.2f}x) / {where}")
+    if precision == "half":     # and the final state at least 5x closer to fp64 than the FLA-like bf16 scheme's
+        _, ht_fla = fla_like(*args, **kw, output_final_state=True)
+        e, e_fla = tt.rel_rmse(ht, refs["ht"]), tt.rel_rmse(ht_fla, refs["ht"])
+        print(f"{case.id}: half o {got / floor:.3f}x floor, state {e:.2e}, FLA-like state {e_fla:.2e}")
+        assert 5 * e <= e_fla, f"ht rel_rmse {e:.3e} > FLA-like {e_fla:.3e} / 5 / {where}"
+
+
+@pytest.mark.parametrize("bv", [32, 64])
+def test_fp16_operands_hold_inputs_past_fp16_range(bv):
+    """The ws kernel with fp16 operands (precision "half", P tables) on q and k at 2^17 (normalised in the kernel), v
+    and h0 at 2^15 (bf16; past fp16's 65504): finite, o within ``O_FLOOR_RATIO`` x its floor and the final state at
+    least 5x closer to fp64 than the FLA-like bf16 scheme's (the copies' row scales and the value-column scales)."""
+    from kernels.forward.pipeline import chunk_gated_delta_rule as impl
+    from kernels.forward.pipeline import plan_for, prepare
+    from reference import chunk_gated_delta_rule as fp64_reference
+    from reference.emulated import chunk_gated_delta_rule as fla_like
+
+    (q, k, v, g, beta), kw = tt.call_args(Case(T=1000, H=2, HV=4, dist="raw-qk-l2", h0_dtype="fp32"),
+                                          torch.device("cuda"))
+    q, k, v = ((x.float() * 2.0 ** e).to(torch.bfloat16) for x, e in ((q, 17), (k, 17), (v, 15)))
+    kw.update(initial_state=kw["initial_state"] * 2.0 ** 15, output_final_state=True)
+    a = (q, k, v, g, beta)
+    plan = dataclasses.replace(plan_for(prepare(*a, **kw)), state_form="ws", block_v=bv, ctas_per_sm=1, cp=1,
+                               p_table=True, precision=HALF)
+    o, ht = impl(*a, **kw, plan=plan)
+    o_ref, ht_ref = fp64_reference(*a, **kw)
+    _, ht_fla = fla_like(*a, **kw)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    floor = tt.rel_rmse(o_ref.to(o.dtype), o_ref)
+    e_o, e_s, e_fla = tt.rel_rmse(o, o_ref), tt.rel_rmse(ht, ht_ref), tt.rel_rmse(ht_fla, ht_ref)
+    msg = f"half BV {bv}: o {e_o / floor:.3f}x floor, state {e_s:.2e}, FLA-like {e_fla:.2e}"
+    print(msg)
+    assert e_o <= O_FLOOR_RATIO * floor and 5 * e_s <= e_fla, msg
 
 
 def test_int32_cu_seqlens_give_the_int64_result():

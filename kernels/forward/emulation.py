@@ -8,7 +8,11 @@ wherever the kernels round:
 
 * ``rd(x)``  - to the input dtype (bf16/fp16): every wgmma operand;
 * ``f32(x)`` - to fp32: every accumulator / CUDA-core result;
-* ``split(x) = (rd(x), rd(x - rd(x)))`` - the two-term operands (per ``precision.Precision``).
+* ``split(x) = (rd(x), rd(x - rd(x)))`` - the two-term operands (per ``precision.Precision``);
+* with fp16 operands (``Precision.half``) every operand after the intra kernel's merges is rounded to fp16
+  instead, o still to the input dtype; q and k (bf16 inputs) as the intra kernel's copies, each row scaled by
+  ``2^-c`` (``row_exponents``; ``2^c`` in the gate table's rows 0-2), and every value column by ``value_scales``
+  (exact powers of two: they change a result only where fp16's range would have been left).
 
 A wgmma with fp32 accumulation is emulated as an fp64 product of the (exact)
 rounded operands followed by one rounding to fp32; this matches the kernel up
@@ -148,6 +152,28 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
 # ``precision.Precision``; the kernels follow the same fields at compile time.
 # ----------------------------------------------------------------------------------------------
 
+def row_exponents(x: torch.Tensor) -> torch.Tensor:
+    """``ceil(log2(max |x|))`` over the last dim (-60 for a zero row): the power of two that takes the row into
+    [-1, 1], as ``gdn_intra`` computes it for its fp16 copies of q and k."""
+    return torch.ceil(torch.log2(x.abs().amax(-1).clamp_min(2.0 ** -60)))
+
+
+def value_scales(v: torch.Tensor, h0, v_first: bool = False) -> torch.Tensor:
+    """``[HV, V]`` fp32: ``2^-c`` with ``c = ceil(log2(m))``, ``m`` the largest magnitude of value column j of v
+    ``[Ttot, HV, V]`` and of the initial states ``h0`` (``[N, HV, K, V]``, ``[N, HV, V, K]`` when ``v_first``): the
+    fp16-operand forward's column scales (``kernels.forward.pipeline.value_scales`` computes the same on the
+    device)."""
+    m = v.abs().amax(0).to(torch.float32)
+    if h0 is not None:
+        m = torch.maximum(m, h0.abs().amax(dim=(0, 3) if v_first else (0, 2)).to(torch.float32))
+    return torch.exp2(-torch.ceil(torch.log2(m.clamp_min(2.0 ** -60))))
+
+
+def _op(prec, dt: torch.dtype) -> torch.dtype:
+    """The wgmma operand dtype after the intra kernel's merges (``Precision.operand_dtype``)."""
+    return torch.float16 if prec.half else dt
+
+
 def _two(x, dt, split: bool):
     """The wgmma operand(s) of an fp32 value: (hi, lo) with lo = 0 when not split."""
     hi = _rd(x, dt)
@@ -166,14 +192,17 @@ def _tinv(kc, bc, G, rk, dt: torch.dtype, merge: str):
     return _solve(A, dt, merge)
 
 
-def _gate_table(G, rk, rq, scale: float, vmask, row7):
+def _gate_table(G, rk, rq, scale: float, vmask, row7, fk=None, fq=None):
     """The gate table [HV, NC, 8, 64] of the intra / prep kernels: e^G rk, scale e^G rq, e^(GL-G) rk, e^GL,
-    G, scale rq, rk (0 past the end of a sequence but e^GL and G), and ``row7``."""
+    G, scale rq, rk (0 past the end of a sequence but e^GL and G), and ``row7``; ``fk`` / ``fq`` replace rk / rq
+    in rows 0-2 (the fp16 copies' row scales undone)."""
     GL = G[..., -1:]
+    fk = rk if fk is None else fk
+    fq = rq if fq is None else fq
     return torch.stack([
-        _f32(torch.exp(G) * rk) * vmask,
-        _f32(scale * torch.exp(G) * rq) * vmask,
-        _f32(torch.exp(GL - G) * rk) * vmask,
+        _f32(torch.exp(G) * fk) * vmask,
+        _f32(scale * torch.exp(G) * fq) * vmask,
+        _f32(torch.exp(GL - G) * fk) * vmask,
         _f32(torch.exp(GL)).expand_as(G),
         G,
         _f32(scale * rq) * vmask,
@@ -189,8 +218,11 @@ def intra_chunk(q, k, g, beta, cu_seqlens: list[int], scale: float, use_l2: bool
     vmask = vmask.to(f64)
     Tinv = _tinv(kc, bc, G, rk, dt, prec.merge)
     Ag = _f32(Tinv * bc[..., None, :])
-    Ah, Al = _two(Ag, dt, prec.ag == "split")
-    return Ah, Al, _gate_table(G, rk, rq, scale, vmask, torch.zeros_like(G))
+    Ah, Al = _two(Ag, _op(prec, dt), prec.ag == "split")
+    fk = fq = None
+    if _op(prec, dt) != dt:                 # the fp16 copies of q and k: their row scales undone in rows 0-2
+        fk, fq = rk * torch.exp2(row_exponents(kc)), rq * torch.exp2(row_exponents(qc))
+    return Ah, Al, _gate_table(G, rk, rq, scale, vmask, torch.zeros_like(G), fk, fq)
 
 
 def _chunk_gather(x, tokc, inb, heads=None):
@@ -231,7 +263,8 @@ def chunk_states(k, v, Ah, Al, F, cu_seqlens: list[int], chunk_offsets: list[int
         S = torch.zeros(N, HV, DK, W, dtype=f64, device=dev) if h0 is None else _f32(h0.to(f64))
     nch = [-(-(cu_seqlens[n + 1] - cu_seqlens[n]) // BT) for n in range(N)]
     rows = torch.arange(BT, device=dev)
-    kf, vf = k.to(f64), v.to(f64)
+    od = _op(prec, dt)
+    kf, vf = _rd(k.to(f64), od), v.to(f64)
     if store_chunks:
         Sch = torch.zeros(HV, NC, DK, W, dtype=f64, device=dev)
         Scl = torch.zeros_like(Sch)
@@ -252,21 +285,21 @@ def chunk_states(k, v, Ah, Al, F, cu_seqlens: list[int], chunk_offsets: list[int
         ah, al = Ah[:, c].transpose(0, 1), Al[:, c].transpose(0, 1)
         f = F[:, c].transpose(0, 1)
         S_a = S[a]
-        Sh, Sl = _two(S_a, dt, prec.s == "split" or prec.ks == "split")
+        Sh, Sl = _two(S_a, od, prec.s == "split" or prec.ks == "split")
         if store_chunks:
             Sch[:, c] = Sh.transpose(0, 1)
             if prec.s == "split":
                 Scl[:, c] = Sl.transpose(0, 1)
         KS = _f32(Kc @ (Sh + (Sl if prec.ks == "split" else 0)))
         X = _f32(Vc - _f32(f[:, :, 0, :, None] * KS))
-        Xh, Xl = _two(X, dt, prec.x == "split")
+        Xh, Xl = _two(X, od, prec.x == "split")
         U = _f32(ah @ Xh + al @ Xh + ah @ Xl)
-        Uh_, Ul_ = _two(U, dt, prec.u == "split")
+        Uh_, Ul_ = _two(U, od, prec.u == "split")
         if store_chunks:
             Uh[:, c] = Uh_.transpose(0, 1)
             Ul[:, c] = Ul_.transpose(0, 1)
         Up = _f32(f[:, :, 2, :, None] * U)
-        Uph, Upl = _two(Up, dt, prec.upd == "split")
+        Uph, Upl = _two(Up, od, prec.upd == "split")
         S_a = _f32(_f32(S_a * f[:, :, 3, 0, None, None]) + Kc.transpose(-1, -2) @ Uph + Kc.transpose(-1, -2) @ Upl)
         S[a] = S_a
     if not store_chunks:
@@ -293,25 +326,27 @@ def gated_scores(q, k, F, cu_seqlens: list[int], dt, prec):
     e = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
     QK = _f32(Qc @ Kc.transpose(-1, -2))
     P = _f32(F[:, :, 5, :, None] * F[:, :, 6, None, :] * e * QK)
-    return _two(P, dt, prec.p == "split")
+    return _two(P, _op(prec, dt), prec.p == "split")
 
 
-def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec, P=None):
+def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec, P=None, col_scale=None):
     """Emulates ``gdn_output`` (fully parallel over chunks)::
 
         P  = gated_scores(...) -> Ph (+ Pl)     (or ``P`` = (Ph, Pl) as given: the intra kernel's P tables)
-        O  = F1 (Q (Sch + Scl)) + Ph Uh + Pl Uh + Ph Ul
+        O  = F1 (Q (Sch + Scl)) + Ph Uh + Pl Uh + Ph Ul      (/ col_scale [HV, V] per value column, if given)
     """
     Ttot, H, DK = q.shape
     HV = F.shape[0]
     dev = q.device
     tok, eos, inb, tokc = _chunk_tokens(cu_seqlens, Ttot, dev)
     heads = torch.arange(HV, device=dev) // (HV // H)
-    Qc = _chunk_gather(q.to(f64), tokc, inb, heads).transpose(0, 1)     # [HV, NC, 64, DK]
+    Qc = _rd(_chunk_gather(q.to(f64), tokc, inb, heads).transpose(0, 1), _op(prec, dt))   # [HV, NC, 64, DK]
     valid = (tok < eos[:, None])[None]                                   # [1, NC, 64]
     Ph, Pl = P if P is not None else gated_scores(q, k, F, cu_seqlens, dt, prec)
     QS = _f32(Qc @ (Sch + Scl))
     O = _f32(_f32(QS * F[:, :, 1, :, None]) + Ph @ Uh + Pl @ Uh + Ph @ Ul)   # [HV, NC, 64, DV]
+    if col_scale is not None:
+        O = O / col_scale.to(f64)[:, None, None, :]
     o = torch.zeros(Ttot, HV, O.shape[-1], dtype=f64, device=dev)
     store = valid[0]
     o[tok[store]] = O.permute(1, 2, 0, 3)[store]
@@ -388,6 +423,15 @@ def chunk_gated_delta_rule_at(q, k, v, g, beta, scale=None, initial_state=None, 
         h0 = initial_state.to(torch.float32)
         if state_v_first:
             h0 = h0.transpose(-1, -2)
+    P, sig = None, None
+    if prec.half:               # the fused kernel's inputs: P from the intra kernel, q and k as its copies, v scaled
+        P = gated_scores(q2, k2, F, cu, dt, prec)
+        if _op(prec, dt) != dt:
+            q2, k2 = (_rd(x.to(f64) * torch.exp2(-row_exponents(x.to(f64)))[..., None], torch.float16)
+                      for x in (q2, k2))
+        sig = value_scales(v2, h0)
+        v2 = (v2.to(f64) * sig.to(f64)).to(torch.float32)
+        h0 = None if h0 is None else h0 * sig[:, None, :]
     _, offs = chunk_tables(cu)
     if cp_segments_n > 1:
         seg_cu, seg_co, seg_of = cp_segments(cu, cp_segments_n)
@@ -397,10 +441,10 @@ def chunk_gated_delta_rule_at(q, k, v, g, beta, scale=None, initial_state=None, 
         S = Send[[seg_of[n + 1] - 1 for n in range(len(cu) - 1)]]   # (an empty sequence: one empty segment)
     else:
         Sch, Scl, Uh, Ul, S = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
-    o = pad_rows(output(q2, k2, F, Sch, Scl, Uh, Ul, cu, dt, prec), B * T).reshape(B, T, HV, DV)
+    o = pad_rows(output(q2, k2, F, Sch, Scl, Uh, Ul, cu, dt, prec, P, sig), B * T).reshape(B, T, HV, DV)
     if not output_final_state:
         return o, None
-    S = S.to(torch.float32)
+    S = (S if sig is None else S / sig.to(f64)[:, None, :]).to(torch.float32)
     if state_v_first:
         S = S.transpose(-1, -2).contiguous()
     return o, S

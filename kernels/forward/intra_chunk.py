@@ -5,14 +5,15 @@
   past the sequence in shared memory; with the split merges q is read per element instead (shared memory);
 * does the two block merges of the triangular inverse in fp32 on the CUDA cores (``merge="fp32"``, the
   dispatch's), or as wgmma with single input-dtype operands ("bf16": 2 per level) or 3-term splits ("split": 6);
-* stores ``Ag = Tinv diag(beta)`` as one input-dtype term (``ag="bf16"``) or a two-term split.
+* stores ``Ag = Tinv diag(beta)`` as one input-dtype term (``ag="bf16"``), a two-term split, or one fp16 term
+  (``ag="fp16"``: the tables of the fp16-operand precision, P's included).
 
 Math: ``A[t, j] = beta_t rk_t rk_j exp(G_t - G_j) (k_t . k_j)`` (j < t, fp32,
 exact-operand wgmma ``K K^T``), fp32 forward substitution on the 16x16 diagonal blocks, merges
 ``L <- L - L A_o L`` at widths 16 and 32 (in fp32: ``L_21 = -L_22 (A_21 L_11)`` on each block pair).
 
 Outputs (rows/cols past the end of the sequence are 0):
-  Ah, Al  [HV, NC, 64, 64]  dtype (Al written only when ag == "split")
+  Ah, Al  [HV, NC, 64, 64]  dtype, fp16 with ag == "fp16" (Al written only when ag == "split")
   F       [HV, NC, 8, 64]   fp32:  0 e^G rk, 1 scale e^G rq, 2 e^(GL - G) rk, 3 e^GL, 4 G,
                                    5 scale rq, 6 rk, 7 unused (0)
 """
@@ -125,6 +126,17 @@ def l2_row_factors(x_s, sq, ss, r_s):
 
 
 @T.macro
+def row_exponents(x_s, sq, ss, c_s):
+    """``c_s[r] = ceil(log2(max_d |x_s[r, d]|))`` (fp32; -60 for a zero row) of a shared ``[BT, DK]`` tile: the
+    power of two that takes the row into [-1, 1]."""
+    for r, d in T.Parallel(BT, x_s.shape[1]):
+        sq[r, d] = T.abs(T.cast(x_s[r, d], "float32"))
+    T.reduce_max(sq, ss, dim=1)
+    for r in T.Parallel(BT):
+        c_s[r] = T.ceil(T.log2(T.max(ss[r], T.float32(2.0 ** -60))))
+
+
+@T.macro
 def gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s):
     """``A[r, j] = beta_r rk_r rk_j e^(G_r - G_j) (k_r . k_j)`` for j < r, else 0 (fp32, exact-operand
     wgmma into ``kk``, stored to the shared ``a_s``)."""
@@ -164,22 +176,33 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
     then skips K K^T and the solve; ``kernels/backward/prep.py``); without it ``Th`` is not accessed (pass ``Ah``).
     ``pt``: also store the gated scores ``P = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)`` (j <= t) split into
     ``Ph + Pl`` for the fused state-output kernel, the product and expression its P warpgroup computes (needs the
-    fp32 or bf16 merges: q by TMA); without it ``Ph`` / ``Pl`` are not accessed (pass ``Ah``).
+    fp32 or bf16 merges: q by TMA); with ``ag="fp16"`` as ``Ph`` alone, one fp16 term; without ``pt`` ``Ph`` /
+    ``Pl`` are not accessed (pass ``Ah``).  With ``ag="fp16"`` and bf16 inputs it also stores q and k as fp16 into
+    ``qo`` / ``ko`` (the fused kernel's operands; every row of each chunk's q/k head, once per head: the CTAs of a
+    GVA group's first value head), each row scaled by the power of two ``2^-c`` that takes it into [-1, 1] (so no
+    bf16 value overflows fp16), ``2^c`` folded into the gate table's row factors F0, F2 (k) and F1 (q); else ``qo``
+    / ``ko`` are not accessed (pass ``q`` / ``k``).
 
     Arguments:
       q, k        [Ttot, H, DK]     dtype   (q only read when use_l2 != 0)
       g, beta     [Ttot, HV]        fp32
       cu_seqlens  [N + 1]           int32
       chunk_indices [NC, 2]         int32
-      Ah, Al      [HV, NC, 64, 64]  dtype   (outputs)
-      F           [HV, NC, 8, 64]   fp32    (output)
+      Ah, Al      [HV, NC, 64, 64]  op      (outputs; op = fp16 with ag == "fp16", else dtype)
+      F           [HV, NC, 8, 64]   fp32    (output; rows 0-2 with the copies' 2^c where qo / ko are written)
       Th          [HV, NC, 64, 64]  dtype   (output with ``th``; else not accessed)
-      Ph, Pl      [HV, NC, 64, 64]  dtype   (outputs with ``pt``; else not accessed)
+      Ph, Pl      [HV, NC, 64, 64]  op      (outputs with ``pt``, Pl unless ag == "fp16"; else not accessed)
+      qo, ko      [Ttot, H, DK]     op      (outputs with ag == "fp16" of bf16 inputs; else not accessed)
       scale fp32, use_l2 int32
     """
     assert DK in (64, 128)
     assert dtype in ("bfloat16", "float16")
-    assert merge in MERGES and ag in ("bf16", "split")
+    assert merge in MERGES and ag in ("bf16", "split", "fp16")
+    op = "float16" if ag == "fp16" else dtype       # the type of the Ag and P tables
+    assert not (th and ag == "fp16"), "Tinv is kept for the backward with Ag split"
+    p_lo = ag != "fp16"
+    cv = op != dtype                                # q and k copied to the operand type
+    assert pt or not cv, "fp16 operands of bf16 inputs come with the P tables (q by TMA)"
     msplit = merge == "split"
     q_tma = not msplit
     assert q_tma or not pt, "P tables need q by TMA (fp32 or bf16 merges)"
@@ -196,12 +219,14 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
         beta: T.Tensor((Ttot, HV), f32),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
         chunk_indices: T.Tensor((NC, 2), "int32"),
-        Ah: T.Tensor((HV, NC, BT, BT), dtype),
-        Al: T.Tensor((HV, NC, BT, BT), dtype),
+        Ah: T.Tensor((HV, NC, BT, BT), op),
+        Al: T.Tensor((HV, NC, BT, BT), op),
         F: T.Tensor((HV, NC, 8, BT), f32),
-        Th: T.Tensor((HV, NC, BT, BT), dtype),
-        Ph: T.Tensor((HV, NC, BT, BT), dtype),
-        Pl: T.Tensor((HV, NC, BT, BT), dtype),
+        Th: T.Tensor((HV, NC, BT, BT), op),             # op == dtype where it is written (th: Ag split)
+        Ph: T.Tensor((HV, NC, BT, BT), op),
+        Pl: T.Tensor((HV, NC, BT, BT), op),
+        qo: T.Tensor((Ttot, H, DK), op),
+        ko: T.Tensor((Ttot, H, DK), op),
         scale: T.float32,
         use_l2: T.int32,
     ):
@@ -220,9 +245,16 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
             if pt:
                 f5_s = T.alloc_shared((BT,), f32)
                 f6_s = T.alloc_shared((BT,), f32)
-                ph_s = T.alloc_shared((BT, BT), dtype)
-                pl_s = T.alloc_shared((BT, BT), dtype)
-                T.annotate_layout({ph_s: make_swizzled_layout(ph_s), pl_s: make_swizzled_layout(pl_s)})
+                ph_s = T.alloc_shared((BT, BT), op)
+                T.annotate_layout({ph_s: make_swizzled_layout(ph_s)})
+                if p_lo:
+                    pl_s = T.alloc_shared((BT, BT), op)
+                    T.annotate_layout({pl_s: make_swizzled_layout(pl_s)})
+            if cv:              # k's copy, then q's, staged in one tile (4 CTAs per SM kept)
+                cv_s = T.alloc_shared((BT, DK), op)
+                T.annotate_layout({cv_s: make_swizzled_layout(cv_s)})
+                ck_s = T.alloc_shared((BT,), f32)       # the rows' exponents c
+                cq_s = T.alloc_shared((BT,), f32)
             a_s = fp32_tile()
             l_s = fp32_tile()
             if merge != "fp32":
@@ -256,6 +288,19 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
                 T.barrier_arrive(k_ready)
             load_chunk_gate_cumsum(g, beta, hv, t0, nv, g_s, b_s)
             T.barrier_wait(k_ready, 0)
+            if cv:
+                # q and k in the operand type, each row scaled into [-1, 1], before k's rows past the sequence are
+                # zeroed: rows of the next sequence get the same values from its own chunk's CTA, rows past the
+                # tensor are clipped
+                row_exponents(k_s, sq, ss, ck_s)
+                row_exponents(q_s, sq, ss, cq_s)
+                if hv % (HV // H) == 0:
+                    for r, d in T.Parallel(BT, DK):
+                        cv_s[r, d] = T.cast(T.cast(k_s[r, d], f32) * T.exp2(-ck_s[r]), op)
+                    T.copy(cv_s, ko[t0:t0 + BT, h, 0:DK])
+                    for r, d in T.Parallel(BT, DK):
+                        cv_s[r, d] = T.cast(T.cast(q_s[r, d], f32) * T.exp2(-cq_s[r]), op)
+                    T.copy(cv_s, qo[t0:t0 + BT, h, 0:DK])
             zero_rows_past(k_s, nv)
 
             # L2-norm row factors (fp32; 1 when use_l2 == 0).  q is read only here: by TMA into a tile that shares
@@ -293,18 +338,22 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
                     p = f5_s[r] * f6_s[j] * T.exp2((g_s[r] - g_s[j]) * LOG2E) * kk[r, j]
                     kk[r, j] = T.if_then_else(j <= r, p, T.float32(0))
                 for r, j in T.Parallel(BT, BT):
-                    ph_s[r, j] = T.cast(kk[r, j], dtype)
-                    pl_s[r, j] = T.cast(kk[r, j] - T.cast(T.cast(kk[r, j], dtype), f32), dtype)
+                    ph_s[r, j] = T.cast(kk[r, j], op)
+                    if p_lo:
+                        pl_s[r, j] = T.cast(kk[r, j] - T.cast(T.cast(kk[r, j], op), f32), op)
                 T.copy(ph_s, Ph[hv, c, 0:BT, 0:BT])
-                T.copy(pl_s, Pl[hv, c, 0:BT, 0:BT])
+                if p_lo:
+                    T.copy(pl_s, Pl[hv, c, 0:BT, 0:BT])
 
             gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s)
 
             for r in T.Parallel(BT):
-                F[hv, c, 0, r] = T.if_then_else(r < nv, T.exp2(g_s[r] * LOG2E) * rk_s[r], T.float32(0))
-                F[hv, c, 1, r] = T.if_then_else(r < nv, scale * T.exp2(g_s[r] * LOG2E) * rq_s[r], T.float32(0))
-                F[hv, c, 2, r] = T.if_then_else(r < nv, T.exp2((g_s[BT - 1] - g_s[r]) * LOG2E) * rk_s[r],
-                                                T.float32(0))
+                # with the copies, their row scales undone in the row factors of the products they enter
+                fk = rk_s[r] * T.exp2(ck_s[r]) if cv else rk_s[r]
+                fq = rq_s[r] * T.exp2(cq_s[r]) if cv else rq_s[r]
+                F[hv, c, 0, r] = T.if_then_else(r < nv, T.exp2(g_s[r] * LOG2E) * fk, T.float32(0))
+                F[hv, c, 1, r] = T.if_then_else(r < nv, scale * T.exp2(g_s[r] * LOG2E) * fq, T.float32(0))
+                F[hv, c, 2, r] = T.if_then_else(r < nv, T.exp2((g_s[BT - 1] - g_s[r]) * LOG2E) * fk, T.float32(0))
                 F[hv, c, 3, r] = T.exp2(g_s[BT - 1] * LOG2E)
                 F[hv, c, 4, r] = g_s[r]
                 F[hv, c, 5, r] = T.if_then_else(r < nv, scale * rq_s[r], T.float32(0))
@@ -322,11 +371,10 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
                 _merge(32, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, msplit)
 
             for r, j in T.Parallel(BT, BT):
-                Ah[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], dtype)
+                Ah[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], op)
                 if th:
-                    Th[hv, c, r, j] = T.cast(l_s[r, j], dtype)
+                    Th[hv, c, r, j] = T.cast(l_s[r, j], op)
                 if asplit:
-                    Al[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32),
-                                             dtype)
+                    Al[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], op), f32), op)
 
     return gdn_intra

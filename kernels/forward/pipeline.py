@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.interface import (BT, TL_DTYPE, call_tables, check_inputs, fp32_state, host_list, max_chunks,
+from kernels.interface import (BT, TL_DTYPE, TORCH_DTYPE, call_tables, check_inputs, fp32_state, host_list, max_chunks,
                                pad_rows, require_sm90, tma_ready, token_count, token_rows)
 
 
@@ -135,22 +135,27 @@ class IntraTables:
     Th: torch.Tensor | None         # [HV, NC, 64, 64] Tinv (only where the plan keeps the tables)
     Ph: torch.Tensor | None = None  # [HV, NC, 64, 64] the gated scores P, hi (only with the plan's p_table)
     Pl: torch.Tensor | None = None  # lo
+    qo: torch.Tensor | None = None  # [Ttot, H, D] q, k in the operand type (fp16 operands of bf16 inputs alone)
+    ko: torch.Tensor | None = None
 
 
 def intra_chunk(*, x: ForwardInputs, plan) -> IntraTables:
     """``gdn_intra``: the per-chunk tables (parallel over chunks and value heads)."""
     from kernels.build import get_kernel
-    dev, dt = x.q.device, x.q.dtype
-    Ah = torch.empty(x.HV, x.NC, BT, BT, device=dev, dtype=dt)
-    Al = torch.empty_like(Ah) if plan.precision.ag == "split" else Ah      # not read unless split
+    dev, prec = x.q.device, plan.precision
+    op = TORCH_DTYPE[prec.operand_dtype(TL_DTYPE[x.q.dtype])]             # the Ag and P tables' type
+    Ah = torch.empty(x.HV, x.NC, BT, BT, device=dev, dtype=op)
+    Al = torch.empty_like(Ah) if prec.ag == "split" else Ah                # not read unless split
     F = torch.empty(x.HV, x.NC, 8, BT, device=dev, dtype=torch.float32)
     Th = torch.empty_like(Ah) if plan.keep_tables else Ah                  # not accessed unless kept
     Ph = torch.empty_like(Ah) if plan.p_table else Ah                      # not accessed without P tables
-    Pl = torch.empty_like(Ah) if plan.p_table else Ah
-    get_kernel(plan.configs()[0])(x.q, x.k, x.g, x.beta, x.cu, x.chunk_indices, Ah, Al, F, Th, Ph, Pl, x.scale,
-                                  int(x.use_l2))
+    Pl = torch.empty_like(Ah) if plan.p_table and not prec.half else Ah   # (P one fp16 term: no lo)
+    cv = op != x.q.dtype
+    qo, ko = (torch.empty_like(x.q, dtype=op), torch.empty_like(x.k, dtype=op)) if cv else (x.q, x.k)
+    get_kernel(plan.configs()[0])(x.q, x.k, x.g, x.beta, x.cu, x.chunk_indices, Ah, Al, F, Th, Ph, Pl, qo, ko,
+                                  x.scale, int(x.use_l2))
     return IntraTables(Ah, Al, F, Th if plan.keep_tables else None, Ph if plan.p_table else None,
-                       Pl if plan.p_table else None)
+                       Pl if plan.p_table else None, qo if cv else None, ko if cv else None)
 
 
 @dataclass
@@ -203,9 +208,35 @@ def state_output(*, x: ForwardInputs, plan, tables: IntraTables):
     o = torch.empty(x.n_tok, x.HV, x.D, device=x.q.device, dtype=x.q.dtype)
     Ph = tables.Ph if tables.Ph is not None else tables.Ah                # not read without P tables
     Pl = tables.Pl if tables.Pl is not None else tables.Ah
-    get_kernel(plan.configs()[1])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, x.cu, x.chunk_offsets, h0,
+    q = tables.qo if tables.qo is not None else x.q                       # fp16 copies with fp16 operands
+    k = tables.ko if tables.ko is not None else x.k
+    vs = value_scales(x) if plan.precision.half else _unit_scales(x.HV, x.D, x.q.device)   # (read with half)
+    get_kernel(plan.configs()[1])(q, k, x.v, tables.Ah, tables.Al, tables.F, vs, Ph, Pl, x.cu, x.chunk_offsets, h0,
                                   o, ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
     return o, (ht if x.store_ht else None)
+
+
+def value_scales(x: ForwardInputs) -> torch.Tensor:
+    """``[HV, D]`` fp32, the fp16-operand forward's value-column scales: ``2^-ceil(log2(m))``, ``m`` the largest
+    magnitude of the column in v and h0 (``kernels.forward.emulation.value_scales``), computed on the device: no
+    host sync, no copy of v."""
+    mn, mx = torch.aminmax(x.v, dim=0)
+    m = torch.maximum(mx, -mn).to(torch.float32)
+    if x.h0 is not None:
+        m = torch.maximum(m, x.h0.abs().amax(dim=(0, 3) if x.v_first else (0, 2)))
+    return torch.exp2(-torch.ceil(torch.log2(m.clamp_min(2.0 ** -60))))
+
+
+_UNIT: dict = {}
+
+
+def _unit_scales(HV: int, D: int, dev) -> torch.Tensor:
+    key = (HV, D, str(dev))
+    if key not in _UNIT:
+        if len(_UNIT) > 64:
+            _UNIT.clear()
+        _UNIT[key] = torch.ones(HV, D, device=dev, dtype=torch.float32)
+    return _UNIT[key]
 
 
 def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:

@@ -3,8 +3,10 @@ imports nothing heavy.
 
 Every field names one rounding of an fp32 value that becomes a wgmma operand or is stored between
 kernels: "bf16" = one input-dtype term (``rd(x)``), "split" = two terms ``rd(x) + rd(x - rd(x))``
-(~16 mantissa bits); ``merge`` also allows "fp32" (products and sums in fp32 on the CUDA cores, no operand
-rounding: the dispatch's).
+(~16 mantissa bits), "fp16" = one fp16 term (11 mantissa bits, at a one-term product's cost: every operand field
+"fp16" or none, since both operands of a product share a type; q and k are converted in shared memory, exactly
+where their values are fp16 normals); ``merge`` also allows "fp32" (products and sums in fp32 on the CUDA cores,
+no operand rounding: the dispatch's).
 
 * ``merge`` - the two block-merge levels of the 64x64 triangular inverse (intra kernel);
 * ``ag``    - ``Ag = Tinv diag(beta)`` as stored by the intra kernel and used in ``U = Ag X``;
@@ -18,8 +20,9 @@ rounding: the dispatch's).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
+OPERANDS = ("ag", "ks", "x", "u", "upd", "s", "p")     # the fields that round a wgmma operand (all but merge)
 
 @dataclass(frozen=True)
 class Precision:
@@ -31,6 +34,24 @@ class Precision:
     upd: str = "bf16"
     s: str = "bf16"
     p: str = "bf16"
+
+    def __post_init__(self):
+        for f in fields(self):
+            allowed = ("fp32", "bf16", "split") if f.name == "merge" else ("bf16", "split", "fp16")
+            if getattr(self, f.name) not in allowed:
+                raise ValueError(f"Precision.{f.name} must be one of {allowed}, got {getattr(self, f.name)!r}")
+        half = [getattr(self, f) == "fp16" for f in OPERANDS]
+        if any(half) and not all(half):
+            raise ValueError(f"fp16 operands are all or none (a product's two operands share a type): {self}")
+
+    @property
+    def half(self) -> bool:
+        """Every operand one fp16 term (``operand_dtype``)."""
+        return self.ag == "fp16"
+
+    def operand_dtype(self, dtype: str) -> str:
+        """The wgmma operand type of the kernels after the intra kernel's merges for inputs of ``dtype``."""
+        return "float16" if self.half else dtype
 
     def for_scan(self) -> "Precision":
         """The CP scan stores no chunk tables: ``s`` and ``u`` do not change its code."""
@@ -50,9 +71,13 @@ class Precision:
         return replace(self, merge="bf16")
 
     def tag(self) -> str:
-        """Short name: the fields that are split, e.g. 'sp[ag,upd]' ('bf16' when none)."""
+        """Short name: the fields that are split, e.g. 'sp[ag,upd]' ('bf16' when none, 'fp16' with fp16 operands,
+        'fp16+sp[merge]' with split merges)."""
         on = [k for k, v in asdict(self).items() if v == "split"]
-        return "sp[" + "+".join(on) + "]" if on else "bf16"
+        sp = "sp[" + "+".join(on) + "]" if on else ""
+        if self.half:
+            return "fp16" + ("+" + sp if sp else "")
+        return sp or "bf16"
 
 
 PRESETS = {
@@ -64,6 +89,9 @@ PRESETS = {
     # intra kernel in 0.65x their time (H200, benchmarks/RESULTS.md)
     "default": Precision(merge="fp32", ag="split", u="split", p="split", upd="split", x="split", s="split",
                          ks="split"),
+    # every operand one fp16 term, the merges in fp32 (the fused ws form with P tables alone): the one-term products'
+    # cost with 3 more mantissa bits than bf16 operands
+    "half": Precision(merge="fp32", ag="fp16", ks="fp16", x="fp16", u="fp16", upd="fp16", s="fp16", p="fp16"),
     # the backward's forward recompute: S and U stored hi + lo for its products, K S one term
     "recompute": Precision(merge="fp32", ag="split", u="split", p="split", upd="split", x="split", s="split"),
 }

@@ -14,6 +14,11 @@ four warpgroups per (block of ``BV`` value columns, value head, sequence):
 * WG3, the producer: one warp issues the TMA loads of q, k, v, Ah (+ Al), F (and Ph (+ Pl) with ``pt``) into two
   stages.
 
+With fp16 operands (``Precision.half``) every shared operand tile is fp16, q and k come as the intra kernel's
+row-scaled fp16 copies (for bf16 inputs), and value column j runs scaled by the power of two ``vs[hv, j]`` (the
+state from h0 on, so S, X, U and O: o and the final state are divided by it when stored), so that no value or state
+overflows fp16's range.
+
 Every product and rounding is the one ``gdn_state_smem`` and ``gdn_output`` make (``prec``:
 ``precision.Precision``), in the same order on the same accumulators, so o and the final state are those of the
 two kernels run one after the other.  Hand-offs through single shared tiles and mbarriers, each completed once a
@@ -37,11 +42,12 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     """TileLang prim_func of ``gdn_state_output_ws``.
 
     Arguments:
-      q, k     [Ttot, H, DK]          dtype
+      q, k     [Ttot, H, DK]          op      (op: prec.operand_dtype(dtype); fp16 copies with prec.half)
       v        [Ttot, HV, DV]         dtype
-      Ah, Al   [HV, NCg, 64, 64]      dtype   (Al read only when prec.ag == "split")
+      Ah, Al   [HV, NCg, 64, 64]      op      (Al read only when prec.ag == "split")
       F        [HV, NCg, 8, 64]       fp32    (rows 0 F0, 1 F1, 2 F2, 3 F3, 4 G, 5 scale rq, 6 rk)
-      Ph, Pl   [HV, NCg, 64, 64]      dtype   (read only with ``pt``; Pl only when prec.p == "split")
+      vs       [HV, DV]               fp32    (the value columns' powers of two; read only with prec.half)
+      Ph, Pl   [HV, NCg, 64, 64]      op      (read only with ``pt``; Pl only when prec.p == "split")
       cu_seqlens    [N + 1]  int32;  chunk_offsets [N + 1] int32
       h0       [Nh, HV, DK, DV]       fp32 (read as [.., DV, DK] when v_first)
       o        [Ttot, HV, DV]         dtype   (output)
@@ -52,22 +58,26 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     assert DV % BV == 0 and BV in (16, 32, 64)
     assert dtype in ("bfloat16", "float16")
     f32 = "float32"
+    op = prec.operand_dtype(dtype)
+    assert pt or op == dtype, "fp16 operands of bf16 inputs: P from the intra kernel's tables (q, k are fp16 here)"
     NV = DV // BV
     ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits()
     p_sp = prec.p == "split"
+    half = prec.half
     sl_need = ks_sp or s_sp
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
 
     @T.prim_func
     def gdn_state_output_ws(
-        q: T.Tensor((Ttot, H, DK), dtype),
-        k: T.Tensor((Ttot, H, DK), dtype),
+        q: T.Tensor((Ttot, H, DK), op),
+        k: T.Tensor((Ttot, H, DK), op),
         v: T.Tensor((Ttot, HV, DV), dtype),
-        Ah: T.Tensor((HV, NCg, BT, BT), dtype),
-        Al: T.Tensor((HV, NCg, BT, BT), dtype),
+        Ah: T.Tensor((HV, NCg, BT, BT), op),
+        Al: T.Tensor((HV, NCg, BT, BT), op),
         F: T.Tensor((HV, NCg, 8, BT), f32),
-        Ph: T.Tensor((HV, NCg, BT, BT), dtype),
-        Pl: T.Tensor((HV, NCg, BT, BT), dtype),
+        vs: T.Tensor((HV, DV), f32),
+        Ph: T.Tensor((HV, NCg, BT, BT), op),
+        Pl: T.Tensor((HV, NCg, BT, BT), op),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
         chunk_offsets: T.Tensor((N + 1,), "int32"),
         h0: T.Tensor((Nh, HV, DK, DV), f32),
@@ -83,26 +93,28 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
             v0 = bv * BV
 
             # the inputs, two stages
-            q_s = T.alloc_shared((2, BT, DK), dtype)
-            k_s = T.alloc_shared((2, BT, DK), dtype)
+            q_s = T.alloc_shared((2, BT, DK), op)
+            k_s = T.alloc_shared((2, BT, DK), op)
             v_s = T.alloc_shared((2, BT, BV), dtype)
-            ah_s = T.alloc_shared((2, BT, BT), dtype)
-            al_s = T.alloc_shared(lo_shape((2, BT, BT), ag_sp), dtype)
+            ah_s = T.alloc_shared((2, BT, BT), op)
+            al_s = T.alloc_shared(lo_shape((2, BT, BT), ag_sp), op)
             f_s = T.alloc_shared((2, 8, BT), f32)
             # the chain's own operands (X, then rd(F2 U)) and the hand-offs to WG2, one tile each
-            xh_s = T.alloc_shared((BT, BV), dtype)
-            xl_s = T.alloc_shared(lo_shape((BT, BV), x_sp or upd_sp), dtype)
-            sh_s = T.alloc_shared((DK, BV), dtype)
-            sl_s = T.alloc_shared(lo_shape((DK, BV), sl_need), dtype)
-            uh_s = T.alloc_shared((BT, BV), dtype)
-            ul_s = T.alloc_shared(lo_shape((BT, BV), u_sp), dtype)
+            xh_s = T.alloc_shared((BT, BV), op)
+            xl_s = T.alloc_shared(lo_shape((BT, BV), x_sp or upd_sp), op)
+            sh_s = T.alloc_shared((DK, BV), op)
+            sl_s = T.alloc_shared(lo_shape((DK, BV), sl_need), op)
+            uh_s = T.alloc_shared((BT, BV), op)
+            ul_s = T.alloc_shared(lo_shape((BT, BV), u_sp), op)
             if pt:      # P by TMA with the other inputs of its stage
-                ph_s = T.alloc_shared((2, BT, BT), dtype)
-                pl_s = T.alloc_shared(lo_shape((2, BT, BT), p_sp), dtype)
+                ph_s = T.alloc_shared((2, BT, BT), op)
+                pl_s = T.alloc_shared(lo_shape((2, BT, BT), p_sp), op)
             else:
-                ph_s = T.alloc_shared((BT, BT), dtype)
-                pl_s = T.alloc_shared(lo_shape((BT, BT), p_sp), dtype)
+                ph_s = T.alloc_shared((BT, BT), op)
+                pl_s = T.alloc_shared(lo_shape((BT, BT), p_sp), op)
             T.annotate_layout({v_s: make_swizzled_layout(v_s)})
+            if half:
+                vs_s = T.alloc_shared((BV,), f32)
 
             full = T.alloc_barrier(arrive_count=[32] * 2)          # a stage's loads landed (the loading warp)
             empty = T.alloc_barrier(arrive_count=[(2 if pt else 3) * WG] * 2)  # a stage read by its consumers
@@ -112,6 +124,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
             u_free = T.alloc_barrier(arrive_count=WG)              # Uh (+ Ul) read (WG2)
             p_ready = T.alloc_barrier(arrive_count=WG)             # Ph (+ Pl) written (WG1)
             p_free = T.alloc_barrier(arrive_count=WG)              # Ph (+ Pl) read (WG2)
+            if half:
+                vs_ready = T.alloc_barrier(arrive_count=32)        # the column scales landed (the loading warp)
 
             tx = T.get_thread_binding()
 
@@ -125,6 +139,10 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     load_state_kt(h0, s_f, v_first, n, hv, v0, BV, DK)
                 else:
                     T.clear(s_f)
+                if half:
+                    T.barrier_wait(vs_ready, 0)
+                    for i, j in T.Parallel(DK, BV):
+                        s_f[i, j] = s_f[i, j] * vs_s[j]
                 for c in T.serial(nchunks):
                     st = c % 2
                     T.barrier_wait(full[st], (c // 2) % 2)
@@ -135,7 +153,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     # X = V - F0 (K S)
                     split_products(k_s[st, :, :], None, sh_s, sl_s, ks_f, False, ks_sp, True, False)
                     for i, j in T.Parallel(BT, BV):
-                        ks_f[i, j] = T.cast(v_s[st, i, j], f32) - f_s[st, 0, i] * ks_f[i, j]
+                        vv = T.cast(v_s[st, i, j], f32) * vs_s[j] if half else T.cast(v_s[st, i, j], f32)
+                        ks_f[i, j] = vv - f_s[st, 0, i] * ks_f[i, j]
                     split_into(ks_f, xh_s, xl_s, x_sp)
                     T.fence_proxy_async()
                     # U = Ag X
@@ -154,6 +173,9 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     split_products(k_s[st, :, :], None, xh_s, xl_s, s_f, False, upd_sp, False, True)
                     T.barrier_arrive(empty[st])
                 if store_ht != 0:
+                    if half:
+                        for i, j in T.Parallel(DK, BV):
+                            s_f[i, j] = s_f[i, j] / vs_s[j]
                     store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
             elif tx < 2 * WG:
                 if pt:
@@ -181,6 +203,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 # WG2: the output
                 T.set_max_nreg(136, 1)
                 o_f = T.alloc_fragment((BT, BV), f32)
+                if half:
+                    T.barrier_wait(vs_ready, 0)
                 for c in T.serial(nchunks):
                     st = c % 2
                     t0 = bos + c * BT
@@ -204,11 +228,14 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         T.barrier_arrive(p_free)
                     for i, j in T.Parallel(BT, BV):
                         if t0 + i < eos:
-                            o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j], dtype)
+                            o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j] / vs_s[j] if half else o_f[i, j], dtype)
             else:
                 # WG3: the producer (its first warp loads; the others wait out the kernel)
                 T.set_max_nreg(24, 0)
                 if tx < 3 * WG + 32:
+                    if half:
+                        T.tma_copy(vs[hv, v0:v0 + BV], vs_s, barrier=vs_ready)
+                        T.barrier_arrive(vs_ready)
                     for c in T.serial(nchunks):
                         st = c % 2
                         t0 = bos + c * BT
