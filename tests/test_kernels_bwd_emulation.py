@@ -317,8 +317,8 @@ def _fake_kernels(monkeypatch, asked=None):
                                      q.dtype, cfg.prec))
             return output
         if isinstance(cfg, fbuild.StateConfig) and cfg.form == "ws":      # the fused state-output kernel
-            def state_output(q, k, v, Ah, Al, F, vs, Ph, Pl, cu, co, h0, o2, ht, use_h0, store_ht, vf):
-                assert not cfg.prec.half, "the stand-in runs the split precision (vs unread)"
+            def state_output(q, k, v, Ah, Al, F, Ph, Pl, cu, co, h0, o2, ht, use_h0, store_ht, vf):
+                assert not cfg.prec.half, "the stand-in runs the split precision"
                 dt, f = q.dtype, F.to(f64)
                 h = (h0.transpose(-1, -2) if vf else h0) if use_h0 else None
                 sh, sl, uh, ul, end = FE.chunk_states(k, v, Ah.to(f64), Al.to(f64), f, cu_list(cu), cu_list(co), h,

@@ -12,7 +12,8 @@ wherever the kernels round:
 * with fp16 operands (``Precision.half``) every operand after the intra kernel's merges is rounded to fp16
   instead, o still to the input dtype; q and k (bf16 inputs) as the intra kernel's copies, each row scaled by
   ``2^-c`` (``row_exponents``; ``2^c`` in the gate table's rows 0-2), and every value column by ``value_scales``
-  (exact powers of two: they change a result only where fp16's range would have been left).
+  (over the whole call, where the fused kernel scales each chunk by the running maximum so far: exact powers of
+  two, so either changes a result only where fp16's range would have been left).
 
 A wgmma with fp32 accumulation is emulated as an fp64 product of the (exact)
 rounded operands followed by one rounding to fp32; this matches the kernel up
@@ -161,8 +162,8 @@ def row_exponents(x: torch.Tensor) -> torch.Tensor:
 def value_scales(v: torch.Tensor, h0, v_first: bool = False) -> torch.Tensor:
     """``[HV, V]`` fp32: ``2^-c`` with ``c = ceil(log2(m))``, ``m`` the largest magnitude of value column j of v
     ``[Ttot, HV, V]`` and of the initial states ``h0`` (``[N, HV, K, V]``, ``[N, HV, V, K]`` when ``v_first``): the
-    fp16-operand forward's column scales (``kernels.forward.pipeline.value_scales`` computes the same on the
-    device)."""
+    emulation's column scales for fp16 operands, over the whole call (the fused kernel's are running maxima per
+    sequence)."""
     m = v.abs().amax(0).to(torch.float32)
     if h0 is not None:
         m = torch.maximum(m, h0.abs().amax(dim=(0, 3) if v_first else (0, 2)).to(torch.float32))

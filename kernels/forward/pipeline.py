@@ -210,33 +210,9 @@ def state_output(*, x: ForwardInputs, plan, tables: IntraTables):
     Pl = tables.Pl if tables.Pl is not None else tables.Ah
     q = tables.qo if tables.qo is not None else x.q                       # fp16 copies with fp16 operands
     k = tables.ko if tables.ko is not None else x.k
-    vs = value_scales(x) if plan.precision.half else _unit_scales(x.HV, x.D, x.q.device)   # (read with half)
-    get_kernel(plan.configs()[1])(q, k, x.v, tables.Ah, tables.Al, tables.F, vs, Ph, Pl, x.cu, x.chunk_offsets, h0,
-                                  o, ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
+    get_kernel(plan.configs()[1])(q, k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, x.cu, x.chunk_offsets, h0, o,
+                                  ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
     return o, (ht if x.store_ht else None)
-
-
-def value_scales(x: ForwardInputs) -> torch.Tensor:
-    """``[HV, D]`` fp32, the fp16-operand forward's value-column scales: ``2^-ceil(log2(m))``, ``m`` the largest
-    magnitude of the column in v and h0 (``kernels.forward.emulation.value_scales``), computed on the device: no
-    host sync, no copy of v."""
-    mn, mx = torch.aminmax(x.v, dim=0)
-    m = torch.maximum(mx, -mn).to(torch.float32)
-    if x.h0 is not None:
-        m = torch.maximum(m, x.h0.abs().amax(dim=(0, 3) if x.v_first else (0, 2)))
-    return torch.exp2(-torch.ceil(torch.log2(m.clamp_min(2.0 ** -60))))
-
-
-_UNIT: dict = {}
-
-
-def _unit_scales(HV: int, D: int, dev) -> torch.Tensor:
-    key = (HV, D, str(dev))
-    if key not in _UNIT:
-        if len(_UNIT) > 64:
-            _UNIT.clear()
-        _UNIT[key] = torch.ones(HV, D, device=dev, dtype=torch.float32)
-    return _UNIT[key]
 
 
 def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:

@@ -15,8 +15,9 @@ four warpgroups per (block of ``BV`` value columns, value head, sequence):
   stages.
 
 With fp16 operands (``Precision.half``) every shared operand tile is fp16, q and k come as the intra kernel's
-row-scaled fp16 copies (for bf16 inputs), and value column j runs scaled by the power of two ``vs[hv, j]`` (the
-state from h0 on, so S, X, U and O: o and the final state are divided by it when stored), so that no value or state
+row-scaled fp16 copies (for bf16 inputs), and WG1 keeps each value column's running maximum magnitude (h0's, then
+each chunk's v): chunk c runs column j scaled by ``sigma_cj = 2^-ceil(log2 max)``, the chain rescaling its fp32 state
+by ``sigma_cj / sigma_(c-1)j`` (exact powers of two) and o divided by it when stored, so that no value or state
 overflows fp16's range.
 
 Every product and rounding is the one ``gdn_state_smem`` and ``gdn_output`` make (``prec``:
@@ -46,7 +47,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
       v        [Ttot, HV, DV]         dtype
       Ah, Al   [HV, NCg, 64, 64]      op      (Al read only when prec.ag == "split")
       F        [HV, NCg, 8, 64]       fp32    (rows 0 F0, 1 F1, 2 F2, 3 F3, 4 G, 5 scale rq, 6 rk)
-      vs       [HV, DV]               fp32    (the value columns' powers of two; read only with prec.half)
       Ph, Pl   [HV, NCg, 64, 64]      op      (read only with ``pt``; Pl only when prec.p == "split")
       cu_seqlens    [N + 1]  int32;  chunk_offsets [N + 1] int32
       h0       [Nh, HV, DK, DV]       fp32 (read as [.., DV, DK] when v_first)
@@ -59,7 +59,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     assert dtype in ("bfloat16", "float16")
     f32 = "float32"
     op = prec.operand_dtype(dtype)
-    assert pt or op == dtype, "fp16 operands of bf16 inputs: P from the intra kernel's tables (q, k are fp16 here)"
+    assert pt or not prec.half, "fp16 operands: P from the intra kernel's tables (WG1 keeps the column scales)"
     NV = DV // BV
     ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits()
     p_sp = prec.p == "split"
@@ -75,7 +75,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
         Ah: T.Tensor((HV, NCg, BT, BT), op),
         Al: T.Tensor((HV, NCg, BT, BT), op),
         F: T.Tensor((HV, NCg, 8, BT), f32),
-        vs: T.Tensor((HV, DV), f32),
         Ph: T.Tensor((HV, NCg, BT, BT), op),
         Pl: T.Tensor((HV, NCg, BT, BT), op),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
@@ -113,11 +112,13 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 ph_s = T.alloc_shared((BT, BT), op)
                 pl_s = T.alloc_shared(lo_shape((BT, BT), p_sp), op)
             T.annotate_layout({v_s: make_swizzled_layout(v_s)})
-            if half:
-                vs_s = T.alloc_shared((BV,), f32)
+            if half:    # each stage's column scales and their ratios to the previous chunk's
+                sc_s = T.alloc_shared((2, BV), f32)
+                rt_s = T.alloc_shared((2, BV), f32)
 
             full = T.alloc_barrier(arrive_count=[32] * 2)          # a stage's loads landed (the loading warp)
-            empty = T.alloc_barrier(arrive_count=[(2 if pt else 3) * WG] * 2)  # a stage read by its consumers
+            readers = 2 if pt and not half else 3                   # the warpgroups that read a stage
+            empty = T.alloc_barrier(arrive_count=[readers * WG] * 2)  # a stage read by its consumers
             s_ready = T.alloc_barrier(arrive_count=WG)             # Sh (+ Sl) written (WG0)
             s_free = T.alloc_barrier(arrive_count=WG)              # Sh (+ Sl) read by Q S (WG2)
             u_ready = T.alloc_barrier(arrive_count=WG)             # Uh (+ Ul) written (WG0)
@@ -125,7 +126,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
             p_ready = T.alloc_barrier(arrive_count=WG)             # Ph (+ Pl) written (WG1)
             p_free = T.alloc_barrier(arrive_count=WG)              # Ph (+ Pl) read (WG2)
             if half:
-                vs_ready = T.alloc_barrier(arrive_count=32)        # the column scales landed (the loading warp)
+                sc_ready = T.alloc_barrier(arrive_count=[WG] * 2)  # a stage's column scales written (WG1)
 
             tx = T.get_thread_binding()
 
@@ -139,13 +140,13 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     load_state_kt(h0, s_f, v_first, n, hv, v0, BV, DK)
                 else:
                     T.clear(s_f)
-                if half:
-                    T.barrier_wait(vs_ready, 0)
-                    for i, j in T.Parallel(DK, BV):
-                        s_f[i, j] = s_f[i, j] * vs_s[j]
                 for c in T.serial(nchunks):
                     st = c % 2
                     T.barrier_wait(full[st], (c // 2) % 2)
+                    if half:            # the state at this chunk's column scales
+                        T.barrier_wait(sc_ready[st], (c // 2) % 2)
+                        for i, j in T.Parallel(DK, BV):
+                            s_f[i, j] = s_f[i, j] * rt_s[st, j]
                     T.barrier_wait(s_free, (c + 1) % 2)
                     split_into(s_f, sh_s, sl_s, sl_need)
                     T.fence_proxy_async()
@@ -153,7 +154,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     # X = V - F0 (K S)
                     split_products(k_s[st, :, :], None, sh_s, sl_s, ks_f, False, ks_sp, True, False)
                     for i, j in T.Parallel(BT, BV):
-                        vv = T.cast(v_s[st, i, j], f32) * vs_s[j] if half else T.cast(v_s[st, i, j], f32)
+                        vv = T.cast(v_s[st, i, j], f32) * sc_s[st, j] if half else T.cast(v_s[st, i, j], f32)
                         ks_f[i, j] = vv - f_s[st, 0, i] * ks_f[i, j]
                     split_into(ks_f, xh_s, xl_s, x_sp)
                     T.fence_proxy_async()
@@ -174,11 +175,48 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     T.barrier_arrive(empty[st])
                 if store_ht != 0:
                     if half:
-                        for i, j in T.Parallel(DK, BV):
-                            s_f[i, j] = s_f[i, j] / vs_s[j]
+                        if nchunks > 0:     # the last chunk's scales (its stage is not loaded again)
+                            for i, j in T.Parallel(DK, BV):
+                                s_f[i, j] = s_f[i, j] / sc_s[(nchunks - 1) % 2, j]
                     store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
             elif tx < 2 * WG:
-                if pt:
+                if pt and half:
+                    # WG1: the value columns' running maxima and each chunk's scales (P from the intra kernel)
+                    T.set_max_nreg(80, 0)
+                    v_f = T.alloc_fragment((BT, BV), f32)
+                    cm_f = T.alloc_fragment((BV,), f32)
+                    m_f = T.alloc_fragment((BV,), f32)
+                    pv_f = T.alloc_fragment((BV,), f32)
+                    for j in T.Parallel(BV):
+                        m_f[j] = T.float32(0)
+                        pv_f[j] = T.float32(1)
+                    if use_h0 != 0:     # h0's column maxima, 64 of its rows at a time
+                        for r0 in T.serial(DK // BT):
+                            if v_first != 0:
+                                for i, j in T.Parallel(BT, BV):
+                                    v_f[i, j] = h0[n, hv, v0 + j, r0 * BT + i]
+                            else:
+                                for i, j in T.Parallel(BT, BV):
+                                    v_f[i, j] = h0[n, hv, r0 * BT + i, v0 + j]
+                            T.reduce_absmax(v_f, cm_f, dim=0)
+                            for j in T.Parallel(BV):
+                                m_f[j] = T.max(m_f[j], cm_f[j])
+                    for c in T.serial(nchunks):
+                        st = c % 2
+                        t0 = bos + c * BT
+                        T.barrier_wait(full[st], (c // 2) % 2)
+                        for i, j in T.Parallel(BT, BV):     # (rows past the sequence: 0)
+                            v_f[i, j] = T.if_then_else(t0 + i < eos, T.cast(v_s[st, i, j], f32), T.float32(0))
+                        T.reduce_absmax(v_f, cm_f, dim=0)
+                        for j in T.Parallel(BV):
+                            m_f[j] = T.max(m_f[j], cm_f[j])
+                            sc = T.exp2(-T.ceil(T.log2(T.max(m_f[j], T.float32(2.0 ** -60)))))
+                            sc_s[st, j] = sc
+                            rt_s[st, j] = sc / pv_f[j]
+                            pv_f[j] = sc
+                        T.barrier_arrive(sc_ready[st])
+                        T.barrier_arrive(empty[st])
+                elif pt:
                     # WG1 idles: P comes from the intra kernel's tables
                     T.set_max_nreg(24, 0)
                 else:
@@ -203,8 +241,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 # WG2: the output
                 T.set_max_nreg(136, 1)
                 o_f = T.alloc_fragment((BT, BV), f32)
-                if half:
-                    T.barrier_wait(vs_ready, 0)
                 for c in T.serial(nchunks):
                     st = c % 2
                     t0 = bos + c * BT
@@ -218,6 +254,10 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         T.barrier_wait(u_ready, c % 2)
                         split_products(ph_s[st, :, :], pl_s[st, :, :], uh_s, ul_s, o_f, p_sp, u_sp, False, False)
                         T.barrier_arrive(u_free)
+                        if half:    # O at this chunk's column scales
+                            T.barrier_wait(sc_ready[st], (c // 2) % 2)
+                            for i, j in T.Parallel(BT, BV):
+                                o_f[i, j] = o_f[i, j] / sc_s[st, j]
                         T.barrier_arrive(empty[st])
                     else:
                         T.barrier_arrive(empty[st])
@@ -228,14 +268,11 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         T.barrier_arrive(p_free)
                     for i, j in T.Parallel(BT, BV):
                         if t0 + i < eos:
-                            o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j] / vs_s[j] if half else o_f[i, j], dtype)
+                            o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j], dtype)
             else:
                 # WG3: the producer (its first warp loads; the others wait out the kernel)
                 T.set_max_nreg(24, 0)
                 if tx < 3 * WG + 32:
-                    if half:
-                        T.tma_copy(vs[hv, v0:v0 + BV], vs_s, barrier=vs_ready)
-                        T.barrier_arrive(vs_ready)
                     for c in T.serial(nchunks):
                         st = c % 2
                         t0 = bos + c * BT
