@@ -32,8 +32,8 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``ag1`` / ``x1`` /
   ``u1`` / ``upd1`` / ``p1`` - that one operand one term (``kernels.forward.precision``); ``single`` - every
   operand after the intra kernel one term (what the splits cost; the merges stay fp32); ``half`` - every such
-  operand one fp16 term (precision "half": the ws form with P tables, BV by ``block_v``; dispatched there for
-  bf16); ``split`` - the dispatched plan at the split precision (``PRESETS["default"]``, what every other form
+  operand one fp16 term (precision "half": the ws form with P tables, BV by ``block_v``; not dispatched);
+  ``split`` - the dispatched plan at the split precision (``PRESETS["default"]``, what every other form
   runs); ``m1`` - the intra kernel's block merges as one-term wgmma operands, ``msplit`` - as 3-term splits (the
   dispatch's are fp32); these precision columns replace fields of the split precision;
 * ``intra``, ``state``, ``output`` - the dispatched plan's three stages, each alone on the tables the stages
@@ -160,8 +160,8 @@ VARIANTS = {
     "u1": _prec(u="bf16"),
     "upd1": _prec(upd="bf16"),
     "p1": _prec(p="bf16"),
-    # every Precision field but the intra kernel's merges
     "split": _prec(),
+    # every Precision field but the intra kernel's merges
     "single": _prec(**{f.name: "bf16" for f in dataclasses.fields(Precision) if f.name != "merge"}),
     "half": lambda p, n, HV, mc: dict(_ws()(p, n, HV, mc), precision=PRESETS["half"]),
     "m1": _prec(merge="bf16"),

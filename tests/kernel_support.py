@@ -100,6 +100,17 @@ def call_args(case, device="cpu"):
     return _call_form(kernel_inputs(case, device))
 
 
+def past_fp16_range_args(T: int, device="cpu"):
+    """``call_args`` of a raw-qk-l2 case (T, H=2, HV=4, an fp32 h0) with q and k at 2^17 (the kernels normalise
+    them) and v and h0 at 2^15, bf16: q, k, v and the states past fp16's 65504; kw asks for the final state."""
+    from cases.case import Case
+
+    (q, k, v, g, beta), kw = call_args(Case(T=T, H=2, HV=4, dist="raw-qk-l2", h0_dtype="fp32"), device)
+    q, k, v = ((x.float() * 2.0 ** e).to(torch.bfloat16) for x, e in ((q, 17), (k, 17), (v, 15)))
+    kw.update(initial_state=kw["initial_state"] * 2.0 ** 15, output_final_state=True)
+    return (q, k, v, g, beta), kw
+
+
 def _call_form(inp):
     kw = dict(scale=inp.scale, initial_state=inp.initial_state, use_qk_l2norm_in_kernel=inp.use_qk_l2norm_in_kernel,
               state_v_first=inp.state_v_first, cu_seqlens=inp.cu_seqlens)

@@ -12,11 +12,15 @@ from kernels.forward.precision import preset
 PAST_INTRA = ("ag", "ks", "x", "u", "upd", "s", "p")
 
 
+def _change(name, n=1, HV=8, mc=128):
+    """The plan fields the benchmark column ``name`` changes on a plan at the dispatched precision."""
+    plan = type("P", (), {"precision": preset()})()
+    return bench_fwd.VARIANTS[name](plan, n, HV, mc)
+
+
 def _altered(name):
     """(the dispatched precision, the precision of the benchmark column ``name`` on a plan with it)."""
-    base = preset()
-    plan = type("P", (), {"precision": base})()
-    return base, bench_fwd.VARIANTS[name](plan, 1, 8, 128)["precision"]
+    return preset(), _change(name)["precision"]
 
 
 def test_single_makes_every_operand_past_the_intra_kernel_one_term():
@@ -33,9 +37,7 @@ def test_ks1_changes_k_s_alone():
 
 
 def test_half_makes_every_operand_past_the_intra_kernel_one_fp16_term_on_the_ws_form():
-    base = preset()
-    plan = type("P", (), {"precision": base})()
-    change = bench_fwd.VARIANTS["half"](plan, 1, 32, 512)
+    change = _change("half", HV=32, mc=512)
     assert all(getattr(change["precision"], f) == "fp16" for f in PAST_INTRA), change
     assert (change["state_form"], change["p_table"]) == ("ws", True), change
 

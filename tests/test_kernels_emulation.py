@@ -22,7 +22,7 @@ from kernels.forward import emulation as E
 from parity.metrics import compare
 from reference import chunk_gated_delta_rule as fp64_reference
 from reference.emulated import chunk_gated_delta_rule as fla_like
-from tests.kernel_support import call_args
+from tests.kernel_support import call_args, past_fp16_range_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -203,14 +203,10 @@ def test_fp16_operands_hold_inputs_past_fp16_range():
     every operand in range."""
     from kernels.forward.precision import PRESETS
 
-    (q, k, v, g, beta), kw = call_args(Case(T=512, H=2, HV=4, dist="raw-qk-l2", h0_dtype="fp32"))
-    q, k, v = (x.to(torch.float32) * 2.0 ** e for x, e in ((q, 17), (k, 17), (v, 15)))
-    assert not torch.isfinite(q.to(torch.float16)).all() and not torch.isfinite(v.to(torch.float16)).all()
-    q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
-    kw.update(initial_state=kw["initial_state"] * 2.0 ** 15, output_final_state=True)
-    a = (q, k, v, g, beta)
+    a, kw = past_fp16_range_args(512)
+    assert not torch.isfinite(a[0].to(torch.float16)).all() and not torch.isfinite(a[2].to(torch.float16)).all()
     o_ref, S_ref = fp64_reference(*a, **kw)
-    floor = compare(o_ref.to(q.dtype), o_ref).rel_rmse
+    floor = compare(o_ref.to(a[0].dtype), o_ref).rel_rmse
     o, S = E.chunk_gated_delta_rule_at(*a, **kw, prec=PRESETS["half"])
     assert torch.isfinite(o).all() and torch.isfinite(S).all()
     e_o, e_s = _errors((o, S), (o_ref, S_ref))

@@ -196,6 +196,16 @@ FLOOR_CASES += [Case(T=8192, H=16, HV=32, dist="qwen-gates"),
                 Case(T=4096, H=4, HV=8, dist="qwen-gates", h0_dtype="fp32")]
 
 
+def _half_plan(args, kw, bv=None):
+    """The dispatched plan of the call ``(args, kw)`` as the ws form with P tables at precision "half", ``bv`` value
+    columns a CTA (None: the dispatched BV, 32 at the least)."""
+    from kernels.forward.pipeline import plan_for, prepare
+
+    plan = plan_for(prepare(*args, **kw))
+    return dataclasses.replace(plan, state_form="ws", block_v=bv or max(32, plan.block_v), ctas_per_sm=1, cp=1,
+                               p_table=True, precision=HALF)
+
+
 @pytest.mark.parametrize("precision", ["dispatched", "half"])
 @pytest.mark.parametrize("case", FLOOR_CASES, ids=[c.id for c in FLOOR_CASES])
 def test_o_stays_within_its_rounding_floor(case, precision):
@@ -204,10 +214,8 @@ def test_o_stays_within_its_rounding_floor(case, precision):
     against the fp64 reference) under slow, mixed and realistic decays."""
     import kernels
     from cases.inputs import make_inputs
-    from parity.refs import compute
-
     from kernels.forward.pipeline import chunk_gated_delta_rule as impl
-    from kernels.forward.pipeline import plan_for, prepare
+    from parity.refs import compute
     from reference.emulated import chunk_gated_delta_rule as fla_like
 
     dev = torch.device("cuda")
@@ -215,10 +223,7 @@ def test_o_stays_within_its_rounding_floor(case, precision):
     ref = refs["o"]
     args, kw = tt.call_args(case, dev)
     if precision == "half":
-        plan = dataclasses.replace(plan_for(prepare(*args, **kw, output_final_state=True)), state_form="ws", cp=1,
-                                   ctas_per_sm=1, p_table=True, precision=HALF)
-        plan = dataclasses.replace(plan, block_v=max(32, plan.block_v))
-        o, ht = impl(*args, **kw, output_final_state=True, plan=plan)
+        o, ht = impl(*args, **kw, output_final_state=True, plan=_half_plan(args, kw))
     else:
         o, ht = kernels.chunk_gated_delta_rule(*args, **kw, output_final_state=True)
     floor = tt.rel_rmse(ref.to(o.dtype), ref)
@@ -239,18 +244,11 @@ def test_fp16_operands_hold_inputs_past_fp16_range(bv):
     and h0 at 2^15 (bf16; past fp16's 65504): finite, o within ``O_FLOOR_RATIO`` x its floor and the final state at
     least 5x closer to fp64 than the FLA-like bf16 scheme's (the copies' row scales and the value-column scales)."""
     from kernels.forward.pipeline import chunk_gated_delta_rule as impl
-    from kernels.forward.pipeline import plan_for, prepare
     from reference import chunk_gated_delta_rule as fp64_reference
     from reference.emulated import chunk_gated_delta_rule as fla_like
 
-    (q, k, v, g, beta), kw = tt.call_args(Case(T=1000, H=2, HV=4, dist="raw-qk-l2", h0_dtype="fp32"),
-                                          torch.device("cuda"))
-    q, k, v = ((x.float() * 2.0 ** e).to(torch.bfloat16) for x, e in ((q, 17), (k, 17), (v, 15)))
-    kw.update(initial_state=kw["initial_state"] * 2.0 ** 15, output_final_state=True)
-    a = (q, k, v, g, beta)
-    plan = dataclasses.replace(plan_for(prepare(*a, **kw)), state_form="ws", block_v=bv, ctas_per_sm=1, cp=1,
-                               p_table=True, precision=HALF)
-    o, ht = impl(*a, **kw, plan=plan)
+    a, kw = tt.past_fp16_range_args(1000, torch.device("cuda"))
+    o, ht = impl(*a, **kw, plan=_half_plan(a, kw, bv))
     o_ref, ht_ref = fp64_reference(*a, **kw)
     _, ht_fla = fla_like(*a, **kw)
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()

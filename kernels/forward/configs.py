@@ -20,8 +20,8 @@ STATE_FORMS = ("rv", "smem", "ws")   # register-operand (value-first tables) / s
 @dataclass(frozen=True)
 class IntraConfig:
     """``gdn_intra`` (intra_chunk.py): ``merge`` "fp32" (CUDA cores), "bf16" or "split" (wgmma operands);
-    ``th``: it also stores Tinv in the input dtype for the backward; ``pt``: the gated scores P (hi + lo) for the
-    fused state-output kernel."""
+    ``th``: it also stores Tinv in the input dtype for the backward; ``pt``: the gated scores P (hi + lo; one fp16 term
+    with ``ag="fp16"``) for the fused state-output kernel."""
     dtype: str
     merge: str = "bf16"
     ag: str = "bf16"

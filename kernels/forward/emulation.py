@@ -159,20 +159,20 @@ def row_exponents(x: torch.Tensor) -> torch.Tensor:
     return torch.ceil(torch.log2(x.abs().amax(-1).clamp_min(2.0 ** -60)))
 
 
-def value_scales(v: torch.Tensor, h0, v_first: bool = False) -> torch.Tensor:
+def value_scales(v: torch.Tensor, h0) -> torch.Tensor:
     """``[HV, V]`` fp32: ``2^-c`` with ``c = ceil(log2(m))``, ``m`` the largest magnitude of value column j of v
-    ``[Ttot, HV, V]`` and of the initial states ``h0`` (``[N, HV, K, V]``, ``[N, HV, V, K]`` when ``v_first``): the
-    emulation's column scales for fp16 operands, over the whole call (the fused kernel's are running maxima per
-    sequence)."""
+    ``[Ttot, HV, V]`` and of the initial states ``h0`` (``[N, HV, K, V]``, key-first): the emulation's column scales
+    for fp16 operands, over the whole call (the fused kernel's are running maxima per sequence)."""
     m = v.abs().amax(0).to(torch.float32)
     if h0 is not None:
-        m = torch.maximum(m, h0.abs().amax(dim=(0, 3) if v_first else (0, 2)).to(torch.float32))
+        m = torch.maximum(m, h0.abs().amax(dim=(0, 2)).to(torch.float32))
     return torch.exp2(-torch.ceil(torch.log2(m.clamp_min(2.0 ** -60))))
 
 
 def _op(prec, dt: torch.dtype) -> torch.dtype:
     """The wgmma operand dtype after the intra kernel's merges (``Precision.operand_dtype``)."""
-    return torch.float16 if prec.half else dt
+    from kernels.interface import TL_DTYPE, TORCH_DTYPE
+    return TORCH_DTYPE[prec.operand_dtype(TL_DTYPE[dt])]
 
 
 def _two(x, dt, split: bool):
@@ -428,8 +428,8 @@ def chunk_gated_delta_rule_at(q, k, v, g, beta, scale=None, initial_state=None, 
     if prec.half:               # the fused kernel's inputs: P from the intra kernel, q and k as its copies, v scaled
         P = gated_scores(q2, k2, F, cu, dt, prec)
         if _op(prec, dt) != dt:
-            q2, k2 = (_rd(x.to(f64) * torch.exp2(-row_exponents(x.to(f64)))[..., None], torch.float16)
-                      for x in (q2, k2))
+            q2, k2 = (_rd(x * torch.exp2(-row_exponents(x))[..., None], torch.float16)
+                      for x in (q2.to(f64), k2.to(f64)))
         sig = value_scales(v2, h0)
         v2 = (v2.to(f64) * sig.to(f64)).to(torch.float32)
         h0 = None if h0 is None else h0 * sig[:, None, :]

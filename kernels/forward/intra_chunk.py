@@ -184,7 +184,7 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
     / ``ko`` are not accessed (pass ``q`` / ``k``).
 
     Arguments:
-      q, k        [Ttot, H, DK]     dtype   (q only read when use_l2 != 0)
+      q, k        [Ttot, H, DK]     dtype   (q only read when use_l2 != 0 or with ``pt``)
       g, beta     [Ttot, HV]        fp32
       cu_seqlens  [N + 1]           int32
       chunk_indices [NC, 2]         int32
