@@ -26,7 +26,9 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   ``plan.block_v``, one CTA per SM; ``smem16`` / ``smem32`` / ``smem64`` - the same with BV forced;
   ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
   ``ws`` - the fused warp-specialised state-output kernel (state form "ws": no chunk tables, no output kernel; BV
-  by ``block_v``); ``ws16`` / ``ws32`` / ``ws64`` - with BV forced; ``noptab`` - the dispatched plan at the split
+  by ``block_v``); ``ws16`` / ``ws32`` / ``ws64`` - with BV forced; ``wscp`` - the ws form with
+  CP segments by ``plan.ws_cp_segments`` (BV 64), ``wscp4`` / ``wscp8`` / ``wscp16`` / ``wscp32`` - forced to that
+  many segments per sequence, ``wscp8b32`` / ``wscp16b32`` - at BV 32; ``noptab`` - the dispatched plan at the split
   precision with the ws kernel's P warpgroup computing P instead of reading the intra kernel's P tables
   (``ForwardPlan.p_table``; against ``split``);
   ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``ag1`` / ``x1`` /
@@ -116,8 +118,14 @@ def _smem(bv=None, occ=1):
                                      p_table=False, precision=PRESETS["default"])
 
 
-def _ws(bv=None):
-    return lambda p, n, HV, mc: dict(state_form="ws", block_v=bv or block_v(n, HV), ctas_per_sm=1, cp=1, p_table=True)
+def _ws(bv=None, cp=1):
+    return lambda p, n, HV, mc: dict(state_form="ws", block_v=bv or block_v(n, HV), ctas_per_sm=1, cp=cp,
+                                     p_table=True)
+
+
+def _wscp(cp=None, bv=64):      # (the split precision: fp16 operands' value scales are per sequence)
+    return lambda p, n, HV, mc: dict(_ws(bv, cp or ws_cp_segments(n, HV, mc))(p, n, HV, mc),
+                                     precision=PRESETS["default"])
 
 
 def _prec(**fields):
@@ -127,6 +135,11 @@ def _prec(**fields):
 
 def cp_segments(n, HV, mc):
     from kernels.plan import cp_segments as f
+    return f(n, HV, mc)
+
+
+def ws_cp_segments(n, HV, mc):
+    from kernels.plan import ws_cp_segments as f
     return f(n, HV, mc)
 
 
@@ -152,6 +165,13 @@ VARIANTS = {
     "ws16": _ws(16),
     "ws32": _ws(32),
     "ws64": _ws(64),
+    "wscp": _wscp(),
+    "wscp4": _wscp(4),
+    "wscp8": _wscp(8),
+    "wscp16": _wscp(16),
+    "wscp32": _wscp(32),
+    "wscp8b32": _wscp(8, 32),
+    "wscp16b32": _wscp(16, 32),
     "noptab": lambda p, n, HV, mc: dict(p_table=False, precision=PRESETS["default"]),
     "s1": _prec(s="bf16", ks="bf16"),
     "ks1": _prec(ks="bf16"),
@@ -372,8 +392,10 @@ def main(argv=None):
             plan = plan_for(x)
             tables = fp.intra_chunk(x=x, plan=plan)
             if plan.state_form == "ws":         # o comes from the fused state kernel: no output stage
-                return {"intra": lambda: fp.intra_chunk(x=x, plan=plan),
-                        "state": lambda: fp.state_output(x=x, plan=plan, tables=tables)}
+                def state_output():
+                    segments = fp.segment_starts(x=x, plan=plan, tables=tables) if plan.cp > 1 else None
+                    return fp.state_output(x=x, plan=plan, tables=tables, segments=segments)
+                return {"intra": lambda: fp.intra_chunk(x=x, plan=plan), "state": state_output}
 
             def state():
                 return (fp.state if plan.cp <= 1 else fp.state_segmented)(x=x, plan=plan, tables=tables)

@@ -42,8 +42,9 @@ class ForwardPlan:
     "ws" (the smem products with o in the same warp-specialised kernel, ``gdn_state_output_ws``: no chunk tables,
     no output kernel);
     ``block_v``: the state kernel's value columns per CTA; ``ctas_per_sm``: resident state CTAs per SM ("smem": 1
-    or 2, BV <= 32 for 2); ``cp``: segments per sequence of the segment-parallel state passing (1 = off, "rv"
-    only); ``keep_tables``: the intra kernel also stores Tinv and the call hands Tinv, Ag to the backward;
+    or 2, BV <= 32 for 2); ``cp``: segments per sequence of the segment-parallel state passing (1 = off; "rv" and
+    "ws": the rv scan and the fp64 fix-up give every segment its start state, then the state kernel runs per
+    segment); ``keep_tables``: the intra kernel also stores Tinv and the call hands Tinv, Ag to the backward;
     ``p_table``: the intra kernel stores the gated scores P and the "ws" kernel reads them (its P warpgroup idles);
     ``DK``: the head dim K == V every kernel is built for (``HEAD_DIMS``)."""
     dtype: str
@@ -68,9 +69,12 @@ class ForwardPlan:
                                           or (self.ctas_per_sm == 2 and self.block_v > 32)):
             raise ValueError(f"the smem state kernel needs cp 1, BV in (16, 32, 64), "
                              f"1 CTA per SM or 2 with BV <= 32: {self}")
-        if self.state_form == "ws" and (self.cp != 1 or self.block_v not in (16, 32, 64) or self.ctas_per_sm != 1):
-            raise ValueError(f"the fused warp-specialised state-output kernel needs cp 1, BV in (16, 32, 64) and "
-                             f"one CTA per SM: {self}")
+        if self.state_form == "ws" and (self.block_v not in (16, 32, 64) or self.ctas_per_sm != 1):
+            raise ValueError(f"the fused warp-specialised state-output kernel needs BV in (16, 32, 64) and one CTA per "
+                             f"SM: {self}")
+        if self.cp < 1 or (self.cp > 1 and self.precision.half):
+            raise ValueError(f"cp counts segments (>= 1); fp16 operands' value scales are per sequence, not per "
+                             f"segment (cp 1): {self}")
         if self.p_table and (self.state_form != "ws" or self.precision.merge == "split"):
             raise ValueError(f"P tables are read by the ws form alone, and stored by an intra kernel with fp32 or "
                              f"bf16 merges: {self}")
@@ -81,7 +85,7 @@ class ForwardPlan:
 
     def configs(self) -> tuple:
         """(intra, state, output[, scan, fix-up]) kernel configurations; the CP scan and fix-up only when
-        ``cp > 1``; (intra, state-output) for the "ws" form.  Built once per plan value: each stage of a call asks
+        ``cp > 1``; (intra, state-output[, scan, fix-up]) for the "ws" form.  Built once per plan value: each stage of a call asks
         for its own."""
         return _forward_configs(self)
 
@@ -90,16 +94,16 @@ class ForwardPlan:
 def _forward_configs(plan: ForwardPlan) -> tuple:
     prec, rv, DK = plan.precision, plan.state_form == "rv", plan.DK
     past = prec.past_intra()                    # what the state and output kernels read of the precision
+    scan = () if plan.cp == 1 else (StateConfig(plan.dtype, RV_BV, past.for_scan(), scan=True, form="rv", DK=DK),
+                                    FixupConfig(DK))
     if plan.state_form == "ws":                 # o from the state kernel: no output kernel
         return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables, pt=plan.p_table),
-                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table))
+                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table),
+                *scan)
     out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
            StateConfig(plan.dtype, plan.block_v, past, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),
            OutputConfig(plan.dtype, past, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
-    if plan.cp > 1:
-        # the rv form's scan (__post_init__ allows CP for it alone)
-        out += [StateConfig(plan.dtype, RV_BV, past.for_scan(), scan=True, form="rv", DK=DK), FixupConfig(DK)]
-    return tuple(out)
+    return (*out, *scan)                        # (__post_init__ allows CP for the rv form, of the two with tables)
 
 
 def check_head_dim(DK) -> int:
@@ -141,23 +145,37 @@ def cp_segments(n_seq: int, HV: int, max_chunks: int, DK: int = KERNEL_HEAD_DIM)
     return max(1, min(16, per, max_chunks // CP_MIN_CHUNKS))
 
 
+def ws_cp_segments(n_seq: int, HV: int, max_chunks: int, DK: int = KERNEL_HEAD_DIM) -> int:
+    """Segments per sequence of the "ws" form's CP (1 = off) at 64 value columns a CTA: where N x HV x DK/64 CTAs
+    leave more than half the SMs idle, enough segments for about ``N_SM`` CTAs, each of at least ``CP_MIN_CHUNKS``
+    chunks, 16 at the most."""
+    ctas = n_seq * HV * (DK // 64)
+    if 2 * ctas > N_SM or max_chunks < 2 * CP_MIN_CHUNKS:
+        return 1
+    return max(1, min(16, -(-N_SM // ctas), max_chunks // CP_MIN_CHUNKS))
+
+
 def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: bool = False,
                  DK: int = KERNEL_HEAD_DIM) -> ForwardPlan:
-    """The forward's dispatch.  The rv form with CP for at most ``CP_MAX_CTAS`` CTAs over at least
-    ``CP_MIN_TOTAL_CHUNKS`` chunks (few heads, long sequences); else the ws form where blocks of at least 32
-    value columns give a CTA per SM (``block_v``; head dims ``WS_HEAD_DIMS``), P from the intra kernel's tables
-    (``p_table``); else the smem form without CP, two CTAs per SM when BV 32 gives two per SM (else one);
+    """The forward's dispatch.  At the head dims ``WS_HEAD_DIMS``: the ws form where blocks of at least 32 value
+    columns give a CTA per SM (``block_v``), else the ws form at BV 64 per CP segment where ``ws_cp_segments`` > 1,
+    P from the intra kernel's tables (``p_table``).  At the others, the rv form with CP for at most
+    ``CP_MAX_CTAS`` CTAs over at least ``CP_MIN_TOTAL_CHUNKS`` chunks (few heads, long sequences).  Else the smem
+    form without CP, two CTAs per SM when BV 32 gives two per SM (else one);
     precision "default"; ``keep_tables`` where the precision computes the backward's tables; every kernel built for
     the call's head dim ``DK`` (K == V), which also sets the CTA counts above."""
     check_head_dim(DK)
     prec = preset()
     few = n_seq * HV * (DK // RV_BV) <= CP_MAX_CTAS and max_chunks >= CP_MIN_TOTAL_CHUNKS
     keep = keep_tables and keeps_tables(prec)
-    if few:
+    if few and DK not in WS_HEAD_DIMS:
         return ForwardPlan(dtype, prec, "rv", RV_BV, 1, cp_segments(n_seq, HV, max_chunks, DK), keep, DK)
     bv = block_v(n_seq, HV, 1, DK)
     if bv >= 32 and DK in WS_HEAD_DIMS:
         return ForwardPlan(dtype, prec, "ws", bv, 1, 1, keep, DK, p_table=True)
+    cp = ws_cp_segments(n_seq, HV, max_chunks, DK) if DK in WS_HEAD_DIMS else 1
+    if cp > 1:
+        return ForwardPlan(dtype, prec, "ws", 64, 1, cp, keep, DK, p_table=True)
     occ = 2 if block_v(n_seq, HV, 2, DK) == 32 else 1
     return ForwardPlan(dtype, prec, "smem", block_v(n_seq, HV, occ, DK), occ, 1, keep, DK)
 

@@ -117,9 +117,10 @@ def test_api_rejects_bad_input(over, needle):
 
 def test_forward_dispatch_picks_the_measured_forms():
     """``forward_plan``: the fused ws kernel where blocks of 32 or more value columns fill the SMs at K = 128 (BV 64
-    at B8 HV32, 32 at B1 HV32), the smem state kernel below that (BV 16, and at K = 64: two CTAs per SM where BV
-    32 gives two); the rv form with CP for few heads over long sequences; the chunk-start state split (fp16
-    operands are not dispatched); the intra kernel keeps Tinv only when asked."""
+    at B8 HV32, 32 at B1 HV32), per CP segment (BV 64) where they would leave most SMs idle over long sequences,
+    the smem state kernel for short ones (BV 16) and at K = 64 (two CTAs per SM where BV 32 gives two); at K = 64
+    the rv form with CP for few heads over long sequences; the chunk-start state split (fp16 operands are not
+    dispatched); the intra kernel keeps Tinv only when asked."""
     from kernels.plan import block_v, forward_plan
     assert block_v(1, 32, occ=2) == 16 and block_v(8, 32, occ=2) == 32 and block_v(1, 32) == 32
     p = forward_plan("bfloat16", 8, 32, 64)
@@ -127,28 +128,37 @@ def test_forward_dispatch_picks_the_measured_forms():
     p = forward_plan("bfloat16", 1, 32, 512)
     assert (p.state_form, p.block_v, p.ctas_per_sm, p.precision.s) == ("ws", 32, 1, "split")
     p = forward_plan("bfloat16", 1, 8, 512)
-    assert (p.state_form, p.block_v, p.ctas_per_sm) == ("smem", 16, 1)
+    assert (p.state_form, p.block_v, p.ctas_per_sm, p.cp, p.p_table) == ("ws", 64, 1, 8, True)
+    assert [c.name.split("[")[0] for c in p.configs()] == ["intra", "state_ws", "scan_rv", "cp_fixup"]
+    p = forward_plan("bfloat16", 1, 8, 16)
+    assert (p.state_form, p.block_v, p.ctas_per_sm, p.cp) == ("smem", 16, 1, 1)
     p = forward_plan("bfloat16", 8, 32, 64, DK=64)
     assert (p.state_form, p.block_v, p.ctas_per_sm) == ("smem", 32, 2) and "occ2" in p.configs()[1].name
     p = forward_plan("float16", 1, 4, 1024, keep_tables=True)
-    assert (p.state_form, p.cp, p.keep_tables) == ("rv", 16, True) and len(p.configs()) == 5
+    assert (p.state_form, p.cp, p.keep_tables) == ("ws", 16, True) and len(p.configs()) == 4
     assert p.configs()[0].th and not forward_plan("float16", 1, 4, 1024).configs()[0].th
+    p = forward_plan("float16", 1, 4, 1024, DK=64)
+    assert (p.state_form, p.cp) == ("rv", 16) and len(p.configs()) == 5
 
 
 def test_a_plan_the_kernels_cannot_run_is_refused():
-    """Two smem CTAs per SM need BV <= 32, the rv form BV 64 or 128, CP the rv form, the ws form one CTA per SM and
-    no CP: a plan outside that raises a ValueError naming it, before any kernel is built."""
+    """Two smem CTAs per SM need BV <= 32, the rv form BV 64 or 128, CP the rv or ws form (not with fp16 operands),
+    the ws form one CTA per SM: a plan outside that raises a ValueError naming it, before any kernel is built."""
     import dataclasses
 
-    from kernels.forward.precision import preset
+    from kernels.forward.precision import PRESETS, preset
     from kernels.plan import forward_plan
     p = dataclasses.replace(forward_plan("bfloat16", 8, 32, 64), state_form="smem", block_v=32, ctas_per_sm=2,
                             p_table=False, precision=preset())
     for bad, needle in ((dict(block_v=64), "BV <= 32"), (dict(cp=2), "cp 1"), (dict(state_form="x"), "unknown"),
                         (dict(state_form="rv"), "rv state kernel"),
-                        (dict(state_form="ws", block_v=32, ctas_per_sm=2), "warp-specialised")):
+                        (dict(state_form="ws", block_v=32, ctas_per_sm=2), "warp-specialised"),
+                        (dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=0), "cp counts segments"),
+                        (dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=2, p_table=True,
+                              precision=PRESETS["half"]), "per sequence")):
         with pytest.raises(ValueError, match=needle):
             dataclasses.replace(p, **bad)
+    assert dataclasses.replace(p, state_form="ws", block_v=32, ctas_per_sm=1, cp=2).cp == 2
 
 
 def test_fp16_operands_are_all_or_none_and_need_the_ws_form_with_p_tables():

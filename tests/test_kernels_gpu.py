@@ -36,7 +36,7 @@ PLAN_CASES = [
 ]
 # plan values besides the dispatched one (ForwardPlan fields): the register-operand state kernel without CP, with
 # CP forced and with BV 128; the shared-memory one at two CTAs per SM and at one; the fused warp-specialised
-# state-output kernel (form "ws"), all at the split precision, and the ws form with every operand one fp16 term
+# state-output kernel (form "ws"), also per CP segment (with and without P tables), all at the split precision, and the ws form with every operand one fp16 term
 # (precision "half", with P tables)
 HALF, SPLIT = PRESETS["half"], PRESETS["default"]
 PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1, p_table=False, precision=SPLIT),
@@ -47,6 +47,8 @@ PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1, p_table=Fa
          "smem_occ1_bv64": dict(state_form="smem", block_v=64, ctas_per_sm=1, cp=1, p_table=False, precision=SPLIT),
          "ws_bv32": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=1, precision=SPLIT),
          "ws_bv64": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=1, precision=SPLIT),
+         "ws_cp3": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=3, p_table=True, precision=SPLIT),
+         "ws_cp3_bv32_noptab": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=3, p_table=False, precision=SPLIT),
          "ws_half_bv32": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=1, p_table=True, precision=HALF),
          "ws_half_bv64": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=1, p_table=True, precision=HALF)}
 

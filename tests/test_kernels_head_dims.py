@@ -42,9 +42,10 @@ def test_state_kernel_occupancy_counts_ctas_at_the_head_dim():
             if bv < 64:                 # the next wider block would leave SMs idle
                 assert n_seq * HV * (DK // (2 * bv)) < N_SM, (n_seq, HV, DK, bv)
     assert (block_v(2, 32, 1, 128), block_v(2, 32, 1, 64)) == (64, 32)
-    # 8 value heads of one long sequence: 16 rv CTAs at DK 128 (over CP_MAX_CTAS), 8 at DK 64
+    # 8 value heads of one long sequence: 16 CTAs of 64 value columns at DK 128 (over CP_MAX_CTAS: the ws form's
+    # CP, 8 segments for 128 CTAs), 8 at DK 64 (the rv form's CP, 16 segments)
     wide, narrow = (forward_plan("bfloat16", 1, 8, 1024, DK=d) for d in (128, 64))
-    assert (wide.state_form, narrow.state_form) == ("smem", "rv") and narrow.cp > 1
+    assert (wide.state_form, wide.cp, narrow.state_form, narrow.cp) == ("ws", 8, "rv", 16)
     assert backward_plan("bfloat16", 1, 32, 64, 2, DK=64).recompute_block_v == block_v(2, 32, 1, 64) == 32
 
 

@@ -15,9 +15,10 @@ use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=Non
   None.
 
 Bad input raises ``ValueError`` naming the problem.  Dense input is run as varlen (B sequences of length T).
-Stages: ``intra_chunk`` (parallel), ``state`` (sequential; or, with CP, ``state_segmented``: the scan, the fp64
-fix-up and the state kernel per segment), ``output`` (parallel); or, for the plan form "ws", ``intra_chunk`` and
-``state_output`` (the state and o in one kernel, no chunk tables); which kernels run is ``kernels.plan``'s
+Stages: ``intra_chunk`` (parallel), ``state`` (sequential; or, with CP, ``state_segmented``: ``segment_starts``,
+the scan and the fp64 fix-up, then the state kernel per segment), ``output`` (parallel); or, for the plan form
+"ws", ``intra_chunk``, with CP ``segment_starts``, and ``state_output`` (the state and o in one kernel, no chunk
+tables); which kernels run is ``kernels.plan``'s
 ``ForwardPlan`` (``plan``: another plan value, e.g. a benchmark's alternative).  ``keep_tables``: a dict that
 receives the intra kernel's Tinv and Ag tables for the backward (``Th``, ``Ah``, ``Al``, each
 [HV, NC, 64, 64] in the input dtype) where the plan keeps them.  Every kernel is built for the call's head dim
@@ -108,7 +109,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     if keep_tables is not None and plan.keep_tables:
         keep_tables.update(Th=tables.Th, Ah=tables.Ah, Al=tables.Al)
     if plan.state_form == "ws":
-        o, ht = state_output(x=x, plan=plan, tables=tables)
+        segments = segment_starts(x=x, plan=plan, tables=tables) if plan.cp > 1 else None
+        o, ht = state_output(x=x, plan=plan, tables=tables, segments=segments)
         return finish(x=x, o=o, ht=ht)
     states = state(x=x, plan=plan, tables=tables) if plan.cp <= 1 else state_segmented(x=x, plan=plan, tables=tables)
     o = output(x=x, plan=plan, tables=tables, states=states)
@@ -200,44 +202,62 @@ def state(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:
     return ChunkStates(Sch, Scl, Uh, Ul, ht if x.store_ht else None)
 
 
-def state_output(*, x: ForwardInputs, plan, tables: IntraTables):
+def state_output(*, x: ForwardInputs, plan, tables: IntraTables, segments=None):
     """``gdn_state_output_ws`` (the "ws" form): (o [Ttot, HV, D] in the input dtype, the final states or None);
-    no chunk tables."""
+    no chunk tables.  ``segments``: ``segment_starts``' result, the kernel run per CP segment from its start
+    state."""
     from kernels.build import get_kernel
-    h0, ht = _initial_states(x), _final_states(x)
     o = torch.empty(x.n_tok, x.HV, x.D, device=x.q.device, dtype=x.q.dtype)
     Ph = tables.Ph if tables.Ph is not None else tables.Ah                # not read without P tables
     Pl = tables.Pl if tables.Pl is not None else tables.Ah
     q = tables.qo if tables.qo is not None else x.q                       # fp16 copies with fp16 operands
     k = tables.ko if tables.ko is not None else x.k
-    get_kernel(plan.configs()[1])(q, k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, x.cu, x.chunk_offsets, h0, o,
-                                  ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
-    return o, (ht if x.store_ht else None)
+    if segments is None:
+        h0, ht = _initial_states(x), _final_states(x)
+        get_kernel(plan.configs()[1])(q, k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, x.cu, x.chunk_offsets, h0,
+                                      o, ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
+        return o, (ht if x.store_ht else None)
+    seg_cu, seg_co, seg_of, h0s = segments
+    hts = torch.empty_like(h0s) if x.store_ht else h0s[:1]
+    get_kernel(plan.configs()[1])(q, k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, seg_cu, seg_co, h0s, o, hts, 1,
+                                  int(x.store_ht), 1)
+    return o, (_last_segment_states(x, hts, seg_of) if x.store_ht else None)
 
 
-def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:
-    """CP ("rv" form): the scan of every segment from zero (with its transition product, ``gdn_scan_rv``), the fp64
-    fix-up of the segment start states (``gdn_cp_fixup``), then the state kernel per segment, value-first."""
+def segment_starts(*, x: ForwardInputs, plan, tables: IntraTables):
+    """CP phases 1 and 2: the scan of every segment from zero with its transition product (``gdn_scan_rv``), then
+    the fp64 fix-up of the segment start states (``gdn_cp_fixup``).  Returns (seg_cu, seg_co: the segments as
+    sequences, int32 [Nseg + 1]; seg_of: each sequence's first segment, host list [N + 1]; h0s [Nseg, HV, D, D]
+    fp32 value-first start states)."""
     from kernels.build import get_kernel
-    dev, D, HV = x.q.device, x.D, x.HV          # ForwardPlan allows CP for the rv form alone
-    _, state_cfg, _, scan, fixup = plan.configs()
-    Sch, Scl, Uh, Ul = _state_tables(x, plan)
+    dev, D, HV = x.q.device, x.D, x.HV
+    scan, fixup = plan.configs()[-2:]
     seg_cu, seg_co, seg_of, seg_of_d, Nseg = _cp_tables(x.B, x.T, x.cu_seqlens, x.cu_host, plan.cp, dev)
     ZM = torch.empty((Nseg, HV, 2 * D, D), device=dev, dtype=torch.float32)
     h0 = _initial_states(x)
-    # the scan writes none of the chunk tables of its signature
-    get_kernel(scan)(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0[:1], Sch, Scl, Uh, Ul, ZM, 0, 1, 0)
+    none = torch.empty((1, 1, 1, 1), device=dev, dtype=x.q.dtype)          # the scan writes no chunk table
+    get_kernel(scan)(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0[:1], none, none, none, none, ZM,
+                     0, 1, 0)
     h0s = torch.empty((Nseg, HV, D, D), device=dev, dtype=torch.float32)
     get_kernel(fixup)(ZM, h0, seg_of_d, h0s, int(x.h0 is not None), int(x.v_first))
-    ZM = None
-    hts = torch.empty_like(h0s)
-    get_kernel(state_cfg)(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0s, Sch, Scl, Uh, Ul, hts, 1,
-                          int(x.store_ht), 1)
-    ht = None
-    if x.store_ht:                  # every sequence's last segment, in the caller's layout
-        ht = hts.index_select(0, _last_segments(seg_of, dev))
-        ht = ht if x.v_first else ht.transpose(-1, -2).contiguous()
-    return ChunkStates(Sch, Scl, Uh, Ul, ht)
+    return seg_cu, seg_co, seg_of, h0s
+
+
+def _last_segment_states(x: ForwardInputs, hts: torch.Tensor, seg_of) -> torch.Tensor:
+    """Every sequence's final state (its last segment's, value-first in ``hts``) in the caller's layout."""
+    ht = hts.index_select(0, _last_segments(seg_of, x.q.device))
+    return ht if x.v_first else ht.transpose(-1, -2).contiguous()
+
+
+def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:
+    """CP ("rv" form): ``segment_starts``, then the state kernel per segment, value-first."""
+    from kernels.build import get_kernel
+    seg_cu, seg_co, seg_of, h0s = segment_starts(x=x, plan=plan, tables=tables)
+    Sch, Scl, Uh, Ul = _state_tables(x, plan)
+    hts = torch.empty_like(h0s) if x.store_ht else h0s[:1]
+    get_kernel(plan.configs()[1])(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0s, Sch, Scl, Uh, Ul,
+                                  hts, 1, int(x.store_ht), 1)
+    return ChunkStates(Sch, Scl, Uh, Ul, _last_segment_states(x, hts, seg_of) if x.store_ht else None)
 
 
 def output(*, x: ForwardInputs, plan, tables: IntraTables, states: ChunkStates) -> torch.Tensor:

@@ -40,6 +40,7 @@ def build_state_registers(DK: int, DV: int, dtype: str, prec, num_stages: int = 
       h0       [Nh, HV, DK, DV]  fp32 (read as [.., DV, DK] when v_first)
       Sch, Scl [HV, NCg, DV, DK] dtype    (outputs, value-first; Scl only when prec.s == "split")
       Uh, Ul   [HV, NCg, DV, 64] dtype    (outputs, value-first; Ul only when prec.u == "split")
+               (scan: Sch, Scl, Uh, Ul [1, 1, 1, 1], not accessed)
       ht       [Nt, HV, DK, DV]  fp32 (written as [.., DV, DK] when v_first); scan: [Nt, HV, 2 DV, DK]
       use_h0, store_ht, v_first int32
     """
@@ -55,6 +56,8 @@ def build_state_registers(DK: int, DV: int, dtype: str, prec, num_stages: int = 
 
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
     ht_shape = (Nt, HV, 2 * DV, DK) if scan else (Nt, HV, DK, DV)
+    s_shape = (HV, NCg, DV, DK) if store else (1, 1, 1, 1)     # the scan writes no chunk table
+    u_shape = (HV, NCg, DV, BT) if store else (1, 1, 1, 1)
 
     @T.prim_func
     def gdn_state_rv(
@@ -66,10 +69,10 @@ def build_state_registers(DK: int, DV: int, dtype: str, prec, num_stages: int = 
         cu_seqlens: T.Tensor((N + 1,), "int32"),
         chunk_offsets: T.Tensor((N + 1,), "int32"),
         h0: T.Tensor((Nh, HV, DK, DV), f32),
-        Sch: T.Tensor((HV, NCg, DV, DK), dtype),
-        Scl: T.Tensor((HV, NCg, DV, DK), dtype),
-        Uh: T.Tensor((HV, NCg, DV, BT), dtype),
-        Ul: T.Tensor((HV, NCg, DV, BT), dtype),
+        Sch: T.Tensor(s_shape, dtype),
+        Scl: T.Tensor(s_shape, dtype),
+        Uh: T.Tensor(u_shape, dtype),
+        Ul: T.Tensor(u_shape, dtype),
         ht: T.Tensor(ht_shape, f32),
         use_h0: T.int32,
         store_ht: T.int32,
