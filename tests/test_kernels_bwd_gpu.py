@@ -408,7 +408,8 @@ def test_wgmma_merges_saved_or_recomputed_give_the_same_gradients(case, merge):
     def merges(plan, single=False, keep=True):
         if isinstance(plan, ForwardPlan):
             return dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, merge=merge),
-                                       keep_tables=plan.keep_tables and keep)
+                                       keep_tables=plan.keep_tables and keep,
+                                       p_table=plan.p_table and merge != "split")   # (P tables: no split merges)
         single = single and plan.dh_segments is None        # dh's single form writes no fp8 lo tables
         return dataclasses.replace(plan, merge=merge, dh_single=single, lo8=plan.lo8 and not single,
                                    reads_saved_tables=plan.reads_saved_tables and keep)
