@@ -6,23 +6,23 @@ rows ``[0, D)`` are ``Z_p^T`` and rows ``[D, 2D)`` are ``M_p^T``.  The segment s
 ``S_0 = h0`` (or 0) and ``S_{p+1} = M_p S_p + Z_p``, value-first: ``S_{p+1}^T = S_p^T M_p^T + Z_p^T``.
 
 A CTA walks the segments of one sequence for one value head and ``ROWS`` rows of ``S^T`` (the rows are
-independent), holding them in fp64 shared memory; each step reads ``M_p^T`` once into shared memory, widened to
-fp64 there (once per element, not once per product), and accumulates every product and sum in fp64 (FMA on the
-fp64 pipes, no tensor cores), so the result is the fp64 walk rounded once to fp32.  Segments of different
-sequences may differ in number (varlen): ``seg_of [N + 1]`` holds each sequence's first segment id.
+independent), holding them in fp64 shared memory; each step reads ``M_p^T`` once into shared memory (fp32, as
+stored) and accumulates every product and sum in fp64 (FMA on the fp64 pipes, no tensor cores), so the result is
+the fp64 walk rounded once to fp32.  Segments of different sequences may differ in number (varlen):
+``seg_of [N + 1]`` holds each sequence's first segment id.
 """
 
 import tilelang.language as T
 
 from kernels.common.prologue import dynamic_dims
 
-ROWS = 8           # rows of S^T (value index) per CTA: D / ROWS CTAs per sequence and value head
+ROWS = 8           # rows of S^T (value index) per CTA: D / 8 CTAs per sequence and value head
 
 
-def build_cp_fixup(D: int, rows: int = ROWS):
+def build_cp_fixup(D: int):
     """Arguments: ZM [Nseg, HV, 2 D, D] fp32 (``[Z^T ; M^T]``); h0 [Nh, HV, D, D] fp32, read when ``use_h0``
     (Nh = N), value-first when ``h0_vf`` else key-first; seg_of [N + 1] int32; out [Nseg, HV, D, D] fp32
-    value-first (every segment's start state); use_h0, h0_vf int32.  ``rows``: rows of S^T per CTA (D % rows == 0)."""
+    value-first (every segment's start state); use_h0, h0_vf int32."""
     f32, f64 = "float32", "float64"
     Nseg, HV, N, Nh = dynamic_dims("Nseg HV N Nh")
 
@@ -35,32 +35,32 @@ def build_cp_fixup(D: int, rows: int = ROWS):
         use_h0: T.int32,
         h0_vf: T.int32,
     ):
-        with T.Kernel(D // rows, HV, N, threads=128) as (rb, hv, n):
-            s_s = T.alloc_shared((rows, D), f64)
-            m_s = T.alloc_shared((D, D), f64)
-            acc = T.alloc_fragment((rows, D), f64)
+        with T.Kernel(D // ROWS, HV, N, threads=128) as (rb, hv, n):
+            s_s = T.alloc_shared((ROWS, D), f64)
+            m_s = T.alloc_shared((D, D), f32)
+            acc = T.alloc_fragment((ROWS, D), f64)
             a0 = seg_of[n]
             count = seg_of[n + 1] - a0
             if use_h0 != 0 and h0_vf != 0:
-                for i, j in T.Parallel(rows, D):
-                    s_s[i, j] = T.cast(h0[n, hv, rb * rows + i, j], f64)
+                for i, j in T.Parallel(ROWS, D):
+                    s_s[i, j] = T.cast(h0[n, hv, rb * ROWS + i, j], f64)
             elif use_h0 != 0:
-                for i, j in T.Parallel(rows, D):
-                    s_s[i, j] = T.cast(h0[n, hv, j, rb * rows + i], f64)
+                for i, j in T.Parallel(ROWS, D):
+                    s_s[i, j] = T.cast(h0[n, hv, j, rb * ROWS + i], f64)
             else:
-                for i, j in T.Parallel(rows, D):
+                for i, j in T.Parallel(ROWS, D):
                     s_s[i, j] = T.float64(0)
             for p in T.serial(count):
-                for i, j in T.Parallel(rows, D):
-                    out[a0 + p, hv, rb * rows + i, j] = T.cast(s_s[i, j], f32)
+                for i, j in T.Parallel(ROWS, D):
+                    out[a0 + p, hv, rb * ROWS + i, j] = T.cast(s_s[i, j], f32)
                 if p + 1 < count:
                     for a, j in T.Parallel(D, D):
-                        m_s[a, j] = T.cast(ZM[a0 + p, hv, D + a, j], f64)
-                    for i, j in T.Parallel(rows, D):
-                        acc[i, j] = T.cast(ZM[a0 + p, hv, rb * rows + i, j], f64)
+                        m_s[a, j] = ZM[a0 + p, hv, D + a, j]
+                    for i, j in T.Parallel(ROWS, D):
+                        acc[i, j] = T.cast(ZM[a0 + p, hv, rb * ROWS + i, j], f64)
                     for a in T.serial(D):
-                        for i, j in T.Parallel(rows, D):
-                            acc[i, j] = acc[i, j] + s_s[i, a] * m_s[a, j]
+                        for i, j in T.Parallel(ROWS, D):
+                            acc[i, j] = acc[i, j] + s_s[i, a] * T.cast(m_s[a, j], f64)
                     T.copy(acc, s_s)
 
     return gdn_cp_fixup
