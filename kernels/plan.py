@@ -85,8 +85,8 @@ class ForwardPlan:
 
     def configs(self) -> tuple:
         """(intra, state, output[, scan, fix-up]) kernel configurations; the CP scan and fix-up only when
-        ``cp > 1``; (intra, state-output[, scan, fix-up]) for the "ws" form.  Built once per plan value: each stage of a call asks
-        for its own."""
+        ``cp > 1``; (intra, state-output[, scan, fix-up]) for the "ws" form.  Built once per plan value: each stage
+        of a call asks for its own."""
         return _forward_configs(self)
 
 
@@ -103,7 +103,7 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
     out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
            StateConfig(plan.dtype, plan.block_v, past, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),
            OutputConfig(plan.dtype, past, BV=output_block_v(prec, DK), vt=rv, DK=DK, cpb=OUT_CPB)]
-    return (*out, *scan)                        # (__post_init__ allows CP for the rv form, of the two with tables)
+    return (*out, *scan)                        # (of the forms with chunk tables, only rv takes CP: __post_init__)
 
 
 def check_head_dim(DK) -> int:

@@ -18,12 +18,11 @@ Bad input raises ``ValueError`` naming the problem.  Dense input is run as varle
 Stages: ``intra_chunk`` (parallel), ``state`` (sequential; or, with CP, ``state_segmented``: ``segment_starts``,
 the scan and the fp64 fix-up, then the state kernel per segment), ``output`` (parallel); or, for the plan form
 "ws", ``intra_chunk``, with CP ``segment_starts``, and ``state_output`` (the state and o in one kernel, no chunk
-tables); which kernels run is ``kernels.plan``'s
-``ForwardPlan`` (``plan``: another plan value, e.g. a benchmark's alternative).  ``keep_tables``: a dict that
-receives the intra kernel's Tinv and Ag tables for the backward (``Th``, ``Ah``, ``Al``, each
-[HV, NC, 64, 64] in the input dtype) where the plan keeps them.  Every kernel is built for the call's head dim
-(K == V in {64, 128}; the plan's ``DK``): nothing is padded.  This module imports tilelang only when a kernel is
-needed.
+tables); which kernels run is ``kernels.plan``'s ``ForwardPlan`` (``plan``: another plan value, e.g. a
+benchmark's alternative).  ``keep_tables``: a dict that receives the intra kernel's Tinv and Ag tables for the
+backward (``Th``, ``Ah``, ``Al``, each [HV, NC, 64, 64] in the input dtype) where the plan keeps them.  Every
+kernel is built for the call's head dim (K == V in {64, 128}; the plan's ``DK``): nothing is padded.  This module
+imports tilelang only when a kernel is needed.
 """
 
 from __future__ import annotations
