@@ -41,7 +41,8 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
 * ``intra``, ``state``, ``output`` - the dispatched plan's three stages, each alone on the tables the stages
                   before it made once (``state``: the sequential state kernel, or with CP the scan, the fix-up and
                   the state kernel per segment; for the "ws" form the fused state-output kernel, and no
-                  ``output``); where the time of ``default`` goes;
+                  ``output``); where the time of ``default`` goes; ``cp`` - with CP, the part of ``state`` before
+                  the state kernel (``segment_starts``: the scan and the fp64 fix-up);
 * ``FLA``       - FLA's Triton kernels (every FLA dispatch backend off: ``parity.backends.fla_common``);
 * ``FlashQLA``  - ``flash_qla.chunk_gated_delta_rule`` (skipped with the reason if unavailable);
 * ``flashinfer`` / ``flashinfer-cake`` / ``cudnn`` - FlashInfer's GDN prefill paths as the engines call them
@@ -391,16 +392,17 @@ def main(argv=None):
             x = prepare(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu_seqlens)
             plan = plan_for(x)
             tables = fp.intra_chunk(x=x, plan=plan)
+            cp = {"cp": lambda: fp.segment_starts(x=x, plan=plan, tables=tables)} if plan.cp > 1 else {}
             if plan.state_form == "ws":         # o comes from the fused state kernel: no output stage
                 def state_output():
                     segments = fp.segment_starts(x=x, plan=plan, tables=tables) if plan.cp > 1 else None
                     return fp.state_output(x=x, plan=plan, tables=tables, segments=segments)
-                return {"intra": lambda: fp.intra_chunk(x=x, plan=plan), "state": state_output}
+                return {"intra": lambda: fp.intra_chunk(x=x, plan=plan), **cp, "state": state_output}
 
             def state():
                 return (fp.state if plan.cp <= 1 else fp.state_segmented)(x=x, plan=plan, tables=tables)
             states = state()
-            return {"intra": lambda: fp.intra_chunk(x=x, plan=plan), "state": state,
+            return {"intra": lambda: fp.intra_chunk(x=x, plan=plan), **cp, "state": state,
                     "output": lambda: fp.output(x=x, plan=plan, tables=tables, states=states)}
 
     t_start = time.time()
@@ -477,7 +479,7 @@ def main(argv=None):
                 torch.cuda.empty_cache()
 
     print("\n== step 2: timing ==", flush=True)
-    stage_cols = ["intra", "state", "output"]
+    stage_cols = ["intra", "cp", "state", "output"]
     cols = variants + stage_cols + ["FLA", "FlashQLA"] + list(fi_cols)
     results = {}
     hosts = {}
