@@ -36,8 +36,8 @@ PLAN_CASES = [
 ]
 # plan values besides the dispatched one (ForwardPlan fields): the register-operand state kernel without CP, with
 # CP forced and with BV 128; the shared-memory one at two CTAs per SM and at one; the fused warp-specialised
-# state-output kernel (form "ws"), also per CP segment (with and without P tables), all at the split precision, and the ws form with every operand one fp16 term
-# (precision "half", with P tables)
+# state-output kernel (form "ws"), also per CP segment (with and without P tables), all at the split precision,
+# and the ws form with every operand one fp16 term (precision "half", with P tables)
 HALF, SPLIT = PRESETS["half"], PRESETS["default"]
 PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1, p_table=False, precision=SPLIT),
          "rv_cp3": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=3, p_table=False, precision=SPLIT),

@@ -153,10 +153,15 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
 # ``precision.Precision``; the kernels follow the same fields at compile time.
 # ----------------------------------------------------------------------------------------------
 
+def _ceil_log2(m: torch.Tensor) -> torch.Tensor:
+    """``ceil(log2(m))`` of magnitudes ``m`` (-60 for 0), as the kernels form their power-of-two scales."""
+    return torch.ceil(torch.log2(m.clamp_min(2.0 ** -60)))
+
+
 def row_exponents(x: torch.Tensor) -> torch.Tensor:
     """``ceil(log2(max |x|))`` over the last dim (-60 for a zero row): the power of two that takes the row into
     [-1, 1], as ``gdn_intra`` computes it for its fp16 copies of q and k."""
-    return torch.ceil(torch.log2(x.abs().amax(-1).clamp_min(2.0 ** -60)))
+    return _ceil_log2(x.abs().amax(-1))
 
 
 def value_scales(v: torch.Tensor, h0) -> torch.Tensor:
@@ -166,7 +171,7 @@ def value_scales(v: torch.Tensor, h0) -> torch.Tensor:
     m = v.abs().amax(0).to(torch.float32)
     if h0 is not None:
         m = torch.maximum(m, h0.abs().amax(dim=(0, 2)).to(torch.float32))
-    return torch.exp2(-torch.ceil(torch.log2(m.clamp_min(2.0 ** -60))))
+    return torch.exp2(-_ceil_log2(m))
 
 
 def _op(prec, dt: torch.dtype) -> torch.dtype:

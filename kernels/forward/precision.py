@@ -5,8 +5,8 @@ Every field names one rounding of an fp32 value that becomes a wgmma operand or 
 kernels: "bf16" = one input-dtype term (``rd(x)``), "split" = two terms ``rd(x) + rd(x - rd(x))``
 (~16 mantissa bits), "fp16" = one fp16 term (11 mantissa bits, at a one-term product's cost: every operand field
 "fp16" or none, since both operands of a product share a type; q and k enter as the intra kernel's row-scaled fp16
-copies); ``merge`` also allows "fp32" (products and sums in fp32 on the CUDA cores,
-no operand rounding: the dispatch's).
+copies); ``merge`` also allows "fp32" (products and sums in fp32 on the CUDA cores, no operand rounding: the
+dispatch's).
 
 * ``merge`` - the two block-merge levels of the 64x64 triangular inverse (intra kernel);
 * ``ag``    - ``Ag = Tinv diag(beta)`` as stored by the intra kernel and used in ``U = Ag X``;
