@@ -58,7 +58,7 @@ def build_cp_fixup(D: int):
                         m_s[a, j] = ZM[a0 + p, hv, D + a, j]
                     for i, j in T.Parallel(ROWS, D):
                         acc[i, j] = T.cast(ZM[a0 + p, hv, rb * ROWS + i, j], f64)
-                    for a in T.serial(D):
+                    for a in T.unroll(D):          # loads scheduled ahead of the fp64 FMA chain
                         for i, j in T.Parallel(ROWS, D):
                             acc[i, j] = acc[i, j] + s_s[i, a] * T.cast(m_s[a, j], f64)
                     T.copy(acc, s_s)

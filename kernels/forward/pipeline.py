@@ -224,8 +224,9 @@ def state_output(*, x: ForwardInputs, plan, tables: IntraTables, segments=None):
 
 
 def segment_starts(*, x: ForwardInputs, plan, tables: IntraTables):
-    """CP phases 1 and 2: the scan of every segment from zero with its transition product (``gdn_scan_rv``), then
-    the fp64 fix-up of the segment start states (``gdn_cp_fixup``).  Returns (seg_cu, seg_co: the segments as
+    """CP phases 1 and 2: the scan of every segment from zero with its transition product (``gdn_scan_rv``; all
+    but the last segment of the last sequence, which no segment follows), then the fp64 fix-up of the segment start
+    states (``gdn_cp_fixup``).  Returns (seg_cu, seg_co: the segments as
     sequences, int32 [Nseg + 1]; seg_of: each sequence's first segment, host list [N + 1]; h0s [Nseg, HV, D, D]
     fp32 value-first start states)."""
     from kernels.build import get_kernel
@@ -235,8 +236,9 @@ def segment_starts(*, x: ForwardInputs, plan, tables: IntraTables):
     ZM = torch.empty((Nseg, HV, 2 * D, D), device=dev, dtype=torch.float32)
     h0 = _initial_states(x)
     none = torch.empty((1, 1, 1, 1), device=dev, dtype=x.q.dtype)          # the scan writes no chunk table
-    get_kernel(scan)(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0[:1], none, none, none, none, ZM,
-                     0, 1, 0)
+    if Nseg > 1:    # no segment follows the table's last: the scan leaves it out (its ZM is never read)
+        get_kernel(scan)(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu[:-1], seg_co[:-1], h0[:1], none, none,
+                         none, none, ZM, 0, 1, 0)
     h0s = torch.empty((Nseg, HV, D, D), device=dev, dtype=torch.float32)
     get_kernel(fixup)(ZM, h0, seg_of_d, h0s, int(x.h0 is not None), int(x.v_first))
     return seg_cu, seg_co, seg_of, h0s
