@@ -6,8 +6,9 @@ rows ``[0, D)`` are ``Z_p^T`` and rows ``[D, 2D)`` are ``M_p^T``.  The segment s
 ``S_0 = h0`` (or 0) and ``S_{p+1} = M_p S_p + Z_p``, value-first: ``S_{p+1}^T = S_p^T M_p^T + Z_p^T``.
 
 A CTA walks the segments of one sequence for one value head and ``ROWS`` rows of ``S^T`` (the rows are
-independent), holding them in fp64 shared memory; each step reads ``M_p^T`` once into shared memory (fp32, as
-stored) and accumulates every product and sum in fp64 (FMA on the fp64 pipes, no tensor cores), so the result is
+independent), holding them in fp64 shared memory; each step reads ``M_p^T`` and its ``Z_p^T`` rows once into
+shared memory (fp32, as stored; by TMA, the next step's during this one) and accumulates every product and sum in
+fp64 (FMA on the fp64 pipes, no tensor cores), so the result is
 the fp64 walk rounded once to fp32.  Segments of different sequences may differ in number (varlen):
 ``seg_of [N + 1]`` holds each sequence's first segment id.
 """
@@ -38,6 +39,7 @@ def build_cp_fixup(D: int):
         with T.Kernel(D // ROWS, HV, N, threads=128) as (rb, hv, n):
             s_s = T.alloc_shared((ROWS, D), f64)
             m_s = T.alloc_shared((D, D), f32)
+            z_s = T.alloc_shared((ROWS, D), f32)
             acc = T.alloc_fragment((ROWS, D), f64)
             a0 = seg_of[n]
             count = seg_of[n + 1] - a0
@@ -50,17 +52,19 @@ def build_cp_fixup(D: int):
             else:
                 for i, j in T.Parallel(ROWS, D):
                     s_s[i, j] = T.float64(0)
-            for p in T.serial(count):
+            # count >= 1 (an empty sequence has one empty segment); step p + 1's M^T and Z^T rows load during step p
+            for p in T.Pipelined(count - 1, num_stages=2):
+                T.copy(ZM[a0 + p, hv, D:2 * D, 0:D], m_s)
+                T.copy(ZM[a0 + p, hv, rb * ROWS:(rb + 1) * ROWS, 0:D], z_s)
                 for i, j in T.Parallel(ROWS, D):
                     out[a0 + p, hv, rb * ROWS + i, j] = T.cast(s_s[i, j], f32)
-                if p + 1 < count:
-                    for a, j in T.Parallel(D, D):
-                        m_s[a, j] = ZM[a0 + p, hv, D + a, j]
+                for i, j in T.Parallel(ROWS, D):
+                    acc[i, j] = T.cast(z_s[i, j], f64)
+                for a in T.unroll(D):          # loads scheduled ahead of the fp64 FMA chain
                     for i, j in T.Parallel(ROWS, D):
-                        acc[i, j] = T.cast(ZM[a0 + p, hv, rb * ROWS + i, j], f64)
-                    for a in T.unroll(D):          # loads scheduled ahead of the fp64 FMA chain
-                        for i, j in T.Parallel(ROWS, D):
-                            acc[i, j] = acc[i, j] + s_s[i, a] * T.cast(m_s[a, j], f64)
-                    T.copy(acc, s_s)
+                        acc[i, j] = acc[i, j] + s_s[i, a] * T.cast(m_s[a, j], f64)
+                T.copy(acc, s_s)
+            for i, j in T.Parallel(ROWS, D):
+                out[a0 + count - 1, hv, rb * ROWS + i, j] = T.cast(s_s[i, j], f32)
 
     return gdn_cp_fixup
