@@ -16,9 +16,10 @@ four warpgroups per (block of ``BV`` value columns, value head, sequence):
 
 With fp16 operands (``Precision.half``) every shared operand tile is fp16, q and k come as the intra kernel's
 row-scaled fp16 copies (for bf16 inputs), and WG1 keeps each value column's running maximum magnitude (h0's, then
-each chunk's v): chunk c runs column j scaled by ``sigma_cj = 2^-ceil(log2 max)``, the chain rescaling its fp32 state
-by ``sigma_cj / sigma_(c-1)j`` (exact powers of two) and o divided by it when stored, so that no value or state
-overflows fp16's range.
+each chunk's v): chunk c runs column j scaled by ``sigma_cj = 2^-ceil(log2 max)``, the state entering it still at
+``sigma_(c-1)j`` (K S and Q S times the ratio, S times it with F3 before its update; exact powers of two) and o
+divided by it when stored, so that no value or state overflows fp16's range; the chain waits for the scales only
+after its first product.
 
 Every product and rounding is the one ``gdn_state_smem`` and ``gdn_output`` make (``prec``:
 ``precision.Precision``), in the same order on the same accumulators, so o and the final state are those of the
@@ -143,19 +144,21 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 for c in T.serial(nchunks):
                     st = c % 2
                     T.barrier_wait(full[st], (c // 2) % 2)
-                    if half:            # the state at this chunk's column scales
-                        T.barrier_wait(sc_ready[st], (c // 2) % 2)
-                        for i, j in T.Parallel(DK, BV):
-                            s_f[i, j] = s_f[i, j] * rt_s[st, j]
                     T.barrier_wait(s_free, (c + 1) % 2)
                     split_into(s_f, sh_s, sl_s, sl_need)
                     T.fence_proxy_async()
                     T.barrier_arrive(s_ready)
                     # X = V - F0 (K S)
                     split_products(k_s[st, :, :], None, sh_s, sl_s, ks_f, False, ks_sp, True, False)
-                    for i, j in T.Parallel(BT, BV):
-                        vv = T.cast(v_s[st, i, j], f32) * sc_s[st, j] if half else T.cast(v_s[st, i, j], f32)
-                        ks_f[i, j] = vv - f_s[st, 0, i] * ks_f[i, j]
+                    if half:
+                        # this chunk's column scales (S, so K S, is still at the previous chunk's: times the ratio)
+                        T.barrier_wait(sc_ready[st], (c // 2) % 2)
+                        for i, j in T.Parallel(BT, BV):
+                            ks_f[i, j] = (T.cast(v_s[st, i, j], f32) * sc_s[st, j]
+                                          - f_s[st, 0, i] * ks_f[i, j] * rt_s[st, j])
+                    else:
+                        for i, j in T.Parallel(BT, BV):
+                            ks_f[i, j] = T.cast(v_s[st, i, j], f32) - f_s[st, 0, i] * ks_f[i, j]
                     split_into(ks_f, xh_s, xl_s, x_sp)
                     T.fence_proxy_async()
                     # U = Ag X
@@ -169,8 +172,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         u_f[i, j] = f_s[st, 2, i] * u_f[i, j]
                     split_into(u_f, xh_s, xl_s, upd_sp)
                     T.fence_proxy_async()
-                    for i, j in T.Parallel(DK, BV):
-                        s_f[i, j] = s_f[i, j] * f_s[st, 3, 0]
+                    for i, j in T.Parallel(DK, BV):     # (with fp16 operands, S to this chunk's column scales)
+                        s_f[i, j] = s_f[i, j] * (f_s[st, 3, 0] * rt_s[st, j] if half else f_s[st, 3, 0])
                     split_products(k_s[st, :, :], None, xh_s, xl_s, s_f, False, upd_sp, False, True)
                     T.barrier_arrive(empty[st])
                 if store_ht != 0:
@@ -248,14 +251,18 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     T.barrier_wait(s_ready, c % 2)
                     split_products(q_s[st, :, :], None, sh_s, sl_s, o_f, False, s_sp, True, False)
                     T.barrier_arrive(s_free)
-                    for i, j in T.Parallel(BT, BV):
-                        o_f[i, j] = o_f[i, j] * f_s[st, 1, i]
+                    if half:    # Q S at the previous chunk's column scales, to this chunk's
+                        T.barrier_wait(sc_ready[st], (c // 2) % 2)
+                        for i, j in T.Parallel(BT, BV):
+                            o_f[i, j] = o_f[i, j] * (f_s[st, 1, i] * rt_s[st, j])
+                    else:
+                        for i, j in T.Parallel(BT, BV):
+                            o_f[i, j] = o_f[i, j] * f_s[st, 1, i]
                     if pt:
                         T.barrier_wait(u_ready, c % 2)
                         split_products(ph_s[st, :, :], pl_s[st, :, :], uh_s, ul_s, o_f, p_sp, u_sp, False, False)
                         T.barrier_arrive(u_free)
-                        if half:    # O at this chunk's column scales
-                            T.barrier_wait(sc_ready[st], (c // 2) % 2)
+                        if half:    # O from this chunk's column scales
                             for i, j in T.Parallel(BT, BV):
                                 o_f[i, j] = o_f[i, j] / sc_s[st, j]
                         T.barrier_arrive(empty[st])
