@@ -17,8 +17,8 @@ four warpgroups per (block of ``BV`` value columns, value head, sequence):
 With fp16 operands (``Precision.half``) every shared operand tile is fp16, q and k come as the intra kernel's
 row-scaled fp16 copies (for bf16 inputs), and WG1 keeps each value column's running maximum magnitude (h0's, then
 each chunk's v): chunk c runs column j scaled by ``sigma_cj = 2^-ceil(log2 max)``, the state entering it still at
-``sigma_(c-1)j`` (K S and Q S times the ratio, S times it with F3 before its update; exact powers of two) and o
-divided by it when stored, so that no value or state overflows fp16's range; the chain waits for the scales only
+``sigma_(c-1)j`` (K S and Q S times the ratio, S times it with F3 before its update; exact powers of two; h0 enters
+at its own columns' scales) and o divided by it when stored, so that no value or state overflows fp16's range; the chain waits for the scales only
 after its first product.
 
 Every product and rounding is the one ``gdn_state_smem`` and ``gdn_output`` make (``prec``:
@@ -116,6 +116,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
             if half:    # each stage's column scales and their ratios to the previous chunk's
                 sc_s = T.alloc_shared((2, BV), f32)
                 rt_s = T.alloc_shared((2, BV), f32)
+                hs_s = T.alloc_shared((BV,), f32)                    # h0's column scales
 
             full = T.alloc_barrier(arrive_count=[32] * 2)          # a stage's loads landed (the loading warp)
             readers = 2 if pt and not half else 3                   # the warpgroups that read a stage
@@ -128,6 +129,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
             p_free = T.alloc_barrier(arrive_count=WG)              # Ph (+ Pl) read (WG2)
             if half:
                 sc_ready = T.alloc_barrier(arrive_count=[WG] * 2)  # a stage's column scales written (WG1)
+                h0_ready = T.alloc_barrier(arrive_count=WG)        # h0's column scales written (WG1, with h0)
 
             tx = T.get_thread_binding()
 
@@ -139,6 +141,10 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 u_f = T.alloc_fragment((BT, BV), f32)
                 if use_h0 != 0:
                     load_state_kt(h0, s_f, v_first, n, hv, v0, BV, DK)
+                    if half:    # h0 at its own column scales: the "previous chunk's" of chunk 0
+                        T.barrier_wait(h0_ready, 0)
+                        for i, j in T.Parallel(DK, BV):
+                            s_f[i, j] = s_f[i, j] * hs_s[j]
                 else:
                     T.clear(s_f)
                 for c in T.serial(nchunks):
@@ -204,6 +210,10 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                             T.reduce_absmax(v_f, cm_f, dim=0)
                             for j in T.Parallel(BV):
                                 m_f[j] = T.max(m_f[j], cm_f[j])
+                        for j in T.Parallel(BV):
+                            pv_f[j] = T.exp2(-T.ceil(T.log2(T.max(m_f[j], T.float32(2.0 ** -60)))))
+                            hs_s[j] = pv_f[j]
+                        T.barrier_arrive(h0_ready)
                     for c in T.serial(nchunks):
                         st = c % 2
                         t0 = bos + c * BT
