@@ -90,9 +90,19 @@ def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first, req
 _DENSE_TABLES: dict = {}
 
 
+_CAPABILITY: dict = {}
+
+
 def require_sm90(dev, what: str):
-    """Raise unless ``dev`` is an sm_90 (Hopper) GPU: the kernels are built for sm_90a."""
-    major, minor = torch.cuda.get_device_capability(dev)
+    """Raise unless ``dev`` is an sm_90 (Hopper) GPU: the kernels are built for sm_90a.  The capability of a device
+    with an index is asked once (a call's host time)."""
+    key = (dev.type, dev.index)
+    cap = _CAPABILITY.get(key)
+    if cap is None:
+        cap = torch.cuda.get_device_capability(dev)
+        if dev.index is not None:
+            _CAPABILITY[key] = cap
+    major, minor = cap
     if (major, minor) != (9, 0):
         raise RuntimeError(f"{what} is built for sm_90a (Hopper); device is sm_{major}{minor}")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from kernels.backward.configs import CLUSTER_GROUPS, DH_WS_BLOCKS, BwdConfig
-from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, STATE_FORMS, FixupConfig,
+from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, SCAN_BV, STATE_FORMS, FixupConfig,
                                      IntraConfig, OutputConfig, StateConfig, output_block_v)
 from kernels.forward.precision import PRESETS, Precision, preset
 
@@ -94,7 +94,8 @@ class ForwardPlan:
 def _forward_configs(plan: ForwardPlan) -> tuple:
     prec, rv, DK = plan.precision, plan.state_form == "rv", plan.DK
     past = prec.past_intra()                    # what the state and output kernels read of the precision
-    scan = () if plan.cp == 1 else (StateConfig(plan.dtype, RV_BV, past.for_scan(), scan=True, form="rv", DK=DK),
+    scan = () if plan.cp == 1 else (StateConfig(plan.dtype, min(SCAN_BV, DK), past.for_scan(), scan=True, form="rv",
+                                                DK=DK),
                                     FixupConfig(DK))
     if plan.state_form == "ws":                 # o from the state kernel: no output kernel
         return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables, pt=plan.p_table),

@@ -12,6 +12,7 @@ HEAD_DIMS = (64, 128)          # K == V: each kernel is built for the call's hea
 KERNEL_HEAD_DIM = 128          # the configurations' default DK
 OUT_CPB = 8                    # chunks per CTA of the output kernel (pipelined TMA loads)
 RV_BV = 64                     # value columns per warpgroup of the register-operand state kernel (wgmma M)
+SCAN_BV = 128                  # rows of [Z^T; M^T] per CTA of the CP scan (at most DK): two warpgroups, one load
 NUM_STAGES = 2                 # software pipelining depth of the sequential kernels' chunk loads
 STATE_FORMS = ("rv", "smem", "ws")   # register-operand (value-first tables) / shared-memory-operand (key-first) state
 #                                      / the latter's products with o, warp-specialised (no chunk tables)
