@@ -8,9 +8,8 @@ rows ``[0, D)`` are ``Z_p^T`` and rows ``[D, 2D)`` are ``M_p^T``.  The segment s
 A CTA walks the segments of one sequence for one value head and ``ROWS`` rows of ``S^T`` (the rows are
 independent), holding them in fp64 shared memory; each step reads ``M_p^T`` and its ``Z_p^T`` rows once into
 shared memory (fp32, as stored; by TMA, the next step's during this one) and accumulates every product and sum in
-fp64 (FMA on the fp64 pipes, no tensor cores), so the result is
-the fp64 walk rounded once to fp32.  Segments of different sequences may differ in number (varlen):
-``seg_of [N + 1]`` holds each sequence's first segment id.
+fp64 (FMA on the fp64 pipes, no tensor cores), so the result is the fp64 walk rounded once to fp32.  Segments
+of different sequences may differ in number (varlen): ``seg_of [N + 1]`` holds each sequence's first segment id.
 """
 
 import tilelang.language as T

@@ -226,9 +226,8 @@ def state_output(*, x: ForwardInputs, plan, tables: IntraTables, segments=None):
 def segment_starts(*, x: ForwardInputs, plan, tables: IntraTables):
     """CP phases 1 and 2: the scan of every segment from zero with its transition product (``gdn_scan_rv``; all
     but the last segment of the last sequence, which no segment follows), then the fp64 fix-up of the segment start
-    states (``gdn_cp_fixup``).  Returns (seg_cu, seg_co: the segments as
-    sequences, int32 [Nseg + 1]; seg_of: each sequence's first segment, host list [N + 1]; h0s [Nseg, HV, D, D]
-    fp32 value-first start states)."""
+    states (``gdn_cp_fixup``).  Returns (seg_cu, seg_co: the segments as sequences, int32 [Nseg + 1]; seg_of: each
+    sequence's first segment, host list [N + 1]; h0s [Nseg, HV, D, D] fp32 value-first start states)."""
     from kernels.build import get_kernel
     dev, D, HV = x.q.device, x.D, x.HV
     scan, fixup = plan.configs()[-2:]
