@@ -26,6 +26,7 @@ CP_MIN_CHUNKS = 16             # chunks per CP segment at the least
 CP_MAX_CTAS = 8                # rv CTAs (N x HV x DK/64) at most for CP
 CP_MIN_TOTAL_CHUNKS = 512      # chunks of the longest sequence at the least for CP
 WS_HEAD_DIMS = (128,)          # head dims at which the "ws" form is dispatched (where it was measured faster)
+WS_CP_BV = 64                  # value columns per CTA of the "ws" form run per CP segment
 # dh's warp-specialised kernel at 32 value columns (one CTA per SM: 384 threads x 168 registers) up to this many
 # CTAs.  On an H200 it took dh from 3.07 to 1.53 ms at B1 T32768 H16 HV32 (128 CTAs against the register kernel's
 # 64) and from 1.23 to 1.54 at B8 T4096 H16 HV32 (1024 CTAs against 512).
@@ -94,9 +95,10 @@ class ForwardPlan:
 def _forward_configs(plan: ForwardPlan) -> tuple:
     prec, rv, DK = plan.precision, plan.state_form == "rv", plan.DK
     past = prec.past_intra()                    # what the state and output kernels read of the precision
-    scan = () if plan.cp == 1 else (StateConfig(plan.dtype, min(SCAN_BV, DK), past.for_scan(), scan=True, form="rv",
-                                                DK=DK),
-                                    FixupConfig(DK))
+    scan = ()
+    if plan.cp > 1:
+        scan = (StateConfig(plan.dtype, min(SCAN_BV, DK), past.for_scan(), scan=True, form="rv", DK=DK),
+                FixupConfig(DK))
     if plan.state_form == "ws":                 # o from the state kernel: no output kernel
         return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables, pt=plan.p_table),
                 StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table),
@@ -147,10 +149,10 @@ def cp_segments(n_seq: int, HV: int, max_chunks: int, DK: int = KERNEL_HEAD_DIM)
 
 
 def ws_cp_segments(n_seq: int, HV: int, max_chunks: int, DK: int = KERNEL_HEAD_DIM) -> int:
-    """Segments per sequence of the "ws" form's CP (1 = off) at 64 value columns a CTA: where N x HV x DK/64 CTAs
-    leave more than half the SMs idle, enough segments for about ``N_SM`` CTAs, each of at least ``CP_MIN_CHUNKS``
-    chunks, 16 at the most."""
-    ctas = n_seq * HV * (DK // 64)
+    """Segments per sequence of the "ws" form's CP (1 = off) at ``WS_CP_BV`` value columns a CTA: where N x HV x
+    DK/WS_CP_BV CTAs leave more than half the SMs idle, enough segments for about ``N_SM`` CTAs, each of at least
+    ``CP_MIN_CHUNKS`` chunks, 16 at the most."""
+    ctas = n_seq * HV * (DK // WS_CP_BV)
     if 2 * ctas > N_SM or max_chunks < 2 * CP_MIN_CHUNKS:
         return 1
     return max(1, min(16, -(-N_SM // ctas), max_chunks // CP_MIN_CHUNKS))
@@ -159,12 +161,12 @@ def ws_cp_segments(n_seq: int, HV: int, max_chunks: int, DK: int = KERNEL_HEAD_D
 def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: bool = False,
                  DK: int = KERNEL_HEAD_DIM) -> ForwardPlan:
     """The forward's dispatch.  At the head dims ``WS_HEAD_DIMS``: the ws form where blocks of at least 32 value
-    columns give a CTA per SM (``block_v``), else the ws form at BV 64 per CP segment where ``ws_cp_segments`` > 1,
-    P from the intra kernel's tables (``p_table``).  At the others, the rv form with CP for at most
-    ``CP_MAX_CTAS`` CTAs over at least ``CP_MIN_TOTAL_CHUNKS`` chunks (few heads, long sequences).  Else the smem
-    form without CP, two CTAs per SM when BV 32 gives two per SM (else one);
-    precision "default"; ``keep_tables`` where the precision computes the backward's tables; every kernel built for
-    the call's head dim ``DK`` (K == V), which also sets the CTA counts above."""
+    columns give a CTA per SM (``block_v``), else the ws form at BV ``WS_CP_BV`` per CP segment where
+    ``ws_cp_segments`` > 1, P from the intra kernel's tables (``p_table``).  At the others, the rv form with CP for
+    at most ``CP_MAX_CTAS`` CTAs over at least ``CP_MIN_TOTAL_CHUNKS`` chunks (few heads, long sequences).  Else the
+    smem form without CP, two CTAs per SM when BV 32 gives two per SM (else one); precision "default";
+    ``keep_tables`` where the precision computes the backward's tables; every kernel built for the call's head dim
+    ``DK`` (K == V), which also sets the CTA counts above."""
     check_head_dim(DK)
     prec = preset()
     few = n_seq * HV * (DK // RV_BV) <= CP_MAX_CTAS and max_chunks >= CP_MIN_TOTAL_CHUNKS
@@ -176,7 +178,7 @@ def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: 
         return ForwardPlan(dtype, prec, "ws", bv, 1, 1, keep, DK, p_table=True)
     cp = ws_cp_segments(n_seq, HV, max_chunks, DK) if DK in WS_HEAD_DIMS else 1
     if cp > 1:
-        return ForwardPlan(dtype, prec, "ws", 64, 1, cp, keep, DK, p_table=True)
+        return ForwardPlan(dtype, prec, "ws", WS_CP_BV, 1, cp, keep, DK, p_table=True)
     occ = 2 if block_v(n_seq, HV, 2, DK) == 32 else 1
     return ForwardPlan(dtype, prec, "smem", block_v(n_seq, HV, occ, DK), occ, 1, keep, DK)
 

@@ -217,10 +217,10 @@ def state_output(*, x: ForwardInputs, plan, tables: IntraTables, segments=None):
                                       o, ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
         return o, (ht if x.store_ht else None)
     seg_cu, seg_co, seg_of, h0s = segments
-    hts = torch.empty_like(h0s) if x.store_ht else h0s[:1]
+    hts = _segment_final_states(x, h0s)
     get_kernel(plan.configs()[1])(q, k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, seg_cu, seg_co, h0s, o, hts, 1,
                                   int(x.store_ht), 1)
-    return o, (_last_segment_states(x, hts, seg_of) if x.store_ht else None)
+    return o, _last_segment_states(x, hts, seg_of)
 
 
 def segment_starts(*, x: ForwardInputs, plan, tables: IntraTables):
@@ -243,8 +243,17 @@ def segment_starts(*, x: ForwardInputs, plan, tables: IntraTables):
     return seg_cu, seg_co, seg_of, h0s
 
 
-def _last_segment_states(x: ForwardInputs, hts: torch.Tensor, seg_of) -> torch.Tensor:
-    """Every sequence's final state (its last segment's, value-first in ``hts``) in the caller's layout."""
+def _segment_final_states(x: ForwardInputs, h0s: torch.Tensor) -> torch.Tensor:
+    """The state kernels' final-state output per CP segment: like ``h0s``, or ``h0s[:1]`` (not written) without
+    ``store_ht``."""
+    return torch.empty_like(h0s) if x.store_ht else h0s[:1]
+
+
+def _last_segment_states(x: ForwardInputs, hts: torch.Tensor, seg_of) -> torch.Tensor | None:
+    """Every sequence's final state (its last segment's, value-first in ``hts``) in the caller's layout; None
+    without ``store_ht``."""
+    if not x.store_ht:
+        return None
     ht = hts.index_select(0, _last_segments(seg_of, x.q.device))
     return ht if x.v_first else ht.transpose(-1, -2).contiguous()
 
@@ -254,10 +263,10 @@ def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStat
     from kernels.build import get_kernel
     seg_cu, seg_co, seg_of, h0s = segment_starts(x=x, plan=plan, tables=tables)
     Sch, Scl, Uh, Ul = _state_tables(x, plan)
-    hts = torch.empty_like(h0s) if x.store_ht else h0s[:1]
+    hts = _segment_final_states(x, h0s)
     get_kernel(plan.configs()[1])(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu, seg_co, h0s, Sch, Scl, Uh, Ul,
                                   hts, 1, int(x.store_ht), 1)
-    return ChunkStates(Sch, Scl, Uh, Ul, _last_segment_states(x, hts, seg_of) if x.store_ht else None)
+    return ChunkStates(Sch, Scl, Uh, Ul, _last_segment_states(x, hts, seg_of))
 
 
 def output(*, x: ForwardInputs, plan, tables: IntraTables, states: ChunkStates) -> torch.Tensor:

@@ -18,8 +18,8 @@ With fp16 operands (``Precision.half``) every shared operand tile is fp16, q and
 row-scaled fp16 copies (for bf16 inputs), and WG1 keeps each value column's running maximum magnitude (h0's, then
 each chunk's v): chunk c runs column j scaled by ``sigma_cj = 2^-ceil(log2 max)``, the state entering it still at
 ``sigma_(c-1)j`` (K S and Q S times the ratio, S times it with F3 before its update; exact powers of two; h0 enters
-at its own columns' scales) and o divided by it when stored, so that no value or state overflows fp16's range; the chain waits for the scales only
-after its first product.
+at its own columns' scales) and o divided by it when stored, so that no value or state overflows fp16's range;
+the chain waits for the scales only after its first product.
 
 Every product and rounding is the one ``gdn_state_smem`` and ``gdn_output`` make (``prec``:
 ``precision.Precision``), in the same order on the same accumulators, so o and the final state are those of the
