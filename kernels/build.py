@@ -78,9 +78,30 @@ def pass_configs():
 
 @functools.lru_cache(maxsize=None)
 def get_kernel(cfg):
-    """Compile (or fetch from TileLang's cache) the kernel of ``cfg`` (either direction) for sm_90a."""
+    """Compile (or fetch from TileLang's cache) the kernel of ``cfg`` (either direction) for sm_90a; its calls
+    launch it through ``direct_launch``."""
     import tilelang
-    return tilelang.compile(prim_func(cfg), target=TARGET, pass_configs=pass_configs())
+    return direct_launch(tilelang.compile(prim_func(cfg), target=TARGET, pass_configs=pass_configs()))
+
+
+def direct_launch(kern):
+    """``kern`` (a TileLang ``JITKernel``) with its calls sent straight to its TVM-FFI executable where it
+    allocates no outputs (the host time of the wrapper's Python argument handling saved; the executable checks
+    every argument's count, dtype, shape, strides and device itself); any other kernel as it is."""
+    adapter = getattr(kern, "adapter", None)
+    executable = getattr(adapter, "get_exportable_executable", None)
+    if (getattr(kern, "execution_backend", None) == "tvm_ffi" and executable is not None
+            and not getattr(adapter, "result_idx", True) and not getattr(adapter, "_ffi_callee_allocated_output_abi",
+                                                                         True)):
+        kern.torch_function = executable()
+    return kern
+
+
+def launches_directly(kern) -> bool:
+    """Whether calls of ``kern`` go straight to its TVM-FFI executable (``direct_launch``)."""
+    adapter = getattr(kern, "adapter", None)
+    return (getattr(kern, "execution_backend", None) == "tvm_ffi" and hasattr(adapter, "get_exportable_executable")
+            and kern.torch_function is adapter.get_exportable_executable())
 
 
 def _compile_named(cfg, get=None):
@@ -230,7 +251,8 @@ def dyn_smem_bytes(host_src: str) -> int | None:
 
 def compile_report(cfg, get, kind: str, with_ptxas: bool = True) -> dict:
     """Compile ``cfg`` with ``get`` (sm_90a); return name, kind, dtype, seconds, CUDA source, the launch's
-    dynamic shared memory and ptxas stats (what the compile tests check)."""
+    dynamic shared memory, whether its calls launch it directly (``launches_directly``) and ptxas stats (what the
+    compile tests check)."""
     import time
 
     t = time.time()
@@ -239,7 +261,8 @@ def compile_report(cfg, get, kind: str, with_ptxas: bool = True) -> dict:
         kern = get(cfg)
     src = kern.get_kernel_source()
     out = {"name": cfg.name, "kind": kind, "dtype": getattr(cfg, "dtype", "float32"),    # the fix-up has none
-           "seconds": time.time() - t, "source": src, "dyn_smem": dyn_smem_bytes(kern.get_host_source())}
+           "seconds": time.time() - t, "source": src, "dyn_smem": dyn_smem_bytes(kern.get_host_source()),
+           "direct_launch": launches_directly(kern)}
     if with_ptxas:
         t = time.time()
         out["ptxas"] = ptxas_report(src, log=logs[-1] if len(logs) == 1 else None)

@@ -43,3 +43,31 @@ def test_tilelang_ptxas_output_is_captured_and_the_environment_restored(monkeypa
     tilelang.logger.info("PTXAS verbose output:\n%s", LOG)                  # the handler is gone
     assert len(logs) == 1 and not any(isinstance(h, logging.Handler) and type(h).__name__ == "Grab"
                                       for h in tilelang.logger.handlers)
+
+
+class _Adapter:
+    def __init__(self, result_idx, callee_alloc=False):
+        self.result_idx, self._ffi_callee_allocated_output_abi = result_idx, callee_alloc
+        self.executable = object()
+
+    def get_exportable_executable(self):
+        return self.executable
+
+
+class _Kernel:
+    def __init__(self, backend, adapter):
+        self.execution_backend, self.adapter, self.torch_function = backend, adapter, "wrapper"
+
+
+@pytest.mark.parametrize("backend, result_idx, callee_alloc, direct", [
+    ("tvm_ffi", [], False, True),           # every tensor passed in: the executable itself
+    ("tvm_ffi", [2], False, False),         # the wrapper allocates an output
+    ("tvm_ffi", [], True, False),           # TVM-FFI allocates outputs
+    ("cython", [], False, False),           # another backend's wrapper
+])
+def test_direct_launch_only_where_the_wrapper_does_nothing_but_forward(backend, result_idx, callee_alloc, direct):
+    kern = _Kernel(backend, _Adapter(result_idx, callee_alloc))
+    assert build.direct_launch(kern) is kern
+    assert (kern.torch_function is kern.adapter.executable) == direct
+    assert build.launches_directly(kern) == direct
+    assert kern.torch_function == ("wrapper" if not direct else kern.adapter.executable)

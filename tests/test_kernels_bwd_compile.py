@@ -106,6 +106,7 @@ def compiled():
 def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     r = compiled[cfg.name]
     src = r["source"]
+    assert r["direct_launch"], f"{cfg.name}: its calls go through TileLang's Python wrapper (build.direct_launch)"
     kind = "dh_single" if cfg.single else "dh_tinv_hi" if cfg.tinv_hi else "prep_saved" if cfg.saved else cfg.kind
     want = _WANT_WGMMA[kind] - (2 if cfg.s_single else 0)     # S hi alone: no dO Sl^T, dY Sl^T
     want += {"split": 8, "fp32": -4}.get(cfg.merge, 0)         # merges: 3 products a merge product, or none

@@ -9,6 +9,7 @@ Everything else (T, B, N, H, HV / GVA ratio, h0, final state, state layout, l2no
 a runtime argument of the same binaries.
 
 Asserts what the design relies on, from the generated CUDA and from ptxas:
+* each kernel's calls launch its TVM-FFI executable directly (``kernels.build.direct_launch``);
 * every matmul is a wgmma with input-dtype operands and fp32 accumulation, and there is no TF32 anywhere, with the
   number of products the precision implies (``_WANT_WGMMA``); the rv state kernel takes every A operand from
   registers (``wgmma_rs``), the output kernel its P;
@@ -69,6 +70,7 @@ _WANT_WGMMA = {
 def test_kernel_compiles_for_sm90a(compiled, cfg):
     r = compiled[cfg.name]
     src = r["source"]
+    assert r["direct_launch"], f"{cfg.name}: its calls go through TileLang's Python wrapper (build.direct_launch)"
     if r["kind"] == "FixupConfig":                              # fp64 FMA, no tensor core; fp32 in and out
         assert "wgmma" not in src and "double" in src and "tf32" not in src.lower()
         check_ptxas(r["ptxas"])

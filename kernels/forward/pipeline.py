@@ -178,17 +178,37 @@ def _state_tables(x: ForwardInputs, plan):
     return Sch, Scl, Uh, Ul
 
 
+_UNUSED: dict = {}
+
+
+def _unused(shape: tuple, dtype, dev) -> torch.Tensor:
+    """A tensor for an argument that its kernel's flags switch off (never read, never written): one per (shape,
+    dtype, device), kept for every later call."""
+    key = (shape, dtype, dev)
+    t = _UNUSED.get(key)
+    if t is None:
+        if len(_UNUSED) > 64:
+            _UNUSED.clear()
+        t = _UNUSED[key] = torch.empty(shape, device=dev, dtype=dtype)
+    return t
+
+
+def _no_states(x: ForwardInputs) -> torch.Tensor:
+    """The [1, HV, D, D] fp32 stand-in of a state argument that is neither read nor written."""
+    return _unused((1, x.HV, x.D, x.D), torch.float32, x.q.device)
+
+
 def _initial_states(x: ForwardInputs) -> torch.Tensor:
-    """The initial states the state kernels read: ``x.h0``, or an unread [1, HV, D, D] fp32 placeholder."""
-    h0 = x.h0 if x.h0 is not None else torch.empty((1, x.HV, x.D, x.D), device=x.q.device, dtype=torch.float32)
-    return h0
+    """The initial states the state kernels read: ``x.h0``, or ``_no_states`` (unread)."""
+    return x.h0 if x.h0 is not None else _no_states(x)
 
 
 def _final_states(x: ForwardInputs) -> torch.Tensor:
-    """The state kernels' final-state output: [N, HV, D, D] fp32, or [1, HV, D, D] (not written) without
+    """The state kernels' final-state output: [N, HV, D, D] fp32, or ``_no_states`` (not written) without
     ``store_ht``."""
-    ht = torch.empty((x.N if x.store_ht else 1, x.HV, x.D, x.D), device=x.q.device, dtype=torch.float32)
-    return ht
+    if not x.store_ht:
+        return _no_states(x)
+    return torch.empty((x.N, x.HV, x.D, x.D), device=x.q.device, dtype=torch.float32)
 
 
 def state(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:
@@ -231,22 +251,22 @@ def segment_starts(*, x: ForwardInputs, plan, tables: IntraTables):
     from kernels.build import get_kernel
     dev, D, HV = x.q.device, x.D, x.HV
     scan, fixup = plan.configs()[-2:]
-    seg_cu, seg_co, seg_of, seg_of_d, Nseg = _cp_tables(x.B, x.T, x.cu_seqlens, x.cu_host, plan.cp, dev)
+    seg_cu, seg_co, seg_of, seg_of_d, Nseg, scan_cu, scan_co = _cp_tables(x.B, x.T, x.cu_seqlens, x.cu_host,
+                                                                           plan.cp, dev)
     ZM = torch.empty((Nseg, HV, 2 * D, D), device=dev, dtype=torch.float32)
-    h0 = _initial_states(x)
-    none = torch.empty((1, 1, 1, 1), device=dev, dtype=x.q.dtype)          # the scan writes no chunk table
     if Nseg > 1:    # no segment follows the table's last: the scan leaves it out (its ZM is never read)
-        get_kernel(scan)(x.k, x.v, tables.Ah, tables.Al, tables.F, seg_cu[:-1], seg_co[:-1], h0[:1], none, none,
+        none = _unused((1, 1, 1, 1), x.q.dtype, dev)                        # the scan writes no chunk table
+        get_kernel(scan)(x.k, x.v, tables.Ah, tables.Al, tables.F, scan_cu, scan_co, _no_states(x), none, none,
                          none, none, ZM, 0, 1, 0)
     h0s = torch.empty((Nseg, HV, D, D), device=dev, dtype=torch.float32)
-    get_kernel(fixup)(ZM, h0, seg_of_d, h0s, int(x.h0 is not None), int(x.v_first))
+    get_kernel(fixup)(ZM, _initial_states(x), seg_of_d, h0s, int(x.h0 is not None), int(x.v_first))
     return seg_cu, seg_co, seg_of, h0s
 
 
 def _segment_final_states(x: ForwardInputs, h0s: torch.Tensor) -> torch.Tensor:
-    """The state kernels' final-state output per CP segment: like ``h0s``, or ``h0s[:1]`` (not written) without
+    """The state kernels' final-state output per CP segment: like ``h0s``, or ``_no_states`` (not written) without
     ``store_ht``."""
-    return torch.empty_like(h0s) if x.store_ht else h0s[:1]
+    return torch.empty_like(h0s) if x.store_ht else _no_states(x)
 
 
 def _last_segment_states(x: ForwardInputs, hts: torch.Tensor, seg_of) -> torch.Tensor | None:
@@ -254,8 +274,7 @@ def _last_segment_states(x: ForwardInputs, hts: torch.Tensor, seg_of) -> torch.T
     without ``store_ht``."""
     if not x.store_ht:
         return None
-    ht = hts.index_select(0, _last_segments(seg_of, x.q.device))
-    return ht if x.v_first else ht.transpose(-1, -2).contiguous()
+    return (hts if x.v_first else hts.transpose(-1, -2)).index_select(0, _last_segments(seg_of, x.q.device))
 
 
 def state_segmented(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:
@@ -288,7 +307,8 @@ _SEG_TABLES: dict = {}
 
 def _cp_tables(B, T, cu_seqlens, cu_host, n_seg, dev):
     """Segment tables of the CP path: seg_cu, seg_co (int32, device), seg_of (host list [N + 1]: each sequence's
-    first segment id), seg_of on the device (int32) and Nseg.  Cached for dense input."""
+    first segment id), seg_of on the device (int32), Nseg, and seg_cu, seg_co without their last segment (the
+    scan's).  Cached for dense input."""
     key = (B, T, n_seg, str(dev)) if cu_seqlens is None else None
     if key is not None and key in _SEG_TABLES:
         return _SEG_TABLES[key]
@@ -297,7 +317,8 @@ def _cp_tables(B, T, cu_seqlens, cu_host, n_seg, dev):
         cu_host = [b * T for b in range(B + 1)] if cu_seqlens is None else host_list(cu_seqlens)
     seg_cu, seg_co, seg_of = cp_segments(cu_host, n_seg)
     out = tuple(torch.tensor(t, dtype=torch.int32).to(dev, non_blocking=True) for t in (seg_cu, seg_co))
-    out = (*out, seg_of, torch.tensor(seg_of, dtype=torch.int32).to(dev, non_blocking=True), len(seg_cu) - 1)
+    out = (*out, seg_of, torch.tensor(seg_of, dtype=torch.int32).to(dev, non_blocking=True), len(seg_cu) - 1,
+           out[0][:-1], out[1][:-1])
     if key is not None:
         if len(_SEG_TABLES) > 64:
             _SEG_TABLES.clear()
