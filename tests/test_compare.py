@@ -166,13 +166,17 @@ H200_PARTIAL = Path(__file__).resolve().parent / "data" / "h200-standard-partial
 @pytest.mark.skipif(not (H200.exists() and H200_PARTIAL.exists()), reason="the H200 result files are not here")
 def test_two_real_h200_runs_of_different_commits():
     """A partial run of our v1 kernels against the canonical run: the upstream backends are the same cell for cell
-    (deterministic kernels, same inputs), and so are ours, bit for bit, on every cell both ran: the canonical
-    ``tilelang`` rows come from kernels that split the chunk-start state again, as v1 did."""
+    (deterministic kernels, same inputs), and so are ours on every cell both ran: the canonical ``tilelang`` rows
+    come from the fused ws kernels (NOTES.md, file 12): o's rel_rmse within 1e-5 of v1's (relative), the final
+    state's within 5%."""
     cmp = compare.compare_files(H200_PARTIAL, H200)
     t = cmp.table
     assert cmp.of(compare.NEW_FAILURE).empty and cmp.exit_code == 0
     upstream = t[t["backend"].isin(["fla-triton", "fla-dispatch", "fla-recurrent", "flash-qla"])]
     assert set(upstream["state"]) == {compare.SAME, compare.NOT_COMPARABLE}
     ours = t[(t["backend"] == "tilelang") & (t["state"] != compare.NOT_COMPARABLE)]
-    assert len(ours) and set(ours["state"]) == {compare.SAME} and (ours["A"] == ours["B"]).all()
+    assert len(ours) and set(ours["state"]) == {compare.SAME}
+    o, ht = ours[ours["tensor"] == "o"], ours[ours["tensor"] == "ht"]
+    assert len(o) and ((o["A"] / o["B"] - 1).abs() < 1e-5).all()
+    assert len(ht) and ((ht["A"] / ht["B"] - 1).abs() < 0.05).all()
     assert cmp.of(compare.WORSE).empty and cmp.of(compare.BETTER).empty
