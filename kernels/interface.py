@@ -87,6 +87,23 @@ def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first, req
     return B, T, H, HV, K, V, N
 
 
+CACHE_ENTRIES = 64                           # entries a per-layout host cache keeps before it is emptied
+
+
+def cached(table: dict, key, make):
+    """``table[key]``, made by ``make()`` where missing (None is a value like any other); a table holding more than
+    ``CACHE_ENTRIES`` entries is emptied before the new one goes in.  The host caches of both directions (tables
+    per layout, plans, stand-in tensors) share this."""
+    try:
+        return table[key]
+    except KeyError:
+        pass
+    if len(table) > CACHE_ENTRIES:
+        table.clear()
+    value = table[key] = make()
+    return value
+
+
 _DENSE_TABLES: dict = {}
 
 
@@ -113,14 +130,7 @@ def seq_tables(B, T, cu_seqlens, dev, cu_host=None):
     Dense tables are built on the device without a host sync and cached per (B, T, device); varlen tables
     from ``cu_host`` (cu_seqlens as a host list) when the caller already has it, else with one host sync."""
     if cu_seqlens is None:
-        key = (B, T, str(dev))
-        hit = _DENSE_TABLES.get(key)
-        if hit is not None:
-            return hit
-        if len(_DENSE_TABLES) > 64:
-            _DENSE_TABLES.clear()
-        _DENSE_TABLES[key] = _dense_tables(B, T, dev)
-        return _DENSE_TABLES[key]
+        return cached(_DENSE_TABLES, (B, T, str(dev)), lambda: _dense_tables(B, T, dev))
     return _varlen_tables(T, cu_seqlens, dev, cu_host)
 
 

@@ -342,6 +342,23 @@ def test_varlen_tables_take_the_host_list_so_a_call_syncs_once():
         assert torch.equal(a, b.as_subclass(torch.Tensor))
 
 
+def test_host_cache_keeps_none_and_empties_itself_past_its_bound():
+    """``interface.cached``: a value is made once per key, None included (the backward's "no segment plan"); a
+    table past ``CACHE_ENTRIES`` entries is emptied before the next new key goes in."""
+    from kernels.interface import CACHE_ENTRIES, cached
+
+    made = []
+
+    def make(v):
+        return lambda: made.append(v) or v
+    table: dict = {}
+    assert cached(table, "a", make(None)) is None and cached(table, "a", make(1)) is None and made == [None]
+    for i in range(CACHE_ENTRIES):
+        cached(table, i, make(i))
+    assert len(table) == CACHE_ENTRIES + 1 and cached(table, 3, make(-1)) == 3
+    assert cached(table, "new", make(7)) == 7 and table == {"new": 7}
+
+
 def test_varlen_tables_are_reused_for_the_same_unmodified_cu_seqlens():
     """A model calls the kernel once per layer with one cu_seqlens tensor: the second call with that tensor copies
     nothing to the host; an in-place change, another tensor, another T or device rebuilds the tables."""

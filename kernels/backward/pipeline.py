@@ -40,7 +40,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels.forward.pipeline import ForwardInputs, prepare
-from kernels.interface import BT, LO8_DTYPE, TL_DTYPE, call_tables, fp32_state, pad_rows, tma_ready, token_rows
+from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, cached, call_tables, fp32_state, pad_rows, tma_ready,
+                               token_rows)
 
 from .finish import finish, group_sum
 
@@ -431,13 +432,11 @@ def _dh_plan(B, T, cu_host, HV, n_value_blocks, dev):
     sms = _sm_count(dev)
     key = ((B, T) if cu_host is None else tuple(cu_host), HV, n_value_blocks, str(dev), sms,
            dh_segmented.MIN_CHUNKS, dh_segmented.MIN_SEQ_CHUNKS)
-    if key not in _PLANS:
-        if len(_PLANS) > 64:
-            _PLANS.clear()
+    def build():
         p = dh_segmented.plan([b * T for b in range(B + 1)] if cu_host is None else list(cu_host), HV,
                               n_value_blocks, sms)
-        _PLANS[key] = None if p is None else dh_segmented.plan_tensors(p, dev)
-    return _PLANS[key]
+        return None if p is None else dh_segmented.plan_tensors(p, dev)
+    return cached(_PLANS, key, build)
 
 
 def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dYl, dv2):

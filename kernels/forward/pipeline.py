@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.interface import (BT, TL_DTYPE, TORCH_DTYPE, call_tables, check_inputs, fp32_state, host_list, max_chunks,
-                               pad_rows, require_sm90, tma_ready, token_count, token_rows)
+from kernels.interface import (BT, TL_DTYPE, TORCH_DTYPE, cached, call_tables, check_inputs, fp32_state, host_list,
+                               max_chunks, pad_rows, require_sm90, tma_ready, token_count, token_rows)
 
 
 @dataclass
@@ -184,13 +184,7 @@ _UNUSED: dict = {}
 def _unused(shape: tuple, dtype, dev) -> torch.Tensor:
     """A tensor for an argument that its kernel's flags switch off (never read, never written): one per (shape,
     dtype, device), kept for every later call."""
-    key = (shape, dtype, dev)
-    t = _UNUSED.get(key)
-    if t is None:
-        if len(_UNUSED) > 64:
-            _UNUSED.clear()
-        t = _UNUSED[key] = torch.empty(shape, device=dev, dtype=dtype)
-    return t
+    return cached(_UNUSED, (shape, dtype, dev), lambda: torch.empty(shape, device=dev, dtype=dtype))
 
 
 def _no_states(x: ForwardInputs) -> torch.Tensor:
@@ -309,31 +303,22 @@ def _cp_tables(B, T, cu_seqlens, cu_host, n_seg, dev):
     """Segment tables of the CP path: seg_cu, seg_co (int32, device), seg_of (host list [N + 1]: each sequence's
     first segment id), seg_of on the device (int32), Nseg, and seg_cu, seg_co without their last segment (the
     scan's).  Cached for dense input."""
-    key = (B, T, n_seg, str(dev)) if cu_seqlens is None else None
-    if key is not None and key in _SEG_TABLES:
-        return _SEG_TABLES[key]
-    from .emulation import cp_segments
-    if cu_host is None:
-        cu_host = [b * T for b in range(B + 1)] if cu_seqlens is None else host_list(cu_seqlens)
-    seg_cu, seg_co, seg_of = cp_segments(cu_host, n_seg)
-    out = tuple(torch.tensor(t, dtype=torch.int32).to(dev, non_blocking=True) for t in (seg_cu, seg_co))
-    out = (*out, seg_of, torch.tensor(seg_of, dtype=torch.int32).to(dev, non_blocking=True), len(seg_cu) - 1,
-           out[0][:-1], out[1][:-1])
-    if key is not None:
-        if len(_SEG_TABLES) > 64:
-            _SEG_TABLES.clear()
-        _SEG_TABLES[key] = out
-    return out
+    def build():
+        from .emulation import cp_segments
+        host = cu_host
+        if host is None:
+            host = [b * T for b in range(B + 1)] if cu_seqlens is None else host_list(cu_seqlens)
+        seg_cu, seg_co, seg_of = cp_segments(host, n_seg)
+        out = tuple(torch.tensor(t, dtype=torch.int32).to(dev, non_blocking=True) for t in (seg_cu, seg_co))
+        return (*out, seg_of, torch.tensor(seg_of, dtype=torch.int32).to(dev, non_blocking=True), len(seg_cu) - 1,
+                out[0][:-1], out[1][:-1])
+    return build() if cu_seqlens is not None else cached(_SEG_TABLES, (B, T, n_seg, str(dev)), build)
 
 
 _LAST: dict = {}
 
 
 def _last_segments(seg_of, dev):
-    key = (tuple(seg_of), str(dev))
-    if key not in _LAST:
-        if len(_LAST) > 64:
-            _LAST.clear()
-        _LAST[key] = torch.tensor([seg_of[n + 1] - 1 for n in range(len(seg_of) - 1)],
-                                  dtype=torch.long).to(dev, non_blocking=True)
-    return _LAST[key]
+    return cached(_LAST, (tuple(seg_of), str(dev)),
+                  lambda: torch.tensor([seg_of[n + 1] - 1 for n in range(len(seg_of) - 1)],
+                                       dtype=torch.long).to(dev, non_blocking=True))
