@@ -28,7 +28,9 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   ``ws`` - the fused warp-specialised state-output kernel (state form "ws": no chunk tables, no output kernel; BV
   by ``block_v``); ``ws16`` / ``ws32`` / ``ws64`` - with BV forced; ``wscp`` - the ws form with
   CP segments by ``plan.ws_cp_segments`` (BV 64), ``wscp4`` / ``wscp8`` / ``wscp16`` / ``wscp32`` - forced to that
-  many segments per sequence, ``wscp8b32`` / ``wscp16b32`` - at BV 32; ``noptab`` - the dispatched plan at the split
+  many segments per sequence, ``wscp8b32`` / ``wscp16b32`` - at BV 32, all with exact start states;
+  ``warm`` / ``warm2`` ... ``warm16`` - the same with the warm-up starts of ``kernels.forward.cp_warm``
+  (``ForwardPlan.warm``); ``exactcp`` - the dispatched plan with exact start states; ``noptab`` - the dispatched plan at the split
   precision with the ws kernel's P warpgroup computing P instead of reading the intra kernel's P tables
   (``ForwardPlan.p_table``; against ``split``);
   ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``ag1`` / ``x1`` /
@@ -110,22 +112,22 @@ def flash_qla():
 
 
 def _rv(cp=None, bv=64):        # (the split precision: fp16 operands are a form of the ws kernel)
-    return lambda p, n, HV, mc: dict(state_form="rv", block_v=bv, ctas_per_sm=1, p_table=False,
+    return lambda p, n, HV, mc: dict(state_form="rv", block_v=bv, ctas_per_sm=1, p_table=False, warm=False,
                                      cp=cp if cp is not None else cp_segments(n, HV, mc), precision=PRESETS["default"])
 
 
 def _smem(bv=None, occ=1):
     return lambda p, n, HV, mc: dict(state_form="smem", block_v=bv or block_v(n, HV, occ), ctas_per_sm=occ, cp=1,
-                                     p_table=False, precision=PRESETS["default"])
+                                     p_table=False, warm=False, precision=PRESETS["default"])
 
 
-def _ws(bv=None, cp=1):
+def _ws(bv=None, cp=1, warm=False):
     return lambda p, n, HV, mc: dict(state_form="ws", block_v=bv or block_v(n, HV), ctas_per_sm=1, cp=cp,
-                                     p_table=True)
+                                     p_table=True, warm=warm and cp > 1)
 
 
-def _wscp(cp=None, bv=64):      # (the split precision: fp16 operands' value scales are per sequence)
-    return lambda p, n, HV, mc: dict(_ws(bv, cp or ws_cp_segments(n, HV, mc))(p, n, HV, mc),
+def _wscp(cp=None, bv=64, warm=False):  # (the split precision: fp16 operands' value scales are per sequence)
+    return lambda p, n, HV, mc: dict(_ws(bv, cp or ws_cp_segments(n, HV, mc), warm)(p, n, HV, mc),
                                      precision=PRESETS["default"])
 
 
@@ -173,6 +175,12 @@ VARIANTS = {
     "wscp32": _wscp(32),
     "wscp8b32": _wscp(8, 32),
     "wscp16b32": _wscp(16, 32),
+    "warm": _wscp(warm=True),
+    "warm2": _wscp(2, warm=True),
+    "warm4": _wscp(4, warm=True),
+    "warm8": _wscp(8, warm=True),
+    "warm16": _wscp(16, warm=True),
+    "exactcp": lambda p, n, HV, mc: dict(warm=False),
     "noptab": lambda p, n, HV, mc: dict(p_table=False, precision=PRESETS["default"]),
     "s1": _prec(s="bf16", ks="bf16"),
     "ks1": _prec(ks="bf16"),

@@ -15,7 +15,7 @@ from kernels.backward import configs as bwd
 from kernels.forward import configs as fwd
 from kernels.forward.configs import DTYPES, HEAD_DIMS, RV_BV, IntraConfig
 from kernels.forward.precision import PRESETS, preset
-from kernels.plan import WS_HEAD_DIMS, BackwardPlan, ForwardPlan
+from kernels.plan import WS_CP_BV, WS_HEAD_DIMS, BackwardPlan, ForwardPlan
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 
@@ -28,7 +28,8 @@ def forward_configs():
     the recompute's smem state kernels (S lo swizzled, S hi alone, or S lo in fp8), the intra kernel with split
     merges (the A/B alternative of ``Precision.merge`` and ``BackwardPlan.merge``; the one-term merges' kernels
     compile when a benchmark asks for them), and the fused warp-specialised state-output kernel (the plan form
-    "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables.
+    "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables, and
+    per CP segment with warm-up starts (``ForwardPlan.warm``, with its scan and fix-up).
 
     All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
     ratio, scale, h0 present or not, final state stored or not, the state layout, l2norm on/off, gate dtype, dense
@@ -46,6 +47,8 @@ def forward_configs():
             if DK in WS_HEAD_DIMS:  # as dispatched: P from the intra kernel's tables (with Tinv kept, too)
                 plans += [ForwardPlan(dtype, prec, "ws", bv, 1, 1, keep_tables=kt, DK=DK, p_table=True)
                           for bv, kt in ((64, False), (32, False), (64, True))]
+                # per CP segment with warm-up starts (and its scan and fix-up)
+                plans += [ForwardPlan(dtype, prec, "ws", WS_CP_BV, 1, 2, DK=DK, p_table=True, warm=True)]
                 # the fp16-operand precision (an A/B alternative of the ws form with P tables)
                 plans += [ForwardPlan(dtype, PRESETS["half"], "ws", bv, 1, 1, DK=DK, p_table=True) for bv in (64, 32)]
             cfgs = [c for p in plans for c in p.configs()]

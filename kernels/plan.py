@@ -47,7 +47,9 @@ class ForwardPlan:
     "ws": the rv scan and the fp64 fix-up give every segment its start state, then the state kernel runs per
     segment); ``keep_tables``: the intra kernel also stores Tinv and the call hands Tinv, Ag to the backward;
     ``p_table``: the intra kernel stores the gated scores P and the "ws" kernel reads them (its P warpgroup idles);
-    ``DK``: the head dim K == V every kernel is built for (``HEAD_DIMS``)."""
+    ``DK``: the head dim K == V every kernel is built for (``HEAD_DIMS``); ``warm``: the "ws" form's CP segments
+    start from warm-up chunks where the gates allow (``forward.cp_warm``), the scan and fix-up running only for
+    those that need an exact start state."""
     dtype: str
     precision: Precision
     state_form: str
@@ -57,6 +59,7 @@ class ForwardPlan:
     keep_tables: bool = False
     DK: int = KERNEL_HEAD_DIM
     p_table: bool = False
+    warm: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -81,6 +84,8 @@ class ForwardPlan:
                              f"bf16 merges: {self}")
         if self.precision.half and not (self.state_form == "ws" and self.p_table):
             raise ValueError(f"fp16 operands (Precision.half) are a form of the ws kernel with P tables: {self}")
+        if self.warm and (self.state_form != "ws" or self.cp < 2):
+            raise ValueError(f"warm-up starts are the ws form's, per CP segment (cp >= 2): {self}")
         if self.keep_tables and not keeps_tables(self.precision):
             raise ValueError(f"precision {self.precision.tag()} does not compute the backward's tables: {self}")
 
@@ -97,11 +102,12 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
     past = prec.past_intra()                    # what the state and output kernels read of the precision
     scan = ()
     if plan.cp > 1:
-        scan = (StateConfig(plan.dtype, min(SCAN_BV, DK), past.for_scan(), scan=True, form="rv", DK=DK),
-                FixupConfig(DK))
+        scan = (StateConfig(plan.dtype, min(SCAN_BV, DK), past.for_scan(), scan=True, form="rv", DK=DK,
+                            warm=plan.warm),
+                FixupConfig(DK, warm=plan.warm))
     if plan.state_form == "ws":                 # o from the state kernel: no output kernel
         return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables, pt=plan.p_table),
-                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table),
+                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table, warm=plan.warm),
                 *scan)
     out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
            StateConfig(plan.dtype, plan.block_v, past, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),
@@ -163,7 +169,7 @@ def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: 
                  DK: int = KERNEL_HEAD_DIM) -> ForwardPlan:
     """The forward's dispatch.  At the head dims ``WS_HEAD_DIMS``: the ws form where blocks of at least 32 value
     columns give a CTA per SM (``block_v``), else the ws form at BV ``WS_CP_BV`` per CP segment where
-    ``ws_cp_segments`` > 1, P from the intra kernel's tables (``p_table``).  At the others, the rv form with CP for
+    ``ws_cp_segments`` > 1 (with warm-up starts, ``warm``), P from the intra kernel's tables (``p_table``).  At the others, the rv form with CP for
     at most ``CP_MAX_CTAS`` CTAs over at least ``CP_MIN_TOTAL_CHUNKS`` chunks (few heads, long sequences).  Else the
     smem form without CP, two CTAs per SM when BV 32 gives two per SM (else one); precision "default";
     ``keep_tables`` where the precision computes the backward's tables; every kernel built for the call's head dim
@@ -179,7 +185,7 @@ def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: 
         return ForwardPlan(dtype, prec, "ws", bv, 1, 1, keep, DK, p_table=True)
     cp = ws_cp_segments(n_seq, HV, max_chunks, DK) if DK in WS_HEAD_DIMS else 1
     if cp > 1:
-        return ForwardPlan(dtype, prec, "ws", WS_CP_BV, 1, cp, keep, DK, p_table=True)
+        return ForwardPlan(dtype, prec, "ws", WS_CP_BV, 1, cp, keep, DK, p_table=True, warm=True)
     occ = 2 if block_v(n_seq, HV, 2, DK) == 32 else 1
     return ForwardPlan(dtype, prec, "smem", block_v(n_seq, HV, occ, DK), occ, 1, keep, DK)
 

@@ -36,8 +36,9 @@ PLAN_CASES = [
 ]
 # plan values besides the dispatched one (ForwardPlan fields): the register-operand state kernel without CP, with
 # CP forced and with BV 128; the shared-memory one at two CTAs per SM and at one; the fused warp-specialised
-# state-output kernel (form "ws"), also per CP segment (with and without P tables), all at the split precision,
-# and the ws form with every operand one fp16 term (precision "half", with P tables)
+# state-output kernel (form "ws"), also per CP segment (with and without P tables, with exact and with warm-up
+# start states), all at the split precision, and the ws form with every operand one fp16 term (precision "half",
+# with P tables)
 HALF, SPLIT = PRESETS["half"], PRESETS["default"]
 PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1, p_table=False, precision=SPLIT),
          "rv_cp3": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=3, p_table=False, precision=SPLIT),
@@ -50,7 +51,12 @@ PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1, p_table=Fa
          "ws_cp3": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=3, p_table=True, precision=SPLIT),
          "ws_cp3_bv32_noptab": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=3, p_table=False, precision=SPLIT),
          "ws_half_bv32": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=1, p_table=True, precision=HALF),
-         "ws_half_bv64": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=1, p_table=True, precision=HALF)}
+         "ws_half_bv64": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=1, p_table=True, precision=HALF),
+         "ws_cp3_warm": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=3, p_table=True, precision=SPLIT,
+                             warm=True),
+         "ws_cp16_warm_bv32_noptab": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=16, p_table=False,
+                                          precision=SPLIT, warm=True)}
+PLANS = {k: {"warm": False, **v} for k, v in PLANS.items()}
 
 
 class PlannedTileLang(TileLangKernels):
@@ -183,8 +189,10 @@ def test_cp_fixup_kernel_is_the_fp64_walk(D, h0):
     ZM = torch.cat([Z.transpose(-1, -2), M.transpose(-1, -2)], dim=-2).contiguous().to(dev)   # [Z^T ; M^T]
     h0_arg = {"none": S0[:1], "value-first": S0.transpose(-1, -2), "key-first": S0}[h0].contiguous().to(dev)
     out = torch.full((seg_of[-1], HV, D, D), float("nan"), device=dev)
-    get_kernel(FixupConfig(D))(ZM, h0_arg, torch.tensor(seg_of, dtype=torch.int32, device=dev), out,
-                               int(h0 != "none"), int(h0 == "value-first"))
+    seg_of_d = torch.tensor(seg_of, dtype=torch.int32, device=dev)
+    unread_F = torch.empty(HV, 1, 8, 64, device=dev)              # (read with warm-up starts alone)
+    get_kernel(FixupConfig(D))(ZM, h0_arg, seg_of_d, seg_of_d, unread_F, out, int(h0 != "none"),
+                               int(h0 == "value-first"))
     got = out.transpose(-1, -2).double().cpu()
     err = (got - want).abs().max().item() / want.abs().max().item()
     assert err <= 2 * torch.finfo(torch.float32).eps, err

@@ -78,9 +78,11 @@ def test_compile_list_holds_every_configuration_at_both_head_dims():
     assert len(set(cfgs)) == len(cfgs)
     at = {D: [c for c in cfgs if c.DK == D] for D in HEAD_DIMS}
     assert set(at) == {64, 128} and all(at.values())
-    # the P-table forms are built at the head dims where the ws form is dispatched (WS_HEAD_DIMS) alone
-    assert WS_HEAD_DIMS == (128,) and not any(getattr(c, "pt", False) for c in at[64])
-    assert {_at_64(c) for c in at[128] if not getattr(c, "pt", False)} == set(at[64])
+    # the P-table and warm-up forms (and the scan and fix-up of the latter) are built at the head dims where the ws
+    # form is dispatched (WS_HEAD_DIMS) alone
+    ws_only = ("pt", "warm")
+    assert WS_HEAD_DIMS == (128,) and not any(getattr(c, f, False) for c in at[64] for f in ws_only)
+    assert {_at_64(c) for c in at[128] if not any(getattr(c, f, False) for f in ws_only)} == set(at[64])
     fwd = forward_configs()
     assert cfgs[:len(fwd)] == fwd and not any(isinstance(c, BwdConfig) for c in fwd)
     kinds = {type(c).__name__ if not isinstance(c, BwdConfig) else c.kind for c in at[64]}

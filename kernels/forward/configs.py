@@ -43,7 +43,8 @@ class StateConfig:
     64 / 128), "ws" (state_output_ws.py, o computed beside the chain) or "smem" (state_smem.py, ``ctas_per_sm`` 1
     or 2, ``sl_swizzle``: the S lo staging tile swizzled, the backward recompute's form; ``lo8``: S's lo term
     stored as fp8 (``kernels.common.lo8``), the backward recompute's form; ``pt``: the "ws" form reading P from
-    the intra kernel's tables instead of computing it)."""
+    the intra kernel's tables instead of computing it; ``warm``: the "ws" form per CP segment and the CP scan with
+    the warm-up starts of ``cp_warm``)."""
     dtype: str
     BV: int
     prec: object                   # precision.Precision (frozen, hashable)
@@ -55,6 +56,7 @@ class StateConfig:
     sl_swizzle: bool = False
     lo8: bool = False
     pt: bool = False
+    warm: bool = False
 
     @property
     def name(self) -> str:
@@ -63,8 +65,9 @@ class StateConfig:
         slz = ",slz" if self.sl_swizzle else ""
         lo8 = ",lo8" if self.lo8 else ""
         pt = ",pt" if self.pt else ""
-        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz}{lo8}{pt},"
-                f"{self.dtype}]")
+        warm = ",warm" if self.warm else ""
+        return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz}{lo8}{pt}"
+                f"{warm},{self.dtype}]")
 
 
 @dataclass(frozen=True)
@@ -87,12 +90,13 @@ class OutputConfig:
 @dataclass(frozen=True)
 class FixupConfig:
     """``gdn_cp_fixup`` (cp_fixup.py): the CP segment start states in fp64, after the rv scan (no dtype: fp32
-    in and out)."""
+    in and out); ``warm``: only those that the warm-up starts of ``cp_warm`` leave."""
     DK: int = KERNEL_HEAD_DIM
+    warm: bool = False
 
     @property
     def name(self) -> str:
-        return f"cp_fixup[DK=DV={self.DK}]"
+        return f"cp_fixup[DK=DV={self.DK}{',warm' if self.warm else ''}]"
 
 
 def output_block_v(prec, DK: int = KERNEL_HEAD_DIM) -> int:
@@ -108,26 +112,27 @@ def prim_func(cfg):
         return build_intra_chunk(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.th, cfg.pt)
     if isinstance(cfg, StateConfig):
         if cfg.form == "rv":
-            if cfg.sl_swizzle or cfg.lo8 or cfg.pt:
-                raise ValueError(f"sl_swizzle and lo8 are forms of the smem state kernel, P tables of the ws form, not "
-                                 f"of the rv form: {cfg!r}")
+            if cfg.sl_swizzle or cfg.lo8 or cfg.pt or (cfg.warm and not cfg.scan):
+                raise ValueError(f"sl_swizzle and lo8 are forms of the smem state kernel, P tables of the ws form, "
+                                 f"warm-up starts of the ws form and the scan, not of the rv form: {cfg!r}")
             from .state_registers import build_state_registers
-            return build_state_registers(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.BV)
+            return build_state_registers(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.num_stages, cfg.scan, cfg.BV,
+                                         cfg.warm)
         if cfg.scan:
             raise ValueError(f"the CP scan is a form of the rv state kernel, not of the smem form: {cfg!r}")
         if cfg.form == "ws":
             if cfg.sl_swizzle or cfg.lo8 or cfg.ctas_per_sm != 1:
                 raise ValueError(f"sl_swizzle, lo8 and two CTAs per SM are forms of the smem state kernel: {cfg!r}")
             from .state_output_ws import build_state_output_ws
-            return build_state_output_ws(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.pt)
-        if cfg.pt:
-            raise ValueError(f"P tables are read by the ws form alone: {cfg!r}")
+            return build_state_output_ws(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.pt, cfg.warm)
+        if cfg.pt or cfg.warm:
+            raise ValueError(f"P tables and warm-up starts are forms of the ws kernel alone: {cfg!r}")
         from .state_smem import build_state_smem
         return build_state_smem(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.num_stages, cfg.ctas_per_sm,
                                 cfg.sl_swizzle, cfg.lo8)
     if isinstance(cfg, FixupConfig):
         from .cp_fixup import build_cp_fixup
-        return build_cp_fixup(cfg.DK)
+        return build_cp_fixup(cfg.DK, cfg.warm)
     if isinstance(cfg, OutputConfig):
         from .output import build_output
         return build_output(cfg.DK, cfg.DK, cfg.dtype, cfg.prec, cfg.BV, cfg.vt, cfg.cpb, NUM_STAGES)

@@ -10,27 +10,37 @@ independent), holding them in fp64 shared memory; each step reads ``M_p^T`` and 
 shared memory (fp32, as stored; by TMA, the next step's during this one) and accumulates every product and sum in
 fp64 (FMA on the fp64 pipes, no tensor cores), so the result is the fp64 walk rounded once to fp32.  Segments
 of different sequences may differ in number (varlen): ``seg_of [N + 1]`` holds each sequence's first segment id.
+With ``warm`` the walk ends at the last segment of the sequence that needs an exact start state (``cp_warm``; the
+later ones start from their warm-up), writing the start states up to it.
 """
 
 import tilelang.language as T
 
 from kernels.common.prologue import dynamic_dims
 
+from .cp_warm import BT, warm_chunks_macro
+
+warm_chunks = warm_chunks_macro()
+
 ROWS = 8           # rows of S^T (value index) per CTA: D / 8 CTAs per sequence and value head
 
 
-def build_cp_fixup(D: int):
+def build_cp_fixup(D: int, warm: bool = False):
     """Arguments: ZM [Nseg, HV, 2 D, D] fp32 (``[Z^T ; M^T]``); h0 [Nh, HV, D, D] fp32, read when ``use_h0``
-    (Nh = N), value-first when ``h0_vf`` else key-first; seg_of [N + 1] int32; out [Nseg, HV, D, D] fp32
-    value-first (every segment's start state); use_h0, h0_vf int32."""
+    (Nh = N), value-first when ``h0_vf`` else key-first; seg_of [N + 1] int32; co int32 and F [HV, NC, 8, 64]
+    fp32, read with ``warm`` alone (``cp_warm``'s [3 Nseg + 1] table and the gate table); out [Nseg, HV, D, D]
+    fp32 value-first (every segment's start state; with ``warm``, up to the last that needs it); use_h0, h0_vf
+    int32."""
     f32, f64 = "float32", "float64"
-    Nseg, HV, N, Nh = dynamic_dims("Nseg HV N Nh")
+    Nseg, HV, N, Nh, Nco, NC = dynamic_dims("Nseg HV N Nh Nco NC")
 
     @T.prim_func
     def gdn_cp_fixup(
         ZM: T.Tensor((Nseg, HV, 2 * D, D), f32),
         h0: T.Tensor((Nh, HV, D, D), f32),
         seg_of: T.Tensor((N + 1,), "int32"),
+        co: T.Tensor((Nco,), "int32"),
+        F: T.Tensor((HV, NC, 8, BT), f32),
         out: T.Tensor((Nseg, HV, D, D), f32),
         use_h0: T.int32,
         h0_vf: T.int32,
@@ -41,7 +51,18 @@ def build_cp_fixup(D: int):
             z_s = T.alloc_shared((ROWS, D), f32)
             acc = T.alloc_fragment((ROWS, D), f64)
             a0 = seg_of[n]
-            count = seg_of[n + 1] - a0
+            if warm:    # steps up to the last segment that needs its exact start state
+                last = T.alloc_local((1,), "int32")
+                ws = T.alloc_local((1,), "int32")
+                wacc = T.alloc_local((1,), f32)
+                last[0] = 0
+                for jj in T.serial(seg_of[n + 1] - a0 - 1):
+                    warm_chunks(F, co, Nseg + 1, a0 + 1 + jj, hv, ws, wacc)
+                    if ws[0] < 0:
+                        last[0] = jj + 1
+                count = last[0] + 1
+            else:
+                count = seg_of[n + 1] - a0
             if use_h0 != 0 and h0_vf != 0:
                 for i, j in T.Parallel(ROWS, D):
                     s_s[i, j] = T.cast(h0[n, hv, rb * ROWS + i, j], f64)

@@ -144,7 +144,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
         plan = forward_plan(TL_DTYPE[q.dtype], N, HV, max_chunks(B, T, cu), DK=q.shape[-1])
     return chunk_gated_delta_rule_at(q, k, v, g, beta, scale, initial_state, output_final_state,
                                      use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, prec=plan.precision,
-                                     cp_segments_n=plan.cp)
+                                     cp_segments_n=plan.cp, warm=plan.warm)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,16 +219,19 @@ def _gate_table(G, rk, rq, scale: float, vmask, row7, fk=None, fq=None):
 
 def intra_chunk(q, k, g, beta, cu_seqlens: list[int], scale: float, use_l2: bool, dt: torch.dtype, prec):
     """Emulates ``gdn_intra``: returns Ah, Al [HV, NC, 64, 64] (Al = 0 unless prec.ag == "split")
-    and F [HV, NC, 8, 64] (rows: e^G rk, scale e^G rq, e^(GL-G) rk, e^GL, G, scale rq, rk, 0)."""
+    and F [HV, NC, 8, 64] (rows: e^G rk, scale e^G rq, e^(GL-G) rk, e^GL, G, scale rq, rk, and the log2 norm
+    bounds' cumsum of ``cp_warm``)."""
+    from .cp_warm import chunk_log2_bounds
     qc, kc, gc, bc, vmask, G, rq, rk = _gather_chunks(q, k, g, beta, cu_seqlens, use_l2)
     vmask = vmask.to(f64)
+    row7 = chunk_log2_bounds(G, bc, rk, _f32((kc * kc).sum(-1)))
     Tinv = _tinv(kc, bc, G, rk, dt, prec.merge)
     Ag = _f32(Tinv * bc[..., None, :])
     Ah, Al = _two(Ag, _op(prec, dt), prec.ag == "split")
     fk = fq = None
     if _op(prec, dt) != dt:                 # the fp16 copies of q and k: their row scales undone in rows 0-2
         fk, fq = rk * torch.exp2(row_exponents(kc)), rq * torch.exp2(row_exponents(qc))
-    return Ah, Al, _gate_table(G, rk, rq, scale, vmask, torch.zeros_like(G), fk, fq)
+    return Ah, Al, _gate_table(G, rk, rq, scale, vmask, row7, fk, fq)
 
 
 def _chunk_gather(x, tokc, inb, heads=None):
@@ -403,12 +406,50 @@ def cp_fixup(ZM, h0, seg_of, DV):
     return out
 
 
+def warm_segment_states(k, v, Ah, Al, F, seg_cu, seg_co, seg_of, h0s, dt, prec):
+    """``chunk_states`` per CP segment and value head as the "ws" kernel runs it with warm-up starts
+    (``cp_warm``): from ``h0s`` (its exact start state) where the segment needs it, from the sequence's initial
+    state where the warm-up reaches the sequence's first chunk, else from zero ``w`` chunks early; the chunk
+    tables of the segment's own chunks, and every segment's end state [Nseg, HV, DK, DV]."""
+    from .cp_warm import warm_chunks_host, warm_offsets
+    co = warm_offsets(seg_co, seg_of)
+    Nseg = len(seg_cu) - 1
+    HV, H = v.shape[1], k.shape[1]
+    r = HV // H
+    NC, DK, DV = Ah.shape[1], k.shape[2], v.shape[2]
+    Sch = torch.zeros(HV, NC, DK, DV, dtype=f64, device=k.device)
+    Scl = torch.zeros_like(Sch)
+    Uh = torch.zeros(HV, NC, BT, DV, dtype=f64, device=k.device)
+    Ul = torch.zeros_like(Uh)
+    Send = torch.zeros(Nseg, HV, DK, DV, dtype=f64, device=k.device)
+    for j in range(Nseg):
+        w = warm_chunks_host(F[:, :, 7, -1], co, j)
+        first = co[Nseg + 1 + j]
+        for h in range(HV):
+            wj = int(w[h])
+            skip = max(wj, 0)
+            if wj <= 0:
+                start = h0s[j, h:h + 1]
+            elif seg_co[j] - skip == seg_co[first]:
+                start = h0s[first, h:h + 1]
+            else:
+                start = torch.zeros_like(h0s[j, h:h + 1])
+            cu = [seg_cu[j] - skip * BT, seg_cu[j + 1]]
+            sl = slice(h, h + 1)
+            a, b_, c, d, end = chunk_states(k[:, h // r:h // r + 1], v[:, sl], Ah[sl], Al[sl], F[sl], cu,
+                                            [seg_co[j] - skip, 0], start[None], dt, prec)
+            own = slice(seg_co[j], seg_co[j + 1])
+            Sch[sl, own], Scl[sl, own], Uh[sl, own], Ul[sl, own] = a[:, own], b_[:, own], c[:, own], d[:, own]
+            Send[j, h] = end[0, 0]
+    return Sch, Scl, Uh, Ul, Send
+
+
 def chunk_gated_delta_rule_at(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                               use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
-                              prec=None, cp_segments_n: int = 1):
+                              prec=None, cp_segments_n: int = 1, warm: bool = False):
     """The forward end to end at precision ``prec`` (a ``precision.Precision``; None: "default");
-    ``cp_segments_n`` > 1: segment-parallel state passing with that many segments per sequence.  Same
-    signature and results as the kernels' pipeline."""
+    ``cp_segments_n`` > 1: segment-parallel state passing with that many segments per sequence, ``warm``: with the
+    warm-up starts of ``cp_warm``.  Same signature and results as the kernels' pipeline."""
     from kernels.interface import pad_rows
 
     from .precision import PRESETS
@@ -443,7 +484,10 @@ def chunk_gated_delta_rule_at(q, k, v, g, beta, scale=None, initial_state=None, 
         seg_cu, seg_co, seg_of = cp_segments(cu, cp_segments_n)
         _, _, _, _, ZM = chunk_states(k2, v2, Ah, Al, F, seg_cu, seg_co, None, dt, prec, store_chunks=False, aug=True)
         h0s = cp_fixup(ZM, h0, seg_of, DV)
-        Sch, Scl, Uh, Ul, Send = chunk_states(k2, v2, Ah, Al, F, seg_cu, seg_co, h0s, dt, prec)
+        if warm:
+            Sch, Scl, Uh, Ul, Send = warm_segment_states(k2, v2, Ah, Al, F, seg_cu, seg_co, seg_of, h0s, dt, prec)
+        else:
+            Sch, Scl, Uh, Ul, Send = chunk_states(k2, v2, Ah, Al, F, seg_cu, seg_co, h0s, dt, prec)
         S = Send[[seg_of[n + 1] - 1 for n in range(len(cu) - 1)]]   # (an empty sequence: one empty segment)
     else:
         Sch, Scl, Uh, Ul, S = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)

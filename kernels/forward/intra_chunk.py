@@ -15,7 +15,7 @@ exact-operand wgmma ``K K^T``), fp32 forward substitution on the 16x16 diagonal 
 Outputs (rows/cols past the end of the sequence are 0):
   Ah, Al  [HV, NC, 64, 64]  dtype, fp16 with ag == "fp16" (Al written only when ag == "split")
   F       [HV, NC, 8, 64]   fp32:  0 e^G rk, 1 scale e^G rq, 2 e^(GL - G) rk, 3 e^GL, 4 G,
-                                   5 scale rq, 6 rk, 7 unused (0)
+                                   5 scale rq, 6 rk, 7 the log2 norm bounds' cumsum (``cp_warm``)
 """
 
 import tilelang.language as T
@@ -141,6 +141,12 @@ def gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s):
     """``A[r, j] = beta_r rk_r rk_j e^(G_r - G_j) (k_r . k_j)`` for j < r, else 0 (fp32, exact-operand
     wgmma into ``kk``, stored to the shared ``a_s``)."""
     T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
+    gate_kkt(kk, a_s, b_s, rk_s, g_s)
+
+
+@T.macro
+def gate_kkt(kk, a_s, b_s, rk_s, g_s):
+    """``gated_kkt`` after its product ``kk = K K^T``."""
     # in the fragment first, then one copy: with no shared store between them, each thread loads its 2 rows' and 16
     # columns' gate values once instead of once per element
     for r, j in T.Parallel(BT, BT):
@@ -242,6 +248,7 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
             b_s = T.alloc_shared((BT,), f32)
             rq_s = T.alloc_shared((BT,), f32)
             rk_s = T.alloc_shared((BT,), f32)
+            kn_s = T.alloc_shared((BT,), f32)        # ||k_r||^2, then row 7's terms
             if pt:
                 f5_s = T.alloc_shared((BT,), f32)
                 f6_s = T.alloc_shared((BT,), f32)
@@ -345,7 +352,16 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
                 if p_lo:
                     T.copy(pl_s, Pl[hv, c, 0:BT, 0:BT])
 
-            gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s)
+            # K K^T; its diagonal (||k_r||^2) gives row 7, the log2 norm bounds of the chunk's transitions
+            # (``cp_warm``): G log2 e + the cumsum of log2 max(1, |1 - beta rk^2 ||k||^2|) (0 past the sequence)
+            T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
+            for r, j in T.Parallel(BT, BT):
+                if r == j:
+                    kn_s[r] = kk[r, j]
+            gate_kkt(kk, a_s, b_s, rk_s, g_s)
+            for r in T.Parallel(BT):
+                kn_s[r] = T.log2(T.max(T.float32(1), T.abs(T.float32(1) - b_s[r] * rk_s[r] * rk_s[r] * kn_s[r])))
+            T.cumsum(kn_s, dim=0)
 
             for r in T.Parallel(BT):
                 # with the copies, their row scales undone in the row factors of the products they enter
@@ -358,7 +374,7 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
                 F[hv, c, 4, r] = g_s[r]
                 F[hv, c, 5, r] = T.if_then_else(r < nv, scale * rq_s[r], T.float32(0))
                 F[hv, c, 6, r] = T.if_then_else(r < nv, rk_s[r], T.float32(0))
-                F[hv, c, 7, r] = T.float32(0)
+                F[hv, c, 7, r] = g_s[r] * LOG2E + kn_s[r]
 
             # 16x16 diagonal blocks: exact fp32 forward substitution, one thread per column
             solve_diag16(a_s, l_s, t16)

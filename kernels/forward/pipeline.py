@@ -240,20 +240,25 @@ def state_output(*, x: ForwardInputs, plan, tables: IntraTables, segments=None):
 def segment_starts(*, x: ForwardInputs, plan, tables: IntraTables):
     """CP phases 1 and 2: the scan of every segment from zero with its transition product (``gdn_scan_rv``; all
     but the last segment of the last sequence, which no segment follows), then the fp64 fix-up of the segment start
-    states (``gdn_cp_fixup``).  Returns (seg_cu, seg_co: the segments as sequences, int32 [Nseg + 1]; seg_of: each
-    sequence's first segment, host list [N + 1]; h0s [Nseg, HV, D, D] fp32 value-first start states)."""
+    states (``gdn_cp_fixup``); with ``plan.warm`` both only where a segment needs its exact start state
+    (``cp_warm``).  Returns (seg_cu, seg_co: the segments as sequences, int32 [Nseg + 1] (``cp_warm``'s [3 Nseg +
+    1] table with ``plan.warm``); seg_of: each sequence's first segment, host list [N + 1]; h0s [Nseg, HV, D, D]
+    fp32 value-first start states)."""
     from kernels.build import get_kernel
     dev, D, HV = x.q.device, x.D, x.HV
     scan, fixup = plan.configs()[-2:]
-    seg_cu, seg_co, seg_of, seg_of_d, Nseg, scan_cu, scan_co = _cp_tables(x.B, x.T, x.cu_seqlens, x.cu_host,
-                                                                           plan.cp, dev)
+    seg_cu, seg_co, seg_of, seg_of_d, Nseg, scan_cu, scan_co, warm_co = _cp_tables(x.B, x.T, x.cu_seqlens,
+                                                                                    x.cu_host, plan.cp, dev)
+    if plan.warm:   # every segment's CTAs: those a later segment's exact start does not need return at once
+        scan_cu, scan_co, seg_co = seg_cu, warm_co, warm_co
     ZM = torch.empty((Nseg, HV, 2 * D, D), device=dev, dtype=torch.float32)
     if Nseg > 1:    # no segment follows the table's last: the scan leaves it out (its ZM is never read)
         none = _unused((1, 1, 1, 1), x.q.dtype, dev)                        # the scan writes no chunk table
         get_kernel(scan)(x.k, x.v, tables.Ah, tables.Al, tables.F, scan_cu, scan_co, _no_states(x), none, none,
                          none, none, ZM, 0, 1, 0)
     h0s = torch.empty((Nseg, HV, D, D), device=dev, dtype=torch.float32)
-    get_kernel(fixup)(ZM, _initial_states(x), seg_of_d, h0s, int(x.h0 is not None), int(x.v_first))
+    get_kernel(fixup)(ZM, _initial_states(x), seg_of_d, warm_co, tables.F, h0s, int(x.h0 is not None),
+                      int(x.v_first))
     return seg_cu, seg_co, seg_of, h0s
 
 
@@ -301,17 +306,18 @@ _SEG_TABLES: dict = {}
 
 def _cp_tables(B, T, cu_seqlens, cu_host, n_seg, dev):
     """Segment tables of the CP path: seg_cu, seg_co (int32, device), seg_of (host list [N + 1]: each sequence's
-    first segment id), seg_of on the device (int32), Nseg, and seg_cu, seg_co without their last segment (the
-    scan's).  Cached for dense input."""
+    first segment id), seg_of on the device (int32), Nseg, seg_cu and seg_co without their last segment (the
+    scan's), and ``cp_warm``'s table (int32, device).  Cached for dense input."""
     def build():
+        from .cp_warm import warm_offsets
         from .emulation import cp_segments
         host = cu_host
         if host is None:
             host = [b * T for b in range(B + 1)] if cu_seqlens is None else host_list(cu_seqlens)
         seg_cu, seg_co, seg_of = cp_segments(host, n_seg)
-        out = tuple(torch.tensor(t, dtype=torch.int32).to(dev, non_blocking=True) for t in (seg_cu, seg_co))
-        return (*out, seg_of, torch.tensor(seg_of, dtype=torch.int32).to(dev, non_blocking=True), len(seg_cu) - 1,
-                out[0][:-1], out[1][:-1])
+        out = tuple(torch.tensor(t, dtype=torch.int32).to(dev, non_blocking=True)
+                    for t in (seg_cu, seg_co, seg_of, warm_offsets(seg_co, seg_of)))
+        return out[0], out[1], seg_of, out[2], len(seg_cu) - 1, out[0][:-1], out[1][:-1], out[3]
     return build() if cu_seqlens is not None else cached(_SEG_TABLES, (B, T, n_seg, str(dev)), build)
 
 

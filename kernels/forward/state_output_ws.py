@@ -33,14 +33,17 @@ from tilelang.layout import make_swizzled_layout
 from kernels.common.prologue import (dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, split_products,
                                      store_state_kt)
 
+from .cp_warm import warm_chunks_macro
 from .cumsum import LOG2E
+
+warm_chunks = warm_chunks_macro()
 
 BT = 64
 THREADS = 512
 WG = 128
 
 
-def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool = False):
+def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool = False, warm: bool = False):
     """TileLang prim_func of ``gdn_state_output_ws``.
 
     Arguments:
@@ -49,7 +52,9 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
       Ah, Al   [HV, NCg, 64, 64]      op      (Al read only when prec.ag == "split")
       F        [HV, NCg, 8, 64]       fp32    (rows 0 F0, 1 F1, 2 F2, 3 F3, 4 G, 5 scale rq, 6 rk)
       Ph, Pl   [HV, NCg, 64, 64]      op      (read only with ``pt``; Pl only when prec.p == "split")
-      cu_seqlens    [N + 1]  int32;  chunk_offsets [N + 1] int32
+      cu_seqlens    [N + 1]  int32;  chunk_offsets [N + 1] int32 ([3 N + 1] with ``warm``: ``cp_warm``'s
+                    table of the N CP segments, each started from its warm-up or from h0[n] / h0[its first
+                    segment] as ``cp_warm`` says; o written from the segment's own first chunk)
       h0       [Nh, HV, DK, DV]       fp32 (read as [.., DV, DK] when v_first)
       o        [Ttot, HV, DV]         dtype   (output)
       ht       [Nt, HV, DK, DV]       fp32    (output; [.., DV, DK] when v_first)
@@ -61,12 +66,19 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     f32 = "float32"
     op = prec.operand_dtype(dtype)
     assert pt or not prec.half, "fp16 operands: P from the intra kernel's tables (WG1 keeps the column scales)"
+    assert not (warm and prec.half), "warm-up starts are CP segments' (fp16 operands' column scales: no CP)"
     NV = DV // BV
     ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits()
     p_sp = prec.p == "split"
     half = prec.half
     sl_need = ks_sp or s_sp
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
+
+    @T.macro
+    def store_rows(o_f, o, t0, eos, hv, v0):
+        for i, j in T.Parallel(BT, BV):
+            if t0 + i < eos:
+                o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j], dtype)
 
     @T.prim_func
     def gdn_state_output_ws(
@@ -79,7 +91,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
         Ph: T.Tensor((HV, NCg, BT, BT), op),
         Pl: T.Tensor((HV, NCg, BT, BT), op),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
-        chunk_offsets: T.Tensor((N + 1,), "int32"),
+        chunk_offsets: T.Tensor((3 * N + 1 if warm else N + 1,), "int32"),
         h0: T.Tensor((Nh, HV, DK, DV), f32),
         o: T.Tensor((Ttot, HV, DV), dtype),
         ht: T.Tensor((Nt, HV, DK, DV), f32),
@@ -89,8 +101,18 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     ):
         with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, n):
             h = hv // (HV // H)
-            bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
             v0 = bv * BV
+            if warm:    # the segment from its warm-up chunks (ws[0] of them; -1: from its exact start state)
+                ws = T.alloc_local((1,), "int32")
+                wacc = T.alloc_local((1,), f32)
+                warm_chunks(F, chunk_offsets, N + 1, n, hv, ws, wacc)
+                sbos, eos, sc0, snchunks = seq_span(cu_seqlens, chunk_offsets, n)
+                skip = T.max(ws[0], 0)
+                bos = sbos - skip * BT
+                c0 = sc0 - skip
+                nchunks = snchunks + skip
+            else:
+                bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
 
             # the inputs, two stages
             q_s = T.alloc_shared((2, BT, DK), op)
@@ -139,7 +161,16 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 s_f = T.alloc_fragment((DK, BV), f32)
                 ks_f = T.alloc_fragment((BT, BV), f32)
                 u_f = T.alloc_fragment((BT, BV), f32)
-                if use_h0 != 0:
+                if warm:
+                    # exact (ws 0 or -1): its start state; warm-up to the sequence's first chunk: the sequence's
+                    # initial state (its first segment's); else zero
+                    if ws[0] <= 0:
+                        load_state_kt(h0, s_f, v_first, n, hv, v0, BV, DK)
+                    elif c0 == chunk_offsets[chunk_offsets[N + 1 + n]]:
+                        load_state_kt(h0, s_f, v_first, chunk_offsets[N + 1 + n], hv, v0, BV, DK)
+                    else:
+                        T.clear(s_f)
+                elif use_h0 != 0:
                     load_state_kt(h0, s_f, v_first, n, hv, v0, BV, DK)
                     if half:    # h0 at its own column scales: the "previous chunk's" of chunk 0
                         T.barrier_wait(h0_ready, 0)
@@ -283,9 +314,11 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         split_products(ph_s, pl_s, uh_s, ul_s, o_f, p_sp, u_sp, False, False)
                         T.barrier_arrive(u_free)
                         T.barrier_arrive(p_free)
-                    for i, j in T.Parallel(BT, BV):
-                        if t0 + i < eos:
-                            o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j], dtype)
+                    if warm:
+                        if c >= skip:   # (warm-up chunks: o is the previous segment's)
+                            store_rows(o_f, o, t0, eos, hv, v0)
+                    else:
+                        store_rows(o_f, o, t0, eos, hv, v0)
             else:
                 # WG3: the producer (its first warp loads; the others wait out the kernel)
                 T.set_max_nreg(24, 0)

@@ -26,11 +26,16 @@ from tilelang.layout import make_swizzled_layout
 
 from kernels.common.prologue import dynamic_dims, load_state_vt, lo_shape, seq_span, store_state_vt
 
+from .cp_warm import warm_chunks_macro
+
+warm_chunks = warm_chunks_macro()
+
 BT = 64
 FR = T.GemmWarpPolicy.FullRow     # every product splits its M (= value rows) over the warpgroups
 
 
-def build_state_registers(DK: int, DV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False, BV: int = 64):
+def build_state_registers(DK: int, DV: int, dtype: str, prec, num_stages: int = 2, scan: bool = False, BV: int = 64,
+                          warm: bool = False):
     """Arguments:
       k        [Ttot, H, DK]     dtype
       v        [Ttot, HV, DV]    dtype
@@ -43,10 +48,13 @@ def build_state_registers(DK: int, DV: int, dtype: str, prec, num_stages: int = 
                (scan: Sch, Scl, Uh, Ul [1, 1, 1, 1], not accessed)
       ht       [Nt, HV, DK, DV]  fp32 (written as [.., DV, DK] when v_first); scan: [Nt, HV, 2 DV, DK]
       use_h0, store_ht, v_first int32
+    ``warm`` (scan): ``chunk_offsets`` is ``cp_warm``'s ``[3 N + 1]`` table of all N segments, and a segment's
+    CTA runs (and writes its ``[Z^T; M^T]``) only where a later segment of its sequence needs an exact start state.
     """
     assert DK in (64, 128) and DV == DK
     assert BV in (64, 128) and DV % BV == 0
     assert dtype in ("bfloat16", "float16")
+    assert scan or not warm, "warm-up starts decide which segments the CP scan runs"
     f32 = "float32"
     threads = 128 * (BV // 64)
     Wr = 2 * DV if scan else DV
@@ -67,7 +75,7 @@ def build_state_registers(DK: int, DV: int, dtype: str, prec, num_stages: int = 
         Al: T.Tensor((HV, NCg, BT, BT), dtype),
         F: T.Tensor((HV, NCg, 8, BT), f32),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
-        chunk_offsets: T.Tensor((N + 1,), "int32"),
+        chunk_offsets: T.Tensor((3 * N + 1 if warm else N + 1,), "int32"),
         h0: T.Tensor((Nh, HV, DK, DV), f32),
         Sch: T.Tensor(s_shape, dtype),
         Scl: T.Tensor(s_shape, dtype),
@@ -80,7 +88,19 @@ def build_state_registers(DK: int, DV: int, dtype: str, prec, num_stages: int = 
     ):
         with T.Kernel(NV, HV, N, threads=threads) as (bv, hv, n):
             h = hv // (HV // H)
-            bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
+            if warm:    # run only where a later segment of the sequence needs its exact start state
+                need = T.alloc_local((1,), "int32")
+                ws = T.alloc_local((1,), "int32")
+                wacc = T.alloc_local((1,), f32)
+                need[0] = 0
+                for jj in T.serial(chunk_offsets[2 * N + 1 + n] - n):
+                    warm_chunks(F, chunk_offsets, N + 1, n + 1 + jj, hv, ws, wacc)
+                    if ws[0] < 0:
+                        need[0] = 1
+                bos, eos, c0, snchunks = seq_span(cu_seqlens, chunk_offsets, n)
+                nchunks = T.if_then_else(need[0] != 0, snchunks, 0)
+            else:
+                bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
             v0 = bv * BV
             vv = v0 % DV
             vkeep = T.if_then_else(v0 < DV, T.float32(1), T.float32(0))
@@ -174,7 +194,10 @@ def build_state_registers(DK: int, DV: int, dtype: str, prec, num_stages: int = 
                 if upd_sp:
                     T.gemm(ul, k_s, s_f, policy=FR)
 
-            if scan:
+            if warm:
+                if need[0] != 0:
+                    T.copy(s_f, ht[n, hv, v0:v0 + BV, 0:DK])
+            elif scan:
                 T.copy(s_f, ht[n, hv, v0:v0 + BV, 0:DK])
             else:
                 if store_ht != 0:

@@ -1,0 +1,94 @@
+"""Warm-up starts of the forward's CP segments: where a segment's start state is not needed.
+
+Over chunk ``c`` the state maps as ``S -> Phi_c S + (inputs)`` with ``||Phi_c||_2 <= 2^L_c``,
+``L_c = sum_t (g_t log2 e + log2 max(1, |1 - beta_t ||k_t||^2|))`` (``||k_t||`` after the in-kernel L2 norm):
+each token's factor ``e^g_t (I - beta_t k_t k_t^T)``.  The intra kernel stores the chunk-local inclusive cumsum
+of those terms as row 7 of the gate table ``F`` (so ``F[hv, c, 7, 63]`` is ``L_c``).
+
+A segment ``j`` that is not its sequence's first takes ``w`` warm-up chunks, the fewest of at most
+``WARM_CHUNKS`` before its start whose ``L`` sum to at most ``WARM_LOG2``: its kernel starts ``w`` chunks early
+from a zero state (o written from the segment's own first chunk), which drops a term of norm at most
+``2^WARM_LOG2`` times the state's there.  Warm-up that reaches the sequence's first chunk starts there from the
+sequence's initial state (exact).  Where neither holds (slow decay) the segment's start state comes from the
+exact scan and fp64 fix-up, which then run only for the segments before the last such segment of the sequence.
+
+``co`` (the kernels' ``chunk_offsets`` argument, int32 ``[3 Nseg + 1]``): the segments' first global chunks
+``[Nseg + 1]``, then each segment's sequence's first segment ``[Nseg]`` and last segment ``[Nseg]``.
+"""
+
+import torch
+
+BT = 64
+WARM_CHUNKS = 4           # warm-up chunks of a segment at the most
+WARM_LOG2 = -40.0         # log2 of the largest norm factor a warm-up start may drop
+
+LOG2E = 1.4426950408889634
+
+
+def warm_offsets(seg_co: list, seg_of: list) -> list:
+    """The ``co`` table (module docstring) of the segments ``seg_co [Nseg + 1]`` (first chunks) of the sequences
+    ``seg_of [N + 1]`` (each one's first segment)."""
+    first, last = [], []
+    for n in range(len(seg_of) - 1):
+        for _ in range(seg_of[n], seg_of[n + 1]):
+            first.append(seg_of[n])
+            last.append(seg_of[n + 1] - 1)
+    return list(seg_co) + first + last
+
+
+def warm_chunks_host(L: torch.Tensor, co: list, j: int) -> torch.Tensor:
+    """The warm-up chunks of segment ``j`` for every value head (``L [HV, NC]``: each chunk's ``L_c``): int64
+    ``[HV]``, 0 for a sequence's first segment, -1 where the exact start state is needed."""
+    Nseg = (len(co) - 1) // 3
+    first = co[Nseg + 1 + j]
+    HV = L.shape[0]
+    w = torch.full((HV,), 0 if j == first else -1, dtype=torch.long)
+    if j == first:
+        return w
+    a, b = co[j], co[first]
+    acc = torch.zeros(HV, dtype=torch.float32)
+    for i in range(WARM_CHUNKS):
+        c = a - i - 1
+        if c < b:
+            break
+        open_ = w < 0
+        acc = torch.where(open_, acc + L[:, c].to(torch.float32), acc)
+        hit = open_ & ((acc <= WARM_LOG2) | (c == b))
+        w = torch.where(hit, torch.full_like(w, i + 1), w)
+    return w
+
+
+def chunk_log2_bounds(G: torch.Tensor, bc: torch.Tensor, rk: torch.Tensor, kk: torch.Tensor) -> torch.Tensor:
+    """Row 7 of the gate table (fp32 values as float64): ``G log2 e + cumsum(log2 max(1, |1 - beta rk^2 kk|))``
+    over the chunk, ``G, bc, rk, kk`` [HV, NC, 64] (the cumsum of g, beta, the L2 factors, ``||k||^2``; 0 past a
+    sequence)."""
+    f32 = torch.float32
+    e = torch.log2(torch.clamp((1 - bc.to(f32) * rk.to(f32) * rk.to(f32) * kk.to(f32)).abs(), min=1.0))
+    return (G.to(f32) * LOG2E + e.cumsum(-1)).to(torch.float64)
+
+
+def _macros():
+    import tilelang.language as T
+
+    @T.macro
+    def warm_chunks(F, co, first_at, n, hv, w, acc):
+        """``w[0]``: the warm-up chunks of segment ``n`` for value head ``hv`` (0: a sequence's first segment;
+        -1: the exact start state is needed); ``first_at`` = Nseg + 1 (where ``co`` holds the first segments);
+        ``acc`` a local fp32 ``[1]`` scratch.  Every thread, uniform."""
+        first = co[first_at + n]
+        a = co[n]
+        b = co[first]
+        w[0] = T.if_then_else(n == first, 0, -1)
+        acc[0] = T.float32(0)
+        for i in T.serial(WARM_CHUNKS):
+            if w[0] < 0 and a - i - 1 >= b:
+                acc[0] = acc[0] + F[hv, a - i - 1, 7, BT - 1]
+                if acc[0] <= T.float32(WARM_LOG2) or a - i - 1 == b:
+                    w[0] = i + 1
+
+    return warm_chunks
+
+
+def warm_chunks_macro():
+    """The TileLang macro ``warm_chunks(F, co, first_at, n, hv, w, acc)`` (imports tilelang)."""
+    return _macros()
