@@ -143,7 +143,7 @@ def test_forward_dispatch_picks_the_measured_forms():
 
 def test_a_plan_the_kernels_cannot_run_is_refused():
     """Two smem CTAs per SM need BV <= 32, the rv form BV 64 or 128, CP the rv or ws form (not with fp16 operands),
-    the ws form one CTA per SM: a plan outside that raises a ValueError naming it, before any kernel is built."""
+    the ws form one CTA per SM, warm-up starts the ws form per CP segment: a plan outside that raises a ValueError naming it, before any kernel is built."""
     import dataclasses
 
     from kernels.forward.precision import PRESETS, preset
@@ -155,7 +155,9 @@ def test_a_plan_the_kernels_cannot_run_is_refused():
                         (dict(state_form="ws", block_v=32, ctas_per_sm=2), "warp-specialised"),
                         (dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=0), "cp counts segments"),
                         (dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=2, p_table=True,
-                              precision=PRESETS["half"]), "per sequence")):
+                              precision=PRESETS["half"]), "per sequence"),
+                        (dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=1, warm=True), "warm-up starts"),
+                        (dict(warm=True), "warm-up starts")):
         with pytest.raises(ValueError, match=needle):
             dataclasses.replace(p, **bad)
     assert dataclasses.replace(p, state_form="ws", block_v=32, ctas_per_sm=1, cp=2).cp == 2

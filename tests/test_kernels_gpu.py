@@ -153,7 +153,7 @@ def test_fused_state_output_is_the_state_and_output_kernels(case, bv):
     got = {}
     forms = [("smem", False), ("ws", False)] + ([("ws", True)] if case.K in WS_HEAD_DIMS else [])
     for form, pt in forms:
-        plan = dataclasses.replace(base, state_form=form, block_v=bv, ctas_per_sm=1, cp=1, p_table=pt)
+        plan = dataclasses.replace(base, state_form=form, block_v=bv, ctas_per_sm=1, cp=1, p_table=pt, warm=False)
         got[form, pt] = impl(*args, **kw, output_final_state=True, plan=plan)
     torch.cuda.synchronize()
     o, ht = got["smem", False]
@@ -213,7 +213,7 @@ def _half_plan(args, kw, bv=None):
 
     plan = plan_for(prepare(*args, **kw))
     return dataclasses.replace(plan, state_form="ws", block_v=bv or max(32, plan.block_v), ctas_per_sm=1, cp=1,
-                               p_table=True, precision=HALF)
+                               p_table=True, precision=HALF, warm=False)
 
 
 @pytest.mark.parametrize("precision", ["dispatched", "half"])
