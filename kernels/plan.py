@@ -16,6 +16,7 @@ from functools import lru_cache
 from kernels.backward.configs import CLUSTER_GROUPS, DH_WS_BLOCKS, BwdConfig
 from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, SCAN_BV, STATE_FORMS, FixupConfig,
                                      IntraConfig, OutputConfig, StateConfig, output_block_v)
+from kernels.forward.cp_warm import MAX_SEGMENTS
 from kernels.forward.precision import PRESETS, Precision, preset
 
 __all__ = ["ForwardPlan", "BackwardPlan", "forward_plan", "backward_plan", "replace"]
@@ -84,8 +85,8 @@ class ForwardPlan:
                              f"bf16 merges: {self}")
         if self.precision.half and not (self.state_form == "ws" and self.p_table):
             raise ValueError(f"fp16 operands (Precision.half) are a form of the ws kernel with P tables: {self}")
-        if self.warm and (self.state_form != "ws" or self.cp < 2):
-            raise ValueError(f"warm-up starts are the ws form's, per CP segment (cp >= 2): {self}")
+        if self.warm and (self.state_form != "ws" or not 2 <= self.cp <= MAX_SEGMENTS):
+            raise ValueError(f"warm-up starts are the ws form's, per CP segment (2 <= cp <= {MAX_SEGMENTS}): {self}")
         if self.keep_tables and not keeps_tables(self.precision):
             raise ValueError(f"precision {self.precision.tag()} does not compute the backward's tables: {self}")
 

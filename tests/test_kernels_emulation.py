@@ -157,7 +157,8 @@ def test_a_plan_the_kernels_cannot_run_is_refused():
                         (dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=2, p_table=True,
                               precision=PRESETS["half"]), "per sequence"),
                         (dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=1, warm=True), "warm-up starts"),
-                        (dict(warm=True), "warm-up starts")):
+                        (dict(warm=True), "warm-up starts"),
+                        (dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=17, warm=True), "cp <= 16")):
         with pytest.raises(ValueError, match=needle):
             dataclasses.replace(p, **bad)
     assert dataclasses.replace(p, state_form="ws", block_v=32, ctas_per_sm=1, cp=2).cp == 2

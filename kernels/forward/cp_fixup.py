@@ -18,9 +18,9 @@ import tilelang.language as T
 
 from kernels.common.prologue import dynamic_dims
 
-from .cp_warm import BT, warm_chunks_macro
+from .cp_warm import BT, MAX_SEGMENTS, WARM_CHUNKS, macros
 
-warm_chunks = warm_chunks_macro()
+_, exact_after = macros()
 
 ROWS = 8           # rows of S^T (value index) per CTA: D / 8 CTAs per sequence and value head
 
@@ -52,15 +52,11 @@ def build_cp_fixup(D: int, warm: bool = False):
             acc = T.alloc_fragment((ROWS, D), f64)
             a0 = seg_of[n]
             if warm:    # steps up to the last segment that needs its exact start state
-                last = T.alloc_local((1,), "int32")
-                ws = T.alloc_local((1,), "int32")
+                steps = T.alloc_local((1,), "int32")
                 wacc = T.alloc_local((1,), f32)
-                last[0] = 0
-                for jj in T.serial(seg_of[n + 1] - a0 - 1):
-                    warm_chunks(F, co, Nseg + 1, a0 + 1 + jj, hv, ws, wacc)
-                    if ws[0] < 0:
-                        last[0] = jj + 1
-                count = last[0] + 1
+                wlv = T.alloc_local((MAX_SEGMENTS * WARM_CHUNKS,), f32)
+                exact_after(F, co, Nseg + 1, a0 + 1, seg_of[n + 1] - a0 - 1, hv, steps, wacc, wlv)
+                count = steps[0] + 1
             else:
                 count = seg_of[n + 1] - a0
             if use_h0 != 0 and h0_vf != 0:

@@ -21,6 +21,7 @@ import torch
 BT = 64
 WARM_CHUNKS = 4           # warm-up chunks of a segment at the most
 WARM_LOG2 = -40.0         # log2 of the largest norm factor a warm-up start may drop
+MAX_SEGMENTS = 16         # CP segments of a sequence at the most with warm-up starts (``ForwardPlan.cp``)
 
 LOG2E = 1.4426950408889634
 
@@ -71,24 +72,54 @@ def _macros():
     import tilelang.language as T
 
     @T.macro
-    def warm_chunks(F, co, first_at, n, hv, w, acc):
+    def warm_chunks(F, co, first_at, n, hv, w, acc, lv):
         """``w[0]``: the warm-up chunks of segment ``n`` for value head ``hv`` (0: a sequence's first segment;
         -1: the exact start state is needed); ``first_at`` = Nseg + 1 (where ``co`` holds the first segments);
-        ``acc`` a local fp32 ``[1]`` scratch.  Every thread, uniform."""
+        local scratch ``acc`` fp32 [1], ``lv`` fp32 [WARM_CHUNKS] (the bounds, loaded together first).  Every
+        thread, uniform."""
         first = co[first_at + n]
         a = co[n]
         b = co[first]
+        for i in T.unroll(WARM_CHUNKS):
+            lv[i] = F[hv, T.max(a - i - 1, 0), 7, BT - 1]
         w[0] = T.if_then_else(n == first, 0, -1)
         acc[0] = T.float32(0)
-        for i in T.serial(WARM_CHUNKS):
+        for i in T.unroll(WARM_CHUNKS):
             if w[0] < 0 and a - i - 1 >= b:
-                acc[0] = acc[0] + F[hv, a - i - 1, 7, BT - 1]
+                acc[0] = acc[0] + lv[i]
                 if acc[0] <= T.float32(WARM_LOG2) or a - i - 1 == b:
                     w[0] = i + 1
 
-    return warm_chunks
+    @T.macro
+    def exact_after(F, co, first_at, j0, count, hv, res, acc, lv):
+        """``res[0]``: 1 + the largest ``i < count`` whose segment ``j0 + i`` needs its exact start state, 0 if
+        none (``count`` <= MAX_SEGMENTS); local scratch ``acc`` fp32 [1], ``lv`` fp32 [MAX_SEGMENTS WARM_CHUNKS]
+        (every bound loaded first, together).  Every thread, uniform."""
+        for s in T.unroll(MAX_SEGMENTS):
+            for i in T.unroll(WARM_CHUNKS):
+                lv[s * WARM_CHUNKS + i] = F[hv, T.max(co[j0 + T.min(s, T.max(count - 1, 0))] - i - 1, 0), 7,
+                                            BT - 1]
+        res[0] = 0
+        for s in T.unroll(MAX_SEGMENTS):
+            if s < count:
+                jn = j0 + s
+                first = co[first_at + jn]
+                a = co[jn]
+                b = co[first]
+                ok = T.alloc_local((1,), "int32")
+                ok[0] = T.if_then_else(jn == first, 1, 0)
+                acc[0] = T.float32(0)
+                for i in T.unroll(WARM_CHUNKS):
+                    if ok[0] == 0 and a - i - 1 >= b:
+                        acc[0] = acc[0] + lv[s * WARM_CHUNKS + i]
+                        if acc[0] <= T.float32(WARM_LOG2) or a - i - 1 == b:
+                            ok[0] = 1
+                if ok[0] == 0:
+                    res[0] = s + 1
+
+    return warm_chunks, exact_after
 
 
-def warm_chunks_macro():
-    """The TileLang macro ``warm_chunks(F, co, first_at, n, hv, w, acc)`` (imports tilelang)."""
+def macros():
+    """The TileLang macros ``warm_chunks`` and ``exact_after`` (imports tilelang)."""
     return _macros()

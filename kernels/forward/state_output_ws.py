@@ -33,10 +33,10 @@ from tilelang.layout import make_swizzled_layout
 from kernels.common.prologue import (dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, split_products,
                                      store_state_kt)
 
-from .cp_warm import warm_chunks_macro
+from .cp_warm import WARM_CHUNKS, macros
 from .cumsum import LOG2E
 
-warm_chunks = warm_chunks_macro()
+warm_chunks, _ = macros()
 
 BT = 64
 THREADS = 512
@@ -102,10 +102,11 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
         with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, n):
             h = hv // (HV // H)
             v0 = bv * BV
-            if warm:    # the segment from its warm-up chunks (ws[0] of them; -1: from its exact start state)
+            if warm:    # the segment from its warm-up chunks (ws of them; -1: from its exact start state)
                 ws = T.alloc_local((1,), "int32")
                 wacc = T.alloc_local((1,), f32)
-                warm_chunks(F, chunk_offsets, N + 1, n, hv, ws, wacc)
+                wlv = T.alloc_local((WARM_CHUNKS,), f32)
+                warm_chunks(F, chunk_offsets, N + 1, n, hv, ws, wacc, wlv)
                 sbos, eos, sc0, snchunks = seq_span(cu_seqlens, chunk_offsets, n)
                 skip = T.max(ws[0], 0)
                 bos = sbos - skip * BT

@@ -26,9 +26,9 @@ from tilelang.layout import make_swizzled_layout
 
 from kernels.common.prologue import dynamic_dims, load_state_vt, lo_shape, seq_span, store_state_vt
 
-from .cp_warm import warm_chunks_macro
+from .cp_warm import MAX_SEGMENTS, WARM_CHUNKS, macros
 
-warm_chunks = warm_chunks_macro()
+_, exact_after = macros()
 
 BT = 64
 FR = T.GemmWarpPolicy.FullRow     # every product splits its M (= value rows) over the warpgroups
@@ -90,15 +90,11 @@ def build_state_registers(DK: int, DV: int, dtype: str, prec, num_stages: int = 
             h = hv // (HV // H)
             if warm:    # run only where a later segment of the sequence needs its exact start state
                 need = T.alloc_local((1,), "int32")
-                ws = T.alloc_local((1,), "int32")
                 wacc = T.alloc_local((1,), f32)
-                need[0] = 0
-                for jj in T.serial(chunk_offsets[2 * N + 1 + n] - n):
-                    warm_chunks(F, chunk_offsets, N + 1, n + 1 + jj, hv, ws, wacc)
-                    if ws[0] < 0:
-                        need[0] = 1
+                wlv = T.alloc_local((MAX_SEGMENTS * WARM_CHUNKS,), f32)
+                exact_after(F, chunk_offsets, N + 1, n + 1, chunk_offsets[2 * N + 1 + n] - n, hv, need, wacc, wlv)
                 bos, eos, c0, snchunks = seq_span(cu_seqlens, chunk_offsets, n)
-                nchunks = T.if_then_else(need[0] != 0, snchunks, 0)
+                nchunks = T.if_then_else(need[0] > 0, snchunks, 0)
             else:
                 bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
             v0 = bv * BV
@@ -195,7 +191,7 @@ def build_state_registers(DK: int, DV: int, dtype: str, prec, num_stages: int = 
                     T.gemm(ul, k_s, s_f, policy=FR)
 
             if warm:
-                if need[0] != 0:
+                if need[0] > 0:
                     T.copy(s_f, ht[n, hv, v0:v0 + BV, 0:DK])
             elif scan:
                 T.copy(s_f, ht[n, hv, v0:v0 + BV, 0:DK])
