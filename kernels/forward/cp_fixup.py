@@ -54,8 +54,8 @@ def build_cp_fixup(D: int, warm: bool = False):
             if warm:    # steps up to the last segment that needs its exact start state
                 steps = T.alloc_local((1,), "int32")
                 wacc = T.alloc_local((1,), f32)
-                wlv = T.alloc_local((MAX_SEGMENTS * WARM_CHUNKS,), f32)
-                exact_after(F, co, Nseg + 1, a0 + 1, seg_of[n + 1] - a0 - 1, hv, steps, wacc, wlv)
+                wl_s = T.alloc_shared((MAX_SEGMENTS * WARM_CHUNKS,), f32)
+                exact_after(F, co, Nseg + 1, a0 + 1, seg_of[n + 1] - a0 - 1, hv, steps, wacc, wl_s)
                 count = steps[0] + 1
             else:
                 count = seg_of[n + 1] - a0

@@ -91,16 +91,16 @@ def _macros():
                     w[0] = i + 1
 
     @T.macro
-    def exact_after(F, co, first_at, j0, count, hv, res, acc, lv):
+    def exact_after(F, co, first_at, j0, count, hv, res, acc, wl_s):
         """``res[0]``: 1 + the largest ``i < count`` whose segment ``j0 + i`` needs its exact start state, 0 if
-        none (``count`` <= MAX_SEGMENTS); local scratch ``acc`` fp32 [1], ``lv`` fp32 [MAX_SEGMENTS WARM_CHUNKS]
-        (every bound loaded first, together).  Every thread, uniform."""
-        for s in T.unroll(MAX_SEGMENTS):
-            for i in T.unroll(WARM_CHUNKS):
-                lv[s * WARM_CHUNKS + i] = F[hv, T.max(co[j0 + T.min(s, T.max(count - 1, 0))] - i - 1, 0), 7,
-                                            BT - 1]
+        none (``count`` <= MAX_SEGMENTS); local scratch ``acc`` fp32 [1], shared ``wl_s`` fp32 [MAX_SEGMENTS
+        WARM_CHUNKS] (every bound loaded first, one a thread, so that the decisions hold no registers).  Every
+        thread, uniform."""
+        for t in T.Parallel(MAX_SEGMENTS * WARM_CHUNKS):
+            wl_s[t] = F[hv, T.max(co[j0 + T.min(t // WARM_CHUNKS, T.max(count - 1, 0))] - t % WARM_CHUNKS - 1, 0),
+                        7, BT - 1]
         res[0] = 0
-        for s in T.unroll(MAX_SEGMENTS):
+        for s in T.serial(MAX_SEGMENTS):
             if s < count:
                 jn = j0 + s
                 first = co[first_at + jn]
@@ -109,9 +109,9 @@ def _macros():
                 ok = T.alloc_local((1,), "int32")
                 ok[0] = T.if_then_else(jn == first, 1, 0)
                 acc[0] = T.float32(0)
-                for i in T.unroll(WARM_CHUNKS):
+                for i in T.serial(WARM_CHUNKS):
                     if ok[0] == 0 and a - i - 1 >= b:
-                        acc[0] = acc[0] + lv[s * WARM_CHUNKS + i]
+                        acc[0] = acc[0] + wl_s[s * WARM_CHUNKS + i]
                         if acc[0] <= T.float32(WARM_LOG2) or a - i - 1 == b:
                             ok[0] = 1
                 if ok[0] == 0:

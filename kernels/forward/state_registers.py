@@ -89,12 +89,14 @@ def build_state_registers(DK: int, DV: int, dtype: str, prec, num_stages: int = 
         with T.Kernel(NV, HV, N, threads=threads) as (bv, hv, n):
             h = hv // (HV // H)
             if warm:    # run only where a later segment of the sequence needs its exact start state
-                need = T.alloc_local((1,), "int32")
+                # (the decision in shared memory: a loop count that depends on a local array makes ptxas spill)
+                need = T.alloc_shared((1,), "int32")
                 wacc = T.alloc_local((1,), f32)
-                wlv = T.alloc_local((MAX_SEGMENTS * WARM_CHUNKS,), f32)
-                exact_after(F, chunk_offsets, N + 1, n + 1, chunk_offsets[2 * N + 1 + n] - n, hv, need, wacc, wlv)
-                bos, eos, c0, snchunks = seq_span(cu_seqlens, chunk_offsets, n)
-                nchunks = T.if_then_else(need[0] > 0, snchunks, 0)
+                wl_s = T.alloc_shared((MAX_SEGMENTS * WARM_CHUNKS,), f32)
+                exact_after(F, chunk_offsets, N + 1, n + 1, chunk_offsets[2 * N + 1 + n] - n, hv, need, wacc, wl_s)
+                bos, seos, c0, snchunks = seq_span(cu_seqlens, chunk_offsets, n)
+                eos = T.if_then_else(need[0] > 0, seos, bos)        # (an empty segment where not needed)
+                nchunks = T.ceildiv(eos - bos, BT)
             else:
                 bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
             v0 = bv * BV
