@@ -158,11 +158,11 @@ def cp_segments(n_seq: int, HV: int, max_chunks: int, DK: int = KERNEL_HEAD_DIM)
 def ws_cp_segments(n_seq: int, HV: int, max_chunks: int, DK: int = KERNEL_HEAD_DIM) -> int:
     """Segments per sequence of the "ws" form's CP (1 = off) at ``WS_CP_BV`` value columns a CTA: where N x HV x
     DK/WS_CP_BV CTAs leave more than half the SMs idle, enough segments for about ``N_SM`` CTAs, each of at least
-    ``CP_MIN_CHUNKS`` chunks, 16 at the most."""
+    ``CP_MIN_CHUNKS`` chunks, ``MAX_SEGMENTS`` at the most (the most that warm-up starts take)."""
     ctas = n_seq * HV * (DK // WS_CP_BV)
     if 2 * ctas > N_SM or max_chunks < 2 * CP_MIN_CHUNKS:
         return 1
-    return max(1, min(16, -(-N_SM // ctas), max_chunks // CP_MIN_CHUNKS))
+    return max(1, min(MAX_SEGMENTS, -(-N_SM // ctas), max_chunks // CP_MIN_CHUNKS))
 
 
 @lru_cache(maxsize=1024)
@@ -170,11 +170,12 @@ def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: 
                  DK: int = KERNEL_HEAD_DIM) -> ForwardPlan:
     """The forward's dispatch.  At the head dims ``WS_HEAD_DIMS``: the ws form where blocks of at least 32 value
     columns give a CTA per SM (``block_v``), else the ws form at BV ``WS_CP_BV`` per CP segment where
-    ``ws_cp_segments`` > 1 (with warm-up starts, ``warm``), P from the intra kernel's tables (``p_table``).  At the others, the rv form with CP for
-    at most ``CP_MAX_CTAS`` CTAs over at least ``CP_MIN_TOTAL_CHUNKS`` chunks (few heads, long sequences).  Else the
-    smem form without CP, two CTAs per SM when BV 32 gives two per SM (else one); precision "default";
-    ``keep_tables`` where the precision computes the backward's tables; every kernel built for the call's head dim
-    ``DK`` (K == V), which also sets the CTA counts above.  Cached per argument tuple (a call's host time)."""
+    ``ws_cp_segments`` > 1 (with warm-up starts, ``warm``), P from the intra kernel's tables (``p_table``).  At the
+    others, the rv form with CP for at most ``CP_MAX_CTAS`` CTAs over at least ``CP_MIN_TOTAL_CHUNKS`` chunks (few
+    heads, long sequences).  Else the smem form without CP, two CTAs per SM when BV 32 gives two per SM (else
+    one); precision "default"; ``keep_tables`` where the precision computes the backward's tables; every kernel
+    built for the call's head dim ``DK`` (K == V), which also sets the CTA counts above.  Cached per argument
+    tuple (a call's host time)."""
     check_head_dim(DK)
     prec = preset()
     few = n_seq * HV * (DK // RV_BV) <= CP_MAX_CTAS and max_chunks >= CP_MIN_TOTAL_CHUNKS

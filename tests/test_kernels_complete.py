@@ -296,9 +296,11 @@ def test_padded_varlen_tables_and_segment_plans_stop_at_the_last_sequence():
         call_tables(1, 150, torch.tensor([0, 100, 164]), dev)
     long = [0, 300 * 64 + 5]
     seg_cu, seg_co, seg_of, seg_of_d, nseg, scan_cu, scan_co, warm_co = _cp_tables(1, long[-1] + 1000,
-                                                                                   torch.tensor(long), long, 4, dev)
+                                                                                   torch.tensor(long), long, 4, dev,
+                                                                                   warm=True)
     assert seg_cu.tolist()[-1] == long[-1] and seg_co.tolist()[-1] == 301 and nseg == 4
     assert warm_co.tolist() == seg_co.tolist() + [0] * 4 + [3] * 4     # cp_warm: first and last segment of each
+    assert _cp_tables(1, long[-1] + 1000, torch.tensor(long), long, 4, dev)[-1] is None     # exact starts: none
     assert scan_cu.tolist() == seg_cu.tolist()[:-1] and scan_co.tolist() == seg_co.tolist()[:-1]
     assert seg_of == [0, 4] and seg_of_d.tolist() == seg_of and seg_of_d.dtype == torch.int32
     plan = dh_segmented.plan(long, 1, 2, 132)

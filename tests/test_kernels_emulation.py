@@ -143,7 +143,8 @@ def test_forward_dispatch_picks_the_measured_forms():
 
 def test_a_plan_the_kernels_cannot_run_is_refused():
     """Two smem CTAs per SM need BV <= 32, the rv form BV 64 or 128, CP the rv or ws form (not with fp16 operands),
-    the ws form one CTA per SM, warm-up starts the ws form per CP segment: a plan outside that raises a ValueError naming it, before any kernel is built."""
+    the ws form one CTA per SM, warm-up starts the ws form per CP segment: a plan outside that raises a ValueError
+    naming it, before any kernel is built."""
     import dataclasses
 
     from kernels.forward.precision import PRESETS, preset

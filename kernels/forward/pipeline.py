@@ -248,7 +248,7 @@ def segment_starts(*, x: ForwardInputs, plan, tables: IntraTables):
     dev, D, HV = x.q.device, x.D, x.HV
     scan, fixup = plan.configs()[-2:]
     seg_cu, seg_co, seg_of, seg_of_d, Nseg, scan_cu, scan_co, warm_co = _cp_tables(x.B, x.T, x.cu_seqlens,
-                                                                                    x.cu_host, plan.cp, dev)
+                                                                                    x.cu_host, plan.cp, dev, plan.warm)
     if plan.warm:   # every segment's CTAs: those a later segment's exact start does not need return at once
         scan_cu, scan_co, seg_co = seg_cu, warm_co, warm_co
     ZM = torch.empty((Nseg, HV, 2 * D, D), device=dev, dtype=torch.float32)
@@ -257,8 +257,8 @@ def segment_starts(*, x: ForwardInputs, plan, tables: IntraTables):
         get_kernel(scan)(x.k, x.v, tables.Ah, tables.Al, tables.F, scan_cu, scan_co, _no_states(x), none, none,
                          none, none, ZM, 0, 1, 0)
     h0s = torch.empty((Nseg, HV, D, D), device=dev, dtype=torch.float32)
-    get_kernel(fixup)(ZM, _initial_states(x), seg_of_d, warm_co, tables.F, h0s, int(x.h0 is not None),
-                      int(x.v_first))
+    co = warm_co if plan.warm else seg_of_d                                # (read with warm-up starts alone)
+    get_kernel(fixup)(ZM, _initial_states(x), seg_of_d, co, tables.F, h0s, int(x.h0 is not None), int(x.v_first))
     return seg_cu, seg_co, seg_of, h0s
 
 
@@ -304,10 +304,10 @@ def finish(*, x: ForwardInputs, o: torch.Tensor, ht):
 _SEG_TABLES: dict = {}
 
 
-def _cp_tables(B, T, cu_seqlens, cu_host, n_seg, dev):
+def _cp_tables(B, T, cu_seqlens, cu_host, n_seg, dev, warm=False):
     """Segment tables of the CP path: seg_cu, seg_co (int32, device), seg_of (host list [N + 1]: each sequence's
     first segment id), seg_of on the device (int32), Nseg, seg_cu and seg_co without their last segment (the
-    scan's), and ``cp_warm``'s table (int32, device).  Cached for dense input."""
+    scan's), and with ``warm`` ``cp_warm``'s table (int32, device; else None).  Cached for dense input."""
     def build():
         from .cp_warm import warm_offsets
         from .emulation import cp_segments
@@ -315,10 +315,11 @@ def _cp_tables(B, T, cu_seqlens, cu_host, n_seg, dev):
         if host is None:
             host = [b * T for b in range(B + 1)] if cu_seqlens is None else host_list(cu_seqlens)
         seg_cu, seg_co, seg_of = cp_segments(host, n_seg)
-        out = tuple(torch.tensor(t, dtype=torch.int32).to(dev, non_blocking=True)
-                    for t in (seg_cu, seg_co, seg_of, warm_offsets(seg_co, seg_of)))
-        return out[0], out[1], seg_of, out[2], len(seg_cu) - 1, out[0][:-1], out[1][:-1], out[3]
-    return build() if cu_seqlens is not None else cached(_SEG_TABLES, (B, T, n_seg, str(dev)), build)
+        tables = (seg_cu, seg_co, seg_of) + ((warm_offsets(seg_co, seg_of),) if warm else ())
+        out = tuple(torch.tensor(t, dtype=torch.int32).to(dev, non_blocking=True) for t in tables)
+        return (out[0], out[1], seg_of, out[2], len(seg_cu) - 1, out[0][:-1], out[1][:-1],
+                out[3] if warm else None)
+    return build() if cu_seqlens is not None else cached(_SEG_TABLES, (B, T, n_seg, str(dev), warm), build)
 
 
 _LAST: dict = {}
