@@ -55,7 +55,8 @@ def build_cp_fixup(D: int, warm: bool = False):
                 steps = T.alloc_local((1,), "int32")
                 wacc = T.alloc_local((1,), f32)
                 wl_s = T.alloc_shared((MAX_SEGMENTS * WARM_CHUNKS,), f32)
-                exact_after(F, co, Nseg + 1, a0 + 1, seg_of[n + 1] - a0 - 1, hv, steps, wacc, wl_s)
+                ca_s = T.alloc_shared((MAX_SEGMENTS,), "int32")
+                exact_after(F, co, Nseg + 1, a0 + 1, seg_of[n + 1] - a0 - 1, hv, steps, wacc, wl_s, ca_s)
                 count = steps[0] + 1
             else:
                 count = seg_of[n + 1] - a0

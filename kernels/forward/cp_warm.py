@@ -91,23 +91,23 @@ def _macros():
                     w[0] = i + 1
 
     @T.macro
-    def exact_after(F, co, first_at, j0, count, hv, res, acc, wl_s):
-        """``res[0]``: 1 + the largest ``i < count`` whose segment ``j0 + i`` needs its exact start state, 0 if
-        none (``count`` <= MAX_SEGMENTS); local scratch ``acc`` fp32 [1], shared ``wl_s`` fp32 [MAX_SEGMENTS
-        WARM_CHUNKS] (every bound loaded first, one a thread, so that the decisions hold no registers).  Every
-        thread, uniform."""
+    def exact_after(F, co, first_at, j0, count, hv, res, acc, wl_s, ca_s):
+        """``res[0]``: 1 + the largest ``i < count`` whose segment ``j0 + i`` (all of one sequence) needs its exact
+        start state, 0 if none (``count`` <= MAX_SEGMENTS); local scratch ``acc`` fp32 [1], shared ``wl_s`` fp32
+        [MAX_SEGMENTS WARM_CHUNKS] and ``ca_s`` int32 [MAX_SEGMENTS]: every bound and every segment's first chunk
+        loaded first, one a thread, so that the decisions read shared memory alone.  Every thread, uniform."""
         for t in T.Parallel(MAX_SEGMENTS * WARM_CHUNKS):
             wl_s[t] = F[hv, T.max(co[j0 + T.min(t // WARM_CHUNKS, T.max(count - 1, 0))] - t % WARM_CHUNKS - 1, 0),
                         7, BT - 1]
+        for t in T.Parallel(MAX_SEGMENTS):
+            ca_s[t] = co[j0 + T.min(t, T.max(count - 1, 0))]
+        b = co[co[first_at + j0]]              # the sequence's first chunk
         res[0] = 0
         for s in T.serial(MAX_SEGMENTS):
             if s < count:
-                jn = j0 + s
-                first = co[first_at + jn]
-                a = co[jn]
-                b = co[first]
+                a = ca_s[s]
                 ok = T.alloc_local((1,), "int32")
-                ok[0] = T.if_then_else(jn == first, 1, 0)
+                ok[0] = 0
                 acc[0] = T.float32(0)
                 for i in T.serial(WARM_CHUNKS):
                     if ok[0] == 0 and a - i - 1 >= b:

@@ -93,7 +93,9 @@ def build_state_registers(DK: int, DV: int, dtype: str, prec, num_stages: int = 
                 need = T.alloc_shared((1,), "int32")
                 wacc = T.alloc_local((1,), f32)
                 wl_s = T.alloc_shared((MAX_SEGMENTS * WARM_CHUNKS,), f32)
-                exact_after(F, chunk_offsets, N + 1, n + 1, chunk_offsets[2 * N + 1 + n] - n, hv, need, wacc, wl_s)
+                ca_s = T.alloc_shared((MAX_SEGMENTS,), "int32")
+                exact_after(F, chunk_offsets, N + 1, n + 1, chunk_offsets[2 * N + 1 + n] - n, hv, need, wacc, wl_s,
+                            ca_s)
                 bos, seos, c0, snchunks = seq_span(cu_seqlens, chunk_offsets, n)
                 eos = T.if_then_else(need[0] > 0, seos, bos)        # (an empty segment where not needed)
                 nchunks = T.ceildiv(eos - bos, BT)
