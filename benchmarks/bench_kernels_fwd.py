@@ -27,7 +27,7 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
   ``ws`` - the fused warp-specialised state-output kernel (state form "ws": no chunk tables, no output kernel; BV
   by ``block_v``); ``ws16`` / ``ws32`` / ``ws64`` - with BV forced; ``wscp`` - the ws form with
-  CP segments by ``plan.ws_cp_segments`` (BV 64), ``wscp4`` / ``wscp8`` / ``wscp16`` / ``wscp32`` - forced to that
+  CP segments by ``plan.ws_cp_segments`` (BV 64), ``wscp2`` / ``wscp4`` / ``wscp8`` / ``wscp16`` / ``wscp32`` - forced to that
   many segments per sequence, ``wscp8b32`` / ``wscp16b32`` - at BV 32, all with exact start states;
   ``warm`` / ``warm2`` ... ``warm16`` - the same with the warm-up starts of ``kernels.forward.cp_warm``
   (``ForwardPlan.warm``); ``exactcp`` - the dispatched plan with exact start states; ``noptab`` - the dispatched
@@ -169,6 +169,7 @@ VARIANTS = {
     "ws32": _ws(32),
     "ws64": _ws(64),
     "wscp": _wscp(),
+    "wscp2": _wscp(2),
     "wscp4": _wscp(4),
     "wscp8": _wscp(8),
     "wscp16": _wscp(16),

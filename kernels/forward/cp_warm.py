@@ -72,6 +72,18 @@ def _macros():
     import tilelang.language as T
 
     @T.macro
+    def reach(lv, base, a, b, w, acc):
+        """The rule on segment start ``a`` (sequence start ``b``), ``w[0]`` entering -1: ``i + 1`` for the first ``i
+        < WARM_CHUNKS`` at which the bounds ``lv[base], .., lv[base + i]`` of chunks ``a - 1, .., a - i - 1`` sum
+        to at most ``WARM_LOG2`` or chunk ``a - i - 1`` is ``b``; else left at -1.  ``acc``: local fp32 [1]."""
+        acc[0] = T.float32(0)
+        for i in T.unroll(WARM_CHUNKS):
+            if w[0] < 0 and a - i - 1 >= b:
+                acc[0] = acc[0] + lv[base + i]
+                if acc[0] <= T.float32(WARM_LOG2) or a - i - 1 == b:
+                    w[0] = i + 1
+
+    @T.macro
     def warm_chunks(F, co, first_at, n, hv, w, acc, lv):
         """``w[0]``: the warm-up chunks of segment ``n`` for value head ``hv`` (0: a sequence's first segment;
         -1: the exact start state is needed); ``first_at`` = Nseg + 1 (where ``co`` holds the first segments);
@@ -79,23 +91,18 @@ def _macros():
         thread, uniform."""
         first = co[first_at + n]
         a = co[n]
-        b = co[first]
         for i in T.unroll(WARM_CHUNKS):
             lv[i] = F[hv, T.max(a - i - 1, 0), 7, BT - 1]
         w[0] = T.if_then_else(n == first, 0, -1)
-        acc[0] = T.float32(0)
-        for i in T.unroll(WARM_CHUNKS):
-            if w[0] < 0 and a - i - 1 >= b:
-                acc[0] = acc[0] + lv[i]
-                if acc[0] <= T.float32(WARM_LOG2) or a - i - 1 == b:
-                    w[0] = i + 1
+        reach(lv, 0, a, co[first], w, acc)
 
     @T.macro
     def exact_after(F, co, first_at, j0, count, hv, res, acc, wl_s, ca_s):
-        """``res[0]``: 1 + the largest ``i < count`` whose segment ``j0 + i`` (all of one sequence) needs its exact
-        start state, 0 if none (``count`` <= MAX_SEGMENTS); local scratch ``acc`` fp32 [1], shared ``wl_s`` fp32
-        [MAX_SEGMENTS WARM_CHUNKS] and ``ca_s`` int32 [MAX_SEGMENTS]: every bound and every segment's first chunk
-        loaded first, one a thread, so that the decisions read shared memory alone.  Every thread, uniform."""
+        """``res[0]``: 1 + the largest ``i < count`` whose segment ``j0 + i`` (all of one sequence, none its first)
+        needs its exact start state, 0 if none (``count`` <= MAX_SEGMENTS); local scratch ``acc`` fp32 [1], shared
+        ``wl_s`` fp32 [MAX_SEGMENTS WARM_CHUNKS] and ``ca_s`` int32 [MAX_SEGMENTS]: every bound and every segment's
+        first chunk loaded first, one a thread, so that the decisions read shared memory alone.  Every thread,
+        uniform."""
         for t in T.Parallel(MAX_SEGMENTS * WARM_CHUNKS):
             wl_s[t] = F[hv, T.max(co[j0 + T.min(t // WARM_CHUNKS, T.max(count - 1, 0))] - t % WARM_CHUNKS - 1, 0),
                         7, BT - 1]
@@ -105,16 +112,10 @@ def _macros():
         res[0] = 0
         for s in T.serial(MAX_SEGMENTS):
             if s < count:
-                a = ca_s[s]
-                ok = T.alloc_local((1,), "int32")
-                ok[0] = 0
-                acc[0] = T.float32(0)
-                for i in T.serial(WARM_CHUNKS):
-                    if ok[0] == 0 and a - i - 1 >= b:
-                        acc[0] = acc[0] + wl_s[s * WARM_CHUNKS + i]
-                        if acc[0] <= T.float32(WARM_LOG2) or a - i - 1 == b:
-                            ok[0] = 1
-                if ok[0] == 0:
+                w = T.alloc_local((1,), "int32")
+                w[0] = -1
+                reach(wl_s, s * WARM_CHUNKS, ca_s[s], b, w, acc)
+                if w[0] < 0:
                     res[0] = s + 1
 
     return warm_chunks, exact_after
