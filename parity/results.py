@@ -261,8 +261,8 @@ def load(*paths: str | os.PathLike) -> ResultSet:
 
 def merge(paths: list[str | os.PathLike], out: str | os.PathLike) -> ResultSet:
     """Join result files (shards of one matrix, or several runs) into one file written atomically. When two files
-    hold the same (case, backend, against, tensor), the later file's row wins. The result's ``problems`` are those
-    of the inputs (what was skipped from them)."""
+    hold the same (case, backend, against, tensor), the later file's row wins; ``out`` ending in ``.gz`` is written
+    gzip-compressed. The result's ``problems`` are those of the inputs (what was skipped from them)."""
     if not paths:
         raise ValueError("merge needs at least one result file")
     runs, rows = [], {}
@@ -280,9 +280,14 @@ def merge(paths: list[str | os.PathLike], out: str | os.PathLike) -> ResultSet:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        for rec in runs + list(rows.values()) + ends:
-            f.write(encode(rec) + "\n")
+    text = "".join(encode(rec) + "\n" for rec in runs + list(rows.values()) + ends)
+    with open(tmp, "wb") as f:
+        if out.suffix == ".gz":     # (how finished runs are kept: ``load`` reads it back)
+            import gzip
+            with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as z:
+                z.write(text.encode())
+        else:
+            f.write(text.encode())
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, out)

@@ -123,6 +123,10 @@ def test_shards_merge_into_the_whole(tmp_path):
                            tmp_path / "m" / "results.jsonl")
     assert len(merged.rows) == len(a.rows) + len(b.rows) and len(merged.runs) == 2 and len(merged.ends) == 2
     assert {r["run_id"] for r in merged.runs} == {"a", "b"}
+    # kept in the repository as .jsonl.gz: the merge writes gzip there, and it loads back to the same rows
+    gz = results.merge([tmp_path / "m" / "results.jsonl"], tmp_path / "z" / "results.jsonl.gz")
+    assert (tmp_path / "z" / "results.jsonl.gz").read_bytes()[:2] == b"\x1f\x8b"
+    assert sorted(map(results.row_key, gz.rows)) == sorted(map(results.row_key, merged.rows))
 
 
 def test_shard_spec_is_validated():
