@@ -56,6 +56,19 @@ def test_dry_run_times_the_ab_columns(capsys, tmp_path):
     assert "## benchmarks/bench_kernels_bwd.py - commit " in text and row in text
 
 
+def test_skip_takes_the_forward_benchmarks_columns_and_names_an_unknown_one(capsys, tmp_path):
+    """``--skip flashinfer`` (a forward column; FlashInfer has no backward) runs, so one argument list serves both
+    benchmarks; an unknown column is refused by name before anything runs."""
+    args = ["--dry-run", "--no-check", "--shapes", "B1_T8192_H4_HV8", "--rep", "1", "--warmup", "0",
+            "--results", str(tmp_path / "RESULTS.md")]
+    assert bench.main(args + ["--skip", "FLA,flashinfer"]) == 0
+    out = capsys.readouterr().out
+    assert "column FLA skipped/failed: --skip" in out and "flashinfer" not in out
+    with pytest.raises(SystemExit):
+        bench.main(args + ["--skip", "FLA,Flashinfer2"])
+    assert "got ['Flashinfer2']" in capsys.readouterr().err
+
+
 def test_results_sections_carry_the_commit_the_gpu_box_was_given(tmp_path, monkeypatch):
     """On a GPU box the tree's copy may hold a stale .git: GDN_PARITY_COMMIT (scripts/gpu_env.sh) names the commit."""
     from benchmarks import record
