@@ -222,9 +222,9 @@ def main(argv=None):
         print(f"FLA column: fla not importable ({e})", flush=True)
     shapes = [s for s in args.shapes.split(",") if s]
     skip = {c for c in args.skip.split(",") if c}
-    if skip - {"FLA", "FlashQLA", "flashinfer"}:
-        ap.error(f"--skip takes FLA, FlashQLA (and flashinfer, which has no column here); got "
-                 f"{sorted(skip - {'FLA', 'FlashQLA', 'flashinfer'})}")
+    unknown = skip - {"FLA", "FlashQLA", "flashinfer"}
+    if unknown:
+        ap.error(f"--skip takes FLA, FlashQLA (and flashinfer, which has no column here); got {sorted(unknown)}")
     skip.discard("flashinfer")
     # FlashQLA's column (its JIT is warmed in step 0); the dry run has no reference columns
     fq, fq_why = (None, "--skip") if "FlashQLA" in skip else (None, "dry run") if args.dry_run else flash_qla()

@@ -27,12 +27,12 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   ``occ`` - two resident CTAs per SM (BV by ``block_v(.., occ=2)``); ``occ16`` / ``occ32`` - with BV forced;
   ``ws`` - the fused warp-specialised state-output kernel (state form "ws": no chunk tables, no output kernel; BV
   by ``block_v``); ``ws16`` / ``ws32`` / ``ws64`` - with BV forced; ``wscp`` - the ws form with
-  CP segments by ``plan.ws_cp_segments`` (BV 64), ``wscp2`` / ``wscp4`` / ``wscp8`` / ``wscp16`` / ``wscp32`` - forced to that
-  many segments per sequence, ``wscp8b32`` / ``wscp16b32`` - at BV 32, all with exact start states;
+  CP segments by ``plan.ws_cp_segments`` (BV 64), ``wscp2`` / ``wscp4`` / ``wscp8`` / ``wscp16`` / ``wscp32`` -
+  forced to that many segments per sequence, ``wscp8b32`` / ``wscp16b32`` - at BV 32, all with exact start states;
   ``warm`` / ``warm2`` ... ``warm16`` - the same with the warm-up starts of ``kernels.forward.cp_warm``
   (``ForwardPlan.warm``); ``exactcp`` - the dispatched plan with exact start states; ``noptab`` - the dispatched
-  plan at the split precision with the ws kernel's P warpgroup computing P instead of reading the intra kernel's P tables
-  (``ForwardPlan.p_table``; against ``split``);
+  plan at the split precision with the ws kernel's P warpgroup computing P instead of reading the intra kernel's
+  P tables (``ForwardPlan.p_table``; against ``split``);
   ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``ag1`` / ``x1`` /
   ``u1`` / ``upd1`` / ``p1`` - that one operand one term (``kernels.forward.precision``); ``single`` - every
   operand after the intra kernel one term (what the splits cost; the merges stay fp32); ``half`` - every such
