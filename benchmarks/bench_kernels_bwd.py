@@ -82,6 +82,8 @@ AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompu
       "ours-rc-bv64": ("backward", dict(recompute_block_v=64, recompute_ctas_per_sm=1)),  # kernel shape (BV, CTAs
       "ours-rc-bv16o2": ("backward", dict(recompute_block_v=16, recompute_ctas_per_sm=2)),  # per SM)
       "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2)),
+      # one sequential recompute pass at BV 16 (what block_v gives where the recompute runs per CP segment)
+      "ours-rc-seq": ("backward", dict(recompute_cp=1, recompute_block_v=16, recompute_ctas_per_sm=1)),
       "ours-no-saved": ("both", None),   # the forward keeps no intra tables: prep recomputes Tinv (hi + lo) and Ag
       "ours-dh-single": ("backward", dict(dh_single=True, lo8=False)),  # dh's Tinv, dU, F0 dX single (sequential)
       "ours-s-single": ("backward", dict(s_single=True, lo8=False)),  # the recompute's S hi alone: no S lo table
@@ -132,7 +134,7 @@ def call_configs(B, T, H, HV, lens, cols):
     for keep in (True, False):
         fp = forward_plan("bfloat16", n, HV, mc, keep_tables=keep)
         out += fp.configs() + tuple(c for m in merges for c in alter(m)(fp).configs())
-    bp = backward_plan("bfloat16", H, HV, nc, n)
+    bp = backward_plan("bfloat16", H, HV, nc, n, max_chunks=mc)
     for p in [bp, dataclasses.replace(bp, reads_saved_tables=False)]:
         out += p.configs(True) + p.configs(False) + p.recompute_configs()
         for m in merges:
@@ -175,7 +177,8 @@ def main(argv=None):
                     help="also time these A/B columns, ours with other plan values (the AB table): 'ours-serial' "
                     "(the recompute not beside dh), 'ours-no-cluster' (the GVA sums by gdn_bwd_group_sum after fp32 "
                     "rows per value head), 'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' / 'ours-rc-bv32o2' "
-                    "(the recompute's state kernel shape), 'ours-no-saved' (the forward keeps no intra tables: prep "
+                    "(the recompute's state kernel shape), 'ours-rc-seq' (the recompute in one sequential pass at BV "
+                    "16, not per CP segment), 'ours-no-saved' (the forward keeps no intra tables: prep "
                     "recomputes Tinv, hi + lo, and Ag), 'ours-dh-single' (dh's Tinv, dU and F0 dX as single terms on the "
                     "sequential pass), 'ours-dh-regs' (dh's register kernel), 'ours-dh-ws32' (dh "
                     "warp-specialised and key-first, 32 value columns a CTA)")

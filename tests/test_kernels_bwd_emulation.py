@@ -335,6 +335,19 @@ def _fake_kernels(monkeypatch, asked=None):
                 if store_ht:
                     put(ht, end.transpose(-1, -2) if vf else end)
             return state_output
+        if isinstance(cfg, fbuild.StateConfig) and cfg.scan:     # CP phase 1: [Z^T ; M^T] of every segment
+            def scan(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ZM, use_h0, store_ht, vf):
+                assert not use_h0
+                end = FE.chunk_states(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu), cu_list(co), None,
+                                      k.dtype, cfg.prec, store_chunks=False, aug=True)[4]
+                put(ZM[:end.shape[0]], end.transpose(-1, -2))
+            return scan
+        if isinstance(cfg, fbuild.FixupConfig):                  # CP phase 2: the segment start states
+            def fixup(ZM, h0, seg_of, co, F, out, use_h0, h0_vf):
+                h = (h0.transpose(-1, -2) if h0_vf else h0) if use_h0 else None
+                put(out, FE.cp_fixup(ZM.transpose(-1, -2).to(f64), h, cu_list(seg_of), out.shape[-1])
+                    .transpose(-1, -2))
+            return fixup
         assert isinstance(cfg, fbuild.StateConfig) and cfg.form == "smem" and not cfg.scan
 
         def state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, vf):
@@ -774,14 +787,15 @@ def test_backward_dispatch():
 
     from kernels.backward.configs import BwdConfig, prim_func
 
-    from kernels.plan import backward_plan, block_v
+    from kernels.plan import WS_CP_BV, backward_plan, block_v
     assert not backward_plan("bfloat16", 4, 8, 8192 // 64, 1).overlap_recompute
     assert backward_plan("bfloat16", 16, 32, 32768 // 64, 1).overlap_recompute
     assert backward_plan("bfloat16", 2, 4, 65536 // 64, 1).overlap_recompute
     for n_seq, HV in ((1, 32), (1, 4), (8, 32), (1, 8), (3, 5)):
-        p = backward_plan("bfloat16", 1, HV, 64, n_seq)
-        assert (p.recompute_block_v, p.recompute_ctas_per_sm) == (block_v(n_seq, HV), 1)
-        assert p.recompute_configs()[1].BV == block_v(n_seq, HV)
+        p = backward_plan("bfloat16", 1, HV, 64 * n_seq, n_seq)
+        bv = WS_CP_BV if p.recompute_cp > 1 else block_v(n_seq, HV)
+        assert (p.recompute_block_v, p.recompute_ctas_per_sm) == (bv, 1)
+        assert p.recompute_configs()[1].BV == bv
     assert [backward_plan("float16", 1, r, 64, 1).cluster_group_sum for r in (1, 2, 3, 4, 6, 8)] == \
         [False, True, False, True, False, True]
     seq, seg = backward_plan("bfloat16", 1, 2, 64, 1), backward_plan("bfloat16", 1, 2, 64, 1, dh_segments=object())
@@ -804,6 +818,74 @@ def test_backward_dispatch():
         dataclasses.replace(seq, dh_ws_bv=64)
     with pytest.raises(ValueError, match="a form of dh"):
         prim_func(BwdConfig("dqk", "bfloat16", ws_bv=32))
+
+
+def test_recompute_dispatch_per_segment():
+    """``backward_plan``'s recompute per CP segment where one pass of 16-column blocks leaves SMs idle and the
+    longest sequence has 32 chunks or more (``ws_cp_segments``, at ``WS_CP_BV`` columns): 16 segments at B1 T65536
+    H2 HV4, 8 at B1 T8192 H4 HV8, none on the many-head shapes or short sequences; the longest sequence counts
+    (``max_chunks``), not the mean; the scan and fix-up join its configurations; a count out of range raises."""
+    import dataclasses
+
+    from kernels.forward.configs import FixupConfig, StateConfig
+    from kernels.plan import WS_CP_BV, backward_plan
+
+    def cp(H, HV, chunks, n_seq=1, **kw):
+        return backward_plan("bfloat16", H, HV, chunks * n_seq, n_seq, **kw).recompute_cp
+    assert cp(2, 4, 1024) == 16 and cp(4, 8, 128) == 8
+    assert cp(16, 32, 512) == cp(16, 32, 64, 8) == cp(16, 32, 512, DK=64) == 1
+    assert cp(2, 4, 31) == 1 and cp(2, 4, 32) == 2
+    assert cp(1, 2, 20, 4) == 1 and backward_plan("bfloat16", 1, 2, 80, 4, max_chunks=64).recompute_cp == 4
+    p = backward_plan("bfloat16", 2, 4, 1024, 1)
+    assert p.recompute_block_v == WS_CP_BV
+    scan, fixup = p.recompute_configs()[2:]
+    assert isinstance(scan, StateConfig) and scan.scan and not scan.warm and isinstance(fixup, FixupConfig)
+    assert scan in p.configs(False) and fixup in p.configs(True)
+    assert scan in p.recompute_cp_plan().configs() and p.recompute_cp_plan().cp == 16
+    assert len(dataclasses.replace(p, recompute_cp=1).recompute_configs()) == 2
+    for bad in (0, 17):
+        with pytest.raises(ValueError, match="recompute_cp"):
+            dataclasses.replace(p, recompute_cp=bad)
+
+
+# the recompute per CP segment: 3 segments of a dense sequence with h0 (value-first); a ragged batch at K = 64
+_RECOMPUTE_CP = [Case(T=64 * 48, H=1, HV=2, h0_dtype="fp32", state_v_first=True, dist="raw-qk-l2"),
+                 Case(layout="varlen-ragged", T=64 * 90, H=1, HV=2, K=64, V=64, h0_dtype="fp32")]
+
+
+@pytest.mark.parametrize("case", _RECOMPUTE_CP, ids=[c.id for c in _RECOMPUTE_CP])
+def test_recompute_per_segment_plumbing_on_cpu(monkeypatch, case):
+    """The dispatched recompute per CP segment (the forward's scan and fix-up on prep's tables, then the state
+    kernel per segment from its start state), with the emulation's stage functions standing in for the kernels,
+    gives the emulation's gradients (one sequential recompute) as the segmented reverse pass does
+    (``assert_segmented_matches_sequential``: a segment's start state comes through the fp64 fix-up of fp32
+    results, so single roundings may flip); the one-pass plan within a quarter of the input dtype's rounding and
+    asking for no scan."""
+    import dataclasses
+
+    import kernels.forward.configs as fbuild
+    from kernels.backward import pipeline as bapi
+
+    asked = []
+    _fake_kernels(monkeypatch, asked)
+    xs, kw, do, dht = tt.bwd_args(case)
+    plan = bapi.plan_for(bapi.prepare_backward(*xs, do, dht, **kw))
+    assert plan.recompute_cp >= 2, plan
+    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, tinv_hi_only=False)
+    for p in (plan, dataclasses.replace(plan, recompute_cp=1, recompute_block_v=16)):
+        asked.clear()
+        got = bapi.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=p)
+        if p.recompute_cp > 1:
+            tt.assert_segmented_matches_sequential(got, want, xs[0].dtype, NAMES)
+        else:
+            for n, a, b_ in zip(NAMES, got, want):
+                assert (a is None) == (b_ is None), n
+                if b_ is not None:
+                    assert a.shape == b_.shape and a.dtype == b_.dtype, (n, a.shape, b_.shape)
+                    _assert_within_a_quarter_of_rounding(n, a, b_, xs[0].dtype)
+        scans = [c for c in asked if isinstance(c, (fbuild.FixupConfig, fbuild.StateConfig)) and
+                 (isinstance(c, fbuild.FixupConfig) or c.scan)]
+        assert len(scans) == (2 if p.recompute_cp > 1 else 0), asked
 
 
 def test_segment_scan_composes_the_affine_maps_of_a_sequence(monkeypatch):

@@ -1,6 +1,7 @@
 """GPU checks of our TileLang GDN backward that the verdict rows (``test_kernels_verdicts_gpu.py``) cannot express
 (marker ``gpu``): the kernels' intermediates against the torch emulation of the same kernels, two calls bitwise
-equal, the segment-parallel reverse pass against the sequential one, the recompute at other state-kernel shapes,
+equal, the segment-parallel reverse pass against the sequential one, the recompute at other state-kernel shapes
+and per CP segment,
 dqk's cluster group sums against the group-sum kernel, the forward's saved tables against none (also with
 one-term block merges), and the recompute storing S's hi term alone against its emulation.  Inputs from
 ``cases.inputs`` (``tests.kernel_support.bwd_args``: do, dht from ``parity.refs.grad_outputs``), fp64 gradients
@@ -52,6 +53,11 @@ _SEGMENTED = [     # slow decay / no decay: the state gradient crosses every seg
 ]
 # the recompute's state kernel shapes (BV, CTAs per SM) a plan may ask for besides the dispatched one
 _RECOMPUTE_SHAPES = {"bv16_occ2": (16, 2), "bv32_occ2": (32, 2), "bv64": (64, 1)}
+# the recompute per CP segment as dispatched: qwen gates (slow heads) with h0, value-first; a ragged batch under
+# strong decay; K = 64 with slow decay
+_RECOMPUTE_CP_CASES = [Case(T=4096, H=2, HV=4, dist="qwen-gates", h0_dtype="fp32", state_v_first=True, grad=True),
+                       Case(layout="varlen-ragged", T=16384, H=1, HV=1, dist="strong-decay", grad=True),
+                       Case(T=4096, H=1, HV=2, K=64, V=64, dist="slow-decay", h0_dtype="fp32", grad=True)]
 
 
 def _plans(case):
@@ -70,7 +76,7 @@ def _precompile():
 
     from kernels.build import precompile
     cfgs = []
-    for c in dict.fromkeys(_STAGE_CASES + _OUTPUT_CASES + _CLUSTER_CASES + _SAVED_CASES):
+    for c in dict.fromkeys(_STAGE_CASES + _OUTPUT_CASES + _CLUSTER_CASES + _SAVED_CASES + _RECOMPUTE_CP_CASES):
         fp, bp = _plans(c)
         for p in (fp, dataclasses.replace(fp, keep_tables=False)):
             cfgs += p.configs()
@@ -79,7 +85,7 @@ def _precompile():
             cfgs += [dataclasses.replace(p, dh_ws_bv=bv).dh_config(s) for bv in DH_WS_BLOCKS for s in (True, False)]
         if bp.cluster_group_sum:
             cfgs += dataclasses.replace(bp, cluster_group_sum=False).configs(True)
-        for bv, occ in _RECOMPUTE_SHAPES.values():
+        for bv, occ in list(_RECOMPUTE_SHAPES.values()) + [(16, 1)]:
             cfgs += dataclasses.replace(bp, recompute_block_v=bv, recompute_ctas_per_sm=occ).recompute_configs()
     failed = precompile(list(dict.fromkeys(cfgs)), min(10, os.cpu_count() or 1))
     assert not failed, failed
@@ -187,29 +193,55 @@ def test_recompute_plans_give_the_same_states(case, shape, side):
     dispatched plan run serially: the recomputed S and U within 1e-6 of their largest magnitude, the gradients
     within a hundredth of the input dtype's rounding floor (the value columns per CTA change nothing in a
     column's sums; printed whether bitwise)."""
-    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
     from kernels.backward.pipeline import plan_for, prepare_backward
 
     args, kw, do, dht = tt.bwd_args(case, CUDA)
     plan = plan_for(prepare_backward(*args, do, dht, **kw))
     bv, occ = _RECOMPUTE_SHAPES[shape]
-    si, sp = {}, {}
-    gi = kern(*args, do, dht, **kw, stages=si, plan=dataclasses.replace(plan, overlap_recompute=False))
     other = dataclasses.replace(plan, overlap_recompute=side, recompute_block_v=bv, recompute_ctas_per_sm=occ)
-    gp = kern(*args, do, dht, **kw, stages=sp, plan=other)
+    _same_recomputed_states(case, other, dataclasses.replace(plan, overlap_recompute=False), 1e-6, shape)
+
+
+def _same_recomputed_states(case, plan, ref, s_tol, label):
+    """The backward of ``case`` under ``plan`` against ``ref``: the recomputed S and U within ``s_tol`` of their
+    largest magnitude (printed, with whether bitwise), every gradient finite and within a hundredth of the input
+    dtype's rounding floor of ``ref``'s.  Returns ``plan``'s gradients."""
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
+
+    args, kw, do, dht = tt.bwd_args(case, CUDA)
+    sp, sr = {}, {}
+    gp = kern(*args, do, dht, **kw, stages=sp, plan=plan)
+    gr = kern(*args, do, dht, **kw, stages=sr, plan=ref)
     torch.cuda.synchronize()
     for name in ("S", "U"):
-        a, b = sp[name].double(), si[name].double()
+        a, b = sp[name].double(), sr[name].double()
         d = tt.max_rel(a, b)
-        print(f"  {case.id} {shape} {name}: max|diff| / max = {d:.2e} (bitwise {torch.equal(a, b)})")
-        assert d <= 1e-6, (name, d)
+        print(f"  {case.id} {label} {name}: max|diff| / max = {d:.2e} (bitwise {torch.equal(a, b)})")
+        assert d <= s_tol, (name, d)
     want = tt.fp64_grads(case, CUDA)
-    for n, a, b, r in zip(NAMES, gp, gi, want):
+    for n, a, b, r in zip(NAMES, gp, gr, want):
         if r is None:
             continue
         m, floor = compare(a, b), compare(r.to(args[0].dtype), r).rel_rmse
+        print(f"  {n}: {label} vs the reference plan {m.rel_rmse:.2e}, floor {floor:.2e}")
         assert m.finite, n
         assert m.rel_rmse <= 0.01 * floor, (n, m.rel_rmse, floor)
+    return gp
+
+
+@pytest.mark.parametrize("case", _RECOMPUTE_CP_CASES, ids=[c.id for c in _RECOMPUTE_CP_CASES])
+def test_recompute_per_segment_gives_the_sequential_states(case):
+    """The dispatched recompute per CP segment (``recompute_cp``: the forward's exact scan and fp64 fix-up, then
+    the state kernel per segment) against one sequential pass at BV 16: the recomputed S and U within 1e-5 of
+    their largest magnitude (printed, with whether bitwise), every gradient within a hundredth of the input dtype's
+    rounding floor of the sequential plan's, and within the FLA-like baseline."""
+    from kernels.backward.pipeline import plan_for, prepare_backward
+
+    args, kw, do, dht = tt.bwd_args(case, CUDA)
+    plan = plan_for(prepare_backward(*args, do, dht, **kw))
+    assert plan.recompute_cp > 1, plan
+    one = dataclasses.replace(plan, recompute_cp=1, recompute_block_v=16, recompute_ctas_per_sm=1)
+    _within_baseline(case, _same_recomputed_states(case, plan, one, 1e-5, f"cp {plan.recompute_cp}"))
 
 
 def _check_forms(case, got, ref, close=()):

@@ -13,7 +13,8 @@ Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan
      forward's saved Tinv and Ag (``saved_tables``) only the gate table and dUloc^T;
   2. ``dh`` [gdn_bwd_dh] (64 value cols, head, seq): the reverse sequential pass (dS' tables, dY, dv, dh0); with
      a segment plan three passes over segments of the sequences and a scan (``dh_segmented``);
-  3. ``recompute`` [the forward's smem state kernel, precision "recompute"]: the chunk-start states S and U
+  3. ``recompute`` [the forward's smem state kernel, precision "recompute"; with ``recompute_cp`` per CP segment
+     after the forward's gdn_scan_rv and gdn_cp_fixup]: the chunk-start states S and U
      (hi + lo, key-first) from prep's Ag and gate table, launched after dh (which does not read them): on a side
      stream beside it where the plan overlaps them, else after it on the main stream;
   4. ``dqk`` [gdn_bwd_dqk] (chunk, head): the state products and 64x64 terms -> dq~, dk~, row dots, dg / dbeta
@@ -39,9 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.forward.pipeline import ForwardInputs, prepare
-from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, cached, call_tables, fp32_state, pad_rows, tma_ready,
-                               token_rows)
+from kernels.forward.pipeline import ForwardInputs, IntraTables, prepare, segment_starts
+from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, cached, call_tables, fp32_state, max_chunks, pad_rows,
+                               tma_ready, token_rows)
 
 from .finish import finish, group_sum
 
@@ -89,7 +90,8 @@ def plan_for(b: BackwardInputs):
     from kernels.plan import backward_plan
     x = b.x
     return backward_plan(TL_DTYPE[x.q.dtype], x.H, x.HV, x.NC, x.N,
-                         _dh_plan(x.B, x.T, x.cu_host, x.HV, dh_value_blocks(x.D), x.q.device), DK=x.D)
+                         _dh_plan(x.B, x.T, x.cu_host, x.HV, dh_value_blocks(x.D), x.q.device), DK=x.D,
+                         max_chunks=max_chunks(x.B, x.T, x.cu_host))
 
 
 def reads_saved_tables(q, v, cu_seqlens=None) -> bool:
@@ -209,9 +211,11 @@ class RecomputedStates:
 
 def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side) -> RecomputedStates:
     """The forward's chunk-start states S and U (hi + lo, key-first) by its smem state kernel on prep's Ag and
-    gate table; on the stream ``side`` when given: its outputs are then allocated on it (so that none reuses a
-    buffer the main stream's pending kernels still read, such as dh's) and recorded on the main stream, which reads
-    and frees them; its inputs recorded on it."""
+    gate table: one pass over every sequence, or with ``plan.recompute_cp`` one per CP segment from the start
+    states of the forward's exact ``segment_starts`` (the scan and the fp64 fix-up on the same tables); on the
+    stream ``side`` when given: its outputs are then allocated on it (so that none reuses a buffer the main stream's
+    pending kernels still read, such as dh's) and recorded on the main stream, which reads and frees them; its
+    inputs recorded on it."""
     from kernels.build import get_kernel
     dev, dt, D = x.q.device, x.q.dtype, x.D
     cfg = plan.recompute_configs()[1]
@@ -223,9 +227,15 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side) -> Recomputed
         Uh = torch.empty(x.HV, x.NC, BT, D, device=dev, dtype=dt)
         Ul = torch.empty_like(Uh)
         ht = torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
-        h0 = x.h0 if x.h0 is not None else torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
-        get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, x.cu, x.chunk_offsets, h0, Sch, Scl, Uh, Ul, ht,
-                        int(x.h0 is not None), 0, int(x.v_first))
+        if plan.recompute_cp > 1:       # every segment from its start state (value-first)
+            cu, co, _, h0 = segment_starts(x=x, plan=plan.recompute_cp_plan(),
+                                           tables=IntraTables(tables.Agh, tables.Agl, tables.Fb, None))
+            use_h0, v_first = 1, 1
+        else:
+            cu, co, use_h0, v_first = x.cu, x.chunk_offsets, int(x.h0 is not None), int(x.v_first)
+            h0 = x.h0 if x.h0 is not None else torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
+        get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, 0,
+                        v_first)
     if side is not None:
         for t in (tables.Agh, tables.Agl):          # freed while the side stream may still use them
             t.record_stream(side)
