@@ -199,14 +199,15 @@ def test_recompute_plans_give_the_same_states(case, shape, side):
     plan = plan_for(prepare_backward(*args, do, dht, **kw))
     bv, occ = _RECOMPUTE_SHAPES[shape]
     other = dataclasses.replace(plan, overlap_recompute=side, recompute_block_v=bv, recompute_ctas_per_sm=occ)
-    _same_recomputed_states(case, other, dataclasses.replace(plan, overlap_recompute=False), 1e-6, 0.01, shape)
+    _same_recomputed_states(case, other, dataclasses.replace(plan, overlap_recompute=False), 1e-6, shape)
 
 
-def _same_recomputed_states(case, plan, ref, s_tol, g_tol, label):
+def _same_recomputed_states(case, plan, ref, s_tol, label, to_fp64=False):
     """The backward of ``case`` under ``plan`` against ``ref``: the recomputed S and U within ``s_tol`` of their
-    largest magnitude (printed, with whether bitwise), every gradient finite and within ``g_tol`` times the input
-    dtype's rounding floor of ``ref``'s (rel_rmse; printed with both plans' rel_rmse against fp64).  Returns
-    ``plan``'s gradients."""
+    largest magnitude (printed, with whether bitwise), every gradient finite and within a hundredth of the input
+    dtype's rounding floor of ``ref``'s (rel_rmse; printed with both plans' rel_rmse against fp64); with
+    ``to_fp64`` instead no farther from fp64 than ``ref``'s plus a tenth of that floor.  Returns ``plan``'s
+    gradients."""
     from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
 
     args, kw, do, dht = tt.bwd_args(case, CUDA)
@@ -224,10 +225,14 @@ def _same_recomputed_states(case, plan, ref, s_tol, g_tol, label):
         if r is None:
             continue
         m, floor = compare(a, b), compare(r.to(args[0].dtype), r).rel_rmse
+        ea, eb = compare(a, r).rel_rmse, compare(b, r).rel_rmse
         print(f"  {n}: {label} vs the reference plan {m.rel_rmse:.2e}, floor {floor:.2e}; against fp64 "
-              f"{compare(a, r).rel_rmse:.2e} / {compare(b, r).rel_rmse:.2e}")
+              f"{ea:.2e} / {eb:.2e}")
         assert m.finite, n
-        assert m.rel_rmse <= g_tol * floor, (n, m.rel_rmse, floor)
+        if to_fp64:
+            assert ea <= eb + 0.1 * floor, (n, ea, eb, floor)
+        else:
+            assert m.rel_rmse <= 0.01 * floor, (n, m.rel_rmse, floor)
     return gp
 
 
@@ -237,15 +242,16 @@ def test_recompute_per_segment_gives_the_sequential_states(case):
     the state kernel per segment) against one sequential pass at BV 16: the recomputed S and U within 2^-8 of
     their largest magnitude (printed, with whether bitwise: the recompute's K S products take S's hi term alone,
     precision "recompute", so either pass's states carry up to about bf16's 2^-9 relative error, which the exact
-    segment starts reset), every gradient within the input dtype's rounding floor of the sequential plan's, and
-    within the FLA-like baseline."""
+    segment starts reset, and the gradients of the two may differ by about a rounding floor: 2.1e-3 in dq at K 64
+    under slow decay, H200), every gradient no farther from fp64 than the sequential plan's plus a tenth of the
+    input dtype's rounding floor, and within the FLA-like baseline."""
     from kernels.backward.pipeline import plan_for, prepare_backward
 
     args, kw, do, dht = tt.bwd_args(case, CUDA)
     plan = plan_for(prepare_backward(*args, do, dht, **kw))
     assert plan.recompute_cp > 1, plan
     one = dataclasses.replace(plan, recompute_cp=1, recompute_block_v=16, recompute_ctas_per_sm=1)
-    _within_baseline(case, _same_recomputed_states(case, plan, one, 2 ** -8, 1.0, f"cp {plan.recompute_cp}"))
+    _within_baseline(case, _same_recomputed_states(case, plan, one, 2 ** -8, f"cp {plan.recompute_cp}", True))
 
 
 def _check_forms(case, got, ref, close=()):
