@@ -211,7 +211,9 @@ class BackwardPlan:
     key-first kernel (``backward/dh_ws.py``) at this many value columns a CTA, 0: the value-first register kernel
     (64 columns); ``recompute_cp``: segments per sequence of the recompute (1: one sequential pass; more: the
     forward's exact CP scan and fp64 fix-up on prep's tables give every segment its start state, then the state
-    kernel runs per segment, ``recompute_cp_plan``); ``DK``: the head dim K == V every kernel is built for."""
+    kernel runs per segment, ``recompute_cp_plan``); ``shared_scan`` (with ``dh_segments``): one forward CP scan
+    over dh's segments gives dh's transfer maps (its pass B) and the recompute's start states, and the recompute
+    runs on dh's segments whatever ``recompute_cp`` says; ``DK``: the head dim K == V every kernel is built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -227,11 +229,14 @@ class BackwardPlan:
     dh_ws_bv: int = 0
     DK: int = KERNEL_HEAD_DIM
     recompute_cp: int = 1
+    shared_scan: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
         if not 1 <= self.recompute_cp <= MAX_SEGMENTS:
             raise ValueError(f"recompute_cp counts segments per sequence, 1 to {MAX_SEGMENTS}, got {self.recompute_cp}")
+        if self.shared_scan and self.dh_segments is None:
+            raise ValueError("shared_scan runs the forward's CP scan over dh's segments: it needs dh_segments")
         if self.dh_ws_bv not in (0, *DH_WS_BLOCKS):
             raise ValueError(f"dh_ws_bv must be 0 or one of {DH_WS_BLOCKS}, got {self.dh_ws_bv}")
         if self.cluster_group_sum and self.group not in CLUSTER_GROUPS:
@@ -246,17 +251,18 @@ class BackwardPlan:
         key-first; S hi alone with ``s_single``), the S lo tile swizzled where there is one in the input dtype (fp8
         with ``lo8``); the CP scan and fix-up of ``recompute_cp_plan`` when ``recompute_cp > 1``."""
         prec = recompute_precision(self.s_single, self.merge)
-        cp = self.recompute_cp_plan().configs()[-2:] if self.recompute_cp > 1 else ()
+        cp = self.recompute_cp_plan().configs()[-2:] if self.recompute_cp > 1 or self.shared_scan else ()
         return (IntraConfig(self.dtype, prec.merge, prec.ag, DK=self.DK),
                 StateConfig(self.dtype, self.recompute_block_v, prec.past_intra(), form="smem", DK=self.DK,
                             ctas_per_sm=self.recompute_ctas_per_sm, sl_swizzle=prec.s == "split" and not self.lo8,
                             lo8=self.lo8), *cp)
 
     def recompute_cp_plan(self) -> ForwardPlan:
-        """The forward plan whose ``segment_starts`` (exact: the rv scan and the fp64 fix-up, which read the state
-        kernel's operands Ag hi + lo and the gate table's rows 0-3, as prep stores them) the recompute runs per
-        segment from: precision "default", ``recompute_cp`` segments."""
-        return ForwardPlan(self.dtype, preset(), "rv", RV_BV, 1, self.recompute_cp, DK=self.DK)
+        """The forward plan whose scan and fp64 fix-up (exact: ``segment_starts``; they read the state kernel's
+        operands Ag hi + lo and the gate table's rows 0-3, as prep stores them) the recompute runs per segment from:
+        precision "default", ``recompute_cp`` segments (2 at the least: with ``shared_scan`` the segments are dh's,
+        the count unread)."""
+        return ForwardPlan(self.dtype, preset(), "rv", RV_BV, 1, max(2, self.recompute_cp), DK=self.DK)
 
     def prep_config(self, saved: bool) -> BwdConfig:
         return BwdConfig("prep", self.dtype, self.DK, saved=saved, merge="bf16" if saved else self.merge)
@@ -299,7 +305,9 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     CTA where those CTAs fit one wave (``DH_WS_MAX_CTAS``; at the head dims of ``WS_HEAD_DIMS``, where it was
     measured), else the register kernel; the recompute per segment (``recompute_cp``: ``ws_cp_segments`` of the
     longest sequence's ``max_chunks``, default ``n_chunks / n_seq``, at ``WS_CP_BV`` value columns a CTA) where
-    even 16-column blocks of one pass leave SMs idle; every kernel built for the call's head dim ``DK`` (K == V)."""
+    even 16-column blocks of one pass leave SMs idle; with the segmented reverse pass the shared scan
+    (``shared_scan``: the recompute on dh's segments at ``WS_CP_BV`` columns); every kernel built for the call's
+    head dim ``DK`` (K == V)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
@@ -307,8 +315,9 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     rbv, rcp = block_v(n_seq, HV, 1, DK), 1
     if n_seq * HV * (DK // 16) < N_SM:
         rcp = ws_cp_segments(n_seq, HV, n_chunks // max(n_seq, 1) if max_chunks is None else max_chunks, DK)
-        rbv = WS_CP_BV if rcp > 1 else rbv
+    rbv = WS_CP_BV if rcp > 1 or not seq else rbv
     return BackwardPlan(dtype, dh_segments, dh_single=False, reads_saved_tables=seq, dh_ws_bv=ws,
                         overlap_recompute=n_chunks * HV >= OVERLAP_MIN_CHUNK_HEADS,
                         recompute_block_v=rbv, recompute_ctas_per_sm=1, group=group,
-                        cluster_group_sum=group in CLUSTER_GROUPS, lo8=True, DK=DK, recompute_cp=rcp)
+                        cluster_group_sum=group in CLUSTER_GROUPS, lo8=True, DK=DK, recompute_cp=rcp,
+                        shared_scan=not seq)

@@ -727,7 +727,10 @@ def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, case):
     """The few-heads form of the reverse pass (``dh_segmented``: the dh kernel over segments, three passes and an
     fp64 scan), forced on small inputs with the emulation's stage functions standing in for the kernels, gives the
     emulation's gradients (the sequential reverse pass), dh0 included.  The segmented pass runs dh with every
-    operand split, so the sequential one it is compared with does too (``dh_single=False``)."""
+    operand split, so the sequential one it is compared with does too (``dh_single=False``); its transfer maps
+    from pass B and the recompute in one pass, as the emulation's (``shared_scan`` off, ``recompute_cp`` 1)."""
+    import dataclasses
+
     from kernels.backward import dh_segmented as dh_cp
     from kernels.backward import pipeline as bapi
     from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as api_bwd
@@ -741,11 +744,65 @@ def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, case):
     real = dh_cp.end_gradients
     monkeypatch.setattr(dh_cp, "end_gradients", lambda *a: seen.append(a[0].cu.numel() - 1) or real(*a))
     xs, kw, do, dht = tt.bwd_args(case)
-    got = api_bwd(*xs, do, dht, **kw)
+    plan = bapi.plan_for(bapi.prepare_backward(*xs, do, dht, **kw))
+    got = api_bwd(*xs, do, dht, **kw, plan=dataclasses.replace(plan, shared_scan=False, recompute_cp=1))
     assert seen and seen[0] >= 4, seen                   # the segmented form ran, with several segments
     assert all(not c.single for c in asked if getattr(c, "kind", None) == "dh"), asked
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False)
     tt.assert_segmented_matches_sequential(got, want, xs[0].dtype, NAMES)
+
+
+@pytest.mark.parametrize("case", _SEGMENTED, ids=[c.id for c in _SEGMENTED])
+def test_shared_scan_plumbing_on_cpu(monkeypatch, case):
+    """``BackwardPlan.shared_scan``, dispatched with the segmented reverse pass (forced on small inputs, stand-in
+    kernels): the forward CP scan over dh's segments gives dh's transfer maps -- within 1e-5 of pass B's on every
+    segment the end-gradient scan reads, pass A's start gradients bitwise -- so dh runs twice (passes A and C)
+    instead of three times, the scan once; and the recompute runs per dh segment from the fix-up of the same maps:
+    every gradient no farther from fp64 than the sequential emulation's plus a tenth of the input dtype's rounding
+    floor."""
+    import dataclasses
+
+    import kernels.build as build
+    import kernels.forward.configs as fbuild
+    from kernels.backward import dh_segmented as dh_cp
+    from kernels.backward import pipeline as bapi
+
+    asked = []
+    _fake_kernels(monkeypatch, asked)
+    launches = []
+    fake = build.get_kernel
+
+    def counting(cfg):
+        k = fake(cfg)
+        return lambda *a: launches.append(getattr(cfg, "kind", type(cfg).__name__)) or k(*a)
+    monkeypatch.setattr(build, "get_kernel", counting)
+    monkeypatch.setattr(dh_cp, "MIN_CHUNKS", 1)
+    monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 1)
+    monkeypatch.setattr(bapi, "_sm_count", lambda dev: 256)
+    seen = []
+    real = dh_cp.end_gradients
+    monkeypatch.setattr(dh_cp, "end_gradients", lambda *a: seen.append(a) or real(*a))
+    xs, kw, do, dht = tt.bwd_args(case)
+    plan = bapi.plan_for(bapi.prepare_backward(*xs, do, dht, **kw))
+    assert plan.shared_scan and plan.dh_segments is not None and plan.recompute_block_v == 64
+    got = bapi.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
+    shared, launches[:] = list(launches), []
+    bapi.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=dataclasses.replace(plan, shared_scan=False))
+    assert (shared.count("dh"), launches.count("dh")) == (2, 3), (shared, launches)
+    assert shared.count("StateConfig") == 2 and shared.count("FixupConfig") == 1, shared     # scan + recompute
+    (t, a1, P1, _), (_, a2, P2, _) = seen
+    assert torch.equal(a1, a2)
+    need = [j for f, l in zip(t.first.tolist(), t.last.tolist()) for j in range(f + 1, l)]
+    assert need, (t.first, t.last)
+    d = (P1[need] - P2[need]).abs().max() / P2[need].abs().max()
+    assert d <= 1e-5, d
+    want, emu = tt.fp64_grads(case), chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False)
+    for n, a, b, r in zip(NAMES, got, emu, want):
+        assert (a is None) == (r is None), n
+        if r is not None:
+            ea, eb, floor = (compare(x, r).rel_rmse for x in (a, b, r.to(xs[0].dtype)))
+            assert torch.isfinite(a).all() and ea <= eb + 0.1 * floor, (n, ea, eb, floor)
+    assert any(isinstance(c, fbuild.FixupConfig) for c in asked)
 
 
 def test_segment_plan_covers_every_chunk_once_at_chunk_boundaries(monkeypatch):
@@ -846,6 +903,12 @@ def test_recompute_dispatch_per_segment():
     for bad in (0, 17):
         with pytest.raises(ValueError, match="recompute_cp"):
             dataclasses.replace(p, recompute_cp=bad)
+    # with the segmented reverse pass: the shared scan, the recompute at WS_CP_BV columns, the scan's configurations
+    seg = backward_plan("bfloat16", 2, 4, 1024, 1, dh_segments=object())
+    assert seg.shared_scan and seg.recompute_block_v == WS_CP_BV and not p.shared_scan
+    assert len(dataclasses.replace(seg, recompute_cp=1).recompute_configs()) == 4
+    with pytest.raises(ValueError, match="needs dh_segments"):
+        dataclasses.replace(p, shared_scan=True)
 
 
 # the recompute per CP segment: 3 segments of a dense sequence with h0 (value-first); a ragged batch at K = 64

@@ -163,7 +163,8 @@ def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, case, ws
     forced on (its thresholds set to 1), gives the sequential pass's gradients on the GPU
     (``kernel_support.assert_segmented_matches_sequential``), with either dh kernel (``ws``: the warp-specialised
     one at 32 value columns a CTA).  The segmented pass runs dh with every operand split, so the sequential one it is
-    compared with does too (a plan with ``dh_single`` off)."""
+    compared with does too (a plan with ``dh_single`` off); it keeps its own pass B and the sequential plan's
+    recompute (``shared_scan`` off)."""
     from kernels.backward import dh_segmented
     from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
     from kernels.backward.pipeline import plan_for, prepare_backward
@@ -172,6 +173,7 @@ def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, case, ws
     split = dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)), dh_single=False, dh_ws_bv=ws)
     assert split.dh_segments is None
     seq = kern(*xs, do, dht, **kw, plan=split)
+    rc = dict(recompute_cp=split.recompute_cp, recompute_block_v=split.recompute_block_v, shared_scan=False)
     monkeypatch.setattr(dh_segmented, "MIN_CHUNKS", 1)
     monkeypatch.setattr(dh_segmented, "MIN_SEQ_CHUNKS", 1)
     seen = []
@@ -179,7 +181,7 @@ def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, case, ws
     monkeypatch.setattr(dh_segmented, "end_gradients", lambda *a: seen.append(a[0].cu.numel() - 1) or real(*a))
     # the plan cache is keyed by the thresholds: no stale plan is reused
     seg = kern(*xs, do, dht, **kw, plan=dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)),
-                                                             dh_ws_bv=ws))
+                                                             dh_ws_bv=ws, **rc))
     torch.cuda.synchronize()
     assert seen and seen[0] >= 4, seen                   # the segmented form ran, with several segments
     tt.assert_segmented_matches_sequential(seg, seq, xs[0].dtype, NAMES, label=case.id)
@@ -200,6 +202,34 @@ def test_recompute_plans_give_the_same_states(case, shape, side):
     bv, occ = _RECOMPUTE_SHAPES[shape]
     other = dataclasses.replace(plan, overlap_recompute=side, recompute_block_v=bv, recompute_ctas_per_sm=occ)
     _same_recomputed_states(case, other, dataclasses.replace(plan, overlap_recompute=False), 1e-6, shape)
+
+
+@pytest.mark.parametrize("case", _SEGMENTED, ids=[c.id for c in _SEGMENTED])
+def test_shared_scan_gives_pass_bs_transfer_maps(monkeypatch, case):
+    """``BackwardPlan.shared_scan`` (dispatched with the segmented reverse pass, forced on here): the forward CP
+    scan's maps over dh's segments against dh's own pass B -- within 1e-4 of their largest magnitude on every
+    segment the end-gradient scan reads (printed), pass A's start gradients bitwise -- and every gradient no
+    farther from fp64 than the plan without it plus a tenth of the input dtype's rounding floor, and within the
+    FLA-like baseline."""
+    from kernels.backward import dh_segmented
+    from kernels.backward.pipeline import plan_for, prepare_backward
+
+    xs, kw, do, dht = tt.bwd_args(case, CUDA)
+    monkeypatch.setattr(dh_segmented, "MIN_CHUNKS", 1)
+    monkeypatch.setattr(dh_segmented, "MIN_SEQ_CHUNKS", 1)
+    seen = []
+    real = dh_segmented.end_gradients
+    monkeypatch.setattr(dh_segmented, "end_gradients", lambda *a: seen.append(a) or real(*a))
+    plan = plan_for(prepare_backward(*xs, do, dht, **kw))
+    assert plan.shared_scan
+    got = _same_recomputed_states(case, plan, dataclasses.replace(plan, shared_scan=False), 2 ** -8, "shared scan",
+                                  True)
+    (t, a1, P1, _), (_, a2, P2, _) = seen
+    need = [j for f, l in zip(t.first.tolist(), t.last.tolist()) for j in range(f + 1, l)]
+    d = tt.max_rel(P1[need].double(), P2[need].double())
+    print(f"  {case.id}: {len(need)} transfer maps, max|scan - pass B| / max = {d:.2e}")
+    assert torch.equal(a1, a2) and d <= 1e-4, d
+    _within_baseline(case, got)
 
 
 def _same_recomputed_states(case, plan, ref, s_tol, label, to_fp64=False):

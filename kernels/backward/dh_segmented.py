@@ -8,7 +8,9 @@ columns of dS evolve independently.  Cut a sequence into segments at chunk bound
 
   A. every segment from a zero end gradient (the last segment of a sequence from the caller's dht): its start
      gradient ``a_j``;
-  B. every segment from dht = I with dO = 0 and dUloc = 0 (so b = 0): its transfer matrix ``P_j = M_first ... M_last``;
+  B. every segment from dht = I with dO = 0 and dUloc = 0 (so b = 0): its transfer matrix ``P_j = M_first ... M_last``
+     (or, given, the forward CP scan's ``M_j^T`` over the same segments: ``M_c`` is the forward chunk map's
+     transpose, so ``P_j`` is the transpose of the forward segment map);
   C. every segment from its true end gradient ``E_j`` (the host's scan below): every per-chunk output (dS' tables,
      dY, dv; they overwrite A's and B's) and, for each sequence's first segment, dh0.
 
@@ -85,6 +87,7 @@ class PlanTensors:
     chunk_offsets: torch.Tensor     # [NS + 1] int32
     last: torch.Tensor              # [N] int64
     first: torch.Tensor             # [N] int64
+    seg_of: torch.Tensor            # [N + 1] int32: each sequence's first segment, then NS
     steps: tuple                    # ((js, successors) int64 tensors, successor-is-last flag) by distance from the end
 
 
@@ -104,7 +107,7 @@ def plan_tensors(p: SegmentPlan, dev) -> PlanTensors:
         return torch.tensor(x, dtype=torch.int32, device=dev)
 
     return PlanTensors(i32(p.cu), i32(p.chunk_offsets), torch.tensor(p.last, device=dev),
-                       torch.tensor(p.first, device=dev), tuple(steps))
+                       torch.tensor(p.first, device=dev), i32(list(p.first) + [p.n_segments]), tuple(steps))
 
 
 def end_gradients(t: PlanTensors, a: torch.Tensor, P: torch.Tensor, dht: torch.Tensor | None) -> torch.Tensor:

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.forward.pipeline import ForwardInputs, IntraTables, prepare, segment_starts
+from kernels.forward.pipeline import (ForwardInputs, IntraTables, fix_segment_starts, prepare, segment_maps,
+                                     segment_starts)
 from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, cached, call_tables, fp32_state, max_chunks, pad_rows,
                                tma_ready, token_rows)
 
@@ -130,10 +131,14 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if isinstance(saved_tables, HandedTables):
         saved_tables.clear()
     mark("prep")
+    maps = None
+    if plan.shared_scan:
+        maps = segment_maps_of(x=x, plan=plan, tables=tables)
+        mark("scan")
     side = _side_stream(x.q.device) if plan.overlap_recompute else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(x.q.device))   # prep is launched: the recompute may follow it
-    grads = dh(b=b, plan=plan, tables=tables, saved=from_saved)
+    grads = dh(b=b, plan=plan, tables=tables, saved=from_saved, maps=maps)
     if stages is None:
         # dUloc^T and Tinv are read by dh alone: their memory is no longer allocated while the recompute's outputs
         # are (main-stream allocations that reuse it run after dh)
@@ -143,13 +148,14 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     # waits for before dqk
     if side is None:
         mark("dh")
-        states = recompute(x=x, plan=plan, tables=tables, side=None)
+        states = recompute(x=x, plan=plan, tables=tables, side=None, maps=maps)
         mark("recompute")
     else:
-        states = recompute(x=x, plan=plan, tables=tables, side=side)
+        states = recompute(x=x, plan=plan, tables=tables, side=side, maps=maps)
         mark("dh")
         torch.cuda.current_stream(x.q.device).wait_stream(side)
         mark("recompute (not hidden by dh)")
+    maps = None
     if stages is None:
         # Ag is read by the recompute only: its memory serves dqk's outputs
         tables = _without(tables, "Agh", "Agl")
@@ -209,10 +215,19 @@ class RecomputedStates:
     Ul: torch.Tensor                # lo
 
 
-def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side) -> RecomputedStates:
+def segment_maps_of(*, x: ForwardInputs, plan, tables: PrepTables) -> torch.Tensor:
+    """``plan.shared_scan``: the forward's CP scan (``forward.pipeline.segment_maps``) on prep's Ag and gate table
+    over dh's segments: ZM [NS, HV, 2 D, D] fp32, ``[Z^T ; M^T]`` of every segment but the last."""
+    cp = plan.dh_segments
+    return segment_maps(x=x, plan=plan.recompute_cp_plan(), tables=IntraTables(tables.Agh, tables.Agl, tables.Fb, None),
+                        scan_cu=cp.cu[:-1], scan_co=cp.chunk_offsets[:-1], n_seg=cp.cu.numel() - 1)
+
+
+def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) -> RecomputedStates:
     """The forward's chunk-start states S and U (hi + lo, key-first) by its smem state kernel on prep's Ag and
     gate table: one pass over every sequence, or with ``plan.recompute_cp`` one per CP segment from the start
-    states of the forward's exact ``segment_starts`` (the scan and the fp64 fix-up on the same tables); on the
+    states of the forward's exact ``segment_starts`` (the scan and the fp64 fix-up on the same tables), or with
+    ``plan.shared_scan`` one per dh segment from the fix-up of ``maps`` (``segment_maps_of``); on the
     stream ``side`` when given: its outputs are then allocated on it (so that none reuses a buffer the main stream's
     pending kernels still read, such as dh's) and recorded on the main stream, which reads and frees them; its
     inputs recorded on it."""
@@ -227,9 +242,14 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side) -> Recomputed
         Uh = torch.empty(x.HV, x.NC, BT, D, device=dev, dtype=dt)
         Ul = torch.empty_like(Uh)
         ht = torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
-        if plan.recompute_cp > 1:       # every segment from its start state (value-first)
-            cu, co, _, h0 = segment_starts(x=x, plan=plan.recompute_cp_plan(),
-                                           tables=IntraTables(tables.Agh, tables.Agl, tables.Fb, None))
+        intra = IntraTables(tables.Agh, tables.Agl, tables.Fb, None)
+        if plan.shared_scan:            # every dh segment from its start state (value-first)
+            cp = plan.dh_segments
+            h0 = fix_segment_starts(x=x, plan=plan.recompute_cp_plan(), tables=intra, ZM=maps, seg_of=cp.seg_of,
+                                    co=cp.seg_of)
+            cu, co, use_h0, v_first = cp.cu, cp.chunk_offsets, 1, 1
+        elif plan.recompute_cp > 1:     # every segment from its start state (value-first)
+            cu, co, _, h0 = segment_starts(x=x, plan=plan.recompute_cp_plan(), tables=intra)
             use_h0, v_first = 1, 1
         else:
             cu, co, use_h0, v_first = x.cu, x.chunk_offsets, int(x.h0 is not None), int(x.v_first)
@@ -237,8 +257,8 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side) -> Recomputed
         get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, 0,
                         v_first)
     if side is not None:
-        for t in (tables.Agh, tables.Agl):          # freed while the side stream may still use them
-            t.record_stream(side)
+        for t in (tables.Agh, tables.Agl) + ((maps,) if plan.shared_scan else ()):  # freed while the side stream
+            t.record_stream(side)                                                     # may still use them
         for t in (Sch, Scl, Uh, Ul):
             t.record_stream(main)
     return RecomputedStates(Sch, Scl, Uh, Ul)
@@ -254,9 +274,10 @@ class StateGradients:
     dh0: torch.Tensor               # [N or 1, HV, D, D] fp32 (the caller's layout)
 
 
-def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool) -> StateGradients:
-    """``gdn_bwd_dh``: the reverse sequential pass, or its segmented form (``plan.dh_segments``); ``saved``: the
-    tables' Tinv is the forward's (hi alone)."""
+def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool, maps=None) -> StateGradients:
+    """``gdn_bwd_dh``: the reverse sequential pass, or its segmented form (``plan.dh_segments``; its transfer maps
+    from ``maps``, ``segment_maps_of``' ZM, where given, instead of its pass B); ``saved``: the tables' Tinv is the
+    forward's (hi alone)."""
     from kernels.build import get_kernel
     x = b.x
     dev, dt, D, HV = x.q.device, x.q.dtype, x.D, x.HV
@@ -276,7 +297,7 @@ def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool) -> StateGrad
     else:
         dhk = None if b.dht is None else (b.dht.transpose(-1, -2) if x.v_first else b.dht)
         dh0k = _dh_segmented(kern, plan.dh_segments, x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, dhk, dSh, dSl, dYh,
-                             dYl, dv)
+                             dYl, dv, maps)
         if use_h0:
             dh0 = (dh0k.transpose(-1, -2) if x.v_first else dh0k).contiguous()
     return StateGradients(dSh, dSl, dYh, dYl, dv, dh0)
@@ -449,11 +470,12 @@ def _dh_plan(B, T, cu_host, HV, n_value_blocks, dev):
     return cached(_PLANS, key, build)
 
 
-def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dYl, dv2):
+def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dYl, dv2, maps=None):
     """``gdn_bwd_dh`` over the segments of plan ``cp`` (``dh_segmented``): pass A (zero end gradients, the caller's
     dht ``dhk`` [N, HV, D, D] key-first at each sequence's end), pass B (identity, dO = dUloc = 0: the transfer
-    matrices), the scan, pass C (true end gradients; writes every per-chunk output).  Returns the start gradient of
-    every sequence [N, HV, D, D] (key-first)."""
+    matrices; or given: ``maps``' rows [D, 2 D), the forward scan's M^T over the same segments), the scan, pass C
+    (true end gradients; writes every per-chunk output).  Returns the start gradient of every sequence [N, HV, D,
+    D] (key-first)."""
     from . import dh_segmented
     NS = cp.cu.numel() - 1
     HV, D = Th.shape[0], q2.shape[-1]
@@ -463,13 +485,16 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
         dht_a[cp.last] = dhk
     a = torch.empty_like(dht_a)
     kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, dht_a, dSh, dSl, dYh, dYl, dv2, a, 1, 1, 0)
-    eye = torch.eye(D, device=dev, dtype=f32).expand(NS, HV, D, D).contiguous()
-    P = torch.empty_like(dht_a)
-    # pass B's zero dUloc and dO: one zero buffer, dO a view of its first bytes (both only read)
-    zero = torch.zeros_like(dUl)
-    kern(q2, k2, _view_over(zero, do2.shape, do2.dtype, torch.zeros), Th, Tl, Fb, zero, cp.cu, cp.chunk_offsets, eye,
-         dSh, dSl, dYh, dYl, dv2, P, 1, 1, 0)
-    zero = None
+    if maps is not None:        # read for every segment but each sequence's first and last (end_gradients)
+        P = maps[:, :, D:, :]
+    else:
+        eye = torch.eye(D, device=dev, dtype=f32).expand(NS, HV, D, D).contiguous()
+        P = torch.empty_like(dht_a)
+        # pass B's zero dUloc and dO: one zero buffer, dO a view of its first bytes (both only read)
+        zero = torch.zeros_like(dUl)
+        kern(q2, k2, _view_over(zero, do2.shape, do2.dtype, torch.zeros), Th, Tl, Fb, zero, cp.cu, cp.chunk_offsets,
+             eye, dSh, dSl, dYh, dYl, dv2, P, 1, 1, 0)
+        zero = None
     E = dh_segmented.end_gradients(cp, a, P, dhk)
     start = torch.empty_like(dht_a)
     kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, E, dSh, dSl, dYh, dYl, dv2, start, 1, 1, 0)

@@ -244,22 +244,39 @@ def segment_starts(*, x: ForwardInputs, plan, tables: IntraTables):
     (``cp_warm``).  Returns (seg_cu, seg_co: the segments as sequences, int32 [Nseg + 1] (``cp_warm``'s [3 Nseg +
     1] table with ``plan.warm``); seg_of: each sequence's first segment, host list [N + 1]; h0s [Nseg, HV, D, D]
     fp32 value-first start states)."""
-    from kernels.build import get_kernel
-    dev, D, HV = x.q.device, x.D, x.HV
-    scan, fixup = plan.configs()[-2:]
     seg_cu, seg_co, seg_of, seg_of_d, Nseg, scan_cu, scan_co, warm_co = _cp_tables(x.B, x.T, x.cu_seqlens,
-                                                                                    x.cu_host, plan.cp, dev, plan.warm)
+                                                                                    x.cu_host, plan.cp, x.q.device,
+                                                                                    plan.warm)
     if plan.warm:   # every segment's CTAs: those a later segment's exact start does not need return at once
         scan_cu, scan_co, seg_co = seg_cu, warm_co, warm_co
-    ZM = torch.empty((Nseg, HV, 2 * D, D), device=dev, dtype=torch.float32)
-    if Nseg > 1:    # no segment follows the table's last: the scan leaves it out (its ZM is never read)
-        none = _unused((1, 1, 1, 1), x.q.dtype, dev)                        # the scan writes no chunk table
-        get_kernel(scan)(x.k, x.v, tables.Ah, tables.Al, tables.F, scan_cu, scan_co, _no_states(x), none, none,
-                         none, none, ZM, 0, 1, 0)
-    h0s = torch.empty((Nseg, HV, D, D), device=dev, dtype=torch.float32)
+    ZM = segment_maps(x=x, plan=plan, tables=tables, scan_cu=scan_cu, scan_co=scan_co, n_seg=Nseg)
     co = warm_co if plan.warm else seg_of_d                                # (read with warm-up starts alone)
-    get_kernel(fixup)(ZM, _initial_states(x), seg_of_d, co, tables.F, h0s, int(x.h0 is not None), int(x.v_first))
-    return seg_cu, seg_co, seg_of, h0s
+    return seg_cu, seg_co, seg_of, fix_segment_starts(x=x, plan=plan, tables=tables, ZM=ZM, seg_of=seg_of_d, co=co)
+
+
+def segment_maps(*, x: ForwardInputs, plan, tables: IntraTables, scan_cu, scan_co, n_seg: int) -> torch.Tensor:
+    """CP phase 1 (``gdn_scan_rv``, ``plan``'s scan): ZM [n_seg, HV, 2 D, D] fp32, ``[Z^T ; M^T]`` of the segments
+    ``scan_cu`` / ``scan_co`` (int32, every segment but the table's last, whose rows are left unwritten: no
+    segment follows it)."""
+    from kernels.build import get_kernel
+    dev, D = x.q.device, x.D
+    ZM = torch.empty((n_seg, x.HV, 2 * D, D), device=dev, dtype=torch.float32)
+    if n_seg > 1:
+        none = _unused((1, 1, 1, 1), x.q.dtype, dev)                        # the scan writes no chunk table
+        get_kernel(plan.configs()[-2])(x.k, x.v, tables.Ah, tables.Al, tables.F, scan_cu, scan_co, _no_states(x),
+                                       none, none, none, none, ZM, 0, 1, 0)
+    return ZM
+
+
+def fix_segment_starts(*, x: ForwardInputs, plan, tables: IntraTables, ZM, seg_of, co) -> torch.Tensor:
+    """CP phase 2 (``gdn_cp_fixup``, ``plan``'s fix-up): every segment's start state h0s [Nseg, HV, D, D] fp32
+    value-first from ``segment_maps``' ZM and the call's initial states; ``seg_of`` int32 [N + 1] each sequence's
+    first segment; ``co`` ``cp_warm``'s table with ``plan.warm`` (else unread)."""
+    from kernels.build import get_kernel
+    h0s = torch.empty((ZM.shape[0], x.HV, x.D, x.D), device=x.q.device, dtype=torch.float32)
+    get_kernel(plan.configs()[-1])(ZM, _initial_states(x), seg_of, co, tables.F, h0s, int(x.h0 is not None),
+                                   int(x.v_first))
+    return h0s
 
 
 def _segment_final_states(x: ForwardInputs, h0s: torch.Tensor) -> torch.Tensor:
