@@ -84,6 +84,7 @@ AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompu
       "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2)),
       # one sequential recompute pass at BV 16 (what block_v gives where the recompute runs per CP segment)
       "ours-rc-seq": ("backward", dict(recompute_cp=1, recompute_block_v=16, recompute_ctas_per_sm=1)),
+      "ours-ks1": ("backward", dict(ks_single=True)),  # the recompute's K S one term (S hi alone)
       "ours-no-saved": ("both", None),   # the forward keeps no intra tables: prep recomputes Tinv (hi + lo) and Ag
       "ours-dh-single": ("backward", dict(dh_single=True, lo8=False)),  # dh's Tinv, dU, F0 dX single (sequential)
       "ours-s-single": ("backward", dict(s_single=True, lo8=False)),  # the recompute's S hi alone: no S lo table
@@ -178,8 +179,9 @@ def main(argv=None):
                     "(the recompute not beside dh), 'ours-no-cluster' (the GVA sums by gdn_bwd_group_sum after fp32 "
                     "rows per value head), 'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' / 'ours-rc-bv32o2' "
                     "(the recompute's state kernel shape), 'ours-rc-seq' (the recompute in one sequential pass at BV "
-                    "16, not per CP segment), 'ours-no-saved' (the forward keeps no intra tables: prep "
-                    "recomputes Tinv, hi + lo, and Ag), 'ours-dh-single' (dh's Tinv, dU and F0 dX as single terms on the "
+                    "16, not per CP segment), 'ours-ks1' (the recompute's K S products on S's hi term alone), "
+                    "'ours-no-saved' (the forward keeps no intra tables: prep recomputes Tinv, hi + lo, and Ag), "
+                    "'ours-dh-single' (dh's Tinv, dU and F0 dX as single terms on the "
                     "sequential pass), 'ours-dh-regs' (dh's register kernel), 'ours-dh-ws32' (dh "
                     "warp-specialised and key-first, 32 value columns a CTA)")
     args = ap.parse_args(argv)

@@ -130,8 +130,9 @@ def test_lo_tables_in_the_input_dtype_meet_the_same_bar(case):
 
 def test_fp8_lo_tables_keep_dg_where_s_hi_alone_loses_it():
     """On the row where S's hi term alone took dg past the FLA-like baseline on the H200 (raw-qk-l2, T 1000, H 1,
-    HV 4), fp8 lo terms keep dg within 1.1x the input-dtype tables' and 10x under the baseline; S hi alone is past it
-    here too."""
+    HV 4), fp8 lo terms keep dg 10x under the baseline and under S hi alone.  With S split in the recompute's K S,
+    S hi alone stays under the baseline here (1.6e-3 against 2.5e-3) and the fp8 codes' resolution is what remains
+    of dg's error (3.9e-5 against 4.4e-6 with lo terms in the input dtype; printed)."""
     case = Case(T=1000, H=1, HV=4, dist="raw-qk-l2", grad=True)
     xs, kw, do, dht = tt.bwd_args(case)
     want, base = tt.fp64_grads(case)[3], tt.baseline_grads(case)[3]
@@ -139,7 +140,7 @@ def test_fp8_lo_tables_keep_dg_where_s_hi_alone_loses_it():
          for name, form in (("split", dict(lo8_tables=False)), ("lo8", {}), ("hi", dict(s_single=True)))}
     eb = compare(base, want).rel_rmse
     print(f"dg: split {e['split']:.2e}, fp8 lo {e['lo8']:.2e}, S hi alone {e['hi']:.2e}, fla-like {eb:.2e}")
-    assert e["lo8"] <= 1.1 * e["split"] and 10 * e["lo8"] <= eb < e["hi"], (e, eb)
+    assert e["split"] <= e["lo8"] and 10 * e["lo8"] <= min(eb, e["hi"]), (e, eb)
 
 
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -222,6 +223,28 @@ def test_autograd_function_plumbing():
     ref = bwd(*xs, torch.zeros_like(do), torch.ones_like(ht), use_qk_l2norm_in_kernel=True)
     for n, a, b_ in zip(NAMES, [x.grad for x in leaves], ref):
         assert torch.equal(a, b_), n
+
+
+def test_recompute_splits_s_in_k_s_for_dg_and_dbeta(monkeypatch):
+    """Precision "recompute" splits S in K S: under slow decay the emulation's dg and dbeta stay within a tenth of
+    their rounding floor; with S's hi term alone there (``BackwardPlan.ks_single``, the former preset) the
+    recomputed states drift by up to about 2^-9 and dg, dbeta are several times farther from fp64 (both asserted,
+    so the bound can fail)."""
+    import kernels.backward.emulation as E
+    from kernels.plan import recompute_precision
+
+    case = Case(T=2048, H=1, HV=2, dist="slow-decay", grad=True)
+    xs, kw, do, dht = tt.bwd_args(case)
+    want = tt.fp64_grads(case)
+    split = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    monkeypatch.setattr(E, "fwd_precision",
+                        lambda s_single=False, merge="fp32": recompute_precision(s_single, merge, ks_single=True))
+    one = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    for i in (3, 4):                            # dg, dbeta
+        floor = compare(want[i].to(xs[0].dtype), want[i]).rel_rmse
+        es, eo = compare(split[i], want[i]).rel_rmse, compare(one[i], want[i]).rel_rmse
+        print(f"{NAMES[i]}: K S split {es:.2e}, one term {eo:.2e}, floor {floor:.2e}")
+        assert es <= 0.1 * floor < eo and 4 * es < eo, (NAMES[i], es, eo, floor)
 
 
 def test_dg_has_no_cancellation_near_minus_20():
@@ -515,9 +538,9 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     may pass: no cluster sums (every group of two or more by ``gdn_bwd_group_sum``), the recompute on the main
     stream, the recompute's state kernel at BV 16, two CTAs per SM, S's hi term alone, prep's one-term and split
     merges, the S and dS' lo tables in the input dtype instead of fp8 (against the emulation's ``s_single``, ``merge``,
-    ``lo8_tables``).  The pipeline asks for the plan's kernels and only for them: the recompute state kernel (S lo in
-    fp8, swizzled in the input dtype, or none), prep's form, dh's split form, the dqk kind of the group (``s_single``
-    and ``lo8`` as the plan)."""
+    ``lo8_tables``).  The pipeline asks for the plan's kernels and only for them: the recompute state kernel (S split
+    in K S; S lo stored in fp8, in the input dtype, or not at all), prep's form, dh's split form, the dqk kind of
+    the group (``s_single`` and ``lo8`` as the plan)."""
     import dataclasses
 
     import kernels.backward.configs as bbuild
@@ -550,8 +573,8 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
         return
     H, HV = xs[0].shape[2], xs[2].shape[2]
     state = [c for c in asked if isinstance(c, fbuild.StateConfig)]
-    assert state and all(c.sl_swizzle == (not single and not lo8) and c.lo8 == lo8 and (c.prec.s == "split") != single
-                         for c in state), asked
+    assert state and all(c.sl_swizzle == (not single and not lo8 and c.prec.ks != "split") and c.lo8 == lo8
+                         and (c.prec.s == "split") != single and c.prec.ks == "split" for c in state), asked
     if form == "recompute_bv16_occ2":
         assert all((c.BV, c.ctas_per_sm) == (16, 2) for c in state), asked
     dh = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "dh"]
