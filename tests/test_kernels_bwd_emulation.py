@@ -275,6 +275,16 @@ def _assert_within_a_quarter_of_rounding(name, a, b, in_dtype):
     assert torch.equal(a, b) or m.rel_rmse <= compare(b.to(in_dtype), b).rel_rmse / 4, (name, m.rel_rmse)
 
 
+def _assert_gradients_within_a_quarter_of_rounding(got, want, in_dtype):
+    """Gradient by gradient (``NAMES``): None where ``want`` has none, else of its shape and dtype and within a
+    quarter of its rounding (``_assert_within_a_quarter_of_rounding``)."""
+    for n, a, b in zip(NAMES, got, want):
+        assert (a is None) == (b is None), n
+        if b is not None:
+            assert a.shape == b.shape and a.dtype == b.dtype, (n, a.shape, b.shape, a.dtype, b.dtype)
+            _assert_within_a_quarter_of_rounding(n, a, b, in_dtype)
+
+
 def _fake_kernels(monkeypatch, asked=None):
     """Every kernel (``kernels.build.get_kernel``) replaced by its stand-in; the configurations asked for are
     appended to ``asked``."""
@@ -561,13 +571,8 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     single, merge, lo8 = (plan.s_single, plan.merge, plan.lo8) if plan else (False, "fp32", True)
     got = pipeline.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, s_single=single, merge=merge, lo8_tables=lo8)
-    for n, a, b_ in zip(NAMES, got, want):
-        if b_ is None:
-            assert a is None, n
-            continue
-        assert a.shape == b_.shape and a.dtype == b_.dtype, (n, a.shape, b_.shape, a.dtype, b_.dtype)
-        # the stand-ins round the fp64 stage results into the kernels' storage dtypes; nothing else differs
-        _assert_within_a_quarter_of_rounding(n, a, b_, xs[0].dtype)
+    # the stand-ins round the fp64 stage results into the kernels' storage dtypes; nothing else differs
+    _assert_gradients_within_a_quarter_of_rounding(got, want, xs[0].dtype)
     if item == ALL_EMPTY:                   # (no token: no kernel)
         assert not asked
         return
@@ -615,12 +620,7 @@ def test_autograd_hands_the_forward_tables_to_the_backward_on_cpu(monkeypatch, c
     got = tt.function_grads(autograd.apply, case, **({} if save else {"alter": no_tables}))
     xs, kw, do, dht = tt.bwd_args(case)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, tinv_hi_only=save)    # dh on the saved Tinv: hi alone
-    for n, a, b_ in zip(NAMES, got, want):
-        if b_ is None:
-            assert a is None, n
-            continue
-        assert a.shape == b_.shape and a.dtype == b_.dtype, (n, a.shape, b_.shape)
-        _assert_within_a_quarter_of_rounding(n, a, b_, got[0].dtype)
+    _assert_gradients_within_a_quarter_of_rounding(got, want, got[0].dtype)
     intra = [c for c in asked if isinstance(c, fbuild.IntraConfig)]
     prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
     assert intra and prep and all(c.th == save for c in intra) and all(c.saved == save for c in prep), asked
@@ -653,11 +653,7 @@ def _kernel_path_is_the_emulation(monkeypatch, case, alter, **emu) -> list:
     got = tt.function_grads(autograd.apply, case, **({} if alter is None else {"alter": alter}))
     xs, kw, do, dht = tt.bwd_args(case)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **emu)
-    for n, a, b_ in zip(NAMES, got, want):
-        if b_ is None:
-            assert a is None, n
-            continue
-        _assert_within_a_quarter_of_rounding(n, a, b_, got[0].dtype)
+    _assert_gradients_within_a_quarter_of_rounding(got, want, got[0].dtype)
     return asked
 
 
@@ -901,11 +897,7 @@ def test_recompute_per_segment_plumbing_on_cpu(monkeypatch, case):
         if p.recompute_cp > 1:
             tt.assert_segmented_matches_sequential(got, want, xs[0].dtype, NAMES)
         else:
-            for n, a, b_ in zip(NAMES, got, want):
-                assert (a is None) == (b_ is None), n
-                if b_ is not None:
-                    assert a.shape == b_.shape and a.dtype == b_.dtype, (n, a.shape, b_.shape)
-                    _assert_within_a_quarter_of_rounding(n, a, b_, xs[0].dtype)
+            _assert_gradients_within_a_quarter_of_rounding(got, want, xs[0].dtype)
         scans = [c for c in asked if isinstance(c, (fbuild.FixupConfig, fbuild.StateConfig)) and
                  (isinstance(c, fbuild.FixupConfig) or c.scan)]
         assert len(scans) == (2 if p.recompute_cp > 1 else 0), asked
