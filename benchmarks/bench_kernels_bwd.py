@@ -6,7 +6,9 @@
 bf16 q/k/v, fp32 g/beta, no initial state, output_final_state=True; q ~ N(0,1), k L2-normalised N(0,1),
 v ~ N(0,1), g = logsigmoid(N(0,1)) (``--gates qwen``: the forward benchmark's Qwen gates), beta ~ U(0,1);
 do ~ N(0,1), dht ~ 0.1 N(0,1).  Shapes: the forward benchmark's (``benchmarks.inputs.SHAPES``).  Times are
-``triton.testing.do_bench`` medians (ms) in this run:
+``triton.testing.do_bench`` medians (ms) in this run, each the median of ``--rounds`` interleaved rounds
+(``benchmarks.rounds``; the reference ratios are per-round paired medians, and with more than one round a table of
+every column against ``ours`` per round follows):
 ``fwd`` = the forward with autograd recording, ``fwd+bwd`` = forward then ``torch.autograd.backward``;
 ``bwd`` = their difference; for ours also the time of every backward stage (CUDA events, one call).  The leaves'
 gradients are reset before each timed call (``grad_to_none``).  ``--rep`` and ``--warmup`` are do_bench's
@@ -42,6 +44,7 @@ if ROOT not in sys.path:
 from benchmarks.bench_kernels_fwd import fla_triton, flash_qla  # noqa: E402
 from benchmarks.inputs import D, GATES, SHAPES, shrunk  # noqa: E402
 from benchmarks.inputs import make as make_fwd_inputs  # noqa: E402
+from benchmarks.rounds import interleave, median_of, paired_ratio, paired_table, spread  # noqa: E402
 from parity.execute import describe_error  # noqa: E402
 
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
@@ -88,6 +91,7 @@ AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompu
                                        shared_scan=False)),
       # with the segmented dh: its pass B, and the recompute per its own CP segments (recompute_cp)
       "ours-no-shared-scan": ("backward", dict(shared_scan=False)),
+      "ours-ks1": ("backward", dict(ks_single=True)),  # the recompute's K S one term (S hi alone)
       "ours-no-saved": ("both", None),   # the forward keeps no intra tables: prep recomputes Tinv (hi + lo) and Ag
       "ours-dh-single": ("backward", dict(dh_single=True, lo8=False)),  # dh's Tinv, dU, F0 dX single (sequential)
       "ours-s-single": ("backward", dict(s_single=True, lo8=False)),  # the recompute's S hi alone: no S lo table
@@ -167,6 +171,9 @@ def main(argv=None):
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--rep", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="time every column this many times per shape, interleaved (benchmarks.rounds); the table "
+                         "gives medians over the rounds and per-round paired ratios")
     ap.add_argument("--workers", type=int, default=min(10, os.cpu_count() or 1))
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--skip", default="", help="comma list of the reference columns not to run (FLA, FlashQLA), e.g. "
@@ -183,8 +190,9 @@ def main(argv=None):
                     "rows per value head), 'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' / 'ours-rc-bv32o2' "
                     "(the recompute's state kernel shape), 'ours-rc-seq' (the recompute in one sequential pass at BV "
                     "16, not per CP segment), 'ours-no-shared-scan' (the segmented dh's own pass B instead of the "
-                    "forward CP scan's maps), 'ours-no-saved' (the forward keeps no intra tables: prep "
-                    "recomputes Tinv, hi + lo, and Ag), 'ours-dh-single' (dh's Tinv, dU and F0 dX as single terms on the "
+                    "forward CP scan's maps), 'ours-ks1' (the recompute's K S products on S's hi term alone), "
+                    "'ours-no-saved' (the forward keeps no intra tables: prep recomputes Tinv, hi + lo, and Ag), "
+                    "'ours-dh-single' (dh's Tinv, dU and F0 dX as single terms on the "
                     "sequential pass), 'ours-dh-regs' (dh's register kernel), 'ours-dh-ws32' (dh "
                     "warp-specialised and key-first, 32 value columns a CTA)")
     args = ap.parse_args(argv)
@@ -291,14 +299,14 @@ def main(argv=None):
                 torch.cuda.empty_cache()
 
     print("\n== step 2: timing (median ms) ==", flush=True)
-    results = {}
+    results, peaks = {}, {}
     interrupted = None
     try:
         for name in shapes:
             B, T, H, HV, lens = table[name]
             a, kw, do, dht = make(B, T, H, HV, lens, dev, gates=args.gates)
             leaves = [x.detach().requires_grad_() for x in a]
-            row = {}
+            row, timers = {}, {}
             for iname, fn in impls:
                 t0 = time.time()
                 try:
@@ -323,20 +331,33 @@ def main(argv=None):
                         fwdbwd()
                         torch.cuda.synchronize()
                         peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-                    tf = do_bench(fwd, warmup=args.warmup, rep=args.rep, return_mode="median")
-                    # the leaves' gradients reset before each call (as triton's do_bench does with grad_to_none):
-                    # without it every call after the first adds its gradients onto the last
-                    tfb = do_bench(fwdbwd, warmup=args.warmup, rep=args.rep, return_mode="median", grad_to_none=leaves)
-                    row[iname] = (tf, tfb, peak)
+                    peaks[(name, iname)] = peak
+
+                    def one_round(fwd=fwd, fwdbwd=fwdbwd):
+                        tf = do_bench(fwd, warmup=args.warmup, rep=args.rep, return_mode="median")
+                        # the leaves' gradients reset before each call (as triton's do_bench does with grad_to_none):
+                        # without it every call after the first adds its gradients onto the last
+                        tfb = do_bench(fwdbwd, warmup=args.warmup, rep=args.rep, return_mode="median",
+                                       grad_to_none=leaves)
+                        for x in leaves:
+                            x.grad = None
+                        return tf, tfb, tfb - tf
+                    timers[iname] = one_round
                 except Exception as e:
-                    row[iname] = None
                     skipped.setdefault(iname, describe_error(e)[:160])
+                    print(f"  {name:<24} {iname:<9} failed  ({time.time() - t0:.1f} s)", flush=True)
                 for x in leaves:
                     x.grad = None
-                r = row[iname]
-                print(f"  {name:<24} {iname:<9} " + (f"fwd {r[0]:.3f}  fwd+bwd {r[1]:.3f}  bwd {r[1] - r[0]:.3f} ms"
-                                                     + (f"  peak {r[2]:.0f} MiB" if r[2] is not None else "")
-                                                     if r else "failed") + f"  ({time.time() - t0:.1f} s)", flush=True)
+            samples = interleave(timers, args.rounds,
+                                 on_error=lambda c, e: skipped.setdefault(c, describe_error(e)[:160]))
+            for iname, got in samples.items():
+                row[iname] = got or None
+                sp = spread(got, 1)
+                print(f"  {name:<24} {iname:<9} " + (
+                    f"fwd {median_of(got, 0):.3f}  fwd+bwd {median_of(got, 1):.3f}  bwd {median_of(got, 2):.3f} ms"
+                    + (f"  peak {peaks[(name, iname)]:.0f} MiB" if peaks.get((name, iname)) is not None else "")
+                    + (f"  rounds {len(got)}, spread {100 * sp:.0f}%" if sp is not None else "")
+                    if got else "failed"), flush=True)
             for col in [c for c in ["ours"] + ab if not args.dry_run and row.get(c)]:
                 try:              # where the backward's time goes (one call, CUDA events between the launches)
                     from kernels.backward.pipeline import (chunk_gated_delta_rule_bwd, plan_for, prepare_backward,
@@ -374,26 +395,28 @@ def main(argv=None):
     title = "fwd+bwd (bwd) median ms, bf16" + (", qwen gates" if args.gates == "qwen" else "")
     print(f"\n== summary: {title} [{time.time() - t_start:.0f} s] ==")
     mine = [c for c in cols if c.startswith("ours")]
-    table = [title,
+    table = [title + (f"; median of {args.rounds} interleaved rounds, ratios paired per round" if args.rounds > 1
+                      else ""),
              f"{'shape':<26}" + "".join(f"{c:>20}" for c in cols)
              + "".join(f"   FLA/{m}  FQLA/{m} (fwd+bwd; bwd)" for m in mine)]
     for name, row in results.items():
         line = f"{name:<26}"
         for c in cols:
             r = row.get(c)
-            line += f"{('%.3f (%.3f)' % (r[1], r[1] - r[0])) if r else '-':>20}"
+            line += f"{('%.3f (%.3f)' % (median_of(r, 1), median_of(r, 2))) if r else '-':>20}"
         for m in mine:
             o = row.get(m)
             for c in ("FLA", "FlashQLA"):
                 r = row.get(c)
-                line += (f"   {r[1] / o[1]:.2f}; {(r[1] - r[0]) / max(o[1] - o[0], 1e-9):.2f}" if (r and o)
-                         else "   -")
+                line += (f"   {paired_ratio(r, o, 1)[0]:.2f}; {paired_ratio(r, o, 2)[0]:.2f}" if (r and o) else "   -")
         table.append(line)
-    if any(r and r[2] is not None for row in results.values() for r in row.values()):
+    if args.rounds > 1:
+        table += paired_table(results, cols, "ours", i=1, what="fwd+bwd")
+    if any(p is not None for p in peaks.values()):
         table += ["", "peak memory of one fwd+bwd above its inputs, MiB (gradients included)",
                   f"{'shape':<26}" + "".join(f"{c:>20}" for c in cols)]
-        for name, row in results.items():
-            mib = [("%.0f" % row[c][2]) if row.get(c) and row[c][2] is not None else "-" for c in cols]
+        for name in results:
+            mib = [("%.0f" % peaks[(name, c)]) if peaks.get((name, c)) is not None else "-" for c in cols]
             table.append(f"{name:<26}" + "".join(f"{m:>20}" for m in mib))
     if interrupted:
         table += ["", interrupted]

@@ -8,7 +8,9 @@ random (q ~ N(0,1), k L2-normalised N(0,1), v ~ N(0,1), g = logsigmoid(N(0,1)),
 beta ~ U(0,1)).  ``--gates qwen``: g of the ``qwen-gates`` distribution instead (Qwen3-Next's gate with the Mamba
 initialisation, ``cases.distributions.qwen_gates``; per 64-token chunk a log-decay of about -1 on many heads where
 logsigmoid(N(0,1)) gives about -52), the other inputs unchanged: a state that carries across many chunks.  Times
-are ``triton.testing.do_bench`` medians (ms) in this one run.
+are ``triton.testing.do_bench`` medians (ms) in this one run, each the median of ``--rounds`` interleaved rounds
+(``benchmarks.rounds``: the column order reversed every other round); with more than one round a table of per-round
+paired ratios against ``default`` follows.
 
 Step 0 compiles every TileLang kernel the variants need in parallel processes (fills
 TileLang's disk cache; the timed processes then load them), and FlashQLA's for every shape, one process a shape
@@ -74,6 +76,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.inputs import D, GATES, SHAPES, make, shrunk  # noqa: E402
+from benchmarks.rounds import interleave, median_of, paired_table, spread  # noqa: E402
 from kernels.forward.precision import PRESETS, Precision  # noqa: E402
 from parity.execute import describe_error  # noqa: E402
 
@@ -318,6 +321,9 @@ def main(argv=None):
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=25)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="time every column this many times per shape, interleaved (benchmarks.rounds): medians "
+                         "over the rounds, and per-round paired ratios against default")
     ap.add_argument("--workers", type=int, default=min(10, os.cpu_count() or 1))
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--skip", default="", help="comma list of the reference columns not to run (FLA, FlashQLA, "
@@ -490,7 +496,7 @@ def main(argv=None):
     print("\n== step 2: timing ==", flush=True)
     stage_cols = ["intra", "cp", "state", "output"]
     cols = variants + stage_cols + ["FLA", "FlashQLA"] + list(fi_cols)
-    results = {}
+    results, rounds_of = {}, {}
     hosts = {}
     interrupted = None
     try:
@@ -511,7 +517,7 @@ def main(argv=None):
                 fns["FlashQLA"] = lambda: fqla(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
             for col, b in fi_cols.items():
                 fns[col] = b.prepared_call(gdn_inputs(q, k, v, g, beta, cu_seqlens=cu))
-            row, host = {}, {}
+            row, host, timers = {}, {}, {}
             for col, fn in fns.items():
                 t0 = time.time()
                 try:
@@ -519,15 +525,23 @@ def main(argv=None):
                         fn()  # compile / autotune outside the timing
                         if dev.type == "cuda":
                             torch.cuda.synchronize()
-                        ms = do_bench(fn, warmup=args.warmup, rep=args.rep, return_mode="median")
                         host[col] = enqueue_ms(fn, dev)
-                    row[col] = ms
+                    timers[col] = (lambda fn=fn: (do_bench(fn, warmup=args.warmup, rep=args.rep,
+                                                           return_mode="median"),))
                 except Exception as e:
-                    row[col] = None
                     skipped.setdefault(col, describe_error(e)[:160])
-                hms = host.get(col)
+                    print(f"  {name:<24} {col:<9} failed (setup {time.time() - t0:.1f} s)", flush=True)
+            with torch.no_grad():
+                per_round = interleave(timers, args.rounds,
+                                       on_error=lambda c, e: skipped.setdefault(c, describe_error(e)[:160]))
+            for col in fns:
+                got = per_round.get(col) or []
+                row[col] = median_of(got, 0)
+                hms, sp = host.get(col), spread(got, 0)
                 print(f"  {name:<24} {col:<9} {('%.3f ms' % row[col]) if row[col] else 'failed':>10} "
-                      f"{('host %.3f ms' % hms) if hms else '':>15} (setup+bench {time.time() - t0:.1f} s)", flush=True)
+                      f"{('host %.3f ms' % hms) if hms else '':>15}"
+                      + (f"  rounds {len(got)}, spread {100 * sp:.0f}%" if sp is not None else ""), flush=True)
+            rounds_of[name] = per_round
             n = len(lens) if lens else B
             results[name] = (row, flops(B, T, HV, lens), block_v(n, HV))     # the smem kernel's dispatched BV
             hosts[name] = host
@@ -550,6 +564,8 @@ def main(argv=None):
         table.append(line)
     refs = [c for c in ["FLA", "FlashQLA"] + list(fi_cols) if any(r.get(c) for r, _, _ in results.values())]
     table += ratio_table({name: row for name, (row, _, _) in results.items()}, refs)
+    if args.rounds > 1:
+        table += paired_table(rounds_of, [c for c in cols if c not in stage_cols], "default")
     if interrupted:
         table += ["", interrupted]
     print("\n".join(table[1:]))

@@ -123,10 +123,11 @@ def check_head_dim(DK) -> int:
     return DK
 
 
-def recompute_precision(s_single: bool = False, merge: str = "fp32") -> Precision:
-    """The backward's forward recompute: precision "recompute", with S one term where ``s_single`` and prep's block
-    merges in ``merge`` (``Precision.merge``)."""
-    return replace(PRESETS["recompute"], s="bf16" if s_single else "split", merge=merge)
+def recompute_precision(s_single: bool = False, merge: str = "fp32", ks_single: bool = False) -> Precision:
+    """The backward's forward recompute: precision "recompute", with S one term where ``s_single``, S one term in
+    K S where ``ks_single``, and prep's block merges in ``merge`` (``Precision.merge``)."""
+    return replace(PRESETS["recompute"], s="bf16" if s_single else "split", merge=merge,
+                   ks="bf16" if ks_single else "split")
 
 
 def keeps_tables(prec: Precision) -> bool:
@@ -213,7 +214,9 @@ class BackwardPlan:
     forward's exact CP scan and fp64 fix-up on prep's tables give every segment its start state, then the state
     kernel runs per segment, ``recompute_cp_plan``); ``shared_scan`` (with ``dh_segments``): one forward CP scan
     over dh's segments gives dh's transfer maps (its pass B) and the recompute's start states, and the recompute
-    runs on dh's segments whatever ``recompute_cp`` says; ``DK``: the head dim K == V every kernel is built for."""
+    runs on dh's segments whatever ``recompute_cp`` says; ``ks_single``: the recompute's K S products take S's hi
+    term alone (the A/B alternative of precision "recompute", which splits S there); ``DK``: the head dim K == V
+    every kernel is built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -230,6 +233,7 @@ class BackwardPlan:
     DK: int = KERNEL_HEAD_DIM
     recompute_cp: int = 1
     shared_scan: bool = False
+    ks_single: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -248,13 +252,15 @@ class BackwardPlan:
 
     def recompute_configs(self) -> tuple:
         """(intra, smem state[, scan, fix-up]) of the forward recompute at precision "recompute" (S and U hi + lo,
-        key-first; S hi alone with ``s_single``), the S lo tile swizzled where there is one in the input dtype (fp8
-        with ``lo8``); the CP scan and fix-up of ``recompute_cp_plan`` when ``recompute_cp > 1``."""
-        prec = recompute_precision(self.s_single, self.merge)
+        key-first; S hi alone with ``s_single``), the S lo tile swizzled where it is only stored (in the input dtype,
+        not read by K S; fp8 with ``lo8``); the CP scan and fix-up of ``recompute_cp_plan`` when ``recompute_cp >
+        1`` or ``shared_scan``."""
+        prec = recompute_precision(self.s_single, self.merge, self.ks_single)
         cp = self.recompute_cp_plan().configs()[-2:] if self.recompute_cp > 1 or self.shared_scan else ()
         return (IntraConfig(self.dtype, prec.merge, prec.ag, DK=self.DK),
                 StateConfig(self.dtype, self.recompute_block_v, prec.past_intra(), form="smem", DK=self.DK,
-                            ctas_per_sm=self.recompute_ctas_per_sm, sl_swizzle=prec.s == "split" and not self.lo8,
+                            ctas_per_sm=self.recompute_ctas_per_sm,
+                            sl_swizzle=prec.s == "split" and prec.ks != "split" and not self.lo8,
                             lo8=self.lo8), *cp)
 
     def recompute_cp_plan(self) -> ForwardPlan:

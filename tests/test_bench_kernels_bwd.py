@@ -40,8 +40,9 @@ def test_call_configs_cover_every_column():
     assert any("merge=split,ag=split,th" in n for n in names)                                    # ours-msplit
     assert {c.merge for c in cfgs if getattr(c, "kind", None) == "prep" and not c.saved} == {"bf16", "fp32", "split"}
     assert any(n.startswith("bwd_dqk") and ",s_single," in n for n in names)                        # ours-s-single
-    # ours-lo16: the S lo tile swizzled in the input dtype, dqk without fp8 tables
-    assert any(",slz," in n for n in names) and any(n.startswith("bwd_dqk") and ",lo8," not in n for n in names)
+    # ours-lo16: dqk without fp8 tables; ours-ks1: the recompute's K S on S hi alone (no "ks" split), lo8
+    assert any(n.startswith("bwd_dqk") and ",lo8," not in n for n in names)
+    assert any(n.startswith("state_smem") and "sp[ag+x+u+upd+s+p]" in n and ",lo8," in n for n in names)
 
 
 def test_dry_run_times_the_ab_columns(capsys, tmp_path):

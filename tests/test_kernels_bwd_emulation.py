@@ -130,8 +130,9 @@ def test_lo_tables_in_the_input_dtype_meet_the_same_bar(case):
 
 def test_fp8_lo_tables_keep_dg_where_s_hi_alone_loses_it():
     """On the row where S's hi term alone took dg past the FLA-like baseline on the H200 (raw-qk-l2, T 1000, H 1,
-    HV 4), fp8 lo terms keep dg within 1.1x the input-dtype tables' and 10x under the baseline; S hi alone is past it
-    here too."""
+    HV 4), fp8 lo terms keep dg 10x under the baseline and under S hi alone.  With S split in the recompute's K S,
+    S hi alone stays under the baseline here (1.6e-3 against 2.5e-3) and the fp8 codes' resolution is what remains
+    of dg's error (3.9e-5 against 4.4e-6 with lo terms in the input dtype; printed)."""
     case = Case(T=1000, H=1, HV=4, dist="raw-qk-l2", grad=True)
     xs, kw, do, dht = tt.bwd_args(case)
     want, base = tt.fp64_grads(case)[3], tt.baseline_grads(case)[3]
@@ -139,7 +140,7 @@ def test_fp8_lo_tables_keep_dg_where_s_hi_alone_loses_it():
          for name, form in (("split", dict(lo8_tables=False)), ("lo8", {}), ("hi", dict(s_single=True)))}
     eb = compare(base, want).rel_rmse
     print(f"dg: split {e['split']:.2e}, fp8 lo {e['lo8']:.2e}, S hi alone {e['hi']:.2e}, fla-like {eb:.2e}")
-    assert e["lo8"] <= 1.1 * e["split"] and 10 * e["lo8"] <= eb < e["hi"], (e, eb)
+    assert e["split"] <= e["lo8"] and 10 * e["lo8"] <= min(eb, e["hi"]), (e, eb)
 
 
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -224,6 +225,28 @@ def test_autograd_function_plumbing():
         assert torch.equal(a, b_), n
 
 
+def test_recompute_splits_s_in_k_s_for_dg_and_dbeta(monkeypatch):
+    """Precision "recompute" splits S in K S: under slow decay the emulation's dg and dbeta stay within a tenth of
+    their rounding floor; with S's hi term alone there (``BackwardPlan.ks_single``, the former preset) the
+    recomputed states drift by up to about 2^-9 and dg, dbeta are several times farther from fp64 (both asserted,
+    so the bound can fail)."""
+    import kernels.backward.emulation as E
+    from kernels.plan import recompute_precision
+
+    case = Case(T=2048, H=1, HV=2, dist="slow-decay", grad=True)
+    xs, kw, do, dht = tt.bwd_args(case)
+    want = tt.fp64_grads(case)
+    split = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    monkeypatch.setattr(E, "fwd_precision",
+                        lambda s_single=False, merge="fp32": recompute_precision(s_single, merge, ks_single=True))
+    one = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    for i in (3, 4):                            # dg, dbeta
+        floor = compare(want[i].to(xs[0].dtype), want[i]).rel_rmse
+        es, eo = compare(split[i], want[i]).rel_rmse, compare(one[i], want[i]).rel_rmse
+        print(f"{NAMES[i]}: K S split {es:.2e}, one term {eo:.2e}, floor {floor:.2e}")
+        assert es <= 0.1 * floor < eo and 4 * es < eo, (NAMES[i], es, eo, floor)
+
+
 def test_dg_has_no_cancellation_near_minus_20():
     """g in [-25, -15]: the true dg is ~e^-20 times the other gradients; a scheme that forms dG_t per row and
     reverse-cumsums it (rowsum - colsum of the intra terms, the last row's e^(GL-G) terms against d/dGL)
@@ -250,6 +273,16 @@ def _assert_within_a_quarter_of_rounding(name, a, b, in_dtype):
     m = compare(a, b)
     assert m.finite, name
     assert torch.equal(a, b) or m.rel_rmse <= compare(b.to(in_dtype), b).rel_rmse / 4, (name, m.rel_rmse)
+
+
+def _assert_gradients_within_a_quarter_of_rounding(got, want, in_dtype):
+    """Gradient by gradient (``NAMES``): None where ``want`` has none, else of its shape and dtype and within a
+    quarter of its rounding (``_assert_within_a_quarter_of_rounding``)."""
+    for n, a, b in zip(NAMES, got, want):
+        assert (a is None) == (b is None), n
+        if b is not None:
+            assert a.shape == b.shape and a.dtype == b.dtype, (n, a.shape, b.shape, a.dtype, b.dtype)
+            _assert_within_a_quarter_of_rounding(n, a, b, in_dtype)
 
 
 def _fake_kernels(monkeypatch, asked=None):
@@ -515,9 +548,9 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     may pass: no cluster sums (every group of two or more by ``gdn_bwd_group_sum``), the recompute on the main
     stream, the recompute's state kernel at BV 16, two CTAs per SM, S's hi term alone, prep's one-term and split
     merges, the S and dS' lo tables in the input dtype instead of fp8 (against the emulation's ``s_single``, ``merge``,
-    ``lo8_tables``).  The pipeline asks for the plan's kernels and only for them: the recompute state kernel (S lo in
-    fp8, swizzled in the input dtype, or none), prep's form, dh's split form, the dqk kind of the group (``s_single``
-    and ``lo8`` as the plan)."""
+    ``lo8_tables``).  The pipeline asks for the plan's kernels and only for them: the recompute state kernel (S split
+    in K S; S lo stored in fp8, in the input dtype, or not at all), prep's form, dh's split form, the dqk kind of
+    the group (``s_single`` and ``lo8`` as the plan)."""
     import dataclasses
 
     import kernels.backward.configs as bbuild
@@ -538,20 +571,15 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     single, merge, lo8 = (plan.s_single, plan.merge, plan.lo8) if plan else (False, "fp32", True)
     got = pipeline.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, s_single=single, merge=merge, lo8_tables=lo8)
-    for n, a, b_ in zip(NAMES, got, want):
-        if b_ is None:
-            assert a is None, n
-            continue
-        assert a.shape == b_.shape and a.dtype == b_.dtype, (n, a.shape, b_.shape, a.dtype, b_.dtype)
-        # the stand-ins round the fp64 stage results into the kernels' storage dtypes; nothing else differs
-        _assert_within_a_quarter_of_rounding(n, a, b_, xs[0].dtype)
+    # the stand-ins round the fp64 stage results into the kernels' storage dtypes; nothing else differs
+    _assert_gradients_within_a_quarter_of_rounding(got, want, xs[0].dtype)
     if item == ALL_EMPTY:                   # (no token: no kernel)
         assert not asked
         return
     H, HV = xs[0].shape[2], xs[2].shape[2]
     state = [c for c in asked if isinstance(c, fbuild.StateConfig)]
-    assert state and all(c.sl_swizzle == (not single and not lo8) and c.lo8 == lo8 and (c.prec.s == "split") != single
-                         for c in state), asked
+    assert state and all(c.sl_swizzle == (not single and not lo8 and c.prec.ks != "split") and c.lo8 == lo8
+                         and (c.prec.s == "split") != single and c.prec.ks == "split" for c in state), asked
     if form == "recompute_bv16_occ2":
         assert all((c.BV, c.ctas_per_sm) == (16, 2) for c in state), asked
     dh = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "dh"]
@@ -592,12 +620,7 @@ def test_autograd_hands_the_forward_tables_to_the_backward_on_cpu(monkeypatch, c
     got = tt.function_grads(autograd.apply, case, **({} if save else {"alter": no_tables}))
     xs, kw, do, dht = tt.bwd_args(case)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, tinv_hi_only=save)    # dh on the saved Tinv: hi alone
-    for n, a, b_ in zip(NAMES, got, want):
-        if b_ is None:
-            assert a is None, n
-            continue
-        assert a.shape == b_.shape and a.dtype == b_.dtype, (n, a.shape, b_.shape)
-        _assert_within_a_quarter_of_rounding(n, a, b_, got[0].dtype)
+    _assert_gradients_within_a_quarter_of_rounding(got, want, got[0].dtype)
     intra = [c for c in asked if isinstance(c, fbuild.IntraConfig)]
     prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
     assert intra and prep and all(c.th == save for c in intra) and all(c.saved == save for c in prep), asked
@@ -630,11 +653,7 @@ def _kernel_path_is_the_emulation(monkeypatch, case, alter, **emu) -> list:
     got = tt.function_grads(autograd.apply, case, **({} if alter is None else {"alter": alter}))
     xs, kw, do, dht = tt.bwd_args(case)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **emu)
-    for n, a, b_ in zip(NAMES, got, want):
-        if b_ is None:
-            assert a is None, n
-            continue
-        _assert_within_a_quarter_of_rounding(n, a, b_, got[0].dtype)
+    _assert_gradients_within_a_quarter_of_rounding(got, want, got[0].dtype)
     return asked
 
 
@@ -941,11 +960,7 @@ def test_recompute_per_segment_plumbing_on_cpu(monkeypatch, case):
         if p.recompute_cp > 1:
             tt.assert_segmented_matches_sequential(got, want, xs[0].dtype, NAMES)
         else:
-            for n, a, b_ in zip(NAMES, got, want):
-                assert (a is None) == (b_ is None), n
-                if b_ is not None:
-                    assert a.shape == b_.shape and a.dtype == b_.dtype, (n, a.shape, b_.shape)
-                    _assert_within_a_quarter_of_rounding(n, a, b_, xs[0].dtype)
+            _assert_gradients_within_a_quarter_of_rounding(got, want, xs[0].dtype)
         scans = [c for c in asked if isinstance(c, (fbuild.FixupConfig, fbuild.StateConfig)) and
                  (isinstance(c, fbuild.FixupConfig) or c.scan)]
         assert len(scans) == (2 if p.recompute_cp > 1 else 0), asked
