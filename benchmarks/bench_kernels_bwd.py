@@ -79,7 +79,8 @@ def backward_context(name: str):
 
 # A/B columns (``--ab``): ours with plan values other than the dispatched ones (``dataclasses.replace`` of the
 # ForwardPlan / BackwardPlan the Function dispatches; ``kernels.autograd.apply(alter=...)``)
-AB = {"ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompute on the main stream, after dh
+AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alter: the A/B's noise floor
+      "ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompute on the main stream, after dh
       "ours-no-cluster": ("backward", dict(cluster_group_sum=False)),  # GVA sums: fp32 rows + gdn_bwd_group_sum
       "ours-rc-bv32": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=1)),  # the recompute's state
       "ours-rc-bv64": ("backward", dict(recompute_block_v=64, recompute_ctas_per_sm=1)),  # kernel shape (BV, CTAs
@@ -185,7 +186,9 @@ def main(argv=None):
     ap.add_argument("--results", default=None, help="append the summary here (default benchmarks/RESULTS.md; "
                     "a dry run appends only when given)")
     ap.add_argument("--ab", default="",
-                    help="also time these A/B columns, ours with other plan values (the AB table): 'ours-serial' "
+                    help="also time these A/B columns, ours with other plan values (the AB table): 'ours-again' "
+                    "(the dispatched plan through the same path as the others: what two equal columns differ by), "
+                    "'ours-serial' "
                     "(the recompute not beside dh), 'ours-no-cluster' (the GVA sums by gdn_bwd_group_sum after fp32 "
                     "rows per value head), 'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' / 'ours-rc-bv32o2' "
                     "(the recompute's state kernel shape), 'ours-rc-seq' (the recompute in one sequential pass at BV "

@@ -37,14 +37,6 @@ def _directions(impl: str):
     return fwd, bwd
 
 
-def _forward_plan(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, state_v_first, cu_seqlens,
-                  keep: bool, alter):
-    """The forward's dispatched plan (keeping the tables where ``keep``), through ``alter``."""
-    from kernels.forward.pipeline import plan_for, prepare
-    x = prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, state_v_first, cu_seqlens)
-    return alter(plan_for(x, keep)) if x.NC else None
-
-
 def run_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
                 cu_seqlens, *, impl: str, alter=None, keep: bool = False):
     """(o, final state or None, kept tables ``[Th, Ah, Al]`` or None) of one forward.  ``keep``: a gradient will be
@@ -60,8 +52,7 @@ def run_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_
     want = keep and reads_saved_tables(q, v, cu_seqlens)
     tables = {} if want else None
     if alter is not None:
-        kw["plan"] = _forward_plan(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                   use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, want, alter)
+        kw["plan"] = alter
     o, ht = fwd(q, k, v, g, beta, **kw, keep_tables=tables)
     return o, ht, [tables[n] for n in SAVED_TABLES] if tables else None
 
@@ -80,9 +71,7 @@ def run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_
               state_v_first=state_v_first, cu_seqlens=cu_seqlens)
     if impl == "tilelang":
         if alter is not None:
-            from kernels.backward.pipeline import plan_for, prepare_backward
-            b = prepare_backward(*args, **kw)
-            kw["plan"] = alter(plan_for(b)) if b.x.NC else None
+            kw["plan"] = alter
         if kept:
             kw["saved_tables"] = kept if isinstance(kept, dict) else dict(zip(SAVED_TABLES, kept))
     else:       # as the tilelang Function's dh: Tinv's hi term alone where it reads the forward's tables

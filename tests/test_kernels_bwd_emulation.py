@@ -643,6 +643,32 @@ def test_autograd_hands_one_term_merge_tables_to_the_backward_on_cpu(monkeypatch
     assert prep and all(c.saved and c.merge == "bf16" for c in prep), asked
 
 
+def test_alter_validates_each_direction_once_and_sees_the_dispatched_plans(monkeypatch):
+    """``apply(..., alter=f)`` hands ``f`` to the pipelines as their ``plan``: each direction prepares (validates) its
+    inputs once, as without ``alter``, and ``f`` receives the dispatched forward and backward plans."""
+    import kernels.backward.pipeline as bpipe
+    import kernels.forward.pipeline as fpipe
+    from kernels import autograd
+    from kernels.plan import BackwardPlan, ForwardPlan
+
+    _fake_kernels(monkeypatch)
+    case = Case(T=200, H=1, HV=2, dist="raw-qk-l2")
+    calls = []
+    for mod, name in ((fpipe, "prepare"), (bpipe, "prepare_backward")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k))
+    seen = []
+
+    def f(plan):
+        seen.append(plan)
+        return plan
+    for alter in (None, f):
+        calls.clear()
+        tt.function_grads(autograd.apply, case, **({} if alter is None else {"alter": alter}))
+        assert calls.count("prepare") == 1 and calls.count("prepare_backward") == 1, (alter, calls)
+    assert [type(p) for p in seen] == [ForwardPlan, BackwardPlan]
+
+
 def _kernel_path_is_the_emulation(monkeypatch, case, alter, **emu) -> list:
     """The autograd Function on the kernel path (stand-in kernels, plans through ``alter`` or as dispatched) against
     the emulation's backward called with ``emu``, gradient by gradient; the configurations the call asked for."""

@@ -21,7 +21,8 @@ Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan
      terms; GVA groups of 2, 4, 8 summed in the kernel (clusters), others by [gdn_bwd_group_sum];
   5. ``dg_dbeta`` [gdn_bwd_dg_dbeta] and ``finish.finish`` (torch): dg, dbeta, the L2-norm chain rule.
 
-``plan``: another plan value (a benchmark's alternative).  ``saved_tables``: the forward's ``{"Th", "Ah", "Al"}``
+``plan``: another plan value (a benchmark's alternative), or a function of the dispatched plan returning the plan
+to run.  ``saved_tables``: the forward's ``{"Th", "Ah", "Al"}``
 (each [HV, NC, 64, 64] in the input dtype), used where the plan reads them; a ``HandedTables`` is emptied once prep
 has run, so that the tables' memory is reused once dh and the recompute have read them (the call's own buffers are
 freed likewise where no later stage reads them: dUloc^T before dqk, the chunk states and their gradients after
@@ -122,7 +123,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     x = b.x
     if x.NC == 0:
         return _empty_gradients(b, g, beta, initial_state)
-    plan = plan or plan_for(b)
+    if plan is None or callable(plan):
+        plan = plan(plan_for(b)) if plan else plan_for(b)
     saved = saved_tables if plan.reads_saved_tables else None
     mark = _marker(events)
     mark("start")

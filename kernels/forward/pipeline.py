@@ -19,8 +19,9 @@ Stages: ``intra_chunk`` (parallel), ``state`` (sequential; or, with CP, ``state_
 the scan and the fp64 fix-up, then the state kernel per segment), ``output`` (parallel); or, for the plan form
 "ws", ``intra_chunk``, with CP ``segment_starts``, and ``state_output`` (the state and o in one kernel, no chunk
 tables); which kernels run is ``kernels.plan``'s ``ForwardPlan`` (``plan``: another plan value, e.g. a
-benchmark's alternative).  ``keep_tables``: a dict that receives the intra kernel's Tinv and Ag tables for the
-backward (``Th``, ``Ah``, ``Al``, each [HV, NC, 64, 64] in the input dtype) where the plan keeps them.  Every
+benchmark's alternative, or a function of the dispatched plan returning the plan to run).  ``keep_tables``: a
+dict that receives the intra kernel's Tinv and Ag tables for the backward (``Th``, ``Ah``, ``Al``, each [HV, NC,
+64, 64] in the input dtype) where the plan keeps them.  Every
 kernel is built for the call's head dim (K == V in {64, 128}; the plan's ``DK``): nothing is padded.  This module
 imports tilelang only when a kernel is needed.
 """
@@ -103,7 +104,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
                 state_v_first, cu_seqlens)
     if x.NC == 0:
         return empty_output(x, initial_state)
-    plan = plan or plan_for(x, keep_tables is not None)
+    if plan is None or callable(plan):
+        dispatched = plan_for(x, keep_tables is not None)
+        plan = plan(dispatched) if plan else dispatched
     tables = intra_chunk(x=x, plan=plan)
     if keep_tables is not None and plan.keep_tables:
         keep_tables.update(Th=tables.Th, Ah=tables.Ah, Al=tables.Al)
