@@ -16,8 +16,8 @@ Step 0 compiles every TileLang kernel the variants need in parallel processes (f
 TileLang's disk cache; the timed processes then load them), and FlashQLA's for every shape, one process a shape
 (``benchmarks.warm_references``).  Step 1 prints one correctness line per variant and check case
 (B1_T8192_H4_HV8 without h0, and a varlen case with h0 and the value-first state layout): rel_rmse of o and of
-the final state vs the fp64 reference, the bf16 rounding floor of o, and the same for FLA / FlashQLA, so a fast but wrong
-variant is visible.  Step 2 times every variant on every shape.  Variants (columns):
+the final state vs the fp64 reference, the bf16 rounding floor of o, and the same for FLA / FlashQLA, so a fast but
+wrong variant is visible.  Step 2 times every variant on every shape.  Variants (columns):
 
 * ``default``   - what ``kernels.chunk_gated_delta_rule`` dispatches, timed through the public API
                   (``kernels.plan.forward_plan``);
@@ -32,9 +32,10 @@ variant is visible.  Step 2 times every variant on every shape.  Variants (colum
   CP segments by ``plan.ws_cp_segments`` (BV 64), ``wscp2`` / ``wscp4`` / ``wscp8`` / ``wscp16`` / ``wscp32`` -
   forced to that many segments per sequence, ``wscp8b32`` / ``wscp16b32`` - at BV 32, all with exact start states;
   ``warm`` / ``warm2`` ... ``warm16`` - the same with the warm-up starts of ``kernels.forward.cp_warm``
-  (``ForwardPlan.warm``); ``exactcp`` - the dispatched plan with exact start states; ``noptab`` - the dispatched
-  plan at the split precision with the ws kernel's P warpgroup computing P instead of reading the intra kernel's
-  P tables (``ForwardPlan.p_table``; against ``split``);
+  (``ForwardPlan.warm``); ``exactcp`` - the dispatched plan with exact start states; ``again`` - the dispatched
+  plan itself through the variants' path (its plan found once per layout, as theirs): what two equal columns
+  differ by; ``noptab`` - the dispatched plan at the split precision with the ws kernel's P warpgroup computing P
+  instead of reading the intra kernel's P tables (``ForwardPlan.p_table``; against ``split``);
   ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``ag1`` / ``x1`` /
   ``u1`` / ``upd1`` / ``p1`` - that one operand one term (``kernels.forward.precision``); ``single`` - every
   operand after the intra kernel one term (what the splits cost; the merges stay fp32); ``half`` - every such
@@ -185,6 +186,7 @@ VARIANTS = {
     "warm8": _wscp(8, warm=True),
     "warm16": _wscp(16, warm=True),
     "exactcp": lambda p, n, HV, mc: dict(warm=False),
+    "again": lambda p, n, HV, mc: {},         # the dispatched plan through this path: the variants' noise floor
     "noptab": lambda p, n, HV, mc: dict(p_table=False, precision=PRESETS["default"]),
     "s1": _prec(s="bf16", ks="bf16"),
     "ks1": _prec(ks="bf16"),

@@ -54,3 +54,14 @@ def test_dry_run_check_ranks_split_half_single(capsys, tmp_path):
     assert set(found) == {"split", "half", "single"}, out[-2000:]
     for (fd, sd), (fh, sh), (fs, ss) in zip(found["split"], found["half"], found["single"]):
         assert fd < fh < fs and sd < sh < ss, (found, out[-2000:])
+
+
+def test_again_is_the_dispatched_plan_through_the_variants_path(capsys, tmp_path):
+    """``again`` changes no plan field and is timed beside ``default`` in the paired table (the noise floor)."""
+    assert _change("again") == {}
+    assert bench_fwd.main(["--dry-run", "--no-check", "--variants", "default,again", "--shapes", "B1_T8192_H4_HV8",
+                           "--rounds", "2", "--rep", "1", "--warmup", "0",
+                           "--results", str(tmp_path / "r.md")]) in (0, None)
+    out = capsys.readouterr().out
+    lines = out[out.index("column / default"):].splitlines()
+    assert lines[1].split()[:2] == ["shape", "again"] and lines[2].startswith("B1_T8192_H4_HV8"), lines[:3]
