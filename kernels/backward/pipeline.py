@@ -41,8 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.forward.pipeline import (ForwardInputs, IntraTables, fix_segment_starts, prepare, segment_maps,
-                                     segment_starts)
+from kernels.forward.pipeline import (ForwardInputs, IntraTables, fix_segment_starts, initial_states, no_states,
+                                     prepare, segment_maps, segment_starts)
 from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, cached, call_tables, fp32_state, max_chunks, pad_rows,
                                tma_ready, token_rows)
 
@@ -243,7 +243,7 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
         Scl = torch.empty_like(Sch, dtype=LO8_DTYPE if cfg.lo8 else dt) if cfg.prec.s == "split" else Sch
         Uh = torch.empty(x.HV, x.NC, BT, D, device=dev, dtype=dt)
         Ul = torch.empty_like(Uh)
-        ht = torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
+        ht = no_states(x)                                      # the final state: not stored
         intra = IntraTables(tables.Agh, tables.Agl, tables.Fb, None)
         if plan.shared_scan:            # every dh segment from its start state (value-first)
             cp = plan.dh_segments
@@ -255,7 +255,7 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
             use_h0, v_first = 1, 1
         else:
             cu, co, use_h0, v_first = x.cu, x.chunk_offsets, int(x.h0 is not None), int(x.v_first)
-            h0 = x.h0 if x.h0 is not None else torch.empty(1, x.HV, D, D, device=dev, dtype=torch.float32)
+            h0 = initial_states(x)
         get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, 0,
                         v_first)
     if side is not None:

@@ -190,21 +190,21 @@ def _unused(shape: tuple, dtype, dev) -> torch.Tensor:
     return cached(_UNUSED, (shape, dtype, dev), lambda: torch.empty(shape, device=dev, dtype=dtype))
 
 
-def _no_states(x: ForwardInputs) -> torch.Tensor:
+def no_states(x: ForwardInputs) -> torch.Tensor:
     """The [1, HV, D, D] fp32 stand-in of a state argument that is neither read nor written."""
     return _unused((1, x.HV, x.D, x.D), torch.float32, x.q.device)
 
 
-def _initial_states(x: ForwardInputs) -> torch.Tensor:
-    """The initial states the state kernels read: ``x.h0``, or ``_no_states`` (unread)."""
-    return x.h0 if x.h0 is not None else _no_states(x)
+def initial_states(x: ForwardInputs) -> torch.Tensor:
+    """The initial states the state kernels read: ``x.h0``, or ``no_states`` (unread)."""
+    return x.h0 if x.h0 is not None else no_states(x)
 
 
 def _final_states(x: ForwardInputs) -> torch.Tensor:
-    """The state kernels' final-state output: [N, HV, D, D] fp32, or ``_no_states`` (not written) without
+    """The state kernels' final-state output: [N, HV, D, D] fp32, or ``no_states`` (not written) without
     ``store_ht``."""
     if not x.store_ht:
-        return _no_states(x)
+        return no_states(x)
     return torch.empty((x.N, x.HV, x.D, x.D), device=x.q.device, dtype=torch.float32)
 
 
@@ -212,7 +212,7 @@ def state(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:
     """The sequential state kernel over every sequence: chunk-start states, U, and the final states."""
     from kernels.build import get_kernel
     Sch, Scl, Uh, Ul = _state_tables(x, plan)
-    h0, ht = _initial_states(x), _final_states(x)
+    h0, ht = initial_states(x), _final_states(x)
     get_kernel(plan.configs()[1])(x.k, x.v, tables.Ah, tables.Al, tables.F, x.cu, x.chunk_offsets, h0, Sch, Scl,
                                   Uh, Ul, ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
     return ChunkStates(Sch, Scl, Uh, Ul, ht if x.store_ht else None)
@@ -229,7 +229,7 @@ def state_output(*, x: ForwardInputs, plan, tables: IntraTables, segments=None):
     q = tables.qo if tables.qo is not None else x.q                       # fp16 copies with fp16 operands
     k = tables.ko if tables.ko is not None else x.k
     if segments is None:
-        h0, ht = _initial_states(x), _final_states(x)
+        h0, ht = initial_states(x), _final_states(x)
         get_kernel(plan.configs()[1])(q, k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, x.cu, x.chunk_offsets, h0,
                                       o, ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
         return o, (ht if x.store_ht else None)
@@ -266,7 +266,7 @@ def segment_maps(*, x: ForwardInputs, plan, tables: IntraTables, scan_cu, scan_c
     ZM = torch.empty((n_seg, x.HV, 2 * D, D), device=dev, dtype=torch.float32)
     if n_seg > 1:
         none = _unused((1, 1, 1, 1), x.q.dtype, dev)                        # the scan writes no chunk table
-        get_kernel(plan.configs()[-2])(x.k, x.v, tables.Ah, tables.Al, tables.F, scan_cu, scan_co, _no_states(x),
+        get_kernel(plan.configs()[-2])(x.k, x.v, tables.Ah, tables.Al, tables.F, scan_cu, scan_co, no_states(x),
                                        none, none, none, none, ZM, 0, 1, 0)
     return ZM
 
@@ -277,15 +277,15 @@ def fix_segment_starts(*, x: ForwardInputs, plan, tables: IntraTables, ZM, seg_o
     first segment; ``co`` ``cp_warm``'s table with ``plan.warm`` (else unread)."""
     from kernels.build import get_kernel
     h0s = torch.empty((ZM.shape[0], x.HV, x.D, x.D), device=x.q.device, dtype=torch.float32)
-    get_kernel(plan.configs()[-1])(ZM, _initial_states(x), seg_of, co, tables.F, h0s, int(x.h0 is not None),
+    get_kernel(plan.configs()[-1])(ZM, initial_states(x), seg_of, co, tables.F, h0s, int(x.h0 is not None),
                                    int(x.v_first))
     return h0s
 
 
 def _segment_final_states(x: ForwardInputs, h0s: torch.Tensor) -> torch.Tensor:
-    """The state kernels' final-state output per CP segment: like ``h0s``, or ``_no_states`` (not written) without
+    """The state kernels' final-state output per CP segment: like ``h0s``, or ``no_states`` (not written) without
     ``store_ht``."""
-    return torch.empty_like(h0s) if x.store_ht else _no_states(x)
+    return torch.empty_like(h0s) if x.store_ht else no_states(x)
 
 
 def _last_segment_states(x: ForwardInputs, hts: torch.Tensor, seg_of) -> torch.Tensor | None:
