@@ -110,8 +110,15 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
 def apply(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
           state_v_first=False, cu_seqlens=None, use_gate_in_kernel=False, A_log=None, dt_bias=None,
           use_beta_sigmoid_in_kernel=False, *, impl: str = "tilelang", alter=None):
-    """The activations, then ``ChunkGatedDeltaRuleFunction`` with the forward's signature; ``impl`` and ``alter``
-    as the module says."""
+    """The activations, then ``ChunkGatedDeltaRuleFunction`` with the forward's signature, or where no gradient can
+    be asked (grad mode off, or no input requires one) the forward alone (``run_forward``, no tables kept); ``impl``
+    and ``alter`` as the module says."""
     g, beta = activations(g, beta, v, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
+    if not (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                            for t in (q, k, v, g, beta, initial_state))):
+        # no gradient can be asked: the forward alone, without the Function's host time
+        o, ht, _ = run_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                               state_v_first, cu_seqlens, impl=impl, alter=alter)
+        return o, ht
     return ChunkGatedDeltaRuleFunction.apply(q, k, v, g, beta, scale, initial_state, output_final_state,
                                              use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, impl, alter)

@@ -45,8 +45,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     """GDN chunked forward -> (o, final state or None), FLA's in-kernel activations first (``kernels.activations``,
     plain torch); differentiable in q, k, v, g, beta, initial_state, A_log and dt_bias.  Under ``torch.compile``
     and on the CPU the call is the op ``gdn_parity::chunk_gdr_fwd`` (``op_call``); an eager CUDA call runs the same
-    pipelines through ``kernels.autograd.ChunkGatedDeltaRuleFunction``, which spares the op's eager dispatch (host
-    time that bounds small calls)."""
+    pipelines through ``kernels.autograd.apply`` (its Function, or the forward alone where no gradient can be
+    asked), which spares the op's eager dispatch (host time that bounds small calls)."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state),
                     ("cu_seqlens", cu_seqlens)):
         if not isinstance(x, Tensor) and (x is not None or name in _REQUIRED):

@@ -11,6 +11,8 @@ with lengths 1, 63, 64, 65 (fp16, h0, value-first state) and with empty sequence
 the heads, slow decay with gates in bf16, the in-kernel L2 norm, K = V = 64; and the autograd.Function plumbing.
 """
 
+import contextlib
+
 import pytest
 import torch
 
@@ -1059,6 +1061,25 @@ def test_autograd_takes_cu_seqlens_made_under_inference_mode():
         with ctx():
             o2, _ = apply(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu_inf, impl="emulation")
         assert torch.equal(o2, o.detach())
+
+
+def test_a_call_that_no_gradient_can_reach_skips_the_function(monkeypatch):
+    """Grad mode off, or no input requiring a gradient: ``apply`` runs the forward alone (no autograd Function, no
+    tables kept), with o and the final state of the Function's call; an input that requires one goes through it."""
+    from kernels import autograd
+
+    xs, kw = tt.call_args(Case(T=130, H=1, HV=2, h0_dtype="fp32"))
+    calls = []
+    real = autograd.ChunkGatedDeltaRuleFunction.apply
+    monkeypatch.setattr(autograd.ChunkGatedDeltaRuleFunction, "apply", lambda *a: calls.append(1) or real(*a))
+    want = autograd.apply(*[x.clone().requires_grad_() for x in xs], **kw, output_final_state=True, impl="emulation")
+    assert calls == [1] and want[0].requires_grad
+    for ctx, ins in ((torch.no_grad, xs), (torch.inference_mode, xs), (contextlib.nullcontext, xs),
+                     (torch.no_grad, [x.clone().requires_grad_() for x in xs])):
+        with ctx():
+            got = autograd.apply(*ins, **kw, output_final_state=True, impl="emulation")
+        assert calls == [1], ctx
+        assert not got[0].requires_grad and all(torch.equal(a, b.detach()) for a, b in zip(got, want))
 
 
 # the row where the single dh's dbeta is farthest from fp64: strong decay, so a sequence's last token carries the
