@@ -10,7 +10,9 @@ do ~ N(0,1), dht ~ 0.1 N(0,1).  Shapes: the forward benchmark's (``benchmarks.in
 (``benchmarks.rounds``; the reference ratios are per-round paired medians, and with more than one round a table of
 every column against ``ours`` per round follows):
 ``fwd`` = the forward with autograd recording, ``fwd+bwd`` = forward then ``torch.autograd.backward``;
-``bwd`` = their difference; for ours also the time of every backward stage (CUDA events, one call).  The leaves'
+``bwd`` = their difference; for ours and each A/B column also the backward alone (no autograd, no forward: its
+launches back to back, timed in the same rounds; at the few-head shapes it moves less between equal plans than
+forward + backward through autograd) and the time of every backward stage (CUDA events, one call).  The leaves'
 gradients are reset before each timed call (``grad_to_none``).  ``--rep`` and ``--warmup`` are do_bench's
 milliseconds, not counts: at ~8 ms a call ``--rep 10`` is one or two samples; ``--rep 200`` gives ~25.
 
@@ -128,6 +130,29 @@ def alter(col: str):
             return dataclasses.replace(plan, **change)
         return plan
     return f
+
+
+ALONE = "(bwd alone)"
+
+
+def backward_alone_args(col, a, kw, do, dht, emulation: bool = False) -> dict:
+    """``{"fn": the backward pipeline, "kw": its keyword arguments}`` for A/B column ``col`` (or ``ours``) on the
+    forward's inputs ``a``: the column's plan, and the forward's intra tables (computed once here) where the plan
+    reads them, as the autograd Function hands them on.  ``emulation`` (a dry run): the emulated backward, every
+    column's alike."""
+    side = dict(initial_state=kw["initial_state"], state_v_first=kw["state_v_first"], cu_seqlens=kw["cu_seqlens"])
+    if emulation:
+        from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emulated
+        return {"fn": emulated, "kw": side}
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd, plan_for, prepare_backward, reads_saved_tables
+    from kernels.forward.pipeline import chunk_gated_delta_rule as fwd_api
+    plan = plan_for(prepare_backward(*a, do, dht, **side))
+    plan = plan if col == "ours" else alter(col)(plan)
+    saved = {}
+    if plan.reads_saved_tables and reads_saved_tables(a[0], a[2], kw["cu_seqlens"]):
+        fwd_api(*a, **side, keep_tables=saved)
+    side.update(plan=plan, **({"saved_tables": saved} if saved else {}))
+    return {"fn": chunk_gated_delta_rule_bwd, "kw": side}
 
 
 def call_configs(B, T, H, HV, lens, cols):
@@ -302,7 +327,7 @@ def main(argv=None):
                 torch.cuda.empty_cache()
 
     print("\n== step 2: timing (median ms) ==", flush=True)
-    results, peaks = {}, {}
+    results, peaks, alone = {}, {}, {}
     interrupted = None
     try:
         for name in shapes:
@@ -351,9 +376,24 @@ def main(argv=None):
                     print(f"  {name:<24} {iname:<9} failed  ({time.time() - t0:.1f} s)", flush=True)
                 for x in leaves:
                     x.grad = None
+            # the backward alone (no autograd, no forward: its launches back to back) of each of our columns, timed
+            # in the same rounds: at the few-head shapes forward + backward through autograd moves between equal plans
+            # by more than the backward alone does
+            sides = {}
+            for col in [c for c in ["ours"] + ab if c in timers]:
+                try:
+                    sides[col] = side = backward_alone_args(col, a, kw, do, dht, emulation=args.dry_run)
+                    timers[f"{col} {ALONE}"] = (lambda side=side: (do_bench(
+                        lambda: side["fn"](*a, do, dht, **side["kw"]), warmup=args.warmup, rep=args.rep,
+                        return_mode="median"),))
+                except Exception as e:
+                    print(f"  {name:<24} {col} the backward alone: failed {describe_error(e)[:160]}", flush=True)
             samples = interleave(timers, args.rounds,
                                  on_error=lambda c, e: skipped.setdefault(c, describe_error(e)[:160]))
             for iname, got in samples.items():
+                if iname.endswith(ALONE):
+                    alone.setdefault(name, {})[iname[:-len(ALONE) - 1]] = got
+                    continue
                 row[iname] = got or None
                 sp = spread(got, 1)
                 print(f"  {name:<24} {iname:<9} " + (
@@ -361,29 +401,18 @@ def main(argv=None):
                     + (f"  peak {peaks[(name, iname)]:.0f} MiB" if peaks.get((name, iname)) is not None else "")
                     + (f"  rounds {len(got)}, spread {100 * sp:.0f}%" if sp is not None else "")
                     if got else "failed"), flush=True)
-            for col in [c for c in ["ours"] + ab if not args.dry_run and row.get(c)]:
+            for col, side in ({} if args.dry_run else sides).items():
                 try:              # where the backward's time goes (one call, CUDA events between the launches)
-                    from kernels.backward.pipeline import (chunk_gated_delta_rule_bwd, plan_for, prepare_backward,
-                                                           reads_saved_tables, stage_times)
-                    from kernels.forward.pipeline import chunk_gated_delta_rule as fwd_api
-                    side = dict(initial_state=kw["initial_state"], state_v_first=kw["state_v_first"],
-                                cu_seqlens=kw["cu_seqlens"])
-                    plan = plan_for(prepare_backward(*a, do, dht, **side))
-                    plan = plan if col == "ours" else alter(col)(plan)
-                    saved = {}                    # the forward's intra tables, as the autograd Function hands them on
-                    if plan.reads_saved_tables and reads_saved_tables(a[0], a[2], kw["cu_seqlens"]):
-                        fwd_api(*a, **side, keep_tables=saved)
-                    side.update(plan=plan, **({"saved_tables": saved} if saved else {}))
+                    from kernels.backward.pipeline import stage_times
                     for _ in range(2):
                         ev = []
-                        chunk_gated_delta_rule_bwd(*a, do, dht, **side, events=ev)
+                        side["fn"](*a, do, dht, **side["kw"], events=ev)
                         st = stage_times(ev)
-                    # the backward alone (no autograd, no forward): its launches back to back, against the sum of its
-                    # stages, so that host time between them (and around the first) shows as the difference
-                    api_ms = do_bench(lambda: chunk_gated_delta_rule_bwd(*a, do, dht, **side), warmup=args.warmup,
-                                      rep=args.rep, return_mode="median")
+                    t = median_of(alone.get(name, {}).get(col) or [], 0)
+                    # against the sum of its stages, so that host time between them (and around the first) shows
                     print(f"  {name:<24} {col} bwd stages: " + "  ".join(f"{k} {v:.3f}" for k, v in st.items())
-                          + f" ms (sum {sum(st.values()):.3f}; the backward alone {api_ms:.3f} ms)", flush=True)
+                          + f" ms (sum {sum(st.values()):.3f}; the backward alone "
+                          + (f"{t:.3f} ms)" if t is not None else "failed)"), flush=True)
                 except Exception as e:
                     print(f"  {name:<24} {col} bwd stages: failed {describe_error(e)[:160]}", flush=True)
             results[name] = row
@@ -415,6 +444,15 @@ def main(argv=None):
         table.append(line)
     if args.rounds > 1:
         table += paired_table(results, cols, "ours", i=1, what="fwd+bwd")
+    if alone:
+        table += ["", "the backward alone (no autograd, its launches back to back), median ms"
+                      + (" of the same rounds" if args.rounds > 1 else ""),
+                  f"{'shape':<26}" + "".join(f"{c:>20}" for c in mine)]
+        for name, per in alone.items():
+            table.append(f"{name:<26}" + "".join(f"{('%.3f' % median_of(per[c], 0)) if per.get(c) else '-':>20}"
+                                                 for c in mine))
+        if args.rounds > 1:
+            table += paired_table(alone, mine, "ours", i=0, what="the backward alone")
     if any(p is not None for p in peaks.values()):
         table += ["", "peak memory of one fwd+bwd above its inputs, MiB (gradients included)",
                   f"{'shape':<26}" + "".join(f"{c:>20}" for c in cols)]

@@ -55,6 +55,12 @@ def test_bwd_benchmark_prints_the_paired_ratios_of_its_rounds(capsys, tmp_path):
     row = lines[head + 2].split()
     assert row[0] == "B1_T8192_H4_HV8" and float(row[1]) > 0 and row[2].startswith("[")
     assert "rounds 2, spread" in out
+    # the backward alone of each of our columns, timed in the same rounds (the emulation's on a dry run)
+    i = next(i for i, x in enumerate(lines) if x.startswith("the backward alone"))
+    assert lines[i + 1].split() == ["shape", "ours", "ours-ks1"]
+    assert lines[i + 2].split()[0] == "B1_T8192_H4_HV8" and all(float(x) > 0 for x in lines[i + 2].split()[1:])
+    j = next(i for i, x in enumerate(lines) if x.startswith("column / ours, the backward alone"))
+    assert lines[j + 2].split()[0] == "B1_T8192_H4_HV8" and lines[j + 2].split()[2].startswith("[")
 
 
 def test_paired_table_divides_each_round_by_the_base_columns_same_round():
