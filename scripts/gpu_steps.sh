@@ -25,7 +25,7 @@
 #   scripts/gpu_steps.sh bwd-ab [S]           # backward A/B (bench_kernels_bwd --ab: recompute overlap, cluster sums)
 #   scripts/gpu_steps.sh fwd-ab [S]           # forward A/B: the GPU tests of tests/test_kernels_gpu.py matching
 #       FWD_TESTS (a pytest -k expression; none if unset), then bench_kernels_fwd.py with the variants FWD_VARIANTS
-#       (default "default,smem,occ", the stage columns beside them) and FWD_ARGS (default: no reference columns)
+#       (default "default,again,smem,occ", the stage columns beside them) and FWD_ARGS (default: no reference columns)
 #   scripts/gpu_steps.sh refs [S]             # the forward, then the forward + backward benchmark with every reference
 #       column (FLA Triton, FlashQLA; FlashInfer where scripts/flashinfer_env.sh was sourced), the default plan
 #       only, REFS_ARGS (e.g. "--gates qwen" or "--no-check"); S per benchmark; then the compile caches into
@@ -37,7 +37,7 @@
 #       SASS listing per kernel (OUT/k/sass-KERNEL.csv) and scripts/ncu_stalls.py on each
 #   scripts/gpu_steps.sh ab [S]               # a candidate's GPU tests (AB_TESTS: a pytest -k expression over
 #       tests/test_kernels_bwd_gpu.py; none if unset), then the backward bench with the A/B columns AB_COLS (default
-#       ours-serial) and BENCH_ARGS (e.g. "--shapes A,B --no-check --skip FlashQLA") (#7); S per part
+#       ours-again,ours-serial: the dispatched plan through the A/B path is the run's noise floor) and BENCH_ARGS (e.g. "--shapes A,B --no-check --skip FlashQLA") (#7); S per part
 set -u
 out=${OUT:?set OUT}
 step=${1:?step}
@@ -144,10 +144,10 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
     fi
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of words (e.g. --shapes A,B --no-check)
     # --rep / --warmup are do_bench's milliseconds: 200 is ~25 calls at ~8 ms (10 would be one or two)
-    run python3 benchmarks/bench_kernels_bwd.py --rep "${BENCH_REP:-200}" --warmup 30 --ab "${AB_COLS:-ours-serial}" \
+    run python3 benchmarks/bench_kernels_bwd.py --rep "${BENCH_REP:-200}" --warmup 30 --ab "${AB_COLS:-ours-again,ours-serial}" \
       --workers 14 ${BENCH_ARGS:-} > "$out/k/bench-bwd-cand.txt" 2>&1
     echo "A/B bench rc=$? $(( $(date +%s) - t0 )) s"; grep "stages\|check" "$out/k/bench-bwd-cand.txt"
-    grep -A8 "== summary" "$out/k/bench-bwd-cand.txt" ;;
+    sed -n '/== summary/,$p' "$out/k/bench-bwd-cand.txt" ;;
   fwd-ab)
     mkdir -p "$out/k"
     if [ -n "${FWD_TESTS:-}" ]; then
@@ -156,9 +156,9 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
       echo "forward A/B tests rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$out/k/test-fwd-ab.txt"
     fi
     # shellcheck disable=SC2086  # FWD_ARGS is a list of words
-    run python3 benchmarks/bench_kernels_fwd.py --variants "${FWD_VARIANTS:-default,smem,occ}" --rep 30 --warmup 5 \
+    run python3 benchmarks/bench_kernels_fwd.py --variants "${FWD_VARIANTS:-default,again,smem,occ}" --rep 30 --warmup 5 \
       ${FWD_ARGS:---no-check --skip FLA,FlashQLA,flashinfer} > "$out/k/bench-fwd-ab.txt" 2>&1
-    echo "forward A/B bench rc=$? $(( $(date +%s) - t0 )) s"; grep -A8 "== summary" "$out/k/bench-fwd-ab.txt" ;;
+    echo "forward A/B bench rc=$? $(( $(date +%s) - t0 )) s"; sed -n '/== summary/,/^host ms/p' "$out/k/bench-fwd-ab.txt" ;;
   refs)
     mkdir -p "$out/k"
     # shellcheck disable=SC2086  # REFS_ARGS is a list of words
