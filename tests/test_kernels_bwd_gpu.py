@@ -270,11 +270,12 @@ def _same_recomputed_states(case, plan, ref, s_tol, label, to_fp64=False):
 def test_recompute_per_segment_gives_the_sequential_states(case):
     """The dispatched recompute per CP segment (``recompute_cp``: the forward's exact scan and fp64 fix-up, then
     the state kernel per segment) against one sequential pass at BV 16: the recomputed S and U within 2^-8 of
-    their largest magnitude (printed, with whether bitwise: the recompute's K S products take S's hi term alone,
-    precision "recompute", so either pass's states carry up to about bf16's 2^-9 relative error, which the exact
-    segment starts reset, and the gradients of the two may differ by about a rounding floor: 2.1e-3 in dq at K 64
-    under slow decay, H200), every gradient no farther from fp64 than the sequential plan's plus a tenth of the
-    input dtype's rounding floor, and within the FLA-like baseline."""
+    their largest magnitude (printed, with whether bitwise: the bound was set when the recompute's K S products
+    took S's hi term alone, as ``ks_single`` still does, so that either pass's states carried up to about bf16's
+    2^-9 relative error, which the exact segment starts reset, and the gradients of the two differed by about a
+    rounding floor: 2.1e-3 in dq at K 64 under slow decay, H200; precision "recompute" now splits S there), every
+    gradient no farther from fp64 than the sequential plan's plus a tenth of the input dtype's rounding floor, and
+    within the FLA-like baseline."""
     from kernels.backward.pipeline import plan_for, prepare_backward
 
     args, kw, do, dht = tt.bwd_args(case, CUDA)
