@@ -12,7 +12,9 @@ every column against ``ours`` per round follows):
 ``fwd`` = the forward with autograd recording, ``fwd+bwd`` = forward then ``torch.autograd.backward``;
 ``bwd`` = their difference; for ours and each A/B column also the backward alone (no autograd, no forward: its
 launches back to back, timed in the same rounds; at the few-head shapes it moves less between equal plans than
-forward + backward through autograd) and the time of every backward stage (CUDA events, one call).  The leaves'
+forward + backward through autograd) and the time of every backward stage (CUDA events, one call); and the host
+time of one call of each (10 calls enqueued without waiting: where it reaches the median, the GPU waited for the
+host).  The leaves'
 gradients are reset before each timed call (``grad_to_none``).  ``--rep`` and ``--warmup`` are do_bench's
 milliseconds, not counts: at ~8 ms a call ``--rep 10`` is one or two samples; ``--rep 200`` gives ~25.
 
@@ -43,7 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.bench_kernels_fwd import fla_triton, flash_qla  # noqa: E402
+from benchmarks.bench_kernels_fwd import enqueue_ms, fla_triton, flash_qla  # noqa: E402
 from benchmarks.inputs import D, GATES, SHAPES, shrunk  # noqa: E402
 from benchmarks.inputs import make as make_fwd_inputs  # noqa: E402
 from benchmarks.rounds import interleave, median_of, paired_ratio, paired_table, spread  # noqa: E402
@@ -327,7 +329,7 @@ def main(argv=None):
                 torch.cuda.empty_cache()
 
     print("\n== step 2: timing (median ms) ==", flush=True)
-    results, peaks, alone = {}, {}, {}
+    results, peaks, alone, hosts = {}, {}, {}, {}
     interrupted = None
     try:
         for name in shapes:
@@ -361,6 +363,12 @@ def main(argv=None):
                         peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
                     peaks[(name, iname)] = peak
 
+                    def reset_fwdbwd(fwdbwd=fwdbwd):
+                        for x in leaves:
+                            x.grad = None
+                        fwdbwd()
+                    hosts.setdefault(name, {})[iname] = enqueue_ms(reset_fwdbwd, dev, reps=10)
+
                     def one_round(fwd=fwd, fwdbwd=fwdbwd):
                         tf = do_bench(fwd, warmup=args.warmup, rep=args.rep, return_mode="median")
                         # the leaves' gradients reset before each call (as triton's do_bench does with grad_to_none):
@@ -383,6 +391,8 @@ def main(argv=None):
             for col in [c for c in ["ours"] + ab if c in timers]:
                 try:
                     sides[col] = side = backward_alone_args(col, a, kw, do, dht, emulation=args.dry_run)
+                    hosts.setdefault(name, {})[f"{col} {ALONE}"] = enqueue_ms(
+                        lambda side=side: side["fn"](*a, do, dht, **side["kw"]), dev, reps=10)
                     timers[f"{col} {ALONE}"] = (lambda side=side: (do_bench(
                         lambda: side["fn"](*a, do, dht, **side["kw"]), warmup=args.warmup, rep=args.rep,
                         return_mode="median"),))
@@ -453,6 +463,17 @@ def main(argv=None):
                                                  for c in mine))
         if args.rounds > 1:
             table += paired_table(alone, mine, "ours", i=0, what="the backward alone")
+    if any(h is not None for per in hosts.values() for h in per.values()):
+        table += ["", "host ms per call, fwd+bwd (the backward alone): 10 calls enqueued without waiting; where it "
+                      "reaches the median above, the time is the host's, not the GPU's",
+                  f"{'shape':<26}" + "".join(f"{c:>20}" for c in cols)]
+        for name, per in hosts.items():
+            line = f"{name:<26}"
+            for c in cols:
+                fb, al = per.get(c), per.get(f"{c} {ALONE}")
+                cell = "-" if fb is None else f"{fb:.3f}" + (f" ({al:.3f})" if al is not None else "")
+                line += f"{cell:>20}"
+            table.append(line)
     if any(p is not None for p in peaks.values()):
         table += ["", "peak memory of one fwd+bwd above its inputs, MiB (gradients included)",
                   f"{'shape':<26}" + "".join(f"{c:>20}" for c in cols)]
