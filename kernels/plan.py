@@ -298,6 +298,8 @@ class BackwardPlan:
         out += [self.prep_config(saved), self.dh_config(saved), self.dqk_config(),
                 self.dgdb_config()]
         out += [c for c in (self.group_sum_config(True), self.group_sum_config(False)) if c is not None]
+        if self.dh_segments is not None and FixupConfig(self.DK) not in out:   # the segmented pass's end walk
+            out.append(FixupConfig(self.DK))
         return tuple(out)
 
 

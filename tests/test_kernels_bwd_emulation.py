@@ -836,8 +836,10 @@ def test_shared_scan_plumbing_on_cpu(monkeypatch, case):
     shared, launches[:] = list(launches), []
     bapi.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=dataclasses.replace(plan, shared_scan=False))
     assert (shared.count("dh"), launches.count("dh")) == (2, 3), (shared, launches)
-    assert shared.count("StateConfig") == 2 and shared.count("FixupConfig") == 1, shared     # scan + recompute
-    (t, a1, P1, _), (_, a2, P2, _) = seen
+    # the scan and the recompute; the fix-up of the recompute's start states and the end walk of dh's
+    assert shared.count("StateConfig") == 2 and shared.count("FixupConfig") == 2, shared
+    assert launches.count("FixupConfig") == 1, launches                 # the end walk alone
+    (t, a1, P1, _, _), (_, a2, P2, _, _) = seen
     assert torch.equal(a1, a2)
     need = [j for f, l in zip(t.first.tolist(), t.last.tolist()) for j in range(f + 1, l)]
     assert need, (t.first, t.last)
@@ -1016,6 +1018,36 @@ def test_segment_scan_composes_the_affine_maps_of_a_sequence(monkeypatch):
         for j in range(p.last[n], p.first[n] - 1, -1):
             assert torch.allclose(E[j].double(), x, atol=1e-5), (n, j)
             x = P[j].double() @ x + a0[j].double()
+
+
+@pytest.mark.parametrize("dht_form", ["key-first", "value-first view", "none"])
+def test_end_walk_is_the_segment_scan(monkeypatch, dht_form):
+    """``end_gradients`` by the forward's fp64 walk (``walk_ends``: the fix-up kernel, here its CPU stand-in, over
+    each sequence's segments in reverse order) against its torch steps, on random maps of sequences of several
+    segments and of one (whose end gradient is dht alone); each sequence's last transfer matrix NaN, as the forward
+    scan leaves it, and never read."""
+    import kernels.build as build
+    from kernels.backward import dh_segmented as dh_cp
+    from kernels.forward.configs import FixupConfig
+
+    _fake_kernels(monkeypatch, [])
+    monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 16)
+    cu = [0, 64 * 40, 64 * 40 + 3, 64 * 90]
+    p = dh_cp.plan(cu, HV=1, n_value_blocks=1, n_sms=132)
+    assert p is not None and 1 in [l - f + 1 for f, l in zip(p.first, p.last)], p
+    t = dh_cp.plan_tensors(p, "cpu")
+    g = torch.Generator().manual_seed(5)
+    NS, HV, D = p.n_segments, 2, 8
+    P = torch.randn(NS, HV, D, D, generator=g) * 0.4
+    P[list(p.last)] = float("nan")
+    a = torch.randn(NS, HV, D, D, generator=g)
+    dht = None if dht_form == "none" else torch.randn(len(cu) - 1, HV, D, D, generator=g)
+    if dht_form == "value-first view":        # the key-first view of a value-first dht, as dh passes it
+        dht = dht.transpose(-1, -2)
+    want = dh_cp.end_gradients(t, a, P, dht)
+    got = dh_cp.end_gradients(t, a, P, dht, build.get_kernel(FixupConfig(D)))
+    assert torch.isfinite(got).all() and got.shape == want.shape
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max(), (got - want).abs().max()
 
 
 def test_saved_tables_are_kept_only_where_the_backward_reads_them(monkeypatch):

@@ -17,6 +17,8 @@ columns of dS evolve independently.  Cut a sequence into segments at chunk bound
 The scan runs in fp64 from the last segment of each sequence backwards: ``E_last = dht``, the segment before the
 last gets ``a_last``, and before that ``E_j = a_{j+1} + P_{j+1} E_{j+1}``.  The per-chunk arithmetic of pass C is the
 sequential kernel's; only the state gradient entering a segment comes through the scan (from fp32 kernel results).
+On the GPU the scan is one launch of the forward's fp64 walk (``gdn_cp_fixup``) over each sequence's segments in
+reverse order: value-first, ``E_j^T = E_{j+1}^T P_{j+1}^T + a_{j+1}^T`` is the forward's ``S^T M^T + Z^T``.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class PlanTensors:
     first: torch.Tensor             # [N] int64
     seg_of: torch.Tensor            # [N + 1] int32: each sequence's first segment, then NS
     steps: tuple                    # ((js, successors) int64 tensors, successor-is-last flag) by distance from the end
+    rev: torch.Tensor               # [NS] int64: each sequence's segments in reverse order (an involution)
 
 
 def plan_tensors(p: SegmentPlan, dev) -> PlanTensors:
@@ -106,14 +109,21 @@ def plan_tensors(p: SegmentPlan, dev) -> PlanTensors:
     def i32(x):
         return torch.tensor(x, dtype=torch.int32, device=dev)
 
+    rev = [p.first[p.seq[j]] + p.last[p.seq[j]] - j for j in range(p.n_segments)]
     return PlanTensors(i32(p.cu), i32(p.chunk_offsets), torch.tensor(p.last, device=dev),
-                       torch.tensor(p.first, device=dev), i32(list(p.first) + [p.n_segments]), tuple(steps))
+                       torch.tensor(p.first, device=dev), i32(list(p.first) + [p.n_segments]), tuple(steps),
+                       torch.tensor(rev, device=dev))
 
 
-def end_gradients(t: PlanTensors, a: torch.Tensor, P: torch.Tensor, dht: torch.Tensor | None) -> torch.Tensor:
+def end_gradients(t: PlanTensors, a: torch.Tensor, P: torch.Tensor, dht: torch.Tensor | None,
+                  walk=None) -> torch.Tensor:
     """E [NS, HV, K, V] fp32: the true gradient at the end of every segment, from pass A's start gradients ``a``
-    [NS, HV, K, V], pass B's transfer matrices ``P`` [NS, HV, K, K] (fp32) and the caller's ``dht`` [N, HV, K, V]
-    (key-first, fp32; None = 0).  fp64, one batched step per segment position from the end, no host sync."""
+    [NS, HV, K, V], pass B's transfer matrices ``P`` [NS, HV, K, K] (fp32; each sequence's last one not read) and
+    the caller's ``dht`` [N, HV, K, V] (key-first, fp32; None = 0).  fp64, no host sync.  ``walk``: the
+    ``gdn_cp_fixup`` kernel of K = V (one launch, ``walk_ends``); None: torch, one batched step per segment
+    position from the end."""
+    if walk is not None:
+        return walk_ends(t, a, P, dht, walk)
     f64 = torch.float64
     E = torch.zeros(a.shape, dtype=f64, device=a.device)
     if dht is not None:
@@ -125,3 +135,20 @@ def end_gradients(t: PlanTensors, a: torch.Tensor, P: torch.Tensor, dht: torch.T
         else:
             E[js] = a64[nxt] + P64[nxt] @ E[nxt]
     return E.to(torch.float32)
+
+
+def walk_ends(t: PlanTensors, a: torch.Tensor, P: torch.Tensor, dht: torch.Tensor | None, walk) -> torch.Tensor:
+    """``end_gradients`` by the forward's fp64 walk ``walk`` (``gdn_cp_fixup``, K = V = D): its segments are each
+    sequence's in reverse order, its table ``[a_j^T ; P_j^T]`` (``[Z^T ; M^T]``) with P = 0 at each sequence's last
+    segment (whose ``a`` already holds dht's part) and its start state dht."""
+    NS, HV, D = a.shape[0], a.shape[1], a.shape[-1]
+    assert a.shape[-2] == D == P.shape[-1], "the walk is the K = V kernel's"
+    tbl = torch.empty(NS, HV, 2, D, D, device=a.device, dtype=torch.float32)
+    tbl.copy_(torch.stack((a, P), 2).index_select(0, t.rev).transpose(-1, -2))
+    tbl[t.first, :, 1] = 0                      # each sequence's last segment, first in the reversed order
+    out = torch.empty_like(a)
+    gates = torch.empty(HV, 1, 8, BT, device=a.device, dtype=torch.float32)       # read only by the warm form
+    vf = dht is not None and not dht.is_contiguous() and dht.transpose(-1, -2).is_contiguous()
+    h0 = a if dht is None else (dht.transpose(-1, -2) if vf else dht.contiguous())     # a: not read
+    walk(tbl.view(NS, HV, 2 * D, D), h0, t.seg_of, t.seg_of, gates, out, int(dht is not None), int(vf))
+    return out.index_select(0, t.rev).transpose(-1, -2).contiguous()

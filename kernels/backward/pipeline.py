@@ -475,9 +475,13 @@ def _dh_plan(B, T, cu_host, HV, n_value_blocks, dev):
 def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dYl, dv2, maps=None):
     """``gdn_bwd_dh`` over the segments of plan ``cp`` (``dh_segmented``): pass A (zero end gradients, the caller's
     dht ``dhk`` [N, HV, D, D] key-first at each sequence's end), pass B (identity, dO = dUloc = 0: the transfer
-    matrices; or given: ``maps``' rows [D, 2 D), the forward scan's M^T over the same segments), the scan, pass C
+    matrices; or given: ``maps``' rows [D, 2 D), the forward scan's M^T over the same segments), the scan
+    (``gdn_cp_fixup`` over the segments in reverse order: ``dh_segmented.walk_ends``), pass C
     (true end gradients; writes every per-chunk output).  Returns the start gradient of every sequence [N, HV, D,
     D] (key-first)."""
+    from kernels.build import get_kernel
+    from kernels.forward.configs import FixupConfig
+
     from . import dh_segmented
     NS = cp.cu.numel() - 1
     HV, D = Th.shape[0], q2.shape[-1]
@@ -497,7 +501,7 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
         kern(q2, k2, _view_over(zero, do2.shape, do2.dtype, torch.zeros), Th, Tl, Fb, zero, cp.cu, cp.chunk_offsets,
              eye, dSh, dSl, dYh, dYl, dv2, P, 1, 1, 0)
         zero = None
-    E = dh_segmented.end_gradients(cp, a, P, dhk)
+    E = dh_segmented.end_gradients(cp, a, P, dhk, get_kernel(FixupConfig(D)))
     start = torch.empty_like(dht_a)
     kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, E, dSh, dSl, dYh, dYl, dv2, start, 1, 1, 0)
     return start[cp.first]
