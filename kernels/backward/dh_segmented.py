@@ -145,7 +145,8 @@ def walk_ends(t: PlanTensors, a: torch.Tensor, P: torch.Tensor, dht: torch.Tenso
     assert a.shape[-2] == D == P.shape[-1], "the walk is the K = V kernel's"
     tbl = torch.empty(NS, HV, 2, D, D, device=a.device, dtype=torch.float32)
     tbl.copy_(torch.stack((a, P), 2).index_select(0, t.rev).transpose(-1, -2))
-    tbl[t.first, :, 1] = 0                      # each sequence's last segment, first in the reversed order
+    # each sequence's last segment, first in the reversed order (a fill by scalar: no host tensor to copy over)
+    tbl[:, :, 1].index_fill_(0, t.first, 0.0)
     out = torch.empty_like(a)
     gates = torch.empty(HV, 1, 8, BT, device=a.device, dtype=torch.float32)       # read only by the warm form
     vf = dht is not None and not dht.is_contiguous() and dht.transpose(-1, -2).is_contiguous()
