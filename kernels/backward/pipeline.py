@@ -12,7 +12,8 @@ Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan
   1. ``prep`` [gdn_bwd_prep] (chunk, head): Tinv and Ag = Tinv diag(beta) split, the gate table, dUloc^T; on the
      forward's saved Tinv and Ag (``saved_tables``) only the gate table and dUloc^T;
   2. ``dh`` [gdn_bwd_dh] (64 value cols, head, seq): the reverse sequential pass (dS' tables, dY, dv, dh0); with
-     a segment plan three passes over segments of the sequences and a scan (``dh_segmented``);
+     a segment plan three passes over segments of the sequences and a scan (``dh_segmented``; the forward's
+     gdn_cp_fixup over the segments in reverse order);
   3. ``recompute`` [the forward's smem state kernel, precision "recompute"; with ``recompute_cp`` per CP segment
      after the forward's gdn_scan_rv and gdn_cp_fixup]: the chunk-start states S and U
      (hi + lo, key-first) from prep's Ag and gate table, launched after dh (which does not read them): on a side
