@@ -77,7 +77,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.inputs import D, GATES, SHAPES, make, shrunk  # noqa: E402
-from benchmarks.rounds import interleave, median_of, paired_table, spread  # noqa: E402
+from benchmarks.rounds import host_cell, interleave, median_of, paired_table, spread  # noqa: E402
 from kernels.forward.precision import PRESETS, Precision  # noqa: E402
 from parity.execute import describe_error  # noqa: E402
 
@@ -575,11 +575,12 @@ def main(argv=None):
         print("appended to", args.results or record.RESULTS, "as:",
               record.append("benchmarks/bench_kernels_fwd.py", table, **({"path": args.results} if args.results
                                                                             else {})))
-    print("\nhost ms per call (launches enqueued without waiting; where it reaches the median above, the time is "
-          "the host's, not the GPU's)")
+    print("\nhost ms per call (launches enqueued without waiting; * where it reaches 0.9 of the median above: there "
+          "the time is the host's, not the GPU's)")
     print(f"{'shape':<24}{'':>7}" + "".join(f"{c:>15}" for c in cols))
     for name, host in hosts.items():
-        print(f"{name:<24}{'':>7}" + "".join(f"{('%.3f' % host[c]) if host.get(c) else '-':>15}" for c in cols))
+        row = results.get(name, ({},))[0]
+        print(f"{name:<24}{'':>7}" + "".join(f"{host_cell(host.get(c), row.get(c)):>15}" for c in cols))
     print("\nratios (> 1: ours faster): FLA/x and FlashQLA/x")
     for name, (row, fl, bv) in results.items():
         ours = {c: row[c] for c in variants if row.get(c)}

@@ -9,7 +9,9 @@ from __future__ import annotations
 import statistics
 from typing import Callable
 
-__all__ = ["interleave", "median_of", "paired_ratio", "paired_table", "spread"]
+__all__ = ["HOST_BOUND", "host_cell", "interleave", "median_of", "paired_ratio", "paired_table", "spread"]
+
+HOST_BOUND = 0.9    # host time a call over its median from which the median is taken to be the host's
 
 
 def interleave(fns: dict[str, Callable[[], tuple]], rounds: int,
@@ -74,3 +76,13 @@ def paired_table(rounds_of: dict, cols: list, ours: str, i: int = 0, what: str =
         sp = spread(mine, i) if mine else None
         out.append(line + f"{('%.0f%%' % (100 * sp)) if sp is not None else '-':>10}")
     return out
+
+
+def host_cell(host_ms: float | None, median_ms: float | None) -> str:
+    """``host_ms`` (the host time of one call) formatted for a table, ``*`` after it where it reaches
+    ``HOST_BOUND`` of the call's median ``median_ms``: there the GPU waited for the host and the median is the
+    host's; ``-`` where not measured."""
+    if host_ms is None:
+        return "-"
+    bound = median_ms is not None and host_ms >= HOST_BOUND * median_ms
+    return f"{host_ms:.3f}" + ("*" if bound else "")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import bench_kernels_bwd as bench_bwd
-from benchmarks.rounds import interleave, median_of, paired_ratio, paired_table, spread
+from benchmarks.rounds import host_cell, interleave, median_of, paired_ratio, paired_table, spread
 
 
 def test_rounds_alternate_the_column_order_and_drop_a_failing_column():
@@ -71,3 +71,12 @@ def test_paired_table_divides_each_round_by_the_base_columns_same_round():
     assert row[0] == "S" and row[1:4] == ["0.500", "[0.500,", "0.750]"] and row[4:7] == ["1.500", "[1.500,", "1.500]"]
     assert row[7] == "100%"
     assert paired_table(per, ["default"], "default") == []
+
+
+def test_host_cell_marks_a_host_bound_median():
+    """A host time at or above 0.9 of the median is marked: the median is then the host's."""
+    assert host_cell(0.5, 2.0) == "0.500"
+    assert host_cell(1.8, 2.0) == "1.800*"
+    assert host_cell(2.5, 2.0) == "2.500*"
+    assert host_cell(0.5, None) == "0.500"
+    assert host_cell(None, 2.0) == "-"
