@@ -1020,6 +1020,62 @@ def test_segment_scan_composes_the_affine_maps_of_a_sequence(monkeypatch):
             x = P[j].double() @ x + a0[j].double()
 
 
+def test_segmented_pass_runs_no_torch_operator_per_segment(monkeypatch):
+    """The segmented reverse pass's host work does not grow with its segment count: one backward (stand-in
+    kernels) at 4 and at 9 segments a sequence runs the same torch operators that launch device work (views and
+    allocations aside) and the same kernels, but for nothing; its end-gradient scan is one launch, not steps per
+    segment."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import kernels.build as build
+    from kernels.backward import dh_segmented as dh_cp
+    from kernels.backward import pipeline as bapi
+
+    free = ("view", "empty", "detach", "slice", "transpose", "select", "expand", "alias", "as_strided", "_to_copy",
+            "lift_fresh", "t.default")
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not launches_running and not any(f in str(func) for f in free):
+                self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    _fake_kernels(monkeypatch, [])
+    launches, launches_running = [], []
+    fake = build.get_kernel
+
+    def launching(cfg):                  # the stand-in's own torch work is the kernel's, not the host's
+        k = fake(cfg)
+
+        def launch(*a):
+            launches.append(getattr(cfg, "kind", type(cfg).__name__))
+            launches_running.append(1)
+            try:
+                return k(*a)
+            finally:
+                launches_running.pop()
+        return launch
+    monkeypatch.setattr(build, "get_kernel", launching)
+    monkeypatch.setattr(dh_cp, "MIN_CHUNKS", 1)
+    monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 1)
+    case = Case(T=640, H=1, HV=2, grad=True)             # one sequence of 10 chunks, 2 value heads
+    xs, kw, do, dht = tt.bwd_args(case)
+    seen = {}
+    for segs in (4, 9):
+        monkeypatch.setattr(bapi, "_sm_count", lambda dev, s=segs: 2 * bapi.dh_value_blocks(case.K) * s)
+        plan = bapi.plan_for(bapi.prepare_backward(*xs, do, dht, **kw))
+        assert plan.dh_segments is not None and plan.dh_segments.cu.numel() - 1 == segs, plan.dh_segments
+        launches.clear()
+        with Ops() as m:
+            bapi.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
+        seen[segs] = (sorted(m.ops), sorted(launches))
+    assert seen[4] == seen[9], seen
+
+
 @pytest.mark.parametrize("dht_form", ["key-first", "value-first view", "none"])
 def test_end_walk_is_the_segment_scan(monkeypatch, dht_form):
     """``end_gradients`` by the forward's fp64 walk (``walk_ends``: the fix-up kernel, here its CPU stand-in, over
