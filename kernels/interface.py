@@ -104,6 +104,15 @@ def cached(table: dict, key, make):
     return value
 
 
+_UNUSED: dict = {}
+
+
+def unused(shape: tuple, dtype, dev) -> torch.Tensor:
+    """A tensor for an argument that its kernel's flags switch off (never read, never written): one per (shape,
+    dtype, device), kept for every later call."""
+    return cached(_UNUSED, (shape, dtype, dev), lambda: torch.empty(shape, device=dev, dtype=dtype))
+
+
 _DENSE_TABLES: dict = {}
 
 

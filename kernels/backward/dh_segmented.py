@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.interface import unused
+
 BT = 64
 MIN_CHUNKS = 8          # chunks per segment at least: three passes must beat one
 # chunks of the longest sequence at least: on an H200 the segmented form lost at B1 T8192 H4 HV8 (128 chunks; its
@@ -148,7 +150,7 @@ def walk_ends(t: PlanTensors, a: torch.Tensor, P: torch.Tensor, dht: torch.Tenso
     # each sequence's last segment, first in the reversed order (a fill by scalar: no host tensor to copy over)
     tbl[:, :, 1].index_fill_(0, t.first, 0.0)
     out = torch.empty_like(a)
-    gates = torch.empty(HV, 1, 8, BT, device=a.device, dtype=torch.float32)       # read only by the warm form
+    gates = unused((HV, 1, 8, BT), torch.float32, a.device)       # read only by the walk's warm form
     vf = dht is not None and not dht.is_contiguous() and dht.transpose(-1, -2).is_contiguous()
     h0 = a if dht is None else (dht.transpose(-1, -2) if vf else dht.contiguous())     # a: not read
     walk(tbl.view(NS, HV, 2 * D, D), h0, t.seg_of, t.seg_of, gates, out, int(dht is not None), int(vf))

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.interface import (BT, TL_DTYPE, TORCH_DTYPE, cached, call_tables, check_inputs, fp32_state, host_list,
-                               max_chunks, pad_rows, require_sm90, tma_ready, token_count, token_rows)
+                               max_chunks, pad_rows, require_sm90, tma_ready, token_count, token_rows, unused)
 
 
 @dataclass
@@ -181,18 +181,9 @@ def _state_tables(x: ForwardInputs, plan):
     return Sch, Scl, Uh, Ul
 
 
-_UNUSED: dict = {}
-
-
-def _unused(shape: tuple, dtype, dev) -> torch.Tensor:
-    """A tensor for an argument that its kernel's flags switch off (never read, never written): one per (shape,
-    dtype, device), kept for every later call."""
-    return cached(_UNUSED, (shape, dtype, dev), lambda: torch.empty(shape, device=dev, dtype=dtype))
-
-
 def no_states(x: ForwardInputs) -> torch.Tensor:
     """The [1, HV, D, D] fp32 stand-in of a state argument that is neither read nor written."""
-    return _unused((1, x.HV, x.D, x.D), torch.float32, x.q.device)
+    return unused((1, x.HV, x.D, x.D), torch.float32, x.q.device)
 
 
 def initial_states(x: ForwardInputs) -> torch.Tensor:
@@ -265,7 +256,7 @@ def segment_maps(*, x: ForwardInputs, plan, tables: IntraTables, scan_cu, scan_c
     dev, D = x.q.device, x.D
     ZM = torch.empty((n_seg, x.HV, 2 * D, D), device=dev, dtype=torch.float32)
     if n_seg > 1:
-        none = _unused((1, 1, 1, 1), x.q.dtype, dev)                        # the scan writes no chunk table
+        none = unused((1, 1, 1, 1), x.q.dtype, dev)                        # the scan writes no chunk table
         get_kernel(plan.configs()[-2])(x.k, x.v, tables.Ah, tables.Al, tables.F, scan_cu, scan_co, no_states(x),
                                        none, none, none, none, ZM, 0, 1, 0)
     return ZM
