@@ -97,7 +97,6 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       # with the segmented dh: its pass B, and the recompute per its own CP segments (recompute_cp)
       "ours-no-shared-scan": ("backward", dict(shared_scan=False)),
       "ours-ks1": ("backward", dict(ks_single=True)),  # the recompute's K S one term (S hi alone)
-      "ours-dqk512": ("backward", dict(dqk_threads=512)),  # dqk in four warpgroups instead of two
       "ours-no-saved": ("both", None),   # the forward keeps no intra tables: prep recomputes Tinv (hi + lo) and Ag
       "ours-dh-single": ("backward", dict(dh_single=True, lo8=False)),  # dh's Tinv, dU, F0 dX single (sequential)
       "ours-s-single": ("backward", dict(s_single=True, lo8=False)),  # the recompute's S hi alone: no S lo table
@@ -222,7 +221,6 @@ def main(argv=None):
                     "(the recompute's state kernel shape), 'ours-rc-seq' (the recompute in one sequential pass at BV "
                     "16, not per CP segment), 'ours-no-shared-scan' (the segmented dh's own pass B instead of the "
                     "forward CP scan's maps), 'ours-ks1' (the recompute's K S products on S's hi term alone), "
-                    "'ours-dqk512' (dqk in four warpgroups, 512 threads, instead of two), "
                     "'ours-no-saved' (the forward keeps no intra tables: prep recomputes Tinv, hi + lo, and Ag), "
                     "'ours-dh-single' (dh's Tinv, dU and F0 dX as single terms on the "
                     "sequential pass), 'ours-dh-regs' (dh's register kernel), 'ours-dh-ws32' (dh "

@@ -215,9 +215,8 @@ class BackwardPlan:
     kernel runs per segment, ``recompute_cp_plan``); ``shared_scan`` (with ``dh_segments``): one forward CP scan
     over dh's segments gives dh's transfer maps (its pass B) and the recompute's start states, and the recompute
     runs on dh's segments whatever ``recompute_cp`` says; ``ks_single``: the recompute's K S products take S's hi
-    term alone (the A/B alternative of precision "recompute", which splits S there); ``dqk_threads``: dqk's
-    threads, 256 (two warpgroups) or 512 (four: the A/B alternative); ``DK``: the head dim K == V every kernel is
-    built for."""
+    term alone (the A/B alternative of precision "recompute", which splits S there); ``DK``: the head dim K == V
+    every kernel is built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -235,12 +234,9 @@ class BackwardPlan:
     recompute_cp: int = 1
     shared_scan: bool = False
     ks_single: bool = False
-    dqk_threads: int = 256
 
     def __post_init__(self):
         check_head_dim(self.DK)
-        if self.dqk_threads not in (256, 512):
-            raise ValueError(f"dqk_threads must be 256 or 512 (two or four warpgroups), got {self.dqk_threads}")
         if not 1 <= self.recompute_cp <= MAX_SEGMENTS:
             raise ValueError(f"recompute_cp counts segments per sequence, 1 to {MAX_SEGMENTS}, got {self.recompute_cp}")
         if self.shared_scan and self.dh_segments is None:
@@ -284,7 +280,7 @@ class BackwardPlan:
 
     def dqk_config(self) -> BwdConfig:
         return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK,
-                         s_single=self.s_single, lo8=self.lo8, threads=self.dqk_threads)
+                         s_single=self.s_single, lo8=self.lo8)
 
     def dgdb_config(self) -> BwdConfig:
         return BwdConfig("dgdb", "float32", self.DK)

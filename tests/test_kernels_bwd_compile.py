@@ -171,25 +171,3 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
         if ctas:
             regs = -(-r["ptxas"]["registers"] // 8) * 8        # allocated per thread in steps of 8
             assert regs * 128 * ctas <= 65536, r["ptxas"]["registers"]
-
-
-def test_dqk_in_four_warpgroups_compiles_for_sm90a():
-    """dqk's A/B form in four warpgroups (``threads=512``, ``BackwardPlan.dqk_threads``; compiled when a plan asks
-    for it, not one of ``all_configs``), at the benchmarks' configuration (GVA groups of 2, fp8 lo tables, bf16, K =
-    128): the two-warpgroup kernel's wgmma call sites, 512 threads of at most 128 registers and one CTA's shared
-    memory per SM, the same tiles in flight.  Its spills and bank conflicts are printed, not asserted: the form is
-    judged on the GPU."""
-    from kernels.backward.configs import BwdConfig
-    from kernels.build import compile_report, get_kernel
-
-    cfg = BwdConfig("dqk_g2", "bfloat16", 128, lo8=True, threads=512)
-    r = compile_report(cfg, get_kernel, cfg.kind)
-    src, p = r["source"], r["ptxas"]
-    assert p["returncode"] == 0, p["log"]
-    check_wgmma(src, "bfloat16", _WANT_WGMMA["dqk_g2"])
-    assert threads_of(src) == 512 and -(-p["registers"] // 8) * 8 * 512 <= 65536, (threads_of(src), p["registers"])
-    assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024, r["dyn_smem"]
-    assert not dqk_tile_overlaps(cfg, src), dqk_tile_overlaps(cfg, src)
-    bad = {b: d for b, d in worst_degrees(src).items() if d[0] > 1}
-    print(f"{cfg.name}: {p['registers']} registers, {p['spill_stores']} B spilled, stack {p['stack']} B, "
-          f"bank conflicts {bad or 'none'}")

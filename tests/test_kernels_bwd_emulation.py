@@ -926,25 +926,6 @@ def test_backward_dispatch():
         prim_func(BwdConfig("dqk", "bfloat16", ws_bv=32))
 
 
-def test_dqk_in_four_warpgroups_is_a_plan_value():
-    """``BackwardPlan.dqk_threads``: 256 dispatched, 512 (four warpgroups) an A/B value that names its dqk
-    configuration (``t512``) and reaches its builder; other values, and threads on other kernels, refused."""
-    import dataclasses
-
-    from kernels.backward.configs import BwdConfig, all_configs, prim_func
-    from kernels.plan import backward_plan
-
-    p = backward_plan("bfloat16", 4, 8, 64, 1)
-    assert p.dqk_threads == 256 and p.dqk_config().threads == 256 and "t512" not in p.dqk_config().name
-    q = dataclasses.replace(p, dqk_threads=512)
-    assert q.dqk_config().threads == 512 and q.dqk_config().name == "bwd_dqk_g2[DK=DV=128,lo8,t512,bfloat16]"
-    assert q.dqk_config() in q.configs(True) and not [c for c in all_configs() if c.threads != 256]
-    with pytest.raises(ValueError, match="dqk_threads"):
-        dataclasses.replace(p, dqk_threads=384)
-    with pytest.raises(ValueError, match="a form of dqk only"):
-        prim_func(BwdConfig("dh", "bfloat16", threads=512))
-
-
 def test_recompute_dispatch_per_segment():
     """``backward_plan``'s recompute per CP segment where one pass of 16-column blocks leaves SMs idle and the
     longest sequence has 32 chunks or more (``ws_cp_segments``, at ``WS_CP_BV`` columns): 16 segments at B1 T65536

@@ -353,25 +353,6 @@ def test_cluster_group_sums_match_the_group_sum_kernel(case):
     _check_forms(case, got, ref)
 
 
-@pytest.mark.parametrize("case", _CLUSTER_CASES + [_STAGE_CASES[0], _STAGE_CASES[3]],
-                         ids=[c.id for c in _CLUSTER_CASES + [_STAGE_CASES[0], _STAGE_CASES[3]]])
-def test_dqk_in_four_warpgroups_gives_the_same_gradients(case):
-    """dqk in four warpgroups (``BackwardPlan.dqk_threads = 512``: each product's output columns in quarters, the
-    row dots' halves summed across two warpgroups) against the dispatched two: the same products in the same order,
-    the row dots' sums perhaps in another, so every gradient within 1e-5 of the largest magnitude (printed);
-    groups of 1, 2 and 8, varlen, K = 64."""
-    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
-    from kernels.backward.pipeline import plan_for, prepare_backward
-
-    args, kw, do, dht = tt.bwd_args(case, CUDA)
-    plan = plan_for(prepare_backward(*args, do, dht, **kw))
-    assert plan.dqk_threads == 256
-    got = kern(*args, do, dht, **kw, plan=dataclasses.replace(plan, dqk_threads=512))
-    ref = kern(*args, do, dht, **kw, plan=plan)
-    torch.cuda.synchronize()
-    _check_forms(case, got, ref, close=NAMES)
-
-
 @pytest.mark.parametrize("case", _SAVED_CASES, ids=[c.id for c in _SAVED_CASES])
 def test_saved_forward_tables_give_the_same_gradients(case):
     """The forward's intra kernel also stores Tinv and the Function hands it, with Ag hi + lo, to the backward,

@@ -32,7 +32,6 @@ class BwdConfig:
     lo8: bool = False              # dh, dqk: the lo terms of the S and dS' tables as fp8 (kernels.common.lo8)
     ws_bv: int = 0                 # dh only: the warp-specialised key-first kernel (dh_ws) at this many value
     #                                columns a CTA (32); 0: the value-first register kernel (64 columns)
-    threads: int = 256             # dqk only: 256 (two warpgroups) or 512 (four; an A/B alternative)
 
     @property
     def name(self) -> str:
@@ -40,7 +39,6 @@ class BwdConfig:
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
-        flags += f",t{self.threads}" if self.threads != 256 else ""
         return f"bwd_{self.kind}[DK=DV={self.DK}{flags},{self.dtype}]"
 
 
@@ -82,8 +80,6 @@ def prim_func(cfg: BwdConfig):
     if cfg.merge != "bf16" and (cfg.kind != "prep" or cfg.saved):
         raise ValueError(f"merge (the block merges) is a form of prep computing Tinv only: {cfg.name}")
     split_tables = (cfg.kind == "dh" and not cfg.single) or (cfg.kind.startswith("dqk") and not cfg.s_single)
-    if cfg.threads != 256 and (not cfg.kind.startswith("dqk") or cfg.threads != 512):
-        raise ValueError(f"threads (four warpgroups: 512) is a form of dqk only: {cfg.name}")
     if cfg.lo8 and not split_tables:
         raise ValueError(f"lo8 (fp8 lo tables) is a form of the split dh and of dqk on the split S: {cfg.name}")
     if cfg.kind == "prep":
@@ -101,7 +97,7 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
         from .dqk import build_bwd_dqk
         return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
-                             s_lo=not cfg.s_single, lo8=cfg.lo8, threads=cfg.threads)
+                             s_lo=not cfg.s_single, lo8=cfg.lo8)
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)

@@ -1,6 +1,6 @@
 """``gdn_bwd_dqk``: the inter-chunk (state) and intra-chunk (64x64) gradients of q, k, g, beta of one chunk and
 value head; grid (chunk, value head), 256 threads (two warpgroups; each product's output columns split between
-them; or four warpgroups, ``threads=512``, an A/B form), at K = V = 128 or 64.
+them), at K = V = 128 or 64.
 
 * dq~ and dk~ stay in two [64, DK] fp32 fragments: the inter terms are folded in after their row dots, the intra
   products accumulate onto them by wgmma, and each element is stored once (per value head, or as the sums of a GVA
@@ -31,9 +31,8 @@ THREADS = 256
 class _HeadTiles:
     """The shared tiles of one value head's pass (a Python object, so that ``value_head`` can name them)."""
 
-    def __init__(self, DK, DV, dtype, s_lo, lo8, threads):
+    def __init__(self, DK, DV, dtype, s_lo, lo8):
         f32 = "float32"
-        self.threads = threads
         if lo8:
             self.c8 = T.alloc_local((8,), LO8)         # 8 fp8 codes on their way to a widened lo tile
         self.f_s = T.alloc_shared((8, BT), f32)
@@ -53,7 +52,7 @@ class _HeadTiles:
         # 8 padding columns (neither stored nor summed: the row prefix sums scan m_s[:, 0:64]), so that the
         # fragment's stores do not hit one bank from 8 rows at once
         self.m_s = T.alloc_shared((BT, BT + 8), f32)
-        self.part = T.alloc_shared((threads // BT, BT), f32)    # the dg rectangle sums' column walk by P x 64 threads
+        self.part = T.alloc_shared((THREADS // BT, BT), f32)    # the dg rectangle sums' column walk by 4 x 64 threads
 
 
 @T.macro
@@ -91,8 +90,8 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     T.barrier_wait(ld[0], 0)
     if lo8:
         if s_lo:
-            widen_lo8(Scl, hv, c, ts.sh, ts.sl, tx, ts.c8, xl, ts.threads)
-        widen_lo8(dSl, hv, c, ts.dsh, ts.dsl, tx, ts.c8, xl, ts.threads)
+            widen_lo8(Scl, hv, c, ts.sh, ts.sl, tx, ts.c8, xl, THREADS)
+        widen_lo8(dSl, hv, c, ts.dsh, ts.dsl, tx, ts.c8, xl, THREADS)
     acc[0] = T.float32(0)
     if tx < 2 * DV:
         if s_lo:
@@ -196,8 +195,7 @@ def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0
     T.cluster_sync()
 
 
-def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = True, lo8: bool = False,
-                  threads: int = THREADS):
+def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = True, lo8: bool = False):
     """Grid (chunk, value head).  With ``group == 1`` dq~ and dk~ leave the kernel in one of two ways, by ``out32``:
 
     * fp32 per value head (``dq32, dk32``), summed per group by ``gdn_bwd_group_sum`` (groups of two or more, or the
@@ -213,8 +211,6 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
     ``s_lo``: the recomputed chunk-start state S is hi + lo (``Scl`` read), else its hi term alone (``Scl`` an unread
     placeholder; 32 KiB less shared memory at DK = DV = 128, two products and one load fewer).  ``lo8``: ``Scl`` and
     ``dSl`` are fp8 e4m3 codes under their hi terms' exponents (``kernels.common.lo8``), widened in shared memory.
-    ``threads``: 256 (two warpgroups) or 512 (four: each product's output columns in quarters, the row dots' halves
-    then summed across two warpgroups; at most 128 registers a thread, one CTA per SM either way).
 
     The four 64x64 operands of the intra terms are single (``intra_terms(mlo=False)``).  The shared tiles whose
     per-thread accesses would be bank conflicts are laid out without them (``kernels.common.bank_conflicts``), the
@@ -241,7 +237,6 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
     """
     assert DK == DV and DV in (64, 128), "the S o dS' dots (2 DV threads, halves of the key rows) need K = V"
     assert group in (1, 2, 4, 8), group
-    assert threads in (256, 512), threads
     f32 = "float32"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
     HO = H if group > 1 else HV
@@ -278,7 +273,7 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
         scale: T.float32,
         out32: T.int32,
     ):
-        with T.Kernel(NC, HV, threads=threads, **launch) as g:
+        with T.Kernel(NC, HV, threads=THREADS, **launch) as g:
             c, hv = g[0], g[1]
             h = hv // group if group > 1 else hv // (HV // H)    # a cluster's group size is known
             eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
@@ -286,7 +281,7 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
 
             q_s = T.alloc_shared((BT, DK), dtype)
             k_s = T.alloc_shared((BT, DK), dtype)
-            ts = _HeadTiles(DK, DV, dtype, s_lo, lo8, threads)
+            ts = _HeadTiles(DK, DV, dtype, s_lo, lo8)
             T.annotate_layout({ts.v: make_swizzled_layout(ts.v)})
             dq_f = T.alloc_fragment((BT, DK), f32)
             dk_f = T.alloc_fragment((BT, DK), f32)
