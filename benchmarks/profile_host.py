@@ -1,19 +1,26 @@
-"""Where a forward call's host time goes: torch.profiler over a few calls of our TileLang forward (or FLA's)
-at one of the forward benchmark's shapes, with the GPU time of the same calls for comparison.
+"""Where a call's host time goes: torch.profiler over a few calls of our TileLang GDN (or FLA's) at one of the
+forward benchmark's shapes, with the GPU time of the same calls for comparison.
 
-    python3 benchmarks/profile_host.py [--shape B1_T65536_H2_HV4] [--impl ours|fla] [--calls 20] [--rows 25]
-                                       [--python 25]
+    python3 benchmarks/profile_host.py [--shape B1_T65536_H2_HV4] [--direction fwd|fwdbwd|bwd] [--impl ours|fla]
+                                       [--calls 20] [--rows 25] [--python 25]
 
-Prints the host time per call (enqueue, no sync) and the GPU time per call (CUDA events over the same calls,
-synchronised), the number of kernel launches per call, and the profiler's table of the operators with the most
-self CPU time; with ``--python N``, also cProfile's N Python functions with the most own time over the same
-number of calls (where the host time goes between the operators).  When the host time per call reaches the GPU time, the GPU waits for the host: fewer launches or
-less Python per call is then what makes the call faster.  CUDA only.
+``--direction``: ``fwd`` the public call without gradients (default); ``fwdbwd`` one forward + backward through
+autograd (``kernels.autograd.apply`` and ``torch.autograd.backward``, the leaves' gradients reset before each call:
+the ``ours`` column of ``benchmarks/bench_kernels_bwd.py``); ``bwd`` the backward pipeline alone on the forward's
+saved tables (that benchmark's "backward alone"; ours only).  Prints the host time per call (enqueue, no sync; for
+``fwdbwd`` also with autograd's backward on the calling thread instead of its device thread) and the GPU time per
+call (CUDA events over the same calls, synchronised), the number of kernel launches per call, and the profiler's
+table of the operators with the most self CPU time; with ``--python N``, also cProfile's N Python functions with
+the most own time over the same number of calls (where the host time goes between the operators).  The profiler
+and cProfile run autograd's backward on the calling thread, so that its Python is seen.  When the host time per
+call reaches the GPU time, the GPU waits for the host: fewer launches or less Python per call is then what makes
+the call faster.  CUDA only.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -27,76 +34,159 @@ if ROOT not in sys.path:
 from benchmarks.bench_kernels_fwd import fla_triton  # noqa: E402
 from benchmarks.inputs import SHAPES, make  # noqa: E402
 
+LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="B1_T65536_H2_HV4", choices=list(SHAPES))
+    ap.add_argument("--direction", default="fwd", choices=["fwd", "fwdbwd", "bwd"])
     ap.add_argument("--impl", default="ours", choices=["ours", "fla"])
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--python", type=int, default=0, metavar="N", help="cProfile's N functions with most own time")
     args = ap.parse_args(argv)
+    if args.impl == "fla" and args.direction == "bwd":
+        ap.error("--direction bwd times our backward pipeline alone: ours only")
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 2
-    dev = torch.device("cuda")
-    B, T, H, HV, lens = SHAPES[args.shape]
-    q, k, v, g, beta, cu = make(B, T, H, HV, lens, dev)
-    if args.impl == "ours":
-        import kernels
-        fn = kernels.chunk_gated_delta_rule
-    else:
-        fn, why = fla_triton()
-        if fn is None:
-            print(f"FLA's Triton path cannot run here: {why}")
-            return 2
+    call, parts, why = _call(args, torch.device("cuda"))
+    if call is None:
+        print(why)
+        return 2
 
-    def call():
-        return fn(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
+    # autograd's backward on this thread (a factory: the context sets the mode when constructed)
+    def here():
+        return torch.autograd.set_multithreading_enabled(False)
 
-    with torch.no_grad():
-        for _ in range(3):                       # compile, autotune, table caches
-            call()
+    def host_ms(ctx) -> float:
         torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(args.calls):
-            call()
-        host = (time.perf_counter() - t) / args.calls
-        torch.cuda.synchronize()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(args.calls):
-            call()
-        e1.record()
-        torch.cuda.synchronize()
-        wall = e0.elapsed_time(e1) / args.calls
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with ctx():
+            t = time.perf_counter()
             for _ in range(args.calls):
                 call()
-            torch.cuda.synchronize()
+            host = (time.perf_counter() - t) / args.calls
+        torch.cuda.synchronize()
+        return host * 1e3
+
+    for _ in range(3):                       # compile, autotune, table caches
+        call()
+    host = host_ms(contextlib.nullcontext)
+    host_here = host_ms(here) if args.direction == "fwdbwd" else None
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(args.calls):
+        call()
+    e1.record()
+    torch.cuda.synchronize()
+    wall = e0.elapsed_time(e1) / args.calls
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, here():
+        for _ in range(args.calls):
+            call()
+        torch.cuda.synchronize()
     ev = prof.key_averages()
-    launches = sum(e.count for e in ev if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx",
-                                                    "cudaLaunchKernelExC"))
+    launches = sum(e.count for e in ev if e.key in LAUNCH_APIS)
     gpu_busy = sum(e.self_device_time_total for e in ev if e.device_type == torch.autograd.DeviceType.CUDA)
-    print(f"{args.impl} forward at {args.shape}: host {host * 1e3:.3f} ms per call (enqueue), "
-          f"events {wall:.3f} ms per call back to back, kernels busy {gpu_busy / 1e3 / args.calls:.3f} ms per call, "
-          f"{launches / args.calls:.1f} kernel launches per call")
+    what = {"fwd": "forward", "fwdbwd": "forward + backward", "bwd": "backward alone"}[args.direction]
+    print(f"{args.impl} {what} at {args.shape}: host {host:.3f} ms per call (enqueue)"
+          + (f", {host_here:.3f} with the backward on the calling thread" if host_here is not None else "")
+          + f", events {wall:.3f} ms per call back to back, kernels busy {gpu_busy / 1e3 / args.calls:.3f} ms per "
+          f"call, {launches / args.calls:.1f} kernel launches per call")
+    if parts is not None:
+        for on_thread in (False, True):
+            f, to, body, back = thread_split(*parts, args.calls, on_thread)
+            print(f"  one call, median ms, backward on {'the calling' if on_thread else 'its device'} thread: forward "
+                  f"{f:.3f}, to the backward's start {to:.3f}, its body {body:.3f}, back to the caller {back:.3f}")
     print(ev.table(sort_by="self_cpu_time_total", row_limit=args.rows))
     if args.python:
         import cProfile
         import pstats
-        with torch.no_grad():
-            pr = cProfile.Profile()
+        pr = cProfile.Profile()
+        with here():
             pr.enable()
             for _ in range(args.calls):
                 call()
             pr.disable()
-            torch.cuda.synchronize()
+        torch.cuda.synchronize()
         print(f"cProfile over {args.calls} calls (own time, then with callees; profiling adds its own overhead):")
         pstats.Stats(pr, stream=sys.stdout).sort_stats("tottime").print_stats(args.python)
     return 0
 
+
+def _call(args, dev):
+    """(one call of ``args.direction`` on fixed inputs, parts, None) or (None, None, why it cannot run); parts: for
+    ours forward + backward (the forward alone, the backward's output gradients) for ``thread_split``, else None."""
+    B, T, H, HV, lens = SHAPES[args.shape]
+    if args.impl == "fla":
+        fn, why = fla_triton()
+        if fn is None:
+            return None, None, f"FLA's Triton path cannot run here: {why}"
+    if args.direction == "fwd":
+        q, k, v, g, beta, cu = make(B, T, H, HV, lens, dev)
+        if args.impl == "ours":
+            import kernels
+            fn = kernels.chunk_gated_delta_rule
+
+        def fwd():
+            with torch.no_grad():
+                return fn(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
+        return fwd, None, None
+    from benchmarks.bench_kernels_bwd import backward_alone_args, backward_context
+    from benchmarks.bench_kernels_bwd import make as make_bwd
+    a, kw, do, dht = make_bwd(B, T, H, HV, lens, dev)
+    if args.direction == "bwd":
+        side = backward_alone_args("ours", a, kw, do, dht)
+        return (lambda: side["fn"](*a, do, dht, **side["kw"])), None, None
+    if args.impl == "ours":
+        from kernels.autograd import apply as fn
+    leaves = [x.detach().requires_grad_() for x in a]
+
+    def forward():
+        for x in leaves:
+            x.grad = None
+        return fn(*leaves, **kw)
+
+    def fwdbwd():
+        with backward_context("FLA" if args.impl == "fla" else "ours"):
+            torch.autograd.backward(forward(), (do, dht))
+    return fwdbwd, ((forward, (do, dht)) if args.impl == "ours" else None), None
+
+
+def thread_split(forward, grads, calls: int, on_thread: bool) -> tuple:
+    """Median ms of one forward + backward of ours in four parts: the forward (``forward()``: the autograd
+    Function's outputs), from ``torch.autograd.backward`` to the Function's backward starting, its body, and from
+    its end to ``torch.autograd.backward`` returning; ``on_thread``: autograd's backward on the calling thread,
+    else on its device thread (the default for CUDA tensors)."""
+    import statistics
+
+    from kernels.autograd import ChunkGatedDeltaRuleFunction as F
+    body, rows = [], []
+    inner = F.backward
+
+    def timed(ctx, *g):
+        t = time.perf_counter()
+        out = inner(ctx, *g)
+        body.append((t, time.perf_counter()))
+        return out
+    F.backward = staticmethod(timed)
+    try:
+        for _ in range(calls):
+            body.clear()
+            ta = time.perf_counter()
+            outs = forward()
+            tb = time.perf_counter()
+            with torch.autograd.set_multithreading_enabled(not on_thread):
+                torch.autograd.backward(outs, grads)
+            te = time.perf_counter()
+            (tc, td), = body
+            rows.append((tb - ta, tc - tb, td - tc, te - td))
+    finally:
+        F.backward = inner
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return tuple(1e3 * statistics.median(c) for c in zip(*rows))
 
 if __name__ == "__main__":
     sys.exit(main())

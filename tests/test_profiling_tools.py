@@ -1,6 +1,7 @@
 """The profiling tools on a CPU: scripts/ncu_summary.py (Nsight Compute's CSV, details page, to one line per kernel)
 and scripts/ncu_stalls.py (its source page, warp-state samples per SASS instruction) on synthetic files, and
-benchmarks/profile_kernels.py's dry run."""
+benchmarks/profile_kernels.py's dry run, and benchmarks/profile_host.py's split of a forward + backward's host time
+(on the emulation)."""
 
 from __future__ import annotations
 
@@ -141,3 +142,39 @@ def test_fla_profile_is_gpu_only_and_says_so(capsys):
     with pytest.raises(SystemExit):
         main(["--dry-run", "--impl", "fla-triton"])
     assert "--impl fla-triton runs FLA's kernels on a GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("on_thread", [False, True])
+def test_host_split_times_one_backward_body_per_call_and_restores_it(monkeypatch, on_thread):
+    import functools
+    import types
+
+    import torch
+
+    import benchmarks.profile_host as ph
+    import kernels.autograd as ka
+
+    monkeypatch.setattr(ka, "apply", functools.partial(ka.apply, impl="emulation"))
+    monkeypatch.setitem(ph.SHAPES, "tiny", (1, 128, 1, 2, None))
+    inner = ka.ChunkGatedDeltaRuleFunction.backward
+    _, parts, why = ph._call(types.SimpleNamespace(shape="tiny", direction="fwdbwd", impl="ours"),
+                             torch.device("cpu"))
+    assert why is None and parts is not None
+    split = ph.thread_split(*parts, 3, on_thread)
+    assert len(split) == 4 and all(t >= 0 for t in split) and split[2] > 0
+    assert ka.ChunkGatedDeltaRuleFunction.backward is inner
+
+    def broken(ctx, *g):
+        raise RuntimeError("backward failed")
+    monkeypatch.setattr(ka.ChunkGatedDeltaRuleFunction, "backward", staticmethod(broken))
+    with pytest.raises(RuntimeError, match="backward failed"):
+        ph.thread_split(*parts, 1, on_thread)
+    assert ka.ChunkGatedDeltaRuleFunction.backward is broken          # restored after the failure too
+
+
+def test_host_profile_refuses_fla_backward_alone(capsys):
+    from benchmarks.profile_host import main
+
+    with pytest.raises(SystemExit):
+        main(["--impl", "fla", "--direction", "bwd"])
+    assert "ours only" in capsys.readouterr().err
