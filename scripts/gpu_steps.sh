@@ -32,6 +32,9 @@
 #       OUT/c (scripts/gpu_save_caches.sh), FlashQLA's per-shape kernels included
 #   scripts/gpu_steps.sh profile [S]          # Nsight Compute over one fwd+bwd call (benchmarks/profile_kernels.py;
 #       PROFILE_SHAPE, and PROFILE_ARGS e.g. "--ab ours-no-cluster" or "--impl fla-triton")
+#   scripts/gpu_steps.sh host [S]             # where a call's host time goes (benchmarks/profile_host.py): forward +
+#       backward through autograd at HOST_SHAPES (default the two few-head shapes), its split between the forward,
+#       the hand-off to autograd's device thread, the backward's body and the return, and the backward alone
 #   scripts/gpu_steps.sh profile-source [S]   # Nsight Compute's per-instruction warp-state samples (SourceCounters) of
 #       the kernels matching PROFILE_KERNELS (a regex, default "dqk|state_output_ws|dh_ws") in the same call: one
 #       SASS listing per kernel (OUT/k/sass-KERNEL.csv) and scripts/ncu_stalls.py on each
@@ -183,6 +186,15 @@ sys.exit(0 if rows and all(r.get("status") != "error" for r in rows) else 1)' "$
       2> "$out/k/ncu-log.txt"
     echo "profile rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$out/k/ncu-log.txt"
     python3 scripts/ncu_summary.py "$out/k/ncu.csv" | tee "$out/k/ncu-summary.txt" ;;
+  host)
+    mkdir -p "$out/k"
+    for shape in ${HOST_SHAPES:-B1_T8192_H4_HV8 B1_T65536_H2_HV4}; do
+      for dir in fwdbwd bwd; do
+        run python3 benchmarks/profile_host.py --shape "$shape" --direction "$dir" --calls 20 --rows 40 --python 45 \
+          > "$out/k/host-$shape-$dir.txt" 2>&1
+        echo "host $shape $dir rc=$? $(( $(date +%s) - t0 )) s"; grep -E "per call|one call" "$out/k/host-$shape-$dir.txt"
+      done
+    done ;;
   profile-source)
     mkdir -p "$out/k"
     run ncu --clock-control none --nvtx --nvtx-include "gdn-profile/" \
