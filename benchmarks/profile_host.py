@@ -96,9 +96,10 @@ def main(argv=None) -> int:
           f"call, {launches / args.calls:.1f} kernel launches per call")
     if parts is not None:
         for on_thread in (False, True):
-            f, to, body, back = thread_split(*parts, args.calls, on_thread)
+            (f, to, body, back), stages = thread_split(*parts, args.calls, on_thread)
             print(f"  one call, median ms, backward on {'the calling' if on_thread else 'its device'} thread: forward "
-                  f"{f:.3f}, to the backward's start {to:.3f}, its body {body:.3f}, back to the caller {back:.3f}")
+                  f"{f:.3f}, to the backward's start {to:.3f}, its body {body:.3f}, back to the caller {back:.3f}; "
+                  "the body's stages: " + ", ".join(f"{n} {ms:.3f}" for n, ms in stages.items()))
     print(ev.table(sort_by="self_cpu_time_total", row_limit=args.rows))
     if args.python:
         import cProfile
@@ -155,25 +156,42 @@ def _call(args, dev):
 
 
 def thread_split(forward, grads, calls: int, on_thread: bool) -> tuple:
-    """Median ms of one forward + backward of ours in four parts: the forward (``forward()``: the autograd
-    Function's outputs), from ``torch.autograd.backward`` to the Function's backward starting, its body, and from
-    its end to ``torch.autograd.backward`` returning; ``on_thread``: autograd's backward on the calling thread,
-    else on its device thread (the default for CUDA tensors)."""
+    """(parts, stages) of one forward + backward of ours, median ms over ``calls`` calls: ``parts`` the forward
+    (``forward()``: the autograd Function's outputs), from ``torch.autograd.backward`` to the Function's backward
+    starting, its body, and from its end to ``torch.autograd.backward`` returning; ``stages`` the body's host time
+    per stage of the backward pipeline (``memory_plan.STAGES``' names); ``on_thread``: autograd's backward on the
+    calling thread, else on its device thread (the default for CUDA tensors)."""
     import statistics
 
+    import kernels.backward.pipeline as bpipe
+    from benchmarks.memory_plan import STAGES
     from kernels.autograd import ChunkGatedDeltaRuleFunction as F
-    body, rows = [], []
+    body, rows, spent = [], [], {}
     inner = F.backward
+    names = STAGES[bpipe.__name__]
+    stage_fns = {n: getattr(bpipe, n) for n in names}
 
     def timed(ctx, *g):
         t = time.perf_counter()
         out = inner(ctx, *g)
         body.append((t, time.perf_counter()))
         return out
+
+    def stage_timed(name, fn):
+        def run(*a, **kw):
+            t = time.perf_counter()
+            out = fn(*a, **kw)
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+            return out
+        return run
+    per_stage = {n: [] for n in names}
     F.backward = staticmethod(timed)
+    for n, fn in stage_fns.items():
+        setattr(bpipe, n, stage_timed(n, fn))
     try:
         for _ in range(calls):
             body.clear()
+            spent.clear()
             ta = time.perf_counter()
             outs = forward()
             tb = time.perf_counter()
@@ -182,11 +200,17 @@ def thread_split(forward, grads, calls: int, on_thread: bool) -> tuple:
             te = time.perf_counter()
             (tc, td), = body
             rows.append((tb - ta, tc - tb, td - tc, te - td))
+            for n in names:
+                per_stage[n].append(spent.get(n, 0.0))
     finally:
         F.backward = inner
+        for n, fn in stage_fns.items():
+            setattr(bpipe, n, fn)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return tuple(1e3 * statistics.median(c) for c in zip(*rows))
+    return (tuple(1e3 * statistics.median(c) for c in zip(*rows)),
+            {n: 1e3 * statistics.median(v) for n, v in per_stage.items()})
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,7 @@
 """The profiling tools on a CPU: scripts/ncu_summary.py (Nsight Compute's CSV, details page, to one line per kernel)
 and scripts/ncu_stalls.py (its source page, warp-state samples per SASS instruction) on synthetic files, and
 benchmarks/profile_kernels.py's dry run, and benchmarks/profile_host.py's split of a forward + backward's host time
-(on the emulation)."""
+(the kernel path's host code with no-op kernels)."""
 
 from __future__ import annotations
 
@@ -146,30 +146,37 @@ def test_fla_profile_is_gpu_only_and_says_so(capsys):
 
 @pytest.mark.parametrize("on_thread", [False, True])
 def test_host_split_times_one_backward_body_per_call_and_restores_it(monkeypatch, on_thread):
-    import functools
     import types
 
     import torch
 
     import benchmarks.profile_host as ph
     import kernels.autograd as ka
+    import kernels.backward.pipeline as bpipe
+    from benchmarks.memory_plan import STAGES, stub_kernel_path
 
-    monkeypatch.setattr(ka, "apply", functools.partial(ka.apply, impl="emulation"))
     monkeypatch.setitem(ph.SHAPES, "tiny", (1, 128, 1, 2, None))
     inner = ka.ChunkGatedDeltaRuleFunction.backward
+    stage_fns = {n: getattr(bpipe, n) for n in STAGES[bpipe.__name__]}
     _, parts, why = ph._call(types.SimpleNamespace(shape="tiny", direction="fwdbwd", impl="ours"),
                              torch.device("cpu"))
     assert why is None and parts is not None
-    split = ph.thread_split(*parts, 3, on_thread)
+    with stub_kernel_path():             # the kernel path's host code on the CPU, no-op kernels
+        split, stages = ph.thread_split(*parts, 3, on_thread)
     assert len(split) == 4 and all(t >= 0 for t in split) and split[2] > 0
+    # the sequential reverse pass runs every stage but the segmented pass's: each took host time inside the body
+    assert set(stages) == set(stage_fns) and all(stages[n] > 0 for n in stages)
+    assert sum(stages.values()) <= split[2]
     assert ka.ChunkGatedDeltaRuleFunction.backward is inner
+    assert all(getattr(bpipe, n) is fn for n, fn in stage_fns.items())
 
     def broken(ctx, *g):
         raise RuntimeError("backward failed")
     monkeypatch.setattr(ka.ChunkGatedDeltaRuleFunction, "backward", staticmethod(broken))
-    with pytest.raises(RuntimeError, match="backward failed"):
+    with stub_kernel_path(), pytest.raises(RuntimeError, match="backward failed"):
         ph.thread_split(*parts, 1, on_thread)
     assert ka.ChunkGatedDeltaRuleFunction.backward is broken          # restored after the failure too
+    assert all(getattr(bpipe, n) is fn for n, fn in stage_fns.items())
 
 
 def test_host_profile_refuses_fla_backward_alone(capsys):
