@@ -9,8 +9,9 @@ autograd (``kernels.autograd.apply`` and ``torch.autograd.backward``, the leaves
 the ``ours`` column of ``benchmarks/bench_kernels_bwd.py``); ``bwd`` the backward pipeline alone on the forward's
 saved tables (that benchmark's "backward alone"; ours only).  Prints the host time per call (enqueue, no sync; for
 ``fwdbwd`` also with autograd's backward on the calling thread instead of its device thread) and the GPU time per
-call (CUDA events over the same calls, synchronised), the number of kernel launches per call, and the profiler's
-table of the operators with the most self CPU time; with ``--python N``, also cProfile's N Python functions with
+call (CUDA events over the same calls, synchronised), the number of kernel launches per call, for our ``fwdbwd``
+one call's host time split on either thread (``thread_split``: forward, hand-off, the backward's body by pipeline
+stage, return), and the profiler's table of the operators with the most self CPU time; with ``--python N``, also cProfile's N Python functions with
 the most own time over the same number of calls (where the host time goes between the operators).  The profiler
 and cProfile run autograd's backward on the calling thread, so that its Python is seen.  When the host time per
 call reaches the GPU time, the GPU waits for the host: fewer launches or less Python per call is then what makes
