@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -391,11 +392,10 @@ def main(argv=None):
             for col in [c for c in ["ours"] + ab if c in timers]:
                 try:
                     sides[col] = side = backward_alone_args(col, a, kw, do, dht, emulation=args.dry_run)
-                    hosts.setdefault(name, {})[f"{col} {ALONE}"] = enqueue_ms(
-                        lambda side=side: side["fn"](*a, do, dht, **side["kw"]), dev, reps=10)
-                    timers[f"{col} {ALONE}"] = (lambda side=side: (do_bench(
-                        lambda: side["fn"](*a, do, dht, **side["kw"]), warmup=args.warmup, rep=args.rep,
-                        return_mode="median"),))
+                    run = functools.partial(side["fn"], *a, do, dht, **side["kw"])
+                    hosts.setdefault(name, {})[f"{col} {ALONE}"] = enqueue_ms(run, dev, reps=10)
+                    timers[f"{col} {ALONE}"] = (lambda run=run: (do_bench(
+                        run, warmup=args.warmup, rep=args.rep, return_mode="median"),))
                 except Exception as e:
                     print(f"  {name:<24} {col} the backward alone: failed {describe_error(e)[:160]}", flush=True)
             samples = interleave(timers, args.rounds,
