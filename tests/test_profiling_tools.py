@@ -156,7 +156,7 @@ def test_host_split_times_one_backward_body_per_call_and_restores_it(monkeypatch
     from benchmarks.memory_plan import STAGES, stub_kernel_path
 
     monkeypatch.setitem(ph.SHAPES, "tiny", (1, 128, 1, 2, None))
-    inner = ka.ChunkGatedDeltaRuleFunction.backward
+    inner = ka.ChunkGatedDeltaRuleFunction.__dict__["backward"]
     stage_fns = {n: getattr(bpipe, n) for n in STAGES[bpipe.__name__]}
     _, parts, why = ph._call(types.SimpleNamespace(shape="tiny", direction="fwdbwd", impl="ours"),
                              torch.device("cpu"))
@@ -167,15 +167,16 @@ def test_host_split_times_one_backward_body_per_call_and_restores_it(monkeypatch
     # the sequential reverse pass runs every stage but the segmented pass's: each took host time inside the body
     assert set(stages) == set(stage_fns) and all(stages[n] > 0 for n in stages)
     assert sum(stages.values()) <= split[2]
-    assert ka.ChunkGatedDeltaRuleFunction.backward is inner
+    assert ka.ChunkGatedDeltaRuleFunction.__dict__["backward"] is inner    # the staticmethod, not its function
     assert all(getattr(bpipe, n) is fn for n, fn in stage_fns.items())
 
     def broken(ctx, *g):
         raise RuntimeError("backward failed")
-    monkeypatch.setattr(ka.ChunkGatedDeltaRuleFunction, "backward", staticmethod(broken))
+    broken_raw = staticmethod(broken)
+    monkeypatch.setattr(ka.ChunkGatedDeltaRuleFunction, "backward", broken_raw)
     with stub_kernel_path(), pytest.raises(RuntimeError, match="backward failed"):
         ph.thread_split(*parts, 1, on_thread)
-    assert ka.ChunkGatedDeltaRuleFunction.backward is broken          # restored after the failure too
+    assert ka.ChunkGatedDeltaRuleFunction.__dict__["backward"] is broken_raw    # restored after the failure too
     assert all(getattr(bpipe, n) is fn for n, fn in stage_fns.items())
 
 
