@@ -215,8 +215,10 @@ class BackwardPlan:
     kernel runs per segment, ``recompute_cp_plan``); ``shared_scan`` (with ``dh_segments``): one forward CP scan
     over dh's segments gives dh's transfer maps (its pass B) and the recompute's start states, and the recompute
     runs on dh's segments whatever ``recompute_cp`` says; ``ks_single``: the recompute's K S products take S's hi
-    term alone (the A/B alternative of precision "recompute", which splits S there); ``DK``: the head dim K == V
-    every kernel is built for."""
+    term alone (the A/B alternative of precision "recompute", which splits S there); ``recompute_ws``: the
+    recompute's state kernel in the forward's warp-specialised form storing the same tables (``StateConfig.tables``:
+    the chain in one warpgroup, the table stores in another; an A/B alternative, at the head dims of
+    ``WS_HEAD_DIMS``); ``DK``: the head dim K == V every kernel is built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -234,9 +236,15 @@ class BackwardPlan:
     recompute_cp: int = 1
     shared_scan: bool = False
     ks_single: bool = False
+    recompute_ws: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
+        if self.recompute_ws and (self.recompute_ctas_per_sm != 1 or self.DK not in WS_HEAD_DIMS
+                                  or self.recompute_block_v not in (16, 32, 64)):
+            raise ValueError(f"recompute_ws: one CTA per SM, 16, 32 or 64 value columns, at the head dims "
+                             f"{WS_HEAD_DIMS}; got recompute_ctas_per_sm={self.recompute_ctas_per_sm}, "
+                             f"recompute_block_v={self.recompute_block_v}, DK={self.DK}")
         if not 1 <= self.recompute_cp <= MAX_SEGMENTS:
             raise ValueError(f"recompute_cp counts segments per sequence, 1 to {MAX_SEGMENTS}, got {self.recompute_cp}")
         if self.shared_scan and self.dh_segments is None:
@@ -251,17 +259,20 @@ class BackwardPlan:
             raise ValueError("lo8 (fp8 lo tables) is a form of the split dh and S tables (dh_single, s_single False)")
 
     def recompute_configs(self) -> tuple:
-        """(intra, smem state[, scan, fix-up]) of the forward recompute at precision "recompute" (S and U hi + lo,
+        """(intra, state[, scan, fix-up]) of the forward recompute at precision "recompute" (S and U hi + lo,
         key-first; S hi alone with ``s_single``), the S lo tile swizzled where it is only stored (in the input dtype,
         not read by K S; fp8 with ``lo8``); the CP scan and fix-up of ``recompute_cp_plan`` when ``recompute_cp >
         1`` or ``shared_scan``."""
         prec = recompute_precision(self.s_single, self.merge, self.ks_single)
         cp = self.recompute_cp_plan().configs()[-2:] if self.recompute_cp > 1 or self.shared_scan else ()
-        return (IntraConfig(self.dtype, prec.merge, prec.ag, DK=self.DK),
-                StateConfig(self.dtype, self.recompute_block_v, prec.past_intra(), form="smem", DK=self.DK,
-                            ctas_per_sm=self.recompute_ctas_per_sm,
-                            sl_swizzle=prec.s == "split" and prec.ks != "split" and not self.lo8,
-                            lo8=self.lo8), *cp)
+        if self.recompute_ws:
+            state = StateConfig(self.dtype, self.recompute_block_v, prec.past_intra(), form="ws", DK=self.DK,
+                                lo8=self.lo8, tables=True)
+        else:
+            state = StateConfig(self.dtype, self.recompute_block_v, prec.past_intra(), form="smem", DK=self.DK,
+                                ctas_per_sm=self.recompute_ctas_per_sm,
+                                sl_swizzle=prec.s == "split" and prec.ks != "split" and not self.lo8, lo8=self.lo8)
+        return (IntraConfig(self.dtype, prec.merge, prec.ag, DK=self.DK), state, *cp)
 
     def recompute_cp_plan(self) -> ForwardPlan:
         """The forward plan whose scan and fp64 fix-up (exact: ``segment_starts``; they read the state kernel's

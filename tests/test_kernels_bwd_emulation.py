@@ -19,6 +19,7 @@ import torch
 from cases.case import Case
 from kernels.autograd import apply as fn
 from kernels.backward.emulation import chunk_gated_delta_rule_bwd
+from kernels.plan import WS_HEAD_DIMS
 from parity.metrics import compare
 from tests import kernel_support as tt
 
@@ -351,7 +352,7 @@ def _fake_kernels(monkeypatch, asked=None):
                 put(o2, FE.output(q, k, F.to(f64), Sch.to(f64), lo(Scl, Sch), Uh.to(f64), lo(Ul, Uh), cu_list(cu),
                                      q.dtype, cfg.prec))
             return output
-        if isinstance(cfg, fbuild.StateConfig) and cfg.form == "ws":      # the fused state-output kernel
+        if isinstance(cfg, fbuild.StateConfig) and cfg.form == "ws" and not cfg.tables:  # the fused state-output
             def state_output(q, k, v, Ah, Al, F, Ph, Pl, cu, co, h0, o2, ht, use_h0, store_ht, vf):
                 assert not cfg.prec.half, "the stand-in runs the split precision"
                 dt, f = q.dtype, F.to(f64)
@@ -383,7 +384,8 @@ def _fake_kernels(monkeypatch, asked=None):
                 put(out, FE.cp_fixup(ZM.transpose(-1, -2).to(f64), h, cu_list(seg_of), out.shape[-1])
                     .transpose(-1, -2))
             return fixup
-        assert isinstance(cfg, fbuild.StateConfig) and cfg.form == "smem" and not cfg.scan
+        # the smem state kernel, or the ws form storing its tables (the same arguments and tables)
+        assert isinstance(cfg, fbuild.StateConfig) and (cfg.form == "smem" or cfg.tables) and not cfg.scan
 
         def state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, vf):
             h = None
@@ -541,17 +543,18 @@ def _plumbing_args(item):
 
 
 @pytest.mark.parametrize("form", ["dispatched", "no_cluster", "serial_recompute", "recompute_bv16_occ2", "s_single",
-                                  "merge_bf16", "merge_split", "lo_tables_in_input_dtype"])
+                                  "merge_bf16", "merge_split", "lo_tables_in_input_dtype", "recompute_ws"])
 @pytest.mark.parametrize("item", _PLUMBING, ids=_PLUMBING_IDS)
 def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     """kernels.backward.pipeline with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
     emulation's stage functions, so any difference is the pipeline's tensor plumbing): with the dispatched plan
     (groups of 2, 4, 8 summed by dqk's clusters, others by ``gdn_bwd_group_sum``), and with plan values a benchmark
     may pass: no cluster sums (every group of two or more by ``gdn_bwd_group_sum``), the recompute on the main
-    stream, the recompute's state kernel at BV 16, two CTAs per SM, S's hi term alone, prep's one-term and split
-    merges, the S and dS' lo tables in the input dtype instead of fp8 (against the emulation's ``s_single``, ``merge``,
-    ``lo8_tables``).  The pipeline asks for the plan's kernels and only for them: the recompute state kernel (S split
-    in K S; S lo stored in fp8, in the input dtype, or not at all), prep's form, dh's split form, the dqk kind of
+    stream, the recompute's state kernel at BV 16, two CTAs per SM, or in its warp-specialised form (``recompute_ws``,
+    the same tables), S's hi term alone, prep's one-term and split merges, the S and dS' lo tables in the input
+    dtype instead of fp8 (against the emulation's ``s_single``, ``merge``, ``lo8_tables``).  The pipeline asks for
+    the plan's kernels and only for them: the recompute state kernel (S split in K S; S lo stored in fp8, in the
+    input dtype, or not at all; the ws form with ``recompute_ws``), prep's form, dh's split form, the dqk kind of
     the group (``s_single`` and ``lo8`` as the plan)."""
     import dataclasses
 
@@ -568,8 +571,11 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
               "recompute_bv16_occ2": dict(recompute_block_v=16, recompute_ctas_per_sm=2),
               "s_single": dict(s_single=True, lo8=False),
               "merge_bf16": dict(merge="bf16"), "merge_split": dict(merge="split"),
-              "lo_tables_in_input_dtype": dict(lo8=False)}[form]
-    plan = dataclasses.replace(pipeline.plan_for(b), **change) if b.x.NC else None
+              "lo_tables_in_input_dtype": dict(lo8=False), "recompute_ws": dict(recompute_ws=True)}[form]
+    plan = pipeline.plan_for(b) if b.x.NC else None
+    if form == "recompute_ws" and plan is not None and plan.DK not in WS_HEAD_DIMS:
+        pytest.skip(f"recompute_ws is built at the head dims {WS_HEAD_DIMS} only, this call's is {plan.DK}")
+    plan = dataclasses.replace(plan, **change) if plan is not None else None
     single, merge, lo8 = (plan.s_single, plan.merge, plan.lo8) if plan else (False, "fp32", True)
     got = pipeline.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, s_single=single, merge=merge, lo8_tables=lo8)
@@ -584,6 +590,7 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
                          and (c.prec.s == "split") != single and c.prec.ks == "split" for c in state), asked
     if form == "recompute_bv16_occ2":
         assert all((c.BV, c.ctas_per_sm) == (16, 2) for c in state), asked
+    assert all((c.form == "ws" and c.tables) == (form == "recompute_ws") for c in state if not c.scan), asked
     dh = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "dh"]
     assert dh and all(not c.single and not c.tinv_hi and c.lo8 == lo8 for c in dh), asked  # Tinv hi + lo
     dqk = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
@@ -958,6 +965,35 @@ def test_recompute_dispatch_per_segment():
     assert len(dataclasses.replace(seg, recompute_cp=1).recompute_configs()) == 4
     with pytest.raises(ValueError, match="needs dh_segments"):
         dataclasses.replace(p, shared_scan=True)
+
+
+def test_recompute_ws_plan_and_configuration():
+    """``BackwardPlan.recompute_ws`` (an A/B alternative, not dispatched): the recompute's state configuration is
+    the ws form storing the smem form's tables (``StateConfig.tables``) at the plan's BV, S lo in fp8 with ``lo8``,
+    one that ``kernels.build`` compiles; the plan refuses it at two CTAs per SM, at 128 value columns and at the
+    head dims the ws form is not built for, and a ``tables`` configuration outside the ws form is refused."""
+    import dataclasses
+
+    from kernels.build import all_configs
+    from kernels.forward.configs import StateConfig, prim_func as fwd_prim_func
+    from kernels.plan import backward_plan
+    p = backward_plan("bfloat16", 16, 32, 512, 1)
+    assert not p.recompute_ws
+    smem = p.recompute_configs()[1]
+    ws = dataclasses.replace(p, recompute_ws=True).recompute_configs()[1]
+    assert (smem.form, smem.tables) == ("smem", False) and (ws.form, ws.tables, ws.lo8) == ("ws", True, True)
+    assert (ws.BV, ws.prec, ws.ctas_per_sm) == (smem.BV, smem.prec, 1) and ws in all_configs()
+    assert ws.name.endswith(",lo8,tables,bfloat16]"), ws.name
+    for bad in (dict(recompute_ctas_per_sm=2, recompute_block_v=32), dict(recompute_block_v=128)):
+        with pytest.raises(ValueError, match="recompute_ws"):
+            dataclasses.replace(p, recompute_ws=True, **bad)
+    with pytest.raises(ValueError, match="recompute_ws"):
+        dataclasses.replace(backward_plan("bfloat16", 16, 32, 512, 1, DK=64), recompute_ws=True)
+    for form in ("smem", "rv"):
+        with pytest.raises(ValueError, match="tables"):
+            fwd_prim_func(StateConfig("bfloat16", 32, ws.prec, form=form, tables=True))
+    with pytest.raises(ValueError, match="lo8"):
+        fwd_prim_func(StateConfig("bfloat16", 32, ws.prec, form="ws", lo8=True))
 
 
 # the recompute per CP segment: 3 segments of a dense sequence with h0 (value-first); a ragged batch at K = 64

@@ -1,7 +1,7 @@
 """GPU checks of our TileLang GDN backward that the verdict rows (``test_kernels_verdicts_gpu.py``) cannot express
 (marker ``gpu``): the kernels' intermediates against the torch emulation of the same kernels, two calls bitwise
-equal, the segment-parallel reverse pass against the sequential one, the recompute at other state-kernel shapes
-and per CP segment,
+equal, the segment-parallel reverse pass against the sequential one, the recompute at other state-kernel shapes, in
+the ws form and per CP segment,
 dqk's cluster group sums against the group-sum kernel, the forward's saved tables against none (also with
 one-term block merges), and the recompute storing S's hi term alone against its emulation.  Inputs from
 ``cases.inputs`` (``tests.kernel_support.bwd_args``: do, dht from ``parity.refs.grad_outputs``), fp64 gradients
@@ -17,6 +17,7 @@ import torch
 
 from cases.case import Case
 from kernels.backward.configs import DH_WS_BLOCKS
+from kernels.plan import WS_HEAD_DIMS
 from parity.metrics import compare
 from tests import kernel_support as tt
 
@@ -87,6 +88,8 @@ def _precompile():
             cfgs += dataclasses.replace(bp, cluster_group_sum=False).configs(True)
         for bv, occ in list(_RECOMPUTE_SHAPES.values()) + [(16, 1)]:
             cfgs += dataclasses.replace(bp, recompute_block_v=bv, recompute_ctas_per_sm=occ).recompute_configs()
+        if bp.DK in WS_HEAD_DIMS:
+            cfgs += dataclasses.replace(bp, recompute_ws=True).recompute_configs()
     failed = precompile(list(dict.fromkeys(cfgs)), min(10, os.cpu_count() or 1))
     assert not failed, failed
 
@@ -297,6 +300,31 @@ def _same_recomputed_states(case, plan, ref, s_tol, label, to_fp64=False):
         else:
             assert m.rel_rmse <= 0.01 * floor, (n, m.rel_rmse, floor)
     return gp
+
+
+# the recompute in the ws form: as dispatched (one pass; per CP segment at few heads), and beside dh on the side stream
+_RECOMPUTE_WS_CASES = [(c, False) for c in _STAGE_CASES[:3] + _RECOMPUTE_CP_CASES[:2]] + [(_GVA2_H0, True)]
+
+
+@pytest.mark.parametrize("case,side", _RECOMPUTE_WS_CASES,
+                         ids=[c.id + ("-side" if s else "") for c, s in _RECOMPUTE_WS_CASES])
+def test_recompute_ws_gives_the_smem_kernels_tables(case, side):
+    """The recompute's state kernel in the ws form storing the tables (``BackwardPlan.recompute_ws``) against the
+    smem form of the same plan: the same products and roundings on the same operands in the same order, so the
+    recomputed S (hi and its fp8 lo codes) and U are bitwise the same, and so is every gradient."""
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
+    from kernels.backward.pipeline import plan_for, prepare_backward
+
+    args, kw, do, dht = tt.bwd_args(case, CUDA)
+    plan = dataclasses.replace(plan_for(prepare_backward(*args, do, dht, **kw)), overlap_recompute=side)
+    sp, sr = {}, {}
+    got = kern(*args, do, dht, **kw, stages=sp, plan=dataclasses.replace(plan, recompute_ws=True))
+    ref = kern(*args, do, dht, **kw, stages=sr, plan=plan)
+    torch.cuda.synchronize()
+    print(f"  {case.id}: recompute BV {plan.recompute_block_v}, segments {plan.recompute_cp}, side stream {side}")
+    for name in ("S", "U"):
+        assert torch.equal(sp[name], sr[name]), (name, tt.max_rel(sp[name], sr[name]))
+    _check_forms(case, got, ref)
 
 
 @pytest.mark.parametrize("case", _RECOMPUTE_CP_CASES, ids=[c.id for c in _RECOMPUTE_CP_CASES])

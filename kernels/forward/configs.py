@@ -44,7 +44,8 @@ class StateConfig:
     or 2, ``sl_swizzle``: the S lo staging tile swizzled, the backward recompute's form; ``lo8``: S's lo term
     stored as fp8 (``kernels.common.lo8``), the backward recompute's form; ``pt``: the "ws" form reading P from
     the intra kernel's tables instead of computing it; ``warm``: the "ws" form per CP segment and the CP scan with
-    the warm-up starts of ``cp_warm``)."""
+    the warm-up starts of ``cp_warm``; ``tables``: the "ws" form storing the smem form's chunk tables instead of o,
+    with the smem form's arguments, the backward recompute's form, ``lo8`` allowed)."""
     dtype: str
     BV: int
     prec: object                   # precision.Precision (frozen, hashable)
@@ -57,6 +58,7 @@ class StateConfig:
     lo8: bool = False
     pt: bool = False
     warm: bool = False
+    tables: bool = False
 
     @property
     def name(self) -> str:
@@ -66,8 +68,9 @@ class StateConfig:
         lo8 = ",lo8" if self.lo8 else ""
         pt = ",pt" if self.pt else ""
         warm = ",warm" if self.warm else ""
+        tables = ",tables" if self.tables else ""
         return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz}{lo8}{pt}"
-                f"{warm},{self.dtype}]")
+                f"{warm}{tables},{self.dtype}]")
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,9 @@ def prim_func(cfg):
         from .intra_chunk import build_intra_chunk
         return build_intra_chunk(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.th, cfg.pt)
     if isinstance(cfg, StateConfig):
+        if cfg.tables and (cfg.form != "ws" or cfg.scan or cfg.pt or cfg.warm):
+            raise ValueError(f"tables (the chunk tables instead of o) is a form of the ws kernel without P tables and "
+                             f"warm-up starts: {cfg!r}")
         if cfg.form == "rv":
             if cfg.sl_swizzle or cfg.lo8 or cfg.pt or (cfg.warm and not cfg.scan):
                 raise ValueError(f"sl_swizzle and lo8 are forms of the smem state kernel, P tables of the ws form, "
@@ -121,10 +127,12 @@ def prim_func(cfg):
         if cfg.scan:
             raise ValueError(f"the CP scan is a form of the rv state kernel, not of the smem form: {cfg!r}")
         if cfg.form == "ws":
-            if cfg.sl_swizzle or cfg.lo8 or cfg.ctas_per_sm != 1:
-                raise ValueError(f"sl_swizzle, lo8 and two CTAs per SM are forms of the smem state kernel: {cfg!r}")
+            if cfg.sl_swizzle or (cfg.lo8 and not cfg.tables) or cfg.ctas_per_sm != 1:
+                raise ValueError(f"sl_swizzle, two CTAs per SM and (but with tables) lo8 are forms of the smem state "
+                                 f"kernel: {cfg!r}")
             from .state_output_ws import build_state_output_ws
-            return build_state_output_ws(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.pt, cfg.warm)
+            return build_state_output_ws(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.pt, cfg.warm, cfg.tables,
+                                         cfg.lo8)
         if cfg.pt or cfg.warm:
             raise ValueError(f"P tables and warm-up starts are forms of the ws kernel alone: {cfg!r}")
         from .state_smem import build_state_smem

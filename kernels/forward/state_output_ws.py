@@ -21,6 +21,11 @@ each chunk's v): chunk c runs column j scaled by ``sigma_cj = 2^-ceil(log2 max)`
 at its own columns' scales) and o divided by it when stored, so that no value or state overflows fp16's range;
 the chain waits for the scales only after its first product.
 
+With ``tables`` (``gdn_state_tables_ws``, the backward recompute's form, ``BackwardPlan.recompute_ws``) the kernel
+takes ``gdn_state_smem``'s arguments and stores its chunk tables instead of o: WG2 copies each chunk's hand-off tiles
+Sh (+ Sl, or Sl's fp8 codes with ``lo8``) and Uh (+ Ul) to global memory, WG1 idles and no q is loaded, so that the
+chain's warpgroup does no table store.
+
 Every product and rounding is the one ``gdn_state_smem`` and ``gdn_output`` make (``prec``:
 ``precision.Precision``), in the same order on the same accumulators, so o and the final state are those of the
 two kernels run one after the other.  Hand-offs through single shared tiles and mbarriers, each completed once a
@@ -30,6 +35,7 @@ chunk (waited on at parity ``c % 2``; a tile's "free" barrier at ``(c + 1) % 2``
 import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
+from kernels.common.lo8 import LO8, lo8_code_of
 from kernels.common.prologue import (dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, split_products,
                                      store_state_kt)
 
@@ -43,7 +49,8 @@ THREADS = 512
 WG = 128
 
 
-def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool = False, warm: bool = False):
+def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool = False, warm: bool = False,
+                          tables: bool = False, lo8: bool = False):
     """TileLang prim_func of ``gdn_state_output_ws``.
 
     Arguments:
@@ -59,6 +66,9 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
       o        [Ttot, HV, DV]         dtype   (output)
       ht       [Nt, HV, DK, DV]       fp32    (output; [.., DV, DK] when v_first)
       use_h0, store_ht, v_first       int32
+
+    ``tables``: ``gdn_state_tables_ws`` with ``gdn_state_smem``'s arguments (k, v, Ah, Al, F, cu_seqlens,
+    chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, v_first) and its tables, Scl fp8 with ``lo8``.
     """
     assert DK in (64, 128) and DV == DK
     assert DV % BV == 0 and BV in (16, 32, 64)
@@ -67,6 +77,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     op = prec.operand_dtype(dtype)
     assert pt or not prec.half, "fp16 operands: P from the intra kernel's tables (WG1 keeps the column scales)"
     assert not (warm and prec.half), "warm-up starts are CP segments' (fp16 operands' column scales: no CP)"
+    assert not tables or not (pt or warm or prec.half), "tables: the recompute's form (P, warm-up, fp16 operands: o's)"
+    assert not lo8 or (tables and prec.s == "split"), "lo8: S's lo table as fp8, a form of the split S tables"
     NV = DV // BV
     ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits()
     p_sp = prec.p == "split"
@@ -80,25 +92,11 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
             if t0 + i < eos:
                 o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j], dtype)
 
-    @T.prim_func
-    def gdn_state_output_ws(
-        q: T.Tensor((Ttot, H, DK), op),
-        k: T.Tensor((Ttot, H, DK), op),
-        v: T.Tensor((Ttot, HV, DV), dtype),
-        Ah: T.Tensor((HV, NCg, BT, BT), op),
-        Al: T.Tensor((HV, NCg, BT, BT), op),
-        F: T.Tensor((HV, NCg, 8, BT), f32),
-        Ph: T.Tensor((HV, NCg, BT, BT), op),
-        Pl: T.Tensor((HV, NCg, BT, BT), op),
-        cu_seqlens: T.Tensor((N + 1,), "int32"),
-        chunk_offsets: T.Tensor((3 * N + 1 if warm else N + 1,), "int32"),
-        h0: T.Tensor((Nh, HV, DK, DV), f32),
-        o: T.Tensor((Ttot, HV, DV), dtype),
-        ht: T.Tensor((Nt, HV, DK, DV), f32),
-        use_h0: T.int32,
-        store_ht: T.int32,
-        v_first: T.int32,
-    ):
+    @T.macro
+    def fused(q, k, v, Ah, Al, F, Ph, Pl, cu_seqlens, chunk_offsets, h0, o, ht, Sch, Scl, Uh, Ul, use_h0,
+              store_ht, v_first):
+        """The kernel body of both prim_funcs: ``q, Ph, Pl, o`` None with ``tables``, ``Sch, Scl, Uh, Ul``
+        None without."""
         with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, n):
             h = hv // (HV // H)
             v0 = bv * BV
@@ -116,7 +114,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
 
             # the inputs, two stages
-            q_s = T.alloc_shared((2, BT, DK), op)
+            if not tables:
+                q_s = T.alloc_shared((2, BT, DK), op)
             k_s = T.alloc_shared((2, BT, DK), op)
             v_s = T.alloc_shared((2, BT, BV), dtype)
             ah_s = T.alloc_shared((2, BT, BT), op)
@@ -132,24 +131,31 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
             if pt:      # P by TMA with the other inputs of its stage
                 ph_s = T.alloc_shared((2, BT, BT), op)
                 pl_s = T.alloc_shared(lo_shape((2, BT, BT), p_sp), op)
-            else:
+            elif not tables:
                 ph_s = T.alloc_shared((BT, BT), op)
                 pl_s = T.alloc_shared(lo_shape((BT, BT), p_sp), op)
-            T.annotate_layout({v_s: make_swizzled_layout(v_s)})
+            if tables:  # U is no wgmma operand there: swizzled, the chain's fragment stores have no bank conflicts
+                swz = {v_s: make_swizzled_layout(v_s), uh_s: make_swizzled_layout(uh_s)}
+                if u_sp:
+                    swz[ul_s] = make_swizzled_layout(ul_s)
+                T.annotate_layout(swz)
+            else:
+                T.annotate_layout({v_s: make_swizzled_layout(v_s)})
             if half:    # each stage's column scales and their ratios to the previous chunk's
                 sc_s = T.alloc_shared((2, BV), f32)
                 rt_s = T.alloc_shared((2, BV), f32)
                 hs_s = T.alloc_shared((BV,), f32)                    # h0's column scales
 
             full = T.alloc_barrier(arrive_count=[32] * 2)          # a stage's loads landed (the loading warp)
-            readers = 2 if pt and not half else 3                   # the warpgroups that read a stage
+            readers = 1 if tables else 2 if pt and not half else 3   # the warpgroups that read a stage
             empty = T.alloc_barrier(arrive_count=[readers * WG] * 2)  # a stage read by its consumers
             s_ready = T.alloc_barrier(arrive_count=WG)             # Sh (+ Sl) written (WG0)
             s_free = T.alloc_barrier(arrive_count=WG)              # Sh (+ Sl) read by Q S (WG2)
             u_ready = T.alloc_barrier(arrive_count=WG)             # Uh (+ Ul) written (WG0)
             u_free = T.alloc_barrier(arrive_count=WG)              # Uh (+ Ul) read (WG2)
-            p_ready = T.alloc_barrier(arrive_count=WG)             # Ph (+ Pl) written (WG1)
-            p_free = T.alloc_barrier(arrive_count=WG)              # Ph (+ Pl) read (WG2)
+            if not tables:
+                p_ready = T.alloc_barrier(arrive_count=WG)         # Ph (+ Pl) written (WG1)
+                p_free = T.alloc_barrier(arrive_count=WG)          # Ph (+ Pl) read (WG2)
             if half:
                 sc_ready = T.alloc_barrier(arrive_count=[WG] * 2)  # a stage's column scales written (WG1)
                 h0_ready = T.alloc_barrier(arrive_count=WG)        # h0's column scales written (WG1, with h0)
@@ -261,8 +267,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                             pv_f[j] = sc
                         T.barrier_arrive(sc_ready[st])
                         T.barrier_arrive(empty[st])
-                elif pt:
-                    # WG1 idles: P comes from the intra kernel's tables
+                elif pt or tables:
+                    # WG1 idles: P comes from the intra kernel's tables, or no o is computed
                     T.set_max_nreg(24, 0)
                 else:
                     # WG1: the gated scores P
@@ -283,43 +289,63 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         T.fence_proxy_async()
                         T.barrier_arrive(p_ready)
             elif tx < 3 * WG:
-                # WG2: the output
-                T.set_max_nreg(136, 1)
-                o_f = T.alloc_fragment((BT, BV), f32)
-                for c in T.serial(nchunks):
-                    st = c % 2
-                    t0 = bos + c * BT
-                    T.barrier_wait(full[st], (c // 2) % 2)
-                    T.barrier_wait(s_ready, c % 2)
-                    split_products(q_s[st, :, :], None, sh_s, sl_s, o_f, False, s_sp, True, False)
-                    T.barrier_arrive(s_free)
-                    if half:    # Q S at the previous chunk's column scales, to this chunk's
-                        T.barrier_wait(sc_ready[st], (c // 2) % 2)
-                        for i, j in T.Parallel(BT, BV):
-                            o_f[i, j] = o_f[i, j] * (f_s[st, 1, i] * rt_s[st, j])
-                    else:
-                        for i, j in T.Parallel(BT, BV):
-                            o_f[i, j] = o_f[i, j] * f_s[st, 1, i]
-                    if pt:
+                if tables:
+                    # WG2: the chunk tables, S hi (+ lo) and U hi (+ lo) from the hand-off tiles, as the smem kernel
+                    # stores them (S lo as fp8 codes with lo8)
+                    T.set_max_nreg(56, 0)
+                    for c in T.serial(nchunks):
+                        cg = c0 + c
+                        T.barrier_wait(s_ready, c % 2)
+                        T.copy(sh_s, Sch[hv, cg, 0:DK, v0:v0 + BV], disable_tma=True)
+                        if lo8:
+                            for i, j in T.Parallel(DK, BV):
+                                Scl[hv, cg, i, v0 + j] = lo8_code_of(sl_s[i, j], sh_s[i, j], dtype)
+                        elif s_sp:
+                            T.copy(sl_s, Scl[hv, cg, 0:DK, v0:v0 + BV], disable_tma=True)
+                        T.barrier_arrive(s_free)
                         T.barrier_wait(u_ready, c % 2)
-                        split_products(ph_s[st, :, :], pl_s[st, :, :], uh_s, ul_s, o_f, p_sp, u_sp, False, False)
+                        T.copy(uh_s, Uh[hv, cg, 0:BT, v0:v0 + BV], disable_tma=True)
+                        if u_sp:
+                            T.copy(ul_s, Ul[hv, cg, 0:BT, v0:v0 + BV], disable_tma=True)
                         T.barrier_arrive(u_free)
-                        if half:    # O from this chunk's column scales
+                else:
+                    # WG2: the output
+                    T.set_max_nreg(136, 1)
+                    o_f = T.alloc_fragment((BT, BV), f32)
+                    for c in T.serial(nchunks):
+                        st = c % 2
+                        t0 = bos + c * BT
+                        T.barrier_wait(full[st], (c // 2) % 2)
+                        T.barrier_wait(s_ready, c % 2)
+                        split_products(q_s[st, :, :], None, sh_s, sl_s, o_f, False, s_sp, True, False)
+                        T.barrier_arrive(s_free)
+                        if half:    # Q S at the previous chunk's column scales, to this chunk's
+                            T.barrier_wait(sc_ready[st], (c // 2) % 2)
                             for i, j in T.Parallel(BT, BV):
-                                o_f[i, j] = o_f[i, j] / sc_s[st, j]
-                        T.barrier_arrive(empty[st])
-                    else:
-                        T.barrier_arrive(empty[st])
-                        T.barrier_wait(p_ready, c % 2)
-                        T.barrier_wait(u_ready, c % 2)
-                        split_products(ph_s, pl_s, uh_s, ul_s, o_f, p_sp, u_sp, False, False)
-                        T.barrier_arrive(u_free)
-                        T.barrier_arrive(p_free)
-                    if warm:
-                        if c >= skip:   # (warm-up chunks: o is the previous segment's)
+                                o_f[i, j] = o_f[i, j] * (f_s[st, 1, i] * rt_s[st, j])
+                        else:
+                            for i, j in T.Parallel(BT, BV):
+                                o_f[i, j] = o_f[i, j] * f_s[st, 1, i]
+                        if pt:
+                            T.barrier_wait(u_ready, c % 2)
+                            split_products(ph_s[st, :, :], pl_s[st, :, :], uh_s, ul_s, o_f, p_sp, u_sp, False, False)
+                            T.barrier_arrive(u_free)
+                            if half:    # O from this chunk's column scales
+                                for i, j in T.Parallel(BT, BV):
+                                    o_f[i, j] = o_f[i, j] / sc_s[st, j]
+                            T.barrier_arrive(empty[st])
+                        else:
+                            T.barrier_arrive(empty[st])
+                            T.barrier_wait(p_ready, c % 2)
+                            T.barrier_wait(u_ready, c % 2)
+                            split_products(ph_s, pl_s, uh_s, ul_s, o_f, p_sp, u_sp, False, False)
+                            T.barrier_arrive(u_free)
+                            T.barrier_arrive(p_free)
+                        if warm:
+                            if c >= skip:   # (warm-up chunks: o is the previous segment's)
+                                store_rows(o_f, o, t0, eos, hv, v0)
+                        else:
                             store_rows(o_f, o, t0, eos, hv, v0)
-                    else:
-                        store_rows(o_f, o, t0, eos, hv, v0)
             else:
                 # WG3: the producer (its first warp loads; the others wait out the kernel)
                 T.set_max_nreg(24, 0)
@@ -329,7 +355,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         t0 = bos + c * BT
                         cg = c0 + c
                         T.barrier_wait(empty[st], (c // 2 + 1) % 2)
-                        T.tma_copy(q[t0:t0 + BT, h, 0:DK], q_s[st, :, :], barrier=full[st])
+                        if not tables:
+                            T.tma_copy(q[t0:t0 + BT, h, 0:DK], q_s[st, :, :], barrier=full[st])
                         T.tma_copy(k[t0:t0 + BT, h, 0:DK], k_s[st, :, :], barrier=full[st])
                         T.tma_copy(v[t0:t0 + BT, hv, v0:v0 + BV], v_s[st, :, :], barrier=full[st])
                         T.tma_copy(Ah[hv, cg, 0:BT, 0:BT], ah_s[st, :, :], barrier=full[st])
@@ -342,4 +369,50 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                                 T.tma_copy(Pl[hv, cg, 0:BT, 0:BT], pl_s[st, :, :], barrier=full[st])
                         T.barrier_arrive(full[st])
 
+
+    if tables:
+        @T.prim_func
+        def gdn_state_tables_ws(
+            k: T.Tensor((Ttot, H, DK), dtype),
+            v: T.Tensor((Ttot, HV, DV), dtype),
+            Ah: T.Tensor((HV, NCg, BT, BT), dtype),
+            Al: T.Tensor((HV, NCg, BT, BT), dtype),
+            F: T.Tensor((HV, NCg, 8, BT), f32),
+            cu_seqlens: T.Tensor((N + 1,), "int32"),
+            chunk_offsets: T.Tensor((N + 1,), "int32"),
+            h0: T.Tensor((Nh, HV, DK, DV), f32),
+            Sch: T.Tensor((HV, NCg, DK, DV), dtype),
+            Scl: T.Tensor((HV, NCg, DK, DV), LO8 if lo8 else dtype),
+            Uh: T.Tensor((HV, NCg, BT, DV), dtype),
+            Ul: T.Tensor((HV, NCg, BT, DV), dtype),
+            ht: T.Tensor((Nt, HV, DK, DV), f32),
+            use_h0: T.int32,
+            store_ht: T.int32,
+            v_first: T.int32,
+        ):
+            fused(None, k, v, Ah, Al, F, None, None, cu_seqlens, chunk_offsets, h0, None, ht, Sch, Scl, Uh, Ul, use_h0,
+                  store_ht, v_first)
+        return gdn_state_tables_ws
+
+    @T.prim_func
+    def gdn_state_output_ws(
+        q: T.Tensor((Ttot, H, DK), op),
+        k: T.Tensor((Ttot, H, DK), op),
+        v: T.Tensor((Ttot, HV, DV), dtype),
+        Ah: T.Tensor((HV, NCg, BT, BT), op),
+        Al: T.Tensor((HV, NCg, BT, BT), op),
+        F: T.Tensor((HV, NCg, 8, BT), f32),
+        Ph: T.Tensor((HV, NCg, BT, BT), op),
+        Pl: T.Tensor((HV, NCg, BT, BT), op),
+        cu_seqlens: T.Tensor((N + 1,), "int32"),
+        chunk_offsets: T.Tensor((3 * N + 1 if warm else N + 1,), "int32"),
+        h0: T.Tensor((Nh, HV, DK, DV), f32),
+        o: T.Tensor((Ttot, HV, DV), dtype),
+        ht: T.Tensor((Nt, HV, DK, DV), f32),
+        use_h0: T.int32,
+        store_ht: T.int32,
+        v_first: T.int32,
+    ):
+        fused(q, k, v, Ah, Al, F, Ph, Pl, cu_seqlens, chunk_offsets, h0, o, ht, None, None, None, None, use_h0,
+              store_ht, v_first)
     return gdn_state_output_ws
