@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from kernels.backward.configs import CLUSTER_GROUPS, DH_WS_BLOCKS, BwdConfig
+from kernels.backward.configs import CLUSTER_GROUPS, DH_WS_BLOCKS, DU_LOCAL_HEAD_DIM, BwdConfig
 from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, SCAN_BV, STATE_FORMS, FixupConfig,
                                      IntraConfig, OutputConfig, StateConfig, output_block_v)
 from kernels.forward.cp_warm import MAX_SEGMENTS
@@ -218,7 +218,9 @@ class BackwardPlan:
     term alone (the A/B alternative of precision "recompute", which splits S there); ``recompute_ws``: the
     recompute's state kernel in the forward's warp-specialised form storing the same tables (``StateConfig.tables``:
     the chain in one warpgroup, the table stores in another; an A/B alternative, at the head dims of
-    ``WS_HEAD_DIMS``); ``DK``: the head dim K == V every kernel is built for."""
+    ``WS_HEAD_DIMS``); ``du_local``: the warp-specialised dh forms dUloc = P^T dO itself (in its second warpgroup)
+    and prep stores no dUloc^T table (an A/B alternative, on the forward's saved tables at ``DU_LOCAL_HEAD_DIM``);
+    ``DK``: the head dim K == V every kernel is built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -237,6 +239,7 @@ class BackwardPlan:
     shared_scan: bool = False
     ks_single: bool = False
     recompute_ws: bool = False
+    du_local: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -255,6 +258,12 @@ class BackwardPlan:
             raise ValueError(f"cluster group sums need HV / H in {CLUSTER_GROUPS}, got {self.group}")
         if self.dh_segments is not None and self.dh_single:
             raise ValueError("the segmented reverse pass runs every operand split (dh_single False)")
+        if self.du_local and not (self.dh_ws_bv and self.reads_saved_tables and self.dh_segments is None
+                                  and self.DK == DU_LOCAL_HEAD_DIM):
+            raise ValueError(f"du_local: dUloc formed by the warp-specialised dh of the sequential pass on the "
+                             f"forward's saved tables, at DK={DU_LOCAL_HEAD_DIM}; got dh_ws_bv={self.dh_ws_bv}, "
+                             f"reads_saved_tables={self.reads_saved_tables}, segmented "
+                             f"{self.dh_segments is not None}, DK={self.DK}")
         if self.lo8 and (self.dh_single or self.s_single):
             raise ValueError("lo8 (fp8 lo tables) is a form of the split dh and S tables (dh_single, s_single False)")
 
@@ -282,12 +291,13 @@ class BackwardPlan:
         return ForwardPlan(self.dtype, preset(), "rv", RV_BV, 1, max(2, self.recompute_cp), DK=self.DK)
 
     def prep_config(self, saved: bool) -> BwdConfig:
-        return BwdConfig("prep", self.dtype, self.DK, saved=saved, merge="bf16" if saved else self.merge)
+        return BwdConfig("prep", self.dtype, self.DK, saved=saved, merge="bf16" if saved else self.merge,
+                         du_local=self.du_local)
 
     def dh_config(self, saved: bool) -> BwdConfig:
         """dh's form; ``saved``: prep took Tinv from the forward (its hi term alone)."""
         return BwdConfig("dh", self.dtype, self.DK, single=self.dh_single, tinv_hi=saved and not self.dh_single,
-                         lo8=self.lo8, ws_bv=self.dh_ws_bv)
+                         lo8=self.lo8, ws_bv=self.dh_ws_bv, du_local=self.du_local)
 
     def dqk_config(self) -> BwdConfig:
         return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK,

@@ -19,6 +19,7 @@ import torch
 from cases.case import Case
 from kernels.autograd import apply as fn
 from kernels.backward.emulation import chunk_gated_delta_rule_bwd
+from kernels.backward.configs import DU_LOCAL_HEAD_DIM
 from kernels.plan import WS_HEAD_DIMS
 from parity.metrics import compare
 from tests import kernel_support as tt
@@ -410,7 +411,9 @@ def _fake_kernels(monkeypatch, asked=None):
         if cfg.kind == "prep":
             def prep(q, k, do, g, b, cu, ci, Th, Tl, Agh, Agl, Fb, dUl, scale, use_l2):
                 th, tl, fb, dul = E.prep(q, k, do, g, b, cu_list(cu), scale, bool(use_l2), q.dtype, cfg.merge)
-                put(Fb, fb), put(dUl, dul.transpose(-1, -2))
+                put(Fb, fb)
+                if not cfg.du_local:        # (else dUl is a placeholder: dh forms dUloc itself)
+                    put(dUl, dul.transpose(-1, -2))
                 if cfg.saved:       # the forward's Tinv and Ag are given: the kernel writes neither
                     return
                 put(Th, th), put(Tl, tl)
@@ -425,8 +428,14 @@ def _fake_kernels(monkeypatch, asked=None):
                 if use_dht:
                     d = dht.transpose(-1, -2) if vf else dht
                 tl = torch.zeros_like(Tl) if cfg.tinv_hi else Tl           # Tl not read
-                a, b_, c, e, dvv, h0g = E.dh(q, k, do, Th.to(f64), tl.to(f64), Fb.to(f64),
-                                             dUl.to(f64).transpose(-1, -2), cu_list(cu), d, q.dtype, cfg.single)
+                if cfg.du_local:            # dUloc formed in the kernel, as prep forms it
+                    heads = torch.arange(do.shape[1]) // (do.shape[1] // q.shape[1])
+                    dul = E.local_du(E._chunks(q, cu_list(cu), heads), E._chunks(k, cu_list(cu), heads),
+                                     E._chunks(do, cu_list(cu)), Fb.to(f64), q.dtype)
+                else:
+                    dul = dUl.to(f64).transpose(-1, -2)
+                a, b_, c, e, dvv, h0g = E.dh(q, k, do, Th.to(f64), tl.to(f64), Fb.to(f64), dul, cu_list(cu), d,
+                                             q.dtype, cfg.single)
                 put(dSh, a.transpose(-1, -2))
                 put(dSl, E.lo8_encode(a, b_, q.dtype).transpose(-1, -2) if cfg.lo8 else b_.transpose(-1, -2))
                 put(dYh, c.transpose(-1, -2)), put(dYl, e.transpose(-1, -2)), put(dv, dvv)
@@ -543,7 +552,8 @@ def _plumbing_args(item):
 
 
 @pytest.mark.parametrize("form", ["dispatched", "no_cluster", "serial_recompute", "recompute_bv16_occ2", "s_single",
-                                  "merge_bf16", "merge_split", "lo_tables_in_input_dtype", "recompute_ws"])
+                                  "merge_bf16", "merge_split", "lo_tables_in_input_dtype", "recompute_ws",
+                                  "du_local"])
 @pytest.mark.parametrize("item", _PLUMBING, ids=_PLUMBING_IDS)
 def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     """kernels.backward.pipeline with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
@@ -571,10 +581,14 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
               "recompute_bv16_occ2": dict(recompute_block_v=16, recompute_ctas_per_sm=2),
               "s_single": dict(s_single=True, lo8=False),
               "merge_bf16": dict(merge="bf16"), "merge_split": dict(merge="split"),
-              "lo_tables_in_input_dtype": dict(lo8=False), "recompute_ws": dict(recompute_ws=True)}[form]
+              "lo_tables_in_input_dtype": dict(lo8=False), "recompute_ws": dict(recompute_ws=True),
+              "du_local": dict(du_local=True)}[form]
     plan = pipeline.plan_for(b) if b.x.NC else None
     if form == "recompute_ws" and plan is not None and plan.DK not in WS_HEAD_DIMS:
         pytest.skip(f"recompute_ws is built at the head dims {WS_HEAD_DIMS} only, this call's is {plan.DK}")
+    if form == "du_local" and plan is not None and not (plan.dh_ws_bv and plan.DK == DU_LOCAL_HEAD_DIM):
+        pytest.skip(f"du_local is a form of the warp-specialised dh at K {DU_LOCAL_HEAD_DIM}: this call's plan has "
+                    f"dh_ws_bv {plan.dh_ws_bv}, K {plan.DK}")
     plan = dataclasses.replace(plan, **change) if plan is not None else None
     single, merge, lo8 = (plan.s_single, plan.merge, plan.lo8) if plan else (False, "fp32", True)
     got = pipeline.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
@@ -593,6 +607,7 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     assert all((c.form == "ws" and c.tables) == (form == "recompute_ws") for c in state if not c.scan), asked
     dh = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "dh"]
     assert dh and all(not c.single and not c.tinv_hi and c.lo8 == lo8 for c in dh), asked  # Tinv hi + lo
+    assert all(c.du_local == (form == "du_local") for c in dh + [c for c in asked if getattr(c, "kind", "") == "prep"])
     dqk = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
     cluster = HV // H in bbuild.CLUSTER_GROUPS and form != "no_cluster"
     assert [c.kind for c in dqk] == [f"dqk_g{HV // H}" if cluster else "dqk"], asked
@@ -650,6 +665,25 @@ def test_autograd_hands_one_term_merge_tables_to_the_backward_on_cpu(monkeypatch
     prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
     assert intra and all(c.th and c.merge == "bf16" for c in intra), asked
     assert prep and all(c.saved and c.merge == "bf16" for c in prep), asked
+
+
+@pytest.mark.parametrize("column", ["ours-du-local", "ours-rc-ws"])
+@pytest.mark.parametrize("case", [_PLUMBING[i] for i in (1, 5)], ids=[_PLUMBING_IDS[i] for i in (1, 5)])
+def test_autograd_runs_the_backward_ab_kernels_on_cpu(monkeypatch, case, column):
+    """The backward benchmark's ``ours-du-local`` (dh_ws forms dUloc itself, prep stores no dUloc table) and
+    ``ours-rc-ws`` (the recompute's ws form) through the autograd Function on the kernel path (stand-in kernels on
+    the CPU, the forward's tables saved): the gradients are the emulation's (dh on the saved Tinv: hi alone), and the
+    kernels asked for are those forms."""
+    import kernels.backward.configs as bbuild
+    import kernels.forward.configs as fbuild
+    from benchmarks.bench_kernels_bwd import alter
+
+    asked = _kernel_path_is_the_emulation(monkeypatch, case, alter(column), tinv_hi_only=True)
+    dh_prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind in ("dh", "prep")]
+    state = [c for c in asked if isinstance(c, fbuild.StateConfig) and c.tables]
+    assert dh_prep and all(c.du_local == (column == "ours-du-local") for c in dh_prep), asked
+    assert all(c.ws_bv for c in dh_prep if c.kind == "dh") and all(c.saved for c in dh_prep if c.kind == "prep")
+    assert bool(state) == (column == "ours-rc-ws"), asked
 
 
 def test_alter_validates_each_direction_once_and_sees_the_dispatched_plans(monkeypatch):
@@ -994,6 +1028,29 @@ def test_recompute_ws_plan_and_configuration():
             fwd_prim_func(StateConfig("bfloat16", 32, ws.prec, form=form, tables=True))
     with pytest.raises(ValueError, match="lo8"):
         fwd_prim_func(StateConfig("bfloat16", 32, ws.prec, form="ws", lo8=True))
+
+
+def test_du_local_plan_and_configurations():
+    """``BackwardPlan.du_local`` (an A/B alternative): prep's and dh's configurations carry it (dh_ws forms dUloc,
+    prep stores no table), both in the compile list on the saved tables; the plan refuses it without the
+    warp-specialised dh, on the segmented pass, off the saved tables and at K = 64, and a dqk configuration with it
+    is refused."""
+    import dataclasses
+
+    from kernels.backward.configs import BwdConfig, prim_func
+    from kernels.build import all_configs
+    from kernels.plan import backward_plan
+    p = dataclasses.replace(backward_plan("bfloat16", 16, 32, 512, 1), du_local=True)
+    assert p.dh_ws_bv and p.prep_config(True).du_local and p.dh_config(True).du_local
+    assert {p.prep_config(True), p.dh_config(True), p.prep_config(False), p.dh_config(False)} <= set(all_configs())
+    bad = [dict(dh_ws_bv=0), dict(reads_saved_tables=False), dict(dh_segments=object(), dh_ws_bv=0)]
+    for change in bad:
+        with pytest.raises(ValueError, match="du_local"):
+            dataclasses.replace(p, **change)
+    with pytest.raises(ValueError, match="du_local"):
+        dataclasses.replace(backward_plan("bfloat16", 16, 32, 512, 1, DK=64), du_local=True)
+    with pytest.raises(ValueError, match="du_local"):
+        prim_func(BwdConfig("dqk", "bfloat16", du_local=True))
 
 
 # the recompute per CP segment: 3 segments of a dense sequence with h0 (value-first); a ragged batch at K = 64

@@ -1,7 +1,7 @@
 """GPU checks of our TileLang GDN backward that the verdict rows (``test_kernels_verdicts_gpu.py``) cannot express
 (marker ``gpu``): the kernels' intermediates against the torch emulation of the same kernels, two calls bitwise
 equal, the segment-parallel reverse pass against the sequential one, the recompute at other state-kernel shapes, in
-the ws form and per CP segment,
+the ws form and per CP segment, dh forming dUloc itself,
 dqk's cluster group sums against the group-sum kernel, the forward's saved tables against none (also with
 one-term block merges), and the recompute storing S's hi term alone against its emulation.  Inputs from
 ``cases.inputs`` (``tests.kernel_support.bwd_args``: do, dht from ``parity.refs.grad_outputs``), fp64 gradients
@@ -89,7 +89,11 @@ def _precompile():
         for bv, occ in list(_RECOMPUTE_SHAPES.values()) + [(16, 1)]:
             cfgs += dataclasses.replace(bp, recompute_block_v=bv, recompute_ctas_per_sm=occ).recompute_configs()
         if bp.DK in WS_HEAD_DIMS:
-            cfgs += dataclasses.replace(bp, recompute_ws=True).recompute_configs()
+            cfgs += [c for bv in (bp.recompute_block_v, 32) for c in
+                     dataclasses.replace(bp, recompute_ws=True, recompute_block_v=bv).recompute_configs()]
+        if bp.dh_segments is None and bp.DK == 128:
+            local = dataclasses.replace(bp, dh_ws_bv=32, du_local=True)
+            cfgs += [local.prep_config(True), local.dh_config(True)]
     failed = precompile(list(dict.fromkeys(cfgs)), min(10, os.cpu_count() or 1))
     assert not failed, failed
 
@@ -302,13 +306,16 @@ def _same_recomputed_states(case, plan, ref, s_tol, label, to_fp64=False):
     return gp
 
 
-# the recompute in the ws form: as dispatched (one pass; per CP segment at few heads), and beside dh on the side stream
-_RECOMPUTE_WS_CASES = [(c, False) for c in _STAGE_CASES[:3] + _RECOMPUTE_CP_CASES[:2]] + [(_GVA2_H0, True)]
+# the recompute in the ws form: as dispatched (one pass at BV 16; per CP segment at BV 64 at few heads), at BV 32 (as
+# at many heads), and beside dh on the side stream
+_RECOMPUTE_WS_CASES = ([(c, False, None) for c in _STAGE_CASES[:3] + _RECOMPUTE_CP_CASES[:2]]
+                       + [(_GVA2_H0, False, 32), (_GVA2_H0, True, None)])
 
 
-@pytest.mark.parametrize("case,side", _RECOMPUTE_WS_CASES,
-                         ids=[c.id + ("-side" if s else "") for c, s in _RECOMPUTE_WS_CASES])
-def test_recompute_ws_gives_the_smem_kernels_tables(case, side):
+@pytest.mark.parametrize("case,side,bv", _RECOMPUTE_WS_CASES,
+                         ids=[c.id + ("-side" if s else "") + (f"-bv{b}" if b else "")
+                              for c, s, b in _RECOMPUTE_WS_CASES])
+def test_recompute_ws_gives_the_smem_kernels_tables(case, side, bv):
     """The recompute's state kernel in the ws form storing the tables (``BackwardPlan.recompute_ws``) against the
     smem form of the same plan: the same products and roundings on the same operands in the same order, so the
     recomputed S (hi and its fp8 lo codes) and U are bitwise the same, and so is every gradient."""
@@ -317,6 +324,8 @@ def test_recompute_ws_gives_the_smem_kernels_tables(case, side):
 
     args, kw, do, dht = tt.bwd_args(case, CUDA)
     plan = dataclasses.replace(plan_for(prepare_backward(*args, do, dht, **kw)), overlap_recompute=side)
+    if bv:
+        plan = dataclasses.replace(plan, recompute_block_v=bv)
     sp, sr = {}, {}
     got = kern(*args, do, dht, **kw, stages=sp, plan=dataclasses.replace(plan, recompute_ws=True))
     ref = kern(*args, do, dht, **kw, stages=sr, plan=plan)
@@ -452,6 +461,42 @@ def test_warp_specialised_dh_gives_the_register_kernels_gradients(case, bv):
     hi_only = reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
     ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only)
     _within_floor_of_emulation(case, got, ge, f"dh_ws{bv} vs emulation (Tinv hi alone: {hi_only})")
+    _within_baseline(case, got)
+
+
+# the sequential pass at K = 128 (dh_ws): GVA 2 with h0, the varlen boundaries value-first, GVA 4 with the in-kernel
+# L2 norm, fp16 with fp16 gates, a batch of three
+_DU_LOCAL_CASES = [_GVA2_H0, _STAGE_CASES[1], _STAGE_CASES[2], _FP16_GATES, _SAVED_CASES[2]]
+
+
+@pytest.mark.parametrize("case", _DU_LOCAL_CASES, ids=[c.id for c in _DU_LOCAL_CASES])
+def test_dh_forming_dUloc_gives_prep_tables_gradients(case):
+    """dh_ws forming dUloc = P^T dO itself (``BackwardPlan.du_local``; prep stores no dUloc table) against dh_ws on
+    prep's table, through the autograd Function (the forward's saved tables): the same products on the same values
+    (P from Q K^T and the gate table's rows, split; Ph^T dO + Pl^T dO) in another wgmma shape (M = 64 tokens, not
+    the value rows), so every gradient within 1e-5 of its largest magnitude (printed) and bitwise the same in two
+    calls (the hand-off leaves no race); within the emulation's rounding floor and the baseline."""
+    from kernels import autograd
+    from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
+    from kernels.plan import BackwardPlan
+
+    def ws(local):
+        def change(plan):
+            if isinstance(plan, BackwardPlan):
+                assert plan.dh_segments is None and plan.DK == 128, plan
+                return dataclasses.replace(plan, dh_ws_bv=32, du_local=local)
+            return plan
+        return change
+
+    got = tt.function_grads(autograd.apply, case, CUDA, alter=ws(True))
+    again = tt.function_grads(autograd.apply, case, CUDA, alter=ws(True))
+    ref = tt.function_grads(autograd.apply, case, CUDA, alter=ws(False))
+    torch.cuda.synchronize()
+    for n, x, y in zip(NAMES, got, again):
+        assert (x is None and y is None) or torch.equal(x, y), n
+    _check_forms(case, got, ref, close=NAMES)
+    args, kw, do, dht = tt.bwd_args(case, CUDA)
+    _within_floor_of_emulation(case, got, emu(*args, do, dht, **kw, tinv_hi_only=True), "du_local vs emulation")
     _within_baseline(case, got)
 
 

@@ -14,6 +14,9 @@ CLUSTER_GROUPS = (2, 4, 8)
 KINDS = ("prep", "dh", "dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS), "gsum", "gsum32")
 # value columns a CTA of the warp-specialised reverse pass (``dh_ws``) can own
 DH_WS_BLOCKS = (32,)
+# the head dim of the dUloc-forming dh_ws and its prep (BwdConfig.du_local, an A/B alternative): the one at which the
+# warp-specialised dh is dispatched
+DU_LOCAL_HEAD_DIM = 128
 # kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
 DTYPE_FREE_KINDS = ("dgdb",)
 
@@ -32,10 +35,11 @@ class BwdConfig:
     lo8: bool = False              # dh, dqk: the lo terms of the S and dS' tables as fp8 (kernels.common.lo8)
     ws_bv: int = 0                 # dh only: the warp-specialised key-first kernel (dh_ws) at this many value
     #                                columns a CTA (32); 0: the value-first register kernel (64 columns)
+    du_local: bool = False         # dh_ws forms dUloc = P^T dO itself; prep stores no dUloc table (a pair)
 
     @property
     def name(self) -> str:
-        names = ("single", "saved", "tinv_hi", "s_single", "lo8")
+        names = ("single", "saved", "tinv_hi", "s_single", "lo8", "du_local")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
@@ -48,7 +52,8 @@ def all_configs():
     single form (an A/B alternative), prep computing the tables (with fp32 merges, and split ones, the A/B
     alternative; one-term ones compile when a benchmark asks for them) and on the forward's saved ones, dqk also on S's hi term alone (an A/B alternative); the
     split dh and dqk with fp8 lo tables (``lo8``), the split dh with fp8 lo tables also warp-specialised at 32
-    value columns (``ws_bv``); the dtype-free dgdb once.  The forward recompute runs the forward's intra and smem
+    value columns (``ws_bv``), at ``DU_LOCAL_HEAD_DIM`` also forming dUloc itself, with its prep (``du_local``, an
+    A/B alternative; on the saved tables and computing them); the dtype-free dgdb once.  The forward recompute runs the forward's intra and smem
     state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
@@ -63,7 +68,12 @@ def _configs_at(D: int):
             + [BwdConfig(kind, dt, D, s_single=True) for dt in DTYPES for kind in KINDS if kind.startswith("dqk")]
             + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True) for dt in DTYPES for t in (False, True)]
             + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True, ws_bv=32) for dt in DTYPES for t in (False, True)]
-            + [BwdConfig(kind, dt, D, lo8=True) for dt in DTYPES for kind in KINDS if kind.startswith("dqk")])
+            + [BwdConfig(kind, dt, D, lo8=True) for dt in DTYPES for kind in KINDS if kind.startswith("dqk")]
+            + ([BwdConfig("dh", dt, D, tinv_hi=t, lo8=True, ws_bv=32, du_local=True) for dt in DTYPES
+                for t in (True, False)]
+               + [BwdConfig("prep", dt, D, saved=s, merge="bf16" if s else "fp32", du_local=True) for dt in DTYPES
+                  for s in (True, False)]
+               if D == DU_LOCAL_HEAD_DIM else []))
 
 
 def prim_func(cfg: BwdConfig):
@@ -82,15 +92,18 @@ def prim_func(cfg: BwdConfig):
     split_tables = (cfg.kind == "dh" and not cfg.single) or (cfg.kind.startswith("dqk") and not cfg.s_single)
     if cfg.lo8 and not split_tables:
         raise ValueError(f"lo8 (fp8 lo tables) is a form of the split dh and of dqk on the split S: {cfg.name}")
+    if cfg.du_local and not (cfg.kind == "prep" or (cfg.kind == "dh" and cfg.ws_bv)):
+        raise ValueError(f"du_local (dUloc formed in dh_ws, no table from prep) is a form of prep and the "
+                         f"warp-specialised dh only: {cfg.name}")
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
-        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge)
+        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge, du=not cfg.du_local)
     if cfg.ws_bv and (cfg.kind != "dh" or cfg.ws_bv not in DH_WS_BLOCKS):
         raise ValueError(f"ws_bv (the warp-specialised reverse pass) is a form of dh at {DH_WS_BLOCKS}: {cfg.name}")
     if cfg.kind == "dh" and cfg.ws_bv:
         from .dh_ws import build_bwd_dh_ws
         return build_bwd_dh_ws(D, D, cfg.dtype, BV=cfg.ws_bv, single=cfg.single, tinv_lo=not cfg.tinv_hi,
-                               lo8=cfg.lo8)
+                               lo8=cfg.lo8, du_local=cfg.du_local)
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
         return build_bwd_dh(D, D, cfg.dtype, single=cfg.single, tinv_lo=not cfg.tinv_hi, lo8=cfg.lo8)

@@ -15,8 +15,11 @@ columns), and with every step off the chain moved to other warpgroups.  One CTA 
       dS  = F3 dS + Q^T (D1h + D1l) - K^T (D2h (+ D2l)),   D2 = split(F0 F7 dY)
 
 * WG1, beside it: ``D1h, D1l = split(F1 dO)`` a chunk ahead of its use, and the TMA stores of the dS' and dY tables
-  from the chain's tiles (the fp8 codes of dSl first with ``lo8``);
-* WG2, the producer: one warp issues the TMA loads of q, k, dO, Th (+ Tl), Fb, dUloc into two stages.
+  from the chain's tiles (the fp8 codes of dSl first with ``lo8``); with ``du_local`` also the chunk's
+  ``dUloc = P^T dO``, ``P = Fb5_t Fb6_j e^(G_t - G_j) (q_t . k_j)`` (j <= t) split, as ``gdn_bwd_prep`` forms it,
+  handed to WG0 in a shared tile instead of read from prep's table;
+* WG2, the producer: one warp issues the TMA loads of q, k, dO, Th (+ Tl), Fb, dUloc (not with ``du_local``) into
+  two stages.
 
 Hand-offs through single shared tiles and mbarriers completed once a chunk (waited on at parity ``i % 2`` of the
 chunk's position ``i`` in the pass; a tile's "free" barrier at ``(i + 1) % 2``, which a fresh barrier passes).
@@ -26,6 +29,7 @@ import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
 from kernels.common.lo8 import LO8, lo8_code_of
+from kernels.forward.cumsum import LOG2E
 from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, split_products, \
     store_state_kt
 
@@ -43,9 +47,10 @@ def split_transposed(x_f, hi_s, lo_s):
 
 
 def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = False, tinv_lo: bool = True,
-                    lo8: bool = False):
+                    lo8: bool = False, du_local: bool = False):
     """TileLang prim_func of ``gdn_bwd_dh_ws``: ``build_bwd_dh``'s forms (``single``, ``tinv_lo``, ``lo8``) and
-    arguments, with ``BV = 32`` value columns a CTA."""
+    arguments, with ``BV = 32`` value columns a CTA.  ``du_local``: dUloc formed in WG1 (``dUl`` an [HV, NCg, 8, 8]
+    placeholder, not read)."""
     assert DK in (64, 128) and DV == DK and BV == 32 and DV % BV == 0
     assert dtype in ("bfloat16", "float16")
     assert not (single and not tinv_lo), "single reads no Tinv lo term: tinv_lo is a form of the split dh"
@@ -63,7 +68,7 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
         Th: T.Tensor((HV, NCg, BT, BT), dtype),
         Tl: T.Tensor((HV, NCg, BT, BT), dtype),
         Fb: T.Tensor((HV, NCg, 8, BT), f32),
-        dUl: T.Tensor((HV, NCg, DV, BT), f32),
+        dUl: T.Tensor(lo_shape((HV, NCg, DV, BT), not du_local), f32),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
         chunk_offsets: T.Tensor((N + 1,), "int32"),
         dht: T.Tensor((Nh, HV, DK, DV), f32),
@@ -89,7 +94,12 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
             th_s = T.alloc_shared((2, BT, BT), dtype)
             tl_s = T.alloc_shared(lo_shape((2, BT, BT), tlo), dtype)
             f_s = T.alloc_shared((2, 8, BT), f32)
-            dul_s = T.alloc_shared((2, BV, BT), f32)
+            if du_local:    # WG1's dUloc (value-first, as the table's stage) and its split P operand
+                dul_s = T.alloc_shared((BV, BT), f32)
+                ph_s = T.alloc_shared((BT, BT), dtype)
+                pl_s = T.alloc_shared((BT, BT), dtype)
+            else:
+                dul_s = T.alloc_shared((2, BV, BT), f32)
             # the chain's tiles: dS' (value-first, also stored), dU then F0 dX, dY (value-first, stored)
             dsh_s = T.alloc_shared((BV, DK), dtype)
             dsl_s = T.alloc_shared((BV, DK), dtype)
@@ -116,6 +126,9 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
             a_ready = T.alloc_barrier(arrive_count=WG)             # D1h, D1l written (WG1)
             a_free = T.alloc_barrier(arrive_count=WG)              # D1h, D1l read (WG0)
             coded = T.alloc_barrier(arrive_count=WG)               # the fp8 codes of dSl written (WG1, lo8)
+            if du_local:
+                du_ready = T.alloc_barrier(arrive_count=WG)        # dUloc written (WG1)
+                du_free = T.alloc_barrier(arrive_count=WG)         # dUloc read (WG0)
 
             tx = T.get_thread_binding()
 
@@ -143,8 +156,14 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     T.wgmma_gemm(k_s[st, :, :], dsh_s, kd_f, transpose_B=True, clear_accum=True)
                     T.gemm(k_s[st, :, :], dsl_s, kd_f, transpose_B=True)
                     T.barrier_arrive(s_free)
-                    for t, j in T.Parallel(BT, BV):
-                        kd_f[t, j] = dul_s[st, j, t] + f_s[st, 2, t] * kd_f[t, j]
+                    if du_local:
+                        T.barrier_wait(du_ready, i % 2)
+                        for t, j in T.Parallel(BT, BV):
+                            kd_f[t, j] = dul_s[j, t] + f_s[st, 2, t] * kd_f[t, j]
+                        T.barrier_arrive(du_free)
+                    else:
+                        for t, j in T.Parallel(BT, BV):
+                            kd_f[t, j] = dul_s[st, j, t] + f_s[st, 2, t] * kd_f[t, j]
                     split_into(kd_f, xh_s, xl_s, olo)
                     T.fence_proxy_async()
                     # dY = Tinv^T dU
@@ -175,13 +194,33 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                 # WG1: F1 dO, split; the table stores
                 T.set_max_nreg(160, 0)
                 a_f = T.alloc_fragment((BT, BV), f32)
+                if du_local:
+                    qk_f = T.alloc_fragment((BT, BT), f32)
+                    du_f = T.alloc_fragment((BT, BV), f32)
                 for i in T.serial(nchunks):
                     st = i % 2
                     c = c0 + nchunks - 1 - i
                     T.barrier_wait(full[st], (i // 2) % 2)
                     for t, j in T.Parallel(BT, BV):
                         a_f[t, j] = T.cast(do_s[st, t, j], f32) * f_s[st, 1, t]
+                    if du_local:
+                        # dUloc = P^T dO (prep's products: P from Q K^T and the gate rows, split; its rows and
+                        # columns past the sequence are 0 by Fb's rows 5 and 6)
+                        T.gemm(q_s[st, :, :], k_s[st, :, :], qk_f, transpose_B=True, clear_accum=True)
+                        for t, j in T.Parallel(BT, BT):
+                            p = (f_s[st, 5, t] * f_s[st, 6, j] * T.exp2((f_s[st, 4, t] - f_s[st, 4, j]) * LOG2E)
+                                 * qk_f[t, j])
+                            qk_f[t, j] = T.if_then_else(j <= t, p, T.float32(0))
+                        split_into(qk_f, ph_s, pl_s, True)
+                        T.fence_proxy_async()
+                        T.wgmma_gemm(ph_s, do_s[st, :, :], du_f, transpose_A=True, clear_accum=True)
+                        T.gemm(pl_s, do_s[st, :, :], du_f, transpose_A=True)
                     T.barrier_arrive(empty[st])
+                    if du_local:
+                        T.barrier_wait(du_free, (i + 1) % 2)
+                        for t, j in T.Parallel(BT, BV):
+                            dul_s[j, t] = du_f[t, j]
+                        T.barrier_arrive(du_ready)
                     T.barrier_wait(a_free, (i + 1) % 2)
                     split_into(a_f, ah_s, al_s, True)
                     T.fence_proxy_async()
@@ -223,7 +262,8 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                         if tlo:
                             T.tma_copy(Tl[hv, c, 0:BT, 0:BT], tl_s[st, :, :], barrier=full[st])
                         T.tma_copy(Fb[hv, c, 0:8, 0:BT], f_s[st, :, :], barrier=full[st])
-                        T.tma_copy(dUl[hv, c, v0:v0 + BV, 0:BT], dul_s[st, :, :], barrier=full[st])
+                        if not du_local:
+                            T.tma_copy(dUl[hv, c, v0:v0 + BV, 0:BT], dul_s[st, :, :], barrier=full[st])
                         T.barrier_arrive(full[st])
 
     return gdn_bwd_dh_ws

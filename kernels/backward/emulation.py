@@ -79,19 +79,26 @@ def prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, merge: str = "bf16"):
     the block merges, "fp32", "bf16" or "split" (its ``merge`` forms)."""
     qc, kc, gc, bc, vmask, G, rq, rk = _gather_chunks(q2, k2, g2, b2, cu, use_l2)
     vm = vmask.to(f64)
-    rows = torch.arange(BT, device=q2.device)
-    D = G[..., :, None] - G[..., None, :]
-    causal = rows[:, None] >= rows[None, :]
-    e_causal = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
     Tinv = _tinv(kc, bc, G, rk, dt, merge)
     Th, Tl = _two(Tinv, dt, True)
     Fb = _gate_table(G, rk, rq, scale, vm, bc)
+    return Th, Tl, Fb, local_du(qc, kc, _chunks(do2, cu), Fb, dt)
+
+
+def local_du(qc, kc, doc, Fb, dt):
+    """dUloc = P^T dO [HV, NC, 64, DV] (fp32 values), the local part of dU, as ``gdn_bwd_prep`` and the dh kernel
+    that forms it itself (``BwdConfig.du_local``) compute it: ``P = Fb5_t Fb6_j e^(G_t - G_j) (q_t . k_j)`` (j <= t,
+    G = Fb row 4) split in two input-dtype terms.  ``qc, kc, doc [HV, NC, 64, D]`` fp64 chunks (q, k per value
+    head), zero past each sequence; ``Fb [HV, NC, 8, 64]``."""
+    rows = torch.arange(BT, device=qc.device)
+    G = Fb[:, :, 4].to(f64)
+    causal = rows[:, None] >= rows[None, :]
+    D = G[..., :, None] - G[..., None, :]
+    e_causal = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
     QK = _f32(qc @ kc.transpose(-1, -2))
-    P = _f32(Fb[:, :, 5, :, None] * Fb[:, :, 6, None, :] * e_causal * QK)
+    P = _f32(Fb[:, :, 5, :, None].to(f64) * Fb[:, :, 6, None, :].to(f64) * e_causal * QK)
     Ph, Pl = _two(P, dt, True)
-    doc = _chunks(do2, cu)
-    dUloc = _f32(Ph.transpose(-1, -2) @ doc + Pl.transpose(-1, -2) @ doc)
-    return Th, Tl, Fb, dUloc
+    return _f32(Ph.transpose(-1, -2) @ doc + Pl.transpose(-1, -2) @ doc)
 
 
 def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False):

@@ -165,7 +165,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     terms = dqk(b=b, plan=plan, tables=tables, states=states, grads=grads, fp32_sums=stages is not None)
     mark("dqk")
     if stages is not None:
-        _record_stages(stages, x=x, tables=tables, states=states, grads=grads, terms=terms, from_saved=from_saved)
+        _record_stages(stages, x=x, tables=tables, states=states, grads=grads, terms=terms, from_saved=from_saved,
+                       du_table=not plan.du_local)
     states, grads = None, _without(grads, "dSh", "dSl", "dYh", "dYl")      # read by dqk last
     out = dg_dbeta(x=x, plan=plan, tables=tables, grads=grads, terms=terms, g=g, beta=beta,
                    has_h0=initial_state is not None)
@@ -191,7 +192,8 @@ class PrepTables:
 
 
 def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
-    """``gdn_bwd_prep`` (parallel): on the forward's Tinv and Ag when ``saved``, else computing them."""
+    """``gdn_bwd_prep`` (parallel): on the forward's Tinv and Ag when ``saved``, else computing them; no dUloc^T
+    table with ``plan.du_local`` (dh forms it)."""
     from kernels.build import get_kernel
     x = b.x
     dev, dt = x.q.device, x.q.dtype
@@ -204,7 +206,10 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
         Tl = torch.empty_like(Th)
         Agh, Agl = torch.empty_like(Th), torch.empty_like(Th)
     Fb = torch.empty(x.HV, x.NC, 8, BT, device=dev, dtype=torch.float32)
-    dUl = torch.empty(x.HV, x.NC, x.D, BT, device=dev, dtype=torch.float32)
+    if plan.du_local:           # dh forms dUloc itself: the table's argument is a placeholder, neither read nor written
+        dUl = _view_over(Fb, (x.HV, x.NC, 8, 8), torch.float32)
+    else:
+        dUl = torch.empty(x.HV, x.NC, x.D, BT, device=dev, dtype=torch.float32)
     get_kernel(plan.prep_config(saved is not None))(x.q, x.k, b.do, x.g, x.beta, x.cu, x.chunk_indices, Th, Tl,
                                                     Agh, Agl, Fb, dUl, x.scale, int(x.use_l2))
     return PrepTables(Th, Tl, Agh, Agl, Fb, dUl)
@@ -412,8 +417,9 @@ def _empty_gradients(b: BackwardInputs, g, beta, initial_state):
                     torch.zeros(Ttot, x.HV, x.D, device=dev), z, z.clone(), dh0, g, beta, initial_state is not None)
 
 
-def _record_stages(stages: dict, *, x, tables, states, grads, terms, from_saved: bool):
-    """The intermediates in the emulation's layouts (``STAGE_LAYOUT``), for a stage-by-stage comparison."""
+def _record_stages(stages: dict, *, x, tables, states, grads, terms, from_saved: bool, du_table: bool = True):
+    """The intermediates in the emulation's layouts (``STAGE_LAYOUT``), for a stage-by-stage comparison; dUloc only
+    where prep stored its table (``du_table``)."""
     from .emulation import lo8_decode
 
     f = lambda t: t.float()   # noqa: E731
@@ -428,6 +434,8 @@ def _record_stages(stages: dict, *, x, tables, states, grads, terms, from_saved:
                   qz=tm.qz.sum(0), kw=tm.kw.sum(0), kr=tm.kr.sum(0), sd=tm.sd.sum(0), yv=tm.yv2[0] + tm.yv2[1],
                   rect=tm.rect, db2=tm.db22[0] + tm.db22[1], S=f(s.Sch) + lo(s.Sch, s.Scl), U=f(s.Uh) + f(s.Ul),
                   dqv=group_sum(tm.dqv, x.H), dkv=group_sum(tm.dkv, x.H))
+    if not du_table:
+        del stages["dUloc"]
 
 
 def _marker(events):
