@@ -11,7 +11,8 @@ saved tables (that benchmark's "backward alone"; ours only).  Prints the host ti
 ``fwdbwd`` also with autograd's backward on the calling thread instead of its device thread) and the GPU time per
 call (CUDA events over the same calls, synchronised), the number of kernel launches per call, for our ``fwdbwd``
 one call's host time split on either thread (``thread_split``: forward, hand-off, the backward's body by pipeline
-stage, return), and the profiler's table of the operators with the most self CPU time; with ``--python N``, also cProfile's N Python functions with
+stage, return; in the forward and the body, the time inside kernel launches and allocations), and the profiler's
+table of the operators with the most self CPU time; with ``--python N``, also cProfile's N Python functions with
 the most own time over the same number of calls (where the host time goes between the operators).  The profiler
 and cProfile run autograd's backward on the calling thread, so that its Python is seen.  When the host time per
 call reaches the GPU time, the GPU waits for the host: fewer launches or less Python per call is then what makes
@@ -97,10 +98,13 @@ def main(argv=None) -> int:
           f"call, {launches / args.calls:.1f} kernel launches per call")
     if parts is not None:
         for on_thread in (False, True):
-            (f, to, body, back), stages = thread_split(*parts, args.calls, on_thread)
+            (f, to, body, back), stages, inside = thread_split(*parts, args.calls, on_thread)
             print(f"  one call, median ms, backward on {'the calling' if on_thread else 'its device'} thread: forward "
                   f"{f:.3f}, to the backward's start {to:.3f}, its body {body:.3f}, back to the caller {back:.3f}; "
                   "the body's stages: " + ", ".join(f"{n} {ms:.3f}" for n, ms in stages.items()))
+            for p, d in inside.items():
+                print(f"    {p}: {d['launches']:.0f} kernel launches {d['launch']:.3f} ms, {d['allocs']:.0f} "
+                      f"allocations {d['alloc']:.3f} ms")
     print(ev.table(sort_by="self_cpu_time_total", row_limit=args.rows))
     if args.python:
         import cProfile
@@ -156,26 +160,54 @@ def _call(args, dev):
     return fwdbwd, ((forward, (do, dht)) if args.impl == "ours" else None), None
 
 
+# the torch allocation functions the pipelines call, timed by ``thread_split``
+ALLOCATORS = ("empty", "empty_like", "zeros", "zeros_like")
+COUNTS = {"launch": "launches", "alloc": "allocs"}      # ``thread_split``'s times and their counts
+
+
 def thread_split(forward, grads, calls: int, on_thread: bool) -> tuple:
-    """(parts, stages) of one forward + backward of ours, median ms over ``calls`` calls: ``parts`` the forward
-    (``forward()``: the autograd Function's outputs), from ``torch.autograd.backward`` to the Function's backward
-    starting, its body, and from its end to ``torch.autograd.backward`` returning; ``stages`` the body's host time
-    per stage of the backward pipeline (``memory_plan.STAGES``' names); ``on_thread``: autograd's backward on the
-    calling thread, else on its device thread (the default for CUDA tensors)."""
+    """(parts, stages, inside) of one forward + backward of ours, median ms over ``calls`` calls: ``parts`` the
+    forward (``forward()``: the autograd Function's outputs), from ``torch.autograd.backward`` to the Function's
+    backward starting, its body, and from its end to ``torch.autograd.backward`` returning; ``stages`` the body's host
+    time per stage of the backward pipeline (``memory_plan.STAGES``' names); ``inside`` for the forward and the body
+    the host time (ms) and count of the kernel launches (calls of what ``kernels.build.get_kernel`` returns) and of
+    the allocations (torch's ``ALLOCATORS``) within them, ``{"forward": {"launch", "launches", "alloc", "allocs"},
+    "body": ...}``; ``on_thread``: autograd's backward on the calling thread, else on its device thread (the default
+    for CUDA tensors).  Everything it replaces is put back, also after a failure."""
     import statistics
 
     import kernels.backward.pipeline as bpipe
+    import kernels.build as build
     from benchmarks.memory_plan import STAGES
     from kernels.autograd import ChunkGatedDeltaRuleFunction as F
     body, rows, spent = [], [], {}
     inner, raw = F.backward, F.__dict__["backward"]        # raw: the staticmethod itself, put back as it was
     names = STAGES[bpipe.__name__]
     stage_fns = {n: getattr(bpipe, n) for n in names}
+    get_kernel = build.get_kernel
+    allocators = {n: getattr(torch, n) for n in ALLOCATORS}
+    phase = ["forward"]
+    acc = {p: dict.fromkeys(("launch", "launches", "alloc", "allocs"), 0.0) for p in ("forward", "body")}
+
+    def counted(kind, fn):
+        def run(*a, **kw):
+            t = time.perf_counter()
+            out = fn(*a, **kw)
+            into = acc.get(phase[0])
+            if into is not None:
+                into[kind] += time.perf_counter() - t
+                into[COUNTS[kind]] += 1
+            return out
+        return run
 
     def timed(ctx, *g):
+        phase[0] = "body"
         t = time.perf_counter()
-        out = inner(ctx, *g)
-        body.append((t, time.perf_counter()))
+        try:
+            out = inner(ctx, *g)
+        finally:
+            body.append((t, time.perf_counter()))
+            phase[0] = "after"
         return out
 
     def stage_timed(name, fn):
@@ -186,16 +218,24 @@ def thread_split(forward, grads, calls: int, on_thread: bool) -> tuple:
             return out
         return run
     per_stage = {n: [] for n in names}
-    F.backward = staticmethod(timed)
-    for n, fn in stage_fns.items():
-        setattr(bpipe, n, stage_timed(n, fn))
+    per_inside = {(p, k): [] for p in acc for k in acc[p]}
     try:
+        F.backward = staticmethod(timed)
+        for n, fn in stage_fns.items():
+            setattr(bpipe, n, stage_timed(n, fn))
+        build.get_kernel = lambda cfg: counted("launch", get_kernel(cfg))
+        for n, fn in allocators.items():
+            setattr(torch, n, counted("alloc", fn))
         for _ in range(calls):
             body.clear()
             spent.clear()
+            for p in acc:
+                acc[p].update(dict.fromkeys(acc[p], 0.0))
+            phase[0] = "forward"
             ta = time.perf_counter()
             outs = forward()
             tb = time.perf_counter()
+            phase[0] = "hand-off"
             with torch.autograd.set_multithreading_enabled(not on_thread):
                 torch.autograd.backward(outs, grads)
             te = time.perf_counter()
@@ -203,15 +243,21 @@ def thread_split(forward, grads, calls: int, on_thread: bool) -> tuple:
             rows.append((tb - ta, tc - tb, td - tc, te - td))
             for n in names:
                 per_stage[n].append(spent.get(n, 0.0))
+            for (p, k), v in per_inside.items():
+                v.append(acc[p][k])
     finally:
         F.backward = raw
         for n, fn in stage_fns.items():
             setattr(bpipe, n, fn)
+        build.get_kernel = get_kernel
+        for n, fn in allocators.items():
+            setattr(torch, n, fn)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+    inside = {p: {k: statistics.median(per_inside[p, k]) * (1e3 if k in COUNTS else 1) for k in acc[p]}
+              for p in acc}
     return (tuple(1e3 * statistics.median(c) for c in zip(*rows)),
-            {n: 1e3 * statistics.median(v) for n, v in per_stage.items()})
-
+            {n: 1e3 * statistics.median(v) for n, v in per_stage.items()}, inside)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -161,14 +161,23 @@ def test_host_split_times_one_backward_body_per_call_and_restores_it(monkeypatch
     _, parts, why = ph._call(types.SimpleNamespace(shape="tiny", direction="fwdbwd", impl="ours"),
                              torch.device("cpu"))
     assert why is None and parts is not None
+    import kernels.build as build
+    get_kernel, empty = build.get_kernel, torch.empty
     with stub_kernel_path():             # the kernel path's host code on the CPU, no-op kernels
-        split, stages = ph.thread_split(*parts, 3, on_thread)
+        stub = build.get_kernel
+        split, stages, inside = ph.thread_split(*parts, 3, on_thread)
+        assert build.get_kernel is stub
     assert len(split) == 4 and all(t >= 0 for t in split) and split[2] > 0
     # the sequential reverse pass runs every stage but the segmented pass's: each took host time inside the body
     assert set(stages) == set(stage_fns) and all(stages[n] > 0 for n in stages)
     assert sum(stages.values()) <= split[2]
+    # the forward and the body each launch kernels and allocate; the time inside them is part of their own
+    for p, whole in (("forward", split[0]), ("body", split[2])):
+        d = inside[p]
+        assert d["launches"] >= 2 and d["allocs"] >= 2 and 0 < d["launch"] + d["alloc"] <= whole, (p, d, whole)
     assert ka.ChunkGatedDeltaRuleFunction.__dict__["backward"] is inner    # the staticmethod, not its function
     assert all(getattr(bpipe, n) is fn for n, fn in stage_fns.items())
+    assert build.get_kernel is get_kernel and torch.empty is empty
 
     def broken(ctx, *g):
         raise RuntimeError("backward failed")
@@ -178,6 +187,7 @@ def test_host_split_times_one_backward_body_per_call_and_restores_it(monkeypatch
         ph.thread_split(*parts, 1, on_thread)
     assert ka.ChunkGatedDeltaRuleFunction.__dict__["backward"] is broken_raw    # restored after the failure too
     assert all(getattr(bpipe, n) is fn for n, fn in stage_fns.items())
+    assert build.get_kernel is get_kernel and torch.empty is empty
 
 
 def test_host_profile_refuses_fla_backward_alone(capsys):
