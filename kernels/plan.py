@@ -220,7 +220,9 @@ class BackwardPlan:
     the chain in one warpgroup, the table stores in another; an A/B alternative, at the head dims of
     ``WS_HEAD_DIMS``); ``du_local``: the warp-specialised dh forms dUloc = P^T dO itself (in its second warpgroup)
     and prep stores no dUloc^T table (an A/B alternative, on the forward's saved tables at ``DU_LOCAL_HEAD_DIM``);
-    ``DK``: the head dim K == V every kernel is built for."""
+    ``recompute_dots``: with ``recompute_ws`` (and ``lo8``), the recompute runs after dh on its stream and its
+    kernel also forms the S o dS' column dots from dh's tables (its S lo term in the input dtype), which dqk then
+    leaves out (an A/B alternative); ``DK``: the head dim K == V every kernel is built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -240,6 +242,7 @@ class BackwardPlan:
     ks_single: bool = False
     recompute_ws: bool = False
     du_local: bool = False
+    recompute_dots: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -258,6 +261,10 @@ class BackwardPlan:
             raise ValueError(f"cluster group sums need HV / H in {CLUSTER_GROUPS}, got {self.group}")
         if self.dh_segments is not None and self.dh_single:
             raise ValueError("the segmented reverse pass runs every operand split (dh_single False)")
+        if self.recompute_dots and not (self.recompute_ws and self.lo8 and not self.overlap_recompute):
+            raise ValueError(f"recompute_dots: the recompute's ws form (recompute_ws) with fp8 lo tables (lo8), after "
+                             f"dh on its stream (overlap_recompute False); got recompute_ws={self.recompute_ws}, "
+                             f"lo8={self.lo8}, overlap_recompute={self.overlap_recompute}")
         if self.du_local and not (self.dh_ws_bv and self.reads_saved_tables and self.dh_segments is None
                                   and self.DK == DU_LOCAL_HEAD_DIM):
             raise ValueError(f"du_local: dUloc formed by the warp-specialised dh of the sequential pass on the "
@@ -276,7 +283,7 @@ class BackwardPlan:
         cp = self.recompute_cp_plan().configs()[-2:] if self.recompute_cp > 1 or self.shared_scan else ()
         if self.recompute_ws:
             state = StateConfig(self.dtype, self.recompute_block_v, prec.past_intra(), form="ws", DK=self.DK,
-                                lo8=self.lo8, tables=True)
+                                lo8=self.lo8, tables=True, dots=self.recompute_dots)
         else:
             state = StateConfig(self.dtype, self.recompute_block_v, prec.past_intra(), form="smem", DK=self.DK,
                                 ctas_per_sm=self.recompute_ctas_per_sm,
@@ -301,7 +308,7 @@ class BackwardPlan:
 
     def dqk_config(self) -> BwdConfig:
         return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK,
-                         s_single=self.s_single, lo8=self.lo8)
+                         s_single=self.s_single, lo8=self.lo8, rc_dots=self.recompute_dots)
 
     def dgdb_config(self) -> BwdConfig:
         return BwdConfig("dgdb", "float32", self.DK)

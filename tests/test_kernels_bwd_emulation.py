@@ -405,6 +405,20 @@ def _fake_kernels(monkeypatch, asked=None):
                 put(Ul, ul)
             if store_ht:
                 put(ht, end.transpose(-1, -2) if vf else end)
+
+        if cfg.dots:        # also the S o dS' dots of dh's tables: (Sh + Sl) . (dSh + dSl) by halves of the key dim
+            def state_dots(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, dSh, dSl, sd, use_h0, store_ht, vf):
+                h = (h0.transpose(-1, -2) if vf else h0) if use_h0 else None
+                sh, sl = FE.chunk_states(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu), cu_list(co), h,
+                                         k.dtype, cfg.prec)[:2]
+                state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, vf)
+                S = sh.to(k.dtype).to(f64) + sl.to(k.dtype).to(f64)     # the kernel's hand-off tiles, hi + lo
+                dS = dSh.to(f64) + E.lo8_decode(dSh, dSl, k.dtype)      # [HV, NC, DV, DK]
+                prod = S * dS.transpose(-1, -2)                          # [HV, NC, DK, DV]
+                D = prod.shape[-2]
+                for hf in range(2):
+                    put(sd[hf], prod[..., hf * D // 2:(hf + 1) * D // 2, :].sum(-2))
+            return state_dots
         return state
 
     def bwd_kernel(cfg):
@@ -493,8 +507,11 @@ def _fake_kernels(monkeypatch, asked=None):
                 sl = torch.zeros_like(Sch) if cfg.s_single else Scl
                 if cfg.lo8:                 # fp8 codes: their values under the hi terms
                     sl, dSl = E.lo8_decode(Sch, Scl, q.dtype), E.lo8_decode(dSh, dSl, q.dtype)
+                # with rc_dots the S o dS' dots are the recompute's: sd not written (its stand-in writes a copy)
+                sd_out = torch.empty_like(sd) if cfg.rc_dots else sd
                 bwd_kernel(bbuild.BwdConfig("inter", cfg.dtype))(q, k, v, do, Sch, sl, Uh, Ul, dSh, dSl, dYh, dYl,
-                                                                 Fb, cu, ci, dqv, dkv, qz, kw, kr, sd, yv[0], scale)
+                                                                 Fb, cu, ci, dqv, dkv, qz, kw, kr, sd_out, yv[0],
+                                                                 scale)
                 yv[1].zero_()
                 bwd_kernel(bbuild.BwdConfig("intra", cfg.dtype))(q, k, do, Uh, Ul, dYh, dYl, Fb, cu, ci, dqv, dkv,
                                                                  rect, db2[0], scale)
@@ -553,7 +570,7 @@ def _plumbing_args(item):
 
 @pytest.mark.parametrize("form", ["dispatched", "no_cluster", "serial_recompute", "recompute_bv16_occ2", "s_single",
                                   "merge_bf16", "merge_split", "lo_tables_in_input_dtype", "recompute_ws",
-                                  "du_local"])
+                                  "recompute_dots", "du_local"])
 @pytest.mark.parametrize("item", _PLUMBING, ids=_PLUMBING_IDS)
 def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     """kernels.backward.pipeline with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
@@ -582,9 +599,10 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
               "s_single": dict(s_single=True, lo8=False),
               "merge_bf16": dict(merge="bf16"), "merge_split": dict(merge="split"),
               "lo_tables_in_input_dtype": dict(lo8=False), "recompute_ws": dict(recompute_ws=True),
-              "du_local": dict(du_local=True)}[form]
+              "du_local": dict(du_local=True),
+              "recompute_dots": dict(recompute_ws=True, recompute_dots=True, overlap_recompute=False)}[form]
     plan = pipeline.plan_for(b) if b.x.NC else None
-    if form == "recompute_ws" and plan is not None and plan.DK not in WS_HEAD_DIMS:
+    if form in ("recompute_ws", "recompute_dots") and plan is not None and plan.DK not in WS_HEAD_DIMS:
         pytest.skip(f"recompute_ws is built at the head dims {WS_HEAD_DIMS} only, this call's is {plan.DK}")
     if form == "du_local" and plan is not None and not (plan.dh_ws_bv and plan.DK == DU_LOCAL_HEAD_DIM):
         pytest.skip(f"du_local is a form of the warp-specialised dh at K {DU_LOCAL_HEAD_DIM}: this call's plan has "
@@ -604,14 +622,15 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
                          and (c.prec.s == "split") != single and c.prec.ks == "split" for c in state), asked
     if form == "recompute_bv16_occ2":
         assert all((c.BV, c.ctas_per_sm) == (16, 2) for c in state), asked
-    assert all((c.form == "ws" and c.tables) == (form == "recompute_ws") for c in state if not c.scan), asked
+    assert all((c.form == "ws" and c.tables) == (form in ("recompute_ws", "recompute_dots"))
+               and c.dots == (form == "recompute_dots") for c in state if not c.scan), asked
     dh = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "dh"]
     assert dh and all(not c.single and not c.tinv_hi and c.lo8 == lo8 for c in dh), asked  # Tinv hi + lo
     assert all(c.du_local == (form == "du_local") for c in dh + [c for c in asked if getattr(c, "kind", "") == "prep"])
     dqk = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
     cluster = HV // H in bbuild.CLUSTER_GROUPS and form != "no_cluster"
     assert [c.kind for c in dqk] == [f"dqk_g{HV // H}" if cluster else "dqk"], asked
-    assert all(c.s_single == single and c.lo8 == lo8 for c in dqk), asked
+    assert all(c.s_single == single and c.lo8 == lo8 and c.rc_dots == (form == "recompute_dots") for c in dqk), asked
     prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
     assert prep and all(c.merge == merge for c in prep), asked
     gsum = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("gsum")]
@@ -667,13 +686,13 @@ def test_autograd_hands_one_term_merge_tables_to_the_backward_on_cpu(monkeypatch
     assert prep and all(c.saved and c.merge == "bf16" for c in prep), asked
 
 
-@pytest.mark.parametrize("column", ["ours-du-local", "ours-rc-ws"])
+@pytest.mark.parametrize("column", ["ours-du-local", "ours-rc-ws", "ours-rc-dots"])
 @pytest.mark.parametrize("case", [_PLUMBING[i] for i in (1, 5)], ids=[_PLUMBING_IDS[i] for i in (1, 5)])
 def test_autograd_runs_the_backward_ab_kernels_on_cpu(monkeypatch, case, column):
-    """The backward benchmark's ``ours-du-local`` (dh_ws forms dUloc itself, prep stores no dUloc table) and
-    ``ours-rc-ws`` (the recompute's ws form) through the autograd Function on the kernel path (stand-in kernels on
-    the CPU, the forward's tables saved): the gradients are the emulation's (dh on the saved Tinv: hi alone), and the
-    kernels asked for are those forms."""
+    """The backward benchmark's ``ours-du-local`` (dh_ws forms dUloc itself, prep stores no dUloc table),
+    ``ours-rc-ws`` (the recompute's ws form) and ``ours-rc-dots`` (that form also forming the S o dS' dots) through
+    the autograd Function on the kernel path (stand-in kernels on the CPU, the forward's tables saved): the
+    gradients are the emulation's (dh on the saved Tinv: hi alone), and the kernels asked for are those forms."""
     import kernels.backward.configs as bbuild
     import kernels.forward.configs as fbuild
     from benchmarks.bench_kernels_bwd import alter
@@ -683,7 +702,8 @@ def test_autograd_runs_the_backward_ab_kernels_on_cpu(monkeypatch, case, column)
     state = [c for c in asked if isinstance(c, fbuild.StateConfig) and c.tables]
     assert dh_prep and all(c.du_local == (column == "ours-du-local") for c in dh_prep), asked
     assert all(c.ws_bv for c in dh_prep if c.kind == "dh") and all(c.saved for c in dh_prep if c.kind == "prep")
-    assert bool(state) == (column == "ours-rc-ws"), asked
+    assert bool(state) == (column in ("ours-rc-ws", "ours-rc-dots")), asked
+    assert all(c.dots == (column == "ours-rc-dots") for c in state), asked
 
 
 def test_alter_validates_each_direction_once_and_sees_the_dispatched_plans(monkeypatch):
@@ -1028,6 +1048,30 @@ def test_recompute_ws_plan_and_configuration():
             fwd_prim_func(StateConfig("bfloat16", 32, ws.prec, form=form, tables=True))
     with pytest.raises(ValueError, match="lo8"):
         fwd_prim_func(StateConfig("bfloat16", 32, ws.prec, form="ws", lo8=True))
+
+
+def test_recompute_dots_plan_and_configurations():
+    """``BackwardPlan.recompute_dots`` (an A/B alternative): the recompute's ws tables configuration also forms the
+    S o dS' dots and dqk's leaves them out, both in the compile list; the plan refuses it without the ws form, without
+    fp8 lo tables and with the recompute beside dh, and the configurations refuse it where it is no form."""
+    import dataclasses
+
+    from kernels.backward.configs import BwdConfig, prim_func
+    from kernels.build import all_configs
+    from kernels.forward.configs import StateConfig, prim_func as fwd_prim_func
+    from kernels.plan import backward_plan
+    base = backward_plan("bfloat16", 16, 32, 512, 1)
+    p = dataclasses.replace(base, recompute_ws=True, recompute_dots=True, overlap_recompute=False)
+    state, dqk = p.recompute_configs()[1], p.dqk_config()
+    assert state.tables and state.dots and dqk.rc_dots and {state, dqk} <= set(all_configs())
+    for change in (dict(recompute_ws=False), dict(lo8=False), dict(overlap_recompute=True)):
+        with pytest.raises(ValueError, match="recompute_dots"):
+            dataclasses.replace(p, **change)
+    with pytest.raises(ValueError, match="dots"):
+        fwd_prim_func(StateConfig("bfloat16", 32, state.prec, form="ws", tables=True, dots=True))    # no lo8
+    for bad in (BwdConfig("dh", "bfloat16", rc_dots=True), BwdConfig("dqk", "bfloat16", rc_dots=True)):
+        with pytest.raises(ValueError, match="rc_dots"):
+            prim_func(bad)
 
 
 def test_du_local_plan_and_configurations():

@@ -1,7 +1,7 @@
 """GPU checks of our TileLang GDN backward that the verdict rows (``test_kernels_verdicts_gpu.py``) cannot express
 (marker ``gpu``): the kernels' intermediates against the torch emulation of the same kernels, two calls bitwise
 equal, the segment-parallel reverse pass against the sequential one, the recompute at other state-kernel shapes, in
-the ws form and per CP segment, dh forming dUloc itself,
+the ws form (also forming the S o dS' dots) and per CP segment, dh forming dUloc itself,
 dqk's cluster group sums against the group-sum kernel, the forward's saved tables against none (also with
 one-term block merges), and the recompute storing S's hi term alone against its emulation.  Inputs from
 ``cases.inputs`` (``tests.kernel_support.bwd_args``: do, dht from ``parity.refs.grad_outputs``), fp64 gradients
@@ -89,8 +89,9 @@ def _precompile():
         for bv, occ in list(_RECOMPUTE_SHAPES.values()) + [(16, 1)]:
             cfgs += dataclasses.replace(bp, recompute_block_v=bv, recompute_ctas_per_sm=occ).recompute_configs()
         if bp.DK in WS_HEAD_DIMS:
-            cfgs += [c for bv in (bp.recompute_block_v, 32) for c in
-                     dataclasses.replace(bp, recompute_ws=True, recompute_block_v=bv).recompute_configs()]
+            for bv in (bp.recompute_block_v, 32):
+                ws = dataclasses.replace(bp, recompute_ws=True, recompute_block_v=bv, overlap_recompute=False)
+                cfgs += ws.recompute_configs() + dataclasses.replace(ws, recompute_dots=True).configs(False)
         if bp.dh_segments is None and bp.DK == 128:
             local = dataclasses.replace(bp, dh_ws_bv=32, du_local=True)
             cfgs += [local.prep_config(True), local.dh_config(True)]
@@ -334,6 +335,37 @@ def test_recompute_ws_gives_the_smem_kernels_tables(case, side, bv):
     for name in ("S", "U"):
         assert torch.equal(sp[name], sr[name]), (name, tt.max_rel(sp[name], sr[name]))
     _check_forms(case, got, ref)
+
+
+@pytest.mark.parametrize("case,side,bv", _RECOMPUTE_WS_CASES[:-1],
+                         ids=[c.id + (f"-bv{b}" if b else "") for c, s, b in _RECOMPUTE_WS_CASES[:-1]])
+def test_recompute_dots_give_dqks(case, side, bv):
+    """The recompute's ws form also forming the S o dS' dots from dh's tables (``BackwardPlan.recompute_dots``; dqk
+    leaves them out) against the same plan with dqk forming them: the same products, with S's lo term in the input
+    dtype instead of its fp8 code, summed in another order, so the dots within 1e-5 of their largest magnitude and
+    every gradient within 1e-5 of its largest magnitude (printed), the recomputed S and U bitwise the same, and
+    within the emulation's rounding floor and the baseline."""
+    from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
+    from kernels.backward.pipeline import plan_for, prepare_backward
+
+    args, kw, do, dht = tt.bwd_args(case, CUDA)
+    plan = dataclasses.replace(plan_for(prepare_backward(*args, do, dht, **kw)), overlap_recompute=False,
+                               recompute_ws=True)
+    if bv:
+        plan = dataclasses.replace(plan, recompute_block_v=bv)
+    sp, sr = {}, {}
+    got = kern(*args, do, dht, **kw, stages=sp, plan=dataclasses.replace(plan, recompute_dots=True))
+    ref = kern(*args, do, dht, **kw, stages=sr, plan=plan)
+    torch.cuda.synchronize()
+    for name in ("S", "U"):
+        assert torch.equal(sp[name], sr[name]), (name, tt.max_rel(sp[name], sr[name]))
+    d = tt.max_rel(sp["sd"], sr["sd"])
+    print(f"  {case.id}: sd max|diff| / max = {d:.2e} (bitwise {torch.equal(sp['sd'], sr['sd'])})")
+    assert d <= 1e-5, d
+    _check_forms(case, got, ref, close=NAMES)
+    _within_floor_of_emulation(case, got, emu(*args, do, dht, **kw), "recompute_dots vs emulation")
+    _within_baseline(case, got)
 
 
 @pytest.mark.parametrize("case", _RECOMPUTE_CP_CASES, ids=[c.id for c in _RECOMPUTE_CP_CASES])

@@ -151,7 +151,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     # waits for before dqk
     if side is None:
         mark("dh")
-        states = recompute(x=x, plan=plan, tables=tables, side=None, maps=maps)
+        states = recompute(x=x, plan=plan, tables=tables, side=None, maps=maps, grads=grads)
         mark("recompute")
     else:
         states = recompute(x=x, plan=plan, tables=tables, side=side, maps=maps)
@@ -221,6 +221,7 @@ class RecomputedStates:
     Scl: torch.Tensor               # lo (Sch itself, unread, where the plan stores S hi alone; fp8 codes with lo8)
     Uh: torch.Tensor                # [HV, NC, 64, D] hi
     Ul: torch.Tensor                # lo
+    sd: torch.Tensor | None = None  # [2, HV, NC, D] fp32, the S o dS' dots, where the recompute forms them
 
 
 def segment_maps_of(*, x: ForwardInputs, plan, tables: PrepTables) -> torch.Tensor:
@@ -231,14 +232,15 @@ def segment_maps_of(*, x: ForwardInputs, plan, tables: PrepTables) -> torch.Tens
                         scan_cu=cp.cu[:-1], scan_co=cp.chunk_offsets[:-1], n_seg=cp.cu.numel() - 1)
 
 
-def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) -> RecomputedStates:
+def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None, grads=None) -> RecomputedStates:
     """The forward's chunk-start states S and U (hi + lo, key-first) by its smem state kernel on prep's Ag and
     gate table: one pass over every sequence, or with ``plan.recompute_cp`` one per CP segment from the start
     states of the forward's exact ``segment_starts`` (the scan and the fp64 fix-up on the same tables), or with
     ``plan.shared_scan`` one per dh segment from the fix-up of ``maps`` (``segment_maps_of``); on the
     stream ``side`` when given: its outputs are then allocated on it (so that none reuses a buffer the main stream's
     pending kernels still read, such as dh's) and recorded on the main stream, which reads and frees them; its
-    inputs recorded on it."""
+    inputs recorded on it.  With ``plan.recompute_dots`` its kernel also forms the S o dS' dots from dh's
+    ``grads``."""
     from kernels.build import get_kernel
     dev, dt, D = x.q.device, x.q.dtype, x.D
     cfg = plan.recompute_configs()[1]
@@ -262,14 +264,20 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
         else:
             cu, co, use_h0, v_first = x.cu, x.chunk_offsets, int(x.h0 is not None), int(x.v_first)
             h0 = initial_states(x)
-        get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, 0,
-                        v_first)
+        if plan.recompute_dots:
+            sd = torch.empty(2, x.HV, x.NC, D, device=dev, dtype=torch.float32)
+            get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, ht,
+                            grads.dSh, grads.dSl, sd, use_h0, 0, v_first)
+        else:
+            sd = None
+            get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, 0,
+                            v_first)
     if side is not None:
         for t in (tables.Agh, tables.Agl) + ((maps,) if plan.shared_scan else ()):  # freed while the side stream
             t.record_stream(side)                                                     # may still use them
         for t in (Sch, Scl, Uh, Ul):
             t.record_stream(main)
-    return RecomputedStates(Sch, Scl, Uh, Ul)
+    return RecomputedStates(Sch, Scl, Uh, Ul, sd)
 
 
 @dataclass
@@ -335,7 +343,8 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
     f32 = torch.float32
     qz = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
     kw, kr = torch.empty_like(qz), torch.empty_like(qz)
-    sd = torch.empty(2, HV, NC, D, device=dev, dtype=f32)
+    # the S o dS' dots: dqk's, or the recompute's (``plan.recompute_dots``; dqk does not write them)
+    sd = torch.empty(2, HV, NC, D, device=dev, dtype=f32) if states.sd is None else states.sd
     rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
     yv2 = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
     db22 = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
