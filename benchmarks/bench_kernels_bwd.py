@@ -95,6 +95,7 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       "ours-du-local": ("backward", dict(du_local=True)),  # dh_ws forms dUloc = P^T dO; prep stores no dUloc table
       # the recompute's ws form after dh also forms the S o dS' dots, which dqk then leaves out
       "ours-rc-dots": ("backward", dict(recompute_ws=True, recompute_dots=True, overlap_recompute=False)),
+      "ours-e-once": ("backward", dict(dqk_e_once=True)),  # dqk's intra-term gates formed once a chunk
       # one sequential recompute pass at BV 16 (what block_v gives where the recompute runs per CP segment), dh's
       # transfer maps by its pass B
       "ours-rc-seq": ("backward", dict(recompute_cp=1, recompute_block_v=16, recompute_ctas_per_sm=1,

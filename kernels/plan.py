@@ -222,7 +222,9 @@ class BackwardPlan:
     and prep stores no dUloc^T table (an A/B alternative, on the forward's saved tables at ``DU_LOCAL_HEAD_DIM``);
     ``recompute_dots``: with ``recompute_ws`` (and ``lo8``), the recompute runs after dh on its stream and its
     kernel also forms the S o dS' column dots from dh's tables (its S lo term in the input dtype), which dqk then
-    leaves out (an A/B alternative); ``DK``: the head dim K == V every kernel is built for."""
+    leaves out (an A/B alternative); ``dqk_e_once``: dqk forms the intra terms' ``e^(G_t - G_j)`` once a chunk
+    instead of at each of its four uses (the same values; an A/B alternative); ``DK``: the head dim K == V every
+    kernel is built for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -243,6 +245,7 @@ class BackwardPlan:
     recompute_ws: bool = False
     du_local: bool = False
     recompute_dots: bool = False
+    dqk_e_once: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -308,7 +311,7 @@ class BackwardPlan:
 
     def dqk_config(self) -> BwdConfig:
         return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK,
-                         s_single=self.s_single, lo8=self.lo8, rc_dots=self.recompute_dots)
+                         s_single=self.s_single, lo8=self.lo8, rc_dots=self.recompute_dots, e_once=self.dqk_e_once)
 
     def dgdb_config(self) -> BwdConfig:
         return BwdConfig("dgdb", "float32", self.DK)

@@ -686,13 +686,14 @@ def test_autograd_hands_one_term_merge_tables_to_the_backward_on_cpu(monkeypatch
     assert prep and all(c.saved and c.merge == "bf16" for c in prep), asked
 
 
-@pytest.mark.parametrize("column", ["ours-du-local", "ours-rc-ws", "ours-rc-dots"])
+@pytest.mark.parametrize("column", ["ours-du-local", "ours-rc-ws", "ours-rc-dots", "ours-e-once"])
 @pytest.mark.parametrize("case", [_PLUMBING[i] for i in (1, 5)], ids=[_PLUMBING_IDS[i] for i in (1, 5)])
 def test_autograd_runs_the_backward_ab_kernels_on_cpu(monkeypatch, case, column):
     """The backward benchmark's ``ours-du-local`` (dh_ws forms dUloc itself, prep stores no dUloc table),
-    ``ours-rc-ws`` (the recompute's ws form) and ``ours-rc-dots`` (that form also forming the S o dS' dots) through
-    the autograd Function on the kernel path (stand-in kernels on the CPU, the forward's tables saved): the
-    gradients are the emulation's (dh on the saved Tinv: hi alone), and the kernels asked for are those forms."""
+    ``ours-rc-ws`` (the recompute's ws form), ``ours-rc-dots`` (that form also forming the S o dS' dots) and
+    ``ours-e-once`` (dqk's gates formed once) through the autograd Function on the kernel path (stand-in kernels on
+    the CPU, the forward's tables saved): the gradients are the emulation's (dh on the saved Tinv: hi alone), and the
+    kernels asked for are those forms."""
     import kernels.backward.configs as bbuild
     import kernels.forward.configs as fbuild
     from benchmarks.bench_kernels_bwd import alter
@@ -704,6 +705,8 @@ def test_autograd_runs_the_backward_ab_kernels_on_cpu(monkeypatch, case, column)
     assert all(c.ws_bv for c in dh_prep if c.kind == "dh") and all(c.saved for c in dh_prep if c.kind == "prep")
     assert bool(state) == (column in ("ours-rc-ws", "ours-rc-dots")), asked
     assert all(c.dots == (column == "ours-rc-dots") for c in state), asked
+    dqk = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
+    assert dqk and all(c.e_once == (column == "ours-e-once") for c in dqk), asked
 
 
 def test_alter_validates_each_direction_once_and_sees_the_dispatched_plans(monkeypatch):
@@ -1053,7 +1056,8 @@ def test_recompute_ws_plan_and_configuration():
 def test_recompute_dots_plan_and_configurations():
     """``BackwardPlan.recompute_dots`` (an A/B alternative): the recompute's ws tables configuration also forms the
     S o dS' dots and dqk's leaves them out, both in the compile list; the plan refuses it without the ws form, without
-    fp8 lo tables and with the recompute beside dh, and the configurations refuse it where it is no form."""
+    fp8 lo tables and with the recompute beside dh, and the configurations refuse it where it is no form.  Likewise
+    ``dqk_e_once``'s dqk configuration."""
     import dataclasses
 
     from kernels.backward.configs import BwdConfig, prim_func
@@ -1072,6 +1076,11 @@ def test_recompute_dots_plan_and_configurations():
     for bad in (BwdConfig("dh", "bfloat16", rc_dots=True), BwdConfig("dqk", "bfloat16", rc_dots=True)):
         with pytest.raises(ValueError, match="rc_dots"):
             prim_func(bad)
+    # dqk's gates formed once (``dqk_e_once``): its configuration, compiled, and no form of another kind
+    once = dataclasses.replace(base, dqk_e_once=True).dqk_config()
+    assert once.e_once and once in set(all_configs()) and not base.dqk_config().e_once
+    with pytest.raises(ValueError, match="e_once"):
+        prim_func(BwdConfig("dh", "bfloat16", e_once=True))
 
 
 def test_du_local_plan_and_configurations():

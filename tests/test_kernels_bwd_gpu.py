@@ -1,7 +1,7 @@
 """GPU checks of our TileLang GDN backward that the verdict rows (``test_kernels_verdicts_gpu.py``) cannot express
 (marker ``gpu``): the kernels' intermediates against the torch emulation of the same kernels, two calls bitwise
 equal, the segment-parallel reverse pass against the sequential one, the recompute at other state-kernel shapes, in
-the ws form (also forming the S o dS' dots) and per CP segment, dh forming dUloc itself,
+the ws form (also forming the S o dS' dots) and per CP segment, dh forming dUloc itself, dqk's gates formed once,
 dqk's cluster group sums against the group-sum kernel, the forward's saved tables against none (also with
 one-term block merges), and the recompute storing S's hi term alone against its emulation.  Inputs from
 ``cases.inputs`` (``tests.kernel_support.bwd_args``: do, dht from ``parity.refs.grad_outputs``), fp64 gradients
@@ -95,6 +95,7 @@ def _precompile():
         if bp.dh_segments is None and bp.DK == 128:
             local = dataclasses.replace(bp, dh_ws_bv=32, du_local=True)
             cfgs += [local.prep_config(True), local.dh_config(True)]
+        cfgs.append(dataclasses.replace(bp, dqk_e_once=True).dqk_config())
     failed = precompile(list(dict.fromkeys(cfgs)), min(10, os.cpu_count() or 1))
     assert not failed, failed
 
@@ -366,6 +367,25 @@ def test_recompute_dots_give_dqks(case, side, bv):
     _check_forms(case, got, ref, close=NAMES)
     _within_floor_of_emulation(case, got, emu(*args, do, dht, **kw), "recompute_dots vs emulation")
     _within_baseline(case, got)
+
+
+_E_ONCE_CASES = _CLUSTER_CASES + [_STAGE_CASES[0]]
+
+
+@pytest.mark.parametrize("case", _E_ONCE_CASES, ids=[c.id for c in _E_ONCE_CASES])
+def test_dqk_gates_formed_once_give_the_same_gradients(case):
+    """dqk forming the intra terms' ``e^(G_t - G_j)`` once a chunk (``BackwardPlan.dqk_e_once``) against the
+    dispatched plan, which forms it at each of its four uses: the same values in the same products, so every
+    gradient bitwise the same (GVA 1, 2, 4, 8, varlen, fp16)."""
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
+    from kernels.backward.pipeline import plan_for, prepare_backward
+
+    args, kw, do, dht = tt.bwd_args(case, CUDA)
+    plan = plan_for(prepare_backward(*args, do, dht, **kw))
+    got = kern(*args, do, dht, **kw, plan=dataclasses.replace(plan, dqk_e_once=True))
+    ref = kern(*args, do, dht, **kw, plan=plan)
+    torch.cuda.synchronize()
+    _check_forms(case, got, ref)
 
 
 @pytest.mark.parametrize("case", _RECOMPUTE_CP_CASES, ids=[c.id for c in _RECOMPUTE_CP_CASES])

@@ -37,10 +37,11 @@ class BwdConfig:
     #                                columns a CTA (32); 0: the value-first register kernel (64 columns)
     du_local: bool = False         # dh_ws forms dUloc = P^T dO itself; prep stores no dUloc table (a pair)
     rc_dots: bool = False          # dqk only: the S o dS' dots come from the recompute's ws form, not formed here
+    e_once: bool = False           # dqk only: e^(G_t - G_j) formed once a chunk for the intra terms' four uses
 
     @property
     def name(self) -> str:
-        names = ("single", "saved", "tinv_hi", "s_single", "lo8", "du_local", "rc_dots")
+        names = ("single", "saved", "tinv_hi", "s_single", "lo8", "du_local", "rc_dots", "e_once")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
@@ -55,9 +56,9 @@ def all_configs():
     S's hi term alone (an A/B alternative); the split dh and dqk with fp8 lo tables (``lo8``), the split dh with
     fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``), at ``DU_LOCAL_HEAD_DIM`` also forming
     dUloc itself, with its prep (``du_local``, an A/B alternative; on the saved tables and computing them), and dqk
-    (groups of 1 and 2) leaving the S o dS' dots to the recompute (``rc_dots``, an A/B alternative); the
-    dtype-free dgdb once.  The forward recompute runs the forward's intra and state kernels
-    (``kernels.build.forward_configs``)."""
+    (groups of 1 and 2) leaving the S o dS' dots to the recompute (``rc_dots``) or forming the intra terms' gates
+    once (``e_once``), A/B alternatives; the dtype-free dgdb once.  The forward recompute runs the forward's intra
+    and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
 
@@ -77,8 +78,8 @@ def _configs_at(D: int):
                + [BwdConfig("prep", dt, D, saved=s, merge="bf16" if s else "fp32", du_local=True) for dt in DTYPES
                   for s in (True, False)]
                if D == DU_LOCAL_HEAD_DIM else [])
-            + ([BwdConfig(kind, dt, D, lo8=True, rc_dots=True) for dt in DTYPES for kind in ("dqk", "dqk_g2")]
-               if D == DU_LOCAL_HEAD_DIM else []))
+            + ([BwdConfig(kind, dt, D, lo8=True, **{f: True}) for f in ("rc_dots", "e_once") for dt in DTYPES
+                for kind in ("dqk", "dqk_g2")] if D == DU_LOCAL_HEAD_DIM else []))
 
 
 def prim_func(cfg: BwdConfig):
@@ -97,6 +98,8 @@ def prim_func(cfg: BwdConfig):
     split_tables = (cfg.kind == "dh" and not cfg.single) or (cfg.kind.startswith("dqk") and not cfg.s_single)
     if cfg.lo8 and not split_tables:
         raise ValueError(f"lo8 (fp8 lo tables) is a form of the split dh and of dqk on the split S: {cfg.name}")
+    if cfg.e_once and not cfg.kind.startswith("dqk"):
+        raise ValueError(f"e_once (the intra terms' gates formed once) is a form of dqk only: {cfg.name}")
     if cfg.rc_dots and not (cfg.kind.startswith("dqk") and cfg.lo8):
         raise ValueError(f"rc_dots (the S o dS' dots from the recompute) is a form of dqk with fp8 lo tables: "
                          f"{cfg.name}")
@@ -118,7 +121,7 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
         from .dqk import build_bwd_dqk
         return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
-                             s_lo=not cfg.s_single, lo8=cfg.lo8, dots=not cfg.rc_dots)
+                             s_lo=not cfg.s_single, lo8=cfg.lo8, dots=not cfg.rc_dots, e_once=cfg.e_once)
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)

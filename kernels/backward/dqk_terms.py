@@ -107,15 +107,22 @@ def put_split(hi, lo, t, j, x, with_lo):
         lo[t, j] = T.cast(x - T.cast(T.cast(x, hi.dtype), "float32"), hi.dtype)
 
 
+def gate(fv, e_f, t, j):
+    """``e^(G_t - G_j)`` of the gate table ``fv`` (row 4: G): exp2 of the difference, or its value kept in the fp32
+    fragment ``e_f`` (None: computed here)."""
+    return T.exp2((fv[4, t] - fv[4, j]) * LOG2E) if e_f is None else e_f[t, j]
+
+
 @T.macro
 def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, m1h, m2h, m3h, m_s, qk, kk, dpu, dyu, x_f, dq_f,
-                dk_f, db2, t2, r2, nv, hv, c, scale):
+                dk_f, db2, t2, r2, nv, hv, c, scale, e_f=None):
     """The intra-chunk (64x64) terms of chunk ``c``, value head ``hv`` (module docstring): the dbeta row sums by
     halves of the columns into ``db2 [2, HV, NC, 64]`` (``t2 [2, 64, 32], r2 [2, 64]`` fp32 fragments,
     ``store_half_sums``), the dg rectangle's summands to ``m_s [64, >= 64]`` fp32 (``rect_sums`` finishes them;
     through ``x_f`` and one fragment copy), and the products added onto ``dq_f, dk_f [64, DK]`` (fp32 fragments).
     ``fv[r, t]`` the gate table; ``qk .. x_f`` [64, 64] fp32 fragments; ``mqh .. m3h`` [64, 64] input-dtype shared
-    tiles: the four 64x64 operands, single (one input-dtype term each)."""
+    tiles: the four 64x64 operands, single (one input-dtype term each).  ``e_f`` ([64, 64] fp32 fragment or None):
+    ``e^(G_t - G_j)`` formed once there for its four uses (the same values) instead of at each."""
     T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
     T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
     T.gemm(do_s, uh_s, dpu, transpose_B=True, clear_accum=True)
@@ -123,25 +130,28 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, m1h, m2h, m3h
     T.gemm(dyh_s, uh_s, dyu, transpose_A=True, transpose_B=True, clear_accum=True)
     T.gemm(dyl_s, uh_s, dyu, transpose_A=True, transpose_B=True)
     T.gemm(dyh_s, ul_s, dyu, transpose_A=True, transpose_B=True)
+    if e_f is not None:
+        for t, j in T.Parallel(BT, BT):
+            e_f[t, j] = T.exp2((fv[4, t] - fv[4, j]) * LOG2E)
 
     # (t, j) = (row, col); F5 = scale rq, F6 = rk, F7 = beta (0 on rows past the end)
     for t, j in T.Parallel(BT, BT):
         # dQK (rows t < nv) times rk_j -> dq~ operand
         # the value first, then a select: no branch per element (masked values, inf or not, are never selected)
-        x = scale * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j] * fv[6, j]
+        x = scale * gate(fv, e_f, t, j) * dpu[t, j] * fv[6, j]
         x_f[t, j] = T.if_then_else((j <= t) & (t < nv), x, T.float32(0))
     for t, j in T.Parallel(BT, BT):
         put_split(mqh, None, t, j, x_f[t, j], False)
     for t, j in T.Parallel(BT, BT):
         # rq_t dQK_tj (-> dk~ operand, transposed) ; dpu <- its product with q~ k~^T for dg
-        x = fv[5, t] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * dpu[t, j]
+        x = fv[5, t] * gate(fv, e_f, t, j) * dpu[t, j]
         x_f[t, j] = T.if_then_else(j <= t, x, T.float32(0))
     for t, j in T.Parallel(BT, BT):
         put_split(m1h, None, t, j, x_f[t, j], False)
         dpu[t, j] = x_f[t, j] * fv[6, j] * qk[t, j]
     for t, j in T.Parallel(BT, BT):
         # braw = e rk_t rk_j KK (j < t);  kk <- braw
-        x = T.exp2((fv[4, t] - fv[4, j]) * LOG2E) * fv[6, t] * fv[6, j] * kk[t, j]
+        x = gate(fv, e_f, t, j) * fv[6, t] * fv[6, j] * kk[t, j]
         kk[t, j] = T.if_then_else(j < t, x, T.float32(0))
     for t, j in T.Parallel(BT, BT):
         dyu[t, j] = T.if_then_else(j < t, -dyu[t, j], T.float32(0))          # dA
@@ -153,7 +163,7 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, m1h, m2h, m3h
     T.copy(x_f, m_s[:, 0:BT])
     for t, j in T.Parallel(BT, BT):
         # dBk = beta_t e dA
-        x = fv[7, t] * dyu[t, j] * T.exp2((fv[4, t] - fv[4, j]) * LOG2E)
+        x = fv[7, t] * dyu[t, j] * gate(fv, e_f, t, j)
         x_f[t, j] = T.if_then_else(j < t, x, T.float32(0))
     for t, j in T.Parallel(BT, BT):
         put_split(m2h, None, t, j, x_f[t, j] * fv[6, j], False)
