@@ -96,6 +96,11 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       # the recompute's ws form after dh also forms the S o dS' dots, which dqk then leaves out
       "ours-rc-dots": ("backward", dict(recompute_ws=True, recompute_dots=True, overlap_recompute=False)),
       "ours-e-once": ("backward", dict(dqk_e_once=True)),  # dqk's intra-term gates formed once a chunk
+      # the two above together (every shape); with dh forming dUloc too (where dh_ws runs)
+      "ours-rc-dots-e1": ("backward", dict(recompute_ws=True, recompute_dots=True, overlap_recompute=False,
+                                           dqk_e_once=True)),
+      "ours-rc-dots-e1-du": ("backward", dict(recompute_ws=True, recompute_dots=True, overlap_recompute=False,
+                                              dqk_e_once=True, du_local=True)),
       # one sequential recompute pass at BV 16 (what block_v gives where the recompute runs per CP segment), dh's
       # transfer maps by its pass B
       "ours-rc-seq": ("backward", dict(recompute_cp=1, recompute_block_v=16, recompute_ctas_per_sm=1,
