@@ -235,7 +235,11 @@ def main(argv=None):
                     "'ours-no-saved' (the forward keeps no intra tables: prep recomputes Tinv, hi + lo, and Ag), "
                     "'ours-dh-single' (dh's Tinv, dU and F0 dX as single terms on the "
                     "sequential pass), 'ours-dh-regs' (dh's register kernel), 'ours-dh-ws32' (dh "
-                    "warp-specialised and key-first, 32 value columns a CTA)")
+                    "warp-specialised and key-first, 32 value columns a CTA), 'ours-rc-ws' (the recompute's state "
+                    "kernel warp-specialised), 'ours-rc-dots' (that kernel also forming the S o dS' dots, dqk "
+                    "leaving them out), 'ours-e-once' (dqk's intra-term gates formed once), 'ours-du-local' (dh_ws "
+                    "forming dUloc, prep storing no dUloc table; where dh_ws runs), 'ours-rc-dots-e1' and "
+                    "'ours-rc-dots-e1-du' (those together); the full list: the AB table")
     args = ap.parse_args(argv)
     ab = [c for c in args.ab.split(",") if c]
     for col in ab:
