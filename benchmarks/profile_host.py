@@ -189,16 +189,22 @@ def thread_split(forward, grads, calls: int, on_thread: bool) -> tuple:
     phase = ["forward"]
     acc = {p: dict.fromkeys(("launch", "launches", "alloc", "allocs"), 0.0) for p in ("forward", "body")}
 
-    def counted(kind, fn):
+    def timed_call(fn, record):
+        """``fn`` with the host time of each call handed to ``record``."""
         def run(*a, **kw):
             t = time.perf_counter()
             out = fn(*a, **kw)
-            into = acc.get(phase[0])
-            if into is not None:
-                into[kind] += time.perf_counter() - t
-                into[COUNTS[kind]] += 1
+            record(time.perf_counter() - t)
             return out
         return run
+
+    def counted(kind, fn):
+        def record(dt):
+            into = acc.get(phase[0])
+            if into is not None:
+                into[kind] += dt
+                into[COUNTS[kind]] += 1
+        return timed_call(fn, record)
 
     def timed(ctx, *g):
         phase[0] = "body"
@@ -211,12 +217,9 @@ def thread_split(forward, grads, calls: int, on_thread: bool) -> tuple:
         return out
 
     def stage_timed(name, fn):
-        def run(*a, **kw):
-            t = time.perf_counter()
-            out = fn(*a, **kw)
-            spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
-            return out
-        return run
+        def record(dt):
+            spent[name] = spent.get(name, 0.0) + dt
+        return timed_call(fn, record)
     per_stage = {n: [] for n in names}
     per_inside = {(p, k): [] for p in acc for k in acc[p]}
     try:

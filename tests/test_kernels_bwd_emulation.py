@@ -405,13 +405,11 @@ def _fake_kernels(monkeypatch, asked=None):
                 put(Ul, ul)
             if store_ht:
                 put(ht, end.transpose(-1, -2) if vf else end)
+            return sh, sl
 
         if cfg.dots:        # also the S o dS' dots of dh's tables: (Sh + Sl) . (dSh + dSl) by halves of the key dim
             def state_dots(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, dSh, dSl, sd, use_h0, store_ht, vf):
-                h = (h0.transpose(-1, -2) if vf else h0) if use_h0 else None
-                sh, sl = FE.chunk_states(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu), cu_list(co), h,
-                                         k.dtype, cfg.prec)[:2]
-                state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, vf)
+                sh, sl = state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, vf)
                 S = sh.to(k.dtype).to(f64) + sl.to(k.dtype).to(f64)     # the kernel's hand-off tiles, hi + lo
                 dS = dSh.to(f64) + E.lo8_decode(dSh, dSl, k.dtype)      # [HV, NC, DV, DK]
                 prod = S * dS.transpose(-1, -2)                          # [HV, NC, DK, DV]

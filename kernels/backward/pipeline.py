@@ -45,7 +45,7 @@ import torch
 from kernels.forward.pipeline import (ForwardInputs, IntraTables, fix_segment_starts, initial_states, no_states,
                                      prepare, segment_maps, segment_starts)
 from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, cached, call_tables, fp32_state, max_chunks, pad_rows,
-                               tma_ready, token_rows)
+                               tma_ready, token_rows, unused)
 
 from .finish import finish, group_sum
 
@@ -207,7 +207,7 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
         Agh, Agl = torch.empty_like(Th), torch.empty_like(Th)
     Fb = torch.empty(x.HV, x.NC, 8, BT, device=dev, dtype=torch.float32)
     if plan.du_local:           # dh forms dUloc itself: the table's argument is a placeholder, neither read nor written
-        dUl = _view_over(Fb, (x.HV, x.NC, 8, 8), torch.float32)
+        dUl = unused((x.HV, x.NC, 8, 8), torch.float32, dev)
     else:
         dUl = torch.empty(x.HV, x.NC, x.D, BT, device=dev, dtype=torch.float32)
     get_kernel(plan.prep_config(saved is not None))(x.q, x.k, b.do, x.g, x.beta, x.cu, x.chunk_indices, Th, Tl,
@@ -264,14 +264,10 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None, gr
         else:
             cu, co, use_h0, v_first = x.cu, x.chunk_offsets, int(x.h0 is not None), int(x.v_first)
             h0 = initial_states(x)
-        if plan.recompute_dots:
-            sd = torch.empty(2, x.HV, x.NC, D, device=dev, dtype=torch.float32)
-            get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, ht,
-                            grads.dSh, grads.dSl, sd, use_h0, 0, v_first)
-        else:
-            sd = None
-            get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, 0,
-                            v_first)
+        sd = torch.empty(2, x.HV, x.NC, D, device=dev, dtype=torch.float32) if plan.recompute_dots else None
+        dots = (grads.dSh, grads.dSl, sd) if plan.recompute_dots else ()       # the dots' arguments
+        get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, ht, *dots, use_h0,
+                        0, v_first)
     if side is not None:
         for t in (tables.Agh, tables.Agl) + ((maps,) if plan.shared_scan else ()):  # freed while the side stream
             t.record_stream(side)                                                     # may still use them

@@ -42,14 +42,6 @@ def load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv
     zero_rows_past(q_s, nv)
 
 
-@T.macro
-def unit_rows(rq_s, rk_s):
-    """The row factors without the in-kernel L2 norm: ones."""
-    for r in T.Parallel(BT):
-        rq_s[r] = T.float32(1)
-        rk_s[r] = T.float32(1)
-
-
 def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str = "bf16", du: bool = True):
     """``saved``: Tinv and Ag come from the forward (the autograd Function keeps the intra kernel's ``Th``, ``Ah``,
     ``Al``: the same operations on the same values, so bitwise this kernel's): no K K^T, no solve, and ``Th``,
@@ -146,18 +138,18 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
             # order: 60 instead of 111 KiB of shared memory, 164 registers: three CTAs per SM instead of one.
             if du or not saved:
                 load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv)
-                if use_l2 != 0:
-                    l2_row_factors(q_s, sq, ss, rq_s)
-                    l2_row_factors(k_s, sq, ss, rk_s)
-                else:
-                    unit_rows(rq_s, rk_s)
             elif use_l2 != 0:       # the gate table alone: q and k for the L2 norm's row factors only
                 load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv)
+            else:
+                load_chunk_gate_cumsum(g, beta, hv, t0, nv, g_s, b_s)
+
+            if use_l2 != 0:
                 l2_row_factors(q_s, sq, ss, rq_s)
                 l2_row_factors(k_s, sq, ss, rk_s)
             else:
-                load_chunk_gate_cumsum(g, beta, hv, t0, nv, g_s, b_s)
-                unit_rows(rq_s, rk_s)
+                for r in T.Parallel(BT):
+                    rq_s[r] = T.float32(1)
+                    rk_s[r] = T.float32(1)
 
             for r in T.Parallel(BT):
                 f_s[0, r] = T.if_then_else(r < nv, T.exp2(g_s[r] * LOG2E) * rk_s[r], T.float32(0))
