@@ -27,13 +27,14 @@ from tests import kernel_support as tt
 NAMES = tt.GRAD_NAMES
 
 
-def _check(case, xs, do, dht, kw, dh_single=False, s_single=False, merge="fp32", lo8_tables=True):
+def _check(case, xs, do, dht, kw, dh_single=False, s_single=False, merge="fp32", lo8_tables=True,
+           operands="split"):
     """The emulation's gradients of ``case`` (inputs ``tt.bwd_args``) against fp64 and the FLA-like baseline; by
     default with the dispatched plan's forms."""
     want = tt.fp64_grads(case)
     base = tt.baseline_grads(case)
     ours = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=dh_single, s_single=s_single,
-                                      merge=merge, lo8_tables=lo8_tables)
+                                      merge=merge, lo8_tables=lo8_tables, operands=operands)
     near_m20 = case.dist == "strong-decay"
     rows = []
     for n, a, b_, r, x in zip(NAMES, ours, base, want, list(xs) + [kw["initial_state"]]):
@@ -130,6 +131,61 @@ def test_lo_tables_in_the_input_dtype_meet_the_same_bar(case):
     the FLA-like baseline and dg of strong decay within the rounding floor, with an initial state or without."""
     xs, kw, do, dht = tt.bwd_args(case)
     _check(case, xs, do, dht, kw, lo8_tables=False)
+
+
+# bf16 inputs: with fp16 inputs one fp16 term is one input-dtype term (operands "bf16")
+_HALF_CASES = [c for c in dict.fromkeys(_NO_H0 + CASES + GPU_ROWS) if c.dtype == "bf16"]
+
+
+@pytest.mark.parametrize("case", _HALF_CASES, ids=[c.id for c in _HALF_CASES])
+def test_fp16_operands_meet_the_same_bar(case):
+    """Every wgmma operand and table of the backward one fp16 term under a power of two per matrix
+    (``operands="fp16"``: the precision study of a one-term backward, ``benchmarks/precision_bwd.py``) keeps every
+    gradient within the FLA-like baseline and dg of strong decay within the rounding floor, with an initial state or
+    without, and differs from the kernels' forms (bf16 inputs)."""
+    xs, kw, do, dht = tt.bwd_args(case)
+    _check(case, xs, do, dht, kw, operands="fp16")
+    split = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    half = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, operands="fp16")
+    assert not torch.equal(split[3], half[3]), "dg: the operand form changed nothing"
+
+
+def test_bf16_one_term_operands_lose_the_bar_under_strong_decay():
+    """One input-dtype term for every operand (``operands="bf16"``, FLA's precision with our gates) puts dk and dv
+    past the FLA-like baseline and dg past its rounding floor under strong decay, where fp16 terms keep all three
+    (the test above): why the study's one-term form is fp16."""
+    case = Case(T=1024, H=2, HV=4, dist="strong-decay", grad=True)
+    xs, kw, do, dht = tt.bwd_args(case)
+    want, base = tt.fp64_grads(case), tt.baseline_grads(case)
+    got = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, operands="bf16")
+    e = {n: compare(a, r).rel_rmse for n, a, r in zip(NAMES, got, want) if r is not None}
+    eb = {n: compare(b, r).rel_rmse for n, b, r in zip(NAMES, base, want) if r is not None}
+    floor = compare(want[3].to(xs[0].dtype), want[3]).rel_rmse
+    print(f"\nbf16 one term: dk {e['dk']:.2e} (fla-like {eb['dk']:.2e}), dv {e['dv']:.2e} (fla-like {eb['dv']:.2e}), "
+          f"dg {e['dg']:.2e} (floor {floor:.2e})")
+    assert e["dk"] > eb["dk"] and e["dv"] > eb["dv"] and e["dg"] > floor, (e, eb, floor)
+
+
+def test_half_term_keeps_fp16_precision_at_any_magnitude():
+    """``half_term`` scales each matrix by a power of two: matrices far below fp16's normal range or above its
+    largest value keep fp16's relative precision (2^-11), zeros stay zero; plain fp16 rounding loses them."""
+    from kernels.backward.emulation import half_term
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 16, 16, generator=g, dtype=torch.float64) * torch.tensor([2.0 ** -40, 1.0, 2.0 ** 30],
+                                                                               dtype=torch.float64)[:, None, None]
+    x[1, 0] = 0
+    y = half_term(x)
+    rel = ((y - x).abs() / x.abs().clamp_min(1e-300)).where(x != 0, torch.zeros((), dtype=torch.float64))
+    assert rel.max() <= 2.0 ** -11 and bool((y[1, 0] == 0).all()), rel.max()
+    plain = x.to(torch.float16).to(torch.float64)
+    assert bool((plain[0] == 0).all()) and bool(plain[2].isinf().all())
+
+
+def test_unknown_operand_form_is_refused():
+    case = CASES[0]
+    xs, kw, do, dht = tt.bwd_args(case)
+    with pytest.raises(ValueError, match="operands must be one of"):
+        chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, operands="tf32")
 
 
 def test_fp8_lo_tables_keep_dg_where_s_hi_alone_loses_it():

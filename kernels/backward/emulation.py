@@ -14,6 +14,10 @@ Stages (kernel in brackets):
   3. ``dqk_inter`` and 4. ``dqk_intra`` [both in gdn_bwd_dqk]: the state products Z = dO S^T, W = dY S^T,
      R = U dS'^T and the 64x64 terms (P and A) -> dq~, dk~, row dots, dG, dbeta terms;
   5. ``finish.finish`` (shared with the kernel path).
+
+``operands`` (``OPERANDS``) sets the wgmma operands of stages 1-4 and the tables between them: "split" the
+kernels' forms; "bf16" every one one input-dtype term; "fp16" every one one fp16 term under a power of two per
+matrix (``half_term``).  The last two are precision studies of a one-term backward: no kernel computes them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,41 @@ from kernels.interface import LO8_DTYPE, lo8_shift, pad_rows
 from .finish import BT, finish, group_sum, token_index
 
 f64 = torch.float64
+# the wgmma operands of the backward stages: the kernels' forms, one input-dtype term, one scaled fp16 term
+OPERANDS = ("split", "bf16", "fp16")
+# the largest magnitude of a matrix scaled by ``half_term`` lands in [2^HALF_TOP, 2^(HALF_TOP + 1))
+HALF_TOP = 14
+
+
+def half_term(x: torch.Tensor) -> torch.Tensor:
+    """One fp16 term of ``x [..., R, C]`` (fp64 values): each matrix scaled by the power of two that puts its
+    largest magnitude in [2^14, 2^15), rounded to fp16 and scaled back (an all-zero matrix stays zero)."""
+    m = x.abs().amax(dim=(-1, -2), keepdim=True)
+    e = torch.floor(torch.log2(torch.where(m > 0, m, torch.ones_like(m))))
+    up = torch.exp2(HALF_TOP - e)
+    return (x * up).to(torch.float16).to(f64) / up
+
+
+def _op(x, dt: torch.dtype, split: bool, operands: str):
+    """The wgmma operand(s) (hi, lo) of an fp32 value ``x``: the kernel's form ``_two(x, dt, split)`` at
+    ``operands`` "split", one ``dt`` term at "bf16", one ``half_term`` at "fp16" (lo = 0 at both)."""
+    if operands == "split":
+        return _two(x, dt, split)
+    if operands == "bf16":
+        return _two(x, dt, False)
+    return half_term(x), torch.zeros_like(x)
+
+
+def _in(x, operands: str):
+    """An input tile (q, k, dO: values of the input dtype) as a wgmma operand: itself, or its ``half_term``."""
+    return half_term(x) if operands == "fp16" else x
+
+
+def _one(hi, lo, dt: torch.dtype, operands: str):
+    """A stored hi + lo table as the one term of ``operands`` "bf16" / "fp16" (hi, lo = 0); as it is at "split"."""
+    if operands == "split":
+        return hi, lo
+    return _op(hi + lo, dt, False, operands)
 
 
 def fwd_precision(s_single: bool = False, merge: str = "fp32"):
@@ -74,38 +113,40 @@ def _chunks(x, cu, heads=None):
     return (y * valid[..., None, None]).permute(2, 0, 1, 3)
 
 
-def prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, merge: str = "bf16"):
+def prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, merge: str = "bf16", operands: str = "split"):
     """Emulates ``gdn_bwd_prep``: Th, Tl [HV, NC, 64, 64], Fb [HV, NC, 8, 64], dUloc [HV, NC, 64, DV]; ``merge``:
-    the block merges, "fp32", "bf16" or "split" (its ``merge`` forms)."""
+    the block merges, "fp32", "bf16" or "split" (its ``merge`` forms); ``operands``: ``OPERANDS``."""
     qc, kc, gc, bc, vmask, G, rq, rk = _gather_chunks(q2, k2, g2, b2, cu, use_l2)
     vm = vmask.to(f64)
     Tinv = _tinv(kc, bc, G, rk, dt, merge)
-    Th, Tl = _two(Tinv, dt, True)
+    Th, Tl = _op(Tinv, dt, True, operands)
     Fb = _gate_table(G, rk, rq, scale, vm, bc)
-    return Th, Tl, Fb, local_du(qc, kc, _chunks(do2, cu), Fb, dt)
+    return Th, Tl, Fb, local_du(qc, kc, _chunks(do2, cu), Fb, dt, operands)
 
 
-def local_du(qc, kc, doc, Fb, dt):
+def local_du(qc, kc, doc, Fb, dt, operands: str = "split"):
     """dUloc = P^T dO [HV, NC, 64, DV] (fp32 values), the local part of dU, as ``gdn_bwd_prep`` and the dh kernel
     that forms it itself (``BwdConfig.du_local``) compute it: ``P = Fb5_t Fb6_j e^(G_t - G_j) (q_t . k_j)`` (j <= t,
     G = Fb row 4) split in two input-dtype terms.  ``qc, kc, doc [HV, NC, 64, D]`` fp64 chunks (q, k per value
     head), zero past each sequence; ``Fb [HV, NC, 8, 64]``."""
     rows = torch.arange(BT, device=qc.device)
+    qc, kc, doc = _in(qc, operands), _in(kc, operands), _in(doc, operands)
     G = Fb[:, :, 4].to(f64)
     causal = rows[:, None] >= rows[None, :]
     D = G[..., :, None] - G[..., None, :]
     e_causal = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
     QK = _f32(qc @ kc.transpose(-1, -2))
     P = _f32(Fb[:, :, 5, :, None].to(f64) * Fb[:, :, 6, None, :].to(f64) * e_causal * QK)
-    Ph, Pl = _two(P, dt, True)
+    Ph, Pl = _op(P, dt, True, operands)
     return _f32(Ph.transpose(-1, -2) @ doc + Pl.transpose(-1, -2) @ doc)
 
 
-def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False):
+def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False, operands: str = "split"):
     """Emulates ``gdn_bwd_dh`` (reverse sequential).  dht [N, HV, DK, DV] fp32 or None (key-first).
     Returns dSnh, dSnl [HV, NC, DK, DV] (the gradient of each chunk's end state, split),
     dYh, dYl [HV, NC, 64, DV], dv [Ttot, HV, DV] (dt) and dh0 [N, HV, DK, DV] fp32.  ``single``: the kernel's
-    single form (``build_bwd_dh(single=True)``): Tinv (Tl not read), dU and F0 dX as one input-dtype term."""
+    single form (``build_bwd_dh(single=True)``): Tinv (Tl not read), dU and F0 dX as one input-dtype term;
+    ``operands``: ``OPERANDS`` (other than "split": ``single`` has no effect)."""
     Ttot, H, DK = q2.shape
     HV, DV = do2.shape[1], do2.shape[2]
     dev = q2.device
@@ -139,40 +180,42 @@ def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False):
             return (y * inb[..., None, None]).permute(0, 2, 1, 3)
 
         Qc, Kc, dOc = gat(qf, heads), gat(kf, heads), gat(dof)
+        Qo, Ko = _in(Qc, operands), _in(Kc, operands)
         th, tl = Th[:, c].transpose(0, 1), Tl[:, c].transpose(0, 1)
         f = Fb[:, c].transpose(0, 1)
         dul = dUloc[:, c].transpose(0, 1)
         dS_a = dS[a]
-        sh, sl = _two(dS_a, dt, True)
+        sh, sl = _op(dS_a, dt, True, operands)
         dSnh[:, c], dSnl[:, c] = sh.transpose(0, 1), sl.transpose(0, 1)
-        KdS = _f32(Kc @ (sh + sl))
+        KdS = _f32(Ko @ (sh + sl))
         dU = _f32(dul + _f32(f[:, :, 2, :, None] * KdS))
-        uh, ul = _two(dU, dt, not single)
+        uh, ul = _op(dU, dt, not single, operands)
         thT = th.transpose(-1, -2)
         tlT = torch.zeros_like(thT) if single else tl.transpose(-1, -2)
         dY = _f32(thT @ uh + tlT @ uh + thT @ ul)
-        yh, yl = _two(dY, dt, True)
+        yh, yl = _op(dY, dt, True, operands)
         dYh[:, c], dYl[:, c] = yh.transpose(0, 1), yl.transpose(0, 1)
         dX = _f32(f[:, :, 7, :, None] * dY)
         st = tok < eos[:, None]
         for j in range(len(act)):
             m = st[j]
             dv[tok[j][m]] = dX[j][:, m].transpose(0, 1)
-        a1h, a1l = _two(_f32(f[:, :, 1, :, None] * dOc), dt, True)
-        a2h, a2l = _two(_f32(f[:, :, 0, :, None] * dX), dt, not single)
-        QT, KT = Qc.transpose(-1, -2), Kc.transpose(-1, -2)
+        a1h, a1l = _op(_f32(f[:, :, 1, :, None] * dOc), dt, True, operands)
+        a2h, a2l = _op(_f32(f[:, :, 0, :, None] * dX), dt, not single, operands)
+        QT, KT = Qo.transpose(-1, -2), Ko.transpose(-1, -2)
         dS[a] = _f32(_f32(dS_a * f[:, :, 3, 0, None, None]) + QT @ a1h + QT @ a1l - KT @ a2h - KT @ a2l)
     return dSnh, dSnl, dYh, dYl, dv.to(dt), dS.to(torch.float32)
 
 
-def dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu, scale):
+def dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu, scale, operands: str = "split"):
     """Emulates ``gdn_bwd_dqk_inter``: dqt1, dkt1 [HV, NC, 64, DK] (fp32 values) and the row dots
-    qz, kw, kr [1, HV, NC, 64], sd [1, HV, NC, DV], yv [HV, NC, 64]."""
+    qz, kw, kr [1, HV, NC, 64], sd [1, HV, NC, DV], yv [HV, NC, 64]; ``operands``: ``OPERANDS`` (the tables
+    passed in that form: ``_one``)."""
     H = q2.shape[1]
     HV = v2.shape[1]
     heads = torch.arange(HV, device=q2.device) // (HV // H)
     qc, kc = _chunks(q2, cu, heads), _chunks(k2, cu, heads)
-    vc, doc = _chunks(v2, cu), _chunks(do2, cu)
+    vc, doc = _chunks(v2, cu), _in(_chunks(do2, cu), operands)
     St = lambda x: x.transpose(-1, -2)   # noqa: E731  [DK, DV] -> [DV, DK]
     Z = _f32(doc @ St(Sch) + doc @ St(Scl))
     W = _f32(dYh @ St(Sch) + dYl @ St(Sch) + dYh @ St(Scl))
@@ -193,15 +236,16 @@ def dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu, s
     return dqt, dkt, qz, kw, kr, sd, yv
 
 
-def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
+def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt, operands: str = "split"):
     """Emulates ``gdn_bwd_dqk_intra``: dqt2, dkt2 [HV, NC, 64, DK], rect, db2 [HV, NC, 64] (rect: the dg terms
-    of P and A summed over t >= s > j, see ``finish.finish``); the four 64x64 operands single, as the kernel."""
+    of P and A summed over t >= s > j, see ``finish.finish``); the four 64x64 operands single, as the kernel;
+    ``operands``: ``OPERANDS``."""
     H = q2.shape[1]
     HV = do2.shape[1]
     dev = q2.device
     heads = torch.arange(HV, device=dev) // (HV // H)
-    qc, kc = _chunks(q2, cu, heads), _chunks(k2, cu, heads)
-    doc = _chunks(do2, cu)
+    qc, kc = _in(_chunks(q2, cu, heads), operands), _in(_chunks(k2, cu, heads), operands)
+    doc = _in(_chunks(do2, cu), operands)
     QK = _f32(qc @ kc.transpose(-1, -2))
     KK = _f32(kc @ kc.transpose(-1, -2))
     dPU = _f32(doc @ Uh.transpose(-1, -2) + doc @ Ul.transpose(-1, -2))
@@ -230,10 +274,10 @@ def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
     mex = _f32(torch.nn.functional.pad(torch.cumsum(m, -1)[..., :-1], (1, 0)))
     rect = _f32(torch.where(rows[:, None] >= rows[None, :], mex, 0.0).sum(-2))
     si = False                                                  # the 64x64 operands: one input-dtype term
-    Mq = _two(_f32(dqk0 * F6[..., None, :]), dt, si)            # dq~ = (dQK diag(rk)) k
-    Mk1 = _two(dqk, dt, si)                                     # dk~ += (dQK diag(rq))^T q
-    Mk2 = _two(_f32(dBk * F6[..., None, :]), dt, si)            # dk~ += (dBk diag(rk)) k
-    Mk3 = _two(_f32(dBk * F6[..., :, None]), dt, si)            # dk~ += (diag(rk) dBk)^T k
+    Mq = _op(_f32(dqk0 * F6[..., None, :]), dt, si, operands)   # dq~ = (dQK diag(rk)) k
+    Mk1 = _op(dqk, dt, si, operands)                            # dk~ += (dQK diag(rq))^T q
+    Mk2 = _op(_f32(dBk * F6[..., None, :]), dt, si, operands)   # dk~ += (dBk diag(rk)) k
+    Mk3 = _op(_f32(dBk * F6[..., :, None]), dt, si, operands)   # dk~ += (diag(rk) dBk)^T k
     T_ = lambda x: x.transpose(-1, -2)   # noqa: E731
     dqt = _f32(Mq[0] @ kc + Mq[1] @ kc)
     dkt = _f32(T_(Mk1[0]) @ qc + T_(Mk1[1]) @ qc + Mk2[0] @ kc + Mk2[1] @ kc + T_(Mk3[0]) @ kc + T_(Mk3[1]) @ kc)
@@ -243,7 +287,8 @@ def dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt):
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
                                dh_single: bool = False, tinv_hi_only: bool = False, s_single: bool = False,
-                               merge: str = "fp32", lo8_tables: bool = True, stages: dict | None = None):
+                               merge: str = "fp32", lo8_tables: bool = True, operands: str = "split",
+                               stages: dict | None = None):
     """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
     pass's single operands (``BackwardPlan.dh_single``); ``tinv_hi_only``: dh reads Tinv hi alone (a zero lo term),
@@ -251,7 +296,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     ``BackwardPlan.s_single``); ``merge``: Tinv and Ag from block merges of that precision (``BackwardPlan.merge``,
     the tables of a forward at that ``Precision.merge``); ``lo8_tables``: the lo terms of the stored S (recompute)
     and dS' (dh) tables that dqk reads, as fp8 under their hi terms' exponents (``lo8``; dh's own recurrence unchanged;
-    ``BackwardPlan.lo8``, dispatched; False: in the input dtype).
+    ``BackwardPlan.lo8``, dispatched; False: in the input dtype); ``operands``: ``OPERANDS`` (other than "split":
+    the recompute's S and U tables one term, and ``dh_single``, ``tinv_hi_only``, ``lo8_tables`` have no effect).
     ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
     stage-by-stage checks)."""
     B, T, H, DK = q.shape
@@ -273,18 +319,22 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if dht is not None:
         dS0 = dht.to(torch.float32)
         dS0 = dS0.transpose(-1, -2) if state_v_first else dS0
+    if operands not in OPERANDS:
+        raise ValueError(f"operands must be one of {OPERANDS}, got {operands!r}")
     prec = fwd_precision(s_single, merge)
     _, offs = chunk_tables(cu)
     Ah, Al, F = intra_chunk(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
     Sch, Scl, Uh, Ul, _ = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
-    Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, prec.merge)
+    Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, prec.merge, operands)
     dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, torch.zeros_like(Tl) if tinv_hi_only else Tl, Fb, dUloc, cu,
-                                       dS0, dt, dh_single)
-    if lo8_tables:
+                                       dS0, dt, dh_single, operands)
+    if operands != "split":
+        (Sch, Scl), (Uh, Ul) = _one(Sch, Scl, dt, operands), _one(Uh, Ul, dt, operands)
+    elif lo8_tables:
         Scl, dSnl = lo8(Sch, Scl, dt), lo8(dSnh, dSnl, dt)
     dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu,
-                                               scale)
-    dqt2, dkt2, rect, db2 = dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt)
+                                               scale, operands)
+    dqt2, dkt2, rect, db2 = dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt, operands)
     if stages is not None:
         stages.update(Tinv=Th + Tl, Fb=Fb, dUloc=dUloc, dSn=dSnh + dSnl, dY=dYh + dYl, qz=qz.sum(0), kw=kw.sum(0),
                        kr=kr.sum(0), sd=sd.sum(0), yv=yv, rect=rect, db2=db2, S=Sch + Scl, U=Uh + Ul)
