@@ -150,6 +150,20 @@ def test_fp16_operands_meet_the_same_bar(case):
     assert not torch.equal(split[3], half[3]), "dg: the operand form changed nothing"
 
 
+@pytest.mark.parametrize("e", [-20, 14])
+def test_fp16_operands_hold_at_any_output_gradient_scale(e):
+    """The backward is linear in (do, dht): scaled by 2^e both, every gradient of the fp16 form is the unscaled
+    one's times 2^e to the last bit (``half_term``'s per-matrix powers of two), where plain fp16 rounding would
+    flush (2^-20) or overflow (2^14)."""
+    case = Case(T=300, H=1, HV=2, h0_dtype="fp32", dist="qwen-gates", grad=True)
+    xs, kw, do, dht = tt.bwd_args(case)
+    one = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, operands="fp16")
+    c = 2.0 ** e
+    got = chunk_gated_delta_rule_bwd(*xs, do * c, dht * c, **kw, operands="fp16")
+    for n, a, b in zip(NAMES, got, one):
+        assert torch.equal(a, b * c), n
+
+
 def test_bf16_one_term_operands_lose_the_bar_under_strong_decay():
     """One input-dtype term for every operand (``operands="bf16"``, FLA's precision with our gates) puts dk and dv
     past the FLA-like baseline and dg past its rounding floor under strong decay, where fp16 terms keep all three
