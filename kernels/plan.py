@@ -223,8 +223,10 @@ class BackwardPlan:
     ``recompute_dots``: with ``recompute_ws`` (and ``lo8``), the recompute runs after dh on its stream and its
     kernel also forms the S o dS' column dots from dh's tables (its S lo term in the input dtype), which dqk then
     leaves out (an A/B alternative); ``dqk_e_once``: dqk forms the intra terms' ``e^(G_t - G_j)`` once a chunk
-    instead of at each of its four uses (the same values; an A/B alternative); ``DK``: the head dim K == V every
-    kernel is built for."""
+    instead of at each of its four uses (the same values; an A/B alternative); ``dh_early``: the warp-specialised
+    dh issues its state update's products early (behind K dS, and before the dY tiles and dv: the same products in
+    the same order; an A/B alternative, at ``DU_LOCAL_HEAD_DIM``); ``DK``: the head dim K == V every kernel is built
+    for."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -246,6 +248,7 @@ class BackwardPlan:
     du_local: bool = False
     recompute_dots: bool = False
     dqk_e_once: bool = False
+    dh_early: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -274,6 +277,12 @@ class BackwardPlan:
                              f"forward's saved tables, at DK={DU_LOCAL_HEAD_DIM}; got dh_ws_bv={self.dh_ws_bv}, "
                              f"reads_saved_tables={self.reads_saved_tables}, segmented "
                              f"{self.dh_segments is not None}, DK={self.DK}")
+        if self.dh_early and not (self.dh_ws_bv and self.dh_segments is None and self.DK == DU_LOCAL_HEAD_DIM
+                                  and not self.dh_single and self.lo8):
+            raise ValueError(f"dh_early: a form of the warp-specialised dh of the sequential pass with split operands "
+                             f"and fp8 lo tables, at DK={DU_LOCAL_HEAD_DIM}; got dh_ws_bv={self.dh_ws_bv}, segmented "
+                             f"{self.dh_segments is not None}, DK={self.DK}, dh_single={self.dh_single}, "
+                             f"lo8={self.lo8}")
         if self.lo8 and (self.dh_single or self.s_single):
             raise ValueError("lo8 (fp8 lo tables) is a form of the split dh and S tables (dh_single, s_single False)")
 
@@ -307,7 +316,7 @@ class BackwardPlan:
     def dh_config(self, saved: bool) -> BwdConfig:
         """dh's form; ``saved``: prep took Tinv from the forward (its hi term alone)."""
         return BwdConfig("dh", self.dtype, self.DK, single=self.dh_single, tinv_hi=saved and not self.dh_single,
-                         lo8=self.lo8, ws_bv=self.dh_ws_bv, du_local=self.du_local)
+                         lo8=self.lo8, ws_bv=self.dh_ws_bv, du_local=self.du_local, early=self.dh_early)
 
     def dqk_config(self) -> BwdConfig:
         return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK,

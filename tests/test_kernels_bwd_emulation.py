@@ -754,14 +754,14 @@ def test_autograd_hands_one_term_merge_tables_to_the_backward_on_cpu(monkeypatch
     assert prep and all(c.saved and c.merge == "bf16" for c in prep), asked
 
 
-@pytest.mark.parametrize("column", ["ours-du-local", "ours-rc-ws", "ours-rc-dots", "ours-e-once"])
+@pytest.mark.parametrize("column", ["ours-du-local", "ours-rc-ws", "ours-rc-dots", "ours-e-once", "ours-dh-early"])
 @pytest.mark.parametrize("case", [_PLUMBING[i] for i in (1, 5)], ids=[_PLUMBING_IDS[i] for i in (1, 5)])
 def test_autograd_runs_the_backward_ab_kernels_on_cpu(monkeypatch, case, column):
     """The backward benchmark's ``ours-du-local`` (dh_ws forms dUloc itself, prep stores no dUloc table),
     ``ours-rc-ws`` (the recompute's ws form), ``ours-rc-dots`` (that form also forming the S o dS' dots) and
-    ``ours-e-once`` (dqk's gates formed once) through the autograd Function on the kernel path (stand-in kernels on
-    the CPU, the forward's tables saved): the gradients are the emulation's (dh on the saved Tinv: hi alone), and the
-    kernels asked for are those forms."""
+    ``ours-e-once`` (dqk's gates formed once) and ``ours-dh-early`` (dh_ws's update issued early) through the
+    autograd Function on the kernel path (stand-in kernels on the CPU, the forward's tables saved): the gradients are
+    the emulation's (dh on the saved Tinv: hi alone), and the kernels asked for are those forms."""
     import kernels.backward.configs as bbuild
     import kernels.forward.configs as fbuild
     from benchmarks.bench_kernels_bwd import alter
@@ -775,6 +775,7 @@ def test_autograd_runs_the_backward_ab_kernels_on_cpu(monkeypatch, case, column)
     assert all(c.dots == (column == "ours-rc-dots") for c in state), asked
     dqk = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
     assert dqk and all(c.e_once == (column == "ours-e-once") for c in dqk), asked
+    assert all(c.early == (column == "ours-dh-early") for c in dh_prep if c.kind == "dh"), asked
 
 
 def test_alter_validates_each_direction_once_and_sees_the_dispatched_plans(monkeypatch):
@@ -1172,6 +1173,32 @@ def test_du_local_plan_and_configurations():
         dataclasses.replace(backward_plan("bfloat16", 16, 32, 512, 1, DK=64), du_local=True)
     with pytest.raises(ValueError, match="du_local"):
         prim_func(BwdConfig("dqk", "bfloat16", du_local=True))
+
+
+def test_dh_early_plan_and_configurations():
+    """``BackwardPlan.dh_early`` (an A/B alternative): dh's configuration carries it, in the compile list on the
+    saved tables and off them; the plan refuses it without the warp-specialised dh, on the segmented pass, with
+    single operands, without fp8 lo tables and at K = 64, and a configuration of another kernel with it is
+    refused."""
+    import dataclasses
+
+    from kernels.backward.configs import BwdConfig, prim_func
+    from kernels.build import all_configs
+    from kernels.plan import backward_plan
+    base = backward_plan("bfloat16", 16, 32, 512, 1)
+    p = dataclasses.replace(base, dh_early=True)
+    assert p.dh_config(True).early and not base.dh_config(True).early
+    assert {p.dh_config(True), p.dh_config(False)} <= set(all_configs())
+    for change in (dict(dh_ws_bv=0), dict(dh_segments=object(), dh_ws_bv=0), dict(dh_single=True, lo8=False),
+                   dict(lo8=False)):
+        with pytest.raises(ValueError, match="dh_early"):
+            dataclasses.replace(p, **change)
+    with pytest.raises(ValueError, match="dh_early"):
+        dataclasses.replace(backward_plan("bfloat16", 16, 32, 512, 1, DK=64), dh_early=True)
+    for bad in (BwdConfig("dqk", "bfloat16", early=True), BwdConfig("dh", "bfloat16", early=True, lo8=True),
+                BwdConfig("dh", "bfloat16", early=True, ws_bv=32)):
+        with pytest.raises(ValueError, match="early"):
+            prim_func(bad)
 
 
 # the recompute per CP segment: 3 segments of a dense sequence with h0 (value-first); a ragged batch at K = 64

@@ -95,6 +95,8 @@ def _precompile():
         if bp.dh_segments is None and bp.DK == 128:
             local = dataclasses.replace(bp, dh_ws_bv=32, du_local=True)
             cfgs += [local.prep_config(True), local.dh_config(True)]
+            early = dataclasses.replace(bp, dh_ws_bv=32, dh_early=True)
+            cfgs += [early.dh_config(True), early.dh_config(False)]
         cfgs.append(dataclasses.replace(bp, dqk_e_once=True).dqk_config())
     failed = precompile(list(dict.fromkeys(cfgs)), min(10, os.cpu_count() or 1))
     assert not failed, failed
@@ -388,6 +390,46 @@ def test_dqk_gates_formed_once_give_the_same_gradients(case):
     _check_forms(case, got, ref)
 
 
+def _sequential_ws(**change):
+    """A plan map (the autograd Function's ``alter``): the backward plan on dh_ws at 32 value columns with ``change``
+    (the sequential pass at K = 128 only), the forward plan as dispatched."""
+    from kernels.plan import BackwardPlan
+
+    def alter(plan):
+        if isinstance(plan, BackwardPlan):
+            assert plan.dh_segments is None and plan.DK == 128, plan
+            return dataclasses.replace(plan, dh_ws_bv=32, **change)
+        return plan
+    return alter
+
+
+# the sequential pass at K = 128 (dh_ws), as du_local's: GVA 2 with h0, the varlen boundaries value-first, GVA 4
+# with the in-kernel L2 norm, fp16 with fp16 gates, a batch of three
+_EARLY_CASES = [_GVA2_H0, _STAGE_CASES[1], _STAGE_CASES[2], _FP16_GATES, _SAVED_CASES[2]]
+
+
+@pytest.mark.parametrize("case", _EARLY_CASES, ids=[c.id for c in _EARLY_CASES])
+def test_dh_update_issued_early_gives_the_same_gradients(case):
+    """dh_ws issuing its state update's products early (``BackwardPlan.dh_early``: behind K dS, and before the dY
+    tiles and dv) against dh_ws in the dispatched order, through the autograd Function (the forward's saved tables,
+    Tinv hi alone) and through the backward pipeline alone (prep's tables, Tinv hi + lo): the same products into the
+    same accumulators in the same order, so every gradient bitwise the same."""
+    from kernels import autograd
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
+    from kernels.backward.pipeline import plan_for, prepare_backward
+
+    got = tt.function_grads(autograd.apply, case, CUDA, alter=_sequential_ws(dh_early=True))
+    ref = tt.function_grads(autograd.apply, case, CUDA, alter=_sequential_ws(dh_early=False))
+    torch.cuda.synchronize()
+    _check_forms(case, got, ref)
+    args, kw, do, dht = tt.bwd_args(case, CUDA)
+    plan = plan_for(prepare_backward(*args, do, dht, **kw))
+    got = kern(*args, do, dht, **kw, plan=_sequential_ws(dh_early=True)(plan))
+    ref = kern(*args, do, dht, **kw, plan=_sequential_ws(dh_early=False)(plan))
+    torch.cuda.synchronize()
+    _check_forms(case, got, ref)
+
+
 @pytest.mark.parametrize("case", _RECOMPUTE_CP_CASES, ids=[c.id for c in _RECOMPUTE_CP_CASES])
 def test_recompute_per_segment_gives_the_sequential_states(case):
     """The dispatched recompute per CP segment (``recompute_cp``: the forward's exact scan and fp64 fix-up, then
@@ -530,19 +572,10 @@ def test_dh_forming_dUloc_gives_prep_tables_gradients(case):
     calls (the hand-off leaves no race); within the emulation's rounding floor and the baseline."""
     from kernels import autograd
     from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
-    from kernels.plan import BackwardPlan
 
-    def ws(local):
-        def change(plan):
-            if isinstance(plan, BackwardPlan):
-                assert plan.dh_segments is None and plan.DK == 128, plan
-                return dataclasses.replace(plan, dh_ws_bv=32, du_local=local)
-            return plan
-        return change
-
-    got = tt.function_grads(autograd.apply, case, CUDA, alter=ws(True))
-    again = tt.function_grads(autograd.apply, case, CUDA, alter=ws(True))
-    ref = tt.function_grads(autograd.apply, case, CUDA, alter=ws(False))
+    got = tt.function_grads(autograd.apply, case, CUDA, alter=_sequential_ws(du_local=True))
+    again = tt.function_grads(autograd.apply, case, CUDA, alter=_sequential_ws(du_local=True))
+    ref = tt.function_grads(autograd.apply, case, CUDA, alter=_sequential_ws(du_local=False))
     torch.cuda.synchronize()
     for n, x, y in zip(NAMES, got, again):
         assert (x is None and y is None) or torch.equal(x, y), n

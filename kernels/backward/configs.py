@@ -38,10 +38,11 @@ class BwdConfig:
     du_local: bool = False         # dh_ws forms dUloc = P^T dO itself; prep stores no dUloc table (a pair)
     rc_dots: bool = False          # dqk only: the S o dS' dots come from the recompute's ws form, not formed here
     e_once: bool = False           # dqk only: e^(G_t - G_j) formed once a chunk for the intra terms' four uses
+    early: bool = False            # dh_ws only: the update's products issued behind K dS and before the dY tiles
 
     @property
     def name(self) -> str:
-        names = ("single", "saved", "tinv_hi", "s_single", "lo8", "du_local", "rc_dots", "e_once")
+        names = ("single", "saved", "tinv_hi", "s_single", "lo8", "du_local", "rc_dots", "e_once", "early")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
@@ -57,7 +58,8 @@ def all_configs():
     fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``), at ``DU_LOCAL_HEAD_DIM`` also forming
     dUloc itself, with its prep (``du_local``, an A/B alternative; on the saved tables and computing them), and dqk
     (groups of 1 and 2) leaving the S o dS' dots to the recompute (``rc_dots``) or forming the intra terms' gates
-    once (``e_once``), A/B alternatives; the dtype-free dgdb once.  The forward recompute runs the forward's intra
+    once (``e_once``), and the warp-specialised split dh issuing its update early (``early``), A/B alternatives;
+    the dtype-free dgdb once.  The forward recompute runs the forward's intra
     and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
@@ -79,7 +81,9 @@ def _configs_at(D: int):
                   for s in (True, False)]
                if D == DU_LOCAL_HEAD_DIM else [])
             + ([BwdConfig(kind, dt, D, lo8=True, **{f: True}) for f in ("rc_dots", "e_once") for dt in DTYPES
-                for kind in ("dqk", "dqk_g2")] if D == DU_LOCAL_HEAD_DIM else []))
+                for kind in ("dqk", "dqk_g2")] if D == DU_LOCAL_HEAD_DIM else [])
+            + ([BwdConfig("dh", dt, D, tinv_hi=t, lo8=True, ws_bv=32, early=True) for dt in DTYPES
+                for t in (True, False)] if D == DU_LOCAL_HEAD_DIM else []))
 
 
 def prim_func(cfg: BwdConfig):
@@ -103,6 +107,9 @@ def prim_func(cfg: BwdConfig):
     if cfg.rc_dots and not (cfg.kind.startswith("dqk") and cfg.lo8):
         raise ValueError(f"rc_dots (the S o dS' dots from the recompute) is a form of dqk with fp8 lo tables: "
                          f"{cfg.name}")
+    if cfg.early and not (cfg.kind == "dh" and cfg.ws_bv and cfg.lo8 and not cfg.single):
+        raise ValueError(f"early (the update's products issued early) is a form of the warp-specialised split dh "
+                         f"with fp8 lo tables only: {cfg.name}")
     if cfg.du_local and not (cfg.kind == "prep" or (cfg.kind == "dh" and cfg.ws_bv)):
         raise ValueError(f"du_local (dUloc formed in dh_ws, no table from prep) is a form of prep and the "
                          f"warp-specialised dh only: {cfg.name}")
@@ -114,7 +121,7 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "dh" and cfg.ws_bv:
         from .dh_ws import build_bwd_dh_ws
         return build_bwd_dh_ws(D, D, cfg.dtype, BV=cfg.ws_bv, single=cfg.single, tinv_lo=not cfg.tinv_hi,
-                               lo8=cfg.lo8, du_local=cfg.du_local)
+                               lo8=cfg.lo8, du_local=cfg.du_local, early=cfg.early)
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
         return build_bwd_dh(D, D, cfg.dtype, single=cfg.single, tinv_lo=not cfg.tinv_hi, lo8=cfg.lo8)

@@ -23,6 +23,10 @@ columns), and with every step off the chain moved to other warpgroups.  One CTA 
 
 Hand-offs through single shared tiles and mbarriers completed once a chunk (waited on at parity ``i % 2`` of the
 chunk's position ``i`` in the pass; a tile's "free" barrier at ``(i + 1) % 2``, which a fresh barrier passes).
+
+With ``early`` WG0 issues the update's ``F3 dS + Q^T D1`` right behind ``K dS`` (waiting for ``K dS`` alone) and its
+``K^T D2`` products before the dY tiles and dv, which it then writes while they run: the same products into the
+same accumulators in the same order, with less of the chunk's work between one dS and the next.
 """
 
 import tilelang.language as T
@@ -47,10 +51,10 @@ def split_transposed(x_f, hi_s, lo_s):
 
 
 def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = False, tinv_lo: bool = True,
-                    lo8: bool = False, du_local: bool = False):
+                    lo8: bool = False, du_local: bool = False, early: bool = False):
     """TileLang prim_func of ``gdn_bwd_dh_ws``: ``build_bwd_dh``'s forms (``single``, ``tinv_lo``, ``lo8``) and
     arguments, with ``BV = 32`` value columns a CTA.  ``du_local``: dUloc formed in WG1 (``dUl`` an [HV, NCg, 8, 8]
-    placeholder, not read)."""
+    placeholder, not read).  ``early``: the update's products issued early (module docstring)."""
     assert DK in (64, 128) and DV == DK and BV == 32 and DV % BV == 0
     assert dtype in ("bfloat16", "float16")
     assert not (single and not tinv_lo), "single reads no Tinv lo term: tinv_lo is a form of the split dh"
@@ -153,8 +157,18 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     T.fence_proxy_async()
                     T.barrier_arrive(s_ready)
                     # dU = dUloc + F2 (K dS)
-                    T.wgmma_gemm(k_s[st, :, :], dsh_s, kd_f, transpose_B=True, clear_accum=True)
-                    T.gemm(k_s[st, :, :], dsl_s, kd_f, transpose_B=True)
+                    if early:   # F3 dS + Q^T D1 issued behind K dS, which alone is waited for
+                        for d, j in T.Parallel(DK, BV):
+                            ds_f[d, j] = ds_f[d, j] * f_s[st, 3, 0]
+                        T.wgmma_gemm(k_s[st, :, :], dsh_s, kd_f, transpose_B=True, clear_accum=True)
+                        T.wgmma_gemm(k_s[st, :, :], dsl_s, kd_f, transpose_B=True)
+                        T.barrier_wait(a_ready, i % 2)
+                        T.wgmma_gemm(q_s[st, :, :], ah_s, ds_f, transpose_A=True)
+                        T.wgmma_gemm(q_s[st, :, :], al_s, ds_f, transpose_A=True)
+                        T.wait_wgmma(2)
+                    else:
+                        T.wgmma_gemm(k_s[st, :, :], dsh_s, kd_f, transpose_B=True, clear_accum=True)
+                        T.gemm(k_s[st, :, :], dsl_s, kd_f, transpose_B=True)
                     T.barrier_arrive(s_free)
                     if du_local:
                         T.barrier_wait(du_ready, i % 2)
@@ -168,6 +182,14 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     T.fence_proxy_async()
                     # dY = Tinv^T dU
                     split_products(th_s[st, :, :], tl_s[st, :, :], xh_s, xl_s, dy_f, tlo, olo, True, True)
+                    if early:   # D2 and its products first, then the dY tiles and dv while they run
+                        for t, j in T.Parallel(BT, BV):
+                            kd_f[t, j] = -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t]
+                        split_into(kd_f, xh_s, xl_s, olo)
+                        T.fence_proxy_async()
+                        T.wgmma_gemm(k_s[st, :, :], xh_s, ds_f, transpose_A=True)
+                        if olo:
+                            T.wgmma_gemm(k_s[st, :, :], xl_s, ds_f, transpose_A=True)
                     T.barrier_wait(y_free, (i + 1) % 2)
                     split_transposed(dy_f, yh_s, yl_s)
                     T.fence_proxy_async()
@@ -175,17 +197,20 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     for t, j in T.Parallel(BT, BV):
                         if t0 + t < eos:
                             dv[t0 + t, hv, v0 + j] = T.cast(f_s[st, 7, t] * dy_f[t, j], dtype)
-                    # dS = F3 dS + Q^T D1 - K^T D2
-                    for t, j in T.Parallel(BT, BV):
-                        kd_f[t, j] = -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t]
-                    split_into(kd_f, xh_s, xl_s, olo)
-                    T.fence_proxy_async()
-                    for d, j in T.Parallel(DK, BV):
-                        ds_f[d, j] = ds_f[d, j] * f_s[st, 3, 0]
-                    T.barrier_wait(a_ready, i % 2)
-                    T.wgmma_gemm(q_s[st, :, :], ah_s, ds_f, transpose_A=True)
-                    T.wgmma_gemm(q_s[st, :, :], al_s, ds_f, transpose_A=True)
-                    split_products(k_s[st, :, :], None, xh_s, xl_s, ds_f, False, olo, False, True)
+                    if early:
+                        T.wait_wgmma(0)
+                    else:
+                        # dS = F3 dS + Q^T D1 - K^T D2
+                        for t, j in T.Parallel(BT, BV):
+                            kd_f[t, j] = -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t]
+                        split_into(kd_f, xh_s, xl_s, olo)
+                        T.fence_proxy_async()
+                        for d, j in T.Parallel(DK, BV):
+                            ds_f[d, j] = ds_f[d, j] * f_s[st, 3, 0]
+                        T.barrier_wait(a_ready, i % 2)
+                        T.wgmma_gemm(q_s[st, :, :], ah_s, ds_f, transpose_A=True)
+                        T.wgmma_gemm(q_s[st, :, :], al_s, ds_f, transpose_A=True)
+                        split_products(k_s[st, :, :], None, xh_s, xl_s, ds_f, False, olo, False, True)
                     T.barrier_arrive(a_free)
                     T.barrier_arrive(empty[st])
                 if store_dh0 != 0:
