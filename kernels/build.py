@@ -31,7 +31,8 @@ def forward_configs():
     merges (the A/B alternative of ``Precision.merge`` and ``BackwardPlan.merge``; the one-term merges' kernels
     compile when a benchmark asks for them), and the fused warp-specialised state-output kernel (the plan form
     "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables, and
-    per CP segment with warm-up starts (``ForwardPlan.warm``, with its scan and fix-up).
+    per CP segment with warm-up starts (``ForwardPlan.warm``, with its scan and fix-up); the dispatched ws forms also
+    with the update issued early (``ForwardPlan.ws_early``, an A/B alternative).
 
     All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
     ratio, scale, h0 present or not, final state stored or not, the state layout, l2norm on/off, gate dtype, dense
@@ -53,6 +54,11 @@ def forward_configs():
                 plans += [ForwardPlan(dtype, prec, "ws", WS_CP_BV, 1, 2, DK=DK, p_table=True, warm=True)]
                 # the fp16-operand precision (an A/B alternative of the ws form with P tables)
                 plans += [ForwardPlan(dtype, PRESETS["half"], "ws", bv, 1, 1, DK=DK, p_table=True) for bv in (64, 32)]
+                # the dispatched ws forms with the update issued early (ForwardPlan.ws_early, an A/B alternative)
+                plans += [ForwardPlan(dtype, prec, "ws", bv, 1, 1, DK=DK, p_table=True, ws_early=True)
+                          for bv in (64, 32)]
+                plans += [ForwardPlan(dtype, prec, "ws", WS_CP_BV, 1, 2, DK=DK, p_table=True, warm=True,
+                                      ws_early=True)]
             cfgs = [c for p in plans for c in p.configs()]
             # the intra kernel with split block merges (the benchmarks' msplit), with and without Tinv
             cfgs += [IntraConfig(dtype, "split", prec.ag, DK=DK, th=th) for th in (False, True)]

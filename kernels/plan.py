@@ -50,7 +50,9 @@ class ForwardPlan:
     ``p_table``: the intra kernel stores the gated scores P and the "ws" kernel reads them (its P warpgroup idles);
     ``DK``: the head dim K == V every kernel is built for (``HEAD_DIMS``); ``warm``: the "ws" form's CP segments
     start from warm-up chunks where the gates allow (``forward.cp_warm``), the scan and fix-up running only for
-    those that need an exact start state."""
+    those that need an exact start state; ``ws_early``: the "ws" form's chain scales S by F3 while its hand-off
+    tiles are read and issues its state update before it writes U's hand-off tiles (the same products in the same
+    order; an A/B alternative, at the head dims ``WS_HEAD_DIMS``)."""
     dtype: str
     precision: Precision
     state_form: str
@@ -61,6 +63,7 @@ class ForwardPlan:
     DK: int = KERNEL_HEAD_DIM
     p_table: bool = False
     warm: bool = False
+    ws_early: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -87,6 +90,8 @@ class ForwardPlan:
             raise ValueError(f"fp16 operands (Precision.half) are a form of the ws kernel with P tables: {self}")
         if self.warm and (self.state_form != "ws" or not 2 <= self.cp <= MAX_SEGMENTS):
             raise ValueError(f"warm-up starts are the ws form's, per CP segment (2 <= cp <= {MAX_SEGMENTS}): {self}")
+        if self.ws_early and (self.state_form != "ws" or self.DK not in WS_HEAD_DIMS):
+            raise ValueError(f"ws_early is a form of the ws kernel at the head dims {WS_HEAD_DIMS}: {self}")
         if self.keep_tables and not keeps_tables(self.precision):
             raise ValueError(f"precision {self.precision.tag()} does not compute the backward's tables: {self}")
 
@@ -108,7 +113,8 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
                 FixupConfig(DK, warm=plan.warm))
     if plan.state_form == "ws":                 # o from the state kernel: no output kernel
         return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables, pt=plan.p_table),
-                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table, warm=plan.warm),
+                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table, warm=plan.warm,
+                            early=plan.ws_early),
                 *scan)
     out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
            StateConfig(plan.dtype, plan.block_v, past, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),

@@ -1201,6 +1201,31 @@ def test_dh_early_plan_and_configurations():
             prim_func(bad)
 
 
+def test_ws_early_plan_and_configurations():
+    """``ForwardPlan.ws_early`` (an A/B alternative): the ws state configuration carries it, the dispatched ws forms
+    with it are in the compile list; the plan refuses it off the ws form and at K = 64, the configurations off the
+    ws kernel."""
+    import dataclasses
+
+    from kernels.build import all_configs
+    from kernels.forward.configs import StateConfig, prim_func as fwd_prim_func
+    from kernels.plan import forward_plan
+    cfgs = set(all_configs())
+    for n, HV, mc in ((1, 32, 512), (8, 32, 64), (1, 4, 1024)):
+        p = dataclasses.replace(forward_plan("bfloat16", n, HV, mc), ws_early=True)
+        state = p.configs()[1]
+        assert p.state_form == "ws" and state.early and state in cfgs, state
+    with pytest.raises(ValueError, match="ws_early"):
+        dataclasses.replace(forward_plan("bfloat16", 1, 32, 512), state_form="smem", p_table=False, ws_early=True)
+    with pytest.raises(ValueError, match="ws_early"):
+        dataclasses.replace(forward_plan("bfloat16", 1, 32, 512, DK=64), ws_early=True)
+    ws = forward_plan("bfloat16", 1, 32, 512).configs()[1]
+    for bad in (dataclasses.replace(ws, form="smem", pt=False, early=True),
+                StateConfig("bfloat16", 64, ws.prec, scan=True, form="rv", early=True)):
+        with pytest.raises(ValueError, match="early"):
+            fwd_prim_func(bad)
+
+
 # the recompute per CP segment: 3 segments of a dense sequence with h0 (value-first); a ragged batch at K = 64
 _RECOMPUTE_CP = [Case(T=64 * 48, H=1, HV=2, h0_dtype="fp32", state_v_first=True, dist="raw-qk-l2"),
                  Case(layout="varlen-ragged", T=64 * 90, H=1, HV=2, K=64, V=64, h0_dtype="fp32")]

@@ -26,6 +26,10 @@ takes ``gdn_state_smem``'s arguments and stores its chunk tables instead of o: W
 Sh (+ Sl, or Sl's fp8 codes with ``lo8``) and Uh (+ Ul) to global memory, WG1 idles and no q is loaded, so that the
 chain's warpgroup does no table store.
 
+With ``early`` (``ForwardPlan.ws_early``) WG0 scales S by F3 while its hand-off tiles are read (not with fp16
+operands) and forms ``F2 U`` and issues the update before it writes U's hand-off tiles, which then run beside the
+update's products.
+
 Every product and rounding is the one ``gdn_state_smem`` and ``gdn_output`` make (``prec``:
 ``precision.Precision``), in the same order on the same accumulators, so o and the final state are those of the
 two kernels run one after the other.  Hand-offs through single shared tiles and mbarriers, each completed once a
@@ -50,7 +54,7 @@ WG = 128
 
 
 def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool = False, warm: bool = False,
-                          tables: bool = False, lo8: bool = False, dots: bool = False):
+                          tables: bool = False, lo8: bool = False, dots: bool = False, early: bool = False):
     """TileLang prim_func of ``gdn_state_output_ws``.
 
     Arguments:
@@ -73,7 +77,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     backward's chunk-end state gradients, value-first [HV, NCg, DV, DK], hi and fp8 lo codes) and ``sd`` ([2, HV,
     NCg, DV] fp32, out): WG2 also forms the ``S o dS'`` column dots ``sd[h, hv, c, v] = sum_{k in half h} (Sh +
     Sl)[k, v] (dSh + dSl)[v, k]`` of each chunk (dS' tiles loaded with the chunk's inputs), a serial fp32 sum
-    a thread, which ``gdn_bwd_dqk`` then leaves out.
+    a thread, which ``gdn_bwd_dqk`` then leaves out.  ``early``: the update issued before U's hand-off (module
+    docstring).
     """
     assert DK in (64, 128) and DV == DK
     assert DV % BV == 0 and BV in (16, 32, 64)
@@ -204,6 +209,9 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     split_into(s_f, sh_s, sl_s, sl_need)
                     T.fence_proxy_async()
                     T.barrier_arrive(s_ready)
+                    if early and not half:  # F3 S while the hand-off tiles are read, not after U
+                        for i, j in T.Parallel(DK, BV):
+                            s_f[i, j] = s_f[i, j] * f_s[st, 3, 0]
                     # X = V - F0 (K S)
                     split_products(k_s[st, :, :], None, sh_s, sl_s, ks_f, False, ks_sp, True, False)
                     if half:
@@ -219,18 +227,39 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     T.fence_proxy_async()
                     # U = Ag X
                     split_products(ah_s[st, :, :], al_s[st, :, :], xh_s, xl_s, u_f, ag_sp, x_sp, True, False)
-                    T.barrier_wait(u_free, (c + 1) % 2)
-                    split_into(u_f, uh_s, ul_s, u_sp)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(u_ready)
-                    # S = F3 S + K^T (F2 U)
-                    for i, j in T.Parallel(BT, BV):
-                        u_f[i, j] = f_s[st, 2, i] * u_f[i, j]
-                    split_into(u_f, xh_s, xl_s, upd_sp)
-                    T.fence_proxy_async()
-                    for i, j in T.Parallel(DK, BV):     # (with fp16 operands, S to this chunk's column scales)
-                        s_f[i, j] = s_f[i, j] * (f_s[st, 3, 0] * rt_s[st, j] if half else f_s[st, 3, 0])
-                    split_products(k_s[st, :, :], None, xh_s, xl_s, s_f, False, upd_sp, False, True)
+                    if early:
+                        # S = F3 S + K^T (F2 U): F2 U's terms from U (kept), its products issued, then U's
+                        # hand-off tiles written while they run
+                        for i, j in T.Parallel(BT, BV):
+                            x = f_s[st, 2, i] * u_f[i, j]
+                            xh_s[i, j] = T.cast(x, op)
+                            if upd_sp:
+                                xl_s[i, j] = T.cast(x - T.cast(T.cast(x, op), f32), op)
+                        T.fence_proxy_async()
+                        if half:    # (S to this chunk's column scales)
+                            for i, j in T.Parallel(DK, BV):
+                                s_f[i, j] = s_f[i, j] * (f_s[st, 3, 0] * rt_s[st, j])
+                        T.wgmma_gemm(k_s[st, :, :], xh_s, s_f, transpose_A=True)
+                        if upd_sp:
+                            T.wgmma_gemm(k_s[st, :, :], xl_s, s_f, transpose_A=True)
+                        T.barrier_wait(u_free, (c + 1) % 2)
+                        split_into(u_f, uh_s, ul_s, u_sp)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(u_ready)
+                        T.wait_wgmma(0)
+                    else:
+                        T.barrier_wait(u_free, (c + 1) % 2)
+                        split_into(u_f, uh_s, ul_s, u_sp)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(u_ready)
+                        # S = F3 S + K^T (F2 U)
+                        for i, j in T.Parallel(BT, BV):
+                            u_f[i, j] = f_s[st, 2, i] * u_f[i, j]
+                        split_into(u_f, xh_s, xl_s, upd_sp)
+                        T.fence_proxy_async()
+                        for i, j in T.Parallel(DK, BV):     # (with fp16 operands, S to this chunk's column scales)
+                            s_f[i, j] = s_f[i, j] * (f_s[st, 3, 0] * rt_s[st, j] if half else f_s[st, 3, 0])
+                        split_products(k_s[st, :, :], None, xh_s, xl_s, s_f, False, upd_sp, False, True)
                     T.barrier_arrive(empty[st])
                 if store_ht != 0:
                     if half:
