@@ -92,6 +92,8 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       "ours-rc-bv16o2": ("backward", dict(recompute_block_v=16, recompute_ctas_per_sm=2)),  # per SM)
       "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2)),
       "ours-rc-ws": ("backward", dict(recompute_ws=True)),  # the recompute's state kernel warp-specialised
+      # that kernel issuing its update before U's hand-off (the forward's ws_early)
+      "ours-rc-ws-early": ("backward", dict(recompute_ws=True, recompute_early=True)),
       "ours-du-local": ("backward", dict(du_local=True)),  # dh_ws forms dUloc = P^T dO; prep stores no dUloc table
       # the recompute's ws form after dh also forms the S o dS' dots, which dqk then leaves out
       "ours-rc-dots": ("backward", dict(recompute_ws=True, recompute_dots=True, overlap_recompute=False)),
@@ -240,7 +242,8 @@ def main(argv=None):
                     "kernel warp-specialised), 'ours-rc-dots' (that kernel also forming the S o dS' dots, dqk "
                     "leaving them out), 'ours-e-once' (dqk's intra-term gates formed once), 'ours-du-local' (dh_ws "
                     "forming dUloc, prep storing no dUloc table; where dh_ws runs), 'ours-dh-early' (dh_ws issuing "
-                    "its state update's products early; where dh_ws runs), 'ours-rc-dots-e1' and "
+                    "its state update's products early; where dh_ws runs), 'ours-rc-ws-early' (the recompute's ws "
+                    "kernel issuing its update before U's hand-off), 'ours-rc-dots-e1' and "
                     "'ours-rc-dots-e1-du' (those together); the full list: the AB table")
     args = ap.parse_args(argv)
     ab = [c for c in args.ab.split(",") if c]

@@ -27,7 +27,7 @@ def forward_configs():
     ``block_v`` picks (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts,
     the recompute's smem state kernels (S lo swizzled, S hi alone, or S lo in fp8) and, at the ws head dims, its
     warp-specialised form (``BackwardPlan.recompute_ws``, S lo in fp8; also forming the S o dS' dots,
-    ``recompute_dots``), the intra kernel with split
+    ``recompute_dots``, or issuing its update early, ``recompute_early``), the intra kernel with split
     merges (the A/B alternative of ``Precision.merge`` and ``BackwardPlan.merge``; the one-term merges' kernels
     compile when a benchmark asks for them), and the fused warp-specialised state-output kernel (the plan form
     "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables, and
@@ -68,8 +68,8 @@ def forward_configs():
                      for s, lo8 in ((False, False), (True, False), (False, True)) for bv in (64, 32, 16)]
             if DK in WS_HEAD_DIMS:  # its warp-specialised form (recompute_ws, an A/B alternative), S lo in fp8
                 cfgs += [BackwardPlan(dtype, recompute_block_v=bv, lo8=True, DK=DK, recompute_ws=True,
-                                      recompute_dots=dots).recompute_configs()[1]
-                         for dots in (False, True) for bv in (64, 32, 16)]
+                                      recompute_dots=dots, recompute_early=early).recompute_configs()[1]
+                         for dots, early in ((False, False), (True, False), (False, True)) for bv in (64, 32, 16)]
             for c in cfgs:
                 if c not in out:
                     out.append(c)

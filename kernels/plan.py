@@ -232,7 +232,8 @@ class BackwardPlan:
     instead of at each of its four uses (the same values; an A/B alternative); ``dh_early``: the warp-specialised
     dh issues its state update's products early (behind K dS, and before the dY tiles and dv: the same products in
     the same order; an A/B alternative, at ``DU_LOCAL_HEAD_DIM``); ``DK``: the head dim K == V every kernel is built
-    for."""
+    for; ``recompute_early``: with ``recompute_ws``, its chain issues the update before U's hand-off
+    (``ForwardPlan.ws_early``'s form of that kernel; an A/B alternative)."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -255,6 +256,7 @@ class BackwardPlan:
     recompute_dots: bool = False
     dqk_e_once: bool = False
     dh_early: bool = False
+    recompute_early: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -263,6 +265,8 @@ class BackwardPlan:
             raise ValueError(f"recompute_ws: one CTA per SM, 16, 32 or 64 value columns, at the head dims "
                              f"{WS_HEAD_DIMS}; got recompute_ctas_per_sm={self.recompute_ctas_per_sm}, "
                              f"recompute_block_v={self.recompute_block_v}, DK={self.DK}")
+        if self.recompute_early and not self.recompute_ws:
+            raise ValueError("recompute_early is a form of the recompute's ws kernel: it needs recompute_ws")
         if not 1 <= self.recompute_cp <= MAX_SEGMENTS:
             raise ValueError(f"recompute_cp counts segments per sequence, 1 to {MAX_SEGMENTS}, got {self.recompute_cp}")
         if self.shared_scan and self.dh_segments is None:
@@ -301,7 +305,7 @@ class BackwardPlan:
         cp = self.recompute_cp_plan().configs()[-2:] if self.recompute_cp > 1 or self.shared_scan else ()
         if self.recompute_ws:
             state = StateConfig(self.dtype, self.recompute_block_v, prec.past_intra(), form="ws", DK=self.DK,
-                                lo8=self.lo8, tables=True, dots=self.recompute_dots)
+                                lo8=self.lo8, tables=True, dots=self.recompute_dots, early=self.recompute_early)
         else:
             state = StateConfig(self.dtype, self.recompute_block_v, prec.past_intra(), form="smem", DK=self.DK,
                                 ctas_per_sm=self.recompute_ctas_per_sm,

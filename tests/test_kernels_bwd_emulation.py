@@ -1204,7 +1204,7 @@ def test_dh_early_plan_and_configurations():
 def test_ws_early_plan_and_configurations():
     """``ForwardPlan.ws_early`` (an A/B alternative): the ws state configuration carries it, the dispatched ws forms
     with it are in the compile list; the plan refuses it off the ws form and at K = 64, the configurations off the
-    ws kernel."""
+    ws kernel; ``BackwardPlan.recompute_early`` gives the recompute's ws tables kernel that form."""
     import dataclasses
 
     from kernels.build import all_configs
@@ -1219,6 +1219,12 @@ def test_ws_early_plan_and_configurations():
         dataclasses.replace(forward_plan("bfloat16", 1, 32, 512), state_form="smem", p_table=False, ws_early=True)
     with pytest.raises(ValueError, match="ws_early"):
         dataclasses.replace(forward_plan("bfloat16", 1, 32, 512, DK=64), ws_early=True)
+    # the recompute's ws kernel likewise (BackwardPlan.recompute_early), refused without its ws form
+    from kernels.plan import backward_plan
+    rc = dataclasses.replace(backward_plan("bfloat16", 16, 32, 512, 1), recompute_ws=True, recompute_early=True)
+    assert rc.recompute_configs()[1].early and rc.recompute_configs()[1].tables and rc.recompute_configs()[1] in cfgs
+    with pytest.raises(ValueError, match="recompute_early"):
+        dataclasses.replace(rc, recompute_ws=False)
     ws = forward_plan("bfloat16", 1, 32, 512).configs()[1]
     for bad in (dataclasses.replace(ws, form="smem", pt=False, early=True),
                 StateConfig("bfloat16", 64, ws.prec, scan=True, form="rv", early=True)):

@@ -92,6 +92,7 @@ def _precompile():
             for bv in (bp.recompute_block_v, 32):
                 ws = dataclasses.replace(bp, recompute_ws=True, recompute_block_v=bv, overlap_recompute=False)
                 cfgs += ws.recompute_configs() + dataclasses.replace(ws, recompute_dots=True).configs(False)
+                cfgs += dataclasses.replace(ws, recompute_early=True).recompute_configs()
         if bp.dh_segments is None and bp.DK == 128:
             local = dataclasses.replace(bp, dh_ws_bv=32, du_local=True)
             cfgs += [local.prep_config(True), local.dh_config(True)]
@@ -316,13 +317,15 @@ _RECOMPUTE_WS_CASES = ([(c, False, None) for c in _STAGE_CASES[:3] + _RECOMPUTE_
                        + [(_GVA2_H0, False, 32), (_GVA2_H0, True, None)])
 
 
+@pytest.mark.parametrize("early", [False, True], ids=["", "early"])
 @pytest.mark.parametrize("case,side,bv", _RECOMPUTE_WS_CASES,
                          ids=[c.id + ("-side" if s else "") + (f"-bv{b}" if b else "")
                               for c, s, b in _RECOMPUTE_WS_CASES])
-def test_recompute_ws_gives_the_smem_kernels_tables(case, side, bv):
-    """The recompute's state kernel in the ws form storing the tables (``BackwardPlan.recompute_ws``) against the
-    smem form of the same plan: the same products and roundings on the same operands in the same order, so the
-    recomputed S (hi and its fp8 lo codes) and U are bitwise the same, and so is every gradient."""
+def test_recompute_ws_gives_the_smem_kernels_tables(case, side, bv, early):
+    """The recompute's state kernel in the ws form storing the tables (``BackwardPlan.recompute_ws``; with
+    ``recompute_early`` its update issued before U's hand-off) against the smem form of the same plan: the same
+    products and roundings on the same operands in the same order, so the recomputed S (hi and its fp8 lo codes) and
+    U are bitwise the same, and so is every gradient."""
     from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
     from kernels.backward.pipeline import plan_for, prepare_backward
 
@@ -331,10 +334,12 @@ def test_recompute_ws_gives_the_smem_kernels_tables(case, side, bv):
     if bv:
         plan = dataclasses.replace(plan, recompute_block_v=bv)
     sp, sr = {}, {}
-    got = kern(*args, do, dht, **kw, stages=sp, plan=dataclasses.replace(plan, recompute_ws=True))
+    got = kern(*args, do, dht, **kw, stages=sp, plan=dataclasses.replace(plan, recompute_ws=True,
+                                                                         recompute_early=early))
     ref = kern(*args, do, dht, **kw, stages=sr, plan=plan)
     torch.cuda.synchronize()
-    print(f"  {case.id}: recompute BV {plan.recompute_block_v}, segments {plan.recompute_cp}, side stream {side}")
+    print(f"  {case.id}: recompute BV {plan.recompute_block_v}, segments {plan.recompute_cp}, side stream {side}, "
+          f"early {early}")
     for name in ("S", "U"):
         assert torch.equal(sp[name], sr[name]), (name, tt.max_rel(sp[name], sr[name]))
     _check_forms(case, got, ref)
