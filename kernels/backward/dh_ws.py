@@ -183,9 +183,12 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     # dY = Tinv^T dU
                     split_products(th_s[st, :, :], tl_s[st, :, :], xh_s, xl_s, dy_f, tlo, olo, True, True)
                     if early:   # D2 and its products first, then the dY tiles and dv while they run
+                        # (its terms formed in one loop from the product, as the fragment form's split rounds them)
                         for t, j in T.Parallel(BT, BV):
-                            kd_f[t, j] = -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t]
-                        split_into(kd_f, xh_s, xl_s, olo)
+                            x = -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t]
+                            xh_s[t, j] = T.cast(x, dtype)
+                            if olo:
+                                xl_s[t, j] = T.cast(x - T.cast(T.cast(x, dtype), f32), dtype)
                         T.fence_proxy_async()
                         T.wgmma_gemm(k_s[st, :, :], xh_s, ds_f, transpose_A=True)
                         if olo:
