@@ -151,6 +151,15 @@ def precompile(cfgs, workers: int | None = None, log=print, get=None):
     return failed
 
 
+def cubin_command(src_path: str, cubin_path: str) -> list:
+    """The nvcc command that compiles a TileLang CUDA source file to an sm_90a cubin as the compile tests do (ptxas
+    verbose: registers, spills, injected waits in its output)."""
+    from tilelang.contrib.nvcc import default_compile_options
+
+    return ["nvcc", "-arch=sm_90a", "-cubin", "-O3", "--use_fast_math", "-Xptxas", "-v", "-DENABLE_BF16",
+            "-o", cubin_path, src_path] + default_compile_options()
+
+
 def ptxas_report(src: str, timeout: float = 300.0, log: str | None = None) -> dict:
     """Registers / spills / stack of a TileLang CUDA source for sm_90a (the compile tests: the design keeps the
     solve's column and the state in registers, no spills, no stack): parsed from ``log`` (ptxas' verbose output of
@@ -168,15 +177,12 @@ def ptxas_report(src: str, timeout: float = 300.0, log: str | None = None) -> di
         info = _parse_ptxas(0, log)
         _save_ptxas(src, info["log"])
         return info
-    from tilelang.contrib.nvcc import default_compile_options
-
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cu")
         with open(path, "w") as f:
             f.write(src)
-        cmd = ["nvcc", "-arch=sm_90a", "-cubin", "-O3", "--use_fast_math", "-Xptxas", "-v", "-DENABLE_BF16",
-               "-o", os.path.join(d, "k.cubin"), path] + default_compile_options()
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(cubin_command(path, os.path.join(d, "k.cubin")), capture_output=True, text=True,
+                           timeout=timeout)
     info = _parse_ptxas(r.returncode, r.stdout + r.stderr)
     if r.returncode == 0:
         _save_ptxas(src, info["log"])

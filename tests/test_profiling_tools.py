@@ -1,7 +1,8 @@
 """The profiling tools on a CPU: scripts/ncu_summary.py (Nsight Compute's CSV, details page, to one line per kernel)
 and scripts/ncu_stalls.py (its source page, warp-state samples per SASS instruction) on synthetic files, and
-benchmarks/profile_kernels.py's dry run, and benchmarks/profile_host.py's split of a forward + backward's host time
-(the kernel path's host code with no-op kernels)."""
+benchmarks/profile_kernels.py's dry run, benchmarks/profile_host.py's split of a forward + backward's host time
+(the kernel path's host code with no-op kernels), and scripts/sass_compare.py's opcode counts on a synthetic
+listing."""
 
 from __future__ import annotations
 
@@ -196,3 +197,37 @@ def test_host_profile_refuses_fla_backward_alone(capsys):
     with pytest.raises(SystemExit):
         main(["--impl", "fla", "--direction", "bwd"])
     assert "ours only" in capsys.readouterr().err
+
+
+sass = load_script("sass_compare")
+
+_LISTING = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   FFMA R2, R3, R4, R5 ;
+        /*0020*/              @!P0 FFMA R2, R3, R4, R5 ;
+        /*0030*/                   HGMMA.64x32x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT ;
+        /*0040*/                   FMUL.FTZ R6, R7, R8 ;
+"""
+
+
+def test_sass_compare_counts_opcodes_and_flags_arithmetic_differences():
+    """``scripts/sass_compare.py``: opcodes counted by name (predicated ones too, modifiers dropped), ptxas facts
+    read from its verbose output, and only the arithmetic opcodes' counts decide whether two forms differ."""
+    a = sass.opcodes(_LISTING)
+    assert a == {"LDC": 1, "FFMA": 2, "HGMMA": 1, "FMUL": 1}
+    fused_lost = sass.opcodes(_LISTING.replace("@!P0 FFMA R2, R3, R4, R5", "FADD R2, R3, R5"))
+    assert sass.differing(a, fused_lost) == ["FFMA", "FADD"]
+    moved = sass.opcodes(_LISTING.replace("LDC R1", "MOV R1"))
+    assert sass.differing(a, moved) == []
+    log = ("ptxas info    : (C7517) warpgroup.wait is injected in around line 12 by compiler\n"
+           "    0 bytes stack frame, 512 bytes spill stores, 544 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 5 barriers")
+    assert sass.ptxas_facts(log) == {"registers": 168, "spill_stores": 512, "injected_wait": True}
+    assert sass.ptxas_facts("Used 40 registers")["injected_wait"] is False
+
+
+def test_sass_compare_reads_configuration_expressions():
+    cfg = sass.config('BwdConfig("dh", "bfloat16", 128, lo8=True, ws_bv=32, early=True)')
+    assert cfg.early and cfg.ws_bv == 32
+    with pytest.raises(NameError):
+        sass.config("__import__('os')")
