@@ -122,6 +122,20 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
     return (*out, *scan)                        # (of the forms with chunk tables, only rv takes CP: __post_init__)
 
 
+@lru_cache(maxsize=512)
+def _recompute_configs(dtype, DK, s_single, merge, ks_single, cp, ws, bv, occ, lo8, dots, early) -> tuple:
+    """``BackwardPlan.recompute_configs`` of the fields it depends on (``cp``: the CP plan's segments, 0 = none)."""
+    prec = recompute_precision(s_single, merge, ks_single)
+    scan = ForwardPlan(dtype, preset(), "rv", RV_BV, 1, cp, DK=DK).configs()[-2:] if cp else ()
+    if ws:
+        state = StateConfig(dtype, bv, prec.past_intra(), form="ws", DK=DK, lo8=lo8, tables=True, dots=dots,
+                            early=early)
+    else:
+        state = StateConfig(dtype, bv, prec.past_intra(), form="smem", DK=DK, ctas_per_sm=occ,
+                            sl_swizzle=prec.s == "split" and prec.ks != "split" and not lo8, lo8=lo8)
+    return (IntraConfig(dtype, prec.merge, prec.ag, DK=DK), state, *scan)
+
+
 def check_head_dim(DK) -> int:
     """``DK`` itself when the kernels are built for it (``HEAD_DIMS``), else a ValueError naming it."""
     if DK not in HEAD_DIMS:
@@ -300,17 +314,11 @@ class BackwardPlan:
         """(intra, state[, scan, fix-up]) of the forward recompute at precision "recompute" (S and U hi + lo,
         key-first; S hi alone with ``s_single``), the S lo tile swizzled where it is only stored (in the input dtype,
         not read by K S; fp8 with ``lo8``); the CP scan and fix-up of ``recompute_cp_plan`` when ``recompute_cp >
-        1`` or ``shared_scan``."""
-        prec = recompute_precision(self.s_single, self.merge, self.ks_single)
-        cp = self.recompute_cp_plan().configs()[-2:] if self.recompute_cp > 1 or self.shared_scan else ()
-        if self.recompute_ws:
-            state = StateConfig(self.dtype, self.recompute_block_v, prec.past_intra(), form="ws", DK=self.DK,
-                                lo8=self.lo8, tables=True, dots=self.recompute_dots, early=self.recompute_early)
-        else:
-            state = StateConfig(self.dtype, self.recompute_block_v, prec.past_intra(), form="smem", DK=self.DK,
-                                ctas_per_sm=self.recompute_ctas_per_sm,
-                                sl_swizzle=prec.s == "split" and prec.ks != "split" and not self.lo8, lo8=self.lo8)
-        return (IntraConfig(self.dtype, prec.merge, prec.ag, DK=self.DK), state, *cp)
+        1`` or ``shared_scan``.  Built once per combination of the fields they depend on (a call's host time)."""
+        cp = max(2, self.recompute_cp) if self.recompute_cp > 1 or self.shared_scan else 0
+        return _recompute_configs(self.dtype, self.DK, self.s_single, self.merge, self.ks_single, cp,
+                                  self.recompute_ws, self.recompute_block_v, self.recompute_ctas_per_sm, self.lo8,
+                                  self.recompute_dots, self.recompute_early)
 
     def recompute_cp_plan(self) -> ForwardPlan:
         """The forward plan whose scan and fp64 fix-up (exact: ``segment_starts``; they read the state kernel's
