@@ -247,7 +247,9 @@ class BackwardPlan:
     dh issues its state update's products early (behind K dS, and before the dY tiles and dv: the same products in
     the same order; an A/B alternative, at ``DU_LOCAL_HEAD_DIM``); ``DK``: the head dim K == V every kernel is built
     for; ``recompute_early``: with ``recompute_ws``, its chain issues the update before U's hand-off
-    (``ForwardPlan.ws_early``'s form of that kernel; an A/B alternative)."""
+    (``ForwardPlan.ws_early``'s form of that kernel; an A/B alternative); ``dqk_exp_mask``: dqk widens its fp8 lo
+    tiles with a masked power of two (``lo8_value(masked=True)``: the same values in fewer instructions; an A/B
+    alternative, with ``lo8`` at ``DU_LOCAL_HEAD_DIM``)."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -271,6 +273,7 @@ class BackwardPlan:
     dqk_e_once: bool = False
     dh_early: bool = False
     recompute_early: bool = False
+    dqk_exp_mask: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -307,6 +310,9 @@ class BackwardPlan:
                              f"and fp8 lo tables, at DK={DU_LOCAL_HEAD_DIM}; got dh_ws_bv={self.dh_ws_bv}, segmented "
                              f"{self.dh_segments is not None}, DK={self.DK}, dh_single={self.dh_single}, "
                              f"lo8={self.lo8}")
+        if self.dqk_exp_mask and not (self.lo8 and self.DK == DU_LOCAL_HEAD_DIM):
+            raise ValueError(f"dqk_exp_mask: a form of dqk on fp8 lo tables (lo8) at DK={DU_LOCAL_HEAD_DIM}; got "
+                             f"lo8={self.lo8}, DK={self.DK}")
         if self.lo8 and (self.dh_single or self.s_single):
             raise ValueError("lo8 (fp8 lo tables) is a form of the split dh and S tables (dh_single, s_single False)")
 
@@ -338,7 +344,8 @@ class BackwardPlan:
 
     def dqk_config(self) -> BwdConfig:
         return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK,
-                         s_single=self.s_single, lo8=self.lo8, rc_dots=self.recompute_dots, e_once=self.dqk_e_once)
+                         s_single=self.s_single, lo8=self.lo8, rc_dots=self.recompute_dots, e_once=self.dqk_e_once,
+                         exp_mask=self.dqk_exp_mask)
 
     def dgdb_config(self) -> BwdConfig:
         return BwdConfig("dgdb", "float32", self.DK)

@@ -1126,7 +1126,7 @@ def test_recompute_dots_plan_and_configurations():
     """``BackwardPlan.recompute_dots`` (an A/B alternative): the recompute's ws tables configuration also forms the
     S o dS' dots and dqk's leaves them out, both in the compile list; the plan refuses it without the ws form, without
     fp8 lo tables and with the recompute beside dh, and the configurations refuse it where it is no form.  Likewise
-    ``dqk_e_once``'s dqk configuration."""
+    ``dqk_e_once``'s and ``dqk_exp_mask``'s dqk configurations."""
     import dataclasses
 
     from kernels.backward.configs import BwdConfig, prim_func
@@ -1145,11 +1145,19 @@ def test_recompute_dots_plan_and_configurations():
     for bad in (BwdConfig("dh", "bfloat16", rc_dots=True), BwdConfig("dqk", "bfloat16", rc_dots=True)):
         with pytest.raises(ValueError, match="rc_dots"):
             prim_func(bad)
-    # dqk's gates formed once (``dqk_e_once``): its configuration, compiled, and no form of another kind
+    # dqk's gates formed once (``dqk_e_once``) and its masked widening (``dqk_exp_mask``): their configurations,
+    # compiled, and no form of another kind (the widening: none without fp8 lo tables)
     once = dataclasses.replace(base, dqk_e_once=True).dqk_config()
     assert once.e_once and once in set(all_configs()) and not base.dqk_config().e_once
     with pytest.raises(ValueError, match="e_once"):
         prim_func(BwdConfig("dh", "bfloat16", e_once=True))
+    masked = dataclasses.replace(base, dqk_exp_mask=True).dqk_config()
+    assert masked.exp_mask and masked in set(all_configs()) and not base.dqk_config().exp_mask
+    for bad in (BwdConfig("dh", "bfloat16", exp_mask=True, lo8=True), BwdConfig("dqk", "bfloat16", exp_mask=True)):
+        with pytest.raises(ValueError, match="exp_mask"):
+            prim_func(bad)
+    with pytest.raises(ValueError, match="dqk_exp_mask"):
+        dataclasses.replace(base, dqk_exp_mask=True, lo8=False)
 
 
 def test_du_local_plan_and_configurations():

@@ -99,6 +99,8 @@ def _precompile():
             early = dataclasses.replace(bp, dh_ws_bv=32, dh_early=True)
             cfgs += [early.dh_config(True), early.dh_config(False)]
         cfgs.append(dataclasses.replace(bp, dqk_e_once=True).dqk_config())
+        if bp.lo8 and bp.DK == 128:
+            cfgs.append(dataclasses.replace(bp, dqk_exp_mask=True).dqk_config())
     failed = precompile(list(dict.fromkeys(cfgs)), min(10, os.cpu_count() or 1))
     assert not failed, failed
 
@@ -431,6 +433,23 @@ def test_dh_update_issued_early_gives_the_same_gradients(case):
     plan = plan_for(prepare_backward(*args, do, dht, **kw))
     got = kern(*args, do, dht, **kw, plan=_sequential_ws(dh_early=True)(plan))
     ref = kern(*args, do, dht, **kw, plan=_sequential_ws(dh_early=False)(plan))
+    torch.cuda.synchronize()
+    _check_forms(case, got, ref)
+
+
+@pytest.mark.parametrize("case", [c for c in _E_ONCE_CASES if c.K == 128],
+                         ids=[c.id for c in _E_ONCE_CASES if c.K == 128])
+def test_dqk_masked_widening_gives_the_same_gradients(case):
+    """dqk widening its fp8 lo tiles with a masked power of two (``BackwardPlan.dqk_exp_mask``) against the
+    dispatched plan: the same powers of two (``lo8_value``: the same value for every hi term), so every gradient
+    bitwise the same."""
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
+    from kernels.backward.pipeline import plan_for, prepare_backward
+
+    args, kw, do, dht = tt.bwd_args(case, CUDA)
+    plan = plan_for(prepare_backward(*args, do, dht, **kw))
+    got = kern(*args, do, dht, **kw, plan=dataclasses.replace(plan, dqk_exp_mask=True))
+    ref = kern(*args, do, dht, **kw, plan=plan)
     torch.cuda.synchronize()
     _check_forms(case, got, ref)
 

@@ -39,10 +39,12 @@ class BwdConfig:
     rc_dots: bool = False          # dqk only: the S o dS' dots come from the recompute's ws form, not formed here
     e_once: bool = False           # dqk only: e^(G_t - G_j) formed once a chunk for the intra terms' four uses
     early: bool = False            # dh_ws only: the update's products issued behind K dS and before the dY tiles
+    exp_mask: bool = False         # dqk only: the fp8 lo tiles' powers of two by a mask of hi's exponent bits
 
     @property
     def name(self) -> str:
-        names = ("single", "saved", "tinv_hi", "s_single", "lo8", "du_local", "rc_dots", "e_once", "early")
+        names = ("single", "saved", "tinv_hi", "s_single", "lo8", "du_local", "rc_dots", "e_once", "early",
+                 "exp_mask")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
@@ -58,7 +60,8 @@ def all_configs():
     fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``), at ``DU_LOCAL_HEAD_DIM`` also forming
     dUloc itself, with its prep (``du_local``, an A/B alternative; on the saved tables and computing them), and dqk
     (groups of 1 and 2) leaving the S o dS' dots to the recompute (``rc_dots``) or forming the intra terms' gates
-    once (``e_once``), and the warp-specialised split dh issuing its update early (``early``), A/B alternatives;
+    once (``e_once``) or widening its fp8 lo tiles with a masked power of two (``exp_mask``), and the
+    warp-specialised split dh issuing its update early (``early``), A/B alternatives;
     the dtype-free dgdb once.  The forward recompute runs the forward's intra
     and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
@@ -80,8 +83,8 @@ def _configs_at(D: int):
                + [BwdConfig("prep", dt, D, saved=s, merge="bf16" if s else "fp32", du_local=True) for dt in DTYPES
                   for s in (True, False)]
                if D == DU_LOCAL_HEAD_DIM else [])
-            + ([BwdConfig(kind, dt, D, lo8=True, **{f: True}) for f in ("rc_dots", "e_once") for dt in DTYPES
-                for kind in ("dqk", "dqk_g2")] if D == DU_LOCAL_HEAD_DIM else [])
+            + ([BwdConfig(kind, dt, D, lo8=True, **{f: True}) for f in ("rc_dots", "e_once", "exp_mask")
+                for dt in DTYPES for kind in ("dqk", "dqk_g2")] if D == DU_LOCAL_HEAD_DIM else [])
             + ([BwdConfig("dh", dt, D, tinv_hi=t, lo8=True, ws_bv=32, early=True) for dt in DTYPES
                 for t in (True, False)] if D == DU_LOCAL_HEAD_DIM else []))
 
@@ -104,6 +107,9 @@ def prim_func(cfg: BwdConfig):
         raise ValueError(f"lo8 (fp8 lo tables) is a form of the split dh and of dqk on the split S: {cfg.name}")
     if cfg.e_once and not cfg.kind.startswith("dqk"):
         raise ValueError(f"e_once (the intra terms' gates formed once) is a form of dqk only: {cfg.name}")
+    if cfg.exp_mask and not (cfg.kind.startswith("dqk") and cfg.lo8):
+        raise ValueError(f"exp_mask (the fp8 lo tiles' masked powers of two) is a form of dqk with fp8 lo tables: "
+                         f"{cfg.name}")
     if cfg.rc_dots and not (cfg.kind.startswith("dqk") and cfg.lo8):
         raise ValueError(f"rc_dots (the S o dS' dots from the recompute) is a form of dqk with fp8 lo tables: "
                          f"{cfg.name}")
@@ -128,7 +134,8 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
         from .dqk import build_bwd_dqk
         return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
-                             s_lo=not cfg.s_single, lo8=cfg.lo8, dots=not cfg.rc_dots, e_once=cfg.e_once)
+                             s_lo=not cfg.s_single, lo8=cfg.lo8, dots=not cfg.rc_dots, e_once=cfg.e_once,
+                             exp_mask=cfg.exp_mask)
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)

@@ -44,22 +44,28 @@ def lo8_code(x, dtype: str):
     return lo8_code_of(T.cast(x - T.cast(hi, "float32"), dtype), hi, dtype)
 
 
-def lo8_value(code, hi, dtype: str):
+def lo8_value(code, hi, dtype: str, masked: bool = False):
     """The lo term (fp32) that the fp8 ``code`` holds under its hi term ``hi`` (``dtype``).  No branch: where
     ``eb <= shift`` the power of two's bits are 0 (the float 0), so that a load of ``code`` is never conditional on
-    ``hi`` (a branch kept each load of a code behind the read of its hi term: one memory latency each)."""
+    ``hi`` (a branch kept each load of a code behind the read of its hi term: one memory latency each).
+    ``masked``: the power of two's bits as ``max((bits & 0x7F800000) - (shift << 23), 0)`` of hi's fp32 bits, the
+    same value as ``max(eb - shift, 0) << 23`` for every hi, in fewer integer instructions."""
     shift = lo8_shift(dtype)
-    eb = _exponent_bits(T.cast(hi, "float32"))
-    down = T.reinterpret(T.max(eb - shift, 0) << 23, "float32")
+    if masked:
+        bits = T.reinterpret(T.cast(hi, "float32"), "int32") & 0x7F800000
+        down = T.reinterpret(T.max(bits - (shift << 23), 0), "float32")
+    else:
+        eb = _exponent_bits(T.cast(hi, "float32"))
+        down = T.reinterpret(T.max(eb - shift, 0) << 23, "float32")
     return T.cast(code, "float32") * down
 
 
 @T.macro
-def widen_lo8(codes, hv, c, hi_s, lo_s, tx, c8, w8, threads):
+def widen_lo8(codes, hv, c, hi_s, lo_s, tx, c8, w8, threads, masked=False):
     """``lo_s = lo8_value(codes[hv, c], hi_s)`` in ``lo_s``'s dtype: fp8 codes ``codes [HV, NC, R, C]`` (global),
     shared tiles ``hi_s, lo_s [R, C]``; ``c8`` (fp8) and ``w8`` (``lo_s``'s dtype) local buffers of 8.  Each of the
     ``threads`` threads ``tx`` takes 8 consecutive elements at a time: one 8-byte load of codes and one 16-byte
-    shared read and write.  ``R C`` a multiple of ``8 threads``."""
+    shared read and write.  ``R C`` a multiple of ``8 threads``; ``masked``: ``lo8_value``'s."""
     R, C = lo_s.shape
     for r in T.unroll(R * C // (8 * threads)):       # unrolled: the loads of every step issued together
         e = (r * threads + tx) * 8
@@ -68,6 +74,6 @@ def widen_lo8(codes, hv, c, hi_s, lo_s, tx, c8, w8, threads):
         for u in T.vectorized(8):
             w8[u] = hi_s[e // C, e % C + u]
         for u in T.unroll(8):
-            w8[u] = T.cast(lo8_value(c8[u], w8[u], lo_s.dtype), lo_s.dtype)
+            w8[u] = T.cast(lo8_value(c8[u], w8[u], lo_s.dtype, masked), lo_s.dtype)
         for u in T.vectorized(8):
             lo_s[e // C, e % C + u] = w8[u]
