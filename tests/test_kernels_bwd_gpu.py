@@ -386,12 +386,18 @@ def test_dqk_gates_formed_once_give_the_same_gradients(case):
     """dqk forming the intra terms' ``e^(G_t - G_j)`` once a chunk (``BackwardPlan.dqk_e_once``) against the
     dispatched plan, which forms it at each of its four uses: the same values in the same products, so every
     gradient bitwise the same (GVA 1, 2, 4, 8, varlen, fp16)."""
+    _pipeline_bitwise_with(case, dict(dqk_e_once=True))
+
+
+def _pipeline_bitwise_with(case, change: dict, base: dict | None = None):
+    """The backward pipeline alone (prep's tables) on ``case``: every gradient with the dispatched plan changed by
+    ``base`` and ``change`` bitwise that of the plan changed by ``base`` alone (``_check_forms``)."""
     from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
     from kernels.backward.pipeline import plan_for, prepare_backward
 
     args, kw, do, dht = tt.bwd_args(case, CUDA)
-    plan = plan_for(prepare_backward(*args, do, dht, **kw))
-    got = kern(*args, do, dht, **kw, plan=dataclasses.replace(plan, dqk_e_once=True))
+    plan = dataclasses.replace(plan_for(prepare_backward(*args, do, dht, **kw)), **(base or {}))
+    got = kern(*args, do, dht, **kw, plan=dataclasses.replace(plan, **change))
     ref = kern(*args, do, dht, **kw, plan=plan)
     torch.cuda.synchronize()
     _check_forms(case, got, ref)
@@ -422,19 +428,12 @@ def test_dh_update_issued_early_gives_the_same_gradients(case):
     Tinv hi alone) and through the backward pipeline alone (prep's tables, Tinv hi + lo): the same products into the
     same accumulators in the same order, so every gradient bitwise the same."""
     from kernels import autograd
-    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
-    from kernels.backward.pipeline import plan_for, prepare_backward
 
     got = tt.function_grads(autograd.apply, case, CUDA, alter=_sequential_ws(dh_early=True))
     ref = tt.function_grads(autograd.apply, case, CUDA, alter=_sequential_ws(dh_early=False))
     torch.cuda.synchronize()
     _check_forms(case, got, ref)
-    args, kw, do, dht = tt.bwd_args(case, CUDA)
-    plan = plan_for(prepare_backward(*args, do, dht, **kw))
-    got = kern(*args, do, dht, **kw, plan=_sequential_ws(dh_early=True)(plan))
-    ref = kern(*args, do, dht, **kw, plan=_sequential_ws(dh_early=False)(plan))
-    torch.cuda.synchronize()
-    _check_forms(case, got, ref)
+    _pipeline_bitwise_with(case, dict(dh_early=True), base=dict(dh_ws_bv=32))
 
 
 @pytest.mark.parametrize("case", [c for c in _E_ONCE_CASES if c.K == 128],
@@ -443,15 +442,7 @@ def test_dqk_masked_widening_gives_the_same_gradients(case):
     """dqk widening its fp8 lo tiles with a masked power of two (``BackwardPlan.dqk_exp_mask``) against the
     dispatched plan: the same powers of two (``lo8_value``: the same value for every hi term), so every gradient
     bitwise the same."""
-    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
-    from kernels.backward.pipeline import plan_for, prepare_backward
-
-    args, kw, do, dht = tt.bwd_args(case, CUDA)
-    plan = plan_for(prepare_backward(*args, do, dht, **kw))
-    got = kern(*args, do, dht, **kw, plan=dataclasses.replace(plan, dqk_exp_mask=True))
-    ref = kern(*args, do, dht, **kw, plan=plan)
-    torch.cuda.synchronize()
-    _check_forms(case, got, ref)
+    _pipeline_bitwise_with(case, dict(dqk_exp_mask=True))
 
 
 @pytest.mark.parametrize("case", _RECOMPUTE_CP_CASES, ids=[c.id for c in _RECOMPUTE_CP_CASES])
