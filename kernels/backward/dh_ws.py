@@ -34,11 +34,20 @@ from tilelang.layout import make_swizzled_layout
 
 from kernels.common.lo8 import LO8, lo8_code_of
 from kernels.forward.cumsum import LOG2E
-from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, split_products, \
-    store_state_kt
+from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, put_split, seq_span, split_into, \
+    split_products, store_state_kt
 
 BT = 64
 WG = 128
+
+
+@T.macro
+def q_d1(ds_f, q_s, ah_s, al_s, a_ready, st, i):
+    """``dS += Q^T D1h + Q^T D1l`` of the chain, issued without a wait once WG1's ``D1`` tiles are written
+    (``a_ready`` at the parity of the chunk's position ``i``; stage ``st`` of the q tiles)."""
+    T.barrier_wait(a_ready, i % 2)
+    T.wgmma_gemm(q_s[st, :, :], ah_s, ds_f, transpose_A=True)
+    T.wgmma_gemm(q_s[st, :, :], al_s, ds_f, transpose_A=True)
 
 
 @T.macro
@@ -162,9 +171,7 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                             ds_f[d, j] = ds_f[d, j] * f_s[st, 3, 0]
                         T.wgmma_gemm(k_s[st, :, :], dsh_s, kd_f, transpose_B=True, clear_accum=True)
                         T.wgmma_gemm(k_s[st, :, :], dsl_s, kd_f, transpose_B=True)
-                        T.barrier_wait(a_ready, i % 2)
-                        T.wgmma_gemm(q_s[st, :, :], ah_s, ds_f, transpose_A=True)
-                        T.wgmma_gemm(q_s[st, :, :], al_s, ds_f, transpose_A=True)
+                        q_d1(ds_f, q_s, ah_s, al_s, a_ready, st, i)
                         T.wait_wgmma(2)
                     else:
                         T.wgmma_gemm(k_s[st, :, :], dsh_s, kd_f, transpose_B=True, clear_accum=True)
@@ -185,10 +192,7 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     if early:   # D2 and its products first, then the dY tiles and dv while they run
                         # (its terms formed in one loop from the product, as the fragment form's split rounds them)
                         for t, j in T.Parallel(BT, BV):
-                            x = -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t]
-                            xh_s[t, j] = T.cast(x, dtype)
-                            if olo:
-                                xl_s[t, j] = T.cast(x - T.cast(T.cast(x, dtype), f32), dtype)
+                            put_split(xh_s, xl_s, t, j, -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t], olo)
                         T.fence_proxy_async()
                         T.wgmma_gemm(k_s[st, :, :], xh_s, ds_f, transpose_A=True)
                         if olo:
@@ -210,9 +214,7 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                         T.fence_proxy_async()
                         for d, j in T.Parallel(DK, BV):
                             ds_f[d, j] = ds_f[d, j] * f_s[st, 3, 0]
-                        T.barrier_wait(a_ready, i % 2)
-                        T.wgmma_gemm(q_s[st, :, :], ah_s, ds_f, transpose_A=True)
-                        T.wgmma_gemm(q_s[st, :, :], al_s, ds_f, transpose_A=True)
+                        q_d1(ds_f, q_s, ah_s, al_s, a_ready, st, i)
                         split_products(k_s[st, :, :], None, xh_s, xl_s, ds_f, False, olo, False, True)
                     T.barrier_arrive(a_free)
                     T.barrier_arrive(empty[st])

@@ -40,8 +40,8 @@ import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
 from kernels.common.lo8 import LO8, lo8_code_of, lo8_value
-from kernels.common.prologue import (dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, split_products,
-                                     store_state_kt)
+from kernels.common.prologue import (dynamic_dims, lo_shape, load_state_kt, put_split, seq_span, split_into,
+                                     split_products, store_state_kt)
 
 from .cp_warm import WARM_CHUNKS, macros
 from .cumsum import LOG2E
@@ -102,6 +102,14 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
         for i, j in T.Parallel(BT, BV):
             if t0 + i < eos:
                 o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j], dtype)
+
+    @T.macro
+    def hand_off_u(u_f, uh_s, ul_s, u_free, u_ready, c):
+        """U's hand-off tiles for WG2, split as ``u_sp`` says, once WG2 has read chunk ``c - 1``'s."""
+        T.barrier_wait(u_free, (c + 1) % 2)
+        split_into(u_f, uh_s, ul_s, u_sp)
+        T.fence_proxy_async()
+        T.barrier_arrive(u_ready)
 
     @T.macro
     def fused(q, k, v, Ah, Al, F, Ph, Pl, cu_seqlens, chunk_offsets, h0, o, ht, Sch, Scl, Uh, Ul, use_h0,
@@ -231,10 +239,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         # S = F3 S + K^T (F2 U): F2 U's terms from U (kept), its products issued, then U's
                         # hand-off tiles written while they run
                         for i, j in T.Parallel(BT, BV):
-                            x = f_s[st, 2, i] * u_f[i, j]
-                            xh_s[i, j] = T.cast(x, op)
-                            if upd_sp:
-                                xl_s[i, j] = T.cast(x - T.cast(T.cast(x, op), f32), op)
+                            put_split(xh_s, xl_s, i, j, f_s[st, 2, i] * u_f[i, j], upd_sp)
                         T.fence_proxy_async()
                         if half:    # (S to this chunk's column scales)
                             for i, j in T.Parallel(DK, BV):
@@ -242,16 +247,10 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         T.wgmma_gemm(k_s[st, :, :], xh_s, s_f, transpose_A=True)
                         if upd_sp:
                             T.wgmma_gemm(k_s[st, :, :], xl_s, s_f, transpose_A=True)
-                        T.barrier_wait(u_free, (c + 1) % 2)
-                        split_into(u_f, uh_s, ul_s, u_sp)
-                        T.fence_proxy_async()
-                        T.barrier_arrive(u_ready)
+                        hand_off_u(u_f, uh_s, ul_s, u_free, u_ready, c)
                         T.wait_wgmma(0)
                     else:
-                        T.barrier_wait(u_free, (c + 1) % 2)
-                        split_into(u_f, uh_s, ul_s, u_sp)
-                        T.fence_proxy_async()
-                        T.barrier_arrive(u_ready)
+                        hand_off_u(u_f, uh_s, ul_s, u_free, u_ready, c)
                         # S = F3 S + K^T (F2 U)
                         for i, j in T.Parallel(BT, BV):
                             u_f[i, j] = f_s[st, 2, i] * u_f[i, j]
