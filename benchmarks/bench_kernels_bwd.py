@@ -99,7 +99,6 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       "ours-rc-dots": ("backward", dict(recompute_ws=True, recompute_dots=True, overlap_recompute=False)),
       "ours-e-once": ("backward", dict(dqk_e_once=True)),  # dqk's intra-term gates formed once a chunk
       "ours-exp-mask": ("backward", dict(dqk_exp_mask=True)),  # dqk's fp8 lo widening by a masked power of two
-      "ours-dqk-loop": ("backward", dict(dqk_loop=True)),  # dqk: one CTA takes a GVA group's two value heads in turn
       "ours-dh-early": ("backward", dict(dh_early=True)),  # dh_ws issues its state update's products early
       # the two above together (every shape); with dh forming dUloc too (where dh_ws runs)
       "ours-rc-dots-e1": ("backward", dict(recompute_ws=True, recompute_dots=True, overlap_recompute=False,
@@ -243,8 +242,7 @@ def main(argv=None):
                     "warp-specialised and key-first, 32 value columns a CTA), 'ours-rc-ws' (the recompute's state "
                     "kernel warp-specialised), 'ours-rc-dots' (that kernel also forming the S o dS' dots, dqk "
                     "leaving them out), 'ours-e-once' (dqk's intra-term gates formed once), 'ours-exp-mask' (dqk "
-                    "widening its fp8 lo tiles with a masked power of two), 'ours-dqk-loop' (dqk taking a GVA group's "
-                    "two value heads in turn in one CTA, no cluster), 'ours-du-local' (dh_ws "
+                    "widening its fp8 lo tiles with a masked power of two), 'ours-du-local' (dh_ws "
                     "forming dUloc, prep storing no dUloc table; where dh_ws runs), 'ours-dh-early' (dh_ws issuing "
                     "its state update's products early; where dh_ws runs), 'ours-rc-ws-early' (the recompute's ws "
                     "kernel issuing its update before U's hand-off), 'ours-rc-dots-e1' and "

@@ -249,9 +249,7 @@ class BackwardPlan:
     for; ``recompute_early``: with ``recompute_ws``, its chain issues the update before U's hand-off
     (``ForwardPlan.ws_early``'s form of that kernel; an A/B alternative); ``dqk_exp_mask``: dqk widens its fp8 lo
     tiles with a masked power of two (``lo8_value(masked=True)``: the same values in fewer instructions; an A/B
-    alternative, with ``lo8`` at ``DU_LOCAL_HEAD_DIM``); ``dqk_loop``: with ``cluster_group_sum`` at groups of 2,
-    dqk runs one CTA per (chunk, q/k head) that takes the group's two value heads in turn (no cluster exchange;
-    dq, dk summed in another order: an A/B alternative)."""
+    alternative, with ``lo8`` at ``DU_LOCAL_HEAD_DIM``)."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -276,7 +274,6 @@ class BackwardPlan:
     dh_early: bool = False
     recompute_early: bool = False
     dqk_exp_mask: bool = False
-    dqk_loop: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -316,10 +313,6 @@ class BackwardPlan:
         if self.dqk_exp_mask and not (self.lo8 and self.DK == DU_LOCAL_HEAD_DIM):
             raise ValueError(f"dqk_exp_mask: a form of dqk on fp8 lo tables (lo8) at DK={DU_LOCAL_HEAD_DIM}; got "
                              f"lo8={self.lo8}, DK={self.DK}")
-        if self.dqk_loop and not (self.cluster_group_sum and self.group == 2):
-            raise ValueError(f"dqk_loop takes a group's two value heads in turn in one CTA: groups of 2 summed by "
-                             f"dqk (cluster_group_sum); got group={self.group}, "
-                             f"cluster_group_sum={self.cluster_group_sum}")
         if self.lo8 and (self.dh_single or self.s_single):
             raise ValueError("lo8 (fp8 lo tables) is a form of the split dh and S tables (dh_single, s_single False)")
 
@@ -352,7 +345,7 @@ class BackwardPlan:
     def dqk_config(self) -> BwdConfig:
         return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK,
                          s_single=self.s_single, lo8=self.lo8, rc_dots=self.recompute_dots, e_once=self.dqk_e_once,
-                         exp_mask=self.dqk_exp_mask, loop=self.dqk_loop)
+                         exp_mask=self.dqk_exp_mask)
 
     def dgdb_config(self) -> BwdConfig:
         return BwdConfig("dgdb", "float32", self.DK)

@@ -1160,30 +1160,6 @@ def test_recompute_dots_plan_and_configurations():
         dataclasses.replace(base, dqk_exp_mask=True, lo8=False)
 
 
-def test_dqk_loop_plan_and_configuration():
-    """``BackwardPlan.dqk_loop`` (an A/B alternative): dqk's configuration carries it, outside the compile list
-    (ptxas spills it); the plan refuses it where dqk does not sum a group of two itself, and the configuration
-    where it is no form."""
-    import dataclasses
-
-    from kernels.backward.configs import BwdConfig, prim_func
-    from kernels.build import all_configs
-    from kernels.plan import backward_plan
-    base = backward_plan("bfloat16", 16, 32, 512, 1)
-    cfg = dataclasses.replace(base, dqk_loop=True).dqk_config()
-    assert cfg.loop and cfg.kind == "dqk_g2" and "loop" in cfg.name and cfg not in set(all_configs())
-    assert not base.dqk_config().loop
-    for change in (dict(cluster_group_sum=False), dict(group=4)):
-        with pytest.raises(ValueError, match="dqk_loop"):
-            dataclasses.replace(base, dqk_loop=True, **change)
-    with pytest.raises(ValueError, match="dqk_loop"):
-        dataclasses.replace(backward_plan("bfloat16", 16, 64, 512, 1), dqk_loop=True)
-    for bad in (BwdConfig("dqk", "bfloat16", loop=True), BwdConfig("dqk_g4", "bfloat16", loop=True),
-                BwdConfig("dh", "bfloat16", loop=True)):
-        with pytest.raises(ValueError, match="loop"):
-            prim_func(bad)
-
-
 def test_du_local_plan_and_configurations():
     """``BackwardPlan.du_local`` (an A/B alternative): prep's and dh's configurations carry it (dh_ws forms dUloc,
     prep stores no table), both in the compile list on the saved tables; the plan refuses it without the

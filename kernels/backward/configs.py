@@ -40,12 +40,11 @@ class BwdConfig:
     e_once: bool = False           # dqk only: e^(G_t - G_j) formed once a chunk for the intra terms' four uses
     early: bool = False            # dh_ws only: the update's products issued behind K dS and before the dY tiles
     exp_mask: bool = False         # dqk only: the fp8 lo tiles' powers of two by a mask of hi's exponent bits
-    loop: bool = False             # dqk_g2 only: one CTA per (chunk, q/k head) takes the group's value heads in turn
 
     @property
     def name(self) -> str:
         names = ("single", "saved", "tinv_hi", "s_single", "lo8", "du_local", "rc_dots", "e_once", "early",
-                 "exp_mask", "loop")
+                 "exp_mask")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
@@ -63,9 +62,7 @@ def all_configs():
     (groups of 1 and 2) leaving the S o dS' dots to the recompute (``rc_dots``) or forming the intra terms' gates
     once (``e_once``) or widening its fp8 lo tiles with a masked power of two (``exp_mask``), and the
     warp-specialised split dh issuing its update early (``early``), A/B alternatives;
-    the dtype-free dgdb once.  Not here: dqk of groups of 2 taking the group's value heads in turn in one CTA
-    (``loop``, an A/B alternative that ptxas spills, built when a plan asks for it).  The forward recompute runs
-    the forward's intra
+    the dtype-free dgdb once.  The forward recompute runs the forward's intra
     and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
@@ -113,8 +110,6 @@ def prim_func(cfg: BwdConfig):
     if cfg.exp_mask and not (cfg.kind.startswith("dqk") and cfg.lo8):
         raise ValueError(f"exp_mask (the fp8 lo tiles' masked powers of two) is a form of dqk with fp8 lo tables: "
                          f"{cfg.name}")
-    if cfg.loop and cfg.kind != "dqk_g2":
-        raise ValueError(f"loop (a group's two value heads in turn in one CTA) is a form of dqk_g2 only: {cfg.name}")
     if cfg.rc_dots and not (cfg.kind.startswith("dqk") and cfg.lo8):
         raise ValueError(f"rc_dots (the S o dS' dots from the recompute) is a form of dqk with fp8 lo tables: "
                          f"{cfg.name}")
@@ -140,7 +135,7 @@ def prim_func(cfg: BwdConfig):
         from .dqk import build_bwd_dqk
         return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
                              s_lo=not cfg.s_single, lo8=cfg.lo8, dots=not cfg.rc_dots, e_once=cfg.e_once,
-                             exp_mask=cfg.exp_mask, loop=cfg.loop)
+                             exp_mask=cfg.exp_mask)
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)

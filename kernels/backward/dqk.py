@@ -58,7 +58,7 @@ class _HeadTiles:
 @T.macro
 def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk, dpu,
                dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, ld, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv,
-               scale, s_lo, lo8, dots=True, e_f=None, masked=False, ph=0, fence=False):
+               scale, s_lo, lo8, dots=True, e_f=None, masked=False):
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
     dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32.
     The q.Z, k.W, k.R and dY . v row dots go out as two halves (``half_row_dots``, fragments ``t2, r2``) into
@@ -70,15 +70,11 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     (``ld[1]``) and dO (``ld[2]``) at the start, all in flight together; dY and v (``ld[3]``) once dS' is dead
     (their tiles may take its memory).  ``ld[4]``: q and k (the kernel's).  ``dots`` False: no S o dS' dots (the
     recompute forms them; ``sd`` not written).  ``e_f``: ``intra_terms``' gate fragment (None: none);
-    ``masked``: ``widen_lo8``'s.  ``ph``: the parity at which ``ld[0..3]`` complete (the value head's position in
-    a CTA's sequence of value heads, mod 2); ``fence`` (a Python bool): the copies are fenced behind the CTA's
-    generic-proxy accesses to the tiles (a value head after the first; the caller has synchronised the CTA)."""
+    ``masked``: ``widen_lo8``'s."""
     dtype = ts.sh.dtype
     DK = dq_f.shape[1]
     DV = ts.sh.shape[1]
     if tx < 32:
-        if fence:
-            T.fence_proxy_async()
         T.tma_copy(Fb[hv, c, 0:8, 0:BT], ts.f_s, barrier=ld[0])
         T.tma_copy(Sch[hv, c, 0:DK, 0:DV], ts.sh, barrier=ld[0])
         T.tma_copy(dSh[hv, c, 0:DV, 0:DK], ts.dsh, barrier=ld[0])
@@ -93,7 +89,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
         T.tma_copy(do[t0:t0 + BT, hv, 0:DV], ts.do, barrier=ld[2])
         T.barrier_arrive(ld[2])
     # 1. the S o dS' row dots (S hi (+ lo), dS' hi + lo)
-    T.barrier_wait(ld[0], ph)
+    T.barrier_wait(ld[0], 0)
     if lo8:
         if s_lo:
             widen_lo8(Scl, hv, c, ts.sh, ts.sl, tx, ts.c8, xl, THREADS, masked)
@@ -106,7 +102,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
             split_dot_rows(ts.sh, None, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
         sd[tx // DV, hv, c, tx % DV] = acc[0]
     # 2. R = U dS'^T (U, dS' hi + lo) -> dk~ += e^(GL-G) R, the k.R dots
-    T.barrier_wait(ld[1], ph)
+    T.barrier_wait(ld[1], 0)
     T.barrier_wait(ld[4], 0)
     T.gemm(ts.uh, ts.dsh, x_f, clear_accum=True)
     T.gemm(ts.ul, ts.dsh, x_f)
@@ -123,7 +119,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
         dk_f[t, d] = dk_f[t, d] + T.exp2((ts.f_s[4, BT - 1] - ts.f_s[4, t]) * LOG2E) * x_f[t, d]
     half_row_dots(x_f, k_s, t2, r2, nv, kr, hv, c)
     # 3. Z = dO S^T (S hi (+ lo)) -> dq~ += scale e^G Z, the q.Z dots
-    T.barrier_wait(ld[2], ph)
+    T.barrier_wait(ld[2], 0)
     T.gemm(ts.do, ts.sh, x_f, transpose_B=True, clear_accum=True)
     if s_lo:
         T.gemm(ts.do, ts.sl, x_f, transpose_B=True)
@@ -131,7 +127,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
         dq_f[t, d] = dq_f[t, d] + scale * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     half_row_dots(x_f, q_s, t2, r2, nv, qz, hv, c)
     # 4. W = dY S^T (dY hi + lo, S hi (+ lo)) -> dk~ -= beta e^G W, the k.W dots; then the dY . v dots
-    T.barrier_wait(ld[3], ph)
+    T.barrier_wait(ld[3], 0)
     T.gemm(ts.dyh, ts.sh, x_f, transpose_A=True, transpose_B=True, clear_accum=True)
     T.gemm(ts.dyl, ts.sh, x_f, transpose_A=True, transpose_B=True)
     if s_lo:
@@ -202,7 +198,7 @@ def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0
 
 
 def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = True, lo8: bool = False,
-                  dots: bool = True, e_once: bool = False, exp_mask: bool = False, loop: bool = False):
+                  dots: bool = True, e_once: bool = False, exp_mask: bool = False):
     """Grid (chunk, value head).  With ``group == 1`` dq~ and dk~ leave the kernel in one of two ways, by ``out32``:
 
     * fp32 per value head (``dq32, dk32``), summed per group by ``gdn_bwd_group_sum`` (groups of two or more, or the
@@ -221,10 +217,7 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
     ``dots`` False: no S o dS' dots and no ``sd`` store (the recompute's ws form forms them, ``BwdConfig.rc_dots``).
     ``e_once``: the intra terms' ``e^(G_t - G_j)`` formed once a chunk in a fragment, not at each of its four uses
     (the same values: ``BwdConfig.e_once``).  ``exp_mask``: the fp8 lo tiles widened with ``lo8_value``'s masked
-    power of two (the same values: ``BwdConfig.exp_mask``).  ``loop`` (groups of 2): grid (chunk, q/k head),
-    no cluster; one CTA takes the group's value heads in turn, their intra products accumulating onto the same dq~,
-    dk~ fragments, and stores the group sums as the cluster form does (q and k loaded once; no exchange; each value
-    head's tiles loaded once the previous head is done with them).
+    power of two (the same values: ``BwdConfig.exp_mask``).
 
     The four 64x64 operands of the intra terms are single (``intra_terms(mlo=False)``).  The shared tiles whose
     per-thread accesses would be bank conflicts are laid out without them (``kernels.common.bank_conflicts``), the
@@ -251,11 +244,10 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
     """
     assert DK == DV and DV in (64, 128), "the S o dS' dots (2 DV threads, halves of the key rows) need K = V"
     assert group in (1, 2, 4, 8), group
-    assert group == 2 or not loop, "loop takes a group's two value heads in turn: groups of 2"
     f32 = "float32"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
     HO = H if group > 1 else HV
-    launch = {"cluster_dims": (1, group, 1)} if group > 1 and not loop else {}
+    launch = {"cluster_dims": (1, group, 1)} if group > 1 else {}
 
     @T.prim_func
     def gdn_bwd_dqk(
@@ -288,9 +280,9 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
         scale: T.float32,
         out32: T.int32,
     ):
-        with T.Kernel(NC, H if loop else HV, threads=THREADS, **launch) as g:
+        with T.Kernel(NC, HV, threads=THREADS, **launch) as g:
             c, hv = g[0], g[1]
-            h = hv if loop else (hv // group if group > 1 else hv // (HV // H))    # a cluster's group size is known
+            h = hv // group if group > 1 else hv // (HV // H)    # a cluster's group size is known
             eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, False)
             nv = T.min(eos - t0, BT)
 
@@ -325,32 +317,11 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
                 T.barrier_arrive(ld[4])
             T.clear(dq_f)
             T.clear(dk_f)
-            if loop:
-                hv_s = T.alloc_shared((1,), "int32")
-                hv1 = T.alloc_local((1,), "int32")
-                # the group's two value heads written out (not a loop: TileLang's allocator then overlaps the tiles
-                # by their liveness as in the one-head form, within the shared memory of one CTA)
-                value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk,
-                           kk, dpu, dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, ld, qz, kw, kr, sd, yv, rect, db2,
-                           h * 2, c, t0, nv, scale, s_lo, lo8, dots, e_f, exp_mask, 0, False)
-                # the second head's index read back from shared memory after the barrier, so that no address of its
-                # tiles is formed (and held in registers) during the first head
-                hv_s[0] = h * 2 + 1
-                T.sync_threads()
-                hv1[0] = hv_s[0]
-                ts1 = _HeadTiles(DK, DV, dtype, s_lo, lo8)      # the second head's tiles, over the first's
-                T.annotate_layout({ts1.v: make_swizzled_layout(ts1.v)})
-                value_head(ts1, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk,
-                           kk, dpu, dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, ld, qz, kw, kr, sd, yv, rect, db2,
-                           hv1[0], c, t0, nv, scale, s_lo, lo8, dots, e_f, exp_mask, 1, True)
-            else:
-                value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk,
-                           kk, dpu, dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, ld, qz, kw, kr, sd, yv, rect, db2,
-                           hv, c, t0, nv, scale, s_lo, lo8, dots, e_f, exp_mask)
+            value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
+                       dpu, dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, ld, qz, kw, kr, sd, yv, rect, db2, hv, c,
+                       t0, nv, scale, s_lo, lo8, dots, e_f, exp_mask)
             # each row stored once
-            if loop:
-                store_rows(dq_f, dk_f, dq32, dk32, dqo, dko, t0, 0, h, nv, out32, dtype)
-            elif group > 1:
+            if group > 1:
                 pad = 4
                 stage = T.alloc_shared((BT, 2, DK + pad), f32)
                 inbox = T.alloc_shared((group, BT // group, 2, DK + pad), f32)
