@@ -89,9 +89,9 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       "ours-no-cluster": ("backward", dict(cluster_group_sum=False)),  # GVA sums: fp32 rows + gdn_bwd_group_sum
       "ours-rc-bv32": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=1)),  # the recompute's state
       "ours-rc-bv64": ("backward", dict(recompute_block_v=64, recompute_ctas_per_sm=1)),  # kernel shape (BV, CTAs
-      "ours-rc-bv16o2": ("backward", dict(recompute_block_v=16, recompute_ctas_per_sm=2)),  # per SM)
-      "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2)),
-      "ours-rc-ws": ("backward", dict(recompute_ws=True)),  # the recompute's state kernel warp-specialised
+      "ours-rc-bv16o2": ("backward", dict(recompute_block_v=16, recompute_ctas_per_sm=2, recompute_ws=False)),
+      "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2, recompute_ws=False)),  # smem
+      "ours-rc-smem": ("backward", dict(recompute_ws=False)),  # the recompute's smem state kernel (not the ws form)
       # that kernel issuing its update before U's hand-off (the forward's ws_early)
       "ours-rc-ws-early": ("backward", dict(recompute_ws=True, recompute_early=True)),
       "ours-du-local": ("backward", dict(du_local=True)),  # dh_ws forms dUloc = P^T dO; prep stores no dUloc table
@@ -111,7 +111,7 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
                                        shared_scan=False)),
       # with the segmented dh: its pass B, and the recompute per its own CP segments (recompute_cp)
       "ours-no-shared-scan": ("backward", dict(shared_scan=False)),
-      "ours-ks1": ("backward", dict(ks_single=True)),  # the recompute's K S one term (S hi alone)
+      "ours-ks1": ("backward", dict(ks_single=True, recompute_ws=False)),  # the recompute's K S one term (S hi alone)
       "ours-no-saved": ("both", None),   # the forward keeps no intra tables: prep recomputes Tinv (hi + lo) and Ag
       "ours-dh-single": ("backward", dict(dh_single=True, lo8=False)),  # dh's Tinv, dU, F0 dX single (sequential)
       "ours-s-single": ("backward", dict(s_single=True, lo8=False)),  # the recompute's S hi alone: no S lo table
@@ -239,8 +239,8 @@ def main(argv=None):
                     "'ours-no-saved' (the forward keeps no intra tables: prep recomputes Tinv, hi + lo, and Ag), "
                     "'ours-dh-single' (dh's Tinv, dU and F0 dX as single terms on the "
                     "sequential pass), 'ours-dh-regs' (dh's register kernel), 'ours-dh-ws32' (dh "
-                    "warp-specialised and key-first, 32 value columns a CTA), 'ours-rc-ws' (the recompute's state "
-                    "kernel warp-specialised), 'ours-rc-dots' (that kernel also forming the S o dS' dots, dqk "
+                    "warp-specialised and key-first, 32 value columns a CTA), 'ours-rc-smem' (the recompute's "
+                    "smem state kernel, not the dispatched ws form), 'ours-rc-dots' (the ws form also forming the S o dS' dots, dqk "
                     "leaving them out), 'ours-e-once' (dqk's intra-term gates formed once), 'ours-exp-mask' (dqk "
                     "widening its fp8 lo tiles with a masked power of two), 'ours-du-local' (dh_ws "
                     "forming dUloc, prep storing no dUloc table; where dh_ws runs), 'ours-dh-early' (dh_ws issuing "

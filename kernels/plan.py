@@ -237,8 +237,8 @@ class BackwardPlan:
     runs on dh's segments whatever ``recompute_cp`` says; ``ks_single``: the recompute's K S products take S's hi
     term alone (the A/B alternative of precision "recompute", which splits S there); ``recompute_ws``: the
     recompute's state kernel in the forward's warp-specialised form storing the same tables (``StateConfig.tables``:
-    the chain in one warpgroup, the table stores in another; an A/B alternative, at the head dims of
-    ``WS_HEAD_DIMS``); ``du_local``: the warp-specialised dh forms dUloc = P^T dO itself (in its second warpgroup)
+    the chain in one warpgroup, the table stores in another; dispatched at the head dims of ``WS_HEAD_DIMS``,
+    the smem form the A/B alternative); ``du_local``: the warp-specialised dh forms dUloc = P^T dO itself (in its second warpgroup)
     and prep stores no dUloc^T table (an A/B alternative, on the forward's saved tables at ``DU_LOCAL_HEAD_DIM``);
     ``recompute_dots``: with ``recompute_ws`` (and ``lo8``), the recompute runs after dh on its stream and its
     kernel also forms the S o dS' column dots from dh's tables (its S lo term in the input dtype), which dqk then
@@ -373,7 +373,8 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     """The backward's dispatch: ``dh_segments`` (``dh_segmented.plan``'s tensors, or None) from the caller, who
     owns the layout cache; dh with every operand split; the sequential pass reads the forward's saved tables; the
     recompute beside dh from ``OVERLAP_MIN_CHUNK_HEADS`` (chunk, value head) pairs; its state kernel at the
-    forward's ``block_v`` (one CTA per SM); cluster group sums for groups of 2, 4, 8; prep's merges in fp32, as the
+    forward's ``block_v`` (one CTA per SM), warp-specialised (``recompute_ws``) at the head dims of
+    ``WS_HEAD_DIMS``; cluster group sums for groups of 2, 4, 8; prep's merges in fp32, as the
     forward's; the S and dS' lo tables in fp8 (``lo8``); the sequential dh warp-specialised at 32 value columns a
     CTA where those CTAs fit one wave (``DH_WS_MAX_CTAS``; at the head dims of ``WS_HEAD_DIMS``, where it was
     measured), else the register kernel; the recompute per segment (``recompute_cp``: ``ws_cp_segments`` of the
@@ -390,6 +391,7 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
         rcp = ws_cp_segments(n_seq, HV, n_chunks // max(n_seq, 1) if max_chunks is None else max_chunks, DK)
     rbv = WS_CP_BV if rcp > 1 or not seq else rbv
     return BackwardPlan(dtype, dh_segments, dh_single=False, reads_saved_tables=seq, dh_ws_bv=ws,
+                        recompute_ws=DK in WS_HEAD_DIMS,
                         overlap_recompute=n_chunks * HV >= OVERLAP_MIN_CHUNK_HEADS,
                         recompute_block_v=rbv, recompute_ctas_per_sm=1, group=group,
                         cluster_group_sum=group in CLUSTER_GROUPS, lo8=True, DK=DK, recompute_cp=rcp,

@@ -637,7 +637,7 @@ def _plumbing_args(item):
 
 
 @pytest.mark.parametrize("form", ["dispatched", "no_cluster", "serial_recompute", "recompute_bv16_occ2", "s_single",
-                                  "merge_bf16", "merge_split", "lo_tables_in_input_dtype", "recompute_ws",
+                                  "merge_bf16", "merge_split", "lo_tables_in_input_dtype", "recompute_smem",
                                   "recompute_dots", "du_local"])
 @pytest.mark.parametrize("item", _PLUMBING, ids=_PLUMBING_IDS)
 def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
@@ -645,11 +645,11 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     emulation's stage functions, so any difference is the pipeline's tensor plumbing): with the dispatched plan
     (groups of 2, 4, 8 summed by dqk's clusters, others by ``gdn_bwd_group_sum``), and with plan values a benchmark
     may pass: no cluster sums (every group of two or more by ``gdn_bwd_group_sum``), the recompute on the main
-    stream, the recompute's state kernel at BV 16, two CTAs per SM, or in its warp-specialised form (``recompute_ws``,
-    the same tables), S's hi term alone, prep's one-term and split merges, the S and dS' lo tables in the input
+    stream, the recompute's state kernel at BV 16, two CTAs per SM, or in its smem form (``recompute_ws`` off: the
+    same tables as the dispatched warp-specialised form), S's hi term alone, prep's one-term and split merges, the S and dS' lo tables in the input
     dtype instead of fp8 (against the emulation's ``s_single``, ``merge``, ``lo8_tables``).  The pipeline asks for
     the plan's kernels and only for them: the recompute state kernel (S split in K S; S lo stored in fp8, in the
-    input dtype, or not at all; the ws form with ``recompute_ws``), prep's form, dh's split form, the dqk kind of
+    input dtype, or not at all; the ws form where the plan's ``recompute_ws``), prep's form, dh's split form, the dqk kind of
     the group (``s_single`` and ``lo8`` as the plan)."""
     import dataclasses
 
@@ -663,14 +663,14 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     b = pipeline.prepare_backward(*xs, do, dht, **kw)
     change = {"dispatched": {}, "no_cluster": dict(cluster_group_sum=False),
               "serial_recompute": dict(overlap_recompute=False),
-              "recompute_bv16_occ2": dict(recompute_block_v=16, recompute_ctas_per_sm=2),
+              "recompute_bv16_occ2": dict(recompute_block_v=16, recompute_ctas_per_sm=2, recompute_ws=False),
               "s_single": dict(s_single=True, lo8=False),
               "merge_bf16": dict(merge="bf16"), "merge_split": dict(merge="split"),
-              "lo_tables_in_input_dtype": dict(lo8=False), "recompute_ws": dict(recompute_ws=True),
+              "lo_tables_in_input_dtype": dict(lo8=False), "recompute_smem": dict(recompute_ws=False),
               "du_local": dict(du_local=True),
               "recompute_dots": dict(recompute_ws=True, recompute_dots=True, overlap_recompute=False)}[form]
     plan = pipeline.plan_for(b) if b.x.NC else None
-    if form in ("recompute_ws", "recompute_dots") and plan is not None and plan.DK not in WS_HEAD_DIMS:
+    if form == "recompute_dots" and plan is not None and plan.DK not in WS_HEAD_DIMS:
         pytest.skip(f"recompute_ws is built at the head dims {WS_HEAD_DIMS} only, this call's is {plan.DK}")
     if form == "du_local" and plan is not None and not (plan.dh_ws_bv and plan.DK == DU_LOCAL_HEAD_DIM):
         pytest.skip(f"du_local is a form of the warp-specialised dh at K {DU_LOCAL_HEAD_DIM}: this call's plan has "
@@ -690,7 +690,7 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
                          and (c.prec.s == "split") != single and c.prec.ks == "split" for c in state), asked
     if form == "recompute_bv16_occ2":
         assert all((c.BV, c.ctas_per_sm) == (16, 2) for c in state), asked
-    assert all((c.form == "ws" and c.tables) == (form in ("recompute_ws", "recompute_dots"))
+    assert all((c.form == "ws" and c.tables) == plan.recompute_ws
                and c.dots == (form == "recompute_dots") for c in state if not c.scan), asked
     dh = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "dh"]
     assert dh and all(not c.single and not c.tinv_hi and c.lo8 == lo8 for c in dh), asked  # Tinv hi + lo
@@ -754,11 +754,12 @@ def test_autograd_hands_one_term_merge_tables_to_the_backward_on_cpu(monkeypatch
     assert prep and all(c.saved and c.merge == "bf16" for c in prep), asked
 
 
-@pytest.mark.parametrize("column", ["ours-du-local", "ours-rc-ws", "ours-rc-dots", "ours-e-once", "ours-dh-early"])
+@pytest.mark.parametrize("column", ["ours-du-local", "ours-rc-smem", "ours-rc-dots", "ours-e-once", "ours-dh-early"])
 @pytest.mark.parametrize("case", [_PLUMBING[i] for i in (1, 5)], ids=[_PLUMBING_IDS[i] for i in (1, 5)])
 def test_autograd_runs_the_backward_ab_kernels_on_cpu(monkeypatch, case, column):
     """The backward benchmark's ``ours-du-local`` (dh_ws forms dUloc itself, prep stores no dUloc table),
-    ``ours-rc-ws`` (the recompute's ws form), ``ours-rc-dots`` (that form also forming the S o dS' dots) and
+    ``ours-rc-smem`` (the recompute's smem form, not the dispatched ws form), ``ours-rc-dots`` (the ws form also
+    forming the S o dS' dots) and
     ``ours-e-once`` (dqk's gates formed once) and ``ours-dh-early`` (dh_ws's update issued early) through the
     autograd Function on the kernel path (stand-in kernels on the CPU, the forward's tables saved): the gradients are
     the emulation's (dh on the saved Tinv: hi alone), and the kernels asked for are those forms."""
@@ -771,7 +772,7 @@ def test_autograd_runs_the_backward_ab_kernels_on_cpu(monkeypatch, case, column)
     state = [c for c in asked if isinstance(c, fbuild.StateConfig) and c.tables]
     assert dh_prep and all(c.du_local == (column == "ours-du-local") for c in dh_prep), asked
     assert all(c.ws_bv for c in dh_prep if c.kind == "dh") and all(c.saved for c in dh_prep if c.kind == "prep")
-    assert bool(state) == (column in ("ours-rc-ws", "ours-rc-dots")), asked
+    assert bool(state) == (column != "ours-rc-smem"), asked
     assert all(c.dots == (column == "ours-rc-dots") for c in state), asked
     dqk = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
     assert dqk and all(c.e_once == (column == "ours-e-once") for c in dqk), asked
@@ -1094,8 +1095,9 @@ def test_recompute_dispatch_per_segment():
 
 
 def test_recompute_ws_plan_and_configuration():
-    """``BackwardPlan.recompute_ws`` (an A/B alternative, not dispatched): the recompute's state configuration is
-    the ws form storing the smem form's tables (``StateConfig.tables``) at the plan's BV, S lo in fp8 with ``lo8``,
+    """``BackwardPlan.recompute_ws`` (dispatched at the head dims of ``WS_HEAD_DIMS``): the recompute's state
+    configuration is the ws form storing the smem form's tables (``StateConfig.tables``) at the plan's BV, S lo in
+    fp8 with ``lo8``,
     one that ``kernels.build`` compiles; the plan refuses it at two CTAs per SM, at 128 value columns and at the
     head dims the ws form is not built for, and a ``tables`` configuration outside the ws form is refused."""
     import dataclasses
@@ -1104,9 +1106,9 @@ def test_recompute_ws_plan_and_configuration():
     from kernels.forward.configs import StateConfig, prim_func as fwd_prim_func
     from kernels.plan import backward_plan
     p = backward_plan("bfloat16", 16, 32, 512, 1)
-    assert not p.recompute_ws
-    smem = p.recompute_configs()[1]
-    ws = dataclasses.replace(p, recompute_ws=True).recompute_configs()[1]
+    assert p.recompute_ws and not backward_plan("bfloat16", 16, 32, 512, 1, DK=64).recompute_ws
+    smem = dataclasses.replace(p, recompute_ws=False).recompute_configs()[1]
+    ws = p.recompute_configs()[1]
     assert (smem.form, smem.tables) == ("smem", False) and (ws.form, ws.tables, ws.lo8) == ("ws", True, True)
     assert (ws.BV, ws.prec, ws.ctas_per_sm) == (smem.BV, smem.prec, 1) and ws in all_configs()
     assert ws.name.endswith(",lo8,tables,bfloat16]"), ws.name

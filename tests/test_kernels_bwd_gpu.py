@@ -87,7 +87,8 @@ def _precompile():
         if bp.cluster_group_sum:
             cfgs += dataclasses.replace(bp, cluster_group_sum=False).configs(True)
         for bv, occ in list(_RECOMPUTE_SHAPES.values()) + [(16, 1)]:
-            cfgs += dataclasses.replace(bp, recompute_block_v=bv, recompute_ctas_per_sm=occ).recompute_configs()
+            cfgs += dataclasses.replace(bp, recompute_block_v=bv, recompute_ctas_per_sm=occ,
+                                        recompute_ws=False).recompute_configs()
         if bp.DK in WS_HEAD_DIMS:
             for bv in (bp.recompute_block_v, 32):
                 ws = dataclasses.replace(bp, recompute_ws=True, recompute_block_v=bv, overlap_recompute=False)
@@ -247,7 +248,8 @@ def test_recompute_plans_give_the_same_states(case, shape, side):
     args, kw, do, dht = tt.bwd_args(case, CUDA)
     plan = plan_for(prepare_backward(*args, do, dht, **kw))
     bv, occ = _RECOMPUTE_SHAPES[shape]
-    other = dataclasses.replace(plan, overlap_recompute=side, recompute_block_v=bv, recompute_ctas_per_sm=occ)
+    other = dataclasses.replace(plan, overlap_recompute=side, recompute_block_v=bv, recompute_ctas_per_sm=occ,
+                                recompute_ws=False)
     _same_recomputed_states(case, other, dataclasses.replace(plan, overlap_recompute=False), 1e-6, shape)
 
 
