@@ -92,19 +92,9 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       "ours-rc-bv16o2": ("backward", dict(recompute_block_v=16, recompute_ctas_per_sm=2, recompute_ws=False)),
       "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2, recompute_ws=False)),  # smem
       "ours-rc-smem": ("backward", dict(recompute_ws=False)),  # the recompute's smem state kernel (not the ws form)
-      # that kernel issuing its update before U's hand-off (the forward's ws_early)
-      "ours-rc-ws-early": ("backward", dict(recompute_ws=True, recompute_early=True)),
-      "ours-du-local": ("backward", dict(du_local=True)),  # dh_ws forms dUloc = P^T dO; prep stores no dUloc table
-      # the recompute's ws form after dh also forms the S o dS' dots, which dqk then leaves out
-      "ours-rc-dots": ("backward", dict(recompute_ws=True, recompute_dots=True, overlap_recompute=False)),
       "ours-e-once": ("backward", dict(dqk_e_once=True)),  # dqk's intra-term gates formed once a chunk
       "ours-exp-mask": ("backward", dict(dqk_exp_mask=True)),  # dqk's fp8 lo widening by a masked power of two
-      "ours-dh-early": ("backward", dict(dh_early=True)),  # dh_ws issues its state update's products early
-      # the two above together (every shape); with dh forming dUloc too (where dh_ws runs)
-      "ours-rc-dots-e1": ("backward", dict(recompute_ws=True, recompute_dots=True, overlap_recompute=False,
-                                           dqk_e_once=True)),
-      "ours-rc-dots-e1-du": ("backward", dict(recompute_ws=True, recompute_dots=True, overlap_recompute=False,
-                                              dqk_e_once=True, du_local=True)),
+      "ours-e1-mask": ("backward", dict(dqk_e_once=True, dqk_exp_mask=True)),  # the two above together
       # one sequential recompute pass at BV 16 (what block_v gives where the recompute runs per CP segment), dh's
       # transfer maps by its pass B
       "ours-rc-seq": ("backward", dict(recompute_cp=1, recompute_block_v=16, recompute_ctas_per_sm=1,
@@ -240,13 +230,9 @@ def main(argv=None):
                     "'ours-dh-single' (dh's Tinv, dU and F0 dX as single terms on the "
                     "sequential pass), 'ours-dh-regs' (dh's register kernel), 'ours-dh-ws32' (dh "
                     "warp-specialised and key-first, 32 value columns a CTA), 'ours-rc-smem' (the recompute's "
-                    "smem state kernel, not the dispatched ws form), 'ours-rc-dots' (the ws form also forming the S o dS' dots, dqk "
-                    "leaving them out), 'ours-e-once' (dqk's intra-term gates formed once), 'ours-exp-mask' (dqk "
-                    "widening its fp8 lo tiles with a masked power of two), 'ours-du-local' (dh_ws "
-                    "forming dUloc, prep storing no dUloc table; where dh_ws runs), 'ours-dh-early' (dh_ws issuing "
-                    "its state update's products early; where dh_ws runs), 'ours-rc-ws-early' (the recompute's ws "
-                    "kernel issuing its update before U's hand-off), 'ours-rc-dots-e1' and "
-                    "'ours-rc-dots-e1-du' (those together); the full list: the AB table")
+                    "smem state kernel, not the dispatched ws form), 'ours-e-once' (dqk's intra-term gates formed "
+                    "once), 'ours-exp-mask' (dqk widening its fp8 lo tiles with a masked power of two), "
+                    "'ours-e1-mask' (those two together); the full list: the AB table")
     args = ap.parse_args(argv)
     ab = [c for c in args.ab.split(",") if c]
     for col in ab:

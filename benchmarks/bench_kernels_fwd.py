@@ -34,9 +34,7 @@ wrong variant is visible.  Step 2 times every variant on every shape.  Variants 
   ``warm`` / ``warm2`` ... ``warm16`` - the same with the warm-up starts of ``kernels.forward.cp_warm``
   (``ForwardPlan.warm``); ``exactcp`` - the dispatched plan with exact start states; ``again`` - the dispatched
   plan itself through the variants' path (its plan found once per layout, as theirs): what two equal columns
-  differ by; ``early`` - the dispatched ws plans with the chain's state update issued before U's hand-off tiles
-  (``ForwardPlan.ws_early``; others as dispatched); ``noptab`` - the dispatched plan at the split precision with the
-  ws kernel's P warpgroup computing P
+  differ by; ``noptab`` - the dispatched plan at the split precision with the ws kernel's P warpgroup computing P
   instead of reading the intra kernel's P tables (``ForwardPlan.p_table``; against ``split``);
   ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``ag1`` / ``x1`` /
   ``u1`` / ``upd1`` / ``p1`` - that one operand one term (``kernels.forward.precision``); ``single`` - every
@@ -189,7 +187,6 @@ VARIANTS = {
     "warm16": _wscp(16, warm=True),
     "exactcp": lambda p, n, HV, mc: dict(warm=False),
     "again": lambda p, n, HV, mc: {},         # the dispatched plan through this path: the variants' noise floor
-    "early": lambda p, n, HV, mc: dict(ws_early=p.state_form == "ws"),   # the ws chain's update issued early
     "noptab": lambda p, n, HV, mc: dict(p_table=False, precision=PRESETS["default"]),
     "s1": _prec(s="bf16", ks="bf16"),
     "ks1": _prec(ks="bf16"),

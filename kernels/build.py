@@ -26,13 +26,11 @@ def forward_configs():
     Tinv-keeping form), the rv state kernel + its CP scan and fix-up, the smem state kernel at every BV
     ``block_v`` picks (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts,
     the recompute's smem state kernels (S lo swizzled, S hi alone, or S lo in fp8) and, at the ws head dims, its
-    warp-specialised form (``BackwardPlan.recompute_ws``, S lo in fp8; also forming the S o dS' dots,
-    ``recompute_dots``, or issuing its update early, ``recompute_early``), the intra kernel with split
+    warp-specialised form (``BackwardPlan.recompute_ws``, S lo in fp8), the intra kernel with split
     merges (the A/B alternative of ``Precision.merge`` and ``BackwardPlan.merge``; the one-term merges' kernels
     compile when a benchmark asks for them), and the fused warp-specialised state-output kernel (the plan form
     "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables, and
-    per CP segment with warm-up starts (``ForwardPlan.warm``, with its scan and fix-up); the dispatched ws forms also
-    with the update issued early (``ForwardPlan.ws_early``, an A/B alternative).
+    per CP segment with warm-up starts (``ForwardPlan.warm``, with its scan and fix-up).
 
     All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
     ratio, scale, h0 present or not, final state stored or not, the state layout, l2norm on/off, gate dtype, dense
@@ -54,11 +52,6 @@ def forward_configs():
                 plans += [ForwardPlan(dtype, prec, "ws", WS_CP_BV, 1, 2, DK=DK, p_table=True, warm=True)]
                 # the fp16-operand precision (an A/B alternative of the ws form with P tables)
                 plans += [ForwardPlan(dtype, PRESETS["half"], "ws", bv, 1, 1, DK=DK, p_table=True) for bv in (64, 32)]
-                # the dispatched ws forms with the update issued early (ForwardPlan.ws_early, an A/B alternative)
-                plans += [ForwardPlan(dtype, prec, "ws", bv, 1, 1, DK=DK, p_table=True, ws_early=True)
-                          for bv in (64, 32)]
-                plans += [ForwardPlan(dtype, prec, "ws", WS_CP_BV, 1, 2, DK=DK, p_table=True, warm=True,
-                                      ws_early=True)]
             cfgs = [c for p in plans for c in p.configs()]
             # the intra kernel with split block merges (the benchmarks' msplit), with and without Tinv
             cfgs += [IntraConfig(dtype, "split", prec.ag, DK=DK, th=th) for th in (False, True)]
@@ -67,9 +60,8 @@ def forward_configs():
             cfgs += [BackwardPlan(dtype, recompute_block_v=bv, s_single=s, lo8=lo8, DK=DK).recompute_configs()[1]
                      for s, lo8 in ((False, False), (True, False), (False, True)) for bv in (64, 32, 16)]
             if DK in WS_HEAD_DIMS:  # its warp-specialised form (recompute_ws, an A/B alternative), S lo in fp8
-                cfgs += [BackwardPlan(dtype, recompute_block_v=bv, lo8=True, DK=DK, recompute_ws=True,
-                                      recompute_dots=dots, recompute_early=early).recompute_configs()[1]
-                         for dots, early in ((False, False), (True, False), (False, True)) for bv in (64, 32, 16)]
+                cfgs += [BackwardPlan(dtype, recompute_block_v=bv, lo8=True, DK=DK, recompute_ws=True)
+                         .recompute_configs()[1] for bv in (64, 32, 16)]
             for c in cfgs:
                 if c not in out:
                     out.append(c)

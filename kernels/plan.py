@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from kernels.backward.configs import CLUSTER_GROUPS, DH_WS_BLOCKS, DU_LOCAL_HEAD_DIM, BwdConfig
+from kernels.backward.configs import AB_HEAD_DIM, CLUSTER_GROUPS, DH_WS_BLOCKS, BwdConfig
 from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, SCAN_BV, STATE_FORMS, FixupConfig,
                                      IntraConfig, OutputConfig, StateConfig, output_block_v)
 from kernels.forward.cp_warm import MAX_SEGMENTS
@@ -50,9 +50,7 @@ class ForwardPlan:
     ``p_table``: the intra kernel stores the gated scores P and the "ws" kernel reads them (its P warpgroup idles);
     ``DK``: the head dim K == V every kernel is built for (``HEAD_DIMS``); ``warm``: the "ws" form's CP segments
     start from warm-up chunks where the gates allow (``forward.cp_warm``), the scan and fix-up running only for
-    those that need an exact start state; ``ws_early``: the "ws" form's chain scales S by F3 while its hand-off
-    tiles are read and issues its state update before it writes U's hand-off tiles (the same products in the same
-    order; an A/B alternative, at the head dims ``WS_HEAD_DIMS``)."""
+    those that need an exact start state."""
     dtype: str
     precision: Precision
     state_form: str
@@ -63,7 +61,6 @@ class ForwardPlan:
     DK: int = KERNEL_HEAD_DIM
     p_table: bool = False
     warm: bool = False
-    ws_early: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -90,8 +87,6 @@ class ForwardPlan:
             raise ValueError(f"fp16 operands (Precision.half) are a form of the ws kernel with P tables: {self}")
         if self.warm and (self.state_form != "ws" or not 2 <= self.cp <= MAX_SEGMENTS):
             raise ValueError(f"warm-up starts are the ws form's, per CP segment (2 <= cp <= {MAX_SEGMENTS}): {self}")
-        if self.ws_early and (self.state_form != "ws" or self.DK not in WS_HEAD_DIMS):
-            raise ValueError(f"ws_early is a form of the ws kernel at the head dims {WS_HEAD_DIMS}: {self}")
         if self.keep_tables and not keeps_tables(self.precision):
             raise ValueError(f"precision {self.precision.tag()} does not compute the backward's tables: {self}")
 
@@ -113,8 +108,7 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
                 FixupConfig(DK, warm=plan.warm))
     if plan.state_form == "ws":                 # o from the state kernel: no output kernel
         return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables, pt=plan.p_table),
-                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table, warm=plan.warm,
-                            early=plan.ws_early),
+                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table, warm=plan.warm),
                 *scan)
     out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
            StateConfig(plan.dtype, plan.block_v, past, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),
@@ -123,13 +117,12 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
 
 
 @lru_cache(maxsize=512)
-def _recompute_configs(dtype, DK, s_single, merge, ks_single, cp, ws, bv, occ, lo8, dots, early) -> tuple:
+def _recompute_configs(dtype, DK, s_single, merge, ks_single, cp, ws, bv, occ, lo8) -> tuple:
     """``BackwardPlan.recompute_configs`` of the fields it depends on (``cp``: the CP plan's segments, 0 = none)."""
     prec = recompute_precision(s_single, merge, ks_single)
     scan = ForwardPlan(dtype, preset(), "rv", RV_BV, 1, cp, DK=DK).configs()[-2:] if cp else ()
     if ws:
-        state = StateConfig(dtype, bv, prec.past_intra(), form="ws", DK=DK, lo8=lo8, tables=True, dots=dots,
-                            early=early)
+        state = StateConfig(dtype, bv, prec.past_intra(), form="ws", DK=DK, lo8=lo8, tables=True)
     else:
         state = StateConfig(dtype, bv, prec.past_intra(), form="smem", DK=DK, ctas_per_sm=occ,
                             sl_swizzle=prec.s == "split" and prec.ks != "split" and not lo8, lo8=lo8)
@@ -238,18 +231,11 @@ class BackwardPlan:
     term alone (the A/B alternative of precision "recompute", which splits S there); ``recompute_ws``: the
     recompute's state kernel in the forward's warp-specialised form storing the same tables (``StateConfig.tables``:
     the chain in one warpgroup, the table stores in another; dispatched at the head dims of ``WS_HEAD_DIMS``,
-    the smem form the A/B alternative); ``du_local``: the warp-specialised dh forms dUloc = P^T dO itself (in its second warpgroup)
-    and prep stores no dUloc^T table (an A/B alternative, on the forward's saved tables at ``DU_LOCAL_HEAD_DIM``);
-    ``recompute_dots``: with ``recompute_ws`` (and ``lo8``), the recompute runs after dh on its stream and its
-    kernel also forms the S o dS' column dots from dh's tables (its S lo term in the input dtype), which dqk then
-    leaves out (an A/B alternative); ``dqk_e_once``: dqk forms the intra terms' ``e^(G_t - G_j)`` once a chunk
-    instead of at each of its four uses (the same values; an A/B alternative); ``dh_early``: the warp-specialised
-    dh issues its state update's products early (behind K dS, and before the dY tiles and dv: the same products in
-    the same order; an A/B alternative, at ``DU_LOCAL_HEAD_DIM``); ``DK``: the head dim K == V every kernel is built
-    for; ``recompute_early``: with ``recompute_ws``, its chain issues the update before U's hand-off
-    (``ForwardPlan.ws_early``'s form of that kernel; an A/B alternative); ``dqk_exp_mask``: dqk widens its fp8 lo
-    tiles with a masked power of two (``lo8_value(masked=True)``: the same values in fewer instructions; an A/B
-    alternative, with ``lo8`` at ``DU_LOCAL_HEAD_DIM``)."""
+    the smem form the A/B alternative); ``dqk_e_once``: dqk forms the intra terms' ``e^(G_t - G_j)`` once a chunk
+    instead of at each of its four uses (the same values; an A/B alternative, at ``AB_HEAD_DIM``); ``DK``: the head
+    dim K == V every kernel is built for; ``dqk_exp_mask``: dqk widens its fp8 lo tiles with a masked power of two
+    (``lo8_value(masked=True)``: the same values in fewer instructions; an A/B alternative, with ``lo8`` at
+    ``AB_HEAD_DIM``)."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -268,11 +254,7 @@ class BackwardPlan:
     shared_scan: bool = False
     ks_single: bool = False
     recompute_ws: bool = False
-    du_local: bool = False
-    recompute_dots: bool = False
     dqk_e_once: bool = False
-    dh_early: bool = False
-    recompute_early: bool = False
     dqk_exp_mask: bool = False
 
     def __post_init__(self):
@@ -282,8 +264,6 @@ class BackwardPlan:
             raise ValueError(f"recompute_ws: one CTA per SM, 16, 32 or 64 value columns, at the head dims "
                              f"{WS_HEAD_DIMS}; got recompute_ctas_per_sm={self.recompute_ctas_per_sm}, "
                              f"recompute_block_v={self.recompute_block_v}, DK={self.DK}")
-        if self.recompute_early and not self.recompute_ws:
-            raise ValueError("recompute_early is a form of the recompute's ws kernel: it needs recompute_ws")
         if not 1 <= self.recompute_cp <= MAX_SEGMENTS:
             raise ValueError(f"recompute_cp counts segments per sequence, 1 to {MAX_SEGMENTS}, got {self.recompute_cp}")
         if self.shared_scan and self.dh_segments is None:
@@ -294,24 +274,8 @@ class BackwardPlan:
             raise ValueError(f"cluster group sums need HV / H in {CLUSTER_GROUPS}, got {self.group}")
         if self.dh_segments is not None and self.dh_single:
             raise ValueError("the segmented reverse pass runs every operand split (dh_single False)")
-        if self.recompute_dots and not (self.recompute_ws and self.lo8 and not self.overlap_recompute):
-            raise ValueError(f"recompute_dots: the recompute's ws form (recompute_ws) with fp8 lo tables (lo8), after "
-                             f"dh on its stream (overlap_recompute False); got recompute_ws={self.recompute_ws}, "
-                             f"lo8={self.lo8}, overlap_recompute={self.overlap_recompute}")
-        if self.du_local and not (self.dh_ws_bv and self.reads_saved_tables and self.dh_segments is None
-                                  and self.DK == DU_LOCAL_HEAD_DIM):
-            raise ValueError(f"du_local: dUloc formed by the warp-specialised dh of the sequential pass on the "
-                             f"forward's saved tables, at DK={DU_LOCAL_HEAD_DIM}; got dh_ws_bv={self.dh_ws_bv}, "
-                             f"reads_saved_tables={self.reads_saved_tables}, segmented "
-                             f"{self.dh_segments is not None}, DK={self.DK}")
-        if self.dh_early and not (self.dh_ws_bv and self.dh_segments is None and self.DK == DU_LOCAL_HEAD_DIM
-                                  and not self.dh_single and self.lo8):
-            raise ValueError(f"dh_early: a form of the warp-specialised dh of the sequential pass with split operands "
-                             f"and fp8 lo tables, at DK={DU_LOCAL_HEAD_DIM}; got dh_ws_bv={self.dh_ws_bv}, segmented "
-                             f"{self.dh_segments is not None}, DK={self.DK}, dh_single={self.dh_single}, "
-                             f"lo8={self.lo8}")
-        if self.dqk_exp_mask and not (self.lo8 and self.DK == DU_LOCAL_HEAD_DIM):
-            raise ValueError(f"dqk_exp_mask: a form of dqk on fp8 lo tables (lo8) at DK={DU_LOCAL_HEAD_DIM}; got "
+        if self.dqk_exp_mask and not (self.lo8 and self.DK == AB_HEAD_DIM):
+            raise ValueError(f"dqk_exp_mask: a form of dqk on fp8 lo tables (lo8) at DK={AB_HEAD_DIM}; got "
                              f"lo8={self.lo8}, DK={self.DK}")
         if self.lo8 and (self.dh_single or self.s_single):
             raise ValueError("lo8 (fp8 lo tables) is a form of the split dh and S tables (dh_single, s_single False)")
@@ -323,8 +287,7 @@ class BackwardPlan:
         1`` or ``shared_scan``.  Built once per combination of the fields they depend on (a call's host time)."""
         cp = max(2, self.recompute_cp) if self.recompute_cp > 1 or self.shared_scan else 0
         return _recompute_configs(self.dtype, self.DK, self.s_single, self.merge, self.ks_single, cp,
-                                  self.recompute_ws, self.recompute_block_v, self.recompute_ctas_per_sm, self.lo8,
-                                  self.recompute_dots, self.recompute_early)
+                                  self.recompute_ws, self.recompute_block_v, self.recompute_ctas_per_sm, self.lo8)
 
     def recompute_cp_plan(self) -> ForwardPlan:
         """The forward plan whose scan and fp64 fix-up (exact: ``segment_starts``; they read the state kernel's
@@ -334,18 +297,16 @@ class BackwardPlan:
         return ForwardPlan(self.dtype, preset(), "rv", RV_BV, 1, max(2, self.recompute_cp), DK=self.DK)
 
     def prep_config(self, saved: bool) -> BwdConfig:
-        return BwdConfig("prep", self.dtype, self.DK, saved=saved, merge="bf16" if saved else self.merge,
-                         du_local=self.du_local)
+        return BwdConfig("prep", self.dtype, self.DK, saved=saved, merge="bf16" if saved else self.merge)
 
     def dh_config(self, saved: bool) -> BwdConfig:
         """dh's form; ``saved``: prep took Tinv from the forward (its hi term alone)."""
         return BwdConfig("dh", self.dtype, self.DK, single=self.dh_single, tinv_hi=saved and not self.dh_single,
-                         lo8=self.lo8, ws_bv=self.dh_ws_bv, du_local=self.du_local, early=self.dh_early)
+                         lo8=self.lo8, ws_bv=self.dh_ws_bv)
 
     def dqk_config(self) -> BwdConfig:
         return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK,
-                         s_single=self.s_single, lo8=self.lo8, rc_dots=self.recompute_dots, e_once=self.dqk_e_once,
-                         exp_mask=self.dqk_exp_mask)
+                         s_single=self.s_single, lo8=self.lo8, e_once=self.dqk_e_once, exp_mask=self.dqk_exp_mask)
 
     def dgdb_config(self) -> BwdConfig:
         return BwdConfig("dgdb", "float32", self.DK)

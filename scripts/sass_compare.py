@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Two kernel configurations' SASS side by side: whether a reordered form computes what the dispatched one does.
 
-    python3 scripts/sass_compare.py 'BwdConfig("dh", "bfloat16", 128, tinv_hi=True, lo8=True, ws_bv=32)' \\
-        'BwdConfig("dh", "bfloat16", 128, tinv_hi=True, lo8=True, ws_bv=32, early=True)' [--nvdisasm PATH]
+    python3 scripts/sass_compare.py 'BwdConfig("dqk_g2", "bfloat16", 128, lo8=True)' \\
+        'BwdConfig("dqk_g2", "bfloat16", 128, lo8=True, exp_mask=True)' [--nvdisasm PATH]
 
 Each configuration (a ``kernels.backward.configs`` / ``kernels.forward.configs`` constructor, or
 ``forward_plan(...).configs()[i]`` / ``BackwardPlan(...).recompute_configs()[i]``) is built by TileLang, compiled to

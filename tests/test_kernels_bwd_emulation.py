@@ -19,7 +19,6 @@ import torch
 from cases.case import Case
 from kernels.autograd import apply as fn
 from kernels.backward.emulation import chunk_gated_delta_rule_bwd
-from kernels.backward.configs import DU_LOCAL_HEAD_DIM
 from kernels.plan import WS_HEAD_DIMS
 from parity.metrics import compare
 from tests import kernel_support as tt
@@ -477,25 +476,13 @@ def _fake_kernels(monkeypatch, asked=None):
                 put(ht, end.transpose(-1, -2) if vf else end)
             return sh, sl
 
-        if cfg.dots:        # also the S o dS' dots of dh's tables: (Sh + Sl) . (dSh + dSl) by halves of the key dim
-            def state_dots(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, dSh, dSl, sd, use_h0, store_ht, vf):
-                sh, sl = state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, vf)
-                S = sh.to(k.dtype).to(f64) + sl.to(k.dtype).to(f64)     # the kernel's hand-off tiles, hi + lo
-                dS = dSh.to(f64) + E.lo8_decode(dSh, dSl, k.dtype)      # [HV, NC, DV, DK]
-                prod = S * dS.transpose(-1, -2)                          # [HV, NC, DK, DV]
-                D = prod.shape[-2]
-                for hf in range(2):
-                    put(sd[hf], prod[..., hf * D // 2:(hf + 1) * D // 2, :].sum(-2))
-            return state_dots
         return state
 
     def bwd_kernel(cfg):
         if cfg.kind == "prep":
             def prep(q, k, do, g, b, cu, ci, Th, Tl, Agh, Agl, Fb, dUl, scale, use_l2):
                 th, tl, fb, dul = E.prep(q, k, do, g, b, cu_list(cu), scale, bool(use_l2), q.dtype, cfg.merge)
-                put(Fb, fb)
-                if not cfg.du_local:        # (else dUl is a placeholder: dh forms dUloc itself)
-                    put(dUl, dul.transpose(-1, -2))
+                put(Fb, fb), put(dUl, dul.transpose(-1, -2))
                 if cfg.saved:       # the forward's Tinv and Ag are given: the kernel writes neither
                     return
                 put(Th, th), put(Tl, tl)
@@ -510,14 +497,8 @@ def _fake_kernels(monkeypatch, asked=None):
                 if use_dht:
                     d = dht.transpose(-1, -2) if vf else dht
                 tl = torch.zeros_like(Tl) if cfg.tinv_hi else Tl           # Tl not read
-                if cfg.du_local:            # dUloc formed in the kernel, as prep forms it
-                    heads = torch.arange(do.shape[1]) // (do.shape[1] // q.shape[1])
-                    dul = E.local_du(E._chunks(q, cu_list(cu), heads), E._chunks(k, cu_list(cu), heads),
-                                     E._chunks(do, cu_list(cu)), Fb.to(f64), q.dtype)
-                else:
-                    dul = dUl.to(f64).transpose(-1, -2)
-                a, b_, c, e, dvv, h0g = E.dh(q, k, do, Th.to(f64), tl.to(f64), Fb.to(f64), dul, cu_list(cu), d,
-                                             q.dtype, cfg.single)
+                a, b_, c, e, dvv, h0g = E.dh(q, k, do, Th.to(f64), tl.to(f64), Fb.to(f64),
+                                             dUl.to(f64).transpose(-1, -2), cu_list(cu), d, q.dtype, cfg.single)
                 put(dSh, a.transpose(-1, -2))
                 put(dSl, E.lo8_encode(a, b_, q.dtype).transpose(-1, -2) if cfg.lo8 else b_.transpose(-1, -2))
                 put(dYh, c.transpose(-1, -2)), put(dYl, e.transpose(-1, -2)), put(dv, dvv)
@@ -575,11 +556,8 @@ def _fake_kernels(monkeypatch, asked=None):
                 sl = torch.zeros_like(Sch) if cfg.s_single else Scl
                 if cfg.lo8:                 # fp8 codes: their values under the hi terms
                     sl, dSl = E.lo8_decode(Sch, Scl, q.dtype), E.lo8_decode(dSh, dSl, q.dtype)
-                # with rc_dots the S o dS' dots are the recompute's: sd not written (its stand-in writes a copy)
-                sd_out = torch.empty_like(sd) if cfg.rc_dots else sd
                 bwd_kernel(bbuild.BwdConfig("inter", cfg.dtype))(q, k, v, do, Sch, sl, Uh, Ul, dSh, dSl, dYh, dYl,
-                                                                 Fb, cu, ci, dqv, dkv, qz, kw, kr, sd_out, yv[0],
-                                                                 scale)
+                                                                 Fb, cu, ci, dqv, dkv, qz, kw, kr, sd, yv[0], scale)
                 yv[1].zero_()
                 bwd_kernel(bbuild.BwdConfig("intra", cfg.dtype))(q, k, do, Uh, Ul, dYh, dYl, Fb, cu, ci, dqv, dkv,
                                                                  rect, db2[0], scale)
@@ -637,8 +615,7 @@ def _plumbing_args(item):
 
 
 @pytest.mark.parametrize("form", ["dispatched", "no_cluster", "serial_recompute", "recompute_bv16_occ2", "s_single",
-                                  "merge_bf16", "merge_split", "lo_tables_in_input_dtype", "recompute_smem",
-                                  "recompute_dots", "du_local"])
+                                  "merge_bf16", "merge_split", "lo_tables_in_input_dtype", "recompute_smem"])
 @pytest.mark.parametrize("item", _PLUMBING, ids=_PLUMBING_IDS)
 def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     """kernels.backward.pipeline with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
@@ -646,11 +623,11 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     (groups of 2, 4, 8 summed by dqk's clusters, others by ``gdn_bwd_group_sum``), and with plan values a benchmark
     may pass: no cluster sums (every group of two or more by ``gdn_bwd_group_sum``), the recompute on the main
     stream, the recompute's state kernel at BV 16, two CTAs per SM, or in its smem form (``recompute_ws`` off: the
-    same tables as the dispatched warp-specialised form), S's hi term alone, prep's one-term and split merges, the S and dS' lo tables in the input
-    dtype instead of fp8 (against the emulation's ``s_single``, ``merge``, ``lo8_tables``).  The pipeline asks for
-    the plan's kernels and only for them: the recompute state kernel (S split in K S; S lo stored in fp8, in the
-    input dtype, or not at all; the ws form where the plan's ``recompute_ws``), prep's form, dh's split form, the dqk kind of
-    the group (``s_single`` and ``lo8`` as the plan)."""
+    same tables as the dispatched warp-specialised form), S's hi term alone, prep's one-term and split merges, the S
+    and dS' lo tables in the input dtype instead of fp8 (against the emulation's ``s_single``, ``merge``,
+    ``lo8_tables``).  The pipeline asks for the plan's kernels and only for them: the recompute state kernel (S split
+    in K S; S lo stored in fp8, in the input dtype, or not at all; the ws form where the plan's ``recompute_ws``),
+    prep's form, dh's split form, the dqk kind of the group (``s_single`` and ``lo8`` as the plan)."""
     import dataclasses
 
     import kernels.backward.configs as bbuild
@@ -666,15 +643,8 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
               "recompute_bv16_occ2": dict(recompute_block_v=16, recompute_ctas_per_sm=2, recompute_ws=False),
               "s_single": dict(s_single=True, lo8=False),
               "merge_bf16": dict(merge="bf16"), "merge_split": dict(merge="split"),
-              "lo_tables_in_input_dtype": dict(lo8=False), "recompute_smem": dict(recompute_ws=False),
-              "du_local": dict(du_local=True),
-              "recompute_dots": dict(recompute_ws=True, recompute_dots=True, overlap_recompute=False)}[form]
+              "lo_tables_in_input_dtype": dict(lo8=False), "recompute_smem": dict(recompute_ws=False)}[form]
     plan = pipeline.plan_for(b) if b.x.NC else None
-    if form == "recompute_dots" and plan is not None and plan.DK not in WS_HEAD_DIMS:
-        pytest.skip(f"recompute_ws is built at the head dims {WS_HEAD_DIMS} only, this call's is {plan.DK}")
-    if form == "du_local" and plan is not None and not (plan.dh_ws_bv and plan.DK == DU_LOCAL_HEAD_DIM):
-        pytest.skip(f"du_local is a form of the warp-specialised dh at K {DU_LOCAL_HEAD_DIM}: this call's plan has "
-                    f"dh_ws_bv {plan.dh_ws_bv}, K {plan.DK}")
     plan = dataclasses.replace(plan, **change) if plan is not None else None
     single, merge, lo8 = (plan.s_single, plan.merge, plan.lo8) if plan else (False, "fp32", True)
     got = pipeline.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
@@ -690,15 +660,13 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
                          and (c.prec.s == "split") != single and c.prec.ks == "split" for c in state), asked
     if form == "recompute_bv16_occ2":
         assert all((c.BV, c.ctas_per_sm) == (16, 2) for c in state), asked
-    assert all((c.form == "ws" and c.tables) == plan.recompute_ws
-               and c.dots == (form == "recompute_dots") for c in state if not c.scan), asked
+    assert all((c.form == "ws" and c.tables) == plan.recompute_ws for c in state if not c.scan), asked
     dh = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "dh"]
     assert dh and all(not c.single and not c.tinv_hi and c.lo8 == lo8 for c in dh), asked  # Tinv hi + lo
-    assert all(c.du_local == (form == "du_local") for c in dh + [c for c in asked if getattr(c, "kind", "") == "prep"])
     dqk = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
     cluster = HV // H in bbuild.CLUSTER_GROUPS and form != "no_cluster"
     assert [c.kind for c in dqk] == [f"dqk_g{HV // H}" if cluster else "dqk"], asked
-    assert all(c.s_single == single and c.lo8 == lo8 and c.rc_dots == (form == "recompute_dots") for c in dqk), asked
+    assert all(c.s_single == single and c.lo8 == lo8 for c in dqk), asked
     prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind == "prep"]
     assert prep and all(c.merge == merge for c in prep), asked
     gsum = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("gsum")]
@@ -754,15 +722,14 @@ def test_autograd_hands_one_term_merge_tables_to_the_backward_on_cpu(monkeypatch
     assert prep and all(c.saved and c.merge == "bf16" for c in prep), asked
 
 
-@pytest.mark.parametrize("column", ["ours-du-local", "ours-rc-smem", "ours-rc-dots", "ours-e-once", "ours-dh-early"])
+@pytest.mark.parametrize("column", ["ours-again", "ours-rc-smem", "ours-e-once", "ours-exp-mask", "ours-e1-mask"])
 @pytest.mark.parametrize("case", [_PLUMBING[i] for i in (1, 5)], ids=[_PLUMBING_IDS[i] for i in (1, 5)])
 def test_autograd_runs_the_backward_ab_kernels_on_cpu(monkeypatch, case, column):
-    """The backward benchmark's ``ours-du-local`` (dh_ws forms dUloc itself, prep stores no dUloc table),
-    ``ours-rc-smem`` (the recompute's smem form, not the dispatched ws form), ``ours-rc-dots`` (the ws form also
-    forming the S o dS' dots) and
-    ``ours-e-once`` (dqk's gates formed once) and ``ours-dh-early`` (dh_ws's update issued early) through the
-    autograd Function on the kernel path (stand-in kernels on the CPU, the forward's tables saved): the gradients are
-    the emulation's (dh on the saved Tinv: hi alone), and the kernels asked for are those forms."""
+    """The backward benchmark's ``ours-again`` (the dispatched plan), ``ours-rc-smem`` (the recompute's smem form,
+    not the dispatched ws form), ``ours-e-once`` (dqk's gates formed once), ``ours-exp-mask`` (dqk's masked
+    widening) and ``ours-e1-mask`` (both) through the autograd Function on the kernel path (stand-in kernels on the
+    CPU, the forward's tables saved): the gradients are the emulation's (dh on the saved Tinv: hi alone), and the
+    kernels asked for are those forms."""
     import kernels.backward.configs as bbuild
     import kernels.forward.configs as fbuild
     from benchmarks.bench_kernels_bwd import alter
@@ -770,13 +737,12 @@ def test_autograd_runs_the_backward_ab_kernels_on_cpu(monkeypatch, case, column)
     asked = _kernel_path_is_the_emulation(monkeypatch, case, alter(column), tinv_hi_only=True)
     dh_prep = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind in ("dh", "prep")]
     state = [c for c in asked if isinstance(c, fbuild.StateConfig) and c.tables]
-    assert dh_prep and all(c.du_local == (column == "ours-du-local") for c in dh_prep), asked
-    assert all(c.ws_bv for c in dh_prep if c.kind == "dh") and all(c.saved for c in dh_prep if c.kind == "prep")
+    assert dh_prep and all(c.ws_bv for c in dh_prep if c.kind == "dh"), asked
+    assert all(c.saved for c in dh_prep if c.kind == "prep"), asked
     assert bool(state) == (column != "ours-rc-smem"), asked
-    assert all(c.dots == (column == "ours-rc-dots") for c in state), asked
     dqk = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
-    assert dqk and all(c.e_once == (column == "ours-e-once") for c in dqk), asked
-    assert all(c.early == (column == "ours-dh-early") for c in dh_prep if c.kind == "dh"), asked
+    assert dqk and all(c.e_once == (column in ("ours-e-once", "ours-e1-mask")) for c in dqk), asked
+    assert all(c.exp_mask == (column in ("ours-exp-mask", "ours-e1-mask")) for c in dqk), asked
 
 
 def test_alter_validates_each_direction_once_and_sees_the_dispatched_plans(monkeypatch):
@@ -1124,31 +1090,15 @@ def test_recompute_ws_plan_and_configuration():
         fwd_prim_func(StateConfig("bfloat16", 32, ws.prec, form="ws", lo8=True))
 
 
-def test_recompute_dots_plan_and_configurations():
-    """``BackwardPlan.recompute_dots`` (an A/B alternative): the recompute's ws tables configuration also forms the
-    S o dS' dots and dqk's leaves them out, both in the compile list; the plan refuses it without the ws form, without
-    fp8 lo tables and with the recompute beside dh, and the configurations refuse it where it is no form.  Likewise
-    ``dqk_e_once``'s and ``dqk_exp_mask``'s dqk configurations."""
+def test_dqk_ab_plan_and_configurations():
+    """``dqk_e_once``'s and ``dqk_exp_mask``'s dqk configurations (A/B alternatives): in the compile list, and no
+    form of another kind (the widening: none without fp8 lo tables)."""
     import dataclasses
 
     from kernels.backward.configs import BwdConfig, prim_func
     from kernels.build import all_configs
-    from kernels.forward.configs import StateConfig, prim_func as fwd_prim_func
     from kernels.plan import backward_plan
     base = backward_plan("bfloat16", 16, 32, 512, 1)
-    p = dataclasses.replace(base, recompute_ws=True, recompute_dots=True, overlap_recompute=False)
-    state, dqk = p.recompute_configs()[1], p.dqk_config()
-    assert state.tables and state.dots and dqk.rc_dots and {state, dqk} <= set(all_configs())
-    for change in (dict(recompute_ws=False), dict(lo8=False), dict(overlap_recompute=True)):
-        with pytest.raises(ValueError, match="recompute_dots"):
-            dataclasses.replace(p, **change)
-    with pytest.raises(ValueError, match="dots"):
-        fwd_prim_func(StateConfig("bfloat16", 32, state.prec, form="ws", tables=True, dots=True))    # no lo8
-    for bad in (BwdConfig("dh", "bfloat16", rc_dots=True), BwdConfig("dqk", "bfloat16", rc_dots=True)):
-        with pytest.raises(ValueError, match="rc_dots"):
-            prim_func(bad)
-    # dqk's gates formed once (``dqk_e_once``) and its masked widening (``dqk_exp_mask``): their configurations,
-    # compiled, and no form of another kind (the widening: none without fp8 lo tables)
     once = dataclasses.replace(base, dqk_e_once=True).dqk_config()
     assert once.e_once and once in set(all_configs()) and not base.dqk_config().e_once
     with pytest.raises(ValueError, match="e_once"):
@@ -1160,86 +1110,6 @@ def test_recompute_dots_plan_and_configurations():
             prim_func(bad)
     with pytest.raises(ValueError, match="dqk_exp_mask"):
         dataclasses.replace(base, dqk_exp_mask=True, lo8=False)
-
-
-def test_du_local_plan_and_configurations():
-    """``BackwardPlan.du_local`` (an A/B alternative): prep's and dh's configurations carry it (dh_ws forms dUloc,
-    prep stores no table), both in the compile list on the saved tables; the plan refuses it without the
-    warp-specialised dh, on the segmented pass, off the saved tables and at K = 64, and a dqk configuration with it
-    is refused."""
-    import dataclasses
-
-    from kernels.backward.configs import BwdConfig, prim_func
-    from kernels.build import all_configs
-    from kernels.plan import backward_plan
-    p = dataclasses.replace(backward_plan("bfloat16", 16, 32, 512, 1), du_local=True)
-    assert p.dh_ws_bv and p.prep_config(True).du_local and p.dh_config(True).du_local
-    assert {p.prep_config(True), p.dh_config(True), p.prep_config(False), p.dh_config(False)} <= set(all_configs())
-    bad = [dict(dh_ws_bv=0), dict(reads_saved_tables=False), dict(dh_segments=object(), dh_ws_bv=0)]
-    for change in bad:
-        with pytest.raises(ValueError, match="du_local"):
-            dataclasses.replace(p, **change)
-    with pytest.raises(ValueError, match="du_local"):
-        dataclasses.replace(backward_plan("bfloat16", 16, 32, 512, 1, DK=64), du_local=True)
-    with pytest.raises(ValueError, match="du_local"):
-        prim_func(BwdConfig("dqk", "bfloat16", du_local=True))
-
-
-def test_dh_early_plan_and_configurations():
-    """``BackwardPlan.dh_early`` (an A/B alternative): dh's configuration carries it, in the compile list on the
-    saved tables and off them; the plan refuses it without the warp-specialised dh, on the segmented pass, with
-    single operands, without fp8 lo tables and at K = 64, and a configuration of another kernel with it is
-    refused."""
-    import dataclasses
-
-    from kernels.backward.configs import BwdConfig, prim_func
-    from kernels.build import all_configs
-    from kernels.plan import backward_plan
-    base = backward_plan("bfloat16", 16, 32, 512, 1)
-    p = dataclasses.replace(base, dh_early=True)
-    assert p.dh_config(True).early and not base.dh_config(True).early
-    assert {p.dh_config(True), p.dh_config(False)} <= set(all_configs())
-    for change in (dict(dh_ws_bv=0), dict(dh_segments=object(), dh_ws_bv=0), dict(dh_single=True, lo8=False),
-                   dict(lo8=False)):
-        with pytest.raises(ValueError, match="dh_early"):
-            dataclasses.replace(p, **change)
-    with pytest.raises(ValueError, match="dh_early"):
-        dataclasses.replace(backward_plan("bfloat16", 16, 32, 512, 1, DK=64), dh_early=True)
-    for bad in (BwdConfig("dqk", "bfloat16", early=True), BwdConfig("dh", "bfloat16", early=True, lo8=True),
-                BwdConfig("dh", "bfloat16", early=True, ws_bv=32)):
-        with pytest.raises(ValueError, match="early"):
-            prim_func(bad)
-
-
-def test_ws_early_plan_and_configurations():
-    """``ForwardPlan.ws_early`` (an A/B alternative): the ws state configuration carries it, the dispatched ws forms
-    with it are in the compile list; the plan refuses it off the ws form and at K = 64, the configurations off the
-    ws kernel; ``BackwardPlan.recompute_early`` gives the recompute's ws tables kernel that form."""
-    import dataclasses
-
-    from kernels.build import all_configs
-    from kernels.forward.configs import StateConfig, prim_func as fwd_prim_func
-    from kernels.plan import forward_plan
-    cfgs = set(all_configs())
-    for n, HV, mc in ((1, 32, 512), (8, 32, 64), (1, 4, 1024)):
-        p = dataclasses.replace(forward_plan("bfloat16", n, HV, mc), ws_early=True)
-        state = p.configs()[1]
-        assert p.state_form == "ws" and state.early and state in cfgs, state
-    with pytest.raises(ValueError, match="ws_early"):
-        dataclasses.replace(forward_plan("bfloat16", 1, 32, 512), state_form="smem", p_table=False, ws_early=True)
-    with pytest.raises(ValueError, match="ws_early"):
-        dataclasses.replace(forward_plan("bfloat16", 1, 32, 512, DK=64), ws_early=True)
-    # the recompute's ws kernel likewise (BackwardPlan.recompute_early), refused without its ws form
-    from kernels.plan import backward_plan
-    rc = dataclasses.replace(backward_plan("bfloat16", 16, 32, 512, 1), recompute_ws=True, recompute_early=True)
-    assert rc.recompute_configs()[1].early and rc.recompute_configs()[1].tables and rc.recompute_configs()[1] in cfgs
-    with pytest.raises(ValueError, match="recompute_early"):
-        dataclasses.replace(rc, recompute_ws=False)
-    ws = forward_plan("bfloat16", 1, 32, 512).configs()[1]
-    for bad in (dataclasses.replace(ws, form="smem", pt=False, early=True),
-                StateConfig("bfloat16", 64, ws.prec, scan=True, form="rv", early=True)):
-        with pytest.raises(ValueError, match="early"):
-            fwd_prim_func(bad)
 
 
 # the recompute per CP segment: 3 segments of a dense sequence with h0 (value-first); a ragged batch at K = 64

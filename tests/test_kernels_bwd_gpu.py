@@ -90,15 +90,8 @@ def _precompile():
             cfgs += dataclasses.replace(bp, recompute_block_v=bv, recompute_ctas_per_sm=occ,
                                         recompute_ws=False).recompute_configs()
         if bp.DK in WS_HEAD_DIMS:
-            for bv in (bp.recompute_block_v, 32):
-                ws = dataclasses.replace(bp, recompute_ws=True, recompute_block_v=bv, overlap_recompute=False)
-                cfgs += ws.recompute_configs() + dataclasses.replace(ws, recompute_dots=True).configs(False)
-                cfgs += dataclasses.replace(ws, recompute_early=True).recompute_configs()
-        if bp.dh_segments is None and bp.DK == 128:
-            local = dataclasses.replace(bp, dh_ws_bv=32, du_local=True)
-            cfgs += [local.prep_config(True), local.dh_config(True)]
-            early = dataclasses.replace(bp, dh_ws_bv=32, dh_early=True)
-            cfgs += [early.dh_config(True), early.dh_config(False)]
+            cfgs += [c for bv in (bp.recompute_block_v, 32) for ws in (True, False) for c in
+                     dataclasses.replace(bp, recompute_ws=ws, recompute_block_v=bv).recompute_configs()]
         cfgs.append(dataclasses.replace(bp, dqk_e_once=True).dqk_config())
         if bp.lo8 and bp.DK == 128:
             cfgs.append(dataclasses.replace(bp, dqk_exp_mask=True).dqk_config())
@@ -315,21 +308,19 @@ def _same_recomputed_states(case, plan, ref, s_tol, label, to_fp64=False):
     return gp
 
 
-# the recompute in the ws form: as dispatched (one pass at BV 16; per CP segment at BV 64 at few heads), at BV 32 (as
-# at many heads), and beside dh on the side stream
+# the recompute in the ws form: as dispatched (one pass; per CP segment at few heads), and beside dh on the side stream
 _RECOMPUTE_WS_CASES = ([(c, False, None) for c in _STAGE_CASES[:3] + _RECOMPUTE_CP_CASES[:2]]
                        + [(_GVA2_H0, False, 32), (_GVA2_H0, True, None)])
 
 
-@pytest.mark.parametrize("early", [False, True], ids=["", "early"])
 @pytest.mark.parametrize("case,side,bv", _RECOMPUTE_WS_CASES,
                          ids=[c.id + ("-side" if s else "") + (f"-bv{b}" if b else "")
                               for c, s, b in _RECOMPUTE_WS_CASES])
-def test_recompute_ws_gives_the_smem_kernels_tables(case, side, bv, early):
-    """The recompute's state kernel in the ws form storing the tables (``BackwardPlan.recompute_ws``; with
-    ``recompute_early`` its update issued before U's hand-off) against the smem form of the same plan: the same
-    products and roundings on the same operands in the same order, so the recomputed S (hi and its fp8 lo codes) and
-    U are bitwise the same, and so is every gradient."""
+def test_recompute_ws_gives_the_smem_kernels_tables(case, side, bv):
+    """The recompute's state kernel in the ws form storing the tables (``BackwardPlan.recompute_ws``, dispatched at
+    K = 128) against the smem form of the same plan: the same products and roundings on the same operands in the
+    same order, so the recomputed S (hi and its fp8 lo codes) and U are bitwise the same, and so is every
+    gradient."""
     from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
     from kernels.backward.pipeline import plan_for, prepare_backward
 
@@ -338,46 +329,13 @@ def test_recompute_ws_gives_the_smem_kernels_tables(case, side, bv, early):
     if bv:
         plan = dataclasses.replace(plan, recompute_block_v=bv)
     sp, sr = {}, {}
-    got = kern(*args, do, dht, **kw, stages=sp, plan=dataclasses.replace(plan, recompute_ws=True,
-                                                                         recompute_early=early))
-    ref = kern(*args, do, dht, **kw, stages=sr, plan=plan)
+    got = kern(*args, do, dht, **kw, stages=sp, plan=dataclasses.replace(plan, recompute_ws=True))
+    ref = kern(*args, do, dht, **kw, stages=sr, plan=dataclasses.replace(plan, recompute_ws=False))
     torch.cuda.synchronize()
-    print(f"  {case.id}: recompute BV {plan.recompute_block_v}, segments {plan.recompute_cp}, side stream {side}, "
-          f"early {early}")
+    print(f"  {case.id}: recompute BV {plan.recompute_block_v}, segments {plan.recompute_cp}, side stream {side}")
     for name in ("S", "U"):
         assert torch.equal(sp[name], sr[name]), (name, tt.max_rel(sp[name], sr[name]))
     _check_forms(case, got, ref)
-
-
-@pytest.mark.parametrize("case,side,bv", _RECOMPUTE_WS_CASES[:-1],
-                         ids=[c.id + (f"-bv{b}" if b else "") for c, s, b in _RECOMPUTE_WS_CASES[:-1]])
-def test_recompute_dots_give_dqks(case, side, bv):
-    """The recompute's ws form also forming the S o dS' dots from dh's tables (``BackwardPlan.recompute_dots``; dqk
-    leaves them out) against the same plan with dqk forming them: the same products, with S's lo term in the input
-    dtype instead of its fp8 code, summed in another order, so the dots within 1e-5 of their largest magnitude and
-    every gradient within 1e-5 of its largest magnitude (printed), the recomputed S and U bitwise the same, and
-    within the emulation's rounding floor and the baseline."""
-    from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
-    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
-    from kernels.backward.pipeline import plan_for, prepare_backward
-
-    args, kw, do, dht = tt.bwd_args(case, CUDA)
-    plan = dataclasses.replace(plan_for(prepare_backward(*args, do, dht, **kw)), overlap_recompute=False,
-                               recompute_ws=True)
-    if bv:
-        plan = dataclasses.replace(plan, recompute_block_v=bv)
-    sp, sr = {}, {}
-    got = kern(*args, do, dht, **kw, stages=sp, plan=dataclasses.replace(plan, recompute_dots=True))
-    ref = kern(*args, do, dht, **kw, stages=sr, plan=plan)
-    torch.cuda.synchronize()
-    for name in ("S", "U"):
-        assert torch.equal(sp[name], sr[name]), (name, tt.max_rel(sp[name], sr[name]))
-    d = tt.max_rel(sp["sd"], sr["sd"])
-    print(f"  {case.id}: sd max|diff| / max = {d:.2e} (bitwise {torch.equal(sp['sd'], sr['sd'])})")
-    assert d <= 1e-5, d
-    _check_forms(case, got, ref, close=NAMES)
-    _within_floor_of_emulation(case, got, emu(*args, do, dht, **kw), "recompute_dots vs emulation")
-    _within_baseline(case, got)
 
 
 _E_ONCE_CASES = _CLUSTER_CASES + [_STAGE_CASES[0]]
@@ -403,39 +361,6 @@ def _pipeline_bitwise_with(case, change: dict, base: dict | None = None):
     ref = kern(*args, do, dht, **kw, plan=plan)
     torch.cuda.synchronize()
     _check_forms(case, got, ref)
-
-
-def _sequential_ws(**change):
-    """A plan map (the autograd Function's ``alter``): the backward plan on dh_ws at 32 value columns with ``change``
-    (the sequential pass at K = 128 only), the forward plan as dispatched."""
-    from kernels.plan import BackwardPlan
-
-    def alter(plan):
-        if isinstance(plan, BackwardPlan):
-            assert plan.dh_segments is None and plan.DK == 128, plan
-            return dataclasses.replace(plan, dh_ws_bv=32, **change)
-        return plan
-    return alter
-
-
-# the sequential pass at K = 128 (dh_ws), as du_local's: GVA 2 with h0, the varlen boundaries value-first, GVA 4
-# with the in-kernel L2 norm, fp16 with fp16 gates, a batch of three
-_EARLY_CASES = [_GVA2_H0, _STAGE_CASES[1], _STAGE_CASES[2], _FP16_GATES, _SAVED_CASES[2]]
-
-
-@pytest.mark.parametrize("case", _EARLY_CASES, ids=[c.id for c in _EARLY_CASES])
-def test_dh_update_issued_early_gives_the_same_gradients(case):
-    """dh_ws issuing its state update's products early (``BackwardPlan.dh_early``: behind K dS, and before the dY
-    tiles and dv) against dh_ws in the dispatched order, through the autograd Function (the forward's saved tables,
-    Tinv hi alone) and through the backward pipeline alone (prep's tables, Tinv hi + lo): the same products into the
-    same accumulators in the same order, so every gradient bitwise the same."""
-    from kernels import autograd
-
-    got = tt.function_grads(autograd.apply, case, CUDA, alter=_sequential_ws(dh_early=True))
-    ref = tt.function_grads(autograd.apply, case, CUDA, alter=_sequential_ws(dh_early=False))
-    torch.cuda.synchronize()
-    _check_forms(case, got, ref)
-    _pipeline_bitwise_with(case, dict(dh_early=True), base=dict(dh_ws_bv=32))
 
 
 @pytest.mark.parametrize("case", [c for c in _E_ONCE_CASES if c.K == 128],
@@ -547,8 +472,8 @@ def test_saved_forward_tables_give_the_same_gradients(case):
 @pytest.mark.parametrize("case", _SAVED_CASES, ids=[c.id for c in _SAVED_CASES])
 def test_warp_specialised_dh_gives_the_register_kernels_gradients(case, bv):
     """dh's warp-specialised key-first kernel (``dh_ws``, ``bv`` value columns a CTA; dispatched at 32 where its CTAs
-    fit one wave) in the dispatched plan otherwise, through the autograd Function: two calls give bitwise the same gradients (its warpgroups' hand-offs
-    leave no race), every gradient is within the input dtype's rounding floor of the register kernel's and of the
+    fit one wave) in the dispatched plan otherwise, through the autograd Function: two calls give bitwise the same
+    gradients (its warpgroups' hand-offs leave no race), every gradient is within the input dtype's rounding floor of the register kernel's and of the
     emulation's (the same products and roundings, summed in other wgmma shapes) and within the baseline."""
     from kernels import autograd
     from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
@@ -572,33 +497,6 @@ def test_warp_specialised_dh_gives_the_register_kernels_gradients(case, bv):
     hi_only = reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
     ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only)
     _within_floor_of_emulation(case, got, ge, f"dh_ws{bv} vs emulation (Tinv hi alone: {hi_only})")
-    _within_baseline(case, got)
-
-
-# the sequential pass at K = 128 (dh_ws): GVA 2 with h0, the varlen boundaries value-first, GVA 4 with the in-kernel
-# L2 norm, fp16 with fp16 gates, a batch of three
-_DU_LOCAL_CASES = [_GVA2_H0, _STAGE_CASES[1], _STAGE_CASES[2], _FP16_GATES, _SAVED_CASES[2]]
-
-
-@pytest.mark.parametrize("case", _DU_LOCAL_CASES, ids=[c.id for c in _DU_LOCAL_CASES])
-def test_dh_forming_dUloc_gives_prep_tables_gradients(case):
-    """dh_ws forming dUloc = P^T dO itself (``BackwardPlan.du_local``; prep stores no dUloc table) against dh_ws on
-    prep's table, through the autograd Function (the forward's saved tables): the same products on the same values
-    (P from Q K^T and the gate table's rows, split; Ph^T dO + Pl^T dO) in another wgmma shape (M = 64 tokens, not
-    the value rows), so every gradient within 1e-5 of its largest magnitude (printed) and bitwise the same in two
-    calls (the hand-off leaves no race); within the emulation's rounding floor and the baseline."""
-    from kernels import autograd
-    from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
-
-    got = tt.function_grads(autograd.apply, case, CUDA, alter=_sequential_ws(du_local=True))
-    again = tt.function_grads(autograd.apply, case, CUDA, alter=_sequential_ws(du_local=True))
-    ref = tt.function_grads(autograd.apply, case, CUDA, alter=_sequential_ws(du_local=False))
-    torch.cuda.synchronize()
-    for n, x, y in zip(NAMES, got, again):
-        assert (x is None and y is None) or torch.equal(x, y), n
-    _check_forms(case, got, ref, close=NAMES)
-    args, kw, do, dht = tt.bwd_args(case, CUDA)
-    _within_floor_of_emulation(case, got, emu(*args, do, dht, **kw, tinv_hi_only=True), "du_local vs emulation")
     _within_baseline(case, got)
 
 

@@ -107,13 +107,12 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
             assert "wgmma_rs<" not in src
             # with P tables, P lands by TMA (one load site each for hi and lo) and no thread writes its tiles; with
             # the chunk tables (the recompute's form) no q and no P
-            loads = 5 + _sp(cfg.prec, "ag") + cfg.pt * (1 + _sp(cfg.prec, "p")) - cfg.tables + 2 * cfg.dots
+            loads = 5 + _sp(cfg.prec, "ag") + cfg.pt * (1 + _sp(cfg.prec, "p")) - cfg.tables
             assert src.count("tma_load(") == loads, src.count("tma_load(")
             p_tiles = not (cfg.pt or cfg.tables)
             tiles = ["sh_s", "uh_s", "xh_s", "v_s"] + (["ph_s"] if p_tiles else [])
             if not cfg.prec.half:   # (fp16 operands have no lo tiles)
                 tiles += ["sl_s", "ul_s", "xl_s"] + (["pl_s"] if p_tiles else [])
-            tiles += ["dsh_s"] if cfg.dots else []     # the dS' rows the dots read (swizzled)
             w = worst_degrees(src, tiles)
             assert all(d <= 1 for d, _ in w.values()) and all(n > 0 for _, n in w.values()), w
         if cfg.form == "smem":                                  # no bank conflicts (the model: module docstring)

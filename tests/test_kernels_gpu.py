@@ -163,34 +163,6 @@ def test_fused_state_output_is_the_state_and_output_kernels(case, bv):
         assert torch.equal(ht, ht2), f"{key}: final state differs: max |diff| / max {tt.max_rel(ht2, ht):.3e}"
 
 
-# ws plans at K = 128 (the head dims of the ws form's A/B alternatives): as dispatched at BV 32 and 64, per CP segment
-# with warm-up starts, without P tables, with fp16 operands
-_EARLY_PLANS = {"ws_bv32": dict(state_form="ws", block_v=32, cp=1, warm=False),
-                "ws_bv64": dict(state_form="ws", block_v=64, cp=1, warm=False),
-                "ws_cp3_warm": dict(state_form="ws", block_v=64, cp=3, p_table=True, warm=True),
-                "ws_bv32_noptab": dict(state_form="ws", block_v=32, cp=1, p_table=False, warm=False),
-                "ws_half_bv64": dict(state_form="ws", block_v=64, cp=1, p_table=True, precision=HALF, warm=False)}
-
-
-@pytest.mark.parametrize("form", list(_EARLY_PLANS))
-@pytest.mark.parametrize("case", [c for c in PLAN_CASES if c.K == 128], ids=[c.id for c in PLAN_CASES if c.K == 128])
-def test_ws_update_issued_early_changes_nothing(case, form):
-    """The ws form's chain issuing its state update before it writes U's hand-off tiles (``ForwardPlan.ws_early``;
-    S scaled by F3 while its own hand-off tiles are read, but with fp16 operands) gives bitwise the o and final state
-    of the dispatched order: the same products into the same accumulators in the same order."""
-    from kernels.forward.pipeline import chunk_gated_delta_rule as impl
-    from kernels.forward.pipeline import plan_for, prepare
-
-    args, kw = tt.call_args(case, torch.device("cuda"))
-    base = dataclasses.replace(plan_for(prepare(*args, **kw, output_final_state=True)), ctas_per_sm=1,
-                               **{"precision": SPLIT, **_EARLY_PLANS[form]})
-    o, ht = impl(*args, **kw, output_final_state=True, plan=base)
-    o2, ht2 = impl(*args, **kw, output_final_state=True, plan=dataclasses.replace(base, ws_early=True))
-    torch.cuda.synchronize()
-    assert torch.equal(o, o2), f"o differs: max |diff| / max {tt.max_rel(o2, o):.3e}"
-    assert torch.equal(ht, ht2), f"final state differs: max |diff| / max {tt.max_rel(ht2, ht):.3e}"
-
-
 @pytest.mark.parametrize("D", [128, 64])
 @pytest.mark.parametrize("h0", ["none", "value-first", "key-first"])
 def test_cp_fixup_kernel_is_the_fp64_walk(D, h0):

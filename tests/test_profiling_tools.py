@@ -227,7 +227,7 @@ def test_sass_compare_counts_opcodes_and_flags_arithmetic_differences():
 
 
 def test_sass_compare_reads_configuration_expressions():
-    cfg = sass.config('BwdConfig("dh", "bfloat16", 128, lo8=True, ws_bv=32, early=True)')
-    assert cfg.early and cfg.ws_bv == 32
+    cfg = sass.config('BwdConfig("dqk_g2", "bfloat16", 128, lo8=True, exp_mask=True)')
+    assert cfg.exp_mask and cfg.lo8 and cfg.kind == "dqk_g2"
     with pytest.raises(NameError):
         sass.config("__import__('os')")

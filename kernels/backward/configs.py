@@ -14,9 +14,8 @@ CLUSTER_GROUPS = (2, 4, 8)
 KINDS = ("prep", "dh", "dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS), "gsum", "gsum32")
 # value columns a CTA of the warp-specialised reverse pass (``dh_ws``) can own
 DH_WS_BLOCKS = (32,)
-# the head dim of the dUloc-forming dh_ws and its prep (BwdConfig.du_local, an A/B alternative): the one at which the
-# warp-specialised dh is dispatched
-DU_LOCAL_HEAD_DIM = 128
+# the head dim at which dqk's A/B forms are built: the one at which the warp-specialised dh is dispatched
+AB_HEAD_DIM = 128
 # kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
 DTYPE_FREE_KINDS = ("dgdb",)
 
@@ -35,16 +34,12 @@ class BwdConfig:
     lo8: bool = False              # dh, dqk: the lo terms of the S and dS' tables as fp8 (kernels.common.lo8)
     ws_bv: int = 0                 # dh only: the warp-specialised key-first kernel (dh_ws) at this many value
     #                                columns a CTA (32); 0: the value-first register kernel (64 columns)
-    du_local: bool = False         # dh_ws forms dUloc = P^T dO itself; prep stores no dUloc table (a pair)
-    rc_dots: bool = False          # dqk only: the S o dS' dots come from the recompute's ws form, not formed here
     e_once: bool = False           # dqk only: e^(G_t - G_j) formed once a chunk for the intra terms' four uses
-    early: bool = False            # dh_ws only: the update's products issued behind K dS and before the dY tiles
     exp_mask: bool = False         # dqk only: the fp8 lo tiles' powers of two by a mask of hi's exponent bits
 
     @property
     def name(self) -> str:
-        names = ("single", "saved", "tinv_hi", "s_single", "lo8", "du_local", "rc_dots", "e_once", "early",
-                 "exp_mask")
+        names = ("single", "saved", "tinv_hi", "s_single", "lo8", "e_once", "exp_mask")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
@@ -57,12 +52,9 @@ def all_configs():
     single form (an A/B alternative), prep computing the tables (with fp32 merges, and split ones, the A/B
     alternative; one-term ones compile when a benchmark asks for them) and on the forward's saved ones, dqk also on
     S's hi term alone (an A/B alternative); the split dh and dqk with fp8 lo tables (``lo8``), the split dh with
-    fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``), at ``DU_LOCAL_HEAD_DIM`` also forming
-    dUloc itself, with its prep (``du_local``, an A/B alternative; on the saved tables and computing them), and dqk
-    (groups of 1 and 2) leaving the S o dS' dots to the recompute (``rc_dots``) or forming the intra terms' gates
-    once (``e_once``) or widening its fp8 lo tiles with a masked power of two (``exp_mask``), and the
-    warp-specialised split dh issuing its update early (``early``), A/B alternatives;
-    the dtype-free dgdb once.  The forward recompute runs the forward's intra
+    fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``), and at ``AB_HEAD_DIM`` dqk (groups of 1
+    and 2) forming the intra terms' gates once (``e_once``) or widening its fp8 lo tiles with a masked power of two
+    (``exp_mask``), A/B alternatives; the dtype-free dgdb once.  The forward recompute runs the forward's intra
     and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
@@ -78,15 +70,8 @@ def _configs_at(D: int):
             + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True) for dt in DTYPES for t in (False, True)]
             + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True, ws_bv=32) for dt in DTYPES for t in (False, True)]
             + [BwdConfig(kind, dt, D, lo8=True) for dt in DTYPES for kind in KINDS if kind.startswith("dqk")]
-            + ([BwdConfig("dh", dt, D, tinv_hi=t, lo8=True, ws_bv=32, du_local=True) for dt in DTYPES
-                for t in (True, False)]
-               + [BwdConfig("prep", dt, D, saved=s, merge="bf16" if s else "fp32", du_local=True) for dt in DTYPES
-                  for s in (True, False)]
-               if D == DU_LOCAL_HEAD_DIM else [])
-            + ([BwdConfig(kind, dt, D, lo8=True, **{f: True}) for f in ("rc_dots", "e_once", "exp_mask")
-                for dt in DTYPES for kind in ("dqk", "dqk_g2")] if D == DU_LOCAL_HEAD_DIM else [])
-            + ([BwdConfig("dh", dt, D, tinv_hi=t, lo8=True, ws_bv=32, early=True) for dt in DTYPES
-                for t in (True, False)] if D == DU_LOCAL_HEAD_DIM else []))
+            + ([BwdConfig(kind, dt, D, lo8=True, **{f: True}) for f in ("e_once", "exp_mask")
+                for dt in DTYPES for kind in ("dqk", "dqk_g2")] if D == AB_HEAD_DIM else []))
 
 
 def prim_func(cfg: BwdConfig):
@@ -110,32 +95,22 @@ def prim_func(cfg: BwdConfig):
     if cfg.exp_mask and not (cfg.kind.startswith("dqk") and cfg.lo8):
         raise ValueError(f"exp_mask (the fp8 lo tiles' masked powers of two) is a form of dqk with fp8 lo tables: "
                          f"{cfg.name}")
-    if cfg.rc_dots and not (cfg.kind.startswith("dqk") and cfg.lo8):
-        raise ValueError(f"rc_dots (the S o dS' dots from the recompute) is a form of dqk with fp8 lo tables: "
-                         f"{cfg.name}")
-    if cfg.early and not (cfg.kind == "dh" and cfg.ws_bv and cfg.lo8 and not cfg.single):
-        raise ValueError(f"early (the update's products issued early) is a form of the warp-specialised split dh "
-                         f"with fp8 lo tables only: {cfg.name}")
-    if cfg.du_local and not (cfg.kind == "prep" or (cfg.kind == "dh" and cfg.ws_bv)):
-        raise ValueError(f"du_local (dUloc formed in dh_ws, no table from prep) is a form of prep and the "
-                         f"warp-specialised dh only: {cfg.name}")
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
-        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge, du=not cfg.du_local)
+        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge)
     if cfg.ws_bv and (cfg.kind != "dh" or cfg.ws_bv not in DH_WS_BLOCKS):
         raise ValueError(f"ws_bv (the warp-specialised reverse pass) is a form of dh at {DH_WS_BLOCKS}: {cfg.name}")
     if cfg.kind == "dh" and cfg.ws_bv:
         from .dh_ws import build_bwd_dh_ws
         return build_bwd_dh_ws(D, D, cfg.dtype, BV=cfg.ws_bv, single=cfg.single, tinv_lo=not cfg.tinv_hi,
-                               lo8=cfg.lo8, du_local=cfg.du_local, early=cfg.early)
+                               lo8=cfg.lo8)
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
         return build_bwd_dh(D, D, cfg.dtype, single=cfg.single, tinv_lo=not cfg.tinv_hi, lo8=cfg.lo8)
     if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
         from .dqk import build_bwd_dqk
         return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
-                             s_lo=not cfg.s_single, lo8=cfg.lo8, dots=not cfg.rc_dots, e_once=cfg.e_once,
-                             exp_mask=cfg.exp_mask)
+                             s_lo=not cfg.s_single, lo8=cfg.lo8, e_once=cfg.e_once, exp_mask=cfg.exp_mask)
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)

@@ -15,39 +15,22 @@ columns), and with every step off the chain moved to other warpgroups.  One CTA 
       dS  = F3 dS + Q^T (D1h + D1l) - K^T (D2h (+ D2l)),   D2 = split(F0 F7 dY)
 
 * WG1, beside it: ``D1h, D1l = split(F1 dO)`` a chunk ahead of its use, and the TMA stores of the dS' and dY tables
-  from the chain's tiles (the fp8 codes of dSl first with ``lo8``); with ``du_local`` also the chunk's
-  ``dUloc = P^T dO``, ``P = Fb5_t Fb6_j e^(G_t - G_j) (q_t . k_j)`` (j <= t) split, as ``gdn_bwd_prep`` forms it,
-  handed to WG0 in a shared tile instead of read from prep's table;
-* WG2, the producer: one warp issues the TMA loads of q, k, dO, Th (+ Tl), Fb, dUloc (not with ``du_local``) into
-  two stages.
+  from the chain's tiles (the fp8 codes of dSl first with ``lo8``);
+* WG2, the producer: one warp issues the TMA loads of q, k, dO, Th (+ Tl), Fb, dUloc into two stages.
 
 Hand-offs through single shared tiles and mbarriers completed once a chunk (waited on at parity ``i % 2`` of the
 chunk's position ``i`` in the pass; a tile's "free" barrier at ``(i + 1) % 2``, which a fresh barrier passes).
-
-With ``early`` WG0 issues the update's ``F3 dS + Q^T D1`` right behind ``K dS`` (waiting for ``K dS`` alone) and its
-``K^T D2`` products before the dY tiles and dv, which it then writes while they run: the same products into the
-same accumulators in the same order, with less of the chunk's work between one dS and the next.
 """
 
 import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
 from kernels.common.lo8 import LO8, lo8_code_of
-from kernels.forward.cumsum import LOG2E
-from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, put_split, seq_span, split_into, \
-    split_products, store_state_kt
+from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, split_products, \
+    store_state_kt
 
 BT = 64
 WG = 128
-
-
-@T.macro
-def q_d1(ds_f, q_s, ah_s, al_s, a_ready, st, i):
-    """``dS += Q^T D1h + Q^T D1l`` of the chain, issued without a wait once WG1's ``D1`` tiles are written
-    (``a_ready`` at the parity of the chunk's position ``i``; stage ``st`` of the q tiles)."""
-    T.barrier_wait(a_ready, i % 2)
-    T.wgmma_gemm(q_s[st, :, :], ah_s, ds_f, transpose_A=True)
-    T.wgmma_gemm(q_s[st, :, :], al_s, ds_f, transpose_A=True)
 
 
 @T.macro
@@ -60,10 +43,9 @@ def split_transposed(x_f, hi_s, lo_s):
 
 
 def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = False, tinv_lo: bool = True,
-                    lo8: bool = False, du_local: bool = False, early: bool = False):
+                    lo8: bool = False):
     """TileLang prim_func of ``gdn_bwd_dh_ws``: ``build_bwd_dh``'s forms (``single``, ``tinv_lo``, ``lo8``) and
-    arguments, with ``BV = 32`` value columns a CTA.  ``du_local``: dUloc formed in WG1 (``dUl`` an [HV, NCg, 8, 8]
-    placeholder, not read).  ``early``: the update's products issued early (module docstring)."""
+    arguments, with ``BV = 32`` value columns a CTA."""
     assert DK in (64, 128) and DV == DK and BV == 32 and DV % BV == 0
     assert dtype in ("bfloat16", "float16")
     assert not (single and not tinv_lo), "single reads no Tinv lo term: tinv_lo is a form of the split dh"
@@ -81,7 +63,7 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
         Th: T.Tensor((HV, NCg, BT, BT), dtype),
         Tl: T.Tensor((HV, NCg, BT, BT), dtype),
         Fb: T.Tensor((HV, NCg, 8, BT), f32),
-        dUl: T.Tensor(lo_shape((HV, NCg, DV, BT), not du_local), f32),
+        dUl: T.Tensor((HV, NCg, DV, BT), f32),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
         chunk_offsets: T.Tensor((N + 1,), "int32"),
         dht: T.Tensor((Nh, HV, DK, DV), f32),
@@ -107,12 +89,7 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
             th_s = T.alloc_shared((2, BT, BT), dtype)
             tl_s = T.alloc_shared(lo_shape((2, BT, BT), tlo), dtype)
             f_s = T.alloc_shared((2, 8, BT), f32)
-            if du_local:    # WG1's dUloc (value-first, as the table's stage) and its split P operand
-                dul_s = T.alloc_shared((BV, BT), f32)
-                ph_s = T.alloc_shared((BT, BT), dtype)
-                pl_s = T.alloc_shared((BT, BT), dtype)
-            else:
-                dul_s = T.alloc_shared((2, BV, BT), f32)
+            dul_s = T.alloc_shared((2, BV, BT), f32)
             # the chain's tiles: dS' (value-first, also stored), dU then F0 dX, dY (value-first, stored)
             dsh_s = T.alloc_shared((BV, DK), dtype)
             dsl_s = T.alloc_shared((BV, DK), dtype)
@@ -139,9 +116,6 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
             a_ready = T.alloc_barrier(arrive_count=WG)             # D1h, D1l written (WG1)
             a_free = T.alloc_barrier(arrive_count=WG)              # D1h, D1l read (WG0)
             coded = T.alloc_barrier(arrive_count=WG)               # the fp8 codes of dSl written (WG1, lo8)
-            if du_local:
-                du_ready = T.alloc_barrier(arrive_count=WG)        # dUloc written (WG1)
-                du_free = T.alloc_barrier(arrive_count=WG)         # dUloc read (WG0)
 
             tx = T.get_thread_binding()
 
@@ -166,37 +140,15 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     T.fence_proxy_async()
                     T.barrier_arrive(s_ready)
                     # dU = dUloc + F2 (K dS)
-                    if early:   # F3 dS + Q^T D1 issued behind K dS, which alone is waited for
-                        for d, j in T.Parallel(DK, BV):
-                            ds_f[d, j] = ds_f[d, j] * f_s[st, 3, 0]
-                        T.wgmma_gemm(k_s[st, :, :], dsh_s, kd_f, transpose_B=True, clear_accum=True)
-                        T.wgmma_gemm(k_s[st, :, :], dsl_s, kd_f, transpose_B=True)
-                        q_d1(ds_f, q_s, ah_s, al_s, a_ready, st, i)
-                        T.wait_wgmma(2)
-                    else:
-                        T.wgmma_gemm(k_s[st, :, :], dsh_s, kd_f, transpose_B=True, clear_accum=True)
-                        T.gemm(k_s[st, :, :], dsl_s, kd_f, transpose_B=True)
+                    T.wgmma_gemm(k_s[st, :, :], dsh_s, kd_f, transpose_B=True, clear_accum=True)
+                    T.gemm(k_s[st, :, :], dsl_s, kd_f, transpose_B=True)
                     T.barrier_arrive(s_free)
-                    if du_local:
-                        T.barrier_wait(du_ready, i % 2)
-                        for t, j in T.Parallel(BT, BV):
-                            kd_f[t, j] = dul_s[j, t] + f_s[st, 2, t] * kd_f[t, j]
-                        T.barrier_arrive(du_free)
-                    else:
-                        for t, j in T.Parallel(BT, BV):
-                            kd_f[t, j] = dul_s[st, j, t] + f_s[st, 2, t] * kd_f[t, j]
+                    for t, j in T.Parallel(BT, BV):
+                        kd_f[t, j] = dul_s[st, j, t] + f_s[st, 2, t] * kd_f[t, j]
                     split_into(kd_f, xh_s, xl_s, olo)
                     T.fence_proxy_async()
                     # dY = Tinv^T dU
                     split_products(th_s[st, :, :], tl_s[st, :, :], xh_s, xl_s, dy_f, tlo, olo, True, True)
-                    if early:   # D2 and its products first, then the dY tiles and dv while they run
-                        # (its terms formed in one loop from the product, as the fragment form's split rounds them)
-                        for t, j in T.Parallel(BT, BV):
-                            put_split(xh_s, xl_s, t, j, -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t], olo)
-                        T.fence_proxy_async()
-                        T.wgmma_gemm(k_s[st, :, :], xh_s, ds_f, transpose_A=True)
-                        if olo:
-                            T.wgmma_gemm(k_s[st, :, :], xl_s, ds_f, transpose_A=True)
                     T.barrier_wait(y_free, (i + 1) % 2)
                     split_transposed(dy_f, yh_s, yl_s)
                     T.fence_proxy_async()
@@ -204,18 +156,17 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     for t, j in T.Parallel(BT, BV):
                         if t0 + t < eos:
                             dv[t0 + t, hv, v0 + j] = T.cast(f_s[st, 7, t] * dy_f[t, j], dtype)
-                    if early:
-                        T.wait_wgmma(0)
-                    else:
-                        # dS = F3 dS + Q^T D1 - K^T D2
-                        for t, j in T.Parallel(BT, BV):
-                            kd_f[t, j] = -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t]
-                        split_into(kd_f, xh_s, xl_s, olo)
-                        T.fence_proxy_async()
-                        for d, j in T.Parallel(DK, BV):
-                            ds_f[d, j] = ds_f[d, j] * f_s[st, 3, 0]
-                        q_d1(ds_f, q_s, ah_s, al_s, a_ready, st, i)
-                        split_products(k_s[st, :, :], None, xh_s, xl_s, ds_f, False, olo, False, True)
+                    # dS = F3 dS + Q^T D1 - K^T D2
+                    for t, j in T.Parallel(BT, BV):
+                        kd_f[t, j] = -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t]
+                    split_into(kd_f, xh_s, xl_s, olo)
+                    T.fence_proxy_async()
+                    for d, j in T.Parallel(DK, BV):
+                        ds_f[d, j] = ds_f[d, j] * f_s[st, 3, 0]
+                    T.barrier_wait(a_ready, i % 2)
+                    T.wgmma_gemm(q_s[st, :, :], ah_s, ds_f, transpose_A=True)
+                    T.wgmma_gemm(q_s[st, :, :], al_s, ds_f, transpose_A=True)
+                    split_products(k_s[st, :, :], None, xh_s, xl_s, ds_f, False, olo, False, True)
                     T.barrier_arrive(a_free)
                     T.barrier_arrive(empty[st])
                 if store_dh0 != 0:
@@ -224,33 +175,13 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                 # WG1: F1 dO, split; the table stores
                 T.set_max_nreg(160, 0)
                 a_f = T.alloc_fragment((BT, BV), f32)
-                if du_local:
-                    qk_f = T.alloc_fragment((BT, BT), f32)
-                    du_f = T.alloc_fragment((BT, BV), f32)
                 for i in T.serial(nchunks):
                     st = i % 2
                     c = c0 + nchunks - 1 - i
                     T.barrier_wait(full[st], (i // 2) % 2)
                     for t, j in T.Parallel(BT, BV):
                         a_f[t, j] = T.cast(do_s[st, t, j], f32) * f_s[st, 1, t]
-                    if du_local:
-                        # dUloc = P^T dO (prep's products: P from Q K^T and the gate rows, split; its rows and
-                        # columns past the sequence are 0 by Fb's rows 5 and 6)
-                        T.gemm(q_s[st, :, :], k_s[st, :, :], qk_f, transpose_B=True, clear_accum=True)
-                        for t, j in T.Parallel(BT, BT):
-                            p = (f_s[st, 5, t] * f_s[st, 6, j] * T.exp2((f_s[st, 4, t] - f_s[st, 4, j]) * LOG2E)
-                                 * qk_f[t, j])
-                            qk_f[t, j] = T.if_then_else(j <= t, p, T.float32(0))
-                        split_into(qk_f, ph_s, pl_s, True)
-                        T.fence_proxy_async()
-                        T.wgmma_gemm(ph_s, do_s[st, :, :], du_f, transpose_A=True, clear_accum=True)
-                        T.gemm(pl_s, do_s[st, :, :], du_f, transpose_A=True)
                     T.barrier_arrive(empty[st])
-                    if du_local:
-                        T.barrier_wait(du_free, (i + 1) % 2)
-                        for t, j in T.Parallel(BT, BV):
-                            dul_s[j, t] = du_f[t, j]
-                        T.barrier_arrive(du_ready)
                     T.barrier_wait(a_free, (i + 1) % 2)
                     split_into(a_f, ah_s, al_s, True)
                     T.fence_proxy_async()
@@ -292,8 +223,7 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                         if tlo:
                             T.tma_copy(Tl[hv, c, 0:BT, 0:BT], tl_s[st, :, :], barrier=full[st])
                         T.tma_copy(Fb[hv, c, 0:8, 0:BT], f_s[st, :, :], barrier=full[st])
-                        if not du_local:
-                            T.tma_copy(dUl[hv, c, v0:v0 + BV, 0:BT], dul_s[st, :, :], barrier=full[st])
+                        T.tma_copy(dUl[hv, c, v0:v0 + BV, 0:BT], dul_s[st, :, :], barrier=full[st])
                         T.barrier_arrive(full[st])
 
     return gdn_bwd_dh_ws

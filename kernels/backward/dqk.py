@@ -58,7 +58,7 @@ class _HeadTiles:
 @T.macro
 def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk, dpu,
                dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, ld, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv,
-               scale, s_lo, lo8, dots=True, e_f=None, masked=False):
+               scale, s_lo, lo8, e_f=None, masked=False):
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
     dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32.
     The q.Z, k.W, k.R and dY . v row dots go out as two halves (``half_row_dots``, fragments ``t2, r2``) into
@@ -68,8 +68,8 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
 
     The tiles arrive by TMA copies, issued by the first warp: S, dS' and the gates (barrier ``ld[0]``), U
     (``ld[1]``) and dO (``ld[2]``) at the start, all in flight together; dY and v (``ld[3]``) once dS' is dead
-    (their tiles may take its memory).  ``ld[4]``: q and k (the kernel's).  ``dots`` False: no S o dS' dots (the
-    recompute forms them; ``sd`` not written).  ``e_f``: ``intra_terms``' gate fragment (None: none);
+    (their tiles may take its memory).  ``ld[4]``: q and k (the kernel's).  ``e_f``: ``intra_terms``' gate
+    fragment (None: none);
     ``masked``: ``widen_lo8``'s."""
     dtype = ts.sh.dtype
     DK = dq_f.shape[1]
@@ -95,7 +95,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
             widen_lo8(Scl, hv, c, ts.sh, ts.sl, tx, ts.c8, xl, THREADS, masked)
         widen_lo8(dSl, hv, c, ts.dsh, ts.dsl, tx, ts.c8, xl, THREADS, masked)
     acc[0] = T.float32(0)
-    if dots and tx < 2 * DV:
+    if tx < 2 * DV:
         if s_lo:
             split_dot_rows(ts.sh, ts.sl, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
         else:
@@ -198,7 +198,7 @@ def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0
 
 
 def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = True, lo8: bool = False,
-                  dots: bool = True, e_once: bool = False, exp_mask: bool = False):
+                  e_once: bool = False, exp_mask: bool = False):
     """Grid (chunk, value head).  With ``group == 1`` dq~ and dk~ leave the kernel in one of two ways, by ``out32``:
 
     * fp32 per value head (``dq32, dk32``), summed per group by ``gdn_bwd_group_sum`` (groups of two or more, or the
@@ -214,7 +214,6 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
     ``s_lo``: the recomputed chunk-start state S is hi + lo (``Scl`` read), else its hi term alone (``Scl`` an unread
     placeholder; 32 KiB less shared memory at DK = DV = 128, two products and one load fewer).  ``lo8``: ``Scl`` and
     ``dSl`` are fp8 e4m3 codes under their hi terms' exponents (``kernels.common.lo8``), widened in shared memory.
-    ``dots`` False: no S o dS' dots and no ``sd`` store (the recompute's ws form forms them, ``BwdConfig.rc_dots``).
     ``e_once``: the intra terms' ``e^(G_t - G_j)`` formed once a chunk in a fragment, not at each of its four uses
     (the same values: ``BwdConfig.e_once``).  ``exp_mask``: the fp8 lo tiles widened with ``lo8_value``'s masked
     power of two (the same values: ``BwdConfig.exp_mask``).
@@ -319,7 +318,7 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
             T.clear(dk_f)
             value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
                        dpu, dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, ld, qz, kw, kr, sd, yv, rect, db2, hv, c,
-                       t0, nv, scale, s_lo, lo8, dots, e_f, exp_mask)
+                       t0, nv, scale, s_lo, lo8, e_f, exp_mask)
             # each row stored once
             if group > 1:
                 pad = 4

@@ -19,7 +19,6 @@ The 64x64 (intra-chunk) terms (``intra_terms``)::
 
 import tilelang.language as T
 
-from kernels.common.prologue import put_split
 from kernels.forward.cumsum import LOG2E
 
 BT = 64
@@ -97,6 +96,15 @@ def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx, xh=None, xl=None, d0=0, nd
                     acc[0] = acc[0] + ((T.cast(sh_s[d0 + d8 * 8 + j, tx], f32)
                                         + T.cast(sl_s[d0 + d8 * 8 + j, tx], f32))
                                        * (T.cast(xh[j], f32) + T.cast(xl[j], f32)))
+
+
+@T.macro
+def put_split(hi, lo, t, j, x, with_lo):
+    """``hi[t, j] = rd(x)`` and, where ``with_lo`` (a build-time bool), ``lo[t, j] = rd(x - rd(x))``: one element of
+    a two-term split (``x`` an fp32 expression, ``hi``, ``lo`` input-dtype tiles)."""
+    hi[t, j] = T.cast(x, hi.dtype)
+    if with_lo:
+        lo[t, j] = T.cast(x - T.cast(T.cast(x, hi.dtype), "float32"), hi.dtype)
 
 
 def gate(fv, e_f, t, j):

@@ -14,8 +14,9 @@ Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan
   2. ``dh`` [gdn_bwd_dh] (64 value cols, head, seq): the reverse sequential pass (dS' tables, dY, dv, dh0); with
      a segment plan three passes over segments of the sequences and a scan (``dh_segmented``; the forward's
      gdn_cp_fixup over the segments in reverse order);
-  3. ``recompute`` [the forward's smem state kernel, precision "recompute"; with ``recompute_cp`` per CP segment
-     after the forward's gdn_scan_rv and gdn_cp_fixup]: the chunk-start states S and U
+  3. ``recompute`` [the forward's smem state kernel, or its ws tables form (``recompute_ws``), precision
+     "recompute"; with ``recompute_cp`` per CP segment after the forward's gdn_scan_rv and gdn_cp_fixup]: the
+     chunk-start states S and U
      (hi + lo, key-first) from prep's Ag and gate table, launched after dh (which does not read them): on a side
      stream beside it where the plan overlaps them, else after it on the main stream;
   4. ``dqk`` [gdn_bwd_dqk] (chunk, head): the state products and 64x64 terms -> dq~, dk~, row dots, dg / dbeta
@@ -151,7 +152,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     # waits for before dqk
     if side is None:
         mark("dh")
-        states = recompute(x=x, plan=plan, tables=tables, side=None, maps=maps, grads=grads)
+        states = recompute(x=x, plan=plan, tables=tables, side=None, maps=maps)
         mark("recompute")
     else:
         states = recompute(x=x, plan=plan, tables=tables, side=side, maps=maps)
@@ -165,8 +166,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     terms = dqk(b=b, plan=plan, tables=tables, states=states, grads=grads, fp32_sums=stages is not None)
     mark("dqk")
     if stages is not None:
-        _record_stages(stages, x=x, tables=tables, states=states, grads=grads, terms=terms, from_saved=from_saved,
-                       du_table=not plan.du_local)
+        _record_stages(stages, x=x, tables=tables, states=states, grads=grads, terms=terms, from_saved=from_saved)
     states, grads = None, _without(grads, "dSh", "dSl", "dYh", "dYl")      # read by dqk last
     out = dg_dbeta(x=x, plan=plan, tables=tables, grads=grads, terms=terms, g=g, beta=beta,
                    has_h0=initial_state is not None)
@@ -192,8 +192,7 @@ class PrepTables:
 
 
 def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
-    """``gdn_bwd_prep`` (parallel): on the forward's Tinv and Ag when ``saved``, else computing them; no dUloc^T
-    table with ``plan.du_local`` (dh forms it)."""
+    """``gdn_bwd_prep`` (parallel): on the forward's Tinv and Ag when ``saved``, else computing them."""
     from kernels.build import get_kernel
     x = b.x
     dev, dt = x.q.device, x.q.dtype
@@ -206,10 +205,7 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
         Tl = torch.empty_like(Th)
         Agh, Agl = torch.empty_like(Th), torch.empty_like(Th)
     Fb = torch.empty(x.HV, x.NC, 8, BT, device=dev, dtype=torch.float32)
-    if plan.du_local:           # dh forms dUloc itself: the table's argument is a placeholder, neither read nor written
-        dUl = unused((x.HV, x.NC, 8, 8), torch.float32, dev)
-    else:
-        dUl = torch.empty(x.HV, x.NC, x.D, BT, device=dev, dtype=torch.float32)
+    dUl = torch.empty(x.HV, x.NC, x.D, BT, device=dev, dtype=torch.float32)
     get_kernel(plan.prep_config(saved is not None))(x.q, x.k, b.do, x.g, x.beta, x.cu, x.chunk_indices, Th, Tl,
                                                     Agh, Agl, Fb, dUl, x.scale, int(x.use_l2))
     return PrepTables(Th, Tl, Agh, Agl, Fb, dUl)
@@ -221,7 +217,6 @@ class RecomputedStates:
     Scl: torch.Tensor               # lo (Sch itself, unread, where the plan stores S hi alone; fp8 codes with lo8)
     Uh: torch.Tensor                # [HV, NC, 64, D] hi
     Ul: torch.Tensor                # lo
-    sd: torch.Tensor | None = None  # [2, HV, NC, D] fp32, the S o dS' dots, where the recompute forms them
 
 
 def segment_maps_of(*, x: ForwardInputs, plan, tables: PrepTables) -> torch.Tensor:
@@ -232,15 +227,14 @@ def segment_maps_of(*, x: ForwardInputs, plan, tables: PrepTables) -> torch.Tens
                         scan_cu=cp.cu[:-1], scan_co=cp.chunk_offsets[:-1], n_seg=cp.cu.numel() - 1)
 
 
-def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None, grads=None) -> RecomputedStates:
-    """The forward's chunk-start states S and U (hi + lo, key-first) by its smem state kernel on prep's Ag and
-    gate table: one pass over every sequence, or with ``plan.recompute_cp`` one per CP segment from the start
+def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) -> RecomputedStates:
+    """The forward's chunk-start states S and U (hi + lo, key-first) by its smem state kernel (or its ws tables form,
+    ``plan.recompute_ws``) on prep's Ag and gate table: one pass over every sequence, or with ``plan.recompute_cp`` one per CP segment from the start
     states of the forward's exact ``segment_starts`` (the scan and the fp64 fix-up on the same tables), or with
     ``plan.shared_scan`` one per dh segment from the fix-up of ``maps`` (``segment_maps_of``); on the
     stream ``side`` when given: its outputs are then allocated on it (so that none reuses a buffer the main stream's
     pending kernels still read, such as dh's) and recorded on the main stream, which reads and frees them; its
-    inputs recorded on it.  With ``plan.recompute_dots`` its kernel also forms the S o dS' dots from dh's
-    ``grads``."""
+    inputs recorded on it."""
     from kernels.build import get_kernel
     dev, dt, D = x.q.device, x.q.dtype, x.D
     cfg = plan.recompute_configs()[1]
@@ -264,16 +258,14 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None, gr
         else:
             cu, co, use_h0, v_first = x.cu, x.chunk_offsets, int(x.h0 is not None), int(x.v_first)
             h0 = initial_states(x)
-        sd = torch.empty(2, x.HV, x.NC, D, device=dev, dtype=torch.float32) if plan.recompute_dots else None
-        dots = (grads.dSh, grads.dSl, sd) if plan.recompute_dots else ()       # the dots' arguments
-        get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, ht, *dots, use_h0,
-                        0, v_first)
+        get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, 0,
+                        v_first)
     if side is not None:
         for t in (tables.Agh, tables.Agl) + ((maps,) if plan.shared_scan else ()):  # freed while the side stream
             t.record_stream(side)                                                     # may still use them
         for t in (Sch, Scl, Uh, Ul):
             t.record_stream(main)
-    return RecomputedStates(Sch, Scl, Uh, Ul, sd)
+    return RecomputedStates(Sch, Scl, Uh, Ul)
 
 
 @dataclass
@@ -339,8 +331,7 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
     f32 = torch.float32
     qz = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
     kw, kr = torch.empty_like(qz), torch.empty_like(qz)
-    # the S o dS' dots: dqk's, or the recompute's (``plan.recompute_dots``; dqk does not write them)
-    sd = torch.empty(2, HV, NC, D, device=dev, dtype=f32) if states.sd is None else states.sd
+    sd = torch.empty(2, HV, NC, D, device=dev, dtype=f32)
     rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
     yv2 = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
     db22 = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
@@ -422,9 +413,8 @@ def _empty_gradients(b: BackwardInputs, g, beta, initial_state):
                     torch.zeros(Ttot, x.HV, x.D, device=dev), z, z.clone(), dh0, g, beta, initial_state is not None)
 
 
-def _record_stages(stages: dict, *, x, tables, states, grads, terms, from_saved: bool, du_table: bool = True):
-    """The intermediates in the emulation's layouts (``STAGE_LAYOUT``), for a stage-by-stage comparison; dUloc only
-    where prep stored its table (``du_table``)."""
+def _record_stages(stages: dict, *, x, tables, states, grads, terms, from_saved: bool):
+    """The intermediates in the emulation's layouts (``STAGE_LAYOUT``), for a stage-by-stage comparison."""
     from .emulation import lo8_decode
 
     f = lambda t: t.float()   # noqa: E731
@@ -439,8 +429,6 @@ def _record_stages(stages: dict, *, x, tables, states, grads, terms, from_saved:
                   qz=tm.qz.sum(0), kw=tm.kw.sum(0), kr=tm.kr.sum(0), sd=tm.sd.sum(0), yv=tm.yv2[0] + tm.yv2[1],
                   rect=tm.rect, db2=tm.db22[0] + tm.db22[1], S=f(s.Sch) + lo(s.Sch, s.Scl), U=f(s.Uh) + f(s.Ul),
                   dqv=group_sum(tm.dqv, x.H), dkv=group_sum(tm.dkv, x.H))
-    if not du_table:
-        del stages["dUloc"]
 
 
 def _marker(events):

@@ -21,7 +21,7 @@ in shared memory after.
 
 import tilelang.language as T
 
-from kernels.common.prologue import chunk_span, dynamic_dims, lo_shape, zero_rows_past
+from kernels.common.prologue import chunk_span, dynamic_dims, zero_rows_past
 from kernels.forward.cumsum import BT, LOG2E, load_chunk_gate_cumsum
 from kernels.forward.intra_chunk import MERGES, _merge, _merge_fp32, fp32_tile, gated_kkt, l2_row_factors, solve_diag16
 
@@ -42,13 +42,11 @@ def load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv
     zero_rows_past(q_s, nv)
 
 
-def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str = "bf16", du: bool = True):
+def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str = "bf16"):
     """``saved``: Tinv and Ag come from the forward (the autograd Function keeps the intra kernel's ``Th``, ``Ah``,
     ``Al``: the same operations on the same values, so bitwise this kernel's): no K K^T, no solve, and ``Th``,
     ``Tl``, ``Agh``, ``Agl`` are not accessed; the gate table and dUloc^T as without it.  ``merge``: the block
-    merges as the intra kernel's of that name ("fp32", "bf16", or "split": 24 KiB more shared memory).  ``du``
-    False: no P and no dUloc^T (the dh kernel that forms them itself, ``BwdConfig.du_local``); ``do`` is not read and
-    ``dUl`` is an [HV, NC, 8, 8] placeholder, neither read nor written.
+    merges as the intra kernel's of that name ("fp32", "bf16", or "split": 24 KiB more shared memory).
 
     Arguments:
       q, k          [Ttot, H, DK]     dtype
@@ -82,7 +80,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
         Agh: T.Tensor((HV, NC, BT, BT), dtype),
         Agl: T.Tensor((HV, NC, BT, BT), dtype),
         Fb: T.Tensor((HV, NC, 8, BT), f32),
-        dUl: T.Tensor(lo_shape((HV, NC, DV, BT), du), f32),
+        dUl: T.Tensor((HV, NC, DV, BT), f32),
         scale: T.float32,
         use_l2: T.int32,
     ):
@@ -93,8 +91,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
 
             q_s = T.alloc_shared((BT, DK), dtype)
             k_s = T.alloc_shared((BT, DK), dtype)
-            if du:
-                do_s = T.alloc_shared((BT, DV), dtype)
+            do_s = T.alloc_shared((BT, DV), dtype)
             g_s = T.alloc_shared((BT,), f32)
             b_s = T.alloc_shared((BT,), f32)
             rq_s = T.alloc_shared((BT,), f32)
@@ -118,15 +115,13 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
                 xl_s = dummy
             else:
                 xr = T.alloc_local((8,), f32)
-            if du:
-                ph_s = T.alloc_shared((BT, BT), dtype)
-                pl_s = T.alloc_shared((BT, BT), dtype)
+            ph_s = T.alloc_shared((BT, BT), dtype)
+            pl_s = T.alloc_shared((BT, BT), dtype)
 
             sq = T.alloc_fragment((BT, DK), f32)
             ss = T.alloc_fragment((BT,), f32)
             kk = T.alloc_fragment((BT, BT), f32)
-            if du:
-                du_f = T.alloc_fragment((DV, BT), f32)
+            du_f = T.alloc_fragment((DV, BT), f32)
             t16 = T.alloc_local((16,), f32)
             kq_ready = T.alloc_barrier(arrive_count=32)
             do_ready = T.alloc_barrier(arrive_count=32)
@@ -136,12 +131,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
             # ones: P (from q, k) and dUloc^T = dO^T P first, so q, dO and P die before the fp32 tiles of the solve
             # are born; k dies with K K^T.  The same operations on the same values as a load-everything-first
             # order: 60 instead of 111 KiB of shared memory, 164 registers: three CTAs per SM instead of one.
-            if du or not saved:
-                load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv)
-            elif use_l2 != 0:       # the gate table alone: q and k for the L2 norm's row factors only
-                load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv)
-            else:
-                load_chunk_gate_cumsum(g, beta, hv, t0, nv, g_s, b_s)
+            load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv)
 
             if use_l2 != 0:
                 l2_row_factors(q_s, sq, ss, rq_s)
@@ -162,27 +152,25 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
                 f_s[7, r] = b_s[r]
             T.copy(f_s, Fb[hv, c, 0:8, 0:BT])
 
-            if du:
-                # P = scale causal(E o Q~K~^T), split (the operand of dUloc^T = dO^T P)
-                T.gemm(q_s, k_s, kk, transpose_B=True, clear_accum=True)
-                for i, j in T.Parallel(BT, BT):
-                    # the value first, then a select: no branch per element (masked values, inf or not, are never
-                    # selected)
-                    p = f_s[5, i] * f_s[6, j] * T.exp2((g_s[i] - g_s[j]) * LOG2E) * kk[i, j]
-                    kk[i, j] = T.if_then_else(j <= i, p, T.float32(0))
-                for i, j in T.Parallel(BT, BT):
-                    ph_s[i, j] = T.cast(kk[i, j], dtype)
-                    pl_s[i, j] = T.cast(kk[i, j] - T.cast(T.cast(kk[i, j], dtype), f32), dtype)
+            # P = scale causal(E o Q~K~^T), split (the operand of dUloc^T = dO^T P)
+            T.gemm(q_s, k_s, kk, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(BT, BT):
+                # the value first, then a select: no branch per element (masked values, inf or not, are never selected)
+                p = f_s[5, i] * f_s[6, j] * T.exp2((g_s[i] - g_s[j]) * LOG2E) * kk[i, j]
+                kk[i, j] = T.if_then_else(j <= i, p, T.float32(0))
+            for i, j in T.Parallel(BT, BT):
+                ph_s[i, j] = T.cast(kk[i, j], dtype)
+                pl_s[i, j] = T.cast(kk[i, j] - T.cast(T.cast(kk[i, j], dtype), f32), dtype)
 
-                # dUloc^T = dO^T P (then P and dO die, before the fp32 tiles of the solve are born)
-                if tx < 32:
-                    T.tma_copy(do[t0:t0 + BT, hv, 0:DV], do_s, barrier=do_ready)
-                    T.barrier_arrive(do_ready)
-                T.barrier_wait(do_ready, 0)
-                zero_rows_past(do_s, nv)
-                T.gemm(do_s, ph_s, du_f, transpose_A=True, clear_accum=True)
-                T.gemm(do_s, pl_s, du_f, transpose_A=True)
-                T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])
+            # dUloc^T = dO^T P (then P and dO die, before the fp32 tiles of the solve are born)
+            if tx < 32:
+                T.tma_copy(do[t0:t0 + BT, hv, 0:DV], do_s, barrier=do_ready)
+                T.barrier_arrive(do_ready)
+            T.barrier_wait(do_ready, 0)
+            zero_rows_past(do_s, nv)
+            T.gemm(do_s, ph_s, du_f, transpose_A=True, clear_accum=True)
+            T.gemm(do_s, pl_s, du_f, transpose_A=True)
+            T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])
 
             # A and its inverse (as gdn_intra with the same merge), unless the forward's are given (``saved``)
             if not saved:

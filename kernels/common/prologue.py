@@ -123,15 +123,6 @@ def split_into(x_f, hi, lo, with_lo):
 
 
 @T.macro
-def put_split(hi, lo, t, j, x, with_lo):
-    """``hi[t, j] = rd(x)`` and, where ``with_lo`` (a build-time bool), ``lo[t, j] = rd(x - rd(x))``: one element of
-    a two-term split (``x`` an fp32 expression, ``hi``, ``lo`` input-dtype tiles)."""
-    hi[t, j] = T.cast(x, hi.dtype)
-    if with_lo:
-        lo[t, j] = T.cast(x - T.cast(T.cast(x, hi.dtype), "float32"), hi.dtype)
-
-
-@T.macro
 def split_products(ah, al, bh, bl, acc, a_lo, b_lo, clear, transpose_A):
     """``acc (+)= ah bh (+ al bh) (+ ah bl)``: the products of two operands split into hi + lo (``a_lo``, ``b_lo``:
     build-time bools; the lo tile is not read without them), in that order, as one group of wgmma with one wait:

@@ -45,9 +45,7 @@ class StateConfig:
     stored as fp8 (``kernels.common.lo8``), the backward recompute's form; ``pt``: the "ws" form reading P from
     the intra kernel's tables instead of computing it; ``warm``: the "ws" form per CP segment and the CP scan with
     the warm-up starts of ``cp_warm``; ``tables``: the "ws" form storing the smem form's chunk tables instead of o,
-    with the smem form's arguments, the backward recompute's form, ``lo8`` allowed; ``dots``: that form also
-    forming the S o dS' column dots from the backward's dS' tables, with ``lo8``; ``early``: the "ws" form's chain
-    issuing its state update before it writes U's hand-off tiles, ``ForwardPlan.ws_early``)."""
+    with the smem form's arguments, the backward recompute's form, ``lo8`` allowed)."""
     dtype: str
     BV: int
     prec: object                   # precision.Precision (frozen, hashable)
@@ -61,8 +59,6 @@ class StateConfig:
     pt: bool = False
     warm: bool = False
     tables: bool = False
-    dots: bool = False
-    early: bool = False
 
     @property
     def name(self) -> str:
@@ -73,8 +69,6 @@ class StateConfig:
         pt = ",pt" if self.pt else ""
         warm = ",warm" if self.warm else ""
         tables = ",tables" if self.tables else ""
-        tables += ",dots" if self.dots else ""
-        tables += ",early" if self.early else ""
         return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz}{lo8}{pt}"
                 f"{warm}{tables},{self.dtype}]")
 
@@ -123,10 +117,6 @@ def prim_func(cfg):
         if cfg.tables and (cfg.form != "ws" or cfg.scan or cfg.pt or cfg.warm):
             raise ValueError(f"tables (the chunk tables instead of o) is a form of the ws kernel without P tables and "
                              f"warm-up starts: {cfg!r}")
-        if cfg.early and (cfg.form != "ws" or cfg.scan):
-            raise ValueError(f"early (the update issued before U's hand-off) is a form of the ws kernel: {cfg!r}")
-        if cfg.dots and not (cfg.tables and cfg.lo8):
-            raise ValueError(f"dots (the S o dS' dots) is a form of the ws tables kernel with fp8 lo tables: {cfg!r}")
         if cfg.form == "rv":
             if cfg.sl_swizzle or cfg.lo8 or cfg.pt or (cfg.warm and not cfg.scan):
                 raise ValueError(f"sl_swizzle and lo8 are forms of the smem state kernel, P tables of the ws form, "
@@ -142,7 +132,7 @@ def prim_func(cfg):
                                  f"kernel: {cfg!r}")
             from .state_output_ws import build_state_output_ws
             return build_state_output_ws(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.pt, cfg.warm, cfg.tables,
-                                         cfg.lo8, cfg.dots, cfg.early)
+                                         cfg.lo8)
         if cfg.pt or cfg.warm:
             raise ValueError(f"P tables and warm-up starts are forms of the ws kernel alone: {cfg!r}")
         from .state_smem import build_state_smem

@@ -26,10 +26,6 @@ takes ``gdn_state_smem``'s arguments and stores its chunk tables instead of o: W
 Sh (+ Sl, or Sl's fp8 codes with ``lo8``) and Uh (+ Ul) to global memory, WG1 idles and no q is loaded, so that the
 chain's warpgroup does no table store.
 
-With ``early`` (``ForwardPlan.ws_early``) WG0 scales S by F3 while its hand-off tiles are read (not with fp16
-operands) and forms ``F2 U`` and issues the update before it writes U's hand-off tiles, which then run beside the
-update's products.
-
 Every product and rounding is the one ``gdn_state_smem`` and ``gdn_output`` make (``prec``:
 ``precision.Precision``), in the same order on the same accumulators, so o and the final state are those of the
 two kernels run one after the other.  Hand-offs through single shared tiles and mbarriers, each completed once a
@@ -39,9 +35,9 @@ chunk (waited on at parity ``c % 2``; a tile's "free" barrier at ``(c + 1) % 2``
 import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
-from kernels.common.lo8 import LO8, lo8_code_of, lo8_value
-from kernels.common.prologue import (dynamic_dims, lo_shape, load_state_kt, put_split, seq_span, split_into,
-                                     split_products, store_state_kt)
+from kernels.common.lo8 import LO8, lo8_code_of
+from kernels.common.prologue import (dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, split_products,
+                                     store_state_kt)
 
 from .cp_warm import WARM_CHUNKS, macros
 from .cumsum import LOG2E
@@ -54,7 +50,7 @@ WG = 128
 
 
 def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool = False, warm: bool = False,
-                          tables: bool = False, lo8: bool = False, dots: bool = False, early: bool = False):
+                          tables: bool = False, lo8: bool = False):
     """TileLang prim_func of ``gdn_state_output_ws``.
 
     Arguments:
@@ -73,12 +69,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
 
     ``tables``: ``gdn_state_tables_ws`` with ``gdn_state_smem``'s arguments (k, v, Ah, Al, F, cu_seqlens,
     chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, v_first) and its tables, Scl fp8 with ``lo8``.
-    ``dots`` (with ``tables`` and ``lo8``): ``gdn_state_tables_dots_ws``, those arguments then ``dSh, dSl`` (the
-    backward's chunk-end state gradients, value-first [HV, NCg, DV, DK], hi and fp8 lo codes) and ``sd`` ([2, HV,
-    NCg, DV] fp32, out): WG2 also forms the ``S o dS'`` column dots ``sd[h, hv, c, v] = sum_{k in half h} (Sh +
-    Sl)[k, v] (dSh + dSl)[v, k]`` of each chunk (dS' tiles loaded with the chunk's inputs), a serial fp32 sum
-    a thread, which ``gdn_bwd_dqk`` then leaves out.  ``early``: the update issued before U's hand-off (module
-    docstring).
     """
     assert DK in (64, 128) and DV == DK
     assert DV % BV == 0 and BV in (16, 32, 64)
@@ -89,7 +79,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     assert not (warm and prec.half), "warm-up starts are CP segments' (fp16 operands' column scales: no CP)"
     assert not tables or not (pt or warm or prec.half), "tables: the recompute's form (P, warm-up, fp16 operands: o's)"
     assert not lo8 or (tables and prec.s == "split"), "lo8: S's lo table as fp8, a form of the split S tables"
-    assert not dots or (tables and lo8), "dots: the S o dS' dots beside the fp8 S tables"
     NV = DV // BV
     ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits()
     p_sp = prec.p == "split"
@@ -104,18 +93,10 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j], dtype)
 
     @T.macro
-    def hand_off_u(u_f, uh_s, ul_s, u_free, u_ready, c):
-        """U's hand-off tiles for WG2, split as ``u_sp`` says, once WG2 has read chunk ``c - 1``'s."""
-        T.barrier_wait(u_free, (c + 1) % 2)
-        split_into(u_f, uh_s, ul_s, u_sp)
-        T.fence_proxy_async()
-        T.barrier_arrive(u_ready)
-
-    @T.macro
     def fused(q, k, v, Ah, Al, F, Ph, Pl, cu_seqlens, chunk_offsets, h0, o, ht, Sch, Scl, Uh, Ul, use_h0,
-              store_ht, v_first, dSh=None, dSl=None, sd=None):
-        """The kernel body of every prim_func: ``q, Ph, Pl, o`` None with ``tables``, ``Sch, Scl, Uh, Ul``
-        None without; ``dSh, dSl, sd`` None without ``dots``."""
+              store_ht, v_first):
+        """The kernel body of both prim_funcs: ``q, Ph, Pl, o`` None with ``tables``, ``Sch, Scl, Uh, Ul``
+        None without."""
         with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, n):
             h = hv // (HV // H)
             v0 = bv * BV
@@ -153,16 +134,10 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
             elif not tables:
                 ph_s = T.alloc_shared((BT, BT), op)
                 pl_s = T.alloc_shared(lo_shape((BT, BT), p_sp), op)
-            if dots:    # the chunk's dS' block, hi and fp8 lo codes, with its inputs
-                dsh_s = T.alloc_shared((2, BV, DK), dtype)
-                dsc_s = T.alloc_shared((2, BV, DK), LO8)
             if tables:  # U is no wgmma operand there: swizzled, the chain's fragment stores have no bank conflicts
                 swz = {v_s: make_swizzled_layout(v_s), uh_s: make_swizzled_layout(uh_s)}
                 if u_sp:
                     swz[ul_s] = make_swizzled_layout(ul_s)
-                if dots:    # read a row at a time by 32 lanes: swizzled, no 32-way bank conflict
-                    swz[dsh_s] = make_swizzled_layout(dsh_s)
-                    swz[dsc_s] = make_swizzled_layout(dsc_s)
                 T.annotate_layout(swz)
             else:
                 T.annotate_layout({v_s: make_swizzled_layout(v_s)})
@@ -172,7 +147,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 hs_s = T.alloc_shared((BV,), f32)                    # h0's column scales
 
             full = T.alloc_barrier(arrive_count=[32] * 2)          # a stage's loads landed (the loading warp)
-            readers = (2 if dots else 1) if tables else 2 if pt and not half else 3   # warpgroups reading a stage
+            readers = 1 if tables else 2 if pt and not half else 3   # the warpgroups that read a stage
             empty = T.alloc_barrier(arrive_count=[readers * WG] * 2)  # a stage read by its consumers
             s_ready = T.alloc_barrier(arrive_count=WG)             # Sh (+ Sl) written (WG0)
             s_free = T.alloc_barrier(arrive_count=WG)              # Sh (+ Sl) read by Q S (WG2)
@@ -217,9 +192,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     split_into(s_f, sh_s, sl_s, sl_need)
                     T.fence_proxy_async()
                     T.barrier_arrive(s_ready)
-                    if early and not half:  # F3 S while the hand-off tiles are read, not after U
-                        for i, j in T.Parallel(DK, BV):
-                            s_f[i, j] = s_f[i, j] * f_s[st, 3, 0]
                     # X = V - F0 (K S)
                     split_products(k_s[st, :, :], None, sh_s, sl_s, ks_f, False, ks_sp, True, False)
                     if half:
@@ -235,30 +207,18 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     T.fence_proxy_async()
                     # U = Ag X
                     split_products(ah_s[st, :, :], al_s[st, :, :], xh_s, xl_s, u_f, ag_sp, x_sp, True, False)
-                    if early:
-                        # S = F3 S + K^T (F2 U): F2 U's terms from U (kept), its products issued, then U's
-                        # hand-off tiles written while they run
-                        for i, j in T.Parallel(BT, BV):
-                            put_split(xh_s, xl_s, i, j, f_s[st, 2, i] * u_f[i, j], upd_sp)
-                        T.fence_proxy_async()
-                        if half:    # (S to this chunk's column scales)
-                            for i, j in T.Parallel(DK, BV):
-                                s_f[i, j] = s_f[i, j] * (f_s[st, 3, 0] * rt_s[st, j])
-                        T.wgmma_gemm(k_s[st, :, :], xh_s, s_f, transpose_A=True)
-                        if upd_sp:
-                            T.wgmma_gemm(k_s[st, :, :], xl_s, s_f, transpose_A=True)
-                        hand_off_u(u_f, uh_s, ul_s, u_free, u_ready, c)
-                        T.wait_wgmma(0)
-                    else:
-                        hand_off_u(u_f, uh_s, ul_s, u_free, u_ready, c)
-                        # S = F3 S + K^T (F2 U)
-                        for i, j in T.Parallel(BT, BV):
-                            u_f[i, j] = f_s[st, 2, i] * u_f[i, j]
-                        split_into(u_f, xh_s, xl_s, upd_sp)
-                        T.fence_proxy_async()
-                        for i, j in T.Parallel(DK, BV):     # (with fp16 operands, S to this chunk's column scales)
-                            s_f[i, j] = s_f[i, j] * (f_s[st, 3, 0] * rt_s[st, j] if half else f_s[st, 3, 0])
-                        split_products(k_s[st, :, :], None, xh_s, xl_s, s_f, False, upd_sp, False, True)
+                    T.barrier_wait(u_free, (c + 1) % 2)
+                    split_into(u_f, uh_s, ul_s, u_sp)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(u_ready)
+                    # S = F3 S + K^T (F2 U)
+                    for i, j in T.Parallel(BT, BV):
+                        u_f[i, j] = f_s[st, 2, i] * u_f[i, j]
+                    split_into(u_f, xh_s, xl_s, upd_sp)
+                    T.fence_proxy_async()
+                    for i, j in T.Parallel(DK, BV):     # (with fp16 operands, S to this chunk's column scales)
+                        s_f[i, j] = s_f[i, j] * (f_s[st, 3, 0] * rt_s[st, j] if half else f_s[st, 3, 0])
+                    split_products(k_s[st, :, :], None, xh_s, xl_s, s_f, False, upd_sp, False, True)
                     T.barrier_arrive(empty[st])
                 if store_ht != 0:
                     if half:
@@ -332,13 +292,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 if tables:
                     # WG2: the chunk tables, S hi (+ lo) and U hi (+ lo) from the hand-off tiles, as the smem kernel
                     # stores them (S lo as fp8 codes with lo8)
-                    T.set_max_nreg(80 if dots else 56, 0)
-                    if dots:
-                        acc = T.alloc_local((1,), f32)
-                        xh = T.alloc_local((8,), dtype)
-                        c8 = T.alloc_local((8,), LO8)
-                        tw = tx - 2 * WG
-                        LH = max(BV, 32)
+                    T.set_max_nreg(56, 0)
                     for c in T.serial(nchunks):
                         cg = c0 + c
                         T.barrier_wait(s_ready, c % 2)
@@ -348,25 +302,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                                 Scl[hv, cg, i, v0 + j] = lo8_code_of(sl_s[i, j], sh_s[i, j], dtype)
                         elif s_sp:
                             T.copy(sl_s, Scl[hv, cg, 0:DK, v0:v0 + BV], disable_tma=True)
-                        if dots:
-                            # thread tw: value column j = tw % LH < BV over the key rows of half tw // LH (LH lanes a
-                            # half, at least a warp: the halves' rows, 64 apart, in different warps)
-                            st = c % 2
-                            T.barrier_wait(full[st], (c // 2) % 2)
-                            if tw % LH < BV and tw < 2 * LH:   # (dS' row j read 8 keys, 16 and 8 bytes, at a time)
-                                acc[0] = T.float32(0)
-                                for r8 in T.serial(DK // 16):
-                                    k8 = (tw // LH) * (DK // 2) + r8 * 8
-                                    for u in T.vectorized(8):
-                                        xh[u] = dsh_s[st, tw % LH, k8 + u]
-                                    for u in T.vectorized(8):
-                                        c8[u] = dsc_s[st, tw % LH, k8 + u]
-                                    for u in T.serial(8):
-                                        acc[0] = acc[0] + ((T.cast(sh_s[k8 + u, tw % LH], f32)
-                                                            + T.cast(sl_s[k8 + u, tw % LH], f32))
-                                                           * (T.cast(xh[u], f32) + lo8_value(c8[u], xh[u], dtype)))
-                                sd[tw // LH, hv, cg, v0 + tw % LH] = acc[0]
-                            T.barrier_arrive(empty[st])
                         T.barrier_arrive(s_free)
                         T.barrier_wait(u_ready, c % 2)
                         T.copy(uh_s, Uh[hv, cg, 0:BT, v0:v0 + BV], disable_tma=True)
@@ -422,9 +357,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         T.barrier_wait(empty[st], (c // 2 + 1) % 2)
                         if not tables:
                             T.tma_copy(q[t0:t0 + BT, h, 0:DK], q_s[st, :, :], barrier=full[st])
-                        if dots:
-                            T.tma_copy(dSh[hv, cg, v0:v0 + BV, 0:DK], dsh_s[st, :, :], barrier=full[st])
-                            T.tma_copy(dSl[hv, cg, v0:v0 + BV, 0:DK], dsc_s[st, :, :], barrier=full[st])
                         T.tma_copy(k[t0:t0 + BT, h, 0:DK], k_s[st, :, :], barrier=full[st])
                         T.tma_copy(v[t0:t0 + BT, hv, v0:v0 + BV], v_s[st, :, :], barrier=full[st])
                         T.tma_copy(Ah[hv, cg, 0:BT, 0:BT], ah_s[st, :, :], barrier=full[st])
@@ -437,32 +369,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                                 T.tma_copy(Pl[hv, cg, 0:BT, 0:BT], pl_s[st, :, :], barrier=full[st])
                         T.barrier_arrive(full[st])
 
-    if dots:
-        @T.prim_func
-        def gdn_state_tables_dots_ws(
-            k: T.Tensor((Ttot, H, DK), dtype),
-            v: T.Tensor((Ttot, HV, DV), dtype),
-            Ah: T.Tensor((HV, NCg, BT, BT), dtype),
-            Al: T.Tensor((HV, NCg, BT, BT), dtype),
-            F: T.Tensor((HV, NCg, 8, BT), f32),
-            cu_seqlens: T.Tensor((N + 1,), "int32"),
-            chunk_offsets: T.Tensor((N + 1,), "int32"),
-            h0: T.Tensor((Nh, HV, DK, DV), f32),
-            Sch: T.Tensor((HV, NCg, DK, DV), dtype),
-            Scl: T.Tensor((HV, NCg, DK, DV), LO8),
-            Uh: T.Tensor((HV, NCg, BT, DV), dtype),
-            Ul: T.Tensor((HV, NCg, BT, DV), dtype),
-            ht: T.Tensor((Nt, HV, DK, DV), f32),
-            dSh: T.Tensor((HV, NCg, DV, DK), dtype),
-            dSl: T.Tensor((HV, NCg, DV, DK), LO8),
-            sd: T.Tensor((2, HV, NCg, DV), f32),
-            use_h0: T.int32,
-            store_ht: T.int32,
-            v_first: T.int32,
-        ):
-            fused(None, k, v, Ah, Al, F, None, None, cu_seqlens, chunk_offsets, h0, None, ht, Sch, Scl, Uh, Ul, use_h0,
-                  store_ht, v_first, dSh, dSl, sd)
-        return gdn_state_tables_dots_ws
 
     if tables:
         @T.prim_func
