@@ -92,9 +92,8 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       "ours-rc-bv16o2": ("backward", dict(recompute_block_v=16, recompute_ctas_per_sm=2, recompute_ws=False)),
       "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2, recompute_ws=False)),  # smem
       "ours-rc-smem": ("backward", dict(recompute_ws=False)),  # the recompute's smem state kernel (not the ws form)
-      "ours-e-once": ("backward", dict(dqk_e_once=True)),  # dqk's intra-term gates formed once a chunk
-      "ours-exp-mask": ("backward", dict(dqk_exp_mask=True)),  # dqk's fp8 lo widening by a masked power of two
-      "ours-e1-mask": ("backward", dict(dqk_e_once=True, dqk_exp_mask=True)),  # the two above together
+      # dqk's gates formed at each use and its fp8 lo tiles widened by a shift (not dqk_e_once, dqk_exp_mask)
+      "ours-dqk-plain": ("backward", dict(dqk_e_once=False, dqk_exp_mask=False)),
       # one sequential recompute pass at BV 16 (what block_v gives where the recompute runs per CP segment), dh's
       # transfer maps by its pass B
       "ours-rc-seq": ("backward", dict(recompute_cp=1, recompute_block_v=16, recompute_ctas_per_sm=1,
@@ -230,9 +229,9 @@ def main(argv=None):
                     "'ours-dh-single' (dh's Tinv, dU and F0 dX as single terms on the "
                     "sequential pass), 'ours-dh-regs' (dh's register kernel), 'ours-dh-ws32' (dh "
                     "warp-specialised and key-first, 32 value columns a CTA), 'ours-rc-smem' (the recompute's "
-                    "smem state kernel, not the dispatched ws form), 'ours-e-once' (dqk's intra-term gates formed "
-                    "once), 'ours-exp-mask' (dqk widening its fp8 lo tiles with a masked power of two), "
-                    "'ours-e1-mask' (those two together); the full list: the AB table")
+                    "smem state kernel, not the dispatched ws form), 'ours-dqk-plain' (dqk forming its "
+                    "intra-term gates at each use and widening its fp8 lo tiles by a shift); the full list: the AB "
+                    "table")
     args = ap.parse_args(argv)
     ab = [c for c in args.ab.split(",") if c]
     for col in ab:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from kernels.backward.configs import AB_HEAD_DIM, CLUSTER_GROUPS, DH_WS_BLOCKS, BwdConfig
+from kernels.backward.configs import CLUSTER_GROUPS, DH_WS_BLOCKS, DQK_E_ONCE_HEAD_DIM, BwdConfig
 from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, SCAN_BV, STATE_FORMS, FixupConfig,
                                      IntraConfig, OutputConfig, StateConfig, output_block_v)
 from kernels.forward.cp_warm import MAX_SEGMENTS
@@ -232,10 +232,10 @@ class BackwardPlan:
     recompute's state kernel in the forward's warp-specialised form storing the same tables (``StateConfig.tables``:
     the chain in one warpgroup, the table stores in another; dispatched at the head dims of ``WS_HEAD_DIMS``,
     the smem form the A/B alternative); ``dqk_e_once``: dqk forms the intra terms' ``e^(G_t - G_j)`` once a chunk
-    instead of at each of its four uses (the same values; an A/B alternative, at ``AB_HEAD_DIM``); ``DK``: the head
-    dim K == V every kernel is built for; ``dqk_exp_mask``: dqk widens its fp8 lo tiles with a masked power of two
-    (``lo8_value(masked=True)``: the same values in fewer instructions; an A/B alternative, with ``lo8`` at
-    ``AB_HEAD_DIM``)."""
+    instead of at each of its four uses (the same values; at ``DQK_E_ONCE_HEAD_DIM``); ``DK``: the head dim K == V
+    every kernel is built for; ``dqk_exp_mask``: dqk widens its fp8 lo tiles with a masked power of two
+    (``lo8_value(masked=True)``: the same values in fewer instructions; at ``DQK_E_ONCE_HEAD_DIM``, where
+    ``lo8``)."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -274,9 +274,9 @@ class BackwardPlan:
             raise ValueError(f"cluster group sums need HV / H in {CLUSTER_GROUPS}, got {self.group}")
         if self.dh_segments is not None and self.dh_single:
             raise ValueError("the segmented reverse pass runs every operand split (dh_single False)")
-        if self.dqk_exp_mask and not (self.lo8 and self.DK == AB_HEAD_DIM):
-            raise ValueError(f"dqk_exp_mask: a form of dqk on fp8 lo tables (lo8) at DK={AB_HEAD_DIM}; got "
-                             f"lo8={self.lo8}, DK={self.DK}")
+        if (self.dqk_exp_mask or self.dqk_e_once) and self.DK != DQK_E_ONCE_HEAD_DIM:
+            raise ValueError(f"dqk_e_once and dqk_exp_mask: forms of dqk at DK={DQK_E_ONCE_HEAD_DIM}; "
+                             f"got DK={self.DK}")
         if self.lo8 and (self.dh_single or self.s_single):
             raise ValueError("lo8 (fp8 lo tables) is a form of the split dh and S tables (dh_single, s_single False)")
 
@@ -306,7 +306,8 @@ class BackwardPlan:
 
     def dqk_config(self) -> BwdConfig:
         return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK,
-                         s_single=self.s_single, lo8=self.lo8, e_once=self.dqk_e_once, exp_mask=self.dqk_exp_mask)
+                         s_single=self.s_single, lo8=self.lo8, e_once=self.dqk_e_once,
+                         exp_mask=self.dqk_exp_mask and self.lo8)
 
     def dgdb_config(self) -> BwdConfig:
         return BwdConfig("dgdb", "float32", self.DK)
@@ -335,7 +336,8 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     owns the layout cache; dh with every operand split; the sequential pass reads the forward's saved tables; the
     recompute beside dh from ``OVERLAP_MIN_CHUNK_HEADS`` (chunk, value head) pairs; its state kernel at the
     forward's ``block_v`` (one CTA per SM), warp-specialised (``recompute_ws``) at the head dims of
-    ``WS_HEAD_DIMS``; cluster group sums for groups of 2, 4, 8; prep's merges in fp32, as the
+    ``WS_HEAD_DIMS``; dqk's gates formed once and its masked widening (``dqk_e_once``, ``dqk_exp_mask``) at
+    ``DQK_E_ONCE_HEAD_DIM``; cluster group sums for groups of 2, 4, 8; prep's merges in fp32, as the
     forward's; the S and dS' lo tables in fp8 (``lo8``); the sequential dh warp-specialised at 32 value columns a
     CTA where those CTAs fit one wave (``DH_WS_MAX_CTAS``; at the head dims of ``WS_HEAD_DIMS``, where it was
     measured), else the register kernel; the recompute per segment (``recompute_cp``: ``ws_cp_segments`` of the
@@ -352,7 +354,8 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
         rcp = ws_cp_segments(n_seq, HV, n_chunks // max(n_seq, 1) if max_chunks is None else max_chunks, DK)
     rbv = WS_CP_BV if rcp > 1 or not seq else rbv
     return BackwardPlan(dtype, dh_segments, dh_single=False, reads_saved_tables=seq, dh_ws_bv=ws,
-                        recompute_ws=DK in WS_HEAD_DIMS,
+                        recompute_ws=DK in WS_HEAD_DIMS, dqk_e_once=DK == DQK_E_ONCE_HEAD_DIM,
+                        dqk_exp_mask=DK == DQK_E_ONCE_HEAD_DIM,
                         overlap_recompute=n_chunks * HV >= OVERLAP_MIN_CHUNK_HEADS,
                         recompute_block_v=rbv, recompute_ctas_per_sm=1, group=group,
                         cluster_group_sum=group in CLUSTER_GROUPS, lo8=True, DK=DK, recompute_cp=rcp,

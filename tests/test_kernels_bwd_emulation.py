@@ -722,14 +722,14 @@ def test_autograd_hands_one_term_merge_tables_to_the_backward_on_cpu(monkeypatch
     assert prep and all(c.saved and c.merge == "bf16" for c in prep), asked
 
 
-@pytest.mark.parametrize("column", ["ours-again", "ours-rc-smem", "ours-e-once", "ours-exp-mask", "ours-e1-mask"])
+@pytest.mark.parametrize("column", ["ours-again", "ours-rc-smem", "ours-dqk-plain"])
 @pytest.mark.parametrize("case", [_PLUMBING[i] for i in (1, 5)], ids=[_PLUMBING_IDS[i] for i in (1, 5)])
 def test_autograd_runs_the_backward_ab_kernels_on_cpu(monkeypatch, case, column):
     """The backward benchmark's ``ours-again`` (the dispatched plan), ``ours-rc-smem`` (the recompute's smem form,
-    not the dispatched ws form), ``ours-e-once`` (dqk's gates formed once), ``ours-exp-mask`` (dqk's masked
-    widening) and ``ours-e1-mask`` (both) through the autograd Function on the kernel path (stand-in kernels on the
-    CPU, the forward's tables saved): the gradients are the emulation's (dh on the saved Tinv: hi alone), and the
-    kernels asked for are those forms."""
+    not the dispatched ws form) and ``ours-dqk-plain`` (dqk's gates formed at each use, its lo tiles widened by a
+    shift) through the autograd Function on the kernel path (stand-in kernels on the CPU, the forward's tables
+    saved): the gradients are the emulation's (dh on the saved Tinv: hi alone), and the kernels asked for are those
+    forms."""
     import kernels.backward.configs as bbuild
     import kernels.forward.configs as fbuild
     from benchmarks.bench_kernels_bwd import alter
@@ -741,8 +741,9 @@ def test_autograd_runs_the_backward_ab_kernels_on_cpu(monkeypatch, case, column)
     assert all(c.saved for c in dh_prep if c.kind == "prep"), asked
     assert bool(state) == (column != "ours-rc-smem"), asked
     dqk = [c for c in asked if isinstance(c, bbuild.BwdConfig) and c.kind.startswith("dqk")]
-    assert dqk and all(c.e_once == (column in ("ours-e-once", "ours-e1-mask")) for c in dqk), asked
-    assert all(c.exp_mask == (column in ("ours-exp-mask", "ours-e1-mask")) for c in dqk), asked
+    assert dqk, asked
+    plain = column == "ours-dqk-plain" or dqk[0].DK != 128
+    assert all(c.e_once != plain and c.exp_mask != plain for c in dqk), asked
 
 
 def test_alter_validates_each_direction_once_and_sees_the_dispatched_plans(monkeypatch):
@@ -1090,26 +1091,29 @@ def test_recompute_ws_plan_and_configuration():
         fwd_prim_func(StateConfig("bfloat16", 32, ws.prec, form="ws", lo8=True))
 
 
-def test_dqk_ab_plan_and_configurations():
-    """``dqk_e_once``'s and ``dqk_exp_mask``'s dqk configurations (A/B alternatives): in the compile list, and no
-    form of another kind (the widening: none without fp8 lo tables)."""
+def test_dqk_gates_once_and_masked_widening_plan_and_configurations():
+    """``dqk_e_once`` and ``dqk_exp_mask``, dispatched at ``DQK_E_ONCE_HEAD_DIM``: the dqk configuration carries both
+    (the masked widening only where the lo tables are fp8), every dispatched kind is in the compile list, the plan
+    refuses them at another head dim, and the configurations refuse them where they are no form."""
     import dataclasses
 
-    from kernels.backward.configs import BwdConfig, prim_func
+    from kernels.backward.configs import CLUSTER_GROUPS, DQK_E_ONCE_HEAD_DIM, BwdConfig, prim_func
     from kernels.build import all_configs
     from kernels.plan import backward_plan
+    for H, HV in [(16, 16)] + [(16, 16 * g) for g in CLUSTER_GROUPS]:
+        cfg = backward_plan("bfloat16", H, HV, 512, 1).dqk_config()
+        assert cfg.e_once and cfg.exp_mask and cfg.lo8 and cfg in set(all_configs()), cfg
     base = backward_plan("bfloat16", 16, 32, 512, 1)
-    once = dataclasses.replace(base, dqk_e_once=True).dqk_config()
-    assert once.e_once and once in set(all_configs()) and not base.dqk_config().e_once
-    with pytest.raises(ValueError, match="e_once"):
-        prim_func(BwdConfig("dh", "bfloat16", e_once=True))
-    masked = dataclasses.replace(base, dqk_exp_mask=True).dqk_config()
-    assert masked.exp_mask and masked in set(all_configs()) and not base.dqk_config().exp_mask
-    for bad in (BwdConfig("dh", "bfloat16", exp_mask=True, lo8=True), BwdConfig("dqk", "bfloat16", exp_mask=True)):
-        with pytest.raises(ValueError, match="exp_mask"):
+    assert not dataclasses.replace(base, lo8=False).dqk_config().exp_mask
+    at64 = backward_plan("bfloat16", 16, 32, 512, 1, DK=64)
+    assert DQK_E_ONCE_HEAD_DIM == 128 and not (at64.dqk_e_once or at64.dqk_exp_mask)
+    for on in ("dqk_e_once", "dqk_exp_mask"):
+        with pytest.raises(ValueError, match=on):
+            dataclasses.replace(at64, **{on: True})
+    for bad in (BwdConfig("dh", "bfloat16", e_once=True), BwdConfig("dh", "bfloat16", exp_mask=True, lo8=True),
+                BwdConfig("dqk", "bfloat16", exp_mask=True)):
+        with pytest.raises(ValueError, match="e_once|exp_mask"):
             prim_func(bad)
-    with pytest.raises(ValueError, match="dqk_exp_mask"):
-        dataclasses.replace(base, dqk_exp_mask=True, lo8=False)
 
 
 # the recompute per CP segment: 3 segments of a dense sequence with h0 (value-first); a ragged batch at K = 64

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from cases.case import Case
-from kernels.backward.configs import DH_WS_BLOCKS
+from kernels.backward.configs import DH_WS_BLOCKS, DQK_E_ONCE_HEAD_DIM
 from kernels.plan import WS_HEAD_DIMS
 from parity.metrics import compare
 from tests import kernel_support as tt
@@ -92,9 +92,8 @@ def _precompile():
         if bp.DK in WS_HEAD_DIMS:
             cfgs += [c for bv in (bp.recompute_block_v, 32) for ws in (True, False) for c in
                      dataclasses.replace(bp, recompute_ws=ws, recompute_block_v=bv).recompute_configs()]
-        cfgs.append(dataclasses.replace(bp, dqk_e_once=True).dqk_config())
-        if bp.lo8 and bp.DK == 128:
-            cfgs.append(dataclasses.replace(bp, dqk_exp_mask=True).dqk_config())
+        if bp.DK == DQK_E_ONCE_HEAD_DIM:
+            cfgs += [dataclasses.replace(bp, **{off: False}).dqk_config() for off in ("dqk_e_once", "dqk_exp_mask")]
     failed = precompile(list(dict.fromkeys(cfgs)), min(10, os.cpu_count() or 1))
     assert not failed, failed
 
@@ -341,12 +340,14 @@ def test_recompute_ws_gives_the_smem_kernels_tables(case, side, bv):
 _E_ONCE_CASES = _CLUSTER_CASES + [_STAGE_CASES[0]]
 
 
+@pytest.mark.parametrize("off", ["dqk_e_once", "dqk_exp_mask"])
 @pytest.mark.parametrize("case", _E_ONCE_CASES, ids=[c.id for c in _E_ONCE_CASES])
-def test_dqk_gates_formed_once_give_the_same_gradients(case):
-    """dqk forming the intra terms' ``e^(G_t - G_j)`` once a chunk (``BackwardPlan.dqk_e_once``) against the
-    dispatched plan, which forms it at each of its four uses: the same values in the same products, so every
-    gradient bitwise the same (GVA 1, 2, 4, 8, varlen, fp16)."""
-    _pipeline_bitwise_with(case, dict(dqk_e_once=True))
+def test_dqk_gates_once_and_masked_widening_change_no_gradient(case, off):
+    """The dispatched dqk, forming the intra terms' ``e^(G_t - G_j)`` once a chunk (``BackwardPlan.dqk_e_once``) and
+    widening its fp8 lo tiles with a masked power of two (``dqk_exp_mask``), against the plan with one of the two
+    off (the gates formed at each of their four uses; the powers of two by a shift): the same values in the same
+    products, so every gradient bitwise the same (GVA 1, 2, 4, 8, varlen, fp16)."""
+    _pipeline_bitwise_with(case, {off: False})
 
 
 def _pipeline_bitwise_with(case, change: dict, base: dict | None = None):
@@ -361,15 +362,6 @@ def _pipeline_bitwise_with(case, change: dict, base: dict | None = None):
     ref = kern(*args, do, dht, **kw, plan=plan)
     torch.cuda.synchronize()
     _check_forms(case, got, ref)
-
-
-@pytest.mark.parametrize("case", [c for c in _E_ONCE_CASES if c.K == 128],
-                         ids=[c.id for c in _E_ONCE_CASES if c.K == 128])
-def test_dqk_masked_widening_gives_the_same_gradients(case):
-    """dqk widening its fp8 lo tiles with a masked power of two (``BackwardPlan.dqk_exp_mask``) against the
-    dispatched plan: the same powers of two (``lo8_value``: the same value for every hi term), so every gradient
-    bitwise the same."""
-    _pipeline_bitwise_with(case, dict(dqk_exp_mask=True))
 
 
 @pytest.mark.parametrize("case", _RECOMPUTE_CP_CASES, ids=[c.id for c in _RECOMPUTE_CP_CASES])

@@ -14,8 +14,8 @@ CLUSTER_GROUPS = (2, 4, 8)
 KINDS = ("prep", "dh", "dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS), "gsum", "gsum32")
 # value columns a CTA of the warp-specialised reverse pass (``dh_ws``) can own
 DH_WS_BLOCKS = (32,)
-# the head dim at which dqk's A/B forms are built: the one at which the warp-specialised dh is dispatched
-AB_HEAD_DIM = 128
+# the head dim at which dqk forms its gates once and widens its fp8 lo tiles by a mask (dispatched and built there)
+DQK_E_ONCE_HEAD_DIM = 128
 # kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
 DTYPE_FREE_KINDS = ("dgdb",)
 
@@ -52,9 +52,9 @@ def all_configs():
     single form (an A/B alternative), prep computing the tables (with fp32 merges, and split ones, the A/B
     alternative; one-term ones compile when a benchmark asks for them) and on the forward's saved ones, dqk also on
     S's hi term alone (an A/B alternative); the split dh and dqk with fp8 lo tables (``lo8``), the split dh with
-    fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``), and at ``AB_HEAD_DIM`` dqk (groups of 1
-    and 2) forming the intra terms' gates once (``e_once``) or widening its fp8 lo tiles with a masked power of two
-    (``exp_mask``), A/B alternatives; the dtype-free dgdb once.  The forward recompute runs the forward's intra
+    fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``), and at ``DQK_E_ONCE_HEAD_DIM`` dqk with fp8 lo
+    tables forming the intra terms' gates once (``e_once``) and widening its lo tiles with a masked power of two
+    (``exp_mask``), as dispatched there; the dtype-free dgdb once.  The forward recompute runs the forward's intra
     and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
@@ -70,8 +70,8 @@ def _configs_at(D: int):
             + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True) for dt in DTYPES for t in (False, True)]
             + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True, ws_bv=32) for dt in DTYPES for t in (False, True)]
             + [BwdConfig(kind, dt, D, lo8=True) for dt in DTYPES for kind in KINDS if kind.startswith("dqk")]
-            + ([BwdConfig(kind, dt, D, lo8=True, **{f: True}) for f in ("e_once", "exp_mask")
-                for dt in DTYPES for kind in ("dqk", "dqk_g2")] if D == AB_HEAD_DIM else []))
+            + ([BwdConfig(kind, dt, D, lo8=True, e_once=True, exp_mask=True) for dt in DTYPES for kind in KINDS
+                if kind.startswith("dqk")] if D == DQK_E_ONCE_HEAD_DIM else []))
 
 
 def prim_func(cfg: BwdConfig):
