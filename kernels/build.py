@@ -59,7 +59,7 @@ def forward_configs():
             # fp8 with lo8) at every BV block_v picks
             cfgs += [BackwardPlan(dtype, recompute_block_v=bv, s_single=s, lo8=lo8, DK=DK).recompute_configs()[1]
                      for s, lo8 in ((False, False), (True, False), (False, True)) for bv in (64, 32, 16)]
-            if DK in WS_HEAD_DIMS:  # its warp-specialised form (recompute_ws, an A/B alternative), S lo in fp8
+            if DK in WS_HEAD_DIMS:  # its warp-specialised form (recompute_ws, dispatched there), S lo in fp8
                 cfgs += [BackwardPlan(dtype, recompute_block_v=bv, lo8=True, DK=DK, recompute_ws=True)
                          .recompute_configs()[1] for bv in (64, 32, 16)]
             for c in cfgs:

@@ -465,8 +465,9 @@ def test_saved_forward_tables_give_the_same_gradients(case):
 def test_warp_specialised_dh_gives_the_register_kernels_gradients(case, bv):
     """dh's warp-specialised key-first kernel (``dh_ws``, ``bv`` value columns a CTA; dispatched at 32 where its CTAs
     fit one wave) in the dispatched plan otherwise, through the autograd Function: two calls give bitwise the same
-    gradients (its warpgroups' hand-offs leave no race), every gradient is within the input dtype's rounding floor of the register kernel's and of the
-    emulation's (the same products and roundings, summed in other wgmma shapes) and within the baseline."""
+    gradients (its warpgroups' hand-offs leave no race), every gradient is within the input dtype's rounding floor
+    of the register kernel's and of the emulation's (the same products and roundings, summed in other wgmma shapes)
+    and within the baseline."""
     from kernels import autograd
     from kernels.backward.emulation import chunk_gated_delta_rule_bwd as emu
     from kernels.backward.pipeline import reads_saved_tables

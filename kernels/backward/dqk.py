@@ -69,8 +69,7 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     The tiles arrive by TMA copies, issued by the first warp: S, dS' and the gates (barrier ``ld[0]``), U
     (``ld[1]``) and dO (``ld[2]``) at the start, all in flight together; dY and v (``ld[3]``) once dS' is dead
     (their tiles may take its memory).  ``ld[4]``: q and k (the kernel's).  ``e_f``: ``intra_terms``' gate
-    fragment (None: none);
-    ``masked``: ``widen_lo8``'s."""
+    fragment (None: none); ``masked``: ``widen_lo8``'s."""
     dtype = ts.sh.dtype
     DK = dq_f.shape[1]
     DV = ts.sh.shape[1]

@@ -118,10 +118,6 @@ def prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, merge: str = "bf16", operan
     the block merges, "fp32", "bf16" or "split" (its ``merge`` forms); ``operands``: ``OPERANDS``."""
     qc, kc, gc, bc, vmask, G, rq, rk = _gather_chunks(q2, k2, g2, b2, cu, use_l2)
     vm = vmask.to(f64)
-    rows = torch.arange(BT, device=q2.device)
-    D = G[..., :, None] - G[..., None, :]
-    causal = rows[:, None] >= rows[None, :]
-    e_causal = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
     Tinv = _tinv(kc, bc, G, rk, dt, merge)
     Th, Tl = _op(Tinv, dt, True, operands)
     Fb = _gate_table(G, rk, rq, scale, vm, bc)
@@ -129,9 +125,10 @@ def prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, merge: str = "bf16", operan
 
 
 def local_du(qc, kc, doc, Fb, dt, operands: str = "split"):
-    """dUloc = P^T dO [HV, NC, 64, DV] (fp32 values), the local part of dU, as ``gdn_bwd_prep`` computes it: ``P = Fb5_t Fb6_j e^(G_t - G_j) (q_t . k_j)`` (j <= t,
-    G = Fb row 4) split in two input-dtype terms.  ``qc, kc, doc [HV, NC, 64, D]`` fp64 chunks (q, k per value
-    head), zero past each sequence; ``Fb [HV, NC, 8, 64]``."""
+    """dUloc = P^T dO [HV, NC, 64, DV] (fp32 values), the local part of dU, as ``gdn_bwd_prep`` computes it:
+    ``P = Fb5_t Fb6_j e^(G_t - G_j) (q_t . k_j)`` (j <= t, G = Fb row 4) split in two input-dtype terms.
+    ``qc, kc, doc [HV, NC, 64, D]`` fp64 chunks (q, k per value head), zero past each sequence;
+    ``Fb [HV, NC, 8, 64]``."""
     rows = torch.arange(BT, device=qc.device)
     qc, kc, doc = _in(qc, operands), _in(kc, operands), _in(doc, operands)
     G = Fb[:, :, 4].to(f64)

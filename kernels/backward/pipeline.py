@@ -46,7 +46,7 @@ import torch
 from kernels.forward.pipeline import (ForwardInputs, IntraTables, fix_segment_starts, initial_states, no_states,
                                      prepare, segment_maps, segment_starts)
 from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, cached, call_tables, fp32_state, max_chunks, pad_rows,
-                               tma_ready, token_rows, unused)
+                               tma_ready, token_rows)
 
 from .finish import finish, group_sum
 
@@ -229,12 +229,12 @@ def segment_maps_of(*, x: ForwardInputs, plan, tables: PrepTables) -> torch.Tens
 
 def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) -> RecomputedStates:
     """The forward's chunk-start states S and U (hi + lo, key-first) by its smem state kernel (or its ws tables form,
-    ``plan.recompute_ws``) on prep's Ag and gate table: one pass over every sequence, or with ``plan.recompute_cp`` one per CP segment from the start
-    states of the forward's exact ``segment_starts`` (the scan and the fp64 fix-up on the same tables), or with
-    ``plan.shared_scan`` one per dh segment from the fix-up of ``maps`` (``segment_maps_of``); on the
-    stream ``side`` when given: its outputs are then allocated on it (so that none reuses a buffer the main stream's
-    pending kernels still read, such as dh's) and recorded on the main stream, which reads and frees them; its
-    inputs recorded on it."""
+    ``plan.recompute_ws``) on prep's Ag and gate table: one pass over every sequence, or with ``plan.recompute_cp``
+    one per CP segment from the start states of the forward's exact ``segment_starts`` (the scan and the fp64 fix-up
+    on the same tables), or with ``plan.shared_scan`` one per dh segment from the fix-up of ``maps``
+    (``segment_maps_of``); on the stream ``side`` when given: its outputs are then allocated on it (so that none
+    reuses a buffer the main stream's pending kernels still read, such as dh's) and recorded on the main stream,
+    which reads and frees them; its inputs recorded on it."""
     from kernels.build import get_kernel
     dev, dt, D = x.q.device, x.q.dtype, x.D
     cfg = plan.recompute_configs()[1]
