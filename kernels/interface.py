@@ -17,6 +17,14 @@ TORCH_DTYPE = {v: k for k, v in TL_DTYPE.items()}
 LO8_DTYPE = torch.float8_e4m3fn              # a lo table stored as fp8 (kernels.common.lo8)
 
 
+def as_kernel_dtype(dt: torch.dtype, q, k, v, g, beta, do):
+    """q, k, v, do converted to ``dt`` (the kernels' input dtype where it is not the caller's: bf16 inputs through
+    the fp16 kernels; exact for bf16 values within fp16's normal range), g and beta in the input dtype to fp32: the
+    emulation's form of ``gdn_bwd_convert``."""
+    f32 = lambda t: t.float() if t.dtype in INPUT_DTYPES else t    # noqa: E731
+    return q.to(dt), k.to(dt), v.to(dt), f32(g), f32(beta), do.to(dt)
+
+
 def lo8_shift(dt: torch.dtype) -> int:
     """Mantissa bits + 1 of a lo8 hi term's dtype (bf16: 8, fp16: 11): a lo term is at most 2^-shift times its hi
     term's power of two."""

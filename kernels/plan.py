@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from kernels.backward.configs import CLUSTER_GROUPS, DH_WS_BLOCKS, DQK_E_ONCE_HEAD_DIM, BwdConfig
+from kernels.backward.configs import CLUSTER_GROUPS, CONVERT_KIND, DH_WS_BLOCKS, DQK_E_ONCE_HEAD_DIM, BwdConfig
 from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, SCAN_BV, STATE_FORMS, FixupConfig,
                                      IntraConfig, OutputConfig, StateConfig, output_block_v)
 from kernels.forward.cp_warm import MAX_SEGMENTS
@@ -235,7 +235,10 @@ class BackwardPlan:
     instead of at each of its four uses (the same values; at ``DQK_E_ONCE_HEAD_DIM``); ``DK``: the head dim K == V
     every kernel is built for; ``dqk_exp_mask``: dqk widens its fp8 lo tiles with a masked power of two
     (``lo8_value(masked=True)``: the same values in fewer instructions; at ``DQK_E_ONCE_HEAD_DIM``, where
-    ``lo8``)."""
+    ``lo8``); ``one_term``: dh_ws and dqk with every table and operand one input-dtype term (the dS', dY tables hi
+    alone, dqk reading S, U, dS', dY hi alone: an A/B alternative; with ``dh_single``, ``s_single``, the sequential
+    warp-specialised dh and no fp8 lo tables); ``io_dtype``: the caller's dtype where the kernels' (``dtype``) is
+    another (with ``one_term``: q, k, v, dO converted by ``gdn_bwd_convert``, dv, dq, dk stored in it)."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -256,6 +259,8 @@ class BackwardPlan:
     recompute_ws: bool = False
     dqk_e_once: bool = False
     dqk_exp_mask: bool = False
+    one_term: bool = False
+    io_dtype: str = ""
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -277,6 +282,12 @@ class BackwardPlan:
         if (self.dqk_exp_mask or self.dqk_e_once) and self.DK != DQK_E_ONCE_HEAD_DIM:
             raise ValueError(f"dqk_e_once and dqk_exp_mask: forms of dqk at DK={DQK_E_ONCE_HEAD_DIM}; "
                              f"got DK={self.DK}")
+        if self.one_term and not (self.dh_single and self.s_single and self.dh_ws_bv and not self.lo8
+                                  and self.dh_segments is None and self.DK == DQK_E_ONCE_HEAD_DIM):
+            raise ValueError(f"one_term: dh_single, s_single, the sequential dh_ws, no fp8 lo tables, at "
+                             f"DK={DQK_E_ONCE_HEAD_DIM}; got {self}")
+        if self.io_dtype and not (self.one_term and self.io_dtype != self.dtype):
+            raise ValueError(f"io_dtype: the caller's dtype where the one-term kernels' is another; got {self}")
         if self.lo8 and (self.dh_single or self.s_single):
             raise ValueError("lo8 (fp8 lo tables) is a form of the split dh and S tables (dh_single, s_single False)")
 
@@ -302,12 +313,16 @@ class BackwardPlan:
     def dh_config(self, saved: bool) -> BwdConfig:
         """dh's form; ``saved``: prep took Tinv from the forward (its hi term alone)."""
         return BwdConfig("dh", self.dtype, self.DK, single=self.dh_single, tinv_hi=saved and not self.dh_single,
-                         lo8=self.lo8, ws_bv=self.dh_ws_bv)
+                         lo8=self.lo8, ws_bv=self.dh_ws_bv, one=self.one_term, io=self.io_dtype)
 
     def dqk_config(self) -> BwdConfig:
         return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK,
                          s_single=self.s_single, lo8=self.lo8, e_once=self.dqk_e_once,
-                         exp_mask=self.dqk_exp_mask and self.lo8)
+                         exp_mask=self.dqk_exp_mask and self.lo8, one=self.one_term, io=self.io_dtype)
+
+    def convert_config(self) -> BwdConfig | None:
+        """``gdn_bwd_convert`` of q, k, v, dO from ``io_dtype`` where the plan has one."""
+        return BwdConfig(CONVERT_KIND, self.dtype, self.DK, io=self.io_dtype) if self.io_dtype else None
 
     def dgdb_config(self) -> BwdConfig:
         return BwdConfig("dgdb", "float32", self.DK)
@@ -324,7 +339,8 @@ class BackwardPlan:
         saved = with_saved and self.reads_saved_tables
         out += [self.prep_config(saved), self.dh_config(saved), self.dqk_config(),
                 self.dgdb_config()]
-        out += [c for c in (self.group_sum_config(True), self.group_sum_config(False)) if c is not None]
+        out += [c for c in (self.group_sum_config(True), self.group_sum_config(False), self.convert_config())
+                if c is not None]
         if self.dh_segments is not None and FixupConfig(self.DK) not in out:   # the segmented pass's end walk
             out.append(FixupConfig(self.DK))
         return tuple(out)

@@ -27,13 +27,14 @@ NAMES = tt.GRAD_NAMES
 
 
 def _check(case, xs, do, dht, kw, dh_single=False, s_single=False, merge="fp32", lo8_tables=True,
-           operands="split"):
+           operands="split", one_term=False, kernel_dtype=None):
     """The emulation's gradients of ``case`` (inputs ``tt.bwd_args``) against fp64 and the FLA-like baseline; by
     default with the dispatched plan's forms."""
     want = tt.fp64_grads(case)
     base = tt.baseline_grads(case)
     ours = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=dh_single, s_single=s_single,
-                                      merge=merge, lo8_tables=lo8_tables, operands=operands)
+                                      merge=merge, lo8_tables=lo8_tables, operands=operands, one_term=one_term,
+                                      kernel_dtype=kernel_dtype)
     near_m20 = case.dist == "strong-decay"
     rows = []
     for n, a, b_, r, x in zip(NAMES, ours, base, want, list(xs) + [kw["initial_state"]]):
@@ -109,6 +110,28 @@ def test_recomputed_state_hi_alone_meets_the_same_bar_without_h0(case):
     split = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False, s_single=False)
     single = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False, s_single=True)
     assert not torch.equal(split[3], single[3]), "dg: S's lo term changed nothing"
+
+
+# bf16 rows without h0 (one fp16 term is the input dtype's one term for fp16 inputs: no plan for them)
+_ONE_TERM = [c for c in _NO_H0 if c.dtype == "bf16"] + [Case(T=300, H=1, HV=2, dist="strong-decay", grad=True)]
+
+
+@pytest.mark.parametrize("case", _ONE_TERM, ids=[c.id for c in _ONE_TERM])
+def test_one_term_fp16_tables_meet_the_same_bar_for_bf16_inputs(case):
+    """``BackwardPlan.one_term`` on the fp16 kernels for bf16 inputs (dh and dqk with every table and operand one
+    fp16 term, S and U read hi alone) keeps every gradient within the FLA-like baseline, and dg of strong decay within
+    the rounding floor; its dS' and dY tables are single fp16 terms.  (One bf16 term instead misses the baseline in
+    5 of these 6 rows: dg under mixed, qwen and strong decay, dk and dq under strong decay.)"""
+    xs, kw, do, dht = tt.bwd_args(case)
+    form = dict(dh_single=True, s_single=True, lo8_tables=False, one_term=True, kernel_dtype=torch.float16)
+    _check(case, xs, do, dht, kw, **form)
+    st: dict = {}
+    chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **form, stages=st)
+    for n in ("dSn", "dY"):
+        assert torch.equal(st[n], st[n].to(torch.float16).to(st[n].dtype)), f"{n} tables: more than one fp16 term"
+        assert not torch.equal(st[n], st[n].to(torch.bfloat16).to(st[n].dtype)), f"{n} tables: bf16 values"
+    with pytest.raises(ValueError, match="one_term"):
+        chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, one_term=True)
 
 
 @pytest.mark.parametrize("case", CASES[:4], ids=[c.id for c in CASES[:4]])
@@ -1372,3 +1395,30 @@ def test_unwritten_arguments_view_held_memory_or_get_their_own():
     assert v.data_ptr() == held.data_ptr() and v.untyped_storage().data_ptr() == held.untyped_storage().data_ptr()
     own = _view_over(held, (3, 8), torch.float32)                   # 96 bytes > 64
     assert own.shape == (3, 8) and own.untyped_storage().data_ptr() != held.untyped_storage().data_ptr()
+
+
+def test_one_term_plan_builds_its_kernels_and_refuses_other_forms():
+    """``BackwardPlan.one_term`` with ``io_dtype`` (the ``ours-one16`` column): the fp16 one-term dh_ws and dqk storing
+    bf16 gradients and the conversion kernel; a one-term plan without its companions, an ``io_dtype`` without one
+    term and a one-term configuration of another kernel are refused, naming the field."""
+    import dataclasses
+
+    from kernels.backward.configs import BwdConfig, prim_func
+    from kernels.plan import backward_plan
+    bp = backward_plan("bfloat16", 16, 32, 512, 1)
+    one = dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True, s_single=True, lo8=False,
+               reads_saved_tables=False, dh_ws_bv=32)
+    p = dataclasses.replace(bp, **one)
+    names = {c.name for c in p.configs(False) + p.recompute_configs()}
+    assert "bwd_dh[DK=DV=128,single,one,ws32,io=bfloat16,float16]" in names, sorted(names)
+    assert "bwd_dqk_g2[DK=DV=128,s_single,e_once,one,io=bfloat16,float16]" in names, sorted(names)
+    assert "bwd_cvt[DK=DV=128,io=bfloat16,float16]" in names and not any(",lo8" in n for n in names), sorted(names)
+    assert bp.convert_config() is None
+    for bad in (dict(one_term=True), dict(one, dh_single=False), dict(one, lo8=True), dict(io_dtype="float16")):
+        with pytest.raises(ValueError, match="one_term|io_dtype"):
+            dataclasses.replace(bp, **bad)
+    for cfg in (BwdConfig("dh", "float16", 128, one=True), BwdConfig("prep", "float16", 128, one=True),
+                BwdConfig("dqk", "float16", 128, one=True), BwdConfig("cvt", "float16", 128),
+                BwdConfig("dqk", "bfloat16", 128, s_single=True, one=True, io="bfloat16")):
+        with pytest.raises(ValueError, match="one|io"):
+            prim_func(cfg)

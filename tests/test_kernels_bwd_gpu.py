@@ -94,6 +94,9 @@ def _precompile():
                      dataclasses.replace(bp, recompute_ws=ws, recompute_block_v=bv).recompute_configs()]
         if bp.DK == DQK_E_ONCE_HEAD_DIM:
             cfgs += [dataclasses.replace(bp, **{off: False}).dqk_config() for off in ("dqk_e_once", "dqk_exp_mask")]
+    for c in _ONE_TERM_CASES:
+        p = dataclasses.replace(_plans(c)[1], **ONE16)
+        cfgs += p.configs(False) + p.recompute_configs()
     failed = precompile(list(dict.fromkeys(cfgs)), min(10, os.cpu_count() or 1))
     assert not failed, failed
 
@@ -539,6 +542,25 @@ def test_recomputed_state_hi_alone_is_the_emulations(case):
     within the input dtype's rounding floor of the emulation's ``s_single`` and within the FLA-like baseline."""
     _backward_alternative_is_the_emulations(case, dict(s_single=True, lo8=False), dict(s_single=True, lo8_tables=False),
                                             "S hi alone vs emulation")
+
+
+# bf16 inputs without h0 (tests/test_kernels_bwd_emulation.py: one fp16 term is no plan for fp16 inputs): GVA 2 and
+# 4 (clusters), qwen and slow gates, varlen; GVA 4 under strong decay at 32 chunks
+_ONE_TERM_CASES = [_S_SINGLE_CASES[0], _S_SINGLE_CASES[1], Case(T=2048, H=2, HV=8, dist="strong-decay", grad=True)]
+# BackwardPlan.one_term on the fp16 kernels (bench_kernels_bwd's ``ours-one16``)
+ONE16 = dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True, s_single=True, lo8=False,
+             reads_saved_tables=False, dh_ws_bv=32)
+
+
+@pytest.mark.parametrize("case", _ONE_TERM_CASES, ids=[c.id for c in _ONE_TERM_CASES])
+def test_one_term_fp16_tables_are_the_emulations(case):
+    """``BackwardPlan.one_term`` through the fp16 kernels for bf16 inputs (q, k, v, dO converted by
+    ``gdn_bwd_convert``; dh_ws and dqk with every table and operand one fp16 term, dv, dq, dk stored in bf16): every
+    gradient within the input dtype's rounding floor of the emulation's (``kernel_dtype=torch.float16``) and within
+    the FLA-like baseline."""
+    _backward_alternative_is_the_emulations(
+        case, ONE16, dict(dh_single=True, s_single=True, lo8_tables=False, one_term=True, kernel_dtype=torch.float16),
+        "one fp16 term vs emulation")
 
 
 # with h0 and without, GVA 2, 4 and 8, dense and varlen, raw-qk-l2 (the row where S hi alone lost dg), fp16

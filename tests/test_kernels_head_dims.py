@@ -79,8 +79,9 @@ def test_compile_list_holds_every_configuration_at_both_head_dims():
     at = {D: [c for c in cfgs if c.DK == D] for D in HEAD_DIMS}
     assert set(at) == {64, 128} and all(at.values())
     # the P-table, warm-up and recompute table forms (and the scan and fix-up of the warm-up) and dqk's A/B forms
-    # are built at the head dims where the ws form is dispatched (WS_HEAD_DIMS) alone
-    ws_only = ("pt", "warm", "tables", "e_once", "exp_mask")
+    # and the one-term backward's forms (with the conversion kernel) are built at the head dims where the ws form is
+    # dispatched (WS_HEAD_DIMS) alone
+    ws_only = ("pt", "warm", "tables", "e_once", "exp_mask", "one", "io")
     assert WS_HEAD_DIMS == (128,) and not any(getattr(c, f, False) for c in at[64] for f in ws_only)
     assert {_at_64(c) for c in at[128] if not any(getattr(c, f, False) for f in ws_only)} == set(at[64])
     fwd = forward_configs()

@@ -16,6 +16,8 @@ KINDS = ("prep", "dh", "dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS), "gsum", "g
 DH_WS_BLOCKS = (32,)
 # the head dim at which dqk forms its gates once and widens its fp8 lo tiles by a mask (dispatched and built there)
 DQK_E_ONCE_HEAD_DIM = 128
+# q, k, v, dO from the caller's dtype (``io``) to the kernels' (``dtype``): the one-term backward on fp16 kernels
+CONVERT_KIND = "cvt"
 # kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
 DTYPE_FREE_KINDS = ("dgdb",)
 
@@ -36,13 +38,18 @@ class BwdConfig:
     #                                columns a CTA (32); 0: the value-first register kernel (64 columns)
     e_once: bool = False           # dqk only: e^(G_t - G_j) formed once a chunk for the intra terms' four uses
     exp_mask: bool = False         # dqk only: the fp8 lo tiles' powers of two by a mask of hi's exponent bits
+    one: bool = False              # dh_ws (with single), dqk (with s_single): every table and operand one input-dtype
+    #                                term (the dS', dY tables hi alone; dqk reads S, U, dS', dY hi alone)
+    io: str = ""                   # dh_ws, dqk with one: the caller's dtype where the operands are another (dtype):
+    #                                dv, dq, dk stored in it ("": dtype)
 
     @property
     def name(self) -> str:
-        names = ("single", "saved", "tinv_hi", "s_single", "lo8", "e_once", "exp_mask")
+        names = ("single", "saved", "tinv_hi", "s_single", "lo8", "e_once", "exp_mask", "one")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
+        flags += f",io={self.io}" if self.io else ""
         return f"bwd_{self.kind}[DK=DV={self.DK}{flags},{self.dtype}]"
 
 
@@ -54,7 +61,8 @@ def all_configs():
     S's hi term alone (an A/B alternative); the split dh and dqk with fp8 lo tables (``lo8``), the split dh with
     fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``), and at ``DQK_E_ONCE_HEAD_DIM`` dqk with fp8 lo
     tables forming the intra terms' gates once (``e_once``) and widening its lo tiles with a masked power of two
-    (``exp_mask``), as dispatched there; the dtype-free dgdb once.  The forward recompute runs the forward's intra
+    (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
+    operands with bf16 dv, dq, dk too, ``io``, and the conversion of bf16 q, k, v, dO); the dtype-free dgdb once.  The forward recompute runs the forward's intra
     and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
@@ -71,7 +79,14 @@ def _configs_at(D: int):
             + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True, ws_bv=32) for dt in DTYPES for t in (False, True)]
             + [BwdConfig(kind, dt, D, lo8=True) for dt in DTYPES for kind in KINDS if kind.startswith("dqk")]
             + ([BwdConfig(kind, dt, D, lo8=True, e_once=True, exp_mask=True) for dt in DTYPES for kind in KINDS
-                if kind.startswith("dqk")] if D == DQK_E_ONCE_HEAD_DIM else []))
+                if kind.startswith("dqk")] if D == DQK_E_ONCE_HEAD_DIM else [])
+            + ([BwdConfig("dh", dt, D, single=True, ws_bv=32, one=True) for dt in DTYPES]
+               + [BwdConfig(kind, dt, D, s_single=True, e_once=True, one=True) for dt in DTYPES for kind in KINDS
+                  if kind.startswith("dqk")]
+               + [BwdConfig("dh", "float16", D, single=True, ws_bv=32, one=True, io="bfloat16")]
+               + [BwdConfig(kind, "float16", D, s_single=True, e_once=True, one=True, io="bfloat16") for kind in KINDS
+                  if kind.startswith("dqk")]
+               + [BwdConfig(CONVERT_KIND, "float16", D, io="bfloat16")] if D == DQK_E_ONCE_HEAD_DIM else []))
 
 
 def prim_func(cfg: BwdConfig):
@@ -95,6 +110,18 @@ def prim_func(cfg: BwdConfig):
     if cfg.exp_mask and not (cfg.kind.startswith("dqk") and cfg.lo8):
         raise ValueError(f"exp_mask (the fp8 lo tiles' masked powers of two) is a form of dqk with fp8 lo tables: "
                          f"{cfg.name}")
+    if cfg.one and not ((cfg.kind == "dh" and cfg.single and cfg.ws_bv and not cfg.lo8)
+                        or (cfg.kind.startswith("dqk") and cfg.s_single and not cfg.lo8)):
+        raise ValueError(f"one (every term single) is a form of the warp-specialised dh with single and of dqk with "
+                         f"s_single, neither with fp8 lo tables: {cfg.name}")
+    if (cfg.io or cfg.kind == CONVERT_KIND) and not ((cfg.one or cfg.kind == CONVERT_KIND) and cfg.io in DTYPES
+                                                     and cfg.io != cfg.dtype):
+        raise ValueError(f"io (the caller's dtype: dv, dq, dk stored in it, q, k, v, dO converted from it) is a form "
+                         f"of the one-term dh_ws and dqk and of {CONVERT_KIND}, another dtype of {DTYPES} than "
+                         f"the operands': {cfg.name}")
+    if cfg.kind == CONVERT_KIND:
+        from .convert import build_convert
+        return build_convert(D, cfg.io, cfg.dtype)
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
         return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge)
@@ -103,14 +130,15 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "dh" and cfg.ws_bv:
         from .dh_ws import build_bwd_dh_ws
         return build_bwd_dh_ws(D, D, cfg.dtype, BV=cfg.ws_bv, single=cfg.single, tinv_lo=not cfg.tinv_hi,
-                               lo8=cfg.lo8)
+                               lo8=cfg.lo8, one=cfg.one, io=cfg.io)
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
         return build_bwd_dh(D, D, cfg.dtype, single=cfg.single, tinv_lo=not cfg.tinv_hi, lo8=cfg.lo8)
     if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
         from .dqk import build_bwd_dqk
         return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
-                             s_lo=not cfg.s_single, lo8=cfg.lo8, e_once=cfg.e_once, exp_mask=cfg.exp_mask)
+                             s_lo=not cfg.s_single, lo8=cfg.lo8, e_once=cfg.e_once, exp_mask=cfg.exp_mask,
+                             one=cfg.one, io=cfg.io)
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)

@@ -18,6 +18,8 @@ columns), and with every step off the chain moved to other warpgroups.  One CTA 
   from the chain's tiles (the fp8 codes of dSl first with ``lo8``);
 * WG2, the producer: one warp issues the TMA loads of q, k, dO, Th (+ Tl), Fb, dUloc into two stages.
 
+The ``one`` form drops every lo term above (dSl, D1l, dUl, D2l, Tl and the dY lo table): 4 wgmma a chunk.
+
 Hand-offs through single shared tiles and mbarriers completed once a chunk (waited on at parity ``i % 2`` of the
 chunk's position ``i`` in the pass; a tile's "free" barrier at ``(i + 1) % 2``, which a fresh barrier passes).
 """
@@ -34,23 +36,30 @@ WG = 128
 
 
 @T.macro
-def split_transposed(x_f, hi_s, lo_s):
+def split_transposed(x_f, hi_s, lo_s, with_lo=True):
     """``hi_s = rd(x^T)``, ``lo_s = rd(x^T - hi^T)`` in the dtype of ``hi_s``: the two-term split of the fp32
-    fragment ``x_f [R, C]`` written transposed into the shared tiles ``[C, R]``."""
+    fragment ``x_f [R, C]`` written transposed into the shared tiles ``[C, R]`` (``with_lo`` False, a build-time
+    bool: ``hi_s`` alone)."""
     for i, j in T.Parallel(*x_f.shape):
         hi_s[j, i] = T.cast(x_f[i, j], hi_s.dtype)
-        lo_s[j, i] = T.cast(x_f[i, j] - T.cast(T.cast(x_f[i, j], hi_s.dtype), "float32"), hi_s.dtype)
+        if with_lo:
+            lo_s[j, i] = T.cast(x_f[i, j] - T.cast(T.cast(x_f[i, j], hi_s.dtype), "float32"), hi_s.dtype)
 
 
 def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = False, tinv_lo: bool = True,
-                    lo8: bool = False):
+                    lo8: bool = False, one: bool = False, io: str = ""):
     """TileLang prim_func of ``gdn_bwd_dh_ws``: ``build_bwd_dh``'s forms (``single``, ``tinv_lo``, ``lo8``) and
-    arguments, with ``BV = 32`` value columns a CTA."""
+    arguments, with ``BV = 32`` value columns a CTA.  ``one`` (with ``single``): every operand and table one
+    input-dtype term, dS' and F1 dO too, the dS' and dY tables their hi terms alone (``dSl, dYl`` not written):
+    4 wgmma a chunk.  ``io``: the dtype of ``dv`` where it is not ``dtype`` (the caller's)."""
     assert DK in (64, 128) and DV == DK and BV == 32 and DV % BV == 0
     assert dtype in ("bfloat16", "float16")
     assert not (single and not tinv_lo), "single reads no Tinv lo term: tinv_lo is a form of the split dh"
+    assert not one or (single and not lo8), "one (every term single) is a form of single without fp8 lo tables"
     olo = not single               # the lo products of dU, F0 dX
     tlo = olo and tinv_lo          # Tinv's lo term loaded and read
+    slo = not one                  # the lo terms of dS', F1 dO and the dY tables
+    dvt = io or dtype              # dv's dtype
     f32 = "float32"
     NV = DV // BV
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
@@ -71,7 +80,7 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
         dSl: T.Tensor((HV, NCg, DV, DK), LO8 if lo8 else dtype),
         dYh: T.Tensor((HV, NCg, DV, BT), dtype),
         dYl: T.Tensor((HV, NCg, DV, BT), dtype),
-        dv: T.Tensor((Ttot, HV, DV), dtype),
+        dv: T.Tensor((Ttot, HV, DV), dvt),
         dh0: T.Tensor((Nt, HV, DK, DV), f32),
         use_dht: T.int32,
         store_dh0: T.int32,
@@ -92,20 +101,19 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
             dul_s = T.alloc_shared((2, BV, BT), f32)
             # the chain's tiles: dS' (value-first, also stored), dU then F0 dX, dY (value-first, stored)
             dsh_s = T.alloc_shared((BV, DK), dtype)
-            dsl_s = T.alloc_shared((BV, DK), dtype)
+            dsl_s = T.alloc_shared(lo_shape((BV, DK), slo), dtype)
             d8_s = T.alloc_shared(lo_shape((BV, DK), lo8), LO8)
             xh_s = T.alloc_shared((BT, BV), dtype)
             xl_s = T.alloc_shared(lo_shape((BT, BV), olo), dtype)
             yh_s = T.alloc_shared((BV, BT), dtype)
-            yl_s = T.alloc_shared((BV, BT), dtype)
+            yl_s = T.alloc_shared(lo_shape((BV, BT), slo), dtype)
             # F1 dO split, from WG1
             ah_s = T.alloc_shared((BT, BV), dtype)
-            al_s = T.alloc_shared((BT, BV), dtype)
+            al_s = T.alloc_shared(lo_shape((BT, BV), slo), dtype)
             # 128-byte swizzles: dUloc^T read in the accumulator layout [64, BV] and the value-first tiles written
             # from it (rows 2 apart in one instruction) are at most 2-way bank conflicted
-            T.annotate_layout({dul_s: make_swizzled_layout(dul_s), yh_s: make_swizzled_layout(yh_s),
-                               yl_s: make_swizzled_layout(yl_s), dsh_s: make_swizzled_layout(dsh_s),
-                               dsl_s: make_swizzled_layout(dsl_s)})
+            swz = (dul_s, yh_s, dsh_s) + ((yl_s, dsl_s) if slo else ())
+            T.annotate_layout({t: make_swizzled_layout(t) for t in swz})
 
             full = T.alloc_barrier(arrive_count=[32] * 2)          # a stage's loads landed (the loading warp)
             empty = T.alloc_barrier(arrive_count=[2 * WG] * 2)     # a stage read by WG0 and WG1
@@ -136,12 +144,15 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     T.barrier_wait(full[st], (i // 2) % 2)
                     # the gradient of this chunk's end state, split, value-first
                     T.barrier_wait(s_free, (i + 1) % 2)
-                    split_transposed(ds_f, dsh_s, dsl_s)
+                    split_transposed(ds_f, dsh_s, dsl_s, slo)
                     T.fence_proxy_async()
                     T.barrier_arrive(s_ready)
                     # dU = dUloc + F2 (K dS)
-                    T.wgmma_gemm(k_s[st, :, :], dsh_s, kd_f, transpose_B=True, clear_accum=True)
-                    T.gemm(k_s[st, :, :], dsl_s, kd_f, transpose_B=True)
+                    if slo:
+                        T.wgmma_gemm(k_s[st, :, :], dsh_s, kd_f, transpose_B=True, clear_accum=True)
+                        T.gemm(k_s[st, :, :], dsl_s, kd_f, transpose_B=True)
+                    else:           # the synchronous form: its accumulator is read next
+                        T.gemm(k_s[st, :, :], dsh_s, kd_f, transpose_B=True, clear_accum=True)
                     T.barrier_arrive(s_free)
                     for t, j in T.Parallel(BT, BV):
                         kd_f[t, j] = dul_s[st, j, t] + f_s[st, 2, t] * kd_f[t, j]
@@ -150,12 +161,12 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     # dY = Tinv^T dU
                     split_products(th_s[st, :, :], tl_s[st, :, :], xh_s, xl_s, dy_f, tlo, olo, True, True)
                     T.barrier_wait(y_free, (i + 1) % 2)
-                    split_transposed(dy_f, yh_s, yl_s)
+                    split_transposed(dy_f, yh_s, yl_s, slo)
                     T.fence_proxy_async()
                     T.barrier_arrive(y_ready)
                     for t, j in T.Parallel(BT, BV):
                         if t0 + t < eos:
-                            dv[t0 + t, hv, v0 + j] = T.cast(f_s[st, 7, t] * dy_f[t, j], dtype)
+                            dv[t0 + t, hv, v0 + j] = T.cast(f_s[st, 7, t] * dy_f[t, j], dvt)
                     # dS = F3 dS + Q^T D1 - K^T D2
                     for t, j in T.Parallel(BT, BV):
                         kd_f[t, j] = -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t]
@@ -165,7 +176,8 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                         ds_f[d, j] = ds_f[d, j] * f_s[st, 3, 0]
                     T.barrier_wait(a_ready, i % 2)
                     T.wgmma_gemm(q_s[st, :, :], ah_s, ds_f, transpose_A=True)
-                    T.wgmma_gemm(q_s[st, :, :], al_s, ds_f, transpose_A=True)
+                    if slo:
+                        T.wgmma_gemm(q_s[st, :, :], al_s, ds_f, transpose_A=True)
                     split_products(k_s[st, :, :], None, xh_s, xl_s, ds_f, False, olo, False, True)
                     T.barrier_arrive(a_free)
                     T.barrier_arrive(empty[st])
@@ -183,7 +195,7 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                         a_f[t, j] = T.cast(do_s[st, t, j], f32) * f_s[st, 1, t]
                     T.barrier_arrive(empty[st])
                     T.barrier_wait(a_free, (i + 1) % 2)
-                    split_into(a_f, ah_s, al_s, True)
+                    split_into(a_f, ah_s, al_s, slo)
                     T.fence_proxy_async()
                     T.barrier_arrive(a_ready)
                     # the dS' tables of chunk c
@@ -198,13 +210,15 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                         T.tma_copy(d8_s, dSl[hv, c, v0:v0 + BV, 0:DK])
                     else:
                         T.tma_copy(dsh_s, dSh[hv, c, v0:v0 + BV, 0:DK])
-                        T.tma_copy(dsl_s, dSl[hv, c, v0:v0 + BV, 0:DK])
+                        if slo:
+                            T.tma_copy(dsl_s, dSl[hv, c, v0:v0 + BV, 0:DK])
                     T.tma_store_wait()
                     T.barrier_arrive(s_free)
                     # the dY tables of chunk c
                     T.barrier_wait(y_ready, i % 2)
                     T.tma_copy(yh_s, dYh[hv, c, v0:v0 + BV, 0:BT])
-                    T.tma_copy(yl_s, dYl[hv, c, v0:v0 + BV, 0:BT])
+                    if slo:
+                        T.tma_copy(yl_s, dYl[hv, c, v0:v0 + BV, 0:BT])
                     T.tma_store_wait()
                     T.barrier_arrive(y_free)
             else:

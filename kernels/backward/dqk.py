@@ -31,7 +31,7 @@ THREADS = 256
 class _HeadTiles:
     """The shared tiles of one value head's pass (a Python object, so that ``value_head`` can name them)."""
 
-    def __init__(self, DK, DV, dtype, s_lo, lo8):
+    def __init__(self, DK, DV, dtype, s_lo, lo8, one=False):
         f32 = "float32"
         if lo8:
             self.c8 = T.alloc_local((8,), LO8)         # 8 fp8 codes on their way to a widened lo tile
@@ -39,13 +39,13 @@ class _HeadTiles:
         self.sh = T.alloc_shared((DK, DV), dtype)
         self.sl = T.alloc_shared(lo_shape((DK, DV), s_lo), dtype)     # an unread placeholder without S lo
         self.dsh = T.alloc_shared((DV, DK), dtype)
-        self.dsl = T.alloc_shared((DV, DK), dtype)
+        self.dsl = T.alloc_shared(lo_shape((DV, DK), not one), dtype)     # placeholders with ``one``
         self.do = T.alloc_shared((BT, DV), dtype)
         self.v = T.alloc_shared((BT, DV), dtype)
         self.uh = T.alloc_shared((BT, DV), dtype)
-        self.ul = T.alloc_shared((BT, DV), dtype)
+        self.ul = T.alloc_shared(lo_shape((BT, DV), not one), dtype)
         self.dyh = T.alloc_shared((DV, BT), dtype)
-        self.dyl = T.alloc_shared((DV, BT), dtype)
+        self.dyl = T.alloc_shared(lo_shape((DV, BT), not one), dtype)
         # the 64x64 operands, single: hi tiles at even indices, the odd ones 8x8 placeholders, neither written nor
         # read (``intra_terms(mlo=False)``)
         self.m = [T.alloc_shared(lo_shape((BT, BT), i % 2 == 0), dtype) for i in range(8)]
@@ -58,7 +58,7 @@ class _HeadTiles:
 @T.macro
 def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk, dpu,
                dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, ld, qz, kw, kr, sd, yv, rect, db2, hv, c, t0, nv,
-               scale, s_lo, lo8, e_f=None, masked=False):
+               scale, s_lo, lo8, e_f=None, masked=False, one=False):
     """Value head ``hv``'s inter and intra terms of chunk ``c`` (tiles ``ts``, a ``_HeadTiles``): its row dots,
     dg / dbeta terms to global memory, and its dq~, dk~ added to the fragments ``dq_f, dk_f [64, DK]`` fp32.
     The q.Z, k.W, k.R and dY . v row dots go out as two halves (``half_row_dots``, fragments ``t2, r2``) into
@@ -69,7 +69,8 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     The tiles arrive by TMA copies, issued by the first warp: S, dS' and the gates (barrier ``ld[0]``), U
     (``ld[1]``) and dO (``ld[2]``) at the start, all in flight together; dY and v (``ld[3]``) once dS' is dead
     (their tiles may take its memory).  ``ld[4]``: q and k (the kernel's).  ``e_f``: ``intra_terms``' gate
-    fragment (None: none); ``masked``: ``widen_lo8``'s."""
+    fragment (None: none); ``masked``: ``widen_lo8``'s; ``one``: U, dY and dS' their hi terms alone (``Ul, dYl,
+    dSl`` not read; with ``s_lo`` False and ``lo8`` False)."""
     dtype = ts.sh.dtype
     DK = dq_f.shape[1]
     DV = ts.sh.shape[1]
@@ -80,10 +81,12 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
         if not lo8:
             if s_lo:
                 T.tma_copy(Scl[hv, c, 0:DK, 0:DV], ts.sl, barrier=ld[0])
-            T.tma_copy(dSl[hv, c, 0:DV, 0:DK], ts.dsl, barrier=ld[0])
+            if not one:
+                T.tma_copy(dSl[hv, c, 0:DV, 0:DK], ts.dsl, barrier=ld[0])
         T.barrier_arrive(ld[0])
         T.tma_copy(Uh[hv, c, 0:BT, 0:DV], ts.uh, barrier=ld[1])
-        T.tma_copy(Ul[hv, c, 0:BT, 0:DV], ts.ul, barrier=ld[1])
+        if not one:
+            T.tma_copy(Ul[hv, c, 0:BT, 0:DV], ts.ul, barrier=ld[1])
         T.barrier_arrive(ld[1])
         T.tma_copy(do[t0:t0 + BT, hv, 0:DV], ts.do, barrier=ld[2])
         T.barrier_arrive(ld[2])
@@ -95,7 +98,9 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
         widen_lo8(dSl, hv, c, ts.dsh, ts.dsl, tx, ts.c8, xl, THREADS, masked)
     acc[0] = T.float32(0)
     if tx < 2 * DV:
-        if s_lo:
+        if one:
+            split_dot_rows(ts.sh, None, ts.dsh, None, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
+        elif s_lo:
             split_dot_rows(ts.sh, ts.sl, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
         else:
             split_dot_rows(ts.sh, None, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
@@ -104,14 +109,16 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     T.barrier_wait(ld[1], 0)
     T.barrier_wait(ld[4], 0)
     T.gemm(ts.uh, ts.dsh, x_f, clear_accum=True)
-    T.gemm(ts.ul, ts.dsh, x_f)
-    T.gemm(ts.uh, ts.dsl, x_f)
+    if not one:
+        T.gemm(ts.ul, ts.dsh, x_f)
+        T.gemm(ts.uh, ts.dsl, x_f)
     # dS' is dead: dY and v may land in its memory once both warpgroups have read it
     T.sync_threads()
     if tx < 32:
         T.fence_proxy_async()
         T.tma_copy(dYh[hv, c, 0:DV, 0:BT], ts.dyh, barrier=ld[3])
-        T.tma_copy(dYl[hv, c, 0:DV, 0:BT], ts.dyl, barrier=ld[3])
+        if not one:
+            T.tma_copy(dYl[hv, c, 0:DV, 0:BT], ts.dyl, barrier=ld[3])
         T.tma_copy(v[t0:t0 + BT, hv, 0:DV], ts.v, barrier=ld[3])
         T.barrier_arrive(ld[3])
     for t, d in T.Parallel(BT, DK):
@@ -128,16 +135,17 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     # 4. W = dY S^T (dY hi + lo, S hi (+ lo)) -> dk~ -= beta e^G W, the k.W dots; then the dY . v dots
     T.barrier_wait(ld[3], 0)
     T.gemm(ts.dyh, ts.sh, x_f, transpose_A=True, transpose_B=True, clear_accum=True)
-    T.gemm(ts.dyl, ts.sh, x_f, transpose_A=True, transpose_B=True)
+    if not one:
+        T.gemm(ts.dyl, ts.sh, x_f, transpose_A=True, transpose_B=True)
     if s_lo:
         T.gemm(ts.dyh, ts.sl, x_f, transpose_A=True, transpose_B=True)
     for t, d in T.Parallel(BT, DK):
         dk_f[t, d] = dk_f[t, d] - ts.f_s[7, t] * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     half_row_dots(x_f, k_s, t2, r2, nv, kw, hv, c)
-    v_dy_half_row_dots(ts.v, ts.dyh, ts.dyl, t2, r2, nv, yv, hv, c)
+    v_dy_half_row_dots(ts.v, ts.dyh, None if one else ts.dyl, t2, r2, nv, yv, hv, c)
     # 5. the 64x64 terms, accumulated onto dq~ / dk~
     m = ts.m
-    intra_terms(q_s, k_s, ts.do, ts.uh, ts.ul, ts.dyh, ts.dyl, ts.f_s, m[0], m[2], m[4], m[6], ts.m_s, qk, kk, dpu,
+    intra_terms(q_s, k_s, ts.do, ts.uh, None if one else ts.ul, ts.dyh, None if one else ts.dyl, ts.f_s, m[0], m[2], m[4], m[6], ts.m_s, qk, kk, dpu,
                 dyu, y_f, dq_f, dk_f, db2, t2b, r2b, nv, hv, c, scale, e_f)
     rect_sums(ts.m_s, acc, rect, ts.part, hv, c)
 
@@ -197,7 +205,7 @@ def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0
 
 
 def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = True, lo8: bool = False,
-                  e_once: bool = False, exp_mask: bool = False):
+                  e_once: bool = False, exp_mask: bool = False, one: bool = False, io: str = ""):
     """Grid (chunk, value head).  With ``group == 1`` dq~ and dk~ leave the kernel in one of two ways, by ``out32``:
 
     * fp32 per value head (``dq32, dk32``), summed per group by ``gdn_bwd_group_sum`` (groups of two or more, or the
@@ -215,7 +223,10 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
     ``dSl`` are fp8 e4m3 codes under their hi terms' exponents (``kernels.common.lo8``), widened in shared memory.
     ``e_once``: the intra terms' ``e^(G_t - G_j)`` formed once a chunk in a fragment, not at each of its four uses
     (the same values: ``BwdConfig.e_once``).  ``exp_mask``: the fp8 lo tiles widened with ``lo8_value``'s masked
-    power of two (the same values: ``BwdConfig.exp_mask``).
+    power of two (the same values: ``BwdConfig.exp_mask``).  ``one``: every table one term (S, U, dS', dY hi alone;
+    ``Scl, Ul, dSl, dYl`` not read; needs ``s_lo`` and ``lo8`` False): 3 state products and 8 64x64 ones a chunk
+    instead of 8 and 11.  ``io``: the dtype of ``dqo, dko`` where it is not ``dtype`` (the caller's, its inputs
+    converted to ``dtype`` for the kernels).
 
     The four 64x64 operands of the intra terms are single (``intra_terms(mlo=False)``).  The shared tiles whose
     per-thread accesses would be bank conflicts are laid out without them (``kernels.common.bank_conflicts``), the
@@ -242,9 +253,11 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
     """
     assert DK == DV and DV in (64, 128), "the S o dS' dots (2 DV threads, halves of the key rows) need K = V"
     assert group in (1, 2, 4, 8), group
+    assert not (one and (s_lo or lo8)), "one (every table one term) reads no S lo table and no fp8 lo tiles"
     f32 = "float32"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
     HO = H if group > 1 else HV
+    odt = io or dtype
     launch = {"cluster_dims": (1, group, 1)} if group > 1 else {}
 
     @T.prim_func
@@ -266,8 +279,8 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
         chunk_indices: T.Tensor((NC, 2), "int32"),
         dq32: T.Tensor((Ttot, HO, DK), f32),
         dk32: T.Tensor((Ttot, HO, DK), f32),
-        dqo: T.Tensor((Ttot, HO, DK), dtype),
-        dko: T.Tensor((Ttot, HO, DK), dtype),
+        dqo: T.Tensor((Ttot, HO, DK), odt),
+        dko: T.Tensor((Ttot, HO, DK), odt),
         qz: T.Tensor((2, HV, NC, BT), f32),
         kw: T.Tensor((2, HV, NC, BT), f32),
         kr: T.Tensor((2, HV, NC, BT), f32),
@@ -286,7 +299,7 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
 
             q_s = T.alloc_shared((BT, DK), dtype)
             k_s = T.alloc_shared((BT, DK), dtype)
-            ts = _HeadTiles(DK, DV, dtype, s_lo, lo8)
+            ts = _HeadTiles(DK, DV, dtype, s_lo, lo8, one)
             T.annotate_layout({ts.v: make_swizzled_layout(ts.v)})
             dq_f = T.alloc_fragment((BT, DK), f32)
             dk_f = T.alloc_fragment((BT, DK), f32)
@@ -317,15 +330,15 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
             T.clear(dk_f)
             value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
                        dpu, dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, ld, qz, kw, kr, sd, yv, rect, db2, hv, c,
-                       t0, nv, scale, s_lo, lo8, e_f, exp_mask)
+                       t0, nv, scale, s_lo, lo8, e_f, exp_mask, one)
             # each row stored once
             if group > 1:
                 pad = 4
                 stage = T.alloc_shared((BT, 2, DK + pad), f32)
                 inbox = T.alloc_shared((group, BT // group, 2, DK + pad), f32)
                 bar = T.alloc_cluster_barrier(group)
-                cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0, nv, out32, dtype)
+                cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0, nv, out32, odt)
             else:
-                store_rows(dq_f, dk_f, dq32, dk32, dqo, dko, t0, 0, hv, nv, out32, dtype)
+                store_rows(dq_f, dk_f, dq32, dk32, dqo, dko, t0, 0, hv, nv, out32, odt)
 
     return gdn_bwd_dqk

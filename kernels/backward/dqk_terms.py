@@ -1,7 +1,8 @@
 """The TileLang macros of ``gdn_bwd_dqk`` (``dqk.py``): its row dots, the S o dS' sums and the intra-chunk terms.
 
 The products that contract over the value dim with a state (S = the chunk-start state from the forward recompute,
-key-first; dS' = the chunk-end state gradient from ``gdn_bwd_dh``, value-first; both two-term splits)::
+key-first; dS' = the chunk-end state gradient from ``gdn_bwd_dh``, value-first; both two-term splits, or every
+table one term: one wgmma each)::
 
     Z = dO S^T (2 wgmma)     W = dY S^T (3)     R = U dS'^T (3)                [64 x 64] fp32
     dq~ = scale e^G Z,   dk~ = -beta e^G W + e^(GL-G) R
@@ -53,12 +54,17 @@ def store_half_sums(tmp2, rs2, out, hv, c):
 @T.macro
 def v_dy_half_row_dots(v_s, dyh_s, dyl_s, tmp2, rs2, nv, yv2, hv, c):
     """``yv2[h, hv, c, t] = sum_{i in half h} [t < nv] v[t, i] (dYh + dYl)[i, t]``: ``v_dy_row_dots`` with the two
-    halves of the value dim apart as in ``half_row_dots`` (``tmp2`` the same fragment, so the same thread map)."""
+    halves of the value dim apart as in ``half_row_dots`` (``tmp2`` the same fragment, so the same thread map);
+    ``dyl_s`` None: dY its hi term alone."""
     f32 = "float32"
     DH = tmp2.shape[2]
     for hf, t, i in T.Parallel(2, BT, DH):
-        tmp2[hf, t, i] = T.if_then_else(t < nv, T.cast(v_s[t, hf * DH + i], f32), T.float32(0)) * (
-            T.cast(dyh_s[hf * DH + i, t], f32) + T.cast(dyl_s[hf * DH + i, t], f32))
+        if dyl_s is None:
+            tmp2[hf, t, i] = T.if_then_else(t < nv, T.cast(v_s[t, hf * DH + i], f32), T.float32(0)) * T.cast(
+                dyh_s[hf * DH + i, t], f32)
+        else:
+            tmp2[hf, t, i] = T.if_then_else(t < nv, T.cast(v_s[t, hf * DH + i], f32), T.float32(0)) * (
+                T.cast(dyh_s[hf * DH + i, t], f32) + T.cast(dyl_s[hf * DH + i, t], f32))
     store_half_sums(tmp2, rs2, yv2, hv, c)
 
 
@@ -76,7 +82,8 @@ def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx, xh=None, xl=None, d0=0, nd
     conflict.
 
     ``d0, nd``: only the key rows ``d0 .. d0 + nd`` of the tiles (all of them by default; ``nd`` a multiple of 8).
-    ``sl_s`` None: S is its hi term alone (with ``xh, xl`` only)."""
+    ``sl_s`` None: S is its hi term alone (with ``xh, xl`` only); ``dsl_s`` None too: dS' its hi term alone (every
+    table one term, ``build_bwd_dqk(one=True)``)."""
     f32 = "float32"
     nd = sh_s.shape[0] if nd is None else nd
     if xh is None:
@@ -87,10 +94,13 @@ def split_dot_rows(sh_s, sl_s, dsh_s, dsl_s, acc, tx, xh=None, xl=None, d0=0, nd
         for d8 in T.serial(nd // 8):
             for j in T.vectorized(8):
                 xh[j] = dsh_s[tx, d0 + d8 * 8 + j]
-            for j in T.vectorized(8):
-                xl[j] = dsl_s[tx, d0 + d8 * 8 + j]
+            if dsl_s is not None:
+                for j in T.vectorized(8):
+                    xl[j] = dsl_s[tx, d0 + d8 * 8 + j]
             for j in T.serial(8):
-                if sl_s is None:
+                if dsl_s is None:
+                    acc[0] = acc[0] + T.cast(sh_s[d0 + d8 * 8 + j, tx], f32) * T.cast(xh[j], f32)
+                elif sl_s is None:
                     acc[0] = acc[0] + T.cast(sh_s[d0 + d8 * 8 + j, tx], f32) * (T.cast(xh[j], f32) + T.cast(xl[j], f32))
                 else:
                     acc[0] = acc[0] + ((T.cast(sh_s[d0 + d8 * 8 + j, tx], f32)
@@ -122,14 +132,17 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, m1h, m2h, m3h
     through ``x_f`` and one fragment copy), and the products added onto ``dq_f, dk_f [64, DK]`` (fp32 fragments).
     ``fv[r, t]`` the gate table; ``qk .. x_f`` [64, 64] fp32 fragments; ``mqh .. m3h`` [64, 64] input-dtype shared
     tiles: the four 64x64 operands, single (one input-dtype term each).  ``e_f`` ([64, 64] fp32 fragment or None):
-    ``e^(G_t - G_j)`` formed once there for its four uses (the same values) instead of at each."""
+    ``e^(G_t - G_j)`` formed once there for its four uses (the same values) instead of at each.  ``ul_s, dyl_s``
+    None: U and dY their hi terms alone (one product each)."""
     T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
     T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
     T.gemm(do_s, uh_s, dpu, transpose_B=True, clear_accum=True)
-    T.gemm(do_s, ul_s, dpu, transpose_B=True)
+    if ul_s is not None:
+        T.gemm(do_s, ul_s, dpu, transpose_B=True)
     T.gemm(dyh_s, uh_s, dyu, transpose_A=True, transpose_B=True, clear_accum=True)
-    T.gemm(dyl_s, uh_s, dyu, transpose_A=True, transpose_B=True)
-    T.gemm(dyh_s, ul_s, dyu, transpose_A=True, transpose_B=True)
+    if ul_s is not None:
+        T.gemm(dyl_s, uh_s, dyu, transpose_A=True, transpose_B=True)
+        T.gemm(dyh_s, ul_s, dyu, transpose_A=True, transpose_B=True)
     if e_f is not None:
         for t, j in T.Parallel(BT, BT):
             e_f[t, j] = T.exp2((fv[4, t] - fv[4, j]) * LOG2E)

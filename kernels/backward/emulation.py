@@ -27,7 +27,7 @@ import torch
 from kernels.forward.emulation import (_f32, _gate_table, _gather_chunks, _tinv, _two, chunk_tables, intra_chunk,
                                        chunk_states)
 
-from kernels.interface import LO8_DTYPE, lo8_shift, pad_rows
+from kernels.interface import LO8_DTYPE, as_kernel_dtype, lo8_shift, pad_rows
 
 from .finish import BT, finish, group_sum, token_index
 
@@ -141,12 +141,15 @@ def local_du(qc, kc, doc, Fb, dt, operands: str = "split"):
     return _f32(Ph.transpose(-1, -2) @ doc + Pl.transpose(-1, -2) @ doc)
 
 
-def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False, operands: str = "split"):
+def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False, operands: str = "split",
+       one: bool = False, dv_dtype: torch.dtype | None = None):
     """Emulates ``gdn_bwd_dh`` (reverse sequential).  dht [N, HV, DK, DV] fp32 or None (key-first).
     Returns dSnh, dSnl [HV, NC, DK, DV] (the gradient of each chunk's end state, split),
     dYh, dYl [HV, NC, 64, DV], dv [Ttot, HV, DV] (dt) and dh0 [N, HV, DK, DV] fp32.  ``single``: the kernel's
     single form (``build_bwd_dh(single=True)``): Tinv (Tl not read), dU and F0 dX as one input-dtype term;
-    ``operands``: ``OPERANDS`` (other than "split": ``single`` has no effect)."""
+    ``operands``: ``OPERANDS`` (other than "split": ``single`` has no effect); ``one`` (with ``single``): dS' and
+    F1 dO one input-dtype term too and the dS', dY tables their hi terms alone (``build_bwd_dh_ws(one=True)``);
+    ``dv_dtype``: dv's dtype where it is not ``dt`` (``io``)."""
     Ttot, H, DK = q2.shape
     HV, DV = do2.shape[1], do2.shape[2]
     dev = q2.device
@@ -185,7 +188,7 @@ def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False, operan
         f = Fb[:, c].transpose(0, 1)
         dul = dUloc[:, c].transpose(0, 1)
         dS_a = dS[a]
-        sh, sl = _op(dS_a, dt, True, operands)
+        sh, sl = _op(dS_a, dt, not one, operands)
         dSnh[:, c], dSnl[:, c] = sh.transpose(0, 1), sl.transpose(0, 1)
         KdS = _f32(Ko @ (sh + sl))
         dU = _f32(dul + _f32(f[:, :, 2, :, None] * KdS))
@@ -193,18 +196,18 @@ def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False, operan
         thT = th.transpose(-1, -2)
         tlT = torch.zeros_like(thT) if single else tl.transpose(-1, -2)
         dY = _f32(thT @ uh + tlT @ uh + thT @ ul)
-        yh, yl = _op(dY, dt, True, operands)
+        yh, yl = _op(dY, dt, not one, operands)
         dYh[:, c], dYl[:, c] = yh.transpose(0, 1), yl.transpose(0, 1)
         dX = _f32(f[:, :, 7, :, None] * dY)
         st = tok < eos[:, None]
         for j in range(len(act)):
             m = st[j]
             dv[tok[j][m]] = dX[j][:, m].transpose(0, 1)
-        a1h, a1l = _op(_f32(f[:, :, 1, :, None] * dOc), dt, True, operands)
+        a1h, a1l = _op(_f32(f[:, :, 1, :, None] * dOc), dt, not one, operands)
         a2h, a2l = _op(_f32(f[:, :, 0, :, None] * dX), dt, not single, operands)
         QT, KT = Qo.transpose(-1, -2), Ko.transpose(-1, -2)
         dS[a] = _f32(_f32(dS_a * f[:, :, 3, 0, None, None]) + QT @ a1h + QT @ a1l - KT @ a2h - KT @ a2l)
-    return dSnh, dSnl, dYh, dYl, dv.to(dt), dS.to(torch.float32)
+    return dSnh, dSnl, dYh, dYl, dv.to(dv_dtype or dt), dS.to(torch.float32)
 
 
 def dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu, scale, operands: str = "split"):
@@ -288,6 +291,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
                                use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
                                dh_single: bool = False, tinv_hi_only: bool = False, s_single: bool = False,
                                merge: str = "fp32", lo8_tables: bool = True, operands: str = "split",
+                               one_term: bool = False, kernel_dtype: torch.dtype | None = None,
                                stages: dict | None = None):
     """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
@@ -297,9 +301,16 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     the tables of a forward at that ``Precision.merge``); ``lo8_tables``: the lo terms of the stored S (recompute)
     and dS' (dh) tables that dqk reads, as fp8 under their hi terms' exponents (``lo8``; dh's own recurrence unchanged;
     ``BackwardPlan.lo8``, dispatched; False: in the input dtype); ``operands``: ``OPERANDS`` (other than "split":
-    the recompute's S and U tables one term, and ``dh_single``, ``tinv_hi_only``, ``lo8_tables`` have no effect).
+    the recompute's S and U tables one term, and ``dh_single``, ``tinv_hi_only``, ``lo8_tables`` have no effect);
+    ``one_term``: ``BackwardPlan.one_term`` (with ``dh_single``, ``s_single``, ``lo8_tables`` False: dh's ``one``
+    form, dqk reading U's hi term alone); ``kernel_dtype``: the kernels' input dtype where it is not q's (the
+    pipeline's plan of another ``io_dtype``: the inputs converted by ``as_kernel_dtype``, dq, dk, dv rounded once to
+    q's dtype).
     ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
     stage-by-stage checks)."""
+    out_dt, g_dt, beta_dt = q.dtype, g.dtype, beta.dtype
+    if kernel_dtype is not None and kernel_dtype != q.dtype:
+        q, k, v, g, beta, do = as_kernel_dtype(kernel_dtype, q, k, v, g, beta, do)
     B, T, H, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     dt = q.dtype
@@ -321,20 +332,23 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         dS0 = dS0.transpose(-1, -2) if state_v_first else dS0
     if operands not in OPERANDS:
         raise ValueError(f"operands must be one of {OPERANDS}, got {operands!r}")
+    if one_term and not (dh_single and s_single and not lo8_tables and operands == "split"):
+        raise ValueError("one_term goes with dh_single, s_single, lo8_tables False and operands 'split'")
     prec = fwd_precision(s_single, merge)
     _, offs = chunk_tables(cu)
     Ah, Al, F = intra_chunk(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
     Sch, Scl, Uh, Ul, _ = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
     Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, prec.merge, operands)
     dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, torch.zeros_like(Tl) if tinv_hi_only else Tl, Fb, dUloc, cu,
-                                       dS0, dt, dh_single, operands)
+                                       dS0, dt, dh_single, operands, one_term, out_dt)
     if operands != "split":
         (Sch, Scl), (Uh, Ul) = _one(Sch, Scl, dt, operands), _one(Uh, Ul, dt, operands)
     elif lo8_tables:
         Scl, dSnl = lo8(Sch, Scl, dt), lo8(dSnh, dSnl, dt)
-    dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu,
+    Uld = torch.zeros_like(Ul) if one_term else Ul     # U's lo term as dqk reads it (none with one_term)
+    dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Uld, dSnh, dSnl, dYh, dYl, Fb, cu,
                                                scale, operands)
-    dqt2, dkt2, rect, db2 = dqk_intra(q2, k2, do2, Uh, Ul, dYh, dYl, Fb, cu, scale, dt, operands)
+    dqt2, dkt2, rect, db2 = dqk_intra(q2, k2, do2, Uh, Uld, dYh, dYl, Fb, cu, scale, dt, operands)
     if stages is not None:
         stages.update(Tinv=Th + Tl, Fb=Fb, dUloc=dUloc, dSn=dSnh + dSnl, dY=dYh + dYl, qz=qz.sum(0), kw=kw.sum(0),
                        kr=kr.sum(0), sd=sd.sum(0), yv=yv, rect=rect, db2=db2, S=Sch + Scl, U=Uh + Ul)
@@ -348,11 +362,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         stages.update(dqv=group_sum(dqv, H), dkv=group_sum(dkv, H))
     dq, dk, dg, db = finish(Fb=Fb, qz=qz, kw=kw, kr=kr, sd=sd, yv=yv, rect=rect, db2=db2, dqv=dqv, dkv=dkv, q=q2,
                             k=k2, H=H, use_l2=use_l2, tok=tok, valid=valid)
-    dq = pad_rows(dq, B * T).reshape(B, T, H, DK).to(dt)
-    dk = pad_rows(dk, B * T).reshape(B, T, H, DK).to(dt)
-    dv = pad_rows(dv, B * T).reshape(B, T, HV, DV)
-    dg = pad_rows(dg, B * T).reshape(B, T, HV).to(g.dtype)
-    db = pad_rows(db, B * T).reshape(B, T, HV).to(beta.dtype)
+    dq = pad_rows(dq, B * T).reshape(B, T, H, DK).to(out_dt)
+    dk = pad_rows(dk, B * T).reshape(B, T, H, DK).to(out_dt)
+    dv = pad_rows(dv, B * T).reshape(B, T, HV, DV).to(out_dt)
+    dg = pad_rows(dg, B * T).reshape(B, T, HV).to(g_dt)
+    db = pad_rows(db, B * T).reshape(B, T, HV).to(beta_dt)
     if initial_state is None:
         dh0 = None
     elif state_v_first:

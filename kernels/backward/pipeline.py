@@ -2,7 +2,7 @@
 
 ``chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
 use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=None, saved_tables=None,
-stages=None, events=None) -> (dq, dk, dv, dg, dbeta, dh0)``
+stages=None, events=None, fp32_sums=False) -> (dq, dk, dv, dg, dbeta, dh0)``
 
 Shapes and dtypes as the forward (``kernels.forward.pipeline``); ``do`` like the forward's o, ``dht`` like the
 final state (fp32, the caller's layout; None = 0).  Returns dq, dk, dv in the input dtype, dg and dbeta in the
@@ -24,7 +24,8 @@ Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan
   5. ``dg_dbeta`` [gdn_bwd_dg_dbeta] and ``finish.finish`` (torch): dg, dbeta, the L2-norm chain rule.
 
 ``plan``: another plan value (a benchmark's alternative), or a function of the dispatched plan returning the plan
-to run.  ``saved_tables``: the forward's ``{"Th", "Ah", "Al"}``
+to run; a plan of another dtype than the inputs' (``io_dtype``, the one-term backward) runs on q, k, v, dO converted
+to it by ``gdn_bwd_convert``, without saved tables, and returns the caller's dtypes.  ``saved_tables``: the forward's ``{"Th", "Ah", "Al"}``
 (each [HV, NC, 64, 64] in the input dtype), used where the plan reads them; a ``HandedTables`` is emptied once prep
 has run, so that the tables' memory is reused once dh and the recompute have read them (the call's own buffers are
 freed likewise where no later stage reads them: dUloc^T before dqk, the chunk states and their gradients after
@@ -45,8 +46,8 @@ import torch
 
 from kernels.forward.pipeline import (ForwardInputs, IntraTables, fix_segment_starts, initial_states, no_states,
                                      prepare, segment_maps, segment_starts)
-from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, cached, call_tables, fp32_state, max_chunks, pad_rows,
-                               tma_ready, token_rows)
+from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, TORCH_DTYPE, cached, call_tables,
+                               fp32_state, max_chunks, pad_rows, tma_ready, token_rows)
 
 from .finish import finish, group_sum
 
@@ -118,8 +119,8 @@ def dh_value_blocks(D: int) -> int:
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=None,
                                saved_tables: dict | None = None, stages: dict | None = None,
-                               events: list | None = None):
-    """The backward (module docstring)."""
+                               events: list | None = None, fp32_sums: bool = False):
+    """The backward (module docstring); ``fp32_sums``: dqk leaves dq~, dk~ in fp32 (rounded once, at the end)."""
     b = prepare_backward(q, k, v, g, beta, do, dht, scale, initial_state, use_qk_l2norm_in_kernel, state_v_first,
                          cu_seqlens)
     x = b.x
@@ -127,9 +128,20 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         return _empty_gradients(b, g, beta, initial_state)
     if plan is None or callable(plan):
         plan = plan(plan_for(b)) if plan else plan_for(b)
-    saved = saved_tables if plan.reads_saved_tables else None
     mark = _marker(events)
     mark("start")
+    out_dt = x.q.dtype
+    if plan.dtype != TL_DTYPE[out_dt]:
+        # the plan's kernels take another input dtype: q, k, v, dO converted to it (one launch), dv, dq, dk stored
+        # in the caller's (``io_dtype``); no saved tables (the forward's are in the caller's dtype)
+        if plan.io_dtype != TL_DTYPE[out_dt] or plan.reads_saved_tables:
+            raise ValueError(f"a {plan.dtype} plan for {out_dt} inputs needs io_dtype {TL_DTYPE[out_dt]} and no "
+                             f"saved tables; got io_dtype={plan.io_dtype!r}, reads_saved_tables="
+                             f"{plan.reads_saved_tables}")
+        b = _converted(b, plan)
+        x = b.x
+        mark("convert")
+    saved = saved_tables if plan.reads_saved_tables else None
     tables = prep(b=b, plan=plan, saved=saved)
     from_saved, saved = saved is not None, None
     if isinstance(saved_tables, HandedTables):
@@ -163,15 +175,25 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if stages is None:
         # Ag is read by the recompute only: its memory serves dqk's outputs
         tables = _without(tables, "Agh", "Agl")
-    terms = dqk(b=b, plan=plan, tables=tables, states=states, grads=grads, fp32_sums=stages is not None)
+    terms = dqk(b=b, plan=plan, tables=tables, states=states, grads=grads, fp32_sums=fp32_sums or stages is not None)
     mark("dqk")
     if stages is not None:
         _record_stages(stages, x=x, tables=tables, states=states, grads=grads, terms=terms, from_saved=from_saved)
     states, grads = None, _without(grads, "dSh", "dSl", "dYh", "dYl")      # read by dqk last
     out = dg_dbeta(x=x, plan=plan, tables=tables, grads=grads, terms=terms, g=g, beta=beta,
-                   has_h0=initial_state is not None)
+                   has_h0=initial_state is not None, dt=out_dt)
     mark("finish")
     return out
+
+
+def _converted(b: BackwardInputs, plan) -> BackwardInputs:
+    """``b`` with q, k, v, dO in the plan's dtype (``gdn_bwd_convert``)."""
+    from kernels.build import get_kernel
+    x = b.x
+    dt = TORCH_DTYPE[plan.dtype]
+    q, k, v, do = (torch.empty_like(t, dtype=dt) for t in (x.q, x.k, x.v, b.do))
+    get_kernel(plan.convert_config())(x.q, x.k, x.v, b.do, q, k, v, do)
+    return BackwardInputs(dataclasses.replace(x, q=q, k=k, v=v), do, b.dht)
 
 
 def _without(stage_out, *names):
@@ -271,9 +293,9 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
 @dataclass
 class StateGradients:
     dSh: torch.Tensor               # [HV, NC, D, D] chunk-end state gradients dS', hi (value-first)
-    dSl: torch.Tensor               # lo (fp8 codes with lo8)
+    dSl: torch.Tensor               # lo (fp8 codes with lo8; dSh itself, unwritten, with one_term)
     dYh: torch.Tensor               # [HV, NC, D, 64] dY, hi (value-first)
-    dYl: torch.Tensor               # lo
+    dYl: torch.Tensor               # lo (dYh itself, unwritten, with one_term)
     dv: torch.Tensor                # [Ttot, HV, D] input dtype
     dh0: torch.Tensor               # [N or 1, HV, D, D] fp32 (the caller's layout)
 
@@ -286,10 +308,14 @@ def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool, maps=None) -
     x = b.x
     dev, dt, D, HV = x.q.device, x.q.dtype, x.D, x.HV
     dSh = torch.empty(HV, x.NC, D, D, device=dev, dtype=dt)
-    dSl = torch.empty_like(dSh, dtype=LO8_DTYPE if plan.lo8 else dt)
     dYh = torch.empty(HV, x.NC, D, BT, device=dev, dtype=dt)
-    dYl = torch.empty_like(dYh)
-    dv = torch.empty(x.n_tok, HV, D, device=dev, dtype=dt)         # dh stores every token row (no zero fill)
+    if plan.one_term:           # no lo tables: the hi ones stand in, neither written nor read as lo
+        dSl, dYl = dSh, dYh
+    else:
+        dSl = torch.empty_like(dSh, dtype=LO8_DTYPE if plan.lo8 else dt)
+        dYl = torch.empty_like(dYh)
+    io = TORCH_DTYPE[plan.io_dtype] if plan.io_dtype else dt
+    dv = torch.empty(x.n_tok, HV, D, device=dev, dtype=io)         # dh stores every token row (no zero fill)
     use_h0 = x.h0 is not None
     dh0 = torch.empty((x.N if use_h0 else 1), HV, D, D, device=dev, dtype=torch.float32)
     kern = get_kernel(plan.dh_config(saved))
@@ -335,7 +361,9 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
     rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
     yv2 = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
     db22 = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
-    g32 = x.use_l2 or fp32_sums
+    # the caller's dtype (``io_dtype``) where the kernels' is another: dqk rounds to it, group sums stay fp32
+    odt = TORCH_DTYPE[plan.io_dtype] if plan.io_dtype else dt
+    g32 = x.use_l2 or fp32_sums or (odt != dt and plan.group_sum_config(True) is not None)
     gsum = plan.group_sum_config(g32)
     out32 = gsum is not None or g32
     HO = x.H if plan.cluster_group_sum else HV
@@ -344,9 +372,9 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
     if out32:
         dq32 = torch.empty(Ttot, HO, D, device=dev, dtype=f32)
         dk32 = torch.empty_like(dq32)
-        dqo, dko = (t.view(-1).view(dt)[:t.numel()].view(Ttot, HO, D) for t in (dq32, dk32))
+        dqo, dko = (t.view(-1).view(odt)[:t.numel()].view(Ttot, HO, D) for t in (dq32, dk32))
     else:
-        dqo = torch.empty(Ttot, HO, D, device=dev, dtype=dt)
+        dqo = torch.empty(Ttot, HO, D, device=dev, dtype=odt)
         dko = torch.empty_like(dqo)
         dq32 = dk32 = _view_over(states.Sch, (Ttot, HO, D), f32)      # never written, never read
     s, gr, t = states, grads, tables
@@ -374,9 +402,9 @@ def _view_over(buf: torch.Tensor, shape, dtype, new=torch.empty) -> torch.Tensor
 
 
 def dg_dbeta(*, x: ForwardInputs, plan, tables: PrepTables, grads: StateGradients, terms: ChunkTerms, g, beta,
-             has_h0: bool):
+             has_h0: bool, dt: torch.dtype | None = None):
     """``gdn_bwd_dg_dbeta`` (dg, dbeta of every token), then ``finish`` (dq, dk: the L2-norm chain rule) and the
-    gradients in the caller's shapes and dtypes."""
+    gradients in the caller's shapes and dtypes (dq, dk, dv in ``dt``, default the kernels' input dtype)."""
     from kernels.build import get_kernel
 
     Ttot, dev = x.n_tok, x.q.device
@@ -387,12 +415,14 @@ def dg_dbeta(*, x: ForwardInputs, plan, tables: PrepTables, grads: StateGradient
     dq, dk, dg, db = finish(Fb=tables.Fb, qz=tm.qz, kw=tm.kw, kr=tm.kr, sd=tm.sd, yv=None, rect=tm.rect, db2=None,
                             dqv=tm.dqv, dkv=tm.dkv, q=x.q, k=x.k, H=x.H, use_l2=x.use_l2, tok=None, valid=None,
                             dgdb=dgdb)
-    return _outputs(x, dq, dk, grads.dv, dg, db, grads.dh0, g, beta, has_h0)
+    return _outputs(x, dq, dk, grads.dv, dg, db, grads.dh0, g, beta, has_h0, dt)
 
 
-def _outputs(x: ForwardInputs, dq, dk, dv, dg, db, dh0, g, beta, has_h0: bool):
-    """The gradients in the caller's shapes and dtypes (zero past the last sequence)."""
-    B, T, H, HV, K, V, dt = x.B, x.T, x.H, x.HV, x.K, x.V, x.q.dtype
+def _outputs(x: ForwardInputs, dq, dk, dv, dg, db, dh0, g, beta, has_h0: bool, dt: torch.dtype | None = None):
+    """The gradients in the caller's shapes and dtypes (zero past the last sequence; dq, dk, dv in ``dt``, default
+    the kernels' input dtype)."""
+    B, T, H, HV, K, V = x.B, x.T, x.H, x.HV, x.K, x.V
+    dt = x.q.dtype if dt is None else dt
     n = B * T
     dq = pad_rows(dq, n).reshape(B, T, H, K).to(dt)
     dk = pad_rows(dk, n).reshape(B, T, H, K).to(dt)
@@ -421,11 +451,14 @@ def _record_stages(stages: dict, *, x, tables, states, grads, terms, from_saved:
     tr = lambda t: t.float().transpose(-1, -2)   # noqa: E731
     t, s, gr, tm = tables, states, grads, terms
 
-    def lo(hi, t):          # a lo table's values (fp8 codes decoded under their hi terms)
+    def lo(hi, t):          # a lo table's values (fp8 codes decoded under their hi terms; 0 where none is stored)
+        if t.data_ptr() == hi.data_ptr():
+            return torch.zeros_like(hi, dtype=torch.float32)
         return lo8_decode(hi, t, hi.dtype).float() if t.dtype == LO8_DTYPE else t.float()
 
     stages.update(Tinv=f(t.Th) + (0 if from_saved else f(t.Tl)), Fb=t.Fb, dUloc=t.dUl.transpose(-1, -2),
-                  dSn=tr(gr.dSh) + lo(gr.dSh, gr.dSl).transpose(-1, -2), dY=tr(gr.dYh) + tr(gr.dYl),
+                  dSn=tr(gr.dSh) + lo(gr.dSh, gr.dSl).transpose(-1, -2),
+                  dY=tr(gr.dYh) + lo(gr.dYh, gr.dYl).transpose(-1, -2),
                   qz=tm.qz.sum(0), kw=tm.kw.sum(0), kr=tm.kr.sum(0), sd=tm.sd.sum(0), yv=tm.yv2[0] + tm.yv2[1],
                   rect=tm.rect, db2=tm.db22[0] + tm.db22[1], S=f(s.Sch) + lo(s.Sch, s.Scl), U=f(s.Uh) + f(s.Ul),
                   dqv=group_sum(tm.dqv, x.H), dkv=group_sum(tm.dkv, x.H))
