@@ -1,13 +1,16 @@
 """Accuracy of the backward at each operand form of ``kernels.backward.emulation.OPERANDS``, on the CPU.
 
     python benchmarks/precision_bwd.py [--T 1024] [--dists raw-qk-l2,strong-decay,qwen-gates,slow-decay]
-                                       [--operands split,bf16,fp16] [--dtype bf16]
+                                       [--operands split,bf16,fp16,one16] [--dtype bf16] [--do-exp 0]
 
 For each distribution, without and with an initial state (B1 H2 HV4 K = V = 128): the rel_rmse against fp64
 (``parity.refs.compute``) of every gradient of the FLA-like baseline (``parity.backends.BASELINE``) and of the
 emulated backward at each operand form: "split" (the kernels' forms), "bf16" (every wgmma operand and table one
-input-dtype term) and "fp16" (one fp16 term under a power of two per matrix).  A row marks the gradients where it is
-worse than the baseline, and under strong decay a dg past its rounding floor (the emulation tests' rule).
+input-dtype term), "fp16" (one fp16 term under a power of two per matrix) and "one16" (``BackwardPlan.one_term`` on
+the fp16 kernels for bf16 inputs: one unscaled fp16 term per table, the emulation's ``kernel_dtype``).  ``--do-exp
+E``: dO and dht times 2^E, the emulated gradients times 2^-E (exact; the baseline's, in bf16's exponent range,
+unscaled), the range the one-term forms see.  A row marks the gradients where it is worse than the baseline, and under
+strong decay a dg past its rounding floor (the emulation tests' rule); a gradient with NaN or Inf counts as worse.
 """
 
 from __future__ import annotations
@@ -23,11 +26,20 @@ if ROOT not in sys.path:
 __all__ = ["rows", "main"]
 
 DISTS = ("raw-qk-l2", "strong-decay", "qwen-gates", "slow-decay")
+# the emulation's arguments of each form: an OPERANDS value, or "one16" (BackwardPlan.one_term with io_dtype)
+ONE16 = "one16"
 
 
-def rows(case, operands) -> list:
+def _form(op: str) -> dict:
+    import torch
+    if op == ONE16:
+        return dict(dh_single=True, s_single=True, lo8_tables=False, one_term=True, kernel_dtype=torch.float16)
+    return dict(operands=op)
+
+
+def rows(case, operands, do_exp: int = 0) -> list:
     """[(name, {gradient: rel_rmse}, [gradients that break the rule])] of ``case``: the baseline, then the
-    emulation at each of ``operands``."""
+    emulation at each of ``operands`` (dO and dht times ``2^do_exp``, its gradients scaled back)."""
     from kernels.backward.emulation import chunk_gated_delta_rule_bwd
     from parity.metrics import compare
     from tests import kernel_support as tt
@@ -35,13 +47,17 @@ def rows(case, operands) -> list:
     xs, kw, do, dht = tt.bwd_args(case)
     want, base = tt.fp64_grads(case), tt.baseline_grads(case)
     names = tt.GRAD_NAMES
-    err = lambda got: {n: compare(a, r).rel_rmse for n, a, r in zip(names, got, want) if r is not None}  # noqa: E731
-    eb = err(base)
+    err = lambda got: {n: compare(a, r) for n, a, r in zip(names, got, want) if r is not None}  # noqa: E731
+    eb = {n: m.rel_rmse for n, m in err(base).items()}
     floor = compare(want[3].to(xs[0].dtype), want[3]).rel_rmse
     out = [("fla-like", eb, [])]
+    s = 2.0 ** do_exp
     for op in operands:
-        e = err(chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, operands=op))
-        bad = [n for n in e if (e[n] > floor if n == "dg" and case.dist == "strong-decay" else e[n] > eb[n])]
+        got = chunk_gated_delta_rule_bwd(*xs, do * s, None if dht is None else dht * s, **kw, **_form(op))
+        ms = err([None if x is None else x.double() / s for x in got])
+        e = {n: m.rel_rmse for n, m in ms.items()}
+        bad = [n for n in e if not ms[n].finite or (e[n] > floor if n == "dg" and case.dist == "strong-decay"
+                                                    else e[n] > eb[n])]
         out.append((op, e, bad))
     return out
 
@@ -53,19 +69,23 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--T", type=int, default=1024)
     ap.add_argument("--dists", default=",".join(DISTS))
-    ap.add_argument("--operands", default=",".join(OPERANDS))
+    ap.add_argument("--operands", default=",".join(OPERANDS + (ONE16,)))
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--do-exp", type=int, default=0, help="dO and dht times 2^E (the gradients scaled back)")
     a = ap.parse_args(argv)
     ops = a.operands.split(",")
-    bad_ops = [o for o in ops if o not in OPERANDS]
+    bad_ops = [o for o in ops if o not in OPERANDS + (ONE16,)]
     if bad_ops:
-        ap.error(f"unknown operand forms {bad_ops}; forms: {OPERANDS}")
-    print(f"backward gradients, rel_rmse vs fp64 (CPU emulation), B1 T{a.T} H2 HV4 K=V=128 {a.dtype}")
+        ap.error(f"unknown operand forms {bad_ops}; forms: {OPERANDS + (ONE16,)}")
+    if ONE16 in ops and a.dtype != "bf16":
+        ap.error(f"{ONE16} is a form for bf16 inputs (one fp16 term is the input dtype's one term for fp16)")
+    print(f"backward gradients, rel_rmse vs fp64 (CPU emulation), B1 T{a.T} H2 HV4 K=V=128 {a.dtype}, "
+          f"dO and dht x 2^{a.do_exp}")
     for dist in a.dists.split(","):
         for h0 in (None, "fp32"):
             case = Case(T=a.T, H=2, HV=4, dtype=a.dtype, dist=dist, h0_dtype=h0, grad=True)
             print(f"{dist}, {'h0' if h0 else 'no h0'}")
-            for name, e, bad in rows(case, ops):
+            for name, e, bad in rows(case, ops, a.do_exp):
                 cells = "  ".join(f"{n} {v:.2e}" for n, v in e.items())
                 print(f"  {name:<9}{cells}" + (f"   worse: {','.join(bad)}" if bad else ""), flush=True)
 
