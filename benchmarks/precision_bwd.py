@@ -7,7 +7,8 @@ For each distribution, without and with an initial state (B1 H2 HV4 K = V = 128)
 (``parity.refs.compute``) of every gradient of the FLA-like baseline (``parity.backends.BASELINE``) and of the
 emulated backward at each operand form: "split" (the kernels' forms), "bf16" (every wgmma operand and table one
 input-dtype term), "fp16" (one fp16 term under a power of two per matrix) and "one16" (``BackwardPlan.one_term`` on
-the fp16 kernels for bf16 inputs: one unscaled fp16 term per table, the emulation's ``kernel_dtype``).  ``--do-exp
+the fp16 kernels for bf16 inputs: one unscaled fp16 term per table, the emulation's ``kernel_dtype``), "one16g" (the
+same with dO, dht and v, h0 under a power of two per GVA group, ``group_scales``).  ``--do-exp
 E``: dO and dht times 2^E, the emulated gradients times 2^-E (exact; the baseline's, in bf16's exponent range,
 unscaled), the range the one-term forms see.  A row marks the gradients where it is worse than the baseline, and under
 strong decay a dg past its rounding floor (the emulation tests' rule); a gradient with NaN or Inf counts as worse.
@@ -26,14 +27,16 @@ if ROOT not in sys.path:
 __all__ = ["rows", "main"]
 
 DISTS = ("raw-qk-l2", "strong-decay", "qwen-gates", "slow-decay")
-# the emulation's arguments of each form: an OPERANDS value, or "one16" (BackwardPlan.one_term with io_dtype)
-ONE16 = "one16"
+# the emulation's arguments of each form: an OPERANDS value, "one16" (BackwardPlan.one_term with io_dtype) or
+# "one16g" (the same with dO, dht and v, h0 under a power of two per GVA group, the emulation's ``group_scales``)
+ONE16 = ("one16", "one16g")
 
 
 def _form(op: str) -> dict:
     import torch
-    if op == ONE16:
-        return dict(dh_single=True, s_single=True, lo8_tables=False, one_term=True, kernel_dtype=torch.float16)
+    if op in ONE16:
+        return dict(dh_single=True, s_single=True, lo8_tables=False, one_term=True, kernel_dtype=torch.float16,
+                    group_scales=op == "one16g")
     return dict(operands=op)
 
 
@@ -69,16 +72,16 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--T", type=int, default=1024)
     ap.add_argument("--dists", default=",".join(DISTS))
-    ap.add_argument("--operands", default=",".join(OPERANDS + (ONE16,)))
+    ap.add_argument("--operands", default=",".join(OPERANDS + ONE16))
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--do-exp", type=int, default=0, help="dO and dht times 2^E (the gradients scaled back)")
     a = ap.parse_args(argv)
     ops = a.operands.split(",")
-    bad_ops = [o for o in ops if o not in OPERANDS + (ONE16,)]
+    bad_ops = [o for o in ops if o not in OPERANDS + ONE16]
     if bad_ops:
-        ap.error(f"unknown operand forms {bad_ops}; forms: {OPERANDS + (ONE16,)}")
-    if ONE16 in ops and a.dtype != "bf16":
-        ap.error(f"{ONE16} is a form for bf16 inputs (one fp16 term is the input dtype's one term for fp16)")
+        ap.error(f"unknown operand forms {bad_ops}; forms: {OPERANDS + ONE16}")
+    if set(ops) & set(ONE16) and a.dtype != "bf16":
+        ap.error(f"{', '.join(ONE16)}: forms for bf16 inputs (one fp16 term is the input dtype's one term for fp16)")
     print(f"backward gradients, rel_rmse vs fp64 (CPU emulation), B1 T{a.T} H2 HV4 K=V=128 {a.dtype}, "
           f"dO and dht x 2^{a.do_exp}")
     for dist in a.dists.split(","):

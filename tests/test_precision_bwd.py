@@ -32,3 +32,12 @@ def test_do_exp_scales_back_exactly_where_the_form_keeps_its_range():
 def test_one16_refuses_fp16_inputs():
     with pytest.raises(SystemExit):
         pb.main(["--operands", "one16", "--dtype", "fp16", "--dists", "slow-decay"])
+
+
+def test_group_scales_make_one16_independent_of_the_gradient_scale():
+    """``one16g`` (dO, dht and v, h0 under a power of two per GVA group, undone on every gradient): the same errors
+    at 2^-20 and 2^12 as at unit scale, within the FLA-like baseline where unscaled fp16 misses it or overflows."""
+    case = Case(T=192, H=1, HV=2, dist="slow-decay", grad=True)
+    at = {E: pb.rows(case, ["one16g"], E)[1] for E in (-20, 0, 12)}
+    assert all(at[E][2] == [] for E in at), {E: at[E][2] for E in at}
+    assert at[-20][1] == at[0][1] == at[12][1], at

@@ -47,6 +47,17 @@ def half_term(x: torch.Tensor) -> torch.Tensor:
     return (x * up).to(torch.float16).to(f64) / up
 
 
+def group_pow2(x: torch.Tensor, extra: torch.Tensor | None, H: int) -> torch.Tensor:
+    """[HV] fp32 powers of two ``2^-e``, ``e = floor(log2 m)``, ``m`` the largest magnitude of ``x [B, T, HV, D]`` and
+    ``extra [N, HV, ., .]`` (or None) over each GVA group of ``HV / H`` value heads (1 for an all-zero group)."""
+    HV = x.shape[2]
+    m = x.detach().abs().amax(dim=(0, 1, 3)).float()
+    if extra is not None:
+        m = torch.maximum(m, extra.detach().abs().amax(dim=(0, 2, 3)).float())
+    m = m.view(H, HV // H).amax(-1).repeat_interleave(HV // H)
+    return torch.exp2(-torch.floor(torch.log2(torch.where(m > 0, m, torch.ones_like(m)))))
+
+
 def _op(x, dt: torch.dtype, split: bool, operands: str):
     """The wgmma operand(s) (hi, lo) of an fp32 value ``x``: the kernel's form ``_two(x, dt, split)`` at
     ``operands`` "split", one ``dt`` term at "bf16", one ``half_term`` at "fp16" (lo = 0 at both)."""
@@ -292,7 +303,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
                                dh_single: bool = False, tinv_hi_only: bool = False, s_single: bool = False,
                                merge: str = "fp32", lo8_tables: bool = True, operands: str = "split",
                                one_term: bool = False, kernel_dtype: torch.dtype | None = None,
-                               stages: dict | None = None):
+                               group_scales: bool = False, stages: dict | None = None):
     """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
     pass's single operands (``BackwardPlan.dh_single``); ``tinv_hi_only``: dh reads Tinv hi alone (a zero lo term),
@@ -305,9 +316,24 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     ``one_term``: ``BackwardPlan.one_term`` (with ``dh_single``, ``s_single``, ``lo8_tables`` False: dh's ``one``
     form, dqk reading U's hi term alone); ``kernel_dtype``: the kernels' input dtype where it is not q's (the
     pipeline's plan of another ``io_dtype``: the inputs converted by ``as_kernel_dtype``, dq, dk, dv rounded once to
-    q's dtype).
+    q's dtype); ``group_scales`` (a range study of the one-term form): dO, dht and v, h0 times the powers of two
+    (``group_pow2``) that put each GVA group's largest magnitude in [1, 2), every gradient scaled back exactly.
     ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
     stage-by-stage checks)."""
+    if group_scales:
+        H, HV = q.shape[2], v.shape[2]
+        sa, sb = group_pow2(do, dht, H), group_pow2(v, initial_state, H)         # [HV] fp32 powers of two
+        per_v = lambda x, s: None if x is None else (x.float() * s[:, None, None]).to(x.dtype)   # noqa: E731
+        got = chunk_gated_delta_rule_bwd(
+            q, k, (v.float() * sb[:, None]).to(v.dtype), g, beta, (do.float() * sa[:, None]).to(do.dtype),
+            per_v(dht, sa), scale, per_v(initial_state, sb), use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
+            dh_single=dh_single, tinv_hi_only=tinv_hi_only, s_single=s_single, merge=merge, lo8_tables=lo8_tables,
+            operands=operands, one_term=one_term, kernel_dtype=kernel_dtype, stages=stages)
+        sab, sh = sa * sb, (sa * sb)[::HV // H]
+        dq, dk, dv, dg, db, dh0 = got
+        return ((dq.float() / sh[:, None]).to(dq.dtype), (dk.float() / sh[:, None]).to(dk.dtype),
+                (dv.float() / sa[:, None]).to(dv.dtype), (dg.float() / sab).to(dg.dtype), (db.float() / sab).to(db.dtype),
+                per_v(dh0, 1 / sa))
     out_dt, g_dt, beta_dt = q.dtype, g.dtype, beta.dtype
     if kernel_dtype is not None and kernel_dtype != q.dtype:
         q, k, v, g, beta, do = as_kernel_dtype(kernel_dtype, q, k, v, g, beta, do)
