@@ -62,8 +62,8 @@ def all_configs():
     fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``), and at ``DQK_E_ONCE_HEAD_DIM`` dqk with fp8 lo
     tables forming the intra terms' gates once (``e_once``) and widening its lo tiles with a masked power of two
     (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
-    operands with bf16 dv, dq, dk too, ``io``, and the conversion of bf16 q, k, v, dO); the dtype-free dgdb once.  The forward recompute runs the forward's intra
-    and state kernels (``kernels.build.forward_configs``)."""
+    operands with bf16 dv, dq, dk too, ``io``, and the conversion of bf16 q, k, v, dO); the dtype-free dgdb once.
+    The forward recompute runs the forward's intra and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
 

@@ -145,8 +145,8 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     v_dy_half_row_dots(ts.v, ts.dyh, None if one else ts.dyl, t2, r2, nv, yv, hv, c)
     # 5. the 64x64 terms, accumulated onto dq~ / dk~
     m = ts.m
-    intra_terms(q_s, k_s, ts.do, ts.uh, None if one else ts.ul, ts.dyh, None if one else ts.dyl, ts.f_s, m[0], m[2], m[4], m[6], ts.m_s, qk, kk, dpu,
-                dyu, y_f, dq_f, dk_f, db2, t2b, r2b, nv, hv, c, scale, e_f)
+    intra_terms(q_s, k_s, ts.do, ts.uh, None if one else ts.ul, ts.dyh, None if one else ts.dyl, ts.f_s, m[0], m[2],
+                m[4], m[6], ts.m_s, qk, kk, dpu, dyu, y_f, dq_f, dk_f, db2, t2b, r2b, nv, hv, c, scale, e_f)
     rect_sums(ts.m_s, acc, rect, ts.part, hv, c)
 
 

@@ -331,8 +331,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
             operands=operands, one_term=one_term, kernel_dtype=kernel_dtype, stages=stages)
         sab, sh = sa * sb, (sa * sb)[::HV // H]
         dq, dk, dv, dg, db, dh0 = got
-        return ((dq.float() / sh[:, None]).to(dq.dtype), (dk.float() / sh[:, None]).to(dk.dtype),
-                (dv.float() / sa[:, None]).to(dv.dtype), (dg.float() / sab).to(dg.dtype), (db.float() / sab).to(db.dtype),
+        back = lambda x, s: (x.float() / s).to(x.dtype)   # noqa: E731
+        return (back(dq, sh[:, None]), back(dk, sh[:, None]), back(dv, sa[:, None]), back(dg, sab), back(db, sab),
                 per_v(dh0, 1 / sa))
     out_dt, g_dt, beta_dt = q.dtype, g.dtype, beta.dtype
     if kernel_dtype is not None and kernel_dtype != q.dtype:

@@ -2,7 +2,7 @@
 
 ``chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
 use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=None, saved_tables=None,
-stages=None, events=None, fp32_sums=False) -> (dq, dk, dv, dg, dbeta, dh0)``
+stages=None, events=None) -> (dq, dk, dv, dg, dbeta, dh0)``
 
 Shapes and dtypes as the forward (``kernels.forward.pipeline``); ``do`` like the forward's o, ``dht`` like the
 final state (fp32, the caller's layout; None = 0).  Returns dq, dk, dv in the input dtype, dg and dbeta in the
@@ -25,14 +25,14 @@ Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan
 
 ``plan``: another plan value (a benchmark's alternative), or a function of the dispatched plan returning the plan
 to run; a plan of another dtype than the inputs' (``io_dtype``, the one-term backward) runs on q, k, v, dO converted
-to it by ``gdn_bwd_convert``, without saved tables, and returns the caller's dtypes.  ``saved_tables``: the forward's ``{"Th", "Ah", "Al"}``
-(each [HV, NC, 64, 64] in the input dtype), used where the plan reads them; a ``HandedTables`` is emptied once prep
-has run, so that the tables' memory is reused once dh and the recompute have read them (the call's own buffers are
-freed likewise where no later stage reads them: dUloc^T before dqk, the chunk states and their gradients after
-it).  ``stages`` (debugging): a dict that
-receives the intermediates in the emulation's layouts (``STAGE_LAYOUT``).  ``events`` (profiling): a list that
-receives ``(stage name, torch.cuda.Event)`` after each stage (the first, "start", before the first launch);
-``stage_times`` turns it into ms per stage.  No host sync except building a new varlen layout's tables.
+to it by ``gdn_bwd_convert``, without saved tables, and returns the caller's dtypes.  ``saved_tables``: the
+forward's ``{"Th", "Ah", "Al"}`` (each [HV, NC, 64, 64] in the input dtype), used where the plan reads them; a
+``HandedTables`` is emptied once prep has run, so that the tables' memory is reused once dh and the recompute have
+read them (the call's own buffers are freed likewise where no later stage reads them: dUloc^T before dqk, the chunk
+states and their gradients after it).  ``stages`` (debugging): a dict that receives the intermediates in the
+emulation's layouts (``STAGE_LAYOUT``).  ``events`` (profiling): a list that receives ``(stage name,
+torch.cuda.Event)`` after each stage (the first, "start", before the first launch; "convert" after a plan's
+conversion); ``stage_times`` turns it into ms per stage.  No host sync except building a new varlen layout's tables.
 """
 
 from __future__ import annotations
@@ -119,8 +119,8 @@ def dh_value_blocks(D: int) -> int:
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=None,
                                saved_tables: dict | None = None, stages: dict | None = None,
-                               events: list | None = None, fp32_sums: bool = False):
-    """The backward (module docstring); ``fp32_sums``: dqk leaves dq~, dk~ in fp32 (rounded once, at the end)."""
+                               events: list | None = None):
+    """The backward (module docstring)."""
     b = prepare_backward(q, k, v, g, beta, do, dht, scale, initial_state, use_qk_l2norm_in_kernel, state_v_first,
                          cu_seqlens)
     x = b.x
@@ -175,7 +175,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if stages is None:
         # Ag is read by the recompute only: its memory serves dqk's outputs
         tables = _without(tables, "Agh", "Agl")
-    terms = dqk(b=b, plan=plan, tables=tables, states=states, grads=grads, fp32_sums=fp32_sums or stages is not None)
+    terms = dqk(b=b, plan=plan, tables=tables, states=states, grads=grads, fp32_sums=stages is not None)
     mark("dqk")
     if stages is not None:
         _record_stages(stages, x=x, tables=tables, states=states, grads=grads, terms=terms, from_saved=from_saved)
