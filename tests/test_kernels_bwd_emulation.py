@@ -1422,3 +1422,30 @@ def test_one_term_plan_builds_its_kernels_and_refuses_other_forms():
                 BwdConfig("dqk", "bfloat16", 128, s_single=True, one=True, io="bfloat16")):
         with pytest.raises(ValueError, match="one|io"):
             prim_func(cfg)
+
+
+_GROUP_SCALE_CASES = [Case(T=200, H=2, HV=4, h0_dtype="fp32", dist="raw-qk-l2", grad=True),
+                      Case(layout="varlen-boundary", T=193, H=1, HV=2, h0_dtype="fp32", state_v_first=True, grad=True)]
+
+
+@pytest.mark.parametrize("case", _GROUP_SCALE_CASES, ids=[c.id for c in _GROUP_SCALE_CASES])
+def test_group_scales_make_the_one_term_backward_exactly_homogeneous(case):
+    """The one-term fp16 backward with ``group_scales`` (GVA groups, varlen, a value-first h0): dO and dht times 2^-20
+    scale every gradient but none of the forward's by exactly 2^-20, v and h0 times 2^7 scale dq, dk, dg, dbeta by
+    exactly 2^7 and leave dv, dh0 unchanged, bit for bit."""
+    xs, kw, do, dht = tt.bwd_args(case)
+    form = dict(dh_single=True, s_single=True, lo8_tables=False, one_term=True, kernel_dtype=torch.float16,
+                group_scales=True)
+    base = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **form)
+    s = 2.0 ** -20
+    small = chunk_gated_delta_rule_bwd(*xs, do * s, None if dht is None else dht * s, **kw, **form)
+    for n, a, b in zip(NAMES, base, small):
+        if a is not None:
+            assert torch.equal(a.float() * s, b.float()), n
+    t = 2.0 ** 7
+    q, k, v, g, beta = xs
+    kw_v = dict(kw, initial_state=kw["initial_state"] * t)
+    big = chunk_gated_delta_rule_bwd(q, k, v * t, g, beta, do, dht, **kw_v, **form)
+    for n, a, b in zip(NAMES, base, big):
+        if a is not None:
+            assert torch.equal(a.float() * (1 if n in ("dv", "dh0") else t), b.float()), n
