@@ -8,7 +8,8 @@ For each distribution, without and with an initial state (B1 H2 HV4 K = V = 128)
 emulated backward at each operand form: "split" (the kernels' forms), "bf16" (every wgmma operand and table one
 input-dtype term), "fp16" (one fp16 term under a power of two per matrix) and "one16" (``BackwardPlan.one_term`` on
 the fp16 kernels for bf16 inputs: one unscaled fp16 term per table, the emulation's ``kernel_dtype``), "one16g" (the
-same with dO, dht and v, h0 under a power of two per GVA group, ``group_scales``).  ``--do-exp
+same with dO, dht and v, h0 under a power of two per GVA group, ``group_scales``), "one16gc" (and dh's F1 dO, F0 dX
+under a power of two per chunk, ``chunk_exp``).  ``--do-exp
 E``: dO and dht times 2^E, the emulated gradients times 2^-E (exact; the baseline's, in bf16's exponent range,
 unscaled), the range the one-term forms see.  A row marks the gradients where it is worse than the baseline, and under
 strong decay a dg past its rounding floor (the emulation tests' rule); a gradient with NaN or Inf counts as worse.
@@ -27,16 +28,17 @@ if ROOT not in sys.path:
 __all__ = ["rows", "main"]
 
 DISTS = ("raw-qk-l2", "strong-decay", "qwen-gates", "slow-decay")
-# the emulation's arguments of each form: an OPERANDS value, "one16" (BackwardPlan.one_term with io_dtype) or
-# "one16g" (the same with dO, dht and v, h0 under a power of two per GVA group, the emulation's ``group_scales``)
-ONE16 = ("one16", "one16g")
+# the emulation's arguments of each form: an OPERANDS value, "one16" (BackwardPlan.one_term with io_dtype),
+# "one16g" (the same with dO, dht and v, h0 under a power of two per GVA group, the emulation's ``group_scales``) or
+# "one16gc" (and dh's F1 dO, F0 dX under a power of two per chunk, ``chunk_exp``)
+ONE16 = ("one16", "one16g", "one16gc")
 
 
 def _form(op: str) -> dict:
     import torch
     if op in ONE16:
         return dict(dh_single=True, s_single=True, lo8_tables=False, one_term=True, kernel_dtype=torch.float16,
-                    group_scales=op == "one16g")
+                    group_scales=op != "one16", chunk_exp=op == "one16gc")
     return dict(operands=op)
 
 

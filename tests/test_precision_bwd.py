@@ -41,3 +41,12 @@ def test_group_scales_make_one16_independent_of_the_gradient_scale():
     at = {E: pb.rows(case, ["one16g"], E)[1] for E in (-20, 0, 12)}
     assert all(at[E][2] == [] for E in at), {E: at[E][2] for E in at}
     assert at[-20][1] == at[0][1] == at[12][1], at
+
+
+def test_chunk_exponents_keep_dh0_under_strong_decay():
+    """``one16gc`` (the group scales and dh's F1 dO, F0 dX under the chunk's power of two from its first gate): dh0
+    under strong decay with an initial state within the baseline, where the group scales alone flush it."""
+    case = Case(T=192, H=1, HV=2, dist="strong-decay", h0_dtype="fp32", grad=True)
+    rows = pb.rows(case, ["one16g", "one16gc"], -20)
+    (_, _, bad_g), (_, e, bad_gc) = rows[1], rows[2]
+    assert bad_g == ["dh0"] and bad_gc == [] and e["dh0"] < rows[0][1]["dh0"], (bad_g, bad_gc, e)

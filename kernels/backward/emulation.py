@@ -27,6 +27,7 @@ import torch
 from kernels.forward.emulation import (_f32, _gate_table, _gather_chunks, _tinv, _two, chunk_tables, intra_chunk,
                                        chunk_states)
 
+from kernels.forward.cumsum import LOG2E
 from kernels.interface import LO8_DTYPE, as_kernel_dtype, lo8_shift, pad_rows
 
 from .finish import BT, finish, group_sum, token_index
@@ -153,14 +154,16 @@ def local_du(qc, kc, doc, Fb, dt, operands: str = "split"):
 
 
 def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False, operands: str = "split",
-       one: bool = False, dv_dtype: torch.dtype | None = None):
+       one: bool = False, dv_dtype: torch.dtype | None = None, chunk_exp: bool = False):
     """Emulates ``gdn_bwd_dh`` (reverse sequential).  dht [N, HV, DK, DV] fp32 or None (key-first).
     Returns dSnh, dSnl [HV, NC, DK, DV] (the gradient of each chunk's end state, split),
     dYh, dYl [HV, NC, 64, DV], dv [Ttot, HV, DV] (dt) and dh0 [N, HV, DK, DV] fp32.  ``single``: the kernel's
     single form (``build_bwd_dh(single=True)``): Tinv (Tl not read), dU and F0 dX as one input-dtype term;
     ``operands``: ``OPERANDS`` (other than "split": ``single`` has no effect); ``one`` (with ``single``): dS' and
     F1 dO one input-dtype term too and the dS', dY tables their hi terms alone (``build_bwd_dh_ws(one=True)``);
-    ``dv_dtype``: dv's dtype where it is not ``dt`` (``io``)."""
+    ``dv_dtype``: dv's dtype where it is not ``dt`` (``io``); ``chunk_exp`` (a range study of ``one``): F1 dO and
+    F0 dX rounded under the chunk's power of two ``2^floor(-G_0 log2 e)`` (``G_0`` its first gate cumsum), their
+    products with Q^T and K^T scaled back."""
     Ttot, H, DK = q2.shape
     HV, DV = do2.shape[1], do2.shape[2]
     dev = q2.device
@@ -214,10 +217,11 @@ def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False, operan
         for j in range(len(act)):
             m = st[j]
             dv[tok[j][m]] = dX[j][:, m].transpose(0, 1)
-        a1h, a1l = _op(_f32(f[:, :, 1, :, None] * dOc), dt, not one, operands)
-        a2h, a2l = _op(_f32(f[:, :, 0, :, None] * dX), dt, not single, operands)
+        up = torch.exp2(torch.floor(-f[:, :, 4, 0] * LOG2E))[..., None, None] if chunk_exp else 1.0
+        a1h, a1l = _op(_f32(f[:, :, 1, :, None] * dOc) * up, dt, not one, operands)
+        a2h, a2l = _op(_f32(f[:, :, 0, :, None] * dX) * up, dt, not single, operands)
         QT, KT = Qo.transpose(-1, -2), Ko.transpose(-1, -2)
-        dS[a] = _f32(_f32(dS_a * f[:, :, 3, 0, None, None]) + QT @ a1h + QT @ a1l - KT @ a2h - KT @ a2l)
+        dS[a] = _f32(_f32(dS_a * f[:, :, 3, 0, None, None]) + (QT @ a1h + QT @ a1l - KT @ a2h - KT @ a2l) / up)
     return dSnh, dSnl, dYh, dYl, dv.to(dv_dtype or dt), dS.to(torch.float32)
 
 
@@ -303,7 +307,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
                                dh_single: bool = False, tinv_hi_only: bool = False, s_single: bool = False,
                                merge: str = "fp32", lo8_tables: bool = True, operands: str = "split",
                                one_term: bool = False, kernel_dtype: torch.dtype | None = None,
-                               group_scales: bool = False, stages: dict | None = None):
+                               group_scales: bool = False, chunk_exp: bool = False, stages: dict | None = None):
     """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
     pass's single operands (``BackwardPlan.dh_single``); ``tinv_hi_only``: dh reads Tinv hi alone (a zero lo term),
@@ -317,7 +321,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     form, dqk reading U's hi term alone); ``kernel_dtype``: the kernels' input dtype where it is not q's (the
     pipeline's plan of another ``io_dtype``: the inputs converted by ``as_kernel_dtype``, dq, dk, dv rounded once to
     q's dtype); ``group_scales`` (a range study of the one-term form): dO, dht and v, h0 times the powers of two
-    (``group_pow2``) that put each GVA group's largest magnitude in [1, 2), every gradient scaled back exactly.
+    (``group_pow2``) that put each GVA group's largest magnitude in [1, 2), every gradient scaled back exactly;
+    ``chunk_exp`` (with ``one_term``): dh's F1 dO and F0 dX under a power of two per chunk (``dh(chunk_exp=True)``).
     ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
     stage-by-stage checks)."""
     if group_scales:
@@ -328,7 +333,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
             q, k, (v.float() * sb[:, None]).to(v.dtype), g, beta, (do.float() * sa[:, None]).to(do.dtype),
             per_v(dht, sa), scale, per_v(initial_state, sb), use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
             dh_single=dh_single, tinv_hi_only=tinv_hi_only, s_single=s_single, merge=merge, lo8_tables=lo8_tables,
-            operands=operands, one_term=one_term, kernel_dtype=kernel_dtype, stages=stages)
+            operands=operands, one_term=one_term, kernel_dtype=kernel_dtype, chunk_exp=chunk_exp, stages=stages)
         sab, sh = sa * sb, (sa * sb)[::HV // H]
         dq, dk, dv, dg, db, dh0 = got
         back = lambda x, s: (x.float() / s).to(x.dtype)   # noqa: E731
@@ -366,7 +371,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     Sch, Scl, Uh, Ul, _ = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
     Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, prec.merge, operands)
     dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, torch.zeros_like(Tl) if tinv_hi_only else Tl, Fb, dUloc, cu,
-                                       dS0, dt, dh_single, operands, one_term, out_dt)
+                                       dS0, dt, dh_single, operands, one_term, out_dt, chunk_exp)
     if operands != "split":
         (Sch, Scl), (Uh, Ul) = _one(Sch, Scl, dt, operands), _one(Uh, Ul, dt, operands)
     elif lo8_tables:
