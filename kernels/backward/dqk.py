@@ -98,12 +98,8 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
         widen_lo8(dSl, hv, c, ts.dsh, ts.dsl, tx, ts.c8, xl, THREADS, masked)
     acc[0] = T.float32(0)
     if tx < 2 * DV:
-        if one:
-            split_dot_rows(ts.sh, None, ts.dsh, None, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
-        elif s_lo:
-            split_dot_rows(ts.sh, ts.sl, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
-        else:
-            split_dot_rows(ts.sh, None, ts.dsh, ts.dsl, acc, tx % DV, xh, xl, (tx // DV) * (DK // 2), DK // 2)
+        split_dot_rows(ts.sh, ts.sl if s_lo else None, ts.dsh, None if one else ts.dsl, acc, tx % DV, xh, xl,
+                       (tx // DV) * (DK // 2), DK // 2)
         sd[tx // DV, hv, c, tx % DV] = acc[0]
     # 2. R = U dS'^T (U, dS' hi + lo) -> dk~ += e^(GL-G) R, the k.R dots
     T.barrier_wait(ld[1], 0)

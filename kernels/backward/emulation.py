@@ -221,7 +221,9 @@ def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False, operan
         a1h, a1l = _op(_f32(f[:, :, 1, :, None] * dOc) * up, dt, not one, operands)
         a2h, a2l = _op(_f32(f[:, :, 0, :, None] * dX) * up, dt, not single, operands)
         QT, KT = Qo.transpose(-1, -2), Ko.transpose(-1, -2)
-        dS[a] = _f32(_f32(dS_a * f[:, :, 3, 0, None, None]) + (QT @ a1h + QT @ a1l - KT @ a2h - KT @ a2l) / up)
+        # each product scaled back alone (exact), so that without chunk_exp the sum is the split form's, term by term
+        dS[a] = _f32(_f32(dS_a * f[:, :, 3, 0, None, None]) + QT @ a1h / up + QT @ a1l / up - KT @ a2h / up
+                     - KT @ a2l / up)
     return dSnh, dSnl, dYh, dYl, dv.to(dv_dtype or dt), dS.to(torch.float32)
 
 

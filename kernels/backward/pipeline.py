@@ -130,7 +130,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         plan = plan(plan_for(b)) if plan else plan_for(b)
     mark = _marker(events)
     mark("start")
-    out_dt = x.q.dtype
+    out_dt = x.q.dtype                  # the caller's
     if plan.dtype != TL_DTYPE[out_dt]:
         # the plan's kernels take another input dtype: q, k, v, dO converted to it (one launch), dv, dq, dk stored
         # in the caller's (``io_dtype``); no saved tables (the forward's are in the caller's dtype)
@@ -184,6 +184,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
                    has_h0=initial_state is not None, dt=out_dt)
     mark("finish")
     return out
+
+
+def _io_dtype(plan, dt: torch.dtype) -> torch.dtype:
+    """The dtype of dv, dq, dk: the caller's where the plan has an ``io_dtype``, else the kernels' ``dt``."""
+    return TORCH_DTYPE[plan.io_dtype] if plan.io_dtype else dt
 
 
 def _converted(b: BackwardInputs, plan) -> BackwardInputs:
@@ -314,8 +319,7 @@ def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool, maps=None) -
     else:
         dSl = torch.empty_like(dSh, dtype=LO8_DTYPE if plan.lo8 else dt)
         dYl = torch.empty_like(dYh)
-    io = TORCH_DTYPE[plan.io_dtype] if plan.io_dtype else dt
-    dv = torch.empty(x.n_tok, HV, D, device=dev, dtype=io)         # dh stores every token row (no zero fill)
+    dv = torch.empty(x.n_tok, HV, D, device=dev, dtype=_io_dtype(plan, dt))   # every token row stored (no zero fill)
     use_h0 = x.h0 is not None
     dh0 = torch.empty((x.N if use_h0 else 1), HV, D, D, device=dev, dtype=torch.float32)
     kern = get_kernel(plan.dh_config(saved))
@@ -362,7 +366,7 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
     yv2 = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
     db22 = torch.empty(2, HV, NC, BT, device=dev, dtype=f32)
     # the caller's dtype (``io_dtype``) where the kernels' is another: dqk rounds to it, group sums stay fp32
-    odt = TORCH_DTYPE[plan.io_dtype] if plan.io_dtype else dt
+    odt = _io_dtype(plan, dt)
     g32 = x.use_l2 or fp32_sums or (odt != dt and plan.group_sum_config(True) is not None)
     gsum = plan.group_sum_config(g32)
     out32 = gsum is not None or g32
