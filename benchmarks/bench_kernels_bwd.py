@@ -105,8 +105,8 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       "ours-dh-single": ("backward", dict(dh_single=True, lo8=False)),  # dh's Tinv, dU, F0 dX single (sequential)
       "ours-s-single": ("backward", dict(s_single=True, lo8=False)),  # the recompute's S hi alone: no S lo table
       "ours-lo16": ("backward", dict(lo8=False)),  # the S and dS' lo tables in the input dtype, not fp8
-      # the backward on the fp16 kernels (bf16 inputs converted), dh_ws and dqk with every table and operand one fp16
-      # term (S, U, dS', dY hi alone; K = 128); the forward keeps no tables (the backward's are fp16)
+      # the backward on the fp16 kernels (bf16 inputs converted, v and dO under powers of two per GVA group), dh_ws and
+      # dqk with every table and operand one fp16 term (S, U, dS', dY hi alone; K = 128); the forward keeps no tables
       "ours-one16": ("both", dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True,
                                   s_single=True, lo8=False, dh_ws_bv=32)),
       "ours-dh-regs": ("backward", dict(dh_ws_bv=0)),  # dh's register kernel (value-first, 64 value columns a CTA)

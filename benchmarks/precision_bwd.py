@@ -6,10 +6,10 @@
 For each distribution, without and with an initial state (B1 H2 HV4 K = V = 128): the rel_rmse against fp64
 (``parity.refs.compute``) of every gradient of the FLA-like baseline (``parity.backends.BASELINE``) and of the
 emulated backward at each operand form: "split" (the kernels' forms), "bf16" (every wgmma operand and table one
-input-dtype term), "fp16" (one fp16 term under a power of two per matrix) and "one16" (``BackwardPlan.one_term`` on
-the fp16 kernels for bf16 inputs: one unscaled fp16 term per table, the emulation's ``kernel_dtype``), "one16g" (the
-same with dO, dht and v, h0 under a power of two per GVA group, ``group_scales``), "one16gc" (and dh's F1 dO, F0 dX
-under a power of two per chunk, ``chunk_exp``).  ``--do-exp
+input-dtype term), "fp16" (one fp16 term under a power of two per matrix) and "one16" (one unscaled fp16 term per table, the
+emulation's ``kernel_dtype``), "one16g" (the same with dO, dht and v, h0 under a power of two per GVA group,
+``group_scales``), "one16gc" (and dh's F1 dO, F0 dX under a power of two per chunk, ``chunk_exp``: what
+``BackwardPlan.one_term`` on the fp16 kernels computes for bf16 inputs, ``ONE_TERM_FP16``).  ``--do-exp
 E``: dO and dht times 2^E, the emulated gradients times 2^-E (exact; the baseline's, in bf16's exponent range,
 unscaled), the range the one-term forms see.  A row marks the gradients where it is worse than the baseline, and under
 strong decay a dg past its rounding floor (the emulation tests' rule); a gradient with NaN or Inf counts as worse.

@@ -237,8 +237,10 @@ class BackwardPlan:
     (``lo8_value(masked=True)``: the same values in fewer instructions; at ``DQK_E_ONCE_HEAD_DIM``, where
     ``lo8``); ``one_term``: dh_ws and dqk with every table and operand one input-dtype term (the dS', dY tables hi
     alone, dqk reading S, U, dS', dY hi alone: an A/B alternative; with ``dh_single``, ``s_single``, the sequential
-    warp-specialised dh and no fp8 lo tables); ``io_dtype``: the caller's dtype where the kernels' (``dtype``) is
-    another (with ``one_term``: q, k, v, dO converted by ``gdn_bwd_convert``, dv, dq, dk stored in it)."""
+    warp-specialised dh and no fp8 lo tables), kept in range by powers of two: v, dO per GVA group
+    (``gdn_bwd_convert``, ``backward.scales``) and dh's F1 dO, F0 dX per chunk; ``io_dtype``: the caller's dtype
+    where the kernels' (``dtype``) is another (with ``one_term``: q, k, v, dO converted by ``gdn_bwd_convert``, dv,
+    dq, dk stored in it)."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -321,8 +323,8 @@ class BackwardPlan:
                          exp_mask=self.dqk_exp_mask and self.lo8, one=self.one_term, io=self.io_dtype)
 
     def convert_config(self) -> BwdConfig | None:
-        """``gdn_bwd_convert`` of q, k, v, dO from ``io_dtype`` where the plan has one."""
-        return BwdConfig(CONVERT_KIND, self.dtype, self.DK, io=self.io_dtype) if self.io_dtype else None
+        """``gdn_bwd_convert`` of a one-term plan: v and dO scaled, q, k, v, dO from ``io_dtype`` (if any)."""
+        return BwdConfig(CONVERT_KIND, self.dtype, self.DK, io=self.io_dtype or self.dtype) if self.one_term else None
 
     def dgdb_config(self) -> BwdConfig:
         return BwdConfig("dgdb", "float32", self.DK)

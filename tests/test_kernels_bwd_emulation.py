@@ -18,7 +18,7 @@ import torch
 
 from cases.case import Case
 from kernels.autograd import apply as fn
-from kernels.backward.emulation import chunk_gated_delta_rule_bwd
+from kernels.backward.emulation import ONE_TERM_FP16, chunk_gated_delta_rule_bwd
 from kernels.plan import WS_HEAD_DIMS
 from parity.metrics import compare
 from tests import kernel_support as tt
@@ -27,14 +27,13 @@ NAMES = tt.GRAD_NAMES
 
 
 def _check(case, xs, do, dht, kw, dh_single=False, s_single=False, merge="fp32", lo8_tables=True,
-           operands="split", one_term=False, kernel_dtype=None):
+           operands="split", **form):
     """The emulation's gradients of ``case`` (inputs ``tt.bwd_args``) against fp64 and the FLA-like baseline; by
-    default with the dispatched plan's forms."""
+    default with the dispatched plan's forms (``form``: the emulation's other arguments)."""
     want = tt.fp64_grads(case)
     base = tt.baseline_grads(case)
     ours = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=dh_single, s_single=s_single,
-                                      merge=merge, lo8_tables=lo8_tables, operands=operands, one_term=one_term,
-                                      kernel_dtype=kernel_dtype)
+                                      merge=merge, lo8_tables=lo8_tables, operands=operands, **form)
     near_m20 = case.dist == "strong-decay"
     rows = []
     for n, a, b_, r, x in zip(NAMES, ours, base, want, list(xs) + [kw["initial_state"]]):
@@ -119,11 +118,12 @@ _ONE_TERM = [c for c in _NO_H0 if c.dtype == "bf16"] + [Case(T=300, H=1, HV=2, d
 @pytest.mark.parametrize("case", _ONE_TERM, ids=[c.id for c in _ONE_TERM])
 def test_one_term_fp16_tables_meet_the_same_bar_for_bf16_inputs(case):
     """``BackwardPlan.one_term`` on the fp16 kernels for bf16 inputs (dh and dqk with every table and operand one
-    fp16 term, S and U read hi alone) keeps every gradient within the FLA-like baseline, and dg of strong decay within
-    the rounding floor; its dS' and dY tables are single fp16 terms.  (One bf16 term instead misses the baseline in
-    5 of these 6 rows: dg under mixed, qwen and strong decay, dk and dq under strong decay.)"""
+    fp16 term, S and U read hi alone, v and dO under powers of two per GVA group, dh's F1 dO and F0 dX per chunk)
+    keeps every gradient within the FLA-like baseline, and dg of strong decay within the rounding floor; its dS' and
+    dY tables are single fp16 terms.  (One bf16 term instead misses the baseline in 5 of these 6 rows: dg under mixed,
+    qwen and strong decay, dk and dq under strong decay.)"""
     xs, kw, do, dht = tt.bwd_args(case)
-    form = dict(dh_single=True, s_single=True, lo8_tables=False, one_term=True, kernel_dtype=torch.float16)
+    form = ONE_TERM_FP16
     _check(case, xs, do, dht, kw, **form)
     st: dict = {}
     chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **form, stages=st)

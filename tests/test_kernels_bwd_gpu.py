@@ -544,9 +544,11 @@ def test_recomputed_state_hi_alone_is_the_emulations(case):
                                             "S hi alone vs emulation")
 
 
-# bf16 inputs without h0 (tests/test_kernels_bwd_emulation.py: one fp16 term is no plan for fp16 inputs): GVA 2 and
-# 4 (clusters), qwen and slow gates, varlen; GVA 4 under strong decay at 32 chunks
-_ONE_TERM_CASES = [_S_SINGLE_CASES[0], _S_SINGLE_CASES[1], Case(T=2048, H=2, HV=8, dist="strong-decay", grad=True)]
+# bf16 inputs (tests/test_kernels_bwd_emulation.py: one fp16 term is no plan for fp16 inputs): GVA 2 and 4
+# (clusters), qwen and slow gates, varlen; GVA 4 under strong decay at 32 chunks; strong decay with h0 (dh0 needs
+# the chunk exponents)
+_ONE_TERM_CASES = [_S_SINGLE_CASES[0], _S_SINGLE_CASES[1], Case(T=2048, H=2, HV=8, dist="strong-decay", grad=True),
+                   Case(T=1024, H=2, HV=4, dist="strong-decay", h0_dtype="fp32", grad=True)]
 # BackwardPlan.one_term on the fp16 kernels (bench_kernels_bwd's ``ours-one16``)
 ONE16 = dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True, s_single=True, lo8=False,
              reads_saved_tables=False, dh_ws_bv=32)
@@ -554,13 +556,40 @@ ONE16 = dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True
 
 @pytest.mark.parametrize("case", _ONE_TERM_CASES, ids=[c.id for c in _ONE_TERM_CASES])
 def test_one_term_fp16_tables_are_the_emulations(case):
-    """``BackwardPlan.one_term`` through the fp16 kernels for bf16 inputs (q, k, v, dO converted by
-    ``gdn_bwd_convert``; dh_ws and dqk with every table and operand one fp16 term, dv, dq, dk stored in bf16): every
-    gradient within the input dtype's rounding floor of the emulation's (``kernel_dtype=torch.float16``) and within
-    the FLA-like baseline."""
-    _backward_alternative_is_the_emulations(
-        case, ONE16, dict(dh_single=True, s_single=True, lo8_tables=False, one_term=True, kernel_dtype=torch.float16),
-        "one fp16 term vs emulation")
+    """``BackwardPlan.one_term`` through the fp16 kernels for bf16 inputs (v, dO under powers of two per GVA group,
+    q, k, v, dO converted by ``gdn_bwd_convert``; dh_ws and dqk with every table and operand one fp16 term, dh's
+    F1 dO and F0 dX under a power of two per chunk; dv, dq, dk stored in bf16): every gradient within the input
+    dtype's rounding floor of the emulation's (``ONE_TERM_FP16``) and within the FLA-like baseline."""
+    from kernels.backward.emulation import ONE_TERM_FP16
+    _backward_alternative_is_the_emulations(case, ONE16, ONE_TERM_FP16, "one fp16 term vs emulation")
+
+
+_ONE_TERM_SCALED = [_ONE_TERM_CASES[1], _ONE_TERM_CASES[3]]      # varlen; h0
+
+
+@pytest.mark.parametrize("case", _ONE_TERM_SCALED, ids=[c.id for c in _ONE_TERM_SCALED])
+def test_one_term_fp16_gradients_scale_exactly_with_do_and_v(case):
+    """The one-term fp16 backward is homogeneous bit for bit: dO and dht times 2^-24 (past fp16's range) scale every
+    gradient by 2^-24, v and h0 times 2^12 scale dq, dk, dg, dbeta by 2^12 and leave dv, dh0 as they are (the
+    per-group powers of two give the kernels the same operands)."""
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
+    from kernels.plan import BackwardPlan
+
+    def one16(plan):
+        return dataclasses.replace(plan, **ONE16) if isinstance(plan, BackwardPlan) else plan
+
+    args, kw, do, dht = tt.bwd_args(case, CUDA)
+    base = kern(*args, do, dht, **kw, plan=one16)
+    s, t = 2.0 ** -24, 2.0 ** 12
+    small = kern(*args, do * s, None if dht is None else dht * s, **kw, plan=one16)
+    q, k, v, g, beta = args
+    h0 = kw.get("initial_state")
+    big = kern(q, k, v * t, g, beta, do, dht, **dict(kw, initial_state=None if h0 is None else h0 * t), plan=one16)
+    for n, a, b, c in zip(NAMES, base, small, big):
+        if a is None:
+            continue
+        assert torch.equal(a.float() * s, b.float()), (n, "dO x 2^-24", case.id)
+        assert torch.equal(a.float() * (1 if n in ("dv", "dh0") else t), c.float()), (n, "v x 2^12", case.id)
 
 
 # with h0 and without, GVA 2, 4 and 8, dense and varlen, raw-qk-l2 (the row where S hi alone lost dg), fp16

@@ -16,7 +16,8 @@ KINDS = ("prep", "dh", "dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS), "gsum", "g
 DH_WS_BLOCKS = (32,)
 # the head dim at which dqk forms its gates once and widens its fp8 lo tiles by a mask (dispatched and built there)
 DQK_E_ONCE_HEAD_DIM = 128
-# q, k, v, dO from the caller's dtype (``io``) to the kernels' (``dtype``): the one-term backward on fp16 kernels
+# the one-term backward's inputs: v and dO under their GVA groups' powers of two, q, k, v, dO from the caller's
+# dtype (``io``) to the kernels' (``dtype``; the same dtype: v and dO scaled alone)
 CONVERT_KIND = "cvt"
 # kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
 DTYPE_FREE_KINDS = ("dgdb",)
@@ -41,7 +42,7 @@ class BwdConfig:
     one: bool = False              # dh_ws (with single), dqk (with s_single): every table and operand one input-dtype
     #                                term (the dS', dY tables hi alone; dqk reads S, U, dS', dY hi alone)
     io: str = ""                   # dh_ws, dqk with one: the caller's dtype where the operands are another (dtype):
-    #                                dv, dq, dk stored in it ("": dtype)
+    #                                dv, dq, dk stored in it ("": dtype); cvt: the source dtype (may be dtype)
 
     @property
     def name(self) -> str:
@@ -62,7 +63,8 @@ def all_configs():
     fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``), and at ``DQK_E_ONCE_HEAD_DIM`` dqk with fp8 lo
     tables forming the intra terms' gates once (``e_once``) and widening its lo tiles with a masked power of two
     (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
-    operands with bf16 dv, dq, dk too, ``io``, and the conversion of bf16 q, k, v, dO); the dtype-free dgdb once.
+    operands with bf16 dv, dq, dk too, ``io``, and the one-term inputs' scaling: bf16 to fp16, or in their dtype);
+    the dtype-free dgdb once.
     The forward recompute runs the forward's intra and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
@@ -86,7 +88,8 @@ def _configs_at(D: int):
                + [BwdConfig("dh", "float16", D, single=True, ws_bv=32, one=True, io="bfloat16")]
                + [BwdConfig(kind, "float16", D, s_single=True, e_once=True, one=True, io="bfloat16") for kind in KINDS
                   if kind.startswith("dqk")]
-               + [BwdConfig(CONVERT_KIND, "float16", D, io="bfloat16")] if D == DQK_E_ONCE_HEAD_DIM else []))
+               + [BwdConfig(CONVERT_KIND, dt, D, io=src) for dt, src in (("float16", "bfloat16"), *zip(DTYPES, DTYPES))]
+               if D == DQK_E_ONCE_HEAD_DIM else []))
 
 
 def prim_func(cfg: BwdConfig):
@@ -114,11 +117,11 @@ def prim_func(cfg: BwdConfig):
                         or (cfg.kind.startswith("dqk") and cfg.s_single and not cfg.lo8)):
         raise ValueError(f"one (every term single) is a form of the warp-specialised dh with single and of dqk with "
                          f"s_single, neither with fp8 lo tables: {cfg.name}")
-    if (cfg.io or cfg.kind == CONVERT_KIND) and not ((cfg.one or cfg.kind == CONVERT_KIND) and cfg.io in DTYPES
-                                                     and cfg.io != cfg.dtype):
-        raise ValueError(f"io (the caller's dtype: dv, dq, dk stored in it, q, k, v, dO converted from it) is a form "
-                         f"of the one-term dh_ws and dqk and of {CONVERT_KIND}, another dtype of {DTYPES} than "
-                         f"the operands': {cfg.name}")
+    if cfg.io and not (cfg.one and cfg.io in DTYPES and cfg.io != cfg.dtype) and cfg.kind != CONVERT_KIND:
+        raise ValueError(f"io (the caller's dtype: dv, dq, dk stored in it) is a form of the one-term dh_ws and dqk, "
+                         f"another dtype of {DTYPES} than the operands': {cfg.name}")
+    if cfg.kind == CONVERT_KIND and cfg.io not in DTYPES:
+        raise ValueError(f"{CONVERT_KIND} converts from its io dtype, one of {DTYPES}: {cfg.name}")
     if cfg.kind == CONVERT_KIND:
         from .convert import build_convert
         return build_convert(D, cfg.io, cfg.dtype)

@@ -18,7 +18,10 @@ columns), and with every step off the chain moved to other warpgroups.  One CTA 
   from the chain's tiles (the fp8 codes of dSl first with ``lo8``);
 * WG2, the producer: one warp issues the TMA loads of q, k, dO, Th (+ Tl), Fb, dUloc into two stages.
 
-The ``one`` form drops every lo term above (dSl, D1l, dUl, D2l, Tl and the dY lo table): 4 wgmma a chunk.
+The ``one`` form drops every lo term above (dSl, D1l, dUl, D2l, Tl and the dY lo table): 4 wgmma a chunk; its
+D1 and D2 are rounded under the chunk's power of two ``2^x``, ``x = floor(-G_0 log2 e)`` in [-126, 126] (``G_0`` the
+gate table's first cumsum: e^G_0 2^x in [1, 2)), so that fp16 keeps them under strong decay, and their products are
+scaled back, ``dS = F3 dS + 2^-x (Q^T D1 - K^T D2)``.
 
 Hand-offs through single shared tiles and mbarriers completed once a chunk (waited on at parity ``i % 2`` of the
 chunk's position ``i`` in the pass; a tile's "free" barrier at ``(i + 1) % 2``, which a fresh barrier passes).
@@ -30,9 +33,20 @@ from tilelang.layout import make_swizzled_layout
 from kernels.common.lo8 import LO8, lo8_code_of
 from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, split_products, \
     store_state_kt
+from kernels.forward.cumsum import LOG2E
 
 BT = 64
 WG = 128
+# the chunk exponents of the ``one`` form lie in [-CHUNK_EXP_MAX, CHUNK_EXP_MAX] (powers of two and their
+# reciprocals normal fp32 numbers)
+CHUNK_EXP_MAX = 126
+
+
+def chunk_pow2(g0, sign: int = 1):
+    """``2^(sign x)`` (fp32, built from its exponent bits: exact), ``x = floor(-g0 log2 e)`` clamped to
+    [-CHUNK_EXP_MAX, CHUNK_EXP_MAX]: the power of two of a chunk whose first gate cumsum is ``g0`` (fp32)."""
+    x = T.cast(T.max(T.min(T.floor(-g0 * LOG2E), float(CHUNK_EXP_MAX)), -float(CHUNK_EXP_MAX)), "int32")
+    return T.reinterpret((127 + sign * x) << 23, "float32")
 
 
 @T.macro
@@ -51,7 +65,8 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
     """TileLang prim_func of ``gdn_bwd_dh_ws``: ``build_bwd_dh``'s forms (``single``, ``tinv_lo``, ``lo8``) and
     arguments, with ``BV = 32`` value columns a CTA.  ``one`` (with ``single``): every operand and table one
     input-dtype term, dS' and F1 dO too, the dS' and dY tables their hi terms alone (``dSl, dYl`` not written):
-    4 wgmma a chunk.  ``io``: the dtype of ``dv`` where it is not ``dtype`` (the caller's)."""
+    4 wgmma a chunk, F1 dO and F0 dX under the chunk's power of two (``chunk_pow2``).  ``io``: the dtype of ``dv``
+    where it is not ``dtype`` (the caller's)."""
     assert DK in (64, 128) and DV == DK and BV == 32 and DV % BV == 0
     assert dtype in ("bfloat16", "float16")
     assert not (single and not tinv_lo), "single reads no Tinv lo term: tinv_lo is a form of the split dh"
@@ -133,6 +148,8 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                 ds_f = T.alloc_fragment((DK, BV), f32)
                 kd_f = T.alloc_fragment((BT, BV), f32)
                 dy_f = T.alloc_fragment((BT, BV), f32)
+                if one:
+                    pq_f = T.alloc_fragment((DK, BV), f32)     # Q^T D1 - K^T D2
                 if use_dht != 0:
                     load_state_kt(dht, ds_f, v_first, n, hv, v0, BV, DK)
                 else:
@@ -167,20 +184,33 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     for t, j in T.Parallel(BT, BV):
                         if t0 + t < eos:
                             dv[t0 + t, hv, v0 + j] = T.cast(f_s[st, 7, t] * dy_f[t, j], dvt)
-                    # dS = F3 dS + Q^T D1 - K^T D2
-                    for t, j in T.Parallel(BT, BV):
-                        kd_f[t, j] = -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t]
+                    # dS = F3 dS + Q^T D1 - K^T D2 (one: D1, D2 under the chunk's power of two, undone)
+                    if one:
+                        for t, j in T.Parallel(BT, BV):
+                            kd_f[t, j] = -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t] * chunk_pow2(f_s[st, 4, 0])
+                    else:
+                        for t, j in T.Parallel(BT, BV):
+                            kd_f[t, j] = -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t]
                     split_into(kd_f, xh_s, xl_s, olo)
                     T.fence_proxy_async()
-                    for d, j in T.Parallel(DK, BV):
-                        ds_f[d, j] = ds_f[d, j] * f_s[st, 3, 0]
-                    T.barrier_wait(a_ready, i % 2)
-                    T.wgmma_gemm(q_s[st, :, :], ah_s, ds_f, transpose_A=True)
-                    if slo:
-                        T.wgmma_gemm(q_s[st, :, :], al_s, ds_f, transpose_A=True)
-                    split_products(k_s[st, :, :], None, xh_s, xl_s, ds_f, False, olo, False, True)
-                    T.barrier_arrive(a_free)
-                    T.barrier_arrive(empty[st])
+                    if one:
+                        T.barrier_wait(a_ready, i % 2)
+                        T.wgmma_gemm(q_s[st, :, :], ah_s, pq_f, transpose_A=True, clear_accum=True)
+                        T.gemm(k_s[st, :, :], xh_s, pq_f, transpose_A=True)
+                        T.barrier_arrive(a_free)
+                        for d, j in T.Parallel(DK, BV):
+                            ds_f[d, j] = ds_f[d, j] * f_s[st, 3, 0] + pq_f[d, j] * chunk_pow2(f_s[st, 4, 0], -1)
+                        T.barrier_arrive(empty[st])
+                    else:
+                        for d, j in T.Parallel(DK, BV):
+                            ds_f[d, j] = ds_f[d, j] * f_s[st, 3, 0]
+                        T.barrier_wait(a_ready, i % 2)
+                        T.wgmma_gemm(q_s[st, :, :], ah_s, ds_f, transpose_A=True)
+                        if slo:
+                            T.wgmma_gemm(q_s[st, :, :], al_s, ds_f, transpose_A=True)
+                        split_products(k_s[st, :, :], None, xh_s, xl_s, ds_f, False, olo, False, True)
+                        T.barrier_arrive(a_free)
+                        T.barrier_arrive(empty[st])
                 if store_dh0 != 0:
                     store_state_kt(ds_f, dh0, v_first, n, hv, v0, BV, DK)
             elif tx < 2 * WG:
@@ -191,8 +221,12 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     st = i % 2
                     c = c0 + nchunks - 1 - i
                     T.barrier_wait(full[st], (i // 2) % 2)
-                    for t, j in T.Parallel(BT, BV):
-                        a_f[t, j] = T.cast(do_s[st, t, j], f32) * f_s[st, 1, t]
+                    if one:
+                        for t, j in T.Parallel(BT, BV):
+                            a_f[t, j] = T.cast(do_s[st, t, j], f32) * f_s[st, 1, t] * chunk_pow2(f_s[st, 4, 0])
+                    else:
+                        for t, j in T.Parallel(BT, BV):
+                            a_f[t, j] = T.cast(do_s[st, t, j], f32) * f_s[st, 1, t]
                     T.barrier_arrive(empty[st])
                     T.barrier_wait(a_free, (i + 1) % 2)
                     split_into(a_f, ah_s, al_s, slo)

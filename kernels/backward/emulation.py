@@ -31,12 +31,16 @@ from kernels.forward.cumsum import LOG2E
 from kernels.interface import LO8_DTYPE, as_kernel_dtype, lo8_shift, pad_rows
 
 from .finish import BT, finish, group_sum, token_index
+from .scales import EXP_MAX, group_exponents, pow2, unscale
 
 f64 = torch.float64
 # the wgmma operands of the backward stages: the kernels' forms, one input-dtype term, one scaled fp16 term
 OPERANDS = ("split", "bf16", "fp16")
 # the largest magnitude of a matrix scaled by ``half_term`` lands in [2^HALF_TOP, 2^(HALF_TOP + 1))
 HALF_TOP = 14
+# the arguments of ``chunk_gated_delta_rule_bwd`` that emulate a one-term plan on the fp16 kernels (``ours-one16``)
+ONE_TERM_FP16 = dict(dh_single=True, s_single=True, lo8_tables=False, one_term=True, kernel_dtype=torch.float16,
+                     group_scales=True, chunk_exp=True)
 
 
 def half_term(x: torch.Tensor) -> torch.Tensor:
@@ -46,17 +50,6 @@ def half_term(x: torch.Tensor) -> torch.Tensor:
     e = torch.floor(torch.log2(torch.where(m > 0, m, torch.ones_like(m))))
     up = torch.exp2(HALF_TOP - e)
     return (x * up).to(torch.float16).to(f64) / up
-
-
-def group_pow2(x: torch.Tensor, extra: torch.Tensor | None, H: int) -> torch.Tensor:
-    """[HV] fp32 powers of two ``2^-e``, ``e = floor(log2 m)``, ``m`` the largest magnitude of ``x [B, T, HV, D]`` and
-    ``extra [N, HV, ., .]`` (or None) over each GVA group of ``HV / H`` value heads (1 for an all-zero group)."""
-    HV = x.shape[2]
-    m = x.detach().abs().amax(dim=(0, 1, 3)).float()
-    if extra is not None:
-        m = torch.maximum(m, extra.detach().abs().amax(dim=(0, 2, 3)).float())
-    m = m.view(H, HV // H).amax(-1).repeat_interleave(HV // H)
-    return torch.exp2(-torch.floor(torch.log2(torch.where(m > 0, m, torch.ones_like(m)))))
 
 
 def _op(x, dt: torch.dtype, split: bool, operands: str):
@@ -116,6 +109,12 @@ def lo8(hi, lo, dt: torch.dtype):
     return lo8_decode(hi, lo8_encode(hi, lo, dt), dt)
 
 
+def chunk_pow2(g0) -> torch.Tensor:
+    """``2^x`` (fp64 values), ``x = floor(-g0 log2 e)`` (fp32 product) clamped to [-EXP_MAX, EXP_MAX]: the power of
+    two of a chunk whose first gate cumsum is ``g0`` (``dh_ws.chunk_pow2``)."""
+    return torch.exp2(torch.floor(-g0.float() * LOG2E).clamp(-EXP_MAX, EXP_MAX)).to(f64)
+
+
 def _chunks(x, cu, heads=None):
     """[Ttot, Hx, D] -> [HV, NC, 64, D] fp64, zero past each sequence's end."""
     tok, valid = token_index(cu, x.device)
@@ -161,9 +160,9 @@ def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False, operan
     single form (``build_bwd_dh(single=True)``): Tinv (Tl not read), dU and F0 dX as one input-dtype term;
     ``operands``: ``OPERANDS`` (other than "split": ``single`` has no effect); ``one`` (with ``single``): dS' and
     F1 dO one input-dtype term too and the dS', dY tables their hi terms alone (``build_bwd_dh_ws(one=True)``);
-    ``dv_dtype``: dv's dtype where it is not ``dt`` (``io``); ``chunk_exp`` (a range study of ``one``): F1 dO and
-    F0 dX rounded under the chunk's power of two ``2^floor(-G_0 log2 e)`` (``G_0`` its first gate cumsum), their
-    products with Q^T and K^T scaled back."""
+    ``dv_dtype``: dv's dtype where it is not ``dt`` (``io``); ``chunk_exp`` (with ``one``, as the kernel's ``one``
+    form): F1 dO and F0 dX rounded under the chunk's power of two (``chunk_pow2``), their products with Q^T and K^T
+    scaled back."""
     Ttot, H, DK = q2.shape
     HV, DV = do2.shape[1], do2.shape[2]
     dev = q2.device
@@ -217,7 +216,7 @@ def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False, operan
         for j in range(len(act)):
             m = st[j]
             dv[tok[j][m]] = dX[j][:, m].transpose(0, 1)
-        up = torch.exp2(torch.floor(-f[:, :, 4, 0] * LOG2E))[..., None, None] if chunk_exp else 1.0
+        up = chunk_pow2(f[:, :, 4, 0])[..., None, None] if chunk_exp else 1.0
         a1h, a1l = _op(_f32(f[:, :, 1, :, None] * dOc) * up, dt, not one, operands)
         a2h, a2l = _op(_f32(f[:, :, 0, :, None] * dX) * up, dt, not single, operands)
         QT, KT = Qo.transpose(-1, -2), Ko.transpose(-1, -2)
@@ -322,25 +321,23 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     ``one_term``: ``BackwardPlan.one_term`` (with ``dh_single``, ``s_single``, ``lo8_tables`` False: dh's ``one``
     form, dqk reading U's hi term alone); ``kernel_dtype``: the kernels' input dtype where it is not q's (the
     pipeline's plan of another ``io_dtype``: the inputs converted by ``as_kernel_dtype``, dq, dk, dv rounded once to
-    q's dtype); ``group_scales`` (a range study of the one-term form): dO, dht and v, h0 times the powers of two
-    (``group_pow2``) that put each GVA group's largest magnitude in [1, 2), every gradient scaled back exactly;
-    ``chunk_exp`` (with ``one_term``): dh's F1 dO and F0 dX under a power of two per chunk (``dh(chunk_exp=True)``).
+    q's dtype); ``group_scales``: dO, dht and v, h0 times the powers of two of ``scales.group_exponents`` (each GVA
+    group's largest magnitude in [1, 2)), every gradient scaled back exactly (``scales.unscale``); ``chunk_exp``
+    (with ``one_term``): dh's F1 dO and F0 dX under a power of two per chunk (``dh(chunk_exp=True)``).  The
+    pipeline's one-term plans compute ``one_term`` with both.
     ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
     stage-by-stage checks)."""
     if group_scales:
-        H, HV = q.shape[2], v.shape[2]
-        sa, sb = group_pow2(do, dht, H), group_pow2(v, initial_state, H)         # [HV] fp32 powers of two
+        H = q.shape[2]
+        ea, eb = group_exponents(do, dht, H), group_exponents(v, initial_state, H)
+        sa, sb = pow2(-ea, torch.float32), pow2(-eb, torch.float32)
         per_v = lambda x, s: None if x is None else (x.float() * s[:, None, None]).to(x.dtype)   # noqa: E731
         got = chunk_gated_delta_rule_bwd(
             q, k, (v.float() * sb[:, None]).to(v.dtype), g, beta, (do.float() * sa[:, None]).to(do.dtype),
             per_v(dht, sa), scale, per_v(initial_state, sb), use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
             dh_single=dh_single, tinv_hi_only=tinv_hi_only, s_single=s_single, merge=merge, lo8_tables=lo8_tables,
             operands=operands, one_term=one_term, kernel_dtype=kernel_dtype, chunk_exp=chunk_exp, stages=stages)
-        sab, sh = sa * sb, (sa * sb)[::HV // H]
-        dq, dk, dv, dg, db, dh0 = got
-        back = lambda x, s: (x.float() / s).to(x.dtype)   # noqa: E731
-        return (back(dq, sh[:, None]), back(dk, sh[:, None]), back(dv, sa[:, None]), back(dg, sab), back(db, sab),
-                per_v(dh0, 1 / sa))
+        return unscale(got, ea, eb, H)
     out_dt, g_dt, beta_dt = q.dtype, g.dtype, beta.dtype
     if kernel_dtype is not None and kernel_dtype != q.dtype:
         q, k, v, g, beta, do = as_kernel_dtype(kernel_dtype, q, k, v, g, beta, do)

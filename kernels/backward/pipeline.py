@@ -24,8 +24,9 @@ Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan
   5. ``dg_dbeta`` [gdn_bwd_dg_dbeta] and ``finish.finish`` (torch): dg, dbeta, the L2-norm chain rule.
 
 ``plan``: another plan value (a benchmark's alternative), or a function of the dispatched plan returning the plan
-to run; a plan of another dtype than the inputs' (``io_dtype``, the one-term backward) runs on q, k, v, dO converted
-to it by ``gdn_bwd_convert``, without saved tables, and returns the caller's dtypes.  ``saved_tables``: the
+to run; a one-term plan runs on v, dO, h0, dht under powers of two per GVA group (``scales``; the gradients scaled
+back) and, where its dtype is not the inputs' (``io_dtype``), on q, k, v, dO converted to it by ``gdn_bwd_convert``,
+without saved tables, returning the caller's dtypes.  ``saved_tables``: the
 forward's ``{"Th", "Ah", "Al"}`` (each [HV, NC, 64, 64] in the input dtype), used where the plan reads them; a
 ``HandedTables`` is emptied once prep has run, so that the tables' memory is reused once dh and the recompute have
 read them (the call's own buffers are freed likewise where no later stage reads them: dUloc^T before dqk, the chunk
@@ -50,6 +51,7 @@ from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, TORCH_DTYPE, cached, cal
                                fp32_state, max_chunks, pad_rows, tma_ready, token_rows)
 
 from .finish import finish, group_sum
+from .scales import group_exponents, pow2, unscale
 
 # layouts of the ``stages`` intermediates, the same in both implementations; every value as fp32 / fp64
 STAGE_LAYOUT = {
@@ -131,14 +133,15 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     mark = _marker(events)
     mark("start")
     out_dt = x.q.dtype                  # the caller's
-    if plan.dtype != TL_DTYPE[out_dt]:
-        # the plan's kernels take another input dtype: q, k, v, dO converted to it (one launch), dv, dq, dk stored
-        # in the caller's (``io_dtype``); no saved tables (the forward's are in the caller's dtype)
-        if plan.io_dtype != TL_DTYPE[out_dt] or plan.reads_saved_tables:
-            raise ValueError(f"a {plan.dtype} plan for {out_dt} inputs needs io_dtype {TL_DTYPE[out_dt]} and no "
-                             f"saved tables; got io_dtype={plan.io_dtype!r}, reads_saved_tables="
-                             f"{plan.reads_saved_tables}")
-        b = _converted(b, plan)
+    if plan.dtype != TL_DTYPE[out_dt] and (plan.io_dtype != TL_DTYPE[out_dt] or plan.reads_saved_tables):
+        # the plan's kernels take another input dtype: q, k, v, dO converted to it, dv, dq, dk stored in the
+        # caller's (``io_dtype``); no saved tables (the forward's are in the caller's dtype)
+        raise ValueError(f"a {plan.dtype} plan for {out_dt} inputs needs io_dtype {TL_DTYPE[out_dt]} and no "
+                         f"saved tables; got io_dtype={plan.io_dtype!r}, reads_saved_tables="
+                         f"{plan.reads_saved_tables}")
+    exps = None
+    if plan.one_term:                   # v, dO (and h0, dht) under powers of two per GVA group, in the plan's dtype
+        b, exps = _scaled(b, plan)
         x = b.x
         mark("convert")
     saved = saved_tables if plan.reads_saved_tables else None
@@ -182,6 +185,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     states, grads = None, _without(grads, "dSh", "dSl", "dYh", "dYl")      # read by dqk last
     out = dg_dbeta(x=x, plan=plan, tables=tables, grads=grads, terms=terms, g=g, beta=beta,
                    has_h0=initial_state is not None, dt=out_dt)
+    if exps is not None:
+        out = unscale(out, *exps, x.H)
     mark("finish")
     return out
 
@@ -191,14 +196,20 @@ def _io_dtype(plan, dt: torch.dtype) -> torch.dtype:
     return TORCH_DTYPE[plan.io_dtype] if plan.io_dtype else dt
 
 
-def _converted(b: BackwardInputs, plan) -> BackwardInputs:
-    """``b`` with q, k, v, dO in the plan's dtype (``gdn_bwd_convert``)."""
+def _scaled(b: BackwardInputs, plan):
+    """(``b`` with v, dO, h0, dht times their GVA groups' powers of two and q, k, v, dO in the plan's dtype
+    (``gdn_bwd_convert``), the exponents (ea, eb) [HV] int32 that ``scales.unscale`` takes)."""
     from kernels.build import get_kernel
     x = b.x
     dt = TORCH_DTYPE[plan.dtype]
-    q, k, v, do = (torch.empty_like(t, dtype=dt) for t in (x.q, x.k, x.v, b.do))
-    get_kernel(plan.convert_config())(x.q, x.k, x.v, b.do, q, k, v, do)
-    return BackwardInputs(dataclasses.replace(x, q=q, k=k, v=v), do, b.dht)
+    ea, eb = group_exponents(b.do, b.dht, x.H), group_exponents(x.v, x.h0, x.H)
+    sa, sb = pow2(-ea, torch.float32), pow2(-eb, torch.float32)
+    v, do = torch.empty_like(x.v, dtype=dt), torch.empty_like(b.do, dtype=dt)
+    q, k = (x.q, x.k) if dt == x.q.dtype else (torch.empty_like(t, dtype=dt) for t in (x.q, x.k))
+    get_kernel(plan.convert_config())(x.q, x.k, x.v, b.do, torch.stack([sa, sb]), q, k, v, do)
+    per_v = lambda t, s: None if t is None else t * s[:, None, None]   # noqa: E731  [N, HV, D, D] fp32
+    x = dataclasses.replace(x, q=q, k=k, v=v, h0=per_v(x.h0, sb))
+    return BackwardInputs(x, do, per_v(b.dht, sa)), (ea, eb)
 
 
 def _without(stage_out, *names):
