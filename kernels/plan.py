@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from kernels.backward.configs import CLUSTER_GROUPS, CONVERT_KIND, DH_WS_BLOCKS, DQK_E_ONCE_HEAD_DIM, BwdConfig
+from kernels.backward.configs import (AMAX_KIND, CLUSTER_GROUPS, CONVERT_KIND, DH_WS_BLOCKS, DQK_E_ONCE_HEAD_DIM,
+                                      UNSCALE_KIND, BwdConfig)
 from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, SCAN_BV, STATE_FORMS, FixupConfig,
                                      IntraConfig, OutputConfig, StateConfig, output_block_v)
 from kernels.forward.cp_warm import MAX_SEGMENTS
@@ -326,6 +327,14 @@ class BackwardPlan:
         """``gdn_bwd_convert`` of a one-term plan: v and dO scaled, q, k, v, dO from ``io_dtype`` (if any)."""
         return BwdConfig(CONVERT_KIND, self.dtype, self.DK, io=self.io_dtype or self.dtype) if self.one_term else None
 
+    def amax_config(self) -> BwdConfig | None:
+        """``gdn_bwd_amax`` of a one-term plan (the inputs' dtype)."""
+        return BwdConfig(AMAX_KIND, self.io_dtype or self.dtype, self.DK) if self.one_term else None
+
+    def unscale_config(self) -> BwdConfig | None:
+        """``gdn_bwd_unscale`` of a one-term plan (the gradients' dtype)."""
+        return BwdConfig(UNSCALE_KIND, self.io_dtype or self.dtype, self.DK) if self.one_term else None
+
     def dgdb_config(self) -> BwdConfig:
         return BwdConfig("dgdb", "float32", self.DK)
 
@@ -341,8 +350,8 @@ class BackwardPlan:
         saved = with_saved and self.reads_saved_tables
         out += [self.prep_config(saved), self.dh_config(saved), self.dqk_config(),
                 self.dgdb_config()]
-        out += [c for c in (self.group_sum_config(True), self.group_sum_config(False), self.convert_config())
-                if c is not None]
+        out += [c for c in (self.group_sum_config(True), self.group_sum_config(False), self.convert_config(),
+                            self.amax_config(), self.unscale_config()) if c is not None]
         if self.dh_segments is not None and FixupConfig(self.DK) not in out:   # the segmented pass's end walk
             out.append(FixupConfig(self.DK))
         return tuple(out)

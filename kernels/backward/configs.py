@@ -19,6 +19,9 @@ DQK_E_ONCE_HEAD_DIM = 128
 # the one-term backward's inputs: v and dO under their GVA groups' powers of two, q, k, v, dO from the caller's
 # dtype (``io``) to the kernels' (``dtype``; the same dtype: v and dO scaled alone)
 CONVERT_KIND = "cvt"
+# the one-term backward's largest magnitudes of v and dO per value head, and its gradients scaled back (``dtype``: the
+# inputs' / the gradients')
+AMAX_KIND, UNSCALE_KIND = "amax", "unscale"
 # kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
 DTYPE_FREE_KINDS = ("dgdb",)
 
@@ -63,9 +66,8 @@ def all_configs():
     fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``), and at ``DQK_E_ONCE_HEAD_DIM`` dqk with fp8 lo
     tables forming the intra terms' gates once (``e_once``) and widening its lo tiles with a masked power of two
     (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
-    operands with bf16 dv, dq, dk too, ``io``, and the one-term inputs' scaling: bf16 to fp16, or in their dtype);
-    the dtype-free dgdb once.
-    The forward recompute runs the forward's intra and state kernels (``kernels.build.forward_configs``)."""
+    operands with bf16 dv, dq, dk too, ``io``, and the one-term passes: the maxima, the inputs' scaling, bf16 to
+    fp16 or in their dtype, and the gradients' scaling back); the dtype-free dgdb once.  The forward recompute runs the forward's intra and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
 
@@ -89,6 +91,7 @@ def _configs_at(D: int):
                + [BwdConfig(kind, "float16", D, s_single=True, e_once=True, one=True, io="bfloat16") for kind in KINDS
                   if kind.startswith("dqk")]
                + [BwdConfig(CONVERT_KIND, dt, D, io=src) for dt, src in (("float16", "bfloat16"), *zip(DTYPES, DTYPES))]
+               + [BwdConfig(kind, dt, D) for kind in (AMAX_KIND, UNSCALE_KIND) for dt in DTYPES]
                if D == DQK_E_ONCE_HEAD_DIM else []))
 
 
@@ -125,6 +128,9 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == CONVERT_KIND:
         from .convert import build_convert
         return build_convert(D, cfg.io, cfg.dtype)
+    if cfg.kind in (AMAX_KIND, UNSCALE_KIND):
+        from .convert import build_amax, build_unscale
+        return (build_amax if cfg.kind == AMAX_KIND else build_unscale)(D, cfg.dtype)
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
         return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge)

@@ -1,11 +1,16 @@
-"""``gdn_bwd_convert``: the one-term backward's inputs (``BackwardPlan.one_term``) in one launch: v and dO times
-their GVA groups' powers of two (``scales``), q, k, v, dO in the kernels' input dtype.
+"""The one-term backward's element-wise passes (``BackwardPlan.one_term``), one launch each:
 
-``q, k [Ttot, H, D]``, ``v, do [Ttot, HV, D]`` in ``src``, ``scales [2, HV]`` fp32 (row 0 dO's, row 1 v's) -> the
-same shapes in ``dst``: ``rd(x s)`` (round to nearest even: exact for bf16 values within fp16's normal range, +-inf
-past 65504, subnormal or 0 below 2^-14).  Where ``src == dst`` q and k are not copied (``q2, k2`` not written).
-Grid (row block, value head): the CTA of value head ``hv`` converts its rows of v and dO, and those of q and k where
-``hv < H``.
+* ``gdn_bwd_amax``: the largest magnitudes of dO and v per value head, as fp32 bits (``bits [2, HV]`` int32, row 0
+  dO's, row 1 v's; zeroed by the caller, atomically maxed: ``|x|``'s bits order as its values, NaN above inf);
+* ``gdn_bwd_convert``: v and dO times their GVA groups' powers of two (``scales [2, HV]`` fp32, row 0 dO's, row 1
+  v's), q, k, v, dO in the kernels' input dtype: ``rd(x s)`` (round to nearest even: exact for bf16 values within
+  fp16's normal range, +-inf past 65504, subnormal or 0 below 2^-14); where ``src == dst`` q and k are not copied
+  (``q2, k2`` not written);
+* ``gdn_bwd_unscale``: dq, dk, dv times their powers of two in place (``factors [2, HV]`` fp32: row 0 dv's, row 1
+  dq's and dk's, a q/k head taking its group's first value head's).
+
+``q, k, dq, dk [Ttot, H, D]``, ``v, do, dv [Ttot, HV, D]``.  Grid (row block, value head): the CTA of value head ``hv``
+takes its rows of v and dO (dv), and those of q and k (dq, dk) where ``hv < H``.
 """
 
 import tilelang.language as T
@@ -13,6 +18,79 @@ import tilelang.language as T
 from kernels.common.prologue import dynamic_dims
 
 ROWS = 16         # token rows per CTA of 128 threads (16 elements a thread at D 128)
+AMAX_ROWS = 128   # token rows per CTA of gdn_bwd_amax (16 steps of 8 elements a thread at D 128)
+THREADS = 128
+
+
+def build_amax(D: int, src: str):
+    """Arguments: v, do [Ttot, HV, D] in ``src``; bits [2, HV] int32 (in: zero; out: the maxima's fp32 bits)."""
+    Ttot, HV = dynamic_dims("Ttot HV")
+    f32, i32 = "float32", "int32"
+    assert AMAX_ROWS * D % (8 * THREADS) == 0
+    steps = AMAX_ROWS * D // (8 * THREADS)
+
+    @T.macro
+    def absmax_bits(x, hv, t0, tx, buf, acc):
+        """``acc[0] = max(acc[0], bits |x|)`` over the CTA's rows of value head ``hv``: 8 consecutive elements a
+        thread a step, the steps unrolled (their loads issued together)."""
+        for s in T.unroll(steps):
+            e0 = (s * THREADS + tx) * 8
+            if t0 + e0 // D < Ttot:
+                for e in T.vectorized(8):
+                    buf[e] = x[t0 + e0 // D, hv, e0 % D + e]
+                for e in T.unroll(8):
+                    acc[0] = T.max(acc[0], T.reinterpret(T.cast(buf[e], f32), i32) & 0x7FFFFFFF)
+
+    @T.prim_func
+    def gdn_bwd_amax(
+        v: T.Tensor((Ttot, HV, D), src),
+        do: T.Tensor((Ttot, HV, D), src),
+        bits: T.Tensor((2, HV), i32),
+    ):
+        with T.Kernel(T.ceildiv(Ttot, AMAX_ROWS), HV, threads=THREADS) as (bt, hv):
+            tx = T.get_thread_binding()
+            t0 = bt * AMAX_ROWS
+            bv = T.alloc_local((8,), src)
+            bd = T.alloc_local((8,), src)
+            mv = T.alloc_local((1,), i32)
+            md = T.alloc_local((1,), i32)
+            mv[0] = 0
+            md[0] = 0
+            absmax_bits(v, hv, t0, tx, bv, mv)
+            absmax_bits(do, hv, t0, tx, bd, md)
+            mv[0] = T.warp_reduce_max(mv[0])
+            md[0] = T.warp_reduce_max(md[0])
+            if tx % 32 == 0:
+                T.atomic_max(bits[1, hv], mv[0])
+                T.atomic_max(bits[0, hv], md[0])
+
+    return gdn_bwd_amax
+
+
+def build_unscale(D: int, dtype: str):
+    """Arguments: dq, dk [Ttot, H, D], dv [Ttot, HV, D] in ``dtype`` (in place), factors [2, HV] fp32."""
+    Ttot, H, HV = dynamic_dims("Ttot H HV")
+    f32 = "float32"
+
+    @T.prim_func
+    def gdn_bwd_unscale(
+        dq: T.Tensor((Ttot, H, D), dtype),
+        dk: T.Tensor((Ttot, H, D), dtype),
+        dv: T.Tensor((Ttot, HV, D), dtype),
+        factors: T.Tensor((2, HV), f32),
+    ):
+        with T.Kernel(T.ceildiv(Ttot, ROWS), HV, threads=THREADS) as (bt, hv):
+            t0 = bt * ROWS
+            for i, d in T.Parallel(ROWS, D):
+                if t0 + i < Ttot:
+                    dv[t0 + i, hv, d] = T.cast(T.cast(dv[t0 + i, hv, d], f32) * factors[0, hv], dtype)
+            if hv < H:
+                for i, d in T.Parallel(ROWS, D):
+                    if t0 + i < Ttot:
+                        dq[t0 + i, hv, d] = T.cast(T.cast(dq[t0 + i, hv, d], f32) * factors[1, hv * (HV // H)], dtype)
+                        dk[t0 + i, hv, d] = T.cast(T.cast(dk[t0 + i, hv, d], f32) * factors[1, hv * (HV // H)], dtype)
+
+    return gdn_bwd_unscale
 
 
 def build_convert(D: int, src: str, dst: str):
@@ -34,7 +112,7 @@ def build_convert(D: int, src: str, dst: str):
         v2: T.Tensor((Ttot, HV, D), dst),
         do2: T.Tensor((Ttot, HV, D), dst),
     ):
-        with T.Kernel(T.ceildiv(Ttot, ROWS), HV, threads=128) as (bt, hv):
+        with T.Kernel(T.ceildiv(Ttot, ROWS), HV, threads=THREADS) as (bt, hv):
             t0 = bt * ROWS
             for i, d in T.Parallel(ROWS, D):
                 if t0 + i < Ttot:

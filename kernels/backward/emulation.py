@@ -330,7 +330,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if group_scales:
         H = q.shape[2]
         ea, eb = group_exponents(do, dht, H), group_exponents(v, initial_state, H)
-        sa, sb = pow2(-ea, torch.float32), pow2(-eb, torch.float32)
+        sa, sb = pow2(-ea), pow2(-eb)
         per_v = lambda x, s: None if x is None else (x.float() * s[:, None, None]).to(x.dtype)   # noqa: E731
         got = chunk_gated_delta_rule_bwd(
             q, k, (v.float() * sb[:, None]).to(v.dtype), g, beta, (do.float() * sa[:, None]).to(do.dtype),

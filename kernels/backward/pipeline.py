@@ -51,7 +51,7 @@ from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, TORCH_DTYPE, cached, cal
                                fp32_state, max_chunks, pad_rows, tma_ready, token_rows)
 
 from .finish import finish, group_sum
-from .scales import group_exponents, pow2, unscale
+from .scales import exponents_of_maxima, pow2, unscale
 
 # layouts of the ``stages`` intermediates, the same in both implementations; every value as fp32 / fp64
 STAGE_LAYOUT = {
@@ -186,7 +186,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     out = dg_dbeta(x=x, plan=plan, tables=tables, grads=grads, terms=terms, g=g, beta=beta,
                    has_h0=initial_state is not None, dt=out_dt)
     if exps is not None:
-        out = unscale(out, *exps, x.H)
+        out = _unscale(out, exps, x, plan)
     mark("finish")
     return out
 
@@ -197,19 +197,33 @@ def _io_dtype(plan, dt: torch.dtype) -> torch.dtype:
 
 
 def _scaled(b: BackwardInputs, plan):
-    """(``b`` with v, dO, h0, dht times their GVA groups' powers of two and q, k, v, dO in the plan's dtype
-    (``gdn_bwd_convert``), the exponents (ea, eb) [HV] int32 that ``scales.unscale`` takes)."""
+    """(``b`` with v, dO, h0, dht times their GVA groups' powers of two and q, k, v, dO in the plan's dtype, the
+    exponents (ea, eb) [HV] int32 that ``scales.unscale`` takes): ``gdn_bwd_amax`` then ``gdn_bwd_convert``."""
     from kernels.build import get_kernel
     x = b.x
     dt = TORCH_DTYPE[plan.dtype]
-    ea, eb = group_exponents(b.do, b.dht, x.H), group_exponents(x.v, x.h0, x.H)
-    sa, sb = pow2(-ea, torch.float32), pow2(-eb, torch.float32)
+    bits = torch.zeros(2, x.HV, device=x.q.device, dtype=torch.int32)
+    get_kernel(plan.amax_config())(x.v, b.do, bits)
+    m = bits.view(torch.float32)
+    ea, eb = exponents_of_maxima(m[0], b.dht, x.H), exponents_of_maxima(m[1], x.h0, x.H)
+    sa, sb = pow2(-ea), pow2(-eb)
     v, do = torch.empty_like(x.v, dtype=dt), torch.empty_like(b.do, dtype=dt)
     q, k = (x.q, x.k) if dt == x.q.dtype else (torch.empty_like(t, dtype=dt) for t in (x.q, x.k))
     get_kernel(plan.convert_config())(x.q, x.k, x.v, b.do, torch.stack([sa, sb]), q, k, v, do)
     per_v = lambda t, s: None if t is None else t * s[:, None, None]   # noqa: E731  [N, HV, D, D] fp32
     x = dataclasses.replace(x, q=q, k=k, v=v, h0=per_v(x.h0, sb))
     return BackwardInputs(x, do, per_v(b.dht, sa)), (ea, eb)
+
+
+def _unscale(out, exps, x: ForwardInputs, plan):
+    """``scales.unscale`` of the gradients ``out``, dq, dk, dv by ``gdn_bwd_unscale``."""
+    from kernels.build import get_kernel
+    kern = get_kernel(plan.unscale_config())
+    n = x.B * x.T
+
+    def dense(dq, dk, dv, f):
+        kern(dq.view(n, x.H, x.D), dk.view(n, x.H, x.D), dv.view(n, x.HV, x.D), f)
+    return unscale(out, *exps, x.H, dense)
 
 
 def _without(stage_out, *names):
