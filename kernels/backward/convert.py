@@ -32,14 +32,14 @@ def build_amax(D: int, src: str):
     @T.macro
     def absmax_bits(x, hv, t0, tx, buf, acc):
         """``acc[0] = max(acc[0], bits |x|)`` over the CTA's rows of value head ``hv``: 8 consecutive elements a
-        thread a step, the steps unrolled (their loads issued together)."""
+        thread a step, the steps unrolled without a branch (rows past ``Ttot`` read the last row again, which
+        leaves the maximum as it is), so that their loads are issued together."""
         for s in T.unroll(steps):
             e0 = (s * THREADS + tx) * 8
-            if t0 + e0 // D < Ttot:
-                for e in T.vectorized(8):
-                    buf[e] = x[t0 + e0 // D, hv, e0 % D + e]
-                for e in T.unroll(8):
-                    acc[0] = T.max(acc[0], T.reinterpret(T.cast(buf[e], f32), i32) & 0x7FFFFFFF)
+            for e in T.vectorized(8):
+                buf[e] = x[T.min(t0 + e0 // D, Ttot - 1), hv, e0 % D + e]
+            for e in T.unroll(8):
+                acc[0] = T.max(acc[0], T.reinterpret(T.cast(buf[e], f32), i32) & 0x7FFFFFFF)
 
     @T.prim_func
     def gdn_bwd_amax(
