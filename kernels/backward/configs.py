@@ -12,6 +12,7 @@ CLUSTER_GROUPS = (2, 4, 8)
 # prep, dh; dqk: the inter + intra terms of one value head; dqk_gN: the same in clusters of N value heads storing
 # the group sums; gsum, gsum32: the GVA group sums of other group sizes to the input dtype / fp32; dgdb: dg, dbeta
 KINDS = ("prep", "dh", "dqk", *(f"dqk_g{g}" for g in CLUSTER_GROUPS), "gsum", "gsum32")
+DQK_KINDS = tuple(kind for kind in KINDS if kind.startswith("dqk"))
 # value columns a CTA of the warp-specialised reverse pass (``dh_ws``) can own
 DH_WS_BLOCKS = (32,)
 # the head dim at which dqk forms its gates once and widens its fp8 lo tiles by a mask (dispatched and built there)
@@ -67,7 +68,8 @@ def all_configs():
     tables forming the intra terms' gates once (``e_once``) and widening its lo tiles with a masked power of two
     (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
     operands with bf16 dv, dq, dk too, ``io``, and the one-term passes: the maxima, the inputs' scaling, bf16 to
-    fp16 or in their dtype, and the gradients' scaling back); the dtype-free dgdb once.  The forward recompute runs the forward's intra and state kernels (``kernels.build.forward_configs``)."""
+    fp16 or in their dtype, and the gradients' scaling back); the dtype-free dgdb once.  The forward recompute runs
+    the forward's intra and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
 
@@ -78,18 +80,17 @@ def _configs_at(D: int):
             + [BwdConfig("dh", dt, D, tinv_hi=True) for dt in DTYPES]
             + [BwdConfig("prep", dt, D, saved=True) for dt in DTYPES]
             + [BwdConfig("prep", dt, D, merge=m) for dt in DTYPES for m in ("fp32", "split")]
-            + [BwdConfig(kind, dt, D, s_single=True) for dt in DTYPES for kind in KINDS if kind.startswith("dqk")]
+            + [BwdConfig(kind, dt, D, s_single=True) for dt in DTYPES for kind in DQK_KINDS]
             + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True) for dt in DTYPES for t in (False, True)]
             + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True, ws_bv=32) for dt in DTYPES for t in (False, True)]
-            + [BwdConfig(kind, dt, D, lo8=True) for dt in DTYPES for kind in KINDS if kind.startswith("dqk")]
-            + ([BwdConfig(kind, dt, D, lo8=True, e_once=True, exp_mask=True) for dt in DTYPES for kind in KINDS
-                if kind.startswith("dqk")] if D == DQK_E_ONCE_HEAD_DIM else [])
+            + [BwdConfig(kind, dt, D, lo8=True) for dt in DTYPES for kind in DQK_KINDS]
+            + ([BwdConfig(kind, dt, D, lo8=True, e_once=True, exp_mask=True) for dt in DTYPES for kind in DQK_KINDS]
+               if D == DQK_E_ONCE_HEAD_DIM else [])
             + ([BwdConfig("dh", dt, D, single=True, ws_bv=32, one=True) for dt in DTYPES]
-               + [BwdConfig(kind, dt, D, s_single=True, e_once=True, one=True) for dt in DTYPES for kind in KINDS
-                  if kind.startswith("dqk")]
+               + [BwdConfig(kind, dt, D, s_single=True, e_once=True, one=True) for dt in DTYPES for kind in DQK_KINDS]
                + [BwdConfig("dh", "float16", D, single=True, ws_bv=32, one=True, io="bfloat16")]
-               + [BwdConfig(kind, "float16", D, s_single=True, e_once=True, one=True, io="bfloat16") for kind in KINDS
-                  if kind.startswith("dqk")]
+               + [BwdConfig(kind, "float16", D, s_single=True, e_once=True, one=True, io="bfloat16")
+                  for kind in DQK_KINDS]
                + [BwdConfig(CONVERT_KIND, dt, D, io=src) for dt, src in (("float16", "bfloat16"), *zip(DTYPES, DTYPES))]
                + [BwdConfig(kind, dt, D) for kind in (AMAX_KIND, UNSCALE_KIND) for dt in DTYPES]
                if D == DQK_E_ONCE_HEAD_DIM else []))
@@ -104,20 +105,20 @@ def prim_func(cfg: BwdConfig):
         raise ValueError(f"tinv_hi (Tinv's hi term alone) is a form of the split dh kernel only: {cfg.name}")
     if cfg.saved and cfg.kind != "prep":
         raise ValueError(f"saved (the forward's Tinv and Ag) is a form of prep only: {cfg.name}")
-    if cfg.s_single and not cfg.kind.startswith("dqk"):
+    if cfg.s_single and not cfg.kind in DQK_KINDS:
         raise ValueError(f"s_single (S's hi term alone) is a form of dqk only: {cfg.name}")
     if cfg.merge != "bf16" and (cfg.kind != "prep" or cfg.saved):
         raise ValueError(f"merge (the block merges) is a form of prep computing Tinv only: {cfg.name}")
-    split_tables = (cfg.kind == "dh" and not cfg.single) or (cfg.kind.startswith("dqk") and not cfg.s_single)
+    split_tables = (cfg.kind == "dh" and not cfg.single) or (cfg.kind in DQK_KINDS and not cfg.s_single)
     if cfg.lo8 and not split_tables:
         raise ValueError(f"lo8 (fp8 lo tables) is a form of the split dh and of dqk on the split S: {cfg.name}")
-    if cfg.e_once and not cfg.kind.startswith("dqk"):
+    if cfg.e_once and not cfg.kind in DQK_KINDS:
         raise ValueError(f"e_once (the intra terms' gates formed once) is a form of dqk only: {cfg.name}")
-    if cfg.exp_mask and not (cfg.kind.startswith("dqk") and cfg.lo8):
+    if cfg.exp_mask and not (cfg.kind in DQK_KINDS and cfg.lo8):
         raise ValueError(f"exp_mask (the fp8 lo tiles' masked powers of two) is a form of dqk with fp8 lo tables: "
                          f"{cfg.name}")
     if cfg.one and not ((cfg.kind == "dh" and cfg.single and cfg.ws_bv and not cfg.lo8)
-                        or (cfg.kind.startswith("dqk") and cfg.s_single and not cfg.lo8)):
+                        or (cfg.kind in DQK_KINDS and cfg.s_single and not cfg.lo8)):
         raise ValueError(f"one (every term single) is a form of the warp-specialised dh with single and of dqk with "
                          f"s_single, neither with fp8 lo tables: {cfg.name}")
     if cfg.io and not (cfg.one and cfg.io in DTYPES and cfg.io != cfg.dtype) and cfg.kind != CONVERT_KIND:
