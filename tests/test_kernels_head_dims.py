@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from kernels.backward.configs import BwdConfig
+from kernels.backward.configs import ONE_TERM_KINDS, BwdConfig
 from kernels.forward.configs import HEAD_DIMS, FixupConfig, IntraConfig, OutputConfig, StateConfig
 from kernels.forward.precision import preset
 from kernels.plan import N_SM, WS_HEAD_DIMS, ForwardPlan, backward_plan, block_v, forward_plan
@@ -79,11 +79,14 @@ def test_compile_list_holds_every_configuration_at_both_head_dims():
     at = {D: [c for c in cfgs if c.DK == D] for D in HEAD_DIMS}
     assert set(at) == {64, 128} and all(at.values())
     # the P-table, warm-up and recompute table forms (and the scan and fix-up of the warm-up) and dqk's A/B forms
-    # and the one-term backward's forms (with the conversion kernel) are built at the head dims where the ws form is
+    # and the one-term backward's forms (with its element-wise passes) are built at the head dims where the ws form is
     # dispatched (WS_HEAD_DIMS) alone
     ws_only = ("pt", "warm", "tables", "e_once", "exp_mask", "one", "io")
-    assert WS_HEAD_DIMS == (128,) and not any(getattr(c, f, False) for c in at[64] for f in ws_only)
-    assert {_at_64(c) for c in at[128] if not any(getattr(c, f, False) for f in ws_only)} == set(at[64])
+
+    def at_128_only(c):
+        return any(getattr(c, f, False) for f in ws_only) or getattr(c, "kind", None) in ONE_TERM_KINDS
+    assert WS_HEAD_DIMS == (128,) and not any(at_128_only(c) for c in at[64])
+    assert {_at_64(c) for c in at[128] if not at_128_only(c)} == set(at[64])
     fwd = forward_configs()
     assert cfgs[:len(fwd)] == fwd and not any(isinstance(c, BwdConfig) for c in fwd)
     kinds = {type(c).__name__ if not isinstance(c, BwdConfig) else c.kind for c in at[64]}

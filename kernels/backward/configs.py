@@ -23,6 +23,8 @@ CONVERT_KIND = "cvt"
 # the one-term backward's largest magnitudes of v and dO per value head, and its gradients scaled back (``dtype``: the
 # inputs' / the gradients')
 AMAX_KIND, UNSCALE_KIND = "amax", "unscale"
+# the one-term backward's element-wise passes (built at DQK_E_ONCE_HEAD_DIM, where its forms are)
+ONE_TERM_KINDS = (AMAX_KIND, CONVERT_KIND, UNSCALE_KIND)
 # kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
 DTYPE_FREE_KINDS = ("dgdb",)
 
