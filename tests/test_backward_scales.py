@@ -54,7 +54,7 @@ def test_unscale_scales_each_gradient_by_its_power_of_two_in_its_dtype():
     dg, db = torch.randn(1, 9, HV, generator=g), torch.randn(1, 9, HV, generator=g).bfloat16()
     dh0 = torch.randn(2, HV, 8, 8, generator=g)
     before = [t.clone() for t in (dq, dk, dv, dg, db, dh0)]
-    out = unscale((dq, dk, dv, dg, db, dh0), ea, eb, H)
+    out = unscale((dq, dk, dv, dg, db, dh0), factors(ea, eb), H)
     a, ab = 2.0 ** ea.double(), 2.0 ** (ea + eb).double()
     want = [before[0].double() * ab[::2, None], before[1].double() * ab[::2, None], before[2].double() * a[:, None],
             before[3].double() * ab, before[4].double() * ab, before[5].double() * a[:, None, None]]
@@ -62,3 +62,5 @@ def test_unscale_scales_each_gradient_by_its_power_of_two_in_its_dtype():
         assert got.dtype == src.dtype, name
         assert torch.equal(got.double(), w), name
     assert out[0] is dq and out[5] is dh0, "in place"
+    dv2 = before[2].clone()
+    assert torch.equal(unscale((dq, dk, dv2, dg, db, None), factors(ea, eb), H, dv_scaled=True)[2], before[2])

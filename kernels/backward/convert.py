@@ -68,7 +68,7 @@ def build_amax(D: int, src: str):
 
 
 def build_unscale(D: int, dtype: str):
-    """Arguments: dq, dk [Ttot, H, D], dv [Ttot, HV, D] in ``dtype`` (in place), factors [2, HV] fp32."""
+    """Arguments: dq, dk [Ttot, H, D] in ``dtype`` (in place), factors [2, HV] fp32."""
     Ttot, H, HV = dynamic_dims("Ttot H HV")
     f32 = "float32"
 
@@ -76,19 +76,14 @@ def build_unscale(D: int, dtype: str):
     def gdn_bwd_unscale(
         dq: T.Tensor((Ttot, H, D), dtype),
         dk: T.Tensor((Ttot, H, D), dtype),
-        dv: T.Tensor((Ttot, HV, D), dtype),
         factors: T.Tensor((2, HV), f32),
     ):
-        with T.Kernel(T.ceildiv(Ttot, ROWS), HV, threads=THREADS) as (bt, hv):
+        with T.Kernel(T.ceildiv(Ttot, ROWS), H, threads=THREADS) as (bt, h):
             t0 = bt * ROWS
             for i, d in T.Parallel(ROWS, D):
                 if t0 + i < Ttot:
-                    dv[t0 + i, hv, d] = T.cast(T.cast(dv[t0 + i, hv, d], f32) * factors[0, hv], dtype)
-            if hv < H:
-                for i, d in T.Parallel(ROWS, D):
-                    if t0 + i < Ttot:
-                        dq[t0 + i, hv, d] = T.cast(T.cast(dq[t0 + i, hv, d], f32) * factors[1, hv * (HV // H)], dtype)
-                        dk[t0 + i, hv, d] = T.cast(T.cast(dk[t0 + i, hv, d], f32) * factors[1, hv * (HV // H)], dtype)
+                    dq[t0 + i, h, d] = T.cast(T.cast(dq[t0 + i, h, d], f32) * factors[1, h * (HV // H)], dtype)
+                    dk[t0 + i, h, d] = T.cast(T.cast(dk[t0 + i, h, d], f32) * factors[1, h * (HV // H)], dtype)
 
     return gdn_bwd_unscale
 

@@ -79,28 +79,10 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
     NV = DV // BV
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
 
-    @T.prim_func
-    def gdn_bwd_dh_ws(
-        q: T.Tensor((Ttot, H, DK), dtype),
-        k: T.Tensor((Ttot, H, DK), dtype),
-        do: T.Tensor((Ttot, HV, DV), dtype),
-        Th: T.Tensor((HV, NCg, BT, BT), dtype),
-        Tl: T.Tensor((HV, NCg, BT, BT), dtype),
-        Fb: T.Tensor((HV, NCg, 8, BT), f32),
-        dUl: T.Tensor((HV, NCg, DV, BT), f32),
-        cu_seqlens: T.Tensor((N + 1,), "int32"),
-        chunk_offsets: T.Tensor((N + 1,), "int32"),
-        dht: T.Tensor((Nh, HV, DK, DV), f32),
-        dSh: T.Tensor((HV, NCg, DV, DK), dtype),
-        dSl: T.Tensor((HV, NCg, DV, DK), LO8 if lo8 else dtype),
-        dYh: T.Tensor((HV, NCg, DV, BT), dtype),
-        dYl: T.Tensor((HV, NCg, DV, BT), dtype),
-        dv: T.Tensor((Ttot, HV, DV), dvt),
-        dh0: T.Tensor((Nt, HV, DK, DV), f32),
-        use_dht: T.int32,
-        store_dh0: T.int32,
-        v_first: T.int32,
-    ):
+    @T.macro
+    def body(q, k, do, Th, Tl, Fb, dUl, cu_seqlens,
+             chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0,
+             use_dht, store_dh0, v_first, factors):
         with T.Kernel(NV, HV, N, threads=3 * WG) as (bv, hv, n):
             h = hv // (HV // H)
             bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
@@ -183,7 +165,10 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     T.barrier_arrive(y_ready)
                     for t, j in T.Parallel(BT, BV):
                         if t0 + t < eos:
-                            dv[t0 + t, hv, v0 + j] = T.cast(f_s[st, 7, t] * dy_f[t, j], dvt)
+                            if one:         # times 2^ea, the group's power of two undone
+                                dv[t0 + t, hv, v0 + j] = T.cast(f_s[st, 7, t] * dy_f[t, j] * factors[0, hv], dvt)
+                            else:
+                                dv[t0 + t, hv, v0 + j] = T.cast(f_s[st, 7, t] * dy_f[t, j], dvt)
                     # dS = F3 dS + Q^T D1 - K^T D2 (one: D1, D2 under the chunk's power of two, undone)
                     if one:
                         for t, j in T.Parallel(BT, BV):
@@ -273,5 +258,59 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                         T.tma_copy(Fb[hv, c, 0:8, 0:BT], f_s[st, :, :], barrier=full[st])
                         T.tma_copy(dUl[hv, c, v0:v0 + BV, 0:BT], dul_s[st, :, :], barrier=full[st])
                         T.barrier_arrive(full[st])
+
+    if one:
+        @T.prim_func
+        def gdn_bwd_dh_ws(
+            q: T.Tensor((Ttot, H, DK), dtype),
+            k: T.Tensor((Ttot, H, DK), dtype),
+            do: T.Tensor((Ttot, HV, DV), dtype),
+            Th: T.Tensor((HV, NCg, BT, BT), dtype),
+            Tl: T.Tensor((HV, NCg, BT, BT), dtype),
+            Fb: T.Tensor((HV, NCg, 8, BT), f32),
+            dUl: T.Tensor((HV, NCg, DV, BT), f32),
+            cu_seqlens: T.Tensor((N + 1,), "int32"),
+            chunk_offsets: T.Tensor((N + 1,), "int32"),
+            dht: T.Tensor((Nh, HV, DK, DV), f32),
+            dSh: T.Tensor((HV, NCg, DV, DK), dtype),
+            dSl: T.Tensor((HV, NCg, DV, DK), LO8 if lo8 else dtype),
+            dYh: T.Tensor((HV, NCg, DV, BT), dtype),
+            dYl: T.Tensor((HV, NCg, DV, BT), dtype),
+            dv: T.Tensor((Ttot, HV, DV), dvt),
+            dh0: T.Tensor((Nt, HV, DK, DV), f32),
+            use_dht: T.int32,
+            store_dh0: T.int32,
+            v_first: T.int32,
+            factors: T.Tensor((2, HV), f32),
+        ):
+            body(q, k, do, Th, Tl, Fb, dUl, cu_seqlens,
+                 chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0,
+                 use_dht, store_dh0, v_first, factors)
+    else:
+        @T.prim_func
+        def gdn_bwd_dh_ws(
+            q: T.Tensor((Ttot, H, DK), dtype),
+            k: T.Tensor((Ttot, H, DK), dtype),
+            do: T.Tensor((Ttot, HV, DV), dtype),
+            Th: T.Tensor((HV, NCg, BT, BT), dtype),
+            Tl: T.Tensor((HV, NCg, BT, BT), dtype),
+            Fb: T.Tensor((HV, NCg, 8, BT), f32),
+            dUl: T.Tensor((HV, NCg, DV, BT), f32),
+            cu_seqlens: T.Tensor((N + 1,), "int32"),
+            chunk_offsets: T.Tensor((N + 1,), "int32"),
+            dht: T.Tensor((Nh, HV, DK, DV), f32),
+            dSh: T.Tensor((HV, NCg, DV, DK), dtype),
+            dSl: T.Tensor((HV, NCg, DV, DK), LO8 if lo8 else dtype),
+            dYh: T.Tensor((HV, NCg, DV, BT), dtype),
+            dYl: T.Tensor((HV, NCg, DV, BT), dtype),
+            dv: T.Tensor((Ttot, HV, DV), dvt),
+            dh0: T.Tensor((Nt, HV, DK, DV), f32),
+            use_dht: T.int32,
+            store_dh0: T.int32,
+            v_first: T.int32,
+        ):
+            body(q, k, do, Th, Tl, Fb, dUl, cu_seqlens,
+                 chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0,
+                 use_dht, store_dh0, v_first, None)
 
     return gdn_bwd_dh_ws

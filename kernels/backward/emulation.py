@@ -31,7 +31,7 @@ from kernels.forward.cumsum import LOG2E
 from kernels.interface import LO8_DTYPE, as_kernel_dtype, lo8_shift, pad_rows
 
 from .finish import BT, finish, group_sum, token_index
-from .scales import EXP_MAX, group_exponents, pow2, unscale
+from .scales import EXP_MAX, factors, group_exponents, pow2, unscale
 
 f64 = torch.float64
 # the wgmma operands of the backward stages: the kernels' forms, one input-dtype term, one scaled fp16 term
@@ -337,7 +337,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
             per_v(dht, sa), scale, per_v(initial_state, sb), use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
             dh_single=dh_single, tinv_hi_only=tinv_hi_only, s_single=s_single, merge=merge, lo8_tables=lo8_tables,
             operands=operands, one_term=one_term, kernel_dtype=kernel_dtype, chunk_exp=chunk_exp, stages=stages)
-        return unscale(got, ea, eb, H)
+        return unscale(got, factors(ea, eb), H)
     out_dt, g_dt, beta_dt = q.dtype, g.dtype, beta.dtype
     if kernel_dtype is not None and kernel_dtype != q.dtype:
         q, k, v, g, beta, do = as_kernel_dtype(kernel_dtype, q, k, v, g, beta, do)

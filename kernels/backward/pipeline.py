@@ -51,7 +51,7 @@ from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, TORCH_DTYPE, cached, cal
                                fp32_state, max_chunks, pad_rows, tma_ready, token_rows)
 
 from .finish import finish, group_sum
-from .scales import exponents_of_maxima, pow2, unscale
+from .scales import exponents_of_maxima, factors, pow2, unscale
 
 # layouts of the ``stages`` intermediates, the same in both implementations; every value as fp32 / fp64
 STAGE_LAYOUT = {
@@ -139,9 +139,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         raise ValueError(f"a {plan.dtype} plan for {out_dt} inputs needs io_dtype {TL_DTYPE[out_dt]} and no "
                          f"saved tables; got io_dtype={plan.io_dtype!r}, reads_saved_tables="
                          f"{plan.reads_saved_tables}")
-    exps = None
+    f = None
     if plan.one_term:                   # v, dO (and h0, dht) under powers of two per GVA group, in the plan's dtype
-        b, exps = _scaled(b, plan)
+        b, f = _scaled(b, plan)
         x = b.x
         mark("convert")
     saved = saved_tables if plan.reads_saved_tables else None
@@ -157,7 +157,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     side = _side_stream(x.q.device) if plan.overlap_recompute else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(x.q.device))   # prep is launched: the recompute may follow it
-    grads = dh(b=b, plan=plan, tables=tables, saved=from_saved, maps=maps)
+    grads = dh(b=b, plan=plan, tables=tables, saved=from_saved, maps=maps, factors=f)
     if stages is None:
         # dUloc^T and Tinv are read by dh alone: their memory is no longer allocated while the recompute's outputs
         # are (main-stream allocations that reuse it run after dh)
@@ -185,8 +185,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     states, grads = None, _without(grads, "dSh", "dSl", "dYh", "dYl")      # read by dqk last
     out = dg_dbeta(x=x, plan=plan, tables=tables, grads=grads, terms=terms, g=g, beta=beta,
                    has_h0=initial_state is not None, dt=out_dt)
-    if exps is not None:
-        out = _unscale(out, exps, x, plan)
+    if f is not None:
+        out = _unscale(out, f, x, plan)
     mark("finish")
     return out
 
@@ -212,18 +212,18 @@ def _scaled(b: BackwardInputs, plan):
     get_kernel(plan.convert_config())(x.q, x.k, x.v, b.do, torch.stack([sa, sb]), q, k, v, do)
     per_v = lambda t, s: None if t is None else t * s[:, None, None]   # noqa: E731  [N, HV, D, D] fp32
     x = dataclasses.replace(x, q=q, k=k, v=v, h0=per_v(x.h0, sb))
-    return BackwardInputs(x, do, per_v(b.dht, sa)), (ea, eb)
+    return BackwardInputs(x, do, per_v(b.dht, sa)), factors(ea, eb)
 
 
-def _unscale(out, exps, x: ForwardInputs, plan):
-    """``scales.unscale`` of the gradients ``out``, dq, dk, dv by ``gdn_bwd_unscale``."""
+def _unscale(out, f, x: ForwardInputs, plan):
+    """``scales.unscale`` of the gradients ``out`` by ``f``: dq, dk by ``gdn_bwd_unscale``, dv already by dh_ws."""
     from kernels.build import get_kernel
     kern = get_kernel(plan.unscale_config())
     n = x.B * x.T
 
-    def dense(dq, dk, dv, f):
-        kern(dq.view(n, x.H, x.D), dk.view(n, x.H, x.D), dv.view(n, x.HV, x.D), f)
-    return unscale(out, *exps, x.H, dense)
+    def dense(dq, dk, f):
+        kern(dq.view(n, x.H, x.D), dk.view(n, x.H, x.D), f)
+    return unscale(out, f, x.H, dense, dv_scaled=True)
 
 
 def _without(stage_out, *names):
@@ -330,10 +330,10 @@ class StateGradients:
     dh0: torch.Tensor               # [N or 1, HV, D, D] fp32 (the caller's layout)
 
 
-def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool, maps=None) -> StateGradients:
+def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool, maps=None, factors=None) -> StateGradients:
     """``gdn_bwd_dh``: the reverse sequential pass, or its segmented form (``plan.dh_segments``; its transfer maps
     from ``maps``, ``segment_maps_of``' ZM, where given, instead of its pass B); ``saved``: the tables' Tinv is the
-    forward's (hi alone)."""
+    forward's (hi alone); ``factors`` (a one-term plan's, ``scales.factors``): dv stored times its row 0."""
     from kernels.build import get_kernel
     x = b.x
     dev, dt, D, HV = x.q.device, x.q.dtype, x.D, x.HV
@@ -352,7 +352,7 @@ def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool, maps=None) -
     if plan.dh_segments is None:
         dht = b.dht if b.dht is not None else torch.empty(1, HV, D, D, device=dev, dtype=torch.float32)
         kern(x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, x.cu, x.chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0,
-             int(b.dht is not None), int(use_h0), int(x.v_first))
+             int(b.dht is not None), int(use_h0), int(x.v_first), *(() if factors is None else (factors,)))
     else:
         dhk = None if b.dht is None else (b.dht.transpose(-1, -2) if x.v_first else b.dht)
         dh0k = _dh_segmented(kern, plan.dh_segments, x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, dhk, dSh, dSl, dYh,

@@ -44,20 +44,21 @@ def factors(ea: torch.Tensor, eb: torch.Tensor) -> torch.Tensor:
     return torch.stack([pow2(ea), pow2((ea + eb).clamp(-126, 127))])
 
 
-def unscale(grads, ea: torch.Tensor, eb: torch.Tensor, H: int, dense=None):
+def unscale(grads, f: torch.Tensor, H: int, dense=None, dv_scaled: bool = False):
     """(dq, dk, dv, dg, dbeta, dh0) of the scaled inputs (dq, dk [..., H, K], dv [..., HV, V], dg, dbeta [..., HV],
-    dh0 [N, HV, ., .] or None) as the unscaled inputs' gradients, in place, each in its dtype: dv, dh0 times
-    ``2^ea``, the others times ``2^(ea + eb)`` (per q/k head: its group's).  ``dense(dq, dk, dv, f)``: scales
-    those three by ``f = factors(ea, eb)`` (``gdn_bwd_unscale``; torch when None)."""
+    dh0 [N, HV, ., .] or None) as the unscaled inputs' gradients, in place, each in its dtype, by ``f = factors(ea,
+    eb)``: dv, dh0 times ``2^ea``, the others times ``2^(ea + eb)`` (per q/k head: its group's).  ``dense(dq, dk,
+    f)``: scales dq and dk (``gdn_bwd_unscale``; torch when None); ``dv_scaled``: dv is already (dh_ws's one form
+    stores it so)."""
     dq, dk, dv, dg, db, dh0 = grads
-    f = factors(ea, eb)
-    HV = ea.numel()
+    HV = f.shape[1]
     if dense is None:
         dq.mul_(f[1, ::HV // H, None])
         dk.mul_(f[1, ::HV // H, None])
-        dv.mul_(f[0, :, None])
     else:
-        dense(dq, dk, dv, f)
+        dense(dq, dk, f)
+    if not dv_scaled:
+        dv.mul_(f[0, :, None])
     dg.mul_(f[1])
     db.mul_(f[1])
     if dh0 is not None:
