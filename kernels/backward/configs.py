@@ -107,14 +107,14 @@ def prim_func(cfg: BwdConfig):
         raise ValueError(f"tinv_hi (Tinv's hi term alone) is a form of the split dh kernel only: {cfg.name}")
     if cfg.saved and cfg.kind != "prep":
         raise ValueError(f"saved (the forward's Tinv and Ag) is a form of prep only: {cfg.name}")
-    if cfg.s_single and not cfg.kind in DQK_KINDS:
+    if cfg.s_single and cfg.kind not in DQK_KINDS:
         raise ValueError(f"s_single (S's hi term alone) is a form of dqk only: {cfg.name}")
     if cfg.merge != "bf16" and (cfg.kind != "prep" or cfg.saved):
         raise ValueError(f"merge (the block merges) is a form of prep computing Tinv only: {cfg.name}")
     split_tables = (cfg.kind == "dh" and not cfg.single) or (cfg.kind in DQK_KINDS and not cfg.s_single)
     if cfg.lo8 and not split_tables:
         raise ValueError(f"lo8 (fp8 lo tables) is a form of the split dh and of dqk on the split S: {cfg.name}")
-    if cfg.e_once and not cfg.kind in DQK_KINDS:
+    if cfg.e_once and cfg.kind not in DQK_KINDS:
         raise ValueError(f"e_once (the intra terms' gates formed once) is a form of dqk only: {cfg.name}")
     if cfg.exp_mask and not (cfg.kind in DQK_KINDS and cfg.lo8):
         raise ValueError(f"exp_mask (the fp8 lo tiles' masked powers of two) is a form of dqk with fp8 lo tables: "

@@ -6,11 +6,11 @@
   v's), q, k, v, dO in the kernels' input dtype: ``rd(x s)`` (round to nearest even: exact for bf16 values within
   fp16's normal range, +-inf past 65504, subnormal or 0 below 2^-14); where ``src == dst`` q and k are not copied
   (``q2, k2`` not written);
-* ``gdn_bwd_unscale``: dq, dk, dv times their powers of two in place (``factors [2, HV]`` fp32: row 0 dv's, row 1
-  dq's and dk's, a q/k head taking its group's first value head's).
+* ``gdn_bwd_unscale``: dq, dk times their power of two in place (row 1 of ``factors [2, HV]`` fp32, a q/k head
+  taking its group's first value head's; dh_ws's one form stores dv scaled back).
 
-``q, k, dq, dk [Ttot, H, D]``, ``v, do, dv [Ttot, HV, D]``.  Grid (row block, value head): the CTA of value head ``hv``
-takes its rows of v and dO (dv), and those of q and k (dq, dk) where ``hv < H``.
+``q, k, dq, dk [Ttot, H, D]``, ``v, do [Ttot, HV, D]``.  Grid (row block, head): the CTA of value head ``hv`` takes
+its rows of v and dO, and those of q and k where ``hv < H``; unscale's CTA of q/k head ``h`` its rows of dq, dk.
 """
 
 import tilelang.language as T

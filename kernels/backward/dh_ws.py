@@ -35,17 +35,16 @@ from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, seq_s
     store_state_kt
 from kernels.forward.cumsum import LOG2E
 
+from .scales import EXP_MAX
+
 BT = 64
 WG = 128
-# the chunk exponents of the ``one`` form lie in [-CHUNK_EXP_MAX, CHUNK_EXP_MAX] (powers of two and their
-# reciprocals normal fp32 numbers)
-CHUNK_EXP_MAX = 126
 
 
 def chunk_pow2(g0, sign: int = 1):
     """``2^(sign x)`` (fp32, built from its exponent bits: exact), ``x = floor(-g0 log2 e)`` clamped to
-    [-CHUNK_EXP_MAX, CHUNK_EXP_MAX]: the power of two of a chunk whose first gate cumsum is ``g0`` (fp32)."""
-    x = T.cast(T.max(T.min(T.floor(-g0 * LOG2E), float(CHUNK_EXP_MAX)), -float(CHUNK_EXP_MAX)), "int32")
+    [-EXP_MAX, EXP_MAX]: the power of two of a chunk whose first gate cumsum is ``g0`` (fp32)."""
+    x = T.cast(T.max(T.min(T.floor(-g0 * LOG2E), float(EXP_MAX)), -float(EXP_MAX)), "int32")
     return T.reinterpret((127 + sign * x) << 23, "float32")
 
 

@@ -31,7 +31,7 @@ from kernels.forward.cumsum import LOG2E
 from kernels.interface import LO8_DTYPE, as_kernel_dtype, lo8_shift, pad_rows
 
 from .finish import BT, finish, group_sum, token_index
-from .scales import EXP_MAX, factors, group_exponents, pow2, unscale
+from .scales import EXP_MAX, factors, group_exponents, pow2, scale_states, unscale
 
 f64 = torch.float64
 # the wgmma operands of the backward stages: the kernels' forms, one input-dtype term, one scaled fp16 term
@@ -331,10 +331,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         H = q.shape[2]
         ea, eb = group_exponents(do, dht, H), group_exponents(v, initial_state, H)
         sa, sb = pow2(-ea), pow2(-eb)
-        per_v = lambda x, s: None if x is None else (x.float() * s[:, None, None]).to(x.dtype)   # noqa: E731
         got = chunk_gated_delta_rule_bwd(
             q, k, (v.float() * sb[:, None]).to(v.dtype), g, beta, (do.float() * sa[:, None]).to(do.dtype),
-            per_v(dht, sa), scale, per_v(initial_state, sb), use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
+            scale_states(dht, sa), scale, scale_states(initial_state, sb), use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
             dh_single=dh_single, tinv_hi_only=tinv_hi_only, s_single=s_single, merge=merge, lo8_tables=lo8_tables,
             operands=operands, one_term=one_term, kernel_dtype=kernel_dtype, chunk_exp=chunk_exp, stages=stages)
         return unscale(got, factors(ea, eb), H)

@@ -51,7 +51,7 @@ from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, TORCH_DTYPE, cached, cal
                                fp32_state, max_chunks, pad_rows, tma_ready, token_rows)
 
 from .finish import finish, group_sum
-from .scales import exponents_of_maxima, factors, pow2, unscale
+from .scales import exponents_of_maxima, factors, pow2, scale_states, unscale
 
 # layouts of the ``stages`` intermediates, the same in both implementations; every value as fp32 / fp64
 STAGE_LAYOUT = {
@@ -198,7 +198,7 @@ def _io_dtype(plan, dt: torch.dtype) -> torch.dtype:
 
 def _scaled(b: BackwardInputs, plan):
     """(``b`` with v, dO, h0, dht times their GVA groups' powers of two and q, k, v, dO in the plan's dtype, the
-    exponents (ea, eb) [HV] int32 that ``scales.unscale`` takes): ``gdn_bwd_amax`` then ``gdn_bwd_convert``."""
+    ``scales.factors`` [2, HV] that undo them): ``gdn_bwd_amax`` then ``gdn_bwd_convert``."""
     from kernels.build import get_kernel
     x = b.x
     dt = TORCH_DTYPE[plan.dtype]
@@ -210,9 +210,8 @@ def _scaled(b: BackwardInputs, plan):
     v, do = torch.empty_like(x.v, dtype=dt), torch.empty_like(b.do, dtype=dt)
     q, k = (x.q, x.k) if dt == x.q.dtype else (torch.empty_like(t, dtype=dt) for t in (x.q, x.k))
     get_kernel(plan.convert_config())(x.q, x.k, x.v, b.do, torch.stack([sa, sb]), q, k, v, do)
-    per_v = lambda t, s: None if t is None else t * s[:, None, None]   # noqa: E731  [N, HV, D, D] fp32
-    x = dataclasses.replace(x, q=q, k=k, v=v, h0=per_v(x.h0, sb))
-    return BackwardInputs(x, do, per_v(b.dht, sa)), factors(ea, eb)
+    x = dataclasses.replace(x, q=q, k=k, v=v, h0=scale_states(x.h0, sb))
+    return BackwardInputs(x, do, scale_states(b.dht, sa)), factors(ea, eb)
 
 
 def _unscale(out, f, x: ForwardInputs, plan):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-# the exponents lie in [-EXP_MAX, EXP_MAX] (2^-e a normal fp32 number)
+# the exponents of the groups' (and dh_ws's chunks') powers of two lie in [-EXP_MAX, EXP_MAX] (a power of two and its
+# reciprocal normal fp32 numbers)
 EXP_MAX = 126
 
 
@@ -31,6 +32,11 @@ def exponents_of_maxima(m: torch.Tensor, extra: torch.Tensor | None, H: int) -> 
     _, e = torch.frexp(m)                               # m = f 2^e, f in [0.5, 1): floor(log2 m) = e - 1
     e = torch.where((m > 0) & torch.isfinite(m), (e - 1).clamp(-EXP_MAX, EXP_MAX), 0)
     return e.to(torch.int32).repeat_interleave(HV // H)
+
+
+def scale_states(x: torch.Tensor | None, s: torch.Tensor) -> torch.Tensor | None:
+    """``x [N, HV, ., .]`` (a state or its gradient; None passes) times ``s [HV]`` per value head, in ``x``'s dtype."""
+    return None if x is None else (x.float() * s[:, None, None]).to(x.dtype)
 
 
 def pow2(e: torch.Tensor) -> torch.Tensor:
