@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from kernels.backward.configs import (AMAX_KIND, CLUSTER_GROUPS, CONVERT_KIND, DH_WS_BLOCKS, DQK_E_ONCE_HEAD_DIM,
-                                      UNSCALE_KIND, BwdConfig)
+                                      BwdConfig)
 from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, SCAN_BV, STATE_FORMS, FixupConfig,
                                      IntraConfig, OutputConfig, StateConfig, output_block_v)
 from kernels.forward.cp_warm import MAX_SEGMENTS
@@ -331,10 +331,6 @@ class BackwardPlan:
         """``gdn_bwd_amax`` of a one-term plan (the inputs' dtype)."""
         return BwdConfig(AMAX_KIND, self.io_dtype or self.dtype, self.DK) if self.one_term else None
 
-    def unscale_config(self) -> BwdConfig | None:
-        """``gdn_bwd_unscale`` of a one-term plan (the gradients' dtype)."""
-        return BwdConfig(UNSCALE_KIND, self.io_dtype or self.dtype, self.DK) if self.one_term else None
-
     def dgdb_config(self) -> BwdConfig:
         return BwdConfig("dgdb", "float32", self.DK)
 
@@ -351,7 +347,7 @@ class BackwardPlan:
         out += [self.prep_config(saved), self.dh_config(saved), self.dqk_config(),
                 self.dgdb_config()]
         out += [c for c in (self.group_sum_config(True), self.group_sum_config(False), self.convert_config(),
-                            self.amax_config(), self.unscale_config()) if c is not None]
+                            self.amax_config()) if c is not None]
         if self.dh_segments is not None and FixupConfig(self.DK) not in out:   # the segmented pass's end walk
             out.append(FixupConfig(self.DK))
         return tuple(out)

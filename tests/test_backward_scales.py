@@ -62,5 +62,6 @@ def test_unscale_scales_each_gradient_by_its_power_of_two_in_its_dtype():
         assert got.dtype == src.dtype, name
         assert torch.equal(got.double(), w), name
     assert out[0] is dq and out[5] is dh0, "in place"
-    dv2 = before[2].clone()
-    assert torch.equal(unscale((dq, dk, dv2, dg, db, None), factors(ea, eb), H, dv_scaled=True)[2], before[2])
+    dq2, dv2 = before[0].clone(), before[2].clone()
+    kept = unscale((dq2, dk, dv2, dg, db, None), factors(ea, eb), H, in_kernels=True)
+    assert torch.equal(kept[0], before[0]) and torch.equal(kept[2], before[2]), "in_kernels: dq, dk, dv as they are"

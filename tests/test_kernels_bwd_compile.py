@@ -42,7 +42,7 @@ N_WORKERS = max(1, min(2, os.cpu_count() or 1))
 # + dO^T Q (2) + dX^T K (2); dqk = the state products dO S^T (2) + dY S^T (3) + U dS'^T (3), then the intra terms
 # Q K^T + K K^T + dO U^T (2) + dY U^T (3) + dq (1) + dk (3) with single 64x64 operands
 _WANT_WGMMA = {"prep": 1 + 4 + 1 + 2, "dh": 2 + 3 + 2 + 2, "dqk": (2 + 3 + 3) + (1 + 1 + 2 + 3 + 1 + 3),
-               "gsum": 0, "gsum32": 0, "dgdb": 0, "cvt": 0, "amax": 0, "unscale": 0}
+               "gsum": 0, "gsum32": 0, "dgdb": 0, "cvt": 0, "amax": 0}
 _WANT_WGMMA.update({f"dqk_g{g}": _WANT_WGMMA["dqk"] for g in CLUSTER_GROUPS})
 _WANT_WGMMA["dh_single"] = 2 + 1 + 2 + 1          # dS' and F1 dO keep their lo products; Tinv, dU, F0 dX single
 _WANT_WGMMA["dh_tinv_hi"] = 2 + 2 + 2 + 2        # every operand split, Tinv's hi term alone (no dU Tl)
@@ -117,7 +117,7 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     want = _WANT_WGMMA[kind] - (2 if cfg.s_single and not cfg.one else 0)     # S hi alone: no dO Sl^T, dY Sl^T
     want += {"split": 8, "fp32": -4}.get(cfg.merge, 0)         # merges: 3 products a merge product, or none
     check_wgmma(src, "bfloat16" if cfg.dtype == "float32" else cfg.dtype, want)     # dtype-free kinds: no wgmma
-    assert "exp2f" in src or cfg.kind in ("dh", "gsum", "gsum32", "cvt", "amax", "unscale")
+    assert "exp2f" in src or cfg.kind in ("dh", "gsum", "gsum32", "cvt", "amax")
     if cfg.kind == "dh":
         # the register kernel: every A operand from registers; the warp-specialised one: every operand in shared
         # memory (the state gradient key-first, the rows of its products DK, 64)

@@ -20,11 +20,10 @@ DQK_E_ONCE_HEAD_DIM = 128
 # the one-term backward's inputs: v and dO under their GVA groups' powers of two, q, k, v, dO from the caller's
 # dtype (``io``) to the kernels' (``dtype``; the same dtype: v and dO scaled alone)
 CONVERT_KIND = "cvt"
-# the one-term backward's largest magnitudes of v and dO per value head, and its gradients scaled back (``dtype``: the
-# inputs' / the gradients')
-AMAX_KIND, UNSCALE_KIND = "amax", "unscale"
+# the one-term backward's largest magnitudes of v and dO per value head (``dtype``: the inputs')
+AMAX_KIND = "amax"
 # the one-term backward's element-wise passes (built at DQK_E_ONCE_HEAD_DIM, where its forms are)
-ONE_TERM_KINDS = (AMAX_KIND, CONVERT_KIND, UNSCALE_KIND)
+ONE_TERM_KINDS = (AMAX_KIND, CONVERT_KIND)
 # kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
 DTYPE_FREE_KINDS = ("dgdb",)
 
@@ -69,8 +68,8 @@ def all_configs():
     fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``), and at ``DQK_E_ONCE_HEAD_DIM`` dqk with fp8 lo
     tables forming the intra terms' gates once (``e_once``) and widening its lo tiles with a masked power of two
     (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
-    operands with bf16 dv, dq, dk too, ``io``, and the one-term passes: the maxima, the inputs' scaling, bf16 to
-    fp16 or in their dtype, and the gradients' scaling back); the dtype-free dgdb once.  The forward recompute runs
+    operands with bf16 dv, dq, dk too, ``io``, and the one-term passes: the maxima and the inputs' scaling, bf16 to
+    fp16 or in their dtype); the dtype-free dgdb once.  The forward recompute runs
     the forward's intra and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
@@ -94,7 +93,7 @@ def _configs_at(D: int):
                + [BwdConfig(kind, "float16", D, s_single=True, e_once=True, one=True, io="bfloat16")
                   for kind in DQK_KINDS]
                + [BwdConfig(CONVERT_KIND, dt, D, io=src) for dt, src in (("float16", "bfloat16"), *zip(DTYPES, DTYPES))]
-               + [BwdConfig(kind, dt, D) for kind in (AMAX_KIND, UNSCALE_KIND) for dt in DTYPES]
+               + [BwdConfig(AMAX_KIND, dt, D) for dt in DTYPES]
                if D == DQK_E_ONCE_HEAD_DIM else []))
 
 
@@ -131,9 +130,9 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == CONVERT_KIND:
         from .convert import build_convert
         return build_convert(D, cfg.io, cfg.dtype)
-    if cfg.kind in (AMAX_KIND, UNSCALE_KIND):
-        from .convert import build_amax, build_unscale
-        return (build_amax if cfg.kind == AMAX_KIND else build_unscale)(D, cfg.dtype)
+    if cfg.kind == AMAX_KIND:
+        from .convert import build_amax
+        return build_amax(D, cfg.dtype)
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
         return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge)

@@ -5,12 +5,11 @@
 * ``gdn_bwd_convert``: v and dO times their GVA groups' powers of two (``scales [2, HV]`` fp32, row 0 dO's, row 1
   v's), q, k, v, dO in the kernels' input dtype: ``rd(x s)`` (round to nearest even: exact for bf16 values within
   fp16's normal range, +-inf past 65504, subnormal or 0 below 2^-14); where ``src == dst`` q and k are not copied
-  (``q2, k2`` not written);
-* ``gdn_bwd_unscale``: dq, dk times their power of two in place (row 1 of ``factors [2, HV]`` fp32, a q/k head
-  taking its group's first value head's; dh_ws's one form stores dv scaled back).
+  (``q2, k2`` not written).
 
-``q, k, dq, dk [Ttot, H, D]``, ``v, do [Ttot, HV, D]``.  Grid (row block, head): the CTA of value head ``hv`` takes
-its rows of v and dO, and those of q and k where ``hv < H``; unscale's CTA of q/k head ``h`` its rows of dq, dk.
+``q, k [Ttot, H, D]``, ``v, do [Ttot, HV, D]``.  Grid (row block, value head): the CTA of value head ``hv`` takes its
+rows of v and dO, and those of q and k where ``hv < H``.  The gradients are scaled back as dh_ws and dqk store them
+(their one forms' ``factors``).
 """
 
 import tilelang.language as T
@@ -65,27 +64,6 @@ def build_amax(D: int, src: str):
                 T.atomic_max(bits[0, hv], md[0])
 
     return gdn_bwd_amax
-
-
-def build_unscale(D: int, dtype: str):
-    """Arguments: dq, dk [Ttot, H, D] in ``dtype`` (in place), factors [2, HV] fp32."""
-    Ttot, H, HV = dynamic_dims("Ttot H HV")
-    f32 = "float32"
-
-    @T.prim_func
-    def gdn_bwd_unscale(
-        dq: T.Tensor((Ttot, H, D), dtype),
-        dk: T.Tensor((Ttot, H, D), dtype),
-        factors: T.Tensor((2, HV), f32),
-    ):
-        with T.Kernel(T.ceildiv(Ttot, ROWS), H, threads=THREADS) as (bt, h):
-            t0 = bt * ROWS
-            for i, d in T.Parallel(ROWS, D):
-                if t0 + i < Ttot:
-                    dq[t0 + i, h, d] = T.cast(T.cast(dq[t0 + i, h, d], f32) * factors[1, h * (HV // H)], dtype)
-                    dk[t0 + i, h, d] = T.cast(T.cast(dk[t0 + i, h, d], f32) * factors[1, h * (HV // H)], dtype)
-
-    return gdn_bwd_unscale
 
 
 def build_convert(D: int, src: str, dst: str):

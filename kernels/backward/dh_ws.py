@@ -64,7 +64,8 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
     """TileLang prim_func of ``gdn_bwd_dh_ws``: ``build_bwd_dh``'s forms (``single``, ``tinv_lo``, ``lo8``) and
     arguments, with ``BV = 32`` value columns a CTA.  ``one`` (with ``single``): every operand and table one
     input-dtype term, dS' and F1 dO too, the dS' and dY tables their hi terms alone (``dSl, dYl`` not written):
-    4 wgmma a chunk, F1 dO and F0 dX under the chunk's power of two (``chunk_pow2``).  ``io``: the dtype of ``dv``
+    4 wgmma a chunk, F1 dO and F0 dX under the chunk's power of two (``chunk_pow2``), and a last argument ``factors
+    [2, HV]`` fp32: dv stored times ``factors[0, hv]`` (``backward.scales``).  ``io``: the dtype of ``dv``
     where it is not ``dtype`` (the caller's)."""
     assert DK in (64, 128) and DV == DK and BV == 32 and DV % BV == 0
     assert dtype in ("bfloat16", "float16")

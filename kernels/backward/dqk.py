@@ -147,34 +147,47 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
 
 
 @T.macro
-def store_rows(xq, xk, dq32, dk32, dqo, dko, t0, r0, col, nv, out32, dtype):
+def store_rows(xq, xk, dq32, dk32, dqo, dko, t0, r0, col, nv, out32, dtype, factor=None):
     """Rows ``r0 + t`` of the chunk (``t`` over the R rows of ``xq, xk [R, DK]``, fp32 fragments; those below ``nv``)
     to token rows ``t0 + r0 + t``, head column ``col``: fp32 (``dq32, dk32``) when ``out32``, else rounded to the
-    input dtype (``dqo, dko``).  Every dq~ / dk~ store of the kernel (per value head: ``r0 = 0``; a cluster's group
-    sums: its rank's rows)."""
+    input dtype (``dqo, dko``); times ``factor`` (a power of two, fp32) where given.  Every dq~ / dk~ store of the
+    kernel (per value head: ``r0 = 0``; a cluster's group sums: its rank's rows)."""
     R = xq.shape[0]
     DK = xq.shape[1]
-    if out32 == 0:
-        for t, d in T.Parallel(R, DK):
-            if r0 + t < nv:
-                dqo[t0 + r0 + t, col, d] = T.cast(xq[t, d], dtype)
-                dko[t0 + r0 + t, col, d] = T.cast(xk[t, d], dtype)
+    if factor is None:
+        if out32 == 0:
+            for t, d in T.Parallel(R, DK):
+                if r0 + t < nv:
+                    dqo[t0 + r0 + t, col, d] = T.cast(xq[t, d], dtype)
+                    dko[t0 + r0 + t, col, d] = T.cast(xk[t, d], dtype)
+        else:
+            for t, d in T.Parallel(R, DK):
+                if r0 + t < nv:
+                    dq32[t0 + r0 + t, col, d] = xq[t, d]
+                    dk32[t0 + r0 + t, col, d] = xk[t, d]
     else:
-        for t, d in T.Parallel(R, DK):
-            if r0 + t < nv:
-                dq32[t0 + r0 + t, col, d] = xq[t, d]
-                dk32[t0 + r0 + t, col, d] = xk[t, d]
+        if out32 == 0:
+            for t, d in T.Parallel(R, DK):
+                if r0 + t < nv:
+                    dqo[t0 + r0 + t, col, d] = T.cast(xq[t, d] * factor, dtype)
+                    dko[t0 + r0 + t, col, d] = T.cast(xk[t, d] * factor, dtype)
+        else:
+            for t, d in T.Parallel(R, DK):
+                if r0 + t < nv:
+                    dq32[t0 + r0 + t, col, d] = xq[t, d] * factor
+                    dk32[t0 + r0 + t, col, d] = xk[t, d] * factor
 
 
 @T.macro
-def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0, nv, out32, dtype):
+def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0, nv, out32, dtype, factor=None):
     """The GVA group's dq~ and dk~ summed across the cluster (one CTA per value head of the group, rank r = value
     head r of the group), a reduce-scatter through distributed shared memory: each CTA stages its two fragments
     (``stage [64, 2, DK]`` fp32), every CTA's rows ``[s R, (s + 1) R)`` go to CTA s's ``inbox [G, R, 2, DK]`` slot r
     by an SM-to-SM bulk copy (``R = 64 / G``; ``stage`` and ``inbox`` may have padding columns past DK, copied
     along), and CTA s sums its slots in the order r = 0 .. G - 1 (the order of
     ``gdn_bwd_group_sum``, so the sums are bitwise the same) and stores rows ``[s R, (s + 1) R)`` of the group's
-    q/k head ``h``: fp32 (``dq32, dk32 [Ttot, H, DK]``) when ``out32``, else the input dtype (``dqo, dko``).
+    q/k head ``h``: fp32 (``dq32, dk32 [Ttot, H, DK]``) when ``out32``, else the input dtype (``dqo, dko``), times
+    ``factor`` where given (``store_rows``).
     The first cluster barrier keeps a CTA's inbox (placed over its dead tiles) unwritten until it has finished
     computing; the last keeps each CTA's stage alive until every copy has landed."""
     G = inbox.shape[0]
@@ -196,7 +209,7 @@ def cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0
         for t, d in T.Parallel(R, DK):
             aq_f[t, d] = aq_f[t, d] + inbox[j + 1, t, 0, d]
             ak_f[t, d] = ak_f[t, d] + inbox[j + 1, t, 1, d]
-    store_rows(aq_f, ak_f, dq32, dk32, dqo, dko, t0, r * R, h, nv, out32, dtype)
+    store_rows(aq_f, ak_f, dq32, dk32, dqo, dko, t0, r * R, h, nv, out32, dtype, factor)
     T.cluster_sync()
 
 
@@ -221,8 +234,9 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
     (the same values: ``BwdConfig.e_once``).  ``exp_mask``: the fp8 lo tiles widened with ``lo8_value``'s masked
     power of two (the same values: ``BwdConfig.exp_mask``).  ``one``: every table one term (S, U, dS', dY hi alone;
     ``Scl, Ul, dSl, dYl`` not read; needs ``s_lo`` and ``lo8`` False): 3 state products and 8 64x64 ones a chunk
-    instead of 8 and 11.  ``io``: the dtype of ``dqo, dko`` where it is not ``dtype`` (the caller's, its inputs
-    converted to ``dtype`` for the kernels).
+    instead of 8 and 11, and a last argument ``factors [2, HV]`` fp32: dq~, dk~ stored times ``factors[1, hv]`` (the
+    one-term backward's powers of two undone, ``backward.scales``).  ``io``: the dtype of ``dqo, dko`` where it is
+    not ``dtype`` (the caller's, its inputs converted to ``dtype`` for the kernels).
 
     The four 64x64 operands of the intra terms are single (``intra_terms(mlo=False)``).  The shared tiles whose
     per-thread accesses would be bank conflicts are laid out without them (``kernels.common.bank_conflicts``), the
@@ -256,37 +270,11 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
     odt = io or dtype
     launch = {"cluster_dims": (1, group, 1)} if group > 1 else {}
 
-    @T.prim_func
-    def gdn_bwd_dqk(
-        q: T.Tensor((Ttot, H, DK), dtype),
-        k: T.Tensor((Ttot, H, DK), dtype),
-        v: T.Tensor((Ttot, HV, DV), dtype),
-        do: T.Tensor((Ttot, HV, DV), dtype),
-        Sch: T.Tensor((HV, NC, DK, DV), dtype),
-        Scl: T.Tensor((HV, NC, DK, DV), LO8 if lo8 else dtype),
-        Uh: T.Tensor((HV, NC, BT, DV), dtype),
-        Ul: T.Tensor((HV, NC, BT, DV), dtype),
-        dSh: T.Tensor((HV, NC, DV, DK), dtype),
-        dSl: T.Tensor((HV, NC, DV, DK), LO8 if lo8 else dtype),
-        dYh: T.Tensor((HV, NC, DV, BT), dtype),
-        dYl: T.Tensor((HV, NC, DV, BT), dtype),
-        Fb: T.Tensor((HV, NC, 8, BT), f32),
-        cu_seqlens: T.Tensor((N + 1,), "int32"),
-        chunk_indices: T.Tensor((NC, 2), "int32"),
-        dq32: T.Tensor((Ttot, HO, DK), f32),
-        dk32: T.Tensor((Ttot, HO, DK), f32),
-        dqo: T.Tensor((Ttot, HO, DK), odt),
-        dko: T.Tensor((Ttot, HO, DK), odt),
-        qz: T.Tensor((2, HV, NC, BT), f32),
-        kw: T.Tensor((2, HV, NC, BT), f32),
-        kr: T.Tensor((2, HV, NC, BT), f32),
-        sd: T.Tensor((2, HV, NC, DV), f32),
-        yv: T.Tensor((2, HV, NC, BT), f32),
-        rect: T.Tensor((HV, NC, BT), f32),
-        db2: T.Tensor((2, HV, NC, BT), f32),
-        scale: T.float32,
-        out32: T.int32,
-    ):
+    @T.macro
+    def body(q, k, v, do, Sch, Scl, Uh,
+             Ul, dSh, dSl, dYh, dYl, Fb, cu_seqlens, chunk_indices,
+             dq32, dk32, dqo, dko, qz, kw, kr, sd,
+             yv, rect, db2, scale, out32, factors):
         with T.Kernel(NC, HV, threads=THREADS, **launch) as g:
             c, hv = g[0], g[1]
             h = hv // group if group > 1 else hv // (HV // H)    # a cluster's group size is known
@@ -333,8 +321,84 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
                 stage = T.alloc_shared((BT, 2, DK + pad), f32)
                 inbox = T.alloc_shared((group, BT // group, 2, DK + pad), f32)
                 bar = T.alloc_cluster_barrier(group)
-                cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0, nv, out32, odt)
+                cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0, nv, out32, odt,
+                                  None if factors is None else factors[1, hv])
             else:
-                store_rows(dq_f, dk_f, dq32, dk32, dqo, dko, t0, 0, hv, nv, out32, odt)
+                store_rows(dq_f, dk_f, dq32, dk32, dqo, dko, t0, 0, hv, nv, out32, odt,
+                           None if factors is None else factors[1, hv])
+
+    if one:
+        @T.prim_func
+        def gdn_bwd_dqk(
+            q: T.Tensor((Ttot, H, DK), dtype),
+            k: T.Tensor((Ttot, H, DK), dtype),
+            v: T.Tensor((Ttot, HV, DV), dtype),
+            do: T.Tensor((Ttot, HV, DV), dtype),
+            Sch: T.Tensor((HV, NC, DK, DV), dtype),
+            Scl: T.Tensor((HV, NC, DK, DV), LO8 if lo8 else dtype),
+            Uh: T.Tensor((HV, NC, BT, DV), dtype),
+            Ul: T.Tensor((HV, NC, BT, DV), dtype),
+            dSh: T.Tensor((HV, NC, DV, DK), dtype),
+            dSl: T.Tensor((HV, NC, DV, DK), LO8 if lo8 else dtype),
+            dYh: T.Tensor((HV, NC, DV, BT), dtype),
+            dYl: T.Tensor((HV, NC, DV, BT), dtype),
+            Fb: T.Tensor((HV, NC, 8, BT), f32),
+            cu_seqlens: T.Tensor((N + 1,), "int32"),
+            chunk_indices: T.Tensor((NC, 2), "int32"),
+            dq32: T.Tensor((Ttot, HO, DK), f32),
+            dk32: T.Tensor((Ttot, HO, DK), f32),
+            dqo: T.Tensor((Ttot, HO, DK), odt),
+            dko: T.Tensor((Ttot, HO, DK), odt),
+            qz: T.Tensor((2, HV, NC, BT), f32),
+            kw: T.Tensor((2, HV, NC, BT), f32),
+            kr: T.Tensor((2, HV, NC, BT), f32),
+            sd: T.Tensor((2, HV, NC, DV), f32),
+            yv: T.Tensor((2, HV, NC, BT), f32),
+            rect: T.Tensor((HV, NC, BT), f32),
+            db2: T.Tensor((2, HV, NC, BT), f32),
+            scale: T.float32,
+            out32: T.int32,
+            factors: T.Tensor((2, HV), f32),
+        ):
+            body(q, k, v, do, Sch, Scl, Uh,
+                 Ul, dSh, dSl, dYh, dYl, Fb, cu_seqlens, chunk_indices,
+                 dq32, dk32, dqo, dko, qz, kw, kr, sd,
+                 yv, rect, db2, scale, out32, factors)
+    else:
+        @T.prim_func
+        def gdn_bwd_dqk(
+            q: T.Tensor((Ttot, H, DK), dtype),
+            k: T.Tensor((Ttot, H, DK), dtype),
+            v: T.Tensor((Ttot, HV, DV), dtype),
+            do: T.Tensor((Ttot, HV, DV), dtype),
+            Sch: T.Tensor((HV, NC, DK, DV), dtype),
+            Scl: T.Tensor((HV, NC, DK, DV), LO8 if lo8 else dtype),
+            Uh: T.Tensor((HV, NC, BT, DV), dtype),
+            Ul: T.Tensor((HV, NC, BT, DV), dtype),
+            dSh: T.Tensor((HV, NC, DV, DK), dtype),
+            dSl: T.Tensor((HV, NC, DV, DK), LO8 if lo8 else dtype),
+            dYh: T.Tensor((HV, NC, DV, BT), dtype),
+            dYl: T.Tensor((HV, NC, DV, BT), dtype),
+            Fb: T.Tensor((HV, NC, 8, BT), f32),
+            cu_seqlens: T.Tensor((N + 1,), "int32"),
+            chunk_indices: T.Tensor((NC, 2), "int32"),
+            dq32: T.Tensor((Ttot, HO, DK), f32),
+            dk32: T.Tensor((Ttot, HO, DK), f32),
+            dqo: T.Tensor((Ttot, HO, DK), odt),
+            dko: T.Tensor((Ttot, HO, DK), odt),
+            qz: T.Tensor((2, HV, NC, BT), f32),
+            kw: T.Tensor((2, HV, NC, BT), f32),
+            kr: T.Tensor((2, HV, NC, BT), f32),
+            sd: T.Tensor((2, HV, NC, DV), f32),
+            yv: T.Tensor((2, HV, NC, BT), f32),
+            rect: T.Tensor((HV, NC, BT), f32),
+            db2: T.Tensor((2, HV, NC, BT), f32),
+            scale: T.float32,
+            out32: T.int32,
+        ):
+            body(q, k, v, do, Sch, Scl, Uh,
+                 Ul, dSh, dSl, dYh, dYl, Fb, cu_seqlens, chunk_indices,
+                 dq32, dk32, dqo, dko, qz, kw, kr, sd,
+                 yv, rect, db2, scale, out32, None)
 
     return gdn_bwd_dqk

@@ -178,7 +178,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if stages is None:
         # Ag is read by the recompute only: its memory serves dqk's outputs
         tables = _without(tables, "Agh", "Agl")
-    terms = dqk(b=b, plan=plan, tables=tables, states=states, grads=grads, fp32_sums=stages is not None)
+    terms = dqk(b=b, plan=plan, tables=tables, states=states, grads=grads, fp32_sums=stages is not None, factors=f)
     mark("dqk")
     if stages is not None:
         _record_stages(stages, x=x, tables=tables, states=states, grads=grads, terms=terms, from_saved=from_saved)
@@ -186,7 +186,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     out = dg_dbeta(x=x, plan=plan, tables=tables, grads=grads, terms=terms, g=g, beta=beta,
                    has_h0=initial_state is not None, dt=out_dt)
     if f is not None:
-        out = _unscale(out, f, x, plan)
+        out = unscale(out, f, x.H, in_kernels=True)     # dq, dk, dv scaled back by dqk and dh_ws
     mark("finish")
     return out
 
@@ -212,17 +212,6 @@ def _scaled(b: BackwardInputs, plan):
     get_kernel(plan.convert_config())(x.q, x.k, x.v, b.do, torch.stack([sa, sb]), q, k, v, do)
     x = dataclasses.replace(x, q=q, k=k, v=v, h0=scale_states(x.h0, sb))
     return BackwardInputs(x, do, scale_states(b.dht, sa)), factors(ea, eb)
-
-
-def _unscale(out, f, x: ForwardInputs, plan):
-    """``scales.unscale`` of the gradients ``out`` by ``f``: dq, dk by ``gdn_bwd_unscale``, dv already by dh_ws."""
-    from kernels.build import get_kernel
-    kern = get_kernel(plan.unscale_config())
-    n = x.B * x.T
-
-    def dense(dq, dk, f):
-        kern(dq.view(n, x.H, x.D), dk.view(n, x.H, x.D), f)
-    return unscale(out, f, x.H, dense, dv_scaled=True)
 
 
 def _without(stage_out, *names):
@@ -375,10 +364,11 @@ class ChunkTerms:
 
 
 def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates, grads: StateGradients,
-        fp32_sums: bool = False) -> ChunkTerms:
+        fp32_sums: bool = False, factors=None) -> ChunkTerms:
     """``gdn_bwd_dqk`` (and ``gdn_bwd_group_sum`` where dqk leaves a group's rows per value head): dq~, dk~ summed
     over each GVA group as [Ttot, H, D] rows, in the input dtype (the final dq, dk) unless the L2 norm's chain rule
-    follows on the host or ``fp32_sums`` asks for fp32; the row dots and dg / dbeta terms."""
+    follows on the host or ``fp32_sums`` asks for fp32; the row dots and dg / dbeta terms.  ``factors`` (a one-term
+    plan's, ``scales.factors``): dq~, dk~ stored times its row 1."""
     from kernels.build import get_kernel
     x = b.x
     dev, dt, D, HV, NC, Ttot = x.q.device, x.q.dtype, x.D, x.HV, x.NC, x.n_tok
@@ -408,7 +398,7 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
     s, gr, t = states, grads, tables
     get_kernel(plan.dqk_config())(x.q, x.k, x.v, b.do, s.Sch, s.Scl, s.Uh, s.Ul, gr.dSh, gr.dSl, gr.dYh, gr.dYl,
                                   t.Fb, x.cu, x.chunk_indices, dq32, dk32, dqo, dko, qz, kw, kr, sd, yv2, rect, db22,
-                                  x.scale, int(out32))
+                                  x.scale, int(out32), *(() if factors is None else (factors,)))
     dqv, dkv = (dq32, dk32) if out32 else (dqo, dko)
     if gsum is not None:
         gs = get_kernel(gsum)

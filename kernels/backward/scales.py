@@ -50,20 +50,16 @@ def factors(ea: torch.Tensor, eb: torch.Tensor) -> torch.Tensor:
     return torch.stack([pow2(ea), pow2((ea + eb).clamp(-126, 127))])
 
 
-def unscale(grads, f: torch.Tensor, H: int, dense=None, dv_scaled: bool = False):
+def unscale(grads, f: torch.Tensor, H: int, in_kernels: bool = False):
     """(dq, dk, dv, dg, dbeta, dh0) of the scaled inputs (dq, dk [..., H, K], dv [..., HV, V], dg, dbeta [..., HV],
     dh0 [N, HV, ., .] or None) as the unscaled inputs' gradients, in place, each in its dtype, by ``f = factors(ea,
-    eb)``: dv, dh0 times ``2^ea``, the others times ``2^(ea + eb)`` (per q/k head: its group's).  ``dense(dq, dk,
-    f)``: scales dq and dk (``gdn_bwd_unscale``; torch when None); ``dv_scaled``: dv is already (dh_ws's one form
-    stores it so)."""
+    eb)``: dv, dh0 times ``2^ea``, the others times ``2^(ea + eb)`` (per q/k head: its group's).  ``in_kernels``: dq,
+    dk, dv are already (the one forms of dh_ws and dqk store them so)."""
     dq, dk, dv, dg, db, dh0 = grads
     HV = f.shape[1]
-    if dense is None:
+    if not in_kernels:
         dq.mul_(f[1, ::HV // H, None])
         dk.mul_(f[1, ::HV // H, None])
-    else:
-        dense(dq, dk, f)
-    if not dv_scaled:
         dv.mul_(f[0, :, None])
     dg.mul_(f[1])
     db.mul_(f[1])
