@@ -1,10 +1,13 @@
 """``kernels.backward.scales`` on the CPU: the one-term backward's per-GVA-group exponents, powers of two and
 scale-back."""
 
+import math
+
 import pytest
 import torch
 
-from kernels.backward.scales import EXP_MAX, exponents_of_maxima, factors, group_exponents, pow2, unscale
+from kernels.backward.scales import (EXP_MAX, exponents_of_bits, exponents_of_maxima, factors, group_exponents,
+                                     magnitude_bits, pow2, scales_and_factors, unscale)
 
 
 def test_group_exponents_put_each_groups_largest_magnitude_in_one_to_two():
@@ -65,3 +68,31 @@ def test_unscale_scales_each_gradient_by_its_power_of_two_in_its_dtype():
     dq2, dv2 = before[0].clone(), before[2].clone()
     kept = unscale((dq2, dk, dv2, dg, db, None), factors(ea, eb), H, in_kernels=True)
     assert torch.equal(kept[0], before[0]) and torch.equal(kept[2], before[2]), "in_kernels: dq, dk, dv as they are"
+
+
+def test_exponents_of_bits_are_floor_log2_of_each_groups_largest_magnitude():
+    """From the maxima's bits alone (``gdn_bwd_convert``'s form): floor(log2 m) of each group's largest magnitude
+    (frexp), clamped to +-EXP_MAX; 0 for a group whose maximum is 0, inf or NaN."""
+    g = torch.Generator().manual_seed(2)
+    m = torch.rand(64, generator=g) * torch.exp2(torch.randint(-140, 128, (64,), generator=g).float())
+    m[0:4] = 0
+    m[5] = float("nan")
+    m[9] = float("inf")
+    e = exponents_of_bits(magnitude_bits(m), 16)
+    for grp in range(16):
+        mx = m[4 * grp:4 * grp + 4]
+        top = float(mx.max()) if not mx.isnan().any() else float("nan")
+        want = 0 if top == 0 or not math.isfinite(top) else max(-EXP_MAX, min(EXP_MAX, math.frexp(top)[1] - 1))
+        assert e[4 * grp:4 * grp + 4].tolist() == [want] * 4, (grp, top, e[4 * grp].item())
+
+
+def test_scales_and_factors_are_the_applied_powers_and_their_inverses():
+    """Rows ``2^-ea``, ``2^-eb`` (applied to dO, v) and ``factors(ea, eb)``: row 2 times row 0 is 1, row 3 times rows
+    0 and 1 is 1 where the combined exponent is in range."""
+    bits = magnitude_bits(torch.tensor([[3.0, 0.25, 1e30, 5.0], [0.1, 7.0, 1e-30, 0.0]]))
+    sf = scales_and_factors(bits, 4)
+    ea = exponents_of_bits(bits[0], 4)
+    eb = exponents_of_bits(bits[1], 4)
+    assert torch.equal(sf[0], pow2(-ea)) and torch.equal(sf[1], pow2(-eb))
+    assert torch.equal(sf[2:], factors(ea, eb))
+    assert torch.equal(sf[2] * sf[0], torch.ones(4)) and torch.equal(sf[3] * sf[0] * sf[1], torch.ones(4))

@@ -592,6 +592,43 @@ def test_one_term_fp16_gradients_scale_exactly_with_do_and_v(case):
         assert torch.equal(a.float() * (1 if n in ("dv", "dh0") else t), c.float()), (n, "v x 2^12", case.id)
 
 
+def test_convert_forms_the_exponents_and_factors_of_scales():
+    """``gdn_bwd_amax`` then ``gdn_bwd_convert`` on value heads whose maxima are 0, inf, NaN, subnormal, 2^100 and
+    ordinary (GVA 4: a NaN or 0 head beside ordinary ones): the bits are ``scales.magnitude_bits`` of torch's maxima,
+    the exponents, scales and factors bitwise ``scales.scales_and_factors``', v and dO scaled and rounded to fp16 as
+    torch does, q and k converted."""
+    from kernels.backward.configs import AMAX_KIND, CONVERT_KIND, BwdConfig
+    from kernels.backward.scales import magnitude_bits, scales_and_factors
+    from kernels.build import get_kernel
+    g = torch.Generator(device=CUDA).manual_seed(3)
+    T, H, HV, D = 300, 4, 16, 128
+    q, k = (torch.randn(T, H, D, device=CUDA, generator=g).bfloat16() for _ in range(2))
+    v, do = (torch.randn(T, HV, D, device=CUDA, generator=g).bfloat16() for _ in range(2))
+    v[:, 0:4] = 0
+    v[7, 4, 3] = float("nan")
+    v[:, 8:12] *= 2.0 ** -135
+    v[:, 12] *= 2.0 ** 100
+    do[:, 0] = 0
+    do[5, 5, 9] = float("inf")
+    do[:, 8:12] *= 2.0 ** 60
+    bits = torch.zeros(2, HV, device=CUDA, dtype=torch.int32)
+    get_kernel(BwdConfig(AMAX_KIND, "bfloat16", D))(v, do, bits)
+    maxima = torch.stack([t.float().abs().amax(dim=(0, 2)) for t in (do, v)])
+    assert torch.equal(bits, magnitude_bits(maxima)), "gdn_bwd_amax"
+    q2, k2, v2, do2 = (torch.empty_like(t, dtype=torch.float16) for t in (q, k, v, do))
+    sf = torch.empty(4, HV, device=CUDA)
+    get_kernel(BwdConfig(CONVERT_KIND, "float16", D, io="bfloat16"))(q, k, v, do, bits, q2, k2, v2, do2, sf)
+    want = scales_and_factors(bits, H)
+    assert torch.equal(sf, want), (sf.tolist(), want.tolist())
+    def same(a, b):                                     # bitwise, NaN where NaN
+        na, nb = a.isnan(), b.isnan()
+        return torch.equal(na, nb) and torch.equal(a.masked_fill(na, 0), b.masked_fill(nb, 0))
+
+    assert same(v2, (v.float() * want[1, :, None]).half()), "v"
+    assert same(do2, (do.float() * want[0, :, None]).half()), "dO"
+    assert torch.equal(q2, q.half()) and torch.equal(k2, k.half())
+
+
 # with h0 and without, GVA 2, 4 and 8, dense and varlen, raw-qk-l2 (the row where S hi alone lost dg), fp16
 _LO8_CASES = [Case(T=1000, H=1, HV=4, dist="raw-qk-l2", grad=True),
               Case(layout="varlen-ragged", T=1001, H=2, HV=8, dist="slow-decay", h0_dtype="fp32", grad=True),

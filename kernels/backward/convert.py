@@ -2,10 +2,11 @@
 
 * ``gdn_bwd_amax``: the largest magnitudes of dO and v per value head, as fp32 bits (``bits [2, HV]`` int32, row 0
   dO's, row 1 v's; zeroed by the caller, atomically maxed: ``|x|``'s bits order as its values, NaN above inf);
-* ``gdn_bwd_convert``: v and dO times their GVA groups' powers of two (``scales [2, HV]`` fp32, row 0 dO's, row 1
-  v's), q, k, v, dO in the kernels' input dtype: ``rd(x s)`` (round to nearest even: exact for bf16 values within
-  fp16's normal range, +-inf past 65504, subnormal or 0 below 2^-14); where ``src == dst`` q and k are not copied
-  (``q2, k2`` not written).
+* ``gdn_bwd_convert``: each GVA group's exponents from ``bits`` (``scales.exponents_of_bits``; row 0 dO's and
+  dht's, row 1 v's and h0's), v and dO times their groups' powers of two, q, k, v, dO in the kernels' input dtype:
+  ``rd(x s)`` (round to nearest even: exact for bf16 values within fp16's normal range, +-inf past 65504, subnormal
+  or 0 below 2^-14); where ``src == dst`` q and k are not copied (``q2, k2`` not written).  It also writes
+  ``scales.scales_and_factors``: the powers of two it applied and the ``factors`` that undo them.
 
 ``q, k [Ttot, H, D]``, ``v, do [Ttot, HV, D]``.  Grid (row block, value head): the CTA of value head ``hv`` takes its
 rows of v and dO, and those of q and k where ``hv < H``.  The gradients are scaled back as dh_ws and dqk store them
@@ -15,6 +16,8 @@ rows of v and dO, and those of q and k where ``hv < H``.  The gradients are scal
 import tilelang.language as T
 
 from kernels.common.prologue import dynamic_dims
+
+from .scales import EXP_MAX
 
 ROWS = 16         # token rows per CTA of 128 threads (16 elements a thread at D 128)
 AMAX_ROWS = 128   # token rows per CTA of gdn_bwd_amax (16 steps of 8 elements a thread at D 128)
@@ -67,11 +70,20 @@ def build_amax(D: int, src: str):
 
 
 def build_convert(D: int, src: str, dst: str):
-    """Arguments: q, k [Ttot, H, D], v, do [Ttot, HV, D] in ``src``, scales [2, HV] fp32; q2, k2, v2, do2 in
-    ``dst`` (out)."""
+    """Arguments: q, k [Ttot, H, D], v, do [Ttot, HV, D] in ``src``; bits [2, HV] int32 (``gdn_bwd_amax``'s, with
+    dht's and h0's maxima); q2, k2, v2, do2 in ``dst`` (out); out [4, HV] fp32 (``scales.scales_and_factors``)."""
     Ttot, H, HV = dynamic_dims("Ttot H HV")
-    f32 = "float32"
+    f32, i32 = "float32", "int32"
     qk = src != dst
+
+    def exponent(b):
+        """``scales.exponents_of_bits`` of one maximum's bits ``b``: floor(log2 m) clamped, 0 for 0 or inf / NaN."""
+        field = (b >> 23) & 255
+        return T.if_then_else((b == 0) | (field == 255), 0, T.max(T.min(field - 127, EXP_MAX), -EXP_MAX))
+
+    def pow2(e):
+        """``2^e`` fp32 from its exponent bits (e in [-126, 127])."""
+        return T.reinterpret((e + 127) << 23, f32)
 
     @T.prim_func
     def gdn_bwd_convert(
@@ -79,18 +91,39 @@ def build_convert(D: int, src: str, dst: str):
         k: T.Tensor((Ttot, H, D), src),
         v: T.Tensor((Ttot, HV, D), src),
         do: T.Tensor((Ttot, HV, D), src),
-        scales: T.Tensor((2, HV), f32),
+        bits: T.Tensor((2, HV), i32),
         q2: T.Tensor((Ttot, H, D), dst),
         k2: T.Tensor((Ttot, H, D), dst),
         v2: T.Tensor((Ttot, HV, D), dst),
         do2: T.Tensor((Ttot, HV, D), dst),
+        out: T.Tensor((4, HV), f32),
     ):
         with T.Kernel(T.ceildiv(Ttot, ROWS), HV, threads=THREADS) as (bt, hv):
+            tx = T.get_thread_binding()
+            m = T.alloc_local((2,), i32)
+            e = T.alloc_local((2,), i32)
+            s = T.alloc_local((2,), f32)
+            h0 = T.alloc_local((1,), i32)          # the group's first value head
+            h0[0] = hv - hv % (HV // H)
+            m[0] = 0
+            m[1] = 0
+            for j in T.serial(HV // H):
+                m[0] = T.max(m[0], bits[0, h0[0] + j])
+                m[1] = T.max(m[1], bits[1, h0[0] + j])
+            e[0] = exponent(m[0])
+            e[1] = exponent(m[1])
+            s[0] = pow2(-e[0])
+            s[1] = pow2(-e[1])
+            if bt == 0 and tx == 0:
+                out[0, hv] = s[0]
+                out[1, hv] = s[1]
+                out[2, hv] = pow2(e[0])
+                out[3, hv] = pow2(T.max(T.min(e[0] + e[1], 127), -126))
             t0 = bt * ROWS
             for i, d in T.Parallel(ROWS, D):
                 if t0 + i < Ttot:
-                    v2[t0 + i, hv, d] = T.cast(T.cast(v[t0 + i, hv, d], f32) * scales[1, hv], dst)
-                    do2[t0 + i, hv, d] = T.cast(T.cast(do[t0 + i, hv, d], f32) * scales[0, hv], dst)
+                    v2[t0 + i, hv, d] = T.cast(T.cast(v[t0 + i, hv, d], f32) * s[1], dst)
+                    do2[t0 + i, hv, d] = T.cast(T.cast(do[t0 + i, hv, d], f32) * s[0], dst)
             if qk:
                 if hv < H:
                     for i, d in T.Parallel(ROWS, D):

@@ -51,7 +51,7 @@ from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, TORCH_DTYPE, cached, cal
                                fp32_state, max_chunks, pad_rows, tma_ready, token_rows)
 
 from .finish import finish, group_sum
-from .scales import exponents_of_maxima, factors, pow2, scale_states, unscale
+from .scales import scale_states, state_bits, unscale
 
 # layouts of the ``stages`` intermediates, the same in both implementations; every value as fp32 / fp64
 STAGE_LAYOUT = {
@@ -198,20 +198,22 @@ def _io_dtype(plan, dt: torch.dtype) -> torch.dtype:
 
 def _scaled(b: BackwardInputs, plan):
     """(``b`` with v, dO, h0, dht times their GVA groups' powers of two and q, k, v, dO in the plan's dtype, the
-    ``scales.factors`` [2, HV] that undo them): ``gdn_bwd_amax`` then ``gdn_bwd_convert``."""
+    ``scales.factors`` [2, HV] that undo them): ``gdn_bwd_amax`` then ``gdn_bwd_convert``, which forms the
+    exponents (no host synchronisation; torch reduces h0 and dht where given)."""
     from kernels.build import get_kernel
     x = b.x
     dt = TORCH_DTYPE[plan.dtype]
     bits = torch.zeros(2, x.HV, device=x.q.device, dtype=torch.int32)
     get_kernel(plan.amax_config())(x.v, b.do, bits)
-    m = bits.view(torch.float32)
-    ea, eb = exponents_of_maxima(m[0], b.dht, x.H), exponents_of_maxima(m[1], x.h0, x.H)
-    sa, sb = pow2(-ea), pow2(-eb)
+    for row, s in ((0, b.dht), (1, x.h0)):
+        if s is not None:
+            torch.maximum(bits[row], state_bits(s), out=bits[row])
     v, do = torch.empty_like(x.v, dtype=dt), torch.empty_like(b.do, dtype=dt)
     q, k = (x.q, x.k) if dt == x.q.dtype else (torch.empty_like(t, dtype=dt) for t in (x.q, x.k))
-    get_kernel(plan.convert_config())(x.q, x.k, x.v, b.do, torch.stack([sa, sb]), q, k, v, do)
-    x = dataclasses.replace(x, q=q, k=k, v=v, h0=scale_states(x.h0, sb))
-    return BackwardInputs(x, do, scale_states(b.dht, sa)), factors(ea, eb)
+    sf = torch.empty(4, x.HV, device=x.q.device, dtype=torch.float32)
+    get_kernel(plan.convert_config())(x.q, x.k, x.v, b.do, bits, q, k, v, do, sf)
+    x = dataclasses.replace(x, q=q, k=k, v=v, h0=scale_states(x.h0, sf[1]))
+    return BackwardInputs(x, do, scale_states(b.dht, sf[0])), sf[2:]
 
 
 def _without(stage_out, *names):

@@ -22,16 +22,40 @@ def group_exponents(x: torch.Tensor, extra: torch.Tensor | None, H: int) -> torc
 
 
 def exponents_of_maxima(m: torch.Tensor, extra: torch.Tensor | None, H: int) -> torch.Tensor:
-    """``group_exponents`` from the per-value-head maxima ``m [HV]`` fp32 of ``x`` (``gdn_bwd_amax``'s bits viewed
-    as fp32)."""
-    HV = m.numel()
+    """``group_exponents`` from the per-value-head maxima ``m [HV]`` fp32 of ``x``."""
+    bits = magnitude_bits(m)
     if extra is not None:
-        m = torch.maximum(m, torch.linalg.vector_norm(extra.detach(), float("inf"), dim=(0, 2, 3),
-                                                      dtype=torch.float32))
-    m = m.view(H, HV // H).amax(-1)
-    _, e = torch.frexp(m)                               # m = f 2^e, f in [0.5, 1): floor(log2 m) = e - 1
-    e = torch.where((m > 0) & torch.isfinite(m), (e - 1).clamp(-EXP_MAX, EXP_MAX), 0)
+        bits = torch.maximum(bits, state_bits(extra))
+    return exponents_of_bits(bits, H)
+
+
+def magnitude_bits(m: torch.Tensor) -> torch.Tensor:
+    """The fp32 bits of ``|m|`` as int32 (they order as the magnitudes do, NaN above inf; ``gdn_bwd_amax``'s form)."""
+    return m.to(torch.float32).contiguous().view(torch.int32) & 0x7FFFFFFF
+
+
+def state_bits(s: torch.Tensor) -> torch.Tensor:
+    """[HV] ``magnitude_bits`` of the largest magnitude of each value head of ``s [N, HV, ., .]``."""
+    return magnitude_bits(torch.linalg.vector_norm(s.detach(), float("inf"), dim=(0, 2, 3), dtype=torch.float32))
+
+
+def exponents_of_bits(bits: torch.Tensor, H: int) -> torch.Tensor:
+    """[HV] int32 ``floor(log2 m)`` clamped to [-EXP_MAX, EXP_MAX] (0 where m is 0 or not finite), m the largest
+    magnitude over each GVA group of ``HV / H`` value heads, from their ``magnitude_bits`` ``bits [HV]``: the exponent
+    field, which is exact (subnormal maxima clamp)."""
+    HV = bits.numel()
+    b = bits.view(H, HV // H).amax(-1)
+    field = (b >> 23) & 255
+    e = torch.where((b == 0) | (field == 255), 0, (field - 127).clamp(-EXP_MAX, EXP_MAX))
     return e.to(torch.int32).repeat_interleave(HV // H)
+
+
+def scales_and_factors(bits: torch.Tensor, H: int) -> torch.Tensor:
+    """[4, HV] fp32 from ``bits [2, HV]`` (row 0 dO's and dht's ``magnitude_bits``, row 1 v's and h0's): ``2^-ea``,
+    ``2^-eb`` (the powers of two applied to dO, dht and v, h0), then ``factors(ea, eb)``; what ``gdn_bwd_convert``
+    writes."""
+    ea, eb = exponents_of_bits(bits[0], H), exponents_of_bits(bits[1], H)
+    return torch.cat([torch.stack([pow2(-ea), pow2(-eb)]), factors(ea, eb)])
 
 
 def scale_states(x: torch.Tensor | None, s: torch.Tensor) -> torch.Tensor | None:
