@@ -515,7 +515,9 @@ def _fake_kernels(monkeypatch, asked=None):
                 put(Agh, ah), put(Agl, al)
             return prep
         if cfg.kind == "dh":
-            def dh(q, k, do, Th, Tl, Fb, dUl, cu, co, dht, dSh, dSl, dYh, dYl, dv, dh0, use_dht, store_dh0, vf):
+            def dh(q, k, do, Th, Tl, Fb, dUl, cu, co, dht, dSh, dSl, dYh, dYl, dv, dh0, use_dht, store_dh0, vf,
+                   factors=None):
+                assert (factors is not None) == bool(cfg.ws_bv) and not cfg.one, "dh_ws alone takes factors"
                 d = None
                 if use_dht:
                     d = dht.transpose(-1, -2) if vf else dht
@@ -564,7 +566,8 @@ def _fake_kernels(monkeypatch, asked=None):
             group = 1 if cfg.kind == "dqk" else int(cfg.kind[5:])
 
             def dqk(q, k, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, cu, ci, dq32, dk32, dqo, dko, qz, kw, kr,
-                    sd, yv, rect, db2, scale, out32):
+                    sd, yv, rect, db2, scale, out32, factors):
+                assert factors.shape == (2, v.shape[1]) and not cfg.one      # read by the one form alone
                 Ttot, HV, D = v.shape
                 H = q.shape[1]
                 assert group == 1 or HV == group * H, (group, HV, H)

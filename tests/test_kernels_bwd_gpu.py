@@ -613,13 +613,15 @@ def test_convert_forms_the_exponents_and_factors_of_scales():
     do[:, 8:12] *= 2.0 ** 60
     bits = torch.zeros(2, HV, device=CUDA, dtype=torch.int32)
     get_kernel(BwdConfig(AMAX_KIND, "bfloat16", D))(v, do, bits)
-    maxima = torch.stack([t.float().abs().amax(dim=(0, 2)) for t in (do, v)])
-    assert torch.equal(bits, magnitude_bits(maxima)), "gdn_bwd_amax"
+    want_bits = magnitude_bits(torch.stack([t.float().abs().amax(dim=(0, 2)) for t in (do, v)]))
+    nan = (want_bits > 0x7F800000) & (bits > 0x7F800000)          # NaN either way, whatever its payload
+    assert bool(((bits == want_bits) | nan).all()), ("gdn_bwd_amax", bits.tolist(), want_bits.tolist())
     q2, k2, v2, do2 = (torch.empty_like(t, dtype=torch.float16) for t in (q, k, v, do))
     sf = torch.empty(4, HV, device=CUDA)
     get_kernel(BwdConfig(CONVERT_KIND, "float16", D, io="bfloat16"))(q, k, v, do, bits, q2, k2, v2, do2, sf)
     want = scales_and_factors(bits, H)
     assert torch.equal(sf, want), (sf.tolist(), want.tolist())
+
     def same(a, b):                                     # bitwise, NaN where NaN
         na, nb = a.isnan(), b.isnan()
         return torch.equal(na, nb) and torch.equal(a.masked_fill(na, 0), b.masked_fill(nb, 0))

@@ -64,9 +64,9 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
     """TileLang prim_func of ``gdn_bwd_dh_ws``: ``build_bwd_dh``'s forms (``single``, ``tinv_lo``, ``lo8``) and
     arguments, with ``BV = 32`` value columns a CTA.  ``one`` (with ``single``): every operand and table one
     input-dtype term, dS' and F1 dO too, the dS' and dY tables their hi terms alone (``dSl, dYl`` not written):
-    4 wgmma a chunk, F1 dO and F0 dX under the chunk's power of two (``chunk_pow2``), and a last argument ``factors
-    [2, HV]`` fp32: dv stored times ``factors[0, hv]`` (``backward.scales``).  ``io``: the dtype of ``dv``
-    where it is not ``dtype`` (the caller's)."""
+    4 wgmma a chunk, F1 dO and F0 dX under the chunk's power of two (``chunk_pow2``), dv stored times ``factors[0,
+    hv]`` (``backward.scales``).  ``io``: the dtype of ``dv`` where it is not ``dtype`` (the caller's).  Arguments:
+    ``build_bwd_dh``'s, then ``factors [2, HV]`` fp32 (read by the one form alone)."""
     assert DK in (64, 128) and DV == DK and BV == 32 and DV % BV == 0
     assert dtype in ("bfloat16", "float16")
     assert not (single and not tinv_lo), "single reads no Tinv lo term: tinv_lo is a form of the split dh"
@@ -259,58 +259,31 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                         T.tma_copy(dUl[hv, c, v0:v0 + BV, 0:BT], dul_s[st, :, :], barrier=full[st])
                         T.barrier_arrive(full[st])
 
-    if one:
-        @T.prim_func
-        def gdn_bwd_dh_ws(
-            q: T.Tensor((Ttot, H, DK), dtype),
-            k: T.Tensor((Ttot, H, DK), dtype),
-            do: T.Tensor((Ttot, HV, DV), dtype),
-            Th: T.Tensor((HV, NCg, BT, BT), dtype),
-            Tl: T.Tensor((HV, NCg, BT, BT), dtype),
-            Fb: T.Tensor((HV, NCg, 8, BT), f32),
-            dUl: T.Tensor((HV, NCg, DV, BT), f32),
-            cu_seqlens: T.Tensor((N + 1,), "int32"),
-            chunk_offsets: T.Tensor((N + 1,), "int32"),
-            dht: T.Tensor((Nh, HV, DK, DV), f32),
-            dSh: T.Tensor((HV, NCg, DV, DK), dtype),
-            dSl: T.Tensor((HV, NCg, DV, DK), LO8 if lo8 else dtype),
-            dYh: T.Tensor((HV, NCg, DV, BT), dtype),
-            dYl: T.Tensor((HV, NCg, DV, BT), dtype),
-            dv: T.Tensor((Ttot, HV, DV), dvt),
-            dh0: T.Tensor((Nt, HV, DK, DV), f32),
-            use_dht: T.int32,
-            store_dh0: T.int32,
-            v_first: T.int32,
-            factors: T.Tensor((2, HV), f32),
-        ):
-            body(q, k, do, Th, Tl, Fb, dUl, cu_seqlens,
-                 chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0,
-                 use_dht, store_dh0, v_first, factors)
-    else:
-        @T.prim_func
-        def gdn_bwd_dh_ws(
-            q: T.Tensor((Ttot, H, DK), dtype),
-            k: T.Tensor((Ttot, H, DK), dtype),
-            do: T.Tensor((Ttot, HV, DV), dtype),
-            Th: T.Tensor((HV, NCg, BT, BT), dtype),
-            Tl: T.Tensor((HV, NCg, BT, BT), dtype),
-            Fb: T.Tensor((HV, NCg, 8, BT), f32),
-            dUl: T.Tensor((HV, NCg, DV, BT), f32),
-            cu_seqlens: T.Tensor((N + 1,), "int32"),
-            chunk_offsets: T.Tensor((N + 1,), "int32"),
-            dht: T.Tensor((Nh, HV, DK, DV), f32),
-            dSh: T.Tensor((HV, NCg, DV, DK), dtype),
-            dSl: T.Tensor((HV, NCg, DV, DK), LO8 if lo8 else dtype),
-            dYh: T.Tensor((HV, NCg, DV, BT), dtype),
-            dYl: T.Tensor((HV, NCg, DV, BT), dtype),
-            dv: T.Tensor((Ttot, HV, DV), dvt),
-            dh0: T.Tensor((Nt, HV, DK, DV), f32),
-            use_dht: T.int32,
-            store_dh0: T.int32,
-            v_first: T.int32,
-        ):
-            body(q, k, do, Th, Tl, Fb, dUl, cu_seqlens,
-                 chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0,
-                 use_dht, store_dh0, v_first, None)
+    @T.prim_func
+    def gdn_bwd_dh_ws(
+        q: T.Tensor((Ttot, H, DK), dtype),
+        k: T.Tensor((Ttot, H, DK), dtype),
+        do: T.Tensor((Ttot, HV, DV), dtype),
+        Th: T.Tensor((HV, NCg, BT, BT), dtype),
+        Tl: T.Tensor((HV, NCg, BT, BT), dtype),
+        Fb: T.Tensor((HV, NCg, 8, BT), f32),
+        dUl: T.Tensor((HV, NCg, DV, BT), f32),
+        cu_seqlens: T.Tensor((N + 1,), "int32"),
+        chunk_offsets: T.Tensor((N + 1,), "int32"),
+        dht: T.Tensor((Nh, HV, DK, DV), f32),
+        dSh: T.Tensor((HV, NCg, DV, DK), dtype),
+        dSl: T.Tensor((HV, NCg, DV, DK), LO8 if lo8 else dtype),
+        dYh: T.Tensor((HV, NCg, DV, BT), dtype),
+        dYl: T.Tensor((HV, NCg, DV, BT), dtype),
+        dv: T.Tensor((Ttot, HV, DV), dvt),
+        dh0: T.Tensor((Nt, HV, DK, DV), f32),
+        use_dht: T.int32,
+        store_dh0: T.int32,
+        v_first: T.int32,
+        factors: T.Tensor((2, HV), f32),
+    ):
+        body(q, k, do, Th, Tl, Fb, dUl, cu_seqlens,
+             chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0,
+             use_dht, store_dh0, v_first, factors if one else None)
 
     return gdn_bwd_dh_ws

@@ -234,9 +234,9 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
     (the same values: ``BwdConfig.e_once``).  ``exp_mask``: the fp8 lo tiles widened with ``lo8_value``'s masked
     power of two (the same values: ``BwdConfig.exp_mask``).  ``one``: every table one term (S, U, dS', dY hi alone;
     ``Scl, Ul, dSl, dYl`` not read; needs ``s_lo`` and ``lo8`` False): 3 state products and 8 64x64 ones a chunk
-    instead of 8 and 11, and a last argument ``factors [2, HV]`` fp32: dq~, dk~ stored times ``factors[1, hv]`` (the
-    one-term backward's powers of two undone, ``backward.scales``).  ``io``: the dtype of ``dqo, dko`` where it is
-    not ``dtype`` (the caller's, its inputs converted to ``dtype`` for the kernels).
+    instead of 8 and 11, dq~, dk~ stored times ``factors[1, hv]`` (the one-term backward's powers of two undone,
+    ``backward.scales``).  ``io``: the dtype of ``dqo, dko`` where it is not ``dtype`` (the caller's, its inputs
+    converted to ``dtype`` for the kernels).
 
     The four 64x64 operands of the intra terms are single (``intra_terms(mlo=False)``).  The shared tiles whose
     per-thread accesses would be bank conflicts are laid out without them (``kernels.common.bank_conflicts``), the
@@ -260,6 +260,7 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
       sd              [2, HV, NC, DV]   fp32   (out)
       rect            [HV, NC, 64]      fp32   (out)
       scale fp32, out32 int32
+      factors         [2, HV]           fp32   (read by the one form alone)
     """
     assert DK == DV and DV in (64, 128), "the S o dS' dots (2 DV threads, halves of the key rows) need K = V"
     assert group in (1, 2, 4, 8), group
@@ -327,78 +328,41 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
                 store_rows(dq_f, dk_f, dq32, dk32, dqo, dko, t0, 0, hv, nv, out32, odt,
                            None if factors is None else factors[1, hv])
 
-    if one:
-        @T.prim_func
-        def gdn_bwd_dqk(
-            q: T.Tensor((Ttot, H, DK), dtype),
-            k: T.Tensor((Ttot, H, DK), dtype),
-            v: T.Tensor((Ttot, HV, DV), dtype),
-            do: T.Tensor((Ttot, HV, DV), dtype),
-            Sch: T.Tensor((HV, NC, DK, DV), dtype),
-            Scl: T.Tensor((HV, NC, DK, DV), LO8 if lo8 else dtype),
-            Uh: T.Tensor((HV, NC, BT, DV), dtype),
-            Ul: T.Tensor((HV, NC, BT, DV), dtype),
-            dSh: T.Tensor((HV, NC, DV, DK), dtype),
-            dSl: T.Tensor((HV, NC, DV, DK), LO8 if lo8 else dtype),
-            dYh: T.Tensor((HV, NC, DV, BT), dtype),
-            dYl: T.Tensor((HV, NC, DV, BT), dtype),
-            Fb: T.Tensor((HV, NC, 8, BT), f32),
-            cu_seqlens: T.Tensor((N + 1,), "int32"),
-            chunk_indices: T.Tensor((NC, 2), "int32"),
-            dq32: T.Tensor((Ttot, HO, DK), f32),
-            dk32: T.Tensor((Ttot, HO, DK), f32),
-            dqo: T.Tensor((Ttot, HO, DK), odt),
-            dko: T.Tensor((Ttot, HO, DK), odt),
-            qz: T.Tensor((2, HV, NC, BT), f32),
-            kw: T.Tensor((2, HV, NC, BT), f32),
-            kr: T.Tensor((2, HV, NC, BT), f32),
-            sd: T.Tensor((2, HV, NC, DV), f32),
-            yv: T.Tensor((2, HV, NC, BT), f32),
-            rect: T.Tensor((HV, NC, BT), f32),
-            db2: T.Tensor((2, HV, NC, BT), f32),
-            scale: T.float32,
-            out32: T.int32,
-            factors: T.Tensor((2, HV), f32),
-        ):
-            body(q, k, v, do, Sch, Scl, Uh,
-                 Ul, dSh, dSl, dYh, dYl, Fb, cu_seqlens, chunk_indices,
-                 dq32, dk32, dqo, dko, qz, kw, kr, sd,
-                 yv, rect, db2, scale, out32, factors)
-    else:
-        @T.prim_func
-        def gdn_bwd_dqk(
-            q: T.Tensor((Ttot, H, DK), dtype),
-            k: T.Tensor((Ttot, H, DK), dtype),
-            v: T.Tensor((Ttot, HV, DV), dtype),
-            do: T.Tensor((Ttot, HV, DV), dtype),
-            Sch: T.Tensor((HV, NC, DK, DV), dtype),
-            Scl: T.Tensor((HV, NC, DK, DV), LO8 if lo8 else dtype),
-            Uh: T.Tensor((HV, NC, BT, DV), dtype),
-            Ul: T.Tensor((HV, NC, BT, DV), dtype),
-            dSh: T.Tensor((HV, NC, DV, DK), dtype),
-            dSl: T.Tensor((HV, NC, DV, DK), LO8 if lo8 else dtype),
-            dYh: T.Tensor((HV, NC, DV, BT), dtype),
-            dYl: T.Tensor((HV, NC, DV, BT), dtype),
-            Fb: T.Tensor((HV, NC, 8, BT), f32),
-            cu_seqlens: T.Tensor((N + 1,), "int32"),
-            chunk_indices: T.Tensor((NC, 2), "int32"),
-            dq32: T.Tensor((Ttot, HO, DK), f32),
-            dk32: T.Tensor((Ttot, HO, DK), f32),
-            dqo: T.Tensor((Ttot, HO, DK), odt),
-            dko: T.Tensor((Ttot, HO, DK), odt),
-            qz: T.Tensor((2, HV, NC, BT), f32),
-            kw: T.Tensor((2, HV, NC, BT), f32),
-            kr: T.Tensor((2, HV, NC, BT), f32),
-            sd: T.Tensor((2, HV, NC, DV), f32),
-            yv: T.Tensor((2, HV, NC, BT), f32),
-            rect: T.Tensor((HV, NC, BT), f32),
-            db2: T.Tensor((2, HV, NC, BT), f32),
-            scale: T.float32,
-            out32: T.int32,
-        ):
-            body(q, k, v, do, Sch, Scl, Uh,
-                 Ul, dSh, dSl, dYh, dYl, Fb, cu_seqlens, chunk_indices,
-                 dq32, dk32, dqo, dko, qz, kw, kr, sd,
-                 yv, rect, db2, scale, out32, None)
+    @T.prim_func
+    def gdn_bwd_dqk(
+        q: T.Tensor((Ttot, H, DK), dtype),
+        k: T.Tensor((Ttot, H, DK), dtype),
+        v: T.Tensor((Ttot, HV, DV), dtype),
+        do: T.Tensor((Ttot, HV, DV), dtype),
+        Sch: T.Tensor((HV, NC, DK, DV), dtype),
+        Scl: T.Tensor((HV, NC, DK, DV), LO8 if lo8 else dtype),
+        Uh: T.Tensor((HV, NC, BT, DV), dtype),
+        Ul: T.Tensor((HV, NC, BT, DV), dtype),
+        dSh: T.Tensor((HV, NC, DV, DK), dtype),
+        dSl: T.Tensor((HV, NC, DV, DK), LO8 if lo8 else dtype),
+        dYh: T.Tensor((HV, NC, DV, BT), dtype),
+        dYl: T.Tensor((HV, NC, DV, BT), dtype),
+        Fb: T.Tensor((HV, NC, 8, BT), f32),
+        cu_seqlens: T.Tensor((N + 1,), "int32"),
+        chunk_indices: T.Tensor((NC, 2), "int32"),
+        dq32: T.Tensor((Ttot, HO, DK), f32),
+        dk32: T.Tensor((Ttot, HO, DK), f32),
+        dqo: T.Tensor((Ttot, HO, DK), odt),
+        dko: T.Tensor((Ttot, HO, DK), odt),
+        qz: T.Tensor((2, HV, NC, BT), f32),
+        kw: T.Tensor((2, HV, NC, BT), f32),
+        kr: T.Tensor((2, HV, NC, BT), f32),
+        sd: T.Tensor((2, HV, NC, DV), f32),
+        yv: T.Tensor((2, HV, NC, BT), f32),
+        rect: T.Tensor((HV, NC, BT), f32),
+        db2: T.Tensor((2, HV, NC, BT), f32),
+        scale: T.float32,
+        out32: T.int32,
+        factors: T.Tensor((2, HV), f32),
+    ):
+        body(q, k, v, do, Sch, Scl, Uh,
+             Ul, dSh, dSl, dYh, dYl, Fb, cu_seqlens, chunk_indices,
+             dq32, dk32, dqo, dko, qz, kw, kr, sd,
+             yv, rect, db2, scale, out32, factors if one else None)
 
     return gdn_bwd_dqk

@@ -48,7 +48,7 @@ import torch
 from kernels.forward.pipeline import (ForwardInputs, IntraTables, fix_segment_starts, initial_states, no_states,
                                      prepare, segment_maps, segment_starts)
 from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, TORCH_DTYPE, cached, call_tables,
-                               fp32_state, max_chunks, pad_rows, tma_ready, token_rows)
+                               fp32_state, max_chunks, pad_rows, tma_ready, token_rows, unused)
 
 from .finish import finish, group_sum
 from .scales import scale_states, state_bits, unscale
@@ -216,6 +216,12 @@ def _scaled(b: BackwardInputs, plan):
     return BackwardInputs(x, do, scale_states(b.dht, sf[0])), sf[2:]
 
 
+def _factors_arg(x: ForwardInputs, factors):
+    """The ``factors`` argument of dh_ws and dqk: a one-term plan's (``_scaled``'s), else a [2, HV] fp32 tensor that
+    their other forms do not read."""
+    return factors if factors is not None else unused((2, x.HV), torch.float32, x.q.device)
+
+
 def _without(stage_out, *names):
     """``stage_out`` (a stage's dataclass) without its tensors ``names``, which no later stage reads: the pipeline's
     last references to them.  Their memory returns to the allocator at once; it is reused by later allocations on
@@ -337,12 +343,14 @@ def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool, maps=None, f
     dv = torch.empty(x.n_tok, HV, D, device=dev, dtype=_io_dtype(plan, dt))   # every token row stored (no zero fill)
     use_h0 = x.h0 is not None
     dh0 = torch.empty((x.N if use_h0 else 1), HV, D, D, device=dev, dtype=torch.float32)
-    kern = get_kernel(plan.dh_config(saved))
+    cfg = plan.dh_config(saved)
+    kern = get_kernel(cfg)
     t = tables
     if plan.dh_segments is None:
         dht = b.dht if b.dht is not None else torch.empty(1, HV, D, D, device=dev, dtype=torch.float32)
         kern(x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, x.cu, x.chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0,
-             int(b.dht is not None), int(use_h0), int(x.v_first), *(() if factors is None else (factors,)))
+             int(b.dht is not None), int(use_h0), int(x.v_first),
+             *((_factors_arg(x, factors),) if cfg.ws_bv else ()))
     else:
         dhk = None if b.dht is None else (b.dht.transpose(-1, -2) if x.v_first else b.dht)
         dh0k = _dh_segmented(kern, plan.dh_segments, x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, dhk, dSh, dSl, dYh,
@@ -400,7 +408,7 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
     s, gr, t = states, grads, tables
     get_kernel(plan.dqk_config())(x.q, x.k, x.v, b.do, s.Sch, s.Scl, s.Uh, s.Ul, gr.dSh, gr.dSl, gr.dYh, gr.dYl,
                                   t.Fb, x.cu, x.chunk_indices, dq32, dk32, dqo, dko, qz, kw, kr, sd, yv2, rect, db22,
-                                  x.scale, int(out32), *(() if factors is None else (factors,)))
+                                  x.scale, int(out32), _factors_arg(x, factors))
     dqv, dkv = (dq32, dk32) if out32 else (dqo, dko)
     if gsum is not None:
         gs = get_kernel(gsum)
