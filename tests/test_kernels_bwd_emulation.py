@@ -641,7 +641,7 @@ def _plumbing_args(item):
 
 
 @pytest.mark.parametrize("form", ["dispatched", "no_cluster", "serial_recompute", "recompute_bv16_occ2", "s_single",
-                                  "merge_bf16", "merge_split", "lo_tables_in_input_dtype", "recompute_smem"])
+                                  "merge_bf16", "merge_split", "lo_tables_in_input_dtype", "recompute_smem", "dh_ws32"])
 @pytest.mark.parametrize("item", _PLUMBING, ids=_PLUMBING_IDS)
 def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     """kernels.backward.pipeline with stand-in kernels == the emulation, gradient by gradient (the stand-ins use the
@@ -650,7 +650,7 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     may pass: no cluster sums (every group of two or more by ``gdn_bwd_group_sum``), the recompute on the main
     stream, the recompute's state kernel at BV 16, two CTAs per SM, or in its smem form (``recompute_ws`` off: the
     same tables as the dispatched warp-specialised form), S's hi term alone, prep's one-term and split merges, the S
-    and dS' lo tables in the input dtype instead of fp8 (against the emulation's ``s_single``, ``merge``,
+    and dS' lo tables in the input dtype instead of fp8, dh's warp-specialised form (sequential and segmented) (against the emulation's ``s_single``, ``merge``,
     ``lo8_tables``).  The pipeline asks for the plan's kernels and only for them: the recompute state kernel (S split
     in K S; S lo stored in fp8, in the input dtype, or not at all; the ws form where the plan's ``recompute_ws``),
     prep's form, dh's split form, the dqk kind of the group (``s_single`` and ``lo8`` as the plan)."""
@@ -669,7 +669,8 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
               "recompute_bv16_occ2": dict(recompute_block_v=16, recompute_ctas_per_sm=2, recompute_ws=False),
               "s_single": dict(s_single=True, lo8=False),
               "merge_bf16": dict(merge="bf16"), "merge_split": dict(merge="split"),
-              "lo_tables_in_input_dtype": dict(lo8=False), "recompute_smem": dict(recompute_ws=False)}[form]
+              "lo_tables_in_input_dtype": dict(lo8=False), "recompute_smem": dict(recompute_ws=False),
+              "dh_ws32": dict(dh_ws_bv=32)}[form]
     plan = pipeline.plan_for(b) if b.x.NC else None
     plan = dataclasses.replace(plan, **change) if plan is not None else None
     single, merge, lo8 = (plan.s_single, plan.merge, plan.lo8) if plan else (False, "fp32", True)
@@ -896,11 +897,13 @@ _SEGMENTED = [     # slow decay / no decay: the state gradient crosses every seg
 ]
 
 
+@pytest.mark.parametrize("ws", [0, 32], ids=["dh", "dh_ws32"])
 @pytest.mark.parametrize("case", _SEGMENTED, ids=[c.id for c in _SEGMENTED])
-def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, case):
+def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, case, ws):
     """The few-heads form of the reverse pass (``dh_segmented``: the dh kernel over segments, three passes and an
     fp64 scan), forced on small inputs with the emulation's stage functions standing in for the kernels, gives the
-    emulation's gradients (the sequential reverse pass), dh0 included.  The segmented pass runs dh with every
+    emulation's gradients (the sequential reverse pass), dh0 included, with dh's register or warp-specialised
+    kernel (``ws``: its extra ``factors`` argument in every pass).  The segmented pass runs dh with every
     operand split, so the sequential one it is compared with does too (``dh_single=False``); its transfer maps
     from pass B and the recompute in one pass, as the emulation's (``shared_scan`` off, ``recompute_cp`` 1)."""
     import dataclasses
@@ -919,7 +922,7 @@ def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, case):
     monkeypatch.setattr(dh_cp, "end_gradients", lambda *a: seen.append(a[0].cu.numel() - 1) or real(*a))
     xs, kw, do, dht = tt.bwd_args(case)
     plan = bapi.plan_for(bapi.prepare_backward(*xs, do, dht, **kw))
-    got = api_bwd(*xs, do, dht, **kw, plan=dataclasses.replace(plan, shared_scan=False, recompute_cp=1))
+    got = api_bwd(*xs, do, dht, **kw, plan=dataclasses.replace(plan, shared_scan=False, recompute_cp=1, dh_ws_bv=ws))
     assert seen and seen[0] >= 4, seen                   # the segmented form ran, with several segments
     assert all(not c.single for c in asked if getattr(c, "kind", None) == "dh"), asked
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False)

@@ -5,8 +5,9 @@
 * ``gdn_bwd_convert``: each GVA group's exponents from ``bits`` (``scales.exponents_of_bits``; row 0 dO's and
   dht's, row 1 v's and h0's), v and dO times their groups' powers of two, q, k, v, dO in the kernels' input dtype:
   ``rd(x s)`` (round to nearest even: exact for bf16 values within fp16's normal range, +-inf past 65504, subnormal
-  or 0 below 2^-14); where ``src == dst`` q and k are not copied (``q2, k2`` not written).  It also writes
-  ``scales.scales_and_factors``: the powers of two it applied and the ``factors`` that undo them.
+  or 0 below 2^-14; inputs below 2^-126 are flushed to 0: fast math); where ``src == dst`` q and k are not copied
+  (``q2, k2`` not written).  It also writes ``scales.scales_and_factors``: the powers of two it applied and the
+  ``factors`` that undo them.
 
 ``q, k [Ttot, H, D]``, ``v, do [Ttot, HV, D]``.  Grid (row block, value head): the CTA of value head ``hv`` takes its
 rows of v and dO, and those of q and k where ``hv < H``.  The gradients are scaled back as dh_ws and dqk store them

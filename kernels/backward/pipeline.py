@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -222,6 +223,11 @@ def _factors_arg(x: ForwardInputs, factors):
     return factors if factors is not None else unused((2, x.HV), torch.float32, x.q.device)
 
 
+def _with_last(kern, last, *args):
+    """``kern(*args, last)``."""
+    return kern(*args, last)
+
+
 def _without(stage_out, *names):
     """``stage_out`` (a stage's dataclass) without its tensors ``names``, which no later stage reads: the pipeline's
     last references to them.  Their memory returns to the allocator at once; it is reused by later allocations on
@@ -345,12 +351,13 @@ def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool, maps=None, f
     dh0 = torch.empty((x.N if use_h0 else 1), HV, D, D, device=dev, dtype=torch.float32)
     cfg = plan.dh_config(saved)
     kern = get_kernel(cfg)
+    if cfg.ws_bv:               # dh_ws's last argument (every call below, the segmented passes' too)
+        kern = functools.partial(_with_last, kern, _factors_arg(x, factors))
     t = tables
     if plan.dh_segments is None:
         dht = b.dht if b.dht is not None else torch.empty(1, HV, D, D, device=dev, dtype=torch.float32)
         kern(x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, x.cu, x.chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0,
-             int(b.dht is not None), int(use_h0), int(x.v_first),
-             *((_factors_arg(x, factors),) if cfg.ws_bv else ()))
+             int(b.dht is not None), int(use_h0), int(x.v_first))
     else:
         dhk = None if b.dht is None else (b.dht.transpose(-1, -2) if x.v_first else b.dht)
         dh0k = _dh_segmented(kern, plan.dh_segments, x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, dhk, dSh, dSl, dYh,
