@@ -650,10 +650,11 @@ def test_kernel_path_plumbing_on_cpu(monkeypatch, item, form):
     may pass: no cluster sums (every group of two or more by ``gdn_bwd_group_sum``), the recompute on the main
     stream, the recompute's state kernel at BV 16, two CTAs per SM, or in its smem form (``recompute_ws`` off: the
     same tables as the dispatched warp-specialised form), S's hi term alone, prep's one-term and split merges, the S
-    and dS' lo tables in the input dtype instead of fp8, dh's warp-specialised form (sequential and segmented) (against the emulation's ``s_single``, ``merge``,
-    ``lo8_tables``).  The pipeline asks for the plan's kernels and only for them: the recompute state kernel (S split
-    in K S; S lo stored in fp8, in the input dtype, or not at all; the ws form where the plan's ``recompute_ws``),
-    prep's form, dh's split form, the dqk kind of the group (``s_single`` and ``lo8`` as the plan)."""
+    and dS' lo tables in the input dtype instead of fp8, dh's warp-specialised form (its stand-in checks that it
+    gets the ``factors`` argument) (against the emulation's ``s_single``, ``merge``, ``lo8_tables``).  The pipeline
+    asks for the plan's kernels and only for them: the recompute state kernel (S split in K S; S lo stored in fp8,
+    in the input dtype, or not at all; the ws form where the plan's ``recompute_ws``), prep's form, dh's split form,
+    the dqk kind of the group (``s_single`` and ``lo8`` as the plan)."""
     import dataclasses
 
     import kernels.backward.configs as bbuild

@@ -35,7 +35,7 @@ from kernels.common.prologue import dynamic_dims, lo_shape, load_state_kt, seq_s
     store_state_kt
 from kernels.forward.cumsum import LOG2E
 
-from .scales import EXP_MAX
+from .scales import EXP_MAX, times
 
 BT = 64
 WG = 128
@@ -165,17 +165,13 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     T.barrier_arrive(y_ready)
                     for t, j in T.Parallel(BT, BV):
                         if t0 + t < eos:
-                            if one:         # times 2^ea, the group's power of two undone
-                                dv[t0 + t, hv, v0 + j] = T.cast(f_s[st, 7, t] * dy_f[t, j] * factors[0, hv], dvt)
-                            else:
-                                dv[t0 + t, hv, v0 + j] = T.cast(f_s[st, 7, t] * dy_f[t, j], dvt)
+                            # one: times 2^ea, the group's power of two undone
+                            dv[t0 + t, hv, v0 + j] = T.cast(times(f_s[st, 7, t] * dy_f[t, j],
+                                                                  factors[0, hv] if one else None), dvt)
                     # dS = F3 dS + Q^T D1 - K^T D2 (one: D1, D2 under the chunk's power of two, undone)
-                    if one:
-                        for t, j in T.Parallel(BT, BV):
-                            kd_f[t, j] = -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t] * chunk_pow2(f_s[st, 4, 0])
-                    else:
-                        for t, j in T.Parallel(BT, BV):
-                            kd_f[t, j] = -(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t]
+                    for t, j in T.Parallel(BT, BV):
+                        kd_f[t, j] = times(-(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t],
+                                           chunk_pow2(f_s[st, 4, 0]) if one else None)
                     split_into(kd_f, xh_s, xl_s, olo)
                     T.fence_proxy_async()
                     if one:
@@ -206,12 +202,9 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     st = i % 2
                     c = c0 + nchunks - 1 - i
                     T.barrier_wait(full[st], (i // 2) % 2)
-                    if one:
-                        for t, j in T.Parallel(BT, BV):
-                            a_f[t, j] = T.cast(do_s[st, t, j], f32) * f_s[st, 1, t] * chunk_pow2(f_s[st, 4, 0])
-                    else:
-                        for t, j in T.Parallel(BT, BV):
-                            a_f[t, j] = T.cast(do_s[st, t, j], f32) * f_s[st, 1, t]
+                    for t, j in T.Parallel(BT, BV):
+                        a_f[t, j] = times(T.cast(do_s[st, t, j], f32) * f_s[st, 1, t],
+                                          chunk_pow2(f_s[st, 4, 0]) if one else None)
                     T.barrier_arrive(empty[st])
                     T.barrier_wait(a_free, (i + 1) % 2)
                     split_into(a_f, ah_s, al_s, slo)

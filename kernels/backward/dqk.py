@@ -22,6 +22,7 @@ from kernels.common.prologue import chunk_span, dynamic_dims, lo_shape
 from kernels.forward.cumsum import LOG2E
 
 from .dqk_terms import BT, half_row_dots, intra_terms, rect_sums, split_dot_rows, v_dy_half_row_dots
+from .scales import times
 
 # two warpgroups at either head dim: at DK 64 one warpgroup would hold every 64x64 fp32 fragment alone (twice the
 # registers a thread: spills)
@@ -154,28 +155,17 @@ def store_rows(xq, xk, dq32, dk32, dqo, dko, t0, r0, col, nv, out32, dtype, fact
     kernel (per value head: ``r0 = 0``; a cluster's group sums: its rank's rows)."""
     R = xq.shape[0]
     DK = xq.shape[1]
-    if factor is None:
-        if out32 == 0:
-            for t, d in T.Parallel(R, DK):
-                if r0 + t < nv:
-                    dqo[t0 + r0 + t, col, d] = T.cast(xq[t, d], dtype)
-                    dko[t0 + r0 + t, col, d] = T.cast(xk[t, d], dtype)
-        else:
-            for t, d in T.Parallel(R, DK):
-                if r0 + t < nv:
-                    dq32[t0 + r0 + t, col, d] = xq[t, d]
-                    dk32[t0 + r0 + t, col, d] = xk[t, d]
+
+    if out32 == 0:
+        for t, d in T.Parallel(R, DK):
+            if r0 + t < nv:
+                dqo[t0 + r0 + t, col, d] = T.cast(times(xq[t, d], factor), dtype)
+                dko[t0 + r0 + t, col, d] = T.cast(times(xk[t, d], factor), dtype)
     else:
-        if out32 == 0:
-            for t, d in T.Parallel(R, DK):
-                if r0 + t < nv:
-                    dqo[t0 + r0 + t, col, d] = T.cast(xq[t, d] * factor, dtype)
-                    dko[t0 + r0 + t, col, d] = T.cast(xk[t, d] * factor, dtype)
-        else:
-            for t, d in T.Parallel(R, DK):
-                if r0 + t < nv:
-                    dq32[t0 + r0 + t, col, d] = xq[t, d] * factor
-                    dk32[t0 + r0 + t, col, d] = xk[t, d] * factor
+        for t, d in T.Parallel(R, DK):
+            if r0 + t < nv:
+                dq32[t0 + r0 + t, col, d] = times(xq[t, d], factor)
+                dk32[t0 + r0 + t, col, d] = times(xk[t, d], factor)
 
 
 @T.macro

@@ -333,7 +333,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         sa, sb = pow2(-ea), pow2(-eb)
         got = chunk_gated_delta_rule_bwd(
             q, k, (v.float() * sb[:, None]).to(v.dtype), g, beta, (do.float() * sa[:, None]).to(do.dtype),
-            scale_states(dht, sa), scale, scale_states(initial_state, sb), use_qk_l2norm_in_kernel, state_v_first, cu_seqlens,
+            scale_states(dht, sa), scale, scale_states(initial_state, sb), use_qk_l2norm_in_kernel, state_v_first,
+            cu_seqlens,
             dh_single=dh_single, tinv_hi_only=tinv_hi_only, s_single=s_single, merge=merge, lo8_tables=lo8_tables,
             operands=operands, one_term=one_term, kernel_dtype=kernel_dtype, chunk_exp=chunk_exp, stages=stages)
         return unscale(got, factors(ea, eb), H)

@@ -58,6 +58,11 @@ def scales_and_factors(bits: torch.Tensor, H: int) -> torch.Tensor:
     return torch.cat([torch.stack([pow2(-ea), pow2(-eb)]), factors(ea, eb)])
 
 
+def times(x, f):
+    """``x * f``, or ``x`` itself where ``f`` is None (a kernel form without the power of two: the same expression)."""
+    return x if f is None else x * f
+
+
 def scale_states(x: torch.Tensor | None, s: torch.Tensor) -> torch.Tensor | None:
     """``x [N, HV, ., .]`` (a state or its gradient; None passes) times ``s [HV]`` per value head, in ``x``'s dtype."""
     return None if x is None else (x.float() * s[:, None, None]).to(x.dtype)
