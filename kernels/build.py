@@ -51,7 +51,8 @@ def forward_configs():
                 # per CP segment with warm-up starts (and its scan and fix-up)
                 plans += [ForwardPlan(dtype, prec, "ws", WS_CP_BV, 1, 2, DK=DK, p_table=True, warm=True)]
                 # the fp16-operand precision (an A/B alternative of the ws form with P tables)
-                plans += [ForwardPlan(dtype, PRESETS["half"], "ws", bv, 1, 1, DK=DK, p_table=True) for bv in (64, 32)]
+                plans += [ForwardPlan(dtype, PRESETS["half"], "ws", bv, 1, 1, DK=DK, p_table=pt)
+                          for bv, pt in ((128, True), (128, False), (64, True), (32, True))]
             cfgs = [c for p in plans for c in p.configs()]
             # the intra kernel with split block merges (the benchmarks' msplit), with and without Tinv
             cfgs += [IntraConfig(dtype, "split", prec.ag, DK=DK, th=th) for th in (False, True)]

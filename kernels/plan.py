@@ -75,17 +75,18 @@ class ForwardPlan:
                                           or (self.ctas_per_sm == 2 and self.block_v > 32)):
             raise ValueError(f"the smem state kernel needs cp 1, BV in (16, 32, 64), "
                              f"1 CTA per SM or 2 with BV <= 32: {self}")
-        if self.state_form == "ws" and (self.block_v not in (16, 32, 64) or self.ctas_per_sm != 1):
-            raise ValueError(f"the fused warp-specialised state-output kernel needs BV in (16, 32, 64) and one CTA per "
-                             f"SM: {self}")
+        if self.state_form == "ws" and (self.block_v not in (16, 32, 64, 128) or self.ctas_per_sm != 1
+                                        or (self.block_v == 128 and not self.precision.half)):
+            raise ValueError(f"the fused warp-specialised state-output kernel needs BV in (16, 32, 64), or 128 with "
+                             f"fp16 operands, and one CTA per SM: {self}")
         if self.cp < 1 or (self.cp > 1 and self.precision.half):
             raise ValueError(f"cp counts segments (>= 1); fp16 operands' value scales are per sequence, not per "
                              f"segment (cp 1): {self}")
         if self.p_table and (self.state_form != "ws" or self.precision.merge == "split"):
             raise ValueError(f"P tables are read by the ws form alone, and stored by an intra kernel with fp32 or "
                              f"bf16 merges: {self}")
-        if self.precision.half and not (self.state_form == "ws" and self.p_table):
-            raise ValueError(f"fp16 operands (Precision.half) are a form of the ws kernel with P tables: {self}")
+        if self.precision.half and self.state_form != "ws":
+            raise ValueError(f"fp16 operands (Precision.half) are a form of the ws kernel: {self}")
         if self.warm and (self.state_form != "ws" or not 2 <= self.cp <= MAX_SEGMENTS):
             raise ValueError(f"warm-up starts are the ws form's, per CP segment (2 <= cp <= {MAX_SEGMENTS}): {self}")
         if self.keep_tables and not keeps_tables(self.precision):

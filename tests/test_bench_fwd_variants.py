@@ -42,6 +42,22 @@ def test_half_makes_every_operand_past_the_intra_kernel_one_fp16_term_on_the_ws_
     assert (change["state_form"], change["p_table"]) == ("ws", True), change
 
 
+def test_half128_is_half_at_one_cta_a_value_head():
+    assert _change("half128", HV=32, mc=512) == {**_change("half", HV=32, mc=512), "block_v": 128}
+
+
+def test_a_ws_plan_takes_128_value_columns_with_fp16_operands_alone():
+    import pytest
+
+    from kernels.forward.precision import PRESETS
+    from kernels.plan import ForwardPlan
+
+    half = ForwardPlan("bfloat16", PRESETS["half"], "ws", 128, p_table=True)
+    assert half.configs()[1].BV == 128
+    with pytest.raises(ValueError, match="128 with fp16 operands"):
+        ForwardPlan("bfloat16", PRESETS["default"], "ws", 128, p_table=True)
+
+
 def test_dry_run_check_ranks_split_half_single(capsys, tmp_path):
     """On the accuracy step's inputs: split operands closer to fp64 than half (fp16 operands), half closer than
     single (bf16 operands), in o and the final state."""

@@ -165,9 +165,10 @@ def test_a_plan_the_kernels_cannot_run_is_refused():
     assert dataclasses.replace(p, state_form="ws", block_v=32, ctas_per_sm=1, cp=2).cp == 2
 
 
-def test_fp16_operands_are_all_or_none_and_need_the_ws_form_with_p_tables():
+def test_fp16_operands_are_all_or_none_and_need_the_ws_form():
     """``Precision`` refuses an unknown value and fp16 on some operands alone (a product's operands share a type);
-    a plan refuses fp16 operands outside the ws form with P tables, where WG1 converts q and k."""
+    a plan refuses fp16 operands outside the ws form, whose WG1 keeps the value columns' scales (and forms P
+    from the fp16 copies without P tables)."""
     import dataclasses
 
     from kernels.forward.precision import PRESETS, Precision
@@ -181,7 +182,9 @@ def test_fp16_operands_are_all_or_none_and_need_the_ws_form_with_p_tables():
     half = dataclasses.replace(ws, precision=PRESETS["half"])
     assert half.configs()[1].name.startswith("state_ws[DK=DV=128,BV=64,fp16,")
     assert half.configs()[0].ag == "fp16" and PRESETS["half"].operand_dtype("bfloat16") == "float16"
-    for bad in (dict(p_table=False), dict(state_form="smem", p_table=False)):
+    no_pt = dataclasses.replace(half, p_table=False)
+    assert not no_pt.configs()[0].pt and not no_pt.configs()[1].pt
+    for bad in (dict(state_form="smem", p_table=False), dict(state_form="rv", block_v=64, p_table=False)):
         with pytest.raises(ValueError, match="fp16 operands"):
             dataclasses.replace(half, **bad)
 

@@ -52,6 +52,9 @@ PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1, p_table=Fa
          "ws_cp3_bv32_noptab": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=3, p_table=False, precision=SPLIT),
          "ws_half_bv32": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=1, p_table=True, precision=HALF),
          "ws_half_bv64": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=1, p_table=True, precision=HALF),
+         "ws_half_bv128": dict(state_form="ws", block_v=128, ctas_per_sm=1, cp=1, p_table=True, precision=HALF),
+         "ws_half_bv128_noptab": dict(state_form="ws", block_v=128, ctas_per_sm=1, cp=1, p_table=False,
+                                      precision=HALF),
          "ws_cp3_warm": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=3, p_table=True, precision=SPLIT,
                              warm=True),
          "ws_cp16_warm_bv32_noptab": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=16, p_table=False,
@@ -206,17 +209,18 @@ FLOOR_CASES += [Case(T=8192, H=16, HV=32, dist="qwen-gates"),
                 Case(T=4096, H=4, HV=8, dist="qwen-gates", h0_dtype="fp32")]
 
 
-def _half_plan(args, kw, bv=None):
-    """The dispatched plan of the call ``(args, kw)`` as the ws form with P tables at precision "half", ``bv`` value
-    columns a CTA (None: the dispatched BV, 32 at the least)."""
+def _half_plan(args, kw, bv=None, pt=True):
+    """The dispatched plan of the call ``(args, kw)`` as the ws form at precision "half", ``bv`` value columns a CTA
+    (None: the dispatched BV, 32 at the least), P from the intra kernel's tables where ``pt``, else from the fp16
+    copies in the ws kernel."""
     from kernels.forward.pipeline import plan_for, prepare
 
     plan = plan_for(prepare(*args, **kw))
     return dataclasses.replace(plan, state_form="ws", block_v=bv or max(32, plan.block_v), ctas_per_sm=1, cp=1,
-                               p_table=True, precision=HALF, warm=False)
+                               p_table=pt, precision=HALF, warm=False)
 
 
-@pytest.mark.parametrize("precision", ["dispatched", "half"])
+@pytest.mark.parametrize("precision", ["dispatched", "half", "half128_noptab"])
 @pytest.mark.parametrize("case", FLOOR_CASES, ids=[c.id for c in FLOOR_CASES])
 def test_o_stays_within_its_rounding_floor(case, precision):
     """The dispatched forward's o, and o with every operand one fp16 term (precision "half", the ws form with P
@@ -234,6 +238,8 @@ def test_o_stays_within_its_rounding_floor(case, precision):
     args, kw = tt.call_args(case, dev)
     if precision == "half":
         o, ht = impl(*args, **kw, output_final_state=True, plan=_half_plan(args, kw))
+    elif precision == "half128_noptab":
+        o, ht = impl(*args, **kw, output_final_state=True, plan=_half_plan(args, kw, 128, pt=False))
     else:
         o, ht = kernels.chunk_gated_delta_rule(*args, **kw, output_final_state=True)
     floor = tt.rel_rmse(ref.to(o.dtype), ref)
@@ -241,15 +247,15 @@ def test_o_stays_within_its_rounding_floor(case, precision):
     where = f"case {case.id} / backend tilelang[{precision}] / rerun: pytest -m gpu tests/test_kernels_gpu.py -k floor"
     assert got <= O_FLOOR_RATIO * floor, (
         f"o rel_rmse {got:.3e} > {O_FLOOR_RATIO} x rounding floor {floor:.3e} ({got / floor:.2f}x) / {where}")
-    if precision == "half":     # and the final state at least 5x closer to fp64 than the FLA-like bf16 scheme's
+    if precision != "dispatched":     # and the final state at least 5x closer to fp64 than the FLA-like bf16 scheme's
         _, ht_fla = fla_like(*args, **kw, output_final_state=True)
         e, e_fla = tt.rel_rmse(ht, refs["ht"]), tt.rel_rmse(ht_fla, refs["ht"])
         print(f"{case.id}: half o {got / floor:.3f}x floor, state {e:.2e}, FLA-like state {e_fla:.2e}")
         assert 5 * e <= e_fla, f"ht rel_rmse {e:.3e} > FLA-like {e_fla:.3e} / 5 / {where}"
 
 
-@pytest.mark.parametrize("bv", [32, 64])
-def test_fp16_operands_hold_inputs_past_fp16_range(bv):
+@pytest.mark.parametrize("bv, pt", [(32, True), (64, True), (128, True), (128, False)])
+def test_fp16_operands_hold_inputs_past_fp16_range(bv, pt):
     """The ws kernel with fp16 operands (precision "half", P tables) on q and k at 2^17 (normalised in the kernel), v
     and h0 at 2^15 (bf16; past fp16's 65504): finite, o within ``O_FLOOR_RATIO`` x its floor and the final state at
     least 5x closer to fp64 than the FLA-like bf16 scheme's (the copies' row scales and the value-column scales)."""
@@ -258,15 +264,49 @@ def test_fp16_operands_hold_inputs_past_fp16_range(bv):
     from reference.emulated import chunk_gated_delta_rule as fla_like
 
     a, kw = tt.past_fp16_range_args(1000, torch.device("cuda"))
-    o, ht = impl(*a, **kw, plan=_half_plan(a, kw, bv))
+    o, ht = impl(*a, **kw, plan=_half_plan(a, kw, bv, pt))
     o_ref, ht_ref = fp64_reference(*a, **kw)
     _, ht_fla = fla_like(*a, **kw)
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     floor = tt.rel_rmse(o_ref.to(o.dtype), o_ref)
     e_o, e_s, e_fla = tt.rel_rmse(o, o_ref), tt.rel_rmse(ht, ht_ref), tt.rel_rmse(ht_fla, ht_ref)
-    msg = f"half BV {bv}: o {e_o / floor:.3f}x floor, state {e_s:.2e}, FLA-like {e_fla:.2e}"
+    msg = f"half BV {bv}{'' if pt else ' (P in the ws kernel)'}: o {e_o / floor:.3f}x floor, state {e_s:.2e}, FLA-like {e_fla:.2e}"
     print(msg)
     assert e_o <= O_FLOOR_RATIO * floor and 5 * e_s <= e_fla, msg
+
+
+@pytest.mark.parametrize("case", PLAN_CASES[:5], ids=[c.id for c in PLAN_CASES[:5]])
+def test_fp16_operands_at_128_value_columns_are_those_at_64(case):
+    """The ws kernel with fp16 operands at BV 128 (one CTA a value head, U in K S's registers) gives bitwise the o
+    and final state of BV 64: each value column's products, scales and roundings are the same."""
+    from kernels.forward.pipeline import chunk_gated_delta_rule as impl
+
+    if case.K != 128:
+        pytest.skip(f"fp16 operands at BV 128 need K = V = 128 (K = {case.K})")
+    args, kw = tt.call_args(case, torch.device("cuda"))
+    o, ht = impl(*args, **kw, output_final_state=True, plan=_half_plan(args, kw, 128))
+    o2, ht2 = impl(*args, **kw, output_final_state=True, plan=_half_plan(args, kw, 64))
+    assert torch.equal(o, o2), f"{case.id}: o differs: max |diff| / max {tt.max_rel(o2, o):.3e}"
+    assert torch.equal(ht, ht2), f"{case.id}: final state differs: max |diff| / max {tt.max_rel(ht2, ht):.3e}"
+
+
+@pytest.mark.parametrize("case", PLAN_CASES[:5], ids=[c.id for c in PLAN_CASES[:5]])
+def test_fp16_operands_form_p_in_the_ws_kernel_as_the_intra_kernel_does(case):
+    """Without P tables the ws kernel with fp16 operands forms P from the fp16 copies of q and k (their row scales
+    undone in F5, F6): the same products of the same values but where a copy's element is an fp16 subnormal (and the
+    tensor cores' sums of fp16 and of bf16 products need not round alike), so o is within two roundings of bf16 (2^-7 of its largest magnitude) of the P-table
+    form's; the final state, which P does not enter, is bitwise the same."""
+    from kernels.forward.pipeline import chunk_gated_delta_rule as impl
+
+    if case.K != 128:
+        pytest.skip(f"fp16 operands at BV 128 need K = V = 128 (K = {case.K})")
+    args, kw = tt.call_args(case, torch.device("cuda"))
+    o, ht = impl(*args, **kw, output_final_state=True, plan=_half_plan(args, kw, 128, pt=False))
+    o2, ht2 = impl(*args, **kw, output_final_state=True, plan=_half_plan(args, kw, 128))
+    e_o = tt.max_rel(o2, o)
+    print(f"{case.id}: P in the ws kernel against P tables: o max |diff| / max {e_o:.2e}")
+    assert e_o <= 2 ** -7, f"{case.id}: o max |diff| / max {e_o:.3e} > 2^-7 of the P-table form's"
+    assert torch.equal(ht, ht2), f"{case.id}: final state differs: max |diff| / max {tt.max_rel(ht2, ht):.3e}"
 
 
 def test_int32_cu_seqlens_give_the_int64_result():

@@ -186,7 +186,8 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
     ``Pl`` are not accessed (pass ``Ah``).  With ``ag="fp16"`` and bf16 inputs it also stores q and k as fp16 into
     ``qo`` / ``ko`` (the fused kernel's operands; every row of each chunk's q/k head, once per head: the CTAs of a
     GVA group's first value head), each row scaled by the power of two ``2^-c`` that takes it into [-1, 1] (so no
-    bf16 value overflows fp16), ``2^c`` folded into the gate table's row factors F0, F2 (k) and F1 (q); else ``qo``
+    bf16 value overflows fp16), ``2^c`` folded into the gate table's row factors F0, F2 (k) and F1 (q), and without
+    ``pt`` into F6 (k) and F5 (q), the factors of P that the fused kernel then forms from the copies; else ``qo``
     / ``ko`` are not accessed (pass ``q`` / ``k``).
 
     Arguments:
@@ -208,10 +209,9 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
     assert not (th and ag == "fp16"), "Tinv is kept for the backward with Ag split"
     p_lo = ag != "fp16"
     cv = op != dtype                                # q and k copied to the operand type
-    assert pt or not cv, "fp16 operands of bf16 inputs come with the P tables (q by TMA)"
     msplit = merge == "split"
     q_tma = not msplit
-    assert q_tma or not pt, "P tables need q by TMA (fp32 or bf16 merges)"
+    assert q_tma or not (pt or cv), "P tables and fp16 copies need q by TMA (fp32 or bf16 merges)"
     asplit = ag == "split"
     f32 = "float32"
 
@@ -288,7 +288,7 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
             # eight loads then wait one after another
             if tx < 32:
                 T.tma_copy(k[t0:t0 + BT, h, 0:DK], k_s, barrier=k_ready)
-                if pt:
+                if pt or cv:
                     T.tma_copy(q[t0:t0 + BT, h, 0:DK], q_s, barrier=k_ready)
                 elif q_tma and use_l2 != 0:
                     T.tma_copy(q[t0:t0 + BT, h, 0:DK], q_s, barrier=k_ready)
@@ -372,8 +372,9 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
                 F[hv, c, 2, r] = T.if_then_else(r < nv, T.exp2((g_s[BT - 1] - g_s[r]) * LOG2E) * fk, T.float32(0))
                 F[hv, c, 3, r] = T.exp2(g_s[BT - 1] * LOG2E)
                 F[hv, c, 4, r] = g_s[r]
-                F[hv, c, 5, r] = T.if_then_else(r < nv, scale * rq_s[r], T.float32(0))
-                F[hv, c, 6, r] = T.if_then_else(r < nv, rk_s[r], T.float32(0))
+                # (the fused kernel forms P from the copies without P tables: their 2^c undone here)
+                F[hv, c, 5, r] = T.if_then_else(r < nv, scale * (fq if cv and not pt else rq_s[r]), T.float32(0))
+                F[hv, c, 6, r] = T.if_then_else(r < nv, fk if cv and not pt else rk_s[r], T.float32(0))
                 F[hv, c, 7, r] = g_s[r] * LOG2E + kn_s[r]
 
             # 16x16 diagonal blocks: exact fp32 forward substitution, one thread per column

@@ -14,9 +14,9 @@ four warpgroups per (block of ``BV`` value columns, value head, sequence):
 * WG3, the producer: one warp issues the TMA loads of q, k, v, Ah (+ Al), F (and Ph (+ Pl) with ``pt``) into two
   stages.
 
-With fp16 operands (``Precision.half``) every shared operand tile is fp16, q and k come as the intra kernel's
-row-scaled fp16 copies (for bf16 inputs), and WG1 keeps each value column's running maximum magnitude (h0's, then
-each chunk's v): chunk c runs column j scaled by ``sigma_cj = 2^-ceil(log2 max)``, the state entering it still at
+With fp16 operands (``Precision.half``; BV 128 allowed, U then in K S's registers) every shared operand tile is
+fp16, q and k come as the intra kernel's row-scaled fp16 copies (for bf16 inputs), and WG1 keeps each value
+column's running maximum magnitude (h0's, then each chunk's v; without ``pt`` it then forms P from the copies): chunk c runs column j scaled by ``sigma_cj = 2^-ceil(log2 max)``, the state entering it still at
 ``sigma_(c-1)j`` (K S and Q S times the ratio, S times it with F3 before its update; exact powers of two; h0 enters
 at its own columns' scales) and o divided by it when stored, so that no value or state overflows fp16's range;
 the chain waits for the scales only after its first product.
@@ -71,11 +71,10 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, v_first) and its tables, Scl fp8 with ``lo8``.
     """
     assert DK in (64, 128) and DV == DK
-    assert DV % BV == 0 and BV in (16, 32, 64)
+    assert DV % BV == 0 and (BV in (16, 32, 64) or (BV == 128 and prec.half)), "BV 128: fp16 operands alone"
     assert dtype in ("bfloat16", "float16")
     f32 = "float32"
     op = prec.operand_dtype(dtype)
-    assert pt or not prec.half, "fp16 operands: P from the intra kernel's tables (WG1 keeps the column scales)"
     assert not (warm and prec.half), "warm-up starts are CP segments' (fp16 operands' column scales: no CP)"
     assert not tables or not (pt or warm or prec.half), "tables: the recompute's form (P, warm-up, fp16 operands: o's)"
     assert not lo8 or (tables and prec.s == "split"), "lo8: S's lo table as fp8, a form of the split S tables"
@@ -85,6 +84,16 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     half = prec.half
     sl_need = ks_sp or s_sp
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
+
+    @T.macro
+    def gated_scores(q_s, k_s, f_s, st, qk):
+        """``qk = P`` of stage ``st``: ``F5_i F6_j e^(G_i - G_j) (q_i . k_j)`` where j <= i, else 0."""
+        T.gemm(q_s[st, :, :], k_s[st, :, :], qk, transpose_B=True, clear_accum=True)
+        for i, j in T.Parallel(BT, BT):
+            # the value, then a select: branch-free (masked values are never selected)
+            p = (f_s[st, 5, i] * f_s[st, 6, j] * T.exp2((f_s[st, 4, i] - f_s[st, 4, j]) * LOG2E)
+                 * qk[i, j])
+            qk[i, j] = T.if_then_else(j <= i, p, T.float32(0))
 
     @T.macro
     def store_rows(o_f, o, t0, eos, hv, v0):
@@ -167,7 +176,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 T.set_max_nreg(240, 1)
                 s_f = T.alloc_fragment((DK, BV), f32)
                 ks_f = T.alloc_fragment((BT, BV), f32)
-                u_f = T.alloc_fragment((BT, BV), f32)
+                # (at BV 128 U takes K S's registers: K S is dead once X is staged)
+                u_f = ks_f if BV == 128 else T.alloc_fragment((BT, BV), f32)
                 if warm:
                     # exact (ws 0 or -1): its start state; warm-up to the sequence's first chunk: the sequence's
                     # initial state (its first segment's); else zero
@@ -227,9 +237,12 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                                 s_f[i, j] = s_f[i, j] / sc_s[(nchunks - 1) % 2, j]
                     store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
             elif tx < 2 * WG:
-                if pt and half:
-                    # WG1: the value columns' running maxima and each chunk's scales (P from the intra kernel)
-                    T.set_max_nreg(80, 0)
+                if half:
+                    # WG1: the value columns' running maxima and each chunk's scales, then (without ``pt``) P from
+                    # the fp16 copies (F5, F6 with their row scales undone)
+                    T.set_max_nreg(112 if BV == 128 or not pt else 80, 0)
+                    if not pt:
+                        qk = T.alloc_fragment((BT, BT), f32)
                     v_f = T.alloc_fragment((BT, BV), f32)
                     cm_f = T.alloc_fragment((BV,), f32)
                     m_f = T.alloc_fragment((BV,), f32)
@@ -266,7 +279,14 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                             rt_s[st, j] = sc / pv_f[j]
                             pv_f[j] = sc
                         T.barrier_arrive(sc_ready[st])
+                        if not pt:
+                            gated_scores(q_s, k_s, f_s, st, qk)
                         T.barrier_arrive(empty[st])
+                        if not pt:
+                            T.barrier_wait(p_free, (c + 1) % 2)
+                            split_into(qk, ph_s, pl_s, p_sp)
+                            T.fence_proxy_async()
+                            T.barrier_arrive(p_ready)
                 elif pt or tables:
                     # WG1 idles: P comes from the intra kernel's tables, or no o is computed
                     T.set_max_nreg(24, 0)
@@ -277,12 +297,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     for c in T.serial(nchunks):
                         st = c % 2
                         T.barrier_wait(full[st], (c // 2) % 2)
-                        T.gemm(q_s[st, :, :], k_s[st, :, :], qk, transpose_B=True, clear_accum=True)
-                        for i, j in T.Parallel(BT, BT):
-                            # the value, then a select: branch-free (masked values are never selected)
-                            p = (f_s[st, 5, i] * f_s[st, 6, j] * T.exp2((f_s[st, 4, i] - f_s[st, 4, j]) * LOG2E)
-                                 * qk[i, j])
-                            qk[i, j] = T.if_then_else(j <= i, p, T.float32(0))
+                        gated_scores(q_s, k_s, f_s, st, qk)
                         T.barrier_arrive(empty[st])
                         T.barrier_wait(p_free, (c + 1) % 2)
                         split_into(qk, ph_s, pl_s, p_sp)
@@ -335,12 +350,17 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                                     o_f[i, j] = o_f[i, j] / sc_s[st, j]
                             T.barrier_arrive(empty[st])
                         else:
-                            T.barrier_arrive(empty[st])
+                            if not half:    # (with fp16 operands the stage's column scales are read below)
+                                T.barrier_arrive(empty[st])
                             T.barrier_wait(p_ready, c % 2)
                             T.barrier_wait(u_ready, c % 2)
                             split_products(ph_s, pl_s, uh_s, ul_s, o_f, p_sp, u_sp, False, False)
                             T.barrier_arrive(u_free)
                             T.barrier_arrive(p_free)
+                            if half:
+                                for i, j in T.Parallel(BT, BV):
+                                    o_f[i, j] = o_f[i, j] / sc_s[st, j]
+                                T.barrier_arrive(empty[st])
                         if warm:
                             if c >= skip:   # (warm-up chunks: o is the previous segment's)
                                 store_rows(o_f, o, t0, eos, hv, v0)
