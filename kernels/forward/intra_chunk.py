@@ -236,7 +236,8 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
         scale: T.float32,
         use_l2: T.int32,
     ):
-        with T.Kernel(NC, HV, threads=THREADS) as (c, hv):
+        # value heads fastest: a GVA group's CTAs of one chunk launch together and share its q / k tiles in L2
+        with T.Kernel(HV, NC, threads=THREADS) as (hv, c):
             h = hv // (HV // H)
             eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, True)
             nv = T.min(eos - t0, BT)
