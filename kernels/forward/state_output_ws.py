@@ -240,7 +240,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 if half:
                     # WG1: the value columns' running maxima and each chunk's scales, then (without ``pt``) P from
                     # the fp16 copies (F5, F6 with their row scales undone)
-                    T.set_max_nreg(112 if BV == 128 or not pt else 80, 0)
+                    T.set_max_nreg(120 if not pt else 112 if BV == 128 else 80, 0)
                     if not pt:
                         qk = T.alloc_fragment((BT, BT), f32)
                     v_f = T.alloc_fragment((BT, BV), f32)
@@ -325,7 +325,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         T.barrier_arrive(u_free)
                 else:
                     # WG2: the output
-                    T.set_max_nreg(136, 1)
+                    T.set_max_nreg(128 if half and not pt else 136, 1)   # (with WG1's P and scales: 128)
                     o_f = T.alloc_fragment((BT, BV), f32)
                     for c in T.serial(nchunks):
                         st = c % 2
