@@ -1,15 +1,16 @@
-"""Where a call's host time goes: torch.profiler over a few calls of our TileLang GDN (or FLA's) at one of the
-forward benchmark's shapes, with the GPU time of the same calls for comparison.
+"""Where a call's host time goes: torch.profiler over a few calls of our TileLang GDN (or FLA's, or FlashQLA's
+forward) at one of the forward benchmark's shapes, with the GPU time of the same calls for comparison.
 
-    python3 benchmarks/profile_host.py [--shape B1_T65536_H2_HV4] [--direction fwd|fwdbwd|bwd] [--impl ours|fla]
-                                       [--calls 20] [--rows 25] [--python 25]
+    python3 benchmarks/profile_host.py [--shape B1_T65536_H2_HV4] [--direction fwd|fwdbwd|bwd]
+                                       [--impl ours|fla|flashqla] [--calls 20] [--rows 25] [--python 25]
 
 ``--direction``: ``fwd`` the public call without gradients (default); ``fwdbwd`` one forward + backward through
 autograd (``kernels.autograd.apply`` and ``torch.autograd.backward``, the leaves' gradients reset before each call:
 the ``ours`` column of ``benchmarks/bench_kernels_bwd.py``); ``bwd`` the backward pipeline alone on the forward's
 saved tables (that benchmark's "backward alone"; ours only).  Prints the host time per call (enqueue, no sync; for
 ``fwdbwd`` also with autograd's backward on the calling thread instead of its device thread) and the GPU time per
-call (CUDA events over the same calls, synchronised), the number of kernel launches per call, for our ``fwdbwd``
+call (CUDA events over the same calls, synchronised), the number of kernel launches per call, each kernel's GPU
+time per call (where the GPU time goes, comparable across ``--impl``: FlashQLA's forward alone), for our ``fwdbwd``
 one call's host time split on either thread (``thread_split``: forward, hand-off, the backward's body by pipeline
 stage, return; in the forward and the body, the time inside kernel launches and allocations), and the profiler's
 table of the operators with the most self CPU time; with ``--python N``, also cProfile's N Python functions with
@@ -33,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.bench_kernels_fwd import fla_triton  # noqa: E402
+from benchmarks.bench_kernels_fwd import fla_triton, flash_qla  # noqa: E402
 from benchmarks.inputs import SHAPES, make  # noqa: E402
 
 LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
@@ -43,13 +44,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="B1_T65536_H2_HV4", choices=list(SHAPES))
     ap.add_argument("--direction", default="fwd", choices=["fwd", "fwdbwd", "bwd"])
-    ap.add_argument("--impl", default="ours", choices=["ours", "fla"])
+    ap.add_argument("--impl", default="ours", choices=["ours", "fla", "flashqla"])
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--python", type=int, default=0, metavar="N", help="cProfile's N functions with most own time")
     args = ap.parse_args(argv)
     if args.impl == "fla" and args.direction == "bwd":
         ap.error("--direction bwd times our backward pipeline alone: ours only")
+    if args.impl == "flashqla" and args.direction != "fwd":
+        ap.error("--impl flashqla profiles FlashQLA's forward (--direction fwd)")
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 2
@@ -105,6 +108,9 @@ def main(argv=None) -> int:
             for p, d in inside.items():
                 print(f"    {p}: {d['launches']:.0f} kernel launches {d['launch']:.3f} ms, {d['allocs']:.0f} "
                       f"allocations {d['alloc']:.3f} ms")
+    print(f"GPU time per call by kernel, ms (the {args.rows} largest):")
+    for name, ms in kernel_times(ev, args.calls)[:args.rows]:
+        print(f"  {ms:8.3f}  {name}")
     print(ev.table(sort_by="self_cpu_time_total", row_limit=args.rows))
     if args.python:
         import cProfile
@@ -121,6 +127,14 @@ def main(argv=None) -> int:
     return 0
 
 
+def kernel_times(events, calls: int) -> list:
+    """[(kernel name, GPU ms per call)], largest first, from the profiler's ``key_averages()`` over ``calls``
+    calls: the CUDA entries' own GPU time."""
+    out = [(e.key, e.self_device_time_total / 1e3 / calls) for e in events
+           if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0]
+    return sorted(out, key=lambda x: -x[1])
+
+
 def _call(args, dev):
     """(one call of ``args.direction`` on fixed inputs, parts, None) or (None, None, why it cannot run); parts: for
     ours forward + backward (the forward alone, the backward's output gradients) for ``thread_split``, else None."""
@@ -129,6 +143,10 @@ def _call(args, dev):
         fn, why = fla_triton()
         if fn is None:
             return None, None, f"FLA's Triton path cannot run here: {why}"
+    if args.impl == "flashqla":
+        fn, why = flash_qla()
+        if fn is None:
+            return None, None, f"FlashQLA cannot run here: {why}"
     if args.direction == "fwd":
         q, k, v, g, beta, cu = make(B, T, H, HV, lens, dev)
         if args.impl == "ours":

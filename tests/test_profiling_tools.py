@@ -191,6 +191,31 @@ def test_host_split_times_one_backward_body_per_call_and_restores_it(monkeypatch
     assert build.get_kernel is get_kernel and torch.empty is empty
 
 
+def test_host_profile_refuses_flashqla_past_its_forward(capsys):
+    from benchmarks.profile_host import main
+
+    for direction in ("fwdbwd", "bwd"):
+        with pytest.raises(SystemExit):
+            main(["--impl", "flashqla", "--direction", direction])
+        assert "FlashQLA's forward" in capsys.readouterr().err
+
+
+def test_kernel_times_are_the_cuda_entries_per_call_largest_first():
+    import types
+
+    import torch
+
+    from benchmarks.profile_host import kernel_times
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    ev = [types.SimpleNamespace(key="intra", device_type=cuda, self_device_time_total=4000.0),
+          types.SimpleNamespace(key="fused", device_type=cuda, self_device_time_total=10000.0),
+          types.SimpleNamespace(key="cudaLaunchKernel", device_type=cpu, self_device_time_total=0.0),
+          types.SimpleNamespace(key="aten::empty", device_type=cpu, self_device_time_total=50.0),
+          types.SimpleNamespace(key="idle", device_type=cuda, self_device_time_total=0.0)]
+    assert kernel_times(ev, 10) == [("fused", 1.0), ("intra", 0.4)]
+
+
 def test_host_profile_refuses_fla_backward_alone(capsys):
     from benchmarks.profile_host import main
 
