@@ -29,8 +29,9 @@ def forward_configs():
     warp-specialised form (``BackwardPlan.recompute_ws``, S lo in fp8), the intra kernel with split
     merges (the A/B alternative of ``Precision.merge`` and ``BackwardPlan.merge``; the one-term merges' kernels
     compile when a benchmark asks for them), and the fused warp-specialised state-output kernel (the plan form
-    "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables, and
-    per CP segment with warm-up starts (``ForwardPlan.warm``, with its scan and fix-up).
+    "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables,
+    per CP segment with warm-up starts (``ForwardPlan.warm``, with its scan and fix-up), and with fp16 operands (the
+    A/B precision "half", at the ws head dims: BV 128, with and without P tables, and BV 64 / 32 with them).
 
     All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
     ratio, scale, h0 present or not, final state stored or not, the state layout, l2norm on/off, gate dtype, dense
@@ -50,7 +51,7 @@ def forward_configs():
                           for bv, kt in ((64, False), (32, False), (64, True))]
                 # per CP segment with warm-up starts (and its scan and fix-up)
                 plans += [ForwardPlan(dtype, prec, "ws", WS_CP_BV, 1, 2, DK=DK, p_table=True, warm=True)]
-                # the fp16-operand precision (an A/B alternative of the ws form with P tables)
+                # the fp16-operand precision (an A/B alternative; P tables or, at BV 128, P formed in the ws kernel)
                 plans += [ForwardPlan(dtype, PRESETS["half"], "ws", bv, 1, 1, DK=DK, p_table=pt)
                           for bv, pt in ((128, True), (128, False), (64, True), (32, True))]
             cfgs = [c for p in plans for c in p.configs()]

@@ -270,7 +270,8 @@ def test_fp16_operands_hold_inputs_past_fp16_range(bv, pt):
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     floor = tt.rel_rmse(o_ref.to(o.dtype), o_ref)
     e_o, e_s, e_fla = tt.rel_rmse(o, o_ref), tt.rel_rmse(ht, ht_ref), tt.rel_rmse(ht_fla, ht_ref)
-    msg = f"half BV {bv}{'' if pt else ' (P in the ws kernel)'}: o {e_o / floor:.3f}x floor, state {e_s:.2e}, FLA-like {e_fla:.2e}"
+    msg = (f"half BV {bv}{'' if pt else ' (P in the ws kernel)'}: o {e_o / floor:.3f}x floor, state {e_s:.2e}, "
+           f"FLA-like {e_fla:.2e}")
     print(msg)
     assert e_o <= O_FLOOR_RATIO * floor and 5 * e_s <= e_fla, msg
 
@@ -294,8 +295,9 @@ def test_fp16_operands_at_128_value_columns_are_those_at_64(case):
 def test_fp16_operands_form_p_in_the_ws_kernel_as_the_intra_kernel_does(case):
     """Without P tables the ws kernel with fp16 operands forms P from the fp16 copies of q and k (their row scales
     undone in F5, F6): the same products of the same values but where a copy's element is an fp16 subnormal (and the
-    tensor cores' sums of fp16 and of bf16 products need not round alike), so o is within two roundings of bf16 (2^-7 of its largest magnitude) of the P-table
-    form's; the final state, which P does not enter, is bitwise the same."""
+    tensor cores' sums of fp16 and of bf16 products need not round alike), so o is within two roundings of bf16
+    (2^-7 of its largest magnitude) of the P-table form's; the final state, which P does not enter, is bitwise the
+    same."""
     from kernels.forward.pipeline import chunk_gated_delta_rule as impl
 
     if case.K != 128:

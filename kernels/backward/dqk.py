@@ -155,7 +155,6 @@ def store_rows(xq, xk, dq32, dk32, dqo, dko, t0, r0, col, nv, out32, dtype, fact
     kernel (per value head: ``r0 = 0``; a cluster's group sums: its rank's rows)."""
     R = xq.shape[0]
     DK = xq.shape[1]
-
     if out32 == 0:
         for t, d in T.Parallel(R, DK):
             if r0 + t < nv:

@@ -16,7 +16,8 @@ four warpgroups per (block of ``BV`` value columns, value head, sequence):
 
 With fp16 operands (``Precision.half``; BV 128 allowed, U then in K S's registers) every shared operand tile is
 fp16, q and k come as the intra kernel's row-scaled fp16 copies (for bf16 inputs), and WG1 keeps each value
-column's running maximum magnitude (h0's, then each chunk's v; without ``pt`` it then forms P from the copies): chunk c runs column j scaled by ``sigma_cj = 2^-ceil(log2 max)``, the state entering it still at
+column's running maximum magnitude (h0's, then each chunk's v; without ``pt`` it then forms P from the copies):
+chunk c runs column j scaled by ``sigma_cj = 2^-ceil(log2 max)``, the state entering it still at
 ``sigma_(c-1)j`` (K S and Q S times the ratio, S times it with F3 before its update; exact powers of two; h0 enters
 at its own columns' scales) and o divided by it when stored, so that no value or state overflows fp16's range;
 the chain waits for the scales only after its first product.
@@ -345,22 +346,19 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                             T.barrier_wait(u_ready, c % 2)
                             split_products(ph_s[st, :, :], pl_s[st, :, :], uh_s, ul_s, o_f, p_sp, u_sp, False, False)
                             T.barrier_arrive(u_free)
-                            if half:    # O from this chunk's column scales
-                                for i, j in T.Parallel(BT, BV):
-                                    o_f[i, j] = o_f[i, j] / sc_s[st, j]
-                            T.barrier_arrive(empty[st])
                         else:
-                            if not half:    # (with fp16 operands the stage's column scales are read below)
+                            if not half:    # (the stage is read no further; with fp16 operands its scales are)
                                 T.barrier_arrive(empty[st])
                             T.barrier_wait(p_ready, c % 2)
                             T.barrier_wait(u_ready, c % 2)
                             split_products(ph_s, pl_s, uh_s, ul_s, o_f, p_sp, u_sp, False, False)
                             T.barrier_arrive(u_free)
                             T.barrier_arrive(p_free)
-                            if half:
-                                for i, j in T.Parallel(BT, BV):
-                                    o_f[i, j] = o_f[i, j] / sc_s[st, j]
-                                T.barrier_arrive(empty[st])
+                        if half:    # O from this chunk's column scales
+                            for i, j in T.Parallel(BT, BV):
+                                o_f[i, j] = o_f[i, j] / sc_s[st, j]
+                        if pt or half:
+                            T.barrier_arrive(empty[st])
                         if warm:
                             if c >= skip:   # (warm-up chunks: o is the previous segment's)
                                 store_rows(o_f, o, t0, eos, hv, v0)
