@@ -9,7 +9,8 @@ emulated backward at each operand form: "split" (the kernels' forms), "bf16" (ev
 input-dtype term), "fp16" (one fp16 term under a power of two per matrix) and "one16" (one unscaled fp16 term per table, the
 emulation's ``kernel_dtype``), "one16g" (the same with dO, dht and v, h0 under a power of two per GVA group,
 ``group_scales``), "one16gc" (and dh's F1 dO, F0 dX under a power of two per chunk, ``chunk_exp``: what
-``BackwardPlan.one_term`` on the fp16 kernels computes for bf16 inputs, ``ONE_TERM_FP16``).  ``--do-exp
+``BackwardPlan.one_term`` on the fp16 kernels computes for bf16 inputs, ``ONE_TERM_FP16``), "dh16" and "dqk16" (one
+kernel's operands and the tables between it and dqk one fp16 term each, the other kernels split).  ``--do-exp
 E``: dO and dht times 2^E, the emulated gradients times 2^-E (exact; the baseline's, in bf16's exponent range,
 unscaled), the range the one-term forms see.  A row marks the gradients where it is worse than the baseline, and under
 strong decay a dg past its rounding floor (the emulation tests' rule); a gradient with NaN or Inf counts as worse.
@@ -32,6 +33,9 @@ DISTS = ("raw-qk-l2", "strong-decay", "qwen-gates", "slow-decay")
 # "one16g" (the same with dO, dht and v, h0 under a power of two per GVA group, the emulation's ``group_scales``) or
 # "one16gc" (and dh's F1 dO, F0 dX under a power of two per chunk, ``chunk_exp``)
 ONE16 = ("one16", "one16g", "one16gc")
+# one kernel's operands one fp16 term (``half_term``), the others split: dh's and the dS', dY tables it stores
+# ("dh16"), or dqk's and the S, U, dS', dY tables it reads ("dqk16")
+HYBRID = ("dh16", "dqk16")
 
 
 def _form(op: str) -> dict:
@@ -39,6 +43,8 @@ def _form(op: str) -> dict:
     if op in ONE16:
         return dict(dh_single=True, s_single=True, lo8_tables=False, one_term=True, kernel_dtype=torch.float16,
                     group_scales=op != "one16", chunk_exp=op == "one16gc")
+    if op in HYBRID:
+        return {f"{op[:-2]}_operands": "fp16"}
     return dict(operands=op)
 
 
@@ -74,14 +80,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--T", type=int, default=1024)
     ap.add_argument("--dists", default=",".join(DISTS))
-    ap.add_argument("--operands", default=",".join(OPERANDS + ONE16))
+    ap.add_argument("--operands", default=",".join(OPERANDS + ONE16 + HYBRID))
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--do-exp", type=int, default=0, help="dO and dht times 2^E (the gradients scaled back)")
     a = ap.parse_args(argv)
     ops = a.operands.split(",")
-    bad_ops = [o for o in ops if o not in OPERANDS + ONE16]
+    bad_ops = [o for o in ops if o not in OPERANDS + ONE16 + HYBRID]
     if bad_ops:
-        ap.error(f"unknown operand forms {bad_ops}; forms: {OPERANDS + ONE16}")
+        ap.error(f"unknown operand forms {bad_ops}; forms: {OPERANDS + ONE16 + HYBRID}")
     if set(ops) & set(ONE16) and a.dtype != "bf16":
         ap.error(f"{', '.join(ONE16)}: forms for bf16 inputs (one fp16 term is the input dtype's one term for fp16)")
     print(f"backward gradients, rel_rmse vs fp64 (CPU emulation), B1 T{a.T} H2 HV4 K=V=128 {a.dtype}, "

@@ -50,3 +50,34 @@ def test_chunk_exponents_keep_dh0_under_strong_decay():
     rows = pb.rows(case, ["one16g", "one16gc"], -20)
     (_, _, bad_g), (_, e, bad_gc) = rows[1], rows[2]
     assert bad_g == ["dh0"] and bad_gc == [] and e["dh0"] < rows[0][1]["dh0"], (bad_g, bad_gc, e)
+
+
+def test_one_kernel_in_fp16_keeps_the_others_outputs():
+    """``dqk16`` changes nothing dh computes (dv and dh0 bitwise the split form's) but dq; ``dh16`` changes dh0, its
+    own output; either refuses operands other than "split" for the other kernels."""
+    import torch
+
+    from kernels.backward.emulation import chunk_gated_delta_rule_bwd
+    from tests import kernel_support as tt
+
+    case = Case(T=192, H=1, HV=2, dist="qwen-gates", h0_dtype="fp32", grad=True)
+    xs, kw, do, dht = tt.bwd_args(case)
+    split = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
+    dqk16 = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dqk_operands="fp16")
+    dh16 = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_operands="fp16")
+    assert torch.equal(split[2], dqk16[2]) and torch.equal(split[5], dqk16[5])
+    assert not torch.equal(split[0], dqk16[0]) and not torch.equal(split[5], dh16[5])
+    with pytest.raises(ValueError, match="dqk_operands"):
+        chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, operands="bf16", dqk_operands="fp16")
+
+
+def test_one_kernel_in_fp16_costs_dg_and_dbeta_their_split_accuracy():
+    """The study's finding on a short row: one fp16 term in either kernel alone puts dg and dbeta at least 3x
+    farther from fp64 than the split forms (dqk16's dq and dk closer), still within the FLA-like baseline."""
+    case = Case(T=192, H=1, HV=2, dist="slow-decay", grad=True)
+    rows = {name: (e, bad) for name, e, bad in pb.rows(case, ["split", "dh16", "dqk16"])}
+    split = rows["split"][0]
+    for form in ("dh16", "dqk16"):
+        e, bad = rows[form]
+        assert bad == [], (form, bad)
+        assert e["dg"] > 3 * split["dg"] and e["dbeta"] > 3 * split["dbeta"], (form, e, split)

@@ -308,7 +308,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
                                dh_single: bool = False, tinv_hi_only: bool = False, s_single: bool = False,
                                merge: str = "fp32", lo8_tables: bool = True, operands: str = "split",
                                one_term: bool = False, kernel_dtype: torch.dtype | None = None,
-                               group_scales: bool = False, chunk_exp: bool = False, stages: dict | None = None):
+                               group_scales: bool = False, chunk_exp: bool = False, dh_operands: str = "split",
+                               dqk_operands: str = "split", stages: dict | None = None):
     """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
     pass's single operands (``BackwardPlan.dh_single``); ``tinv_hi_only``: dh reads Tinv hi alone (a zero lo term),
@@ -324,7 +325,10 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     q's dtype); ``group_scales``: dO, dht and v, h0 times the powers of two of ``scales.group_exponents`` (each GVA
     group's largest magnitude in [1, 2)), every gradient scaled back exactly (``scales.unscale``); ``chunk_exp``
     (with ``one_term``): dh's F1 dO and F0 dX under a power of two per chunk (``dh(chunk_exp=True)``).  The
-    pipeline's one-term plans compute ``one_term`` with both.
+    pipeline's one-term plans compute ``one_term`` with both.  ``dh_operands``, ``dqk_operands`` (with
+    ``operands`` "split", a precision study: no kernel computes them): ``OPERANDS`` of one kernel alone, dh's
+    operands and the dS', dY tables it stores, or dqk's operands and every table it reads (S, U, dS', dY, one
+    term each), the other kernels split.
     ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
     stage-by-stage checks)."""
     if group_scales:
@@ -336,7 +340,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
             scale_states(dht, sa), scale, scale_states(initial_state, sb), use_qk_l2norm_in_kernel, state_v_first,
             cu_seqlens,
             dh_single=dh_single, tinv_hi_only=tinv_hi_only, s_single=s_single, merge=merge, lo8_tables=lo8_tables,
-            operands=operands, one_term=one_term, kernel_dtype=kernel_dtype, chunk_exp=chunk_exp, stages=stages)
+            operands=operands, one_term=one_term, kernel_dtype=kernel_dtype, chunk_exp=chunk_exp,
+            dh_operands=dh_operands, dqk_operands=dqk_operands, stages=stages)
         return unscale(got, factors(ea, eb), H)
     out_dt, g_dt, beta_dt = q.dtype, g.dtype, beta.dtype
     if kernel_dtype is not None and kernel_dtype != q.dtype:
@@ -364,21 +369,32 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         raise ValueError(f"operands must be one of {OPERANDS}, got {operands!r}")
     if one_term and not (dh_single and s_single and not lo8_tables and operands == "split"):
         raise ValueError("one_term goes with dh_single, s_single, lo8_tables False and operands 'split'")
+    for name, val in (("dh_operands", dh_operands), ("dqk_operands", dqk_operands)):
+        if val not in OPERANDS:
+            raise ValueError(f"{name} must be one of {OPERANDS}, got {val!r}")
+        if val != "split" and (operands != "split" or one_term):
+            raise ValueError(f"{name} other than 'split' goes with operands 'split' and one_term False")
     prec = fwd_precision(s_single, merge)
     _, offs = chunk_tables(cu)
     Ah, Al, F = intra_chunk(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
     Sch, Scl, Uh, Ul, _ = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
     Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, prec.merge, operands)
     dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, torch.zeros_like(Tl) if tinv_hi_only else Tl, Fb, dUloc, cu,
-                                       dS0, dt, dh_single, operands, one_term, out_dt, chunk_exp)
+                                       dS0, dt, dh_single, dh_operands if dh_operands != "split" else operands,
+                                       one_term, out_dt, chunk_exp)
     if operands != "split":
         (Sch, Scl), (Uh, Ul) = _one(Sch, Scl, dt, operands), _one(Uh, Ul, dt, operands)
     elif lo8_tables:
         Scl, dSnl = lo8(Sch, Scl, dt), lo8(dSnh, dSnl, dt)
     Uld = torch.zeros_like(Ul) if one_term else Ul     # U's lo term as dqk reads it (none with one_term)
+    qop = operands
+    if dqk_operands != "split":
+        (Sch, Scl), (Uh, Uld) = _one(Sch, Scl, dt, dqk_operands), _one(Uh, Ul, dt, dqk_operands)
+        (dSnh, dSnl), (dYh, dYl) = _one(dSnh, dSnl, dt, dqk_operands), _one(dYh, dYl, dt, dqk_operands)
+        qop = dqk_operands
     dqt1, dkt1, qz, kw, kr, sd, yv = dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Uld, dSnh, dSnl, dYh, dYl, Fb, cu,
-                                               scale, operands)
-    dqt2, dkt2, rect, db2 = dqk_intra(q2, k2, do2, Uh, Uld, dYh, dYl, Fb, cu, scale, dt, operands)
+                                               scale, qop)
+    dqt2, dkt2, rect, db2 = dqk_intra(q2, k2, do2, Uh, Uld, dYh, dYl, Fb, cu, scale, dt, qop)
     if stages is not None:
         stages.update(Tinv=Th + Tl, Fb=Fb, dUloc=dUloc, dSn=dSnh + dSnl, dY=dYh + dYl, qz=qz.sum(0), kw=kw.sum(0),
                        kr=kr.sum(0), sd=sd.sum(0), yv=yv, rect=rect, db2=db2, S=Sch + Scl, U=Uh + Ul)
