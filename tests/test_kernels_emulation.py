@@ -173,7 +173,7 @@ def test_fp16_operands_are_all_or_none_and_need_the_ws_form():
 
     from kernels.forward.precision import PRESETS, Precision
     from kernels.plan import forward_plan
-    with pytest.raises(ValueError, match="all or none"):
+    with pytest.raises(ValueError, match="fp16 operands are all, p and u alone"):
         dataclasses.replace(PRESETS["half"], ks="split")
     with pytest.raises(ValueError, match="must be one of"):
         Precision(merge="fp16")
@@ -231,6 +231,60 @@ def test_fp16_operands_hold_inputs_past_fp16_range():
     msg = f"half o {e_o / floor:.3f}x floor, state {e_s:.2e} | fla-like state {f_s:.2e}"
     print(msg)
     assert e_o <= 1.1 * floor and 5 * e_s <= f_s, msg
+
+
+@pytest.mark.parametrize("dist", ["gauss-l2", "qwen-gates", "slow-decay", "strong-decay", "large-h0"])
+def test_pu16_keeps_the_state_and_o_near_its_floor(dist):
+    """P @ U as one fp16 product (``Precision.pu16``), bf16, T=1024: the final state bitwise the dispatched
+    precision's (the chain is not touched), o changed but within 1.02x its rounding floor."""
+    from cases.distributions import get_distribution
+    from kernels.forward.precision import PRESETS
+
+    h0 = "fp32" if get_distribution(dist).needs_h0 else None
+    a, kw = call_args(Case(T=1024, H=2, HV=4, dist=dist, h0_dtype=h0))
+    kw["output_final_state"] = True
+    o_ref, _ = fp64_reference(*a, **kw)
+    floor = compare(o_ref.to(a[0].dtype), o_ref).rel_rmse
+    o, S = E.chunk_gated_delta_rule_at(*a, **kw, prec=PRESETS["pu16"])
+    o_d, S_d = E.chunk_gated_delta_rule_at(*a, **kw, prec=PRESETS["default"])
+    e_o = compare(o, o_ref).rel_rmse
+    assert torch.equal(S, S_d) and not torch.equal(o, o_d)
+    assert e_o <= 1.02 * floor, f"{dist}: pu16 o {e_o / floor:.4f}x floor"
+
+
+def test_pu16_holds_p_and_u_past_fp16_range():
+    """Inputs past fp16's range (``past_fp16_range_args``): P's tile and U's column scales keep the fp16 product
+    finite, o within 1.02x its floor, the state bitwise the dispatched precision's."""
+    from kernels.forward.precision import PRESETS
+
+    (q, k, v, g, beta), kw = call_args(Case(T=512, H=2, HV=4, dist="gauss-l2"))
+    kw["output_final_state"] = True
+    big_p = ((q.float() * 2.0 ** 24).to(q.dtype), k, v, g, beta)        # scale q_t . k_j past 65504: P's tiles
+    qk = torch.einsum("bthd,bshd->bhts", big_p[0].double(), k.double())
+    assert not kw["use_qk_l2norm_in_kernel"] and q.shape[-1] ** -0.5 * qk.abs().max() > 65504
+    for a, kwa in ((big_p, kw), past_fp16_range_args(512)):            # v and h0 at 2^15: U's columns
+        o_ref, _ = fp64_reference(*a, **kwa)
+        floor = compare(o_ref.to(a[0].dtype), o_ref).rel_rmse
+        o, S = E.chunk_gated_delta_rule_at(*a, **kwa, prec=PRESETS["pu16"])
+        S_d = E.chunk_gated_delta_rule_at(*a, **kwa, prec=PRESETS["default"])[1]
+        assert torch.isfinite(o).all() and torch.equal(S, S_d)
+        assert compare(o, o_ref).rel_rmse <= 1.02 * floor, compare(o, o_ref).rel_rmse / floor
+
+
+def test_pu16_is_the_emulations_alone():
+    """``Precision.pu16``: p and u alone fp16 is a valid precision (its tag says so), any other partial fp16 set is
+    not, and no forward plan takes it (no kernel computes it)."""
+    import dataclasses
+
+    from kernels.forward.precision import PRESETS, Precision
+    from kernels.plan import forward_plan
+    pu = PRESETS["pu16"]
+    assert pu.pu16 and not pu.half and pu.tag().endswith("pu16") and not PRESETS["half"].pu16
+    for bad in (dict(p="fp16"), dict(u="fp16"), dict(p="fp16", u="fp16", s="fp16")):
+        with pytest.raises(ValueError, match="fp16 operands are all"):
+            Precision(**bad)
+    with pytest.raises(ValueError, match="no kernel"):
+        dataclasses.replace(forward_plan("bfloat16", 8, 32, 64), precision=pu)
 
 
 def test_import_is_lazy():

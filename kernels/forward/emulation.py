@@ -180,6 +180,14 @@ def _op(prec, dt: torch.dtype) -> torch.dtype:
     return TORCH_DTYPE[prec.operand_dtype(TL_DTYPE[dt])]
 
 
+def half_scaled(x: torch.Tensor, dims) -> torch.Tensor:
+    """One fp16 term of ``x`` (fp64 values) under a power of two per slice: the largest magnitude over ``dims``
+    scaled into [2^14, 2^15), rounded to fp16 and scaled back (an all-zero slice stays zero)."""
+    m = x.abs().amax(dim=dims, keepdim=True)
+    up = torch.exp2(14 - torch.floor(torch.log2(torch.where(m > 0, m, torch.ones_like(m)))))
+    return (x * up).to(torch.float16).to(f64) / up
+
+
 def _two(x, dt, split: bool):
     """The wgmma operand(s) of an fp32 value: (hi, lo) with lo = 0 when not split."""
     hi = _rd(x, dt)
@@ -249,7 +257,7 @@ def chunk_states(k, v, Ah, Al, F, cu_seqlens: list[int], chunk_offsets: list[int
         Sc = split(S) (hi, + lo when prec.s == "split")  -> Sch, Scl    (chunk-start state, for o)
         X  = V - F0 (K (Sh + Sl?))                          (K@S lo only when prec.ks == "split")
         U  = Ah Xh + Al Xh + Ah Xl                          (terms present per prec.ag / prec.x)
-        Uh, Ul = split(U)  (Ul = 0 unless prec.u == "split")
+        Uh, Ul = split(U)  (Ul = 0 unless prec.u == "split"; U unrounded with prec.pu16: ``output`` rounds it)
         S  = F3 S + K^T (rd(F2 U) + lo?)                    (lo when prec.upd == "split")
 
     ``aug``: the phase-1 scan of the CP path: value columns [DV, 2 DV) carry the chunk-transition
@@ -303,7 +311,7 @@ def chunk_states(k, v, Ah, Al, F, cu_seqlens: list[int], chunk_offsets: list[int
         X = _f32(Vc - _f32(f[:, :, 0, :, None] * KS))
         Xh, Xl = _two(X, od, prec.x == "split")
         U = _f32(ah @ Xh + al @ Xh + ah @ Xl)
-        Uh_, Ul_ = _two(U, od, prec.u == "split")
+        Uh_, Ul_ = (U, torch.zeros_like(U)) if prec.pu16 else _two(U, od, prec.u == "split")
         if store_chunks:
             Uh[:, c] = Uh_.transpose(0, 1)
             Ul[:, c] = Ul_.transpose(0, 1)
@@ -335,6 +343,8 @@ def gated_scores(q, k, F, cu_seqlens: list[int], dt, prec):
     e = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
     QK = _f32(Qc @ Kc.transpose(-1, -2))
     P = _f32(F[:, :, 5, :, None] * F[:, :, 6, None, :] * e * QK)
+    if prec.pu16:
+        return half_scaled(P, (-1, -2)), torch.zeros_like(P)
     return _two(P, _op(prec, dt), prec.p == "split")
 
 
@@ -343,6 +353,9 @@ def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec, P=None, c
 
         P  = gated_scores(...) -> Ph (+ Pl)     (or ``P`` = (Ph, Pl) as given: the intra kernel's P tables)
         O  = F1 (Q (Sch + Scl)) + Ph Uh + Pl Uh + Ph Ul      (/ col_scale [HV, V] per value column, if given)
+
+    With ``prec.pu16`` P is one fp16 term under a power of two per chunk tile (``gated_scores``) and U one under a
+    power of two per value column of each chunk (``half_scaled``), their product in fp32.
     """
     Ttot, H, DK = q.shape
     HV = F.shape[0]
@@ -352,6 +365,8 @@ def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec, P=None, c
     Qc = _rd(_chunk_gather(q.to(f64), tokc, inb, heads).transpose(0, 1), _op(prec, dt))   # [HV, NC, 64, DK]
     valid = (tok < eos[:, None])[None]                                   # [1, NC, 64]
     Ph, Pl = P if P is not None else gated_scores(q, k, F, cu_seqlens, dt, prec)
+    if prec.pu16:                            # U as the state pass hands it over (fp32), one fp16 term per column
+        Uh, Ul = half_scaled(Uh, -2), torch.zeros_like(Uh)
     QS = _f32(Qc @ (Sch + Scl))
     O = _f32(_f32(QS * F[:, :, 1, :, None]) + Ph @ Uh + Pl @ Uh + Ph @ Ul)   # [HV, NC, 64, DV]
     if col_scale is not None:

@@ -5,7 +5,8 @@ Every field names one rounding of an fp32 value that becomes a wgmma operand or 
 kernels: "bf16" = one input-dtype term (``rd(x)``), "split" = two terms ``rd(x) + rd(x - rd(x))``
 (~16 mantissa bits), "fp16" = one fp16 term (11 mantissa bits, at a one-term product's cost: every operand field
 "fp16" or none, since both operands of a product share a type; q and k enter as the intra kernel's row-scaled fp16
-copies); ``merge`` also allows "fp32" (products and sums in fp32 on the CUDA cores, no operand rounding: the
+copies), or ``p`` and ``u`` alone "fp16" (``pu16``: the output's ``P @ U`` one fp16 product, each chunk's P tile and
+each value column of its U under a power of two; the emulation's study, no kernel computes it); ``merge`` also allows "fp32" (products and sums in fp32 on the CUDA cores, no operand rounding: the
 dispatch's).
 
 * ``merge`` - the two block-merge levels of the 64x64 triangular inverse (intra kernel);
@@ -41,14 +42,20 @@ class Precision:
             allowed = ("fp32", "bf16", "split") if f.name == "merge" else ("bf16", "split", "fp16")
             if getattr(self, f.name) not in allowed:
                 raise ValueError(f"Precision.{f.name} must be one of {allowed}, got {getattr(self, f.name)!r}")
-        half = [getattr(self, f) == "fp16" for f in OPERANDS]
-        if any(half) and not all(half):
-            raise ValueError(f"fp16 operands are all or none (a product's two operands share a type): {self}")
+        half = {f for f in OPERANDS if getattr(self, f) == "fp16"}
+        if half and half != set(OPERANDS) and half != {"p", "u"}:
+            raise ValueError(f"fp16 operands are all, p and u alone (P @ U), or none (a product's two operands share "
+                             f"a type): {self}")
 
     @property
     def half(self) -> bool:
         """Every operand one fp16 term (``operand_dtype``)."""
         return self.ag == "fp16"
+
+    @property
+    def pu16(self) -> bool:
+        """``P @ U`` alone one fp16 product, every other operand as its field says."""
+        return self.p == "fp16" and not self.half
 
     def operand_dtype(self, dtype: str) -> str:
         """The wgmma operand type of the kernels after the intra kernel's merges for inputs of ``dtype``."""
@@ -78,6 +85,8 @@ class Precision:
         sp = "sp[" + "+".join(on) + "]" if on else ""
         if self.half:
             return "fp16" + ("+" + sp if sp else "")
+        if self.pu16:
+            return (sp + "+" if sp else "") + "pu16"
         return sp or "bf16"
 
 
@@ -93,6 +102,10 @@ PRESETS = {
     # every operand one fp16 term, the merges in fp32 (the fused ws form with P tables alone): the one-term products'
     # cost with 3 more mantissa bits than bf16 operands
     "half": Precision(merge="fp32", ag="fp16", ks="fp16", x="fp16", u="fp16", upd="fp16", s="fp16", p="fp16"),
+    # "default" with P @ U one fp16 product (P per chunk, U per value column under a power of two): the final state
+    # bitwise "default"'s (the chain is unchanged), o within 1.6% of "default"'s error on the emulation's rows
+    # (benchmarks/precision_fwd.py); a study, no kernel computes it
+    "pu16": Precision(merge="fp32", ag="split", u="fp16", p="fp16", upd="split", x="split", s="split", ks="split"),
     # the backward's forward recompute: S and U stored hi + lo for its products, S split in K S as in "default".
     # With K S one term the recomputed states drift from the exact ones by up to about 2^-9 under slow decay, and
     # dg / dbeta follow: 8.2e-4 / 5.2e-4 against 4.9e-5 / 2.0e-5 split (the emulation, K = 64, slow-decay, T 4096;
