@@ -180,12 +180,12 @@ def _op(prec, dt: torch.dtype) -> torch.dtype:
     return TORCH_DTYPE[prec.operand_dtype(TL_DTYPE[dt])]
 
 
-def half_scaled(x: torch.Tensor, dims) -> torch.Tensor:
-    """One fp16 term of ``x`` (fp64 values) under a power of two per slice: the largest magnitude over ``dims``
-    scaled into [2^14, 2^15), rounded to fp16 and scaled back (an all-zero slice stays zero)."""
-    m = x.abs().amax(dim=dims, keepdim=True)
-    up = torch.exp2(14 - torch.floor(torch.log2(torch.where(m > 0, m, torch.ones_like(m)))))
-    return (x * up).to(torch.float16).to(f64) / up
+def p16_rows(P: torch.Tensor) -> torch.Tensor:
+    """P (fp64 values ``[..., 64, 64]``) as ``Precision.pu16`` stores it, scaled back: each row whose largest magnitude
+    m passes 2^15 times ``d = 2^(15 - ceil(log2 m))``, the others as they are, rounded to fp16 (``gdn_intra``'s fp16
+    P table; ``d`` goes into the gate table)."""
+    d = torch.exp2(-(_ceil_log2(P.abs().amax(-1, keepdim=True)) - 15).clamp_min(0))
+    return (P * d).to(torch.float16).to(f64) / d
 
 
 def _two(x, dt, split: bool):
@@ -344,18 +344,18 @@ def gated_scores(q, k, F, cu_seqlens: list[int], dt, prec):
     QK = _f32(Qc @ Kc.transpose(-1, -2))
     P = _f32(F[:, :, 5, :, None] * F[:, :, 6, None, :] * e * QK)
     if prec.pu16:
-        return half_scaled(P, (-1, -2)), torch.zeros_like(P)
+        return p16_rows(P), torch.zeros_like(P)
     return _two(P, _op(prec, dt), prec.p == "split")
 
 
-def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec, P=None, col_scale=None):
+def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec, P=None, col_scale=None, u_scale=None):
     """Emulates ``gdn_output`` (fully parallel over chunks)::
 
         P  = gated_scores(...) -> Ph (+ Pl)     (or ``P`` = (Ph, Pl) as given: the intra kernel's P tables)
         O  = F1 (Q (Sch + Scl)) + Ph Uh + Pl Uh + Ph Ul      (/ col_scale [HV, V] per value column, if given)
 
-    With ``prec.pu16`` P is one fp16 term under a power of two per chunk tile (``gated_scores``) and U one under a
-    power of two per value column of each chunk (``half_scaled``), their product in fp32.
+    With ``prec.pu16`` P is one fp16 term, its rows scaled into fp16's range (``p16_rows``), and U one fp16 term under
+    ``u_scale [HV, V]`` (``value_scales``), their product in fp32.
     """
     Ttot, H, DK = q.shape
     HV = F.shape[0]
@@ -365,8 +365,9 @@ def output(q, k, F, Sch, Scl, Uh, Ul, cu_seqlens: list[int], dt, prec, P=None, c
     Qc = _rd(_chunk_gather(q.to(f64), tokc, inb, heads).transpose(0, 1), _op(prec, dt))   # [HV, NC, 64, DK]
     valid = (tok < eos[:, None])[None]                                   # [1, NC, 64]
     Ph, Pl = P if P is not None else gated_scores(q, k, F, cu_seqlens, dt, prec)
-    if prec.pu16:                            # U as the state pass hands it over (fp32), one fp16 term per column
-        Uh, Ul = half_scaled(Uh, -2), torch.zeros_like(Uh)
+    if prec.pu16:                            # U as the state pass hands it over (fp32), one fp16 term
+        sc = u_scale.to(f64)[:, None, None, :]
+        Uh, Ul = (Uh * sc).to(torch.float16).to(f64) / sc, torch.zeros_like(Uh)
     QS = _f32(Qc @ (Sch + Scl))
     O = _f32(_f32(QS * F[:, :, 1, :, None]) + Ph @ Uh + Pl @ Uh + Ph @ Ul)   # [HV, NC, 64, DV]
     if col_scale is not None:
@@ -506,7 +507,8 @@ def chunk_gated_delta_rule_at(q, k, v, g, beta, scale=None, initial_state=None, 
         S = Send[[seg_of[n + 1] - 1 for n in range(len(cu) - 1)]]   # (an empty sequence: one empty segment)
     else:
         Sch, Scl, Uh, Ul, S = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
-    o = pad_rows(output(q2, k2, F, Sch, Scl, Uh, Ul, cu, dt, prec, P, sig), B * T).reshape(B, T, HV, DV)
+    u_scale = value_scales(v2, h0) if prec.pu16 else None
+    o = pad_rows(output(q2, k2, F, Sch, Scl, Uh, Ul, cu, dt, prec, P, sig, u_scale), B * T).reshape(B, T, HV, DV)
     if not output_final_state:
         return o, None
     S = (S if sig is None else S / sig.to(f64)[:, None, :]).to(torch.float32)

@@ -5,8 +5,8 @@ Every field names one rounding of an fp32 value that becomes a wgmma operand or 
 kernels: "bf16" = one input-dtype term (``rd(x)``), "split" = two terms ``rd(x) + rd(x - rd(x))``
 (~16 mantissa bits), "fp16" = one fp16 term (11 mantissa bits, at a one-term product's cost: every operand field
 "fp16" or none, since both operands of a product share a type; q and k enter as the intra kernel's row-scaled fp16
-copies), or ``p`` and ``u`` alone "fp16" (``pu16``: the output's ``P @ U`` one fp16 product, each chunk's P tile and
-each value column of its U under a power of two; the emulation's study, no kernel computes it); ``merge`` also allows "fp32" (products and sums in fp32 on the CUDA cores, no operand rounding: the
+copies), or ``p`` and ``u`` alone "fp16" (``pu16``: the output's ``P @ U`` one fp16 product, P's rows past 2^15 and
+U's value columns under powers of two; the emulation's study, no kernel computes it); ``merge`` also allows "fp32" (products and sums in fp32 on the CUDA cores, no operand rounding: the
 dispatch's).
 
 * ``merge`` - the two block-merge levels of the 64x64 triangular inverse (intra kernel);
@@ -102,7 +102,7 @@ PRESETS = {
     # every operand one fp16 term, the merges in fp32 (the fused ws form with P tables alone): the one-term products'
     # cost with 3 more mantissa bits than bf16 operands
     "half": Precision(merge="fp32", ag="fp16", ks="fp16", x="fp16", u="fp16", upd="fp16", s="fp16", p="fp16"),
-    # "default" with P @ U one fp16 product (P per chunk, U per value column under a power of two): the final state
+    # "default" with P @ U one fp16 product (P's large rows, U's value columns under powers of two): the final state
     # bitwise "default"'s (the chain is unchanged), o within 1.6% of "default"'s error on the emulation's rows
     # (benchmarks/precision_fwd.py); a study, no kernel computes it
     "pu16": Precision(merge="fp32", ag="split", u="fp16", p="fp16", upd="split", x="split", s="split", ks="split"),
