@@ -271,20 +271,26 @@ def test_pu16_holds_p_and_u_past_fp16_range():
         assert compare(o, o_ref).rel_rmse <= 1.02 * floor, compare(o, o_ref).rel_rmse / floor
 
 
-def test_pu16_is_the_emulations_alone():
+def test_pu16_is_a_form_of_the_ws_kernel_with_p_tables():
     """``Precision.pu16``: p and u alone fp16 is a valid precision (its tag says so), any other partial fp16 set is
-    not, and no forward plan takes it (no kernel computes it)."""
+    not; a plan takes it in the ws form with P tables, without CP or kept tables, for bf16 inputs, and refuses it
+    elsewhere before any kernel is built."""
     import dataclasses
 
     from kernels.forward.precision import PRESETS, Precision
-    from kernels.plan import forward_plan
+    from kernels.plan import ForwardPlan
     pu = PRESETS["pu16"]
     assert pu.pu16 and not pu.half and pu.tag().endswith("pu16") and not PRESETS["half"].pu16
     for bad in (dict(p="fp16"), dict(u="fp16"), dict(p="fp16", u="fp16", s="fp16")):
         with pytest.raises(ValueError, match="fp16 operands are all"):
             Precision(**bad)
-    with pytest.raises(ValueError, match="no kernel"):
-        dataclasses.replace(forward_plan("bfloat16", 8, 32, 64), precision=pu)
+    ok = ForwardPlan("bfloat16", pu, "ws", 64, p_table=True)
+    intra, state = ok.configs()
+    assert intra.p16 and intra.pt and state.prec.pu16 and state.pt
+    for bad in (dict(p_table=False), dict(dtype="float16"), dict(cp=2), dict(keep_tables=True),
+                dict(state_form="smem", p_table=False)):
+        with pytest.raises(ValueError, match="Precision.pu16"):
+            dataclasses.replace(ok, **bad)
 
 
 def test_import_is_lazy():
