@@ -1,0 +1,120 @@
+"""Every kernel launch of the forward and backward pipelines passes what its TileLang function declares: as many
+arguments, each tensor of the declared dtype and rank, each scalar a Python number (what TVM-FFI's executable
+checks at launch on a GPU).  On the CPU: the pipelines run on the no-op kernel path of
+``benchmarks.memory_plan.stub_kernel_path`` with each kernel replaced by that check, for the dispatched plans at a
+few layouts and for the A/B forms that change a kernel's arguments (fp16 operands, P @ U in fp16, the one-term
+fp16 backward)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from unittest import mock
+
+import pytest
+import torch
+
+from tests.kernel_support import compile_skip_reason
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(compile_skip_reason() is not None, reason=compile_skip_reason() or "")]
+
+# TileLang's dtype names -> torch's
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "int32": torch.int32,
+           "int64": torch.int64, "float8_e4m3": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn}
+
+
+@functools.lru_cache(maxsize=None)
+def _declared(cfg) -> tuple:
+    """(name, torch dtype or None for a scalar, rank) of each parameter of ``cfg``'s TileLang function."""
+    from kernels.build import prim_func
+
+    pf = prim_func(cfg)
+    out = []
+    for v in pf.params:
+        b = pf.buffer_map.get(v)
+        out.append((v.name, None, 0) if b is None else (v.name, _DTYPES[str(b.dtype)], len(b.shape)))
+    return tuple(out)
+
+
+def _checking_kernel(launches):
+    def get(cfg):
+        want = _declared(cfg)
+
+        def launch(*args):
+            assert len(args) == len(want), f"{cfg.name}: {len(args)} arguments, its function takes {len(want)}"
+            for a, (name, dt, rank) in zip(args, want):
+                if dt is None:
+                    assert isinstance(a, (int, float)) and not isinstance(a, bool), f"{cfg.name}: {name} is {a!r}"
+                else:
+                    assert isinstance(a, torch.Tensor) and (a.dtype, a.dim()) == (dt, rank), (
+                        f"{cfg.name}: {name} is {getattr(a, 'dtype', type(a))} of rank {getattr(a, 'dim', int)()}, "
+                        f"declared {dt} of rank {rank}")
+            launches.append(cfg.name)
+        return launch
+    return get
+
+
+def _inputs(B, T, H, HV, lens=None, h0=False, grad=False, D=128):
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(B, T, H, D, generator=gen).to(torch.bfloat16) for _ in range(2))
+    v = torch.randn(B, T, HV, D, generator=gen).to(torch.bfloat16)
+    g = -torch.rand(B, T, HV, generator=gen)
+    beta = torch.rand(B, T, HV, generator=gen)
+    cu = None if lens is None else torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
+    N = B if lens is None else len(lens)
+    kw = dict(output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+              initial_state=torch.randn(N, HV, D, D, generator=gen) if h0 else None)
+    leaves = [x.requires_grad_(grad) for x in (q, k, v, g, beta)]
+    return leaves, kw
+
+
+LAYOUTS = {"few-heads-long": (1, 4096, 2, 4, None), "many-heads": (2, 512, 16, 32, None),
+           "varlen": (1, 1100, 2, 4, [300, 64, 700, 36])}
+
+
+def _run(layout, alter=None, grad=True, h0=True):
+    from benchmarks.memory_plan import stub_kernel_path
+    from kernels.autograd import apply
+
+    B, T, H, HV, lens = LAYOUTS[layout]
+    leaves, kw = _inputs(B, T, H, HV, lens, h0=h0, grad=grad)
+    launches = []
+    with stub_kernel_path(), mock.patch("kernels.build.get_kernel", _checking_kernel(launches)):
+        o, ht = apply(*leaves, **kw, alter=alter)
+        if grad:
+            torch.autograd.backward((o, ht), (torch.zeros_like(o), torch.zeros_like(ht)))
+    return launches
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_dispatched_forward_and_backward_launch_what_the_kernels_declare(layout):
+    launches = _run(layout)
+    assert any(n.startswith("intra") for n in launches) and any("dqk" in n for n in launches), launches
+
+
+def _forward_form(**change):
+    from kernels.plan import ForwardPlan
+
+    return lambda plan: dataclasses.replace(plan, **change) if isinstance(plan, ForwardPlan) else plan
+
+
+@pytest.mark.parametrize("form", ["half", "half128np", "pu16", "noptab"])
+def test_forward_forms_launch_what_the_kernels_declare(form):
+    from kernels.forward.precision import PRESETS
+
+    ws = dict(state_form="ws", ctas_per_sm=1, cp=1, warm=False, p_table=True)
+    change = {"half": dict(ws, block_v=64, precision=PRESETS["half"]),
+              "half128np": dict(ws, block_v=128, precision=PRESETS["half"], p_table=False),
+              "pu16": dict(ws, block_v=64, precision=PRESETS["pu16"]),
+              "noptab": dict(ws, block_v=64, precision=PRESETS["default"], p_table=False)}[form]
+    launches = _run("many-heads", _forward_form(**change), grad=False)
+    assert len(launches) == 2 and launches[1].startswith("state_ws"), launches
+
+
+def test_one_term_fp16_backward_launches_what_the_kernels_declare():
+    """bf16 inputs, fp16 kernels: the conversion, the one forms of dh_ws and dqk, dv, dq, dk stored in bf16."""
+    from benchmarks.bench_kernels_bwd import alter
+
+    launches = _run("many-heads", alter("ours-one16"))
+    assert any(n.startswith("bwd_cvt") for n in launches) and any(",one," in n for n in launches), launches
