@@ -55,10 +55,10 @@ def _checking_kernel(launches):
     return get
 
 
-def _inputs(B, T, H, HV, lens=None, h0=False, grad=False, D=128):
+def _inputs(B, T, H, HV, lens=None, h0=False, grad=False, D=128, dtype=torch.bfloat16):
     gen = torch.Generator().manual_seed(0)
-    q, k = (torch.randn(B, T, H, D, generator=gen).to(torch.bfloat16) for _ in range(2))
-    v = torch.randn(B, T, HV, D, generator=gen).to(torch.bfloat16)
+    q, k = (torch.randn(B, T, H, D, generator=gen).to(dtype) for _ in range(2))
+    v = torch.randn(B, T, HV, D, generator=gen).to(dtype)
     g = -torch.rand(B, T, HV, generator=gen)
     beta = torch.rand(B, T, HV, generator=gen)
     cu = None if lens is None else torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
@@ -69,16 +69,19 @@ def _inputs(B, T, H, HV, lens=None, h0=False, grad=False, D=128):
     return leaves, kw
 
 
-LAYOUTS = {"few-heads-long": (1, 4096, 2, 4, None), "many-heads": (2, 512, 16, 32, None),
-           "varlen": (1, 1100, 2, 4, [300, 64, 700, 36])}
+# (B, T, H, HV, varlen lengths, K = V, input dtype)
+LAYOUTS = {"few-heads-long": (1, 4096, 2, 4, None, 128, torch.bfloat16),
+           "many-heads": (2, 512, 16, 32, None, 128, torch.bfloat16),
+           "varlen": (1, 1100, 2, 4, [300, 64, 700, 36], 128, torch.bfloat16),
+           "k64-fp16": (1, 2048, 2, 8, None, 64, torch.float16)}
 
 
 def _run(layout, alter=None, grad=True, h0=True):
     from benchmarks.memory_plan import stub_kernel_path
     from kernels.autograd import apply
 
-    B, T, H, HV, lens = LAYOUTS[layout]
-    leaves, kw = _inputs(B, T, H, HV, lens, h0=h0, grad=grad)
+    B, T, H, HV, lens, D, dtype = LAYOUTS[layout]
+    leaves, kw = _inputs(B, T, H, HV, lens, h0=h0, grad=grad, D=D, dtype=dtype)
     launches = []
     with stub_kernel_path(), mock.patch("kernels.build.get_kernel", _checking_kernel(launches)):
         o, ht = apply(*leaves, **kw, alter=alter)
