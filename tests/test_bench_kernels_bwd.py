@@ -25,6 +25,11 @@ def test_ab_column_changes_the_plan_it_names_and_no_other(col):
         assert nf == dataclasses.replace(fp, precision=dataclasses.replace(fp.precision, merge=change),
                                          p_table=fp.p_table and change != "split")
         assert nb == dataclasses.replace(bp, merge=change) and nf.keep_tables and nf != fp and nb != bp
+    elif where == "forward":
+        from kernels.forward.precision import PRESETS
+        assert nf == dataclasses.replace(fp, precision=PRESETS[change["precision"]]) and nb is bp
+        few = forward_plan("bfloat16", 1, 4, 1024, keep_tables=True)      # CP segments: the form does not apply
+        assert few.cp > 1 and f(few) is few
     else:
         assert nf is fp and nb == dataclasses.replace(bp, **change)
     if col == "ours-s-single":

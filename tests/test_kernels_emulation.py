@@ -273,8 +273,8 @@ def test_pu16_holds_p_and_u_past_fp16_range():
 
 def test_pu16_is_a_form_of_the_ws_kernel_with_p_tables():
     """``Precision.pu16``: p and u alone fp16 is a valid precision (its tag says so), any other partial fp16 set is
-    not; a plan takes it in the ws form with P tables, without CP or kept tables, for bf16 inputs, and refuses it
-    elsewhere before any kernel is built."""
+    not; a plan takes it in the ws form with P tables, without CP, for bf16 inputs (keeping the backward's tables
+    too: its Ag is split), and refuses it elsewhere before any kernel is built."""
     import dataclasses
 
     from kernels.forward.precision import PRESETS, Precision
@@ -287,8 +287,8 @@ def test_pu16_is_a_form_of_the_ws_kernel_with_p_tables():
     ok = ForwardPlan("bfloat16", pu, "ws", 64, p_table=True)
     intra, state = ok.configs()
     assert intra.p16 and intra.pt and state.prec.pu16 and state.pt
-    for bad in (dict(p_table=False), dict(dtype="float16"), dict(cp=2), dict(keep_tables=True),
-                dict(state_form="smem", p_table=False)):
+    assert dataclasses.replace(ok, keep_tables=True).configs()[0].th
+    for bad in (dict(p_table=False), dict(dtype="float16"), dict(cp=2), dict(state_form="smem", p_table=False)):
         with pytest.raises(ValueError, match="Precision.pu16"):
             dataclasses.replace(ok, **bad)
 
