@@ -55,9 +55,11 @@ def forward_configs():
                 # the fp16-operand precision (an A/B alternative; P tables or, at BV 128, P formed in the ws kernel)
                 plans += [ForwardPlan(dtype, PRESETS["half"], "ws", bv, 1, 1, DK=DK, p_table=pt)
                           for bv, pt in ((128, True), (128, False), (64, True), (32, True))]
-                if dtype == "bfloat16":     # P @ U one fp16 product (an A/B alternative; Tinv kept, too)
-                    plans += [ForwardPlan(dtype, PRESETS["pu16"], "ws", bv, 1, 1, keep_tables=kt, DK=DK, p_table=True)
+                if dtype == "bfloat16":     # P @ U one fp16 product (an A/B alternative; Tinv kept, too; per CP
+                    pu = PRESETS["pu16"]    # segment with warm-up starts)
+                    plans += [ForwardPlan(dtype, pu, "ws", bv, 1, 1, keep_tables=kt, DK=DK, p_table=True)
                               for bv, kt in ((64, False), (32, False), (64, True))]
+                    plans += [ForwardPlan(dtype, pu, "ws", WS_CP_BV, 1, 2, DK=DK, p_table=True, warm=True)]
             cfgs = [c for p in plans for c in p.configs()]
             # the intra kernel with split block merges (the benchmarks' msplit), with and without Tinv
             cfgs += [IntraConfig(dtype, "split", prec.ag, DK=DK, th=th) for th in (False, True)]

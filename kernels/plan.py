@@ -85,10 +85,9 @@ class ForwardPlan:
         if self.p_table and (self.state_form != "ws" or self.precision.merge == "split"):
             raise ValueError(f"P tables are read by the ws form alone, and stored by an intra kernel with fp32 or "
                              f"bf16 merges: {self}")
-        if self.precision.pu16 and not (self.state_form == "ws" and self.p_table and self.cp == 1
-                                        and self.dtype == "bfloat16"):
+        if self.precision.pu16 and not (self.state_form == "ws" and self.p_table and self.dtype == "bfloat16"):
             raise ValueError(f"P @ U as one fp16 product (Precision.pu16) is a form of the ws kernel with P tables, "
-                             f"without CP, for bf16 inputs: {self}")
+                             f"for bf16 inputs: {self}")
         if self.precision.half and self.state_form != "ws":
             raise ValueError(f"fp16 operands (Precision.half) are a form of the ws kernel: {self}")
         if self.warm and (self.state_form != "ws" or not 2 <= self.cp <= MAX_SEGMENTS):

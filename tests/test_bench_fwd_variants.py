@@ -13,9 +13,11 @@ PAST_INTRA = ("ag", "ks", "x", "u", "upd", "s", "p")
 
 
 def _change(name, n=1, HV=8, mc=128):
-    """The plan fields the benchmark column ``name`` changes on a plan at the dispatched precision."""
-    plan = type("P", (), {"precision": preset()})()
-    return bench_fwd.VARIANTS[name](plan, n, HV, mc)
+    """The plan fields the benchmark column ``name`` changes on the dispatched plan of ``n`` sequences of ``mc``
+    chunks and ``HV`` value heads (bf16)."""
+    from kernels.plan import forward_plan
+
+    return bench_fwd.VARIANTS[name](forward_plan("bfloat16", n, HV, mc), n, HV, mc)
 
 
 def _altered(name):
@@ -92,10 +94,9 @@ def test_again_is_the_dispatched_plan_through_the_variants_path(capsys, tmp_path
 def test_pu16_is_the_ws_form_with_p_and_u_one_fp16_product():
     from kernels.forward.precision import PRESETS
 
-    change = _change("pu16", HV=32, mc=512)
-    assert change["precision"] == PRESETS["pu16"] and (change["state_form"], change["p_table"]) == ("ws", True)
-    assert {k: v for k, v in change.items() if k != "precision"} == {
-        k: v for k, v in _change("half", HV=32, mc=512).items() if k != "precision"}
+    assert _change("pu16", HV=32, mc=512) == {"precision": PRESETS["pu16"]}    # the dispatched ws plan's other fields
+    few = _change("pu16", HV=2, mc=8)                                        # where the dispatch is not the ws form
+    assert (few["state_form"], few["p_table"], few["cp"]) == ("ws", True, 1), few
 
 
 def test_dry_run_check_puts_pu16_between_split_and_half_on_o_with_splits_state(capsys, tmp_path):

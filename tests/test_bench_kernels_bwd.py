@@ -28,8 +28,8 @@ def test_ab_column_changes_the_plan_it_names_and_no_other(col):
     elif where == "forward":
         from kernels.forward.precision import PRESETS
         assert nf == dataclasses.replace(fp, precision=PRESETS[change["precision"]]) and nb is bp
-        few = forward_plan("bfloat16", 1, 4, 1024, keep_tables=True)      # CP segments: the form does not apply
-        assert few.cp > 1 and f(few) is few
+        smem = forward_plan("bfloat16", 1, 4, 1024, keep_tables=True, DK=64)   # no ws form: left as dispatched
+        assert smem.state_form != "ws" and f(smem) is smem
     else:
         assert nf is fp and nb == dataclasses.replace(bp, **change)
     if col == "ours-s-single":

@@ -696,7 +696,7 @@ PU16_CASES = [Case(T=1024, H=16, HV=32, grad=True),
 def test_pu16_forward_leaves_every_gradient_bitwise(case):
     """The forward at precision "pu16" (P @ U one fp16 product, the ws form with P tables) keeps the same Tinv and
     Ag tables for the backward, which never reads o: every gradient is bitwise the dispatched plan's (the form is
-    in effect where the forward's plan is the ws form without CP: checked, not assumed)."""
+    in effect where the forward's plan is the ws form: checked, not assumed)."""
     from benchmarks.bench_kernels_bwd import alter
     from kernels import autograd
     from kernels.forward.pipeline import plan_for, prepare
@@ -704,7 +704,7 @@ def test_pu16_forward_leaves_every_gradient_bitwise(case):
     args, kw, _, _ = tt.bwd_args(case, CUDA)
     plan = dataclasses.replace(plan_for(prepare(*args, **kw)), keep_tables=True)
     if alter("ours-pu16")(plan) is plan:
-        pytest.skip(f"{case.id}: the dispatched forward is not the ws form without CP ({plan.state_form}, cp {plan.cp})")
+        pytest.skip(f"{case.id}: the dispatched forward is not the ws form ({plan.state_form})")
     got = tt.function_grads(autograd.apply, case, CUDA, alter=alter("ours-pu16"))
     want = tt.function_grads(autograd.apply, case, CUDA)
     for n, x, y in zip(NAMES, got, want):

@@ -233,10 +233,12 @@ def test_fp16_operands_hold_inputs_past_fp16_range():
     assert e_o <= 1.1 * floor and 5 * e_s <= f_s, msg
 
 
+@pytest.mark.parametrize("cp", [1, 3])
 @pytest.mark.parametrize("dist", ["gauss-l2", "qwen-gates", "slow-decay", "strong-decay", "large-h0"])
-def test_pu16_keeps_the_state_and_o_near_its_floor(dist):
+def test_pu16_keeps_the_state_and_o_near_its_floor(dist, cp):
     """P @ U as one fp16 product (``Precision.pu16``), bf16, T=1024: the final state bitwise the dispatched
-    precision's (the chain is not touched), o changed but within 1.02x its rounding floor."""
+    precision's (the chain is not touched), o changed but within 1.02x its rounding floor; also per CP segment with
+    warm-up starts (``cp`` 3)."""
     from cases.distributions import get_distribution
     from kernels.forward.precision import PRESETS
 
@@ -245,8 +247,9 @@ def test_pu16_keeps_the_state_and_o_near_its_floor(dist):
     kw["output_final_state"] = True
     o_ref, _ = fp64_reference(*a, **kw)
     floor = compare(o_ref.to(a[0].dtype), o_ref).rel_rmse
-    o, S = E.chunk_gated_delta_rule_at(*a, **kw, prec=PRESETS["pu16"])
-    o_d, S_d = E.chunk_gated_delta_rule_at(*a, **kw, prec=PRESETS["default"])
+    seg = dict(cp_segments_n=cp, warm=cp > 1)
+    o, S = E.chunk_gated_delta_rule_at(*a, **kw, prec=PRESETS["pu16"], **seg)
+    o_d, S_d = E.chunk_gated_delta_rule_at(*a, **kw, prec=PRESETS["default"], **seg)
     e_o = compare(o, o_ref).rel_rmse
     assert torch.equal(S, S_d) and not torch.equal(o, o_d)
     assert e_o <= 1.02 * floor, f"{dist}: pu16 o {e_o / floor:.4f}x floor"
@@ -273,8 +276,8 @@ def test_pu16_holds_p_and_u_past_fp16_range():
 
 def test_pu16_is_a_form_of_the_ws_kernel_with_p_tables():
     """``Precision.pu16``: p and u alone fp16 is a valid precision (its tag says so), any other partial fp16 set is
-    not; a plan takes it in the ws form with P tables, without CP, for bf16 inputs (keeping the backward's tables
-    too: its Ag is split), and refuses it elsewhere before any kernel is built."""
+    not; a plan takes it in the ws form with P tables for bf16 inputs (per CP segment and keeping the backward's
+    tables too: its Ag is split), and refuses it elsewhere before any kernel is built."""
     import dataclasses
 
     from kernels.forward.precision import PRESETS, Precision
@@ -288,7 +291,8 @@ def test_pu16_is_a_form_of_the_ws_kernel_with_p_tables():
     intra, state = ok.configs()
     assert intra.p16 and intra.pt and state.prec.pu16 and state.pt
     assert dataclasses.replace(ok, keep_tables=True).configs()[0].th
-    for bad in (dict(p_table=False), dict(dtype="float16"), dict(cp=2), dict(state_form="smem", p_table=False)):
+    assert dataclasses.replace(ok, cp=3, warm=True).configs()[1].warm
+    for bad in (dict(p_table=False), dict(dtype="float16"), dict(state_form="smem", p_table=False)):
         with pytest.raises(ValueError, match="Precision.pu16"):
             dataclasses.replace(ok, **bad)
 

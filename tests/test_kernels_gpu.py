@@ -57,6 +57,8 @@ PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1, p_table=Fa
                                       precision=HALF),
          "ws_pu16_bv32": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=1, p_table=True, precision=PU16),
          "ws_pu16_bv64": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=1, p_table=True, precision=PU16),
+         "ws_pu16_cp3_warm": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=3, p_table=True, precision=PU16,
+                                  warm=True),
          "ws_cp3_warm": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=3, p_table=True, precision=SPLIT,
                              warm=True),
          "ws_cp16_warm_bv32_noptab": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=16, p_table=False,
@@ -315,21 +317,25 @@ def test_fp16_operands_form_p_in_the_ws_kernel_as_the_intra_kernel_does(case):
     assert torch.equal(ht, ht2), f"{case.id}: final state differs: max |diff| / max {tt.max_rel(ht2, ht):.3e}"
 
 
-def _pu16_plans(args, kw, bv=None):
+def _pu16_plans(args, kw, bv=None, cp=1):
     """(split, pu16): the dispatched plan of the call ``(args, kw)`` as the ws form with P tables, ``bv`` value
-    columns a CTA (None: the dispatched BV, 32 at the least), at the split precision and at precision "pu16"."""
-    plan = _half_plan(args, kw, bv)
+    columns a CTA (None: the dispatched BV, 32 at the least; 64 with CP), at the split precision and at precision
+    "pu16"; with ``cp`` > 1 per that many CP segments with warm-up starts."""
+    plan = _half_plan(args, kw, 64 if cp > 1 else bv)
+    plan = dataclasses.replace(plan, cp=cp, warm=cp > 1)
     return dataclasses.replace(plan, precision=SPLIT), dataclasses.replace(plan, precision=PU16)
 
 
 PU16_O_RATIO = 1.03     # the emulation puts pu16's o within 1.016x its floor on its rows (benchmarks/RESULTS.md)
 
 
+@pytest.mark.parametrize("cp", [1, 4])
 @pytest.mark.parametrize("case", FLOOR_CASES, ids=[c.id for c in FLOOR_CASES])
-def test_pu16_keeps_the_split_final_state_and_o_near_its_floor(case):
+def test_pu16_keeps_the_split_final_state_and_o_near_its_floor(case, cp):
     """P @ U as one fp16 product (precision "pu16", the ws form with fp16 P tables): the final state bitwise that of
     the split precision's same plan (the chain and its operands are untouched), o within ``PU16_O_RATIO`` x its
-    rounding floor under slow, mixed and realistic decays."""
+    rounding floor under slow, mixed and realistic decays; also per CP segment with warm-up starts (``cp`` 4: WG1's
+    value-column scales from the start state each segment's chain takes)."""
     from cases.inputs import make_inputs
     from kernels.forward.pipeline import chunk_gated_delta_rule as impl
     from parity.refs import compute
@@ -337,7 +343,7 @@ def test_pu16_keeps_the_split_final_state_and_o_near_its_floor(case):
     dev = torch.device("cuda")
     ref = compute(case, make_inputs(case, dev))["o"]
     args, kw = tt.call_args(case, dev)
-    split, pu16 = _pu16_plans(args, kw)
+    split, pu16 = _pu16_plans(args, kw, cp=cp)
     o_s, ht_s = impl(*args, **kw, output_final_state=True, plan=split)
     o, ht = impl(*args, **kw, output_final_state=True, plan=pu16)
     floor, got, got_s = tt.rel_rmse(ref.to(o.dtype), ref), tt.rel_rmse(o, ref), tt.rel_rmse(o_s, ref)

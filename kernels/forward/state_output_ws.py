@@ -24,8 +24,9 @@ the chain waits for the scales only after its first product.
 
 With precision "pu16" (``Precision.pu16``, with ``pt``) the output's ``P @ U`` is one fp16 product: P from the intra
 kernel's fp16 table (its large rows scaled by F5, folded into F1), U handed over by the chain as one fp16 term under
-the value columns' scales that WG1 keeps as it does for fp16 operands, O formed at ``F5_t sigma_j`` and divided by
-it when stored; the chain and its split operands are untouched, so the final state is that of precision "default".
+the value columns' scales that WG1 keeps as it does for fp16 operands (per CP segment from the start state the
+chain takes), O formed at ``F5_t sigma_j`` and divided by it when stored; the chain and its split operands are
+untouched, so the final state is that of precision "default".
 
 With ``tables`` (``gdn_state_tables_ws``, the backward recompute's form, ``BackwardPlan.recompute_ws``) the kernel
 takes ``gdn_state_smem``'s arguments and stores its chunk tables instead of o: WG2 copies each chunk's hand-off tiles
@@ -90,11 +91,26 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     p_sp = prec.p == "split"
     half = prec.half
     pu = prec.pu16
-    assert not pu or (pt and not warm and not tables and dtype == "bfloat16"), "pu16: P tables, bf16, no CP, o"
+    assert not pu or (pt and not tables and dtype == "bfloat16"), "pu16: P tables, bf16, o"
     pdt = "float16" if pu else op               # the P tables' type
     scales = half or pu                         # WG1 keeps the value columns' scales
     sl_need = ks_sp or s_sp
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
+
+    @T.macro
+    def h0_maxima(h0, row, hv, v0, v_first, v_f, cm_f, m_f):
+        """``m_f [BV]`` = the running maxima with value column j's largest magnitude in ``h0[row]``, 64 of its key
+        rows at a time (``v_f [64, BV]``, ``cm_f [BV]``: scratch fragments)."""
+        for r0 in T.serial(DK // BT):
+            if v_first != 0:
+                for i, j in T.Parallel(BT, BV):
+                    v_f[i, j] = h0[row, hv, v0 + j, r0 * BT + i]
+            else:
+                for i, j in T.Parallel(BT, BV):
+                    v_f[i, j] = h0[row, hv, r0 * BT + i, v0 + j]
+            T.reduce_absmax(v_f, cm_f, dim=0)
+            for j in T.Parallel(BV):
+                m_f[j] = T.max(m_f[j], cm_f[j])
 
     @T.macro
     def gated_scores(q_s, k_s, f_s, st, qk):
@@ -266,17 +282,17 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     for j in T.Parallel(BV):
                         m_f[j] = T.float32(0)
                         pv_f[j] = T.float32(1)
-                    if use_h0 != 0:     # h0's column maxima, 64 of its rows at a time
-                        for r0 in T.serial(DK // BT):
-                            if v_first != 0:
-                                for i, j in T.Parallel(BT, BV):
-                                    v_f[i, j] = h0[n, hv, v0 + j, r0 * BT + i]
-                            else:
-                                for i, j in T.Parallel(BT, BV):
-                                    v_f[i, j] = h0[n, hv, r0 * BT + i, v0 + j]
-                            T.reduce_absmax(v_f, cm_f, dim=0)
-                            for j in T.Parallel(BV):
-                                m_f[j] = T.max(m_f[j], cm_f[j])
+                    if warm:    # the start state the chain takes (pu16 alone: fp16 operands have no CP)
+                        hrow = T.alloc_local((1,), "int32")
+                        hrow[0] = -1
+                        if ws[0] <= 0:
+                            hrow[0] = n
+                        elif c0 == chunk_offsets[chunk_offsets[N + 1 + n]]:
+                            hrow[0] = chunk_offsets[N + 1 + n]
+                        if hrow[0] >= 0:
+                            h0_maxima(h0, hrow[0], hv, v0, v_first, v_f, cm_f, m_f)
+                    elif use_h0 != 0:
+                        h0_maxima(h0, n, hv, v0, v_first, v_f, cm_f, m_f)
                         for j in T.Parallel(BV):
                             pv_f[j] = T.exp2(-T.ceil(T.log2(T.max(m_f[j], T.float32(2.0 ** -60)))))
                             hs_s[j] = pv_f[j]
