@@ -6,8 +6,8 @@ kernels: "bf16" = one input-dtype term (``rd(x)``), "split" = two terms ``rd(x) 
 (~16 mantissa bits), "fp16" = one fp16 term (11 mantissa bits, at a one-term product's cost: every operand field
 "fp16" or none, since both operands of a product share a type; q and k enter as the intra kernel's row-scaled fp16
 copies), or ``p`` and ``u`` alone "fp16" (``pu16``: the output's ``P @ U`` one fp16 product, P's rows past 2^15 and
-U's value columns under powers of two; an A/B form of the ws kernel with P tables, bf16 inputs); ``merge`` also allows "fp32" (products and sums in fp32 on the CUDA cores, no operand rounding: the
-dispatch's).
+U's value columns under powers of two; an A/B form of the ws kernel with P tables, bf16 inputs); ``merge`` also
+allows "fp32" (products and sums in fp32 on the CUDA cores, no operand rounding: the dispatch's).
 
 * ``merge`` - the two block-merge levels of the 64x64 triangular inverse (intra kernel);
 * ``ag``    - ``Ag = Tinv diag(beta)`` as stored by the intra kernel and used in ``U = Ag X``;
