@@ -145,7 +145,7 @@ def alter(col: str):
             try:
                 return dataclasses.replace(plan, **{k: PRESETS[v] if k == "precision" else v
                                                     for k, v in change.items()})
-            except ValueError:            # a form this shape's plan cannot take (pu16 beside CP)
+            except ValueError:            # a form this shape's plan cannot take (pu16 beside the smem form)
                 return plan
         return plan
     return f
@@ -183,10 +183,11 @@ def call_configs(B, T, H, HV, lens, cols):
     mc = max(-(-x // 64) for x in lens) if lens else -(-T // 64)
     nc = sum(-(-x // 64) for x in lens) if lens else B * -(-T // 64)
     out = []
-    merges = [c for c in cols if c in AB and AB[c][0] in ("merges", "forward")]
+    fwd_cols = [c for c in cols if c in AB and AB[c][0] in ("merges", "forward")]    # they change the forward
+    merges = [c for c in fwd_cols if AB[c][0] == "merges"]                            # and the backward
     for keep in (True, False):
         fp = forward_plan("bfloat16", n, HV, mc, keep_tables=keep)
-        out += fp.configs() + tuple(c for m in merges for c in alter(m)(fp).configs())
+        out += fp.configs() + tuple(c for m in fwd_cols for c in alter(m)(fp).configs())
     bp = backward_plan("bfloat16", H, HV, nc, n, max_chunks=mc)
     for p in [bp, dataclasses.replace(bp, reads_saved_tables=False)]:
         out += p.configs(True) + p.configs(False) + p.recompute_configs()

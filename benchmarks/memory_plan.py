@@ -247,20 +247,23 @@ def _marked(fn, trace, direction, stage):
     return wrapper
 
 
-def inputs(B, T, H, HV, lens, dtype=torch.bfloat16):
+def inputs(B, T, H, HV, lens, dtype=torch.bfloat16, *, DK=D, h0=False):
     """(leaves q, k, v, g, beta with requires_grad, kwargs, do, dht) of the backward benchmark's call (zeros:
-    values do not change what is allocated)."""
-    q, k = (torch.zeros(B, T, H, D, dtype=dtype) for _ in range(2))
-    v = torch.zeros(B, T, HV, D, dtype=dtype)
+    values do not change what is allocated); K = V = ``DK``, an fp32 initial state where ``h0``."""
+    q, k = (torch.zeros(B, T, H, DK, dtype=dtype) for _ in range(2))
+    v = torch.zeros(B, T, HV, DK, dtype=dtype)
     g, beta = (torch.zeros(B, T, HV) for _ in range(2))
     cu = None
     if lens:
         cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
     N = len(lens) if lens else B
-    do = torch.zeros(B, T, HV, D, dtype=dtype)
-    dht = torch.zeros(N, HV, D, D)
+    do = torch.zeros(B, T, HV, DK, dtype=dtype)
+    dht = torch.zeros(N, HV, DK, DK)
     leaves = [x.requires_grad_() for x in (q, k, v, g, beta)]
-    return leaves, dict(output_final_state=True, cu_seqlens=cu), do, dht
+    kw = dict(output_final_state=True, cu_seqlens=cu)
+    if h0:
+        kw["initial_state"] = torch.zeros(N, HV, DK, DK)
+    return leaves, kw, do, dht
 
 
 @dataclass

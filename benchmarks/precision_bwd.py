@@ -35,7 +35,7 @@ DISTS = ("raw-qk-l2", "strong-decay", "qwen-gates", "slow-decay")
 ONE16 = ("one16", "one16g", "one16gc")
 # one kernel's operands one fp16 term (``half_term``), the others split: dh's and the dS', dY tables it stores
 # ("dh16"), or dqk's and the S, U, dS', dY tables it reads ("dqk16")
-HYBRID = ("dh16", "dqk16")
+HYBRID = {"dh16": "dh_operands", "dqk16": "dqk_operands"}
 
 
 def _form(op: str) -> dict:
@@ -44,7 +44,7 @@ def _form(op: str) -> dict:
         return dict(dh_single=True, s_single=True, lo8_tables=False, one_term=True, kernel_dtype=torch.float16,
                     group_scales=op != "one16", chunk_exp=op == "one16gc")
     if op in HYBRID:
-        return {f"{op[:-2]}_operands": "fp16"}
+        return {HYBRID[op]: "fp16"}
     return dict(operands=op)
 
 
@@ -80,14 +80,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--T", type=int, default=1024)
     ap.add_argument("--dists", default=",".join(DISTS))
-    ap.add_argument("--operands", default=",".join(OPERANDS + ONE16 + HYBRID))
+    forms = OPERANDS + ONE16 + tuple(HYBRID)
+    ap.add_argument("--operands", default=",".join(forms))
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--do-exp", type=int, default=0, help="dO and dht times 2^E (the gradients scaled back)")
     a = ap.parse_args(argv)
     ops = a.operands.split(",")
-    bad_ops = [o for o in ops if o not in OPERANDS + ONE16 + HYBRID]
+    bad_ops = [o for o in ops if o not in forms]
     if bad_ops:
-        ap.error(f"unknown operand forms {bad_ops}; forms: {OPERANDS + ONE16 + HYBRID}")
+        ap.error(f"unknown operand forms {bad_ops}; forms: {forms}")
     if set(ops) & set(ONE16) and a.dtype != "bf16":
         ap.error(f"{', '.join(ONE16)}: forms for bf16 inputs (one fp16 term is the input dtype's one term for fp16)")
     print(f"backward gradients, rel_rmse vs fp64 (CPU emulation), B1 T{a.T} H2 HV4 K=V=128 {a.dtype}, "

@@ -55,20 +55,6 @@ def _checking_kernel(launches):
     return get
 
 
-def _inputs(B, T, H, HV, lens=None, h0=False, grad=False, D=128, dtype=torch.bfloat16):
-    gen = torch.Generator().manual_seed(0)
-    q, k = (torch.randn(B, T, H, D, generator=gen).to(dtype) for _ in range(2))
-    v = torch.randn(B, T, HV, D, generator=gen).to(dtype)
-    g = -torch.rand(B, T, HV, generator=gen)
-    beta = torch.rand(B, T, HV, generator=gen)
-    cu = None if lens is None else torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
-    N = B if lens is None else len(lens)
-    kw = dict(output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
-              initial_state=torch.randn(N, HV, D, D, generator=gen) if h0 else None)
-    leaves = [x.requires_grad_(grad) for x in (q, k, v, g, beta)]
-    return leaves, kw
-
-
 # (B, T, H, HV, varlen lengths, K = V, input dtype)
 LAYOUTS = {"few-heads-long": (1, 4096, 2, 4, None, 128, torch.bfloat16),
            "many-heads": (2, 512, 16, 32, None, 128, torch.bfloat16),
@@ -76,17 +62,20 @@ LAYOUTS = {"few-heads-long": (1, 4096, 2, 4, None, 128, torch.bfloat16),
            "k64-fp16": (1, 2048, 2, 8, None, 64, torch.float16)}
 
 
-def _run(layout, alter=None, grad=True, h0=True):
-    from benchmarks.memory_plan import stub_kernel_path
+def _run(layout, alter=None, grad=True):
+    """The kernel launches of one call at ``layout`` (an initial state given): forward + backward, or with ``grad``
+    False the forward alone."""
+    from benchmarks.memory_plan import inputs, stub_kernel_path
     from kernels.autograd import apply
 
-    B, T, H, HV, lens, D, dtype = LAYOUTS[layout]
-    leaves, kw = _inputs(B, T, H, HV, lens, h0=h0, grad=grad, D=D, dtype=dtype)
+    B, T, H, HV, lens, DK, dtype = LAYOUTS[layout]
+    leaves, kw, do, dht = inputs(B, T, H, HV, lens, dtype, DK=DK, h0=True)
     launches = []
     with stub_kernel_path(), mock.patch("kernels.build.get_kernel", _checking_kernel(launches)):
-        o, ht = apply(*leaves, **kw, alter=alter)
+        with torch.set_grad_enabled(grad):
+            o, ht = apply(*leaves, **kw, alter=alter)
         if grad:
-            torch.autograd.backward((o, ht), (torch.zeros_like(o), torch.zeros_like(ht)))
+            torch.autograd.backward((o, ht), (do, dht))
     return launches
 
 
