@@ -111,8 +111,6 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
                                   s_single=True, lo8=False, dh_ws_bv=32)),
       "ours-dh-regs": ("backward", dict(dh_ws_bv=0)),  # dh's register kernel (value-first, 64 value columns a CTA)
       "ours-dh-ws32": ("backward", dict(dh_ws_bv=32)),  # dh warp-specialised, key-first, 32 value columns a CTA
-      # the forward's P @ U one fp16 product (precision "pu16") where its plan is the ws form with P tables
-      "ours-pu16": ("forward", dict(precision="pu16")),
       "ours-m1": ("merges", "bf16"),   # the forward's block merges one term, and prep's where it computes Tinv
       "ours-msplit": ("merges", "split"),   # the same with split (3-term wgmma) merges instead of fp32 ones
       }
@@ -140,13 +138,6 @@ def alter(col: str):
             return dataclasses.replace(plan, reads_saved_tables=False, **(change or {}))
         if isinstance(plan, BackwardPlan) and where == "backward":
             return dataclasses.replace(plan, **change)
-        if isinstance(plan, ForwardPlan) and where == "forward":
-            from kernels.forward.precision import PRESETS
-            try:
-                return dataclasses.replace(plan, **{k: PRESETS[v] if k == "precision" else v
-                                                    for k, v in change.items()})
-            except ValueError:            # a form this shape's plan cannot take (pu16 beside the smem form)
-                return plan
         return plan
     return f
 
@@ -183,11 +174,10 @@ def call_configs(B, T, H, HV, lens, cols):
     mc = max(-(-x // 64) for x in lens) if lens else -(-T // 64)
     nc = sum(-(-x // 64) for x in lens) if lens else B * -(-T // 64)
     out = []
-    fwd_cols = [c for c in cols if c in AB and AB[c][0] in ("merges", "forward")]    # they change the forward
-    merges = [c for c in fwd_cols if AB[c][0] == "merges"]                            # and the backward
+    merges = [c for c in cols if c in AB and AB[c][0] == "merges"]
     for keep in (True, False):
         fp = forward_plan("bfloat16", n, HV, mc, keep_tables=keep)
-        out += fp.configs() + tuple(c for m in fwd_cols for c in alter(m)(fp).configs())
+        out += fp.configs() + tuple(c for m in merges for c in alter(m)(fp).configs())
     bp = backward_plan("bfloat16", H, HV, nc, n, max_chunks=mc)
     for p in [bp, dataclasses.replace(bp, reads_saved_tables=False)]:
         out += p.configs(True) + p.configs(False) + p.recompute_configs()

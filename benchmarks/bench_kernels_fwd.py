@@ -41,9 +41,7 @@ wrong variant is visible.  Step 2 times every variant on every shape.  Variants 
   operand after the intra kernel one term (what the splits cost; the merges stay fp32); ``half`` - every such
   operand one fp16 term (precision "half": the ws form with P tables, BV by ``block_v``; not dispatched),
   ``half128`` - the same at 128 value columns a CTA (one CTA a value head), ``half128np`` - that without P tables (the
-  ws kernel's WG1 forms P from the fp16 copies, once a value head); ``pu16`` - the output's P @ U one fp16 product
-  beside the split chain (precision "pu16": the dispatched ws plan, or the ws form with P tables where the
-  dispatch picks another; not dispatched);
+  ws kernel's WG1 forms P from the fp16 copies, once a value head);
   ``split`` - the dispatched plan at the split precision (``PRESETS["default"]``, what every other form
   runs); ``m1`` - the intra kernel's block merges as one-term wgmma operands, ``msplit`` - as 3-term splits (the
   dispatch's are fp32); these precision columns replace fields of the split precision;
@@ -205,8 +203,6 @@ VARIANTS = {
     "half": lambda p, n, HV, mc: dict(_ws()(p, n, HV, mc), precision=PRESETS["half"]),
     "half128": lambda p, n, HV, mc: dict(_ws(128)(p, n, HV, mc), precision=PRESETS["half"]),
     "half128np": lambda p, n, HV, mc: dict(_ws(128)(p, n, HV, mc), precision=PRESETS["half"], p_table=False),
-    # (the dispatched plan where it is the ws form, CP or not; else the ws form as ``half`` takes it)
-    "pu16": lambda p, n, HV, mc: dict({} if p.state_form == "ws" else _ws()(p, n, HV, mc), precision=PRESETS["pu16"]),
     "m1": _prec(merge="bf16"),
     "msplit": lambda p, n, HV, mc: dict(_prec(merge="split")(p, n, HV, mc), p_table=False),  # no q tile for P
 }

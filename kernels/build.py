@@ -31,8 +31,7 @@ def forward_configs():
     compile when a benchmark asks for them), and the fused warp-specialised state-output kernel (the plan form
     "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables,
     per CP segment with warm-up starts (``ForwardPlan.warm``, with its scan and fix-up), and with fp16 operands (the
-    A/B precision "half", at the ws head dims: BV 128, with and without P tables, and BV 64 / 32 with them), and
-    with P @ U one fp16 product (the A/B precision "pu16", bf16, BV 64 / 32, P tables).
+    A/B precision "half", at the ws head dims: BV 128, with and without P tables, and BV 64 / 32 with them).
 
     All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
     ratio, scale, h0 present or not, final state stored or not, the state layout, l2norm on/off, gate dtype, dense
@@ -55,11 +54,6 @@ def forward_configs():
                 # the fp16-operand precision (an A/B alternative; P tables or, at BV 128, P formed in the ws kernel)
                 plans += [ForwardPlan(dtype, PRESETS["half"], "ws", bv, 1, 1, DK=DK, p_table=pt)
                           for bv, pt in ((128, True), (128, False), (64, True), (32, True))]
-                if dtype == "bfloat16":     # P @ U one fp16 product (an A/B alternative; Tinv kept, too; per CP
-                    pu = PRESETS["pu16"]    # segment with warm-up starts)
-                    plans += [ForwardPlan(dtype, pu, "ws", bv, 1, 1, keep_tables=kt, DK=DK, p_table=True)
-                              for bv, kt in ((64, False), (32, False), (64, True))]
-                    plans += [ForwardPlan(dtype, pu, "ws", WS_CP_BV, 1, 2, DK=DK, p_table=True, warm=True)]
             cfgs = [c for p in plans for c in p.configs()]
             # the intra kernel with split block merges (the benchmarks' msplit), with and without Tinv
             cfgs += [IntraConfig(dtype, "split", prec.ag, DK=DK, th=th) for th in (False, True)]

@@ -85,9 +85,9 @@ class ForwardPlan:
         if self.p_table and (self.state_form != "ws" or self.precision.merge == "split"):
             raise ValueError(f"P tables are read by the ws form alone, and stored by an intra kernel with fp32 or "
                              f"bf16 merges: {self}")
-        if self.precision.pu16 and not (self.state_form == "ws" and self.p_table and self.dtype == "bfloat16"):
-            raise ValueError(f"P @ U as one fp16 product (Precision.pu16) is a form of the ws kernel with P tables, "
-                             f"for bf16 inputs: {self}")
+        if self.precision.pu16:
+            raise ValueError(f"P @ U as one fp16 product (Precision.pu16) is the emulation's study: no kernel "
+                             f"computes it: {self}")
         if self.precision.half and self.state_form != "ws":
             raise ValueError(f"fp16 operands (Precision.half) are a form of the ws kernel: {self}")
         if self.warm and (self.state_form != "ws" or not 2 <= self.cp <= MAX_SEGMENTS):
@@ -112,8 +112,7 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
                             warm=plan.warm),
                 FixupConfig(DK, warm=plan.warm))
     if plan.state_form == "ws":                 # o from the state kernel: no output kernel
-        return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables, pt=plan.p_table,
-                            p16=prec.pu16),
+        return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables, pt=plan.p_table),
                 StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table, warm=plan.warm),
                 *scan)
     out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),

@@ -61,18 +61,16 @@ def compile_in_processes(job, n: int, label: str, name_width: int, workers: int)
     return {r["name"]: r for r in results}
 
 
-def check_wgmma(src: str, dtype: str, want: int, fp16_sites: int = 0):
+def check_wgmma(src: str, dtype: str, want: int):
     """The compile tests' common asserts on a generated CUDA source: ``want`` wgmma call sites, each with
-    ``dtype`` operands and fp32 accumulation but ``fp16_sites`` of them with fp16 operands; no TF32 anywhere."""
+    ``dtype`` operands and fp32 accumulation; no TF32 anywhere."""
     import re
 
-    names = {"bfloat16": "kBFloat16", "float16": "kFloat16"}
+    operand = {"bfloat16": "kBFloat16", "float16": "kFloat16"}[dtype]
     inst = re.findall(r"wgmma_(?:ss|rs)<tl::DataType::(\w+), tl::DataType::(\w+), tl::DataType::(\w+),", src)
     assert len(inst) == want, f"expected {want} wgmma call sites, found {len(inst)}"
     for a, b, c in inst:
-        assert a == b and c == "kFloat32" and a in (names[dtype], "kFloat16"), (a, b, c)
-    fp16 = sum(a == "kFloat16" for a, _, _ in inst)
-    assert fp16 == (want if dtype == "float16" else fp16_sites), (fp16, fp16_sites)
+        assert (a, b, c) == (operand, operand, "kFloat32"), (a, b, c)
     assert "TensorFloat32" not in src and "tf32" not in src.lower()
 
 

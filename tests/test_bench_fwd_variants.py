@@ -13,11 +13,9 @@ PAST_INTRA = ("ag", "ks", "x", "u", "upd", "s", "p")
 
 
 def _change(name, n=1, HV=8, mc=128):
-    """The plan fields the benchmark column ``name`` changes on the dispatched plan of ``n`` sequences of ``mc``
-    chunks and ``HV`` value heads (bf16)."""
-    from kernels.plan import forward_plan
-
-    return bench_fwd.VARIANTS[name](forward_plan("bfloat16", n, HV, mc), n, HV, mc)
+    """The plan fields the benchmark column ``name`` changes on a plan at the dispatched precision."""
+    plan = type("P", (), {"precision": preset()})()
+    return bench_fwd.VARIANTS[name](plan, n, HV, mc)
 
 
 def _altered(name):
@@ -60,24 +58,18 @@ def test_a_ws_plan_takes_128_value_columns_with_fp16_operands_alone():
         ForwardPlan("bfloat16", PRESETS["default"], "ws", 128, p_table=True)
 
 
-def _dry_run_checks(variants: str, capsys, tmp_path) -> dict:
-    """{variant: [(o / its floor, state rel_rmse) per check case]} from a dry run's accuracy step."""
-    assert bench_fwd.main(["--dry-run", "--variants", variants, "--shapes", "B1_T8192_H4_HV8", "--rep", "1",
-                           "--warmup", "0", "--results", str(tmp_path / "r.md")]) in (0, None)
+def test_dry_run_check_ranks_split_half_single(capsys, tmp_path):
+    """On the accuracy step's inputs: split operands closer to fp64 than half (fp16 operands), half closer than
+    single (bf16 operands), in o and the final state."""
+    assert bench_fwd.main(["--dry-run", "--variants", "split,half,single", "--shapes", "B1_T8192_H4_HV8", "--rep",
+                           "1", "--warmup", "0", "--results", str(tmp_path / "r.md")]) in (0, None)
     out = capsys.readouterr().out
     found = {}
     for name, floor, state in re.findall(r"check (\w+)\s+o \S+ \(([\d.]+)x floor\)\s+state (\S+)", out):
         found.setdefault(name, []).append((float(floor), float(state)))
-    assert set(found) == set(variants.split(",")), out[-2000:]
-    return found
-
-
-def test_dry_run_check_ranks_split_half_single(capsys, tmp_path):
-    """On the accuracy step's inputs: split operands closer to fp64 than half (fp16 operands), half closer than
-    single (bf16 operands), in o and the final state."""
-    found = _dry_run_checks("split,half,single", capsys, tmp_path)
+    assert set(found) == {"split", "half", "single"}, out[-2000:]
     for (fd, sd), (fh, sh), (fs, ss) in zip(found["split"], found["half"], found["single"]):
-        assert fd < fh < fs and sd < sh < ss, found
+        assert fd < fh < fs and sd < sh < ss, (found, out[-2000:])
 
 
 def test_again_is_the_dispatched_plan_through_the_variants_path(capsys, tmp_path):
@@ -89,20 +81,3 @@ def test_again_is_the_dispatched_plan_through_the_variants_path(capsys, tmp_path
     out = capsys.readouterr().out
     lines = out[out.index("column / default"):].splitlines()
     assert lines[1].split()[:2] == ["shape", "again"] and lines[2].startswith("B1_T8192_H4_HV8"), lines[:3]
-
-
-def test_pu16_is_the_ws_form_with_p_and_u_one_fp16_product():
-    from kernels.forward.precision import PRESETS
-
-    assert _change("pu16", HV=32, mc=512) == {"precision": PRESETS["pu16"]}    # the dispatched ws plan's other fields
-    few = _change("pu16", HV=2, mc=8)                                        # where the dispatch is not the ws form
-    assert (few["state_form"], few["p_table"], few["cp"]) == ("ws", True, 1), few
-
-
-def test_dry_run_check_puts_pu16_between_split_and_half_on_o_with_splits_state(capsys, tmp_path):
-    """On the accuracy step's inputs (the emulation standing in for the kernels): pu16's o between split's and
-    half's (farther than split's on one of the two at least), its final state split's."""
-    found = _dry_run_checks("split,pu16,half", capsys, tmp_path)
-    rows = list(zip(found["split"], found["pu16"], found["half"]))
-    assert all(fd <= fp <= fh and sd == sp < sh for (fd, sd), (fp, sp), (fh, sh) in rows), found
-    assert any(fp > fd for (fd, _), (fp, _), _ in rows), found    # (the ratios print to two decimals)

@@ -25,11 +25,6 @@ def test_ab_column_changes_the_plan_it_names_and_no_other(col):
         assert nf == dataclasses.replace(fp, precision=dataclasses.replace(fp.precision, merge=change),
                                          p_table=fp.p_table and change != "split")
         assert nb == dataclasses.replace(bp, merge=change) and nf.keep_tables and nf != fp and nb != bp
-    elif where == "forward":
-        from kernels.forward.precision import PRESETS
-        assert nf == dataclasses.replace(fp, precision=PRESETS[change["precision"]]) and nb is bp
-        smem = forward_plan("bfloat16", 1, 4, 1024, keep_tables=True, DK=64)   # no ws form: left as dispatched
-        assert smem.state_form != "ws" and f(smem) is smem
     else:
         assert nf is fp and nb == dataclasses.replace(bp, **change)
     if col == "ours-s-single":

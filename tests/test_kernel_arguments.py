@@ -91,14 +91,13 @@ def _forward_form(**change):
     return lambda plan: dataclasses.replace(plan, **change) if isinstance(plan, ForwardPlan) else plan
 
 
-@pytest.mark.parametrize("form", ["half", "half128np", "pu16", "noptab"])
+@pytest.mark.parametrize("form", ["half", "half128np", "noptab"])
 def test_forward_forms_launch_what_the_kernels_declare(form):
     from kernels.forward.precision import PRESETS
 
     ws = dict(state_form="ws", ctas_per_sm=1, cp=1, warm=False, p_table=True)
     change = {"half": dict(ws, block_v=64, precision=PRESETS["half"]),
               "half128np": dict(ws, block_v=128, precision=PRESETS["half"], p_table=False),
-              "pu16": dict(ws, block_v=64, precision=PRESETS["pu16"]),
               "noptab": dict(ws, block_v=64, precision=PRESETS["default"], p_table=False)}[form]
     launches = _run("many-heads", _forward_form(**change), grad=False)
     assert len(launches) == 2 and launches[1].startswith("state_ws"), launches

@@ -686,26 +686,3 @@ def test_wgmma_merges_saved_or_recomputed_give_the_same_gradients(case, merge):
     ge = emu(*args, do, dht, **kw, tinv_hi_only=hi_only, merge=merge)
     _within_floor_of_emulation(case, got, ge, f"{merge} merges vs emulation (Tinv hi alone: {hi_only})")
     _within_baseline(case, got)
-
-
-PU16_CASES = [Case(T=1024, H=16, HV=32, grad=True),
-              Case(layout="varlen-boundary", T=2500, H=8, HV=16, h0_dtype="fp32", state_v_first=True, grad=True)]
-
-
-@pytest.mark.parametrize("case", PU16_CASES, ids=[c.id for c in PU16_CASES])
-def test_pu16_forward_leaves_every_gradient_bitwise(case):
-    """The forward at precision "pu16" (P @ U one fp16 product, the ws form with P tables) keeps the same Tinv and
-    Ag tables for the backward, which never reads o: every gradient is bitwise the dispatched plan's (the form is
-    in effect where the forward's plan is the ws form: checked, not assumed)."""
-    from benchmarks.bench_kernels_bwd import alter
-    from kernels import autograd
-    from kernels.forward.pipeline import plan_for, prepare
-
-    args, kw, _, _ = tt.bwd_args(case, CUDA)
-    plan = dataclasses.replace(plan_for(prepare(*args, **kw)), keep_tables=True)
-    if alter("ours-pu16")(plan) is plan:
-        pytest.skip(f"{case.id}: the dispatched forward is not the ws form ({plan.state_form})")
-    got = tt.function_grads(autograd.apply, case, CUDA, alter=alter("ours-pu16"))
-    want = tt.function_grads(autograd.apply, case, CUDA)
-    for n, x, y in zip(NAMES, got, want):
-        assert (x is None and y is None) or torch.equal(x, y), f"{case.id}: {n} differs with the pu16 forward"

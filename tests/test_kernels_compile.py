@@ -80,10 +80,7 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
         want += _WANT_WGMMA["OutputConfig"](cfg) - cfg.pt       # (but Q K^T with the intra kernel's P tables)
     # the state kernels' operands in the precision's operand type (fp16 with fp16 operands), the intra kernel's in
     # the input dtype (K K^T, Q K^T and the merges take the inputs as they are)
-    # (with P @ U one fp16 product, "pu16", that product alone in fp16)
-    pu16 = r["kind"] == "StateConfig" and cfg.prec.pu16
-    check_wgmma(src, cfg.prec.operand_dtype(cfg.dtype) if r["kind"] == "StateConfig" else cfg.dtype, want,
-                fp16_sites=int(pu16))
+    check_wgmma(src, cfg.prec.operand_dtype(cfg.dtype) if r["kind"] == "StateConfig" else cfg.dtype, want)
     if r["kind"] == "IntraConfig":
         assert "exp2f" in src
         # k (and q for the L2 norm, but with the split merges) by one TMA copy each, not per element
@@ -95,7 +92,7 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
             #                         lo, or with fp16 operands of bf16 inputs P one term and the fp16 copies of q, k
             half = cfg.ag == "fp16"
             cv = half and cfg.dtype != "float16"
-            tiles = ["ph_s"] + ([] if half or cfg.p16 else ["pl_s"]) + (["cv_s"] if cv else [])
+            tiles = ["ph_s"] + ([] if half else ["pl_s"]) + (["cv_s"] if cv else [])
             assert src.count("tma_store(") == len(tiles) + cv, src.count("tma_store(")
             w = worst_degrees(src, tiles)
             assert all(d <= 1 and n > 0 for d, n in w.values()), w
@@ -114,8 +111,8 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
             assert src.count("tma_load(") == loads, src.count("tma_load(")
             p_tiles = not (cfg.pt or cfg.tables)
             tiles = ["sh_s", "uh_s", "xh_s", "v_s"] + (["ph_s"] if p_tiles else [])
-            if not cfg.prec.half:   # (fp16 operands have no lo tiles; with pu16 U is one fp16 term)
-                tiles += ["sl_s", "xl_s"] + ([] if pu16 else ["ul_s"]) + (["pl_s"] if p_tiles else [])
+            if not cfg.prec.half:   # (fp16 operands have no lo tiles)
+                tiles += ["sl_s", "ul_s", "xl_s"] + (["pl_s"] if p_tiles else [])
             w = worst_degrees(src, tiles)
             assert all(d <= 1 for d, _ in w.values()) and all(n > 0 for _, n in w.values()), w
         if cfg.form == "smem":                                  # no bank conflicts (the model: module docstring)

@@ -233,12 +233,10 @@ def test_fp16_operands_hold_inputs_past_fp16_range():
     assert e_o <= 1.1 * floor and 5 * e_s <= f_s, msg
 
 
-@pytest.mark.parametrize("cp", [1, 3])
 @pytest.mark.parametrize("dist", ["gauss-l2", "qwen-gates", "slow-decay", "strong-decay", "large-h0"])
-def test_pu16_keeps_the_state_and_o_near_its_floor(dist, cp):
+def test_pu16_keeps_the_state_and_o_near_its_floor(dist):
     """P @ U as one fp16 product (``Precision.pu16``), bf16, T=1024: the final state bitwise the dispatched
-    precision's (the chain is not touched), o changed but within 1.02x its rounding floor; also per CP segment with
-    warm-up starts (``cp`` 3)."""
+    precision's (the chain is not touched), o changed but within 1.02x its rounding floor."""
     from cases.distributions import get_distribution
     from kernels.forward.precision import PRESETS
 
@@ -247,9 +245,8 @@ def test_pu16_keeps_the_state_and_o_near_its_floor(dist, cp):
     kw["output_final_state"] = True
     o_ref, _ = fp64_reference(*a, **kw)
     floor = compare(o_ref.to(a[0].dtype), o_ref).rel_rmse
-    seg = dict(cp_segments_n=cp, warm=cp > 1)
-    o, S = E.chunk_gated_delta_rule_at(*a, **kw, prec=PRESETS["pu16"], **seg)
-    o_d, S_d = E.chunk_gated_delta_rule_at(*a, **kw, prec=PRESETS["default"], **seg)
+    o, S = E.chunk_gated_delta_rule_at(*a, **kw, prec=PRESETS["pu16"])
+    o_d, S_d = E.chunk_gated_delta_rule_at(*a, **kw, prec=PRESETS["default"])
     e_o = compare(o, o_ref).rel_rmse
     assert torch.equal(S, S_d) and not torch.equal(o, o_d)
     assert e_o <= 1.02 * floor, f"{dist}: pu16 o {e_o / floor:.4f}x floor"
@@ -274,27 +271,20 @@ def test_pu16_holds_p_and_u_past_fp16_range():
         assert compare(o, o_ref).rel_rmse <= 1.02 * floor, compare(o, o_ref).rel_rmse / floor
 
 
-def test_pu16_is_a_form_of_the_ws_kernel_with_p_tables():
+def test_pu16_is_the_emulations_alone():
     """``Precision.pu16``: p and u alone fp16 is a valid precision (its tag says so), any other partial fp16 set is
-    not; a plan takes it in the ws form with P tables for bf16 inputs (per CP segment and keeping the backward's
-    tables too: its Ag is split), and refuses it elsewhere before any kernel is built."""
+    not, and no forward plan takes it (no kernel computes it)."""
     import dataclasses
 
     from kernels.forward.precision import PRESETS, Precision
-    from kernels.plan import ForwardPlan
+    from kernels.plan import forward_plan
     pu = PRESETS["pu16"]
     assert pu.pu16 and not pu.half and pu.tag().endswith("pu16") and not PRESETS["half"].pu16
     for bad in (dict(p="fp16"), dict(u="fp16"), dict(p="fp16", u="fp16", s="fp16")):
         with pytest.raises(ValueError, match="fp16 operands are all"):
             Precision(**bad)
-    ok = ForwardPlan("bfloat16", pu, "ws", 64, p_table=True)
-    intra, state = ok.configs()
-    assert intra.p16 and intra.pt and state.prec.pu16 and state.pt
-    assert dataclasses.replace(ok, keep_tables=True).configs()[0].th
-    assert dataclasses.replace(ok, cp=3, warm=True).configs()[1].warm
-    for bad in (dict(p_table=False), dict(dtype="float16"), dict(state_form="smem", p_table=False)):
-        with pytest.raises(ValueError, match="Precision.pu16"):
-            dataclasses.replace(ok, **bad)
+    with pytest.raises(ValueError, match="no kernel"):
+        dataclasses.replace(forward_plan("bfloat16", 8, 32, 64), precision=pu)
 
 
 def test_import_is_lazy():

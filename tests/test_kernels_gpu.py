@@ -38,8 +38,8 @@ PLAN_CASES = [
 # CP forced and with BV 128; the shared-memory one at two CTAs per SM and at one; the fused warp-specialised
 # state-output kernel (form "ws"), also per CP segment (with and without P tables, with exact and with warm-up
 # start states), all at the split precision, and the ws form with every operand one fp16 term (precision "half",
-# with P tables) or with P @ U one fp16 product (precision "pu16", P tables, bf16)
-HALF, SPLIT, PU16 = PRESETS["half"], PRESETS["default"], PRESETS["pu16"]
+# with P tables)
+HALF, SPLIT = PRESETS["half"], PRESETS["default"]
 PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1, p_table=False, precision=SPLIT),
          "rv_cp3": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=3, p_table=False, precision=SPLIT),
          "rv_bv128": dict(state_form="rv", block_v=128, ctas_per_sm=1, cp=1, p_table=False, precision=SPLIT),
@@ -55,10 +55,6 @@ PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1, p_table=Fa
          "ws_half_bv128": dict(state_form="ws", block_v=128, ctas_per_sm=1, cp=1, p_table=True, precision=HALF),
          "ws_half_bv128_noptab": dict(state_form="ws", block_v=128, ctas_per_sm=1, cp=1, p_table=False,
                                       precision=HALF),
-         "ws_pu16_bv32": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=1, p_table=True, precision=PU16),
-         "ws_pu16_bv64": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=1, p_table=True, precision=PU16),
-         "ws_pu16_cp3_warm": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=3, p_table=True, precision=PU16,
-                                  warm=True),
          "ws_cp3_warm": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=3, p_table=True, precision=SPLIT,
                              warm=True),
          "ws_cp16_warm_bv32_noptab": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=16, p_table=False,
@@ -79,10 +75,8 @@ class PlannedTileLang(TileLangKernels):
         bv = self.change.get("block_v", 0)
         if bv > case.V:
             return False, f"a state block of {bv} value columns needs V >= {bv} (V = {case.V})"
-        if self.change.get("precision") in (HALF, PU16) and case.K not in WS_HEAD_DIMS:
+        if self.change.get("precision") == HALF and case.K not in WS_HEAD_DIMS:
             return False, f"fp16 operands are built at the ws form's head dims {WS_HEAD_DIMS} (K = {case.K})"
-        if self.change.get("precision") == PU16 and case.dtype != "bf16":
-            return False, f"P @ U as one fp16 product is built for bf16 inputs (dtype {case.dtype})"
         return super().supports(case, device)
 
     def _forward(self, inputs):
@@ -315,68 +309,6 @@ def test_fp16_operands_form_p_in_the_ws_kernel_as_the_intra_kernel_does(case):
     print(f"{case.id}: P in the ws kernel against P tables: o max |diff| / max {e_o:.2e}")
     assert e_o <= 2 ** -7, f"{case.id}: o max |diff| / max {e_o:.3e} > 2^-7 of the P-table form's"
     assert torch.equal(ht, ht2), f"{case.id}: final state differs: max |diff| / max {tt.max_rel(ht2, ht):.3e}"
-
-
-def _pu16_plans(args, kw, bv=None, cp=1):
-    """(split, pu16): the dispatched plan of the call ``(args, kw)`` as the ws form with P tables, ``bv`` value
-    columns a CTA (None: the dispatched BV, 32 at the least; 64 with CP), at the split precision and at precision
-    "pu16"; with ``cp`` > 1 per that many CP segments with warm-up starts."""
-    plan = _half_plan(args, kw, 64 if cp > 1 else bv)
-    plan = dataclasses.replace(plan, cp=cp, warm=cp > 1)
-    return dataclasses.replace(plan, precision=SPLIT), dataclasses.replace(plan, precision=PU16)
-
-
-PU16_O_RATIO = 1.03     # the emulation puts pu16's o within 1.016x its floor on its rows (benchmarks/RESULTS.md)
-
-
-@pytest.mark.parametrize("cp", [1, 4])
-@pytest.mark.parametrize("case", FLOOR_CASES, ids=[c.id for c in FLOOR_CASES])
-def test_pu16_keeps_the_split_final_state_and_o_near_its_floor(case, cp):
-    """P @ U as one fp16 product (precision "pu16", the ws form with fp16 P tables): the final state bitwise that of
-    the split precision's same plan (the chain and its operands are untouched), o within ``PU16_O_RATIO`` x its
-    rounding floor under slow, mixed and realistic decays; also per CP segment with warm-up starts (``cp`` 4: WG1's
-    value-column scales from the start state each segment's chain takes)."""
-    from cases.inputs import make_inputs
-    from kernels.forward.pipeline import chunk_gated_delta_rule as impl
-    from parity.refs import compute
-
-    dev = torch.device("cuda")
-    ref = compute(case, make_inputs(case, dev))["o"]
-    args, kw = tt.call_args(case, dev)
-    split, pu16 = _pu16_plans(args, kw, cp=cp)
-    o_s, ht_s = impl(*args, **kw, output_final_state=True, plan=split)
-    o, ht = impl(*args, **kw, output_final_state=True, plan=pu16)
-    floor, got, got_s = tt.rel_rmse(ref.to(o.dtype), ref), tt.rel_rmse(o, ref), tt.rel_rmse(o_s, ref)
-    where = f"case {case.id} / backend tilelang[pu16] / rerun: pytest -m gpu tests/test_kernels_gpu.py -k pu16"
-    print(f"{case.id}: pu16 o {got / floor:.4f}x floor (split {got_s / floor:.4f}x)")
-    assert torch.equal(ht, ht_s), f"final state differs: max |diff| / max {tt.max_rel(ht_s, ht):.3e} / {where}"
-    assert got <= PU16_O_RATIO * floor, (
-        f"o rel_rmse {got:.3e} > {PU16_O_RATIO} x rounding floor {floor:.3e} ({got / floor:.3f}x) / {where}")
-
-
-@pytest.mark.parametrize("bv", [32, 64])
-def test_pu16_holds_p_and_u_past_fp16_range(bv):
-    """Precision "pu16" where P's rows pass 65504 (q at 2^24, no L2 norm) and where U's do (v and h0 at 2^15,
-    ``past_fp16_range_args``): finite, o within ``PU16_O_RATIO`` x its floor, the final state bitwise split's (P's
-    row scales in F1 and F5, U's value-column scales)."""
-    from kernels.forward.pipeline import chunk_gated_delta_rule as impl
-    from reference import chunk_gated_delta_rule as fp64_reference
-
-    dev = torch.device("cuda")
-    (q, k, v, g, beta), kw = tt.call_args(Case(T=1000, H=2, HV=4, dist="gauss-l2"), dev)
-    kw["output_final_state"] = True
-    big_p = ((q.float() * 2.0 ** 24).to(q.dtype), k, v, g, beta)
-    for label, (a, kwa) in (("P rows past 65504", (big_p, kw)),
-                            ("v, h0 at 2^15", tt.past_fp16_range_args(1000, dev))):
-        split, pu16 = _pu16_plans(a, kwa, bv)
-        o, ht = impl(*a, **kwa, plan=pu16)
-        ht_s = impl(*a, **kwa, plan=split)[1]
-        o_ref, _ = fp64_reference(*a, **kwa)
-        floor, e_o = tt.rel_rmse(o_ref.to(o.dtype), o_ref), tt.rel_rmse(o, o_ref)
-        msg = f"pu16 BV {bv}, {label}: o {e_o / floor:.4f}x floor"
-        print(msg)
-        assert torch.isfinite(o).all() and torch.equal(ht, ht_s), msg
-        assert e_o <= PU16_O_RATIO * floor, msg
 
 
 def test_int32_cu_seqlens_give_the_int64_result():

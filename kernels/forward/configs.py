@@ -22,22 +22,19 @@ STATE_FORMS = ("rv", "smem", "ws")   # register-operand (value-first tables) / s
 class IntraConfig:
     """``gdn_intra`` (intra_chunk.py): ``merge`` "fp32" (CUDA cores), "bf16" or "split" (wgmma operands);
     ``th``: it also stores Tinv in the input dtype for the backward; ``pt``: the gated scores P (hi + lo; one fp16 term
-    with ``ag="fp16"``) for the fused state-output kernel; ``p16`` (with ``pt``): P one fp16 term, its large rows
-    scaled (precision "pu16")."""
+    with ``ag="fp16"``) for the fused state-output kernel."""
     dtype: str
     merge: str = "bf16"
     ag: str = "bf16"
     DK: int = KERNEL_HEAD_DIM
     th: bool = False
     pt: bool = False
-    p16: bool = False
 
     @property
     def name(self) -> str:
         th = ",th" if self.th else ""
         pt = ",pt" if self.pt else ""
-        p16 = ",p16" if self.p16 else ""
-        return f"intra[DK={self.DK},merge={self.merge},ag={self.ag}{th}{pt}{p16},{self.dtype}]"
+        return f"intra[DK={self.DK},merge={self.merge},ag={self.ag}{th}{pt},{self.dtype}]"
 
 
 @dataclass(frozen=True)
@@ -115,7 +112,7 @@ def prim_func(cfg):
     """The TileLang function of ``cfg``."""
     if isinstance(cfg, IntraConfig):
         from .intra_chunk import build_intra_chunk
-        return build_intra_chunk(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.th, cfg.pt, cfg.p16)
+        return build_intra_chunk(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.th, cfg.pt)
     if isinstance(cfg, StateConfig):
         if cfg.tables and (cfg.form != "ws" or cfg.scan or cfg.pt or cfg.warm):
             raise ValueError(f"tables (the chunk tables instead of o) is a form of the ws kernel without P tables and "

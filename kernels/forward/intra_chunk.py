@@ -174,7 +174,7 @@ def solve_diag16(a_s, l_s, t16):
 
 
 def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16", th: bool = False,
-                      pt: bool = False, p16: bool = False):
+                      pt: bool = False):
     """TileLang prim_func of ``gdn_intra``.  The merges write their product ``A_o L`` over the ``A_o`` tile
     (dead by then): 53 KiB of shared memory per CTA with fp32 or bf16 merges (4 CTAs per SM on an H100/H200), 69
     KiB with split ones (3).  ``th``: also store ``Tinv = (I + A)^-1`` itself, rounded once to
@@ -183,10 +183,7 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
     ``pt``: also store the gated scores ``P = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)`` (j <= t) split into
     ``Ph + Pl`` for the fused state-output kernel, the product and expression its P warpgroup computes (needs the
     fp32 or bf16 merges: q by TMA); with ``ag="fp16"`` as ``Ph`` alone, one fp16 term; without ``pt`` ``Ph`` /
-    ``Pl`` are not accessed (pass ``Ah``); with ``p16`` (precision "pu16", ``pt``, bf16 inputs) P one fp16 term
-    into ``Ph`` (Pl not accessed), each row whose largest magnitude passes 2^15 times the power of two ``d_t`` that
-    takes it below (``emulation.p16_rows``), ``d_t`` folded into F1 and stored as F5 (1 past the sequence), the
-    fused kernel's row factor of o.  With ``ag="fp16"`` and bf16 inputs it also stores q and k as fp16 into
+    ``Pl`` are not accessed (pass ``Ah``).  With ``ag="fp16"`` and bf16 inputs it also stores q and k as fp16 into
     ``qo`` / ``ko`` (the fused kernel's operands; every row of each chunk's q/k head, once per head: the CTAs of a
     GVA group's first value head), each row scaled by the power of two ``2^-c`` that takes it into [-1, 1] (so no
     bf16 value overflows fp16), ``2^c`` folded into the gate table's row factors F0, F2 (k) and F1 (q), and without
@@ -201,8 +198,7 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
       Ah, Al      [HV, NC, 64, 64]  op      (outputs; op = fp16 with ag == "fp16", else dtype)
       F           [HV, NC, 8, 64]   fp32    (output; rows 0-2 with the copies' 2^c where qo / ko are written)
       Th          [HV, NC, 64, 64]  dtype   (output with ``th``; else not accessed)
-      Ph, Pl      [HV, NC, 64, 64]  op      (outputs with ``pt``, Pl unless ag == "fp16" or ``p16``; else not
-                                              accessed; Ph fp16 with ``p16``)
+      Ph, Pl      [HV, NC, 64, 64]  op      (outputs with ``pt``, Pl unless ag == "fp16"; else not accessed)
       qo, ko      [Ttot, H, DK]     op      (outputs with ag == "fp16" of bf16 inputs; else not accessed)
       scale fp32, use_l2 int32
     """
@@ -211,9 +207,7 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
     assert merge in MERGES and ag in ("bf16", "split", "fp16")
     op = "float16" if ag == "fp16" else dtype       # the type of the Ag and P tables
     assert not (th and ag == "fp16"), "Tinv is kept for the backward with Ag split"
-    assert not p16 or (pt and ag != "fp16" and dtype == "bfloat16"), "p16: P tables of bf16 inputs, Ag not fp16"
-    p_lo = ag != "fp16" and not p16
-    pdt = "float16" if p16 else op                  # the P tables' type
+    p_lo = ag != "fp16"
     cv = op != dtype                                # q and k copied to the operand type
     msplit = merge == "split"
     q_tma = not msplit
@@ -235,8 +229,8 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
         Al: T.Tensor((HV, NC, BT, BT), op),
         F: T.Tensor((HV, NC, 8, BT), f32),
         Th: T.Tensor((HV, NC, BT, BT), op),             # op == dtype where it is written (th: Ag split)
-        Ph: T.Tensor((HV, NC, BT, BT), pdt),
-        Pl: T.Tensor((HV, NC, BT, BT), pdt),
+        Ph: T.Tensor((HV, NC, BT, BT), op),
+        Pl: T.Tensor((HV, NC, BT, BT), op),
         qo: T.Tensor((Ttot, H, DK), op),
         ko: T.Tensor((Ttot, H, DK), op),
         scale: T.float32,
@@ -259,11 +253,8 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
             if pt:
                 f5_s = T.alloc_shared((BT,), f32)
                 f6_s = T.alloc_shared((BT,), f32)
-                ph_s = T.alloc_shared((BT, BT), pdt)
+                ph_s = T.alloc_shared((BT, BT), op)
                 T.annotate_layout({ph_s: make_swizzled_layout(ph_s)})
-                if p16:
-                    pd_s = T.alloc_shared((BT,), f32)       # the rows' d_t
-                    pm_f = T.alloc_fragment((BT,), f32)
                 if p_lo:
                     pl_s = T.alloc_shared((BT, BT), op)
                     T.annotate_layout({pl_s: make_swizzled_layout(pl_s)})
@@ -354,16 +345,8 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
                 for r, j in T.Parallel(BT, BT):
                     p = f5_s[r] * f6_s[j] * T.exp2((g_s[r] - g_s[j]) * LOG2E) * kk[r, j]
                     kk[r, j] = T.if_then_else(j <= r, p, T.float32(0))
-                if p16:     # rows past 2^15 scaled below it (d_t), the others as they are
-                    T.reduce_absmax(kk, pm_f, dim=1)
-                    for r in T.Parallel(BT):
-                        pd_s[r] = T.exp2(-T.max(T.ceil(T.log2(T.max(pm_f[r], T.float32(2.0 ** -60))))
-                                                - T.float32(15), T.float32(0)))
                 for r, j in T.Parallel(BT, BT):
-                    if p16:
-                        ph_s[r, j] = T.cast(kk[r, j] * pd_s[r], pdt)
-                    else:
-                        ph_s[r, j] = T.cast(kk[r, j], op)
+                    ph_s[r, j] = T.cast(kk[r, j], op)
                     if p_lo:
                         pl_s[r, j] = T.cast(kk[r, j] - T.cast(T.cast(kk[r, j], op), f32), op)
                 T.copy(ph_s, Ph[hv, c, 0:BT, 0:BT])
@@ -386,20 +369,12 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
                 fk = rk_s[r] * T.exp2(ck_s[r]) if cv else rk_s[r]
                 fq = rq_s[r] * T.exp2(cq_s[r]) if cv else rq_s[r]
                 F[hv, c, 0, r] = T.if_then_else(r < nv, T.exp2(g_s[r] * LOG2E) * fk, T.float32(0))
-                if p16:     # (P's row scale: O is formed at d_t and divided by F5 when stored)
-                    F[hv, c, 1, r] = T.if_then_else(r < nv, scale * T.exp2(g_s[r] * LOG2E) * fq * pd_s[r],
-                                                    T.float32(0))
-                else:
-                    F[hv, c, 1, r] = T.if_then_else(r < nv, scale * T.exp2(g_s[r] * LOG2E) * fq, T.float32(0))
+                F[hv, c, 1, r] = T.if_then_else(r < nv, scale * T.exp2(g_s[r] * LOG2E) * fq, T.float32(0))
                 F[hv, c, 2, r] = T.if_then_else(r < nv, T.exp2((g_s[BT - 1] - g_s[r]) * LOG2E) * fk, T.float32(0))
                 F[hv, c, 3, r] = T.exp2(g_s[BT - 1] * LOG2E)
                 F[hv, c, 4, r] = g_s[r]
                 # (the fused kernel forms P from the copies without P tables: their 2^c undone here)
-                if p16:
-                    F[hv, c, 5, r] = T.if_then_else(r < nv, pd_s[r], T.float32(1))
-                else:
-                    F[hv, c, 5, r] = T.if_then_else(r < nv, scale * (fq if cv and not pt else rq_s[r]),
-                                                    T.float32(0))
+                F[hv, c, 5, r] = T.if_then_else(r < nv, scale * (fq if cv and not pt else rq_s[r]), T.float32(0))
                 F[hv, c, 6, r] = T.if_then_else(r < nv, fk if cv and not pt else rk_s[r], T.float32(0))
                 F[hv, c, 7, r] = g_s[r] * LOG2E + kn_s[r]
 

@@ -154,8 +154,6 @@ def intra_chunk(*, x: ForwardInputs, plan) -> IntraTables:
     Th = torch.empty_like(Ah) if plan.keep_tables else Ah                  # not accessed unless kept
     Ph = torch.empty_like(Ah) if plan.p_table else Ah                      # not accessed without P tables
     Pl = torch.empty_like(Ah) if plan.p_table and not prec.half else Ah   # (P one fp16 term: no lo)
-    if prec.pu16:                                                          # P one fp16 term (its lo: Ph, unread)
-        Ph = Pl = torch.empty_like(Ah, dtype=torch.float16)
     cv = op != x.q.dtype
     qo, ko = (torch.empty_like(x.q, dtype=op), torch.empty_like(x.k, dtype=op)) if cv else (x.q, x.k)
     get_kernel(plan.configs()[0])(x.q, x.k, x.g, x.beta, x.cu, x.chunk_indices, Ah, Al, F, Th, Ph, Pl, qo, ko,

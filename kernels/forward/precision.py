@@ -6,8 +6,9 @@ kernels: "bf16" = one input-dtype term (``rd(x)``), "split" = two terms ``rd(x) 
 (~16 mantissa bits), "fp16" = one fp16 term (11 mantissa bits, at a one-term product's cost: every operand field
 "fp16" or none, since both operands of a product share a type; q and k enter as the intra kernel's row-scaled fp16
 copies), or ``p`` and ``u`` alone "fp16" (``pu16``: the output's ``P @ U`` one fp16 product, P's rows past 2^15 and
-U's value columns under powers of two; an A/B form of the ws kernel with P tables, bf16 inputs); ``merge`` also
-allows "fp32" (products and sums in fp32 on the CUDA cores, no operand rounding: the dispatch's).
+U's value columns under powers of two; the emulation's study: its kernel form measured slower than the split
+precision's, benchmarks/RESULTS.md); ``merge`` also allows "fp32" (products and sums in fp32 on the CUDA cores,
+no operand rounding: the dispatch's).
 
 * ``merge`` - the two block-merge levels of the 64x64 triangular inverse (intra kernel);
 * ``ag``    - ``Ag = Tinv diag(beta)`` as stored by the intra kernel and used in ``U = Ag X``;
@@ -104,7 +105,7 @@ PRESETS = {
     "half": Precision(merge="fp32", ag="fp16", ks="fp16", x="fp16", u="fp16", upd="fp16", s="fp16", p="fp16"),
     # "default" with P @ U one fp16 product (P's large rows, U's value columns under powers of two): the final state
     # bitwise "default"'s (the chain is unchanged), o within 1.6% of "default"'s error on the emulation's rows
-    # (benchmarks/precision_fwd.py); the ws form with fp16 P tables (an A/B alternative)
+    # (benchmarks/precision_fwd.py); a study, no kernel computes it
     "pu16": Precision(merge="fp32", ag="split", u="fp16", p="fp16", upd="split", x="split", s="split", ks="split"),
     # the backward's forward recompute: S and U stored hi + lo for its products, S split in K S as in "default".
     # With K S one term the recomputed states drift from the exact ones by up to about 2^-9 under slow decay, and

@@ -22,12 +22,6 @@ chunk c runs column j scaled by ``sigma_cj = 2^-ceil(log2 max)``, the state ente
 at its own columns' scales) and o divided by it when stored, so that no value or state overflows fp16's range;
 the chain waits for the scales only after its first product.
 
-With precision "pu16" (``Precision.pu16``, with ``pt``) the output's ``P @ U`` is one fp16 product: P from the intra
-kernel's fp16 table (its large rows scaled by F5, folded into F1), U handed over by the chain as one fp16 term under
-the value columns' scales that WG1 keeps as it does for fp16 operands (per CP segment from the start state the
-chain takes), O formed at ``F5_t sigma_j`` and divided by it when stored; the chain and its split operands are
-untouched, so the final state is that of precision "default".
-
 With ``tables`` (``gdn_state_tables_ws``, the backward recompute's form, ``BackwardPlan.recompute_ws``) the kernel
 takes ``gdn_state_smem``'s arguments and stores its chunk tables instead of o: WG2 copies each chunk's hand-off tiles
 Sh (+ Sl, or Sl's fp8 codes with ``lo8``) and Uh (+ Ul) to global memory, WG1 idles and no q is loaded, so that the
@@ -65,8 +59,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
       v        [Ttot, HV, DV]         dtype
       Ah, Al   [HV, NCg, 64, 64]      op      (Al read only when prec.ag == "split")
       F        [HV, NCg, 8, 64]       fp32    (rows 0 F0, 1 F1, 2 F2, 3 F3, 4 G, 5 scale rq, 6 rk)
-      Ph, Pl   [HV, NCg, 64, 64]      op      (read only with ``pt``; Pl only when prec.p == "split"; fp16 with
-                                              prec.pu16, F1 and F5 then as ``build_intra_chunk(p16=True)`` writes them)
+      Ph, Pl   [HV, NCg, 64, 64]      op      (read only with ``pt``; Pl only when prec.p == "split")
       cu_seqlens    [N + 1]  int32;  chunk_offsets [N + 1] int32 ([3 N + 1] with ``warm``: ``cp_warm``'s
                     table of the N CP segments, each started from its warm-up or from h0[n] / h0[its first
                     segment] as ``cp_warm`` says; o written from the segment's own first chunk)
@@ -90,27 +83,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits()
     p_sp = prec.p == "split"
     half = prec.half
-    pu = prec.pu16
-    assert not pu or (pt and not tables and dtype == "bfloat16"), "pu16: P tables, bf16, o"
-    pdt = "float16" if pu else op               # the P tables' type
-    scales = half or pu                         # WG1 keeps the value columns' scales
     sl_need = ks_sp or s_sp
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
-
-    @T.macro
-    def h0_maxima(h0, row, hv, v0, v_first, v_f, cm_f, m_f):
-        """``m_f [BV]`` = the running maxima with value column j's largest magnitude in ``h0[row]``, 64 of its key
-        rows at a time (``v_f [64, BV]``, ``cm_f [BV]``: scratch fragments)."""
-        for r0 in T.serial(DK // BT):
-            if v_first != 0:
-                for i, j in T.Parallel(BT, BV):
-                    v_f[i, j] = h0[row, hv, v0 + j, r0 * BT + i]
-            else:
-                for i, j in T.Parallel(BT, BV):
-                    v_f[i, j] = h0[row, hv, r0 * BT + i, v0 + j]
-            T.reduce_absmax(v_f, cm_f, dim=0)
-            for j in T.Parallel(BV):
-                m_f[j] = T.max(m_f[j], cm_f[j])
 
     @T.macro
     def gated_scores(q_s, k_s, f_s, st, qk):
@@ -162,11 +136,11 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
             xl_s = T.alloc_shared(lo_shape((BT, BV), x_sp or upd_sp), op)
             sh_s = T.alloc_shared((DK, BV), op)
             sl_s = T.alloc_shared(lo_shape((DK, BV), sl_need), op)
-            uh_s = T.alloc_shared((BT, BV), pdt)
+            uh_s = T.alloc_shared((BT, BV), op)
             ul_s = T.alloc_shared(lo_shape((BT, BV), u_sp), op)
             if pt:      # P by TMA with the other inputs of its stage
-                ph_s = T.alloc_shared((2, BT, BT), pdt)
-                pl_s = T.alloc_shared(lo_shape((2, BT, BT), p_sp), pdt)
+                ph_s = T.alloc_shared((2, BT, BT), op)
+                pl_s = T.alloc_shared(lo_shape((2, BT, BT), p_sp), op)
             elif not tables:
                 ph_s = T.alloc_shared((BT, BT), op)
                 pl_s = T.alloc_shared(lo_shape((BT, BT), p_sp), op)
@@ -177,13 +151,13 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 T.annotate_layout(swz)
             else:
                 T.annotate_layout({v_s: make_swizzled_layout(v_s)})
-            if scales:  # each stage's column scales and their ratios to the previous chunk's
+            if half:    # each stage's column scales and their ratios to the previous chunk's
                 sc_s = T.alloc_shared((2, BV), f32)
                 rt_s = T.alloc_shared((2, BV), f32)
                 hs_s = T.alloc_shared((BV,), f32)                    # h0's column scales
 
             full = T.alloc_barrier(arrive_count=[32] * 2)          # a stage's loads landed (the loading warp)
-            readers = 1 if tables else 2 if pt and not scales else 3   # the warpgroups that read a stage
+            readers = 1 if tables else 2 if pt and not half else 3   # the warpgroups that read a stage
             empty = T.alloc_barrier(arrive_count=[readers * WG] * 2)  # a stage read by its consumers
             s_ready = T.alloc_barrier(arrive_count=WG)             # Sh (+ Sl) written (WG0)
             s_free = T.alloc_barrier(arrive_count=WG)              # Sh (+ Sl) read by Q S (WG2)
@@ -192,7 +166,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
             if not tables:
                 p_ready = T.alloc_barrier(arrive_count=WG)         # Ph (+ Pl) written (WG1)
                 p_free = T.alloc_barrier(arrive_count=WG)          # Ph (+ Pl) read (WG2)
-            if scales:
+            if half:
                 sc_ready = T.alloc_barrier(arrive_count=[WG] * 2)  # a stage's column scales written (WG1)
                 h0_ready = T.alloc_barrier(arrive_count=WG)        # h0's column scales written (WG1, with h0)
 
@@ -245,12 +219,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     # U = Ag X
                     split_products(ah_s[st, :, :], al_s[st, :, :], xh_s, xl_s, u_f, ag_sp, x_sp, True, False)
                     T.barrier_wait(u_free, (c + 1) % 2)
-                    if pu:      # U one fp16 term under this chunk's column scales
-                        T.barrier_wait(sc_ready[st], (c // 2) % 2)
-                        for i, j in T.Parallel(BT, BV):
-                            uh_s[i, j] = T.cast(u_f[i, j] * sc_s[st, j], pdt)
-                    else:
-                        split_into(u_f, uh_s, ul_s, u_sp)
+                    split_into(u_f, uh_s, ul_s, u_sp)
                     T.fence_proxy_async()
                     T.barrier_arrive(u_ready)
                     # S = F3 S + K^T (F2 U)
@@ -269,7 +238,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                                 s_f[i, j] = s_f[i, j] / sc_s[(nchunks - 1) % 2, j]
                     store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
             elif tx < 2 * WG:
-                if scales:
+                if half:
                     # WG1: the value columns' running maxima and each chunk's scales, then (without ``pt``) P from
                     # the fp16 copies (F5, F6 with their row scales undone)
                     T.set_max_nreg(120 if not pt else 112 if BV == 128 else 80, 0)
@@ -282,17 +251,17 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     for j in T.Parallel(BV):
                         m_f[j] = T.float32(0)
                         pv_f[j] = T.float32(1)
-                    if warm:    # the start state the chain takes (pu16 alone: fp16 operands have no CP)
-                        hrow = T.alloc_local((1,), "int32")
-                        hrow[0] = -1
-                        if ws[0] <= 0:
-                            hrow[0] = n
-                        elif c0 == chunk_offsets[chunk_offsets[N + 1 + n]]:
-                            hrow[0] = chunk_offsets[N + 1 + n]
-                        if hrow[0] >= 0:
-                            h0_maxima(h0, hrow[0], hv, v0, v_first, v_f, cm_f, m_f)
-                    elif use_h0 != 0:
-                        h0_maxima(h0, n, hv, v0, v_first, v_f, cm_f, m_f)
+                    if use_h0 != 0:     # h0's column maxima, 64 of its rows at a time
+                        for r0 in T.serial(DK // BT):
+                            if v_first != 0:
+                                for i, j in T.Parallel(BT, BV):
+                                    v_f[i, j] = h0[n, hv, v0 + j, r0 * BT + i]
+                            else:
+                                for i, j in T.Parallel(BT, BV):
+                                    v_f[i, j] = h0[n, hv, r0 * BT + i, v0 + j]
+                            T.reduce_absmax(v_f, cm_f, dim=0)
+                            for j in T.Parallel(BV):
+                                m_f[j] = T.max(m_f[j], cm_f[j])
                         for j in T.Parallel(BV):
                             pv_f[j] = T.exp2(-T.ceil(T.log2(T.max(m_f[j], T.float32(2.0 ** -60)))))
                             hs_s[j] = pv_f[j]
@@ -370,10 +339,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                             T.barrier_wait(sc_ready[st], (c // 2) % 2)
                             for i, j in T.Parallel(BT, BV):
                                 o_f[i, j] = o_f[i, j] * (f_s[st, 1, i] * rt_s[st, j])
-                        elif pu:    # Q S to P U's scales: F1 carries F5, the column scales U's
-                            T.barrier_wait(sc_ready[st], (c // 2) % 2)
-                            for i, j in T.Parallel(BT, BV):
-                                o_f[i, j] = o_f[i, j] * (f_s[st, 1, i] * sc_s[st, j])
                         else:
                             for i, j in T.Parallel(BT, BV):
                                 o_f[i, j] = o_f[i, j] * f_s[st, 1, i]
@@ -392,9 +357,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         if half:    # O from this chunk's column scales
                             for i, j in T.Parallel(BT, BV):
                                 o_f[i, j] = o_f[i, j] / sc_s[st, j]
-                        elif pu:    # and P's row scales
-                            for i, j in T.Parallel(BT, BV):
-                                o_f[i, j] = o_f[i, j] / (f_s[st, 5, i] * sc_s[st, j])
                         if pt or half:
                             T.barrier_arrive(empty[st])
                         if warm:
@@ -458,8 +420,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
         Ah: T.Tensor((HV, NCg, BT, BT), op),
         Al: T.Tensor((HV, NCg, BT, BT), op),
         F: T.Tensor((HV, NCg, 8, BT), f32),
-        Ph: T.Tensor((HV, NCg, BT, BT), pdt),
-        Pl: T.Tensor((HV, NCg, BT, BT), pdt),
+        Ph: T.Tensor((HV, NCg, BT, BT), op),
+        Pl: T.Tensor((HV, NCg, BT, BT), op),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
         chunk_offsets: T.Tensor((3 * N + 1 if warm else N + 1,), "int32"),
         h0: T.Tensor((Nh, HV, DK, DV), f32),
