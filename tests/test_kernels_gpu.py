@@ -62,6 +62,16 @@ PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1, p_table=Fa
 PLANS = {k: {"warm": False, **v} for k, v in PLANS.items()}
 
 
+def plan_skip_reason(change: dict, case: Case) -> str | None:
+    """Why the plan change ``change`` (a value of ``PLANS``) does not apply to ``case``, or None."""
+    bv = change.get("block_v", 0)
+    if bv > case.V:
+        return f"a state block of {bv} value columns needs V >= {bv} (V = {case.V})"
+    if change.get("precision") == HALF and case.K not in WS_HEAD_DIMS:
+        return f"fp16 operands are built at the ws form's head dims {WS_HEAD_DIMS} (K = {case.K})"
+    return None
+
+
 class PlannedTileLang(TileLangKernels):
     """The ``tilelang`` backend's forward with the dispatched plan changed by ``change`` (ForwardPlan fields)."""
 
@@ -72,12 +82,8 @@ class PlannedTileLang(TileLangKernels):
         self.change = change
 
     def supports(self, case, device):
-        bv = self.change.get("block_v", 0)
-        if bv > case.V:
-            return False, f"a state block of {bv} value columns needs V >= {bv} (V = {case.V})"
-        if self.change.get("precision") == HALF and case.K not in WS_HEAD_DIMS:
-            return False, f"fp16 operands are built at the ws form's head dims {WS_HEAD_DIMS} (K = {case.K})"
-        return super().supports(case, device)
+        why = plan_skip_reason(self.change, case)
+        return (False, why) if why else super().supports(case, device)
 
     def _forward(self, inputs):
         from kernels.forward.pipeline import chunk_gated_delta_rule as impl
