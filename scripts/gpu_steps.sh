@@ -92,12 +92,14 @@ case "$step" in
       -rfEX --durations=15 --junitxml="$d/junit.xml" "${nx[@]}" ${PYTEST_ARGS:-} > "$d/pytest.txt" 2>&1
     echo "pytest${PT_TAG:-} rc=$? $(( $(date +%s) - t0 )) s"; tail -15 "$d/pytest.txt" ;;
   precompile)
-    # every kernel configuration of the forward and the backward into the shared TileLang cache (10 processes), so
+    # every kernel configuration of the forward and the backward, and those the GPU tests' forced plans add
+    # (tests/test_gpu_test_plans.py), into the shared TileLang cache (10 processes), so
     # that the steps after it (and pytest's workers) load instead of compiling the same kernels several times
     mkdir -p "$out/k"
     run python3 -c 'from kernels.build import all_configs, precompile
+from tests.test_gpu_test_plans import UNBUILT
 import sys
-sys.exit(1 if precompile(all_configs(), 10) else 0)' > "$out/k/precompile.txt" 2>&1
+sys.exit(1 if precompile(all_configs() + UNBUILT, 10) else 0)' > "$out/k/precompile.txt" 2>&1
     echo "$step rc=$? $(( $(date +%s) - t0 )) s"; grep -v "TileLang\|Warning" "$out/k/precompile.txt" | grep "kernels in\|Error\|error" ;;
   triton-check)
     mkdir -p "$out/tc"
