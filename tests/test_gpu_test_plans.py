@@ -16,7 +16,8 @@ from tests import test_kernels_gpu as gpu
 RERUN = "rerun: pytest tests/test_gpu_test_plans.py"
 
 
-def _forced():
+@functools.lru_cache(maxsize=1)
+def forced():
     """[(case, label, dispatched plan, forced plan or the ValueError that refused it)] over the applicable pairs."""
     from benchmarks.memory_plan import stub_kernel_path
     from kernels.forward.pipeline import plan_for, prepare
@@ -34,11 +35,6 @@ def _forced():
             except ValueError as e:
                 out.append((case, label, dispatched, e))
     return out
-
-
-@functools.lru_cache(maxsize=1)
-def forced():
-    return _forced()
 
 
 def test_every_forced_plan_is_a_valid_plan():
