@@ -32,7 +32,9 @@ wrong variant is visible.  Step 2 times every variant on every shape.  Variants 
   CP segments by ``plan.ws_cp_segments`` (BV 64), ``wscp2`` / ``wscp4`` / ``wscp8`` / ``wscp16`` / ``wscp32`` -
   forced to that many segments per sequence, ``wscp8b32`` / ``wscp16b32`` - at BV 32, all with exact start states;
   ``warm`` / ``warm2`` ... ``warm16`` - the same with the warm-up starts of ``kernels.forward.cp_warm``
-  (``ForwardPlan.warm``); ``exactcp`` - the dispatched plan with exact start states; ``again`` - the dispatched
+  (``ForwardPlan.warm``); ``split2`` - ``warm2`` per (sequence, value head) where every segment start takes a
+  warm-up, else the whole sequence at BV 32 in a kernel beside it (``ForwardPlan.split_heads``: no exact scan);
+  ``exactcp`` - the dispatched plan with exact start states; ``again`` - the dispatched
   plan itself through the variants' path (its plan found once per layout, as theirs): what two equal columns
   differ by; ``noptab`` - the dispatched plan at the split precision with the ws kernel's P warpgroup computing P
   instead of reading the intra kernel's P tables (``ForwardPlan.p_table``; against ``split``);
@@ -187,6 +189,7 @@ VARIANTS = {
     "warm4": _wscp(4, warm=True),
     "warm8": _wscp(8, warm=True),
     "warm16": _wscp(16, warm=True),
+    "split2": lambda p, n, HV, mc: dict(_wscp(2, warm=True)(p, n, HV, mc), split_heads=True),
     "exactcp": lambda p, n, HV, mc: dict(warm=False),
     "again": lambda p, n, HV, mc: {},         # the dispatched plan through this path: the variants' noise floor
     "noptab": lambda p, n, HV, mc: dict(p_table=False, precision=PRESETS["default"]),

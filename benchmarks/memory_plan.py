@@ -193,7 +193,7 @@ class _Tracer(TorchDispatchMode):
 
 
 class _FakeStream:
-    """The backward's side stream off a GPU: the same call order, no streams."""
+    """A pipeline's side stream off a GPU: the same call order, no streams."""
 
     def wait_stream(self, other):
         pass
@@ -228,6 +228,7 @@ def stub_kernel_path(trace: MemoryTrace | None = None):
         st.enter_context(_patched(fpipe, "check_inputs", functools.partial(check_inputs, require_cuda=False)))
         st.enter_context(_patched(torch.cuda, "get_device_capability", lambda *a: (9, 0)))
         st.enter_context(_patched(bpipe, "_side_stream", lambda dev: _FakeStream()))
+        st.enter_context(_patched(fpipe, "side_stream", lambda dev: _FakeStream()))
         st.enter_context(_patched(torch.cuda, "current_stream", lambda *a: _FakeStream()))
         st.enter_context(_patched(torch.cuda, "stream", lambda s: contextlib.nullcontext()))
         st.enter_context(_patched(torch.Tensor, "record_stream", lambda self, s: None))

@@ -30,7 +30,8 @@ def forward_configs():
     merges (the A/B alternative of ``Precision.merge`` and ``BackwardPlan.merge``; the one-term merges' kernels
     compile when a benchmark asks for them), and the fused warp-specialised state-output kernel (the plan form
     "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables,
-    per CP segment with warm-up starts (``ForwardPlan.warm``, with its scan and fix-up), and with fp16 operands (the
+    per CP segment with warm-up starts (``ForwardPlan.warm``, with its scan and fix-up; and ``split_heads``' two
+    kernels), and with fp16 operands (the
     A/B precision "half", at the ws head dims: BV 128, with and without P tables, and BV 64 / 32 with them).
 
     All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
@@ -51,6 +52,9 @@ def forward_configs():
                           for bv, kt in ((64, False), (32, False), (64, True))]
                 # per CP segment with warm-up starts (and its scan and fix-up)
                 plans += [ForwardPlan(dtype, prec, "ws", WS_CP_BV, 1, 2, DK=DK, p_table=True, warm=True)]
+                # the same per (sequence, value head) beside whole sequences at BV 32 (split_heads, an A/B form)
+                plans += [ForwardPlan(dtype, prec, "ws", WS_CP_BV, 1, 2, DK=DK, p_table=True, warm=True,
+                                      split_heads=True)]
                 # the fp16-operand precision (an A/B alternative; P tables or, at BV 128, P formed in the ws kernel)
                 plans += [ForwardPlan(dtype, PRESETS["half"], "ws", bv, 1, 1, DK=DK, p_table=pt)
                           for bv, pt in ((128, True), (128, False), (64, True), (32, True))]

@@ -127,6 +127,20 @@ _DENSE_TABLES: dict = {}
 _CAPABILITY: dict = {}
 
 
+_SIDE: dict = {}
+
+
+def side_stream(dev):
+    """The side stream of ``dev`` (one per device, created once) on which a pipeline runs kernels beside its main
+    stream's; None off a GPU."""
+    if dev.type != "cuda":
+        return None
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _SIDE:
+        _SIDE[idx] = torch.cuda.Stream(device=idx)
+    return _SIDE[idx]
+
+
 def require_sm90(dev, what: str):
     """Raise unless ``dev`` is an sm_90 (Hopper) GPU: the kernels are built for sm_90a.  The capability of a device
     with an index is asked once (a call's host time)."""

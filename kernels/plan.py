@@ -29,6 +29,7 @@ CP_MAX_CTAS = 8                # rv CTAs (N x HV x DK/64) at most for CP
 CP_MIN_TOTAL_CHUNKS = 512      # chunks of the longest sequence at the least for CP
 WS_HEAD_DIMS = (128,)          # head dims at which the "ws" form is dispatched (where it was measured faster)
 WS_CP_BV = 64                  # value columns per CTA of the "ws" form run per CP segment
+SPLIT_EXACT_BV = 32            # value columns per CTA of split_heads' whole sequences (as the ws form without CP)
 # dh's warp-specialised kernel at 32 value columns (one CTA per SM: 384 threads x 168 registers) up to this many
 # CTAs.  On an H200 it took dh from 3.07 to 1.53 ms at B1 T32768 H16 HV32 (128 CTAs against the register kernel's
 # 64) and from 1.23 to 1.54 at B8 T4096 H16 HV32 (1024 CTAs against 512).
@@ -51,7 +52,10 @@ class ForwardPlan:
     ``p_table``: the intra kernel stores the gated scores P and the "ws" kernel reads them (its P warpgroup idles);
     ``DK``: the head dim K == V every kernel is built for (``HEAD_DIMS``); ``warm``: the "ws" form's CP segments
     start from warm-up chunks where the gates allow (``forward.cp_warm``), the scan and fix-up running only for
-    those that need an exact start state."""
+    those that need an exact start state; ``split_heads`` (with ``warm``): no scan and no fix-up; each (sequence,
+    value head) runs in one of two "ws" kernels launched side by side, decided on the GPU: the CP segments at
+    ``block_v`` where every segment start of the sequence takes a warm-up, else the whole sequence without CP at
+    ``SPLIT_EXACT_BV`` columns a CTA (``state_output_ws``'s ``split``)."""
     dtype: str
     precision: Precision
     state_form: str
@@ -62,6 +66,7 @@ class ForwardPlan:
     DK: int = KERNEL_HEAD_DIM
     p_table: bool = False
     warm: bool = False
+    split_heads: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -92,6 +97,8 @@ class ForwardPlan:
             raise ValueError(f"fp16 operands (Precision.half) are a form of the ws kernel: {self}")
         if self.warm and (self.state_form != "ws" or not 2 <= self.cp <= MAX_SEGMENTS):
             raise ValueError(f"warm-up starts are the ws form's, per CP segment (2 <= cp <= {MAX_SEGMENTS}): {self}")
+        if self.split_heads and not self.warm:
+            raise ValueError(f"split_heads chooses between warm-up CP segments and whole sequences (warm): {self}")
         if self.keep_tables and not keeps_tables(self.precision):
             raise ValueError(f"precision {self.precision.tag()} does not compute the backward's tables: {self}")
 
@@ -107,6 +114,11 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
     prec, rv, DK = plan.precision, plan.state_form == "rv", plan.DK
     past = prec.past_intra()                    # what the state and output kernels read of the precision
     scan = ()
+    if plan.split_heads:                        # the two ws kernels side by side: no scan, no fix-up
+        return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables, pt=plan.p_table),
+                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table, warm=True,
+                            split="warm"),
+                StateConfig(plan.dtype, SPLIT_EXACT_BV, past, form="ws", DK=DK, pt=plan.p_table, split="exact"))
     if plan.cp > 1:
         scan = (StateConfig(plan.dtype, min(SCAN_BV, DK), past.for_scan(), scan=True, form="rv", DK=DK,
                             warm=plan.warm),

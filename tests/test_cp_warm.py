@@ -95,3 +95,28 @@ def test_warm_cp_forward_matches_the_sequential_and_the_exact_cp(gate_scale, h0)
         # a few ulps, plus the exact CP path's own distance from the sequential one (heads that fall back)
         tol = 4 * torch.finfo(warm[i].dtype).eps * b.abs().max().item() + (c - b).abs().max().item()
         assert err <= tol, (name, err, tol)
+
+
+def test_split_heads_take_each_head_from_warm_segments_or_the_whole_sequence():
+    """``split_heads``: a (sequence, value head) whose every segment start takes a warm-up is the warm CP path's,
+    bitwise; any other the sequential path's, bitwise (``split_sequences``: the strong-decay head of the first
+    sequence; a sequence of one segment counts as warm: its one start is exact)."""
+    from kernels.forward.emulation import split_sequences
+    T, HV, cu = 1200, 2, [0, 1100, 1150, 1200]
+    q, k, v, g, beta = _inputs(T, 1, HV, [1.0, 0.01], seed=2)
+    init = torch.randn(3, HV, 128, 128)
+    kw = dict(initial_state=init, output_final_state=True, cu_seqlens=torch.tensor(cu))
+    seq = chunk_gated_delta_rule_at(q, k, v, g, beta, **kw)
+    warm = chunk_gated_delta_rule_at(q, k, v, g, beta, **kw, cp_segments_n=2, warm=True)
+    split = chunk_gated_delta_rule_at(q, k, v, g, beta, **kw, cp_segments_n=2, warm=True, split_heads=True)
+    _, _, F = intra_chunk(q[0], k[0], g[0].float(), beta[0], cu, 128 ** -0.5, False, torch.bfloat16,
+                          PRESETS["default"])
+    pick = split_sequences(F, cu, 2)
+    assert pick.tolist() == [[True, False], [True, True], [True, True]]
+    for n in range(3):
+        rows = slice(cu[n], cu[n + 1])
+        for h in range(HV):
+            o_ref, s_ref = warm if pick[n, h] else seq
+            assert torch.equal(split[0][0, rows, h], o_ref[0, rows, h]), (n, h)
+            assert torch.equal(split[1][n, h], s_ref[n, h]), (n, h)
+    assert not torch.equal(warm[1][0, 1], seq[1][0, 1])     # the slow head: its exact CP start is another sum

@@ -91,16 +91,18 @@ def _forward_form(**change):
     return lambda plan: dataclasses.replace(plan, **change) if isinstance(plan, ForwardPlan) else plan
 
 
-@pytest.mark.parametrize("form", ["half", "half128np", "noptab"])
+@pytest.mark.parametrize("form", ["half", "half128np", "noptab", "split2"])
 def test_forward_forms_launch_what_the_kernels_declare(form):
     from kernels.forward.precision import PRESETS
 
     ws = dict(state_form="ws", ctas_per_sm=1, cp=1, warm=False, p_table=True)
     change = {"half": dict(ws, block_v=64, precision=PRESETS["half"]),
               "half128np": dict(ws, block_v=128, precision=PRESETS["half"], p_table=False),
-              "noptab": dict(ws, block_v=64, precision=PRESETS["default"], p_table=False)}[form]
+              "noptab": dict(ws, block_v=64, precision=PRESETS["default"], p_table=False),
+              "split2": dict(ws, block_v=64, cp=2, warm=True, split_heads=True, precision=PRESETS["default"])}[form]
     launches = _run("many-heads", _forward_form(**change), grad=False)
-    assert len(launches) == 2 and launches[1].startswith("state_ws"), launches
+    states = 3 if form == "split2" else 2             # split_heads: the warm segments' and the whole sequences'
+    assert len(launches) == states and all(n.startswith("state_ws") for n in launches[1:]), launches
 
 
 def test_one_term_fp16_backward_launches_what_the_kernels_declare():

@@ -143,7 +143,8 @@ def test_forward_dispatch_picks_the_measured_forms():
 
 def test_a_plan_the_kernels_cannot_run_is_refused():
     """Two smem CTAs per SM need BV <= 32, the rv form BV 64 or 128, CP the rv or ws form (not with fp16 operands),
-    the ws form one CTA per SM, warm-up starts the ws form per CP segment: a plan outside that raises a ValueError
+    the ws form one CTA per SM, warm-up starts the ws form per CP segment, split heads warm-up starts: a plan outside
+    that raises a ValueError
     naming it, before any kernel is built."""
     import dataclasses
 
@@ -159,7 +160,8 @@ def test_a_plan_the_kernels_cannot_run_is_refused():
                               precision=PRESETS["half"]), "per sequence"),
                         (dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=1, warm=True), "warm-up starts"),
                         (dict(warm=True), "warm-up starts"),
-                        (dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=17, warm=True), "cp <= 16")):
+                        (dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=17, warm=True), "cp <= 16"),
+                        (dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=2, split_heads=True), "split_heads")):
         with pytest.raises(ValueError, match=needle):
             dataclasses.replace(p, **bad)
     assert dataclasses.replace(p, state_form="ws", block_v=32, ctas_per_sm=1, cp=2).cp == 2

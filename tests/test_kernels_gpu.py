@@ -1,7 +1,8 @@
 """GPU checks of our TileLang GDN forward that the verdict rows (``test_kernels_verdicts_gpu.py``) cannot express
 (marker ``gpu``): every state-kernel plan the dispatch can choose, forced where it would choose another, judged by
 ``parity.verdicts`` as its own backend; the forward keeping its intra tables changes no bit of o or the final
-state; the CP fix-up kernel is the fp64 walk of the segments' maps; o stays within 1.1x its rounding floor under slow
+state; the CP fix-up kernel is the fp64 walk of the segments' maps; split heads take each head from the warm-up CP
+or the whole-sequence kernel; o stays within 1.1x its rounding floor under slow
 and realistic decays; int32 cu_seqlens give bitwise the int64 result; output_final_state=False and bad inputs.
 
 Skips with the reason when there is no CUDA device, it is not sm_90 (Hopper), or tilelang is missing.
@@ -58,8 +59,10 @@ PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1, p_table=Fa
          "ws_cp3_warm": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=3, p_table=True, precision=SPLIT,
                              warm=True),
          "ws_cp16_warm_bv32_noptab": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=16, p_table=False,
-                                          precision=SPLIT, warm=True)}
-PLANS = {k: {"warm": False, **v} for k, v in PLANS.items()}
+                                          precision=SPLIT, warm=True),
+         "ws_split2": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=2, p_table=True, precision=SPLIT,
+                           warm=True, split_heads=True)}
+PLANS = {k: {"warm": False, "split_heads": False, **v} for k, v in PLANS.items()}
 
 
 def plan_skip_reason(change: dict, case: Case) -> str | None:
@@ -315,6 +318,40 @@ def test_fp16_operands_form_p_in_the_ws_kernel_as_the_intra_kernel_does(case):
     print(f"{case.id}: P in the ws kernel against P tables: o max |diff| / max {e_o:.2e}")
     assert e_o <= 2 ** -7, f"{case.id}: o max |diff| / max {e_o:.3e} > 2^-7 of the P-table form's"
     assert torch.equal(ht, ht2), f"{case.id}: final state differs: max |diff| / max {tt.max_rel(ht2, ht):.3e}"
+
+
+SPLIT_CASES = [Case(T=4096, H=2, HV=4, h0_dtype="fp32"),
+               Case(layout="varlen-boundary", T=577, H=2, HV=4, h0_dtype="fp32", state_v_first=True)]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=[c.id for c in SPLIT_CASES])
+def test_split_heads_run_each_head_as_warm_segments_or_the_whole_sequence(case):
+    """``ForwardPlan.split_heads`` (strong decay on the even value heads, slow on the odd ones): each (sequence,
+    value head) whose every segment start takes a warm-up (``split_sequences`` on the intra kernel's gate table) has
+    bitwise the o and final state of the warm-up CP plan, every other those of the ws plan without CP at BV 32."""
+    from kernels.forward.emulation import split_sequences
+    from kernels.forward.pipeline import chunk_gated_delta_rule as impl
+    from kernels.forward.pipeline import intra_chunk, plan_for, prepare
+
+    (q, k, v, g, beta), kw = tt.call_args(case, torch.device("cuda"))
+    g = torch.where(torch.arange(g.shape[-1], device=g.device) % 2 == 0, torch.full_like(g, -1.0), g * 1e-3)
+    args, kw = (q, k, v, g, beta), dict(kw, output_final_state=True)
+    x = prepare(*args, **kw)
+    base = dataclasses.replace(plan_for(x), state_form="ws", ctas_per_sm=1, p_table=True, precision=SPLIT)
+    split = dataclasses.replace(base, block_v=64, cp=2, warm=True, split_heads=True)
+    (o, ht), (ow, htw), (o1, ht1) = (impl(*args, **kw, plan=p) for p in (
+        split, dataclasses.replace(split, split_heads=False), dataclasses.replace(base, block_v=32, cp=1,
+                                                                                  warm=False)))
+    cu = x.cu.tolist()
+    pick = split_sequences(intra_chunk(x=x, plan=split).F.cpu(), cu, 2)
+    assert pick.any() and not pick.all(), pick
+    flat = (lambda t: t.reshape(-1, *t.shape[2:]))  # noqa: E731
+    for n in range(len(cu) - 1):
+        rows = slice(cu[n], cu[n + 1])
+        for h in range(x.HV):
+            o_ref, s_ref = (ow, htw) if pick[n, h] else (o1, ht1)
+            assert torch.equal(flat(o)[rows, h], flat(o_ref)[rows, h]), f"{case.id}: o of sequence {n}, head {h}"
+            assert torch.equal(ht[n, h], s_ref[n, h]), f"{case.id}: final state of sequence {n}, head {h}"
 
 
 def test_int32_cu_seqlens_give_the_int64_result():

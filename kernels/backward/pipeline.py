@@ -48,6 +48,7 @@ import torch
 
 from kernels.forward.pipeline import (ForwardInputs, IntraTables, fix_segment_starts, initial_states, no_states,
                                      prepare, segment_maps, segment_starts)
+from kernels.interface import side_stream as _side_stream
 from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, TORCH_DTYPE, cached, call_tables,
                                fp32_state, max_chunks, pad_rows, tma_ready, token_rows, unused)
 
@@ -577,17 +578,6 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
     return start[cp.first]
 
 
-_SIDE: dict = {}
-
-
-def _side_stream(dev):
-    """The side stream of ``dev`` for the forward recompute (one per device, created once); None off a GPU."""
-    if dev.type != "cuda":
-        return None
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    if idx not in _SIDE:
-        _SIDE[idx] = torch.cuda.Stream(device=idx)
-    return _SIDE[idx]
 
 
 def stage_times(events) -> dict:

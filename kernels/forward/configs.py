@@ -45,7 +45,8 @@ class StateConfig:
     stored as fp8 (``kernels.common.lo8``), the backward recompute's form; ``pt``: the "ws" form reading P from
     the intra kernel's tables instead of computing it; ``warm``: the "ws" form per CP segment and the CP scan with
     the warm-up starts of ``cp_warm``; ``tables``: the "ws" form storing the smem form's chunk tables instead of o,
-    with the smem form's arguments, the backward recompute's form, ``lo8`` allowed)."""
+    with the smem form's arguments, the backward recompute's form, ``lo8`` allowed); ``split``: "warm" / "exact",
+    the "ws" form's two kernels of ``ForwardPlan.split_heads`` (``state_output_ws``), "" none)."""
     dtype: str
     BV: int
     prec: object                   # precision.Precision (frozen, hashable)
@@ -59,6 +60,7 @@ class StateConfig:
     pt: bool = False
     warm: bool = False
     tables: bool = False
+    split: str = ""
 
     @property
     def name(self) -> str:
@@ -69,8 +71,9 @@ class StateConfig:
         pt = ",pt" if self.pt else ""
         warm = ",warm" if self.warm else ""
         tables = ",tables" if self.tables else ""
+        split = f",split={self.split}" if self.split else ""
         return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz}{lo8}{pt}"
-                f"{warm}{tables},{self.dtype}]")
+                f"{warm}{tables}{split},{self.dtype}]")
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,8 @@ def prim_func(cfg):
         from .intra_chunk import build_intra_chunk
         return build_intra_chunk(cfg.DK, cfg.dtype, cfg.merge, cfg.ag, cfg.th, cfg.pt)
     if isinstance(cfg, StateConfig):
+        if cfg.split and cfg.form != "ws":
+            raise ValueError(f"split (ForwardPlan.split_heads) is a form of the ws kernel: {cfg!r}")
         if cfg.tables and (cfg.form != "ws" or cfg.scan or cfg.pt or cfg.warm):
             raise ValueError(f"tables (the chunk tables instead of o) is a form of the ws kernel without P tables and "
                              f"warm-up starts: {cfg!r}")
@@ -132,7 +137,7 @@ def prim_func(cfg):
                                  f"kernel: {cfg!r}")
             from .state_output_ws import build_state_output_ws
             return build_state_output_ws(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.pt, cfg.warm, cfg.tables,
-                                         cfg.lo8)
+                                         cfg.lo8, cfg.split)
         if cfg.pt or cfg.warm:
             raise ValueError(f"P tables and warm-up starts are forms of the ws kernel alone: {cfg!r}")
         from .state_smem import build_state_smem

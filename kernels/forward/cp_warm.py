@@ -97,18 +97,20 @@ def _macros():
         reach(lv, 0, a, co[first], w, acc)
 
     @T.macro
-    def exact_after(F, co, first_at, j0, count, hv, res, acc, wl_s, ca_s):
+    def exact_after(F, co, first_at, j0, count, hv, res, acc, wl_s, ca_s, base=0):
         """``res[0]``: 1 + the largest ``i < count`` whose segment ``j0 + i`` (all of one sequence, none its first)
         needs its exact start state, 0 if none (``count`` <= MAX_SEGMENTS); local scratch ``acc`` fp32 [1], shared
         ``wl_s`` fp32 [MAX_SEGMENTS WARM_CHUNKS] and ``ca_s`` int32 [MAX_SEGMENTS]: every bound and every segment's
         first chunk loaded first, one a thread, so that the decisions read shared memory alone.  Every thread,
-        uniform."""
+        uniform.  ``base``: where the table starts in ``co`` (its entries and the segment ids in it relative to
+        that)."""
+        at = (lambda i: i) if isinstance(base, int) and base == 0 else (lambda i: base + i)  # noqa: E731
         for t in T.Parallel(MAX_SEGMENTS * WARM_CHUNKS):
-            wl_s[t] = F[hv, T.max(co[j0 + T.min(t // WARM_CHUNKS, T.max(count - 1, 0))] - t % WARM_CHUNKS - 1, 0),
-                        7, BT - 1]
+            wl_s[t] = F[hv, T.max(co[at(j0 + T.min(t // WARM_CHUNKS, T.max(count - 1, 0)))] - t % WARM_CHUNKS - 1,
+                                  0), 7, BT - 1]
         for t in T.Parallel(MAX_SEGMENTS):
-            ca_s[t] = co[j0 + T.min(t, T.max(count - 1, 0))]
-        b = co[co[first_at + j0]]              # the sequence's first chunk
+            ca_s[t] = co[at(j0 + T.min(t, T.max(count - 1, 0)))]
+        b = co[at(co[at(first_at + j0)])]      # the sequence's first chunk
         res[0] = 0
         for s in T.serial(MAX_SEGMENTS):
             if s < count:

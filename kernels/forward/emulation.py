@@ -144,7 +144,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
         plan = forward_plan(TL_DTYPE[q.dtype], N, HV, max_chunks(B, T, cu), DK=q.shape[-1])
     return chunk_gated_delta_rule_at(q, k, v, g, beta, scale, initial_state, output_final_state,
                                      use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, prec=plan.precision,
-                                     cp_segments_n=plan.cp, warm=plan.warm)
+                                     cp_segments_n=plan.cp, warm=plan.warm, split_heads=plan.split_heads)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -460,16 +460,52 @@ def warm_segment_states(k, v, Ah, Al, F, seg_cu, seg_co, seg_of, h0s, dt, prec):
     return Sch, Scl, Uh, Ul, Send
 
 
+def split_sequences(F: torch.Tensor, cu_seqlens: list[int], n_seg: int) -> torch.Tensor:
+    """bool [N, HV]: the (sequence, value head) pairs that ``ForwardPlan.split_heads`` runs as warm-up CP segments
+    (``n_seg`` a sequence, ``cp_segments``): every segment start of the sequence but its first takes a warm-up
+    (``cp_warm.warm_chunks_host`` on row 7 of the gate table ``F`` [HV, NC, 8, 64])."""
+    from .cp_warm import warm_chunks_host, warm_offsets
+    seg_cu, seg_co, seg_of = cp_segments(cu_seqlens, n_seg)
+    co = warm_offsets(seg_co, seg_of)
+    L = F[:, :, 7, -1]
+    out = torch.ones(len(cu_seqlens) - 1, F.shape[0], dtype=torch.bool)
+    for n in range(len(cu_seqlens) - 1):
+        for j in range(seg_of[n] + 1, seg_of[n + 1]):
+            out[n] &= warm_chunks_host(L, co, j) >= 0
+    return out
+
+
 def chunk_gated_delta_rule_at(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                               use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *,
-                              prec=None, cp_segments_n: int = 1, warm: bool = False):
+                              prec=None, cp_segments_n: int = 1, warm: bool = False, split_heads: bool = False):
     """The forward end to end at precision ``prec`` (a ``precision.Precision``; None: "default");
     ``cp_segments_n`` > 1: segment-parallel state passing with that many segments per sequence, ``warm``: with the
-    warm-up starts of ``cp_warm``.  Same signature and results as the kernels' pipeline."""
+    warm-up starts of ``cp_warm``; ``split_heads`` (with ``warm``): each (sequence, value head) from the warm-up CP
+    segments where every segment start of the sequence takes a warm-up (``split_sequences``), else from the
+    sequence without CP.  Same signature and results as the kernels' pipeline."""
     from kernels.interface import pad_rows
 
     from .precision import PRESETS
     prec = PRESETS["default"] if prec is None else prec
+    args = (q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
+            cu_seqlens)
+    if split_heads:
+        o1, S1 = chunk_gated_delta_rule_at(*args, prec=prec)
+        o2, S2 = chunk_gated_delta_rule_at(*args, prec=prec, cp_segments_n=cp_segments_n, warm=True)
+        B, T = q.shape[:2]
+        cu = [b * T for b in range(B + 1)] if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
+        g2 = g.reshape(B * T, -1)[:cu[-1]].to(torch.float32)
+        b2 = beta.reshape(B * T, -1)[:cu[-1]].to(torch.float32)
+        k2 = k.reshape(B * T, *k.shape[2:])[:cu[-1]]
+        F = intra_chunk(q.reshape(B * T, *q.shape[2:])[:cu[-1]], k2, g2, b2, cu, 1.0, use_qk_l2norm_in_kernel,
+                        q.dtype, prec)[2]
+        warm_n = split_sequences(F, cu, cp_segments_n).to(q.device)      # [N, HV]
+        lens = torch.tensor(cu[1:], device=q.device) - torch.tensor(cu[:-1], device=q.device)
+        tok = torch.repeat_interleave(torch.arange(len(cu) - 1, device=q.device), lens)
+        sel = torch.zeros(B * T, warm_n.shape[1], dtype=torch.bool, device=q.device)
+        sel[:cu[-1]] = warm_n[tok]
+        o = torch.where(sel.reshape(B, T, -1, 1), o2, o1)
+        return o, None if S1 is None else torch.where(warm_n[:, :, None, None], S2, S1)
     B, T, H, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     dt = q.dtype

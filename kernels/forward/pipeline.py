@@ -15,15 +15,15 @@ use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, *, plan=Non
   None.
 
 Bad input raises ``ValueError`` naming the problem.  Dense input is run as varlen (B sequences of length T).
-Stages: ``intra_chunk`` (parallel), ``state`` (sequential; or, with CP, ``state_segmented``: ``segment_starts``,
-the scan and the fp64 fix-up, then the state kernel per segment), ``output`` (parallel); or, for the plan form
-"ws", ``intra_chunk``, with CP ``segment_starts``, and ``state_output`` (the state and o in one kernel, no chunk
-tables); which kernels run is ``kernels.plan``'s ``ForwardPlan`` (``plan``: another plan value, e.g. a
-benchmark's alternative, or a function of the dispatched plan returning the plan to run).  ``keep_tables``: a
-dict that receives the intra kernel's Tinv and Ag tables for the backward (``Th``, ``Ah``, ``Al``, each [HV, NC,
-64, 64] in the input dtype) where the plan keeps them.  Every
-kernel is built for the call's head dim (K == V in {64, 128}; the plan's ``DK``): nothing is padded.  This module
-imports tilelang only when a kernel is needed.
+Stages: ``intra_chunk`` (parallel), ``state`` (sequential; or, with CP, ``state_segmented``: ``segment_starts``, the
+scan and the fp64 fix-up, then the state kernel per segment), ``output`` (parallel); or, for the plan form "ws",
+``intra_chunk``, with CP ``segment_starts``, and ``state_output`` (the state and o in one kernel, no chunk tables),
+or with ``split_heads`` ``state_output_split`` (two such kernels side by side); which kernels run is
+``kernels.plan``'s ``ForwardPlan`` (``plan``: another plan value, e.g. a benchmark's alternative, or a function of
+the dispatched plan returning the plan to run). ``keep_tables``: a dict that receives the intra kernel's Tinv and Ag
+tables for the backward (``Th``, ``Ah``, ``Al``, each [HV, NC, 64, 64] in the input dtype) where the plan keeps
+them. Every kernel is built for the call's head dim (K == V in {64, 128}; the plan's ``DK``): nothing is padded.
+This module imports tilelang only when a kernel is needed.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels.interface import (BT, TL_DTYPE, TORCH_DTYPE, cached, call_tables, check_inputs, fp32_state, host_list,
-                               max_chunks, pad_rows, require_sm90, tma_ready, token_count, token_rows, unused)
+                               max_chunks, pad_rows, require_sm90, side_stream, tma_ready, token_count, token_rows,
+                               unused)
 
 
 @dataclass
@@ -110,6 +111,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     tables = intra_chunk(x=x, plan=plan)
     if keep_tables is not None and plan.keep_tables:
         keep_tables.update(Th=tables.Th, Ah=tables.Ah, Al=tables.Al)
+    if plan.split_heads:
+        o, ht = state_output_split(x=x, plan=plan, tables=tables)
+        return finish(x=x, o=o, ht=ht)
     if plan.state_form == "ws":
         segments = segment_starts(x=x, plan=plan, tables=tables) if plan.cp > 1 else None
         o, ht = state_output(x=x, plan=plan, tables=tables, segments=segments)
@@ -229,6 +233,51 @@ def state_output(*, x: ForwardInputs, plan, tables: IntraTables, segments=None):
     get_kernel(plan.configs()[1])(q, k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, seg_cu, seg_co, h0s, o, hts, 1,
                                   int(x.store_ht), 1)
     return o, _last_segment_states(x, hts, seg_of)
+
+
+def state_output_split(*, x: ForwardInputs, plan, tables: IntraTables):
+    """``plan.split_heads``: the ws kernel per CP segment with warm-up starts on the main stream and the ws kernel
+    over whole sequences at ``SPLIT_EXACT_BV`` columns on the side stream beside it, each running the (sequence,
+    value head) pairs the GPU gives it (``state_output_ws``'s ``split``), both writing o and the final states; no
+    scan, no fix-up.  (o [Ttot, HV, D], the final states or None), as ``state_output``."""
+    from kernels.build import get_kernel
+    dev = x.q.device
+    o = torch.empty(x.n_tok, x.HV, x.D, device=dev, dtype=x.q.dtype)
+    Ph = tables.Ph if tables.Ph is not None else tables.Ah                # not read without P tables
+    Pl = tables.Pl if tables.Pl is not None else tables.Ah
+    seg_cu, warm_co, seq_co = _split_tables(x.B, x.T, x.cu_seqlens, x.cu_host, plan.cp, dev)
+    h0, ht = initial_states(x), _final_states(x)
+    flags = (int(x.h0 is not None), int(x.store_ht), int(x.v_first))
+    main, side = torch.cuda.current_stream(dev), side_stream(dev)
+    side.wait_stream(main)                      # the intra kernel's tables, o and ht allocated
+    get_kernel(plan.configs()[1])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, seg_cu, warm_co, h0, o, ht,
+                                  *flags)
+    with torch.cuda.stream(side):
+        get_kernel(plan.configs()[2])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, x.cu, seq_co, h0, o,
+                                      ht, *flags)
+    main.wait_stream(side)                      # (so every tensor the side stream read is freed after it)
+    return o, (ht if x.store_ht else None)
+
+
+_SPLIT_TABLES: dict = {}
+
+
+def _split_tables(B, T, cu_seqlens, cu_host, n_seg, dev):
+    """The tables of ``state_output_split`` (int32, device): the CP segments as sequences [Nseg + 1], the warm
+    kernel's ``chunk_offsets`` (``cp_warm``'s table, then each segment's sequence: [4 Nseg + 1]) and the whole
+    sequences' (the chunk offsets [N + 1], each sequence's first segment [N + 1], then the warm kernel's table).
+    Cached for dense input."""
+    def build():
+        from .cp_warm import warm_offsets
+        from .emulation import chunk_tables, cp_segments
+        host = cu_host
+        if host is None:
+            host = [b * T for b in range(B + 1)] if cu_seqlens is None else host_list(cu_seqlens)
+        seg_cu, seg_co, seg_of = cp_segments(host, n_seg)
+        warm = warm_offsets(seg_co, seg_of) + [n for n in range(len(host) - 1) for _ in range(seg_of[n], seg_of[n + 1])]
+        seq = list(chunk_tables(host)[1]) + list(seg_of) + warm
+        return tuple(torch.tensor(t, dtype=torch.int32).to(dev, non_blocking=True) for t in (seg_cu, warm, seq))
+    return build() if cu_seqlens is not None else cached(_SPLIT_TABLES, (B, T, n_seg, str(dev)), build)
 
 
 def segment_starts(*, x: ForwardInputs, plan, tables: IntraTables):

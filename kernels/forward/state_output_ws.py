@@ -40,10 +40,10 @@ from kernels.common.lo8 import LO8, lo8_code_of
 from kernels.common.prologue import (dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, split_products,
                                      store_state_kt)
 
-from .cp_warm import WARM_CHUNKS, macros
+from .cp_warm import MAX_SEGMENTS, WARM_CHUNKS, macros
 from .cumsum import LOG2E
 
-warm_chunks, _ = macros()
+warm_chunks, exact_after = macros()
 
 BT = 64
 THREADS = 512
@@ -51,7 +51,7 @@ WG = 128
 
 
 def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool = False, warm: bool = False,
-                          tables: bool = False, lo8: bool = False):
+                          tables: bool = False, lo8: bool = False, split: str = ""):
     """TileLang prim_func of ``gdn_state_output_ws``.
 
     Arguments:
@@ -70,6 +70,14 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
 
     ``tables``: ``gdn_state_tables_ws`` with ``gdn_state_smem``'s arguments (k, v, Ah, Al, F, cu_seqlens,
     chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, v_first) and its tables, Scl fp8 with ``lo8``.
+
+    ``split`` (``ForwardPlan.split_heads``): each (sequence, value head) runs in one of two kernels launched side by
+    side, chosen on the GPU by ``cp_warm``'s rule over the sequence's CP segments.  "warm" (with ``warm``): the
+    segments of the sequences whose every segment start takes a warm-up, ``chunk_offsets`` ``[4 N + 1]``
+    (``cp_warm``'s table, then each segment's sequence), h0 [N_seq, ..] and ht [N_seq, ..] the call's (in
+    ``v_first``), ht stored by a sequence's last segment; "exact": the whole sequence of the others, without CP,
+    ``chunk_offsets`` the call's ``[N + 1]``, then each sequence's first segment ``[N + 1]``, then the "warm"
+    kernel's table.  The CTAs of the other kind run no chunk.
     """
     assert DK in (64, 128) and DV == DK
     assert DV % BV == 0 and (BV in (16, 32, 64) or (BV == 128 and prec.half)), "BV 128: fp16 operands alone"
@@ -79,12 +87,16 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     assert not (warm and prec.half), "warm-up starts are CP segments' (fp16 operands' column scales: no CP)"
     assert not tables or not (pt or warm or prec.half), "tables: the recompute's form (P, warm-up, fp16 operands: o's)"
     assert not lo8 or (tables and prec.s == "split"), "lo8: S's lo table as fp8, a form of the split S tables"
+    assert split in ("", "warm", "exact") and (split != "warm" or warm) and (split != "exact" or not warm)
+    assert not split or not (tables or prec.half), "split: the o form of the split precision"
     NV = DV // BV
     ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits()
     p_sp = prec.p == "split"
     half = prec.half
     sl_need = ks_sp or s_sp
+    sw, sx = split == "warm", split == "exact"     # (build-time bools)
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
+    n_co = 4 * N + 1 if split == "warm" else dynamic_dims("NCO")[0] if split else 3 * N + 1 if warm else N + 1
 
     @T.macro
     def gated_scores(q_s, k_s, f_s, st, qk):
@@ -110,6 +122,23 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
         with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, n):
             h = hv // (HV // H)
             v0 = bv * BV
+            if sw or sx:   # whether this kernel runs the (sequence, value head): none of its segment starts exact
+                mix = T.alloc_local((1,), "int32")
+                macc = T.alloc_local((1,), f32)
+                wl_s = T.alloc_shared((MAX_SEGMENTS * WARM_CHUNKS,), f32)
+                ca_s = T.alloc_shared((MAX_SEGMENTS,), "int32")
+                if sw:
+                    s_first = chunk_offsets[N + 1 + n]
+                    exact_after(F, chunk_offsets, N + 1, s_first + 1, chunk_offsets[2 * N + 1 + n] - s_first, hv,
+                                mix, macc, wl_s, ca_s)
+                    runs = mix[0] == 0
+                    seq = chunk_offsets[3 * N + 1 + n]
+                    last = n == chunk_offsets[2 * N + 1 + n]
+                else:
+                    s_first = chunk_offsets[N + 1 + n]
+                    exact_after(F, chunk_offsets, chunk_offsets[2 * N + 1] + 1, s_first + 1,
+                                chunk_offsets[N + 2 + n] - s_first - 1, hv, mix, macc, wl_s, ca_s, base=2 * N + 2)
+                    runs = mix[0] != 0
             if warm:    # the segment from its warm-up chunks (ws of them; -1: from its exact start state)
                 ws = T.alloc_local((1,), "int32")
                 wacc = T.alloc_local((1,), f32)
@@ -119,9 +148,10 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 skip = T.max(ws[0], 0)
                 bos = sbos - skip * BT
                 c0 = sc0 - skip
-                nchunks = snchunks + skip
+                nchunks = T.if_then_else(runs, snchunks + skip, 0) if sw else snchunks + skip
             else:
-                bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
+                bos, eos, c0, snchunks = seq_span(cu_seqlens, chunk_offsets, n)
+                nchunks = T.if_then_else(runs, snchunks, 0) if sx else snchunks
 
             # the inputs, two stages
             if not tables:
@@ -179,7 +209,14 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 ks_f = T.alloc_fragment((BT, BV), f32)
                 # (at BV 128 U takes K S's registers: K S is dead once X is staged)
                 u_f = ks_f if BV == 128 else T.alloc_fragment((BT, BV), f32)
-                if warm:
+                if sw:
+                    # the sequence's first segment, or warm-up to its first chunk: the call's initial state of the
+                    # sequence; else zero (no segment start of the sequence is exact here)
+                    if c0 == chunk_offsets[chunk_offsets[N + 1 + n]] and use_h0 != 0:
+                        load_state_kt(h0, s_f, v_first, seq, hv, v0, BV, DK)
+                    else:
+                        T.clear(s_f)
+                elif warm:
                     # exact (ws 0 or -1): its start state; warm-up to the sequence's first chunk: the sequence's
                     # initial state (its first segment's); else zero
                     if ws[0] <= 0:
@@ -236,7 +273,14 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         if nchunks > 0:     # the last chunk's scales (its stage is not loaded again)
                             for i, j in T.Parallel(DK, BV):
                                 s_f[i, j] = s_f[i, j] / sc_s[(nchunks - 1) % 2, j]
-                    store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
+                    if sw:                  # the sequence's final state: its last segment's, if it runs here
+                        if runs and last:
+                            store_state_kt(s_f, ht, v_first, seq, hv, v0, BV, DK)
+                    elif sx:
+                        if runs:
+                            store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
+                    else:
+                        store_state_kt(s_f, ht, v_first, n, hv, v0, BV, DK)
             elif tx < 2 * WG:
                 if half:
                     # WG1: the value columns' running maxima and each chunk's scales, then (without ``pt``) P from
@@ -423,7 +467,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
         Ph: T.Tensor((HV, NCg, BT, BT), op),
         Pl: T.Tensor((HV, NCg, BT, BT), op),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
-        chunk_offsets: T.Tensor((3 * N + 1 if warm else N + 1,), "int32"),
+        chunk_offsets: T.Tensor((n_co,), "int32"),
         h0: T.Tensor((Nh, HV, DK, DV), f32),
         o: T.Tensor((Ttot, HV, DV), dtype),
         ht: T.Tensor((Nt, HV, DK, DV), f32),
