@@ -31,8 +31,8 @@ def forward_configs():
     compile when a benchmark asks for them), and the fused warp-specialised state-output kernel (the plan form
     "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables,
     per CP segment with warm-up starts (``ForwardPlan.warm``, with its scan and fix-up; and ``split_heads``' two
-    kernels), and with fp16 operands (the
-    A/B precision "half", at the ws head dims: BV 128, with and without P tables, and BV 64 / 32 with them).
+    kernels), and with fp16 operands (the A/B precision "half", at the ws head dims: BV 128, with and without P
+    tables, and BV 64 / 32 with them).
 
     All of that for each head dim K = V in ``HEAD_DIMS`` (128 first).  Everything else (T, B, N, H, HV, the GVA
     ratio, scale, h0 present or not, final state stored or not, the state layout, l2norm on/off, gate dtype, dense

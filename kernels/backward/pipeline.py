@@ -578,8 +578,6 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
     return start[cp.first]
 
 
-
-
 def stage_times(events) -> dict:
     """{stage: ms} from the ``events`` list of one call (synchronises)."""
     torch.cuda.synchronize()

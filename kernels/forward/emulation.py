@@ -487,25 +487,6 @@ def chunk_gated_delta_rule_at(q, k, v, g, beta, scale=None, initial_state=None, 
 
     from .precision import PRESETS
     prec = PRESETS["default"] if prec is None else prec
-    args = (q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
-            cu_seqlens)
-    if split_heads:
-        o1, S1 = chunk_gated_delta_rule_at(*args, prec=prec)
-        o2, S2 = chunk_gated_delta_rule_at(*args, prec=prec, cp_segments_n=cp_segments_n, warm=True)
-        B, T = q.shape[:2]
-        cu = [b * T for b in range(B + 1)] if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
-        g2 = g.reshape(B * T, -1)[:cu[-1]].to(torch.float32)
-        b2 = beta.reshape(B * T, -1)[:cu[-1]].to(torch.float32)
-        k2 = k.reshape(B * T, *k.shape[2:])[:cu[-1]]
-        F = intra_chunk(q.reshape(B * T, *q.shape[2:])[:cu[-1]], k2, g2, b2, cu, 1.0, use_qk_l2norm_in_kernel,
-                        q.dtype, prec)[2]
-        warm_n = split_sequences(F, cu, cp_segments_n).to(q.device)      # [N, HV]
-        lens = torch.tensor(cu[1:], device=q.device) - torch.tensor(cu[:-1], device=q.device)
-        tok = torch.repeat_interleave(torch.arange(len(cu) - 1, device=q.device), lens)
-        sel = torch.zeros(B * T, warm_n.shape[1], dtype=torch.bool, device=q.device)
-        sel[:cu[-1]] = warm_n[tok]
-        o = torch.where(sel.reshape(B, T, -1, 1), o2, o1)
-        return o, None if S1 is None else torch.where(warm_n[:, :, None, None], S2, S1)
     B, T, H, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     dt = q.dtype
@@ -517,6 +498,17 @@ def chunk_gated_delta_rule_at(q, k, v, g, beta, scale=None, initial_state=None, 
     g2 = g.reshape(B * T, HV)[:n].to(torch.float32)
     b2 = beta.reshape(B * T, HV)[:n].to(torch.float32)
     Ah, Al, F = intra_chunk(q2, k2, g2, b2, cu, scale, use_qk_l2norm_in_kernel, dt, prec)
+    if split_heads:
+        args = (q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
+                cu_seqlens)
+        o1, S1 = chunk_gated_delta_rule_at(*args, prec=prec)
+        o2, S2 = chunk_gated_delta_rule_at(*args, prec=prec, cp_segments_n=cp_segments_n, warm=True)
+        warm_n = split_sequences(F, cu, cp_segments_n).to(q.device)      # [N, HV]
+        lens = torch.tensor(cu[1:], device=q.device) - torch.tensor(cu[:-1], device=q.device)
+        sel = torch.zeros(B * T, HV, dtype=torch.bool, device=q.device)
+        sel[:n] = warm_n[torch.repeat_interleave(torch.arange(len(cu) - 1, device=q.device), lens)]
+        o = torch.where(sel.reshape(B, T, HV, 1), o2, o1)
+        return o, None if S1 is None else torch.where(warm_n[:, :, None, None], S2, S1)
     h0 = None
     if initial_state is not None:
         h0 = initial_state.to(torch.float32)

@@ -213,14 +213,18 @@ def state(*, x: ForwardInputs, plan, tables: IntraTables) -> ChunkStates:
     return ChunkStates(Sch, Scl, Uh, Ul, ht if x.store_ht else None)
 
 
+def _p_tables(tables: IntraTables):
+    """(Ph, Pl) as the ws kernel takes them: the intra kernel's P tables, or Ah where there are none (not read)."""
+    return (tables.Ph if tables.Ph is not None else tables.Ah), (tables.Pl if tables.Pl is not None else tables.Ah)
+
+
 def state_output(*, x: ForwardInputs, plan, tables: IntraTables, segments=None):
     """``gdn_state_output_ws`` (the "ws" form): (o [Ttot, HV, D] in the input dtype, the final states or None);
     no chunk tables.  ``segments``: ``segment_starts``' result, the kernel run per CP segment from its start
     state."""
     from kernels.build import get_kernel
     o = torch.empty(x.n_tok, x.HV, x.D, device=x.q.device, dtype=x.q.dtype)
-    Ph = tables.Ph if tables.Ph is not None else tables.Ah                # not read without P tables
-    Pl = tables.Pl if tables.Pl is not None else tables.Ah
+    Ph, Pl = _p_tables(tables)
     q = tables.qo if tables.qo is not None else x.q                       # fp16 copies with fp16 operands
     k = tables.ko if tables.ko is not None else x.k
     if segments is None:
@@ -243,8 +247,7 @@ def state_output_split(*, x: ForwardInputs, plan, tables: IntraTables):
     from kernels.build import get_kernel
     dev = x.q.device
     o = torch.empty(x.n_tok, x.HV, x.D, device=dev, dtype=x.q.dtype)
-    Ph = tables.Ph if tables.Ph is not None else tables.Ah                # not read without P tables
-    Pl = tables.Pl if tables.Pl is not None else tables.Ah
+    Ph, Pl = _p_tables(tables)
     seg_cu, warm_co, seq_co = _split_tables(x.B, x.T, x.cu_seqlens, x.cu_host, plan.cp, dev)
     h0, ht = initial_states(x), _final_states(x)
     flags = (int(x.h0 is not None), int(x.store_ht), int(x.v_first))
@@ -270,9 +273,7 @@ def _split_tables(B, T, cu_seqlens, cu_host, n_seg, dev):
     def build():
         from .cp_warm import warm_offsets
         from .emulation import chunk_tables, cp_segments
-        host = cu_host
-        if host is None:
-            host = [b * T for b in range(B + 1)] if cu_seqlens is None else host_list(cu_seqlens)
+        host = _host_bounds(B, T, cu_seqlens, cu_host)
         seg_cu, seg_co, seg_of = cp_segments(host, n_seg)
         warm = warm_offsets(seg_co, seg_of) + [n for n in range(len(host) - 1) for _ in range(seg_of[n], seg_of[n + 1])]
         seq = list(chunk_tables(host)[1]) + list(seg_of) + warm
@@ -361,6 +362,14 @@ def finish(*, x: ForwardInputs, o: torch.Tensor, ht):
     return pad_rows(o, x.B * x.T).reshape(x.B, x.T, x.HV, x.V), ht
 
 
+def _host_bounds(B, T, cu_seqlens, cu_host) -> list:
+    """The sequences' token bounds as a host list [N + 1]: ``cu_host``, else the dense layout's, else
+    ``cu_seqlens`` read back."""
+    if cu_host is not None:
+        return cu_host
+    return [b * T for b in range(B + 1)] if cu_seqlens is None else host_list(cu_seqlens)
+
+
 _SEG_TABLES: dict = {}
 
 
@@ -371,9 +380,7 @@ def _cp_tables(B, T, cu_seqlens, cu_host, n_seg, dev, warm=False):
     def build():
         from .cp_warm import warm_offsets
         from .emulation import cp_segments
-        host = cu_host
-        if host is None:
-            host = [b * T for b in range(B + 1)] if cu_seqlens is None else host_list(cu_seqlens)
+        host = _host_bounds(B, T, cu_seqlens, cu_host)
         seg_cu, seg_co, seg_of = cp_segments(host, n_seg)
         tables = (seg_cu, seg_co, seg_of) + ((warm_offsets(seg_co, seg_of),) if warm else ())
         out = tuple(torch.tensor(t, dtype=torch.int32).to(dev, non_blocking=True) for t in tables)
