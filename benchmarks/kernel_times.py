@@ -1,0 +1,136 @@
+"""GPU time per kernel of one forward (+ backward) call, for ours, FlashQLA and FLA's Triton path side by side.
+
+    python3 benchmarks/kernel_times.py [--shape B1_T32768_H16_HV32] [--impls ours,FlashQLA,FLA] [--fwd-only]
+        [--calls 5] [--gates logsigmoid|qwen]
+
+Inputs as ``benchmarks/bench_kernels_bwd.py``'s (bf16, fp32 gates, final state stored, ``do`` and ``dht`` random).
+Each implementation runs twice outside the profile (compilation, autotuning), then ``--calls`` calls under
+``torch.profiler``; every CUDA kernel's time is summed per kernel name (template arguments dropped) and divided by
+the calls.  Prints one table per implementation (ms a call, launches a call, share of the kernels' sum) and a last
+line of the sums.  The backward runs on the calling thread (``set_multithreading_enabled(False)``), as in
+``profile_kernels.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import sys
+from collections import defaultdict
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks.bench_kernels_bwd import SHAPES, backward_context, make  # noqa: E402
+from benchmarks.inputs import GATES  # noqa: E402
+
+IMPLS = ("ours", "FlashQLA", "FLA")
+
+
+def kernel_name(raw: str) -> str:
+    """``raw`` (a profiler event name) without template arguments, argument lists and a ``void`` prefix."""
+    name = re.sub(r"^void\s+", "", raw)
+    depth, out = 0, []
+    for ch in name:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out).strip() or raw
+
+
+def implementation(name: str):
+    """(fn, context factory, None) of implementation ``name``, or (None, None, why it cannot run)."""
+    if name == "ours":
+        from kernels.autograd import apply
+        return (lambda *a, **k: apply(*a, **k, impl="tilelang")), contextlib.nullcontext, None
+    from benchmarks.bench_kernels_fwd import fla_triton, flash_qla
+    fn, why = flash_qla() if name == "FlashQLA" else fla_triton()
+    return fn, (lambda: backward_context(name)), why
+
+
+def per_kernel(fn, ctx, leaves, kw, do, dht, fwd_only: bool, calls: int) -> dict:
+    """{kernel name: (ms a call, launches a call)} of ``calls`` calls of ``fn`` under the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def call():
+        for x in leaves:
+            x.grad = None
+        with ctx():
+            o, ht = fn(*leaves, **kw)
+            if not fwd_only:
+                with torch.autograd.set_multithreading_enabled(False):
+                    torch.autograd.backward((o, ht), (do, dht))
+
+    for _ in range(2):
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    us, n = defaultdict(float), defaultdict(int)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
+            k = kernel_name(e.name)
+            us[k] += e.device_time
+            n[k] += 1
+    return {k: (us[k] / 1000 / calls, n[k] / calls) for k in us}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="B1_T32768_H16_HV32", choices=list(SHAPES))
+    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--fwd-only", action="store_true")
+    ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--gates", default="logsigmoid", choices=GATES)
+    ap.add_argument("--rows", type=int, default=25, help="kernels shown per implementation (the rest summed)")
+    args = ap.parse_args(argv)
+    impls = [x for x in args.impls.split(",") if x]
+    for x in impls:
+        if x not in IMPLS:
+            ap.error(f"--impls takes {', '.join(IMPLS)}; got {x!r}")
+    if not torch.cuda.is_available():
+        print("no CUDA device: this script times GPU kernels")
+        return 2
+    B, T, H, HV, lens = SHAPES[args.shape]
+    a, kw, do, dht = make(B, T, H, HV, lens, torch.device("cuda"), gates=args.gates)
+    what = "forward" if args.fwd_only else "forward + backward"
+    print(f"{what}, {args.shape}, {args.gates} gates, {torch.cuda.get_device_name()}, mean of {args.calls} calls")
+    sums = {}
+    for name in impls:
+        fn, ctx, why = implementation(name)
+        if fn is None:
+            print(f"\n{name}: skipped ({why})")
+            continue
+        leaves = [x.detach().requires_grad_() for x in a]
+        try:
+            rows = per_kernel(fn, ctx, leaves, kw, do, dht, args.fwd_only, args.calls)
+        except Exception as e:  # noqa: BLE001 - one implementation failing leaves the others' tables
+            print(f"\n{name}: failed: {type(e).__name__}: {e}")
+            continue
+        total = sum(ms for ms, _ in rows.values())
+        sums[name] = total
+        print(f"\n{name}: kernels' sum {total:.3f} ms a call")
+        print(f"  {'ms':>7}  {'share':>6}  {'launches':>8}  kernel")
+        order = sorted(rows.items(), key=lambda kv: -kv[1][0])
+        for k, (ms, cnt) in order[:args.rows]:
+            print(f"  {ms:7.3f}  {100 * ms / total:5.1f}%  {cnt:8.1f}  {k[:100]}")
+        rest = order[args.rows:]
+        if rest:
+            ms = sum(v[0] for _, v in rest)
+            print(f"  {ms:7.3f}  {100 * ms / total:5.1f}%  {sum(v[1] for _, v in rest):8.1f}  ({len(rest)} others)")
+    print("\nsums, ms a call: " + ", ".join(f"{k} {v:.3f}" for k, v in sums.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
