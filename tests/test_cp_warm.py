@@ -51,18 +51,21 @@ def test_row7_bounds_the_norm_of_each_chunks_transition():
 def test_the_rule_picks_warm_up_reach_start_or_exact():
     """``warm_chunks_host``: 0 for a sequence's first segment, the fewest chunks whose L sum to at most
     ``WARM_LOG2``, the chunks back to the sequence's first one, else -1; ``warm_offsets``' layout."""
-    seg_co, seg_of = [0, 2, 8, 14, 20, 23], [0, 3, 5]      # two sequences: chunks [0, 14) and [14, 23)
+    W = cp_warm.WARM_CHUNKS
+    s2, e0 = W + 4, 2 * W + 8                       # segment 2's start, more than W chunks past its sequence's start
+    s4 = e0 + W + 2
+    seg_co, seg_of = [0, 2, s2, e0, s4, s4 + 3], [0, 3, 5]     # two sequences: chunks [0, e0) and [e0, s4 + 3)
     co = cp_warm.warm_offsets(seg_co, seg_of)
     assert co == seg_co + [0, 0, 0, 3, 3] + [2, 2, 2, 4, 4]
-    L = torch.zeros(3, 23)
+    L = torch.zeros(3, s4 + 3)
     L[0] = -50.0                                    # one chunk suffices
     L[1] = -15.0                                    # three (-45 <= -40)
     L[2] = -1.0                                     # never: exact, or back to the sequence start
-    L[1, 5] = 30.0                                  # an expanding chunk: segment 2 of head 1 needs -15 -15 +30 -15
+    L[1, s2 - 3] = 30.0                             # an expanding chunk: segment 2 of head 1 needs six (-15 -15 +30 ...)
     got = [cp_warm.warm_chunks_host(L, co, j).tolist() for j in range(5)]
     assert got[0] == [0, 0, 0] and got[3] == [0, 0, 0]           # first segments
     assert got[1] == [1, 2, 2]                                    # 2 chunks back reach the sequence start (chunk 0)
-    assert got[2] == [1, -1, -1]
+    assert got[2] == [1, 6 if W >= 6 else -1, -1]
     assert got[4] == [1, 3, -1]
 
 
@@ -72,7 +75,7 @@ def test_warm_cp_forward_matches_the_sequential_and_the_exact_cp(gate_scale, h0)
     """The emulated forward with warm-up starts against the sequential one and the exact CP path: within a few
     ulps of o and the final state (plus the exact CP path's own distance, for heads that fall back) where warm-up
     starts apply (the dropped part is below 2^-40), bitwise the exact CP path's where every segment falls back."""
-    T, HV = 1200, 2
+    T, HV = 4 * (cp_warm.WARM_CHUNKS + 2) * BT + 48, 2      # segments longer than the most warm-up chunks
     q, k, v, g, beta = _inputs(T, 1, HV, gate_scale, seed=1)
     init = torch.randn(1, HV, 128, 128) if h0 else None
     kw = dict(initial_state=init, output_final_state=True)
@@ -102,7 +105,8 @@ def test_split_heads_take_each_head_from_warm_segments_or_the_whole_sequence():
     bitwise; any other the sequential path's, bitwise (``split_sequences``: the strong-decay head of the first
     sequence; a sequence of one segment counts as warm: its one start is exact)."""
     from kernels.forward.emulation import split_sequences
-    T, HV, cu = 1200, 2, [0, 1100, 1150, 1200]
+    L0 = 2 * (cp_warm.WARM_CHUNKS + 2) * BT + 76               # two segments, each longer than the most warm-up
+    T, HV, cu = L0 + 100, 2, [0, L0, L0 + 50, L0 + 100]
     q, k, v, g, beta = _inputs(T, 1, HV, [1.0, 0.01], seed=2)
     init = torch.randn(3, HV, 128, 128)
     kw = dict(initial_state=init, output_final_state=True, cu_seqlens=torch.tensor(cu))

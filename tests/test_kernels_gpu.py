@@ -321,7 +321,7 @@ def test_fp16_operands_form_p_in_the_ws_kernel_as_the_intra_kernel_does(case):
 
 
 SPLIT_CASES = [Case(T=4096, H=2, HV=4, h0_dtype="fp32"),
-               Case(layout="varlen-ragged", T=8192, H=2, HV=4, h0_dtype="fp32", state_v_first=True)]
+               Case(layout="varlen-ragged", T=32768, H=2, HV=4, h0_dtype="fp32", state_v_first=True)]
 
 
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=[c.id for c in SPLIT_CASES])

@@ -19,7 +19,7 @@ exact scan and fp64 fix-up, which then run only for the segments before the last
 import torch
 
 BT = 64
-WARM_CHUNKS = 4           # warm-up chunks of a segment at the most
+WARM_CHUNKS = 16          # warm-up chunks of a segment at the most
 WARM_LOG2 = -40.0         # log2 of the largest norm factor a warm-up start may drop
 MAX_SEGMENTS = 16         # CP segments of a sequence at the most with warm-up starts (``ForwardPlan.cp``)
 
