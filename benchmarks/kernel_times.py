@@ -7,8 +7,7 @@ Inputs as ``benchmarks/bench_kernels_bwd.py``'s (bf16, fp32 gates, final state s
 Each implementation runs twice outside the profile (compilation, autotuning), then ``--calls`` calls under
 ``torch.profiler``; every CUDA kernel's time is summed per kernel name (template arguments dropped) and divided by
 the calls.  Prints one table per implementation (ms a call, launches a call, share of the kernels' sum) and a last
-line of the sums.  The backward runs on the calling thread (``set_multithreading_enabled(False)``), as in
-``profile_kernels.py``.
+line of the sums.  Each call is ``profile_kernels.one_call`` (the backward on the calling thread).
 """
 
 from __future__ import annotations
@@ -60,14 +59,13 @@ def per_kernel(fn, ctx, leaves, kw, do, dht, fwd_only: bool, calls: int) -> dict
     """{kernel name: (ms a call, launches a call)} of ``calls`` calls of ``fn`` under the profiler."""
     from torch.profiler import ProfilerActivity, profile
 
+    from benchmarks.profile_kernels import one_call
+
     def call():
         for x in leaves:
             x.grad = None
         with ctx():
-            o, ht = fn(*leaves, **kw)
-            if not fwd_only:
-                with torch.autograd.set_multithreading_enabled(False):
-                    torch.autograd.backward((o, ht), (do, dht))
+            one_call(fn, leaves, kw, do, dht, fwd_only)
 
     for _ in range(2):
         call()

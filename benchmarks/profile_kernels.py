@@ -79,7 +79,7 @@ def _profile(args) -> int:
 
     def call():
         with ctx():
-            return _call(fn, leaves, kw, do, dht, args.fwd_only)
+            return one_call(fn, leaves, kw, do, dht, args.fwd_only)
 
     call()                                  # compile and warm up, outside the range
     if dev.type == "cuda":
@@ -100,8 +100,8 @@ def _profile(args) -> int:
     return 0 if bad == 0 else 1
 
 
-def _call(fn, leaves, kw, do, dht, fwd_only: bool):
-    """One forward (+ backward) of ``fn`` on ``leaves``; returns o."""
+def one_call(fn, leaves, kw, do, dht, fwd_only: bool):
+    """One forward (+ backward, on the calling thread) of ``fn`` on ``leaves``; returns o."""
     o, ht = fn(*leaves, **kw)
     if not fwd_only:
         # autograd runs a CUDA backward on its own device thread, outside this thread's NVTX range (ncu then
