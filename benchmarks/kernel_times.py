@@ -5,9 +5,10 @@
 
 Inputs as ``benchmarks/bench_kernels_bwd.py``'s (bf16, fp32 gates, final state stored, ``do`` and ``dht`` random).
 Each implementation runs twice outside the profile (compilation, autotuning), then ``--calls`` calls under
-``torch.profiler``; every CUDA kernel's time is summed per kernel name (template arguments dropped) and divided by
-the calls.  Prints one table per implementation (ms a call, launches a call, share of the kernels' sum) and a last
-line of the sums.  Each call is ``profile_kernels.one_call`` (the backward on the calling thread).
+``torch.profiler``; the time of every event on the GPU (kernels, and copies or fills) is summed per name (template
+arguments dropped) and divided by the calls.  Prints one table per implementation (ms a call, launches a call,
+share of the sum) and a last line of the sums.  Each call is ``profile_kernels.one_call`` (the backward on the
+calling thread).
 """
 
 from __future__ import annotations
