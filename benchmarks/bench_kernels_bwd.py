@@ -111,6 +111,9 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
                                   s_single=True, lo8=False, dh_ws_bv=32)),
       "ours-dh-regs": ("backward", dict(dh_ws_bv=0)),  # dh's register kernel (value-first, 64 value columns a CTA)
       "ours-dh-ws32": ("backward", dict(dh_ws_bv=32)),  # dh warp-specialised, key-first, 32 value columns a CTA
+      # the segmented reverse pass in one launch, each segment from its warm-up chunks (gdn_bwd_dh_warm), not
+      # three passes and the end-gradient scan
+      "ours-dh-warm": ("backward", dict(dh_warm=True)),
       "ours-m1": ("merges", "bf16"),   # the forward's block merges one term, and prep's where it computes Tinv
       "ours-msplit": ("merges", "split"),   # the same with split (3-term wgmma) merges instead of fp32 ones
       }

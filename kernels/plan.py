@@ -257,7 +257,9 @@ class BackwardPlan:
     warp-specialised dh and no fp8 lo tables), kept in range by powers of two: v, dO per GVA group
     (``gdn_bwd_convert``, ``backward.scales``) and dh's F1 dO, F0 dX per chunk; ``io_dtype``: the caller's dtype
     where the kernels' (``dtype``) is another (with ``one_term``: q, k, v, dO converted by ``gdn_bwd_convert``, dv,
-    dq, dk stored in it)."""
+    dq, dk stored in it); ``dh_warm`` (read with ``dh_segments``): the segmented pass in one launch, each segment
+    from its warm-up chunks after its end or from its sequence's end (``gdn_bwd_dh_warm``), instead of three passes
+    and the end-gradient scan."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -280,6 +282,7 @@ class BackwardPlan:
     dqk_exp_mask: bool = False
     one_term: bool = False
     io_dtype: str = ""
+    dh_warm: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -309,6 +312,9 @@ class BackwardPlan:
             raise ValueError(f"io_dtype: the caller's dtype where the one-term kernels' is another; got {self}")
         if self.lo8 and (self.dh_single or self.s_single):
             raise ValueError("lo8 (fp8 lo tables) is a form of the split dh and S tables (dh_single, s_single False)")
+        if self.segmented_warm and self.dh_ws_bv:
+            raise ValueError(f"dh_warm: the segmented pass of the register dh (dh_ws_bv 0; dh_warm False runs the "
+                             f"three passes); got {self}")
 
     def recompute_configs(self) -> tuple:
         """(intra, state[, scan, fix-up]) of the forward recompute at precision "recompute" (S and U hi + lo,
@@ -332,7 +338,13 @@ class BackwardPlan:
     def dh_config(self, saved: bool) -> BwdConfig:
         """dh's form; ``saved``: prep took Tinv from the forward (its hi term alone)."""
         return BwdConfig("dh", self.dtype, self.DK, single=self.dh_single, tinv_hi=saved and not self.dh_single,
-                         lo8=self.lo8, ws_bv=self.dh_ws_bv, one=self.one_term, io=self.io_dtype)
+                         lo8=self.lo8, ws_bv=self.dh_ws_bv, one=self.one_term, io=self.io_dtype,
+                         warm=self.segmented_warm)
+
+    @property
+    def segmented_warm(self) -> bool:
+        """Whether dh runs as the warm segmented pass (``dh_warm`` with ``dh_segments``)."""
+        return self.dh_warm and self.dh_segments is not None
 
     def dqk_config(self) -> BwdConfig:
         return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK,
@@ -364,7 +376,8 @@ class BackwardPlan:
                 self.dgdb_config()]
         out += [c for c in (self.group_sum_config(True), self.group_sum_config(False), self.convert_config(),
                             self.amax_config()) if c is not None]
-        if self.dh_segments is not None and FixupConfig(self.DK) not in out:   # the segmented pass's end walk
+        if (self.dh_segments is not None and not self.segmented_warm
+                and FixupConfig(self.DK) not in out):                           # the segmented pass's end walk
             out.append(FixupConfig(self.DK))
         return tuple(out)
 

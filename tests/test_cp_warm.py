@@ -69,6 +69,25 @@ def test_the_rule_picks_warm_up_reach_start_or_exact():
     assert got[4] == [1, 3, -1]
 
 
+def test_the_reverse_rule_picks_warm_up_or_the_sequence_end():
+    """``warm_back_host`` (the reverse pass's rule): 0 for a sequence's last segment, the fewest chunks after a
+    segment's end whose L sum to at most ``WARM_LOG2``, the chunks on to the sequence's last one where those are
+    fewer, else (no ``WARM_CHUNKS`` chunks bring the bound down) every chunk to the sequence's end."""
+    W = cp_warm.WARM_CHUNKS
+    e1, e2 = 2 * W + 8, 3 * W + 20                  # sequence 0: segments [0, 4), [4, e1), [e1, e2); sequence 1 after
+    offs, last = [0, 4, e1, e2, e2 + 5, e2 + 9], [2, 2, 2, 4, 4]
+    L = torch.zeros(3, e2 + 9)
+    L[0] = -50.0                                    # one chunk suffices
+    L[1] = -15.0                                    # three (-45 <= -40)
+    L[2] = -1.0                                     # never within W: on to the sequence's end
+    L[1, e1 + 1] = 30.0                             # an expanding chunk: segment 1 of head 1 needs six
+    got = [cp_warm.warm_back_host(L, offs, last, j).tolist() for j in range(5)]
+    assert got[2] == [0, 0, 0] and got[4] == [0, 0, 0]           # last segments
+    assert got[0] == [1, 3, e2 - 4]
+    assert got[1] == [1, 6 if W >= 6 else e2 - e1, e2 - e1]
+    assert got[3] == [1, 3, 4]                                    # 4 chunks on reach the sequence's last chunk
+
+
 @pytest.mark.parametrize("gate_scale,h0", [(1.0, True), (0.25, False), ([1.0, 0.01], True), (0.01, True)],
                          ids=["strong", "medium", "mixed-heads", "slow"])
 def test_warm_cp_forward_matches_the_sequential_and_the_exact_cp(gate_scale, h0):

@@ -503,17 +503,29 @@ def _fake_kernels(monkeypatch, asked=None):
 
     def bwd_kernel(cfg):
         if cfg.kind == "prep":
-            def prep(q, k, do, g, b, cu, ci, Th, Tl, Agh, Agl, Fb, dUl, scale, use_l2):
+            def prep(q, k, do, g, b, cu, ci, Th, Tl, Agh, Agl, Fb, dUl, Lb, scale, use_l2):
                 th, tl, fb, dul = E.prep(q, k, do, g, b, cu_list(cu), scale, bool(use_l2), q.dtype, cfg.merge)
                 put(Fb, fb), put(dUl, dul.transpose(-1, -2))
-                if cfg.saved:       # the forward's Tinv and Ag are given: the kernel writes neither
+                if cfg.saved:       # the forward's Tinv and Ag are given: the kernel writes none of them, nor Lb
                     return
-                put(Th, th), put(Tl, tl)
+                put(Th, th), put(Tl, tl), put(Lb, E.chunk_bounds(q, k, g, b, cu_list(cu), bool(use_l2)))
                 # Ag: the kernel's operations are intra2's (ag "split"), so its emulation stands in
                 ah, al, _ = FE.intra_chunk(q, k, g, b, cu_list(cu), scale, bool(use_l2), q.dtype,
                                            E.fwd_precision(merge=cfg.merge))
                 put(Agh, ah), put(Agl, al)
             return prep
+        if cfg.kind == "dh" and cfg.warm:
+            def dh_warm(q, k, do, Th, Tl, Fb, dUl, cu, co, dht, dSh, dSl, dYh, dYl, dv, dh0, Lb, use_dht, store_dh0,
+                        vf):
+                d = (dht.transpose(-1, -2) if vf else dht) if use_dht else None
+                a, b_, c, e, dvv, h0g = E.dh_warm(q, k, do, Th.to(f64), Tl.to(f64), Fb.to(f64),
+                                                  dUl.to(f64).transpose(-1, -2), cu_list(cu), cu_list(co), Lb, d,
+                                                  q.dtype)
+                put(dSh, a.transpose(-1, -2)), put(dSl, E.lo8_encode(a, b_, q.dtype).transpose(-1, -2))
+                put(dYh, c.transpose(-1, -2)), put(dYl, e.transpose(-1, -2)), put(dv, dvv)
+                if store_dh0:
+                    put(dh0, h0g.transpose(-1, -2) if vf else h0g)
+            return dh_warm
         if cfg.kind == "dh":
             def dh(q, k, do, Th, Tl, Fb, dUl, cu, co, dht, dSh, dSl, dYh, dYl, dv, dh0, use_dht, store_dh0, vf,
                    factors=None):
@@ -901,12 +913,13 @@ _SEGMENTED = [     # slow decay / no decay: the state gradient crosses every seg
 @pytest.mark.parametrize("ws", [0, 32], ids=["dh", "dh_ws32"])
 @pytest.mark.parametrize("case", _SEGMENTED, ids=[c.id for c in _SEGMENTED])
 def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, case, ws):
-    """The few-heads form of the reverse pass (``dh_segmented``: the dh kernel over segments, three passes and an
-    fp64 scan), forced on small inputs with the emulation's stage functions standing in for the kernels, gives the
-    emulation's gradients (the sequential reverse pass), dh0 included, with dh's register or warp-specialised
-    kernel (``ws``: its extra ``factors`` argument in every pass).  The segmented pass runs dh with every
-    operand split, so the sequential one it is compared with does too (``dh_single=False``); its transfer maps
-    from pass B and the recompute in one pass, as the emulation's (``shared_scan`` off, ``recompute_cp`` 1)."""
+    """The few-heads form of the reverse pass in three passes (``dh_segmented``: the dh kernel over segments, three
+    passes and an fp64 scan; ``dh_warm`` off), forced on small inputs with the emulation's stage functions standing
+    in for the kernels, gives the emulation's gradients (the sequential reverse pass), dh0 included, with dh's
+    register or warp-specialised kernel (``ws``: its extra ``factors`` argument in every pass). The segmented pass
+    runs dh with every operand split, so the sequential one it is compared with does too (``dh_single=False``); its
+    transfer maps from pass B and the recompute in one pass, as the emulation's (``shared_scan`` off,
+    ``recompute_cp`` 1)."""
     import dataclasses
 
     from kernels.backward import dh_segmented as dh_cp
@@ -923,39 +936,51 @@ def test_segment_parallel_reverse_pass_plumbing_on_cpu(monkeypatch, case, ws):
     monkeypatch.setattr(dh_cp, "end_gradients", lambda *a: seen.append(a[0].cu.numel() - 1) or real(*a))
     xs, kw, do, dht = tt.bwd_args(case)
     plan = bapi.plan_for(bapi.prepare_backward(*xs, do, dht, **kw))
-    got = api_bwd(*xs, do, dht, **kw, plan=dataclasses.replace(plan, shared_scan=False, recompute_cp=1, dh_ws_bv=ws))
+    got = api_bwd(*xs, do, dht, **kw, plan=dataclasses.replace(plan, shared_scan=False, recompute_cp=1, dh_ws_bv=ws,
+                                                               dh_warm=False))
     assert seen and seen[0] >= 4, seen                   # the segmented form ran, with several segments
     assert all(not c.single for c in asked if getattr(c, "kind", None) == "dh"), asked
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False)
     tt.assert_segmented_matches_sequential(got, want, xs[0].dtype, NAMES)
 
 
-@pytest.mark.parametrize("case", _SEGMENTED, ids=[c.id for c in _SEGMENTED])
-def test_shared_scan_plumbing_on_cpu(monkeypatch, case):
-    """``BackwardPlan.shared_scan``, dispatched with the segmented reverse pass (forced on small inputs, stand-in
-    kernels): the forward CP scan over dh's segments gives dh's transfer maps -- within 1e-5 of pass B's on every
-    segment the end-gradient scan reads, pass A's start gradients bitwise -- so dh runs twice (passes A and C)
-    instead of three times, the scan once; and the recompute runs per dh segment from the fix-up of the same maps:
-    every gradient no farther from fp64 than the sequential emulation's plus a tenth of the input dtype's rounding
-    floor."""
-    import dataclasses
-
+def _segmented_stand_ins(monkeypatch, asked: list, kinds: bool = False) -> list:
+    """The stand-in kernels (``_fake_kernels``, their configurations appended to ``asked``) with the segmented
+    reverse pass forced on; returns the list that every launch appends its configuration to (its kind, or its
+    class name, with ``kinds``)."""
     import kernels.build as build
-    import kernels.forward.configs as fbuild
     from kernels.backward import dh_segmented as dh_cp
-    from kernels.backward import pipeline as bapi
 
-    asked = []
     _fake_kernels(monkeypatch, asked)
     launches = []
     fake = build.get_kernel
 
     def counting(cfg):
         k = fake(cfg)
-        return lambda *a: launches.append(getattr(cfg, "kind", type(cfg).__name__)) or k(*a)
+        tag = getattr(cfg, "kind", type(cfg).__name__) if kinds else cfg
+        return lambda *a: launches.append(tag) or k(*a)
     monkeypatch.setattr(build, "get_kernel", counting)
     monkeypatch.setattr(dh_cp, "MIN_CHUNKS", 1)
     monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 1)
+    return launches
+
+
+@pytest.mark.parametrize("case", _SEGMENTED, ids=[c.id for c in _SEGMENTED])
+def test_shared_scan_plumbing_on_cpu(monkeypatch, case):
+    """``BackwardPlan.shared_scan``, dispatched with the segmented reverse pass (forced on small inputs, stand-in
+    kernels), with the pass in three passes (``dh_warm`` off): the forward CP scan over dh's segments gives dh's
+    transfer maps -- within 1e-5 of pass B's on every segment the end-gradient scan reads, pass A's start gradients
+    bitwise -- so dh runs twice (passes A and C) instead of three times, the scan once; and the recompute runs per
+    dh segment from the fix-up of the same maps: every gradient no farther from fp64 than the sequential emulation's
+    plus a tenth of the input dtype's rounding floor."""
+    import dataclasses
+
+    import kernels.forward.configs as fbuild
+    from kernels.backward import dh_segmented as dh_cp
+    from kernels.backward import pipeline as bapi
+
+    asked = []
+    launches = _segmented_stand_ins(monkeypatch, asked, kinds=True)
     monkeypatch.setattr(bapi, "_sm_count", lambda dev: 256)
     seen = []
     real = dh_cp.end_gradients
@@ -963,6 +988,7 @@ def test_shared_scan_plumbing_on_cpu(monkeypatch, case):
     xs, kw, do, dht = tt.bwd_args(case)
     plan = bapi.plan_for(bapi.prepare_backward(*xs, do, dht, **kw))
     assert plan.shared_scan and plan.dh_segments is not None and plan.recompute_block_v == 64
+    plan = dataclasses.replace(plan, dh_warm=False)          # the three passes, whose pass B the maps replace
     got = bapi.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
     shared, launches[:] = list(launches), []
     bapi.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=dataclasses.replace(plan, shared_scan=False))
@@ -983,6 +1009,52 @@ def test_shared_scan_plumbing_on_cpu(monkeypatch, case):
             ea, eb, floor = (compare(x, r).rel_rmse for x in (a, b, r.to(xs[0].dtype)))
             assert torch.isfinite(a).all() and ea <= eb + 0.1 * floor, (n, ea, eb, floor)
     assert any(isinstance(c, fbuild.FixupConfig) for c in asked)
+
+
+_WARM_SEGMENTED = _SEGMENTED + [Case(T=700, H=1, HV=2, dist="strong-decay", grad=True)]
+
+
+@pytest.mark.parametrize("case", _WARM_SEGMENTED, ids=[c.id for c in _WARM_SEGMENTED])
+def test_warm_segmented_reverse_pass_plumbing_on_cpu(monkeypatch, case):
+    """The few-heads reverse pass in its warm form (``dh_warm``: one launch of ``gdn_bwd_dh_warm``, each segment from
+    its warm-up chunks after its end or from its sequence's end), forced on small inputs with the emulation's stage
+    functions standing in for the kernels: one dh launch and no end walk; every gradient as the sequential
+    emulation's (``assert_segmented_matches_sequential``), dh0 included. Slow decay and the no-decay heads run on to
+    their sequences' ends (the sequential pass's own arithmetic); strong decay warms up within a chunk."""
+    import dataclasses
+
+    from kernels.backward import pipeline as bapi
+    from kernels.forward.cp_warm import warm_back_host
+
+    launches = _segmented_stand_ins(monkeypatch, [])
+    monkeypatch.setattr(bapi, "_sm_count", lambda dev: 256)
+    warm = []
+    real = warm_back_host
+    monkeypatch.setattr("kernels.forward.cp_warm.warm_back_host", lambda *a: warm.append(real(*a)) or warm[-1])
+    xs, kw, do, dht = tt.bwd_args(case)
+    plan = dataclasses.replace(bapi.plan_for(bapi.prepare_backward(*xs, do, dht, **kw)), dh_warm=True)
+    assert plan.segmented_warm and plan.dh_segments.cu.numel() - 1 >= 4
+    bapi.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
+    dh = [c for c in launches if getattr(c, "kind", None) == "dh"]
+    assert len(dh) == 1 and dh[0].warm and dh[0].lo8, dh
+    assert sum(type(c).__name__ == "FixupConfig" for c in launches) == 1, launches    # the recompute's alone
+    # the recompute in one pass, as the emulation's: the gradients differ by dh's warm-up starts alone
+    warm[:] = []
+    got = bapi.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw,
+                                          plan=dataclasses.replace(plan, shared_scan=False, recompute_cp=1))
+    w = torch.stack(warm)                    # [NS, HV]
+    co = plan.dh_segments.warm_co.tolist()
+    NS = w.shape[0]
+    to_end = torch.tensor([co[co[NS + 1 + j] + 1] - co[j + 1] for j in range(NS)])      # chunks to the sequence's end
+    assert (to_end > 1).any(), to_end
+    if case.dist == "strong-decay":
+        assert set(w.flatten().tolist()) == {0, 1}, w                     # warm-ups of one chunk
+    elif case.dist == "slow-decay":
+        assert torch.equal(w, to_end[:, None].expand_as(w)), (w, to_end)  # every segment to its sequence's end
+    else:                                                                 # even heads g = 0, odd ones strong
+        assert torch.equal(w[:, 0], to_end) and set(w[:, 1].tolist()) <= {0, 1}, (w, to_end)
+    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False)
+    tt.assert_segmented_matches_sequential(got, want, xs[0].dtype, NAMES)
 
 
 def test_segment_plan_covers_every_chunk_once_at_chunk_boundaries(monkeypatch):

@@ -166,19 +166,26 @@ def test_bad_input_raises_valueerror():
         kern(*args, do, dht[:, :1], **kw)
 
 
-@pytest.mark.parametrize("ws", [0, 32], ids=["dh", "dh_ws32"])
-@pytest.mark.parametrize("case", _SEGMENTED, ids=[c.id for c in _SEGMENTED])
-def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, case, ws):
-    """The few-heads reverse pass (``dh_segmented``: the dh kernel over segments, three launches and an fp64 scan),
-    forced on (its thresholds set to 1), gives the sequential pass's gradients on the GPU
-    (``kernel_support.assert_segmented_matches_sequential``), with either dh kernel (``ws``: the warp-specialised
-    one at 32 value columns a CTA).  The segmented pass runs dh with every operand split, so the sequential one it is
-    compared with does too (a plan with ``dh_single`` off); it keeps its own pass B and the sequential plan's
-    recompute (``shared_scan`` off)."""
+_WARM_SEGMENTED = _SEGMENTED + [Case(T=4096, H=2, HV=4, dist="strong-decay", grad=True),
+                                Case(T=8192, H=1, HV=2, dist="qwen-gates", h0_dtype="fp32", grad=True)]
+_SEGMENTED_FORMS = [(c, form) for c in _WARM_SEGMENTED for form in ("warm", "dh", "dh_ws32")
+                    if form == "warm" or c in _SEGMENTED]
+
+
+@pytest.mark.parametrize("case,form", _SEGMENTED_FORMS, ids=[f"{c.id}-{f}" for c, f in _SEGMENTED_FORMS])
+def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, case, form):
+    """The few-heads reverse pass, forced on (its thresholds set to 1), gives the sequential pass's gradients on the
+    GPU (``kernel_support.assert_segmented_matches_sequential``): as dispatched (``warm``: one launch of
+    ``gdn_bwd_dh_warm``, each segment from its warm-up chunks or its sequence's end), and in three passes and an
+    fp64 scan (``dh_segmented``) with either dh kernel (``dh_ws32``: the warp-specialised one at 32 value columns a
+    CTA).  The segmented pass runs dh with every operand split, so the sequential one it is compared with does too
+    (a plan with ``dh_single`` off); it keeps its own pass B and the sequential plan's recompute (``shared_scan``
+    off)."""
     from kernels.backward import dh_segmented
     from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
     from kernels.backward.pipeline import plan_for, prepare_backward
 
+    ws = 32 if form == "dh_ws32" else 0
     xs, kw, do, dht = tt.bwd_args(case, CUDA)
     split = dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)), dh_single=False, dh_ws_bv=ws)
     assert split.dh_segments is None
@@ -190,11 +197,34 @@ def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, case, ws
     real = dh_segmented.end_gradients
     monkeypatch.setattr(dh_segmented, "end_gradients", lambda *a: seen.append(a[0].cu.numel() - 1) or real(*a))
     # the plan cache is keyed by the thresholds: no stale plan is reused
-    seg = kern(*xs, do, dht, **kw, plan=dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)),
-                                                             dh_ws_bv=ws, **rc))
+    plan = dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)), dh_ws_bv=ws, dh_warm=form == "warm",
+                               **rc)
+    assert plan.dh_segments is not None and plan.dh_segments.cu.numel() - 1 >= 4, plan.dh_segments
+    seg = kern(*xs, do, dht, **kw, plan=plan)
     torch.cuda.synchronize()
-    assert seen and seen[0] >= 4, seen                   # the segmented form ran, with several segments
-    tt.assert_segmented_matches_sequential(seg, seq, xs[0].dtype, NAMES, label=case.id)
+    assert bool(seen) != plan.segmented_warm, seen       # the end-gradient scan: the three passes' alone
+    tt.assert_segmented_matches_sequential(seg, seq, xs[0].dtype, NAMES, label=f"{case.id} {form}")
+
+
+@pytest.mark.parametrize("case", _WARM_SEGMENTED[1:3], ids=[c.id for c in _WARM_SEGMENTED[1:3]])
+def test_prep_bounds_are_the_intra_kernels_row_7(case):
+    """``gdn_bwd_prep``'s chunk bounds ``Lb`` (read by the warm segmented reverse pass) are bitwise the forward
+    intra kernel's row 7 at its last row (``cp_warm``: the same operations), and the emulation's within fp32
+    rounding."""
+    from kernels.backward import emulation as E
+    from kernels.backward.pipeline import plan_for, prep, prepare_backward
+    from kernels.forward.pipeline import intra_chunk
+    from kernels.forward.pipeline import plan_for as fplan_for
+
+    xs, kw, do, dht = tt.bwd_args(case, CUDA)
+    b = prepare_backward(*xs, do, dht, **kw)
+    t = prep(b=b, plan=plan_for(b), saved=None)
+    f = intra_chunk(x=b.x, plan=fplan_for(b.x, False))
+    torch.cuda.synchronize()
+    assert t.Lb is not None and torch.equal(t.Lb, f.F[:, :, 7, -1]), (t.Lb - f.F[:, :, 7, -1]).abs().max()
+    x = b.x
+    want = E.chunk_bounds(x.q.cpu(), x.k.cpu(), x.g.cpu(), x.beta.cpu(), x.cu.cpu().tolist(), x.use_l2)
+    assert torch.allclose(t.Lb.cpu(), want, rtol=1e-5, atol=1e-4), (t.Lb.cpu() - want).abs().max()
 
 
 @pytest.mark.parametrize("dht_form", ["key-first", "value-first view", "none"])

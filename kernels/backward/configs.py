@@ -46,12 +46,14 @@ class BwdConfig:
     exp_mask: bool = False         # dqk only: the fp8 lo tiles' powers of two by a mask of hi's exponent bits
     one: bool = False              # dh_ws (with single), dqk (with s_single): every table and operand one input-dtype
     #                                term (the dS', dY tables hi alone; dqk reads S, U, dS', dY hi alone)
+    warm: bool = False             # dh only: the segmented reverse pass in one launch, each segment from its warm-up
+    #                                chunks or its sequence's end (the split register kernel, ``gdn_bwd_dh_warm``)
     io: str = ""                   # dh_ws, dqk with one: the caller's dtype where the operands are another (dtype):
     #                                dv, dq, dk stored in it ("": dtype); cvt: the source dtype (may be dtype)
 
     @property
     def name(self) -> str:
-        names = ("single", "saved", "tinv_hi", "s_single", "lo8", "e_once", "exp_mask", "one")
+        names = ("single", "saved", "tinv_hi", "s_single", "lo8", "e_once", "exp_mask", "one", "warm")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
@@ -65,7 +67,8 @@ def all_configs():
     single form (an A/B alternative), prep computing the tables (with fp32 merges, and split ones, the A/B
     alternative; one-term ones compile when a benchmark asks for them) and on the forward's saved ones, dqk also on
     S's hi term alone (an A/B alternative); the split dh and dqk with fp8 lo tables (``lo8``), the split dh with
-    fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``), and at ``DQK_E_ONCE_HEAD_DIM`` dqk with fp8 lo
+    fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``) and in the segmented pass's warm-up form
+    (``warm``), and at ``DQK_E_ONCE_HEAD_DIM`` dqk with fp8 lo
     tables forming the intra terms' gates once (``e_once``) and widening its lo tiles with a masked power of two
     (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
     operands with bf16 dv, dq, dk too, ``io``, and the one-term passes: the maxima and the inputs' scaling, bf16 to
@@ -84,6 +87,7 @@ def _configs_at(D: int):
             + [BwdConfig(kind, dt, D, s_single=True) for dt in DTYPES for kind in DQK_KINDS]
             + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True) for dt in DTYPES for t in (False, True)]
             + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True, ws_bv=32) for dt in DTYPES for t in (False, True)]
+            + [BwdConfig("dh", dt, D, lo8=True, warm=True) for dt in DTYPES]
             + [BwdConfig(kind, dt, D, lo8=True) for dt in DTYPES for kind in DQK_KINDS]
             + ([BwdConfig(kind, dt, D, lo8=True, e_once=True, exp_mask=True) for dt in DTYPES for kind in DQK_KINDS]
                if D == DQK_E_ONCE_HEAD_DIM else [])
@@ -138,13 +142,16 @@ def prim_func(cfg: BwdConfig):
         return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge)
     if cfg.ws_bv and (cfg.kind != "dh" or cfg.ws_bv not in DH_WS_BLOCKS):
         raise ValueError(f"ws_bv (the warp-specialised reverse pass) is a form of dh at {DH_WS_BLOCKS}: {cfg.name}")
+    if cfg.warm and not (cfg.kind == "dh" and not (cfg.single or cfg.tinv_hi or cfg.ws_bv)):
+        raise ValueError(f"warm (the segmented reverse pass's warm-up starts) is a form of the split register dh "
+                         f"reading Tinv's lo term: {cfg.name}")
     if cfg.kind == "dh" and cfg.ws_bv:
         from .dh_ws import build_bwd_dh_ws
         return build_bwd_dh_ws(D, D, cfg.dtype, BV=cfg.ws_bv, single=cfg.single, tinv_lo=not cfg.tinv_hi,
                                lo8=cfg.lo8, one=cfg.one, io=cfg.io)
     if cfg.kind == "dh":
         from .dh import build_bwd_dh
-        return build_bwd_dh(D, D, cfg.dtype, single=cfg.single, tinv_lo=not cfg.tinv_hi, lo8=cfg.lo8)
+        return build_bwd_dh(D, D, cfg.dtype, single=cfg.single, tinv_lo=not cfg.tinv_hi, lo8=cfg.lo8, warm=cfg.warm)
     if cfg.kind == "dqk" or cfg.kind.startswith("dqk_g"):
         from .dqk import build_bwd_dqk
         return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,

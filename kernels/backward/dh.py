@@ -26,29 +26,37 @@ from tilelang.layout import make_full_bank_swizzled_layout
 
 from kernels.common.lo8 import LO8, lo8_code_of
 from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, split_into, store_state_vt
+from kernels.forward.cp_warm import WARM_CHUNKS, backward_macro
 
 BT = 64
 FR = T.GemmWarpPolicy.FullRow
+warm_after = backward_macro()
 
 
 @T.macro
-def store_split(hi, lo, hi_s, lo_s, dst_hi, dst_lo):
+def store_split(hi, lo, hi_s, lo_s, dst_hi, dst_lo, keep=None):
     """Store a two-term split (``hi``, ``lo`` register fragments, input dtype) into the global regions ``dst_hi``,
     ``dst_lo`` through the shared tiles ``hi_s``, ``lo_s`` (stmatrix, then a TMA store each), issued without waiting
     for them (``T.tma_copy``); the caller waits (``T.tma_store_wait``) before ``hi_s`` or ``lo_s`` is written again
-    and before the kernel ends.  An fp8 ``lo_s`` takes the codes of ``lo`` under ``hi`` (``kernels.common.lo8``)."""
+    and before the kernel ends.  An fp8 ``lo_s`` takes the codes of ``lo`` under ``hi`` (``kernels.common.lo8``).
+    ``keep``: a condition on the TMA stores alone (the tiles are written either way: a branch around the whole
+    store costs the register kernel its registers)."""
     T.copy(hi, hi_s)
     if lo_s.dtype == LO8:
         for i, j in T.Parallel(lo_s.shape[0], lo_s.shape[1]):
             lo_s[i, j] = lo8_code_of(lo[i, j], hi[i, j], hi.dtype)
     else:
         T.copy(lo, lo_s)
-    T.tma_copy(hi_s, dst_hi)
-    T.tma_copy(lo_s, dst_lo)
+    if keep is None:
+        T.tma_copy(hi_s, dst_hi)
+        T.tma_copy(lo_s, dst_lo)
+    elif keep:
+        T.tma_copy(hi_s, dst_hi)
+        T.tma_copy(lo_s, dst_lo)
 
 
 def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2, single: bool = False,
-                 tinv_lo: bool = True, lo8: bool = False):
+                 tinv_lo: bool = True, lo8: bool = False, warm: bool = False):
     """``single``: Tinv, dU and F0 dX as one input-dtype term each (dS' and F1 dO keep their lo products, the dY
     tables stay split): 6 instead of 9 wgmma a chunk (the emulation's ``dh(single=True)``).  ``tinv_lo=False``
     (split dU and F0 dX, Tinv's hi term alone: the forward's saved tables): 8 a chunk, Tl not read (the
@@ -61,18 +69,26 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
     tile); each chunk's stores are waited for at the next chunk's first store.  dv is stored element by element
     from the accumulator.
 
+    ``warm`` (``gdn_bwd_dh_warm``, the segmented pass in one launch): the N "sequences" are CP segments of the
+    call's sequences and ``chunk_offsets`` is ``[3 N + 1]``: the segments' first chunks ``[N + 1]``, each segment's
+    sequence's last segment ``[N]`` and its sequence ``[N]``.  A segment starts ``w`` chunks after its end from a
+    zero state gradient (``cp_warm``'s ``warm_after`` on prep's bounds ``Lb [HV, NCg]``; nothing is stored for
+    those chunks), or, where that reaches its sequence's end, from the sequence's dht (exact); dht and dh0 are
+    indexed by sequence, dh0 stored by each sequence's first segment.
+
     Arguments:
       q, k        [Ttot, H, DK]     dtype
       do          [Ttot, HV, DV]    dtype
       Th, Tl      [HV, NCg, 64, 64] dtype
       Fb          [HV, NCg, 8, 64]  fp32
       dUl         [HV, NCg, DV, 64] fp32    (dUloc^T from gdn_bwd_prep)
-      cu_seqlens, chunk_offsets [N + 1] int32
+      cu_seqlens    [N + 1] int32;  chunk_offsets [N + 1] int32 ([3 N + 1] with ``warm``)
       dht         [Nh, HV, DK, DV]  fp32 (read as [.., DV, DK] when v_first)
       dSh, dSl    [HV, NCg, DV, DK] dtype   (out, value-first; dSl fp8 e4m3 with lo8)
       dYh, dYl    [HV, NCg, DV, 64] dtype   (out, value-first)
       dv          [Ttot, HV, DV]    dtype   (out)
       dh0         [Nt, HV, DK, DV]  fp32    (out; [.., DV, DK] when v_first)
+      Lb          [HV, NCg]         fp32    (``warm`` alone: each chunk's log2 norm bound)
       use_dht, store_dh0, v_first int32
     """
     assert DK in (64, 128) and DV == DK and BV == 64 and DV % BV == 0
@@ -93,34 +109,34 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
         else:
             for i, t in T.Parallel(BV, BT):
                 hi[i, t] = T.cast(x_f[i, t], dtype)
-    Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
+    @T.macro
+    def store_ds(dsa, dsl, dsa_s, dsl_s, dSh, dSl, hv, c, v0, keep):
+        """The chunk's dS' split into the tables (where ``keep``), once the previous chunk's four table stores have
+        read their tiles."""
+        T.tma_store_wait()
+        store_split(dsa, dsl, dsa_s, dsl_s, dSh[hv, c, v0:v0 + BV, 0:DK], dSl[hv, c, v0:v0 + BV, 0:DK], keep)
 
-    @T.prim_func
-    def gdn_bwd_dh(
-        q: T.Tensor((Ttot, H, DK), dtype),
-        k: T.Tensor((Ttot, H, DK), dtype),
-        do: T.Tensor((Ttot, HV, DV), dtype),
-        Th: T.Tensor((HV, NCg, BT, BT), dtype),
-        Tl: T.Tensor((HV, NCg, BT, BT), dtype),
-        Fb: T.Tensor((HV, NCg, 8, BT), f32),
-        dUl: T.Tensor((HV, NCg, DV, BT), f32),
-        cu_seqlens: T.Tensor((N + 1,), "int32"),
-        chunk_offsets: T.Tensor((N + 1,), "int32"),
-        dht: T.Tensor((Nh, HV, DK, DV), f32),
-        dSh: T.Tensor((HV, NCg, DV, DK), dtype),
-        dSl: T.Tensor((HV, NCg, DV, DK), LO8 if lo8 else dtype),
-        dYh: T.Tensor((HV, NCg, DV, BT), dtype),
-        dYl: T.Tensor((HV, NCg, DV, BT), dtype),
-        dv: T.Tensor((Ttot, HV, DV), dtype),
-        dh0: T.Tensor((Nt, HV, DK, DV), f32),
-        use_dht: T.int32,
-        store_dh0: T.int32,
-        v_first: T.int32,
-    ):
+    Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
+    n_co = 3 * N + 1 if warm else N + 1
+
+    @T.macro
+    def body(q, k, do, Th, Tl, Fb, dUl, cu_seqlens, chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0, use_dht,
+             store_dh0, v_first, Lb):
         with T.Kernel(NV, HV, N, threads=128) as (bv, hv, n):
             h = hv // (HV // H)
             bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
             v0 = bv * BV
+            sq = chunk_offsets[2 * N + 1 + n] if warm else n          # the sequence: dht's and dh0's index
+            if warm:
+                w = T.alloc_local((1,), "int32")       # warm-up chunks after the segment
+                wacc = T.alloc_local((1,), f32)
+                wl = T.alloc_shared((WARM_CHUNKS,), f32)
+                warm_after(Lb, hv, chunk_offsets[n + 1], chunk_offsets[chunk_offsets[N + 1 + n] + 1], w, wacc, wl)
+                # exact (from the sequence's dht) where the warm-up reaches the sequence's end
+                from_dht = T.if_then_else(c0 + nchunks + w[0] == chunk_offsets[chunk_offsets[N + 1 + n] + 1],
+                                          use_dht, 0)
+            else:
+                from_dht = use_dht
 
             q_s = T.alloc_shared((BT, DK), dtype)
             k_s = T.alloc_shared((BT, DK), dtype)
@@ -149,13 +165,20 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
             xa = T.alloc_fragment((BV, BT), dtype)
             xl = T.alloc_fragment((BV, BT), dtype)
 
-            if use_dht != 0:
-                load_state_vt(dht, ds_f, v_first, n, hv, v0, BV, DK)
+            if from_dht != 0:
+                load_state_vt(dht, ds_f, v_first, sq, hv, v0, BV, DK)
             else:
                 T.clear(ds_f)
 
-            for icr in T.Pipelined(nchunks, num_stages=num_stages):
-                ic = nchunks - 1 - icr
+            if warm:
+                # (a variable: a loop count read from a local array is renamed by the pipeline's warp
+                # specialisation, which then fails)
+                ntot = T.alloc_var("int32")
+                ntot = nchunks + w[0]
+            else:
+                ntot = nchunks
+            for icr in T.Pipelined(ntot, num_stages=num_stages):
+                ic = ntot - 1 - icr
                 t0 = bos + ic * BT
                 c = c0 + ic
                 T.copy(q[t0:t0 + BT, h, 0:DK], q_s)
@@ -169,8 +192,9 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
 
                 # the gradient of this chunk's end state, split, stored for the parallel kernels
                 split_into(ds_f, dsa, dsl, True)
-                T.tma_store_wait()          # the previous chunk's four table stores have read their tiles
-                store_split(dsa, dsl, dsa_s, dsl_s, dSh[hv, c, v0:v0 + BV, 0:DK], dSl[hv, c, v0:v0 + BV, 0:DK])
+                # (of a warm-up chunk, whose tokens lie past the segment's end: nothing stored)
+                keep = t0 < eos if warm else None
+                store_ds(dsa, dsl, dsa_s, dsl_s, dSh, dSl, hv, c, v0, keep)
 
                 # dU^T = dUloc^T + (dS^T K^T) diag(F2)
                 T.gemm(dsa, k_s, kd_f, transpose_B=True, clear_accum=True, policy=FR)
@@ -186,7 +210,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 if tlo:
                     T.gemm(xa, tl_s, dy_f, policy=FR)
                 split_to(dy_f, xa, xl, True)            # the dY tables: split in either form
-                store_split(xa, xl, dya_s, dyl_s, dYh[hv, c, v0:v0 + BV, 0:BT], dYl[hv, c, v0:v0 + BV, 0:BT])
+                store_split(xa, xl, dya_s, dyl_s, dYh[hv, c, v0:v0 + BV, 0:BT], dYl[hv, c, v0:v0 + BV, 0:BT], keep)
                 for i, t in T.Parallel(BV, BT):
                     if t0 + t < eos:
                         dv[t0 + t, hv, v0 + i] = T.cast(f_s[7, t] * dy_f[i, t], dtype)
@@ -207,7 +231,65 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                     T.gemm(xl, k_s, ds_f, policy=FR)
 
             T.tma_store_wait()
-            if store_dh0 != 0:
+            if warm:
+                # each sequence's first segment (formed here, not held in registers over the loop)
+                first = T.if_then_else(n == 0, 1, T.if_then_else(chunk_offsets[2 * N + n] != sq, 1, 0))
+                if store_dh0 != 0 and first != 0:
+                    store_state_vt(ds_f, dh0, v_first, sq, hv, v0, BV, DK)
+            elif store_dh0 != 0:
                 store_state_vt(ds_f, dh0, v_first, n, hv, v0, BV, DK)
+
+    if warm:
+        @T.prim_func
+        def gdn_bwd_dh_warm(
+            q: T.Tensor((Ttot, H, DK), dtype),
+            k: T.Tensor((Ttot, H, DK), dtype),
+            do: T.Tensor((Ttot, HV, DV), dtype),
+            Th: T.Tensor((HV, NCg, BT, BT), dtype),
+            Tl: T.Tensor((HV, NCg, BT, BT), dtype),
+            Fb: T.Tensor((HV, NCg, 8, BT), f32),
+            dUl: T.Tensor((HV, NCg, DV, BT), f32),
+            cu_seqlens: T.Tensor((N + 1,), "int32"),
+            chunk_offsets: T.Tensor((n_co,), "int32"),
+            dht: T.Tensor((Nh, HV, DK, DV), f32),
+            dSh: T.Tensor((HV, NCg, DV, DK), dtype),
+            dSl: T.Tensor((HV, NCg, DV, DK), LO8 if lo8 else dtype),
+            dYh: T.Tensor((HV, NCg, DV, BT), dtype),
+            dYl: T.Tensor((HV, NCg, DV, BT), dtype),
+            dv: T.Tensor((Ttot, HV, DV), dtype),
+            dh0: T.Tensor((Nt, HV, DK, DV), f32),
+            Lb: T.Tensor((HV, NCg), f32),
+            use_dht: T.int32,
+            store_dh0: T.int32,
+            v_first: T.int32,
+        ):
+            body(q, k, do, Th, Tl, Fb, dUl, cu_seqlens, chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0, use_dht,
+                 store_dh0, v_first, Lb)
+        return gdn_bwd_dh_warm
+
+    @T.prim_func
+    def gdn_bwd_dh(
+        q: T.Tensor((Ttot, H, DK), dtype),
+        k: T.Tensor((Ttot, H, DK), dtype),
+        do: T.Tensor((Ttot, HV, DV), dtype),
+        Th: T.Tensor((HV, NCg, BT, BT), dtype),
+        Tl: T.Tensor((HV, NCg, BT, BT), dtype),
+        Fb: T.Tensor((HV, NCg, 8, BT), f32),
+        dUl: T.Tensor((HV, NCg, DV, BT), f32),
+        cu_seqlens: T.Tensor((N + 1,), "int32"),
+        chunk_offsets: T.Tensor((n_co,), "int32"),
+        dht: T.Tensor((Nh, HV, DK, DV), f32),
+        dSh: T.Tensor((HV, NCg, DV, DK), dtype),
+        dSl: T.Tensor((HV, NCg, DV, DK), LO8 if lo8 else dtype),
+        dYh: T.Tensor((HV, NCg, DV, BT), dtype),
+        dYl: T.Tensor((HV, NCg, DV, BT), dtype),
+        dv: T.Tensor((Ttot, HV, DV), dtype),
+        dh0: T.Tensor((Nt, HV, DK, DV), f32),
+        use_dht: T.int32,
+        store_dh0: T.int32,
+        v_first: T.int32,
+    ):
+        body(q, k, do, Th, Tl, Fb, dUl, cu_seqlens, chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0, use_dht,
+             store_dh0, v_first, None)
 
     return gdn_bwd_dh

@@ -19,6 +19,10 @@ last gets ``a_last``, and before that ``E_j = a_{j+1} + P_{j+1} E_{j+1}``.  The 
 sequential kernel's; only the state gradient entering a segment comes through the scan (from fp32 kernel results).
 On the GPU the scan is one launch of the forward's fp64 walk (``gdn_cp_fixup``) over each sequence's segments in
 reverse order: value-first, ``E_j^T = E_{j+1}^T P_{j+1}^T + a_{j+1}^T`` is the forward's ``S^T M^T + Z^T``.
+
+The warm form (``BackwardPlan.dh_warm``) replaces passes A, B and the scan: one launch of ``gdn_bwd_dh_warm`` in
+which every segment starts from its warm-up chunks after its end (``forward.cp_warm``'s bound run backwards,
+``warm_back_host``) or runs on to its sequence's end (``warm_table``: the kernel's segment table).
 """
 
 from __future__ import annotations
@@ -94,6 +98,8 @@ class PlanTensors:
     seg_of: torch.Tensor            # [N + 1] int32: each sequence's first segment, then NS
     steps: tuple                    # ((js, successors) int64 tensors, successor-is-last flag) by distance from the end
     rev: torch.Tensor               # [NS] int64: each sequence's segments in reverse order (an involution)
+    warm_co: torch.Tensor           # [3 NS + 1] int32: chunk_offsets, each segment's sequence's last segment, its
+    #                                 sequence (``gdn_bwd_dh_warm``'s table)
 
 
 def plan_tensors(p: SegmentPlan, dev) -> PlanTensors:
@@ -114,7 +120,13 @@ def plan_tensors(p: SegmentPlan, dev) -> PlanTensors:
     rev = [p.first[p.seq[j]] + p.last[p.seq[j]] - j for j in range(p.n_segments)]
     return PlanTensors(i32(p.cu), i32(p.chunk_offsets), torch.tensor(p.last, device=dev),
                        torch.tensor(p.first, device=dev), i32(list(p.first) + [p.n_segments]), tuple(steps),
-                       torch.tensor(rev, device=dev))
+                       torch.tensor(rev, device=dev), i32(warm_table(p)))
+
+
+def warm_table(p: SegmentPlan) -> list:
+    """``gdn_bwd_dh_warm``'s ``chunk_offsets`` of plan ``p``: the segments' first chunks ``[NS + 1]``, each segment's
+    sequence's last segment ``[NS]``, each segment's sequence ``[NS]``."""
+    return list(p.chunk_offsets) + [p.last[n] for n in p.seq] + list(p.seq)
 
 
 def end_gradients(t: PlanTensors, a: torch.Tensor, P: torch.Tensor, dht: torch.Tensor | None,

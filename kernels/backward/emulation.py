@@ -226,6 +226,49 @@ def dh(q2, k2, do2, Th, Tl, Fb, dUloc, cu, dht, dt, single: bool = False, operan
     return dSnh, dSnl, dYh, dYl, dv.to(dv_dtype or dt), dS.to(torch.float32)
 
 
+def chunk_bounds(q2, k2, g2, b2, cu, use_l2) -> torch.Tensor:
+    """Emulates ``gdn_bwd_prep``'s ``Lb [HV, NC]`` (fp32): each chunk's log2 norm bound of ``forward.cp_warm``."""
+    from kernels.forward.cp_warm import chunk_log2_bounds
+    _, kc, _, bc, _, G, _, rk = _gather_chunks(q2, k2, g2, b2, cu, use_l2)
+    return chunk_log2_bounds(G, bc, rk, _f32((kc * kc).sum(-1)))[..., -1].to(torch.float32)
+
+
+def dh_warm(q2, k2, do2, Th, Tl, Fb, dUloc, cu, co, Lb, dht, dt):
+    """Emulates ``gdn_bwd_dh_warm``: the segments ``cu`` [NS + 1] (token bounds) with its table ``co`` [3 NS + 1]
+    (``dh_segmented.warm_table``); each (segment, value head) runs ``dh`` over the segment and its warm-up chunks
+    (``cp_warm.warm_back_host`` on ``Lb`` [HV, NC]) from a zero state gradient, or from its sequence's ``dht``
+    [N, HV, DK, DV] (key-first, or None) where that reaches the sequence's end, keeping the segment's own chunks.
+    Returns as ``dh``, dh0 [N, HV, DK, DV] per sequence (from each sequence's first segment)."""
+    from kernels.forward.cp_warm import warm_back_host
+    NS = len(cu) - 1
+    offs, last, seq = co[:NS + 1], co[NS + 1:2 * NS + 1], co[2 * NS + 1:]
+    H, HV, DK, DV = q2.shape[1], do2.shape[1], q2.shape[2], do2.shape[2]
+    dev = q2.device
+    NC = Th.shape[1]
+    dSnh = torch.zeros(HV, NC, DK, DV, dtype=f64, device=dev)
+    dSnl, dYh = torch.zeros_like(dSnh), torch.zeros(HV, NC, BT, DV, dtype=f64, device=dev)
+    dYl = torch.zeros_like(dYh)
+    dv = torch.zeros(q2.shape[0], HV, DV, dtype=dt, device=dev)
+    dh0 = torch.zeros(max(seq, default=-1) + 1, HV, DK, DV, dtype=torch.float32, device=dev)
+    for j in range(NS):
+        w = warm_back_host(Lb, offs, last, j)
+        c0, nch, end = offs[j], offs[j + 1] - offs[j], offs[last[j] + 1]
+        for hv in range(HV):
+            wj = int(w[hv])
+            a, b = cu[j], min(cu[j + 1] + wj * BT, cu[last[j] + 1])
+            hd, cs = slice(hv, hv + 1), slice(c0, c0 + nch + wj)
+            d = dht[seq[j]:seq[j] + 1, hd] if dht is not None and offs[j + 1] + wj == end else None
+            h = hv // (HV // H)
+            out = dh(q2[a:b, h:h + 1], k2[a:b, h:h + 1], do2[a:b, hd], Th[hd, cs], Tl[hd, cs], Fb[hd, cs],
+                     dUloc[hd, cs], [0, b - a], d, dt)
+            for dst, src in zip((dSnh, dSnl, dYh, dYl), out[:4]):
+                dst[hv, c0:c0 + nch] = src[0, :nch]
+            dv[cu[j]:cu[j + 1], hv] = out[4][:cu[j + 1] - a, 0]
+            if j == 0 or seq[j - 1] != seq[j]:
+                dh0[seq[j], hv] = out[5][0, 0]
+    return dSnh, dSnl, dYh, dYl, dv, dh0
+
+
 def dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu, scale, operands: str = "split"):
     """Emulates ``gdn_bwd_dqk_inter``: dqt1, dkt1 [HV, NC, 64, DK] (fp32 values) and the row dots
     qz, kw, kr [1, HV, NC, 64], sd [1, HV, NC, DV], yv [HV, NC, 64]; ``operands``: ``OPERANDS`` (the tables

@@ -12,7 +12,8 @@ Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan
   1. ``prep`` [gdn_bwd_prep] (chunk, head): Tinv and Ag = Tinv diag(beta) split, the gate table, dUloc^T; on the
      forward's saved Tinv and Ag (``saved_tables``) only the gate table and dUloc^T;
   2. ``dh`` [gdn_bwd_dh] (64 value cols, head, seq): the reverse sequential pass (dS' tables, dY, dv, dh0); with
-     a segment plan three passes over segments of the sequences and a scan (``dh_segmented``; the forward's
+     a segment plan one launch over segments of the sequences, each from its warm-up chunks
+     [gdn_bwd_dh_warm] (``plan.dh_warm``), or three passes and a scan (``dh_segmented``; the forward's
      gdn_cp_fixup over the segments in reverse order);
   3. ``recompute`` [the forward's smem state kernel, or its ws tables form (``recompute_ws``), precision
      "recompute"; with ``recompute_cp`` per CP segment after the forward's gdn_scan_rv and gdn_cp_fixup]: the
@@ -244,6 +245,7 @@ class PrepTables:
     Agl: torch.Tensor               # lo
     Fb: torch.Tensor                # [HV, NC, 8, 64] fp32 gate table
     dUl: torch.Tensor               # [HV, NC, D, 64] fp32 dUloc^T
+    Lb: torch.Tensor | None = None  # [HV, NC] fp32 the chunks' log2 norm bounds (``plan.dh_warm``)
 
 
 def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
@@ -261,9 +263,12 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
         Agh, Agl = torch.empty_like(Th), torch.empty_like(Th)
     Fb = torch.empty(x.HV, x.NC, 8, BT, device=dev, dtype=torch.float32)
     dUl = torch.empty(x.HV, x.NC, x.D, BT, device=dev, dtype=torch.float32)
+    # the chunks' log2 norm bounds: written by prep where it computes Tinv, read by dh's warm-up starts alone
+    Lb = (torch.empty(x.HV, x.NC, device=dev, dtype=torch.float32) if saved is None
+          else unused((x.HV, x.NC), torch.float32, dev))
     get_kernel(plan.prep_config(saved is not None))(x.q, x.k, b.do, x.g, x.beta, x.cu, x.chunk_indices, Th, Tl,
-                                                    Agh, Agl, Fb, dUl, x.scale, int(x.use_l2))
-    return PrepTables(Th, Tl, Agh, Agl, Fb, dUl)
+                                                    Agh, Agl, Fb, dUl, Lb, x.scale, int(x.use_l2))
+    return PrepTables(Th, Tl, Agh, Agl, Fb, dUl, None if saved is not None else Lb)
 
 
 @dataclass
@@ -334,8 +339,9 @@ class StateGradients:
 
 
 def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool, maps=None, factors=None) -> StateGradients:
-    """``gdn_bwd_dh``: the reverse sequential pass, or its segmented form (``plan.dh_segments``; its transfer maps
-    from ``maps``, ``segment_maps_of``' ZM, where given, instead of its pass B); ``saved``: the tables' Tinv is the
+    """``gdn_bwd_dh``: the reverse sequential pass, or its segmented form (``plan.dh_segments``: in one warm
+    launch, ``plan.dh_warm``, on prep's bounds ``tables.Lb``; else three passes, the transfer maps from ``maps``,
+    ``segment_maps_of``' ZM, where given, instead of pass B); ``saved``: the tables' Tinv is the
     forward's (hi alone); ``factors`` (a one-term plan's, ``scales.factors``): dv stored times its row 0."""
     from kernels.build import get_kernel
     x = b.x
@@ -358,6 +364,11 @@ def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool, maps=None, f
     if plan.dh_segments is None:
         dht = b.dht if b.dht is not None else torch.empty(1, HV, D, D, device=dev, dtype=torch.float32)
         kern(x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, x.cu, x.chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0,
+             int(b.dht is not None), int(use_h0), int(x.v_first))
+    elif plan.segmented_warm:   # one launch over the segments, dht and dh0 per sequence in the caller's layout
+        cp = plan.dh_segments
+        dht = b.dht if b.dht is not None else unused((1, HV, D, D), torch.float32, dev)
+        kern(x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, cp.cu, cp.warm_co, dht, dSh, dSl, dYh, dYl, dv, dh0, t.Lb,
              int(b.dht is not None), int(use_h0), int(x.v_first))
     else:
         dhk = None if b.dht is None else (b.dht.transpose(-1, -2) if x.v_first else b.dht)

@@ -11,6 +11,8 @@ Recomputes what the backward needs of the intra-chunk forward and the local part
   operations on the same values: bitwise its ``Ah, Al``), so that the backward's forward recompute runs the
   state kernel alone, on ``Agh, Agl`` and ``Fb`` (rows 0-3 are the intra kernel's ``F`` rows);
 * the gate table ``Fb [HV, NC, 8, 64]`` (rows in ``finish.py``), every exponent of a value <= 0;
+* ``Lb [HV, NC]``: each chunk's log2 norm bound ``L_c`` (``forward.cp_warm``; the intra kernel's row 7 at its last
+  row, the same operations), read by the warm-up starts of the segmented reverse pass;
 * ``dUloc^T = dO^T P`` with ``P = scale rq_t rk_j e^(G_t - G_j) (q_t . k_j)`` (j <= t, fp32, exact-operand
   wgmma) split into ``Ph + Pl``: 2 wgmma with the transposed dO tile from shared memory, fp32 result
   stored value-first ``[HV, NC, DV, 64]`` for the sequential kernel.
@@ -23,7 +25,8 @@ import tilelang.language as T
 
 from kernels.common.prologue import chunk_span, dynamic_dims, zero_rows_past
 from kernels.forward.cumsum import BT, LOG2E, load_chunk_gate_cumsum
-from kernels.forward.intra_chunk import MERGES, _merge, _merge_fp32, fp32_tile, gated_kkt, l2_row_factors, solve_diag16
+from kernels.forward.intra_chunk import (MERGES, _merge, _merge_fp32, bound_terms, diagonal, fp32_tile, gate_kkt,
+                                         l2_row_factors, solve_diag16)
 
 THREADS = 128
 
@@ -45,7 +48,7 @@ def load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv
 def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str = "bf16"):
     """``saved``: Tinv and Ag come from the forward (the autograd Function keeps the intra kernel's ``Th``, ``Ah``,
     ``Al``: the same operations on the same values, so bitwise this kernel's): no K K^T, no solve, and ``Th``,
-    ``Tl``, ``Agh``, ``Agl`` are not accessed; the gate table and dUloc^T as without it.  ``merge``: the block
+    ``Tl``, ``Agh``, ``Agl``, ``Lb`` are not accessed; the gate table and dUloc^T as without it.  ``merge``: the block
     merges as the intra kernel's of that name ("fp32", "bf16", or "split": 24 KiB more shared memory).
 
     Arguments:
@@ -57,6 +60,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
       Agh, Agl      [HV, NC, 64, 64]  dtype  (out, Tinv diag(beta) split, for the state kernel)
       Fb            [HV, NC, 8, 64]   fp32   (out)
       dUl           [HV, NC, DV, 64]  fp32   (out, dUloc^T)
+      Lb            [HV, NC]          fp32   (out, each chunk's log2 norm bound)
       scale fp32, use_l2 int32
     """
     assert DK in (64, 128) and DV in (64, 128)
@@ -81,6 +85,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
         Agl: T.Tensor((HV, NC, BT, BT), dtype),
         Fb: T.Tensor((HV, NC, 8, BT), f32),
         dUl: T.Tensor((HV, NC, DV, BT), f32),
+        Lb: T.Tensor((HV, NC), f32),
         scale: T.float32,
         use_l2: T.int32,
     ):
@@ -97,6 +102,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
             b_s = T.alloc_shared((BT,), f32)
             rq_s = T.alloc_shared((BT,), f32)
             rk_s = T.alloc_shared((BT,), f32)
+            kn_s = T.alloc_shared((BT,), f32)        # ||k_r||^2, then the bound's terms
             f_s = T.alloc_shared((8, BT), f32)
             a_s = fp32_tile()
             l_s = fp32_tile()
@@ -175,7 +181,13 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
 
             # A and its inverse (as gdn_intra with the same merge), unless the forward's are given (``saved``)
             if not saved:
-                gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s)
+                # K K^T; its diagonal gives the chunk's log2 norm bound as the intra kernel's row 7 (``cp_warm``)
+                T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
+                diagonal(kk, kn_s)
+                gate_kkt(kk, a_s, b_s, rk_s, g_s)
+                bound_terms(kn_s, b_s, rk_s)
+                if tx == 0:
+                    Lb[hv, c] = g_s[BT - 1] * LOG2E + kn_s[BT - 1]
                 solve_diag16(a_s, l_s, t16)
                 if merge == "fp32":
                     _merge_fp32(a_s, l_s, xr)

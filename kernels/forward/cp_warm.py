@@ -14,6 +14,11 @@ exact scan and fp64 fix-up, which then run only for the segments before the last
 
 ``co`` (the kernels' ``chunk_offsets`` argument, int32 ``[3 Nseg + 1]``): the segments' first global chunks
 ``[Nseg + 1]``, then each segment's sequence's first segment ``[Nseg]`` and last segment ``[Nseg]``.
+
+The backward's reverse pass runs the same bound the other way (its chunk map is the forward one's transpose, of the
+same norm): a segment that is not its sequence's last takes ``w`` warm-up chunks after its end, the fewest of at most
+``WARM_CHUNKS`` whose ``L`` sum to at most ``WARM_LOG2``, starting there from a zero state gradient; where none do,
+it runs on to the sequence's end, from the caller's end gradient (exact, ``warm_back_host``).
 """
 
 import torch
@@ -57,6 +62,26 @@ def warm_chunks_host(L: torch.Tensor, co: list, j: int) -> torch.Tensor:
         hit = open_ & ((acc <= WARM_LOG2) | (c == b))
         w = torch.where(hit, torch.full_like(w, i + 1), w)
     return w
+
+
+def warm_back_host(L: torch.Tensor, chunk_offsets: list, last: list, j: int) -> torch.Tensor:
+    """The reverse pass's warm-up chunks after segment ``j`` for every value head (``L [HV, NC]``: each chunk's
+    ``L_c``; ``chunk_offsets [Nseg + 1]``: the segments' first chunks; ``last [Nseg]``: each segment's sequence's
+    last segment): int64 ``[HV]``, 0 for a sequence's last segment; where no ``WARM_CHUNKS`` chunks bring the bound
+    down, the chunks left to the sequence's end (the exact start)."""
+    e, end = chunk_offsets[j + 1], chunk_offsets[last[j] + 1]
+    HV = L.shape[0]
+    w = torch.full((HV,), 0 if e == end else -1, dtype=torch.long)
+    acc = torch.zeros(HV, dtype=torch.float32)
+    for i in range(WARM_CHUNKS):
+        c = e + i
+        if c >= end:
+            break
+        open_ = w < 0
+        acc = torch.where(open_, acc + L[:, c].to(torch.float32), acc)
+        hit = open_ & ((acc <= WARM_LOG2) | (c == end - 1))
+        w = torch.where(hit, torch.full_like(w, i + 1), w)
+    return torch.where(w < 0, torch.full_like(w, end - e), w)
 
 
 def chunk_log2_bounds(G: torch.Tensor, bc: torch.Tensor, rk: torch.Tensor, kk: torch.Tensor) -> torch.Tensor:
@@ -120,9 +145,32 @@ def _macros():
                 if w[0] < 0:
                     res[0] = s + 1
 
-    return warm_chunks, exact_after
+    @T.macro
+    def warm_after(Lb, hv, e, end, w, acc, lv):
+        """``w[0]``: the reverse pass's warm-up chunks after a segment ending at chunk ``e`` (exclusive) of a
+        sequence ending at chunk ``end`` (``warm_back_host``), from ``Lb [HV, NC]`` (each chunk's ``L_c``); local
+        scratch ``acc`` fp32 [1], shared ``lv`` fp32 [WARM_CHUNKS] (the bounds, loaded together first, one a
+        thread: no registers held for them).  Every thread, uniform."""
+        for i in T.Parallel(WARM_CHUNKS):
+            lv[i] = Lb[hv, T.max(T.min(e + i, end - 1), 0)]
+        w[0] = T.if_then_else(e == end, 0, -1)
+        acc[0] = T.float32(0)
+        for i in T.unroll(WARM_CHUNKS):
+            if w[0] < 0 and e + i < end:
+                acc[0] = acc[0] + lv[i]
+                if acc[0] <= T.float32(WARM_LOG2) or e + i == end - 1:
+                    w[0] = i + 1
+        if w[0] < 0:
+            w[0] = end - e
+
+    return warm_chunks, exact_after, warm_after
 
 
 def macros():
     """The TileLang macros ``warm_chunks`` and ``exact_after`` (imports tilelang)."""
-    return _macros()
+    return _macros()[:2]
+
+
+def backward_macro():
+    """The TileLang macro ``warm_after``: the reverse pass's rule (imports tilelang)."""
+    return _macros()[2]

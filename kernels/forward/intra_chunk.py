@@ -42,7 +42,7 @@ def fp32_tile():
 def _merge(w, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, msplit):
     """One merge level in place on ``l_s`` (fp32): ``L <- L - L (A_o L)``, A_o = the blocks (2i+1, 2i)
     of width ``w``; operands single input-dtype terms, or 3-term splits when ``msplit``."""
-    # the values first, then selects: no branch per element (as in ``gated_kkt``)
+    # the values first, then selects: no branch per element (as in ``gate_kkt``)
     for r, m in T.Parallel(BT, BT):
         lh_s[r, m] = T.cast(l_s[r, m], dtype)
         a = a_s[r, m]
@@ -137,16 +137,26 @@ def row_exponents(x_s, sq, ss, c_s):
 
 
 @T.macro
-def gated_kkt(k_s, kk, a_s, b_s, rk_s, g_s):
-    """``A[r, j] = beta_r rk_r rk_j e^(G_r - G_j) (k_r . k_j)`` for j < r, else 0 (fp32, exact-operand
-    wgmma into ``kk``, stored to the shared ``a_s``)."""
-    T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
-    gate_kkt(kk, a_s, b_s, rk_s, g_s)
+def diagonal(kk, d_s):
+    """``d_s[r] = kk[r, r]`` (a ``[BT, BT]`` fragment into a shared ``[BT]`` tile)."""
+    for r, j in T.Parallel(BT, BT):
+        if r == j:
+            d_s[r] = kk[r, j]
+
+
+@T.macro
+def bound_terms(kn_s, b_s, rk_s):
+    """``kn_s`` (shared fp32 ``[BT]``, entering as ``||k_r||^2``): the inclusive cumsum of ``log2 max(1, |1 -
+    beta_r rk_r^2 ||k_r||^2|)`` over the chunk, the norm-bound terms of ``cp_warm``'s row 7."""
+    for r in T.Parallel(BT):
+        kn_s[r] = T.log2(T.max(T.float32(1), T.abs(T.float32(1) - b_s[r] * rk_s[r] * rk_s[r] * kn_s[r])))
+    T.cumsum(kn_s, dim=0)
 
 
 @T.macro
 def gate_kkt(kk, a_s, b_s, rk_s, g_s):
-    """``gated_kkt`` after its product ``kk = K K^T``."""
+    """``A[r, j] = beta_r rk_r rk_j e^(G_r - G_j) (k_r . k_j)`` for j < r, else 0 (fp32) from the product ``kk = K
+    K^T`` (overwritten), stored to the shared ``a_s``."""
     # in the fragment first, then one copy: with no shared store between them, each thread loads its 2 rows' and 16
     # columns' gate values once instead of once per element
     for r, j in T.Parallel(BT, BT):
@@ -356,13 +366,9 @@ def build_intra_chunk(DK: int, dtype: str, merge: str = "bf16", ag: str = "bf16"
             # K K^T; its diagonal (||k_r||^2) gives row 7, the log2 norm bounds of the chunk's transitions
             # (``cp_warm``): G log2 e + the cumsum of log2 max(1, |1 - beta rk^2 ||k||^2|) (0 past the sequence)
             T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
-            for r, j in T.Parallel(BT, BT):
-                if r == j:
-                    kn_s[r] = kk[r, j]
+            diagonal(kk, kn_s)
             gate_kkt(kk, a_s, b_s, rk_s, g_s)
-            for r in T.Parallel(BT):
-                kn_s[r] = T.log2(T.max(T.float32(1), T.abs(T.float32(1) - b_s[r] * rk_s[r] * rk_s[r] * kn_s[r])))
-            T.cumsum(kn_s, dim=0)
+            bound_terms(kn_s, b_s, rk_s)
 
             for r in T.Parallel(BT):
                 # with the copies, their row scales undone in the row factors of the products they enter
