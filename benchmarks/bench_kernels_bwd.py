@@ -114,6 +114,8 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       # the segmented reverse pass in one launch, each segment from its warm-up chunks (gdn_bwd_dh_warm), not
       # three passes and the end-gradient scan
       "ours-dh-warm": ("backward", dict(dh_warm=True)),
+      # the same with the recompute per dh segment from its own warm-up chunks: no CP scan, no fix-up
+      "ours-warm": ("backward", dict(dh_warm=True, recompute_warm=True, shared_scan=False)),
       "ours-m1": ("merges", "bf16"),   # the forward's block merges one term, and prep's where it computes Tinv
       "ours-msplit": ("merges", "split"),   # the same with split (3-term wgmma) merges instead of fp32 ones
       }

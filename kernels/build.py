@@ -26,7 +26,8 @@ def forward_configs():
     Tinv-keeping form), the rv state kernel + its CP scan and fix-up, the smem state kernel at every BV
     ``block_v`` picks (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts,
     the recompute's smem state kernels (S lo swizzled, S hi alone, or S lo in fp8) and, at the ws head dims, its
-    warp-specialised form (``BackwardPlan.recompute_ws``, S lo in fp8), the intra kernel with split
+    warp-specialised form (``BackwardPlan.recompute_ws``, S lo in fp8; per dh segment from warm-up chunks,
+    ``recompute_warm``), the intra kernel with split
     merges (the A/B alternative of ``Precision.merge`` and ``BackwardPlan.merge``; the one-term merges' kernels
     compile when a benchmark asks for them), and the fused warp-specialised state-output kernel (the plan form
     "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables,
@@ -68,6 +69,9 @@ def forward_configs():
             if DK in WS_HEAD_DIMS:  # its warp-specialised form (recompute_ws, dispatched there), S lo in fp8
                 cfgs += [BackwardPlan(dtype, recompute_block_v=bv, lo8=True, DK=DK, recompute_ws=True)
                          .recompute_configs()[1] for bv in (64, 32, 16)]
+                # per dh segment from warm-up chunks (recompute_warm)
+                cfgs += [BackwardPlan(dtype, dh_segments=True, recompute_block_v=WS_CP_BV, lo8=True, DK=DK,
+                                      recompute_ws=True, recompute_warm=True).recompute_configs()[1]]
             for c in cfgs:
                 if c not in out:
                     out.append(c)

@@ -134,12 +134,13 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
 
 
 @lru_cache(maxsize=512)
-def _recompute_configs(dtype, DK, s_single, merge, ks_single, cp, ws, bv, occ, lo8) -> tuple:
-    """``BackwardPlan.recompute_configs`` of the fields it depends on (``cp``: the CP plan's segments, 0 = none)."""
+def _recompute_configs(dtype, DK, s_single, merge, ks_single, cp, ws, bv, occ, lo8, warm=False) -> tuple:
+    """``BackwardPlan.recompute_configs`` of the fields it depends on (``cp``: the CP plan's segments, 0 = none;
+    ``warm``: the ws tables form per dh segment from warm-up chunks)."""
     prec = recompute_precision(s_single, merge, ks_single)
     scan = ForwardPlan(dtype, preset(), "rv", RV_BV, 1, cp, DK=DK).configs()[-2:] if cp else ()
     if ws:
-        state = StateConfig(dtype, bv, prec.past_intra(), form="ws", DK=DK, lo8=lo8, tables=True)
+        state = StateConfig(dtype, bv, prec.past_intra(), form="ws", DK=DK, lo8=lo8, tables=True, warm=warm)
     else:
         state = StateConfig(dtype, bv, prec.past_intra(), form="smem", DK=DK, ctas_per_sm=occ,
                             sl_swizzle=prec.s == "split" and prec.ks != "split" and not lo8, lo8=lo8)
@@ -259,7 +260,9 @@ class BackwardPlan:
     where the kernels' (``dtype``) is another (with ``one_term``: q, k, v, dO converted by ``gdn_bwd_convert``, dv,
     dq, dk stored in it); ``dh_warm`` (read with ``dh_segments``): the segmented pass in one launch, each segment
     from its warm-up chunks after its end or from its sequence's end (``gdn_bwd_dh_warm``), instead of three passes
-    and the end-gradient scan."""
+    and the end-gradient scan; ``recompute_warm`` (read with ``dh_segments``, with ``recompute_ws``, without
+    ``shared_scan``): the recompute on dh's segments, each from its warm-up chunks before its start or from its
+    sequence's start (``gdn_state_tables_ws_warm``), without a CP scan or fix-up."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -283,6 +286,7 @@ class BackwardPlan:
     one_term: bool = False
     io_dtype: str = ""
     dh_warm: bool = False
+    recompute_warm: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -312,6 +316,9 @@ class BackwardPlan:
             raise ValueError(f"io_dtype: the caller's dtype where the one-term kernels' is another; got {self}")
         if self.lo8 and (self.dh_single or self.s_single):
             raise ValueError("lo8 (fp8 lo tables) is a form of the split dh and S tables (dh_single, s_single False)")
+        if self.recompute_warm and (not self.recompute_ws or self.shared_scan):
+            raise ValueError(f"recompute_warm: the recompute's ws tables form from warm-up chunks, not from the shared "
+                             f"scan's start states (recompute_ws, shared_scan False); got {self}")
         if self.segmented_warm and self.dh_ws_bv:
             raise ValueError(f"dh_warm: the segmented pass of the register dh (dh_ws_bv 0; dh_warm False runs the "
                              f"three passes); got {self}")
@@ -321,9 +328,11 @@ class BackwardPlan:
         key-first; S hi alone with ``s_single``), the S lo tile swizzled where it is only stored (in the input dtype,
         not read by K S; fp8 with ``lo8``); the CP scan and fix-up of ``recompute_cp_plan`` when ``recompute_cp >
         1`` or ``shared_scan``.  Built once per combination of the fields they depend on (a call's host time)."""
-        cp = max(2, self.recompute_cp) if self.recompute_cp > 1 or self.shared_scan else 0
+        warm = self.recompute_on_warm_segments
+        cp = max(2, self.recompute_cp) if (self.recompute_cp > 1 or self.shared_scan) and not warm else 0
         return _recompute_configs(self.dtype, self.DK, self.s_single, self.merge, self.ks_single, cp,
-                                  self.recompute_ws, self.recompute_block_v, self.recompute_ctas_per_sm, self.lo8)
+                                  self.recompute_ws, self.recompute_block_v, self.recompute_ctas_per_sm, self.lo8,
+                                  warm)
 
     def recompute_cp_plan(self) -> ForwardPlan:
         """The forward plan whose scan and fp64 fix-up (exact: ``segment_starts``; they read the state kernel's
@@ -345,6 +354,12 @@ class BackwardPlan:
     def segmented_warm(self) -> bool:
         """Whether dh runs as the warm segmented pass (``dh_warm`` with ``dh_segments``)."""
         return self.dh_warm and self.dh_segments is not None
+
+    @property
+    def recompute_on_warm_segments(self) -> bool:
+        """Whether the recompute runs per dh segment from warm-up chunks (``recompute_warm`` with
+        ``dh_segments``)."""
+        return self.recompute_warm and self.dh_segments is not None
 
     def dqk_config(self) -> BwdConfig:
         return BwdConfig(f"dqk_g{self.group}" if self.cluster_group_sum else "dqk", self.dtype, self.DK,

@@ -479,6 +479,15 @@ def _fake_kernels(monkeypatch, asked=None):
             return fixup
         # the smem state kernel, or the ws form storing its tables (the same arguments and tables)
         assert isinstance(cfg, fbuild.StateConfig) and (cfg.form == "smem" or cfg.tables) and not cfg.scan
+        if cfg.warm:                # the ws tables form per dh segment from warm-up chunks (its bounds: Lb)
+            assert cfg.tables and cfg.lo8
+
+            def state_warm(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, Lb, ht, use_h0, store_ht, vf):
+                h = (h0.transpose(-1, -2) if vf else h0) if use_h0 else None
+                sh, sl, uh, ul = E.recompute_warm_states(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu),
+                                                         cu_list(co), Lb, h, k.dtype, cfg.prec)
+                put(Sch, sh), Scl.copy_(E.lo8_encode(sh, sl, k.dtype)), put(Uh, uh), put(Ul, ul)
+            return state_warm
 
         def state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, vf):
             h = None
@@ -1014,45 +1023,57 @@ def test_shared_scan_plumbing_on_cpu(monkeypatch, case):
 _WARM_SEGMENTED = _SEGMENTED + [Case(T=700, H=1, HV=2, dist="strong-decay", grad=True)]
 
 
+@pytest.mark.parametrize("rc", ["rc-seq", "rc-warm"])
 @pytest.mark.parametrize("case", _WARM_SEGMENTED, ids=[c.id for c in _WARM_SEGMENTED])
-def test_warm_segmented_reverse_pass_plumbing_on_cpu(monkeypatch, case):
-    """The few-heads reverse pass in its warm form (``dh_warm``: one launch of ``gdn_bwd_dh_warm``, each segment from
-    its warm-up chunks after its end or from its sequence's end), forced on small inputs with the emulation's stage
-    functions standing in for the kernels: one dh launch and no end walk; every gradient as the sequential
-    emulation's (``assert_segmented_matches_sequential``), dh0 included. Slow decay and the no-decay heads run on to
-    their sequences' ends (the sequential pass's own arithmetic); strong decay warms up within a chunk."""
+def test_warm_segmented_reverse_pass_plumbing_on_cpu(monkeypatch, case, rc):
+    """The few-heads reverse pass in its warm form (``dh_warm``: one launch of ``gdn_bwd_dh_warm``, each segment
+    from its warm-up chunks after its end or from its sequence's end), forced on small inputs with the emulation's
+    stage functions standing in for the kernels: one dh launch and no end walk; every gradient as the sequential
+    emulation's (``assert_segmented_matches_sequential``), dh0 included.  Slow decay and the no-decay heads run on
+    to their sequences' ends (the sequential pass's own arithmetic); strong decay warms up within a chunk.  The
+    recompute in one pass, as the emulation's (``rc-seq``), or per dh segment from its own warm-up chunks before the
+    segment (``rc-warm``: ``recompute_warm``, no scan and no fix-up at all)."""
     import dataclasses
 
     from kernels.backward import pipeline as bapi
-    from kernels.forward.cp_warm import warm_back_host
+    from kernels.forward.cp_warm import warm_back_host, warm_or_start_host
 
     launches = _segmented_stand_ins(monkeypatch, [])
     monkeypatch.setattr(bapi, "_sm_count", lambda dev: 256)
-    warm = []
-    real = warm_back_host
-    monkeypatch.setattr("kernels.forward.cp_warm.warm_back_host", lambda *a: warm.append(real(*a)) or warm[-1])
+    warm, fwd = [], []
+    back, ahead = warm_back_host, warm_or_start_host
+    monkeypatch.setattr("kernels.forward.cp_warm.warm_back_host", lambda *a: warm.append(back(*a)) or warm[-1])
+    monkeypatch.setattr("kernels.forward.cp_warm.warm_or_start_host", lambda *a: fwd.append(ahead(*a)) or fwd[-1])
     xs, kw, do, dht = tt.bwd_args(case)
-    plan = dataclasses.replace(bapi.plan_for(bapi.prepare_backward(*xs, do, dht, **kw)), dh_warm=True)
+    plan = dataclasses.replace(bapi.plan_for(bapi.prepare_backward(*xs, do, dht, **kw)), dh_warm=True,
+                               shared_scan=False)
+    if rc == "rc-warm" and not plan.recompute_ws:
+        pytest.skip(f"the recompute's warm form is its ws tables form's, built at K = 128 alone (K = {case.K})")
+    plan = (dataclasses.replace(plan, recompute_cp=1) if rc == "rc-seq"
+            else dataclasses.replace(plan, recompute_warm=True))
     assert plan.segmented_warm and plan.dh_segments.cu.numel() - 1 >= 4
-    bapi.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
+    got = bapi.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
     dh = [c for c in launches if getattr(c, "kind", None) == "dh"]
     assert len(dh) == 1 and dh[0].warm and dh[0].lo8, dh
-    assert sum(type(c).__name__ == "FixupConfig" for c in launches) == 1, launches    # the recompute's alone
-    # the recompute in one pass, as the emulation's: the gradients differ by dh's warm-up starts alone
-    warm[:] = []
-    got = bapi.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw,
-                                          plan=dataclasses.replace(plan, shared_scan=False, recompute_cp=1))
+    states = [c for c in launches if type(c).__name__ == "StateConfig"]
+    assert len(states) == 1 and states[0].warm == (rc == "rc-warm"), states    # no scan
+    assert not any(type(c).__name__ == "FixupConfig" for c in launches), launches
     w = torch.stack(warm)                    # [NS, HV]
     co = plan.dh_segments.warm_co.tolist()
     NS = w.shape[0]
-    to_end = torch.tensor([co[co[NS + 1 + j] + 1] - co[j + 1] for j in range(NS)])      # chunks to the sequence's end
-    assert (to_end > 1).any(), to_end
+    to_end = torch.tensor([co[co[2 * NS + 1 + j] + 1] - co[j + 1] for j in range(NS)])   # chunks to the sequence end
+    to_start = torch.tensor([co[j] - co[co[co[NS + 1 + j]]] for j in range(NS)])        # back to its start
+    assert (to_end > 1).any() and len(fwd) == (NS if rc == "rc-warm" else 0), (to_end, len(fwd))
+    f = torch.stack(fwd) if fwd else None
     if case.dist == "strong-decay":
         assert set(w.flatten().tolist()) == {0, 1}, w                     # warm-ups of one chunk
+        assert f is None or set(f.flatten().tolist()) == {0, 1}, f
     elif case.dist == "slow-decay":
         assert torch.equal(w, to_end[:, None].expand_as(w)), (w, to_end)  # every segment to its sequence's end
+        assert f is None or torch.equal(f, to_start[:, None].expand_as(f)), (f, to_start)     # and start
     else:                                                                 # even heads g = 0, odd ones strong
         assert torch.equal(w[:, 0], to_end) and set(w[:, 1].tolist()) <= {0, 1}, (w, to_end)
+        assert f is None or (torch.equal(f[:, 0], to_start) and set(f[:, 1].tolist()) <= {0, 1}), (f, to_start)
     want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=False)
     tt.assert_segmented_matches_sequential(got, want, xs[0].dtype, NAMES)
 

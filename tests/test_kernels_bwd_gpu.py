@@ -168,19 +168,20 @@ def test_bad_input_raises_valueerror():
 
 _WARM_SEGMENTED = _SEGMENTED + [Case(T=4096, H=2, HV=4, dist="strong-decay", grad=True),
                                 Case(T=8192, H=1, HV=2, dist="qwen-gates", h0_dtype="fp32", grad=True)]
-_SEGMENTED_FORMS = [(c, form) for c in _WARM_SEGMENTED for form in ("warm", "dh", "dh_ws32")
-                    if form == "warm" or c in _SEGMENTED]
+_SEGMENTED_FORMS = [(c, form) for c in _WARM_SEGMENTED for form in ("warm", "warm-rc", "dh", "dh_ws32")
+                    if form == "warm" or (form == "warm-rc" and c.K == 128) or c in _SEGMENTED]
 
 
 @pytest.mark.parametrize("case,form", _SEGMENTED_FORMS, ids=[f"{c.id}-{f}" for c, f in _SEGMENTED_FORMS])
 def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, case, form):
     """The few-heads reverse pass, forced on (its thresholds set to 1), gives the sequential pass's gradients on the
     GPU (``kernel_support.assert_segmented_matches_sequential``): as dispatched (``warm``: one launch of
-    ``gdn_bwd_dh_warm``, each segment from its warm-up chunks or its sequence's end), and in three passes and an
-    fp64 scan (``dh_segmented``) with either dh kernel (``dh_ws32``: the warp-specialised one at 32 value columns a
-    CTA).  The segmented pass runs dh with every operand split, so the sequential one it is compared with does too
-    (a plan with ``dh_single`` off); it keeps its own pass B and the sequential plan's recompute (``shared_scan``
-    off)."""
+    ``gdn_bwd_dh_warm``, each segment from its warm-up chunks or its sequence's end; ``warm-rc``: with the recompute
+    per segment from its warm-up chunks too, ``recompute_warm``), and in three passes and an fp64 scan
+    (``dh_segmented``) with either dh kernel (``dh_ws32``: the warp-specialised one at 32 value columns a CTA).  The
+    segmented pass runs dh with every operand split, so the sequential one it is compared with does too (a plan
+    with ``dh_single`` off); it keeps its own pass B and (but ``warm-rc``) the sequential plan's recompute
+    (``shared_scan`` off)."""
     from kernels.backward import dh_segmented
     from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
     from kernels.backward.pipeline import plan_for, prepare_backward
@@ -197,8 +198,10 @@ def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, case, fo
     real = dh_segmented.end_gradients
     monkeypatch.setattr(dh_segmented, "end_gradients", lambda *a: seen.append(a[0].cu.numel() - 1) or real(*a))
     # the plan cache is keyed by the thresholds: no stale plan is reused
-    plan = dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)), dh_ws_bv=ws, dh_warm=form == "warm",
-                               **rc)
+    if form == "warm-rc":
+        rc = dict(shared_scan=False, recompute_warm=True)
+    plan = dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)), dh_ws_bv=ws,
+                               dh_warm=form.startswith("warm"), **rc)
     assert plan.dh_segments is not None and plan.dh_segments.cu.numel() - 1 >= 4, plan.dh_segments
     seg = kern(*xs, do, dht, **kw, plan=plan)
     torch.cuda.synchronize()

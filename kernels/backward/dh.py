@@ -26,11 +26,11 @@ from tilelang.layout import make_full_bank_swizzled_layout
 
 from kernels.common.lo8 import LO8, lo8_code_of
 from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, split_into, store_state_vt
-from kernels.forward.cp_warm import WARM_CHUNKS, backward_macro
+from kernels.forward.cp_warm import WARM_CHUNKS, backward_macros
 
 BT = 64
 FR = T.GemmWarpPolicy.FullRow
-warm_after = backward_macro()
+warm_after, _ = backward_macros()
 
 
 @T.macro
@@ -70,8 +70,8 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
     from the accumulator.
 
     ``warm`` (``gdn_bwd_dh_warm``, the segmented pass in one launch): the N "sequences" are CP segments of the
-    call's sequences and ``chunk_offsets`` is ``[3 N + 1]``: the segments' first chunks ``[N + 1]``, each segment's
-    sequence's last segment ``[N]`` and its sequence ``[N]``.  A segment starts ``w`` chunks after its end from a
+    call's sequences and ``chunk_offsets`` is ``[4 N + 1]`` (``dh_segmented.warm_table``: ``cp_warm``'s table, then
+    each segment's sequence).  A segment starts ``w`` chunks after its end from a
     zero state gradient (``cp_warm``'s ``warm_after`` on prep's bounds ``Lb [HV, NCg]``; nothing is stored for
     those chunks), or, where that reaches its sequence's end, from the sequence's dht (exact); dht and dh0 are
     indexed by sequence, dh0 stored by each sequence's first segment.
@@ -82,7 +82,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
       Th, Tl      [HV, NCg, 64, 64] dtype
       Fb          [HV, NCg, 8, 64]  fp32
       dUl         [HV, NCg, DV, 64] fp32    (dUloc^T from gdn_bwd_prep)
-      cu_seqlens    [N + 1] int32;  chunk_offsets [N + 1] int32 ([3 N + 1] with ``warm``)
+      cu_seqlens    [N + 1] int32;  chunk_offsets [N + 1] int32 ([4 N + 1] with ``warm``)
       dht         [Nh, HV, DK, DV]  fp32 (read as [.., DV, DK] when v_first)
       dSh, dSl    [HV, NCg, DV, DK] dtype   (out, value-first; dSl fp8 e4m3 with lo8)
       dYh, dYl    [HV, NCg, DV, 64] dtype   (out, value-first)
@@ -117,7 +117,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
         store_split(dsa, dsl, dsa_s, dsl_s, dSh[hv, c, v0:v0 + BV, 0:DK], dSl[hv, c, v0:v0 + BV, 0:DK], keep)
 
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
-    n_co = 3 * N + 1 if warm else N + 1
+    n_co = 4 * N + 1 if warm else N + 1
 
     @T.macro
     def body(q, k, do, Th, Tl, Fb, dUl, cu_seqlens, chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0, use_dht,
@@ -126,14 +126,14 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
             h = hv // (HV // H)
             bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
             v0 = bv * BV
-            sq = chunk_offsets[2 * N + 1 + n] if warm else n          # the sequence: dht's and dh0's index
+            sq = chunk_offsets[3 * N + 1 + n] if warm else n          # the sequence: dht's and dh0's index
             if warm:
                 w = T.alloc_local((1,), "int32")       # warm-up chunks after the segment
                 wacc = T.alloc_local((1,), f32)
                 wl = T.alloc_shared((WARM_CHUNKS,), f32)
-                warm_after(Lb, hv, chunk_offsets[n + 1], chunk_offsets[chunk_offsets[N + 1 + n] + 1], w, wacc, wl)
+                warm_after(Lb, hv, chunk_offsets[n + 1], chunk_offsets[chunk_offsets[2 * N + 1 + n] + 1], w, wacc, wl)
                 # exact (from the sequence's dht) where the warm-up reaches the sequence's end
-                from_dht = T.if_then_else(c0 + nchunks + w[0] == chunk_offsets[chunk_offsets[N + 1 + n] + 1],
+                from_dht = T.if_then_else(c0 + nchunks + w[0] == chunk_offsets[chunk_offsets[2 * N + 1 + n] + 1],
                                           use_dht, 0)
             else:
                 from_dht = use_dht
@@ -233,7 +233,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
             T.tma_store_wait()
             if warm:
                 # each sequence's first segment (formed here, not held in registers over the loop)
-                first = T.if_then_else(n == 0, 1, T.if_then_else(chunk_offsets[2 * N + n] != sq, 1, 0))
+                first = T.if_then_else(chunk_offsets[N + 1 + n] == n, 1, 0)
                 if store_dh0 != 0 and first != 0:
                     store_state_vt(ds_f, dh0, v_first, sq, hv, v0, BV, DK)
             elif store_dh0 != 0:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.forward.cp_warm import warm_offsets
 from kernels.interface import unused
 
 BT = 64
@@ -98,8 +99,7 @@ class PlanTensors:
     seg_of: torch.Tensor            # [N + 1] int32: each sequence's first segment, then NS
     steps: tuple                    # ((js, successors) int64 tensors, successor-is-last flag) by distance from the end
     rev: torch.Tensor               # [NS] int64: each sequence's segments in reverse order (an involution)
-    warm_co: torch.Tensor           # [3 NS + 1] int32: chunk_offsets, each segment's sequence's last segment, its
-    #                                 sequence (``gdn_bwd_dh_warm``'s table)
+    warm_co: torch.Tensor           # [4 NS + 1] int32: ``warm_table``
 
 
 def plan_tensors(p: SegmentPlan, dev) -> PlanTensors:
@@ -124,9 +124,10 @@ def plan_tensors(p: SegmentPlan, dev) -> PlanTensors:
 
 
 def warm_table(p: SegmentPlan) -> list:
-    """``gdn_bwd_dh_warm``'s ``chunk_offsets`` of plan ``p``: the segments' first chunks ``[NS + 1]``, each segment's
-    sequence's last segment ``[NS]``, each segment's sequence ``[NS]``."""
-    return list(p.chunk_offsets) + [p.last[n] for n in p.seq] + list(p.seq)
+    """The warm forms' ``chunk_offsets`` of plan ``p`` (``gdn_bwd_dh_warm``, the recompute's
+    ``gdn_state_tables_ws`` with warm-up starts): ``cp_warm``'s table of the segments (their first chunks ``[NS +
+    1]``, each one's sequence's first and last segment ``[NS]`` each), then each segment's sequence ``[NS]``."""
+    return warm_offsets(list(p.chunk_offsets), list(p.first) + [p.n_segments]) + list(p.seq)
 
 
 def end_gradients(t: PlanTensors, a: torch.Tensor, P: torch.Tensor, dht: torch.Tensor | None,

@@ -234,14 +234,14 @@ def chunk_bounds(q2, k2, g2, b2, cu, use_l2) -> torch.Tensor:
 
 
 def dh_warm(q2, k2, do2, Th, Tl, Fb, dUloc, cu, co, Lb, dht, dt):
-    """Emulates ``gdn_bwd_dh_warm``: the segments ``cu`` [NS + 1] (token bounds) with its table ``co`` [3 NS + 1]
+    """Emulates ``gdn_bwd_dh_warm``: the segments ``cu`` [NS + 1] (token bounds) with its table ``co`` [4 NS + 1]
     (``dh_segmented.warm_table``); each (segment, value head) runs ``dh`` over the segment and its warm-up chunks
     (``cp_warm.warm_back_host`` on ``Lb`` [HV, NC]) from a zero state gradient, or from its sequence's ``dht``
     [N, HV, DK, DV] (key-first, or None) where that reaches the sequence's end, keeping the segment's own chunks.
     Returns as ``dh``, dh0 [N, HV, DK, DV] per sequence (from each sequence's first segment)."""
     from kernels.forward.cp_warm import warm_back_host
     NS = len(cu) - 1
-    offs, last, seq = co[:NS + 1], co[NS + 1:2 * NS + 1], co[2 * NS + 1:]
+    offs, last, seq = co[:NS + 1], co[2 * NS + 1:3 * NS + 1], co[3 * NS + 1:]
     H, HV, DK, DV = q2.shape[1], do2.shape[1], q2.shape[2], do2.shape[2]
     dev = q2.device
     NC = Th.shape[1]
@@ -267,6 +267,35 @@ def dh_warm(q2, k2, do2, Th, Tl, Fb, dUloc, cu, co, Lb, dht, dt):
             if j == 0 or seq[j - 1] != seq[j]:
                 dh0[seq[j], hv] = out[5][0, 0]
     return dSnh, dSnl, dYh, dYl, dv, dh0
+
+
+def recompute_warm_states(k2, v2, Ah, Al, F, cu, co, Lb, h0, dt, prec):
+    """Emulates ``gdn_state_tables_ws_warm`` (the recompute per dh segment): the segments ``cu`` [NS + 1] with the
+    table ``co`` [4 NS + 1] (``dh_segmented.warm_table``); each (segment, value head) runs ``chunk_states`` from
+    ``cp_warm.warm_or_start_host``'s chunks before its start (on ``Lb`` [HV, NC]), from zero or, reaching its
+    sequence's first chunk, from the sequence's ``h0`` [N, HV, DK, DV] (key-first, or None); the tables of the
+    segment's own chunks (Sch, Scl, Uh, Ul as ``chunk_states``)."""
+    from kernels.forward.cp_warm import warm_or_start_host
+    NS = len(cu) - 1
+    seq = co[3 * NS + 1:]
+    HV, H = v2.shape[1], k2.shape[1]
+    r = HV // H
+    NC, DK, DV = Ah.shape[1], k2.shape[2], v2.shape[2]
+    out = [torch.zeros(HV, NC, DK, DV, dtype=f64, device=k2.device) for _ in range(2)]
+    out += [torch.zeros(HV, NC, BT, DV, dtype=f64, device=k2.device) for _ in range(2)]
+    for j in range(NS):
+        w = warm_or_start_host(Lb, co[:3 * NS + 1], j)
+        for h in range(HV):
+            skip = int(w[h])
+            start = co[j] - skip
+            sl = slice(h, h + 1)
+            hs = h0[seq[j]:seq[j] + 1, sl] if h0 is not None and start == co[co[NS + 1 + j]] else None
+            tabs = chunk_states(k2[:, h // r:h // r + 1], v2[:, sl], Ah[sl], Al[sl], F[sl],
+                                [cu[j] - skip * BT, cu[j + 1]], [start, 0], hs, dt, prec)
+            own = slice(co[j], co[j + 1])
+            for dst, src in zip(out, tabs[:4]):
+                dst[sl, own] = src[:, own]
+    return tuple(out)
 
 
 def dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu, scale, operands: str = "split"):

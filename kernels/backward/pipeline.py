@@ -16,7 +16,8 @@ Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan
      [gdn_bwd_dh_warm] (``plan.dh_warm``), or three passes and a scan (``dh_segmented``; the forward's
      gdn_cp_fixup over the segments in reverse order);
   3. ``recompute`` [the forward's smem state kernel, or its ws tables form (``recompute_ws``), precision
-     "recompute"; with ``recompute_cp`` per CP segment after the forward's gdn_scan_rv and gdn_cp_fixup]: the
+     "recompute"; with ``recompute_cp`` per CP segment after the forward's gdn_scan_rv and gdn_cp_fixup; with
+     ``recompute_warm`` per dh segment from warm-up chunks, gdn_state_tables_ws_warm]: the
      chunk-start states S and U
      (hi + lo, key-first) from prep's Ag and gate table, launched after dh (which does not read them): on a side
      stream beside it where the plan overlaps them, else after it on the main stream;
@@ -245,7 +246,7 @@ class PrepTables:
     Agl: torch.Tensor               # lo
     Fb: torch.Tensor                # [HV, NC, 8, 64] fp32 gate table
     dUl: torch.Tensor               # [HV, NC, D, 64] fp32 dUloc^T
-    Lb: torch.Tensor | None = None  # [HV, NC] fp32 the chunks' log2 norm bounds (``plan.dh_warm``)
+    Lb: torch.Tensor | None = None  # [HV, NC] fp32 the chunks' log2 norm bounds (the warm segmented forms)
 
 
 def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
@@ -292,7 +293,8 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
     ``plan.recompute_ws``) on prep's Ag and gate table: one pass over every sequence, or with ``plan.recompute_cp``
     one per CP segment from the start states of the forward's exact ``segment_starts`` (the scan and the fp64 fix-up
     on the same tables), or with ``plan.shared_scan`` one per dh segment from the fix-up of ``maps``
-    (``segment_maps_of``); on the stream ``side`` when given: its outputs are then allocated on it (so that none
+    (``segment_maps_of``), or with ``plan.recompute_warm`` one per dh segment from its warm-up chunks (prep's
+    bounds ``tables.Lb``); on the stream ``side`` when given: its outputs are then allocated on it (so that none
     reuses a buffer the main stream's pending kernels still read, such as dh's) and recorded on the main stream,
     which reads and frees them; its inputs recorded on it."""
     from kernels.build import get_kernel
@@ -307,7 +309,12 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
         Ul = torch.empty_like(Uh)
         ht = no_states(x)                                      # the final state: not stored
         intra = IntraTables(tables.Agh, tables.Agl, tables.Fb, None)
-        if plan.shared_scan:            # every dh segment from its start state (value-first)
+        extra = ()
+        if plan.recompute_on_warm_segments:     # every dh segment from its warm-up chunks or its sequence's start
+            cp = plan.dh_segments
+            cu, co, use_h0, v_first = cp.cu, cp.warm_co, int(x.h0 is not None), int(x.v_first)
+            h0, extra = initial_states(x), (tables.Lb,)
+        elif plan.shared_scan:          # every dh segment from its start state (value-first)
             cp = plan.dh_segments
             h0 = fix_segment_starts(x=x, plan=plan.recompute_cp_plan(), tables=intra, ZM=maps, seg_of=cp.seg_of,
                                     co=cp.seg_of)
@@ -318,11 +325,11 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
         else:
             cu, co, use_h0, v_first = x.cu, x.chunk_offsets, int(x.h0 is not None), int(x.v_first)
             h0 = initial_states(x)
-        get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, 0,
-                        v_first)
+        get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, *extra, ht,
+                        use_h0, 0, v_first)
     if side is not None:
-        for t in (tables.Agh, tables.Agl) + ((maps,) if plan.shared_scan else ()):  # freed while the side stream
-            t.record_stream(side)                                                     # may still use them
+        for t in (tables.Agh, tables.Agl) + ((maps,) if plan.shared_scan else ()) + extra:   # freed while the side
+            t.record_stream(side)                                                           # stream may use them
         for t in (Sch, Scl, Uh, Ul):
             t.record_stream(main)
     return RecomputedStates(Sch, Scl, Uh, Ul)

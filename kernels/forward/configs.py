@@ -45,8 +45,9 @@ class StateConfig:
     stored as fp8 (``kernels.common.lo8``), the backward recompute's form; ``pt``: the "ws" form reading P from
     the intra kernel's tables instead of computing it; ``warm``: the "ws" form per CP segment and the CP scan with
     the warm-up starts of ``cp_warm``; ``tables``: the "ws" form storing the smem form's chunk tables instead of o,
-    with the smem form's arguments, the backward recompute's form, ``lo8`` allowed); ``split``: "warm" / "exact",
-    the "ws" form's two kernels of ``ForwardPlan.split_heads`` (``state_output_ws``), "" none)."""
+    with the smem form's arguments, the backward recompute's form, ``lo8`` allowed; with ``warm``, per segment of
+    the segmented reverse pass from warm-up chunks or its sequence's start, on prep's chunk bounds); ``split``:
+    "warm" / "exact", the "ws" form's two kernels of ``ForwardPlan.split_heads`` (``state_output_ws``), "" none)."""
     dtype: str
     BV: int
     prec: object                   # precision.Precision (frozen, hashable)
@@ -119,9 +120,9 @@ def prim_func(cfg):
     if isinstance(cfg, StateConfig):
         if cfg.split and cfg.form != "ws":
             raise ValueError(f"split (ForwardPlan.split_heads) is a form of the ws kernel: {cfg!r}")
-        if cfg.tables and (cfg.form != "ws" or cfg.scan or cfg.pt or cfg.warm):
-            raise ValueError(f"tables (the chunk tables instead of o) is a form of the ws kernel without P tables and "
-                             f"warm-up starts: {cfg!r}")
+        if cfg.tables and (cfg.form != "ws" or cfg.scan or cfg.pt or cfg.split):
+            raise ValueError(f"tables (the chunk tables instead of o) is a form of the ws kernel without P tables or "
+                             f"split heads: {cfg!r}")
         if cfg.form == "rv":
             if cfg.sl_swizzle or cfg.lo8 or cfg.pt or (cfg.warm and not cfg.scan):
                 raise ValueError(f"sl_swizzle and lo8 are forms of the smem state kernel, P tables of the ws form, "

@@ -84,6 +84,14 @@ def warm_back_host(L: torch.Tensor, chunk_offsets: list, last: list, j: int) -> 
     return torch.where(w < 0, torch.full_like(w, end - e), w)
 
 
+def warm_or_start_host(L: torch.Tensor, co: list, j: int) -> torch.Tensor:
+    """``warm_chunks_host`` where no exact start state is at hand (the backward's recompute): -1 becomes the chunks
+    back to the sequence's first one (the start from its initial state, exact).  ``co``: ``warm_offsets``' table."""
+    Nseg = (len(co) - 1) // 3
+    w = warm_chunks_host(L, co, j)
+    return torch.where(w < 0, torch.full_like(w, co[j] - co[co[Nseg + 1 + j]]), w)
+
+
 def chunk_log2_bounds(G: torch.Tensor, bc: torch.Tensor, rk: torch.Tensor, kk: torch.Tensor) -> torch.Tensor:
     """Row 7 of the gate table (fp32 values as float64): ``G log2 e + cumsum(log2 max(1, |1 - beta rk^2 kk|))``
     over the chunk, ``G, bc, rk, kk`` [HV, NC, 64] (the cumsum of g, beta, the L2 factors, ``||k||^2``; 0 past a
@@ -163,7 +171,19 @@ def _macros():
         if w[0] < 0:
             w[0] = end - e
 
-    return warm_chunks, exact_after, warm_after
+    @T.macro
+    def warm_or_start(Lb, hv, a, b, w, acc, lv):
+        """``w[0]``: ``warm_or_start_host``'s chunks before a segment starting at chunk ``a`` of a sequence starting
+        at chunk ``b``, from ``Lb [HV, NC]`` (each chunk's ``L_c``); local scratch ``acc`` fp32 [1], shared ``lv``
+        fp32 [WARM_CHUNKS] (the bounds, loaded together first, one a thread).  Every thread, uniform."""
+        for i in T.Parallel(WARM_CHUNKS):
+            lv[i] = Lb[hv, T.max(a - i - 1, 0)]
+        w[0] = T.if_then_else(a == b, 0, -1)
+        reach(lv, 0, a, b, w, acc)
+        if w[0] < 0:
+            w[0] = a - b
+
+    return warm_chunks, exact_after, warm_after, warm_or_start
 
 
 def macros():
@@ -171,6 +191,7 @@ def macros():
     return _macros()[:2]
 
 
-def backward_macro():
-    """The TileLang macro ``warm_after``: the reverse pass's rule (imports tilelang)."""
-    return _macros()[2]
+def backward_macros():
+    """The TileLang macros of the backward's segments, read from a bounds table ``Lb [HV, NC]``: ``warm_after``
+    (the reverse pass's rule) and ``warm_or_start`` (the recompute's) (imports tilelang)."""
+    return _macros()[2:]

@@ -40,10 +40,11 @@ from kernels.common.lo8 import LO8, lo8_code_of
 from kernels.common.prologue import (dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, split_products,
                                      store_state_kt)
 
-from .cp_warm import MAX_SEGMENTS, WARM_CHUNKS, macros
+from .cp_warm import MAX_SEGMENTS, WARM_CHUNKS, backward_macros, macros
 from .cumsum import LOG2E
 
 warm_chunks, exact_after = macros()
+_, warm_or_start = backward_macros()
 
 BT = 64
 THREADS = 512
@@ -69,7 +70,11 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
       use_h0, store_ht, v_first       int32
 
     ``tables``: ``gdn_state_tables_ws`` with ``gdn_state_smem``'s arguments (k, v, Ah, Al, F, cu_seqlens,
-    chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, v_first) and its tables, Scl fp8 with ``lo8``.
+    chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, v_first) and its tables, Scl fp8 with ``lo8``.  With
+    ``warm`` (the backward's recompute per segment, ``gdn_state_tables_ws_warm``): ``Lb [HV, NCg]`` (each chunk's
+    log2 norm bound, prep's) after ``Ul``, ``chunk_offsets`` ``[4 N + 1]`` (``cp_warm``'s table, then each segment's
+    sequence); a segment starts ``cp_warm.warm_or_start`` chunks early, from zero or, reaching its sequence's first
+    chunk, from the sequence's h0 (exact); its own chunks' tables alone are stored, ht never.
 
     ``split`` (``ForwardPlan.split_heads``): each (sequence, value head) runs in one of two kernels launched side by
     side, chosen on the GPU by ``cp_warm``'s rule over the sequence's CP segments.  "warm" (with ``warm``): the
@@ -85,7 +90,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     f32 = "float32"
     op = prec.operand_dtype(dtype)
     assert not (warm and prec.half), "warm-up starts are CP segments' (fp16 operands' column scales: no CP)"
-    assert not tables or not (pt or warm or prec.half), "tables: the recompute's form (P, warm-up, fp16 operands: o's)"
+    assert not tables or not (pt or prec.half), "tables: the recompute's form (P, fp16 operands: o's)"
     assert not lo8 or (tables and prec.s == "split"), "lo8: S's lo table as fp8, a form of the split S tables"
     assert split in ("", "warm", "exact") and (split != "warm" or warm) and (split != "exact" or not warm)
     assert not split or not (tables or prec.half), "split: the o form of the split precision"
@@ -96,7 +101,9 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     sl_need = ks_sp or s_sp
     sw, sx = split == "warm", split == "exact"     # (build-time bools)
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
-    n_co = 4 * N + 1 if split == "warm" else dynamic_dims("NCO")[0] if split else 3 * N + 1 if warm else N + 1
+    tw = tables and warm                            # (build-time bool)
+    n_co = (4 * N + 1 if split == "warm" or tw else dynamic_dims("NCO")[0] if split else 3 * N + 1 if warm
+            else N + 1)
 
     @T.macro
     def gated_scores(q_s, k_s, f_s, st, qk):
@@ -109,6 +116,23 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
             qk[i, j] = T.if_then_else(j <= i, p, T.float32(0))
 
     @T.macro
+    def store_s(sh_s, sl_s, Sch, Scl, hv, cg, v0):
+        """The tables form's S hi (+ lo; fp8 codes with lo8) of chunk ``cg`` from the hand-off tiles."""
+        T.copy(sh_s, Sch[hv, cg, 0:DK, v0:v0 + BV], disable_tma=True)
+        if lo8:
+            for i, j in T.Parallel(DK, BV):
+                Scl[hv, cg, i, v0 + j] = lo8_code_of(sl_s[i, j], sh_s[i, j], dtype)
+        elif s_sp:
+            T.copy(sl_s, Scl[hv, cg, 0:DK, v0:v0 + BV], disable_tma=True)
+
+    @T.macro
+    def store_u(uh_s, ul_s, Uh, Ul, hv, cg, v0):
+        """The tables form's U hi (+ lo) of chunk ``cg`` from the hand-off tiles."""
+        T.copy(uh_s, Uh[hv, cg, 0:BT, v0:v0 + BV], disable_tma=True)
+        if u_sp:
+            T.copy(ul_s, Ul[hv, cg, 0:BT, v0:v0 + BV], disable_tma=True)
+
+    @T.macro
     def store_rows(o_f, o, t0, eos, hv, v0):
         for i, j in T.Parallel(BT, BV):
             if t0 + i < eos:
@@ -116,9 +140,9 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
 
     @T.macro
     def fused(q, k, v, Ah, Al, F, Ph, Pl, cu_seqlens, chunk_offsets, h0, o, ht, Sch, Scl, Uh, Ul, use_h0,
-              store_ht, v_first):
-        """The kernel body of both prim_funcs: ``q, Ph, Pl, o`` None with ``tables``, ``Sch, Scl, Uh, Ul``
-        None without."""
+              store_ht, v_first, Lb=None):
+        """The kernel body of the prim_funcs: ``q, Ph, Pl, o`` None with ``tables``, ``Sch, Scl, Uh, Ul``
+        None without, ``Lb`` None but with ``tables`` and ``warm``."""
         with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, n):
             h = hv // (HV // H)
             v0 = bv * BV
@@ -139,7 +163,17 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     exact_after(F, chunk_offsets, chunk_offsets[2 * N + 1] + 1, s_first + 1,
                                 chunk_offsets[N + 2 + n] - s_first - 1, hv, mix, macc, wl_s, ca_s, base=2 * N + 2)
                     runs = mix[0] != 0
-            if warm:    # the segment from its warm-up chunks (ws of them; -1: from its exact start state)
+            if tw:      # the segment from its warm-up chunks, or from its sequence's first chunk
+                ws = T.alloc_local((1,), "int32")
+                wacc = T.alloc_local((1,), f32)
+                wlv = T.alloc_shared((WARM_CHUNKS,), f32)
+                sbos, eos, sc0, snchunks = seq_span(cu_seqlens, chunk_offsets, n)
+                warm_or_start(Lb, hv, sc0, chunk_offsets[chunk_offsets[N + 1 + n]], ws, wacc, wlv)
+                skip = ws[0]
+                bos = sbos - skip * BT
+                c0 = sc0 - skip
+                nchunks = snchunks + skip
+            elif warm:  # the segment from its warm-up chunks (ws of them; -1: from its exact start state)
                 ws = T.alloc_local((1,), "int32")
                 wacc = T.alloc_local((1,), f32)
                 wlv = T.alloc_local((WARM_CHUNKS,), f32)
@@ -216,6 +250,12 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         load_state_kt(h0, s_f, v_first, seq, hv, v0, BV, DK)
                     else:
                         T.clear(s_f)
+                elif tw:
+                    # from the sequence's first chunk: its initial state; else zero
+                    if c0 == chunk_offsets[chunk_offsets[N + 1 + n]] and use_h0 != 0:
+                        load_state_kt(h0, s_f, v_first, chunk_offsets[3 * N + 1 + n], hv, v0, BV, DK)
+                    else:
+                        T.clear(s_f)
                 elif warm:
                     # exact (ws 0 or -1): its start state; warm-up to the sequence's first chunk: the sequence's
                     # initial state (its first segment's); else zero
@@ -268,7 +308,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         s_f[i, j] = s_f[i, j] * (f_s[st, 3, 0] * rt_s[st, j] if half else f_s[st, 3, 0])
                     split_products(k_s[st, :, :], None, xh_s, xl_s, s_f, False, upd_sp, False, True)
                     T.barrier_arrive(empty[st])
-                if store_ht != 0:
+                if not tw and store_ht != 0:
                     if half:
                         if nchunks > 0:     # the last chunk's scales (its stage is not loaded again)
                             for i, j in T.Parallel(DK, BV):
@@ -356,17 +396,18 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     for c in T.serial(nchunks):
                         cg = c0 + c
                         T.barrier_wait(s_ready, c % 2)
-                        T.copy(sh_s, Sch[hv, cg, 0:DK, v0:v0 + BV], disable_tma=True)
-                        if lo8:
-                            for i, j in T.Parallel(DK, BV):
-                                Scl[hv, cg, i, v0 + j] = lo8_code_of(sl_s[i, j], sh_s[i, j], dtype)
-                        elif s_sp:
-                            T.copy(sl_s, Scl[hv, cg, 0:DK, v0:v0 + BV], disable_tma=True)
+                        if tw:
+                            if c >= skip:   # (warm-up chunks: the previous segment's tables)
+                                store_s(sh_s, sl_s, Sch, Scl, hv, cg, v0)
+                        else:
+                            store_s(sh_s, sl_s, Sch, Scl, hv, cg, v0)
                         T.barrier_arrive(s_free)
                         T.barrier_wait(u_ready, c % 2)
-                        T.copy(uh_s, Uh[hv, cg, 0:BT, v0:v0 + BV], disable_tma=True)
-                        if u_sp:
-                            T.copy(ul_s, Ul[hv, cg, 0:BT, v0:v0 + BV], disable_tma=True)
+                        if tw:
+                            if c >= skip:
+                                store_u(uh_s, ul_s, Uh, Ul, hv, cg, v0)
+                        else:
+                            store_u(uh_s, ul_s, Uh, Ul, hv, cg, v0)
                         T.barrier_arrive(u_free)
                 else:
                     # WG2: the output
@@ -431,6 +472,31 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                                 T.tma_copy(Pl[hv, cg, 0:BT, 0:BT], pl_s[st, :, :], barrier=full[st])
                         T.barrier_arrive(full[st])
 
+
+    if tw:
+        @T.prim_func
+        def gdn_state_tables_ws_warm(
+            k: T.Tensor((Ttot, H, DK), dtype),
+            v: T.Tensor((Ttot, HV, DV), dtype),
+            Ah: T.Tensor((HV, NCg, BT, BT), dtype),
+            Al: T.Tensor((HV, NCg, BT, BT), dtype),
+            F: T.Tensor((HV, NCg, 8, BT), f32),
+            cu_seqlens: T.Tensor((N + 1,), "int32"),
+            chunk_offsets: T.Tensor((n_co,), "int32"),
+            h0: T.Tensor((Nh, HV, DK, DV), f32),
+            Sch: T.Tensor((HV, NCg, DK, DV), dtype),
+            Scl: T.Tensor((HV, NCg, DK, DV), LO8 if lo8 else dtype),
+            Uh: T.Tensor((HV, NCg, BT, DV), dtype),
+            Ul: T.Tensor((HV, NCg, BT, DV), dtype),
+            Lb: T.Tensor((HV, NCg), f32),
+            ht: T.Tensor((Nt, HV, DK, DV), f32),
+            use_h0: T.int32,
+            store_ht: T.int32,
+            v_first: T.int32,
+        ):
+            fused(None, k, v, Ah, Al, F, None, None, cu_seqlens, chunk_offsets, h0, None, ht, Sch, Scl, Uh, Ul, use_h0,
+                  store_ht, v_first, Lb)
+        return gdn_state_tables_ws_warm
 
     if tables:
         @T.prim_func
