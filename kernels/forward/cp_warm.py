@@ -158,7 +158,7 @@ def _macros():
         """``w[0]``: the reverse pass's warm-up chunks after a segment ending at chunk ``e`` (exclusive) of a
         sequence ending at chunk ``end`` (``warm_back_host``), from ``Lb [HV, NC]`` (each chunk's ``L_c``); local
         scratch ``acc`` fp32 [1], shared ``lv`` fp32 [WARM_CHUNKS] (the bounds, loaded together first, one a
-        thread: no registers held for them).  Every thread, uniform."""
+        thread: no registers held for them).  Every thread, uniform (it ends with a barrier)."""
         for i in T.Parallel(WARM_CHUNKS):
             lv[i] = Lb[hv, T.max(T.min(e + i, end - 1), 0)]
         w[0] = T.if_then_else(e == end, 0, -1)
@@ -170,18 +170,21 @@ def _macros():
                     w[0] = i + 1
         if w[0] < 0:
             w[0] = end - e
+        T.sync_threads()        # every thread has read ``lv``: its memory may serve another tile now
 
     @T.macro
     def warm_or_start(Lb, hv, a, b, w, acc, lv):
         """``w[0]``: ``warm_or_start_host``'s chunks before a segment starting at chunk ``a`` of a sequence starting
         at chunk ``b``, from ``Lb [HV, NC]`` (each chunk's ``L_c``); local scratch ``acc`` fp32 [1], shared ``lv``
-        fp32 [WARM_CHUNKS] (the bounds, loaded together first, one a thread).  Every thread, uniform."""
+        fp32 [WARM_CHUNKS] (the bounds, loaded together first, one a thread).  Every thread, uniform (it ends
+        with a barrier)."""
         for i in T.Parallel(WARM_CHUNKS):
             lv[i] = Lb[hv, T.max(a - i - 1, 0)]
         w[0] = T.if_then_else(a == b, 0, -1)
         reach(lv, 0, a, b, w, acc)
         if w[0] < 0:
             w[0] = a - b
+        T.sync_threads()        # every thread has read ``lv``: its memory may serve another tile now
 
     return warm_chunks, exact_after, warm_after, warm_or_start
 
