@@ -309,6 +309,27 @@ def test_shared_scan_gives_pass_bs_transfer_maps(monkeypatch, case):
     _within_baseline(case, got)
 
 
+@pytest.mark.parametrize("case", _WARM_SEGMENTED[2:], ids=[c.id for c in _WARM_SEGMENTED[2:]])
+def test_warm_recompute_gives_the_sequential_states(monkeypatch, case):
+    """``BackwardPlan.recompute_warm`` (the recompute per dh segment from its warm-up chunks, with the warm dh;
+    segmented pass forced on): S and U within 2^-8 of their largest magnitude of one sequential recompute's (they
+    differ by what the warm-ups drop, at most 2^-40 of the state, and the roundings after it), every gradient no
+    farther from fp64 than that plan's plus a tenth of the input dtype's rounding floor, and within the FLA-like
+    baseline."""
+    from kernels.backward import dh_segmented
+    from kernels.backward.pipeline import plan_for, prepare_backward
+
+    xs, kw, do, dht = tt.bwd_args(case, CUDA)
+    monkeypatch.setattr(dh_segmented, "MIN_CHUNKS", 1)
+    monkeypatch.setattr(dh_segmented, "MIN_SEQ_CHUNKS", 1)
+    plan = dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)), dh_warm=True, shared_scan=False)
+    assert plan.dh_segments is not None and plan.recompute_ws
+    got = _same_recomputed_states(case, dataclasses.replace(plan, recompute_warm=True),
+                                  dataclasses.replace(plan, recompute_warm=False, recompute_cp=1), 2 ** -8,
+                                  "warm recompute", True)
+    _within_baseline(case, got)
+
+
 def _same_recomputed_states(case, plan, ref, s_tol, label, to_fp64=False):
     """The backward of ``case`` under ``plan`` against ``ref``: the recomputed S and U within ``s_tol`` of their
     largest magnitude (printed, with whether bitwise), every gradient finite and within a hundredth of the input
