@@ -89,18 +89,22 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       "ours-no-cluster": ("backward", dict(cluster_group_sum=False)),  # GVA sums: fp32 rows + gdn_bwd_group_sum
       "ours-rc-bv32": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=1)),  # the recompute's state
       "ours-rc-bv64": ("backward", dict(recompute_block_v=64, recompute_ctas_per_sm=1)),  # kernel shape (BV, CTAs
-      "ours-rc-bv16o2": ("backward", dict(recompute_block_v=16, recompute_ctas_per_sm=2, recompute_ws=False)),
-      "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2, recompute_ws=False)),  # smem
-      "ours-rc-smem": ("backward", dict(recompute_ws=False)),  # the recompute's smem state kernel (not the ws form)
+      "ours-rc-bv16o2": ("backward", dict(recompute_block_v=16, recompute_ctas_per_sm=2, recompute_ws=False,
+                                          recompute_warm=False)),
+      "ours-rc-bv32o2": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=2, recompute_ws=False,
+                                          recompute_warm=False)),  # smem
+      # the recompute's smem state kernel (not the ws form; with the segmented dh per its own exact CP segments)
+      "ours-rc-smem": ("backward", dict(recompute_ws=False, recompute_warm=False)),
       # dqk's gates formed at each use and its fp8 lo tiles widened by a shift (not dqk_e_once, dqk_exp_mask)
       "ours-dqk-plain": ("backward", dict(dqk_e_once=False, dqk_exp_mask=False)),
       # one sequential recompute pass at BV 16 (what block_v gives where the recompute runs per CP segment), dh's
       # transfer maps by its pass B
       "ours-rc-seq": ("backward", dict(recompute_cp=1, recompute_block_v=16, recompute_ctas_per_sm=1,
-                                       shared_scan=False)),
-      # with the segmented dh: its pass B, and the recompute per its own CP segments (recompute_cp)
-      "ours-no-shared-scan": ("backward", dict(shared_scan=False)),
-      "ours-ks1": ("backward", dict(ks_single=True, recompute_ws=False)),  # the recompute's K S one term (S hi alone)
+                                       shared_scan=False, recompute_warm=False, dh_warm=False)),
+      # with the segmented dh in three passes: its pass B, and the recompute per its own CP segments (recompute_cp)
+      "ours-no-shared-scan": ("backward", dict(shared_scan=False, dh_warm=False, recompute_warm=False)),
+      # the recompute's K S one term (S hi alone)
+      "ours-ks1": ("backward", dict(ks_single=True, recompute_ws=False, recompute_warm=False)),
       "ours-no-saved": ("both", None),   # the forward keeps no intra tables: prep recomputes Tinv (hi + lo) and Ag
       "ours-dh-single": ("backward", dict(dh_single=True, lo8=False)),  # dh's Tinv, dU, F0 dX single (sequential)
       "ours-s-single": ("backward", dict(s_single=True, lo8=False)),  # the recompute's S hi alone: no S lo table
@@ -110,12 +114,13 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       "ours-one16": ("both", dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True,
                                   s_single=True, lo8=False, dh_ws_bv=32)),
       "ours-dh-regs": ("backward", dict(dh_ws_bv=0)),  # dh's register kernel (value-first, 64 value columns a CTA)
-      "ours-dh-ws32": ("backward", dict(dh_ws_bv=32)),  # dh warp-specialised, key-first, 32 value columns a CTA
-      # the segmented reverse pass in one launch, each segment from its warm-up chunks (gdn_bwd_dh_warm), not
-      # three passes and the end-gradient scan
-      "ours-dh-warm": ("backward", dict(dh_warm=True)),
-      # the same with the recompute per dh segment from its own warm-up chunks: no CP scan, no fix-up
-      "ours-warm": ("backward", dict(dh_warm=True, recompute_warm=True, shared_scan=False)),
+      # dh warp-specialised, key-first, 32 value columns a CTA (the segmented pass in three passes)
+      "ours-dh-ws32": ("backward", dict(dh_ws_bv=32, dh_warm=False)),
+      # the segmented reverse pass in three passes and the end-gradient scan, the recompute from the shared scan's
+      # start states (not the warm forms of both)
+      "ours-dh-3pass": ("backward", dict(dh_warm=False, recompute_warm=False, shared_scan=True)),
+      # the warm dh, the recompute from the shared scan's start states (not from its own warm-up chunks)
+      "ours-rc-scan": ("backward", dict(recompute_warm=False, shared_scan=True)),
       "ours-m1": ("merges", "bf16"),   # the forward's block merges one term, and prep's where it computes Tinv
       "ours-msplit": ("merges", "split"),   # the same with split (3-term wgmma) merges instead of fp32 ones
       }
@@ -142,9 +147,15 @@ def alter(col: str):
                 return dataclasses.replace(plan, keep_tables=False)
             return dataclasses.replace(plan, reads_saved_tables=False, **(change or {}))
         if isinstance(plan, BackwardPlan) and where == "backward":
-            return dataclasses.replace(plan, **change)
+            return dataclasses.replace(plan, **segmented_only(change, plan))
         return plan
     return f
+
+
+def segmented_only(change: dict, plan) -> dict:
+    """``change`` without ``shared_scan`` where ``plan`` has no segmented reverse pass (``dh_segments``), which that
+    field needs; the other fields of the segmented pass are read with it alone."""
+    return change if plan.dh_segments is not None else {k: v for k, v in change.items() if k != "shared_scan"}
 
 
 ALONE = "(bwd alone)"

@@ -316,7 +316,7 @@ class BackwardPlan:
             raise ValueError(f"io_dtype: the caller's dtype where the one-term kernels' is another; got {self}")
         if self.lo8 and (self.dh_single or self.s_single):
             raise ValueError("lo8 (fp8 lo tables) is a form of the split dh and S tables (dh_single, s_single False)")
-        if self.recompute_warm and (not self.recompute_ws or self.shared_scan):
+        if self.recompute_on_warm_segments and (not self.recompute_ws or self.shared_scan):
             raise ValueError(f"recompute_warm: the recompute's ws tables form from warm-up chunks, not from the shared "
                              f"scan's start states (recompute_ws, shared_scan False); got {self}")
         if self.segmented_warm and self.dh_ws_bv:
@@ -409,9 +409,10 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     CTA where those CTAs fit one wave (``DH_WS_MAX_CTAS``; at the head dims of ``WS_HEAD_DIMS``, where it was
     measured), else the register kernel; the recompute per segment (``recompute_cp``: ``ws_cp_segments`` of the
     longest sequence's ``max_chunks``, default ``n_chunks / n_seq``, at ``WS_CP_BV`` value columns a CTA) where
-    even 16-column blocks of one pass leave SMs idle; with the segmented reverse pass the shared scan
-    (``shared_scan``: the recompute on dh's segments at ``WS_CP_BV`` columns); every kernel built for the call's
-    head dim ``DK`` (K == V)."""
+    even 16-column blocks of one pass leave SMs idle; with the segmented reverse pass its warm form (``dh_warm``:
+    one launch, each segment from its warm-up chunks) and the recompute on dh's segments at ``WS_CP_BV`` columns,
+    from its own warm-up chunks at the head dims of ``WS_HEAD_DIMS`` (``recompute_warm``), else from the shared
+    scan's start states (``shared_scan``); every kernel built for the call's head dim ``DK`` (K == V)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
@@ -426,4 +427,5 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
                         overlap_recompute=n_chunks * HV >= OVERLAP_MIN_CHUNK_HEADS,
                         recompute_block_v=rbv, recompute_ctas_per_sm=1, group=group,
                         cluster_group_sum=group in CLUSTER_GROUPS, lo8=True, DK=DK, recompute_cp=rcp,
-                        shared_scan=not seq)
+                        shared_scan=not seq and DK not in WS_HEAD_DIMS, dh_warm=not seq,
+                        recompute_warm=not seq and DK in WS_HEAD_DIMS)

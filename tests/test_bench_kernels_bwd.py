@@ -26,7 +26,7 @@ def test_ab_column_changes_the_plan_it_names_and_no_other(col):
                                          p_table=fp.p_table and change != "split")
         assert nb == dataclasses.replace(bp, merge=change) and nf.keep_tables and nf != fp and nb != bp
     else:
-        assert nf is fp and nb == dataclasses.replace(bp, **change)
+        assert nf is fp and nb == dataclasses.replace(bp, **bench.segmented_only(change, bp))
     if col == "ours-s-single":
         assert not bp.s_single and nb.s_single
 

@@ -976,12 +976,12 @@ def _segmented_stand_ins(monkeypatch, asked: list, kinds: bool = False) -> list:
 
 @pytest.mark.parametrize("case", _SEGMENTED, ids=[c.id for c in _SEGMENTED])
 def test_shared_scan_plumbing_on_cpu(monkeypatch, case):
-    """``BackwardPlan.shared_scan``, dispatched with the segmented reverse pass (forced on small inputs, stand-in
-    kernels), with the pass in three passes (``dh_warm`` off): the forward CP scan over dh's segments gives dh's
-    transfer maps -- within 1e-5 of pass B's on every segment the end-gradient scan reads, pass A's start gradients
-    bitwise -- so dh runs twice (passes A and C) instead of three times, the scan once; and the recompute runs per
-    dh segment from the fix-up of the same maps: every gradient no farther from fp64 than the sequential emulation's
-    plus a tenth of the input dtype's rounding floor."""
+    """``BackwardPlan.shared_scan`` with the segmented reverse pass in three passes (``dh_warm`` off; forced on small
+    inputs, stand-in kernels; dispatched at K = 64 beside the warm dh): the forward CP scan over dh's segments gives
+    dh's transfer maps -- within 1e-5 of pass B's on every segment the end-gradient scan reads, pass A's start
+    gradients bitwise -- so dh runs twice (passes A and C) instead of three times, the scan once; and the recompute
+    runs per dh segment from the fix-up of the same maps: every gradient no farther from fp64 than the sequential
+    emulation's plus a tenth of the input dtype's rounding floor."""
     import dataclasses
 
     import kernels.forward.configs as fbuild
@@ -996,8 +996,9 @@ def test_shared_scan_plumbing_on_cpu(monkeypatch, case):
     monkeypatch.setattr(dh_cp, "end_gradients", lambda *a: seen.append(a) or real(*a))
     xs, kw, do, dht = tt.bwd_args(case)
     plan = bapi.plan_for(bapi.prepare_backward(*xs, do, dht, **kw))
-    assert plan.shared_scan and plan.dh_segments is not None and plan.recompute_block_v == 64
-    plan = dataclasses.replace(plan, dh_warm=False)          # the three passes, whose pass B the maps replace
+    assert plan.dh_segments is not None and plan.recompute_block_v == 64
+    # the three passes, whose pass B the maps replace (dispatched at K = 64, with the warm dh)
+    plan = dataclasses.replace(plan, dh_warm=False, recompute_warm=False, shared_scan=True)
     got = bapi.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=plan)
     shared, launches[:] = list(launches), []
     bapi.chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, plan=dataclasses.replace(plan, shared_scan=False))
@@ -1046,7 +1047,7 @@ def test_warm_segmented_reverse_pass_plumbing_on_cpu(monkeypatch, case, rc):
     monkeypatch.setattr("kernels.forward.cp_warm.warm_or_start_host", lambda *a: fwd.append(ahead(*a)) or fwd[-1])
     xs, kw, do, dht = tt.bwd_args(case)
     plan = dataclasses.replace(bapi.plan_for(bapi.prepare_backward(*xs, do, dht, **kw)), dh_warm=True,
-                               shared_scan=False)
+                               shared_scan=False, recompute_warm=False)
     if rc == "rc-warm" and not plan.recompute_ws:
         pytest.skip(f"the recompute's warm form is its ws tables form's, built at K = 128 alone (K = {case.K})")
     plan = (dataclasses.replace(plan, recompute_cp=1) if rc == "rc-seq"
@@ -1176,10 +1177,14 @@ def test_recompute_dispatch_per_segment():
     for bad in (0, 17):
         with pytest.raises(ValueError, match="recompute_cp"):
             dataclasses.replace(p, recompute_cp=bad)
-    # with the segmented reverse pass: the shared scan, the recompute at WS_CP_BV columns, the scan's configurations
+    # with the segmented reverse pass: the recompute at WS_CP_BV columns from warm-up chunks (no scan) at K = 128,
+    # from the shared scan's start states at K = 64 (the scan's configurations)
     seg = backward_plan("bfloat16", 2, 4, 1024, 1, dh_segments=object())
-    assert seg.shared_scan and seg.recompute_block_v == WS_CP_BV and not p.shared_scan
-    assert len(dataclasses.replace(seg, recompute_cp=1).recompute_configs()) == 4
+    assert seg.recompute_warm and not seg.shared_scan and seg.recompute_block_v == WS_CP_BV and not p.shared_scan
+    assert len(seg.recompute_configs()) == 2 and seg.recompute_configs()[1].warm
+    seg64 = backward_plan("bfloat16", 2, 4, 1024, 1, dh_segments=object(), DK=64)
+    assert seg64.shared_scan and not seg64.recompute_warm and seg64.dh_warm
+    assert len(dataclasses.replace(seg64, recompute_cp=1).recompute_configs()) == 4
     with pytest.raises(ValueError, match="needs dh_segments"):
         dataclasses.replace(p, shared_scan=True)
 

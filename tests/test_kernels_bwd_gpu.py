@@ -168,8 +168,10 @@ def test_bad_input_raises_valueerror():
 
 _WARM_SEGMENTED = _SEGMENTED + [Case(T=4096, H=2, HV=4, dist="strong-decay", grad=True),
                                 Case(T=8192, H=1, HV=2, dist="qwen-gates", h0_dtype="fp32", grad=True)]
+# the warm forms on every case (the warm recompute at K = 128, where the recompute is the ws form), the three passes
+# on the slow-decay and no-decay ones
 _SEGMENTED_FORMS = [(c, form) for c in _WARM_SEGMENTED for form in ("warm", "warm-rc", "dh", "dh_ws32")
-                    if form == "warm" or (form == "warm-rc" and c.K == 128) or c in _SEGMENTED]
+                    if form == "warm" or (c.K == 128 if form == "warm-rc" else c in _SEGMENTED)]
 
 
 @pytest.mark.parametrize("case,form", _SEGMENTED_FORMS, ids=[f"{c.id}-{f}" for c, f in _SEGMENTED_FORMS])
@@ -283,7 +285,7 @@ def test_recompute_plans_give_the_same_states(case, shape, side):
 
 @pytest.mark.parametrize("case", _SEGMENTED, ids=[c.id for c in _SEGMENTED])
 def test_shared_scan_gives_pass_bs_transfer_maps(monkeypatch, case):
-    """``BackwardPlan.shared_scan`` (dispatched with the segmented reverse pass, forced on here): the forward CP
+    """``BackwardPlan.shared_scan`` with the segmented reverse pass in three passes (forced on here): the forward CP
     scan's maps over dh's segments against dh's own pass B -- within 1e-4 of their largest magnitude on every
     segment the end-gradient scan reads (printed), pass A's start gradients bitwise -- and every gradient no
     farther from fp64 than the plan without it plus a tenth of the input dtype's rounding floor, and within the
@@ -297,8 +299,9 @@ def test_shared_scan_gives_pass_bs_transfer_maps(monkeypatch, case):
     seen = []
     real = dh_segmented.end_gradients
     monkeypatch.setattr(dh_segmented, "end_gradients", lambda *a: seen.append(a) or real(*a))
-    plan = plan_for(prepare_backward(*xs, do, dht, **kw))
-    assert plan.shared_scan
+    # the three passes, whose pass B the shared scan replaces (dispatched at K = 64, with the warm dh)
+    plan = dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)), dh_warm=False, recompute_warm=False,
+                               shared_scan=True)
     got = _same_recomputed_states(case, plan, dataclasses.replace(plan, shared_scan=False), 2 ** -8, "shared scan",
                                   True)
     (t, a1, P1, _, _), (_, a2, P2, _, _) = seen
