@@ -34,23 +34,20 @@ warm_after, _ = backward_macros()
 
 
 @T.macro
-def store_split(hi, lo, hi_s, lo_s, dst_hi, dst_lo, keep=None):
+def store_split(hi, lo, hi_s, lo_s, dst_hi, dst_lo, keep=True):
     """Store a two-term split (``hi``, ``lo`` register fragments, input dtype) into the global regions ``dst_hi``,
     ``dst_lo`` through the shared tiles ``hi_s``, ``lo_s`` (stmatrix, then a TMA store each), issued without waiting
     for them (``T.tma_copy``); the caller waits (``T.tma_store_wait``) before ``hi_s`` or ``lo_s`` is written again
     and before the kernel ends.  An fp8 ``lo_s`` takes the codes of ``lo`` under ``hi`` (``kernels.common.lo8``).
     ``keep``: a condition on the TMA stores alone (the tiles are written either way: a branch around the whole
-    store costs the register kernel its registers)."""
+    store costs the register kernel its registers); True (a build-time constant): no branch."""
     T.copy(hi, hi_s)
     if lo_s.dtype == LO8:
         for i, j in T.Parallel(lo_s.shape[0], lo_s.shape[1]):
             lo_s[i, j] = lo8_code_of(lo[i, j], hi[i, j], hi.dtype)
     else:
         T.copy(lo, lo_s)
-    if keep is None:
-        T.tma_copy(hi_s, dst_hi)
-        T.tma_copy(lo_s, dst_lo)
-    elif keep:
+    if keep:
         T.tma_copy(hi_s, dst_hi)
         T.tma_copy(lo_s, dst_lo)
 
@@ -193,7 +190,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 # the gradient of this chunk's end state, split, stored for the parallel kernels
                 split_into(ds_f, dsa, dsl, True)
                 # (of a warm-up chunk, whose tokens lie past the segment's end: nothing stored)
-                keep = t0 < eos if warm else None
+                keep = t0 < eos if warm else True
                 store_ds(dsa, dsl, dsa_s, dsl_s, dSh, dSl, hv, c, v0, keep)
 
                 # dU^T = dUloc^T + (dS^T K^T) diag(F2)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from kernels.forward.emulation import (_f32, _gate_table, _gather_chunks, _tinv, _two, chunk_tables, intra_chunk,
-                                       chunk_states)
+                                       chunk_states, segments_from)
 
 from kernels.forward.cumsum import LOG2E
 from kernels.interface import LO8_DTYPE, as_kernel_dtype, lo8_shift, pad_rows
@@ -278,24 +278,12 @@ def recompute_warm_states(k2, v2, Ah, Al, F, cu, co, Lb, h0, dt, prec):
     from kernels.forward.cp_warm import warm_or_start_host
     NS = len(cu) - 1
     seq = co[3 * NS + 1:]
-    HV, H = v2.shape[1], k2.shape[1]
-    r = HV // H
-    NC, DK, DV = Ah.shape[1], k2.shape[2], v2.shape[2]
-    out = [torch.zeros(HV, NC, DK, DV, dtype=f64, device=k2.device) for _ in range(2)]
-    out += [torch.zeros(HV, NC, BT, DV, dtype=f64, device=k2.device) for _ in range(2)]
-    for j in range(NS):
-        w = warm_or_start_host(Lb, co[:3 * NS + 1], j)
-        for h in range(HV):
-            skip = int(w[h])
-            start = co[j] - skip
-            sl = slice(h, h + 1)
-            hs = h0[seq[j]:seq[j] + 1, sl] if h0 is not None and start == co[co[NS + 1 + j]] else None
-            tabs = chunk_states(k2[:, h // r:h // r + 1], v2[:, sl], Ah[sl], Al[sl], F[sl],
-                                [cu[j] - skip * BT, cu[j + 1]], [start, 0], hs, dt, prec)
-            own = slice(co[j], co[j + 1])
-            for dst, src in zip(out, tabs[:4]):
-                dst[sl, own] = src[:, own]
-    return tuple(out)
+
+    def start(j, h, skip):
+        at_first = co[j] - skip == co[co[NS + 1 + j]]
+        return h0[seq[j]:seq[j] + 1, h:h + 1] if h0 is not None and at_first else None
+    skips = [warm_or_start_host(Lb, co[:3 * NS + 1], j) for j in range(NS)]
+    return segments_from(k2, v2, Ah, Al, F, cu, co[:NS + 1], skips, start, dt, prec)[:4]
 
 
 def dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu, scale, operands: str = "split"):

@@ -47,21 +47,11 @@ def warm_chunks_host(L: torch.Tensor, co: list, j: int) -> torch.Tensor:
     ``[HV]``, 0 for a sequence's first segment, -1 where the exact start state is needed."""
     Nseg = (len(co) - 1) // 3
     first = co[Nseg + 1 + j]
-    HV = L.shape[0]
-    w = torch.full((HV,), 0 if j == first else -1, dtype=torch.long)
+    w = torch.full((L.shape[0],), 0 if j == first else -1, dtype=torch.long)
     if j == first:
         return w
     a, b = co[j], co[first]
-    acc = torch.zeros(HV, dtype=torch.float32)
-    for i in range(WARM_CHUNKS):
-        c = a - i - 1
-        if c < b:
-            break
-        open_ = w < 0
-        acc = torch.where(open_, acc + L[:, c].to(torch.float32), acc)
-        hit = open_ & ((acc <= WARM_LOG2) | (c == b))
-        w = torch.where(hit, torch.full_like(w, i + 1), w)
-    return w
+    return _reach_host(L, [a - i - 1 for i in range(min(WARM_CHUNKS, a - b))], a - b, w)
 
 
 def warm_back_host(L: torch.Tensor, chunk_offsets: list, last: list, j: int) -> torch.Tensor:
@@ -70,18 +60,22 @@ def warm_back_host(L: torch.Tensor, chunk_offsets: list, last: list, j: int) -> 
     last segment): int64 ``[HV]``, 0 for a sequence's last segment; where no ``WARM_CHUNKS`` chunks bring the bound
     down, the chunks left to the sequence's end (the exact start)."""
     e, end = chunk_offsets[j + 1], chunk_offsets[last[j] + 1]
-    HV = L.shape[0]
-    w = torch.full((HV,), 0 if e == end else -1, dtype=torch.long)
-    acc = torch.zeros(HV, dtype=torch.float32)
-    for i in range(WARM_CHUNKS):
-        c = e + i
-        if c >= end:
-            break
+    w = torch.full((L.shape[0],), 0 if e == end else -1, dtype=torch.long)
+    w = _reach_host(L, [e + i for i in range(min(WARM_CHUNKS, end - e))], end - e, w)
+    return torch.where(w < 0, torch.full_like(w, end - e), w)
+
+
+def _reach_host(L: torch.Tensor, chunks: list, n: int, w: torch.Tensor) -> torch.Tensor:
+    """The rule on ``w`` (int64 [HV], -1 where open): ``i + 1`` for the first ``i`` at which the bounds ``L[:,
+    chunks[0]], .., L[:, chunks[i]]`` sum to at most ``WARM_LOG2`` or ``i`` is the last of the ``n`` chunks that
+    reach the sequence's boundary (the macro ``reach``'s mirror)."""
+    acc = torch.zeros(L.shape[0], dtype=torch.float32)
+    for i, c in enumerate(chunks):
         open_ = w < 0
         acc = torch.where(open_, acc + L[:, c].to(torch.float32), acc)
-        hit = open_ & ((acc <= WARM_LOG2) | (c == end - 1))
+        hit = open_ & ((acc <= WARM_LOG2) | (i == n - 1))
         w = torch.where(hit, torch.full_like(w, i + 1), w)
-    return torch.where(w < 0, torch.full_like(w, end - e), w)
+    return w
 
 
 def warm_or_start_host(L: torch.Tensor, co: list, j: int) -> torch.Tensor:
@@ -162,12 +156,8 @@ def _macros():
         for i in T.Parallel(WARM_CHUNKS):
             lv[i] = Lb[hv, T.max(T.min(e + i, end - 1), 0)]
         w[0] = T.if_then_else(e == end, 0, -1)
-        acc[0] = T.float32(0)
-        for i in T.unroll(WARM_CHUNKS):
-            if w[0] < 0 and e + i < end:
-                acc[0] = acc[0] + lv[i]
-                if acc[0] <= T.float32(WARM_LOG2) or e + i == end - 1:
-                    w[0] = i + 1
+        # the end - e chunks left to the sequence's end, as ``reach`` counts the chunks back to its start
+        reach(lv, 0, end - e, 0, w, acc)
         if w[0] < 0:
             w[0] = end - e
         T.sync_threads()        # every thread has read ``lv``: its memory may serve another tile now

@@ -430,6 +430,24 @@ def warm_segment_states(k, v, Ah, Al, F, seg_cu, seg_co, seg_of, h0s, dt, prec):
     from .cp_warm import warm_chunks_host, warm_offsets
     co = warm_offsets(seg_co, seg_of)
     Nseg = len(seg_cu) - 1
+    w = [warm_chunks_host(F[:, :, 7, -1], co, j) for j in range(Nseg)]
+
+    def start(j, h, skip):
+        first = co[Nseg + 1 + j]
+        if w[j][h] <= 0:
+            return h0s[j, h:h + 1][None]
+        if seg_co[j] - skip == seg_co[first]:
+            return h0s[first, h:h + 1][None]
+        return torch.zeros_like(h0s[j, h:h + 1])[None]
+    return segments_from(k, v, Ah, Al, F, seg_cu, seg_co, [x.clamp(min=0) for x in w], start, dt, prec)
+
+
+def segments_from(k, v, Ah, Al, F, seg_cu, seg_co, skips, start, dt, prec):
+    """``chunk_states`` of each CP segment ``j`` (tokens ``seg_cu``, first chunks ``seg_co``) and value head ``h``
+    from ``skips[j][h]`` chunks before the segment and the start state ``start(j, h, skip)`` ([1, 1, DK, DV]
+    key-first, or None: zero): the chunk tables of the segment's own chunks (Sch, Scl, Uh, Ul as ``chunk_states``)
+    and every segment's end state [Nseg, HV, DK, DV]."""
+    Nseg = len(seg_cu) - 1
     HV, H = v.shape[1], k.shape[1]
     r = HV // H
     NC, DK, DV = Ah.shape[1], k.shape[2], v.shape[2]
@@ -439,21 +457,12 @@ def warm_segment_states(k, v, Ah, Al, F, seg_cu, seg_co, seg_of, h0s, dt, prec):
     Ul = torch.zeros_like(Uh)
     Send = torch.zeros(Nseg, HV, DK, DV, dtype=f64, device=k.device)
     for j in range(Nseg):
-        w = warm_chunks_host(F[:, :, 7, -1], co, j)
-        first = co[Nseg + 1 + j]
         for h in range(HV):
-            wj = int(w[h])
-            skip = max(wj, 0)
-            if wj <= 0:
-                start = h0s[j, h:h + 1]
-            elif seg_co[j] - skip == seg_co[first]:
-                start = h0s[first, h:h + 1]
-            else:
-                start = torch.zeros_like(h0s[j, h:h + 1])
+            skip = int(skips[j][h])
             cu = [seg_cu[j] - skip * BT, seg_cu[j + 1]]
             sl = slice(h, h + 1)
             a, b_, c, d, end = chunk_states(k[:, h // r:h // r + 1], v[:, sl], Ah[sl], Al[sl], F[sl], cu,
-                                            [seg_co[j] - skip, 0], start[None], dt, prec)
+                                            [seg_co[j] - skip, 0], start(j, h, skip), dt, prec)
             own = slice(seg_co[j], seg_co[j + 1])
             Sch[sl, own], Scl[sl, own], Uh[sl, own], Ul[sl, own] = a[:, own], b_[:, own], c[:, own], d[:, own]
             Send[j, h] = end[0, 0]

@@ -395,18 +395,14 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     T.set_max_nreg(56, 0)
                     for c in T.serial(nchunks):
                         cg = c0 + c
+                        # (warm-up chunks: the previous segment's tables; True, a build-time constant: no branch)
+                        own = c >= skip if tw else True
                         T.barrier_wait(s_ready, c % 2)
-                        if tw:
-                            if c >= skip:   # (warm-up chunks: the previous segment's tables)
-                                store_s(sh_s, sl_s, Sch, Scl, hv, cg, v0)
-                        else:
+                        if own:
                             store_s(sh_s, sl_s, Sch, Scl, hv, cg, v0)
                         T.barrier_arrive(s_free)
                         T.barrier_wait(u_ready, c % 2)
-                        if tw:
-                            if c >= skip:
-                                store_u(uh_s, ul_s, Uh, Ul, hv, cg, v0)
-                        else:
+                        if own:
                             store_u(uh_s, ul_s, Uh, Ul, hv, cg, v0)
                         T.barrier_arrive(u_free)
                 else:
