@@ -25,7 +25,7 @@ import tilelang.language as T
 from tilelang.layout import make_full_bank_swizzled_layout
 
 from kernels.common.lo8 import LO8, lo8_code_of
-from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, split_into, split_products, store_state_vt
+from kernels.common.prologue import dynamic_dims, load_state_vt, seq_span, split_into, store_state_vt
 from kernels.forward.cp_warm import WARM_CHUNKS, backward_macros
 
 BT = 64
@@ -194,15 +194,16 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 store_ds(dsa, dsl, dsa_s, dsl_s, dSh, dSl, hv, c, v0, keep)
 
                 # dU^T = dUloc^T + (dS^T K^T) diag(F2)
-                split_products(dsa, dsl, k_s, None, kd_f, True, False, True, False, transpose_B=True, policy=FR)
+                T.gemm(dsa, k_s, kd_f, transpose_B=True, clear_accum=True, policy=FR)
+                T.gemm(dsl, k_s, kd_f, transpose_B=True, policy=FR)
                 for i, t in T.Parallel(BV, BT):
                     kd_f[i, t] = T.cast(dul_s[i, t], f32) + f_s[2, t] * kd_f[i, t]
                 split_to(kd_f, xa, xl, olo)
 
                 # dY^T = dU^T Tinv
-                # (the group's last product reads every pipelined tile of the group, so that the pipeline frees
-                # them after its wait: Tinv's lo product keeps its own wait)
-                split_products(xa, xl, th_s, None, dy_f, olo, False, True, False, policy=FR)
+                T.gemm(xa, th_s, dy_f, clear_accum=True, policy=FR)
+                if olo:
+                    T.gemm(xl, th_s, dy_f, policy=FR)
                 if tlo:
                     T.gemm(xa, tl_s, dy_f, policy=FR)
                 split_to(dy_f, xa, xl, True)            # the dY tables: split in either form
@@ -217,11 +218,14 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 for i, t in T.Parallel(BV, BT):
                     kd_f[i, t] = T.cast(do_s[t, i], f32) * f_s[1, t]
                 split_to(kd_f, xa, xl, True)            # split in either form (dh0's precision)
-                split_products(xa, xl, q_s, None, ds_f, True, False, False, False, policy=FR)
+                T.gemm(xa, q_s, ds_f, policy=FR)
+                T.gemm(xl, q_s, ds_f, policy=FR)
                 for i, t in T.Parallel(BV, BT):
                     kd_f[i, t] = -(f_s[7, t] * dy_f[i, t]) * f_s[0, t]
                 split_to(kd_f, xa, xl, olo)
-                split_products(xa, xl, k_s, None, ds_f, olo, False, False, False, policy=FR)
+                T.gemm(xa, k_s, ds_f, policy=FR)
+                if olo:
+                    T.gemm(xl, k_s, ds_f, policy=FR)
 
             T.tma_store_wait()
             if warm:

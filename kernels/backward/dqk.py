@@ -18,11 +18,15 @@ import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
 from kernels.common.lo8 import LO8, widen_lo8
-from kernels.common.prologue import chunk_span, dynamic_dims, lo_shape, split_products
+from kernels.common.prologue import chunk_span, dynamic_dims, lo_shape
 from kernels.forward.cumsum import LOG2E
 
-from .dqk_terms import BT, THREADS, half_row_dots, intra_terms, rect_sums, split_dot_rows, v_dy_half_row_dots
+from .dqk_terms import BT, half_row_dots, intra_terms, rect_sums, split_dot_rows, v_dy_half_row_dots
 from .scales import times
+
+# two warpgroups at either head dim: at DK 64 one warpgroup would hold every 64x64 fp32 fragment alone (twice the
+# registers a thread: spills)
+THREADS = 256
 
 
 class _HeadTiles:
@@ -101,7 +105,10 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     # 2. R = U dS'^T (U, dS' hi + lo) -> dk~ += e^(GL-G) R, the k.R dots
     T.barrier_wait(ld[1], 0)
     T.barrier_wait(ld[4], 0)
-    split_products(ts.uh, ts.ul, ts.dsh, ts.dsl, x_f, not one, not one, True, False)
+    T.gemm(ts.uh, ts.dsh, x_f, clear_accum=True)
+    if not one:
+        T.gemm(ts.ul, ts.dsh, x_f)
+        T.gemm(ts.uh, ts.dsl, x_f)
     # dS' is dead: dY and v may land in its memory once both warpgroups have read it
     T.sync_threads()
     if tx < 32:
@@ -116,13 +123,19 @@ def value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq
     half_row_dots(x_f, k_s, t2, r2, nv, kr, hv, c)
     # 3. Z = dO S^T (S hi (+ lo)) -> dq~ += scale e^G Z, the q.Z dots
     T.barrier_wait(ld[2], 0)
-    split_products(ts.do, None, ts.sh, ts.sl, x_f, False, s_lo, True, False, transpose_B=True)
+    T.gemm(ts.do, ts.sh, x_f, transpose_B=True, clear_accum=True)
+    if s_lo:
+        T.gemm(ts.do, ts.sl, x_f, transpose_B=True)
     for t, d in T.Parallel(BT, DK):
         dq_f[t, d] = dq_f[t, d] + scale * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     half_row_dots(x_f, q_s, t2, r2, nv, qz, hv, c)
     # 4. W = dY S^T (dY hi + lo, S hi (+ lo)) -> dk~ -= beta e^G W, the k.W dots; then the dY . v dots
     T.barrier_wait(ld[3], 0)
-    split_products(ts.dyh, ts.dyl, ts.sh, ts.sl, x_f, not one, s_lo, True, True, transpose_B=True)
+    T.gemm(ts.dyh, ts.sh, x_f, transpose_A=True, transpose_B=True, clear_accum=True)
+    if not one:
+        T.gemm(ts.dyl, ts.sh, x_f, transpose_A=True, transpose_B=True)
+    if s_lo:
+        T.gemm(ts.dyh, ts.sl, x_f, transpose_A=True, transpose_B=True)
     for t, d in T.Parallel(BT, DK):
         dk_f[t, d] = dk_f[t, d] - ts.f_s[7, t] * T.exp2(ts.f_s[4, t] * LOG2E) * x_f[t, d]
     half_row_dots(x_f, k_s, t2, r2, nv, kw, hv, c)

@@ -20,23 +20,9 @@ The 64x64 (intra-chunk) terms (``intra_terms``)::
 
 import tilelang.language as T
 
-from kernels.common.prologue import split_products
 from kernels.forward.cumsum import LOG2E
 
 BT = 64
-# dqk's threads: two warpgroups at either head dim (at DK 64 one warpgroup would hold every 64x64 fp32 fragment
-# alone: twice the registers a thread, spills)
-THREADS = 256
-
-
-def fence(frag):
-    """The wgmma fence of the fp32 accumulator fragment ``frag`` (its registers a thread: its elements over dqk's
-    ``THREADS``), after a wait that covered a group of products into more than one accumulator: no use of it is
-    moved before the wait."""
-    n = 1
-    for d in frag.shape:
-        n *= int(d)
-    return T.warpgroup_fence_operand(frag, num_regs=n // THREADS)
 
 
 @T.macro
@@ -148,16 +134,15 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, m1h, m2h, m3h
     tiles: the four 64x64 operands, single (one input-dtype term each).  ``e_f`` ([64, 64] fp32 fragment or None):
     ``e^(G_t - G_j)`` formed once there for its four uses (the same values) instead of at each.  ``ul_s, dyl_s``
     None: U and dY their hi terms alone (one product each)."""
-    # one group of wgmma, one wait (``split_products``' last product); the other accumulators fenced after it
-    T.wgmma_gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
-    T.wgmma_gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
-    T.wgmma_gemm(do_s, uh_s, dpu, transpose_B=True, clear_accum=True)
+    T.gemm(q_s, k_s, qk, transpose_B=True, clear_accum=True)
+    T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
+    T.gemm(do_s, uh_s, dpu, transpose_B=True, clear_accum=True)
     if ul_s is not None:
-        T.wgmma_gemm(do_s, ul_s, dpu, transpose_B=True)
-    split_products(dyh_s, dyl_s, uh_s, ul_s, dyu, ul_s is not None, ul_s is not None, True, True, transpose_B=True)
-    fence(qk)
-    fence(kk)
-    fence(dpu)
+        T.gemm(do_s, ul_s, dpu, transpose_B=True)
+    T.gemm(dyh_s, uh_s, dyu, transpose_A=True, transpose_B=True, clear_accum=True)
+    if ul_s is not None:
+        T.gemm(dyl_s, uh_s, dyu, transpose_A=True, transpose_B=True)
+        T.gemm(dyh_s, ul_s, dyu, transpose_A=True, transpose_B=True)
     if e_f is not None:
         for t, j in T.Parallel(BT, BT):
             e_f[t, j] = T.exp2((fv[4, t] - fv[4, j]) * LOG2E)
@@ -197,11 +182,10 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, m1h, m2h, m3h
         put_split(m2h, None, t, j, x_f[t, j] * fv[6, j], False)
         put_split(m3h, None, t, j, x_f[t, j] * fv[6, t], False)
 
-    T.wgmma_gemm(mqh, k_s, dq_f)
-    T.wgmma_gemm(m1h, q_s, dk_f, transpose_A=True)
-    T.wgmma_gemm(m2h, k_s, dk_f)
+    T.gemm(mqh, k_s, dq_f)
+    T.gemm(m1h, q_s, dk_f, transpose_A=True)
+    T.gemm(m2h, k_s, dk_f)
     T.gemm(m3h, k_s, dk_f, transpose_A=True)
-    fence(dq_f)
 
 
 @T.macro

@@ -23,7 +23,7 @@ in shared memory after.
 
 import tilelang.language as T
 
-from kernels.common.prologue import chunk_span, dynamic_dims, split_products, zero_rows_past
+from kernels.common.prologue import chunk_span, dynamic_dims, zero_rows_past
 from kernels.forward.cumsum import BT, LOG2E, load_chunk_gate_cumsum
 from kernels.forward.intra_chunk import (MERGES, _merge, _merge_fp32, bound_terms, diagonal, fp32_tile, gate_kkt,
                                          l2_row_factors, solve_diag16)
@@ -175,7 +175,8 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
                 T.barrier_arrive(do_ready)
             T.barrier_wait(do_ready, 0)
             zero_rows_past(do_s, nv)
-            split_products(do_s, None, ph_s, pl_s, du_f, False, True, True, True)
+            T.gemm(do_s, ph_s, du_f, transpose_A=True, clear_accum=True)
+            T.gemm(do_s, pl_s, du_f, transpose_A=True)
             T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])
 
             # A and its inverse (as gdn_intra with the same merge), unless the forward's are given (``saved``)

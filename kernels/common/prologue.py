@@ -123,20 +123,19 @@ def split_into(x_f, hi, lo, with_lo):
 
 
 @T.macro
-def split_products(ah, al, bh, bl, acc, a_lo, b_lo, clear, transpose_A, transpose_B=False,
-                   policy=T.GemmWarpPolicy.Square):
+def split_products(ah, al, bh, bl, acc, a_lo, b_lo, clear, transpose_A):
     """``acc (+)= ah bh (+ al bh) (+ ah bl)``: the products of two operands split into hi + lo (``a_lo``, ``b_lo``:
     build-time bools; the lo tile is not read without them), in that order, as one group of wgmma with one wait:
     every product but the last issued with ``T.wgmma_gemm`` (no wait), the last a ``T.gemm``, whose wait covers the
-    group.  ``clear``: the first product overwrites ``acc``; ``transpose_B``, ``policy`` as ``T.gemm``'s."""
+    group.  ``clear``: the first product overwrites ``acc``."""
     if a_lo or b_lo:
-        T.wgmma_gemm(ah, bh, acc, transpose_A=transpose_A, transpose_B=transpose_B, policy=policy, clear_accum=clear)
+        T.wgmma_gemm(ah, bh, acc, transpose_A=transpose_A, clear_accum=clear)
         if a_lo and b_lo:
-            T.wgmma_gemm(al, bh, acc, transpose_A=transpose_A, transpose_B=transpose_B, policy=policy)
-            T.gemm(ah, bl, acc, transpose_A=transpose_A, transpose_B=transpose_B, policy=policy)
+            T.wgmma_gemm(al, bh, acc, transpose_A=transpose_A)
+            T.gemm(ah, bl, acc, transpose_A=transpose_A)
         elif a_lo:
-            T.gemm(al, bh, acc, transpose_A=transpose_A, transpose_B=transpose_B, policy=policy)
+            T.gemm(al, bh, acc, transpose_A=transpose_A)
         else:
-            T.gemm(ah, bl, acc, transpose_A=transpose_A, transpose_B=transpose_B, policy=policy)
+            T.gemm(ah, bl, acc, transpose_A=transpose_A)
     else:
-        T.gemm(ah, bh, acc, transpose_A=transpose_A, transpose_B=transpose_B, policy=policy, clear_accum=clear)
+        T.gemm(ah, bh, acc, transpose_A=transpose_A, clear_accum=clear)
