@@ -196,7 +196,11 @@ def _no_sync(fn):
         torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.mark.parametrize("case", [DENSE[0], VARLEN[0]], ids=_IDS([DENSE[0], VARLEN[0]]))
+# the segmented backward too: its warm forms read per-layout segment tables made once
+SYNC_CASES = [DENSE[0], next(c for c in DENSE if "segmented" in c.id), VARLEN[0]]
+
+
+@pytest.mark.parametrize("case", SYNC_CASES, ids=_IDS(SYNC_CASES))
 def test_no_host_synchronisation_once_the_layout_is_known(case):
     """Forward + backward make no synchronising CUDA call once a dense shape, or a varlen ``cu_seqlens`` tensor,
     has been seen; a varlen call on a new ``cu_seqlens`` tensor copies it to the host (one synchronisation)."""
