@@ -259,11 +259,10 @@ class BackwardPlan:
     (``gdn_bwd_convert``, ``backward.scales``) and dh's F1 dO, F0 dX per chunk; ``io_dtype``: the caller's dtype
     where the kernels' (``dtype``) is another (with ``one_term``: q, k, v, dO converted by ``gdn_bwd_convert``, dv,
     dq, dk stored in it); ``dh_warm`` (read with ``dh_segments``): the segmented pass in one launch, each segment
-    from its warm-up chunks after its end or from its sequence's end, or covered by the next segment's pass where
-    neither holds (``gdn_bwd_dh_warm``), instead of three passes and the end-gradient scan; ``recompute_warm`` (read
-    with ``dh_segments``, with ``recompute_ws``, without ``shared_scan``): the recompute on dh's segments, each from
-    its warm-up chunks before its start or from its sequence's start, or covered by the previous segment's pass
-    (``gdn_state_tables_ws_warm``), without a CP scan or fix-up."""
+    from its warm-up chunks after its end or from its sequence's end (``gdn_bwd_dh_warm``), instead of three passes
+    and the end-gradient scan; ``recompute_warm`` (read with ``dh_segments``, with ``recompute_ws``, without
+    ``shared_scan``): the recompute on dh's segments, each from its warm-up chunks before its start or from its
+    sequence's start (``gdn_state_tables_ws_warm``), without a CP scan or fix-up."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False

@@ -49,9 +49,8 @@ def test_row7_bounds_the_norm_of_each_chunks_transition():
 
 
 def test_the_rule_picks_warm_up_reach_start_or_exact():
-    """``warm_chunks_host`` (and the recompute's ``warm_or_start_host``): 0 for a sequence's first segment, the
-    fewest chunks whose L sum to at most ``WARM_LOG2``, the chunks back to the sequence's first one, else -1;
-    ``warm_offsets``' layout; ``fwd_cover_host``: one past the last segment a pass covers."""
+    """``warm_chunks_host``: 0 for a sequence's first segment, the fewest chunks whose L sum to at most
+    ``WARM_LOG2``, the chunks back to the sequence's first one, else -1; ``warm_offsets``' layout."""
     W = cp_warm.WARM_CHUNKS
     s2, e0 = W + 4, 2 * W + 8                       # segment 2's start, more than W chunks past its sequence's start
     s4 = e0 + W + 2
@@ -68,19 +67,12 @@ def test_the_rule_picks_warm_up_reach_start_or_exact():
     assert got[1] == [1, 2, 2]                                    # 2 chunks back reach the sequence start (chunk 0)
     assert got[2] == [1, 6 if W >= 6 else -1, -1]
     assert got[4] == [1, 3, -1]
-    # the recompute's passes: each runs on through the idle segments after it (never into the next sequence)
-    assert [cp_warm.warm_or_start_host(L, co, j).tolist() for j in range(5)] == got
-    stops = [cp_warm.fwd_cover_host(L, co, j).tolist() for j in range(5)]
-    assert stops[0] == [1, 1, 1] and stops[2] == [3, 3, 3] and stops[4] == [5, 5, 5]
-    assert stops[1] == [2, 2 if W >= 6 else 3, 3]
-    assert stops[3] == [4, 4, 5]
 
 
 def test_the_reverse_rule_picks_warm_up_or_the_sequence_end():
     """``warm_back_host`` (the reverse pass's rule): 0 for a sequence's last segment, the fewest chunks after a
     segment's end whose L sum to at most ``WARM_LOG2``, the chunks on to the sequence's last one where those are
-    fewer, else (no ``WARM_CHUNKS`` chunks bring the bound down) -1; ``back_cover_host``: the first segment a pass
-    covers, down through the idle ones before it."""
+    fewer, else (no ``WARM_CHUNKS`` chunks bring the bound down) every chunk to the sequence's end."""
     W = cp_warm.WARM_CHUNKS
     e1, e2 = 2 * W + 8, 3 * W + 20                  # sequence 0: segments [0, 4), [4, e1), [e1, e2); sequence 1 after
     offs, last = [0, 4, e1, e2, e2 + 5, e2 + 9], [2, 2, 2, 4, 4]
@@ -91,14 +83,9 @@ def test_the_reverse_rule_picks_warm_up_or_the_sequence_end():
     L[1, e1 + 1] = 30.0                             # an expanding chunk: segment 1 of head 1 needs six
     got = [cp_warm.warm_back_host(L, offs, last, j).tolist() for j in range(5)]
     assert got[2] == [0, 0, 0] and got[4] == [0, 0, 0]           # last segments
-    assert got[0] == [1, 3, -1]
-    assert got[1] == [1, 6 if W >= 6 else -1, -1]
+    assert got[0] == [1, 3, e2 - 4]
+    assert got[1] == [1, 6 if W >= 6 else e2 - e1, e2 - e1]
     assert got[3] == [1, 3, 4]                                    # 4 chunks on reach the sequence's last chunk
-    first = [0, 0, 0, 3, 3]
-    cover = [cp_warm.back_cover_host(L, offs, first, last, j).tolist() for j in range(5)]
-    assert cover[2] == [2, 2 if W >= 6 else 1, 0]                # head 2: segments 0 and 1 idle, covered by 2
-    assert cover[1] == [1, 1, 0] and cover[0] == [0, 0, 0]       # (head 2's value there is not read: idle)
-    assert cover[4] == [4, 4, 4] and cover[3] == [3, 3, 3]       # never across a sequence's first segment
 
 
 @pytest.mark.parametrize("gate_scale,h0", [(1.0, True), (0.25, False), ([1.0, 0.01], True), (0.01, True)],

@@ -1030,25 +1030,21 @@ def test_warm_segmented_reverse_pass_plumbing_on_cpu(monkeypatch, case, rc):
     """The few-heads reverse pass in its warm form (``dh_warm``: one launch of ``gdn_bwd_dh_warm``, each segment
     from its warm-up chunks after its end or from its sequence's end), forced on small inputs with the emulation's
     stage functions standing in for the kernels: one dh launch and no end walk; every gradient as the sequential
-    emulation's (``assert_segmented_matches_sequential``), dh0 included.  Under slow decay and on the no-decay heads
-    every pass but the last segment's is idle (no warm-up; -1) and that one runs the whole sequence (the sequential
-    pass's own arithmetic); strong decay warms up within a chunk.  The recompute in one pass, as the emulation's
-    (``rc-seq``), or per dh segment from its own warm-up chunks before the segment (``rc-warm``: ``recompute_warm``,
-    no scan and no fix-up at all; there the first segment's pass runs the whole sequence).  At most two warm-up
-    chunks (``WARM_CHUNKS``), so that these short sequences have idle passes."""
+    emulation's (``assert_segmented_matches_sequential``), dh0 included.  Slow decay and the no-decay heads run on
+    to their sequences' ends (the sequential pass's own arithmetic); strong decay warms up within a chunk.  The
+    recompute in one pass, as the emulation's (``rc-seq``), or per dh segment from its own warm-up chunks before the
+    segment (``rc-warm``: ``recompute_warm``, no scan and no fix-up at all)."""
     import dataclasses
 
     from kernels.backward import pipeline as bapi
-    from kernels.forward import cp_warm
     from kernels.forward.cp_warm import warm_back_host, warm_or_start_host
 
     launches = _segmented_stand_ins(monkeypatch, [])
     monkeypatch.setattr(bapi, "_sm_count", lambda dev: 256)
-    monkeypatch.setattr(cp_warm, "WARM_CHUNKS", 2)          # (short sequences: so that some passes are idle)
-    warm, fwd = {}, {}                       # by segment (the covers ask again about the segments beside)
+    warm, fwd = [], []
     back, ahead = warm_back_host, warm_or_start_host
-    monkeypatch.setattr("kernels.forward.cp_warm.warm_back_host", lambda *a: warm.setdefault(a[3], back(*a)))
-    monkeypatch.setattr("kernels.forward.cp_warm.warm_or_start_host", lambda *a: fwd.setdefault(a[2], ahead(*a)))
+    monkeypatch.setattr("kernels.forward.cp_warm.warm_back_host", lambda *a: warm.append(back(*a)) or warm[-1])
+    monkeypatch.setattr("kernels.forward.cp_warm.warm_or_start_host", lambda *a: fwd.append(ahead(*a)) or fwd[-1])
     xs, kw, do, dht = tt.bwd_args(case)
     plan = dataclasses.replace(bapi.plan_for(bapi.prepare_backward(*xs, do, dht, **kw)), dh_warm=True,
                                shared_scan=False, recompute_warm=False)
@@ -1063,23 +1059,19 @@ def test_warm_segmented_reverse_pass_plumbing_on_cpu(monkeypatch, case, rc):
     states = [c for c in launches if type(c).__name__ == "StateConfig"]
     assert len(states) == 1 and states[0].warm == (rc == "rc-warm"), states    # no scan
     assert not any(type(c).__name__ == "FixupConfig" for c in launches), launches
-    w = torch.stack([warm[j] for j in sorted(warm)])        # [NS, HV]
+    w = torch.stack(warm)                    # [NS, HV]
     co = plan.dh_segments.warm_co.tolist()
     NS = w.shape[0]
-    W = cp_warm.WARM_CHUNKS
-
-    def reach(n):                            # the rule where no bound comes down: the boundary within W, else idle
-        return torch.where(n <= W, n, -1)
-    to_end = reach(torch.tensor([co[co[2 * NS + 1 + j] + 1] - co[j + 1] for j in range(NS)]))  # chunks to the end
-    to_start = reach(torch.tensor([co[j] - co[co[co[NS + 1 + j]]] for j in range(NS)]))       # back to the start
-    assert (to_end < 0).any() and len(fwd) == (NS if rc == "rc-warm" else 0), (to_end, len(fwd))
-    f = torch.stack([fwd[j] for j in sorted(fwd)]) if fwd else None
+    to_end = torch.tensor([co[co[2 * NS + 1 + j] + 1] - co[j + 1] for j in range(NS)])   # chunks to the sequence end
+    to_start = torch.tensor([co[j] - co[co[co[NS + 1 + j]]] for j in range(NS)])        # back to its start
+    assert (to_end > 1).any() and len(fwd) == (NS if rc == "rc-warm" else 0), (to_end, len(fwd))
+    f = torch.stack(fwd) if fwd else None
     if case.dist == "strong-decay":
         assert set(w.flatten().tolist()) == {0, 1}, w                     # warm-ups of one chunk
         assert f is None or set(f.flatten().tolist()) == {0, 1}, f
     elif case.dist == "slow-decay":
-        assert torch.equal(w, to_end[:, None].expand_as(w)), (w, to_end)  # idle but the last segments' passes
-        assert f is None or torch.equal(f, to_start[:, None].expand_as(f)), (f, to_start)     # and the first
+        assert torch.equal(w, to_end[:, None].expand_as(w)), (w, to_end)  # every segment to its sequence's end
+        assert f is None or torch.equal(f, to_start[:, None].expand_as(f)), (f, to_start)     # and start
     else:                                                                 # even heads g = 0, odd ones strong
         assert torch.equal(w[:, 0], to_end) and set(w[:, 1].tolist()) <= {0, 1}, (w, to_end)
         assert f is None or (torch.equal(f[:, 0], to_start) and set(f[:, 1].tolist()) <= {0, 1}), (f, to_start)

@@ -47,7 +47,7 @@ class BwdConfig:
     one: bool = False              # dh_ws (with single), dqk (with s_single): every table and operand one input-dtype
     #                                term (the dS', dY tables hi alone; dqk reads S, U, dS', dY hi alone)
     warm: bool = False             # dh only: the segmented reverse pass in one launch, each segment from its warm-up
-    #                                chunks, its sequence's end or the next segment's pass (``gdn_bwd_dh_warm``)
+    #                                chunks or its sequence's end (the split register kernel, ``gdn_bwd_dh_warm``)
     io: str = ""                   # dh_ws, dqk with one: the caller's dtype where the operands are another (dtype):
     #                                dv, dq, dk stored in it ("": dtype); cvt: the source dtype (may be dtype)
 

@@ -30,7 +30,7 @@ from kernels.forward.cp_warm import WARM_CHUNKS, backward_macros
 
 BT = 64
 FR = T.GemmWarpPolicy.FullRow
-warm_after, back_cover, _, _ = backward_macros()
+warm_after, _ = backward_macros()
 
 
 @T.macro
@@ -68,12 +68,10 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
 
     ``warm`` (``gdn_bwd_dh_warm``, the segmented pass in one launch): the N "sequences" are CP segments of the
     call's sequences and ``chunk_offsets`` is ``[4 N + 1]`` (``dh_segmented.warm_table``: ``cp_warm``'s table, then
-    each segment's sequence).  A segment's pass starts ``w`` chunks after its end from a
+    each segment's sequence).  A segment starts ``w`` chunks after its end from a
     zero state gradient (``cp_warm``'s ``warm_after`` on prep's bounds ``Lb [HV, NCg]``; nothing is stored for
-    those chunks), or, where that reaches its sequence's end, from the sequence's dht (exact); where no warm-up
-    brings the bound down it is idle, and the next segment's pass runs on through its chunks (``back_cover``: each
-    chunk runs once).  dht and dh0 are indexed by sequence, dh0 stored by the pass that covers each sequence's
-    first segment.
+    those chunks), or, where that reaches its sequence's end, from the sequence's dht (exact); dht and dh0 are
+    indexed by sequence, dh0 stored by each sequence's first segment.
 
     Arguments:
       q, k        [Ttot, H, DK]     dtype
@@ -123,32 +121,18 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
              store_dh0, v_first, Lb):
         with T.Kernel(NV, HV, N, threads=128) as (bv, hv, n):
             h = hv // (HV // H)
+            bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
             v0 = bv * BV
             sq = chunk_offsets[3 * N + 1 + n] if warm else n          # the sequence: dht's and dh0's index
             if warm:
-                eos = cu_seqlens[n + 1]
-                # warm-up chunks after the segment (-1: this pass idle) and the first segment this pass covers (in
-                # shared memory: read again after the loop, where registers are short)
-                w = T.alloc_shared((1,), "int32")
-                s = T.alloc_shared((1,), "int32")
-                wm = T.alloc_local((1,), "int32")
+                w = T.alloc_local((1,), "int32")       # warm-up chunks after the segment
                 wacc = T.alloc_local((1,), f32)
                 wl = T.alloc_shared((WARM_CHUNKS,), f32)
-                end = chunk_offsets[chunk_offsets[2 * N + 1 + n] + 1]
-                warm_after(Lb, hv, chunk_offsets[n + 1], end, w, wacc, wl)
-                s[0] = n
-                if w[0] >= 0:
-                    back_cover(Lb, hv, chunk_offsets, n, chunk_offsets[N + 1 + n], end, s, wm, wacc, wl)
-                # from the first covered segment's start (its tokens and chunks follow on to this segment's; vars, as
-                # ``ntot`` below)
-                bos = T.alloc_var("int32")
-                bos = cu_seqlens[s[0]]
-                c0 = T.alloc_var("int32")
-                c0 = chunk_offsets[s[0]]
+                warm_after(Lb, hv, chunk_offsets[n + 1], chunk_offsets[chunk_offsets[2 * N + 1 + n] + 1], w, wacc, wl)
                 # exact (from the sequence's dht) where the warm-up reaches the sequence's end
-                from_dht = T.if_then_else(chunk_offsets[n + 1] + w[0] == end, use_dht, 0)
+                from_dht = T.if_then_else(c0 + nchunks + w[0] == chunk_offsets[chunk_offsets[2 * N + 1 + n] + 1],
+                                          use_dht, 0)
             else:
-                bos, eos, c0, nchunks = seq_span(cu_seqlens, chunk_offsets, n)
                 from_dht = use_dht
 
             q_s = T.alloc_shared((BT, DK), dtype)
@@ -187,7 +171,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 # (a variable: a loop count read from a local array is renamed by the pipeline's warp
                 # specialisation, which then fails)
                 ntot = T.alloc_var("int32")
-                ntot = T.if_then_else(w[0] >= 0, chunk_offsets[n + 1] + w[0] - c0, 0)
+                ntot = nchunks + w[0]
             else:
                 ntot = nchunks
             for icr in T.Pipelined(ntot, num_stages=num_stages):
@@ -245,9 +229,8 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
 
             T.tma_store_wait()
             if warm:
-                # the pass that covers its sequence's first segment (formed here, not held in registers over the
-                # loop)
-                first = T.if_then_else(w[0] >= 0 and chunk_offsets[N + 1 + n] == s[0], 1, 0)
+                # each sequence's first segment (formed here, not held in registers over the loop)
+                first = T.if_then_else(chunk_offsets[N + 1 + n] == n, 1, 0)
                 if store_dh0 != 0 and first != 0:
                     store_state_vt(ds_f, dh0, v_first, sq, hv, v0, BV, DK)
             elif store_dh0 != 0:

@@ -21,10 +21,8 @@ On the GPU the scan is one launch of the forward's fp64 walk (``gdn_cp_fixup``) 
 reverse order: value-first, ``E_j^T = E_{j+1}^T P_{j+1}^T + a_{j+1}^T`` is the forward's ``S^T M^T + Z^T``.
 
 The warm form (``BackwardPlan.dh_warm``) replaces passes A, B and the scan: one launch of ``gdn_bwd_dh_warm`` in
-which every segment's pass starts from its warm-up chunks after its end (``forward.cp_warm``'s bound run
-backwards, ``warm_back_host``) or is idle where none bring the bound down, the next segment's pass running on
-through its chunks (``back_cover_host``; ``warm_table``: the kernel's segment table).  Each chunk runs once, plus
-the warm-ups.
+which every segment starts from its warm-up chunks after its end (``forward.cp_warm``'s bound run backwards,
+``warm_back_host``) or runs on to its sequence's end (``warm_table``: the kernel's segment table).
 """
 
 from __future__ import annotations

@@ -235,14 +235,13 @@ def chunk_bounds(q2, k2, g2, b2, cu, use_l2) -> torch.Tensor:
 
 def dh_warm(q2, k2, do2, Th, Tl, Fb, dUloc, cu, co, Lb, dht, dt):
     """Emulates ``gdn_bwd_dh_warm``: the segments ``cu`` [NS + 1] (token bounds) with its table ``co`` [4 NS + 1]
-    (``dh_segmented.warm_table``); each (segment, value head) whose end takes a warm-up (``cp_warm.warm_back_host``
-    on ``Lb`` [HV, NC]) runs ``dh`` from there, from a zero state gradient or from its sequence's ``dht``
-    [N, HV, DK, DV] (key-first, or None) where that reaches the sequence's end, down through the segment and the
-    idle ones before it (``cp_warm.back_cover_host``), keeping those chunks.  Returns as ``dh``, dh0
-    [N, HV, DK, DV] per sequence (from the pass that covers its first segment)."""
-    from kernels.forward.cp_warm import back_cover_host, warm_back_host
+    (``dh_segmented.warm_table``); each (segment, value head) runs ``dh`` over the segment and its warm-up chunks
+    (``cp_warm.warm_back_host`` on ``Lb`` [HV, NC]) from a zero state gradient, or from its sequence's ``dht``
+    [N, HV, DK, DV] (key-first, or None) where that reaches the sequence's end, keeping the segment's own chunks.
+    Returns as ``dh``, dh0 [N, HV, DK, DV] per sequence (from each sequence's first segment)."""
+    from kernels.forward.cp_warm import warm_back_host
     NS = len(cu) - 1
-    offs, first, last, seq = co[:NS + 1], co[NS + 1:2 * NS + 1], co[2 * NS + 1:3 * NS + 1], co[3 * NS + 1:]
+    offs, last, seq = co[:NS + 1], co[2 * NS + 1:3 * NS + 1], co[3 * NS + 1:]
     H, HV, DK, DV = q2.shape[1], do2.shape[1], q2.shape[2], do2.shape[2]
     dev = q2.device
     NC = Th.shape[1]
@@ -253,14 +252,10 @@ def dh_warm(q2, k2, do2, Th, Tl, Fb, dUloc, cu, co, Lb, dht, dt):
     dh0 = torch.zeros(max(seq, default=-1) + 1, HV, DK, DV, dtype=torch.float32, device=dev)
     for j in range(NS):
         w = warm_back_host(Lb, offs, last, j)
-        cover = back_cover_host(Lb, offs, first, last, j)
-        end = offs[last[j] + 1]
+        c0, nch, end = offs[j], offs[j + 1] - offs[j], offs[last[j] + 1]
         for hv in range(HV):
-            wj, s = int(w[hv]), int(cover[hv])
-            if wj < 0:
-                continue                        # idle: a later segment's pass covers these chunks
-            c0, nch = offs[s], offs[j + 1] - offs[s]
-            a, b = cu[s], min(cu[j + 1] + wj * BT, cu[last[j] + 1])
+            wj = int(w[hv])
+            a, b = cu[j], min(cu[j + 1] + wj * BT, cu[last[j] + 1])
             hd, cs = slice(hv, hv + 1), slice(c0, c0 + nch + wj)
             d = dht[seq[j]:seq[j] + 1, hd] if dht is not None and offs[j + 1] + wj == end else None
             h = hv // (HV // H)
@@ -268,20 +263,19 @@ def dh_warm(q2, k2, do2, Th, Tl, Fb, dUloc, cu, co, Lb, dht, dt):
                      dUloc[hd, cs], [0, b - a], d, dt)
             for dst, src in zip((dSnh, dSnl, dYh, dYl), out[:4]):
                 dst[hv, c0:c0 + nch] = src[0, :nch]
-            dv[cu[s]:cu[j + 1], hv] = out[4][:cu[j + 1] - a, 0]
-            if s == first[j]:
+            dv[cu[j]:cu[j + 1], hv] = out[4][:cu[j + 1] - a, 0]
+            if j == 0 or seq[j - 1] != seq[j]:
                 dh0[seq[j], hv] = out[5][0, 0]
     return dSnh, dSnl, dYh, dYl, dv, dh0
 
 
 def recompute_warm_states(k2, v2, Ah, Al, F, cu, co, Lb, h0, dt, prec):
     """Emulates ``gdn_state_tables_ws_warm`` (the recompute per dh segment): the segments ``cu`` [NS + 1] with the
-    table ``co`` [4 NS + 1] (``dh_segmented.warm_table``); each (segment, value head) whose start takes a warm-up or
-    reaches its sequence's first chunk (``cp_warm.warm_or_start_host`` on ``Lb`` [HV, NC]) runs ``chunk_states``
-    from there, from zero or from the sequence's ``h0`` [N, HV, DK, DV] (key-first, or None), on through the
-    segment and the idle ones after it (``cp_warm.fwd_cover_host``); the tables of those chunks (Sch, Scl, Uh, Ul
-    as ``chunk_states``)."""
-    from kernels.forward.cp_warm import fwd_cover_host, warm_or_start_host
+    table ``co`` [4 NS + 1] (``dh_segmented.warm_table``); each (segment, value head) runs ``chunk_states`` from
+    ``cp_warm.warm_or_start_host``'s chunks before its start (on ``Lb`` [HV, NC]), from zero or, reaching its
+    sequence's first chunk, from the sequence's ``h0`` [N, HV, DK, DV] (key-first, or None); the tables of the
+    segment's own chunks (Sch, Scl, Uh, Ul as ``chunk_states``)."""
+    from kernels.forward.cp_warm import warm_or_start_host
     NS = len(cu) - 1
     seq = co[3 * NS + 1:]
 
@@ -289,8 +283,7 @@ def recompute_warm_states(k2, v2, Ah, Al, F, cu, co, Lb, h0, dt, prec):
         at_first = co[j] - skip == co[co[NS + 1 + j]]
         return h0[seq[j]:seq[j] + 1, h:h + 1] if h0 is not None and at_first else None
     skips = [warm_or_start_host(Lb, co[:3 * NS + 1], j) for j in range(NS)]
-    stops = [fwd_cover_host(Lb, co[:3 * NS + 1], j) for j in range(NS)]
-    return segments_from(k2, v2, Ah, Al, F, cu, co[:NS + 1], skips, start, dt, prec, stops)[:4]
+    return segments_from(k2, v2, Ah, Al, F, cu, co[:NS + 1], skips, start, dt, prec)[:4]
 
 
 def dqk_inter(q2, k2, v2, do2, Sch, Scl, Uh, Ul, dSnh, dSnl, dYh, dYl, Fb, cu, scale, operands: str = "split"):

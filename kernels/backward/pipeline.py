@@ -310,7 +310,7 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
         ht = no_states(x)                                      # the final state: not stored
         intra = IntraTables(tables.Agh, tables.Agl, tables.Fb, None)
         extra = ()
-        if plan.recompute_on_warm_segments:     # dh segments from warm-ups, their sequence starts or the previous one
+        if plan.recompute_on_warm_segments:     # every dh segment from its warm-up chunks or its sequence's start
             cp = plan.dh_segments
             cu, co, use_h0, v_first = cp.cu, cp.warm_co, int(x.h0 is not None), int(x.v_first)
             h0, extra = initial_states(x), (tables.Lb,)

@@ -17,13 +17,8 @@ exact scan and fp64 fix-up, which then run only for the segments before the last
 
 The backward's reverse pass runs the same bound the other way (its chunk map is the forward one's transpose, of the
 same norm): a segment that is not its sequence's last takes ``w`` warm-up chunks after its end, the fewest of at most
-``WARM_CHUNKS`` whose ``L`` sum to at most ``WARM_LOG2``, starting there from a zero state gradient, or (reaching the
-sequence's end) from the caller's end gradient (``warm_back_host``).  Where none do, the segment's pass is idle and
-the pass of the next segment runs on through it (``back_cover_host``): each chunk runs once, in the pass of the first
-segment after it (its own included) whose end takes a warm-up, exact through every segment boundary between.  The
-backward's recompute does the same forwards (``warm_or_start_host``, ``fwd_cover_host``): a segment starts from its
-warm-up chunks or, reaching its sequence's first chunk, from the initial state; where neither holds, the previous
-segment's pass runs on through it.
+``WARM_CHUNKS`` whose ``L`` sum to at most ``WARM_LOG2``, starting there from a zero state gradient; where none do,
+it runs on to the sequence's end, from the caller's end gradient (exact, ``warm_back_host``).
 """
 
 import torch
@@ -62,22 +57,12 @@ def warm_chunks_host(L: torch.Tensor, co: list, j: int) -> torch.Tensor:
 def warm_back_host(L: torch.Tensor, chunk_offsets: list, last: list, j: int) -> torch.Tensor:
     """The reverse pass's warm-up chunks after segment ``j`` for every value head (``L [HV, NC]``: each chunk's
     ``L_c``; ``chunk_offsets [Nseg + 1]``: the segments' first chunks; ``last [Nseg]``: each segment's sequence's
-    last segment): int64 ``[HV]``, 0 for a sequence's last segment, the chunks left to its end where the rule
-    reaches it, -1 where no ``WARM_CHUNKS`` chunks bring the bound down (the pass of segment ``j`` is idle: a later
-    segment's pass covers its chunks, ``back_cover_host``)."""
+    last segment): int64 ``[HV]``, 0 for a sequence's last segment; where no ``WARM_CHUNKS`` chunks bring the bound
+    down, the chunks left to the sequence's end (the exact start)."""
     e, end = chunk_offsets[j + 1], chunk_offsets[last[j] + 1]
     w = torch.full((L.shape[0],), 0 if e == end else -1, dtype=torch.long)
-    return _reach_host(L, [e + i for i in range(min(WARM_CHUNKS, end - e))], end - e, w)
-
-
-def back_cover_host(L: torch.Tensor, chunk_offsets: list, first: list, last: list, j: int) -> torch.Tensor:
-    """The first segment whose chunks the reverse pass of segment ``j`` covers, for every value head: int64
-    ``[HV]``, ``j`` and then each segment before it (down to its sequence's first, ``first [Nseg]``) whose pass is
-    idle (``warm_back_host`` -1).  Where segment ``j``'s own pass is idle the value is not read."""
-    s = torch.full((L.shape[0],), j, dtype=torch.long)
-    for m in range(j - 1, first[j] - 1, -1):
-        s = torch.where((s == m + 1) & (warm_back_host(L, chunk_offsets, last, m) < 0), torch.full_like(s, m), s)
-    return s
+    w = _reach_host(L, [e + i for i in range(min(WARM_CHUNKS, end - e))], end - e, w)
+    return torch.where(w < 0, torch.full_like(w, end - e), w)
 
 
 def _reach_host(L: torch.Tensor, chunks: list, n: int, w: torch.Tensor) -> torch.Tensor:
@@ -94,22 +79,11 @@ def _reach_host(L: torch.Tensor, chunks: list, n: int, w: torch.Tensor) -> torch
 
 
 def warm_or_start_host(L: torch.Tensor, co: list, j: int) -> torch.Tensor:
-    """The recompute's chunks before segment ``j`` for every value head (``co``: ``warm_offsets``' table):
-    ``warm_chunks_host``'s (0 for a sequence's first segment, the chunks back to its first one where the rule reaches
-    it: the start from its initial state), -1 where the exact start state would be needed (the pass of segment ``j``
-    is idle: an earlier segment's pass covers its chunks, ``fwd_cover_host``)."""
-    return warm_chunks_host(L, co, j)
-
-
-def fwd_cover_host(L: torch.Tensor, co: list, j: int) -> torch.Tensor:
-    """One past the last segment whose chunks the recompute's pass of segment ``j`` covers, for every value head:
-    int64 ``[HV]``, ``j + 1`` and then past each segment after it (up to its sequence's last) whose pass is idle
-    (``warm_or_start_host`` -1).  ``co``: ``warm_offsets``' table."""
+    """``warm_chunks_host`` where no exact start state is at hand (the backward's recompute): -1 becomes the chunks
+    back to the sequence's first one (the start from its initial state, exact).  ``co``: ``warm_offsets``' table."""
     Nseg = (len(co) - 1) // 3
-    e = torch.full((L.shape[0],), j + 1, dtype=torch.long)
-    for m in range(j + 1, co[2 * Nseg + 1 + j] + 1):
-        e = torch.where((e == m) & (warm_chunks_host(L, co, m) < 0), torch.full_like(e, m + 1), e)
-    return e
+    w = warm_chunks_host(L, co, j)
+    return torch.where(w < 0, torch.full_like(w, co[j] - co[co[Nseg + 1 + j]]), w)
 
 
 def chunk_log2_bounds(G: torch.Tensor, bc: torch.Tensor, rk: torch.Tensor, kk: torch.Tensor) -> torch.Tensor:
@@ -176,55 +150,33 @@ def _macros():
     @T.macro
     def warm_after(Lb, hv, e, end, w, acc, lv):
         """``w[0]``: the reverse pass's warm-up chunks after a segment ending at chunk ``e`` (exclusive) of a
-        sequence ending at chunk ``end``, -1 where none (``warm_back_host``), from ``Lb [HV, NC]`` (each chunk's
-        ``L_c``); local scratch ``acc`` fp32 [1], shared ``lv`` fp32 [WARM_CHUNKS] (the bounds, loaded together
-        first, one a thread: no registers held for them).  Every thread, uniform (it ends with a barrier)."""
+        sequence ending at chunk ``end`` (``warm_back_host``), from ``Lb [HV, NC]`` (each chunk's ``L_c``); local
+        scratch ``acc`` fp32 [1], shared ``lv`` fp32 [WARM_CHUNKS] (the bounds, loaded together first, one a
+        thread: no registers held for them).  Every thread, uniform (it ends with a barrier)."""
         for i in T.Parallel(WARM_CHUNKS):
             lv[i] = Lb[hv, T.max(T.min(e + i, end - 1), 0)]
         w[0] = T.if_then_else(e == end, 0, -1)
         # the end - e chunks left to the sequence's end, as ``reach`` counts the chunks back to its start
         reach(lv, 0, end - e, 0, w, acc)
+        if w[0] < 0:
+            w[0] = end - e
         T.sync_threads()        # every thread has read ``lv``: its memory may serve another tile now
-
-    @T.macro
-    def back_cover(Lb, hv, co, n, first, end, s, wm, acc, lv):
-        """``s[0]``: ``back_cover_host``'s first segment covered by the reverse pass of segment ``n`` (of a sequence
-        whose first segment is ``first`` and whose chunks end at ``end``; ``co`` the segments' first chunks), one
-        ``warm_after`` a segment before ``n`` until one takes a warm-up; local scratch ``wm`` int32 [1], ``acc``
-        fp32 [1], shared ``lv`` fp32 [WARM_CHUNKS].  Every thread, uniform."""
-        s[0] = n
-        for i in T.serial(n - first):
-            if s[0] == n - i:       # segments n - i .. n covered so far: is the one before idle too?
-                warm_after(Lb, hv, co[n - i], end, wm, acc, lv)
-                if wm[0] < 0:
-                    s[0] = n - i - 1
 
     @T.macro
     def warm_or_start(Lb, hv, a, b, w, acc, lv):
         """``w[0]``: ``warm_or_start_host``'s chunks before a segment starting at chunk ``a`` of a sequence starting
-        at chunk ``b`` (-1 where none), from ``Lb [HV, NC]`` (each chunk's ``L_c``); local scratch ``acc`` fp32 [1],
-        shared ``lv`` fp32 [WARM_CHUNKS] (the bounds, loaded together first, one a thread).  Every thread, uniform
-        (it ends with a barrier)."""
+        at chunk ``b``, from ``Lb [HV, NC]`` (each chunk's ``L_c``); local scratch ``acc`` fp32 [1], shared ``lv``
+        fp32 [WARM_CHUNKS] (the bounds, loaded together first, one a thread).  Every thread, uniform (it ends
+        with a barrier)."""
         for i in T.Parallel(WARM_CHUNKS):
             lv[i] = Lb[hv, T.max(a - i - 1, 0)]
         w[0] = T.if_then_else(a == b, 0, -1)
         reach(lv, 0, a, b, w, acc)
+        if w[0] < 0:
+            w[0] = a - b
         T.sync_threads()        # every thread has read ``lv``: its memory may serve another tile now
 
-    @T.macro
-    def fwd_cover(Lb, hv, co, n, last, b, e, wm, acc, lv):
-        """``e[0]``: ``fwd_cover_host``'s segment one past the last covered by the recompute's pass of segment
-        ``n`` (of a sequence whose last segment is ``last`` and whose first chunk is ``b``; ``co`` the segments'
-        first chunks), one ``warm_or_start`` a segment after ``n`` until one takes a warm-up; local scratch ``wm``
-        int32 [1], ``acc`` fp32 [1], shared ``lv`` fp32 [WARM_CHUNKS].  Every thread, uniform."""
-        e[0] = n + 1
-        for i in T.serial(last - n):
-            if e[0] == n + 1 + i:   # segments n .. n + i covered so far: is the next one idle too?
-                warm_or_start(Lb, hv, co[n + 1 + i], b, wm, acc, lv)
-                if wm[0] < 0:
-                    e[0] = n + 2 + i
-
-    return warm_chunks, exact_after, warm_after, back_cover, warm_or_start, fwd_cover
+    return warm_chunks, exact_after, warm_after, warm_or_start
 
 
 def macros():
@@ -234,6 +186,5 @@ def macros():
 
 def backward_macros():
     """The TileLang macros of the backward's segments, read from a bounds table ``Lb [HV, NC]``: ``warm_after``
-    and ``back_cover`` (the reverse pass's rule and cover), ``warm_or_start`` and ``fwd_cover`` (the recompute's)
-    (imports tilelang)."""
+    (the reverse pass's rule) and ``warm_or_start`` (the recompute's) (imports tilelang)."""
     return _macros()[2:]

@@ -442,13 +442,11 @@ def warm_segment_states(k, v, Ah, Al, F, seg_cu, seg_co, seg_of, h0s, dt, prec):
     return segments_from(k, v, Ah, Al, F, seg_cu, seg_co, [x.clamp(min=0) for x in w], start, dt, prec)
 
 
-def segments_from(k, v, Ah, Al, F, seg_cu, seg_co, skips, start, dt, prec, stops=None):
+def segments_from(k, v, Ah, Al, F, seg_cu, seg_co, skips, start, dt, prec):
     """``chunk_states`` of each CP segment ``j`` (tokens ``seg_cu``, first chunks ``seg_co``) and value head ``h``
     from ``skips[j][h]`` chunks before the segment and the start state ``start(j, h, skip)`` ([1, 1, DK, DV]
     key-first, or None: zero): the chunk tables of the segment's own chunks (Sch, Scl, Uh, Ul as ``chunk_states``)
-    and every segment's end state [Nseg, HV, DK, DV].  ``stops`` (``stops[j][h]``, with ``skips`` -1 where a pass is
-    idle): each pass runs on to the start of segment ``stops[j][h]`` and keeps the chunks of every segment it covers
-    (an idle pass computes nothing; the end states are then those of the covered runs)."""
+    and every segment's end state [Nseg, HV, DK, DV]."""
     Nseg = len(seg_cu) - 1
     HV, H = v.shape[1], k.shape[1]
     r = HV // H
@@ -461,14 +459,11 @@ def segments_from(k, v, Ah, Al, F, seg_cu, seg_co, skips, start, dt, prec, stops
     for j in range(Nseg):
         for h in range(HV):
             skip = int(skips[j][h])
-            if skip < 0:
-                continue                        # idle (with ``stops``): an earlier pass covers these chunks
-            e = j + 1 if stops is None else int(stops[j][h])
-            cu = [seg_cu[j] - skip * BT, seg_cu[e]]
+            cu = [seg_cu[j] - skip * BT, seg_cu[j + 1]]
             sl = slice(h, h + 1)
             a, b_, c, d, end = chunk_states(k[:, h // r:h // r + 1], v[:, sl], Ah[sl], Al[sl], F[sl], cu,
                                             [seg_co[j] - skip, 0], start(j, h, skip), dt, prec)
-            own = slice(seg_co[j], seg_co[e])
+            own = slice(seg_co[j], seg_co[j + 1])
             Sch[sl, own], Scl[sl, own], Uh[sl, own], Ul[sl, own] = a[:, own], b_[:, own], c[:, own], d[:, own]
             Send[j, h] = end[0, 0]
     return Sch, Scl, Uh, Ul, Send

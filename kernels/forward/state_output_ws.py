@@ -44,7 +44,7 @@ from .cp_warm import MAX_SEGMENTS, WARM_CHUNKS, backward_macros, macros
 from .cumsum import LOG2E
 
 warm_chunks, exact_after = macros()
-_, _, warm_or_start, fwd_cover = backward_macros()
+_, warm_or_start = backward_macros()
 
 BT = 64
 THREADS = 512
@@ -73,10 +73,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, v_first) and its tables, Scl fp8 with ``lo8``.  With
     ``warm`` (the backward's recompute per segment, ``gdn_state_tables_ws_warm``): ``Lb [HV, NCg]`` (each chunk's
     log2 norm bound, prep's) after ``Ul``, ``chunk_offsets`` ``[4 N + 1]`` (``cp_warm``'s table, then each segment's
-    sequence); a segment's pass starts ``cp_warm.warm_or_start`` chunks early, from zero or, reaching its sequence's
-    first chunk, from the sequence's h0 (exact); where neither holds it is idle and the previous segment's pass runs
-    on through its chunks (``cp_warm.fwd_cover``: each chunk runs once).  The covered chunks' tables alone are
-    stored (not the warm-up's), ht never.
+    sequence); a segment starts ``cp_warm.warm_or_start`` chunks early, from zero or, reaching its sequence's first
+    chunk, from the sequence's h0 (exact); its own chunks' tables alone are stored, ht never.
 
     ``split`` (``ForwardPlan.split_heads``): each (sequence, value head) runs in one of two kernels launched side by
     side, chosen on the GPU by ``cp_warm``'s rule over the sequence's CP segments.  "warm" (with ``warm``): the
@@ -165,23 +163,16 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     exact_after(F, chunk_offsets, chunk_offsets[2 * N + 1] + 1, s_first + 1,
                                 chunk_offsets[N + 2 + n] - s_first - 1, hv, mix, macc, wl_s, ca_s, base=2 * N + 2)
                     runs = mix[0] != 0
-            if tw:      # the segment from its warm-up chunks, or from its sequence's first chunk; else idle
+            if tw:      # the segment from its warm-up chunks, or from its sequence's first chunk
                 ws = T.alloc_local((1,), "int32")
-                se = T.alloc_local((1,), "int32")      # one past the last segment this pass covers
-                wm = T.alloc_local((1,), "int32")
                 wacc = T.alloc_local((1,), f32)
                 wlv = T.alloc_shared((WARM_CHUNKS,), f32)
                 sbos, eos, sc0, snchunks = seq_span(cu_seqlens, chunk_offsets, n)
-                sfirst = chunk_offsets[chunk_offsets[N + 1 + n]]
-                warm_or_start(Lb, hv, sc0, sfirst, ws, wacc, wlv)
-                se[0] = n + 1
-                if ws[0] >= 0:
-                    fwd_cover(Lb, hv, chunk_offsets, n, chunk_offsets[2 * N + 1 + n], sfirst, se, wm, wacc, wlv)
-                skip = T.max(ws[0], 0)
+                warm_or_start(Lb, hv, sc0, chunk_offsets[chunk_offsets[N + 1 + n]], ws, wacc, wlv)
+                skip = ws[0]
                 bos = sbos - skip * BT
                 c0 = sc0 - skip
-                # the covered segments' chunks follow on to this one's (the last may end part-way into a chunk)
-                nchunks = T.if_then_else(ws[0] >= 0, T.ceildiv(cu_seqlens[se[0]] - bos, BT), 0)
+                nchunks = snchunks + skip
             elif warm:  # the segment from its warm-up chunks (ws of them; -1: from its exact start state)
                 ws = T.alloc_local((1,), "int32")
                 wacc = T.alloc_local((1,), f32)
