@@ -179,17 +179,13 @@ chunk_gdr_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 def dense_kept_chunks(q, v, keep_tables: bool) -> int:
     """Chunks of the intra tables a dense forward of q [B, T, H, K], v [B, T, HV, V] keeps for the backward
-    (``run_forward``): B * ceil(T / 64) on CUDA where ``keep_tables``, the backward's reverse pass is the sequential
-    one and the dispatched precision computes the tables; else 0.  Host arithmetic only (no tensor is made)."""
-    from kernels.backward import dh_segmented
-    from kernels.backward.pipeline import _sm_count, dh_value_blocks
+    (``run_forward``): B * ceil(T / 64) on CUDA where ``keep_tables`` and the dispatched precision computes them
+    (the backward reads them wherever the forward runs: ``backward.pipeline.reads_saved_tables``); else 0.  Host
+    arithmetic only (no tensor is made)."""
     from kernels.forward.precision import preset
     from kernels.plan import keeps_tables
-    B, T, HV = int(q.shape[0]), int(q.shape[1]), int(v.shape[2])
+    B, T = int(q.shape[0]), int(q.shape[1])
     if not keep_tables or q.device.type not in _KEEPS_TABLES or B * T == 0 or not keeps_tables(preset()):
-        return 0
-    if dh_segmented.plan([b * T for b in range(B + 1)], HV, dh_value_blocks(int(q.shape[-1])),
-                          _sm_count(q.device)) is not None:
         return 0
     return B * -(-T // BT)
 

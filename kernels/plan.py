@@ -342,7 +342,16 @@ class BackwardPlan:
         return ForwardPlan(self.dtype, preset(), "rv", RV_BV, 1, max(2, self.recompute_cp), DK=self.DK)
 
     def prep_config(self, saved: bool) -> BwdConfig:
-        return BwdConfig("prep", self.dtype, self.DK, saved=saved, merge="bf16" if saved else self.merge)
+        """prep's form; ``saved``: on the forward's Tinv and Ag (and then the chunks' bounds for the warm segmented
+        pass)."""
+        return BwdConfig("prep", self.dtype, self.DK, saved=saved, merge="bf16" if saved else self.merge,
+                         bounds=saved and (self.segmented_warm or self.recompute_on_warm_segments))
+
+    @property
+    def takes_saved_tables(self) -> bool:
+        """Whether prep takes Tinv and Ag from the forward where given (``reads_saved_tables``): the sequential pass
+        and the warm segmented one; the three passes (``dh_warm`` off) compute them, Tinv's lo term included."""
+        return self.reads_saved_tables and (self.dh_segments is None or self.dh_warm)
 
     def dh_config(self, saved: bool) -> BwdConfig:
         """dh's form; ``saved``: prep took Tinv from the forward (its hi term alone)."""
@@ -386,7 +395,7 @@ class BackwardPlan:
     def configs(self, with_saved: bool) -> tuple:
         """Every kernel configuration the call runs (``with_saved``: prep on the forward's tables)."""
         out = list(self.recompute_configs()[1:])
-        saved = with_saved and self.reads_saved_tables
+        saved = with_saved and self.takes_saved_tables
         out += [self.prep_config(saved), self.dh_config(saved), self.dqk_config(),
                 self.dgdb_config()]
         out += [c for c in (self.group_sum_config(True), self.group_sum_config(False), self.convert_config(),
@@ -400,7 +409,8 @@ class BackwardPlan:
 def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_segments=None,
                   DK: int = KERNEL_HEAD_DIM, max_chunks: int | None = None) -> BackwardPlan:
     """The backward's dispatch: ``dh_segments`` (``dh_segmented.plan``'s tensors, or None) from the caller, who
-    owns the layout cache; dh with every operand split; the sequential pass reads the forward's saved tables; the
+    owns the layout cache; dh with every operand split; the sequential pass and the warm segmented one read the
+    forward's saved tables (Tinv's hi term alone); the
     recompute beside dh from ``OVERLAP_MIN_CHUNK_HEADS`` (chunk, value head) pairs; its state kernel at the
     forward's ``block_v`` (one CTA per SM), warp-specialised (``recompute_ws``) at the head dims of
     ``WS_HEAD_DIMS``; dqk's gates formed once and its masked widening (``dqk_e_once``, ``dqk_exp_mask``) at
@@ -421,7 +431,7 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     if n_seq * HV * (DK // 16) < N_SM:
         rcp = ws_cp_segments(n_seq, HV, n_chunks // max(n_seq, 1) if max_chunks is None else max_chunks, DK)
     rbv = WS_CP_BV if rcp > 1 or not seq else rbv
-    return BackwardPlan(dtype, dh_segments, dh_single=False, reads_saved_tables=seq, dh_ws_bv=ws,
+    return BackwardPlan(dtype, dh_segments, dh_single=False, reads_saved_tables=True, dh_ws_bv=ws,
                         recompute_ws=DK in WS_HEAD_DIMS, dqk_e_once=DK == DQK_E_ONCE_HEAD_DIM,
                         dqk_exp_mask=DK == DQK_E_ONCE_HEAD_DIM,
                         overlap_recompute=n_chunks * HV >= OVERLAP_MIN_CHUNK_HEADS,

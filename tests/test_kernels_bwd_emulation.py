@@ -515,7 +515,9 @@ def _fake_kernels(monkeypatch, asked=None):
             def prep(q, k, do, g, b, cu, ci, Th, Tl, Agh, Agl, Fb, dUl, Lb, scale, use_l2):
                 th, tl, fb, dul = E.prep(q, k, do, g, b, cu_list(cu), scale, bool(use_l2), q.dtype, cfg.merge)
                 put(Fb, fb), put(dUl, dul.transpose(-1, -2))
-                if cfg.saved:       # the forward's Tinv and Ag are given: the kernel writes none of them, nor Lb
+                if cfg.saved:       # the forward's Tinv and Ag are given: the kernel writes none of them
+                    if cfg.bounds:
+                        put(Lb, E.chunk_bounds(q, k, g, b, cu_list(cu), bool(use_l2)))
                     return
                 put(Th, th), put(Tl, tl), put(Lb, E.chunk_bounds(q, k, g, b, cu_list(cu), bool(use_l2)))
                 # Ag: the kernel's operations are intra2's (ag "split"), so its emulation stands in
@@ -527,7 +529,8 @@ def _fake_kernels(monkeypatch, asked=None):
             def dh_warm(q, k, do, Th, Tl, Fb, dUl, cu, co, dht, dSh, dSl, dYh, dYl, dv, dh0, Lb, use_dht, store_dh0,
                         vf):
                 d = (dht.transpose(-1, -2) if vf else dht) if use_dht else None
-                a, b_, c, e, dvv, h0g = E.dh_warm(q, k, do, Th.to(f64), Tl.to(f64), Fb.to(f64),
+                tl = torch.zeros_like(Tl, dtype=f64) if cfg.tinv_hi else Tl.to(f64)      # Tl not read
+                a, b_, c, e, dvv, h0g = E.dh_warm(q, k, do, Th.to(f64), tl, Fb.to(f64),
                                                   dUl.to(f64).transpose(-1, -2), cu_list(cu), cu_list(co), Lb, d,
                                                   q.dtype)
                 put(dSh, a.transpose(-1, -2)), put(dSl, E.lo8_encode(a, b_, q.dtype).transpose(-1, -2))
@@ -1111,9 +1114,9 @@ def test_segment_plan_only_for_long_sequences():
 def test_backward_dispatch():
     """``backward_plan``: the recompute on a side stream from 4096 (chunk, value head) pairs (off at B1 T8192 H4
     HV8, on at B1 T32768 H16 HV32 and B1 T65536 H2 HV4); its state kernel at the forward's ``block_v``, one CTA
-    per SM; cluster sums for groups of 2, 4, 8 only; the sequential reverse pass with single operands reads the
-    saved tables, the segmented one neither; dh warp-specialised where its 32-column CTAs fit one wave; a plan the
-    kernels cannot run raises."""
+    per SM; cluster sums for groups of 2, 4, 8 only; the sequential and the warm segmented reverse pass, both with
+    split operands, read the saved tables (Tinv's hi term); dh warp-specialised where its 32-column CTAs fit one
+    wave; a plan the kernels cannot run raises."""
     import dataclasses
 
     from kernels.backward.configs import BwdConfig, prim_func
@@ -1130,8 +1133,12 @@ def test_backward_dispatch():
     assert [backward_plan("float16", 1, r, 64, 1).cluster_group_sum for r in (1, 2, 3, 4, 6, 8)] == \
         [False, True, False, True, False, True]
     seq, seg = backward_plan("bfloat16", 1, 2, 64, 1), backward_plan("bfloat16", 1, 2, 64, 1, dh_segments=object())
-    assert not seq.dh_single and seq.reads_saved_tables and not seg.dh_single and not seg.reads_saved_tables
+    assert not seq.dh_single and seq.takes_saved_tables and not seg.dh_single and seg.takes_saved_tables
     assert seq.dh_config(True).tinv_hi and not seq.dh_config(False).tinv_hi and not seg.dh_config(False).tinv_hi
+    # the warm segmented pass on the forward's tables: Tinv's hi term, the chunks' bounds from prep; the three passes
+    # compute the tables themselves (Tinv's lo term)
+    assert seg.dh_config(True).tinv_hi and seg.dh_config(True).warm and seg.prep_config(True).bounds
+    assert not seq.prep_config(True).bounds and not dataclasses.replace(seg, dh_warm=False).takes_saved_tables
     single = dataclasses.replace(seq, dh_single=True, lo8=False)
     assert single.dh_config(True).single and not single.dh_config(True).tinv_hi
     with pytest.raises(ValueError, match="cluster group sums"):
@@ -1391,10 +1398,10 @@ def test_end_walk_is_the_segment_scan(monkeypatch, dht_form):
     assert (got - want).abs().max() <= 1e-5 * want.abs().max(), (got - want).abs().max()
 
 
-def test_saved_tables_are_kept_only_where_the_backward_reads_them(monkeypatch):
+def test_saved_tables_are_kept_where_the_backward_reads_them(monkeypatch):
     """``reads_saved_tables`` (the autograd Function asks it before its forward): the forward's intra tables are
-    kept where the reverse pass is the sequential one with dh's single operands, not where the segmented pass runs
-    (few heads over long sequences: it reads Tinv's lo term)."""
+    kept where the reverse pass is the sequential one and where it is the warm segmented one (few heads over long
+    sequences), not where the forward refuses the inputs."""
     from kernels.backward import dh_segmented as dh_cp
     from kernels.backward import pipeline as bapi
 
@@ -1404,7 +1411,7 @@ def test_saved_tables_are_kept_only_where_the_backward_reads_them(monkeypatch):
     assert bapi.reads_saved_tables(q, v, cu)                # too few chunks for segments: sequential
     monkeypatch.setattr(dh_cp, "MIN_CHUNKS", 1)
     monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 1)
-    assert not bapi.reads_saved_tables(q, v, cu)            # segmented
+    assert bapi.reads_saved_tables(q, v, cu)                # segmented (warm)
     assert not bapi.reads_saved_tables(q.float(), v, cu)    # no kernel dtype: nothing to keep
 
 

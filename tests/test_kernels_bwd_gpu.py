@@ -168,22 +168,23 @@ def test_bad_input_raises_valueerror():
 
 _WARM_SEGMENTED = _SEGMENTED + [Case(T=4096, H=2, HV=4, dist="strong-decay", grad=True),
                                 Case(T=8192, H=1, HV=2, dist="qwen-gates", h0_dtype="fp32", grad=True)]
-# the warm forms on every case (the warm recompute at K = 128, where the recompute is the ws form), the three passes
-# on the slow-decay and no-decay ones
-_SEGMENTED_FORMS = [(c, form) for c in _WARM_SEGMENTED for form in ("warm", "warm-rc", "dh", "dh_ws32")
-                    if form == "warm" or (c.K == 128 if form == "warm-rc" else c in _SEGMENTED)]
+# the warm forms on every case (also on the forward's saved tables; the warm recompute at K = 128, where the
+# recompute is the ws form), the three passes on the slow-decay and no-decay ones
+_SEGMENTED_FORMS = [(c, form) for c in _WARM_SEGMENTED for form in ("warm", "warm-saved", "warm-rc", "dh", "dh_ws32")
+                    if form in ("warm", "warm-saved") or (c.K == 128 if form == "warm-rc" else c in _SEGMENTED)]
 
 
 @pytest.mark.parametrize("case,form", _SEGMENTED_FORMS, ids=[f"{c.id}-{f}" for c, f in _SEGMENTED_FORMS])
 def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, case, form):
     """The few-heads reverse pass, forced on (its thresholds set to 1), gives the sequential pass's gradients on the
     GPU (``kernel_support.assert_segmented_matches_sequential``): as dispatched (``warm``: one launch of
-    ``gdn_bwd_dh_warm``, each segment from its warm-up chunks or its sequence's end; ``warm-rc``: with the recompute
-    per segment from its warm-up chunks too, ``recompute_warm``), and in three passes and an fp64 scan
-    (``dh_segmented``) with either dh kernel (``dh_ws32``: the warp-specialised one at 32 value columns a CTA).  The
-    segmented pass runs dh with every operand split, so the sequential one it is compared with does too (a plan
-    with ``dh_single`` off); it keeps its own pass B and (but ``warm-rc``) the sequential plan's recompute
-    (``shared_scan`` off)."""
+    ``gdn_bwd_dh_warm``, each segment from its warm-up chunks or its sequence's end; ``warm-saved``: the same on the
+    forward's saved tables, Tinv's hi term and the chunks' bounds from prep, against the sequential pass on the same
+    tables; ``warm-rc``: with the recompute per segment from its warm-up chunks too, ``recompute_warm``), and in
+    three passes and an fp64 scan (``dh_segmented``) with either dh kernel (``dh_ws32``: the warp-specialised one at
+    32 value columns a CTA).  The segmented pass runs dh with every operand split, so the sequential one it is
+    compared with does too (a plan with ``dh_single`` off); it keeps its own pass B and (but ``warm-rc``) the
+    sequential plan's recompute (``shared_scan`` off)."""
     from kernels.backward import dh_segmented
     from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
     from kernels.backward.pipeline import plan_for, prepare_backward
@@ -192,7 +193,12 @@ def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, case, fo
     xs, kw, do, dht = tt.bwd_args(case, CUDA)
     split = dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)), dh_single=False, dh_ws_bv=ws)
     assert split.dh_segments is None
-    seq = kern(*xs, do, dht, **kw, plan=split)
+    kept = {}
+    if form == "warm-saved":
+        from kernels.forward.pipeline import chunk_gated_delta_rule as fwd
+        fwd(*xs, **kw, keep_tables=kept)
+        assert kept and split.takes_saved_tables
+    seq = kern(*xs, do, dht, **kw, plan=split, saved_tables=dict(kept) or None)
     rc = dict(recompute_cp=split.recompute_cp, recompute_block_v=split.recompute_block_v, shared_scan=False)
     monkeypatch.setattr(dh_segmented, "MIN_CHUNKS", 1)
     monkeypatch.setattr(dh_segmented, "MIN_SEQ_CHUNKS", 1)
@@ -205,7 +211,7 @@ def test_segmented_reverse_pass_matches_the_sequential_one(monkeypatch, case, fo
     plan = dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)), dh_ws_bv=ws,
                                dh_warm=form.startswith("warm"), **rc)
     assert plan.dh_segments is not None and plan.dh_segments.cu.numel() - 1 >= 4, plan.dh_segments
-    seg = kern(*xs, do, dht, **kw, plan=plan)
+    seg = kern(*xs, do, dht, **kw, plan=plan, saved_tables=dict(kept) or None)
     torch.cuda.synchronize()
     assert bool(seen) != plan.segmented_warm, seen       # the end-gradient scan: the three passes' alone
     tt.assert_segmented_matches_sequential(seg, seq, xs[0].dtype, NAMES, label=f"{case.id} {form}")
@@ -482,7 +488,7 @@ def test_cluster_group_sums_match_the_group_sum_kernel(case):
 def test_saved_forward_tables_give_the_same_gradients(case):
     """The forward's intra kernel also stores Tinv and the Function hands it, with Ag hi + lo, to the backward,
     whose prep skips K K^T and the solve.  Those are the same operations on the same values as prep's own, so with
-    a dh that reads no Tinv lo term (the single form; the segmented pass recomputes the tables either way) every
+    a dh that reads no Tinv lo term (the single form; these cases take the sequential pass) every
     gradient is bitwise the same as with plans that keep no tables; the forward's output and final state are
     bitwise unchanged by the extra store.  The dispatched plan (dh split, Tinv's hi term alone on the saved tables)
     is within the input dtype's rounding floor of the emulation's ``tinv_hi_only`` and within the baseline."""

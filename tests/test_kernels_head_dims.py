@@ -51,15 +51,13 @@ def test_state_kernel_occupancy_counts_ctas_at_the_head_dim():
 
 def test_reverse_pass_segments_count_value_blocks_at_the_head_dim():
     """The backward's segmented reverse pass is chosen from N x HV x DK / 64 dh CTAs: 33 value heads of one long
-    sequence are 66 CTAs at K = 128 (half the SMs: sequential, reading the forward's tables) but 33 at K = 64
-    (segmented, so the forward keeps no tables for it)."""
-    from kernels.backward.pipeline import reads_saved_tables
+    sequence are 66 CTAs at K = 128 (half the SMs: sequential) but 33 at K = 64 (segmented)."""
+    from kernels.backward import dh_segmented
+    from kernels.backward.pipeline import dh_value_blocks
 
     T, HV = 256 * 64, 33
     for K, seq in ((128, True), (64, False)):
-        q = torch.empty(1, 1, 1, K, dtype=torch.bfloat16).expand(1, T, 1, K)
-        v = torch.empty(1, 1, 1, K, dtype=torch.bfloat16).expand(1, T, HV, K)
-        assert reads_saved_tables(q, v) is seq, K
+        assert (dh_segmented.plan([0, T], HV, dh_value_blocks(K), 132) is None) is seq, K
 
 
 def _at_64(c):

@@ -35,6 +35,7 @@ class BwdConfig:
     DK: int = KERNEL_HEAD_DIM
     single: bool = False           # dh only: Tinv, dU, F0 dX single (the sequential reverse pass)
     saved: bool = False            # prep only: Tinv and Ag from the forward (the autograd Function's saved tables)
+    bounds: bool = False           # prep with saved: the chunks' log2 norm bounds Lb too (the warm segmented pass)
     tinv_hi: bool = False          # dh only: dU and F0 dX split, Tinv's hi term alone (the forward's saved tables)
     s_single: bool = False         # dqk only: the recomputed S its hi term alone (no S lo table)
     merge: str = "bf16"            # prep only (computing Tinv): the block merges "fp32", "bf16" or "split" (the
@@ -53,7 +54,7 @@ class BwdConfig:
 
     @property
     def name(self) -> str:
-        names = ("single", "saved", "tinv_hi", "s_single", "lo8", "e_once", "exp_mask", "one", "warm")
+        names = ("single", "saved", "bounds", "tinv_hi", "s_single", "lo8", "e_once", "exp_mask", "one", "warm")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
@@ -65,10 +66,11 @@ def all_configs():
     """Every backward kernel a dispatch decision can choose, for each head dim K = V in ``HEAD_DIMS`` (128 first):
     each kind x {bf16, fp16}, dh in its split form (every operand; on the saved tables, Tinv hi alone) and its
     single form (an A/B alternative), prep computing the tables (with fp32 merges, and split ones, the A/B
-    alternative; one-term ones compile when a benchmark asks for them) and on the forward's saved ones, dqk also on
-    S's hi term alone (an A/B alternative); the split dh and dqk with fp8 lo tables (``lo8``), the split dh with
-    fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``) and in the segmented pass's warm-up form
-    (``warm``), and at ``DQK_E_ONCE_HEAD_DIM`` dqk with fp8 lo
+    alternative; one-term ones compile when a benchmark asks for them) and on the forward's saved ones (with and
+    without the chunks' bounds), dqk also on S's hi term alone (an A/B alternative); the split dh and dqk with fp8
+    lo tables (``lo8``), the split dh with fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``) and
+    in the segmented pass's warm-up form (``warm``, on Tinv hi + lo or hi alone), and at ``DQK_E_ONCE_HEAD_DIM`` dqk
+    with fp8 lo
     tables forming the intra terms' gates once (``e_once``) and widening its lo tiles with a masked power of two
     (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
     operands with bf16 dv, dq, dk too, ``io``, and the one-term passes: the maxima and the inputs' scaling, bf16 to
@@ -82,12 +84,12 @@ def _configs_at(D: int):
             + [BwdConfig(k, "float32", D) for k in DTYPE_FREE_KINDS]
             + [BwdConfig("dh", dt, D, single=True) for dt in DTYPES]
             + [BwdConfig("dh", dt, D, tinv_hi=True) for dt in DTYPES]
-            + [BwdConfig("prep", dt, D, saved=True) for dt in DTYPES]
+            + [BwdConfig("prep", dt, D, saved=True, bounds=b) for dt in DTYPES for b in (False, True)]
             + [BwdConfig("prep", dt, D, merge=m) for dt in DTYPES for m in ("fp32", "split")]
             + [BwdConfig(kind, dt, D, s_single=True) for dt in DTYPES for kind in DQK_KINDS]
             + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True) for dt in DTYPES for t in (False, True)]
             + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True, ws_bv=32) for dt in DTYPES for t in (False, True)]
-            + [BwdConfig("dh", dt, D, lo8=True, warm=True) for dt in DTYPES]
+            + [BwdConfig("dh", dt, D, tinv_hi=t, lo8=True, warm=True) for dt in DTYPES for t in (False, True)]
             + [BwdConfig(kind, dt, D, lo8=True) for dt in DTYPES for kind in DQK_KINDS]
             + ([BwdConfig(kind, dt, D, lo8=True, e_once=True, exp_mask=True) for dt in DTYPES for kind in DQK_KINDS]
                if D == DQK_E_ONCE_HEAD_DIM else [])
@@ -110,6 +112,9 @@ def prim_func(cfg: BwdConfig):
         raise ValueError(f"tinv_hi (Tinv's hi term alone) is a form of the split dh kernel only: {cfg.name}")
     if cfg.saved and cfg.kind != "prep":
         raise ValueError(f"saved (the forward's Tinv and Ag) is a form of prep only: {cfg.name}")
+    if cfg.bounds and not cfg.saved:
+        raise ValueError(f"bounds (Lb on the forward's tables) is a form of prep with saved; prep computing Tinv "
+                         f"always stores them: {cfg.name}")
     if cfg.s_single and cfg.kind not in DQK_KINDS:
         raise ValueError(f"s_single (S's hi term alone) is a form of dqk only: {cfg.name}")
     if cfg.merge != "bf16" and (cfg.kind != "prep" or cfg.saved):
@@ -139,12 +144,12 @@ def prim_func(cfg: BwdConfig):
         return build_amax(D, cfg.dtype)
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
-        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge)
+        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge, bounds=cfg.bounds)
     if cfg.ws_bv and (cfg.kind != "dh" or cfg.ws_bv not in DH_WS_BLOCKS):
         raise ValueError(f"ws_bv (the warp-specialised reverse pass) is a form of dh at {DH_WS_BLOCKS}: {cfg.name}")
-    if cfg.warm and not (cfg.kind == "dh" and not (cfg.single or cfg.tinv_hi or cfg.ws_bv)):
-        raise ValueError(f"warm (the segmented reverse pass's warm-up starts) is a form of the split register dh "
-                         f"reading Tinv's lo term: {cfg.name}")
+    if cfg.warm and not (cfg.kind == "dh" and not (cfg.single or cfg.ws_bv)):
+        raise ValueError(f"warm (the segmented reverse pass's warm-up starts) is a form of the split register dh: "
+                         f"{cfg.name}")
     if cfg.kind == "dh" and cfg.ws_bv:
         from .dh_ws import build_bwd_dh_ws
         return build_bwd_dh_ws(D, D, cfg.dtype, BV=cfg.ws_bv, single=cfg.single, tinv_lo=not cfg.tinv_hi,

@@ -51,7 +51,7 @@ import torch
 from kernels.forward.pipeline import (ForwardInputs, IntraTables, fix_segment_starts, initial_states, no_states,
                                      prepare, segment_maps, segment_starts)
 from kernels.interface import side_stream as _side_stream
-from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, TORCH_DTYPE, cached, call_tables,
+from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, TORCH_DTYPE, cached,
                                fp32_state, max_chunks, pad_rows, tma_ready, token_rows, unused)
 
 from .finish import finish, group_sum
@@ -107,14 +107,11 @@ def plan_for(b: BackwardInputs):
 
 def reads_saved_tables(q, v, cu_seqlens=None) -> bool:
     """Whether the backward of these inputs (q [B, T, H, K], v [B, T, HV, V], the forward's ``cu_seqlens``) reads
-    the forward's intra tables: where its plan's reverse pass is the sequential one.  The autograd Function asks
-    before its forward, so that it keeps no tables the backward would not read."""
+    the forward's intra tables: wherever the forward runs, since the dispatched reverse pass (sequential or warm
+    segmented) reads them (``BackwardPlan.takes_saved_tables``).  The autograd Function asks before its forward, so
+    that it keeps no tables the backward would not read."""
     from kernels.forward.configs import HEAD_DIMS
-    if q.dtype not in TL_DTYPE or q.dim() != 4 or q.shape[-1] not in HEAD_DIMS:
-        return False                 # the forward refuses these inputs
-    B, T = q.shape[:2]
-    cu_host, _ = call_tables(B, T, cu_seqlens, q.device)
-    return _dh_plan(B, T, cu_host, v.shape[2], dh_value_blocks(q.shape[-1]), q.device) is None
+    return q.dtype in TL_DTYPE and q.dim() == 4 and q.shape[-1] in HEAD_DIMS   # else the forward refuses them
 
 
 def dh_value_blocks(D: int) -> int:
@@ -148,7 +145,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         b, f = _scaled(b, plan)
         x = b.x
         mark("convert")
-    saved = saved_tables if plan.reads_saved_tables else None
+    saved = saved_tables if plan.takes_saved_tables else None
     tables = prep(b=b, plan=plan, saved=saved)
     from_saved, saved = saved is not None, None
     if isinstance(saved_tables, HandedTables):
@@ -264,12 +261,15 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
         Agh, Agl = torch.empty_like(Th), torch.empty_like(Th)
     Fb = torch.empty(x.HV, x.NC, 8, BT, device=dev, dtype=torch.float32)
     dUl = torch.empty(x.HV, x.NC, x.D, BT, device=dev, dtype=torch.float32)
-    # the chunks' log2 norm bounds: written by prep where it computes Tinv, read by dh's warm-up starts alone
-    Lb = (torch.empty(x.HV, x.NC, device=dev, dtype=torch.float32) if saved is None
+    # the chunks' log2 norm bounds, read by the warm segmented pass alone: written by prep where it computes Tinv,
+    # and on the saved tables where that pass runs
+    cfg = plan.prep_config(saved is not None)
+    bounds = saved is None or cfg.bounds
+    Lb = (torch.empty(x.HV, x.NC, device=dev, dtype=torch.float32) if bounds
           else unused((x.HV, x.NC), torch.float32, dev))
-    get_kernel(plan.prep_config(saved is not None))(x.q, x.k, b.do, x.g, x.beta, x.cu, x.chunk_indices, Th, Tl,
-                                                    Agh, Agl, Fb, dUl, Lb, x.scale, int(x.use_l2))
-    return PrepTables(Th, Tl, Agh, Agl, Fb, dUl, None if saved is not None else Lb)
+    get_kernel(cfg)(x.q, x.k, b.do, x.g, x.beta, x.cu, x.chunk_indices, Th, Tl, Agh, Agl, Fb, dUl, Lb, x.scale,
+                    int(x.use_l2))
+    return PrepTables(Th, Tl, Agh, Agl, Fb, dUl, Lb if bounds else None)
 
 
 @dataclass

@@ -45,11 +45,12 @@ def load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv
     zero_rows_past(q_s, nv)
 
 
-def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str = "bf16"):
+def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str = "bf16", bounds: bool = False):
     """``saved``: Tinv and Ag come from the forward (the autograd Function keeps the intra kernel's ``Th``, ``Ah``,
-    ``Al``: the same operations on the same values, so bitwise this kernel's): no K K^T, no solve, and ``Th``,
-    ``Tl``, ``Agh``, ``Agl``, ``Lb`` are not accessed; the gate table and dUloc^T as without it.  ``merge``: the block
-    merges as the intra kernel's of that name ("fp32", "bf16", or "split": 24 KiB more shared memory).
+    ``Al``: the same operations on the same values, so bitwise this kernel's): no solve, and ``Th``, ``Tl``,
+    ``Agh``, ``Agl`` are not accessed; ``Lb`` is stored where ``bounds`` (K K^T for its diagonal alone, the same
+    operations as without ``saved``), else not accessed; the gate table and dUloc^T as without it.  ``merge``: the
+    block merges as the intra kernel's of that name ("fp32", "bf16", or "split": 24 KiB more shared memory).
 
     Arguments:
       q, k          [Ttot, H, DK]     dtype
@@ -60,12 +61,13 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
       Agh, Agl      [HV, NC, 64, 64]  dtype  (out, Tinv diag(beta) split, for the state kernel)
       Fb            [HV, NC, 8, 64]   fp32   (out)
       dUl           [HV, NC, DV, 64]  fp32   (out, dUloc^T)
-      Lb            [HV, NC]          fp32   (out, each chunk's log2 norm bound)
+      Lb            [HV, NC]          fp32   (out, each chunk's log2 norm bound; with ``saved``, where ``bounds``)
       scale fp32, use_l2 int32
     """
     assert DK in (64, 128) and DV in (64, 128)
     assert dtype in ("bfloat16", "float16")
     assert merge in MERGES and not (saved and merge != "bf16"), "with the forward's tables prep computes no merge"
+    assert saved or not bounds, "prep computing Tinv always stores the bounds"
     merge_split = merge == "split"
     f32 = "float32"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
@@ -200,5 +202,12 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
                     Agh[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], dtype)
                     Agl[hv, c, r, j] = T.cast(
                         l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32), dtype)
+            elif bounds:
+                # the chunk's log2 norm bound alone, by the same operations
+                T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
+                diagonal(kk, kn_s)
+                bound_terms(kn_s, b_s, rk_s)
+                if tx == 0:
+                    Lb[hv, c] = g_s[BT - 1] * LOG2E + kn_s[BT - 1]
 
     return gdn_bwd_prep
