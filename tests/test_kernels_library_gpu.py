@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.gpu,
 CASES = [
     OpCase("dense_B2_T1000_h0_final", Case(B=2, T=1000, H=2, HV=4, h0_dtype="fp32", grad=True)),
     OpCase("dense_T300_no_h0_no_final", Case(T=300, H=2, HV=4, grad=True), final=False),
-    # few heads over a long sequence: the backward's segmented reverse pass, which reads no forward tables
+    # few heads over a long sequence: the backward's warm segmented reverse pass, on the forward's tables
     OpCase("dense_T19200_segmented_backward_h0", Case(T=19200, H=1, HV=2, h0_dtype="fp32", grad=True)),
     OpCase("varlen_empty_h0_vfirst_final", Case(layout="varlen-empty", T=429, H=2, HV=4, h0_dtype="fp32",
                                                 state_v_first=True, grad=True)),
