@@ -47,6 +47,7 @@ _WANT_WGMMA.update({f"dqk_g{g}": _WANT_WGMMA["dqk"] for g in CLUSTER_GROUPS})
 _WANT_WGMMA["dh_single"] = 2 + 1 + 2 + 1          # dS' and F1 dO keep their lo products; Tinv, dU, F0 dX single
 _WANT_WGMMA["dh_tinv_hi"] = 2 + 2 + 2 + 2        # every operand split, Tinv's hi term alone (no dU Tl)
 _WANT_WGMMA["prep_saved"] = 1 + 2                  # on the forward's Tinv and Ag: Q K^T and dO^T (Ph, Pl) alone
+_WANT_WGMMA["prep_bounds"] = 1 + 2 + 1             # the same, and K K^T for the chunk bounds
 _WANT_WGMMA["dh_one"] = 1 + 1 + 1 + 1              # every operand one term: dS K^T, dU Tinv, dO^T Q, dX^T K
 _WANT_WGMMA["dqk_one"] = (1 + 1 + 1) + (1 + 1 + 1 + 1 + 1 + 3)   # every table one term (S, U, dS', dY hi alone)
 
@@ -113,7 +114,8 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     if cfg.one:
         kind = "dh_one" if cfg.kind == "dh" else "dqk_one"
     else:
-        kind = "dh_single" if cfg.single else "dh_tinv_hi" if cfg.tinv_hi else "prep_saved" if cfg.saved else cfg.kind
+        kind = ("dh_single" if cfg.single else "dh_tinv_hi" if cfg.tinv_hi else "prep_bounds" if cfg.bounds
+                else "prep_saved" if cfg.saved else cfg.kind)
     want = _WANT_WGMMA[kind] - (2 if cfg.s_single and not cfg.one else 0)     # S hi alone: no dO Sl^T, dY Sl^T
     want += {"split": 8, "fp32": -4}.get(cfg.merge, 0)         # merges: 3 products a merge product, or none
     check_wgmma(src, "bfloat16" if cfg.dtype == "float32" else cfg.dtype, want)     # dtype-free kinds: no wgmma
