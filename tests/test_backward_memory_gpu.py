@@ -1,7 +1,6 @@
 """GPU checks of the backward's buffer lifetimes (marker ``gpu``): the CPU memory plan
 (``benchmarks/memory_plan.py``) predicts the GPU's peak of one forward + backward, and the recompute overlapped
-with the segmented reverse pass (which frees its temporaries while its kernels run) gives the serial schedule's
-gradients.
+with the reverse pass gives the serial schedule's gradients.
 
 Skips with the reason when there is no CUDA device, it is not sm_90 (Hopper), or tilelang is missing.
 """
@@ -49,17 +48,23 @@ def test_memory_plan_predicts_the_gpu_peak(shape, col):
     assert abs(gpu - cpu) <= 1, (gpu, cpu)
 
 
-def test_overlapped_recompute_beside_the_segmented_pass_equals_the_serial_schedule():
-    """B1 T65536 H2 HV4 dispatches the segmented reverse pass and the recompute on the side stream; three calls
-    give the serial schedule's gradients bitwise (the same kernels on the same inputs), none touched by a buffer
-    the side stream reused while dh still read it."""
+@pytest.mark.parametrize("case,segmented", [(Case(T=65536, H=2, HV=4, grad=True), True),
+                                            (Case(T=8192, H=4, HV=8, h0_dtype="fp32", grad=True), False)],
+                         ids=["B1_T65536_H2_HV4", "B1_T8192_H4_HV8_h0"])
+def test_overlapped_recompute_equals_the_serial_schedule(case, segmented):
+    """The recompute on the side stream beside dh: beside the segmented reverse pass from warm-up chunks, as
+    dispatched (B1 T65536 H2 HV4), and beside the sequential one per CP segment from the exact scan and fix-up,
+    which then also run on the side stream (B1 T8192 H4 HV8 with h0, where the dispatch runs it serially); three
+    calls give the serial schedule's gradients bitwise (the same kernels on the same inputs), none touched by a
+    buffer the side stream reused while dh still read it."""
     from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
     from kernels.backward.pipeline import plan_for, prepare_backward
 
-    case = Case(T=65536, H=2, HV=4, grad=True)
     xs, kw, do, dht = tt.bwd_args(case, CUDA)
     plan = plan_for(prepare_backward(*xs, do, dht, **kw))
-    assert plan.overlap_recompute and plan.dh_segments is not None, plan
+    assert plan.overlap_recompute == segmented and (plan.dh_segments is not None) == segmented, plan
+    assert segmented or plan.recompute_cp > 1, plan
+    plan = dataclasses.replace(plan, overlap_recompute=True)
     serial = kern(*xs, do, dht, **kw, plan=dataclasses.replace(plan, overlap_recompute=False))
     for _ in range(3):
         got = kern(*xs, do, dht, **kw, plan=plan)
