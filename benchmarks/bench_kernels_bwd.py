@@ -86,6 +86,7 @@ def backward_context(name: str):
 # ForwardPlan / BackwardPlan the Function dispatches; ``kernels.autograd.apply(alter=...)``)
 AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alter: the A/B's noise floor
       "ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompute on the main stream, after dh
+      "ours-overlap": ("backward", dict(overlap_recompute=True)),  # the recompute on a side stream, beside dh
       "ours-no-cluster": ("backward", dict(cluster_group_sum=False)),  # GVA sums: fp32 rows + gdn_bwd_group_sum
       "ours-rc-bv32": ("backward", dict(recompute_block_v=32, recompute_ctas_per_sm=1)),  # the recompute's state
       "ours-rc-bv64": ("backward", dict(recompute_block_v=64, recompute_ctas_per_sm=1)),  # kernel shape (BV, CTAs

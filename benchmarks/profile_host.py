@@ -2,13 +2,15 @@
 forward) at one of the forward benchmark's shapes, with the GPU time of the same calls for comparison.
 
     python3 benchmarks/profile_host.py [--shape B1_T65536_H2_HV4] [--direction fwd|fwdbwd|bwd]
-                                       [--impl ours|fla|flashqla] [--calls 20] [--rows 25] [--python 25]
+                                       [--impl ours|fla|flashqla] [--ab COL] [--calls 20] [--rows 25] [--python 25]
 
 ``--direction``: ``fwd`` the public call without gradients (default); ``fwdbwd`` one forward + backward through
 autograd (``kernels.autograd.apply`` and ``torch.autograd.backward``, the leaves' gradients reset before each call:
 the ``ours`` column of ``benchmarks/bench_kernels_bwd.py``); ``bwd`` the backward pipeline alone on the forward's
-saved tables (that benchmark's "backward alone"; ours only).  Prints the host time per call (enqueue, no sync; for
-``fwdbwd`` also with autograd's backward on the calling thread instead of its device thread) and the GPU time per
+saved tables (that benchmark's "backward alone"; ours only).  ``--ab COL`` (ours, ``fwdbwd`` or ``bwd``): the
+plans of that benchmark's A/B column COL (``bench_kernels_bwd.AB``) instead of the dispatched ones.  Prints the
+host time per call (enqueue, no sync; for ``fwdbwd`` also with autograd's backward on the calling thread instead of
+its device thread) and the GPU time per
 call (CUDA events over the same calls, synchronised), the number of kernel launches per call, each kernel's GPU
 time per call (where the GPU time goes, comparable across ``--impl``: FlashQLA's forward alone), for our ``fwdbwd``
 one call's host time split on either thread (``thread_split``: forward, hand-off, the backward's body by pipeline
@@ -48,9 +50,16 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--python", type=int, default=0, metavar="N", help="cProfile's N functions with most own time")
+    ap.add_argument("--ab", default="", metavar="COL", help="the plans of bench_kernels_bwd.py's A/B column COL")
     args = ap.parse_args(argv)
     if args.impl == "fla" and args.direction == "bwd":
         ap.error("--direction bwd times our backward pipeline alone: ours only")
+    if args.ab:
+        from benchmarks.bench_kernels_bwd import AB
+        if args.ab not in AB:
+            ap.error(f"--ab takes {', '.join(AB)}; got {args.ab!r}")
+        if args.impl != "ours" or args.direction == "fwd":
+            ap.error("--ab changes our forward + backward or backward alone (--impl ours, --direction fwdbwd or bwd)")
     if args.impl == "flashqla" and args.direction != "fwd":
         ap.error("--impl flashqla profiles FlashQLA's forward (--direction fwd)")
     if not torch.cuda.is_available():
@@ -160,11 +169,16 @@ def _call(args, dev):
     from benchmarks.bench_kernels_bwd import backward_alone_args, backward_context
     from benchmarks.bench_kernels_bwd import make as make_bwd
     a, kw, do, dht = make_bwd(B, T, H, HV, lens, dev)
+    col = getattr(args, "ab", "") or "ours"
     if args.direction == "bwd":
-        side = backward_alone_args("ours", a, kw, do, dht)
+        side = backward_alone_args(col, a, kw, do, dht)
         return (lambda: side["fn"](*a, do, dht, **side["kw"])), None, None
     if args.impl == "ours":
+        import functools
+
+        from benchmarks.bench_kernels_bwd import alter
         from kernels.autograd import apply as fn
+        fn = fn if col == "ours" else functools.partial(fn, alter=alter(col))
     leaves = [x.detach().requires_grad_() for x in a]
 
     def forward():

@@ -191,6 +191,47 @@ def test_host_split_times_one_backward_body_per_call_and_restores_it(monkeypatch
     assert build.get_kernel is get_kernel and torch.empty is empty
 
 
+@pytest.mark.parametrize("direction", ["fwdbwd", "bwd"])
+def test_host_profile_runs_an_ab_columns_plans(monkeypatch, direction):
+    """``--ab COL``: the call profiled is the one with bench_kernels_bwd.py's column COL's plans, here
+    ``ours-no-cluster`` (a GVA group's dq, dk summed by gdn_bwd_group_sum, not in dqk's cluster), traced on the
+    CPU with no-op kernels; the dispatched plan sums in the cluster."""
+    import types
+
+    import torch
+
+    import benchmarks.profile_host as ph
+    import kernels.build as build
+    from benchmarks.memory_plan import stub_kernel_path
+
+    def kinds(ab):
+        seen = []
+        with stub_kernel_path():
+            call, _, why = ph._call(types.SimpleNamespace(shape="tiny", direction=direction, impl="ours", ab=ab),
+                                    torch.device("cpu"))
+            assert why is None
+            stub = build.get_kernel
+            build.get_kernel = lambda cfg: seen.append(getattr(cfg, "kind", "")) or stub(cfg)
+            try:
+                call()
+            finally:
+                build.get_kernel = stub
+        return seen
+    monkeypatch.setitem(ph.SHAPES, "tiny", (1, 128, 1, 2, None))
+    assert "dqk_g2" in kinds("") and "gsum" not in kinds("")
+    assert "dqk" in kinds("ours-no-cluster") and "gsum" in kinds("ours-no-cluster")
+
+
+def test_host_profile_refuses_ab_where_it_changes_nothing(capsys):
+    from benchmarks.profile_host import main
+
+    for argv in (["--ab", "ours-nonesuch", "--direction", "bwd"], ["--ab", "ours-serial"],
+                 ["--ab", "ours-serial", "--impl", "fla", "--direction", "fwdbwd"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "--ab" in capsys.readouterr().err
+
+
 def test_host_profile_refuses_flashqla_past_its_forward(capsys):
     from benchmarks.profile_host import main
 
