@@ -369,7 +369,7 @@ def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool, maps=None, f
         kern = functools.partial(_with_last, kern, _factors_arg(x, factors))
     t = tables
     if plan.dh_segments is None:
-        dht = b.dht if b.dht is not None else torch.empty(1, HV, D, D, device=dev, dtype=torch.float32)
+        dht = b.dht if b.dht is not None else unused((1, HV, D, D), torch.float32, dev)
         kern(x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, x.cu, x.chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0,
              int(b.dht is not None), int(use_h0), int(x.v_first))
     elif plan.segmented_warm:   # one launch over the segments, dht and dh0 per sequence in the caller's layout
