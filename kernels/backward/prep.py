@@ -181,15 +181,18 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
             T.gemm(do_s, pl_s, du_f, transpose_A=True)
             T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])
 
-            # A and its inverse (as gdn_intra with the same merge), unless the forward's are given (``saved``)
-            if not saved:
-                # K K^T; its diagonal gives the chunk's log2 norm bound as the intra kernel's row 7 (``cp_warm``)
+            # K K^T; its diagonal gives the chunk's log2 norm bound as the intra kernel's row 7 (``cp_warm``), and
+            # with the gates A, unless the forward's tables are given (``saved``; then the bound alone, ``bounds``)
+            if not saved or bounds:
                 T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
                 diagonal(kk, kn_s)
-                gate_kkt(kk, a_s, b_s, rk_s, g_s)
+                if not saved:
+                    gate_kkt(kk, a_s, b_s, rk_s, g_s)
                 bound_terms(kn_s, b_s, rk_s)
                 if tx == 0:
                     Lb[hv, c] = g_s[BT - 1] * LOG2E + kn_s[BT - 1]
+            # A's inverse (as gdn_intra with the same merge)
+            if not saved:
                 solve_diag16(a_s, l_s, t16)
                 if merge == "fp32":
                     _merge_fp32(a_s, l_s, xr)
@@ -202,12 +205,5 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
                     Agh[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], dtype)
                     Agl[hv, c, r, j] = T.cast(
                         l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32), dtype)
-            elif bounds:
-                # the chunk's log2 norm bound alone, by the same operations
-                T.gemm(k_s, k_s, kk, transpose_B=True, clear_accum=True)
-                diagonal(kk, kn_s)
-                bound_terms(kn_s, b_s, rk_s)
-                if tx == 0:
-                    Lb[hv, c] = g_s[BT - 1] * LOG2E + kn_s[BT - 1]
 
     return gdn_bwd_prep
