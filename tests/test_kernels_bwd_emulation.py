@@ -489,7 +489,8 @@ def _fake_kernels(monkeypatch, asked=None):
                 put(Sch, sh), Scl.copy_(E.lo8_encode(sh, sl, k.dtype)), put(Uh, uh), put(Ul, ul)
             return state_warm
 
-        def state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, vf):
+        def state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, *tail):
+            ht, use_h0, store_ht, vf = tail[1:] if cfg.form == "ws" else tail    # the ws form's Lb: unread here
             h = None
             if use_h0:
                 h = h0.transpose(-1, -2) if vf else h0
@@ -539,7 +540,7 @@ def _fake_kernels(monkeypatch, asked=None):
                     put(dh0, h0g.transpose(-1, -2) if vf else h0g)
             return dh_warm
         if cfg.kind == "dh":
-            def dh(q, k, do, Th, Tl, Fb, dUl, cu, co, dht, dSh, dSl, dYh, dYl, dv, dh0, use_dht, store_dh0, vf,
+            def dh(q, k, do, Th, Tl, Fb, dUl, cu, co, dht, dSh, dSl, dYh, dYl, dv, dh0, Lb, use_dht, store_dh0, vf,
                    factors=None):
                 assert (factors is not None) == bool(cfg.ws_bv) and not cfg.one, "dh_ws alone takes factors"
                 d = None

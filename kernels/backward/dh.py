@@ -85,7 +85,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
       dYh, dYl    [HV, NCg, DV, 64] dtype   (out, value-first)
       dv          [Ttot, HV, DV]    dtype   (out)
       dh0         [Nt, HV, DK, DV]  fp32    (out; [.., DV, DK] when v_first)
-      Lb          [HV, NCg]         fp32    (``warm`` alone: each chunk's log2 norm bound)
+      Lb          [HV, NCg]         fp32    (each chunk's log2 norm bound; read by ``warm`` alone)
       use_dht, store_dh0, v_first int32
     """
     assert DK in (64, 128) and DV == DK and BV == 64 and DV % BV == 0
@@ -236,34 +236,6 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
             elif store_dh0 != 0:
                 store_state_vt(ds_f, dh0, v_first, n, hv, v0, BV, DK)
 
-    if warm:
-        @T.prim_func
-        def gdn_bwd_dh_warm(
-            q: T.Tensor((Ttot, H, DK), dtype),
-            k: T.Tensor((Ttot, H, DK), dtype),
-            do: T.Tensor((Ttot, HV, DV), dtype),
-            Th: T.Tensor((HV, NCg, BT, BT), dtype),
-            Tl: T.Tensor((HV, NCg, BT, BT), dtype),
-            Fb: T.Tensor((HV, NCg, 8, BT), f32),
-            dUl: T.Tensor((HV, NCg, DV, BT), f32),
-            cu_seqlens: T.Tensor((N + 1,), "int32"),
-            chunk_offsets: T.Tensor((n_co,), "int32"),
-            dht: T.Tensor((Nh, HV, DK, DV), f32),
-            dSh: T.Tensor((HV, NCg, DV, DK), dtype),
-            dSl: T.Tensor((HV, NCg, DV, DK), LO8 if lo8 else dtype),
-            dYh: T.Tensor((HV, NCg, DV, BT), dtype),
-            dYl: T.Tensor((HV, NCg, DV, BT), dtype),
-            dv: T.Tensor((Ttot, HV, DV), dtype),
-            dh0: T.Tensor((Nt, HV, DK, DV), f32),
-            Lb: T.Tensor((HV, NCg), f32),
-            use_dht: T.int32,
-            store_dh0: T.int32,
-            v_first: T.int32,
-        ):
-            body(q, k, do, Th, Tl, Fb, dUl, cu_seqlens, chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0, use_dht,
-                 store_dh0, v_first, Lb)
-        return gdn_bwd_dh_warm
-
     @T.prim_func
     def gdn_bwd_dh(
         q: T.Tensor((Ttot, H, DK), dtype),
@@ -282,11 +254,13 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
         dYl: T.Tensor((HV, NCg, DV, BT), dtype),
         dv: T.Tensor((Ttot, HV, DV), dtype),
         dh0: T.Tensor((Nt, HV, DK, DV), f32),
+        Lb: T.Tensor((HV, NCg), f32),
         use_dht: T.int32,
         store_dh0: T.int32,
         v_first: T.int32,
     ):
         body(q, k, do, Th, Tl, Fb, dUl, cu_seqlens, chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0, use_dht,
-             store_dh0, v_first, None)
+             store_dh0, v_first, Lb if warm else None)
 
-    return gdn_bwd_dh
+    # the warm form under its own kernel name
+    return gdn_bwd_dh.with_attr("global_symbol", "gdn_bwd_dh_warm") if warm else gdn_bwd_dh

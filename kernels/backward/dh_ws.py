@@ -270,6 +270,7 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
         dYl: T.Tensor((HV, NCg, DV, BT), dtype),
         dv: T.Tensor((Ttot, HV, DV), dvt),
         dh0: T.Tensor((Nt, HV, DK, DV), f32),
+        Lb: T.Tensor((HV, NCg), f32),
         use_dht: T.int32,
         store_dh0: T.int32,
         v_first: T.int32,

@@ -309,11 +309,13 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
         Ul = torch.empty_like(Uh)
         ht = no_states(x)                                      # the final state: not stored
         intra = IntraTables(tables.Agh, tables.Agl, tables.Fb, None)
-        extra = ()
+        # the ws form's bounds argument (read by its warm form alone)
+        extra = ((tables.Lb if tables.Lb is not None else unused((x.HV, x.NC), torch.float32, dev),)
+                 if cfg.form == "ws" else ())
         if plan.recompute_on_warm_segments:     # every dh segment from its warm-up chunks or its sequence's start
             cp = plan.dh_segments
             cu, co, use_h0, v_first = cp.cu, cp.warm_co, int(x.h0 is not None), int(x.v_first)
-            h0, extra = initial_states(x), (tables.Lb,)
+            h0 = initial_states(x)
         elif plan.shared_scan:          # every dh segment from its start state (value-first)
             cp = plan.dh_segments
             h0 = fix_segment_starts(x=x, plan=plan.recompute_cp_plan(), tables=intra, ZM=maps, seg_of=cp.seg_of,
@@ -368,19 +370,21 @@ def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool, maps=None, f
     if cfg.ws_bv:               # dh_ws's last argument (every call below, the segmented passes' too)
         kern = functools.partial(_with_last, kern, _factors_arg(x, factors))
     t = tables
+    # the bounds: read by the warm pass alone, an argument of every form
+    lb = t.Lb if t.Lb is not None else unused((HV, x.NC), torch.float32, dev)
     if plan.dh_segments is None:
         dht = b.dht if b.dht is not None else unused((1, HV, D, D), torch.float32, dev)
-        kern(x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, x.cu, x.chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0,
+        kern(x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, x.cu, x.chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0, lb,
              int(b.dht is not None), int(use_h0), int(x.v_first))
     elif plan.segmented_warm:   # one launch over the segments, dht and dh0 per sequence in the caller's layout
         cp = plan.dh_segments
         dht = b.dht if b.dht is not None else unused((1, HV, D, D), torch.float32, dev)
-        kern(x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, cp.cu, cp.warm_co, dht, dSh, dSl, dYh, dYl, dv, dh0, t.Lb,
+        kern(x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, cp.cu, cp.warm_co, dht, dSh, dSl, dYh, dYl, dv, dh0, lb,
              int(b.dht is not None), int(use_h0), int(x.v_first))
     else:
         dhk = None if b.dht is None else (b.dht.transpose(-1, -2) if x.v_first else b.dht)
         dh0k = _dh_segmented(kern, plan.dh_segments, x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, dhk, dSh, dSl, dYh,
-                             dYl, dv, maps)
+                             dYl, dv, lb, maps)
         if use_h0:
             dh0 = (dh0k.transpose(-1, -2) if x.v_first else dh0k).contiguous()
     return StateGradients(dSh, dSl, dYh, dYl, dv, dh0)
@@ -561,13 +565,13 @@ def _dh_plan(B, T, cu_host, HV, n_value_blocks, dev):
     return cached(_PLANS, key, build)
 
 
-def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dYl, dv2, maps=None):
+def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dYl, dv2, lb, maps=None):
     """``gdn_bwd_dh`` over the segments of plan ``cp`` (``dh_segmented``): pass A (zero end gradients, the caller's
     dht ``dhk`` [N, HV, D, D] key-first at each sequence's end), pass B (identity, dO = dUloc = 0: the transfer
     matrices; or given: ``maps``' rows [D, 2 D), the forward scan's M^T over the same segments), the scan
     (``gdn_cp_fixup`` over the segments in reverse order: ``dh_segmented.walk_ends``), pass C
-    (true end gradients; writes every per-chunk output).  Returns the start gradient of every sequence [N, HV, D,
-    D] (key-first)."""
+    (true end gradients; writes every per-chunk output); ``lb``: the kernel's bounds argument (unread).  Returns
+    the start gradient of every sequence [N, HV, D, D] (key-first)."""
     from kernels.build import get_kernel
     from kernels.forward.configs import FixupConfig
 
@@ -579,7 +583,7 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
     if dhk is not None:
         dht_a[cp.last] = dhk
     a = torch.empty_like(dht_a)
-    kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, dht_a, dSh, dSl, dYh, dYl, dv2, a, 1, 1, 0)
+    kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, dht_a, dSh, dSl, dYh, dYl, dv2, a, lb, 1, 1, 0)
     if maps is not None:        # read for every segment but each sequence's first and last (end_gradients)
         P = maps[:, :, D:, :]
     else:
@@ -588,11 +592,11 @@ def _dh_segmented(kern, cp, q2, k2, do2, Th, Tl, Fb, dUl, dhk, dSh, dSl, dYh, dY
         # pass B's zero dUloc and dO: one zero buffer, dO a view of its first bytes (both only read)
         zero = torch.zeros_like(dUl)
         kern(q2, k2, _view_over(zero, do2.shape, do2.dtype, torch.zeros), Th, Tl, Fb, zero, cp.cu, cp.chunk_offsets,
-             eye, dSh, dSl, dYh, dYl, dv2, P, 1, 1, 0)
+             eye, dSh, dSl, dYh, dYl, dv2, P, lb, 1, 1, 0)
         zero = None
     E = dh_segmented.end_gradients(cp, a, P, dhk, get_kernel(FixupConfig(D)))
     start = torch.empty_like(dht_a)
-    kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, E, dSh, dSl, dYh, dYl, dv2, start, 1, 1, 0)
+    kern(q2, k2, do2, Th, Tl, Fb, dUl, cp.cu, cp.chunk_offsets, E, dSh, dSl, dYh, dYl, dv2, start, lb, 1, 1, 0)
     return start[cp.first]
 
 

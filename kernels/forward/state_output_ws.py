@@ -69,10 +69,11 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
       ht       [Nt, HV, DK, DV]       fp32    (output; [.., DV, DK] when v_first)
       use_h0, store_ht, v_first       int32
 
-    ``tables``: ``gdn_state_tables_ws`` with ``gdn_state_smem``'s arguments (k, v, Ah, Al, F, cu_seqlens,
-    chunk_offsets, h0, Sch, Scl, Uh, Ul, ht, use_h0, store_ht, v_first) and its tables, Scl fp8 with ``lo8``.  With
-    ``warm`` (the backward's recompute per segment, ``gdn_state_tables_ws_warm``): ``Lb [HV, NCg]`` (each chunk's
-    log2 norm bound, prep's) after ``Ul``, ``chunk_offsets`` ``[4 N + 1]`` (``cp_warm``'s table, then each segment's
+    ``tables``: ``gdn_state_tables_ws`` with ``gdn_state_smem``'s arguments and ``Lb [HV, NCg]`` fp32 after ``Ul``
+    (k, v, Ah, Al, F, cu_seqlens, chunk_offsets, h0, Sch, Scl, Uh, Ul, Lb, ht, use_h0, store_ht, v_first) and its
+    tables, Scl fp8 with ``lo8``; ``Lb`` read by ``warm`` alone.  With ``warm`` (the backward's recompute per
+    segment, ``gdn_state_tables_ws_warm``): ``Lb`` each chunk's log2 norm bound (prep's), ``chunk_offsets``
+    ``[4 N + 1]`` (``cp_warm``'s table, then each segment's
     sequence); a segment starts ``cp_warm.warm_or_start`` chunks early, from zero or, reaching its sequence's first
     chunk, from the sequence's h0 (exact); its own chunks' tables alone are stored, ht never.
 
@@ -469,9 +470,9 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         T.barrier_arrive(full[st])
 
 
-    if tw:
+    if tables:
         @T.prim_func
-        def gdn_state_tables_ws_warm(
+        def gdn_state_tables_ws(
             k: T.Tensor((Ttot, H, DK), dtype),
             v: T.Tensor((Ttot, HV, DV), dtype),
             Ah: T.Tensor((HV, NCg, BT, BT), dtype),
@@ -491,32 +492,10 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
             v_first: T.int32,
         ):
             fused(None, k, v, Ah, Al, F, None, None, cu_seqlens, chunk_offsets, h0, None, ht, Sch, Scl, Uh, Ul, use_h0,
-                  store_ht, v_first, Lb)
-        return gdn_state_tables_ws_warm
-
-    if tables:
-        @T.prim_func
-        def gdn_state_tables_ws(
-            k: T.Tensor((Ttot, H, DK), dtype),
-            v: T.Tensor((Ttot, HV, DV), dtype),
-            Ah: T.Tensor((HV, NCg, BT, BT), dtype),
-            Al: T.Tensor((HV, NCg, BT, BT), dtype),
-            F: T.Tensor((HV, NCg, 8, BT), f32),
-            cu_seqlens: T.Tensor((N + 1,), "int32"),
-            chunk_offsets: T.Tensor((N + 1,), "int32"),
-            h0: T.Tensor((Nh, HV, DK, DV), f32),
-            Sch: T.Tensor((HV, NCg, DK, DV), dtype),
-            Scl: T.Tensor((HV, NCg, DK, DV), LO8 if lo8 else dtype),
-            Uh: T.Tensor((HV, NCg, BT, DV), dtype),
-            Ul: T.Tensor((HV, NCg, BT, DV), dtype),
-            ht: T.Tensor((Nt, HV, DK, DV), f32),
-            use_h0: T.int32,
-            store_ht: T.int32,
-            v_first: T.int32,
-        ):
-            fused(None, k, v, Ah, Al, F, None, None, cu_seqlens, chunk_offsets, h0, None, ht, Sch, Scl, Uh, Ul, use_h0,
-                  store_ht, v_first)
-        return gdn_state_tables_ws
+                  store_ht, v_first, Lb if warm else None)
+        # the warm form under its own kernel name
+        return (gdn_state_tables_ws.with_attr("global_symbol", "gdn_state_tables_ws_warm") if warm
+                else gdn_state_tables_ws)
 
     @T.prim_func
     def gdn_state_output_ws(
