@@ -148,33 +148,32 @@ def _macros():
                     res[0] = s + 1
 
     @T.macro
+    def warm_span(Lb, hv, c0, step, n, w, acc, lv):
+        """``w[0]``: the warm-up chunks ``c0, c0 + step, ..`` (``step`` +1 or -1) next to a segment, ``n`` of them
+        before the sequence's boundary: the rule of ``reach`` on the bounds ``Lb [HV, NC]`` (each chunk's ``L_c``),
+        0 where ``n`` is 0, ``n`` (the exact start at the boundary) where no ``WARM_CHUNKS`` chunks bring the bound
+        down; local scratch ``acc`` fp32 [1], shared ``lv`` fp32 [WARM_CHUNKS] (the bounds, loaded together first,
+        one a thread: no registers held for them).  Every thread, uniform (it ends with a barrier)."""
+        for i in T.Parallel(WARM_CHUNKS):
+            lv[i] = Lb[hv, T.max(c0 + step * T.min(i, n - 1), 0)]
+        w[0] = T.if_then_else(n == 0, 0, -1)
+        # the n chunks to the boundary, as ``reach`` counts the chunks back to a sequence's start
+        reach(lv, 0, n, 0, w, acc)
+        if w[0] < 0:
+            w[0] = n
+        T.sync_threads()        # every thread has read ``lv``: its memory may serve another tile now
+
+    @T.macro
     def warm_after(Lb, hv, e, end, w, acc, lv):
         """``w[0]``: the reverse pass's warm-up chunks after a segment ending at chunk ``e`` (exclusive) of a
-        sequence ending at chunk ``end`` (``warm_back_host``), from ``Lb [HV, NC]`` (each chunk's ``L_c``); local
-        scratch ``acc`` fp32 [1], shared ``lv`` fp32 [WARM_CHUNKS] (the bounds, loaded together first, one a
-        thread: no registers held for them).  Every thread, uniform (it ends with a barrier)."""
-        for i in T.Parallel(WARM_CHUNKS):
-            lv[i] = Lb[hv, T.max(T.min(e + i, end - 1), 0)]
-        w[0] = T.if_then_else(e == end, 0, -1)
-        # the end - e chunks left to the sequence's end, as ``reach`` counts the chunks back to its start
-        reach(lv, 0, end - e, 0, w, acc)
-        if w[0] < 0:
-            w[0] = end - e
-        T.sync_threads()        # every thread has read ``lv``: its memory may serve another tile now
+        sequence ending at chunk ``end`` (``warm_back_host``); ``warm_span``'s arguments."""
+        warm_span(Lb, hv, e, 1, end - e, w, acc, lv)
 
     @T.macro
     def warm_or_start(Lb, hv, a, b, w, acc, lv):
         """``w[0]``: ``warm_or_start_host``'s chunks before a segment starting at chunk ``a`` of a sequence starting
-        at chunk ``b``, from ``Lb [HV, NC]`` (each chunk's ``L_c``); local scratch ``acc`` fp32 [1], shared ``lv``
-        fp32 [WARM_CHUNKS] (the bounds, loaded together first, one a thread).  Every thread, uniform (it ends
-        with a barrier)."""
-        for i in T.Parallel(WARM_CHUNKS):
-            lv[i] = Lb[hv, T.max(a - i - 1, 0)]
-        w[0] = T.if_then_else(a == b, 0, -1)
-        reach(lv, 0, a, b, w, acc)
-        if w[0] < 0:
-            w[0] = a - b
-        T.sync_threads()        # every thread has read ``lv``: its memory may serve another tile now
+        at chunk ``b``; ``warm_span``'s arguments."""
+        warm_span(Lb, hv, a - 1, -1, a - b, w, acc, lv)
 
     return warm_chunks, exact_after, warm_after, warm_or_start
 
