@@ -243,7 +243,9 @@ class PrepTables:
     Agl: torch.Tensor               # lo
     Fb: torch.Tensor                # [HV, NC, 8, 64] fp32 gate table
     dUl: torch.Tensor               # [HV, NC, D, 64] fp32 dUloc^T
-    Lb: torch.Tensor | None = None  # [HV, NC] fp32 the chunks' log2 norm bounds (the warm segmented forms)
+    Lb: torch.Tensor                # [HV, NC] fp32 the chunks' log2 norm bounds, read by the warm segmented forms
+                                    # alone (an unread stand-in where prep stores none): every dh and ws recompute
+                                    # form's bounds argument
 
 
 def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
@@ -269,7 +271,7 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
           else unused((x.HV, x.NC), torch.float32, dev))
     get_kernel(cfg)(x.q, x.k, b.do, x.g, x.beta, x.cu, x.chunk_indices, Th, Tl, Agh, Agl, Fb, dUl, Lb, x.scale,
                     int(x.use_l2))
-    return PrepTables(Th, Tl, Agh, Agl, Fb, dUl, Lb if bounds else None)
+    return PrepTables(Th, Tl, Agh, Agl, Fb, dUl, Lb)
 
 
 @dataclass
@@ -309,9 +311,7 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
         Ul = torch.empty_like(Uh)
         ht = no_states(x)                                      # the final state: not stored
         intra = IntraTables(tables.Agh, tables.Agl, tables.Fb, None)
-        # the ws form's bounds argument (read by its warm form alone)
-        extra = ((tables.Lb if tables.Lb is not None else unused((x.HV, x.NC), torch.float32, dev),)
-                 if cfg.form == "ws" else ())
+        extra = (tables.Lb,) if cfg.form == "ws" else ()      # the ws form's bounds (read by its warm form alone)
         if plan.recompute_on_warm_segments:     # every dh segment from its warm-up chunks or its sequence's start
             cp = plan.dh_segments
             cu, co, use_h0, v_first = cp.cu, cp.warm_co, int(x.h0 is not None), int(x.v_first)
@@ -370,21 +370,19 @@ def dh(*, b: BackwardInputs, plan, tables: PrepTables, saved: bool, maps=None, f
     if cfg.ws_bv:               # dh_ws's last argument (every call below, the segmented passes' too)
         kern = functools.partial(_with_last, kern, _factors_arg(x, factors))
     t = tables
-    # the bounds: read by the warm pass alone, an argument of every form
-    lb = t.Lb if t.Lb is not None else unused((HV, x.NC), torch.float32, dev)
     if plan.dh_segments is None:
         dht = b.dht if b.dht is not None else unused((1, HV, D, D), torch.float32, dev)
-        kern(x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, x.cu, x.chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0, lb,
+        kern(x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, x.cu, x.chunk_offsets, dht, dSh, dSl, dYh, dYl, dv, dh0, t.Lb,
              int(b.dht is not None), int(use_h0), int(x.v_first))
     elif plan.segmented_warm:   # one launch over the segments, dht and dh0 per sequence in the caller's layout
         cp = plan.dh_segments
         dht = b.dht if b.dht is not None else unused((1, HV, D, D), torch.float32, dev)
-        kern(x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, cp.cu, cp.warm_co, dht, dSh, dSl, dYh, dYl, dv, dh0, lb,
+        kern(x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, cp.cu, cp.warm_co, dht, dSh, dSl, dYh, dYl, dv, dh0, t.Lb,
              int(b.dht is not None), int(use_h0), int(x.v_first))
     else:
         dhk = None if b.dht is None else (b.dht.transpose(-1, -2) if x.v_first else b.dht)
         dh0k = _dh_segmented(kern, plan.dh_segments, x.q, x.k, b.do, t.Th, t.Tl, t.Fb, t.dUl, dhk, dSh, dSl, dYh,
-                             dYl, dv, lb, maps)
+                             dYl, dv, t.Lb, maps)
         if use_h0:
             dh0 = (dh0k.transpose(-1, -2) if x.v_first else dh0k).contiguous()
     return StateGradients(dSh, dSl, dYh, dYl, dv, dh0)
