@@ -6,14 +6,16 @@
 For each distribution, without and with an initial state (B1 H2 HV4 K = V = 128): the rel_rmse against fp64
 (``parity.refs.compute``) of every gradient of the FLA-like baseline (``parity.backends.BASELINE``) and of the
 emulated backward at each operand form: "split" (the kernels' forms), "bf16" (every wgmma operand and table one
-input-dtype term), "fp16" (one fp16 term under a power of two per matrix) and "one16" (one unscaled fp16 term per table, the
-emulation's ``kernel_dtype``), "one16g" (the same with dO, dht and v, h0 under a power of two per GVA group,
-``group_scales``), "one16gc" (and dh's F1 dO, F0 dX under a power of two per chunk, ``chunk_exp``: what
-``BackwardPlan.one_term`` on the fp16 kernels computes for bf16 inputs, ``ONE_TERM_FP16``), "dh16" and "dqk16" (one
-kernel's operands and the tables between it and dqk one fp16 term each, the other kernels split).  ``--do-exp
-E``: dO and dht times 2^E, the emulated gradients times 2^-E (exact; the baseline's, in bf16's exponent range,
-unscaled), the range the one-term forms see.  A row marks the gradients where it is worse than the baseline, and under
-strong decay a dg past its rounding floor (the emulation tests' rule); a gradient with NaN or Inf counts as worse.
+input-dtype term), "fp16" (one fp16 term under a power of two per matrix) and "one16" (one unscaled fp16 term per
+table, the emulation's ``kernel_dtype``), "one16g" (the same with dO, dht and v, h0 under a power of two per GVA
+group, ``group_scales``), "one16gc" (and dh's F1 dO, F0 dX under a power of two per chunk, ``chunk_exp``: what
+``BackwardPlan.one_term`` on the fp16 kernels computes for bf16 inputs, ``ONE_TERM_FP16``), "one16gcp" (one16gc
+with dUloc from one fp16 term of P, ``p_single``: what a fused backward forming P in shared memory reads), "dh16"
+and "dqk16" (one kernel's operands and the tables between it and dqk one fp16 term each, the other kernels split).
+``--do-exp E``: dO and dht times 2^E, the emulated gradients times 2^-E (exact; the baseline's, in bf16's exponent
+range, unscaled), the range the one-term forms see.  A row marks the gradients where it is worse than the
+baseline, and under strong decay a dg past its rounding floor (the emulation tests' rule); a gradient with NaN or
+Inf counts as worse.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ __all__ = ["rows", "main"]
 DISTS = ("raw-qk-l2", "strong-decay", "qwen-gates", "slow-decay")
 # the emulation's arguments of each form: an OPERANDS value, "one16" (BackwardPlan.one_term with io_dtype),
 # "one16g" (the same with dO, dht and v, h0 under a power of two per GVA group, the emulation's ``group_scales``) or
-# "one16gc" (and dh's F1 dO, F0 dX under a power of two per chunk, ``chunk_exp``)
-ONE16 = ("one16", "one16g", "one16gc")
+# "one16gc" (and dh's F1 dO, F0 dX under a power of two per chunk, ``chunk_exp``); "one16gcp" (and dUloc from one
+# fp16 term of P, ``p_single``)
+ONE16 = ("one16", "one16g", "one16gc", "one16gcp")
 # one kernel's operands one fp16 term (``half_term``), the others split: dh's and the dS', dY tables it stores
 # ("dh16"), or dqk's and the S, U, dS', dY tables it reads ("dqk16")
 HYBRID = {"dh16": "dh_operands", "dqk16": "dqk_operands"}
@@ -42,7 +45,7 @@ def _form(op: str) -> dict:
     import torch
     if op in ONE16:
         return dict(dh_single=True, s_single=True, lo8_tables=False, one_term=True, kernel_dtype=torch.float16,
-                    group_scales=op != "one16", chunk_exp=op == "one16gc")
+                    group_scales=op != "one16", chunk_exp=op in ("one16gc", "one16gcp"), p_single=op == "one16gcp")
     if op in HYBRID:
         return {HYBRID[op]: "fp16"}
     return dict(operands=op)

@@ -81,3 +81,24 @@ def test_one_kernel_in_fp16_costs_dg_and_dbeta_their_split_accuracy():
         e, bad = rows[form]
         assert bad == [], (form, bad)
         assert e["dg"] > 3 * split["dg"] and e["dbeta"] > 3 * split["dbeta"], (form, e, split)
+
+
+def test_p_single_local_du_stays_near_one16gc():
+    """``one16gcp`` (one16gc with dUloc from one fp16 term of P, the fused backward's form): every gradient within
+    the baseline and within 1.25x of one16gc's error at 2^-20, on strong decay with an initial state; its dUloc is
+    not the split P's."""
+    import torch
+
+    from kernels.backward.emulation import ONE_TERM_FP16, chunk_gated_delta_rule_bwd
+    from tests import kernel_support as tt
+
+    case = Case(T=192, H=1, HV=2, dist="strong-decay", h0_dtype="fp32", grad=True)
+    rows = {name: (e, bad) for name, e, bad in pb.rows(case, ["one16gc", "one16gcp"], -20)}
+    (gc, bad_gc), (gcp, bad_gcp) = rows["one16gc"], rows["one16gcp"]
+    assert bad_gc == [] and bad_gcp == [], (bad_gc, bad_gcp)
+    assert all(gcp[n] <= 1.25 * gc[n] for n in gc), (gcp, gc)
+    xs, kw, do, dht = tt.bwd_args(case)
+    split, single = {}, {}
+    chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **ONE_TERM_FP16, stages=split)
+    chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **ONE_TERM_FP16, p_single=True, stages=single)
+    assert not torch.equal(split["dUloc"], single["dUloc"])

@@ -124,22 +124,25 @@ def _chunks(x, cu, heads=None):
     return (y * valid[..., None, None]).permute(2, 0, 1, 3)
 
 
-def prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, merge: str = "bf16", operands: str = "split"):
+def prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, merge: str = "bf16", operands: str = "split",
+         p_single: bool = False):
     """Emulates ``gdn_bwd_prep``: Th, Tl [HV, NC, 64, 64], Fb [HV, NC, 8, 64], dUloc [HV, NC, 64, DV]; ``merge``:
-    the block merges, "fp32", "bf16" or "split" (its ``merge`` forms); ``operands``: ``OPERANDS``."""
+    the block merges, "fp32", "bf16" or "split" (its ``merge`` forms); ``operands``: ``OPERANDS``; ``p_single``:
+    ``local_du``'s."""
     qc, kc, gc, bc, vmask, G, rq, rk = _gather_chunks(q2, k2, g2, b2, cu, use_l2)
     vm = vmask.to(f64)
     Tinv = _tinv(kc, bc, G, rk, dt, merge)
     Th, Tl = _op(Tinv, dt, True, operands)
     Fb = _gate_table(G, rk, rq, scale, vm, bc)
-    return Th, Tl, Fb, local_du(qc, kc, _chunks(do2, cu), Fb, dt, operands)
+    return Th, Tl, Fb, local_du(qc, kc, _chunks(do2, cu), Fb, dt, operands, p_single)
 
 
-def local_du(qc, kc, doc, Fb, dt, operands: str = "split"):
+def local_du(qc, kc, doc, Fb, dt, operands: str = "split", p_single: bool = False):
     """dUloc = P^T dO [HV, NC, 64, DV] (fp32 values), the local part of dU, as ``gdn_bwd_prep`` computes it:
     ``P = Fb5_t Fb6_j e^(G_t - G_j) (q_t . k_j)`` (j <= t, G = Fb row 4) split in two input-dtype terms.
     ``qc, kc, doc [HV, NC, 64, D]`` fp64 chunks (q, k per value head), zero past each sequence;
-    ``Fb [HV, NC, 8, 64]``."""
+    ``Fb [HV, NC, 8, 64]``; ``p_single`` (at "split"): P one input-dtype term (a precision study of a fused backward
+    that forms P in shared memory: no kernel computes it)."""
     rows = torch.arange(BT, device=qc.device)
     qc, kc, doc = _in(qc, operands), _in(kc, operands), _in(doc, operands)
     G = Fb[:, :, 4].to(f64)
@@ -148,7 +151,7 @@ def local_du(qc, kc, doc, Fb, dt, operands: str = "split"):
     e_causal = torch.where(causal, torch.exp(torch.where(causal, D, 0.0)), 0.0)
     QK = _f32(qc @ kc.transpose(-1, -2))
     P = _f32(Fb[:, :, 5, :, None].to(f64) * Fb[:, :, 6, None, :].to(f64) * e_causal * QK)
-    Ph, Pl = _op(P, dt, True, operands)
+    Ph, Pl = _op(P, dt, not p_single, operands)
     return _f32(Ph.transpose(-1, -2) @ doc + Pl.transpose(-1, -2) @ doc)
 
 
@@ -369,7 +372,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
                                merge: str = "fp32", lo8_tables: bool = True, operands: str = "split",
                                one_term: bool = False, kernel_dtype: torch.dtype | None = None,
                                group_scales: bool = False, chunk_exp: bool = False, dh_operands: str = "split",
-                               dqk_operands: str = "split", stages: dict | None = None):
+                               dqk_operands: str = "split", p_single: bool = False, stages: dict | None = None):
     """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
     pass's single operands (``BackwardPlan.dh_single``); ``tinv_hi_only``: dh reads Tinv hi alone (a zero lo term),
@@ -388,7 +391,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     pipeline's one-term plans compute ``one_term`` with both.  ``dh_operands``, ``dqk_operands`` (with
     ``operands`` "split", a precision study: no kernel computes them): ``OPERANDS`` of one kernel alone, dh's
     operands and the dS', dY tables it stores, or dqk's operands and every table it reads (S, U, dS', dY, one
-    term each), the other kernels split.
+    term each), the other kernels split.  ``p_single``: dUloc from one input-dtype term of P (``local_du``).
     ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
     stage-by-stage checks)."""
     if group_scales:
@@ -401,7 +404,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
             cu_seqlens,
             dh_single=dh_single, tinv_hi_only=tinv_hi_only, s_single=s_single, merge=merge, lo8_tables=lo8_tables,
             operands=operands, one_term=one_term, kernel_dtype=kernel_dtype, chunk_exp=chunk_exp,
-            dh_operands=dh_operands, dqk_operands=dqk_operands, stages=stages)
+            dh_operands=dh_operands, dqk_operands=dqk_operands, p_single=p_single, stages=stages)
         return unscale(got, factors(ea, eb), H)
     out_dt, g_dt, beta_dt = q.dtype, g.dtype, beta.dtype
     if kernel_dtype is not None and kernel_dtype != q.dtype:
@@ -438,7 +441,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     _, offs = chunk_tables(cu)
     Ah, Al, F = intra_chunk(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
     Sch, Scl, Uh, Ul, _ = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
-    Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, prec.merge, operands)
+    Th, Tl, Fb, dUloc = prep(q2, k2, do2, g2, b2, cu, scale, use_l2, dt, prec.merge, operands, p_single)
     dSnh, dSnl, dYh, dYl, dv, dh0 = dh(q2, k2, do2, Th, torch.zeros_like(Tl) if tinv_hi_only else Tl, Fb, dUloc, cu,
                                        dS0, dt, dh_single, dh_operands if dh_operands != "split" else operands,
                                        one_term, out_dt, chunk_exp)
