@@ -176,7 +176,7 @@ def backward_alone_args(col, a, kw, do, dht, emulation: bool = False) -> dict:
     plan = plan_for(prepare_backward(*a, do, dht, **side))
     plan = plan if col == "ours" else alter(col)(plan)
     saved = {}
-    if plan.takes_saved_tables and reads_saved_tables(a[0], a[2], kw["cu_seqlens"]):
+    if plan.takes_saved_tables and reads_saved_tables(a[0]):
         fwd_api(*a, **side, keep_tables=saved)
     side.update(plan=plan, **({"saved_tables": saved} if saved else {}))
     return {"fn": chunk_gated_delta_rule_bwd, "kw": side}

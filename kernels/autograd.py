@@ -49,7 +49,7 @@ def run_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_
         o, ht = fwd(q, k, v, g, beta, **kw)
         return o, ht, None
     from kernels.backward.pipeline import reads_saved_tables
-    want = keep and reads_saved_tables(q, v, cu_seqlens)
+    want = keep and reads_saved_tables(q)
     tables = {} if want else None
     if alter is not None:
         kw["plan"] = alter
@@ -76,7 +76,7 @@ def run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_
             kw["saved_tables"] = kept if isinstance(kept, dict) else dict(zip(SAVED_TABLES, kept))
     else:       # as the tilelang Function's dh: Tinv's hi term alone where it reads the forward's tables
         from kernels.backward.pipeline import reads_saved_tables
-        kw["tinv_hi_only"] = reads_saved_tables(q, v, cu_seqlens)
+        kw["tinv_hi_only"] = reads_saved_tables(q)
     dq, dk, dv, dg, db, dh0 = bwd(*args, **kw)
     if dh0 is not None and initial_state is not None:
         dh0 = dh0.to(initial_state.dtype)

@@ -1407,13 +1407,13 @@ def test_saved_tables_are_kept_where_the_backward_reads_them(monkeypatch):
     from kernels.backward import pipeline as bapi
 
     xs, kw, do, dht = tt.bwd_args(_SEGMENTED[0])
-    q, v, cu = xs[0], xs[2], kw["cu_seqlens"]
+    q = xs[0]
     monkeypatch.setattr(bapi, "_sm_count", lambda dev: 256)
-    assert bapi.reads_saved_tables(q, v, cu)                # too few chunks for segments: sequential
+    assert bapi.reads_saved_tables(q)                # too few chunks for segments: sequential
     monkeypatch.setattr(dh_cp, "MIN_CHUNKS", 1)
     monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 1)
-    assert bapi.reads_saved_tables(q, v, cu)                # segmented (warm)
-    assert not bapi.reads_saved_tables(q.float(), v, cu)    # no kernel dtype: nothing to keep
+    assert bapi.reads_saved_tables(q)                # segmented (warm)
+    assert not bapi.reads_saved_tables(q.float())    # no kernel dtype: nothing to keep
 
 
 def test_autograd_takes_cu_seqlens_made_under_inference_mode():

@@ -150,7 +150,7 @@ def test_dense_kept_chunks_follows_the_backward(monkeypatch):
         if segmented:
             monkeypatch.setattr(dh_segmented, "MIN_CHUNKS", 1)
             monkeypatch.setattr(dh_segmented, "MIN_SEQ_CHUNKS", 1)
-        assert bapi.reads_saved_tables(q, v, None)          # the sequential and the warm segmented pass
+        assert bapi.reads_saved_tables(q)          # the sequential and the warm segmented pass
         assert dense_kept_chunks(qc, vc, True) == B * 100
     assert dense_kept_chunks(qc, vc, False) == 0                          # no gradient asked
     assert dense_kept_chunks(q, v, True) == 0                             # the CPU forward keeps none

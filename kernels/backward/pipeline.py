@@ -105,10 +105,10 @@ def plan_for(b: BackwardInputs):
                          max_chunks=max_chunks(x.B, x.T, x.cu_host))
 
 
-def reads_saved_tables(q, v, cu_seqlens=None) -> bool:
-    """Whether the backward of these inputs (q [B, T, H, K], v [B, T, HV, V], the forward's ``cu_seqlens``) reads
-    the forward's intra tables: wherever the forward runs, since the dispatched reverse pass (sequential or warm
-    segmented) reads them (``BackwardPlan.takes_saved_tables``).  The autograd Function asks before its forward, so
+def reads_saved_tables(q) -> bool:
+    """Whether the backward of a call with this q ([B, T, H, K]) reads the forward's intra tables: wherever the
+    forward runs, since the dispatched reverse pass (sequential or warm segmented, whatever the layout) reads them
+    (``BackwardPlan.takes_saved_tables``).  The autograd Function asks before its forward, so
     that it keeps no tables the backward would not read."""
     from kernels.forward.configs import HEAD_DIMS
     return q.dtype in TL_DTYPE and q.dim() == 4 and q.shape[-1] in HEAD_DIMS   # else the forward refuses them
