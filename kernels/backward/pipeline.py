@@ -108,8 +108,8 @@ def plan_for(b: BackwardInputs):
 def reads_saved_tables(q) -> bool:
     """Whether the backward of a call with this q ([B, T, H, K]) reads the forward's intra tables: wherever the
     forward runs, since the dispatched reverse pass (sequential or warm segmented, whatever the layout) reads them
-    (``BackwardPlan.takes_saved_tables``).  The autograd Function asks before its forward, so
-    that it keeps no tables the backward would not read."""
+    (``BackwardPlan.takes_saved_tables``).  The autograd Function asks before its forward, so that it keeps no
+    tables the backward would not read."""
     from kernels.forward.configs import HEAD_DIMS
     return q.dtype in TL_DTYPE and q.dim() == 4 and q.shape[-1] in HEAD_DIMS   # else the forward refuses them
 
