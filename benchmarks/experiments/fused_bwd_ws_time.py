@@ -1,17 +1,20 @@
-"""Time the warp-specialised fused-backward skeleton (fused_bwd_ws.py) at B8 T4096 H16 HV32 in its variants, and
-print the per-phase clock profile of the profiled one."""
+"""Time the warp-specialised fused-backward skeletons (fused_bwd_ws.py, fused_bwd_ws2.py) at B8 T4096 H16 HV32 in
+their variants, and print the per-phase clock profile of the profiled one."""
 import sys, torch, tilelang, triton
 sys.path.insert(0, 'benchmarks/experiments'); sys.path.insert(0, '.')
 import fused_bwd_ws as fw
+import fused_bwd_ws2 as fw2
 from kernels.build import pass_configs, TARGET
 dev = torch.device("cuda")
 print(torch.cuda.get_device_name())
+# (name, build options); "v2": fused_bwd_ws2's build.  The profile printed is the last profiled variant's.
 variants = [("ws", dict(nreg=(184, 144, 160, 24))),
             ("nt", dict(nreg=(184, 144, 160, 24), nt=True)),
             ("nt, no yv / sd dots", dict(nreg=(176, 168, 144, 24), yv=False, sdd=False, nt=True)),
-            ("nt, no dots, 200/168/120", dict(nreg=(200, 168, 120, 24), yv=False, sdd=False, nt=True)),
             ("nt, no dots, q k dUl kept", dict(nreg=(176, 168, 144, 24), yv=False, sdd=False, nt=True, reload_qk=False)),
-            ("nt, no dots, profiled", dict(nreg=(176, 168, 144, 24), yv=False, sdd=False, nt=True, profile=True))]
+            ("ws2", dict(v2=1)),
+            ("ws2 local 192/168/128", dict(v2=1, local=True, nreg=(192, 168, 128, 24))),
+            ("ws2 local, profiled", dict(v2=1, local=True, profile=True))]
 N, T_, H, HV = 8, 4096, 16, 32
 Ttot, NC, D, BT = N * T_, N * T_ // 64, 128, 64
 r = lambda *s, dt=torch.float16: (torch.randn(*s, device=dev) * 0.1).to(dt)
@@ -29,8 +32,9 @@ prof = torch.zeros(4, 64, 8, device=dev, dtype=torch.int64)
 res = []
 for name, kw in variants:
     try:
-        kern = tilelang.compile(fw.build(**kw), target=TARGET, pass_configs=pass_configs())
-        dU = dUl.view(HV, NC, BT, D) if kw.get("nt") else dUl
+        v2 = kw.pop('v2', 0)
+        kern = tilelang.compile((fw2 if v2 else fw).build(**kw), target=TARGET, pass_configs=pass_configs())
+        dU = dUl.view(HV, NC, BT, D) if v2 or kw.get("nt") else dUl
         f = lambda: kern(q, k, v, do, S, U, Th, Fb, dU, dq, dk, dv, rows, sd, cu, prof)
         f(); torch.cuda.synchronize()
         res.append((name, triton.testing.do_bench(f, warmup=5, rep=50), bool(torch.isfinite(dq).all() and torch.isfinite(dk).all())))
