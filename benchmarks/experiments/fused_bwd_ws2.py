@@ -10,7 +10,10 @@ What changes against ``fused_bwd_ws``:
 Loads of chunk i + 1: dO, Th after phase 2 of chunk i; S, U, q, dUloc after phase 3; k and the gates of chunk i + 2
 after phase 4.  ``dots``: the dY.v and S o dS' dots on or off; ``profile``: ``fused_bwd_ws``'s clock64 marks;
 ``local``: dUloc formed in the kernel (WG0, phase 1: P = scale QK^T o e^(G_s - G_t) on and below the diagonal, dU =
-F2 K dS' + P^T dO) instead of loaded, D1 in its own tile, M0 over P's.
+F2 K dS' + P^T dO) instead of loaded, D1 in its own tile, M0 over P's; ``late`` (with ``local``): WG0's state
+update and the next chunk's dS' in phase 3 beside the dq / dk side's products, M2 over P's tile and M3 over Th's
+(Th loaded after phase 4); ``early_p`` (with ``late``): WG0 forms the next chunk's P in its registers during
+phase 4.
 """
 import sys
 
@@ -20,7 +23,17 @@ import tilelang.language as T
 from fused_bwd_ws import BT, D, LOG2E, WG, f16, f32, mark
 
 
-def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, scale=0.088):
+@T.macro
+def gated_scores(q_s, k_s, f_s, p_f, st, scale):
+    """``p_f = scale (Q K^T o e^(G_s - G_t))`` on and below the diagonal, 0 above (k and the gates of stage st)."""
+    T.gemm(q_s, k_s[st, :, :], p_f, transpose_B=True, clear_accum=True)
+    for a, b in T.Parallel(BT, BT):
+        p_f[a, b] = T.if_then_else(b <= a, scale * p_f[a, b] * T.exp2((f_s[st, 4, a] - f_s[st, 4, b]) * LOG2E), 0.0)
+
+
+def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, late=False, early_p=False, scale=0.088):
+    assert local or not late
+    assert late or not early_p
     Ttot = T.dynamic("Ttot")
     H = T.dynamic("H")
     HV = T.dynamic("HV")
@@ -64,6 +77,7 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, scal
             full_q = T.alloc_barrier(arrive_count=32)
             full_do = T.alloc_barrier(arrive_count=32)
             full_su = T.alloc_barrier(arrive_count=32)
+            full_th = T.alloc_barrier(arrive_count=32)
             ph = T.alloc_barrier(arrive_count=[3 * WG] * 4)
 
             tx = T.get_thread_binding()
@@ -73,6 +87,10 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, scal
                 ds_f = T.alloc_fragment((D, D), f32)
                 kd_f = T.alloc_fragment((BT, BT), f32)
                 T.clear(ds_f)
+                if late:
+                    for a, b in T.Parallel(D, D):
+                        dsh_s[a, b] = T.cast(ds_f[a, b], f16)
+                    T.fence_proxy_async()
                 for i in T.serial(nch):
                     c = c_end - 1 - i
                     t0 = c * BT
@@ -84,15 +102,21 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, scal
                     if local:
                         T.barrier_wait(full_do, par)
                     mark(prof, hv, n, tx, 0, i, 0, profile)
-                    if local:
+                    if early_p:
+                        # P formed in the registers during the previous chunk's phase 4
+                        if i == 0:
+                            gated_scores(q_s, k_s, f_s, kd_f, st, scale)
+                        T.copy(kd_f, p_s)
+                    elif local:
                         # P = scale (QK^T o e^(G_s - G_t)) on and below the diagonal: dUloc = P^T dO
                         T.gemm(q_s, k_s[st, :, :], kd_f, transpose_B=True, clear_accum=True)
                         for a, b in T.Parallel(BT, BT):
                             p_s[a, b] = T.cast(T.if_then_else(b <= a, scale * kd_f[a, b] * T.exp2(
                                 (f_s[st, 4, a] - f_s[st, 4, b]) * LOG2E), 0.0), f16)
-                    for a, b in T.Parallel(D, D):
-                        dsh_s[a, b] = T.cast(ds_f[a, b], f16)
-                    T.fence_proxy_async()
+                    if not late:
+                        for a, b in T.Parallel(D, D):
+                            dsh_s[a, b] = T.cast(ds_f[a, b], f16)
+                        T.fence_proxy_async()
                     for hh in T.unroll(2):
                         T.gemm(k_s[st, :, :], dsh_s[:, hh * BT:(hh + 1) * BT], kd_f, clear_accum=True)
                         if local:
@@ -111,6 +135,8 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, scal
                     T.barrier_wait(ph[0], par)
                     # P2
                     mark(prof, hv, n, tx, 0, i, 1, profile)
+                    if late:
+                        T.barrier_wait(full_th, par)
                     if not local:
                         T.barrier_wait(full_do, par)
                     for hh in T.unroll(2):
@@ -121,19 +147,36 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, scal
                             xh_s[t, hh * BT + j] = T.cast(-f_s[st, 0, t] * f_s[st, 7, t] * f_s[st, 4, 0]
                                                           * kd_f[t, j], f16)
                     T.fence_proxy_async()
+                    if late:
+                        mark(prof, hv, n, tx, 0, i, 5, profile)
+                        T.barrier_arrive(ph[1])
+                        T.barrier_wait(ph[1], par)
+                        mark(prof, hv, n, tx, 0, i, 2, profile)
                     for a, b in T.Parallel(D, D):
                         ds_f[a, b] = ds_f[a, b] * f_s[st, 3, 0]
                     T.gemm(q_s, d1_s if local else do_s, ds_f, transpose_A=True)
                     T.gemm(k_s[st, :, :], xh_s, ds_f, transpose_A=True)
                     for a, b in T.Parallel(D, D):
                         ds_f[a, b] = ds_f[a, b] * f_s[st, 5, 0]
-                    mark(prof, hv, n, tx, 0, i, 5, profile)
-                    T.barrier_arrive(ph[1])
-                    T.barrier_wait(ph[1], par)
-                    mark(prof, hv, n, tx, 0, i, 2, profile)
+                    if late:
+                        # the next chunk's dS' (WG2 read this chunk's in phase 2)
+                        for a, b in T.Parallel(D, D):
+                            dsh_s[a, b] = T.cast(ds_f[a, b], f16)
+                        T.fence_proxy_async()
+                        mark(prof, hv, n, tx, 0, i, 6, profile)
+                    else:
+                        mark(prof, hv, n, tx, 0, i, 5, profile)
+                        T.barrier_arrive(ph[1])
+                        T.barrier_wait(ph[1], par)
+                        mark(prof, hv, n, tx, 0, i, 2, profile)
                     T.barrier_arrive(ph[2])
                     T.barrier_wait(ph[2], par)
                     mark(prof, hv, n, tx, 0, i, 3, profile)
+                    if early_p:
+                        if i + 1 < nch:
+                            T.barrier_wait(full_k[1 - st], ((i + 1) // 2) % 2)
+                            T.barrier_wait(full_q, 1 - par)
+                            gated_scores(q_s, k_s, f_s, kd_f, 1 - st, scale)
                     T.barrier_arrive(ph[3])
                     T.barrier_wait(ph[3], par)
             elif tx < 2 * WG:
@@ -201,9 +244,15 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, scal
                     mark(prof, hv, n, tx, 1, i, 2, profile)
                     T.gemm(k_s[st, :, :], k_s[st, :, :], a_f, transpose_B=True, clear_accum=True)
                     T.gemm(yh_s, u_s, b_f, transpose_B=True, clear_accum=True)
-                    for t, j in T.Parallel(BT, BT):
-                        xh_s[t, j] = T.cast(T.if_then_else(j < t, f_s[st, 7, t] * b_f[t, j] * a_f[t, j], 0.0), f16)
-                        xh_s[t, BT + j] = T.cast(T.if_then_else(j < t, f_s[st, 6, t] * b_f[t, j], 0.0), f16)
+                    if late:
+                        for t, j in T.Parallel(BT, BT):
+                            p_s[t, j] = T.cast(T.if_then_else(j < t, f_s[st, 7, t] * b_f[t, j] * a_f[t, j], 0.0), f16)
+                            th_s[t, j] = T.cast(T.if_then_else(j < t, f_s[st, 6, t] * b_f[t, j], 0.0), f16)
+                    else:
+                        for t, j in T.Parallel(BT, BT):
+                            xh_s[t, j] = T.cast(T.if_then_else(j < t, f_s[st, 7, t] * b_f[t, j] * a_f[t, j], 0.0),
+                                                f16)
+                            xh_s[t, BT + j] = T.cast(T.if_then_else(j < t, f_s[st, 6, t] * b_f[t, j], 0.0), f16)
                     T.fence_proxy_async()
                     if dots:
                         for t, d in T.Parallel(BT, D):
@@ -272,8 +321,12 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, scal
                     T.barrier_wait(ph[2], par)
                     # P4: dk += M2 K + M3^T K
                     mark(prof, hv, n, tx, 2, i, 3, profile)
-                    T.gemm(xh_s[:, 0:BT], k_s[st, :, :], dk_f)
-                    T.gemm(xh_s[:, BT:2 * BT], k_s[st, :, :], dk_f, transpose_A=True)
+                    if late:
+                        T.gemm(p_s, k_s[st, :, :], dk_f)
+                        T.gemm(th_s, k_s[st, :, :], dk_f, transpose_A=True)
+                    else:
+                        T.gemm(xh_s[:, 0:BT], k_s[st, :, :], dk_f)
+                        T.gemm(xh_s[:, BT:2 * BT], k_s[st, :, :], dk_f, transpose_A=True)
                     T.copy(dk_f, dk[t0:t0 + BT, hv, 0:D])
                     mark(prof, hv, n, tx, 2, i, 7, profile)
                     T.barrier_arrive(ph[3])
@@ -294,7 +347,11 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, scal
                         T.tma_copy(dUl[hv, c, 0:BT, 0:D], dul_s, barrier=full_q)
                     T.barrier_arrive(full_q)
                     T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_s, barrier=full_do)
-                    T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_do)
+                    if late:
+                        T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_th)
+                        T.barrier_arrive(full_th)
+                    else:
+                        T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_do)
                     T.barrier_arrive(full_do)
                     T.tma_copy(S[hv, c, 0:D, 0:D], s_s, barrier=full_su)
                     T.tma_copy(U[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
@@ -305,7 +362,8 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, scal
                         t0 = c * BT
                         T.barrier_wait(ph[1], par)     # dO (D1), Th read
                         T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_s, barrier=full_do)
-                        T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_do)
+                        if not late:
+                            T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_do)
                         T.barrier_arrive(full_do)
                         T.barrier_wait(ph[2], par)     # S, U, q, dUloc (M0, M1) read
                         T.tma_copy(S[hv, c, 0:D, 0:D], s_s, barrier=full_su)
@@ -316,6 +374,9 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, scal
                             T.tma_copy(dUl[hv, c, 0:BT, 0:D], dul_s, barrier=full_q)
                         T.barrier_arrive(full_q)
                         T.barrier_wait(ph[3], par)     # chunk i's k and gates read: chunk i + 2's
+                        if late:                       # Th (M3) read
+                            T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_th)
+                            T.barrier_arrive(full_th)
                         if i + 2 < nch:
                             c2 = c_end - 3 - i
                             T.tma_copy(k[c2 * BT:(c2 + 1) * BT, h, 0:D], k_s[i % 2, :, :], barrier=full_k[i % 2])

@@ -14,7 +14,9 @@ variants = [("ws", dict(nreg=(184, 144, 160, 24))),
             ("nt, no dots, q k dUl kept", dict(nreg=(176, 168, 144, 24), yv=False, sdd=False, nt=True, reload_qk=False)),
             ("ws2", dict(v2=1)),
             ("ws2 local 192/168/128", dict(v2=1, local=True, nreg=(192, 168, 128, 24))),
-            ("ws2 local, profiled", dict(v2=1, local=True, profile=True))]
+            ("ws2 late 192/168/128", dict(v2=1, local=True, late=True, nreg=(192, 168, 128, 24))),
+            ("ws2 late early_p 192/168/128", dict(v2=1, local=True, late=True, early_p=True, nreg=(192, 168, 128, 24))),
+            ("ws2 late, profiled", dict(v2=1, local=True, late=True, profile=True, nreg=(192, 168, 128, 24)))]
 N, T_, H, HV = 8, 4096, 16, 32
 Ttot, NC, D, BT = N * T_, N * T_ // 64, 128, 64
 r = lambda *s, dt=torch.float16: (torch.randn(*s, device=dev) * 0.1).to(dt)
