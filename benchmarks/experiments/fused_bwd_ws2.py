@@ -13,7 +13,8 @@ after phase 4.  ``dots``: the dY.v and S o dS' dots on or off; ``profile``: ``fu
 F2 K dS' + P^T dO) instead of loaded, D1 in its own tile, M0 over P's; ``late`` (with ``local``): WG0's state
 update and the next chunk's dS' in phase 3 beside the dq / dk side's products, M2 over P's tile and M3 over Th's
 (Th loaded after phase 4); ``early_p`` (with ``late``): WG0 forms the next chunk's P in its registers during
-phase 4.
+phase 4; ``rect`` (with ``late``): dS' written in phase 1 again, so that its tile is free in phases 3 and 4 and
+holds the dg rectangle's fp32 summands (WG1, phase 3), whose sums WG1 forms in phase 4 (``rows[5]``).
 """
 import sys
 
@@ -31,9 +32,12 @@ def gated_scores(q_s, k_s, f_s, p_f, st, scale):
         p_f[a, b] = T.if_then_else(b <= a, scale * p_f[a, b] * T.exp2((f_s[st, 4, a] - f_s[st, 4, b]) * LOG2E), 0.0)
 
 
-def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, late=False, early_p=False, scale=0.088):
+def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, late=False, early_p=False, rect=False,
+          scale=0.088):
     assert local or not late
     assert late or not early_p
+    assert late or not rect
+    dsh_late = late and not rect      # the next chunk's dS' written in phase 3
     Ttot = T.dynamic("Ttot")
     H = T.dynamic("H")
     HV = T.dynamic("HV")
@@ -79,6 +83,9 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, late
             full_su = T.alloc_barrier(arrive_count=32)
             full_th = T.alloc_barrier(arrive_count=32)
             ph = T.alloc_barrier(arrive_count=[3 * WG] * 4)
+            if rect:
+                rb = T.alloc_barrier(arrive_count=WG)              # WG1's row prefix sums written
+                m_s = T.view(dsh_s, (BT, 2 * BT), f32)            # dg summands [64, 64 (+64 unused)] over dS'
 
             tx = T.get_thread_binding()
 
@@ -87,7 +94,7 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, late
                 ds_f = T.alloc_fragment((D, D), f32)
                 kd_f = T.alloc_fragment((BT, BT), f32)
                 T.clear(ds_f)
-                if late:
+                if dsh_late:
                     for a, b in T.Parallel(D, D):
                         dsh_s[a, b] = T.cast(ds_f[a, b], f16)
                     T.fence_proxy_async()
@@ -113,7 +120,7 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, late
                         for a, b in T.Parallel(BT, BT):
                             p_s[a, b] = T.cast(T.if_then_else(b <= a, scale * kd_f[a, b] * T.exp2(
                                 (f_s[st, 4, a] - f_s[st, 4, b]) * LOG2E), 0.0), f16)
-                    if not late:
+                    if not dsh_late:
                         for a, b in T.Parallel(D, D):
                             dsh_s[a, b] = T.cast(ds_f[a, b], f16)
                         T.fence_proxy_async()
@@ -159,10 +166,11 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, late
                     for a, b in T.Parallel(D, D):
                         ds_f[a, b] = ds_f[a, b] * f_s[st, 5, 0]
                     if late:
-                        # the next chunk's dS' (WG2 read this chunk's in phase 2)
-                        for a, b in T.Parallel(D, D):
-                            dsh_s[a, b] = T.cast(ds_f[a, b], f16)
-                        T.fence_proxy_async()
+                        if dsh_late:
+                            # the next chunk's dS' (WG2 read this chunk's in phase 2)
+                            for a, b in T.Parallel(D, D):
+                                dsh_s[a, b] = T.cast(ds_f[a, b], f16)
+                            T.fence_proxy_async()
                         mark(prof, hv, n, tx, 0, i, 6, profile)
                     else:
                         mark(prof, hv, n, tx, 0, i, 5, profile)
@@ -186,6 +194,9 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, late
                 a_f = T.alloc_fragment((BT, BT), f32)
                 b_f = T.alloc_fragment((BT, BT), f32)
                 rs = T.alloc_fragment((BT,), f32)
+                if rect:
+                    c_f = T.alloc_fragment((BT, BT), f32)     # the dg summands' dO U^T part, phase 2 to 3
+                    acc = T.alloc_local((1,), f32)
                 for i in T.serial(nch):
                     c = c_end - 1 - i
                     t0 = c * BT
@@ -223,6 +234,9 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, late
                             p_s[t, j] = T.cast(T.if_then_else(j <= t, f_s[st, 5, t] * b_f[t, j] * a_f[t, j], 0.0), f16)
                             m1_s[t, j] = T.cast(T.if_then_else(j <= t, f_s[st, 6, j] * b_f[t, j], 0.0), f16)
                             a_f[t, j] = a_f[t, j] * b_f[t, j]
+                        if rect:
+                            for t, j in T.Parallel(BT, BT):
+                                c_f[t, j] = T.if_then_else(j < t, f_s[st, 6, j] * a_f[t, j], 0.0)
                     else:
                         for t, j in T.Parallel(BT, BT):
                             m01[t, j] = T.cast(T.if_then_else(j <= t, f_s[st, 5, t] * b_f[t, j] * a_f[t, j], 0.0),
@@ -248,6 +262,11 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, late
                         for t, j in T.Parallel(BT, BT):
                             p_s[t, j] = T.cast(T.if_then_else(j < t, f_s[st, 7, t] * b_f[t, j] * a_f[t, j], 0.0), f16)
                             th_s[t, j] = T.cast(T.if_then_else(j < t, f_s[st, 6, t] * b_f[t, j], 0.0), f16)
+                        if rect:
+                            # the dg rectangle's summands, over dS' (dead until the next chunk's phase 1)
+                            for t, j in T.Parallel(BT, BT):
+                                m_s[t, j] = c_f[t, j] + T.if_then_else(j < t, f_s[st, 7, t] * b_f[t, j] * a_f[t, j],
+                                                                       0.0)
                     else:
                         for t, j in T.Parallel(BT, BT):
                             xh_s[t, j] = T.cast(T.if_then_else(j < t, f_s[st, 7, t] * b_f[t, j] * a_f[t, j], 0.0),
@@ -266,6 +285,20 @@ def build(nreg=(176, 168, 144, 24), dots=False, profile=False, local=False, late
                     # P4
                     mark(prof, hv, n, tx, 1, i, 3, profile)
                     T.copy(dq_f, dq[t0:t0 + BT, hv, 0:D])
+                    if rect:
+                        # rect_s = sum_{t >= s} sum_{j < s} m_tj: row prefix sums, then a column walk
+                        if tx - WG < BT:
+                            for j in T.serial(BT - 1):
+                                m_s[tx - WG, j + 1] = m_s[tx - WG, j + 1] + m_s[tx - WG, j]
+                        T.barrier_arrive(rb)
+                        T.barrier_wait(rb, par)
+                        if tx - WG < BT:
+                            acc[0] = T.float32(0)
+                            if tx - WG > 0:
+                                for t in T.serial(BT):
+                                    if t >= tx - WG:
+                                        acc[0] = acc[0] + m_s[t, tx - WG - 1]
+                            rows[5, hv, c, tx - WG] = acc[0]
                     mark(prof, hv, n, tx, 1, i, 7, profile)
                     T.barrier_arrive(ph[3])
                     T.barrier_wait(ph[3], par)

@@ -16,6 +16,7 @@ variants = [("ws", dict(nreg=(184, 144, 160, 24))),
             ("ws2 local 192/168/128", dict(v2=1, local=True, nreg=(192, 168, 128, 24))),
             ("ws2 late 192/168/128", dict(v2=1, local=True, late=True, nreg=(192, 168, 128, 24))),
             ("ws2 late early_p 192/168/128", dict(v2=1, local=True, late=True, early_p=True, nreg=(192, 168, 128, 24))),
+            ("ws2 late rect 192/168/128", dict(v2=1, local=True, late=True, rect=True, nreg=(192, 168, 128, 24))),
             ("ws2 late, profiled", dict(v2=1, local=True, late=True, profile=True, nreg=(192, 168, 128, 24)))]
 N, T_, H, HV = 8, 4096, 16, 32
 Ttot, NC, D, BT = N * T_, N * T_ // 64, 128, 64
