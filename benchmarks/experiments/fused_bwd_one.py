@@ -301,7 +301,8 @@ def build(io: str = "bfloat16", nreg=(192, 168, 128, 24)):
                     row_dots(x_f, k_s, st, x_f, rs, nv, kr, hv, c)
                     T.barrier_arrive(ph[1])
                     T.barrier_wait(ph[1], par)
-                    # P3: W = dY S^T -> dk~, k.W; dk~ += M1^T Q
+                    # P3: W = dY S^T -> dk~, k.W; dk~ += M1^T Q (q's load waited on here too, not only through ph[0])
+                    T.barrier_wait(full_q, par)
                     T.gemm(yh_s, s_s, x_f, transpose_B=True, clear_accum=True)
                     for t, d in T.Parallel(BT, D):
                         dk_f[t, d] = dk_f[t, d] - f_s[st, 7, t] * T.exp2(f_s[st, 4, t] * LOG2E) * x_f[t, d]
