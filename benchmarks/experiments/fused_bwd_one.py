@@ -1,4 +1,4 @@
-"""``gdn_bwd_fused_one`` (draft, not yet run on a GPU): the reverse pass and the dq / dk terms of the one-term backward
+"""``gdn_bwd_fused_one`` (draft): the reverse pass and the dq / dk terms of the one-term backward
 in one warp-specialised kernel, on the schedule of ``fused_bwd_ws2`` (``late`` and ``rect``).
 
 The products and outputs of ``gdn_bwd_dh_ws(one=True)`` and ``gdn_bwd_dqk(one=True)`` together, with dUloc formed in
@@ -8,11 +8,15 @@ sequence), K = V = 128, chunks last to first, four lockstep phases a chunk:
 * WG0, the chain: P1 P = F5_t F6_j e^(G_t - G_j) QK^T (j <= t), dS' = rd(dS) key-first, dU = F2 K dS' + P^T dO by
   halves of 64 value columns; P2 dY = Th^T dU (dY tile, dv stored), D2 = rd(-F7 F0 2^x dY) over dU; P3 dS =
   (F3 2^x dS + Q^T D1 + K^T D2) 2^-x.
-* WG1, dq: P1 Z = dO S^T (dq~, q.Z), dO U^T, D1 = rd(F1 2^x dO); P2 QK -> M0 (over P), M1, dq~ += M0 K, the dg
-  summands' dO U^T part; P3 KK, dY U^T -> the dbeta row sums, the dg summands (over dS'), M2 (over P), M3 (over
-  Th); P4 dq~ stored, the dg rectangle, the dY.v dots.
-* WG2, dk: P2 the S o dS' column dots, R = U dS'^T (dk~, k.R); P3 W = dY S^T (dk~, k.W), dk~ += M1^T Q;
-  P4 dk~ += M2 K + M3^T K, stored.
+* WG1, dq: P1 Z = dO S^T (dq~, q.Z), dO U^T -> M0 (over M1's tile), dq~ += M0 K, stored, D1 = rd(F1 2^x dO);
+  P2 QK -> M1, the dg summands' dO U^T part; P3 KK, dY U^T -> the dbeta row sums, the dg summands (over dS'), M2
+  (over P), M3 (over Th); P4 the dg rectangle, the dY.v dots.
+* WG2, dk: P2 the S o dS' column dots, R = U dS'^T (dk~, k.R); P3 W = dY S^T by halves of 64 keys (dk~, k.W),
+  dk~ += M1^T Q; P4 dk~ += M2 K + M3^T K, stored.
+
+Registers (192, 160, 136, 24): no fragment [64, 128] beside another in WG1 or WG2 (the row dots by halves, dq~
+done in P1), so that ptxas keeps the wgmma asynchronous; with dq~ live into P2, or W whole, it serialises every
+wgmma of the kernel (ptxas C7512).
 * WG3, the producer (one warp): k and the gates in two stages; dO after P2, S, U, q after P3, Th after P4.
 
 Inputs and outputs are ``gdn_bwd_dh_ws``'s and ``gdn_bwd_dqk``'s one forms' (fp16 q, k, v, dO under the one-term
@@ -39,23 +43,54 @@ def egate(f_s, st, t, j):
     return T.exp2((f_s[st, 4, t] - f_s[st, 4, j]) * LOG2E)
 
 
+def _row(rows_s, st, t, d):
+    return T.cast(rows_s[t, d] if st is None else rows_s[st, t, d], f32)
+
+
 @T.macro
-def row_dots(x_f, rows_s, st, tmp, rs, nv, out, hv, c):
-    """``out[0, hv, c, t] = sum_d [t < nv] rows[t, d] x_f[t, d]``, ``out[1, hv, c, t] = 0`` (``tmp [64, D]`` fp32
-    fragment, may be ``x_f`` itself once it is dead; ``rows`` the [64, D] tile ``rows_s``, or its stage ``st`` when
-    ``st`` is not None)."""
-    for t, d in T.Parallel(BT, D):
-        if st is None:
-            tmp[t, d] = T.if_then_else(t < nv, T.cast(rows_s[t, d], f32), T.float32(0)) * x_f[t, d]
-        else:
-            tmp[t, d] = T.if_then_else(t < nv, T.cast(rows_s[st, t, d], f32), T.float32(0)) * x_f[t, d]
-    T.reduce_sum(tmp, rs, dim=1)
+def put_dots(rs, out, hv, c):
+    """``out[0, hv, c, :] = rs``, ``out[1, hv, c, :] = 0``."""
     for t in T.Parallel(BT):
         out[0, hv, c, t] = rs[t]
         out[1, hv, c, t] = T.float32(0)
 
 
-def build(io: str = "bfloat16", nreg=(192, 168, 128, 24)):
+@T.macro
+def half_dots(x_f, rows_s, st, tmp, rs, rs2, nv):
+    """``rs[t] = sum_d [t < nv] rows[t, d] x_f[t, d]`` by halves of 64 columns (``x_f [64, D]`` kept; ``tmp
+    [64, 64]`` fp32 fragment; ``rows`` the [64, D] tile ``rows_s``, or its stage ``st`` when ``st`` is not None)."""
+    T.clear(rs)
+    for hh in T.unroll(2):
+        for t, d in T.Parallel(BT, BT):
+            tmp[t, d] = T.if_then_else(t < nv, _row(rows_s, st, t, hh * BT + d), T.float32(0)) * x_f[t, hh * BT + d]
+        T.reduce_sum(tmp, rs2, dim=1)
+        for t in T.Parallel(BT):
+            rs[t] = rs[t] + rs2[t]
+
+
+@T.macro
+def store_rows(x_f, out, t0, hv, nv, factors):
+    """``out[t0 + t, hv, :] = x_f[t, :] factors[1, hv]`` for ``t < nv``."""
+    for t, d in T.Parallel(BT, D):
+        if t < nv:
+            out[t0 + t, hv, d] = x_f[t, d] * factors[1, hv]
+
+
+@T.macro
+def mark(prof, hv, n, tx, w, i, p, on):
+    """clock64 at mark p of chunk i in warpgroup w's first thread (CTA (0, 0), the first 64 chunks)."""
+    if on and hv == 0 and n == 0 and tx % WG == 0 and i < 64:
+        prof[w, i, p] = T.call_extern("int64", "clock64")
+
+
+def build(io: str = "bfloat16", nreg=(192, 160, 136, 24), skip=frozenset(), profile=False):
+    """``skip`` (timing only; the outputs are then wrong): names among "sd", "rect", "yv", "rowdots", "db2",
+    "stores" whose work is left out; ``profile``: clock64 marks into ``prof`` (marks 0-3 the phases' starts after
+    the previous phase barrier, 4-7 their arrivals, of CTA (0, 0)'s warpgroups 0-2)."""
+    skip = frozenset(skip)
+    if "stores" in skip:
+        skip = skip | {"dv", "dq", "dk"}
+    assert skip <= {"sd", "rect", "yv", "rowdots", "db2", "stores", "dv", "dq", "dk"}, skip
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
 
     @T.prim_func
@@ -86,6 +121,7 @@ def build(io: str = "bfloat16", nreg=(192, 168, 128, 24)):
         store_dh0: T.int32,
         scale: T.float32,
         factors: T.Tensor((2, HV), f32),
+        prof: T.Tensor((4, 64, 8), "int64"),
     ):
         with T.Kernel(HV, N, threads=4 * WG) as (hv, n):
             h = hv // (HV // H)
@@ -131,6 +167,7 @@ def build(io: str = "bfloat16", nreg=(192, 168, 128, 24)):
                     t0 = bos + ic * BT
                     par = i % 2
                     st = i % 2
+                    mark(prof, hv, n, tx, 0, i, 0, profile)
                     # P1: P, dS', dU
                     T.barrier_wait(full_k[st], (i // 2) % 2)
                     T.barrier_wait(full_q, par)
@@ -152,20 +189,24 @@ def build(io: str = "bfloat16", nreg=(192, 168, 128, 24)):
                         for t, j in T.Parallel(BT, BT):
                             xh_s[t, hh * BT + j] = T.cast(kd_f[t, j], f16)
                     T.fence_proxy_async()
+                    mark(prof, hv, n, tx, 0, i, 4, profile)
                     T.barrier_arrive(ph[0])
                     T.barrier_wait(ph[0], par)
+                    mark(prof, hv, n, tx, 0, i, 1, profile)
                     # P2: dY, dv, D2
                     T.barrier_wait(full_th, par)
                     for hh in T.unroll(2):
                         T.gemm(th_s, xh_s[:, hh * BT:(hh + 1) * BT], kd_f, transpose_A=True, clear_accum=True)
                         for t, j in T.Parallel(BT, BT):
                             yh_s[t, hh * BT + j] = T.cast(kd_f[t, j], f16)
-                            if t0 + t < eos:
+                            if t0 + t < eos and "dv" not in skip:
                                 dv[t0 + t, hv, hh * BT + j] = T.cast(f_s[st, 7, t] * kd_f[t, j] * factors[0, hv], io)
                             xh_s[t, hh * BT + j] = T.cast(-(f_s[st, 7, t] * kd_f[t, j]) * f_s[st, 0, t] * xp[0], f16)
                     T.fence_proxy_async()
+                    mark(prof, hv, n, tx, 0, i, 5, profile)
                     T.barrier_arrive(ph[1])
                     T.barrier_wait(ph[1], par)
+                    mark(prof, hv, n, tx, 0, i, 2, profile)
                     # P3: dS = (F3 2^x dS + Q^T D1 + K^T D2) 2^-x
                     for a, b in T.Parallel(D, D):
                         ds_f[a, b] = ds_f[a, b] * (f_s[st, 3, 0] * xp[0])
@@ -173,8 +214,11 @@ def build(io: str = "bfloat16", nreg=(192, 168, 128, 24)):
                     T.gemm(k_s[st, :, :], xh_s, ds_f, transpose_A=True)
                     for a, b in T.Parallel(D, D):
                         ds_f[a, b] = ds_f[a, b] * xp[1]
+                    mark(prof, hv, n, tx, 0, i, 6, profile)
                     T.barrier_arrive(ph[2])
                     T.barrier_wait(ph[2], par)
+                    mark(prof, hv, n, tx, 0, i, 3, profile)
+                    mark(prof, hv, n, tx, 0, i, 7, profile)
                     T.barrier_arrive(ph[3])
                     T.barrier_wait(ph[3], par)
                 if store_dh0 != 0:
@@ -183,11 +227,11 @@ def build(io: str = "bfloat16", nreg=(192, 168, 128, 24)):
                 # WG1: dq~ and the 64x64 terms
                 T.set_max_nreg(nreg[1], 1)
                 dq_f = T.alloc_fragment((BT, D), f32)
-                x_f = T.alloc_fragment((BT, D), f32)
                 a_f = T.alloc_fragment((BT, BT), f32)
                 b_f = T.alloc_fragment((BT, BT), f32)
                 c_f = T.alloc_fragment((BT, BT), f32)
                 rs = T.alloc_fragment((BT,), f32)
+                rs2 = T.alloc_fragment((BT,), f32)
                 acc = T.alloc_local((1,), f32)
                 for i in T.serial(nch):
                     ic = nch - 1 - i
@@ -196,34 +240,44 @@ def build(io: str = "bfloat16", nreg=(192, 168, 128, 24)):
                     nv = T.min(eos - t0, BT)
                     par = i % 2
                     st = i % 2
-                    # P1: Z = dO S^T -> dq~, q.Z; dO U^T; D1
+                    mark(prof, hv, n, tx, 1, i, 0, profile)
+                    # P1: Z = dO S^T -> dq~, q.Z; dO U^T -> M0 (over M1's tile); dq~ += M0 K, stored; D1
                     T.barrier_wait(full_k[st], (i // 2) % 2)
                     T.barrier_wait(full_q, par)
                     T.barrier_wait(full_do, par)
                     T.barrier_wait(full_su, par)
-                    T.gemm(do_s, s_s, x_f, transpose_B=True, clear_accum=True)
+                    T.gemm(do_s, s_s, dq_f, transpose_B=True, clear_accum=True)
+                    if "rowdots" not in skip:
+                        half_dots(dq_f, q_s, None, c_f, rs, rs2, nv)
+                        put_dots(rs, qz, hv, c)
                     for t, d in T.Parallel(BT, D):
-                        dq_f[t, d] = scale * T.exp2(f_s[st, 4, t] * LOG2E) * x_f[t, d]
-                    row_dots(x_f, q_s, None, x_f, rs, nv, qz, hv, c)
+                        dq_f[t, d] = scale * T.exp2(f_s[st, 4, t] * LOG2E) * dq_f[t, d]
                     T.gemm(do_s, u_s, b_f, transpose_B=True, clear_accum=True)
+                    for t, j in T.Parallel(BT, BT):
+                        m1_s[t, j] = T.cast(T.if_then_else(
+                            (j <= t) & (t < nv), scale * egate(f_s, st, t, j) * b_f[t, j] * f_s[st, 6, j], 0.0), f16)
                     for t, d in T.Parallel(BT, D):
                         d1_s[t, d] = T.cast(T.cast(do_s[t, d], f32) * f_s[st, 1, t] * chunk_pow2(f_s[st, 4, 0]), f16)
                     T.fence_proxy_async()
+                    T.gemm(m1_s, k_s[st, :, :], dq_f)
+                    if "dq" not in skip:
+                        store_rows(dq_f, dq32, t0, hv, nv, factors)
+                    mark(prof, hv, n, tx, 1, i, 4, profile)
                     T.barrier_arrive(ph[0])
                     T.barrier_wait(ph[0], par)
-                    # P2: QK -> M0 (over P), M1; dq~ += M0 K; the summands' dO U^T part
+                    mark(prof, hv, n, tx, 1, i, 1, profile)
+                    # P2: QK -> M1; the summands' dO U^T part
                     T.gemm(q_s, k_s[st, :, :], a_f, transpose_B=True, clear_accum=True)
                     for t, j in T.Parallel(BT, BT):
-                        p_s[t, j] = T.cast(T.if_then_else(
-                            (j <= t) & (t < nv), scale * egate(f_s, st, t, j) * b_f[t, j] * f_s[st, 6, j], 0.0), f16)
                         b_f[t, j] = T.if_then_else(j <= t, f_s[st, 5, t] * egate(f_s, st, t, j) * b_f[t, j], 0.0)
                     for t, j in T.Parallel(BT, BT):
                         m1_s[t, j] = T.cast(b_f[t, j], f16)
                         c_f[t, j] = T.if_then_else(j < t, b_f[t, j] * f_s[st, 6, j] * a_f[t, j], 0.0)
                     T.fence_proxy_async()
-                    T.gemm(p_s, k_s[st, :, :], dq_f)
+                    mark(prof, hv, n, tx, 1, i, 5, profile)
                     T.barrier_arrive(ph[1])
                     T.barrier_wait(ph[1], par)
+                    mark(prof, hv, n, tx, 1, i, 2, profile)
                     # P3: KK, dY U^T -> dbeta row sums, the dg summands, M2 (over M0), M3 (over Th)
                     T.gemm(k_s[st, :, :], k_s[st, :, :], a_f, transpose_B=True, clear_accum=True)
                     T.gemm(yh_s, u_s, b_f, transpose_B=True, clear_accum=True)
@@ -234,49 +288,56 @@ def build(io: str = "bfloat16", nreg=(192, 168, 128, 24)):
                     for t, j in T.Parallel(BT, BT):
                         m_s[t, j] = T.if_then_else(j < t, c_f[t, j] + f_s[st, 7, t] * b_f[t, j] * a_f[t, j], 0.0)
                         c_f[t, j] = b_f[t, j] * a_f[t, j]
-                    T.reduce_sum(c_f, rs, dim=1)
-                    for t in T.Parallel(BT):
-                        db2[0, hv, c, t] = rs[t]
-                        db2[1, hv, c, t] = T.float32(0)
+                    if "db2" not in skip:
+                        T.reduce_sum(c_f, rs, dim=1)
+                        put_dots(rs, db2, hv, c)
                     for t, j in T.Parallel(BT, BT):
                         b_f[t, j] = T.if_then_else(j < t, f_s[st, 7, t] * b_f[t, j] * egate(f_s, st, t, j), 0.0)
                     for t, j in T.Parallel(BT, BT):
                         p_s[t, j] = T.cast(b_f[t, j] * f_s[st, 6, j], f16)
                         th_s[t, j] = T.cast(b_f[t, j] * f_s[st, 6, t], f16)
                     T.fence_proxy_async()
+                    mark(prof, hv, n, tx, 1, i, 6, profile)
                     T.barrier_arrive(ph[2])
                     T.barrier_wait(ph[2], par)
-                    # P4: dq~ stored; the dg rectangle; the dY.v dots
-                    for t, d in T.Parallel(BT, D):
-                        if t < nv:
-                            dq32[t0 + t, hv, d] = dq_f[t, d] * factors[1, hv]
-                    if tx - WG < BT:
-                        for j in T.serial(BT - 1):
-                            m_s[tx - WG, j + 1] = m_s[tx - WG, j + 1] + m_s[tx - WG, j]
-                    T.barrier_arrive(rb)
-                    T.barrier_wait(rb, par)
-                    if tx - WG < BT:
-                        acc[0] = T.float32(0)
-                        if tx - WG > 0:
-                            for t in T.serial(BT):
-                                if t >= tx - WG:
-                                    acc[0] = acc[0] + m_s[t, tx - WG - 1]
-                        rect[hv, c, tx - WG] = acc[0]
-                    for t, d in T.Parallel(BT, D):
-                        x_f[t, d] = T.if_then_else(t < nv, T.cast(v[t0 + t, hv, d], f32), T.float32(0)) * T.cast(
-                            yh_s[t, d], f32)
-                    T.reduce_sum(x_f, rs, dim=1)
-                    for t in T.Parallel(BT):
-                        yv[0, hv, c, t] = rs[t]
-                        yv[1, hv, c, t] = T.float32(0)
+                    mark(prof, hv, n, tx, 1, i, 3, profile)
+                    # P4: the dg rectangle; the dY.v dots
+                    if "rect" not in skip:
+                        # rect[c] = sum_{j < c} A[c, j], A[t, j] = sum_{t' >= t} m[t', j]: thread c forms column c of
+                        # A in place, then walks row c from column c on (rotated, so a warp's reads differ in bank)
+                        if tx - WG < BT:
+                            acc[0] = T.float32(0)
+                            for tt in T.unroll(BT):
+                                acc[0] = acc[0] + m_s[BT - 1 - tt, tx - WG]
+                                m_s[BT - 1 - tt, tx - WG] = acc[0]
+                        T.barrier_arrive(rb)
+                        T.barrier_wait(rb, par)
+                        if tx - WG < BT:
+                            acc[0] = T.float32(0)
+                            for jj in T.unroll(BT):
+                                if (jj + tx - WG) % BT < tx - WG:
+                                    acc[0] = acc[0] + m_s[tx - WG, (jj + tx - WG) % BT]
+                            rect[hv, c, tx - WG] = acc[0]
+                    if "yv" not in skip:
+                        T.clear(rs)
+                        for hh in T.unroll(2):
+                            for t, d in T.Parallel(BT, BT):
+                                a_f[t, d] = T.if_then_else(t < nv, T.cast(v[t0 + t, hv, hh * BT + d], f32),
+                                                           T.float32(0)) * T.cast(yh_s[t, hh * BT + d], f32)
+                            T.reduce_sum(a_f, rs2, dim=1)
+                            for t in T.Parallel(BT):
+                                rs[t] = rs[t] + rs2[t]
+                        put_dots(rs, yv, hv, c)
+                    mark(prof, hv, n, tx, 1, i, 7, profile)
                     T.barrier_arrive(ph[3])
                     T.barrier_wait(ph[3], par)
             elif tx < 3 * WG:
                 # WG2: dk~
                 T.set_max_nreg(nreg[2], 1 if nreg[2] >= 128 else 0)
                 dk_f = T.alloc_fragment((BT, D), f32)
-                x_f = T.alloc_fragment((BT, D), f32)
+                x_h = T.alloc_fragment((BT, BT), f32)
                 rs = T.alloc_fragment((BT,), f32)
+                rs2 = T.alloc_fragment((BT,), f32)
                 acc = T.alloc_local((1,), f32)
                 for i in T.serial(nch):
                     ic = nch - 1 - i
@@ -285,37 +346,57 @@ def build(io: str = "bfloat16", nreg=(192, 168, 128, 24)):
                     nv = T.min(eos - t0, BT)
                     par = i % 2
                     st = i % 2
+                    mark(prof, hv, n, tx, 2, i, 0, profile)
                     T.barrier_wait(full_k[st], (i // 2) % 2)
                     T.barrier_wait(full_su, par)
+                    mark(prof, hv, n, tx, 2, i, 4, profile)
                     T.barrier_arrive(ph[0])
                     T.barrier_wait(ph[0], par)
+                    mark(prof, hv, n, tx, 2, i, 1, profile)
                     # P2: S o dS' column dots; R = U dS'^T -> dk~, k.R
-                    acc[0] = T.float32(0)
-                    for d in T.serial(D):
-                        acc[0] = acc[0] + T.cast(s_s[d, tx - 2 * WG], f32) * T.cast(dsh_s[d, tx - 2 * WG], f32)
-                    sd[0, hv, c, tx - 2 * WG] = acc[0]
-                    sd[1, hv, c, tx - 2 * WG] = T.float32(0)
-                    T.gemm(u_s, dsh_s, x_f, transpose_B=True, clear_accum=True)
+                    if "sd" not in skip:
+                        acc[0] = T.float32(0)
+                        for d in T.serial(D):
+                            acc[0] = acc[0] + T.cast(s_s[d, tx - 2 * WG], f32) * T.cast(dsh_s[d, tx - 2 * WG], f32)
+                        sd[0, hv, c, tx - 2 * WG] = acc[0]
+                        sd[1, hv, c, tx - 2 * WG] = T.float32(0)
+                    T.gemm(u_s, dsh_s, dk_f, transpose_B=True, clear_accum=True)
+                    if "rowdots" not in skip:
+                        half_dots(dk_f, k_s, st, x_h, rs, rs2, nv)
+                        put_dots(rs, kr, hv, c)
                     for t, d in T.Parallel(BT, D):
-                        dk_f[t, d] = T.exp2((f_s[st, 4, BT - 1] - f_s[st, 4, t]) * LOG2E) * x_f[t, d]
-                    row_dots(x_f, k_s, st, x_f, rs, nv, kr, hv, c)
+                        dk_f[t, d] = T.exp2((f_s[st, 4, BT - 1] - f_s[st, 4, t]) * LOG2E) * dk_f[t, d]
+                    mark(prof, hv, n, tx, 2, i, 5, profile)
                     T.barrier_arrive(ph[1])
                     T.barrier_wait(ph[1], par)
+                    mark(prof, hv, n, tx, 2, i, 2, profile)
                     # P3: W = dY S^T -> dk~, k.W; dk~ += M1^T Q (q's load waited on here too, not only through ph[0])
                     T.barrier_wait(full_q, par)
-                    T.gemm(yh_s, s_s, x_f, transpose_B=True, clear_accum=True)
-                    for t, d in T.Parallel(BT, D):
-                        dk_f[t, d] = dk_f[t, d] - f_s[st, 7, t] * T.exp2(f_s[st, 4, t] * LOG2E) * x_f[t, d]
-                    row_dots(x_f, k_s, st, x_f, rs, nv, kw, hv, c)
+                    T.clear(rs)
+                    for hh in T.unroll(2):
+                        T.gemm(yh_s, s_s[hh * BT:(hh + 1) * BT, :], x_h, transpose_B=True, clear_accum=True)
+                        for t, d in T.Parallel(BT, BT):
+                            dk_f[t, hh * BT + d] = dk_f[t, hh * BT + d] - f_s[st, 7, t] * T.exp2(
+                                f_s[st, 4, t] * LOG2E) * x_h[t, d]
+                        if "rowdots" not in skip:
+                            for t, d in T.Parallel(BT, BT):
+                                x_h[t, d] = T.if_then_else(t < nv, _row(k_s, st, t, hh * BT + d), T.float32(0)) * x_h[t, d]
+                            T.reduce_sum(x_h, rs2, dim=1)
+                            for t in T.Parallel(BT):
+                                rs[t] = rs[t] + rs2[t]
+                    if "rowdots" not in skip:
+                        put_dots(rs, kw, hv, c)
                     T.gemm(m1_s, q_s, dk_f, transpose_A=True)
+                    mark(prof, hv, n, tx, 2, i, 6, profile)
                     T.barrier_arrive(ph[2])
                     T.barrier_wait(ph[2], par)
+                    mark(prof, hv, n, tx, 2, i, 3, profile)
                     # P4: dk~ += M2 K + M3^T K, stored
                     T.gemm(p_s, k_s[st, :, :], dk_f)
                     T.gemm(th_s, k_s[st, :, :], dk_f, transpose_A=True)
-                    for t, d in T.Parallel(BT, D):
-                        if t < nv:
-                            dk32[t0 + t, hv, d] = dk_f[t, d] * factors[1, hv]
+                    if "dk" not in skip:
+                        store_rows(dk_f, dk32, t0, hv, nv, factors)
+                    mark(prof, hv, n, tx, 2, i, 7, profile)
                     T.barrier_arrive(ph[3])
                     T.barrier_wait(ph[3], par)
             else:
@@ -374,7 +455,7 @@ if __name__ == "__main__":
     from tilelang import tvm
 
     from kernels.build import ptxas_report
-    nreg = tuple(int(x) for x in sys.argv[1].split(",")) if len(sys.argv) > 1 else (192, 168, 128, 24)
+    nreg = tuple(int(x) for x in sys.argv[1].split(",")) if len(sys.argv) > 1 else (192, 160, 136, 24)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     with tvm.transform.PassContext(opt_level=3, config={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}), target:
         art = tilelang.lower(build(nreg=nreg), target=target)

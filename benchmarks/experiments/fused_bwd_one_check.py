@@ -24,7 +24,7 @@ for p in (ROOT, os.path.dirname(os.path.abspath(__file__))):
 
 ONE16 = dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True, s_single=True, lo8=False,
              dh_ws_bv=32, reads_saved_tables=False)
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "int32": torch.int32}
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "int32": torch.int32, "int64": torch.int64}
 
 
 def make_inputs(B, T, H, HV, h0, varlen, dev):
@@ -76,7 +76,8 @@ def fused_args(b, f, tables, states, has_h0):
     dht = b.dht if b.dht is not None else torch.zeros(1, HV, D, D, device=dev, dtype=f32)
     args = (x.q, x.k, x.v, b.do, states.Sch, states.Uh, tables.Th, tables.Fb, x.cu, x.chunk_offsets, dht,
             out["dv"], out["dq32"], out["dk32"], out["qz"], out["kw"], out["kr"], out["yv"], out["db2"], out["sd"],
-            out["rect"], out["dh0"], int(b.dht is not None), int(has_h0), float(x.scale), f)
+            out["rect"], out["dh0"], int(b.dht is not None), int(has_h0), float(x.scale), f,
+            torch.zeros(4, 64, 8, device=dev, dtype=torch.int64))
     return args, out
 
 
