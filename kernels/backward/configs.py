@@ -24,6 +24,8 @@ CONVERT_KIND = "cvt"
 AMAX_KIND = "amax"
 # the one-term backward's element-wise passes (built at DQK_E_ONCE_HEAD_DIM, where its forms are)
 ONE_TERM_KINDS = (AMAX_KIND, CONVERT_KIND)
+# the one-term backward's dh and dqk in one warp-specialised kernel (fp16 operands, at DQK_E_ONCE_HEAD_DIM)
+FUSED_KIND = "fused"
 # kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
 DTYPE_FREE_KINDS = ("dgdb",)
 
@@ -74,7 +76,8 @@ def all_configs():
     tables forming the intra terms' gates once (``e_once``) and widening its lo tiles with a masked power of two
     (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
     operands with bf16 dv, dq, dk too, ``io``, and the one-term passes: the maxima and the inputs' scaling, bf16 to
-    fp16 or in their dtype); the dtype-free dgdb once.  The forward recompute runs
+    fp16 or in their dtype) and the fused kernel of both on fp16 operands (``FUSED_KIND``, dv in bf16 or fp16);
+    the dtype-free dgdb once.  The forward recompute runs
     the forward's intra and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
@@ -100,6 +103,7 @@ def _configs_at(D: int):
                   for kind in DQK_KINDS]
                + [BwdConfig(CONVERT_KIND, dt, D, io=src) for dt, src in (("float16", "bfloat16"), *zip(DTYPES, DTYPES))]
                + [BwdConfig(AMAX_KIND, dt, D) for dt in DTYPES]
+               + [BwdConfig(FUSED_KIND, "float16", D, one=True, io=io) for io in ("bfloat16", "")]
                if D == DQK_E_ONCE_HEAD_DIM else []))
 
 
@@ -127,10 +131,14 @@ def prim_func(cfg: BwdConfig):
     if cfg.exp_mask and not (cfg.kind in DQK_KINDS and cfg.lo8):
         raise ValueError(f"exp_mask (the fp8 lo tiles' masked powers of two) is a form of dqk with fp8 lo tables: "
                          f"{cfg.name}")
+    if cfg.kind == FUSED_KIND and not (cfg.one and cfg.dtype == "float16" and cfg.DK == DQK_E_ONCE_HEAD_DIM
+                                       and not (cfg.lo8 or cfg.single or cfg.s_single)):
+        raise ValueError(f"{FUSED_KIND}: the one-term backward on fp16 operands at K = V = {DQK_E_ONCE_HEAD_DIM} "
+                         f"(one, no other form): {cfg.name}")
     if cfg.one and not ((cfg.kind == "dh" and cfg.single and cfg.ws_bv and not cfg.lo8)
-                        or (cfg.kind in DQK_KINDS and cfg.s_single and not cfg.lo8)):
-        raise ValueError(f"one (every term single) is a form of the warp-specialised dh with single and of dqk with "
-                         f"s_single, neither with fp8 lo tables: {cfg.name}")
+                        or (cfg.kind in DQK_KINDS and cfg.s_single and not cfg.lo8) or cfg.kind == FUSED_KIND):
+        raise ValueError(f"one (every term single) is a form of the warp-specialised dh with single, of dqk with "
+                         f"s_single, neither with fp8 lo tables, and of {FUSED_KIND}: {cfg.name}")
     if cfg.io and not (cfg.one and cfg.io in DTYPES and cfg.io != cfg.dtype) and cfg.kind != CONVERT_KIND:
         raise ValueError(f"io (the caller's dtype: dv, dq, dk stored in it) is a form of the one-term dh_ws and dqk, "
                          f"another dtype of {DTYPES} than the operands': {cfg.name}")
@@ -162,6 +170,9 @@ def prim_func(cfg: BwdConfig):
         return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
                              s_lo=not cfg.s_single, lo8=cfg.lo8, e_once=cfg.e_once, exp_mask=cfg.exp_mask,
                              one=cfg.one, io=cfg.io)
+    if cfg.kind == FUSED_KIND:
+        from .fused import build_bwd_fused
+        return build_bwd_fused(D, io=cfg.io or cfg.dtype)
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)
