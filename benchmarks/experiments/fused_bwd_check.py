@@ -1,6 +1,6 @@
-"""Check ``gdn_bwd_fused_one`` (``fused_bwd_one.py``) against the one-term plan's dh_ws and dqk on the same tables.
+"""Check ``gdn_bwd_fused`` (``kernels/backward/fused.py``) against the one-term plan's dh_ws and dqk on the same tables.
 
-    python3 benchmarks/experiments/fused_bwd_one_check.py [--cpu] [--shape B,T,H,HV] [--h0] [--varlen]
+    python3 benchmarks/experiments/fused_bwd_check.py [--cpu] [--shape B,T,H,HV] [--h0] [--varlen]
 
 On a GPU: the one-term plan (the backward benchmark's "ours-one16") runs its conversion, prep, dh and the recompute
 and dqk; the fused kernel runs on the same q, k, v, dO, S, U, Tinv, gate table and factors.  Prints each output's
@@ -24,7 +24,7 @@ for p in (ROOT, os.path.dirname(os.path.abspath(__file__))):
 
 ONE16 = dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True, s_single=True, lo8=False,
              dh_ws_bv=32, reads_saved_tables=False)
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "int32": torch.int32, "int64": torch.int64}
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "int32": torch.int32}
 
 
 def make_inputs(B, T, H, HV, h0, varlen, dev):
@@ -69,15 +69,15 @@ def fused_args(b, f, tables, states, has_h0):
     dev, D, HV, NC, Ttot, N = x.q.device, x.D, x.HV, x.NC, x.n_tok, x.N
     f32 = torch.float32
     out = dict(dv=torch.empty(Ttot, HV, D, device=dev, dtype=torch.bfloat16),
-               dq32=torch.empty(Ttot, HV, D, device=dev, dtype=f32), dk32=torch.empty(Ttot, HV, D, device=dev, dtype=f32),
+               dq32=torch.empty(Ttot, HV, D, device=dev, dtype=f32),
+               dk32=torch.empty(Ttot, HV, D, device=dev, dtype=f32),
                **{n: torch.empty(2, HV, NC, 64, device=dev, dtype=f32) for n in ("qz", "kw", "kr", "yv", "db2")},
                sd=torch.empty(2, HV, NC, D, device=dev, dtype=f32), rect=torch.empty(HV, NC, 64, device=dev, dtype=f32),
                dh0=torch.empty(N if has_h0 else 1, HV, D, D, device=dev, dtype=f32))
     dht = b.dht if b.dht is not None else torch.zeros(1, HV, D, D, device=dev, dtype=f32)
     args = (x.q, x.k, x.v, b.do, states.Sch, states.Uh, tables.Th, tables.Fb, x.cu, x.chunk_offsets, dht,
             out["dv"], out["dq32"], out["dk32"], out["qz"], out["kw"], out["kr"], out["yv"], out["db2"], out["sd"],
-            out["rect"], out["dh0"], int(b.dht is not None), int(has_h0), float(x.scale), f,
-            torch.zeros(4, 64, 8, device=dev, dtype=torch.int64))
+            out["rect"], out["dh0"], int(b.dht is not None), int(has_h0), float(x.scale), f)
     return args, out
 
 
@@ -122,11 +122,11 @@ def main(argv=None):
     ap.add_argument("--h0", action="store_true")
     ap.add_argument("--varlen", action="store_true")
     a = ap.parse_args(argv)
-    import fused_bwd_one as fo
+    from kernels.backward.fused import build_bwd_fused
     B, T, H, HV = (int(s) for s in a.shape.split(","))
     dev = "cpu" if a.cpu else "cuda"
     xs = make_inputs(B, T, H, HV, a.h0, a.varlen, dev)
-    pf = fo.build(io="bfloat16")
+    pf = build_bwd_fused(io="bfloat16")
     if a.cpu:
         from benchmarks.memory_plan import stub_kernel_path
         with stub_kernel_path():
