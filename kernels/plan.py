@@ -348,9 +348,10 @@ class BackwardPlan:
 
     def prep_config(self, saved: bool) -> BwdConfig:
         """prep's form; ``saved``: on the forward's Tinv and Ag (and then the chunks' bounds for the warm segmented
-        pass)."""
+        pass); without dUloc^T for the fused kernel (computing Tinv)."""
         return BwdConfig("prep", self.dtype, self.DK, saved=saved, merge="bf16" if saved else self.merge,
-                         bounds=saved and (self.segmented_warm or self.recompute_on_warm_segments))
+                         bounds=saved and (self.segmented_warm or self.recompute_on_warm_segments),
+                         no_du=self.fused and not saved)
 
     @property
     def takes_saved_tables(self) -> bool:

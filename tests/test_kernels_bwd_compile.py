@@ -131,6 +131,7 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
                 else "prep_saved" if cfg.saved else cfg.kind)
     want = _WANT_WGMMA[kind] - (2 if cfg.s_single and not cfg.one else 0)     # S hi alone: no dO Sl^T, dY Sl^T
     want += {"split": 8, "fp32": -4}.get(cfg.merge, 0)         # merges: 3 products a merge product, or none
+    want -= 3 if cfg.no_du else 0                             # prep without dUloc^T: no Q K^T, no dO^T (Ph, Pl)
     check_wgmma(src, "bfloat16" if cfg.dtype == "float32" else cfg.dtype, want)     # dtype-free kinds: no wgmma
     assert "exp2f" in src or cfg.kind in ("dh", "gsum", "gsum32", "cvt", "amax")
     if cfg.kind == "dh":

@@ -51,12 +51,14 @@ class BwdConfig:
     #                                term (the dS', dY tables hi alone; dqk reads S, U, dS', dY hi alone)
     warm: bool = False             # dh only: the segmented reverse pass in one launch, each segment from its warm-up
     #                                chunks or its sequence's end (the split register kernel, ``gdn_bwd_dh_warm``)
+    no_du: bool = False            # prep computing Tinv only: no dUloc^T (the fused backward forms it; dO not read)
     io: str = ""                   # dh_ws, dqk with one: the caller's dtype where the operands are another (dtype):
     #                                dv, dq, dk stored in it ("": dtype); cvt: the source dtype (may be dtype)
 
     @property
     def name(self) -> str:
-        names = ("single", "saved", "bounds", "tinv_hi", "s_single", "lo8", "e_once", "exp_mask", "one", "warm")
+        names = ("single", "saved", "bounds", "tinv_hi", "s_single", "lo8", "e_once", "exp_mask", "one", "warm",
+                 "no_du")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
@@ -76,7 +78,8 @@ def all_configs():
     tables forming the intra terms' gates once (``e_once``) and widening its lo tiles with a masked power of two
     (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
     operands with bf16 dv, dq, dk too, ``io``, and the one-term passes: the maxima and the inputs' scaling, bf16 to
-    fp16 or in their dtype) and the fused kernel of both on fp16 operands (``FUSED_KIND``, dv in bf16 or fp16);
+    fp16 or in their dtype) and the fused kernel of both on fp16 operands (``FUSED_KIND``, dv in bf16 or fp16, and
+    its prep, without dUloc^T: ``no_du``);
     the dtype-free dgdb once.  The forward recompute runs
     the forward's intra and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
@@ -104,6 +107,7 @@ def _configs_at(D: int):
                + [BwdConfig(CONVERT_KIND, dt, D, io=src) for dt, src in (("float16", "bfloat16"), *zip(DTYPES, DTYPES))]
                + [BwdConfig(AMAX_KIND, dt, D) for dt in DTYPES]
                + [BwdConfig(FUSED_KIND, "float16", D, one=True, io=io) for io in ("bfloat16", "")]
+               + [BwdConfig("prep", "float16", D, merge="fp32", no_du=True)]
                if D == DQK_E_ONCE_HEAD_DIM else []))
 
 
@@ -150,9 +154,11 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == AMAX_KIND:
         from .convert import build_amax
         return build_amax(D, cfg.dtype)
+    if cfg.no_du and (cfg.kind != "prep" or cfg.saved):
+        raise ValueError(f"no_du (no dUloc^T) is a form of prep computing Tinv only: {cfg.name}")
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
-        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge, bounds=cfg.bounds)
+        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge, bounds=cfg.bounds, du=not cfg.no_du)
     if cfg.ws_bv and (cfg.kind != "dh" or cfg.ws_bv not in DH_WS_BLOCKS):
         raise ValueError(f"ws_bv (the warp-specialised reverse pass) is a form of dh at {DH_WS_BLOCKS}: {cfg.name}")
     if cfg.warm and not (cfg.kind == "dh" and not (cfg.single or cfg.ws_bv)):

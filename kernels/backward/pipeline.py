@@ -162,14 +162,17 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if plan.fused:
         if stages is not None:
             raise ValueError("stages: the fused backward (plan.fused) stores no dS' or dY tables to record")
-        # dUloc^T is formed in the fused kernel: prep's table is not read
-        tables = _without(tables, "Tl", "dUl")
+        tables = _without(tables, "Tl", "dUl")        # not read (dUloc^T formed in the fused kernel)
         states = recompute(x=x, plan=plan, tables=tables, side=None, maps=None)
         mark("recompute")
         tables = _without(tables, "Agh", "Agl")       # read by the recompute only
+        states = _without(states, "Scl", "Ul")        # the fused kernel reads S and U hi alone
         grads, terms = fused(b=b, plan=plan, tables=tables, states=states, factors=f)
+        # S, U, v and dO are read by the fused kernel last: released before the group sums allocate
+        states, b = None, dataclasses.replace(b, do=None, x=dataclasses.replace(x, v=None))
+        x = b.x
+        terms = fused_group_sums(x=x, plan=plan, terms=terms)
         mark("fused")
-        states = None
     else:
         side = _side_stream(x.q.device) if plan.overlap_recompute else None
         if side is not None:
@@ -280,10 +283,11 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
         Tl = torch.empty_like(Th)
         Agh, Agl = torch.empty_like(Th), torch.empty_like(Th)
     Fb = torch.empty(x.HV, x.NC, 8, BT, device=dev, dtype=torch.float32)
-    dUl = torch.empty(x.HV, x.NC, x.D, BT, device=dev, dtype=torch.float32)
+    cfg = plan.prep_config(saved is not None)
+    dUl = (unused((1, 1, x.D, BT), torch.float32, dev) if cfg.no_du      # the fused kernel forms dUloc itself
+           else torch.empty(x.HV, x.NC, x.D, BT, device=dev, dtype=torch.float32))
     # the chunks' log2 norm bounds, read by the warm segmented pass alone: written by prep where it computes Tinv,
     # and on the saved tables where that pass runs
-    cfg = plan.prep_config(saved is not None)
     bounds = saved is None or cfg.bounds
     Lb = (torch.empty(x.HV, x.NC, device=dev, dtype=torch.float32) if bounds
           else unused((x.HV, x.NC), torch.float32, dev))
@@ -467,8 +471,8 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
 def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates, factors):
     """``gdn_bwd_fused`` (``plan.fused``): dh's and dqk's outputs in one launch from the one-term plan's operands,
     the recompute's S, U hi tables and prep's Tinv hi and gate table (dUloc formed in the kernel; no dS' or dY
-    tables): the gradients (dv, dh0) and the chunk terms, dq~, dk~ summed over each GVA group in fp32 by
-    ``gdn_bwd_group_sum``."""
+    tables): the gradients (dv, dh0) and the chunk terms, dq~ and dk~ per value head in fp32 ``[Ttot, HV, D]``
+    (``fused_group_sums`` sums them)."""
     from kernels.build import get_kernel
     x = b.x
     dev, D, HV, NC, Ttot = x.q.device, x.D, x.HV, x.NC, x.n_tok
@@ -489,15 +493,25 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
                                     int(b.dht is not None), int(use_h0), float(x.scale), _factors_arg(x, factors))
     if use_h0 and x.v_first:
         dh0 = dh0.transpose(-1, -2).contiguous()
-    dqv, dkv = dq32, dk32
-    gsum = plan.group_sum_config(True)
-    if gsum is not None:
-        gs = get_kernel(gsum)
-        dqv, dkv = (torch.empty(Ttot, x.H, D, device=dev, dtype=f32) for _ in range(2))
-        gs(dq32, dqv)
-        gs(dk32, dkv)
     return (StateGradients(None, None, None, None, dv, dh0),
-            ChunkTerms(dqv, dkv, qz, kw, kr, sd, yv2, rect, db22))
+            ChunkTerms(dq32, dk32, qz, kw, kr, sd, yv2, rect, db22))
+
+
+def fused_group_sums(*, x: ForwardInputs, plan, terms: ChunkTerms) -> ChunkTerms:
+    """``terms`` with the fused kernel's dq~, dk~ summed over each GVA group in fp32 (``gdn_bwd_group_sum``;
+    as they are where a group is one value head), each per-value-head buffer released once summed."""
+    from kernels.build import get_kernel
+    gsum = plan.group_sum_config(True)
+    if gsum is None:
+        return terms
+    gs = get_kernel(gsum)
+    sums = []
+    for name in ("dqv", "dkv"):
+        out = torch.empty(x.n_tok, x.H, x.D, device=x.q.device, dtype=torch.float32)
+        gs(getattr(terms, name), out)
+        terms = _without(terms, name)
+        sums.append(out)
+    return dataclasses.replace(terms, dqv=sums[0], dkv=sums[1])
 
 
 def _view_over(buf: torch.Tensor, shape, dtype, new=torch.empty) -> torch.Tensor:
