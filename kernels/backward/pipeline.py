@@ -168,7 +168,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         tables = _without(tables, "Agh", "Agl")       # read by the recompute only
         states = _without(states, "Scl", "Ul")        # the fused kernel reads S and U hi alone
         grads, terms = fused(b=b, plan=plan, tables=tables, states=states, factors=f)
-        # S, U, v and dO are read by the fused kernel last: released before the group sums allocate
+        # S, U, v and dO are read by the fused kernel last: freed before the group sums allocate
         states, b = None, dataclasses.replace(b, do=None, x=dataclasses.replace(x, v=None))
         x = b.x
         terms = fused_group_sums(x=x, plan=plan, terms=terms)
@@ -284,8 +284,10 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
         Agh, Agl = torch.empty_like(Th), torch.empty_like(Th)
     Fb = torch.empty(x.HV, x.NC, 8, BT, device=dev, dtype=torch.float32)
     cfg = plan.prep_config(saved is not None)
-    dUl = (unused((1, 1, x.D, BT), torch.float32, dev) if cfg.no_du      # the fused kernel forms dUloc itself
-           else torch.empty(x.HV, x.NC, x.D, BT, device=dev, dtype=torch.float32))
+    if cfg.no_du:       # the fused kernel forms dUloc itself
+        dUl = unused((1, 1, x.D, BT), torch.float32, dev)
+    else:
+        dUl = torch.empty(x.HV, x.NC, x.D, BT, device=dev, dtype=torch.float32)
     # the chunks' log2 norm bounds, read by the warm segmented pass alone: written by prep where it computes Tinv,
     # and on the saved tables where that pass runs
     bounds = saved is None or cfg.bounds
@@ -499,7 +501,7 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
 
 def fused_group_sums(*, x: ForwardInputs, plan, terms: ChunkTerms) -> ChunkTerms:
     """``terms`` with the fused kernel's dq~, dk~ summed over each GVA group in fp32 (``gdn_bwd_group_sum``;
-    as they are where a group is one value head), each per-value-head buffer released once summed."""
+    as they are where a group is one value head), each per-value-head buffer freed once summed."""
     from kernels.build import get_kernel
     gsum = plan.group_sum_config(True)
     if gsum is None:
