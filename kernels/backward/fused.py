@@ -76,7 +76,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
     ``factors[1, hv]``), qz, kw, kr, yv, db2 [2, HV, NC, 64] and sd [2, HV, NC, D] fp32 (half 0 the sums, half 1
     zero), rect [HV, NC, 64], dh0 [N or 1, HV, D, D] fp32 key-first; use_dht, store_dh0 int32, scale fp32,
     factors [2, HV] fp32 (dv stored times row 0)."""
-    assert D == 128, "the fused backward's tiles fill shared memory at K = V = 128"
+    assert D == 128, "the fused backward is built at K = V = 128 alone (its tiles take 225 KiB of shared memory)"
     assert io in ("bfloat16", "float16"), io
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
 
@@ -119,8 +119,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
             u_s = T.alloc_shared((BT, D), f16)
             th_s = T.alloc_shared((BT, BT), f16)       # Th, then M3
             f_s = T.alloc_shared((2, 8, BT), f32)
-            p_s = T.alloc_shared((BT, BT), f16)        # P, then M0, then M2
-            m1_s = T.alloc_shared((BT, BT), f16)
+            p_s = T.alloc_shared((BT, BT), f16)        # P, then M2
+            m1_s = T.alloc_shared((BT, BT), f16)       # M0, then M1
             d1_s = T.alloc_shared((BT, D), f16)
             dsh_s = T.alloc_shared((D, D), f16)        # dS' key-first, then the dg summands
             xh_s = T.alloc_shared((BT, D), f16)        # dU, then D2
@@ -133,7 +133,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
             full_su = T.alloc_barrier(arrive_count=32)
             full_th = T.alloc_barrier(arrive_count=32)
             ph = T.alloc_barrier(arrive_count=[3 * WG] * 4)
-            rb = T.alloc_barrier(arrive_count=WG)      # WG1's row prefix sums of the dg summands written
+            rb = T.alloc_barrier(arrive_count=WG)      # WG1's column sums of the dg summands written
 
             tx = T.get_thread_binding()
 
@@ -249,7 +249,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     T.fence_proxy_async()
                     T.barrier_arrive(ph[1])
                     T.barrier_wait(ph[1], par)
-                    # P3: KK, dY U^T -> dbeta row sums, the dg summands, M2 (over M0), M3 (over Th)
+                    # P3: KK, dY U^T -> dbeta row sums, the dg summands, M2 (over P), M3 (over Th)
                     T.gemm(k_s[st, :, :], k_s[st, :, :], a_f, transpose_B=True, clear_accum=True)
                     T.gemm(yh_s, u_s, b_f, transpose_B=True, clear_accum=True)
                     for t, j in T.Parallel(BT, BT):
