@@ -56,8 +56,9 @@ _WANT_WGMMA["dqk_one"] = (1 + 1 + 1) + (1 + 1 + 1 + 1 + 1 + 3)   # every table o
 # Q^T D1, K^T D2; the dq side dO S^T, dO U^T, M0 K, Q K^T, K K^T, dY U^T; the dk side U dS'^T, dY S^T, M1^T Q, M2 K,
 # M3^T K
 _WANT_WGMMA["fused"] = 6 + 6 + 5
-# loosened for the fused kernel: it spills a little in each warpgroup at its registers (192, 160, 136, 24); its speed
-# needs wgmma kept asynchronous (ptxas C7512 serialises every wgmma of a kernel whose fragments outgrow them)
+# loosened for the fused kernel: at its registers (192, 160, 136, 24) each warpgroup spills a few scalars (4 or 8 bytes)
+# (stored before the chunk loop, reloaded in it); its speed needs wgmma kept asynchronous (ptxas C7512 serialises
+# every wgmma of a kernel whose fragments outgrow its registers)
 FUSED_MAX_SPILL_BYTES = 256
 
 
