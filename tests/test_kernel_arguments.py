@@ -123,3 +123,19 @@ def test_fused_one_term_backward_launches_what_the_kernels_declare(layout):
     names = [n.split("[")[0] for n in launches]
     assert "bwd_fused" in names and "bwd_dh" not in names and "bwd_dqk" not in names, launches
     assert names.count("bwd_gsum32") == 2, launches
+
+
+def test_fused_backward_refuses_stage_records_before_any_launch():
+    """``stages`` with ``BackwardPlan.fused``: a ValueError naming it, raised before a kernel is launched."""
+    from benchmarks.bench_kernels_bwd import alter
+    from benchmarks.memory_plan import inputs, stub_kernel_path
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd
+
+    B, T, H, HV, lens, DK, dtype = LAYOUTS["many-heads"]
+    (q, k, v, g, beta), kw, do, dht = inputs(B, T, H, HV, lens, dtype, DK=DK, h0=True)
+    launches = []
+    with stub_kernel_path(), mock.patch("kernels.build.get_kernel", _checking_kernel(launches)):
+        with pytest.raises(ValueError, match="stages: the fused backward"):
+            chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht, initial_state=kw["initial_state"],
+                                       plan=alter("ours-fused"), stages={})
+    assert launches == []

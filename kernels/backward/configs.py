@@ -79,9 +79,8 @@ def all_configs():
     (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
     operands with bf16 dv, dq, dk too, ``io``, and the one-term passes: the maxima and the inputs' scaling, bf16 to
     fp16 or in their dtype) and the fused kernel of both on fp16 operands (``FUSED_KIND``, dv in bf16 or fp16, and
-    its prep, without dUloc^T: ``no_du``);
-    the dtype-free dgdb once.  The forward recompute runs
-    the forward's intra and state kernels (``kernels.build.forward_configs``)."""
+    its prep, without dUloc^T: ``no_du``); the dtype-free dgdb once.  The forward recompute runs the forward's
+    intra and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
 

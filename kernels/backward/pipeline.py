@@ -135,6 +135,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         return _empty_gradients(b, g, beta, initial_state)
     if plan is None or callable(plan):
         plan = plan(plan_for(b)) if plan else plan_for(b)
+    if plan.fused and stages is not None:
+        raise ValueError("stages: the fused backward (plan.fused) stores no dS' or dY tables to record")
     mark = _marker(events)
     mark("start")
     out_dt = x.q.dtype                  # the caller's
@@ -160,8 +162,6 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         maps = segment_maps_of(x=x, plan=plan, tables=tables)
         mark("scan")
     if plan.fused:
-        if stages is not None:
-            raise ValueError("stages: the fused backward (plan.fused) stores no dS' or dY tables to record")
         tables = _without(tables, "Tl", "dUl")        # not read (dUloc^T formed in the fused kernel)
         states = recompute(x=x, plan=plan, tables=tables, side=None, maps=None)
         mark("recompute")
