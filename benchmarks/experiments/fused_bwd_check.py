@@ -1,12 +1,11 @@
 """Check ``gdn_bwd_fused`` (``kernels/backward/fused.py``) against the one-term plan's dh_ws and dqk on the same tables.
 
-    python3 benchmarks/experiments/fused_bwd_check.py [--cpu] [--shape B,T,H,HV] [--h0] [--varlen]
+    python3 benchmarks/experiments/fused_bwd_check.py [--shape B,T,H,HV] [--h0] [--varlen]
 
 On a GPU: the one-term plan (the backward benchmark's "ours-one16") runs its conversion, prep, dh and the recompute
-and dqk; the fused kernel runs on the same q, k, v, dO, S, U, Tinv, gate table and factors.  Prints each output's
-max |fused - plan| / max |plan|, then both forms' time (``triton.testing.do_bench``).  With ``--cpu``: the same
-host path on the no-op kernel path (``benchmarks.memory_plan.stub_kernel_path``), each fused launch checked against
-its TileLang parameters (count, dtype, rank).
+and dqk; the pipeline's fused stage (``pipeline.fused``) runs on the same q, k, v, dO, S, U, Tinv, gate table and
+factors.  Prints each output's max |fused - plan| / max |plan|, then both forms' time (``triton.testing.do_bench``,
+each with its output allocations).
 """
 from __future__ import annotations
 
@@ -22,9 +21,10 @@ for p in (ROOT, os.path.dirname(os.path.abspath(__file__))):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-ONE16 = dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True, s_single=True, lo8=False,
-             dh_ws_bv=32, reads_saved_tables=False)
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "int32": torch.int32}
+from benchmarks.bench_kernels_bwd import AB  # noqa: E402
+
+# the backward benchmark's one-term plan, without the forward's tables
+ONE16 = dict(AB["ours-one16"][1], reads_saved_tables=False)
 
 
 def make_inputs(B, T, H, HV, h0, varlen, dev):
@@ -63,96 +63,51 @@ def plan_tables(q, k, v, g, beta, do, dht, h0, cu):
     return b, plan, f, tables, states, grads, terms
 
 
-def fused_args(b, f, tables, states, has_h0):
-    """The fused kernel's arguments and its outputs (a dict)."""
-    x = b.x
-    dev, D, HV, NC, Ttot, N = x.q.device, x.D, x.HV, x.NC, x.n_tok, x.N
-    f32 = torch.float32
-    out = dict(dv=torch.empty(Ttot, HV, D, device=dev, dtype=torch.bfloat16),
-               dq32=torch.empty(Ttot, HV, D, device=dev, dtype=f32),
-               dk32=torch.empty(Ttot, HV, D, device=dev, dtype=f32),
-               **{n: torch.empty(2, HV, NC, 64, device=dev, dtype=f32) for n in ("qz", "kw", "kr", "yv", "db2")},
-               sd=torch.empty(2, HV, NC, D, device=dev, dtype=f32), rect=torch.empty(HV, NC, 64, device=dev, dtype=f32),
-               dh0=torch.empty(N if has_h0 else 1, HV, D, D, device=dev, dtype=f32))
-    dht = b.dht if b.dht is not None else torch.zeros(1, HV, D, D, device=dev, dtype=f32)
-    args = (x.q, x.k, x.v, b.do, states.Sch, states.Uh, tables.Th, tables.Fb, x.cu, x.chunk_offsets, dht,
-            out["dv"], out["dq32"], out["dk32"], out["qz"], out["kw"], out["kr"], out["yv"], out["db2"], out["sd"],
-            out["rect"], out["dh0"], int(b.dht is not None), int(has_h0), float(x.scale), f)
-    return args, out
+def fused_stage(b, plan, f, tables, states):
+    """(grads, terms) of the pipeline's fused stage (``pipeline.fused``: dq~, dk~ per value head) on these tables."""
+    from kernels.backward import pipeline as bp
+    return bp.fused(b=b, plan=dataclasses.replace(plan, fused=True), tables=tables, states=states, factors=f)
 
 
-def checking_kernel(pf):
-    """A stand-in for the compiled kernel that checks each argument against ``pf``'s parameters."""
-    def run(*args):
-        assert len(args) == len(pf.params), (len(args), len(pf.params))
-        for a, v in zip(args, pf.params):
-            buf = pf.buffer_map.get(v)
-            if buf is None:
-                assert isinstance(a, (int, float)), (v.name, type(a))
-            else:
-                want = _DTYPES[str(buf.dtype)]
-                assert isinstance(a, torch.Tensor) and a.dtype == want and a.dim() == len(buf.shape), (
-                    v.name, getattr(a, "dtype", None), want, getattr(a, "shape", None), len(buf.shape))
-        print(f"fused launch: {len(args)} arguments match the signature")
-    return run
-
-
-def compare(out, grads, terms, H, has_h0):
-    """[(name, max |fused - plan| / max |plan|)]."""
+def compare(fgrads, fterms, grads, terms, H, has_h0):
+    """[(name, max |fused - plan| / max |plan|)] of the fused stage's (``fgrads, fterms``) and the plan's outputs."""
     def rel(a, ref):
         a, ref = a.double(), ref.double()
         return float((a - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
-    Ttot, HV, D = out["dq32"].shape
+    Ttot, HV, D = fterms.dqv.shape
     gs = lambda t: t.view(Ttot, H, HV // H, D).sum(2)  # noqa: E731
-    rows = [("dv", rel(out["dv"], grads.dv)), ("dq (group sums)", rel(gs(out["dq32"]), terms.dqv)),
-            ("dk (group sums)", rel(gs(out["dk32"]), terms.dkv))]
-    for name, ref in (("qz", terms.qz), ("kw", terms.kw), ("kr", terms.kr), ("yv", terms.yv2), ("db2", terms.db22),
-                      ("sd", terms.sd)):
-        rows.append((name, rel(out[name].sum(0), ref.sum(0))))
-    rows.append(("rect", rel(out["rect"], terms.rect)))
+    rows = [("dv", rel(fgrads.dv, grads.dv)), ("dq (group sums)", rel(gs(fterms.dqv), terms.dqv)),
+            ("dk (group sums)", rel(gs(fterms.dkv), terms.dkv))]
+    for name in ("qz", "kw", "kr", "yv2", "db22", "sd"):
+        rows.append((name, rel(getattr(fterms, name).sum(0), getattr(terms, name).sum(0))))
+    rows.append(("rect", rel(fterms.rect, terms.rect)))
     if has_h0:
-        rows.append(("dh0", rel(out["dh0"], grads.dh0)))
+        rows.append(("dh0", rel(fgrads.dh0, grads.dh0)))
     return rows
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--shape", default="2,1024,2,4")
     ap.add_argument("--h0", action="store_true")
     ap.add_argument("--varlen", action="store_true")
     a = ap.parse_args(argv)
-    from kernels.backward.fused import build_bwd_fused
-    B, T, H, HV = (int(s) for s in a.shape.split(","))
-    dev = "cpu" if a.cpu else "cuda"
-    xs = make_inputs(B, T, H, HV, a.h0, a.varlen, dev)
-    pf = build_bwd_fused(io="bfloat16")
-    if a.cpu:
-        from benchmarks.memory_plan import stub_kernel_path
-        with stub_kernel_path():
-            b, plan, f, tables, states, grads, terms = plan_tables(*xs)
-            args, out = fused_args(b, f, tables, states, a.h0)
-            checking_kernel(pf)(*args)
-        return
-    import tilelang
     import triton
 
-    from kernels.build import TARGET, pass_configs
-    kern = tilelang.compile(pf, target=TARGET, pass_configs=pass_configs())
-    b, plan, f, tables, states, grads, terms = plan_tables(*xs)
-    args, out = fused_args(b, f, tables, states, a.h0)
-    kern(*args)
+    from kernels.backward import pipeline as bp
+    B, T, H, HV = (int(s) for s in a.shape.split(","))
+    b, plan, f, tables, states, grads, terms = plan_tables(*make_inputs(B, T, H, HV, a.h0, a.varlen, "cuda"))
+    fgrads, fterms = fused_stage(b, plan, f, tables, states)
     torch.cuda.synchronize()
     print(torch.cuda.get_device_name(), f"B{B} T{T} H{H} HV{HV} h0={a.h0} varlen={a.varlen}")
-    for name, e in compare(out, grads, terms, b.x.H, a.h0):
+    for name, e in compare(fgrads, fterms, grads, terms, b.x.H, a.h0):
         print(f"  {name:<16} max |fused - plan| / max |plan| = {e:.3e}")
-    from kernels.backward import pipeline as bp
 
     def plan_pass():
         gr = bp.dh(b=b, plan=plan, tables=tables, saved=False, maps=None, factors=f)
         bp.dqk(b=b, plan=plan, tables=tables, states=states, grads=gr, fp32_sums=True, factors=f)
     t_plan = triton.testing.do_bench(plan_pass, warmup=5, rep=50)
-    t_fused = triton.testing.do_bench(lambda: kern(*args), warmup=5, rep=50)
+    t_fused = triton.testing.do_bench(lambda: fused_stage(b, plan, f, tables, states), warmup=5, rep=50)
     print(f"  dh + dqk {t_plan:.3f} ms, fused {t_fused:.3f} ms, ratio {t_fused / t_plan:.3f}")
 
 

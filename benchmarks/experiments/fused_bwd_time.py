@@ -1,5 +1,6 @@
 """Time ``gdn_bwd_fused`` (``kernels/backward/fused.py``) at warpgroup register splits against the one-term plan's
-dh + dqk on the same tables, on one shape; the splits compile in parallel processes first.
+dh + dqk on the same tables, on one shape: the pipeline's fused stage with each split's kernel, each form with its
+output allocations; the splits compile in parallel processes first.
 
     python3 benchmarks/experiments/fused_bwd_time.py [--shape B,T,H,HV] [NREG ...]
 
@@ -44,17 +45,19 @@ def main(argv=None):
     nregs = [tuple(int(x) for x in s.split(",")) for s in a.nreg]
     with ProcessPoolExecutor(min(len(nregs), 12), mp_context=mp.get_context("spawn")) as ex:
         built = list(ex.map(_compile, nregs))
+    from unittest import mock
+
     import tilelang
     import torch
     import triton
 
-    from fused_bwd_check import fused_args, make_inputs, plan_tables
+    import kernels.build as build
+    from fused_bwd_check import fused_stage, make_inputs, plan_tables
     from kernels.backward import pipeline as bp
+    from kernels.backward.configs import FUSED_KIND
     from kernels.backward.fused import build_bwd_fused
-    from kernels.build import TARGET, pass_configs
     B, T, H, HV = (int(s) for s in a.shape.split(","))
     b, plan, f, tables, states, grads, terms = plan_tables(*make_inputs(B, T, H, HV, False, False, "cuda"))
-    args, out = fused_args(b, f, tables, states, False)
 
     def plan_pass():
         gr = bp.dh(b=b, plan=plan, tables=tables, saved=False, maps=None, factors=f)
@@ -64,8 +67,13 @@ def main(argv=None):
     for nreg, rep in zip(nregs, built):
         ms = float("nan")
         if not isinstance(rep, str):
-            kern = tilelang.compile(build_bwd_fused(nreg=nreg), target=TARGET, pass_configs=pass_configs())
-            ms = triton.testing.do_bench(lambda: kern(*args), warmup=5, rep=50)
+            kern = tilelang.compile(build_bwd_fused(nreg=nreg), target=build.TARGET, pass_configs=build.pass_configs())
+            get = build.get_kernel
+
+            def split_kernel(cfg, kern=kern, get=get):
+                return kern if cfg.kind == FUSED_KIND else get(cfg)
+            with mock.patch.object(build, "get_kernel", split_kernel):
+                ms = triton.testing.do_bench(lambda: fused_stage(b, plan, f, tables, states), warmup=5, rep=50)
         rows.append((nreg, ms, rep))
     print(torch.cuda.get_device_name(), f"B{B} T{T} H{H} HV{HV}; dh + dqk {t_plan:.3f} ms")
     for nreg, ms, rep in rows:
