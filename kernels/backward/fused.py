@@ -8,15 +8,16 @@ joined by mbarriers (``ph``), each chunk's inputs loaded by TMA beside them:
 * WG0, the chain (dS fp32 key-first in registers): P1 P = F5_t F6_j e^(G_t - G_j) QK^T (j <= t), dS' = rd(dS),
   dU = F2 K dS' + P^T dO by halves of 64 value columns; P2 dY = Th^T dU (dv stored), D2 = rd(-F7 F0 2^x dY);
   P3 dS = (F3 2^x dS + Q^T D1 + K^T D2) 2^-x, ``2^x`` the chunk's power of two (``dh_ws.chunk_pow2``).
-* WG1, dq~: P1 Z = dO S^T (dq~, q.Z), dO U^T -> M0, dq~ += M0 K (stored), D1 = rd(F1 2^x dO); P2 QK -> M1, the
-  dg summands' dO U^T part; P3 KK, dY U^T -> the dbeta row sums, the dg summands, M2, M3; P4 the dg rectangle
-  sums, the dY.v row dots.
+* WG1, dq~: P1 Z = dO S^T (dq~, q.Z), dO U^T -> M0, dq~ += M0 K, D1 = rd(F1 2^x dO); P2 dq~ stored, QK -> M1,
+  the dg summands' dO U^T part; P3 KK, dY U^T -> the dbeta row sums, the dg summands m and their row sums, M2, M3;
+  P4 the dg rectangle sums from m's column sums, the dY.v row dots.
 * WG2, dk~: P2 the S o dS' column dots, R = U dS'^T (dk~, k.R); P3 W = dY S^T by halves of 64 keys (dk~, k.W),
-  dk~ += M1^T Q; P4 dk~ += M2 K + M3^T K (stored).
+  dk~ += M1^T Q; P4 dk~ += M2 K + M3^T K, stored after the phase's arrival.
 * WG3, one producer warp: k and the gate table in two stages; dO, S, U, q, Th as the phases free them.
 
 No [64, 128] fragment lives beside another in WG1 or WG2 (row dots by halves, dq~ finished in P1): that keeps
-every wgmma asynchronous at registers (192, 160, 136, 24).
+every wgmma asynchronous at registers (192, 160, 136, 24).  Elementwise steps form a fragment first and store it to
+shared memory after, so no shared load waits behind a shared store.
 """
 import tilelang.language as T
 
@@ -126,6 +127,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
             xh_s = T.alloc_shared((BT, D), f16)        # dU, then D2
             yh_s = T.alloc_shared((BT, D), f16)        # dY
             m_s = T.view(dsh_s, (BT, 2 * BT), f32)     # the dg summands [64, 64] (columns 64.. unused)
+            rw_s = T.alloc_shared((BT,), f32)          # their row sums
+            cw_s = T.alloc_shared((BT,), f32)          # column sums less row sums
 
             full_k = T.alloc_barrier(arrive_count=[32] * 2)
             full_q = T.alloc_barrier(arrive_count=32)
@@ -133,7 +136,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
             full_su = T.alloc_barrier(arrive_count=32)
             full_th = T.alloc_barrier(arrive_count=32)
             ph = T.alloc_barrier(arrive_count=[3 * WG] * 4)
-            rb = T.alloc_barrier(arrive_count=WG)      # WG1's column sums of the dg summands written
+            rb = T.alloc_barrier(arrive_count=WG)      # WG1's cw_s written
 
             tx = T.get_thread_binding()
 
@@ -161,8 +164,10 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     xp[1] = chunk_pow2(f_s[st, 4, 0], -1)
                     T.gemm(q_s, k_s[st, :, :], kd_f, transpose_B=True, clear_accum=True)
                     for a, b in T.Parallel(BT, BT):
-                        p_s[a, b] = T.cast(T.if_then_else(
-                            b <= a, f_s[st, 5, a] * f_s[st, 6, b] * egate(f_s, st, a, b) * kd_f[a, b], 0.0), f16)
+                        kd_f[a, b] = T.if_then_else(
+                            b <= a, f_s[st, 5, a] * f_s[st, 6, b] * egate(f_s, st, a, b) * kd_f[a, b], 0.0)
+                    for a, b in T.Parallel(BT, BT):
+                        p_s[a, b] = T.cast(kd_f[a, b], f16)
                     for a, b in T.Parallel(D, D):
                         dsh_s[a, b] = T.cast(ds_f[a, b], f16)
                     T.fence_proxy_async()
@@ -182,9 +187,14 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         T.gemm(th_s, xh_s[:, hh * BT:(hh + 1) * BT], kd_f, transpose_A=True, clear_accum=True)
                         for t, j in T.Parallel(BT, BT):
                             yh_s[t, hh * BT + j] = T.cast(kd_f[t, j], f16)
+                        for t, j in T.Parallel(BT, BT):
+                            kd_f[t, j] = f_s[st, 7, t] * kd_f[t, j]
+                        for t, j in T.Parallel(BT, BT):
                             if t0 + t < eos:
-                                dv[t0 + t, hv, hh * BT + j] = T.cast(f_s[st, 7, t] * kd_f[t, j] * factors[0, hv], io)
-                            xh_s[t, hh * BT + j] = T.cast(-(f_s[st, 7, t] * kd_f[t, j]) * f_s[st, 0, t] * xp[0], f16)
+                                dv[t0 + t, hv, hh * BT + j] = T.cast(kd_f[t, j] * factors[0, hv], io)
+                            kd_f[t, j] = -kd_f[t, j] * f_s[st, 0, t] * xp[0]
+                        for t, j in T.Parallel(BT, BT):
+                            xh_s[t, hh * BT + j] = T.cast(kd_f[t, j], f16)
                     T.fence_proxy_async()
                     T.barrier_arrive(ph[1])
                     T.barrier_wait(ph[1], par)
@@ -230,22 +240,28 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         dq_f[t, d] = scale * T.exp2(f_s[st, 4, t] * LOG2E) * dq_f[t, d]
                     T.gemm(do_s, u_s, b_f, transpose_B=True, clear_accum=True)
                     for t, j in T.Parallel(BT, BT):
-                        m1_s[t, j] = T.cast(T.if_then_else(
-                            (j <= t) & (t < nv), scale * egate(f_s, st, t, j) * b_f[t, j] * f_s[st, 6, j], 0.0), f16)
-                    for t, d in T.Parallel(BT, D):
-                        d1_s[t, d] = T.cast(T.cast(do_s[t, d], f32) * f_s[st, 1, t] * chunk_pow2(f_s[st, 4, 0]), f16)
+                        c_f[t, j] = T.if_then_else(
+                            (j <= t) & (t < nv), scale * egate(f_s, st, t, j) * b_f[t, j] * f_s[st, 6, j], 0.0)
+                    for t, j in T.Parallel(BT, BT):
+                        m1_s[t, j] = T.cast(c_f[t, j], f16)
+                    for hh in T.unroll(2):
+                        for t, d in T.Parallel(BT, BT):
+                            c_f[t, d] = T.cast(do_s[t, hh * BT + d], f32) * f_s[st, 1, t] * chunk_pow2(f_s[st, 4, 0])
+                        for t, d in T.Parallel(BT, BT):
+                            d1_s[t, hh * BT + d] = T.cast(c_f[t, d], f16)
                     T.fence_proxy_async()
                     T.gemm(m1_s, k_s[st, :, :], dq_f)
-                    store_rows(dq_f, dq32, t0, hv, nv, factors)
                     T.barrier_arrive(ph[0])
                     T.barrier_wait(ph[0], par)
-                    # P2: QK -> M1; the summands' dO U^T part
+                    # P2: dq~ stored; QK -> M1; the summands' dO U^T part
+                    store_rows(dq_f, dq32, t0, hv, nv, factors)
                     T.gemm(q_s, k_s[st, :, :], a_f, transpose_B=True, clear_accum=True)
                     for t, j in T.Parallel(BT, BT):
                         b_f[t, j] = T.if_then_else(j <= t, f_s[st, 5, t] * egate(f_s, st, t, j) * b_f[t, j], 0.0)
                     for t, j in T.Parallel(BT, BT):
-                        m1_s[t, j] = T.cast(b_f[t, j], f16)
                         c_f[t, j] = T.if_then_else(j < t, b_f[t, j] * f_s[st, 6, j] * a_f[t, j], 0.0)
+                    for t, j in T.Parallel(BT, BT):
+                        m1_s[t, j] = T.cast(b_f[t, j], f16)
                     T.fence_proxy_async()
                     T.barrier_arrive(ph[1])
                     T.barrier_wait(ph[1], par)
@@ -257,33 +273,41 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                                                    * a_f[t, j], 0.0)
                         b_f[t, j] = T.if_then_else(j < t, -b_f[t, j], 0.0)
                     for t, j in T.Parallel(BT, BT):
-                        m_s[t, j] = T.if_then_else(j < t, c_f[t, j] + f_s[st, 7, t] * b_f[t, j] * a_f[t, j], 0.0)
-                        c_f[t, j] = b_f[t, j] * a_f[t, j]
-                    T.reduce_sum(c_f, rs, dim=1)
+                        c_f[t, j] = T.if_then_else(j < t, c_f[t, j] + f_s[st, 7, t] * b_f[t, j] * a_f[t, j], 0.0)
+                        a_f[t, j] = b_f[t, j] * a_f[t, j]
+                    T.reduce_sum(a_f, rs, dim=1)
                     put_dots(rs, db2, hv, c)
+                    T.reduce_sum(c_f, rs2, dim=1)
+                    for t, j in T.Parallel(BT, BT):
+                        m_s[t, j] = c_f[t, j]
+                    for t in T.Parallel(BT):
+                        rw_s[t] = rs2[t]
                     for t, j in T.Parallel(BT, BT):
                         b_f[t, j] = T.if_then_else(j < t, f_s[st, 7, t] * b_f[t, j] * egate(f_s, st, t, j), 0.0)
                     for t, j in T.Parallel(BT, BT):
-                        p_s[t, j] = T.cast(b_f[t, j] * f_s[st, 6, j], f16)
-                        th_s[t, j] = T.cast(b_f[t, j] * f_s[st, 6, t], f16)
+                        a_f[t, j] = b_f[t, j] * f_s[st, 6, j]
+                        c_f[t, j] = b_f[t, j] * f_s[st, 6, t]
+                    for t, j in T.Parallel(BT, BT):
+                        p_s[t, j] = T.cast(a_f[t, j], f16)
+                        th_s[t, j] = T.cast(c_f[t, j], f16)
                     T.fence_proxy_async()
                     T.barrier_arrive(ph[2])
                     T.barrier_wait(ph[2], par)
                     # P4: the dg rectangle; the dY.v dots
-                    # rect[c] = sum_{j < c} A[c, j], A[t, j] = sum_{t' >= t} m[t', j]: thread c forms column c of
-                    # A in place, then walks row c from column c on (rotated, so a warp's reads differ in bank)
+                    # rect[c] = sum_{j < c <= t} m[t, j] = sum_{k < c} (colsum_k - rowsum_k), m strictly lower:
+                    # thread k forms colsum_k - rowsum_k, then thread c sums them below c
                     if tx - WG < BT:
                         acc[0] = T.float32(0)
                         for tt in T.unroll(BT):
-                            acc[0] = acc[0] + m_s[BT - 1 - tt, tx - WG]
-                            m_s[BT - 1 - tt, tx - WG] = acc[0]
+                            acc[0] = acc[0] + m_s[tt, tx - WG]
+                        cw_s[tx - WG] = acc[0] - rw_s[tx - WG]
                     T.barrier_arrive(rb)
                     T.barrier_wait(rb, par)
                     if tx - WG < BT:
                         acc[0] = T.float32(0)
-                        for jj in T.unroll(BT):
-                            if (jj + tx - WG) % BT < tx - WG:
-                                acc[0] = acc[0] + m_s[tx - WG, (jj + tx - WG) % BT]
+                        for kk in T.unroll(BT):
+                            if kk < tx - WG:
+                                acc[0] = acc[0] + cw_s[kk]
                         rect[hv, c, tx - WG] = acc[0]
                     T.clear(rs)
                     for hh in T.unroll(2):
@@ -303,7 +327,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 x_h = T.alloc_fragment((BT, BT), f32)
                 rs = T.alloc_fragment((BT,), f32)
                 rs2 = T.alloc_fragment((BT,), f32)
-                acc = T.alloc_local((1,), f32)
+                acc4 = T.alloc_local((4,), f32)
                 for i in T.serial(nch):
                     ic = nch - 1 - i
                     c = c0 + ic
@@ -316,10 +340,13 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     T.barrier_arrive(ph[0])
                     T.barrier_wait(ph[0], par)
                     # P2: S o dS' column dots; R = U dS'^T -> dk~, k.R
-                    acc[0] = T.float32(0)
-                    for d in T.serial(D):
-                        acc[0] = acc[0] + T.cast(s_s[d, tx - 2 * WG], f32) * T.cast(dsh_s[d, tx - 2 * WG], f32)
-                    sd[0, hv, c, tx - 2 * WG] = acc[0]
+                    for u in T.unroll(4):
+                        acc4[u] = T.float32(0)
+                    for d4 in T.serial(D // 4):
+                        for u in T.unroll(4):
+                            acc4[u] = acc4[u] + T.cast(s_s[d4 * 4 + u, tx - 2 * WG], f32) * T.cast(
+                                dsh_s[d4 * 4 + u, tx - 2 * WG], f32)
+                    sd[0, hv, c, tx - 2 * WG] = (acc4[0] + acc4[1]) + (acc4[2] + acc4[3])
                     sd[1, hv, c, tx - 2 * WG] = T.float32(0)
                     T.gemm(u_s, dsh_s, dk_f, transpose_B=True, clear_accum=True)
                     half_dots(dk_f, k_s, st, x_h, rs, rs2, nv)
@@ -348,8 +375,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     # P4: dk~ += M2 K + M3^T K, stored
                     T.gemm(p_s, k_s[st, :, :], dk_f)
                     T.gemm(th_s, k_s[st, :, :], dk_f, transpose_A=True)
-                    store_rows(dk_f, dk32, t0, hv, nv, factors)
                     T.barrier_arrive(ph[3])
+                    store_rows(dk_f, dk32, t0, hv, nv, factors)
                     T.barrier_wait(ph[3], par)
             else:
                 # WG3: the producer
