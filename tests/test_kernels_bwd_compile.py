@@ -57,7 +57,7 @@ _WANT_WGMMA["dqk_one"] = (1 + 1 + 1) + (1 + 1 + 1 + 1 + 1 + 3)   # every table o
 # M3^T K
 _WANT_WGMMA["fused"] = 6 + 6 + 5
 # loosened for the fused kernel: at its registers (192, 160, 136, 24) each warpgroup spills scalars of 4 or 8 bytes
-# (360 B in all: stored before the chunk loop, each reloaded a few times a chunk); its speed needs wgmma kept
+# (324 B in all: stored before the chunk loop, each reloaded a few times a chunk); its speed needs wgmma kept
 # asynchronous (ptxas C7512 serialises every wgmma of a kernel whose fragments outgrow its registers)
 FUSED_MAX_SPILL_BYTES = 384
 
