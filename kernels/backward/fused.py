@@ -306,7 +306,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     T.fence_proxy_async()
                     T.barrier_arrive(ph[2])
                     T.barrier_wait(ph[2], par)
-                    # P4: the dg rectangle; the dY.v dots
+                    # P4: the dg rectangle
                     # rect[c] = sum_{j < c <= t} m[t, j] = sum_{k < c} (colsum_k - rowsum_k), m strictly lower:
                     # thread k forms colsum_k - rowsum_k, then thread c sums them below c
                     if tx - WG < BT:
