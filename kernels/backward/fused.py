@@ -8,11 +8,11 @@ joined by mbarriers (``ph``), each chunk's inputs loaded by TMA beside them:
 * WG0, the chain (dS fp32 key-first in registers): P1 P = F5_t F6_j e^(G_t - G_j) QK^T (j <= t), dS' = rd(dS),
   dU = F2 K dS' + P^T dO by halves of 64 value columns; P2 dY = Th^T dU (dv stored), D2 = rd(-F7 F0 2^x dY);
   P3 dS = (F3 2^x dS + Q^T D1 + K^T D2) 2^-x, ``2^x`` the chunk's power of two (``dh_ws.chunk_pow2``); P4 the
-  dY.v row dots.
-* WG1, dq~: P1 Z = dO S^T (dq~, q.Z), dO U^T -> M0, dq~ += M0 K, D1 = rd(F1 2^x dO); P2 dq~ stored, QK -> M1,
+  dY.v row dots, a thread per row half (v read by 16-byte loads).
+* WG1, dq~: P1 Z = dO S^T (dq~, q.Z), dO U^T -> M0, dq~ += M0 K; P2 dq~ stored, QK -> M1,
   the dg summands' dO U^T part; P3 KK, dY U^T -> the dbeta row sums, the dg summands m and their row sums, M2, M3;
   P4 the dg rectangle sums from m's column sums.
-* WG2, dk~: P2 the S o dS' column dots, R = U dS'^T (dk~, k.R); P3 W = dY S^T by halves of 64 keys (dk~, k.W),
+* WG2, dk~: P1 D1 = rd(F1 2^x dO); P2 the S o dS' column dots, R = U dS'^T (dk~, k.R); P3 W = dY S^T by halves of 64 keys (dk~, k.W),
   dk~ += M1^T Q; P4 dk~ += M2 K + M3^T K, stored after the phase's arrival.
 * WG3, one producer warp: k and the gate table in two stages; dO, S, U, q, Th as the phases free them.
 
@@ -146,8 +146,9 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 T.set_max_nreg(nreg[0], 1)
                 ds_f = T.alloc_fragment((D, D), f32)
                 kd_f = T.alloc_fragment((BT, BT), f32)
-                r0 = T.alloc_fragment((BT,), f32)
-                r0b = T.alloc_fragment((BT,), f32)
+                vl = T.alloc_local((BT,), f16)
+                yl = T.alloc_local((8,), f16)
+                acc4 = T.alloc_local((4,), f32)
                 xp = T.alloc_local((2,), f32)              # the chunk's 2^x and 2^-x
                 if use_dht != 0:
                     T.copy(dht[n, hv, 0:D, 0:D], ds_f)
@@ -210,16 +211,19 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         ds_f[a, b] = ds_f[a, b] * xp[1]
                     T.barrier_arrive(ph[2])
                     T.barrier_wait(ph[2], par)
-                    # P4: the dY.v dots
-                    T.clear(r0)
-                    for hh in T.unroll(2):
-                        for t, d in T.Parallel(BT, BT):
-                            kd_f[t, d] = T.if_then_else(t0 + t < eos, T.cast(v[t0 + t, hv, hh * BT + d], f32),
-                                                        T.float32(0)) * T.cast(yh_s[t, hh * BT + d], f32)
-                        T.reduce_sum(kd_f, r0b, dim=1)
-                        for t in T.Parallel(BT):
-                            r0[t] = r0[t] + r0b[t]
-                    put_dots(r0, yv, hv, c)
+                    # P4: the dY.v dots, thread (row tx // 2, half tx % 2) over a row half's 64 columns
+                    for u in T.unroll(4):
+                        acc4[u] = T.float32(0)
+                    if t0 + tx // 2 < eos:
+                        for d8 in T.unroll(BT // 8):
+                            for e in T.vectorized(8):
+                                vl[d8 * 8 + e] = v[t0 + tx // 2, hv, (tx % 2) * BT + d8 * 8 + e]
+                        for d8 in T.unroll(BT // 8):
+                            for e in T.vectorized(8):
+                                yl[e] = yh_s[tx // 2, (tx % 2) * BT + d8 * 8 + e]
+                            for e in T.unroll(8):
+                                acc4[e % 4] = acc4[e % 4] + T.cast(vl[d8 * 8 + e], f32) * T.cast(yl[e], f32)
+                    yv[tx % 2, hv, c, tx // 2] = (acc4[0] + acc4[1]) + (acc4[2] + acc4[3])
                     T.barrier_arrive(ph[3])
                     T.barrier_wait(ph[3], par)
                 if store_dh0 != 0:
@@ -257,11 +261,6 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                             (j <= t) & (t < nv), scale * egate(f_s, st, t, j) * b_f[t, j] * f_s[st, 6, j], 0.0)
                     for t, j in T.Parallel(BT, BT):
                         m1_s[t, j] = T.cast(c_f[t, j], f16)
-                    for hh in T.unroll(2):
-                        for t, d in T.Parallel(BT, BT):
-                            c_f[t, d] = T.cast(do_s[t, hh * BT + d], f32) * f_s[st, 1, t] * chunk_pow2(f_s[st, 4, 0])
-                        for t, d in T.Parallel(BT, BT):
-                            d1_s[t, hh * BT + d] = T.cast(c_f[t, d], f16)
                     T.fence_proxy_async()
                     T.gemm(m1_s, k_s[st, :, :], dq_f)
                     T.barrier_arrive(ph[0])
@@ -341,6 +340,14 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     st = i % 2
                     T.barrier_wait(full_k[st], (i // 2) % 2)
                     T.barrier_wait(full_su, par)
+                    # P1: D1 = rd(F1 2^x dO)
+                    T.barrier_wait(full_do, par)
+                    for hh in T.unroll(2):
+                        for t, d in T.Parallel(BT, BT):
+                            x_h[t, d] = T.cast(do_s[t, hh * BT + d], f32) * f_s[st, 1, t] * chunk_pow2(f_s[st, 4, 0])
+                        for t, d in T.Parallel(BT, BT):
+                            d1_s[t, hh * BT + d] = T.cast(x_h[t, d], f16)
+                    T.fence_proxy_async()
                     T.barrier_arrive(ph[0])
                     T.barrier_wait(ph[0], par)
                     # P2: S o dS' column dots; R = U dS'^T -> dk~, k.R
