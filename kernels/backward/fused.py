@@ -56,7 +56,8 @@ def half_dots(x_f, rows_s, st, tmp, rs, rs2, nv):
     T.clear(rs)
     for hh in T.unroll(2):
         for t, d in T.Parallel(BT, BT):
-            tmp[t, d] = T.if_then_else(t < nv, _row(rows_s, st, t, hh * BT + d), T.float32(0)) * x_f[t, hh * BT + d]
+            r = _row(rows_s, st, t, hh * BT + d)
+            tmp[t, d] = T.if_then_else(t < nv, r, T.float32(0)) * x_f[t, hh * BT + d]
         T.reduce_sum(tmp, rs2, dim=1)
         for t in T.Parallel(BT):
             rs[t] = rs[t] + rs2[t]
@@ -168,8 +169,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     xp[1] = chunk_pow2(f_s[st, 4, 0], -1)
                     T.gemm(q_s, k_s[st, :, :], kd_f, transpose_B=True, clear_accum=True)
                     for a, b in T.Parallel(BT, BT):
-                        kd_f[a, b] = T.if_then_else(
-                            b <= a, f_s[st, 5, a] * f_s[st, 6, b] * egate(f_s, st, a, b) * kd_f[a, b], 0.0)
+                        x = f_s[st, 5, a] * f_s[st, 6, b] * egate(f_s, st, a, b) * kd_f[a, b]
+                        kd_f[a, b] = T.if_then_else(b <= a, x, 0.0)
                     for a, b in T.Parallel(BT, BT):
                         p_s[a, b] = T.cast(kd_f[a, b], f16)
                     for a, b in T.Parallel(D, D):
@@ -257,8 +258,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         dq_f[t, d] = scale * T.exp2(f_s[st, 4, t] * LOG2E) * dq_f[t, d]
                     T.gemm(do_s, u_s, b_f, transpose_B=True, clear_accum=True)
                     for t, j in T.Parallel(BT, BT):
-                        c_f[t, j] = T.if_then_else(
-                            (j <= t) & (t < nv), scale * egate(f_s, st, t, j) * b_f[t, j] * f_s[st, 6, j], 0.0)
+                        x = scale * egate(f_s, st, t, j) * b_f[t, j] * f_s[st, 6, j]
+                        c_f[t, j] = T.if_then_else((j <= t) & (t < nv), x, 0.0)
                     for t, j in T.Parallel(BT, BT):
                         m1_s[t, j] = T.cast(c_f[t, j], f16)
                     T.fence_proxy_async()
@@ -269,9 +270,11 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     store_rows(dq_f, dq32, t0, hv, nv, factors)
                     T.gemm(q_s, k_s[st, :, :], a_f, transpose_B=True, clear_accum=True)
                     for t, j in T.Parallel(BT, BT):
-                        b_f[t, j] = T.if_then_else(j <= t, f_s[st, 5, t] * egate(f_s, st, t, j) * b_f[t, j], 0.0)
+                        x = f_s[st, 5, t] * egate(f_s, st, t, j) * b_f[t, j]
+                        b_f[t, j] = T.if_then_else(j <= t, x, 0.0)
                     for t, j in T.Parallel(BT, BT):
-                        c_f[t, j] = T.if_then_else(j < t, b_f[t, j] * f_s[st, 6, j] * a_f[t, j], 0.0)
+                        x = b_f[t, j] * f_s[st, 6, j] * a_f[t, j]
+                        c_f[t, j] = T.if_then_else(j < t, x, 0.0)
                     for t, j in T.Parallel(BT, BT):
                         m1_s[t, j] = T.cast(b_f[t, j], f16)
                     T.fence_proxy_async()
@@ -281,11 +284,12 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     T.gemm(k_s[st, :, :], k_s[st, :, :], a_f, transpose_B=True, clear_accum=True)
                     T.gemm(yh_s, u_s, b_f, transpose_B=True, clear_accum=True)
                     for t, j in T.Parallel(BT, BT):
-                        a_f[t, j] = T.if_then_else(j < t, egate(f_s, st, t, j) * f_s[st, 6, t] * f_s[st, 6, j]
-                                                   * a_f[t, j], 0.0)
+                        x = egate(f_s, st, t, j) * f_s[st, 6, t] * f_s[st, 6, j] * a_f[t, j]
+                        a_f[t, j] = T.if_then_else(j < t, x, 0.0)
                         b_f[t, j] = T.if_then_else(j < t, -b_f[t, j], 0.0)
                     for t, j in T.Parallel(BT, BT):
-                        c_f[t, j] = T.if_then_else(j < t, c_f[t, j] + f_s[st, 7, t] * b_f[t, j] * a_f[t, j], 0.0)
+                        y = c_f[t, j] + f_s[st, 7, t] * b_f[t, j] * a_f[t, j]
+                        c_f[t, j] = T.if_then_else(j < t, y, 0.0)
                         a_f[t, j] = b_f[t, j] * a_f[t, j]
                     T.reduce_sum(a_f, rs, dim=1)
                     put_dots(rs, db2, hv, c)
@@ -295,7 +299,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     for t in T.Parallel(BT):
                         rw_s[t] = rs2[t]
                     for t, j in T.Parallel(BT, BT):
-                        b_f[t, j] = T.if_then_else(j < t, f_s[st, 7, t] * b_f[t, j] * egate(f_s, st, t, j), 0.0)
+                        x = f_s[st, 7, t] * b_f[t, j] * egate(f_s, st, t, j)
+                        b_f[t, j] = T.if_then_else(j < t, x, 0.0)
                     for t, j in T.Parallel(BT, BT):
                         a_f[t, j] = b_f[t, j] * f_s[st, 6, j]
                         c_f[t, j] = b_f[t, j] * f_s[st, 6, t]
@@ -375,7 +380,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                             dk_f[t, hh * BT + d] = dk_f[t, hh * BT + d] - f_s[st, 7, t] * T.exp2(
                                 f_s[st, 4, t] * LOG2E) * x_h[t, d]
                         for t, d in T.Parallel(BT, BT):
-                            x_h[t, d] = T.if_then_else(t < nv, _row(k_s, st, t, hh * BT + d), T.float32(0)) * x_h[t, d]
+                            r = _row(k_s, st, t, hh * BT + d)
+                            x_h[t, d] = T.if_then_else(t < nv, r, T.float32(0)) * x_h[t, d]
                         T.reduce_sum(x_h, rs2, dim=1)
                         for t in T.Parallel(BT):
                             rs[t] = rs[t] + rs2[t]
