@@ -64,11 +64,12 @@ def half_dots(x_f, rows_s, st, tmp, rs, rs2, nv):
 
 
 @T.macro
-def store_rows(x_f, out, t0, hv, nv, factors):
-    """``out[t0 + t, hv, :] = x_f[t, :] factors[1, hv]`` for ``t < nv``."""
+def store_rows(x_f, out, t0, hv, nv, fac):
+    """``out[t0 + t, hv, :] = x_f[t, :] fac`` for ``t < nv`` (``fac`` a register: a global load inside the
+    predicated stores would be issued once per element pair, each waited for)."""
     for t, d in T.Parallel(*x_f.shape):
         if t < nv:
-            out[t0 + t, hv, d] = x_f[t, d] * factors[1, hv]
+            out[t0 + t, hv, d] = x_f[t, d] * fac
 
 
 def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)):
@@ -151,6 +152,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 yl = T.alloc_local((8,), f16)
                 acc4 = T.alloc_local((4,), f32)
                 xp = T.alloc_local((2,), f32)              # the chunk's 2^x and 2^-x
+                fac = T.alloc_local((1,), f32)             # dv's factor
+                fac[0] = factors[0, hv]
                 if use_dht != 0:
                     T.copy(dht[n, hv, 0:D, 0:D], ds_f)
                 else:
@@ -196,7 +199,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                             kd_f[t, j] = f_s[st, 7, t] * kd_f[t, j]
                         for t, j in T.Parallel(BT, BT):
                             if t0 + t < eos:
-                                dv[t0 + t, hv, hh * BT + j] = T.cast(kd_f[t, j] * factors[0, hv], io)
+                                dv[t0 + t, hv, hh * BT + j] = T.cast(kd_f[t, j] * fac[0], io)
                             kd_f[t, j] = -kd_f[t, j] * f_s[st, 0, t] * xp[0]
                         for t, j in T.Parallel(BT, BT):
                             xh_s[t, hh * BT + j] = T.cast(kd_f[t, j], f16)
@@ -239,6 +242,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 rs = T.alloc_fragment((BT,), f32)
                 rs2 = T.alloc_fragment((BT,), f32)
                 acc = T.alloc_local((1,), f32)
+                fac = T.alloc_local((1,), f32)             # dq~'s factor
+                fac[0] = factors[1, hv]
                 for i in T.serial(nch):
                     ic = nch - 1 - i
                     c = c0 + ic
@@ -267,7 +272,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     T.barrier_arrive(ph[0])
                     T.barrier_wait(ph[0], par)
                     # P2: dq~ stored; QK -> M1; the summands' dO U^T part
-                    store_rows(dq_f, dq32, t0, hv, nv, factors)
+                    store_rows(dq_f, dq32, t0, hv, nv, fac[0])
                     T.gemm(q_s, k_s[st, :, :], a_f, transpose_B=True, clear_accum=True)
                     for t, j in T.Parallel(BT, BT):
                         x = f_s[st, 5, t] * egate(f_s, st, t, j) * b_f[t, j]
@@ -336,6 +341,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 rs = T.alloc_fragment((BT,), f32)
                 rs2 = T.alloc_fragment((BT,), f32)
                 acc4 = T.alloc_local((4,), f32)
+                fac = T.alloc_local((1,), f32)             # dk~'s factor
+                fac[0] = factors[1, hv]
                 for i in T.serial(nch):
                     ic = nch - 1 - i
                     c = c0 + ic
@@ -393,7 +400,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     T.gemm(p_s, k_s[st, :, :], dk_f)
                     T.gemm(th_s, k_s[st, :, :], dk_f, transpose_A=True)
                     T.barrier_arrive(ph[3])
-                    store_rows(dk_f, dk32, t0, hv, nv, factors)
+                    store_rows(dk_f, dk32, t0, hv, nv, fac[0])
                     T.barrier_wait(ph[3], par)
             else:
                 # WG3: the producer
