@@ -9,11 +9,11 @@ joined by mbarriers (``ph``), each chunk's inputs loaded by TMA beside them:
   dU = F2 K dS' + P^T dO by halves of 64 value columns; P2 dY = Th^T dU (dv stored), D2 = rd(-F7 F0 2^x dY);
   P3 dS = (F3 2^x dS + Q^T D1 + K^T D2) 2^-x, ``2^x`` the chunk's power of two (``dh_ws.chunk_pow2``); P4 the
   dY.v row dots, a thread per row half (v read by 16-byte loads).
-* WG1, dq~: P1 Z = dO S^T (dq~, q.Z), dO U^T -> M0, dq~ += M0 K; P2 dq~ stored, QK -> M1,
-  the dg summands' dO U^T part; P3 KK, dY U^T -> the dbeta row sums, the dg summands m and their row sums, M2, M3;
+* WG1, dq~: P1 Z = dO S^T (dq~, q.Z), dO U^T -> M0, dq~ += M0 K; P2 dq~ stored, QK -> M1, the dg summands'
+  dO U^T part; P3 KK, dY U^T -> the dbeta row sums, the dg summands m and their row sums, M2, M3;
   P4 the dg rectangle sums from m's column sums.
-* WG2, dk~: P1 D1 = rd(F1 2^x dO); P2 the S o dS' column dots, R = U dS'^T (dk~, k.R); P3 W = dY S^T by halves of 64 keys (dk~, k.W),
-  dk~ += M1^T Q; P4 dk~ += M2 K + M3^T K, stored after the phase's arrival.
+* WG2, dk~: P1 D1 = rd(F1 2^x dO); P2 the S o dS' column dots, R = U dS'^T (dk~, k.R); P3 W = dY S^T by halves
+  of 64 keys (dk~, k.W), dk~ += M1^T Q; P4 dk~ += M2 K + M3^T K, stored after the phase's arrival.
 * WG3, one producer warp: k and the gate table in two stages; dO, S, U, q, Th as the phases free them.
 
 No [64, 128] fragment lives beside another in WG1 or WG2 (row dots by halves, dq~ finished in P1): that keeps
