@@ -18,7 +18,8 @@ joined by mbarriers (``ph``), each chunk's inputs loaded by TMA beside them:
 
 No [64, 128] fragment lives beside another in WG1 or WG2 (row dots by halves, dq~ finished in P1): that keeps
 every wgmma asynchronous at registers (192, 160, 136, 24).  Elementwise steps form a fragment first and store it to
-shared memory after, so no shared load waits behind a shared store.
+shared memory after, so no shared load waits behind a shared store; a masked value is formed, then selected (no
+branch per element around its loads).
 """
 import tilelang.language as T
 
@@ -251,7 +252,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     nv = T.min(eos - t0, BT)
                     par = i % 2
                     st = i % 2
-                    # P1: Z = dO S^T -> dq~, q.Z; dO U^T -> M0 (over M1's tile); dq~ += M0 K, stored; D1
+                    # P1: Z = dO S^T -> dq~, q.Z; dO U^T -> M0 (over M1's tile); dq~ += M0 K
                     T.barrier_wait(full_k[st], (i // 2) % 2)
                     T.barrier_wait(full_q, par)
                     T.barrier_wait(full_do, par)
