@@ -329,8 +329,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     if tx - WG < BT:
                         acc[0] = T.float32(0)
                         for kk in T.unroll(BT):
-                            if kk < tx - WG:
-                                acc[0] = acc[0] + cw_s[kk]
+                            x = cw_s[kk]
+                            acc[0] = acc[0] + T.if_then_else(kk < tx - WG, x, T.float32(0))
                         rect[hv, c, tx - WG] = acc[0]
                     T.barrier_arrive(ph[3])
                     T.barrier_wait(ph[3], par)
