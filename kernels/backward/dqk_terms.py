@@ -36,8 +36,9 @@ def half_row_dots(src_f, rows_s, tmp2, rs2, nv, out, hv, c):
     f32 = "float32"
     DH = tmp2.shape[2]
     for hf, t, d in T.Parallel(2, BT, DH):
-        tmp2[hf, t, d] = T.if_then_else(t < nv, T.cast(rows_s[t, hf * DH + d], f32), T.float32(0)) * src_f[
-            t, hf * DH + d]
+        # the load first, then a select: no branch per element around a shared-memory load
+        r = T.cast(rows_s[t, hf * DH + d], f32)
+        tmp2[hf, t, d] = T.if_then_else(t < nv, r, T.float32(0)) * src_f[t, hf * DH + d]
     store_half_sums(tmp2, rs2, out, hv, c)
 
 
@@ -59,11 +60,11 @@ def v_dy_half_row_dots(v_s, dyh_s, dyl_s, tmp2, rs2, nv, yv2, hv, c):
     f32 = "float32"
     DH = tmp2.shape[2]
     for hf, t, i in T.Parallel(2, BT, DH):
+        r = T.cast(v_s[t, hf * DH + i], f32)
         if dyl_s is None:
-            tmp2[hf, t, i] = T.if_then_else(t < nv, T.cast(v_s[t, hf * DH + i], f32), T.float32(0)) * T.cast(
-                dyh_s[hf * DH + i, t], f32)
+            tmp2[hf, t, i] = T.if_then_else(t < nv, r, T.float32(0)) * T.cast(dyh_s[hf * DH + i, t], f32)
         else:
-            tmp2[hf, t, i] = T.if_then_else(t < nv, T.cast(v_s[t, hf * DH + i], f32), T.float32(0)) * (
+            tmp2[hf, t, i] = T.if_then_else(t < nv, r, T.float32(0)) * (
                 T.cast(dyh_s[hf * DH + i, t], f32) + T.cast(dyl_s[hf * DH + i, t], f32))
     store_half_sums(tmp2, rs2, yv2, hv, c)
 
@@ -172,7 +173,8 @@ def intra_terms(q_s, k_s, do_s, uh_s, ul_s, dyh_s, dyl_s, fv, mqh, m1h, m2h, m3h
         t2[hf, t, j] = dyu[t, hf * (BT // 2) + j] * kk[t, hf * (BT // 2) + j]
     store_half_sums(t2, r2, db2, hv, c)
     for t, j in T.Parallel(BT, BT):
-        x_f[t, j] = T.if_then_else(j < t, dpu[t, j] + fv[7, t] * dyu[t, j] * kk[t, j], T.float32(0))
+        x = dpu[t, j] + fv[7, t] * dyu[t, j] * kk[t, j]
+        x_f[t, j] = T.if_then_else(j < t, x, T.float32(0))
     T.copy(x_f, m_s[:, 0:BT])
     for t, j in T.Parallel(BT, BT):
         # dBk = beta_t e dA

@@ -355,8 +355,9 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         st = c % 2
                         t0 = bos + c * BT
                         T.barrier_wait(full[st], (c // 2) % 2)
-                        for i, j in T.Parallel(BT, BV):     # (rows past the sequence: 0)
-                            v_f[i, j] = T.if_then_else(t0 + i < eos, T.cast(v_s[st, i, j], f32), T.float32(0))
+                        for i, j in T.Parallel(BT, BV):     # (rows past the sequence: 0; loaded, then selected)
+                            x = T.cast(v_s[st, i, j], f32)
+                            v_f[i, j] = T.if_then_else(t0 + i < eos, x, T.float32(0))
                         T.reduce_absmax(v_f, cm_f, dim=0)
                         for j in T.Parallel(BV):
                             m_f[j] = T.max(m_f[j], cm_f[j])
