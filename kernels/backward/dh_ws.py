@@ -132,6 +132,8 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                 dy_f = T.alloc_fragment((BT, BV), f32)
                 if one:
                     pq_f = T.alloc_fragment((DK, BV), f32)     # Q^T D1 - K^T D2
+                    fac = T.alloc_local((1,), f32)             # dv's factor, read once
+                    fac[0] = factors[0, hv]
                 if use_dht != 0:
                     load_state_kt(dht, ds_f, v_first, n, hv, v0, BV, DK)
                 else:
@@ -164,10 +166,11 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     T.fence_proxy_async()
                     T.barrier_arrive(y_ready)
                     for t, j in T.Parallel(BT, BV):
+                        # one: times 2^ea, the group's power of two undone (formed, then stored where in the
+                        # sequence: no branch around the gate table's load)
+                        x = T.cast(times(f_s[st, 7, t] * dy_f[t, j], fac[0] if one else None), dvt)
                         if t0 + t < eos:
-                            # one: times 2^ea, the group's power of two undone
-                            dv[t0 + t, hv, v0 + j] = T.cast(times(f_s[st, 7, t] * dy_f[t, j],
-                                                                  factors[0, hv] if one else None), dvt)
+                            dv[t0 + t, hv, v0 + j] = x
                     # dS = F3 dS + Q^T D1 - K^T D2 (one: D1, D2 under the chunk's power of two, undone)
                     for t, j in T.Parallel(BT, BV):
                         kd_f[t, j] = times(-(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t],

@@ -302,6 +302,9 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
                 T.barrier_arrive(ld[4])
             T.clear(dq_f)
             T.clear(dk_f)
+            if factors is not None:
+                fac = T.alloc_local((1,), f32)        # the stores' factor, read once
+                fac[0] = factors[1, hv]
             value_head(ts, v, do, Sch, Scl, Uh, Ul, dSh, dSl, dYh, dYl, Fb, q_s, k_s, dq_f, dk_f, x_f, rs, qk, kk,
                        dpu, dyu, y_f, rs2, t2, r2, t2b, r2b, acc, xh, xl, tx, ld, qz, kw, kr, sd, yv, rect, db2, hv, c,
                        t0, nv, scale, s_lo, lo8, e_f, exp_mask, one)
@@ -312,10 +315,10 @@ def build_bwd_dqk(DK: int, DV: int, dtype: str, group: int = 1, s_lo: bool = Tru
                 inbox = T.alloc_shared((group, BT // group, 2, DK + pad), f32)
                 bar = T.alloc_cluster_barrier(group)
                 cluster_group_sum(dq_f, dk_f, stage, inbox, bar, dq32, dk32, dqo, dko, h, t0, nv, out32, odt,
-                                  None if factors is None else factors[1, hv])
+                                  None if factors is None else fac[0])
             else:
                 store_rows(dq_f, dk_f, dq32, dk32, dqo, dko, t0, 0, hv, nv, out32, odt,
-                           None if factors is None else factors[1, hv])
+                           None if factors is None else fac[0])
 
     @T.prim_func
     def gdn_bwd_dqk(
