@@ -165,16 +165,16 @@ def build_bwd_dh_ws(DK: int, DV: int, dtype: str, BV: int = 32, single: bool = F
                     split_transposed(dy_f, yh_s, yl_s, slo)
                     T.fence_proxy_async()
                     T.barrier_arrive(y_ready)
+                    # dX = F7 dY, formed before the stores' branch (no gate-table load under a branch per element)
                     for t, j in T.Parallel(BT, BV):
-                        # one: times 2^ea, the group's power of two undone (formed, then stored where in the
-                        # sequence: no branch around the gate table's load)
-                        x = T.cast(times(f_s[st, 7, t] * dy_f[t, j], fac[0] if one else None), dvt)
+                        kd_f[t, j] = f_s[st, 7, t] * dy_f[t, j]
+                    for t, j in T.Parallel(BT, BV):
                         if t0 + t < eos:
-                            dv[t0 + t, hv, v0 + j] = x
+                            # one: times 2^ea, the group's power of two undone
+                            dv[t0 + t, hv, v0 + j] = T.cast(times(kd_f[t, j], fac[0] if one else None), dvt)
                     # dS = F3 dS + Q^T D1 - K^T D2 (one: D1, D2 under the chunk's power of two, undone)
                     for t, j in T.Parallel(BT, BV):
-                        kd_f[t, j] = times(-(f_s[st, 7, t] * dy_f[t, j]) * f_s[st, 0, t],
-                                           chunk_pow2(f_s[st, 4, 0]) if one else None)
+                        kd_f[t, j] = times(-kd_f[t, j] * f_s[st, 0, t], chunk_pow2(f_s[st, 4, 0]) if one else None)
                     split_into(kd_f, xh_s, xl_s, olo)
                     T.fence_proxy_async()
                     if one:
