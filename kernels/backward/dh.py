@@ -208,9 +208,13 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                     T.gemm(xa, tl_s, dy_f, policy=FR)
                 split_to(dy_f, xa, xl, True)            # the dY tables: split in either form
                 store_split(xa, xl, dya_s, dyl_s, dYh[hv, c, v0:v0 + BV, 0:BT], dYl[hv, c, v0:v0 + BV, 0:BT], keep)
+                # dX = F7 dY in place (the tables above took dY), formed before the stores' branch: no gate-table
+                # load under a branch per element
+                for i, t in T.Parallel(BV, BT):
+                    dy_f[i, t] = f_s[7, t] * dy_f[i, t]
                 for i, t in T.Parallel(BV, BT):
                     if t0 + t < eos:
-                        dv[t0 + t, hv, v0 + i] = T.cast(f_s[7, t] * dy_f[i, t], dtype)
+                        dv[t0 + t, hv, v0 + i] = T.cast(dy_f[i, t], dtype)
 
                 # dS^T = e^GL dS^T + (dO^T diag(F1)) Q - ((beta dY)^T diag(F0)) K
                 for i, d in T.Parallel(BV, DK):
@@ -221,7 +225,7 @@ def build_bwd_dh(DK: int, DV: int, dtype: str, BV: int = 64, num_stages: int = 2
                 T.gemm(xa, q_s, ds_f, policy=FR)
                 T.gemm(xl, q_s, ds_f, policy=FR)
                 for i, t in T.Parallel(BV, BT):
-                    kd_f[i, t] = -(f_s[7, t] * dy_f[i, t]) * f_s[0, t]
+                    kd_f[i, t] = -dy_f[i, t] * f_s[0, t]
                 split_to(kd_f, xa, xl, olo)
                 T.gemm(xa, k_s, ds_f, policy=FR)
                 if olo:
