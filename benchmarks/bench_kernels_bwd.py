@@ -114,6 +114,9 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       # dqk with every table and operand one fp16 term (S, U, dS', dY hi alone; K = 128); the forward keeps no tables
       "ours-one16": ("both", dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True,
                                   s_single=True, lo8=False, dh_ws_bv=32)),
+      # the same with dh and dqk as one warp-specialised kernel after the recompute (dUloc from one fp16 term of P)
+      "ours-fused": ("both", dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True,
+                                  s_single=True, lo8=False, dh_ws_bv=32, fused=True)),
       "ours-dh-regs": ("backward", dict(dh_ws_bv=0)),  # dh's register kernel (value-first, 64 value columns a CTA)
       # dh warp-specialised, key-first, 32 value columns a CTA (the segmented pass in three passes)
       "ours-dh-ws32": ("backward", dict(dh_ws_bv=32, dh_warm=False)),

@@ -49,7 +49,8 @@ KERNELS = os.path.join(ROOT, "kernels") + os.sep
 # the pipeline stages whose ends the timeline records, by module
 STAGES = {"kernels.forward.pipeline": ("prepare", "intra_chunk", "state", "state_segmented", "state_output", "output",
                                      "finish"),
-          "kernels.backward.pipeline": ("prepare_backward", "prep", "recompute", "dh", "dqk", "dg_dbeta")}
+          "kernels.backward.pipeline": ("prepare_backward", "prep", "recompute", "dh", "dqk", "fused",
+                                      "dg_dbeta")}
 _ASSIGN = re.compile(r"^\s*([A-Za-z_][\w\s,.\[\]()]*?)\s*(?:\+|-|\*)?=(?!=)")
 
 

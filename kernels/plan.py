@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from kernels.backward.configs import (AMAX_KIND, CLUSTER_GROUPS, CONVERT_KIND, DH_WS_BLOCKS, DQK_E_ONCE_HEAD_DIM,
-                                      BwdConfig)
+                                      FUSED_KIND, BwdConfig)
 from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV, SCAN_BV, STATE_FORMS, FixupConfig,
                                      IntraConfig, OutputConfig, StateConfig, output_block_v)
 from kernels.forward.cp_warm import MAX_SEGMENTS
@@ -262,7 +262,9 @@ class BackwardPlan:
     from its warm-up chunks after its end or from its sequence's end (``gdn_bwd_dh_warm``), instead of three passes
     and the end-gradient scan; ``recompute_warm`` (read with ``dh_segments``, with ``recompute_ws``, without
     ``shared_scan``): the recompute on dh's segments, each from its warm-up chunks before its start or from its
-    sequence's start (``gdn_state_tables_ws_warm``), without a CP scan or fix-up."""
+    sequence's start (``gdn_state_tables_ws_warm``), without a CP scan or fix-up; ``fused`` (with ``one_term`` on
+    fp16 operands): dh and dqk as one warp-specialised kernel after the recompute (``backward/fused.py``: dUloc
+    from one fp16 term of P, no dS' or dY tables; an A/B alternative)."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -287,6 +289,7 @@ class BackwardPlan:
     io_dtype: str = ""
     dh_warm: bool = False
     recompute_warm: bool = False
+    fused: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -312,6 +315,8 @@ class BackwardPlan:
                                   and self.dh_segments is None and self.DK == DQK_E_ONCE_HEAD_DIM):
             raise ValueError(f"one_term: dh_single, s_single, the sequential dh_ws, no fp8 lo tables, at "
                              f"DK={DQK_E_ONCE_HEAD_DIM}; got {self}")
+        if self.fused and not (self.one_term and self.dtype == "float16"):
+            raise ValueError(f"fused: the one-term backward on fp16 operands (one_term, dtype float16); got {self}")
         if self.io_dtype and not (self.one_term and self.io_dtype != self.dtype):
             raise ValueError(f"io_dtype: the caller's dtype where the one-term kernels' is another; got {self}")
         if self.lo8 and (self.dh_single or self.s_single):
@@ -343,9 +348,10 @@ class BackwardPlan:
 
     def prep_config(self, saved: bool) -> BwdConfig:
         """prep's form; ``saved``: on the forward's Tinv and Ag (and then the chunks' bounds for the warm segmented
-        pass)."""
+        pass); without dUloc^T for the fused kernel (computing Tinv)."""
         return BwdConfig("prep", self.dtype, self.DK, saved=saved, merge="bf16" if saved else self.merge,
-                         bounds=saved and (self.segmented_warm or self.recompute_on_warm_segments))
+                         bounds=saved and (self.segmented_warm or self.recompute_on_warm_segments),
+                         no_du=self.fused and not saved)
 
     @property
     def takes_saved_tables(self) -> bool:
@@ -375,6 +381,10 @@ class BackwardPlan:
                          s_single=self.s_single, lo8=self.lo8, e_once=self.dqk_e_once,
                          exp_mask=self.dqk_exp_mask and self.lo8, one=self.one_term, io=self.io_dtype)
 
+    def fused_config(self) -> BwdConfig:
+        """The fused kernel of dh and dqk (``fused``): fp16 operands, dv in ``io_dtype`` (else fp16)."""
+        return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype)
+
     def convert_config(self) -> BwdConfig | None:
         """``gdn_bwd_convert`` of a one-term plan: v and dO scaled, q, k, v, dO from ``io_dtype`` (if any)."""
         return BwdConfig(CONVERT_KIND, self.dtype, self.DK, io=self.io_dtype or self.dtype) if self.one_term else None
@@ -387,8 +397,9 @@ class BackwardPlan:
         return BwdConfig("dgdb", "float32", self.DK)
 
     def group_sum_config(self, fp32: bool) -> BwdConfig | None:
-        """``gdn_bwd_group_sum`` to fp32 or the input dtype where dqk leaves per-value-head rows of a group."""
-        if self.group == 1 or self.cluster_group_sum:
+        """``gdn_bwd_group_sum`` to fp32 or the input dtype where dqk (or the fused kernel, which has no cluster
+        form) leaves per-value-head rows of a group."""
+        if self.group == 1 or (self.cluster_group_sum and not self.fused):
             return None
         return BwdConfig("gsum32" if fp32 else "gsum", self.dtype, self.DK)
 
@@ -396,8 +407,8 @@ class BackwardPlan:
         """Every kernel configuration the call runs (``with_saved``: prep on the forward's tables)."""
         out = list(self.recompute_configs()[1:])
         saved = with_saved and self.takes_saved_tables
-        out += [self.prep_config(saved), self.dh_config(saved), self.dqk_config(),
-                self.dgdb_config()]
+        out += [self.prep_config(saved), *((self.fused_config(),) if self.fused
+                                            else (self.dh_config(saved), self.dqk_config())), self.dgdb_config()]
         out += [c for c in (self.group_sum_config(True), self.group_sum_config(False), self.convert_config(),
                             self.amax_config()) if c is not None]
         if (self.dh_segments is not None and not self.segmented_warm

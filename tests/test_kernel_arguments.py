@@ -3,7 +3,7 @@ arguments, each tensor of the declared dtype and rank, each scalar a Python numb
 checks at launch on a GPU).  On the CPU: the pipelines run on the no-op kernel path of
 ``benchmarks.memory_plan.stub_kernel_path`` with each kernel replaced by that check, for the dispatched plans at a
 few layouts and for the A/B forms that change a kernel's arguments (fp16 operands, P @ U in fp16, the one-term
-fp16 backward)."""
+fp16 backward, fused or not)."""
 
 from __future__ import annotations
 
@@ -111,3 +111,31 @@ def test_one_term_fp16_backward_launches_what_the_kernels_declare():
 
     launches = _run("many-heads", alter("ours-one16"))
     assert any(n.startswith("bwd_cvt") for n in launches) and any(",one," in n for n in launches), launches
+
+
+@pytest.mark.parametrize("layout", ["many-heads", "varlen"])
+def test_fused_one_term_backward_launches_what_the_kernels_declare(layout):
+    """The one-term fp16 backward with dh and dqk fused (``BackwardPlan.fused``): the fused kernel in their place,
+    then the group sums of its per-value-head dq~, dk~."""
+    from benchmarks.bench_kernels_bwd import alter
+
+    launches = _run(layout, alter("ours-fused"))
+    names = [n.split("[")[0] for n in launches]
+    assert "bwd_fused" in names and "bwd_dh" not in names and "bwd_dqk" not in names, launches
+    assert names.count("bwd_gsum32") == 2, launches
+
+
+def test_fused_backward_refuses_stage_records_before_any_launch():
+    """``stages`` with ``BackwardPlan.fused``: a ValueError naming it, raised before a kernel is launched."""
+    from benchmarks.bench_kernels_bwd import alter
+    from benchmarks.memory_plan import inputs, stub_kernel_path
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd
+
+    B, T, H, HV, lens, DK, dtype = LAYOUTS["many-heads"]
+    (q, k, v, g, beta), kw, do, dht = inputs(B, T, H, HV, lens, dtype, DK=DK, h0=True)
+    launches = []
+    with stub_kernel_path(), mock.patch("kernels.build.get_kernel", _checking_kernel(launches)):
+        with pytest.raises(ValueError, match="stages: the fused backward"):
+            chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht, initial_state=kw["initial_state"],
+                                       plan=alter("ours-fused"), stages={})
+    assert launches == []

@@ -7,13 +7,15 @@ both operand forms, prep on the forward's saved tables; the dtype-free dgdb once
 runtime argument of the same binaries.  The forward recompute runs the forward's kernels, compiled by
 ``test_kernels_compile.py``.
 
-Asserts, from the generated CUDA and from ptxas (bf16 only: the fp16 binaries differ only in the operand type):
+Asserts, from the generated CUDA and from ptxas (bf16 only: the fp16 binaries differ only in the operand type; the
+fused kernel, fp16 alone):
 * every matmul is a wgmma with input-dtype operands and fp32 accumulation, the number of call sites the
   design implies (``_WANT_WGMMA``), no TF32;
 * the reverse sequential kernel takes every A operand from registers (wgmma_rs; its warp-specialised form
   ``dh_ws`` every operand from shared memory) and loads its chunks with TMA into an mbarrier pipeline; its split
   tables leave through four TMA store sites;
-* exponentials are exp2 (fast math); no register spills and no stack;
+* exponentials are exp2 (fast math); no register spills and no stack (the fused kernel: a few hundred bytes, and
+  wgmma kept asynchronous);
 * shared-memory bank conflicts, as worked out from the generated addresses (``kernels.common.bank_conflicts``):
   dh's swizzled dUloc^T and dO tiles at most 2-way and none, ``dh_ws`` conflict-free in every tile; the dqk kernels conflict-free in every tile (at
   DK 64 with fp8 lo tables but for the 2-way 16-byte accesses that widen the lo codes);
@@ -27,7 +29,7 @@ import re
 import pytest
 
 from kernels.common.bank_conflicts import buffer_degrees, shared_buffers, threads_of, worst_degrees
-from kernels.backward.configs import CLUSTER_GROUPS, all_configs
+from kernels.backward.configs import CLUSTER_GROUPS, FUSED_KIND, all_configs
 from kernels.build import compile_for_test, forward_configs
 from tests.kernel_support import check_ptxas, check_wgmma, compile_in_processes, compile_skip_reason
 
@@ -50,6 +52,14 @@ _WANT_WGMMA["prep_saved"] = 1 + 2                  # on the forward's Tinv and A
 _WANT_WGMMA["prep_bounds"] = 1 + 2 + 1             # the same, and K K^T for the chunk bounds
 _WANT_WGMMA["dh_one"] = 1 + 1 + 1 + 1              # every operand one term: dS K^T, dU Tinv, dO^T Q, dX^T K
 _WANT_WGMMA["dqk_one"] = (1 + 1 + 1) + (1 + 1 + 1 + 1 + 1 + 3)   # every table one term (S, U, dS', dY hi alone)
+# the fused kernel, a site per product (the halves' loops one site each): the chain Q K^T, K dS', P^T dO, Th^T dU,
+# Q^T D1, K^T D2; the dq side dO S^T, dO U^T, M0 K, Q K^T, K K^T, dY U^T; the dk side U dS'^T, dY S^T, M1^T Q, M2 K,
+# M3^T K
+_WANT_WGMMA["fused"] = 6 + 6 + 5
+# loosened for the fused kernel: at its registers (192, 160, 136, 24) each warpgroup spills scalars of 4 or 8 bytes
+# (324 B in all: stored before the chunk loop, each reloaded a few times a chunk); its speed needs wgmma kept
+# asynchronous (ptxas C7512 serialises every wgmma of a kernel whose fragments outgrow its registers)
+FUSED_MAX_SPILL_BYTES = 384
 
 
 _OFFSET = re.compile(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\);")
@@ -98,7 +108,9 @@ def dqk_tile_overlaps(cfg, src) -> list:
 
 
 def _job(i):
-    return compile_for_test(OFFSET + i, with_ptxas=CONFIGS[i].dtype in ("bfloat16", "float32"))   # float32: dtype-free
+    # float32: dtype-free; the fused kernel is built for fp16 operands alone
+    return compile_for_test(OFFSET + i, with_ptxas=CONFIGS[i].dtype in ("bfloat16", "float32")
+                            or CONFIGS[i].kind == FUSED_KIND)
 
 
 @pytest.fixture(scope="module")
@@ -111,13 +123,16 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     r = compiled[cfg.name]
     src = r["source"]
     assert r["direct_launch"], f"{cfg.name}: its calls go through TileLang's Python wrapper (build.direct_launch)"
-    if cfg.one:
+    if cfg.kind == FUSED_KIND:
+        kind = FUSED_KIND
+    elif cfg.one:
         kind = "dh_one" if cfg.kind == "dh" else "dqk_one"
     else:
         kind = ("dh_single" if cfg.single else "dh_tinv_hi" if cfg.tinv_hi else "prep_bounds" if cfg.bounds
                 else "prep_saved" if cfg.saved else cfg.kind)
     want = _WANT_WGMMA[kind] - (2 if cfg.s_single and not cfg.one else 0)     # S hi alone: no dO Sl^T, dY Sl^T
     want += {"split": 8, "fp32": -4}.get(cfg.merge, 0)         # merges: 3 products a merge product, or none
+    want -= 3 if cfg.no_du else 0                             # prep without dUloc^T: no Q K^T, no dO^T (Ph, Pl)
     check_wgmma(src, "bfloat16" if cfg.dtype == "float32" else cfg.dtype, want)     # dtype-free kinds: no wgmma
     assert "exp2f" in src or cfg.kind in ("dh", "gsum", "gsum32", "cvt", "amax")
     if cfg.kind == "dh":
@@ -178,7 +193,14 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
         # site, a barrier each CTA waits on, cluster barriers around the exchange (after the barrier's init too)
         assert src.count("tma_store_cluster(") == 1 and "bar[0].wait(0)" in src, src.count("tma_store_cluster(")
         assert src.count("tl::cluster_sync()") == 3, src.count("tl::cluster_sync()")
-    if "ptxas" in r:
+    if cfg.kind == FUSED_KIND:         # one CTA of four warpgroups per SM
+        assert threads_of(src) == 512, threads_of(src)
+        assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024, r["dyn_smem"]
+    if "ptxas" in r and cfg.kind == FUSED_KIND:
+        p = r["ptxas"]
+        assert p["returncode"] == 0 and "C7512" not in p["log"], p["log"][-2000:]
+        assert p["spill_stores"] <= FUSED_MAX_SPILL_BYTES and p["spill_loads"] <= 2 * FUSED_MAX_SPILL_BYTES, p
+    elif "ptxas" in r:
         check_ptxas(r["ptxas"])
         if ctas:
             regs = -(-r["ptxas"]["registers"] // 8) * 8        # allocated per thread in steps of 8

@@ -627,6 +627,16 @@ def test_one_term_fp16_tables_are_the_emulations(case):
     _backward_alternative_is_the_emulations(case, ONE16, ONE_TERM_FP16, "one fp16 term vs emulation")
 
 
+@pytest.mark.parametrize("case", _ONE_TERM_CASES, ids=[c.id for c in _ONE_TERM_CASES])
+def test_fused_one_term_is_the_emulations(case):
+    """``BackwardPlan.fused``: the one-term fp16 backward with dh and dqk in one kernel, dUloc from one fp16 term of
+    P: every gradient within the input dtype's rounding floor of the emulation's (``ONE_TERM_FP16`` with
+    ``p_single``) and within the FLA-like baseline."""
+    from kernels.backward.emulation import ONE_TERM_FP16
+    _backward_alternative_is_the_emulations(case, dict(ONE16, fused=True), dict(ONE_TERM_FP16, p_single=True),
+                                            "fused one fp16 term vs emulation")
+
+
 _ONE_TERM_SCALED = [_ONE_TERM_CASES[1], _ONE_TERM_CASES[3]]      # varlen; h0
 
 

@@ -24,6 +24,8 @@ CONVERT_KIND = "cvt"
 AMAX_KIND = "amax"
 # the one-term backward's element-wise passes (built at DQK_E_ONCE_HEAD_DIM, where its forms are)
 ONE_TERM_KINDS = (AMAX_KIND, CONVERT_KIND)
+# the one-term backward's dh and dqk in one warp-specialised kernel (fp16 operands, at DQK_E_ONCE_HEAD_DIM)
+FUSED_KIND = "fused"
 # kernels without an input-dtype operand, compiled once (their BwdConfig's dtype is "float32")
 DTYPE_FREE_KINDS = ("dgdb",)
 
@@ -49,12 +51,14 @@ class BwdConfig:
     #                                term (the dS', dY tables hi alone; dqk reads S, U, dS', dY hi alone)
     warm: bool = False             # dh only: the segmented reverse pass in one launch, each segment from its warm-up
     #                                chunks or its sequence's end (the split register kernel, ``gdn_bwd_dh_warm``)
+    no_du: bool = False            # prep computing Tinv only: no dUloc^T (the fused backward forms it; dO not read)
     io: str = ""                   # dh_ws, dqk with one: the caller's dtype where the operands are another (dtype):
     #                                dv, dq, dk stored in it ("": dtype); cvt: the source dtype (may be dtype)
 
     @property
     def name(self) -> str:
-        names = ("single", "saved", "bounds", "tinv_hi", "s_single", "lo8", "e_once", "exp_mask", "one", "warm")
+        names = ("single", "saved", "bounds", "tinv_hi", "s_single", "lo8", "e_once", "exp_mask", "one", "warm",
+                 "no_du")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
@@ -74,8 +78,9 @@ def all_configs():
     tables forming the intra terms' gates once (``e_once``) and widening its lo tiles with a masked power of two
     (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
     operands with bf16 dv, dq, dk too, ``io``, and the one-term passes: the maxima and the inputs' scaling, bf16 to
-    fp16 or in their dtype); the dtype-free dgdb once.  The forward recompute runs
-    the forward's intra and state kernels (``kernels.build.forward_configs``)."""
+    fp16 or in their dtype) and the fused kernel of both on fp16 operands (``FUSED_KIND``, dv in bf16 or fp16, and
+    its prep, without dUloc^T: ``no_du``); the dtype-free dgdb once.  The forward recompute runs the forward's
+    intra and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
 
@@ -100,6 +105,8 @@ def _configs_at(D: int):
                   for kind in DQK_KINDS]
                + [BwdConfig(CONVERT_KIND, dt, D, io=src) for dt, src in (("float16", "bfloat16"), *zip(DTYPES, DTYPES))]
                + [BwdConfig(AMAX_KIND, dt, D) for dt in DTYPES]
+               + [BwdConfig(FUSED_KIND, "float16", D, one=True, io=io) for io in ("bfloat16", "")]
+               + [BwdConfig("prep", "float16", D, merge="fp32", no_du=True)]
                if D == DQK_E_ONCE_HEAD_DIM else []))
 
 
@@ -127,10 +134,14 @@ def prim_func(cfg: BwdConfig):
     if cfg.exp_mask and not (cfg.kind in DQK_KINDS and cfg.lo8):
         raise ValueError(f"exp_mask (the fp8 lo tiles' masked powers of two) is a form of dqk with fp8 lo tables: "
                          f"{cfg.name}")
+    if cfg.kind == FUSED_KIND and not (cfg.one and cfg.dtype == "float16" and cfg.DK == DQK_E_ONCE_HEAD_DIM
+                                       and not (cfg.lo8 or cfg.single or cfg.s_single)):
+        raise ValueError(f"{FUSED_KIND}: the one-term backward on fp16 operands at K = V = {DQK_E_ONCE_HEAD_DIM} "
+                         f"(one, no other form): {cfg.name}")
     if cfg.one and not ((cfg.kind == "dh" and cfg.single and cfg.ws_bv and not cfg.lo8)
-                        or (cfg.kind in DQK_KINDS and cfg.s_single and not cfg.lo8)):
-        raise ValueError(f"one (every term single) is a form of the warp-specialised dh with single and of dqk with "
-                         f"s_single, neither with fp8 lo tables: {cfg.name}")
+                        or (cfg.kind in DQK_KINDS and cfg.s_single and not cfg.lo8) or cfg.kind == FUSED_KIND):
+        raise ValueError(f"one (every term single) is a form of the warp-specialised dh with single, of dqk with "
+                         f"s_single, neither with fp8 lo tables, and of {FUSED_KIND}: {cfg.name}")
     if cfg.io and not (cfg.one and cfg.io in DTYPES and cfg.io != cfg.dtype) and cfg.kind != CONVERT_KIND:
         raise ValueError(f"io (the caller's dtype: dv, dq, dk stored in it) is a form of the one-term dh_ws and dqk, "
                          f"another dtype of {DTYPES} than the operands': {cfg.name}")
@@ -142,9 +153,11 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == AMAX_KIND:
         from .convert import build_amax
         return build_amax(D, cfg.dtype)
+    if cfg.no_du and (cfg.kind != "prep" or cfg.saved):
+        raise ValueError(f"no_du (no dUloc^T) is a form of prep computing Tinv only: {cfg.name}")
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
-        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge, bounds=cfg.bounds)
+        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge, bounds=cfg.bounds, du=not cfg.no_du)
     if cfg.ws_bv and (cfg.kind != "dh" or cfg.ws_bv not in DH_WS_BLOCKS):
         raise ValueError(f"ws_bv (the warp-specialised reverse pass) is a form of dh at {DH_WS_BLOCKS}: {cfg.name}")
     if cfg.warm and not (cfg.kind == "dh" and not (cfg.single or cfg.ws_bv)):
@@ -162,6 +175,9 @@ def prim_func(cfg: BwdConfig):
         return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
                              s_lo=not cfg.s_single, lo8=cfg.lo8, e_once=cfg.e_once, exp_mask=cfg.exp_mask,
                              one=cfg.one, io=cfg.io)
+    if cfg.kind == FUSED_KIND:
+        from .fused import build_bwd_fused
+        return build_bwd_fused(D, io=cfg.io or cfg.dtype)
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)

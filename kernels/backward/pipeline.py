@@ -25,6 +25,10 @@ Stages (kernels in brackets; which ones run is ``kernels.plan``'s ``BackwardPlan
      terms; GVA groups of 2, 4, 8 summed in the kernel (clusters), others by [gdn_bwd_group_sum];
   5. ``dg_dbeta`` [gdn_bwd_dg_dbeta] and ``finish.finish`` (torch): dg, dbeta, the L2-norm chain rule.
 
+With ``plan.fused`` (the one-term plan on fp16 operands), stages 2-4 are the recompute, then ``fused``
+[gdn_bwd_fused] (value head, seq): dh's and dqk's outputs in one launch, dUloc formed in it (prep's table unread),
+no dS' or dY tables; the GVA group sums by [gdn_bwd_group_sum].
+
 ``plan``: another plan value (a benchmark's alternative), or a function of the dispatched plan returning the plan
 to run; a one-term plan runs on v, dO, h0, dht under powers of two per GVA group (``scales``; the gradients scaled
 back) and, where its dtype is not the inputs' (``io_dtype``), on q, k, v, dO converted to it by ``gdn_bwd_convert``,
@@ -131,6 +135,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         return _empty_gradients(b, g, beta, initial_state)
     if plan is None or callable(plan):
         plan = plan(plan_for(b)) if plan else plan_for(b)
+    if plan.fused and stages is not None:
+        raise ValueError("stages: the fused backward (plan.fused) stores no dS' or dY tables to record")
     mark = _marker(events)
     mark("start")
     out_dt = x.q.dtype                  # the caller's
@@ -155,35 +161,50 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     if plan.shared_scan:
         maps = segment_maps_of(x=x, plan=plan, tables=tables)
         mark("scan")
-    side = _side_stream(x.q.device) if plan.overlap_recompute else None
-    if side is not None:
-        side.wait_stream(torch.cuda.current_stream(x.q.device))   # prep is launched: the recompute may follow it
-    grads = dh(b=b, plan=plan, tables=tables, saved=from_saved, maps=maps, factors=f)
-    if stages is None:
-        # dUloc^T and Tinv are read by dh alone: their memory is no longer allocated while the recompute's outputs
-        # are (main-stream allocations that reuse it run after dh)
-        tables = _without(tables, "Th", "Tl", "dUl")
-    # the recompute after dh either way, so that its outputs are not allocated beside dh's inputs and outputs: on
-    # the main stream, or on the side stream launched after dh (dh's CTAs are placed first), which the main stream
-    # waits for before dqk
-    if side is None:
-        mark("dh")
-        states = recompute(x=x, plan=plan, tables=tables, side=None, maps=maps)
+    if plan.fused:
+        tables = _without(tables, "Tl", "dUl")        # not read (dUloc^T formed in the fused kernel)
+        states = recompute(x=x, plan=plan, tables=tables, side=None, maps=None)
         mark("recompute")
+        tables = _without(tables, "Agh", "Agl")       # read by the recompute only
+        states = _without(states, "Scl", "Ul")        # the fused kernel reads S and U hi alone
+        grads, terms = fused(b=b, plan=plan, tables=tables, states=states, factors=f)
+        # S, U, v and dO are read by the fused kernel last: freed before the group sums allocate
+        states, b = None, dataclasses.replace(b, do=None, x=dataclasses.replace(x, v=None))
+        x = b.x
+        terms = fused_group_sums(x=x, plan=plan, terms=terms)
+        mark("fused")
     else:
-        states = recompute(x=x, plan=plan, tables=tables, side=side, maps=maps)
-        mark("dh")
-        torch.cuda.current_stream(x.q.device).wait_stream(side)
-        mark("recompute (not hidden by dh)")
-    maps = None
-    if stages is None:
-        # Ag is read by the recompute only: its memory serves dqk's outputs
-        tables = _without(tables, "Agh", "Agl")
-    terms = dqk(b=b, plan=plan, tables=tables, states=states, grads=grads, fp32_sums=stages is not None, factors=f)
-    mark("dqk")
-    if stages is not None:
-        _record_stages(stages, x=x, tables=tables, states=states, grads=grads, terms=terms, from_saved=from_saved)
-    states, grads = None, _without(grads, "dSh", "dSl", "dYh", "dYl")      # read by dqk last
+        side = _side_stream(x.q.device) if plan.overlap_recompute else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(x.q.device))   # prep launched: the recompute may follow
+        grads = dh(b=b, plan=plan, tables=tables, saved=from_saved, maps=maps, factors=f)
+        if stages is None:
+            # dUloc^T and Tinv are read by dh alone: their memory is no longer allocated while the recompute's
+            # outputs are (main-stream allocations that reuse it run after dh)
+            tables = _without(tables, "Th", "Tl", "dUl")
+        # the recompute after dh either way, so that its outputs are not allocated beside dh's inputs and outputs:
+        # on the main stream, or on the side stream launched after dh (dh's CTAs are placed first), which the main
+        # stream waits for before dqk
+        if side is None:
+            mark("dh")
+            states = recompute(x=x, plan=plan, tables=tables, side=None, maps=maps)
+            mark("recompute")
+        else:
+            states = recompute(x=x, plan=plan, tables=tables, side=side, maps=maps)
+            mark("dh")
+            torch.cuda.current_stream(x.q.device).wait_stream(side)
+            mark("recompute (not hidden by dh)")
+        maps = None
+        if stages is None:
+            # Ag is read by the recompute only: its memory serves dqk's outputs
+            tables = _without(tables, "Agh", "Agl")
+        terms = dqk(b=b, plan=plan, tables=tables, states=states, grads=grads, fp32_sums=stages is not None,
+                    factors=f)
+        mark("dqk")
+        if stages is not None:
+            _record_stages(stages, x=x, tables=tables, states=states, grads=grads, terms=terms,
+                           from_saved=from_saved)
+        states, grads = None, _without(grads, "dSh", "dSl", "dYh", "dYl")      # read by dqk last
     out = dg_dbeta(x=x, plan=plan, tables=tables, grads=grads, terms=terms, g=g, beta=beta,
                    has_h0=initial_state is not None, dt=out_dt)
     if f is not None:
@@ -262,10 +283,13 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
         Tl = torch.empty_like(Th)
         Agh, Agl = torch.empty_like(Th), torch.empty_like(Th)
     Fb = torch.empty(x.HV, x.NC, 8, BT, device=dev, dtype=torch.float32)
-    dUl = torch.empty(x.HV, x.NC, x.D, BT, device=dev, dtype=torch.float32)
+    cfg = plan.prep_config(saved is not None)
+    if cfg.no_du:       # the fused kernel forms dUloc itself
+        dUl = unused((1, 1, x.D, BT), torch.float32, dev)
+    else:
+        dUl = torch.empty(x.HV, x.NC, x.D, BT, device=dev, dtype=torch.float32)
     # the chunks' log2 norm bounds, read by the warm segmented pass alone: written by prep where it computes Tinv,
     # and on the saved tables where that pass runs
-    cfg = plan.prep_config(saved is not None)
     bounds = saved is None or cfg.bounds
     Lb = (torch.empty(x.HV, x.NC, device=dev, dtype=torch.float32) if bounds
           else unused((x.HV, x.NC), torch.float32, dev))
@@ -444,6 +468,52 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
         gs(dq32, dqv)
         gs(dk32, dkv)
     return ChunkTerms(dqv, dkv, qz, kw, kr, sd, yv2, rect, db22)
+
+
+def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates, factors):
+    """``gdn_bwd_fused`` (``plan.fused``): dh's and dqk's outputs in one launch from the one-term plan's operands,
+    the recompute's S, U hi tables and prep's Tinv hi and gate table (dUloc formed in the kernel; no dS' or dY
+    tables): the gradients (dv, dh0) and the chunk terms, dq~ and dk~ per value head in fp32 ``[Ttot, HV, D]``
+    (``fused_group_sums`` sums them)."""
+    from kernels.build import get_kernel
+    x = b.x
+    dev, D, HV, NC, Ttot = x.q.device, x.D, x.HV, x.NC, x.n_tok
+    f32 = torch.float32
+    dv = torch.empty(Ttot, HV, D, device=dev, dtype=_io_dtype(plan, x.q.dtype))
+    dq32, dk32 = (torch.empty(Ttot, HV, D, device=dev, dtype=f32) for _ in range(2))
+    qz, kw, kr, yv2, db22 = (torch.empty(2, HV, NC, BT, device=dev, dtype=f32) for _ in range(5))
+    sd = torch.empty(2, HV, NC, D, device=dev, dtype=f32)
+    rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
+    use_h0 = x.h0 is not None
+    dh0 = torch.empty((x.N if use_h0 else 1), HV, D, D, device=dev, dtype=f32)
+    if b.dht is None:
+        dht = unused((1, HV, D, D), f32, dev)
+    else:           # the kernel's states are key-first
+        dht = b.dht.transpose(-1, -2).contiguous() if x.v_first else b.dht
+    get_kernel(plan.fused_config())(x.q, x.k, x.v, b.do, states.Sch, states.Uh, tables.Th, tables.Fb, x.cu,
+                                    x.chunk_offsets, dht, dv, dq32, dk32, qz, kw, kr, yv2, db22, sd, rect, dh0,
+                                    int(b.dht is not None), int(use_h0), float(x.scale), _factors_arg(x, factors))
+    if use_h0 and x.v_first:
+        dh0 = dh0.transpose(-1, -2).contiguous()
+    return (StateGradients(None, None, None, None, dv, dh0),
+            ChunkTerms(dq32, dk32, qz, kw, kr, sd, yv2, rect, db22))
+
+
+def fused_group_sums(*, x: ForwardInputs, plan, terms: ChunkTerms) -> ChunkTerms:
+    """``terms`` with the fused kernel's dq~, dk~ summed over each GVA group in fp32 (``gdn_bwd_group_sum``;
+    as they are where a group is one value head), each per-value-head buffer freed once summed."""
+    from kernels.build import get_kernel
+    gsum = plan.group_sum_config(True)
+    if gsum is None:
+        return terms
+    gs = get_kernel(gsum)
+    sums = []
+    for name in ("dqv", "dkv"):
+        out = torch.empty(x.n_tok, x.H, x.D, device=x.q.device, dtype=torch.float32)
+        gs(getattr(terms, name), out)
+        terms = _without(terms, name)
+        sums.append(out)
+    return dataclasses.replace(terms, dqv=sums[0], dkv=sums[1])
 
 
 def _view_over(buf: torch.Tensor, shape, dtype, new=torch.empty) -> torch.Tensor:

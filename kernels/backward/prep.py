@@ -45,12 +45,14 @@ def load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv
     zero_rows_past(q_s, nv)
 
 
-def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str = "bf16", bounds: bool = False):
+def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str = "bf16", bounds: bool = False,
+                   du: bool = True):
     """``saved``: Tinv and Ag come from the forward (the autograd Function keeps the intra kernel's ``Th``, ``Ah``,
     ``Al``: the same operations on the same values, so bitwise this kernel's): no solve, and ``Th``, ``Tl``,
     ``Agh``, ``Agl`` are not accessed; ``Lb`` is stored where ``bounds`` (K K^T for its diagonal alone, the same
     operations as without ``saved``), else not accessed; the gate table and dUloc^T as without it.  ``merge``: the
     block merges as the intra kernel's of that name ("fp32", "bf16", or "split": 24 KiB more shared memory).
+    ``du`` False (the fused backward's, which forms dUloc itself): no P, dO not loaded, dUl not accessed.
 
     Arguments:
       q, k          [Ttot, H, DK]     dtype
@@ -60,7 +62,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
       Th, Tl        [HV, NC, 64, 64]  dtype  (out)
       Agh, Agl      [HV, NC, 64, 64]  dtype  (out, Tinv diag(beta) split, for the state kernel)
       Fb            [HV, NC, 8, 64]   fp32   (out)
-      dUl           [HV, NC, DV, 64]  fp32   (out, dUloc^T)
+      dUl           [HV, NC, DV, 64]  fp32   (out, dUloc^T; without ``du`` any [*, *, DV, 64], not accessed)
       Lb            [HV, NC]          fp32   (out, each chunk's log2 norm bound; with ``saved``, where ``bounds``)
       scale fp32, use_l2 int32
     """
@@ -71,6 +73,8 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
     merge_split = merge == "split"
     f32 = "float32"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
+    # without du, dUl is a placeholder of any leading dims (not accessed)
+    du_dims = (HV, NC) if du else dynamic_dims("HVu NCu")
 
     @T.prim_func
     def gdn_bwd_prep(
@@ -86,7 +90,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
         Agh: T.Tensor((HV, NC, BT, BT), dtype),
         Agl: T.Tensor((HV, NC, BT, BT), dtype),
         Fb: T.Tensor((HV, NC, 8, BT), f32),
-        dUl: T.Tensor((HV, NC, DV, BT), f32),
+        dUl: T.Tensor((*du_dims, DV, BT), f32),
         Lb: T.Tensor((HV, NC), f32),
         scale: T.float32,
         use_l2: T.int32,
@@ -161,25 +165,27 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
                 f_s[7, r] = b_s[r]
             T.copy(f_s, Fb[hv, c, 0:8, 0:BT])
 
-            # P = scale causal(E o Q~K~^T), split (the operand of dUloc^T = dO^T P)
-            T.gemm(q_s, k_s, kk, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(BT, BT):
-                # the value first, then a select: no branch per element (masked values, inf or not, are never selected)
-                p = f_s[5, i] * f_s[6, j] * T.exp2((g_s[i] - g_s[j]) * LOG2E) * kk[i, j]
-                kk[i, j] = T.if_then_else(j <= i, p, T.float32(0))
-            for i, j in T.Parallel(BT, BT):
-                ph_s[i, j] = T.cast(kk[i, j], dtype)
-                pl_s[i, j] = T.cast(kk[i, j] - T.cast(T.cast(kk[i, j], dtype), f32), dtype)
+            if du:
+                # P = scale causal(E o Q~K~^T), split (the operand of dUloc^T = dO^T P)
+                T.gemm(q_s, k_s, kk, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(BT, BT):
+                    # the value first, then a select: no branch per element (masked values, inf or not, are never
+                    # selected)
+                    p = f_s[5, i] * f_s[6, j] * T.exp2((g_s[i] - g_s[j]) * LOG2E) * kk[i, j]
+                    kk[i, j] = T.if_then_else(j <= i, p, T.float32(0))
+                for i, j in T.Parallel(BT, BT):
+                    ph_s[i, j] = T.cast(kk[i, j], dtype)
+                    pl_s[i, j] = T.cast(kk[i, j] - T.cast(T.cast(kk[i, j], dtype), f32), dtype)
 
-            # dUloc^T = dO^T P (then P and dO die, before the fp32 tiles of the solve are born)
-            if tx < 32:
-                T.tma_copy(do[t0:t0 + BT, hv, 0:DV], do_s, barrier=do_ready)
-                T.barrier_arrive(do_ready)
-            T.barrier_wait(do_ready, 0)
-            zero_rows_past(do_s, nv)
-            T.gemm(do_s, ph_s, du_f, transpose_A=True, clear_accum=True)
-            T.gemm(do_s, pl_s, du_f, transpose_A=True)
-            T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])
+                # dUloc^T = dO^T P (then P and dO die, before the fp32 tiles of the solve are born)
+                if tx < 32:
+                    T.tma_copy(do[t0:t0 + BT, hv, 0:DV], do_s, barrier=do_ready)
+                    T.barrier_arrive(do_ready)
+                T.barrier_wait(do_ready, 0)
+                zero_rows_past(do_s, nv)
+                T.gemm(do_s, ph_s, du_f, transpose_A=True, clear_accum=True)
+                T.gemm(do_s, pl_s, du_f, transpose_A=True)
+                T.copy(du_f, dUl[hv, c, 0:DV, 0:BT])
 
             # K K^T; its diagonal gives the chunk's log2 norm bound as the intra kernel's row 7 (``cp_warm``), and
             # with the gates A, unless the forward's tables are given (``saved``; then the bound alone, ``bounds``)
