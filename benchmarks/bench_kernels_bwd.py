@@ -84,6 +84,10 @@ def backward_context(name: str):
 
 # A/B columns (``--ab``): ours with plan values other than the dispatched ones (``dataclasses.replace`` of the
 # ForwardPlan / BackwardPlan the Function dispatches; ``kernels.autograd.apply(alter=...)``)
+# the one-term backward on fp16 operands (bf16 inputs converted, v and dO under powers of two per GVA group; S, U,
+# dS', dY hi alone; K = 128; the forward keeps no tables), with the sequential dh_ws at every layout
+ONE16 = dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True, s_single=True, lo8=False,
+             dh_ws_bv=32, dh_segments=None, dh_warm=False, recompute_warm=False, shared_scan=False)
 AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alter: the A/B's noise floor
       "ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompute on the main stream, after dh
       "ours-overlap": ("backward", dict(overlap_recompute=True)),  # the recompute on a side stream, beside dh
@@ -110,13 +114,13 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       "ours-dh-single": ("backward", dict(dh_single=True, lo8=False)),  # dh's Tinv, dU, F0 dX single (sequential)
       "ours-s-single": ("backward", dict(s_single=True, lo8=False)),  # the recompute's S hi alone: no S lo table
       "ours-lo16": ("backward", dict(lo8=False)),  # the S and dS' lo tables in the input dtype, not fp8
-      # the backward on the fp16 kernels (bf16 inputs converted, v and dO under powers of two per GVA group), dh_ws and
-      # dqk with every table and operand one fp16 term (S, U, dS', dY hi alone; K = 128); the forward keeps no tables
-      "ours-one16": ("both", dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True,
-                                  s_single=True, lo8=False, dh_ws_bv=32)),
-      # the same with dh and dqk as one warp-specialised kernel after the recompute (dUloc from one fp16 term of P)
-      "ours-fused": ("both", dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True,
-                                  s_single=True, lo8=False, dh_ws_bv=32, fused=True)),
+      # dh_ws and dqk with every table and operand one fp16 term (``ONE16``)
+      "ours-one16": ("both", dict(ONE16)),
+      # the same with dh and dqk as one warp-specialised kernel after the recompute (dUloc from one fp16 term of P),
+      # over its warm-up segments where one CTA per value head leaves SMs idle (``fused_segments``)
+      "ours-fused": ("both", dict(ONE16, fused=True)),
+      # the fused kernel in one pass per sequence (no segments)
+      "ours-fused-seq": ("both", dict(ONE16, fused=True, fused_segments=None)),
       "ours-dh-regs": ("backward", dict(dh_ws_bv=0)),  # dh's register kernel (value-first, 64 value columns a CTA)
       # dh warp-specialised, key-first, 32 value columns a CTA (the segmented pass in three passes)
       "ours-dh-ws32": ("backward", dict(dh_ws_bv=32, dh_warm=False)),

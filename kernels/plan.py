@@ -264,7 +264,9 @@ class BackwardPlan:
     ``shared_scan``): the recompute on dh's segments, each from its warm-up chunks before its start or from its
     sequence's start (``gdn_state_tables_ws_warm``), without a CP scan or fix-up; ``fused`` (with ``one_term`` on
     fp16 operands): dh and dqk as one warp-specialised kernel after the recompute (``backward/fused.py``: dUloc
-    from one fp16 term of P, no dS' or dY tables; an A/B alternative)."""
+    from one fp16 term of P, no dS' or dY tables; an A/B alternative); ``fused_segments`` (read with ``fused``): the
+    fused kernel's segment plan at one CTA per (value head, segment) (``dh_segmented.PlanTensors``, its warm form
+    ``gdn_bwd_fused_warm``; None = one pass per sequence)."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -290,6 +292,7 @@ class BackwardPlan:
     dh_warm: bool = False
     recompute_warm: bool = False
     fused: bool = False
+    fused_segments: object = field(default=None, compare=False)
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -383,7 +386,8 @@ class BackwardPlan:
 
     def fused_config(self) -> BwdConfig:
         """The fused kernel of dh and dqk (``fused``): fp16 operands, dv in ``io_dtype`` (else fp16)."""
-        return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype)
+        return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype,
+                         warm=self.fused_segments is not None)
 
     def convert_config(self) -> BwdConfig | None:
         """``gdn_bwd_convert`` of a one-term plan: v and dO scaled, q, k, v, dO from ``io_dtype`` (if any)."""
@@ -397,11 +401,20 @@ class BackwardPlan:
         return BwdConfig("dgdb", "float32", self.DK)
 
     def group_sum_config(self, fp32: bool) -> BwdConfig | None:
-        """``gdn_bwd_group_sum`` to fp32 or the input dtype where dqk (or the fused kernel, which has no cluster
-        form) leaves per-value-head rows of a group."""
-        if self.group == 1 or (self.cluster_group_sum and not self.fused):
+        """``gdn_bwd_group_sum`` to fp32 or the input dtype where dqk leaves per-value-head rows of a group (the
+        fused kernel's: ``fused_group_sum_config``)."""
+        if self.group == 1 or self.cluster_group_sum:
             return None
         return BwdConfig("gsum32" if fp32 else "gsum", self.dtype, self.DK)
+
+    def fused_group_sum_config(self, fp32: bool) -> BwdConfig | None:
+        """The fused kernel's GVA group sums (``fused``, groups of more than one value head): to fp32 where the host
+        still chains the L2 norm (``fp32``), else to the caller's dtype (``io_dtype``, or the kernels'): the final dq,
+        dk in one pass."""
+        if self.group == 1:
+            return None
+        return BwdConfig("gsum32", self.dtype, self.DK) if fp32 else BwdConfig("gsum", self.io_dtype or self.dtype,
+                                                                               self.DK)
 
     def configs(self, with_saved: bool) -> tuple:
         """Every kernel configuration the call runs (``with_saved``: prep on the forward's tables)."""
@@ -409,8 +422,9 @@ class BackwardPlan:
         saved = with_saved and self.takes_saved_tables
         out += [self.prep_config(saved), *((self.fused_config(),) if self.fused
                                             else (self.dh_config(saved), self.dqk_config())), self.dgdb_config()]
-        out += [c for c in (self.group_sum_config(True), self.group_sum_config(False), self.convert_config(),
-                            self.amax_config()) if c is not None]
+        sums = ((self.fused_group_sum_config(True), self.fused_group_sum_config(False)) if self.fused
+                else (self.group_sum_config(True), self.group_sum_config(False)))
+        out += [c for c in (*sums, self.convert_config(), self.amax_config()) if c is not None]
         if (self.dh_segments is not None and not self.segmented_warm
                 and FixupConfig(self.DK) not in out):                           # the segmented pass's end walk
             out.append(FixupConfig(self.DK))
@@ -418,9 +432,10 @@ class BackwardPlan:
 
 
 def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_segments=None,
-                  DK: int = KERNEL_HEAD_DIM, max_chunks: int | None = None) -> BackwardPlan:
-    """The backward's dispatch: ``dh_segments`` (``dh_segmented.plan``'s tensors, or None) from the caller, who
-    owns the layout cache; dh with every operand split; the sequential pass and the warm segmented one read the
+                  DK: int = KERNEL_HEAD_DIM, max_chunks: int | None = None, fused_segments=None) -> BackwardPlan:
+    """The backward's dispatch: ``dh_segments`` (``dh_segmented.plan``'s tensors, or None) and ``fused_segments``
+    (the same at one CTA per value head and segment, kept for the fused A/B form) from the caller, who owns the
+    layout cache; dh with every operand split; the sequential pass and the warm segmented one read the
     forward's saved tables (Tinv's hi term alone); the
     recompute beside dh from ``OVERLAP_MIN_CHUNK_HEADS`` (chunk, value head) pairs; its state kernel at the
     forward's ``block_v`` (one CTA per SM), warp-specialised (``recompute_ws``) at the head dims of
@@ -449,4 +464,4 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
                         recompute_block_v=rbv, recompute_ctas_per_sm=1, group=group,
                         cluster_group_sum=group in CLUSTER_GROUPS, lo8=True, DK=DK, recompute_cp=rcp,
                         shared_scan=not seq and DK not in WS_HEAD_DIMS, dh_warm=not seq,
-                        recompute_warm=not seq and DK in WS_HEAD_DIMS)
+                        recompute_warm=not seq and DK in WS_HEAD_DIMS, fused_segments=fused_segments)

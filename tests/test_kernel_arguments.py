@@ -116,13 +116,28 @@ def test_one_term_fp16_backward_launches_what_the_kernels_declare():
 @pytest.mark.parametrize("layout", ["many-heads", "varlen"])
 def test_fused_one_term_backward_launches_what_the_kernels_declare(layout):
     """The one-term fp16 backward with dh and dqk fused (``BackwardPlan.fused``): the fused kernel in their place,
-    then the group sums of its per-value-head dq~, dk~."""
+    then the group sums of its per-value-head dq~, dk~, straight to the caller's bf16 (no L2 norm here)."""
     from benchmarks.bench_kernels_bwd import alter
 
     launches = _run(layout, alter("ours-fused"))
     names = [n.split("[")[0] for n in launches]
     assert "bwd_fused" in names and "bwd_dh" not in names and "bwd_dqk" not in names, launches
-    assert names.count("bwd_gsum32") == 2, launches
+    assert launches.count("bwd_gsum[DK=DV=128,bfloat16]") == 2 and "bwd_gsum32" not in names, launches
+
+
+@pytest.mark.parametrize("layout", ["few-heads-long", "varlen"])
+def test_fused_warm_segments_launch_what_the_kernel_declares(monkeypatch, layout):
+    """The fused kernel over its warm-up segments (``fused_segments``, forced on: the segment thresholds set to 1):
+    its warm form, on the segments' tables, in the place of the one pass."""
+    from benchmarks.bench_kernels_bwd import alter
+    from kernels.backward import dh_segmented
+
+    monkeypatch.setattr(dh_segmented, "MIN_CHUNKS", 1)
+    monkeypatch.setattr(dh_segmented, "MIN_SEQ_CHUNKS", 1)
+    launches = _run(layout, alter("ours-fused"))
+    names = [n.split("[")[0] for n in launches]
+    assert "bwd_fused" in names and not any("fused" in n and ",warm," not in n for n in launches), launches
+    assert not any(",warm," in n for n in _run(layout, alter("ours-fused-seq")) if "fused" in n)
 
 
 def test_fused_backward_refuses_stage_records_before_any_launch():

@@ -612,9 +612,10 @@ def test_recomputed_state_hi_alone_is_the_emulations(case):
 # the chunk exponents)
 _ONE_TERM_CASES = [_S_SINGLE_CASES[0], _S_SINGLE_CASES[1], Case(T=2048, H=2, HV=8, dist="strong-decay", grad=True),
                    Case(T=1024, H=2, HV=4, dist="strong-decay", h0_dtype="fp32", grad=True)]
-# BackwardPlan.one_term on the fp16 kernels (bench_kernels_bwd's ``ours-one16``)
+# BackwardPlan.one_term on the fp16 kernels (bench_kernels_bwd's ``ours-one16``: the sequential dh_ws)
 ONE16 = dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True, s_single=True, lo8=False,
-             reads_saved_tables=False, dh_ws_bv=32)
+             reads_saved_tables=False, dh_ws_bv=32, dh_segments=None, dh_warm=False, recompute_warm=False,
+             shared_scan=False)
 
 
 @pytest.mark.parametrize("case", _ONE_TERM_CASES, ids=[c.id for c in _ONE_TERM_CASES])
@@ -635,6 +636,35 @@ def test_fused_one_term_is_the_emulations(case):
     from kernels.backward.emulation import ONE_TERM_FP16
     _backward_alternative_is_the_emulations(case, dict(ONE16, fused=True), dict(ONE_TERM_FP16, p_single=True),
                                             "fused one fp16 term vs emulation")
+
+
+# the warm segmented cases the fused kernel takes (K = 128): slow decay (every segment runs on to its sequence's
+# end), strong decay (from warm-up chunks), qwen gates with h0 (both; dh0 from each sequence's first segment)
+_FUSED_SEGMENTED = [c for c in _WARM_SEGMENTED if c.K == 128]
+
+
+@pytest.mark.parametrize("case", _FUSED_SEGMENTED, ids=[c.id for c in _FUSED_SEGMENTED])
+def test_fused_warm_segments_match_its_one_pass(monkeypatch, case):
+    """``BackwardPlan.fused`` over its warm-up segments (``gdn_bwd_fused_warm``, forced on: the thresholds set to 1)
+    gives the gradients of its one pass per sequence (``fused_segments`` None) on the GPU
+    (``kernel_support.assert_segmented_matches_sequential``)."""
+    from kernels.backward import dh_segmented
+    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
+    from kernels.backward.pipeline import plan_for, prepare_backward
+
+    xs, kw, do, dht = tt.bwd_args(case, CUDA)
+    fused = dict(ONE16, fused=True)
+    one_pass = dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)), **fused, fused_segments=None)
+    seq = kern(*xs, do, dht, **kw, plan=one_pass)
+    monkeypatch.setattr(dh_segmented, "MIN_CHUNKS", 1)
+    monkeypatch.setattr(dh_segmented, "MIN_SEQ_CHUNKS", 1)
+    # the plan cache is keyed by the thresholds: no stale plan is reused
+    plan = dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)), **fused)
+    assert plan.fused_segments is not None and plan.fused_segments.cu.numel() - 1 >= 4, plan.fused_segments
+    assert plan.fused_config().warm, plan.fused_config()
+    seg = kern(*xs, do, dht, **kw, plan=plan)
+    torch.cuda.synchronize()
+    tt.assert_segmented_matches_sequential(seg, seq, xs[0].dtype, NAMES, label=f"{case.id} fused warm")
 
 
 _ONE_TERM_SCALED = [_ONE_TERM_CASES[1], _ONE_TERM_CASES[3]]      # varlen; h0

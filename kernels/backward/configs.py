@@ -49,8 +49,9 @@ class BwdConfig:
     exp_mask: bool = False         # dqk only: the fp8 lo tiles' powers of two by a mask of hi's exponent bits
     one: bool = False              # dh_ws (with single), dqk (with s_single): every table and operand one input-dtype
     #                                term (the dS', dY tables hi alone; dqk reads S, U, dS', dY hi alone)
-    warm: bool = False             # dh only: the segmented reverse pass in one launch, each segment from its warm-up
-    #                                chunks or its sequence's end (the split register kernel, ``gdn_bwd_dh_warm``)
+    warm: bool = False             # dh, fused: the segmented reverse pass in one launch, each segment from its warm-up
+    #                                chunks or its sequence's end (the split register dh, ``gdn_bwd_dh_warm``; the
+    #                                fused kernel, ``gdn_bwd_fused_warm``)
     no_du: bool = False            # prep computing Tinv only: no dUloc^T (the fused backward forms it; dO not read)
     io: str = ""                   # dh_ws, dqk with one: the caller's dtype where the operands are another (dtype):
     #                                dv, dq, dk stored in it ("": dtype); cvt: the source dtype (may be dtype)
@@ -105,7 +106,8 @@ def _configs_at(D: int):
                   for kind in DQK_KINDS]
                + [BwdConfig(CONVERT_KIND, dt, D, io=src) for dt, src in (("float16", "bfloat16"), *zip(DTYPES, DTYPES))]
                + [BwdConfig(AMAX_KIND, dt, D) for dt in DTYPES]
-               + [BwdConfig(FUSED_KIND, "float16", D, one=True, io=io) for io in ("bfloat16", "")]
+               + [BwdConfig(FUSED_KIND, "float16", D, one=True, io=io, warm=w) for io in ("bfloat16", "")
+                  for w in (False, True)]
                + [BwdConfig("prep", "float16", D, merge="fp32", no_du=True)]
                if D == DQK_E_ONCE_HEAD_DIM else []))
 
@@ -160,9 +162,9 @@ def prim_func(cfg: BwdConfig):
         return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge, bounds=cfg.bounds, du=not cfg.no_du)
     if cfg.ws_bv and (cfg.kind != "dh" or cfg.ws_bv not in DH_WS_BLOCKS):
         raise ValueError(f"ws_bv (the warp-specialised reverse pass) is a form of dh at {DH_WS_BLOCKS}: {cfg.name}")
-    if cfg.warm and not (cfg.kind == "dh" and not (cfg.single or cfg.ws_bv)):
-        raise ValueError(f"warm (the segmented reverse pass's warm-up starts) is a form of the split register dh: "
-                         f"{cfg.name}")
+    if cfg.warm and not ((cfg.kind == "dh" and not (cfg.single or cfg.ws_bv)) or cfg.kind == FUSED_KIND):
+        raise ValueError(f"warm (the segmented reverse pass's warm-up starts) is a form of the split register dh "
+                         f"and of {FUSED_KIND}: {cfg.name}")
     if cfg.kind == "dh" and cfg.ws_bv:
         from .dh_ws import build_bwd_dh_ws
         return build_bwd_dh_ws(D, D, cfg.dtype, BV=cfg.ws_bv, single=cfg.single, tinv_lo=not cfg.tinv_hi,
@@ -177,7 +179,7 @@ def prim_func(cfg: BwdConfig):
                              one=cfg.one, io=cfg.io)
     if cfg.kind == FUSED_KIND:
         from .fused import build_bwd_fused
-        return build_bwd_fused(D, io=cfg.io or cfg.dtype)
+        return build_bwd_fused(D, io=cfg.io or cfg.dtype, warm=cfg.warm)
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)

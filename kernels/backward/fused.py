@@ -24,9 +24,12 @@ branch per element around its loads).
 import tilelang.language as T
 
 from kernels.common.prologue import dynamic_dims, seq_span
+from kernels.forward.cp_warm import backward_macros
 from kernels.forward.cumsum import LOG2E
 
 from .dh_ws import chunk_pow2
+
+warm_after, _ = backward_macros()
 
 BT = 64
 WG = 128
@@ -73,17 +76,26 @@ def store_rows(x_f, out, t0, hv, nv, fac):
             out[t0 + t, hv, d] = x_f[t, d] * fac
 
 
-def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)):
+def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24), warm: bool = False):
     """TileLang prim_func of ``gdn_bwd_fused``.  Arguments: q, k [Ttot, H, D], v, dO [Ttot, HV, D] fp16 (the
     one-term plan's, under its powers of two); Sch [HV, NC, D, D] (key-first), Uh [HV, NC, 64, D], Th [HV, NC, 64,
-    64] fp16; Fb [HV, NC, 8, 64] fp32; cu_seqlens, chunk_offsets [N + 1] int32; dht [N or 1, HV, D, D] fp32
-    key-first; then the outputs dv [Ttot, HV, D] in ``io``, dq~, dk~ [Ttot, HV, D] fp32 per value head (times
+    64] fp16; Fb [HV, NC, 8, 64] fp32; cu_seqlens [N + 1], chunk_offsets [N + 1] int32 ([4 N + 1] with ``warm``);
+    Lb [HV, NC] fp32 (each chunk's log2 norm bound, read by ``warm`` alone); dht [N or 1, HV, D, D] fp32 key-first;
+    then the outputs dv [Ttot, HV, D] in ``io``, dq~, dk~ [Ttot, HV, D] fp32 per value head (times
     ``factors[1, hv]``), qz, kw, kr, yv, db2 [2, HV, NC, 64] and sd [2, HV, NC, D] fp32 (half 0 the sums, half 1
-    zero), rect [HV, NC, 64], dh0 [N or 1, HV, D, D] fp32 key-first; use_dht, store_dh0 int32, scale fp32,
-    factors [2, HV] fp32 (dv stored times row 0)."""
+    zero), rect [HV, NC, 64], dh0 [N or 1, HV, D, D] fp32 key-first (with ``warm``, dht and dh0 per segment);
+    use_dht, store_dh0 int32, scale fp32, factors [2, HV] fp32 (dv stored times row 0).
+
+    ``warm`` (``gdn_bwd_fused_warm``): the N "sequences" are CP segments of the call's sequences and
+    ``chunk_offsets`` is ``dh_segmented.warm_table``'s; a segment that is not its sequence's last first runs its
+    warm-up chunks after its end from a zero state gradient (``cp_warm``'s ``warm_after`` on ``Lb``), storing
+    nothing for them, or runs on from its sequence's end; dht and dh0 are indexed by segment (the caller gives each
+    segment its sequence's dht and takes each sequence's first segment's dh0: a sequence index read in the kernel
+    costs the chain warpgroup spills)."""
     assert D == 128, "the fused backward is built at K = V = 128 alone (its tiles take 225 KiB of shared memory)"
     assert io in ("bfloat16", "float16"), io
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
+    n_co = 4 * N + 1 if warm else N + 1
 
     @T.prim_func
     def gdn_bwd_fused(
@@ -96,7 +108,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
         Th: T.Tensor((HV, NCg, BT, BT), f16),
         Fb: T.Tensor((HV, NCg, 8, BT), f32),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
-        chunk_offsets: T.Tensor((N + 1,), "int32"),
+        chunk_offsets: T.Tensor((n_co,), "int32"),
+        Lb: T.Tensor((HV, NCg), f32),
         dht: T.Tensor((Nh, HV, D, D), f32),
         dv: T.Tensor((Ttot, HV, D), io),
         dq32: T.Tensor((Ttot, HV, D), f32),
@@ -133,6 +146,17 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
             m_s = T.view(dsh_s, (BT, 2 * BT), f32)     # the dg summands [64, 64] (columns 64.. unused)
             rw_s = T.alloc_shared((BT,), f32)          # their row sums
             cw_s = T.alloc_shared((BT,), f32)          # column sums less row sums
+            if warm:
+                w = T.alloc_local((1,), "int32")       # warm-up chunks after the segment
+                wacc = T.alloc_local((1,), f32)
+                end = chunk_offsets[chunk_offsets[2 * N + 1 + n] + 1]
+                warm_after(Lb, hv, chunk_offsets[n + 1], end, w, wacc, rw_s)    # (rw_s free until P3)
+                # exact (from the sequence's dht) where the warm-up reaches the sequence's end
+                from_dht = T.if_then_else(c0 + nch + w[0] == end, use_dht, 0)
+                ntot = T.alloc_var("int32")            # the chunks run: the segment's, then its warm-up ones
+                ntot = nch + w[0]
+            else:
+                from_dht, ntot = use_dht, nch
 
             full_k = T.alloc_barrier(arrive_count=[32] * 2)
             full_q = T.alloc_barrier(arrive_count=32)
@@ -155,14 +179,15 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 xp = T.alloc_local((2,), f32)              # the chunk's 2^x and 2^-x
                 fac = T.alloc_local((1,), f32)             # dv's factor
                 fac[0] = factors[0, hv]
-                if use_dht != 0:
+                if from_dht != 0:
                     T.copy(dht[n, hv, 0:D, 0:D], ds_f)
                 else:
                     T.clear(ds_f)
-                for i in T.serial(nch):
-                    ic = nch - 1 - i
+                for i in T.serial(ntot):
+                    ic = ntot - 1 - i
                     c = c0 + ic
                     t0 = bos + ic * BT
+                    keep = t0 < eos if warm else True     # a warm-up chunk's tokens are the next segment's
                     par = i % 2
                     st = i % 2
                     # P1: P, dS', dU
@@ -228,7 +253,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                                 yl[e] = yh_s[tx // 2, (tx % 2) * BT + d8 * 8 + e]
                             for e in T.unroll(8):
                                 acc4[e % 4] = acc4[e % 4] + T.cast(vl[d8 * 8 + e], f32) * T.cast(yl[e], f32)
-                    yv[tx % 2, hv, c, tx // 2] = (acc4[0] + acc4[1]) + (acc4[2] + acc4[3])
+                    if keep:
+                        yv[tx % 2, hv, c, tx // 2] = (acc4[0] + acc4[1]) + (acc4[2] + acc4[3])
                     T.barrier_arrive(ph[3])
                     T.barrier_wait(ph[3], par)
                 if store_dh0 != 0:
@@ -245,10 +271,11 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 acc = T.alloc_local((1,), f32)
                 fac = T.alloc_local((1,), f32)             # dq~'s factor
                 fac[0] = factors[1, hv]
-                for i in T.serial(nch):
-                    ic = nch - 1 - i
+                for i in T.serial(ntot):
+                    ic = ntot - 1 - i
                     c = c0 + ic
                     t0 = bos + ic * BT
+                    keep = t0 < eos if warm else True     # a warm-up chunk's tokens are the next segment's
                     nv = T.min(eos - t0, BT)
                     par = i % 2
                     st = i % 2
@@ -259,7 +286,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     T.barrier_wait(full_su, par)
                     T.gemm(do_s, s_s, dq_f, transpose_B=True, clear_accum=True)
                     half_dots(dq_f, q_s, None, c_f, rs, rs2, nv)
-                    put_dots(rs, qz, hv, c)
+                    if keep:
+                        put_dots(rs, qz, hv, c)
                     for t, d in T.Parallel(BT, D):
                         dq_f[t, d] = scale * T.exp2(f_s[st, 4, t] * LOG2E) * dq_f[t, d]
                     T.gemm(do_s, u_s, b_f, transpose_B=True, clear_accum=True)
@@ -298,7 +326,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         c_f[t, j] = T.if_then_else(j < t, y, 0.0)
                         a_f[t, j] = b_f[t, j] * a_f[t, j]
                     T.reduce_sum(a_f, rs, dim=1)
-                    put_dots(rs, db2, hv, c)
+                    if keep:
+                        put_dots(rs, db2, hv, c)
                     T.reduce_sum(c_f, rs2, dim=1)
                     for t, j in T.Parallel(BT, BT):
                         m_s[t, j] = c_f[t, j]
@@ -331,7 +360,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         for kk in T.unroll(BT):
                             x = cw_s[kk]
                             acc[0] = acc[0] + T.if_then_else(kk < tx - WG, x, T.float32(0))
-                        rect[hv, c, tx - WG] = acc[0]
+                        if keep:
+                            rect[hv, c, tx - WG] = acc[0]
                     T.barrier_arrive(ph[3])
                     T.barrier_wait(ph[3], par)
             elif tx < 3 * WG:
@@ -344,10 +374,11 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 acc4 = T.alloc_local((4,), f32)
                 fac = T.alloc_local((1,), f32)             # dk~'s factor
                 fac[0] = factors[1, hv]
-                for i in T.serial(nch):
-                    ic = nch - 1 - i
+                for i in T.serial(ntot):
+                    ic = ntot - 1 - i
                     c = c0 + ic
                     t0 = bos + ic * BT
+                    keep = t0 < eos if warm else True     # a warm-up chunk's tokens are the next segment's
                     nv = T.min(eos - t0, BT)
                     par = i % 2
                     st = i % 2
@@ -370,11 +401,13 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         for u in T.unroll(4):
                             acc4[u] = acc4[u] + T.cast(s_s[d4 * 4 + u, tx - 2 * WG], f32) * T.cast(
                                 dsh_s[d4 * 4 + u, tx - 2 * WG], f32)
-                    sd[0, hv, c, tx - 2 * WG] = (acc4[0] + acc4[1]) + (acc4[2] + acc4[3])
-                    sd[1, hv, c, tx - 2 * WG] = T.float32(0)
+                    if keep:
+                        sd[0, hv, c, tx - 2 * WG] = (acc4[0] + acc4[1]) + (acc4[2] + acc4[3])
+                        sd[1, hv, c, tx - 2 * WG] = T.float32(0)
                     T.gemm(u_s, dsh_s, dk_f, transpose_B=True, clear_accum=True)
                     half_dots(dk_f, k_s, st, x_h, rs, rs2, nv)
-                    put_dots(rs, kr, hv, c)
+                    if keep:
+                        put_dots(rs, kr, hv, c)
                     for t, d in T.Parallel(BT, D):
                         dk_f[t, d] = T.exp2((f_s[st, 4, BT - 1] - f_s[st, 4, t]) * LOG2E) * dk_f[t, d]
                     T.barrier_arrive(ph[1])
@@ -393,7 +426,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         T.reduce_sum(x_h, rs2, dim=1)
                         for t in T.Parallel(BT):
                             rs[t] = rs[t] + rs2[t]
-                    put_dots(rs, kw, hv, c)
+                    if keep:
+                        put_dots(rs, kw, hv, c)
                     T.gemm(m1_s, q_s, dk_f, transpose_A=True)
                     T.barrier_arrive(ph[2])
                     T.barrier_wait(ph[2], par)
@@ -408,14 +442,14 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 T.set_max_nreg(nreg[3], 0)
                 if tx < 3 * WG + 32:
                     for j in T.unroll(2):
-                        if j < nch:
-                            cj = c0 + nch - 1 - j
-                            tj = bos + (nch - 1 - j) * BT
+                        if j < ntot:
+                            cj = c0 + ntot - 1 - j
+                            tj = bos + (ntot - 1 - j) * BT
                             T.tma_copy(k[tj:tj + BT, h, 0:D], k_s[j, :, :], barrier=full_k[j])
                             T.tma_copy(Fb[hv, cj, 0:8, 0:BT], f_s[j, :, :], barrier=full_k[j])
                             T.barrier_arrive(full_k[j])
-                    c = c0 + nch - 1
-                    t0 = bos + (nch - 1) * BT
+                    c = c0 + ntot - 1
+                    t0 = bos + (ntot - 1) * BT
                     T.tma_copy(q[t0:t0 + BT, h, 0:D], q_s, barrier=full_q)
                     T.barrier_arrive(full_q)
                     T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_s, barrier=full_do)
@@ -425,9 +459,9 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
                     T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
                     T.barrier_arrive(full_su)
-                    for i in T.serial(nch - 1):
+                    for i in T.serial(ntot - 1):
                         par = i % 2
-                        ic = nch - 2 - i
+                        ic = ntot - 2 - i
                         c = c0 + ic
                         t0 = bos + ic * BT
                         T.barrier_wait(ph[1], par)     # dO read (P1 and WG0's P^T dO)
@@ -442,11 +476,12 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         T.barrier_wait(ph[3], par)     # Th (M3), k and the gates of chunk i read
                         T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_th)
                         T.barrier_arrive(full_th)
-                        if i + 2 < nch:
-                            c2 = c0 + nch - 3 - i
-                            t2 = bos + (nch - 3 - i) * BT
+                        if i + 2 < ntot:
+                            c2 = c0 + ntot - 3 - i
+                            t2 = bos + (ntot - 3 - i) * BT
                             T.tma_copy(k[t2:t2 + BT, h, 0:D], k_s[i % 2, :, :], barrier=full_k[i % 2])
                             T.tma_copy(Fb[hv, c2, 0:8, 0:BT], f_s[i % 2, :, :], barrier=full_k[i % 2])
                             T.barrier_arrive(full_k[i % 2])
 
-    return gdn_bwd_fused
+    # the warm form under its own kernel name
+    return gdn_bwd_fused.with_attr("global_symbol", "gdn_bwd_fused_warm") if warm else gdn_bwd_fused

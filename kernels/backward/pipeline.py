@@ -106,7 +106,8 @@ def plan_for(b: BackwardInputs):
     x = b.x
     return backward_plan(TL_DTYPE[x.q.dtype], x.H, x.HV, x.NC, x.N,
                          _dh_plan(x.B, x.T, x.cu_host, x.HV, dh_value_blocks(x.D), x.q.device), DK=x.D,
-                         max_chunks=max_chunks(x.B, x.T, x.cu_host))
+                         max_chunks=max_chunks(x.B, x.T, x.cu_host),
+                         fused_segments=_dh_plan(x.B, x.T, x.cu_host, x.HV, 1, x.q.device))
 
 
 def reads_saved_tables(q) -> bool:
@@ -473,8 +474,9 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
 def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates, factors):
     """``gdn_bwd_fused`` (``plan.fused``): dh's and dqk's outputs in one launch from the one-term plan's operands,
     the recompute's S, U hi tables and prep's Tinv hi and gate table (dUloc formed in the kernel; no dS' or dY
-    tables): the gradients (dv, dh0) and the chunk terms, dq~ and dk~ per value head in fp32 ``[Ttot, HV, D]``
-    (``fused_group_sums`` sums them)."""
+    tables), over ``plan.fused_segments`` from their warm-up chunks (prep's bounds) where given: the gradients (dv,
+    dh0) and the chunk terms, dq~ and dk~ per value head in fp32 ``[Ttot, HV, D]`` (``fused_group_sums`` sums
+    them)."""
     from kernels.build import get_kernel
     x = b.x
     dev, D, HV, NC, Ttot = x.q.device, x.D, x.HV, x.NC, x.n_tok
@@ -485,14 +487,21 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
     sd = torch.empty(2, HV, NC, D, device=dev, dtype=f32)
     rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
     use_h0 = x.h0 is not None
-    dh0 = torch.empty((x.N if use_h0 else 1), HV, D, D, device=dev, dtype=f32)
+    cp = plan.fused_segments
+    # the warm form stores every segment's start gradient: each sequence's is its first segment's
+    dh0 = torch.empty(((x.N if cp is None else cp.cu.numel() - 1) if use_h0 else 1), HV, D, D, device=dev, dtype=f32)
     if b.dht is None:
         dht = unused((1, HV, D, D), f32, dev)
-    else:           # the kernel's states are key-first
+    else:           # the kernel's states are key-first; the warm form's, per segment (its sequence's)
         dht = b.dht.transpose(-1, -2).contiguous() if x.v_first else b.dht
-    get_kernel(plan.fused_config())(x.q, x.k, x.v, b.do, states.Sch, states.Uh, tables.Th, tables.Fb, x.cu,
-                                    x.chunk_offsets, dht, dv, dq32, dk32, qz, kw, kr, yv2, db22, sd, rect, dh0,
+        if cp is not None:
+            dht = dht.index_select(0, cp.warm_co[3 * (cp.cu.numel() - 1) + 1:])
+    cu, co = (x.cu, x.chunk_offsets) if cp is None else (cp.cu, cp.warm_co)
+    get_kernel(plan.fused_config())(x.q, x.k, x.v, b.do, states.Sch, states.Uh, tables.Th, tables.Fb, cu, co,
+                                    tables.Lb, dht, dv, dq32, dk32, qz, kw, kr, yv2, db22, sd, rect, dh0,
                                     int(b.dht is not None), int(use_h0), float(x.scale), _factors_arg(x, factors))
+    if use_h0 and cp is not None:
+        dh0 = dh0[cp.first]
     if use_h0 and x.v_first:
         dh0 = dh0.transpose(-1, -2).contiguous()
     return (StateGradients(None, None, None, None, dv, dh0),
@@ -500,16 +509,18 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
 
 
 def fused_group_sums(*, x: ForwardInputs, plan, terms: ChunkTerms) -> ChunkTerms:
-    """``terms`` with the fused kernel's dq~, dk~ summed over each GVA group in fp32 (``gdn_bwd_group_sum``;
-    as they are where a group is one value head), each per-value-head buffer freed once summed."""
+    """``terms`` with the fused kernel's dq~, dk~ summed over each GVA group in fp32 (``gdn_bwd_group_sum``; as
+    they are where a group is one value head), each per-value-head buffer freed once summed: stored in fp32 where
+    the L2 norm's chain follows, else as the final dq, dk in the caller's dtype."""
     from kernels.build import get_kernel
-    gsum = plan.group_sum_config(True)
+    gsum = plan.fused_group_sum_config(x.use_l2)
     if gsum is None:
         return terms
     gs = get_kernel(gsum)
+    odt = torch.float32 if x.use_l2 else TORCH_DTYPE[plan.io_dtype or plan.dtype]
     sums = []
     for name in ("dqv", "dkv"):
-        out = torch.empty(x.n_tok, x.H, x.D, device=x.q.device, dtype=torch.float32)
+        out = torch.empty(x.n_tok, x.H, x.D, device=x.q.device, dtype=odt)
         gs(getattr(terms, name), out)
         terms = _without(terms, name)
         sums.append(out)
