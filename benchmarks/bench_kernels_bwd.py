@@ -117,10 +117,10 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       # dh_ws and dqk with every table and operand one fp16 term (``ONE16``)
       "ours-one16": ("both", dict(ONE16)),
       # the same with dh and dqk as one warp-specialised kernel after the recompute (dUloc from one fp16 term of P),
-      # over its warm-up segments where one CTA per value head leaves SMs idle (``fused_segments``)
-      "ours-fused": ("both", dict(ONE16, fused=True)),
+      # over its warm-up segments where one CTA per value head leaves SMs idle (``fused_warm``)
+      "ours-fused": ("both", dict(ONE16, fused=True, fused_warm=True)),
       # the fused kernel in one pass per sequence (no segments)
-      "ours-fused-seq": ("both", dict(ONE16, fused=True, fused_segments=None)),
+      "ours-fused-seq": ("both", dict(ONE16, fused=True)),
       "ours-dh-regs": ("backward", dict(dh_ws_bv=0)),  # dh's register kernel (value-first, 64 value columns a CTA)
       # dh warp-specialised, key-first, 32 value columns a CTA (the segmented pass in three passes)
       "ours-dh-ws32": ("backward", dict(dh_ws_bv=32, dh_warm=False)),

@@ -264,9 +264,11 @@ class BackwardPlan:
     ``shared_scan``): the recompute on dh's segments, each from its warm-up chunks before its start or from its
     sequence's start (``gdn_state_tables_ws_warm``), without a CP scan or fix-up; ``fused`` (with ``one_term`` on
     fp16 operands): dh and dqk as one warp-specialised kernel after the recompute (``backward/fused.py``: dUloc
-    from one fp16 term of P, no dS' or dY tables; an A/B alternative); ``fused_segments`` (read with ``fused``): the
-    fused kernel's segment plan at one CTA per (value head, segment) (``dh_segmented.PlanTensors``, its warm form
-    ``gdn_bwd_fused_warm``; None = one pass per sequence)."""
+    from one fp16 term of P, no dS' or dY tables; an A/B alternative); ``fused_warm`` (read with ``fused``): the
+    fused kernel over the reverse pass's CP segments at one CTA per (value head, segment) where the call's layout
+    has them (its warm form ``gdn_bwd_fused_warm``), else one pass per sequence; ``fused_segments``: those segments
+    (``dh_segmented.PlanTensors``), set by the pipeline for the call's layout where ``fused_warm`` (None: one
+    pass)."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -292,6 +294,7 @@ class BackwardPlan:
     dh_warm: bool = False
     recompute_warm: bool = False
     fused: bool = False
+    fused_warm: bool = False
     fused_segments: object = field(default=None, compare=False)
 
     def __post_init__(self):
@@ -384,10 +387,11 @@ class BackwardPlan:
                          s_single=self.s_single, lo8=self.lo8, e_once=self.dqk_e_once,
                          exp_mask=self.dqk_exp_mask and self.lo8, one=self.one_term, io=self.io_dtype)
 
-    def fused_config(self) -> BwdConfig:
-        """The fused kernel of dh and dqk (``fused``): fp16 operands, dv in ``io_dtype`` (else fp16)."""
-        return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype,
-                         warm=self.fused_segments is not None)
+    def fused_config(self, warm: bool | None = None) -> BwdConfig:
+        """The fused kernel of dh and dqk (``fused``): fp16 operands, dv in ``io_dtype`` (else fp16); its warm form
+        where ``warm`` (default: where the plan has ``fused_segments``)."""
+        warm = self.fused_segments is not None if warm is None else warm
+        return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype, warm=warm)
 
     def convert_config(self) -> BwdConfig | None:
         """``gdn_bwd_convert`` of a one-term plan: v and dO scaled, q, k, v, dO from ``io_dtype`` (if any)."""
@@ -420,8 +424,9 @@ class BackwardPlan:
         """Every kernel configuration the call runs (``with_saved``: prep on the forward's tables)."""
         out = list(self.recompute_configs()[1:])
         saved = with_saved and self.takes_saved_tables
-        out += [self.prep_config(saved), *((self.fused_config(),) if self.fused
-                                            else (self.dh_config(saved), self.dqk_config())), self.dgdb_config()]
+        fused = (self.fused_config(False),) + ((self.fused_config(True),) if self.fused_warm else ())
+        out += [self.prep_config(saved), *(fused if self.fused else (self.dh_config(saved), self.dqk_config())),
+                self.dgdb_config()]
         sums = ((self.fused_group_sum_config(True), self.fused_group_sum_config(False)) if self.fused
                 else (self.group_sum_config(True), self.group_sum_config(False)))
         out += [c for c in (*sums, self.convert_config(), self.amax_config()) if c is not None]
@@ -432,10 +437,9 @@ class BackwardPlan:
 
 
 def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_segments=None,
-                  DK: int = KERNEL_HEAD_DIM, max_chunks: int | None = None, fused_segments=None) -> BackwardPlan:
-    """The backward's dispatch: ``dh_segments`` (``dh_segmented.plan``'s tensors, or None) and ``fused_segments``
-    (the same at one CTA per value head and segment, kept for the fused A/B form) from the caller, who owns the
-    layout cache; dh with every operand split; the sequential pass and the warm segmented one read the
+                  DK: int = KERNEL_HEAD_DIM, max_chunks: int | None = None) -> BackwardPlan:
+    """The backward's dispatch: ``dh_segments`` (``dh_segmented.plan``'s tensors, or None) from the caller, who
+    owns the layout cache; dh with every operand split; the sequential pass and the warm segmented one read the
     forward's saved tables (Tinv's hi term alone); the
     recompute beside dh from ``OVERLAP_MIN_CHUNK_HEADS`` (chunk, value head) pairs; its state kernel at the
     forward's ``block_v`` (one CTA per SM), warp-specialised (``recompute_ws``) at the head dims of
@@ -464,4 +468,4 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
                         recompute_block_v=rbv, recompute_ctas_per_sm=1, group=group,
                         cluster_group_sum=group in CLUSTER_GROUPS, lo8=True, DK=DK, recompute_cp=rcp,
                         shared_scan=not seq and DK not in WS_HEAD_DIMS, dh_warm=not seq,
-                        recompute_warm=not seq and DK in WS_HEAD_DIMS, fused_segments=fused_segments)
+                        recompute_warm=not seq and DK in WS_HEAD_DIMS)

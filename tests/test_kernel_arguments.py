@@ -127,7 +127,7 @@ def test_fused_one_term_backward_launches_what_the_kernels_declare(layout):
 
 @pytest.mark.parametrize("layout", ["few-heads-long", "varlen"])
 def test_fused_warm_segments_launch_what_the_kernel_declares(monkeypatch, layout):
-    """The fused kernel over its warm-up segments (``fused_segments``, forced on: the segment thresholds set to 1):
+    """The fused kernel over its warm-up segments (``fused_warm``, forced on: the segment thresholds set to 1):
     its warm form, on the segments' tables, in the place of the one pass."""
     from benchmarks.bench_kernels_bwd import alter
     from kernels.backward import dh_segmented
@@ -138,6 +138,24 @@ def test_fused_warm_segments_launch_what_the_kernel_declares(monkeypatch, layout
     names = [n.split("[")[0] for n in launches]
     assert "bwd_fused" in names and not any("fused" in n and ",warm," not in n for n in launches), launches
     assert not any(",warm," in n for n in _run(layout, alter("ours-fused-seq")) if "fused" in n)
+
+
+def test_only_a_fused_warm_plan_builds_the_fused_segments(monkeypatch):
+    """The fused kernel's segment tables (host copies for each new layout) are built for the plans that run its warm
+    form alone: the dispatched backward and the fused one pass build none."""
+    from benchmarks.bench_kernels_bwd import alter
+    from kernels.backward import dh_segmented
+    from kernels.backward import pipeline as bp
+
+    monkeypatch.setattr(dh_segmented, "MIN_CHUNKS", 1)
+    monkeypatch.setattr(dh_segmented, "MIN_SEQ_CHUNKS", 1)
+    blocks = []
+    real = bp._dh_plan
+    monkeypatch.setattr(bp, "_dh_plan", lambda *a: blocks.append(a[4]) or real(*a))
+    for col, want in ((None, 0), ("ours-fused-seq", 0), ("ours-fused", 1)):
+        blocks.clear()
+        _run("few-heads-long", None if col is None else alter(col))
+        assert blocks.count(1) == want, (col, blocks)
 
 
 def test_fused_backward_refuses_stage_records_before_any_launch():

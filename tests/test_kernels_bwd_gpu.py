@@ -645,21 +645,21 @@ _FUSED_SEGMENTED = [c for c in _WARM_SEGMENTED if c.K == 128]
 
 @pytest.mark.parametrize("case", _FUSED_SEGMENTED, ids=[c.id for c in _FUSED_SEGMENTED])
 def test_fused_warm_segments_match_its_one_pass(monkeypatch, case):
-    """``BackwardPlan.fused`` over its warm-up segments (``gdn_bwd_fused_warm``, forced on: the thresholds set to 1)
-    gives the gradients of its one pass per sequence (``fused_segments`` None) on the GPU
+    """``BackwardPlan.fused`` over its warm-up segments (``fused_warm``: ``gdn_bwd_fused_warm``, forced on: the
+    thresholds set to 1) gives the gradients of its one pass per sequence on the GPU
     (``kernel_support.assert_segmented_matches_sequential``)."""
     from kernels.backward import dh_segmented
     from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
-    from kernels.backward.pipeline import plan_for, prepare_backward
+    from kernels.backward.pipeline import plan_for, prepare_backward, with_fused_segments
 
     xs, kw, do, dht = tt.bwd_args(case, CUDA)
-    fused = dict(ONE16, fused=True)
-    one_pass = dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)), **fused, fused_segments=None)
+    b = prepare_backward(*xs, do, dht, **kw)
+    one_pass = dataclasses.replace(plan_for(b), **ONE16, fused=True)
     seq = kern(*xs, do, dht, **kw, plan=one_pass)
     monkeypatch.setattr(dh_segmented, "MIN_CHUNKS", 1)
     monkeypatch.setattr(dh_segmented, "MIN_SEQ_CHUNKS", 1)
     # the plan cache is keyed by the thresholds: no stale plan is reused
-    plan = dataclasses.replace(plan_for(prepare_backward(*xs, do, dht, **kw)), **fused)
+    plan = with_fused_segments(dataclasses.replace(plan_for(b), **ONE16, fused=True, fused_warm=True), b)
     assert plan.fused_segments is not None and plan.fused_segments.cu.numel() - 1 >= 4, plan.fused_segments
     assert plan.fused_config().warm, plan.fused_config()
     seg = kern(*xs, do, dht, **kw, plan=plan)

@@ -106,8 +106,16 @@ def plan_for(b: BackwardInputs):
     x = b.x
     return backward_plan(TL_DTYPE[x.q.dtype], x.H, x.HV, x.NC, x.N,
                          _dh_plan(x.B, x.T, x.cu_host, x.HV, dh_value_blocks(x.D), x.q.device), DK=x.D,
-                         max_chunks=max_chunks(x.B, x.T, x.cu_host),
-                         fused_segments=_dh_plan(x.B, x.T, x.cu_host, x.HV, 1, x.q.device))
+                         max_chunks=max_chunks(x.B, x.T, x.cu_host))
+
+
+def with_fused_segments(plan, b: BackwardInputs):
+    """``plan`` with ``fused_segments`` for the call ``b``'s layout (cached) where it runs the fused kernel's warm
+    form (``fused`` and ``fused_warm``): built only for such plans, since a new layout's tables cost host copies."""
+    if not (plan.fused and plan.fused_warm) or plan.fused_segments is not None:
+        return plan
+    x = b.x
+    return dataclasses.replace(plan, fused_segments=_dh_plan(x.B, x.T, x.cu_host, x.HV, 1, x.q.device))
 
 
 def reads_saved_tables(q) -> bool:
@@ -136,6 +144,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         return _empty_gradients(b, g, beta, initial_state)
     if plan is None or callable(plan):
         plan = plan(plan_for(b)) if plan else plan_for(b)
+    plan = with_fused_segments(plan, b)
     if plan.fused and stages is not None:
         raise ValueError("stages: the fused backward (plan.fused) stores no dS' or dY tables to record")
     mark = _marker(events)
