@@ -628,7 +628,12 @@ def test_one_term_fp16_tables_are_the_emulations(case):
     _backward_alternative_is_the_emulations(case, ONE16, ONE_TERM_FP16, "one fp16 term vs emulation")
 
 
-@pytest.mark.parametrize("case", _ONE_TERM_CASES, ids=[c.id for c in _ONE_TERM_CASES])
+# and a ragged batch with empty sequences (their CTAs run no chunk), h0 and mixed decay
+_FUSED_CASES = _ONE_TERM_CASES + [Case(layout="varlen-empty", T=2265, H=1, HV=2, h0_dtype="fp32", dist="mixed-heads",
+                                       grad=True)]
+
+
+@pytest.mark.parametrize("case", _FUSED_CASES, ids=[c.id for c in _FUSED_CASES])
 def test_fused_one_term_is_the_emulations(case):
     """``BackwardPlan.fused``: the one-term fp16 backward with dh and dqk in one kernel, dUloc from one fp16 term of
     P: every gradient within the input dtype's rounding floor of the emulation's (``ONE_TERM_FP16`` with

@@ -440,7 +440,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
             else:
                 # WG3: the producer
                 T.set_max_nreg(nreg[3], 0)
-                if tx < 3 * WG + 32:
+                # (no chunk: no load, none left in flight when the CTA exits)
+                if (tx < 3 * WG + 32) & (ntot > 0):
                     for j in T.unroll(2):
                         if j < ntot:
                             cj = c0 + ntot - 1 - j
