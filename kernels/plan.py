@@ -421,7 +421,8 @@ class BackwardPlan:
                                                                                self.DK)
 
     def configs(self, with_saved: bool) -> tuple:
-        """Every kernel configuration the call runs (``with_saved``: prep on the forward's tables)."""
+        """Every kernel configuration the call runs (``with_saved``: prep on the forward's tables); with
+        ``fused_warm`` both fused forms, since the call's layout decides which runs."""
         out = list(self.recompute_configs()[1:])
         saved = with_saved and self.takes_saved_tables
         fused = (self.fused_config(False),) + ((self.fused_config(True),) if self.fused_warm else ())
