@@ -119,6 +119,8 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       # the same with dh and dqk as one warp-specialised kernel after the recompute (dUloc from one fp16 term of P),
       # over its warm-up segments where one CTA per value head leaves SMs idle (``fused_warm``)
       "ours-fused": ("both", dict(ONE16, fused=True, fused_warm=True)),
+      # over the same segments from exact end gradients (its chain form, the forward CP scan's maps, the fp64 walk)
+      "ours-fused-exact": ("both", dict(ONE16, fused=True, fused_exact=True)),
       # the fused kernel in one pass per sequence (no segments)
       "ours-fused-seq": ("both", dict(ONE16, fused=True)),
       "ours-dh-regs": ("backward", dict(dh_ws_bv=0)),  # dh's register kernel (value-first, 64 value columns a CTA)

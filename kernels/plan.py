@@ -266,9 +266,12 @@ class BackwardPlan:
     fp16 operands): dh and dqk as one warp-specialised kernel after the recompute (``backward/fused.py``: dUloc
     from one fp16 term of P, no dS' or dY tables; an A/B alternative); ``fused_warm`` (read with ``fused``): the
     fused kernel over the reverse pass's CP segments at one CTA per (value head, segment) where the call's layout
-    has them (its warm form ``gdn_bwd_fused_warm``), else one pass per sequence; ``fused_segments``: those segments
-    (``dh_segmented.PlanTensors``), set by the pipeline for the call's layout where ``fused_warm`` (None: one
-    pass)."""
+    has them (its warm form ``gdn_bwd_fused_warm``), else one pass per sequence; ``fused_exact`` (read with
+    ``fused``, not with ``fused_warm``): the same segments from exact end gradients: the chain form from zero end
+    gradients (``gdn_bwd_fused_chain``), the forward CP scan's maps over the segments and the fp64 walk
+    (``dh_segmented.end_gradients``), then the one-pass form over the segments; ``fused_segments``: those segments
+    (``dh_segmented.PlanTensors``), set by the pipeline for the call's layout where ``fused_warm`` or
+    ``fused_exact`` (None: one pass)."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -295,6 +298,7 @@ class BackwardPlan:
     recompute_warm: bool = False
     fused: bool = False
     fused_warm: bool = False
+    fused_exact: bool = False
     fused_segments: object = field(default=None, compare=False)
 
     def __post_init__(self):
@@ -321,6 +325,8 @@ class BackwardPlan:
                                   and self.dh_segments is None and self.DK == DQK_E_ONCE_HEAD_DIM):
             raise ValueError(f"one_term: dh_single, s_single, the sequential dh_ws, no fp8 lo tables, at "
                              f"DK={DQK_E_ONCE_HEAD_DIM}; got {self}")
+        if self.fused_warm and self.fused_exact:
+            raise ValueError("fused_warm and fused_exact: two forms of the fused kernel's segments, one at a time")
         if self.fused and not (self.one_term and self.dtype == "float16"):
             raise ValueError(f"fused: the one-term backward on fp16 operands (one_term, dtype float16); got {self}")
         if self.io_dtype and not (self.one_term and self.io_dtype != self.dtype):
@@ -390,8 +396,12 @@ class BackwardPlan:
     def fused_config(self, warm: bool | None = None) -> BwdConfig:
         """The fused kernel of dh and dqk (``fused``): fp16 operands, dv in ``io_dtype`` (else fp16); its warm form
         where ``warm`` (default: where the plan has ``fused_segments``)."""
-        warm = self.fused_segments is not None if warm is None else warm
+        warm = self.fused_segments is not None and self.fused_warm if warm is None else warm
         return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype, warm=warm)
+
+    def fused_chain_config(self) -> BwdConfig:
+        """The fused kernel's chain form (``fused_exact``'s pass A)."""
+        return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype, chain=True)
 
     def convert_config(self) -> BwdConfig | None:
         """``gdn_bwd_convert`` of a one-term plan: v and dO scaled, q, k, v, dO from ``io_dtype`` (if any)."""
@@ -422,10 +432,13 @@ class BackwardPlan:
 
     def configs(self, with_saved: bool) -> tuple:
         """Every kernel configuration the call runs (``with_saved``: prep on the forward's tables); with
-        ``fused_warm`` both fused forms, since the call's layout decides which runs."""
+        ``fused_warm`` or ``fused_exact`` the fused kernel's segmented forms too, since the call's layout decides
+        whether they run."""
         out = list(self.recompute_configs()[1:])
         saved = with_saved and self.takes_saved_tables
-        fused = (self.fused_config(False),) + ((self.fused_config(True),) if self.fused_warm else ())
+        fused = ((self.fused_config(False),) + ((self.fused_config(True),) if self.fused_warm else ())
+                 + ((self.fused_chain_config(), *self.recompute_cp_plan().configs()[-2:]) if self.fused_exact
+                    else ()))
         out += [self.prep_config(saved), *(fused if self.fused else (self.dh_config(saved), self.dqk_config())),
                 self.dgdb_config()]
         sums = ((self.fused_group_sum_config(True), self.fused_group_sum_config(False)) if self.fused

@@ -138,6 +138,14 @@ def test_fused_warm_segments_launch_what_the_kernel_declares(monkeypatch, layout
     names = [n.split("[")[0] for n in launches]
     assert "bwd_fused" in names and not any("fused" in n and ",warm," not in n for n in launches), launches
     assert not any(",warm," in n for n in _run(layout, alter("ours-fused-seq")) if "fused" in n)
+    # exact end gradients: the chain form, the forward CP scan over the segments and the walk, then the one pass
+    launches = _run(layout, alter("ours-fused-exact"))
+    bwd = launches[next(i for i, n in enumerate(launches) if n.startswith("bwd_")):]       # the forward's left out
+    fused = [n for n in bwd if "fused" in n or n.startswith(("scan", "cp_fix"))]
+    i = next(i for i, n in enumerate(fused) if ",chain," in n)
+    assert fused[0].startswith("scan_rv") and [n.split("[")[0] for n in fused[i:]] == [
+        "bwd_fused", "cp_fixup", "bwd_fused"], fused
+    assert not any(f in fused[-1] for f in (",chain,", ",warm,")), fused
 
 
 def test_only_a_fused_warm_plan_builds_the_fused_segments(monkeypatch):
@@ -152,7 +160,7 @@ def test_only_a_fused_warm_plan_builds_the_fused_segments(monkeypatch):
     blocks = []
     real = bp._dh_plan
     monkeypatch.setattr(bp, "_dh_plan", lambda *a: blocks.append(a[4]) or real(*a))
-    for col, want in ((None, 0), ("ours-fused-seq", 0), ("ours-fused", 1)):
+    for col, want in ((None, 0), ("ours-fused-seq", 0), ("ours-fused", 1), ("ours-fused-exact", 1)):
         blocks.clear()
         _run("few-heads-long", None if col is None else alter(col))
         assert blocks.count(1) == want, (col, blocks)

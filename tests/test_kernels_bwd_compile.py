@@ -56,6 +56,8 @@ _WANT_WGMMA["dqk_one"] = (1 + 1 + 1) + (1 + 1 + 1 + 1 + 1 + 3)   # every table o
 # Q^T D1, K^T D2; the dq side dO S^T, dO U^T, M0 K, Q K^T, K K^T, dY U^T; the dk side U dS'^T, dY S^T, M1^T Q, M2 K,
 # M3^T K
 _WANT_WGMMA["fused"] = 6 + 6 + 5
+# its chain form (the exact segmented pass's pass A): the chain's six products alone
+_WANT_WGMMA["fused_chain"] = 6
 # loosened for the fused kernel: at its registers (192, 160, 136, 24) each warpgroup spills scalars of 4 or 8 bytes
 # (324 B in all: stored before the chunk loop, each reloaded a few times a chunk); its speed needs wgmma kept
 # asynchronous (ptxas C7512 serialises every wgmma of a kernel whose fragments outgrow its registers)
@@ -124,7 +126,7 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     src = r["source"]
     assert r["direct_launch"], f"{cfg.name}: its calls go through TileLang's Python wrapper (build.direct_launch)"
     if cfg.kind == FUSED_KIND:
-        kind = FUSED_KIND
+        kind = "fused_chain" if cfg.chain else FUSED_KIND
     elif cfg.one:
         kind = "dh_one" if cfg.kind == "dh" else "dqk_one"
     else:

@@ -648,11 +648,15 @@ def test_fused_one_term_is_the_emulations(case):
 _FUSED_SEGMENTED = [c for c in _WARM_SEGMENTED if c.K == 128]
 
 
-@pytest.mark.parametrize("case", _FUSED_SEGMENTED, ids=[c.id for c in _FUSED_SEGMENTED])
-def test_fused_warm_segments_match_its_one_pass(monkeypatch, case):
-    """``BackwardPlan.fused`` over its warm-up segments (``fused_warm``: ``gdn_bwd_fused_warm``, forced on: the
-    thresholds set to 1) gives the gradients of its one pass per sequence on the GPU
-    (``kernel_support.assert_segmented_matches_sequential``)."""
+_FUSED_SEGMENTED_FORMS = [(c, form) for c in _FUSED_SEGMENTED for form in ("warm", "exact")]
+
+
+@pytest.mark.parametrize("case,form", _FUSED_SEGMENTED_FORMS, ids=[f"{c.id}-{f}" for c, f in _FUSED_SEGMENTED_FORMS])
+def test_fused_segments_match_its_one_pass(monkeypatch, case, form):
+    """``BackwardPlan.fused`` over CP segments (forced on: the thresholds set to 1) gives the gradients of its one
+    pass per sequence on the GPU (``kernel_support.assert_segmented_matches_sequential``): each segment from its
+    warm-up chunks (``fused_warm``: ``gdn_bwd_fused_warm``) or from its exact end gradient (``fused_exact``: the
+    chain form, the forward CP scan's maps and the fp64 walk)."""
     from kernels.backward import dh_segmented
     from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
     from kernels.backward.pipeline import plan_for, prepare_backward, with_fused_segments
@@ -664,12 +668,12 @@ def test_fused_warm_segments_match_its_one_pass(monkeypatch, case):
     monkeypatch.setattr(dh_segmented, "MIN_CHUNKS", 1)
     monkeypatch.setattr(dh_segmented, "MIN_SEQ_CHUNKS", 1)
     # the plan cache is keyed by the thresholds: no stale plan is reused
-    plan = with_fused_segments(dataclasses.replace(plan_for(b), **ONE16, fused=True, fused_warm=True), b)
+    plan = with_fused_segments(dataclasses.replace(plan_for(b), **ONE16, fused=True, **{f"fused_{form}": True}), b)
     assert plan.fused_segments is not None and plan.fused_segments.cu.numel() - 1 >= 4, plan.fused_segments
-    assert plan.fused_config().warm, plan.fused_config()
+    assert plan.fused_config().warm == (form == "warm"), plan.fused_config()
     seg = kern(*xs, do, dht, **kw, plan=plan)
     torch.cuda.synchronize()
-    tt.assert_segmented_matches_sequential(seg, seq, xs[0].dtype, NAMES, label=f"{case.id} fused warm")
+    tt.assert_segmented_matches_sequential(seg, seq, xs[0].dtype, NAMES, label=f"{case.id} fused {form}")
 
 
 _ONE_TERM_SCALED = [_ONE_TERM_CASES[1], _ONE_TERM_CASES[3]]      # varlen; h0

@@ -52,6 +52,8 @@ class BwdConfig:
     warm: bool = False             # dh, fused: the segmented reverse pass in one launch, each segment from its warm-up
     #                                chunks or its sequence's end (the split register dh, ``gdn_bwd_dh_warm``; the
     #                                fused kernel, ``gdn_bwd_fused_warm``)
+    chain: bool = False            # fused only: the reverse chain alone, each segment's start gradient its one output
+    #                                (pass A of the exact segmented pass, ``gdn_bwd_fused_chain``)
     no_du: bool = False            # prep computing Tinv only: no dUloc^T (the fused backward forms it; dO not read)
     io: str = ""                   # dh_ws, dqk with one: the caller's dtype where the operands are another (dtype):
     #                                dv, dq, dk stored in it ("": dtype); cvt: the source dtype (may be dtype)
@@ -59,7 +61,7 @@ class BwdConfig:
     @property
     def name(self) -> str:
         names = ("single", "saved", "bounds", "tinv_hi", "s_single", "lo8", "e_once", "exp_mask", "one", "warm",
-                 "no_du")
+                 "chain", "no_du")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
@@ -106,8 +108,8 @@ def _configs_at(D: int):
                   for kind in DQK_KINDS]
                + [BwdConfig(CONVERT_KIND, dt, D, io=src) for dt, src in (("float16", "bfloat16"), *zip(DTYPES, DTYPES))]
                + [BwdConfig(AMAX_KIND, dt, D) for dt in DTYPES]
-               + [BwdConfig(FUSED_KIND, "float16", D, one=True, io=io, warm=w) for io in ("bfloat16", "")
-                  for w in (False, True)]
+               + [BwdConfig(FUSED_KIND, "float16", D, one=True, io=io, warm=w, chain=c) for io in ("bfloat16", "")
+                  for w, c in ((False, False), (True, False), (False, True))]
                + [BwdConfig("prep", "float16", D, merge="fp32", no_du=True)]
                if D == DQK_E_ONCE_HEAD_DIM else []))
 
@@ -177,9 +179,11 @@ def prim_func(cfg: BwdConfig):
         return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
                              s_lo=not cfg.s_single, lo8=cfg.lo8, e_once=cfg.e_once, exp_mask=cfg.exp_mask,
                              one=cfg.one, io=cfg.io)
+    if cfg.chain and (cfg.kind != FUSED_KIND or cfg.warm):
+        raise ValueError(f"chain (the reverse chain alone) is a form of {FUSED_KIND} without warm: {cfg.name}")
     if cfg.kind == FUSED_KIND:
         from .fused import build_bwd_fused
-        return build_bwd_fused(D, io=cfg.io or cfg.dtype, warm=cfg.warm)
+        return build_bwd_fused(D, io=cfg.io or cfg.dtype, warm=cfg.warm, chain=cfg.chain)
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)

@@ -68,6 +68,26 @@ def half_dots(x_f, rows_s, st, tmp, rs, rs2, nv):
 
 
 @T.macro
+def form_d1(do_s, f_s, st, x_h, d1_s):
+    """``d1_s = rd(F1 2^x dO)`` by halves of 64 columns through the [64, 64] fp32 fragment ``x_h`` (gate rows of
+    stage ``st``; ``2^x`` the chunk's power of two)."""
+    for hh in T.unroll(2):
+        for t, d in T.Parallel(BT, BT):
+            x_h[t, d] = T.cast(do_s[t, hh * BT + d], f32) * f_s[st, 1, t] * chunk_pow2(f_s[st, 4, 0])
+        for t, d in T.Parallel(BT, BT):
+            d1_s[t, hh * BT + d] = T.cast(x_h[t, d], f16)
+
+
+@T.macro
+def pass_phases(ph, par):
+    """Arrive at the chunk's four phase barriers ``ph`` in turn, waiting for each (parity ``par``): a warpgroup with
+    no work in the chunk."""
+    for k in T.unroll(4):
+        T.barrier_arrive(ph[k])
+        T.barrier_wait(ph[k], par)
+
+
+@T.macro
 def store_rows(x_f, out, t0, hv, nv, fac):
     """``out[t0 + t, hv, :] = x_f[t, :] fac`` for ``t < nv`` (``fac`` a register: a global load inside the
     predicated stores would be issued once per element pair, each waited for)."""
@@ -76,7 +96,8 @@ def store_rows(x_f, out, t0, hv, nv, fac):
             out[t0 + t, hv, d] = x_f[t, d] * fac
 
 
-def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24), warm: bool = False):
+def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24), warm: bool = False,
+                    chain: bool = False):
     """TileLang prim_func of ``gdn_bwd_fused``.  Arguments: q, k [Ttot, H, D], v, dO [Ttot, HV, D] fp16 (the
     one-term plan's, under its powers of two); Sch [HV, NC, D, D] (key-first), Uh [HV, NC, 64, D], Th [HV, NC, 64,
     64] fp16; Fb [HV, NC, 8, 64] fp32; cu_seqlens [N + 1], chunk_offsets [N + 1] int32 ([4 N + 1] with ``warm``);
@@ -91,7 +112,13 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
     warm-up chunks after its end from a zero state gradient (``cp_warm``'s ``warm_after`` on ``Lb``), storing
     nothing for them, or runs on from its sequence's end; dht and dh0 are indexed by segment (the caller gives each
     segment its sequence's dht and takes each sequence's first segment's dh0: a sequence index read in the kernel
-    costs the chain warpgroup spills)."""
+    costs the chain warpgroup spills).
+
+    ``chain`` (``gdn_bwd_fused_chain``, the exact segmented pass's pass A): the reverse chain alone, dh0 its one
+    output (stored where ``store_dh0``): warpgroup 1 and warpgroup 2's terms past D1 are not built, S and U not
+    loaded, nothing else stored."""
+    assert not (warm and chain), "the chain form runs its segments from their given end gradients"
+    full = not chain
     assert D == 128, "the fused backward is built at K = V = 128 alone (its tiles take 225 KiB of shared memory)"
     assert io in ("bfloat16", "float16"), io
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
@@ -187,7 +214,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     ic = ntot - 1 - i
                     c = c0 + ic
                     t0 = bos + ic * BT
-                    keep = t0 < eos if warm else True     # a warm-up chunk's tokens are the next segment's
+                    # a warm-up chunk's tokens are the next segment's; the chain form stores no chunk output
+                    keep = t0 < eos if warm else full
                     par = i % 2
                     st = i % 2
                     # P1: P, dS', dU
@@ -224,8 +252,9 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         for t, j in T.Parallel(BT, BT):
                             kd_f[t, j] = f_s[st, 7, t] * kd_f[t, j]
                         for t, j in T.Parallel(BT, BT):
-                            if t0 + t < eos:
-                                dv[t0 + t, hv, hh * BT + j] = T.cast(kd_f[t, j] * fac[0], io)
+                            if full:                    # (a build-time condition: the chain form stores no dv)
+                                if t0 + t < eos:
+                                    dv[t0 + t, hv, hh * BT + j] = T.cast(kd_f[t, j] * fac[0], io)
                             kd_f[t, j] = -kd_f[t, j] * f_s[st, 0, t] * xp[0]
                         for t, j in T.Parallel(BT, BT):
                             xh_s[t, hh * BT + j] = T.cast(kd_f[t, j], f16)
@@ -242,19 +271,20 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     T.barrier_arrive(ph[2])
                     T.barrier_wait(ph[2], par)
                     # P4: the dY.v dots, thread (row tx // 2, half tx % 2) over a row half's 64 columns
-                    for u in T.unroll(4):
-                        acc4[u] = T.float32(0)
-                    if t0 + tx // 2 < eos:
-                        for d8 in T.unroll(BT // 8):
-                            for e in T.vectorized(8):
-                                vl[d8 * 8 + e] = v[t0 + tx // 2, hv, (tx % 2) * BT + d8 * 8 + e]
-                        for d8 in T.unroll(BT // 8):
-                            for e in T.vectorized(8):
-                                yl[e] = yh_s[tx // 2, (tx % 2) * BT + d8 * 8 + e]
-                            for e in T.unroll(8):
-                                acc4[e % 4] = acc4[e % 4] + T.cast(vl[d8 * 8 + e], f32) * T.cast(yl[e], f32)
-                    if keep:
-                        yv[tx % 2, hv, c, tx // 2] = (acc4[0] + acc4[1]) + (acc4[2] + acc4[3])
+                    if full:
+                        for u in T.unroll(4):
+                            acc4[u] = T.float32(0)
+                        if t0 + tx // 2 < eos:
+                            for d8 in T.unroll(BT // 8):
+                                for e in T.vectorized(8):
+                                    vl[d8 * 8 + e] = v[t0 + tx // 2, hv, (tx % 2) * BT + d8 * 8 + e]
+                            for d8 in T.unroll(BT // 8):
+                                for e in T.vectorized(8):
+                                    yl[e] = yh_s[tx // 2, (tx % 2) * BT + d8 * 8 + e]
+                                for e in T.unroll(8):
+                                    acc4[e % 4] = acc4[e % 4] + T.cast(vl[d8 * 8 + e], f32) * T.cast(yl[e], f32)
+                        if keep:
+                            yv[tx % 2, hv, c, tx // 2] = (acc4[0] + acc4[1]) + (acc4[2] + acc4[3])
                     T.barrier_arrive(ph[3])
                     T.barrier_wait(ph[3], par)
                 if store_dh0 != 0:
@@ -271,99 +301,105 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 acc = T.alloc_local((1,), f32)
                 fac = T.alloc_local((1,), f32)             # dq~'s factor
                 fac[0] = factors[1, hv]
-                for i in T.serial(ntot):
-                    ic = ntot - 1 - i
-                    c = c0 + ic
-                    t0 = bos + ic * BT
-                    keep = t0 < eos if warm else True     # a warm-up chunk's tokens are the next segment's
-                    nv = T.min(eos - t0, BT)
-                    par = i % 2
-                    st = i % 2
-                    # P1: Z = dO S^T -> dq~, q.Z; dO U^T -> M0 (over M1's tile); dq~ += M0 K
-                    T.barrier_wait(full_k[st], (i // 2) % 2)
-                    T.barrier_wait(full_q, par)
-                    T.barrier_wait(full_do, par)
-                    T.barrier_wait(full_su, par)
-                    T.gemm(do_s, s_s, dq_f, transpose_B=True, clear_accum=True)
-                    half_dots(dq_f, q_s, None, c_f, rs, rs2, nv)
-                    if keep:
-                        put_dots(rs, qz, hv, c)
-                    for t, d in T.Parallel(BT, D):
-                        dq_f[t, d] = scale * T.exp2(f_s[st, 4, t] * LOG2E) * dq_f[t, d]
-                    T.gemm(do_s, u_s, b_f, transpose_B=True, clear_accum=True)
-                    for t, j in T.Parallel(BT, BT):
-                        x = scale * egate(f_s, st, t, j) * b_f[t, j] * f_s[st, 6, j]
-                        c_f[t, j] = T.if_then_else((j <= t) & (t < nv), x, 0.0)
-                    for t, j in T.Parallel(BT, BT):
-                        m1_s[t, j] = T.cast(c_f[t, j], f16)
-                    T.fence_proxy_async()
-                    T.gemm(m1_s, k_s[st, :, :], dq_f)
-                    T.barrier_arrive(ph[0])
-                    T.barrier_wait(ph[0], par)
-                    # P2: dq~ stored; QK -> M1; the summands' dO U^T part
-                    store_rows(dq_f, dq32, t0, hv, nv, fac[0])
-                    T.gemm(q_s, k_s[st, :, :], a_f, transpose_B=True, clear_accum=True)
-                    for t, j in T.Parallel(BT, BT):
-                        x = f_s[st, 5, t] * egate(f_s, st, t, j) * b_f[t, j]
-                        b_f[t, j] = T.if_then_else(j <= t, x, 0.0)
-                    for t, j in T.Parallel(BT, BT):
-                        x = b_f[t, j] * f_s[st, 6, j] * a_f[t, j]
-                        c_f[t, j] = T.if_then_else(j < t, x, 0.0)
-                    for t, j in T.Parallel(BT, BT):
-                        m1_s[t, j] = T.cast(b_f[t, j], f16)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(ph[1])
-                    T.barrier_wait(ph[1], par)
-                    # P3: KK, dY U^T -> dbeta row sums, the dg summands, M2 (over P), M3 (over Th)
-                    T.gemm(k_s[st, :, :], k_s[st, :, :], a_f, transpose_B=True, clear_accum=True)
-                    T.gemm(yh_s, u_s, b_f, transpose_B=True, clear_accum=True)
-                    for t, j in T.Parallel(BT, BT):
-                        x = egate(f_s, st, t, j) * f_s[st, 6, t] * f_s[st, 6, j] * a_f[t, j]
-                        a_f[t, j] = T.if_then_else(j < t, x, 0.0)
-                        b_f[t, j] = T.if_then_else(j < t, -b_f[t, j], 0.0)
-                    for t, j in T.Parallel(BT, BT):
-                        y = c_f[t, j] + f_s[st, 7, t] * b_f[t, j] * a_f[t, j]
-                        c_f[t, j] = T.if_then_else(j < t, y, 0.0)
-                        a_f[t, j] = b_f[t, j] * a_f[t, j]
-                    T.reduce_sum(a_f, rs, dim=1)
-                    if keep:
-                        put_dots(rs, db2, hv, c)
-                    T.reduce_sum(c_f, rs2, dim=1)
-                    for t, j in T.Parallel(BT, BT):
-                        m_s[t, j] = c_f[t, j]
-                    for t in T.Parallel(BT):
-                        rw_s[t] = rs2[t]
-                    for t, j in T.Parallel(BT, BT):
-                        x = f_s[st, 7, t] * b_f[t, j] * egate(f_s, st, t, j)
-                        b_f[t, j] = T.if_then_else(j < t, x, 0.0)
-                    for t, j in T.Parallel(BT, BT):
-                        a_f[t, j] = b_f[t, j] * f_s[st, 6, j]
-                        c_f[t, j] = b_f[t, j] * f_s[st, 6, t]
-                    for t, j in T.Parallel(BT, BT):
-                        p_s[t, j] = T.cast(a_f[t, j], f16)
-                        th_s[t, j] = T.cast(c_f[t, j], f16)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(ph[2])
-                    T.barrier_wait(ph[2], par)
-                    # P4: the dg rectangle
-                    # rect[c] = sum_{j < c <= t} m[t, j] = sum_{k < c} (colsum_k - rowsum_k), m strictly lower:
-                    # thread k forms colsum_k - rowsum_k, then thread c sums them below c
-                    if tx - WG < BT:
-                        acc[0] = T.float32(0)
-                        for tt in T.unroll(BT):
-                            acc[0] = acc[0] + m_s[tt, tx - WG]
-                        cw_s[tx - WG] = acc[0] - rw_s[tx - WG]
-                    T.barrier_arrive(rb)
-                    T.barrier_wait(rb, par)
-                    if tx - WG < BT:
-                        acc[0] = T.float32(0)
-                        for kk in T.unroll(BT):
-                            x = cw_s[kk]
-                            acc[0] = acc[0] + T.if_then_else(kk < tx - WG, x, T.float32(0))
+                if chain:       # the phases' barriers alone
+                    for i in T.serial(ntot):
+                        par = i % 2
+                        pass_phases(ph, par)
+                else:
+                    for i in T.serial(ntot):
+                        ic = ntot - 1 - i
+                        c = c0 + ic
+                        t0 = bos + ic * BT
+                        # a warm-up chunk's tokens are the next segment's; the chain form stores no chunk output
+                        keep = t0 < eos if warm else full
+                        nv = T.min(eos - t0, BT)
+                        par = i % 2
+                        st = i % 2
+                        # P1: Z = dO S^T -> dq~, q.Z; dO U^T -> M0 (over M1's tile); dq~ += M0 K
+                        T.barrier_wait(full_k[st], (i // 2) % 2)
+                        T.barrier_wait(full_q, par)
+                        T.barrier_wait(full_do, par)
+                        T.barrier_wait(full_su, par)
+                        T.gemm(do_s, s_s, dq_f, transpose_B=True, clear_accum=True)
+                        half_dots(dq_f, q_s, None, c_f, rs, rs2, nv)
                         if keep:
-                            rect[hv, c, tx - WG] = acc[0]
-                    T.barrier_arrive(ph[3])
-                    T.barrier_wait(ph[3], par)
+                            put_dots(rs, qz, hv, c)
+                        for t, d in T.Parallel(BT, D):
+                            dq_f[t, d] = scale * T.exp2(f_s[st, 4, t] * LOG2E) * dq_f[t, d]
+                        T.gemm(do_s, u_s, b_f, transpose_B=True, clear_accum=True)
+                        for t, j in T.Parallel(BT, BT):
+                            x = scale * egate(f_s, st, t, j) * b_f[t, j] * f_s[st, 6, j]
+                            c_f[t, j] = T.if_then_else((j <= t) & (t < nv), x, 0.0)
+                        for t, j in T.Parallel(BT, BT):
+                            m1_s[t, j] = T.cast(c_f[t, j], f16)
+                        T.fence_proxy_async()
+                        T.gemm(m1_s, k_s[st, :, :], dq_f)
+                        T.barrier_arrive(ph[0])
+                        T.barrier_wait(ph[0], par)
+                        # P2: dq~ stored; QK -> M1; the summands' dO U^T part
+                        store_rows(dq_f, dq32, t0, hv, nv, fac[0])
+                        T.gemm(q_s, k_s[st, :, :], a_f, transpose_B=True, clear_accum=True)
+                        for t, j in T.Parallel(BT, BT):
+                            x = f_s[st, 5, t] * egate(f_s, st, t, j) * b_f[t, j]
+                            b_f[t, j] = T.if_then_else(j <= t, x, 0.0)
+                        for t, j in T.Parallel(BT, BT):
+                            x = b_f[t, j] * f_s[st, 6, j] * a_f[t, j]
+                            c_f[t, j] = T.if_then_else(j < t, x, 0.0)
+                        for t, j in T.Parallel(BT, BT):
+                            m1_s[t, j] = T.cast(b_f[t, j], f16)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(ph[1])
+                        T.barrier_wait(ph[1], par)
+                        # P3: KK, dY U^T -> dbeta row sums, the dg summands, M2 (over P), M3 (over Th)
+                        T.gemm(k_s[st, :, :], k_s[st, :, :], a_f, transpose_B=True, clear_accum=True)
+                        T.gemm(yh_s, u_s, b_f, transpose_B=True, clear_accum=True)
+                        for t, j in T.Parallel(BT, BT):
+                            x = egate(f_s, st, t, j) * f_s[st, 6, t] * f_s[st, 6, j] * a_f[t, j]
+                            a_f[t, j] = T.if_then_else(j < t, x, 0.0)
+                            b_f[t, j] = T.if_then_else(j < t, -b_f[t, j], 0.0)
+                        for t, j in T.Parallel(BT, BT):
+                            y = c_f[t, j] + f_s[st, 7, t] * b_f[t, j] * a_f[t, j]
+                            c_f[t, j] = T.if_then_else(j < t, y, 0.0)
+                            a_f[t, j] = b_f[t, j] * a_f[t, j]
+                        T.reduce_sum(a_f, rs, dim=1)
+                        if keep:
+                            put_dots(rs, db2, hv, c)
+                        T.reduce_sum(c_f, rs2, dim=1)
+                        for t, j in T.Parallel(BT, BT):
+                            m_s[t, j] = c_f[t, j]
+                        for t in T.Parallel(BT):
+                            rw_s[t] = rs2[t]
+                        for t, j in T.Parallel(BT, BT):
+                            x = f_s[st, 7, t] * b_f[t, j] * egate(f_s, st, t, j)
+                            b_f[t, j] = T.if_then_else(j < t, x, 0.0)
+                        for t, j in T.Parallel(BT, BT):
+                            a_f[t, j] = b_f[t, j] * f_s[st, 6, j]
+                            c_f[t, j] = b_f[t, j] * f_s[st, 6, t]
+                        for t, j in T.Parallel(BT, BT):
+                            p_s[t, j] = T.cast(a_f[t, j], f16)
+                            th_s[t, j] = T.cast(c_f[t, j], f16)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(ph[2])
+                        T.barrier_wait(ph[2], par)
+                        # P4: the dg rectangle
+                        # rect[c] = sum_{j < c <= t} m[t, j] = sum_{k < c} (colsum_k - rowsum_k), m strictly lower:
+                        # thread k forms colsum_k - rowsum_k, then thread c sums them below c
+                        if tx - WG < BT:
+                            acc[0] = T.float32(0)
+                            for tt in T.unroll(BT):
+                                acc[0] = acc[0] + m_s[tt, tx - WG]
+                            cw_s[tx - WG] = acc[0] - rw_s[tx - WG]
+                        T.barrier_arrive(rb)
+                        T.barrier_wait(rb, par)
+                        if tx - WG < BT:
+                            acc[0] = T.float32(0)
+                            for kk in T.unroll(BT):
+                                x = cw_s[kk]
+                                acc[0] = acc[0] + T.if_then_else(kk < tx - WG, x, T.float32(0))
+                            if keep:
+                                rect[hv, c, tx - WG] = acc[0]
+                        T.barrier_arrive(ph[3])
+                        T.barrier_wait(ph[3], par)
             elif tx < 3 * WG:
                 # WG2: dk~
                 T.set_max_nreg(nreg[2], 1 if nreg[2] >= 128 else 0)
@@ -374,69 +410,77 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 acc4 = T.alloc_local((4,), f32)
                 fac = T.alloc_local((1,), f32)             # dk~'s factor
                 fac[0] = factors[1, hv]
-                for i in T.serial(ntot):
-                    ic = ntot - 1 - i
-                    c = c0 + ic
-                    t0 = bos + ic * BT
-                    keep = t0 < eos if warm else True     # a warm-up chunk's tokens are the next segment's
-                    nv = T.min(eos - t0, BT)
-                    par = i % 2
-                    st = i % 2
-                    T.barrier_wait(full_k[st], (i // 2) % 2)
-                    T.barrier_wait(full_su, par)
-                    # P1: D1 = rd(F1 2^x dO)
-                    T.barrier_wait(full_do, par)
-                    for hh in T.unroll(2):
-                        for t, d in T.Parallel(BT, BT):
-                            x_h[t, d] = T.cast(do_s[t, hh * BT + d], f32) * f_s[st, 1, t] * chunk_pow2(f_s[st, 4, 0])
-                        for t, d in T.Parallel(BT, BT):
-                            d1_s[t, hh * BT + d] = T.cast(x_h[t, d], f16)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(ph[0])
-                    T.barrier_wait(ph[0], par)
-                    # P2: S o dS' column dots; R = U dS'^T -> dk~, k.R
-                    for u in T.unroll(4):
-                        acc4[u] = T.float32(0)
-                    for d4 in T.serial(D // 4):
+                if chain:       # D1 alone, for the chain
+                    for i in T.serial(ntot):
+                        par = i % 2
+                        st = i % 2
+                        T.barrier_wait(full_k[st], (i // 2) % 2)
+                        T.barrier_wait(full_do, par)
+                        form_d1(do_s, f_s, st, x_h, d1_s)
+                        T.fence_proxy_async()
+                        pass_phases(ph, par)
+                else:
+                    for i in T.serial(ntot):
+                        ic = ntot - 1 - i
+                        c = c0 + ic
+                        t0 = bos + ic * BT
+                        # a warm-up chunk's tokens are the next segment's; the chain form stores no chunk output
+                        keep = t0 < eos if warm else full
+                        nv = T.min(eos - t0, BT)
+                        par = i % 2
+                        st = i % 2
+                        T.barrier_wait(full_k[st], (i // 2) % 2)
+                        T.barrier_wait(full_su, par)
+                        # P1: D1 = rd(F1 2^x dO)
+                        T.barrier_wait(full_do, par)
+                        form_d1(do_s, f_s, st, x_h, d1_s)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(ph[0])
+                        T.barrier_wait(ph[0], par)
+                        # P2: S o dS' column dots; R = U dS'^T -> dk~, k.R
                         for u in T.unroll(4):
-                            acc4[u] = acc4[u] + T.cast(s_s[d4 * 4 + u, tx - 2 * WG], f32) * T.cast(
-                                dsh_s[d4 * 4 + u, tx - 2 * WG], f32)
-                    if keep:
-                        sd[0, hv, c, tx - 2 * WG] = (acc4[0] + acc4[1]) + (acc4[2] + acc4[3])
-                        sd[1, hv, c, tx - 2 * WG] = T.float32(0)
-                    T.gemm(u_s, dsh_s, dk_f, transpose_B=True, clear_accum=True)
-                    half_dots(dk_f, k_s, st, x_h, rs, rs2, nv)
-                    if keep:
-                        put_dots(rs, kr, hv, c)
-                    for t, d in T.Parallel(BT, D):
-                        dk_f[t, d] = T.exp2((f_s[st, 4, BT - 1] - f_s[st, 4, t]) * LOG2E) * dk_f[t, d]
-                    T.barrier_arrive(ph[1])
-                    T.barrier_wait(ph[1], par)
-                    # P3: W = dY S^T -> dk~, k.W; dk~ += M1^T Q (q's load waited on here too, not only through ph[0])
-                    T.barrier_wait(full_q, par)
-                    T.clear(rs)
-                    for hh in T.unroll(2):
-                        T.gemm(yh_s, s_s[hh * BT:(hh + 1) * BT, :], x_h, transpose_B=True, clear_accum=True)
-                        for t, d in T.Parallel(BT, BT):
-                            dk_f[t, hh * BT + d] = dk_f[t, hh * BT + d] - f_s[st, 7, t] * T.exp2(
-                                f_s[st, 4, t] * LOG2E) * x_h[t, d]
-                        for t, d in T.Parallel(BT, BT):
-                            r = _row(k_s, st, t, hh * BT + d)
-                            x_h[t, d] = T.if_then_else(t < nv, r, T.float32(0)) * x_h[t, d]
-                        T.reduce_sum(x_h, rs2, dim=1)
-                        for t in T.Parallel(BT):
-                            rs[t] = rs[t] + rs2[t]
-                    if keep:
-                        put_dots(rs, kw, hv, c)
-                    T.gemm(m1_s, q_s, dk_f, transpose_A=True)
-                    T.barrier_arrive(ph[2])
-                    T.barrier_wait(ph[2], par)
-                    # P4: dk~ += M2 K + M3^T K, stored
-                    T.gemm(p_s, k_s[st, :, :], dk_f)
-                    T.gemm(th_s, k_s[st, :, :], dk_f, transpose_A=True)
-                    T.barrier_arrive(ph[3])
-                    store_rows(dk_f, dk32, t0, hv, nv, fac[0])
-                    T.barrier_wait(ph[3], par)
+                            acc4[u] = T.float32(0)
+                        for d4 in T.serial(D // 4):
+                            for u in T.unroll(4):
+                                acc4[u] = acc4[u] + T.cast(s_s[d4 * 4 + u, tx - 2 * WG], f32) * T.cast(
+                                    dsh_s[d4 * 4 + u, tx - 2 * WG], f32)
+                        if keep:
+                            sd[0, hv, c, tx - 2 * WG] = (acc4[0] + acc4[1]) + (acc4[2] + acc4[3])
+                            sd[1, hv, c, tx - 2 * WG] = T.float32(0)
+                        T.gemm(u_s, dsh_s, dk_f, transpose_B=True, clear_accum=True)
+                        half_dots(dk_f, k_s, st, x_h, rs, rs2, nv)
+                        if keep:
+                            put_dots(rs, kr, hv, c)
+                        for t, d in T.Parallel(BT, D):
+                            dk_f[t, d] = T.exp2((f_s[st, 4, BT - 1] - f_s[st, 4, t]) * LOG2E) * dk_f[t, d]
+                        T.barrier_arrive(ph[1])
+                        T.barrier_wait(ph[1], par)
+                        # P3: W = dY S^T -> dk~, k.W; dk~ += M1^T Q (q's load waited on here too, not only
+                        # through ph[0])
+                        T.barrier_wait(full_q, par)
+                        T.clear(rs)
+                        for hh in T.unroll(2):
+                            T.gemm(yh_s, s_s[hh * BT:(hh + 1) * BT, :], x_h, transpose_B=True, clear_accum=True)
+                            for t, d in T.Parallel(BT, BT):
+                                dk_f[t, hh * BT + d] = dk_f[t, hh * BT + d] - f_s[st, 7, t] * T.exp2(
+                                    f_s[st, 4, t] * LOG2E) * x_h[t, d]
+                            for t, d in T.Parallel(BT, BT):
+                                r = _row(k_s, st, t, hh * BT + d)
+                                x_h[t, d] = T.if_then_else(t < nv, r, T.float32(0)) * x_h[t, d]
+                            T.reduce_sum(x_h, rs2, dim=1)
+                            for t in T.Parallel(BT):
+                                rs[t] = rs[t] + rs2[t]
+                        if keep:
+                            put_dots(rs, kw, hv, c)
+                        T.gemm(m1_s, q_s, dk_f, transpose_A=True)
+                        T.barrier_arrive(ph[2])
+                        T.barrier_wait(ph[2], par)
+                        # P4: dk~ += M2 K + M3^T K, stored
+                        T.gemm(p_s, k_s[st, :, :], dk_f)
+                        T.gemm(th_s, k_s[st, :, :], dk_f, transpose_A=True)
+                        T.barrier_arrive(ph[3])
+                        store_rows(dk_f, dk32, t0, hv, nv, fac[0])
+                        T.barrier_wait(ph[3], par)
             else:
                 # WG3: the producer
                 T.set_max_nreg(nreg[3], 0)
@@ -457,9 +501,10 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     T.barrier_arrive(full_do)
                     T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_th)
                     T.barrier_arrive(full_th)
-                    T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
-                    T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
-                    T.barrier_arrive(full_su)
+                    if full:
+                        T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
+                        T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
+                        T.barrier_arrive(full_su)
                     for i in T.serial(ntot - 1):
                         par = i % 2
                         ic = ntot - 2 - i
@@ -469,9 +514,10 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_s, barrier=full_do)
                         T.barrier_arrive(full_do)
                         T.barrier_wait(ph[2], par)     # S, U, q read
-                        T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
-                        T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
-                        T.barrier_arrive(full_su)
+                        if full:
+                            T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
+                            T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
+                            T.barrier_arrive(full_su)
                         T.tma_copy(q[t0:t0 + BT, h, 0:D], q_s, barrier=full_q)
                         T.barrier_arrive(full_q)
                         T.barrier_wait(ph[3], par)     # Th (M3), k and the gates of chunk i read
@@ -484,5 +530,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                             T.tma_copy(Fb[hv, c2, 0:8, 0:BT], f_s[i % 2, :, :], barrier=full_k[i % 2])
                             T.barrier_arrive(full_k[i % 2])
 
-    # the warm form under its own kernel name
-    return gdn_bwd_fused.with_attr("global_symbol", "gdn_bwd_fused_warm") if warm else gdn_bwd_fused
+    # the warm and chain forms under their own kernel names
+    if warm or chain:
+        return gdn_bwd_fused.with_attr("global_symbol", "gdn_bwd_fused_warm" if warm else "gdn_bwd_fused_chain")
+    return gdn_bwd_fused

@@ -110,9 +110,10 @@ def plan_for(b: BackwardInputs):
 
 
 def with_fused_segments(plan, b: BackwardInputs):
-    """``plan`` with ``fused_segments`` for the call ``b``'s layout (cached) where it runs the fused kernel's warm
-    form (``fused`` and ``fused_warm``): built only for such plans, since a new layout's tables cost host copies."""
-    if not (plan.fused and plan.fused_warm) or plan.fused_segments is not None:
+    """``plan`` with ``fused_segments`` for the call ``b``'s layout (cached) where it runs the fused kernel over
+    segments (``fused`` with ``fused_warm`` or ``fused_exact``): built only for such plans, since a new layout's
+    tables cost host copies."""
+    if not (plan.fused and (plan.fused_warm or plan.fused_exact)) or plan.fused_segments is not None:
         return plan
     x = b.x
     return dataclasses.replace(plan, fused_segments=_dh_plan(x.B, x.T, x.cu_host, x.HV, 1, x.q.device))
@@ -173,11 +174,14 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         mark("scan")
     if plan.fused:
         tables = _without(tables, "Tl", "dUl")        # not read (dUloc^T formed in the fused kernel)
+        if plan.fused_exact and plan.fused_segments is not None:      # the transfer maps over its segments
+            maps = segment_maps_of(x=x, plan=plan, tables=tables, cp=plan.fused_segments)
         states = recompute(x=x, plan=plan, tables=tables, side=None, maps=None)
         mark("recompute")
         tables = _without(tables, "Agh", "Agl")       # read by the recompute only
         states = _without(states, "Scl", "Ul")        # the fused kernel reads S and U hi alone
-        grads, terms = fused(b=b, plan=plan, tables=tables, states=states, factors=f)
+        grads, terms = fused(b=b, plan=plan, tables=tables, states=states, factors=f, maps=maps)
+        maps = None
         # S, U, v and dO are read by the fused kernel last: freed before the group sums allocate
         states, b = None, dataclasses.replace(b, do=None, x=dataclasses.replace(x, v=None))
         x = b.x
@@ -316,10 +320,10 @@ class RecomputedStates:
     Ul: torch.Tensor                # lo
 
 
-def segment_maps_of(*, x: ForwardInputs, plan, tables: PrepTables) -> torch.Tensor:
+def segment_maps_of(*, x: ForwardInputs, plan, tables: PrepTables, cp=None) -> torch.Tensor:
     """``plan.shared_scan``: the forward's CP scan (``forward.pipeline.segment_maps``) on prep's Ag and gate table
-    over dh's segments: ZM [NS, HV, 2 D, D] fp32, ``[Z^T ; M^T]`` of every segment but the last."""
-    cp = plan.dh_segments
+    over dh's segments (or ``cp``'s): ZM [NS, HV, 2 D, D] fp32, ``[Z^T ; M^T]`` of every segment but the last."""
+    cp = plan.dh_segments if cp is None else cp
     return segment_maps(x=x, plan=plan.recompute_cp_plan(), tables=IntraTables(tables.Agh, tables.Agl, tables.Fb, None),
                         scan_cu=cp.cu[:-1], scan_co=cp.chunk_offsets[:-1], n_seg=cp.cu.numel() - 1)
 
@@ -480,12 +484,13 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
     return ChunkTerms(dqv, dkv, qz, kw, kr, sd, yv2, rect, db22)
 
 
-def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates, factors):
+def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates, factors, maps=None):
     """``gdn_bwd_fused`` (``plan.fused``): dh's and dqk's outputs in one launch from the one-term plan's operands,
     the recompute's S, U hi tables and prep's Tinv hi and gate table (dUloc formed in the kernel; no dS' or dY
-    tables), over ``plan.fused_segments`` from their warm-up chunks (prep's bounds) where given: the gradients (dv,
-    dh0) and the chunk terms, dq~ and dk~ per value head in fp32 ``[Ttot, HV, D]`` (``fused_group_sums`` sums
-    them)."""
+    tables), over ``plan.fused_segments`` where given: from their warm-up chunks (prep's bounds) with
+    ``fused_warm``, from exact end gradients with ``fused_exact`` (``maps``: ``segment_maps_of`` over them;
+    ``fused_end_gradients``); the gradients (dv, dh0) and the chunk terms, dq~ and dk~ per value head in fp32
+    ``[Ttot, HV, D]`` (``fused_group_sums`` sums them)."""
     from kernels.build import get_kernel
     x = b.x
     dev, D, HV, NC, Ttot = x.q.device, x.D, x.HV, x.NC, x.n_tok
@@ -497,24 +502,53 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
     rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
     use_h0 = x.h0 is not None
     cp = plan.fused_segments
-    # the warm form stores every segment's start gradient: each sequence's is its first segment's
+    # the segmented forms store every segment's start gradient: each sequence's is its first segment's
     dh0 = torch.empty(((x.N if cp is None else cp.cu.numel() - 1) if use_h0 else 1), HV, D, D, device=dev, dtype=f32)
-    if b.dht is None:
-        dht = unused((1, HV, D, D), f32, dev)
-    else:           # the kernel's states are key-first; the warm form's, per segment (its sequence's)
-        dht = b.dht.transpose(-1, -2).contiguous() if x.v_first else b.dht
-        if cp is not None:
+    # the kernel's states are key-first
+    dhk = None if b.dht is None else (b.dht.transpose(-1, -2).contiguous() if x.v_first else b.dht)
+    outs = (dv, dq32, dk32, qz, kw, kr, yv2, db22, sd, rect)
+    args = (x.q, x.k, x.v, b.do, states.Sch, states.Uh, tables.Th, tables.Fb)
+    fac = _factors_arg(x, factors)
+    if cp is not None and plan.fused_exact:         # every segment from its exact end gradient
+        dht = fused_end_gradients(x=x, plan=plan, args=args, tables=tables, outs=outs, dhk=dhk, maps=maps,
+                                  factors=fac)
+        cu, co, use_dht = cp.cu, cp.chunk_offsets, 1
+    else:           # the warm form's dht per segment (its sequence's)
+        dht = unused((1, HV, D, D), f32, dev) if dhk is None else dhk
+        if cp is not None and dhk is not None:
             dht = dht.index_select(0, cp.warm_co[3 * (cp.cu.numel() - 1) + 1:])
-    cu, co = (x.cu, x.chunk_offsets) if cp is None else (cp.cu, cp.warm_co)
-    get_kernel(plan.fused_config())(x.q, x.k, x.v, b.do, states.Sch, states.Uh, tables.Th, tables.Fb, cu, co,
-                                    tables.Lb, dht, dv, dq32, dk32, qz, kw, kr, yv2, db22, sd, rect, dh0,
-                                    int(b.dht is not None), int(use_h0), float(x.scale), _factors_arg(x, factors))
+        cu, co = (x.cu, x.chunk_offsets) if cp is None else (cp.cu, cp.warm_co)
+        use_dht = int(dhk is not None)
+    get_kernel(plan.fused_config())(*args, cu, co, tables.Lb, dht, *outs, dh0, use_dht, int(use_h0),
+                                    float(x.scale), fac)
     if use_h0 and cp is not None:
         dh0 = dh0[cp.first]
     if use_h0 and x.v_first:
         dh0 = dh0.transpose(-1, -2).contiguous()
     return (StateGradients(None, None, None, None, dv, dh0),
             ChunkTerms(dq32, dk32, qz, kw, kr, sd, yv2, rect, db22))
+
+
+def fused_end_gradients(*, x: ForwardInputs, plan, args, tables: PrepTables, outs, dhk, maps, factors):
+    """E [NS, HV, D, D] fp32 key-first: the exact state gradient at the end of every segment of
+    ``plan.fused_segments`` (``dh_segmented``'s scan): the fused kernel's chain form from zero end gradients (each
+    sequence's last segment from its dht ``dhk``, key-first, or zero) gives each segment's start gradient; the
+    forward CP scan's maps ``maps`` (rows [D, 2 D), M^T) are the transfer matrices; the fp64 walk joins them.
+    ``args``: the fused kernel's inputs before ``cu_seqlens``; ``outs``: its chunk outputs (not written by the chain
+    form)."""
+    from kernels.build import get_kernel
+    from kernels.forward.configs import FixupConfig
+
+    from . import dh_segmented
+    cp = plan.fused_segments
+    NS, HV, D = cp.cu.numel() - 1, x.HV, x.D
+    dht_a = torch.zeros(NS, HV, D, D, device=x.q.device, dtype=torch.float32)
+    if dhk is not None:
+        dht_a[cp.last] = dhk
+    a = torch.empty_like(dht_a)
+    get_kernel(plan.fused_chain_config())(*args, cp.cu, cp.chunk_offsets, tables.Lb, dht_a, *outs, a, 1, 1,
+                                          float(x.scale), factors)
+    return dh_segmented.end_gradients(cp, a, maps[:, :, D:, :], dhk, get_kernel(FixupConfig(D)))
 
 
 def fused_group_sums(*, x: ForwardInputs, plan, terms: ChunkTerms) -> ChunkTerms:
