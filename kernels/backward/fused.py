@@ -124,6 +124,14 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
     n_co = 4 * N + 1 if warm else N + 1
 
+    def chunk_step(i, ntot, c0, bos, eos):
+        """(ic, c, t0, keep, nv) of step ``i`` of a chunk loop (chunks last to first): the segment's chunk, its global
+        index, its first token, whether its outputs are stored (a warm-up chunk's tokens are the next segment's), its
+        valid rows."""
+        ic = ntot - 1 - i
+        t0 = bos + ic * BT
+        return ic, c0 + ic, t0, (t0 < eos if warm else True), T.min(eos - t0, BT)
+
     @T.prim_func
     def gdn_bwd_fused(
         q: T.Tensor((Ttot, H, D), f16),
@@ -211,11 +219,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 else:
                     T.clear(ds_f)
                 for i in T.serial(ntot):
-                    ic = ntot - 1 - i
-                    c = c0 + ic
-                    t0 = bos + ic * BT
-                    # a warm-up chunk's tokens are the next segment's; the chain form stores no chunk output
-                    keep = t0 < eos if warm else full
+                    ic, c, t0, keep, _ = chunk_step(i, ntot, c0, bos, eos)     # (the chain form stores no yv)
                     par = i % 2
                     st = i % 2
                     # P1: P, dS', dU
@@ -307,12 +311,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         pass_phases(ph, par)
                 else:
                     for i in T.serial(ntot):
-                        ic = ntot - 1 - i
-                        c = c0 + ic
-                        t0 = bos + ic * BT
-                        # a warm-up chunk's tokens are the next segment's; the chain form stores no chunk output
-                        keep = t0 < eos if warm else full
-                        nv = T.min(eos - t0, BT)
+                        ic, c, t0, keep, nv = chunk_step(i, ntot, c0, bos, eos)
                         par = i % 2
                         st = i % 2
                         # P1: Z = dO S^T -> dq~, q.Z; dO U^T -> M0 (over M1's tile); dq~ += M0 K
@@ -421,12 +420,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         pass_phases(ph, par)
                 else:
                     for i in T.serial(ntot):
-                        ic = ntot - 1 - i
-                        c = c0 + ic
-                        t0 = bos + ic * BT
-                        # a warm-up chunk's tokens are the next segment's; the chain form stores no chunk output
-                        keep = t0 < eos if warm else full
-                        nv = T.min(eos - t0, BT)
+                        ic, c, t0, keep, nv = chunk_step(i, ntot, c0, bos, eos)
                         par = i % 2
                         st = i % 2
                         T.barrier_wait(full_k[st], (i // 2) % 2)
