@@ -8,13 +8,14 @@ joined by mbarriers (``ph``), each chunk's inputs loaded by TMA beside them:
 * WG0, the chain (dS fp32 key-first in registers): P1 P = F5_t F6_j e^(G_t - G_j) QK^T (j <= t), dS' = rd(dS),
   dU = F2 K dS' + P^T dO by halves of 64 value columns; P2 dY = Th^T dU (dv stored), D2 = rd(-F7 F0 2^x dY);
   P3 dS = (F3 2^x dS + Q^T D1 + K^T D2) 2^-x, ``2^x`` the chunk's power of two (``dh_ws.chunk_pow2``); P4 the
-  dY.v row dots, a thread per row half (v read by 16-byte loads).
+  dY.v row dots, the diagonal of dY V^T (v loaded over D1).
 * WG1, dq~: P1 Z = dO S^T (dq~, q.Z), dO U^T -> M0, dq~ += M0 K; P2 dq~ stored, QK -> M1, the dg summands'
   dO U^T part; P3 KK, dY U^T -> the dbeta row sums, the dg summands m and their row sums, M2, M3;
   P4 the dg rectangle sums from m's column sums.
-* WG2, dk~: P1 D1 = rd(F1 2^x dO); P2 the S o dS' column dots, R = U dS'^T (dk~, k.R); P3 W = dY S^T by halves
+* WG2, dk~: P1 D1 = rd(F1 2^x dO); P2 the S o dS' column dots (the diagonals of S^T dS' by halves of 64
+  columns), R = U dS'^T (dk~, k.R); P3 W = dY S^T by halves
   of 64 keys (dk~, k.W), dk~ += M1^T Q; P4 dk~ += M2 K + M3^T K, stored after the phase's arrival.
-* WG3, one producer warp: k and the gate table in two stages; dO, S, U, q, Th as the phases free them.
+* WG3, one producer warp: k and the gate table in two stages; dO, S, U, q, Th as the phases free them; v after P3.
 
 No [64, 128] fragment lives beside another in WG1 or WG2 (row dots by halves, dq~ finished in P1): that keeps
 every wgmma asynchronous at registers (192, 160, 136, 24).  Elementwise steps form a fragment first and store it to
@@ -51,6 +52,17 @@ def put_dots(rs, out, hv, c):
     for t in T.Parallel(BT):
         out[0, hv, c, t] = rs[t]
         out[1, hv, c, t] = T.float32(0)
+
+
+@T.macro
+def put_diagonal(x_f, out, hv, c, o, nv, keep):
+    """Where ``keep``: ``out[0, hv, c, o + t] = x_f[t, t]`` for ``t < nv``, else 0; ``out[1, hv, c, o + t] = 0``
+    (``x_f`` [64, 64] fp32: each diagonal element stored by the thread that holds it, ``keep`` a predicate of its
+    stores, not a branch around them)."""
+    for t, j in T.Parallel(BT, BT):
+        if (j == t) & keep:
+            out[0, hv, c, o + t] = T.if_then_else(t < nv, x_f[t, j], T.float32(0))
+            out[1, hv, c, o + t] = T.float32(0)
 
 
 @T.macro
@@ -198,6 +210,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
             full_do = T.alloc_barrier(arrive_count=32)
             full_su = T.alloc_barrier(arrive_count=32)
             full_th = T.alloc_barrier(arrive_count=32)
+            full_v = T.alloc_barrier(arrive_count=32)     # v over D1 (after P3)
             ph = T.alloc_barrier(arrive_count=[3 * WG] * 4)
             rb = T.alloc_barrier(arrive_count=WG)      # WG1's cw_s written
 
@@ -208,9 +221,6 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 T.set_max_nreg(nreg[0], 1)
                 ds_f = T.alloc_fragment((D, D), f32)
                 kd_f = T.alloc_fragment((BT, BT), f32)
-                vl = T.alloc_local((BT,), f16)
-                yl = T.alloc_local((8,), f16)
-                acc4 = T.alloc_local((4,), f32)
                 xp = T.alloc_local((2,), f32)              # the chunk's 2^x and 2^-x
                 fac = T.alloc_local((1,), f32)             # dv's factor
                 fac[0] = factors[0, hv]
@@ -219,7 +229,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 else:
                     T.clear(ds_f)
                 for i in T.serial(ntot):
-                    ic, c, t0, keep, _ = chunk_step(i, ntot, c0, bos, eos)     # (the chain form stores no yv)
+                    ic, c, t0, keep, nv = chunk_step(i, ntot, c0, bos, eos)
                     par = i % 2
                     st = i % 2
                     # P1: P, dS', dU
@@ -274,21 +284,11 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         ds_f[a, b] = ds_f[a, b] * xp[1]
                     T.barrier_arrive(ph[2])
                     T.barrier_wait(ph[2], par)
-                    # P4: the dY.v dots, thread (row tx // 2, half tx % 2) over a row half's 64 columns
+                    # P4: the dY.v dots, the diagonal of dY V^T (v by TMA over D1, read in P3)
                     if full:
-                        for u in T.unroll(4):
-                            acc4[u] = T.float32(0)
-                        if t0 + tx // 2 < eos:
-                            for d8 in T.unroll(BT // 8):
-                                for e in T.vectorized(8):
-                                    vl[d8 * 8 + e] = v[t0 + tx // 2, hv, (tx % 2) * BT + d8 * 8 + e]
-                            for d8 in T.unroll(BT // 8):
-                                for e in T.vectorized(8):
-                                    yl[e] = yh_s[tx // 2, (tx % 2) * BT + d8 * 8 + e]
-                                for e in T.unroll(8):
-                                    acc4[e % 4] = acc4[e % 4] + T.cast(vl[d8 * 8 + e], f32) * T.cast(yl[e], f32)
-                        if keep:
-                            yv[tx % 2, hv, c, tx // 2] = (acc4[0] + acc4[1]) + (acc4[2] + acc4[3])
+                        T.barrier_wait(full_v, par)
+                        T.gemm(yh_s, d1_s, kd_f, transpose_B=True, clear_accum=True)
+                        put_diagonal(kd_f, yv, hv, c, 0, nv, keep)
                     T.barrier_arrive(ph[3])
                     T.barrier_wait(ph[3], par)
                 if store_dh0 != 0:
@@ -406,7 +406,6 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 x_h = T.alloc_fragment((BT, BT), f32)
                 rs = T.alloc_fragment((BT,), f32)
                 rs2 = T.alloc_fragment((BT,), f32)
-                acc4 = T.alloc_local((4,), f32)
                 fac = T.alloc_local((1,), f32)             # dk~'s factor
                 fac[0] = factors[1, hv]
                 if chain:       # D1 alone, for the chain
@@ -431,16 +430,14 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         T.fence_proxy_async()
                         T.barrier_arrive(ph[0])
                         T.barrier_wait(ph[0], par)
-                        # P2: S o dS' column dots; R = U dS'^T -> dk~, k.R
-                        for u in T.unroll(4):
-                            acc4[u] = T.float32(0)
-                        for d4 in T.serial(D // 4):
-                            for u in T.unroll(4):
-                                acc4[u] = acc4[u] + T.cast(s_s[d4 * 4 + u, tx - 2 * WG], f32) * T.cast(
-                                    dsh_s[d4 * 4 + u, tx - 2 * WG], f32)
-                        if keep:
-                            sd[0, hv, c, tx - 2 * WG] = (acc4[0] + acc4[1]) + (acc4[2] + acc4[3])
-                            sd[1, hv, c, tx - 2 * WG] = T.float32(0)
+                        # P2: the S o dS' column dots, the diagonals of S^T dS' by halves of 64 columns;
+                        # R = U dS'^T -> dk~, k.R
+                        for hh in T.unroll(2):
+                            T.gemm(s_s[:, hh * BT:(hh + 1) * BT], dsh_s, dk_f, transpose_A=True, clear_accum=True)
+                            for t, d in T.Parallel(BT, D):
+                                if (d == hh * BT + t) & keep:
+                                    sd[0, hv, c, d] = dk_f[t, d]
+                                    sd[1, hv, c, d] = T.float32(0)
                         T.gemm(u_s, dsh_s, dk_f, transpose_B=True, clear_accum=True)
                         half_dots(dk_f, k_s, st, x_h, rs, rs2, nv)
                         if keep:
@@ -499,24 +496,32 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
                         T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
                         T.barrier_arrive(full_su)
-                    for i in T.serial(ntot - 1):
+                    for i in T.serial(ntot):
+                        # chunk i's phases free the next chunk's tiles; v of chunk i goes over D1 after P3
                         par = i % 2
                         ic = ntot - 2 - i
                         c = c0 + ic
                         t0 = bos + ic * BT
                         T.barrier_wait(ph[1], par)     # dO read (P1 and WG0's P^T dO)
-                        T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_s, barrier=full_do)
-                        T.barrier_arrive(full_do)
-                        T.barrier_wait(ph[2], par)     # S, U, q read
+                        if i + 1 < ntot:
+                            T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_s, barrier=full_do)
+                            T.barrier_arrive(full_do)
+                        T.barrier_wait(ph[2], par)     # S, U, q, D1 read
                         if full:
-                            T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
-                            T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
-                            T.barrier_arrive(full_su)
-                        T.tma_copy(q[t0:t0 + BT, h, 0:D], q_s, barrier=full_q)
-                        T.barrier_arrive(full_q)
-                        T.barrier_wait(ph[3], par)     # Th (M3), k and the gates of chunk i read
-                        T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_th)
-                        T.barrier_arrive(full_th)
+                            tc = bos + (ntot - 1 - i) * BT
+                            T.tma_copy(v[tc:tc + BT, hv, 0:D], d1_s, barrier=full_v)
+                            T.barrier_arrive(full_v)
+                        if i + 1 < ntot:
+                            if full:
+                                T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
+                                T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
+                                T.barrier_arrive(full_su)
+                            T.tma_copy(q[t0:t0 + BT, h, 0:D], q_s, barrier=full_q)
+                            T.barrier_arrive(full_q)
+                        T.barrier_wait(ph[3], par)     # Th (M3), k and the gates of chunk i, v read
+                        if i + 1 < ntot:
+                            T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_th)
+                            T.barrier_arrive(full_th)
                         if i + 2 < ntot:
                             c2 = c0 + ntot - 3 - i
                             t2 = bos + (ntot - 3 - i) * BT
