@@ -50,6 +50,7 @@ from benchmarks.bench_kernels_fwd import enqueue_ms, fla_triton, flash_qla  # no
 from benchmarks.inputs import D, GATES, SHAPES, shrunk  # noqa: E402
 from benchmarks.inputs import make as make_fwd_inputs  # noqa: E402
 from benchmarks.rounds import host_cell, interleave, median_of, paired_ratio, paired_table, spread  # noqa: E402
+from kernels.plan import ONE_TERM_FIELDS  # noqa: E402
 from parity.execute import describe_error  # noqa: E402
 
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
@@ -84,10 +85,10 @@ def backward_context(name: str):
 
 # A/B columns (``--ab``): ours with plan values other than the dispatched ones (``dataclasses.replace`` of the
 # ForwardPlan / BackwardPlan the Function dispatches; ``kernels.autograd.apply(alter=...)``)
-# the one-term backward on fp16 operands (bf16 inputs converted, v and dO under powers of two per GVA group; S, U,
-# dS', dY hi alone; K = 128; the forward keeps no tables), with the sequential dh_ws at every layout
-ONE16 = dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True, s_single=True, lo8=False,
-             dh_ws_bv=32, dh_segments=None, dh_warm=False, recompute_warm=False, shared_scan=False)
+# the one-term backward on fp16 operands (``kernels.plan.ONE_TERM_FIELDS``: bf16 inputs converted, v and dO under
+# powers of two per GVA group; S, U, dS', dY hi alone; K = 128; the forward keeps no tables), with the sequential
+# dh_ws at every layout, dh and dqk two kernels (not fused, as dispatched where ``kernels.plan.dispatches_fused``)
+ONE16 = dict(ONE_TERM_FIELDS, fused=False, fused_warm=False, fused_exact=False)
 AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alter: the A/B's noise floor
       "ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompute on the main stream, after dh
       "ours-overlap": ("backward", dict(overlap_recompute=True)),  # the recompute on a side stream, beside dh
@@ -155,7 +156,7 @@ def alter(col: str):
         if where == "both":
             if isinstance(plan, ForwardPlan):
                 return dataclasses.replace(plan, keep_tables=False)
-            return dataclasses.replace(plan, reads_saved_tables=False, **(change or {}))
+            return dataclasses.replace(plan, **{"reads_saved_tables": False, **(change or {})})
         if isinstance(plan, BackwardPlan) and where == "backward":
             return dataclasses.replace(plan, **segmented_only(change, plan))
         return plan

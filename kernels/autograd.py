@@ -49,7 +49,7 @@ def run_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_
         o, ht = fwd(q, k, v, g, beta, **kw)
         return o, ht, None
     from kernels.backward.pipeline import reads_saved_tables
-    want = keep and reads_saved_tables(q)
+    want = keep and reads_saved_tables(q, v, cu_seqlens)
     tables = {} if want else None
     if alter is not None:
         kw["plan"] = alter
@@ -74,9 +74,14 @@ def run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_
             kw["plan"] = alter
         if kept:
             kw["saved_tables"] = kept if isinstance(kept, dict) else dict(zip(SAVED_TABLES, kept))
-    else:       # as the tilelang Function's dh: Tinv's hi term alone where it reads the forward's tables
-        from kernels.backward.pipeline import reads_saved_tables
-        kw["tinv_hi_only"] = reads_saved_tables(q)
+    else:       # the tilelang Function's arithmetic: its fused one-term plan where dispatched, else Tinv's hi term
+        #         alone where its dh reads the forward's tables
+        from kernels.backward.emulation import ONE_TERM_FP16
+        from kernels.backward.pipeline import reads_saved_tables, runs_fused
+        if runs_fused(q, v, cu_seqlens):
+            kw.update(ONE_TERM_FP16, p_single=True)
+        else:
+            kw["tinv_hi_only"] = reads_saved_tables(q, v, cu_seqlens)
     dq, dk, dv, dg, db, dh0 = bwd(*args, **kw)
     if dh0 is not None and initial_state is not None:
         dh0 = dh0.to(initial_state.dtype)

@@ -180,12 +180,15 @@ chunk_gdr_fwd.register_autograd(_backward, setup_context=_setup_context)
 def dense_kept_chunks(q, v, keep_tables: bool) -> int:
     """Chunks of the intra tables a dense forward of q [B, T, H, K], v [B, T, HV, V] keeps for the backward
     (``run_forward``): B * ceil(T / 64) on CUDA where ``keep_tables`` and the dispatched precision computes them
-    (the backward reads them wherever the forward runs: ``backward.pipeline.reads_saved_tables``); else 0.  Host
-    arithmetic only (no tensor is made)."""
+    (the backward reads them wherever the forward runs, except where it is the fused plan:
+    ``backward.pipeline.reads_saved_tables``); else 0.  Host arithmetic only (no tensor is made)."""
+    from kernels.backward.pipeline import reads_saved_tables
     from kernels.forward.precision import preset
     from kernels.plan import keeps_tables
     B, T = int(q.shape[0]), int(q.shape[1])
     if not keep_tables or q.device.type not in _KEEPS_TABLES or B * T == 0 or not keeps_tables(preset()):
+        return 0
+    if not reads_saved_tables(q, v):
         return 0
     return B * -(-T // BT)
 

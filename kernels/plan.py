@@ -20,7 +20,7 @@ from kernels.forward.configs import (HEAD_DIMS, KERNEL_HEAD_DIM, OUT_CPB, RV_BV,
 from kernels.forward.cp_warm import MAX_SEGMENTS
 from kernels.forward.precision import PRESETS, Precision, preset
 
-__all__ = ["ForwardPlan", "BackwardPlan", "forward_plan", "backward_plan", "replace"]
+__all__ = ["ForwardPlan", "BackwardPlan", "forward_plan", "backward_plan", "dispatches_fused", "replace"]
 
 # ~SMs of an H200 (132); the sequential state kernel wants about one CTA per SM.
 N_SM = 128
@@ -36,6 +36,15 @@ SPLIT_EXACT_BV = 32            # value columns per CTA of split_heads' whole seq
 DH_WS_MAX_CTAS = N_SM
 # the backward's recompute runs on a side stream beside dh from this many (chunk, value head) pairs
 OVERLAP_MIN_CHUNK_HEADS = 4096
+# the one-term backward on fp16 operands for bf16 inputs (``BackwardPlan.one_term``: q, k, v, dO converted, v and dO
+# under powers of two per GVA group; S, U, dS', dY hi alone; prep computes Tinv, so the forward keeps no tables),
+# with the sequential dh_ws at every layout
+ONE_TERM_FIELDS = dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True, s_single=True,
+                       lo8=False, reads_saved_tables=False, dh_ws_bv=32, dh_segments=None, dh_warm=False,
+                       recompute_warm=False, shared_scan=False)
+# the fused one-term backward (``BackwardPlan.fused``, one CTA per (value head, sequence)) is dispatched for bf16
+# inputs at ``DQK_E_ONCE_HEAD_DIM`` from this many CTAs (``dispatches_fused``)
+FUSED_MIN_CTAS = N_SM
 
 
 @dataclass(frozen=True)
@@ -450,6 +459,13 @@ class BackwardPlan:
         return tuple(out)
 
 
+def dispatches_fused(dtype: str, HV: int, n_seq: int, DK: int) -> bool:
+    """Whether ``backward_plan`` gives the fused one-term plan (``ONE_TERM_FIELDS`` with ``fused``): bf16 inputs
+    (``dtype``, the inputs' kernel dtype), ``DK == DQK_E_ONCE_HEAD_DIM``, and at least ``FUSED_MIN_CTAS`` (value
+    head, sequence) pairs, so that its one pass fills the GPU.  It reads no tables of the forward."""
+    return dtype == "bfloat16" and DK == DQK_E_ONCE_HEAD_DIM and n_seq * HV >= FUSED_MIN_CTAS
+
+
 def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_segments=None,
                   DK: int = KERNEL_HEAD_DIM, max_chunks: int | None = None) -> BackwardPlan:
     """The backward's dispatch: ``dh_segments`` (``dh_segmented.plan``'s tensors, or None) from the caller, who
@@ -466,7 +482,8 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     even 16-column blocks of one pass leave SMs idle; with the segmented reverse pass its warm form (``dh_warm``:
     one launch, each segment from its warm-up chunks) and the recompute on dh's segments at ``WS_CP_BV`` columns,
     from its own warm-up chunks at the head dims of ``WS_HEAD_DIMS`` (``recompute_warm``), else from the shared
-    scan's start states (``shared_scan``); every kernel built for the call's head dim ``DK`` (K == V)."""
+    scan's start states (``shared_scan``); every kernel built for the call's head dim ``DK`` (K == V).  Where
+    ``dispatches_fused``: that plan with ``ONE_TERM_FIELDS`` and ``fused`` (dh and dqk in one kernel)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
@@ -475,7 +492,7 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     if n_seq * HV * (DK // 16) < N_SM:
         rcp = ws_cp_segments(n_seq, HV, n_chunks // max(n_seq, 1) if max_chunks is None else max_chunks, DK)
     rbv = WS_CP_BV if rcp > 1 or not seq else rbv
-    return BackwardPlan(dtype, dh_segments, dh_single=False, reads_saved_tables=True, dh_ws_bv=ws,
+    plan = BackwardPlan(dtype, dh_segments, dh_single=False, reads_saved_tables=True, dh_ws_bv=ws,
                         recompute_ws=DK in WS_HEAD_DIMS, dqk_e_once=DK == DQK_E_ONCE_HEAD_DIM,
                         dqk_exp_mask=DK == DQK_E_ONCE_HEAD_DIM,
                         overlap_recompute=n_chunks * HV >= OVERLAP_MIN_CHUNK_HEADS,
@@ -483,3 +500,4 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
                         cluster_group_sum=group in CLUSTER_GROUPS, lo8=True, DK=DK, recompute_cp=rcp,
                         shared_scan=not seq and DK not in WS_HEAD_DIMS, dh_warm=not seq,
                         recompute_warm=not seq and DK in WS_HEAD_DIMS)
+    return replace(plan, **ONE_TERM_FIELDS, fused=True) if dispatches_fused(dtype, HV, n_seq, DK) else plan

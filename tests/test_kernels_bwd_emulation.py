@@ -1147,8 +1147,8 @@ def test_backward_dispatch():
     with pytest.raises(ValueError, match="every operand split"):
         dataclasses.replace(seg, dh_single=True, lo8=False)
     # dh warp-specialised at 32 value columns where those CTAs (N x HV x K / 32) fit one wave, at K = 128, on the
-    # sequential pass; the register kernel elsewhere
-    ws = {(n, HV, D, s is None): backward_plan("bfloat16", 1, HV, 64, n, dh_segments=s, DK=D).dh_ws_bv
+    # sequential pass; the register kernel elsewhere (fp16 inputs: bf16 ones at N x HV = 256 run the fused plan)
+    ws = {(n, HV, D, s is None): backward_plan("float16", 1, HV, 64, n, dh_segments=s, DK=D).dh_ws_bv
           for n, HV in ((1, 32), (1, 33), (4, 8), (8, 32), (1, 4)) for D in (128, 64) for s in (None, object())}
     assert {k for k, v in ws.items() if v} == {(1, 32, 128, True), (4, 8, 128, True), (1, 4, 128, True)}, ws
     assert set(ws.values()) == {0, 32}
@@ -1236,8 +1236,8 @@ def test_dqk_gates_once_and_masked_widening_plan_and_configurations():
     from kernels.backward.configs import CLUSTER_GROUPS, DQK_E_ONCE_HEAD_DIM, BwdConfig, prim_func
     from kernels.build import all_configs
     from kernels.plan import backward_plan
-    for H, HV in [(16, 16)] + [(16, 16 * g) for g in CLUSTER_GROUPS]:
-        cfg = backward_plan("bfloat16", H, HV, 512, 1).dqk_config()
+    for H, HV in [(16, 16)] + [(16, 16 * g) for g in CLUSTER_GROUPS]:     # (fp16: bf16 at HV 128 is fused)
+        cfg = backward_plan("float16", H, HV, 512, 1).dqk_config()
         assert cfg.e_once and cfg.exp_mask and cfg.lo8 and cfg in set(all_configs()), cfg
     base = backward_plan("bfloat16", 16, 32, 512, 1)
     assert not dataclasses.replace(base, lo8=False).dqk_config().exp_mask
@@ -1414,6 +1414,38 @@ def test_saved_tables_are_kept_where_the_backward_reads_them(monkeypatch):
     monkeypatch.setattr(dh_cp, "MIN_SEQ_CHUNKS", 1)
     assert bapi.reads_saved_tables(q)                # segmented (warm)
     assert not bapi.reads_saved_tables(q.float())    # no kernel dtype: nothing to keep
+
+
+def test_the_fused_plan_is_dispatched_where_its_one_pass_fills_the_gpu(monkeypatch):
+    """``backward_plan`` gives the fused one-term plan for bf16 inputs at K = 128 from ``FUSED_MIN_CTAS`` (value head,
+    sequence) pairs, and the split plan below that, for fp16 inputs and at K = 64; where it does, the forward keeps
+    no tables (``reads_saved_tables`` of q, v and cu_seqlens, and the library op's dense table count)."""
+    from kernels import plan as kp
+    from kernels.backward import pipeline as bapi
+    from kernels.library import dense_kept_chunks
+
+    n = kp.FUSED_MIN_CTAS
+    fused = kp.backward_plan("bfloat16", 16, 32, 64 * n // 32, n // 32)
+    assert fused.fused and fused.one_term and fused.dtype == "float16" and fused.io_dtype == "bfloat16"
+    assert not fused.takes_saved_tables and fused.fused_config().name.startswith("bwd_fused")
+    for args, kw in [(("bfloat16", 16, 32, 64, n // 32 - 1), {}), (("float16", 16, 32, 64, n // 32), {}),
+                     (("bfloat16", 16, 32, 64, n // 32), {"DK": 64})]:
+        p = kp.backward_plan(*args, **kw)
+        assert not (p.fused or p.one_term) and p.takes_saved_tables, (args, kw, p)
+    # the forward's side: dense B x HV, and varlen by cu_seqlens' length alone
+    B, HV = n // 32, 32
+    q = torch.zeros(B, 64, 16, 128, dtype=torch.bfloat16)
+    v = torch.zeros(B, 64, HV, 128, dtype=torch.bfloat16)
+    assert bapi.runs_fused(q, v) and not bapi.reads_saved_tables(q, v) and bapi.reads_saved_tables(q)
+    assert not bapi.runs_fused(q[:-1], v[:-1]) and bapi.reads_saved_tables(q[:-1], v[:-1])
+    assert not bapi.runs_fused(q.half(), v.half()) and bapi.reads_saved_tables(q.half(), v.half())
+    cu = torch.arange(0, 64 * (B + 1), 64, dtype=torch.int32)
+    assert bapi.runs_fused(q.reshape(1, -1, 16, 128), v.reshape(1, -1, HV, 128), cu)
+    assert not bapi.runs_fused(q.reshape(1, -1, 16, 128), v.reshape(1, -1, HV, 128), cu[:-1])
+    # the op's table count (its fake implementation's), with CPU tensors standing in for CUDA ones
+    from kernels import library
+    monkeypatch.setattr(library, "_KEEPS_TABLES", ("cuda", "cpu"))
+    assert dense_kept_chunks(q, v, True) == 0 and dense_kept_chunks(q[:-1], v[:-1], True) == B - 1
 
 
 def test_autograd_takes_cu_seqlens_made_under_inference_mode():

@@ -17,7 +17,7 @@ import torch
 
 from cases.case import Case
 from kernels.backward.configs import DH_WS_BLOCKS, DQK_E_ONCE_HEAD_DIM
-from kernels.plan import WS_HEAD_DIMS
+from kernels.plan import ONE_TERM_FIELDS, WS_HEAD_DIMS
 from parity.metrics import compare
 from tests import kernel_support as tt
 
@@ -613,9 +613,7 @@ def test_recomputed_state_hi_alone_is_the_emulations(case):
 _ONE_TERM_CASES = [_S_SINGLE_CASES[0], _S_SINGLE_CASES[1], Case(T=2048, H=2, HV=8, dist="strong-decay", grad=True),
                    Case(T=1024, H=2, HV=4, dist="strong-decay", h0_dtype="fp32", grad=True)]
 # BackwardPlan.one_term on the fp16 kernels (bench_kernels_bwd's ``ours-one16``: the sequential dh_ws)
-ONE16 = dict(dtype="float16", io_dtype="bfloat16", one_term=True, dh_single=True, s_single=True, lo8=False,
-             reads_saved_tables=False, dh_ws_bv=32, dh_segments=None, dh_warm=False, recompute_warm=False,
-             shared_scan=False)
+ONE16 = dict(ONE_TERM_FIELDS, fused=False)
 
 
 @pytest.mark.parametrize("case", _ONE_TERM_CASES, ids=[c.id for c in _ONE_TERM_CASES])
@@ -641,6 +639,27 @@ def test_fused_one_term_is_the_emulations(case):
     from kernels.backward.emulation import ONE_TERM_FP16
     _backward_alternative_is_the_emulations(case, dict(ONE16, fused=True), dict(ONE_TERM_FP16, p_single=True),
                                             "fused one fp16 term vs emulation")
+
+
+# FUSED_MIN_CTAS (value head, sequence) pairs: the layout from which the fused plan is dispatched
+_DISPATCHED_FUSED = Case(B=4, T=320, H=16, HV=32, grad=True)
+
+
+def test_dispatched_fused_plan_is_the_emulations():
+    """Where ``kernels.plan.dispatches_fused``: the backward's dispatched plan is the fused one, the forward keeps no
+    tables, and the autograd Function's gradients are within the input dtype's rounding floor of the emulation's
+    one fp16 term (``p_single``) and within the FLA-like baseline."""
+    from kernels.backward.emulation import ONE_TERM_FP16
+    from kernels.backward.pipeline import plan_for, prepare_backward, reads_saved_tables
+    from kernels.plan import FUSED_MIN_CTAS
+
+    case = _DISPATCHED_FUSED
+    assert case.B * case.HV == FUSED_MIN_CTAS
+    args, kw, do, dht = tt.bwd_args(case, CUDA)
+    assert plan_for(prepare_backward(*args, do, dht, **kw)).fused
+    assert not reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
+    _backward_alternative_is_the_emulations(case, {}, dict(ONE_TERM_FP16, p_single=True),
+                                            "dispatched fused vs emulation")
 
 
 # the warm segmented cases the fused kernel takes (K = 128): slow decay (every segment runs on to its sequence's

@@ -131,8 +131,9 @@ def test_bad_input_raises_valueerror_naming_the_argument():
         kernels.chunk_gated_delta_rule(None, k, v, g, beta)
 
 
-def _like(shape, device):
-    return types.SimpleNamespace(shape=torch.Size(shape), device=torch.device(device))
+def _like(shape, device, dtype=torch.bfloat16):
+    return types.SimpleNamespace(shape=torch.Size(shape), device=torch.device(device), dtype=dtype,
+                                 dim=lambda: len(shape))
 
 
 def test_dense_kept_chunks_follows_the_backward(monkeypatch):

@@ -119,13 +119,26 @@ def with_fused_segments(plan, b: BackwardInputs):
     return dataclasses.replace(plan, fused_segments=_dh_plan(x.B, x.T, x.cu_host, x.HV, 1, x.q.device))
 
 
-def reads_saved_tables(q) -> bool:
+def runs_fused(q, v, cu_seqlens=None) -> bool:
+    """Whether the dispatched backward of a call with these q ([B, T, H, K]), v ([B, T, HV, V]) and ``cu_seqlens``
+    is the fused one-term plan (``kernels.plan.dispatches_fused``; from the shapes alone, no host synchronisation)."""
+    from kernels.plan import dispatches_fused
+    if q.dtype not in TL_DTYPE or q.dim() != 4 or v.dim() != 4:
+        return False
+    n_seq = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    return dispatches_fused(TL_DTYPE[q.dtype], v.shape[2], n_seq, q.shape[-1])
+
+
+def reads_saved_tables(q, v=None, cu_seqlens=None) -> bool:
     """Whether the backward of a call with this q ([B, T, H, K]) reads the forward's intra tables: wherever the
     forward runs, since the dispatched reverse pass (sequential or warm segmented, whatever the layout) reads them
-    (``BackwardPlan.takes_saved_tables``).  The autograd Function asks before its forward, so that it keeps no
-    tables the backward would not read."""
+    (``BackwardPlan.takes_saved_tables``), except where the dispatched plan is the fused one (``runs_fused`` of q,
+    v [B, T, HV, V] and ``cu_seqlens``, where v is given), which computes its own.  The autograd Function asks before
+    its forward, so that it keeps no tables the backward would not read."""
     from kernels.forward.configs import HEAD_DIMS
-    return q.dtype in TL_DTYPE and q.dim() == 4 and q.shape[-1] in HEAD_DIMS   # else the forward refuses them
+    if not (q.dtype in TL_DTYPE and q.dim() == 4 and q.shape[-1] in HEAD_DIMS):     # else the forward refuses them
+        return False
+    return v is None or not runs_fused(q, v, cu_seqlens)
 
 
 def dh_value_blocks(D: int) -> int:
