@@ -90,6 +90,8 @@ def backward_context(name: str):
 # dh_ws at every layout, dh and dqk two kernels (not fused, as dispatched where ``kernels.plan.dispatches_fused``)
 ONE16 = dict(ONE_TERM_FIELDS, fused=False, fused_warm=False, fused_exact=False)
 AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alter: the A/B's noise floor
+      # the split plan where the fused one is dispatched (``BackwardPlan.split``; the forward keeps its tables)
+      "ours-split": ("split", None),
       "ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompute on the main stream, after dh
       "ours-overlap": ("backward", dict(overlap_recompute=True)),  # the recompute on a side stream, beside dh
       "ours-no-cluster": ("backward", dict(cluster_group_sum=False)),  # GVA sums: fp32 rows + gdn_bwd_group_sum
@@ -147,6 +149,8 @@ def alter(col: str):
     where, change = AB[col]
 
     def f(plan):
+        if where == "split":
+            return plan.split if isinstance(plan, BackwardPlan) and plan.split is not None else plan
         if where == "merges":
             if isinstance(plan, ForwardPlan):
                 # P tables need the intra kernel's q tile, which the split merges do without
@@ -160,6 +164,8 @@ def alter(col: str):
         if isinstance(plan, BackwardPlan) and where == "backward":
             return dataclasses.replace(plan, **segmented_only(change, plan))
         return plan
+    if where in ("split", "both"):      # the forward keeps its tables for the split plan, none for the one-term ones
+        f.keep_tables = where == "split"
     return f
 
 
@@ -206,7 +212,8 @@ def call_configs(B, T, H, HV, lens, cols):
         fp = forward_plan("bfloat16", n, HV, mc, keep_tables=keep)
         out += fp.configs() + tuple(c for m in merges for c in alter(m)(fp).configs())
     bp = backward_plan("bfloat16", H, HV, nc, n, max_chunks=mc)
-    for p in [bp, dataclasses.replace(bp, reads_saved_tables=False)]:
+    # with the split plan where the fused one is dispatched (``ours-split``)
+    for p in [bp, dataclasses.replace(bp, reads_saved_tables=False)] + ([bp.split] if bp.split is not None else []):
         out += p.configs(True) + p.configs(False) + p.recompute_configs()
         for m in merges:
             out += alter(m)(p).configs(False)

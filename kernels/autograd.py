@@ -41,7 +41,8 @@ def run_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_
                 cu_seqlens, *, impl: str, alter=None, keep: bool = False):
     """(o, final state or None, kept tables ``[Th, Ah, Al]`` or None) of one forward.  ``keep``: a gradient will be
     asked, so the tilelang forward keeps its intra tables where the backward reads them
-    (``backward.pipeline.reads_saved_tables``); the emulation keeps none."""
+    (``backward.pipeline.reads_saved_tables``, or ``alter.keep_tables`` where an ``alter`` function carries it:
+    an A/B plan that reads tables where the dispatched one does not); the emulation keeps none."""
     fwd, _ = _directions(impl)
     kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_v_first=state_v_first, cu_seqlens=cu_seqlens)
@@ -49,7 +50,8 @@ def run_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_
         o, ht = fwd(q, k, v, g, beta, **kw)
         return o, ht, None
     from kernels.backward.pipeline import reads_saved_tables
-    want = keep and reads_saved_tables(q, v, cu_seqlens)
+    forced = getattr(alter, "keep_tables", None)        # an A/B plan's own answer
+    want = keep and (reads_saved_tables(q, v, cu_seqlens) if forced is None else forced and reads_saved_tables(q))
     tables = {} if want else None
     if alter is not None:
         kw["plan"] = alter

@@ -273,14 +273,15 @@ class BackwardPlan:
     ``shared_scan``): the recompute on dh's segments, each from its warm-up chunks before its start or from its
     sequence's start (``gdn_state_tables_ws_warm``), without a CP scan or fix-up; ``fused`` (with ``one_term`` on
     fp16 operands): dh and dqk as one warp-specialised kernel after the recompute (``backward/fused.py``: dUloc
-    from one fp16 term of P, no dS' or dY tables; an A/B alternative); ``fused_warm`` (read with ``fused``): the
+    from one fp16 term of P, no dS' or dY tables; dispatched where ``dispatches_fused``); ``fused_warm`` (read with ``fused``): the
     fused kernel over the reverse pass's CP segments at one CTA per (value head, segment) where the call's layout
     has them (its warm form ``gdn_bwd_fused_warm``), else one pass per sequence; ``fused_exact`` (read with
     ``fused``, not with ``fused_warm``): the same segments from exact end gradients: the chain form from zero end
     gradients (``gdn_bwd_fused_chain``), the forward CP scan's maps over the segments and the fp64 walk
     (``dh_segmented.end_gradients``), then the one-pass form over the segments; ``fused_segments``: those segments
     (``dh_segmented.PlanTensors``), set by the pipeline for the call's layout where ``fused_warm`` or
-    ``fused_exact`` (None: one pass)."""
+    ``fused_exact`` (None: one pass); ``split``: on a dispatched fused plan, the split plan ``backward_plan`` gives
+    the same call otherwise (the A/B baseline there; it reads the forward's tables), else None."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -309,6 +310,7 @@ class BackwardPlan:
     fused_warm: bool = False
     fused_exact: bool = False
     fused_segments: object = field(default=None, compare=False)
+    split: object = field(default=None, compare=False)
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -500,4 +502,6 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
                         cluster_group_sum=group in CLUSTER_GROUPS, lo8=True, DK=DK, recompute_cp=rcp,
                         shared_scan=not seq and DK not in WS_HEAD_DIMS, dh_warm=not seq,
                         recompute_warm=not seq and DK in WS_HEAD_DIMS)
-    return replace(plan, **ONE_TERM_FIELDS, fused=True) if dispatches_fused(dtype, HV, n_seq, DK) else plan
+    if dispatches_fused(dtype, HV, n_seq, DK):
+        return replace(plan, **ONE_TERM_FIELDS, fused=True, split=plan)
+    return plan

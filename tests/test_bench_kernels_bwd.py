@@ -18,7 +18,16 @@ def test_ab_column_changes_the_plan_it_names_and_no_other(col):
     bp = backward_plan("bfloat16", 16, 32, 512, 1)
     where, change = bench.AB[col]
     nf, nb = f(fp), f(bp)
-    if where == "both":
+    assert getattr(f, "keep_tables", None) == {"split": True, "both": False}.get(where), col
+    if where == "split":
+        # no fused plan at one sequence of 32 value heads: nothing to undo; at eight, the split plan it replaced
+        assert nf is fp and nb is bp and bp.split is None
+        fused = backward_plan("bfloat16", 16, 32, 512, 8)
+        assert fused.fused and f(fused) is fused.split and not fused.split.fused and fused.split.takes_saved_tables
+        assert fused.split == dataclasses.replace(fused, **{k: getattr(fused.split, k) for k in (
+            "dtype", "io_dtype", "one_term", "dh_single", "s_single", "lo8", "reads_saved_tables", "dh_ws_bv",
+            "dh_warm", "recompute_warm", "shared_scan", "fused")})
+    elif where == "both":
         assert nf == dataclasses.replace(fp, keep_tables=False) and not nb.reads_saved_tables
     elif where == "merges":
         # (the forward's P tables need the q tile that the split merges do without)
@@ -29,6 +38,12 @@ def test_ab_column_changes_the_plan_it_names_and_no_other(col):
         assert nf is fp and nb == dataclasses.replace(bp, **bench.segmented_only(change, bp))
     if col == "ours-s-single":
         assert not bp.s_single and nb.s_single
+
+
+def test_call_configs_cover_the_split_plan_where_the_fused_one_is_dispatched():
+    names = {c.name for c in bench.call_configs(8, 4096, 16, 32, None, ["ours", "ours-split"])}
+    assert any(n.startswith("bwd_fused") for n in names)                               # ours: the fused plan
+    assert any(n.startswith("bwd_dqk_g2") and ",lo8," in n for n in names)             # ours-split: the split one
 
 
 def test_call_configs_cover_every_column():
@@ -80,3 +95,26 @@ def test_results_sections_carry_the_commit_the_gpu_box_was_given(tmp_path, monke
     assert "commit 0123456 " in heading.replace(",", " ") and "GPU X" in heading
     monkeypatch.setenv("GDN_PARITY_DIRTY", "1")
     assert record.commit() == "0123456+dirty"
+
+
+def test_the_forward_keeps_tables_as_the_columns_plan_reads_them(monkeypatch):
+    """``run_forward`` offers the forward a table dict where the dispatched backward reads the tables, or where a
+    column's ``alter`` says so (``keep_tables``: ``ours-split`` keeps them where the fused plan is dispatched, the
+    one-term columns keep none anywhere)."""
+    import torch
+
+    from kernels import autograd
+    offered = []
+
+    def fwd(q, k, v, g, beta, keep_tables=None, **kw):
+        offered.append(keep_tables is not None)
+        return None, None
+
+    monkeypatch.setattr(autograd, "_directions", lambda impl: (fwd, None))
+    q = torch.zeros(8, 64, 16, 128, dtype=torch.bfloat16)
+    v = torch.zeros(8, 64, 32, 128, dtype=torch.bfloat16)      # 256 (value head, sequence) pairs: fused
+    for x, y in ((q, v), (q[:1], v[:1])):
+        for alter in (None, bench.alter("ours-again"), bench.alter("ours-split"), bench.alter("ours-fused")):
+            autograd.run_forward(x, x, y, None, None, None, None, False, False, False, None, impl="tilelang",
+                                 alter=alter, keep=True)
+    assert offered == [False, False, True, False, True, True, True, False]
