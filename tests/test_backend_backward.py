@@ -116,3 +116,22 @@ def test_triton_backward_lets_only_the_tilelang_dqkwg_through_where_fla_refuses_
         assert backend.get_implementation("chunk_bwd_dqkwg")() == "tilelang-ran"
     assert note["impl"] == f"fla/triton + common.chunk_bwd_dqkwg->tilelang ({why})"
     assert {k: os.environ.get(k) for k in before} == before and set(os.environ) == set(before)
+
+
+def test_tilelang_records_the_fused_backward_where_it_is_dispatched():
+    """The ``tilelang`` backend's gradient runs record ``backward: gdn-parity/tilelang fused one-term fp16`` where
+    the call's backward is the fused plan (bf16, K = 128, 128 or more (value head, sequence) pairs), nothing beside
+    the forward's impl elsewhere (CPU tensors: the Function runs the emulations, which follow the same dispatch)."""
+    from kernels.plan import FUSED_MIN_CTAS
+    from parity.backends.tilelang import FUSED_IMPL, TileLangKernels
+
+    fused = Case(B=FUSED_MIN_CTAS // 32, T=16, H=16, HV=32, dtype="bf16", grad=True)
+    split = Case(B=1, T=16, H=16, HV=32, dtype="bf16", grad=True)
+    b = TileLangKernels()
+    impls = []
+    for case in (fused, split):
+        inputs = make_inputs(case)
+        res = b.run(inputs, grad_outputs(case, inputs))
+        assert all(torch.isfinite(g).all() for g in res.grads.values()), case.id
+        impls.append(res.impl)
+    assert impls == [f"gdn-parity/tilelang; backward: {FUSED_IMPL}", "gdn-parity/tilelang"]

@@ -1,10 +1,12 @@
 """``tilelang``: gdn-parity's own TileLang kernels from ``kernels/`` (SM90, chunk 64), with FLA's call
 signature (the in-kernel gate and beta sigmoid, padded varlen included), forward and backward
 (``kernels.autograd``, a ``torch.autograd.Function``). Available on an SM90 GPU with tilelang installed and the
-kernels present."""
+kernels present. A gradient run records its backward's plan where it is the fused one-term one
+(``kernels.plan.dispatches_fused``): ``gdn-parity/tilelang; backward: gdn-parity/tilelang fused one-term fp16``."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import torch
@@ -13,6 +15,7 @@ from cases.case import Case
 from parity.backends.base import Backend, cuda_capability
 
 SUPPORTED_HEAD_DIMS = {64, 128}
+FUSED_IMPL = "gdn-parity/tilelang fused one-term fp16"
 
 
 class TileLangKernels(Backend):
@@ -49,6 +52,10 @@ class TileLangKernels(Backend):
 
     def _forward(self, inputs):
         import kernels
+        from kernels.backward.pipeline import runs_fused
+
+        # the backward of this call (run_with_grads runs it right after, inside backward_context)
+        self._backward_impl = FUSED_IMPL if runs_fused(inputs.q, inputs.v, inputs.cu_seqlens) else None
 
         o, ht = kernels.chunk_gated_delta_rule(
             inputs.q, inputs.k, inputs.v, inputs.g, inputs.beta, scale=inputs.scale,
@@ -60,3 +67,11 @@ class TileLangKernels(Backend):
             use_beta_sigmoid_in_kernel=inputs.use_beta_sigmoid_in_kernel,
         )
         return o, ht, "gdn-parity/tilelang"
+
+    @contextlib.contextmanager
+    def backward_context(self):
+        """Records the backward's plan where the last forward's call runs the fused one."""
+        note: dict = {}
+        yield note
+        if getattr(self, "_backward_impl", None):
+            note["impl"] = self._backward_impl
