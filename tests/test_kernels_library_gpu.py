@@ -25,6 +25,8 @@ CASES = [
     OpCase("dense_T300_no_h0_no_final", Case(T=300, H=2, HV=4, grad=True), final=False),
     # few heads over a long sequence: the backward's warm segmented reverse pass, on the forward's tables
     OpCase("dense_T19200_segmented_backward_h0", Case(T=19200, H=1, HV=2, h0_dtype="fp32", grad=True)),
+    # 128 (value head, sequence) pairs: the fused one-term backward, the forward keeping no tables
+    OpCase("dense_B4_T320_fused_backward", Case(B=4, T=320, H=16, HV=32, grad=True)),
     OpCase("varlen_empty_h0_vfirst_final", Case(layout="varlen-empty", T=429, H=2, HV=4, h0_dtype="fp32",
                                                 state_v_first=True, grad=True)),
     OpCase("varlen_D64_l2_no_final", Case(layout="varlen-ragged", T=300, H=1, HV=2, K=64, V=64, dist="raw-qk-l2",
