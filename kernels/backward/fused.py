@@ -56,13 +56,13 @@ def put_dots(rs, out, hv, c):
 
 @T.macro
 def put_diagonal(x_f, out, hv, c, o, nv, keep):
-    """Where ``keep``: ``out[0, hv, c, o + t] = x_f[t, t]`` for ``t < nv``, else 0; ``out[1, hv, c, o + t] = 0``
-    (``x_f`` [64, 64] fp32: each diagonal element stored by the thread that holds it, ``keep`` a predicate of its
-    stores, not a branch around them)."""
-    for t, j in T.Parallel(BT, BT):
-        if (j == t) & keep:
-            out[0, hv, c, o + t] = T.if_then_else(t < nv, x_f[t, j], T.float32(0))
-            out[1, hv, c, o + t] = T.float32(0)
+    """Where ``keep``: ``out[0, hv, c, o + t] = x_f[t, o + t]`` for ``t < nv``, else 0; ``out[1, hv, c, o + t] = 0``
+    (``x_f`` [64, 64] or [64, 128] fp32, ``o`` its diagonal's first column: each diagonal element stored by the
+    thread that holds it, ``keep`` a predicate of its stores, not a branch around them)."""
+    for t, j in T.Parallel(*x_f.shape):
+        if (j == o + t) & keep:
+            out[0, hv, c, j] = T.if_then_else(t < nv, x_f[t, j], T.float32(0))
+            out[1, hv, c, j] = T.float32(0)
 
 
 @T.macro
@@ -434,10 +434,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         # R = U dS'^T -> dk~, k.R
                         for hh in T.unroll(2):
                             T.gemm(s_s[:, hh * BT:(hh + 1) * BT], dsh_s, dk_f, transpose_A=True, clear_accum=True)
-                            for t, d in T.Parallel(BT, D):
-                                if (d == hh * BT + t) & keep:
-                                    sd[0, hv, c, d] = dk_f[t, d]
-                                    sd[1, hv, c, d] = T.float32(0)
+                            put_diagonal(dk_f, sd, hv, c, hh * BT, BT, keep)
                         T.gemm(u_s, dsh_s, dk_f, transpose_B=True, clear_accum=True)
                         half_dots(dk_f, k_s, st, x_h, rs, rs2, nv)
                         if keep:
