@@ -82,8 +82,8 @@ def run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_
         from kernels.backward.pipeline import reads_saved_tables, runs_fused
         if runs_fused(q, v, cu_seqlens):
             kw.update(ONE_TERM_FP16, p_single=True)
-        else:
-            kw["tinv_hi_only"] = reads_saved_tables(q, v, cu_seqlens)
+        else:       # (not fused: q alone decides)
+            kw["tinv_hi_only"] = reads_saved_tables(q)
     dq, dk, dv, dg, db, dh0 = bwd(*args, **kw)
     if dh0 is not None and initial_state is not None:
         dh0 = dh0.to(initial_state.dtype)

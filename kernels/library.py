@@ -186,9 +186,8 @@ def dense_kept_chunks(q, v, keep_tables: bool) -> int:
     from kernels.forward.precision import preset
     from kernels.plan import keeps_tables
     B, T = int(q.shape[0]), int(q.shape[1])
-    if not keep_tables or q.device.type not in _KEEPS_TABLES or B * T == 0 or not keeps_tables(preset()):
-        return 0
-    if not reads_saved_tables(q, v):
+    if (not keep_tables or q.device.type not in _KEEPS_TABLES or B * T == 0 or not keeps_tables(preset())
+            or not reads_saved_tables(q, v)):
         return 0
     return B * -(-T // BT)
 

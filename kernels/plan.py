@@ -273,9 +273,9 @@ class BackwardPlan:
     ``shared_scan``): the recompute on dh's segments, each from its warm-up chunks before its start or from its
     sequence's start (``gdn_state_tables_ws_warm``), without a CP scan or fix-up; ``fused`` (with ``one_term`` on
     fp16 operands): dh and dqk as one warp-specialised kernel after the recompute (``backward/fused.py``: dUloc
-    from one fp16 term of P, no dS' or dY tables; dispatched where ``dispatches_fused``); ``fused_warm`` (read with ``fused``): the
-    fused kernel over the reverse pass's CP segments at one CTA per (value head, segment) where the call's layout
-    has them (its warm form ``gdn_bwd_fused_warm``), else one pass per sequence; ``fused_exact`` (read with
+    from one fp16 term of P, no dS' or dY tables; dispatched where ``dispatches_fused``); ``fused_warm`` (read with
+    ``fused``): the fused kernel over the reverse pass's CP segments at one CTA per (value head, segment) where the
+    call's layout has them (its warm form ``gdn_bwd_fused_warm``), else one pass per sequence; ``fused_exact`` (read with
     ``fused``, not with ``fused_warm``): the same segments from exact end gradients: the chain form from zero end
     gradients (``gdn_bwd_fused_chain``), the forward CP scan's maps over the segments and the fp64 walk
     (``dh_segmented.end_gradients``), then the one-pass form over the segments; ``fused_segments``: those segments
