@@ -372,9 +372,10 @@ class BackwardPlan:
     def prep_config(self, saved: bool) -> BwdConfig:
         """prep's form; ``saved``: on the forward's Tinv and Ag (and then the chunks' bounds for the warm segmented
         pass); without dUloc^T for the fused kernel (computing Tinv)."""
+        no_du = self.fused and not saved
         return BwdConfig("prep", self.dtype, self.DK, saved=saved, merge="bf16" if saved else self.merge,
                          bounds=saved and (self.segmented_warm or self.recompute_on_warm_segments),
-                         no_du=self.fused and not saved)
+                         no_du=no_du, io=self.io_dtype if no_du else "")
 
     @property
     def takes_saved_tables(self) -> bool:
@@ -405,8 +406,8 @@ class BackwardPlan:
                          exp_mask=self.dqk_exp_mask and self.lo8, one=self.one_term, io=self.io_dtype)
 
     def fused_config(self, warm: bool | None = None) -> BwdConfig:
-        """The fused kernel of dh and dqk (``fused``): fp16 operands, dv in ``io_dtype`` (else fp16); its warm form
-        where ``warm`` (default: where the plan has ``fused_segments``)."""
+        """The fused kernel of dh and dqk (``fused``): fp16 operands, q, dO and dv in ``io_dtype`` (else fp16; q and
+        dO converted in the kernel); its warm form where ``warm`` (default: where the plan has ``fused_segments``)."""
         warm = self.fused_segments is not None and self.fused_warm if warm is None else warm
         return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype, warm=warm)
 
@@ -414,9 +415,17 @@ class BackwardPlan:
         """The fused kernel's chain form (``fused_exact``'s pass A)."""
         return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype, chain=True)
 
+    @property
+    def fused_converts(self) -> bool:
+        """Whether the fused kernel converts q and dO from ``io_dtype`` as it loads them (``fused`` with
+        ``io_dtype``): ``gdn_bwd_convert`` then writes k and v alone."""
+        return self.fused and bool(self.io_dtype)
+
     def convert_config(self) -> BwdConfig | None:
-        """``gdn_bwd_convert`` of a one-term plan: v and dO scaled, q, k, v, dO from ``io_dtype`` (if any)."""
-        return BwdConfig(CONVERT_KIND, self.dtype, self.DK, io=self.io_dtype or self.dtype) if self.one_term else None
+        """``gdn_bwd_convert`` of a one-term plan: v and dO scaled, q, k, v, dO from ``io_dtype`` (if any; k and v
+        alone where ``fused_converts``)."""
+        return (BwdConfig(CONVERT_KIND, self.dtype, self.DK, io=self.io_dtype or self.dtype,
+                          kv=self.fused_converts) if self.one_term else None)
 
     def amax_config(self) -> BwdConfig | None:
         """``gdn_bwd_amax`` of a one-term plan (the inputs' dtype)."""

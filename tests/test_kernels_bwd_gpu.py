@@ -641,6 +641,43 @@ def test_fused_one_term_is_the_emulations(case):
                                             "fused one fp16 term vs emulation")
 
 
+@pytest.mark.parametrize("case", _FUSED_CASES, ids=[c.id for c in _FUSED_CASES])
+def test_fused_conversion_of_q_and_do_is_the_convert_kernels(case):
+    """Where the fused kernel converts the caller's bf16 q and dO itself (``BackwardPlan.fused_converts``), its
+    outputs on the same tables are bitwise those of the same kernel on ``gdn_bwd_convert``'s fp16 q and dO, dv
+    (stored in bf16, not fp16) within one bf16 rounding of them."""
+    from kernels.backward import pipeline as bp
+
+    xs, kw, do, dht = tt.bwd_args(case, CUDA)
+    b = bp.prepare_backward(*xs, do, dht, **kw)
+    plan = dataclasses.replace(bp.plan_for(b), **ONE16, fused=True)
+    assert plan.fused_converts
+    b1, f1, s1 = bp._scaled(b, plan)
+    b0, f0, _ = bp._scaled(b, dataclasses.replace(plan, fused=False))
+    assert (b1.x.q.dtype, b1.do.dtype, b0.x.q.dtype, b0.do.dtype) == (torch.bfloat16,) * 2 + (torch.float16,) * 2
+    tables = bp.prep(b=b1, plan=plan, saved=None)
+    states = bp.recompute(x=b1.x, plan=plan, tables=tables, side=None)
+    g1, t1 = bp.fused(b=b1, plan=plan, tables=tables, states=states, factors=f1, in_scales=s1)
+    g0, t0 = bp.fused(b=b0, plan=dataclasses.replace(plan, io_dtype=""), tables=tables, states=states, factors=f0)
+    torch.cuda.synchronize()
+    for name in ("dqv", "dkv", "qz", "kw", "kr", "sd", "yv2", "rect", "db22"):
+        x1, x0 = getattr(t1, name), getattr(t0, name)
+        assert torch.equal(x1, x0), (f"{name}: max |in-kernel - converted| {(x1 - x0).abs().max().item():.3e}, "
+                                     f"case {case.id}, backend tilelang fused, where {_where(x1 != x0)}")
+    if b.x.h0 is not None:         # (else dh0 is not stored)
+        assert torch.equal(g1.dh0, g0.dh0), f"dh0: case {case.id}, where {_where(g1.dh0 != g0.dh0)}"
+    assert g1.dv.dtype == torch.bfloat16 and g0.dv.dtype == torch.float16
+    err = (g1.dv.float() - g0.dv.float()).abs().max().item()
+    bound = g0.dv.float().abs().max().item() * 2.0 ** -8
+    assert err <= bound, f"dv: max |in-kernel - converted| {err:.3e} > {bound:.3e} (one bf16 rounding), case {case.id}"
+
+
+def _where(mask: torch.Tensor) -> str:
+    """The first index where ``mask`` holds, and how many do."""
+    idx = mask.nonzero()
+    return f"{tuple(idx[0].tolist())} ({idx.shape[0]} elements)" if idx.numel() else "nowhere"
+
+
 # FUSED_MIN_CTAS (value head, sequence) pairs: the layout from which the fused plan is dispatched
 _DISPATCHED_FUSED = Case(B=4, T=320, H=16, HV=32, grad=True)
 

@@ -15,7 +15,9 @@ joined by mbarriers (``ph``), each chunk's inputs loaded by TMA beside them:
 * WG2, dk~: P1 D1 = rd(F1 2^x dO); P2 the S o dS' column dots (the diagonals of S^T dS' by halves of 64
   columns), R = U dS'^T (dk~, k.R); P3 W = dY S^T by halves
   of 64 keys (dk~, k.W), dk~ += M1^T Q; P4 dk~ += M2 K + M3^T K, stored after the phase's arrival.
-* WG3, one producer warp: k and the gate table in two stages; dO, S, U, q, Th as the phases free them; v after P3.
+* WG3, one producer warp: k and the gate table in two stages; dO, S, U, q, Th as the phases free them; v after P3;
+  with bf16 q and dO (``io``) its other three warps convert each chunk's dO (times its group's power of two), then
+  q, to fp16 in place (no fp16 copies of them in memory).
 
 No [64, 128] fragment lives beside another in WG1 or WG2 (row dots by halves, dq~ finished in P1): that keeps
 every wgmma asynchronous at registers (192, 160, 136, 24).  Elementwise steps form a fragment first and store it to
@@ -44,6 +46,36 @@ def egate(f_s, st, t, j):
 
 def _row(rows_s, st, t, d):
     return T.cast(rows_s[t, d] if st is None else rows_s[st, t, d], f32)
+
+
+# the threads that convert q and dO in place (WG3 less its producer warp)
+CVT_THREADS = WG - 32
+# bf16 pairs to fp16 pairs in place, 16 bytes a step: rd(x s) (round to nearest even, as ``gdn_bwd_convert``)
+CONVERT_TILE = r"""
+__device__ __forceinline__ void gdn_bf16_to_f16_tile(void* p, int n, float s, int t, int nt) {
+  uint4* a = reinterpret_cast<uint4*>(p);
+  for (int i = t; i < n; i += nt) {
+    uint4 w = a[i];
+    unsigned int* u = reinterpret_cast<unsigned int*>(&w);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float lo = __uint_as_float(u[j] << 16) * s, hi = __uint_as_float(u[j] & 0xffff0000u) * s;
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(u[j]) : "f"(hi), "f"(lo));
+    }
+    a[i] = w;
+  }
+}
+"""
+
+
+@T.macro
+def convert_tile(buf, s, t):
+    """The shared tile ``buf`` (fp16, holding bf16 values as TMA stored them) as fp16 ``rd(x s)`` in place, by thread
+    ``t`` of ``CVT_THREADS`` (an elementwise pass over its bytes: the tile's swizzle does not matter), then fenced
+    for the wgmma that read it."""
+    T.call_extern("handle", "gdn_bf16_to_f16_tile", T.access_ptr(buf, "rw"), buf.shape[0] * buf.shape[1] // 8, s,
+                  t, CVT_THREADS)
+    T.fence_proxy_async()
 
 
 @T.macro
@@ -110,14 +142,16 @@ def store_rows(x_f, out, t0, hv, nv, fac):
 
 def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24), warm: bool = False,
                     chain: bool = False):
-    """TileLang prim_func of ``gdn_bwd_fused``.  Arguments: q, k [Ttot, H, D], v, dO [Ttot, HV, D] fp16 (the
-    one-term plan's, under its powers of two); Sch [HV, NC, D, D] (key-first), Uh [HV, NC, 64, D], Th [HV, NC, 64,
-    64] fp16; Fb [HV, NC, 8, 64] fp32; cu_seqlens [N + 1], chunk_offsets [N + 1] int32 ([4 N + 1] with ``warm``);
-    Lb [HV, NC] fp32 (each chunk's log2 norm bound, read by ``warm`` alone); dht [N or 1, HV, D, D] fp32 key-first;
-    then the outputs dv [Ttot, HV, D] in ``io``, dq~, dk~ [Ttot, HV, D] fp32 per value head (times
-    ``factors[1, hv]``), qz, kw, kr, yv, db2 [2, HV, NC, 64] and sd [2, HV, NC, D] fp32 (half 0 the sums, half 1
-    zero), rect [HV, NC, 64], dh0 [N or 1, HV, D, D] fp32 key-first (with ``warm``, dht and dh0 per segment);
-    use_dht, store_dh0 int32, scale fp32, factors [2, HV] fp32 (dv stored times row 0).
+    """TileLang prim_func of ``gdn_bwd_fused``.  Arguments: q, k [Ttot, H, D], v, dO [Ttot, HV, D] (k, v fp16, v under
+    the one-term plan's powers of two; q, dO fp16, dO scaled, where ``io`` is fp16, else the caller's bf16 values,
+    converted in the kernel, dO times ``in_scales[0, hv]``); Sch [HV, NC, D, D] (key-first), Uh [HV, NC, 64, D], Th [HV,
+    NC, 64, 64] fp16; Fb [HV, NC, 8, 64] fp32; cu_seqlens [N + 1], chunk_offsets [N + 1] int32 ([4 N + 1] with
+    ``warm``); Lb [HV, NC] fp32 (each chunk's log2 norm bound, read by ``warm`` alone); dht [N or 1, HV, D, D] fp32
+    key-first; then the outputs dv [Ttot, HV, D] in ``io``, dq~, dk~ [Ttot, HV, D] fp32 per value head (times
+    ``factors[1, hv]``), qz, kw, kr, yv, db2 [2, HV, NC, 64] and sd [2, HV, NC, D] fp32 (half 0 the sums, half 1 zero),
+    rect [HV, NC, 64], dh0 [N or 1, HV, D, D] fp32 key-first (with ``warm``, dht and dh0 per segment); use_dht,
+    store_dh0 int32, scale fp32, factors [2, HV] fp32 (dv stored times row 0), in_scales [2, HV] fp32
+    (``scales.scales_and_factors``' rows 0, 1; read where ``io`` is bf16).
 
     ``warm`` (``gdn_bwd_fused_warm``): the N "sequences" are CP segments of the call's sequences and
     ``chunk_offsets`` is ``dh_segmented.warm_table``'s; a segment that is not its sequence's last first runs its
@@ -133,6 +167,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
     full = not chain
     assert D == 128, "the fused backward is built at K = V = 128 alone (its tiles take 225 KiB of shared memory)"
     assert io in ("bfloat16", "float16"), io
+    cvt = io != f16             # q and dO arrive in io, converted in the kernel
+    qdt = io
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
     n_co = 4 * N + 1 if warm else N + 1
 
@@ -146,10 +182,10 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
 
     @T.prim_func
     def gdn_bwd_fused(
-        q: T.Tensor((Ttot, H, D), f16),
+        q: T.Tensor((Ttot, H, D), qdt),
         k: T.Tensor((Ttot, H, D), f16),
         v: T.Tensor((Ttot, HV, D), f16),
-        do: T.Tensor((Ttot, HV, D), f16),
+        do: T.Tensor((Ttot, HV, D), qdt),
         Sch: T.Tensor((HV, NCg, D, D), f16),
         Uh: T.Tensor((HV, NCg, BT, D), f16),
         Th: T.Tensor((HV, NCg, BT, BT), f16),
@@ -173,13 +209,19 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
         store_dh0: T.int32,
         scale: T.float32,
         factors: T.Tensor((2, HV), f32),
+        in_scales: T.Tensor((2, HV), f32),
     ):
         with T.Kernel(HV, N, threads=4 * WG) as (hv, n):
+            if cvt:
+                T.import_source(CONVERT_TILE)
             h = hv // (HV // H)
             bos, eos, c0, nch = seq_span(cu_seqlens, chunk_offsets, n)
             q_s = T.alloc_shared((BT, D), f16)
             k_s = T.alloc_shared((2, BT, D), f16)
             do_s = T.alloc_shared((BT, D), f16)
+            # q and dO arrive in ``qdt`` over their fp16 tiles (converted there with ``cvt``)
+            q_in = T.view(q_s, (BT, D), qdt) if cvt else q_s
+            do_in = T.view(do_s, (BT, D), qdt) if cvt else do_s
             s_s = T.alloc_shared((D, D), f16)          # the chunk-start state S, key-first
             u_s = T.alloc_shared((BT, D), f16)
             th_s = T.alloc_shared((BT, BT), f16)       # Th, then M3
@@ -211,6 +253,11 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
             full_su = T.alloc_barrier(arrive_count=32)
             full_th = T.alloc_barrier(arrive_count=32)
             full_v = T.alloc_barrier(arrive_count=32)     # v over D1 (after P3)
+            if cvt:     # q and dO converted in place by WG3's other three warps
+                ready_q = T.alloc_barrier(arrive_count=CVT_THREADS)
+                ready_do = T.alloc_barrier(arrive_count=CVT_THREADS)
+            else:
+                ready_q, ready_do = full_q, full_do
             ph = T.alloc_barrier(arrive_count=[3 * WG] * 4)
             rb = T.alloc_barrier(arrive_count=WG)      # WG1's cw_s written
 
@@ -234,8 +281,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     st = i % 2
                     # P1: P, dS', dU
                     T.barrier_wait(full_k[st], (i // 2) % 2)
-                    T.barrier_wait(full_q, par)
-                    T.barrier_wait(full_do, par)
+                    T.barrier_wait(ready_q, par)
+                    T.barrier_wait(ready_do, par)
                     xp[0] = chunk_pow2(f_s[st, 4, 0])
                     xp[1] = chunk_pow2(f_s[st, 4, 0], -1)
                     T.gemm(q_s, k_s[st, :, :], kd_f, transpose_B=True, clear_accum=True)
@@ -316,8 +363,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         st = i % 2
                         # P1: Z = dO S^T -> dq~, q.Z; dO U^T -> M0 (over M1's tile); dq~ += M0 K
                         T.barrier_wait(full_k[st], (i // 2) % 2)
-                        T.barrier_wait(full_q, par)
-                        T.barrier_wait(full_do, par)
+                        T.barrier_wait(ready_q, par)
+                        T.barrier_wait(ready_do, par)
                         T.barrier_wait(full_su, par)
                         T.gemm(do_s, s_s, dq_f, transpose_B=True, clear_accum=True)
                         half_dots(dq_f, q_s, None, c_f, rs, rs2, nv)
@@ -413,7 +460,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         par = i % 2
                         st = i % 2
                         T.barrier_wait(full_k[st], (i // 2) % 2)
-                        T.barrier_wait(full_do, par)
+                        T.barrier_wait(ready_do, par)
                         form_d1(do_s, f_s, st, x_h, d1_s)
                         T.fence_proxy_async()
                         pass_phases(ph, par)
@@ -425,7 +472,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         T.barrier_wait(full_k[st], (i // 2) % 2)
                         T.barrier_wait(full_su, par)
                         # P1: D1 = rd(F1 2^x dO)
-                        T.barrier_wait(full_do, par)
+                        T.barrier_wait(ready_do, par)
                         form_d1(do_s, f_s, st, x_h, d1_s)
                         T.fence_proxy_async()
                         T.barrier_arrive(ph[0])
@@ -445,7 +492,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         T.barrier_wait(ph[1], par)
                         # P3: W = dY S^T -> dk~, k.W; dk~ += M1^T Q (q's load waited on here too, not only
                         # through ph[0])
-                        T.barrier_wait(full_q, par)
+                        T.barrier_wait(ready_q, par)
                         T.clear(rs)
                         for hh in T.unroll(2):
                             T.gemm(yh_s, s_s[hh * BT:(hh + 1) * BT, :], x_h, transpose_B=True, clear_accum=True)
@@ -473,58 +520,73 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 # WG3: the producer
                 T.set_max_nreg(nreg[3], 0)
                 # (no chunk: no load, none left in flight when the CTA exits)
-                if (tx < 3 * WG + 32) & (ntot > 0):
-                    for j in T.unroll(2):
-                        if j < ntot:
-                            cj = c0 + ntot - 1 - j
-                            tj = bos + (ntot - 1 - j) * BT
-                            T.tma_copy(k[tj:tj + BT, h, 0:D], k_s[j, :, :], barrier=full_k[j])
-                            T.tma_copy(Fb[hv, cj, 0:8, 0:BT], f_s[j, :, :], barrier=full_k[j])
-                            T.barrier_arrive(full_k[j])
-                    c = c0 + ntot - 1
-                    t0 = bos + (ntot - 1) * BT
-                    T.tma_copy(q[t0:t0 + BT, h, 0:D], q_s, barrier=full_q)
-                    T.barrier_arrive(full_q)
-                    T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_s, barrier=full_do)
-                    T.barrier_arrive(full_do)
-                    T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_th)
-                    T.barrier_arrive(full_th)
-                    if full:
-                        T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
-                        T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
-                        T.barrier_arrive(full_su)
-                    for i in T.serial(ntot):
-                        # chunk i's phases free the next chunk's tiles; v of chunk i goes over D1 after P3
-                        par = i % 2
-                        ic = ntot - 2 - i
-                        c = c0 + ic
-                        t0 = bos + ic * BT
-                        T.barrier_wait(ph[1], par)     # dO read (P1 and WG0's P^T dO)
-                        if i + 1 < ntot:
-                            T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_s, barrier=full_do)
-                            T.barrier_arrive(full_do)
-                        T.barrier_wait(ph[2], par)     # S, U, q, D1 read
+                if tx < 3 * WG + 32:
+                    if ntot > 0:
+                        for j in T.unroll(2):
+                            if j < ntot:
+                                cj = c0 + ntot - 1 - j
+                                tj = bos + (ntot - 1 - j) * BT
+                                T.tma_copy(k[tj:tj + BT, h, 0:D], k_s[j, :, :], barrier=full_k[j])
+                                T.tma_copy(Fb[hv, cj, 0:8, 0:BT], f_s[j, :, :], barrier=full_k[j])
+                                T.barrier_arrive(full_k[j])
+                        c = c0 + ntot - 1
+                        t0 = bos + (ntot - 1) * BT
+                        T.tma_copy(q[t0:t0 + BT, h, 0:D], q_in, barrier=full_q)
+                        T.barrier_arrive(full_q)
+                        T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_in, barrier=full_do)
+                        T.barrier_arrive(full_do)
+                        T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_th)
+                        T.barrier_arrive(full_th)
                         if full:
-                            tc = bos + (ntot - 1 - i) * BT
-                            T.tma_copy(v[tc:tc + BT, hv, 0:D], d1_s, barrier=full_v)
-                            T.barrier_arrive(full_v)
-                        if i + 1 < ntot:
+                            T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
+                            T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
+                            T.barrier_arrive(full_su)
+                        for i in T.serial(ntot):
+                            # chunk i's phases free the next chunk's tiles; v of chunk i goes over D1 after P3
+                            par = i % 2
+                            ic = ntot - 2 - i
+                            c = c0 + ic
+                            t0 = bos + ic * BT
+                            T.barrier_wait(ph[1], par)     # dO read (P1 and WG0's P^T dO)
+                            if i + 1 < ntot:
+                                T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_in, barrier=full_do)
+                                T.barrier_arrive(full_do)
+                            T.barrier_wait(ph[2], par)     # S, U, q, D1 read
                             if full:
-                                T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
-                                T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
-                                T.barrier_arrive(full_su)
-                            T.tma_copy(q[t0:t0 + BT, h, 0:D], q_s, barrier=full_q)
-                            T.barrier_arrive(full_q)
-                        T.barrier_wait(ph[3], par)     # Th (M3), k and the gates of chunk i, v read
-                        if i + 1 < ntot:
-                            T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_th)
-                            T.barrier_arrive(full_th)
-                        if i + 2 < ntot:
-                            c2 = c0 + ntot - 3 - i
-                            t2 = bos + (ntot - 3 - i) * BT
-                            T.tma_copy(k[t2:t2 + BT, h, 0:D], k_s[i % 2, :, :], barrier=full_k[i % 2])
-                            T.tma_copy(Fb[hv, c2, 0:8, 0:BT], f_s[i % 2, :, :], barrier=full_k[i % 2])
-                            T.barrier_arrive(full_k[i % 2])
+                                tc = bos + (ntot - 1 - i) * BT
+                                T.tma_copy(v[tc:tc + BT, hv, 0:D], d1_s, barrier=full_v)
+                                T.barrier_arrive(full_v)
+                            if i + 1 < ntot:
+                                if full:
+                                    T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
+                                    T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
+                                    T.barrier_arrive(full_su)
+                                T.tma_copy(q[t0:t0 + BT, h, 0:D], q_in, barrier=full_q)
+                                T.barrier_arrive(full_q)
+                            T.barrier_wait(ph[3], par)     # Th (M3), k and the gates of chunk i, v read
+                            if i + 1 < ntot:
+                                T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_th)
+                                T.barrier_arrive(full_th)
+                            if i + 2 < ntot:
+                                c2 = c0 + ntot - 3 - i
+                                t2 = bos + (ntot - 3 - i) * BT
+                                T.tma_copy(k[t2:t2 + BT, h, 0:D], k_s[i % 2, :, :], barrier=full_k[i % 2])
+                                T.tma_copy(Fb[hv, c2, 0:8, 0:BT], f_s[i % 2, :, :], barrier=full_k[i % 2])
+                                T.barrier_arrive(full_k[i % 2])
+                elif cvt:
+                    if ntot > 0:
+                        # WG3's other warps: each chunk's dO (times its group's power of two), then q, converted
+                        # in place, in the order the producer loads them
+                        sdo = T.alloc_local((1,), f32)
+                        sdo[0] = in_scales[0, hv]
+                        for i in T.serial(ntot):
+                            par = i % 2
+                            T.barrier_wait(full_do, par)
+                            convert_tile(do_s, sdo[0], tx - 3 * WG - 32)
+                            T.barrier_arrive(ready_do)
+                            T.barrier_wait(full_q, par)
+                            convert_tile(q_s, T.float32(1), tx - 3 * WG - 32)
+                            T.barrier_arrive(ready_q)
 
     # the warm and chain forms under their own kernel names
     if warm or chain:

@@ -46,17 +46,18 @@ def load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv
 
 
 def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str = "bf16", bounds: bool = False,
-                   du: bool = True):
+                   du: bool = True, io: str = ""):
     """``saved``: Tinv and Ag come from the forward (the autograd Function keeps the intra kernel's ``Th``, ``Ah``,
     ``Al``: the same operations on the same values, so bitwise this kernel's): no solve, and ``Th``, ``Tl``,
     ``Agh``, ``Agl`` are not accessed; ``Lb`` is stored where ``bounds`` (K K^T for its diagonal alone, the same
     operations as without ``saved``), else not accessed; the gate table and dUloc^T as without it.  ``merge``: the
     block merges as the intra kernel's of that name ("fp32", "bf16", or "split": 24 KiB more shared memory).
-    ``du`` False (the fused backward's, which forms dUloc itself): no P, dO not loaded, dUl not accessed.
+    ``du`` False (the fused backward's, which forms dUloc itself): no P, dO not loaded, dUl not accessed; q (read
+    for its L2 norms alone) and dO then in ``io`` where given (the caller's dtype, which the fused kernel converts).
 
     Arguments:
-      q, k          [Ttot, H, DK]     dtype
-      do            [Ttot, HV, DV]    dtype
+      q, k          [Ttot, H, DK]     dtype (q in ``io`` where given)
+      do            [Ttot, HV, DV]    dtype (``io`` where given)
       g, beta       [Ttot, HV]        fp32
       cu_seqlens    [N + 1] int32;  chunk_indices [NC, 2] int32
       Th, Tl        [HV, NC, 64, 64]  dtype  (out)
@@ -68,6 +69,8 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
     """
     assert DK in (64, 128) and DV in (64, 128)
     assert dtype in ("bfloat16", "float16")
+    assert not (io and du), "q in another dtype than k: only without P (du)"
+    qdt = io or dtype
     assert merge in MERGES and not (saved and merge != "bf16"), "with the forward's tables prep computes no merge"
     assert saved or not bounds, "prep computing Tinv always stores the bounds"
     merge_split = merge == "split"
@@ -78,9 +81,9 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
 
     @T.prim_func
     def gdn_bwd_prep(
-        q: T.Tensor((Ttot, H, DK), dtype),
+        q: T.Tensor((Ttot, H, DK), qdt),
         k: T.Tensor((Ttot, H, DK), dtype),
-        do: T.Tensor((Ttot, HV, DV), dtype),
+        do: T.Tensor((Ttot, HV, DV), qdt),
         g: T.Tensor((Ttot, HV), f32),
         beta: T.Tensor((Ttot, HV), f32),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
@@ -101,9 +104,9 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
             eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, True)
             nv = T.min(eos - t0, BT)
 
-            q_s = T.alloc_shared((BT, DK), dtype)
+            q_s = T.alloc_shared((BT, DK), qdt)
             k_s = T.alloc_shared((BT, DK), dtype)
-            do_s = T.alloc_shared((BT, DV), dtype)
+            do_s = T.alloc_shared((BT, DV), qdt)
             g_s = T.alloc_shared((BT,), f32)
             b_s = T.alloc_shared((BT,), f32)
             rq_s = T.alloc_shared((BT,), f32)
