@@ -15,7 +15,7 @@ from kernels.backward import configs as bwd
 from kernels.forward import configs as fwd
 from kernels.forward.configs import DTYPES, HEAD_DIMS, RV_BV, IntraConfig
 from kernels.forward.precision import PRESETS, preset
-from kernels.plan import WS_CP_BV, WS_HEAD_DIMS, BackwardPlan, ForwardPlan
+from kernels.plan import ONE_TERM_FIELDS, WS_CP_BV, WS_HEAD_DIMS, BackwardPlan, ForwardPlan
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 
@@ -72,6 +72,9 @@ def forward_configs():
                 # per dh segment from warm-up chunks (recompute_warm)
                 cfgs += [BackwardPlan(dtype, dh_segments=True, recompute_block_v=WS_CP_BV, lo8=True, DK=DK,
                                       recompute_ws=True, recompute_warm=True).recompute_configs()[1]]
+            if DK == bwd.DQK_E_ONCE_HEAD_DIM and dtype == "float16":     # the fused plan's on bf16 k and v
+                cfgs += [BackwardPlan(**{**ONE_TERM_FIELDS, "fused": True}, recompute_ws=True, recompute_block_v=bv,
+                                      DK=DK).recompute_configs()[1] for bv in (64, 32, 16)]
             for c in cfgs:
                 if c not in out:
                     out.append(c)

@@ -6,8 +6,7 @@
   dht's, row 1 v's and h0's), v and dO times their groups' powers of two, q, k, v, dO in the kernels' input dtype:
   ``rd(x s)`` (round to nearest even: exact for bf16 values within fp16's normal range, +-inf past 65504, subnormal
   or 0 below 2^-14; inputs below 2^-126 are flushed to 0: fast math); where ``src == dst`` q and k are not copied
-  (``q2, k2`` not written); in the ``kv`` form only k and v are (``q2, do2`` not written: the fused kernel converts
-  q and dO as it loads them).  It also writes ``scales.scales_and_factors``: the powers of two it applied and the
+  (``q2, k2`` not written).  It also writes ``scales.scales_and_factors``: the powers of two it applied and the
   ``factors`` that undo them.
 
 ``q, k [Ttot, H, D]``, ``v, do [Ttot, HV, D]``.  Grid (row block, value head): the CTA of value head ``hv`` takes its
@@ -71,11 +70,9 @@ def build_amax(D: int, src: str):
     return gdn_bwd_amax
 
 
-def build_convert(D: int, src: str, dst: str, kv: bool = False):
+def build_convert(D: int, src: str, dst: str):
     """Arguments: q, k [Ttot, H, D], v, do [Ttot, HV, D] in ``src``; bits [2, HV] int32 (``gdn_bwd_amax``'s, with
-    dht's and h0's maxima); q2, k2, v2, do2 in ``dst`` (out; ``kv``: k2 and v2 alone); out [4, HV] fp32
-    (``scales.scales_and_factors``)."""
-    assert not kv or src != dst, "the kv form converts k"
+    dht's and h0's maxima); q2, k2, v2, do2 in ``dst`` (out); out [4, HV] fp32 (``scales.scales_and_factors``)."""
     Ttot, H, HV = dynamic_dims("Ttot H HV")
     f32, i32 = "float32", "int32"
     qk = src != dst
@@ -127,14 +124,12 @@ def build_convert(D: int, src: str, dst: str, kv: bool = False):
             for i, d in T.Parallel(ROWS, D):
                 if t0 + i < Ttot:
                     v2[t0 + i, hv, d] = T.cast(T.cast(v[t0 + i, hv, d], f32) * s[1], dst)
-                    if not kv:
-                        do2[t0 + i, hv, d] = T.cast(T.cast(do[t0 + i, hv, d], f32) * s[0], dst)
+                    do2[t0 + i, hv, d] = T.cast(T.cast(do[t0 + i, hv, d], f32) * s[0], dst)
             if qk:
                 if hv < H:
                     for i, d in T.Parallel(ROWS, D):
                         if t0 + i < Ttot:
-                            if not kv:
-                                q2[t0 + i, hv, d] = T.cast(q[t0 + i, hv, d], dst)
+                            q2[t0 + i, hv, d] = T.cast(q[t0 + i, hv, d], dst)
                             k2[t0 + i, hv, d] = T.cast(k[t0 + i, hv, d], dst)
 
     return gdn_bwd_convert
