@@ -366,6 +366,7 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None, in
     from kernels.build import get_kernel
     dev, dt, D = x.q.device, _kernel_dtype(plan, x), x.D
     cfg = plan.recompute_configs()[1]
+    tail = (_factors_arg(x, in_scales),) if cfg.form == "ws" else ()   # (read where it converts k and v)
     main = torch.cuda.current_stream(dev) if side is not None else None
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         Sch = torch.empty(x.HV, x.NC, D, D, device=dev, dtype=dt)
@@ -391,7 +392,6 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None, in
         else:
             cu, co, use_h0, v_first = x.cu, x.chunk_offsets, int(x.h0 is not None), int(x.v_first)
             h0 = initial_states(x)
-        tail = (_factors_arg(x, in_scales),) if cfg.form == "ws" else ()   # (read where it converts k and v)
         get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, *extra, ht,
                         use_h0, 0, v_first, *tail)
     if side is not None:
