@@ -282,9 +282,9 @@ class BackwardPlan:
     (``dh_segmented.end_gradients``), then the one-pass form over the segments; ``fused_segments``: those segments
     (``dh_segmented.PlanTensors``), set by the pipeline for the call's layout where ``fused_warm`` or
     ``fused_exact`` (None: one pass); ``split``: on a dispatched fused plan, the split plan ``backward_plan`` gives
-    the same call otherwise (the A/B baseline there; it reads the forward's tables), else None; ``copies``: the
-    one-term plan's inputs as ``gdn_bwd_convert``'s fp16 copies even where its kernels could convert them
-    (``fused_converts``; the A/B baseline of that)."""
+    the same call otherwise (the A/B baseline there; it reads the forward's tables), else None; ``convert_in_smem``:
+    the fused plan's kernels convert the caller's inputs in shared memory where they can (``fused_converts``)
+    instead of reading ``gdn_bwd_convert``'s fp16 copies (an A/B alternative, not yet timed on a GPU)."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -314,7 +314,7 @@ class BackwardPlan:
     fused_exact: bool = False
     fused_segments: object = field(default=None, compare=False)
     split: object = field(default=None, compare=False)
-    copies: bool = False
+    convert_in_smem: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -424,10 +424,12 @@ class BackwardPlan:
     def fused_converts(self) -> bool:
         """Whether the fused plan's kernels (prep, the recompute, the fused kernel) take the caller's ``io_dtype``
         inputs and convert them in shared memory, so that no fp16 copies of q, k, v, dO are written
-        (``gdn_bwd_convert`` not run): ``fused`` with ``io_dtype``, its recompute the single ws pass (the CP scans
-        of ``recompute_cp``, ``shared_scan``, warm segments and ``fused_exact`` read converted k and v)."""
-        return (self.fused and bool(self.io_dtype) and self.recompute_ws and self.recompute_cp <= 1
-                and not (self.shared_scan or self.recompute_on_warm_segments or self.fused_exact or self.copies))
+        (``gdn_bwd_convert`` not run): ``convert_in_smem`` on a ``fused`` plan with ``io_dtype``, its recompute the
+        single ws pass (the CP scans of ``recompute_cp``, ``shared_scan``, warm segments and ``fused_exact`` read
+        converted k and v)."""
+        return (self.convert_in_smem and self.fused and bool(self.io_dtype) and self.recompute_ws
+                and self.recompute_cp <= 1
+                and not (self.shared_scan or self.recompute_on_warm_segments or self.fused_exact))
 
     def convert_config(self) -> BwdConfig | None:
         """``gdn_bwd_convert`` of a one-term plan: v and dO scaled, q, k, v, dO from ``io_dtype`` (if any); None

@@ -1417,18 +1417,20 @@ def test_saved_tables_are_kept_where_the_backward_reads_them(monkeypatch):
     assert not bapi.reads_saved_tables(q.float())    # no kernel dtype: nothing to keep
 
 
-def test_the_dispatched_fused_plan_converts_its_inputs_in_shared_memory():
-    """The dispatched fused plan's kernels take the caller's bf16 q, k, v, dO (``fused_converts``): no
-    ``gdn_bwd_convert``, prep, the recompute's ws tables form and the fused kernel in their converting forms, each
-    in the compile list; the plans whose CP scans read converted k and v (``fused_exact``, ``recompute_cp``) and the
-    fp16 plan without the caller's dtype convert as before."""
+def test_the_fused_plan_converting_in_shared_memory():
+    """With ``convert_in_smem`` the dispatched fused plan's kernels take the caller's bf16 q, k, v, dO
+    (``fused_converts``): no ``gdn_bwd_convert``, prep, the recompute's ws tables form and the fused kernel in their
+    converting forms, each in the compile list; without it (as dispatched), and on the plans whose CP scans read
+    converted k and v (``fused_exact``, ``recompute_cp``) or without the caller's dtype, the copies as before."""
     import dataclasses
 
     from kernels import plan as kp
     from kernels.build import all_configs
 
     n = kp.FUSED_MIN_CTAS
-    fused = kp.backward_plan("bfloat16", 16, 32, 64 * n // 32, n // 32)
+    dispatched = kp.backward_plan("bfloat16", 16, 32, 64 * n // 32, n // 32)
+    assert dispatched.fused and not dispatched.fused_converts and dispatched.convert_config() is not None
+    fused = dataclasses.replace(dispatched, convert_in_smem=True)
     assert fused.fused_converts and fused.convert_config() is None and fused.amax_config() is not None
     rc, prep, kern = fused.recompute_configs()[1], fused.prep_config(False), fused.fused_config()
     assert (rc.form, rc.tables, rc.io) == ("ws", True, "bfloat16")
@@ -1436,7 +1438,7 @@ def test_the_dispatched_fused_plan_converts_its_inputs_in_shared_memory():
     every = all_configs()
     assert all(c in every for c in fused.configs(False)), [c.name for c in fused.configs(False) if c not in every]
     for other in (dataclasses.replace(fused, fused_exact=True), dataclasses.replace(fused, recompute_cp=2),
-                  dataclasses.replace(fused, io_dtype=""), dataclasses.replace(fused, copies=True)):
+                  dataclasses.replace(fused, io_dtype=""), dispatched):
         assert not other.fused_converts and other.convert_config() is not None, other
         assert not (other.fused_config().cvt or other.prep_config(False).io or other.recompute_configs()[1].io)
 

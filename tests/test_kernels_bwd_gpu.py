@@ -642,16 +642,26 @@ def test_fused_one_term_is_the_emulations(case):
 
 
 @pytest.mark.parametrize("case", _FUSED_CASES, ids=[c.id for c in _FUSED_CASES])
+def test_fused_one_term_converting_in_shared_memory_is_the_emulations(case):
+    """``BackwardPlan.convert_in_smem`` through the whole backward (no ``gdn_bwd_convert``; the exponents by torch):
+    every gradient within the input dtype's rounding floor of the emulation's one fp16 term (``p_single``) and
+    within the FLA-like baseline."""
+    from kernels.backward.emulation import ONE_TERM_FP16
+    _backward_alternative_is_the_emulations(case, dict(ONE16, fused=True, convert_in_smem=True),
+                                            dict(ONE_TERM_FP16, p_single=True), "fused in smem vs emulation")
+
+
+@pytest.mark.parametrize("case", _FUSED_CASES, ids=[c.id for c in _FUSED_CASES])
 def test_fused_plan_converting_in_shared_memory_is_the_convert_kernels(case):
     """Where the fused plan's kernels take the caller's bf16 q, k, v, dO and convert them in shared memory
-    (``BackwardPlan.fused_converts``: prep, the recompute's ws tables form, the fused kernel), every output is bitwise
+    (``BackwardPlan.convert_in_smem``: prep, the recompute's ws tables form, the fused kernel), every output is bitwise
     that of the same stages on ``gdn_bwd_convert``'s fp16 copies (dv, stored in bf16 rather than fp16, within one
     bf16 rounding of it)."""
     from kernels.backward import pipeline as bp
 
     xs, kw, do, dht = tt.bwd_args(case, CUDA)
     b = bp.prepare_backward(*xs, do, dht, **kw)
-    plan = dataclasses.replace(bp.plan_for(b), **ONE16, fused=True)
+    plan = dataclasses.replace(bp.plan_for(b), **ONE16, fused=True, convert_in_smem=True)
     # the same stages on the convert kernel's copies: the fp16 plan without the caller's dtype
     copies = dataclasses.replace(plan, io_dtype="")
     assert plan.fused_converts and not copies.fused_converts

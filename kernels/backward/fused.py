@@ -495,62 +495,61 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 # WG3: the producer
                 T.set_max_nreg(nreg[3], 0)
                 # (no chunk: no load, none left in flight when the CTA exits)
-                if tx < 3 * WG + 32:
-                    if ntot > 0:
-                        for j in T.unroll(2):
-                            if j < ntot:
-                                cj = c0 + ntot - 1 - j
-                                tj = bos + (ntot - 1 - j) * BT
-                                T.tma_copy(k[tj:tj + BT, h, 0:D], (k_in if cvt else k_s)[j, :, :], barrier=full_k[j])
-                                T.tma_copy(Fb[hv, cj, 0:8, 0:BT], f_s[j, :, :], barrier=full_k[j])
-                                T.barrier_arrive(full_k[j])
-                        c = c0 + ntot - 1
-                        t0 = bos + (ntot - 1) * BT
-                        T.tma_copy(q[t0:t0 + BT, h, 0:D], q_in if cvt else q_s, barrier=full_q)
-                        T.barrier_arrive(full_q)
-                        T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_in if cvt else do_s, barrier=full_do)
-                        T.barrier_arrive(full_do)
-                        T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_th)
-                        T.barrier_arrive(full_th)
+                if (tx < 3 * WG + 32) & (ntot > 0):
+                    for j in T.unroll(2):
+                        if j < ntot:
+                            cj = c0 + ntot - 1 - j
+                            tj = bos + (ntot - 1 - j) * BT
+                            T.tma_copy(k[tj:tj + BT, h, 0:D], (k_in if cvt else k_s)[j, :, :], barrier=full_k[j])
+                            T.tma_copy(Fb[hv, cj, 0:8, 0:BT], f_s[j, :, :], barrier=full_k[j])
+                            T.barrier_arrive(full_k[j])
+                    c = c0 + ntot - 1
+                    t0 = bos + (ntot - 1) * BT
+                    T.tma_copy(q[t0:t0 + BT, h, 0:D], q_in if cvt else q_s, barrier=full_q)
+                    T.barrier_arrive(full_q)
+                    T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_in if cvt else do_s, barrier=full_do)
+                    T.barrier_arrive(full_do)
+                    T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_th)
+                    T.barrier_arrive(full_th)
+                    if full:
+                        T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
+                        T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
+                        T.barrier_arrive(full_su)
+                    for i in T.serial(ntot):
+                        # chunk i's phases free the next chunk's tiles; v of chunk i goes over D1 after P3
+                        par = i % 2
+                        ic = ntot - 2 - i
+                        c = c0 + ic
+                        t0 = bos + ic * BT
+                        T.barrier_wait(ph[1], par)     # dO read (P1 and WG0's P^T dO)
+                        if i + 1 < ntot:
+                            T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_in if cvt else do_s, barrier=full_do)
+                            T.barrier_arrive(full_do)
+                        T.barrier_wait(ph[2], par)     # S, U, q, D1 read
                         if full:
-                            T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
-                            T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
-                            T.barrier_arrive(full_su)
-                        for i in T.serial(ntot):
-                            # chunk i's phases free the next chunk's tiles; v of chunk i goes over D1 after P3
-                            par = i % 2
-                            ic = ntot - 2 - i
-                            c = c0 + ic
-                            t0 = bos + ic * BT
-                            T.barrier_wait(ph[1], par)     # dO read (P1 and WG0's P^T dO)
-                            if i + 1 < ntot:
-                                T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_in if cvt else do_s, barrier=full_do)
-                                T.barrier_arrive(full_do)
-                            T.barrier_wait(ph[2], par)     # S, U, q, D1 read
+                            tc = bos + (ntot - 1 - i) * BT
+                            T.tma_copy(v[tc:tc + BT, hv, 0:D], v_in if cvt else d1_s, barrier=full_v)
+                            T.barrier_arrive(full_v)
+                        if i + 1 < ntot:
                             if full:
-                                tc = bos + (ntot - 1 - i) * BT
-                                T.tma_copy(v[tc:tc + BT, hv, 0:D], v_in if cvt else d1_s, barrier=full_v)
-                                T.barrier_arrive(full_v)
-                            if i + 1 < ntot:
-                                if full:
-                                    T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
-                                    T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
-                                    T.barrier_arrive(full_su)
-                                T.tma_copy(q[t0:t0 + BT, h, 0:D], q_in if cvt else q_s, barrier=full_q)
-                                T.barrier_arrive(full_q)
-                            T.barrier_wait(ph[3], par)     # Th (M3), k and the gates of chunk i, v read
-                            if i + 1 < ntot:
-                                T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_th)
-                                T.barrier_arrive(full_th)
-                            if i + 2 < ntot:
-                                c2 = c0 + ntot - 3 - i
-                                t2 = bos + (ntot - 3 - i) * BT
-                                T.tma_copy(k[t2:t2 + BT, h, 0:D], (k_in if cvt else k_s)[i % 2, :, :],
-                                            barrier=full_k[i % 2])
-                                T.tma_copy(Fb[hv, c2, 0:8, 0:BT], f_s[i % 2, :, :], barrier=full_k[i % 2])
-                                T.barrier_arrive(full_k[i % 2])
+                                T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
+                                T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
+                                T.barrier_arrive(full_su)
+                            T.tma_copy(q[t0:t0 + BT, h, 0:D], q_in if cvt else q_s, barrier=full_q)
+                            T.barrier_arrive(full_q)
+                        T.barrier_wait(ph[3], par)     # Th (M3), k and the gates of chunk i, v read
+                        if i + 1 < ntot:
+                            T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_th)
+                            T.barrier_arrive(full_th)
+                        if i + 2 < ntot:
+                            c2 = c0 + ntot - 3 - i
+                            t2 = bos + (ntot - 3 - i) * BT
+                            T.tma_copy(k[t2:t2 + BT, h, 0:D], (k_in if cvt else k_s)[i % 2, :, :],
+                                        barrier=full_k[i % 2])
+                            T.tma_copy(Fb[hv, c2, 0:8, 0:BT], f_s[i % 2, :, :], barrier=full_k[i % 2])
+                            T.barrier_arrive(full_k[i % 2])
                 elif cvt:
-                    if ntot > 0:
+                    if (tx >= 3 * WG + 32) & (ntot > 0):
                         # WG3's other warps: each chunk's k, dO (times its group's power of two), q and v (times
                         # its), converted in place in the order the producer loads them (v after P3)
                         sc = T.alloc_local((2,), f32)
