@@ -641,6 +641,63 @@ def test_fused_one_term_is_the_emulations(case):
                                             "fused one fp16 term vs emulation")
 
 
+@pytest.mark.parametrize("case", _FUSED_CASES, ids=[c.id for c in _FUSED_CASES])
+def test_fused_one_term_converting_in_shared_memory_is_the_emulations(case):
+    """``BackwardPlan.convert_in_smem`` through the whole backward (no ``gdn_bwd_convert``; the exponents by torch):
+    every gradient within the input dtype's rounding floor of the emulation's one fp16 term (``p_single``) and
+    within the FLA-like baseline."""
+    from kernels.backward.emulation import ONE_TERM_FP16
+    _backward_alternative_is_the_emulations(case, dict(ONE16, fused=True, convert_in_smem=True),
+                                            dict(ONE_TERM_FP16, p_single=True), "fused in smem vs emulation")
+
+
+@pytest.mark.parametrize("case", _FUSED_CASES, ids=[c.id for c in _FUSED_CASES])
+def test_fused_plan_converting_in_shared_memory_is_the_convert_kernels(case):
+    """Where the fused plan's kernels take the caller's bf16 q, k, v, dO and convert them in shared memory
+    (``BackwardPlan.convert_in_smem``: prep, the recompute's ws tables form, the fused kernel), every output is bitwise
+    that of the same stages on ``gdn_bwd_convert``'s fp16 copies (dv, stored in bf16 rather than fp16, within one
+    bf16 rounding of it)."""
+    from kernels.backward import pipeline as bp
+
+    xs, kw, do, dht = tt.bwd_args(case, CUDA)
+    b = bp.prepare_backward(*xs, do, dht, **kw)
+    plan = dataclasses.replace(bp.plan_for(b), **ONE16, fused=True, convert_in_smem=True)
+    # the same stages on the convert kernel's copies: the fp16 plan without the caller's dtype
+    copies = dataclasses.replace(plan, io_dtype="")
+    assert plan.fused_converts and not copies.fused_converts
+    b1, f1, s1 = bp._scaled(b, plan)
+    b0, f0, _ = bp._scaled(b, dataclasses.replace(plan, fused=False))
+    assert {t.dtype for t in (b1.x.q, b1.x.k, b1.x.v, b1.do)} == {torch.bfloat16}
+    assert {t.dtype for t in (b0.x.q, b0.x.k, b0.x.v, b0.do)} == {torch.float16} and torch.equal(f1, f0)
+    t1 = bp.prep(b=b1, plan=plan, saved=None)
+    t0 = bp.prep(b=b0, plan=copies, saved=None)
+    s1_ = bp.recompute(x=b1.x, plan=plan, tables=t1, side=None, in_scales=s1)
+    s0_ = bp.recompute(x=b0.x, plan=copies, tables=t0, side=None)
+    g1, c1 = bp.fused(b=b1, plan=plan, tables=t1, states=s1_, factors=f1, in_scales=s1)
+    g0, c0 = bp.fused(b=b0, plan=copies, tables=t0, states=s0_, factors=f0)
+    torch.cuda.synchronize()
+    pairs = [(f"prep {n}", getattr(t1, n), getattr(t0, n)) for n in ("Th", "Agh", "Agl", "Fb")]
+    pairs += [(f"recompute {n}", getattr(s1_, n), getattr(s0_, n)) for n in ("Sch", "Uh")]
+    pairs += [(f"fused {n}", getattr(c1, n), getattr(c0, n))
+              for n in ("dqv", "dkv", "qz", "kw", "kr", "sd", "yv2", "rect", "db22")]
+    if b.x.h0 is not None:          # (else dh0 is not stored)
+        pairs.append(("fused dh0", g1.dh0, g0.dh0))
+    for name, x1, x0 in pairs:
+        assert torch.equal(x1, x0), (f"{name}: max |converted in the kernels - copies| "
+                                     f"{(x1.float() - x0.float()).abs().max().item():.3e} > 0, case {case.id}, "
+                                     f"backend tilelang fused, where {_where(x1 != x0)}")
+    assert g1.dv.dtype == torch.bfloat16 and g0.dv.dtype == torch.float16
+    err = (g1.dv.float() - g0.dv.float()).abs().max().item()
+    bound = g0.dv.float().abs().max().item() * 2.0 ** -8
+    assert err <= bound, f"dv: max |in the kernels - copies| {err:.3e} > {bound:.3e} (a bf16 rounding), case {case.id}"
+
+
+def _where(mask: torch.Tensor) -> str:
+    """The first index where ``mask`` holds, and how many do."""
+    idx = mask.nonzero()
+    return f"{tuple(idx[0].tolist())} ({idx.shape[0]} elements)" if idx.numel() else "nowhere"
+
+
 # FUSED_MIN_CTAS (value head, sequence) pairs: the layout from which the fused plan is dispatched
 _DISPATCHED_FUSED = Case(B=4, T=320, H=16, HV=32, grad=True)
 

@@ -55,7 +55,7 @@ def plan_tables(q, k, v, g, beta, do, dht, h0, cu):
     from kernels.backward import pipeline as bp
     b = bp.prepare_backward(q, k, v, g, beta, do, dht, None, h0, True, False, cu)
     plan = dataclasses.replace(bp.plan_for(b), **ONE16)
-    b, f = bp._scaled(b, plan)
+    b, f, _ = bp._scaled(b, plan)
     tables = bp.prep(b=b, plan=plan, saved=None)
     grads = bp.dh(b=b, plan=plan, tables=tables, saved=False, maps=None, factors=f)
     states = bp.recompute(x=b.x, plan=plan, tables=tables, side=None, maps=None)
@@ -66,7 +66,9 @@ def plan_tables(q, k, v, g, beta, do, dht, h0, cu):
 def fused_stage(b, plan, f, tables, states):
     """(grads, terms) of the pipeline's fused stage (``pipeline.fused``: dq~, dk~ per value head) on these tables."""
     from kernels.backward import pipeline as bp
-    return bp.fused(b=b, plan=dataclasses.replace(plan, fused=True), tables=tables, states=states, factors=f)
+    # on the split plan's fp16 q and dO (io_dtype "": the kernel converts nothing, dv in fp16)
+    return bp.fused(b=b, plan=dataclasses.replace(plan, fused=True, io_dtype=""), tables=tables, states=states,
+                    factors=f)
 
 
 def compare(fgrads, fterms, grads, terms, H, has_h0):

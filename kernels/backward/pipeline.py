@@ -59,7 +59,7 @@ from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, TORCH_DTYPE, cached,
                                fp32_state, max_chunks, pad_rows, tma_ready, token_rows, unused)
 
 from .finish import finish, group_sum
-from .scales import scale_states, state_bits, unscale
+from .scales import scale_states, scales_and_factors, state_bits, unscale
 
 # layouts of the ``stages`` intermediates, the same in both implementations; every value as fp32 / fp64
 STAGE_LAYOUT = {
@@ -170,9 +170,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         raise ValueError(f"a {plan.dtype} plan for {out_dt} inputs needs io_dtype {TL_DTYPE[out_dt]} and no "
                          f"saved tables; got io_dtype={plan.io_dtype!r}, reads_saved_tables="
                          f"{plan.reads_saved_tables}")
-    f = None
+    f = s_in = None
     if plan.one_term:                   # v, dO (and h0, dht) under powers of two per GVA group, in the plan's dtype
-        b, f = _scaled(b, plan)
+        b, f, s_in = _scaled(b, plan)
         x = b.x
         mark("convert")
     saved = saved_tables if plan.takes_saved_tables else None
@@ -189,11 +189,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         tables = _without(tables, "Tl", "dUl")        # not read (dUloc^T formed in the fused kernel)
         if plan.fused_exact and plan.fused_segments is not None:      # the transfer maps over its segments
             maps = segment_maps_of(x=x, plan=plan, tables=tables, cp=plan.fused_segments)
-        states = recompute(x=x, plan=plan, tables=tables, side=None, maps=None)
+        states = recompute(x=x, plan=plan, tables=tables, side=None, maps=None, in_scales=s_in)
         mark("recompute")
         tables = _without(tables, "Agh", "Agl")       # read by the recompute only
         states = _without(states, "Scl", "Ul")        # the fused kernel reads S and U hi alone
-        grads, terms = fused(b=b, plan=plan, tables=tables, states=states, factors=f, maps=maps)
+        grads, terms = fused(b=b, plan=plan, tables=tables, states=states, factors=f, in_scales=s_in, maps=maps)
         maps = None
         # S, U, v and dO are read by the fused kernel last: freed before the group sums allocate
         states, b = None, dataclasses.replace(b, do=None, x=dataclasses.replace(x, v=None))
@@ -240,6 +240,12 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     return out
 
 
+def _kernel_dtype(plan, x: ForwardInputs) -> torch.dtype:
+    """The dtype of the kernels' tables: the plan's for a one-term plan (whose inputs may stay the caller's,
+    ``_scaled``), else the inputs'."""
+    return TORCH_DTYPE[plan.dtype] if plan.one_term else x.q.dtype
+
+
 def _io_dtype(plan, dt: torch.dtype) -> torch.dtype:
     """The dtype of dv, dq, dk: the caller's where the plan has an ``io_dtype``, else the kernels' ``dt``."""
     return TORCH_DTYPE[plan.io_dtype] if plan.io_dtype else dt
@@ -247,8 +253,10 @@ def _io_dtype(plan, dt: torch.dtype) -> torch.dtype:
 
 def _scaled(b: BackwardInputs, plan):
     """(``b`` with v, dO, h0, dht times their GVA groups' powers of two and q, k, v, dO in the plan's dtype, the
-    ``scales.factors`` [2, HV] that undo them): ``gdn_bwd_amax`` then ``gdn_bwd_convert``, which forms the
-    exponents (no host synchronisation; torch reduces h0 and dht where given)."""
+    ``scales.factors`` [2, HV] that undo them, the powers of two [2, HV] of dO and v): ``gdn_bwd_amax`` then
+    ``gdn_bwd_convert``, which forms the exponents (no host synchronisation; torch reduces h0 and dht where given).
+    Where the plan's kernels convert the inputs themselves (``plan.fused_converts``), ``b`` keeps the caller's q, k,
+    v, dO and torch forms the exponents (``scales.scales_and_factors``)."""
     from kernels.build import get_kernel
     x = b.x
     dt = TORCH_DTYPE[plan.dtype]
@@ -257,12 +265,16 @@ def _scaled(b: BackwardInputs, plan):
     for row, s in ((0, b.dht), (1, x.h0)):
         if s is not None:
             torch.maximum(bits[row], state_bits(s), out=bits[row])
-    v, do = torch.empty_like(x.v, dtype=dt), torch.empty_like(b.do, dtype=dt)
-    q, k = (x.q, x.k) if dt == x.q.dtype else (torch.empty_like(t, dtype=dt) for t in (x.q, x.k))
-    sf = torch.empty(4, x.HV, device=x.q.device, dtype=torch.float32)
-    get_kernel(plan.convert_config())(x.q, x.k, x.v, b.do, bits, q, k, v, do, sf)
+    if plan.fused_converts:
+        sf = scales_and_factors(bits, x.H)
+        q, k, v, do = x.q, x.k, x.v, b.do
+    else:
+        v, do = torch.empty_like(x.v, dtype=dt), torch.empty_like(b.do, dtype=dt)
+        q, k = (x.q, x.k) if dt == x.q.dtype else (torch.empty_like(t, dtype=dt) for t in (x.q, x.k))
+        sf = torch.empty(4, x.HV, device=x.q.device, dtype=torch.float32)
+        get_kernel(plan.convert_config())(x.q, x.k, x.v, b.do, bits, q, k, v, do, sf)
     x = dataclasses.replace(x, q=q, k=k, v=v, h0=scale_states(x.h0, sf[1]))
-    return BackwardInputs(x, do, scale_states(b.dht, sf[0])), sf[2:]
+    return BackwardInputs(x, do, scale_states(b.dht, sf[0])), sf[2:], sf[:2]
 
 
 def _factors_arg(x: ForwardInputs, factors):
@@ -300,7 +312,7 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
     """``gdn_bwd_prep`` (parallel): on the forward's Tinv and Ag when ``saved``, else computing them."""
     from kernels.build import get_kernel
     x = b.x
-    dev, dt = x.q.device, x.q.dtype
+    dev, dt = x.q.device, _kernel_dtype(plan, x)
     if saved is not None:       # the forward's Tinv (hi alone) and Ag
         _check_saved(saved, (x.HV, x.NC, BT, BT), dt, dev)
         Th, Agh, Agl = saved["Th"], saved["Ah"], saved["Al"]
@@ -341,7 +353,7 @@ def segment_maps_of(*, x: ForwardInputs, plan, tables: PrepTables, cp=None) -> t
                         scan_cu=cp.cu[:-1], scan_co=cp.chunk_offsets[:-1], n_seg=cp.cu.numel() - 1)
 
 
-def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) -> RecomputedStates:
+def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None, in_scales=None) -> RecomputedStates:
     """The forward's chunk-start states S and U (hi + lo, key-first) by its smem state kernel (or its ws tables form,
     ``plan.recompute_ws``) on prep's Ag and gate table: one pass over every sequence, or with ``plan.recompute_cp``
     one per CP segment from the start states of the forward's exact ``segment_starts`` (the scan and the fp64 fix-up
@@ -349,10 +361,12 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
     (``segment_maps_of``), or with ``plan.recompute_warm`` one per dh segment from its warm-up chunks (prep's
     bounds ``tables.Lb``); on the stream ``side`` when given: its outputs are then allocated on it (so that none
     reuses a buffer the main stream's pending kernels still read, such as dh's) and recorded on the main stream,
-    which reads and frees them; its inputs recorded on it."""
+    which reads and frees them; its inputs recorded on it.  ``in_scales`` (``_scaled``'s): read where the ws form
+    converts the caller's k and v itself (``plan.fused_converts``)."""
     from kernels.build import get_kernel
-    dev, dt, D = x.q.device, x.q.dtype, x.D
+    dev, dt, D = x.q.device, _kernel_dtype(plan, x), x.D
     cfg = plan.recompute_configs()[1]
+    tail = (_factors_arg(x, in_scales),) if cfg.form == "ws" else ()   # (read where it converts k and v)
     main = torch.cuda.current_stream(dev) if side is not None else None
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         Sch = torch.empty(x.HV, x.NC, D, D, device=dev, dtype=dt)
@@ -379,7 +393,7 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
             cu, co, use_h0, v_first = x.cu, x.chunk_offsets, int(x.h0 is not None), int(x.v_first)
             h0 = initial_states(x)
         get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, *extra, ht,
-                        use_h0, 0, v_first)
+                        use_h0, 0, v_first, *tail)
     if side is not None:
         for t in (tables.Agh, tables.Agl) + ((maps,) if plan.shared_scan else ()) + extra:   # freed while the side
             t.record_stream(side)                                                           # stream may use them
@@ -497,18 +511,20 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
     return ChunkTerms(dqv, dkv, qz, kw, kr, sd, yv2, rect, db22)
 
 
-def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates, factors, maps=None):
+def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates, factors, in_scales=None,
+          maps=None):
     """``gdn_bwd_fused`` (``plan.fused``): dh's and dqk's outputs in one launch from the one-term plan's operands,
     the recompute's S, U hi tables and prep's Tinv hi and gate table (dUloc formed in the kernel; no dS' or dY
     tables), over ``plan.fused_segments`` where given: from their warm-up chunks (prep's bounds) with
     ``fused_warm``, from exact end gradients with ``fused_exact`` (``maps``: ``segment_maps_of`` over them;
     ``fused_end_gradients``); the gradients (dv, dh0) and the chunk terms, dq~ and dk~ per value head in fp32
-    ``[Ttot, HV, D]`` (``fused_group_sums`` sums them)."""
+    ``[Ttot, HV, D]`` (``fused_group_sums`` sums them).  ``factors``, ``in_scales``: ``_scaled``'s (the kernel
+    reads the powers of two ``in_scales`` where it converts q and dO itself, ``plan.fused_converts``)."""
     from kernels.build import get_kernel
     x = b.x
     dev, D, HV, NC, Ttot = x.q.device, x.D, x.HV, x.NC, x.n_tok
     f32 = torch.float32
-    dv = torch.empty(Ttot, HV, D, device=dev, dtype=_io_dtype(plan, x.q.dtype))
+    dv = torch.empty(Ttot, HV, D, device=dev, dtype=_io_dtype(plan, _kernel_dtype(plan, x)))
     dq32, dk32 = (torch.empty(Ttot, HV, D, device=dev, dtype=f32) for _ in range(2))
     qz, kw, kr, yv2, db22 = (torch.empty(2, HV, NC, BT, device=dev, dtype=f32) for _ in range(5))
     sd = torch.empty(2, HV, NC, D, device=dev, dtype=f32)
@@ -521,7 +537,7 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
     dhk = None if b.dht is None else (b.dht.transpose(-1, -2).contiguous() if x.v_first else b.dht)
     outs = (dv, dq32, dk32, qz, kw, kr, yv2, db22, sd, rect)
     args = (x.q, x.k, x.v, b.do, states.Sch, states.Uh, tables.Th, tables.Fb)
-    fac = _factors_arg(x, factors)
+    fac = (_factors_arg(x, factors), _factors_arg(x, in_scales))
     if cp is not None and plan.fused_exact:         # every segment from its exact end gradient
         dht = fused_end_gradients(x=x, plan=plan, args=args, tables=tables, outs=outs, dhk=dhk, maps=maps,
                                   factors=fac)
@@ -533,7 +549,7 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
         cu, co = (x.cu, x.chunk_offsets) if cp is None else (cp.cu, cp.warm_co)
         use_dht = int(dhk is not None)
     get_kernel(plan.fused_config())(*args, cu, co, tables.Lb, dht, *outs, dh0, use_dht, int(use_h0),
-                                    float(x.scale), fac)
+                                    float(x.scale), *fac)
     if use_h0 and cp is not None:
         dh0 = dh0[cp.first]
     if use_h0 and x.v_first:
@@ -548,7 +564,7 @@ def fused_end_gradients(*, x: ForwardInputs, plan, args, tables: PrepTables, out
     sequence's last segment from its dht ``dhk``, key-first, or zero) gives each segment's start gradient; the
     forward CP scan's maps ``maps`` (rows [D, 2 D), M^T) are the transfer matrices; the fp64 walk joins them.
     ``args``: the fused kernel's inputs before ``cu_seqlens``; ``outs``: its chunk outputs (not written by the chain
-    form)."""
+    form); ``factors``: its last two arguments (the factors and the inputs' powers of two)."""
     from kernels.build import get_kernel
     from kernels.forward.configs import FixupConfig
 
@@ -560,7 +576,7 @@ def fused_end_gradients(*, x: ForwardInputs, plan, args, tables: PrepTables, out
         dht_a[cp.last] = dhk
     a = torch.empty_like(dht_a)
     get_kernel(plan.fused_chain_config())(*args, cp.cu, cp.chunk_offsets, tables.Lb, dht_a, *outs, a, 1, 1,
-                                          float(x.scale), factors)
+                                          float(x.scale), *factors)
     return dh_segmented.end_gradients(cp, a, maps[:, :, D:, :], dhk, get_kernel(FixupConfig(D)))
 
 

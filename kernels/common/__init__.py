@@ -1,2 +1,2 @@
-"""TileLang macros both directions share (``prologue.py``) and the bank-conflict model of the compile tests
-(``bank_conflicts.py``)."""
+"""TileLang macros both directions share (``prologue.py``; bf16 tiles to fp16 in shared memory, ``smem_convert.py``)
+and the bank-conflict model of the compile tests (``bank_conflicts.py``)."""
