@@ -27,7 +27,7 @@ branch per element around its loads).
 import tilelang.language as T
 
 from kernels.common.prologue import dynamic_dims, seq_span
-from kernels.common.smem_convert import CONVERT_TILE, convert_tile
+from kernels.common.smem_convert import CONVERT_TILE, PRODUCER_SPARE_THREADS, convert_tile
 from kernels.forward.cp_warm import backward_macros
 from kernels.forward.cumsum import LOG2E
 
@@ -47,10 +47,6 @@ def egate(f_s, st, t, j):
 
 def _row(rows_s, st, t, d):
     return T.cast(rows_s[t, d] if st is None else rows_s[st, t, d], f32)
-
-
-# the threads that convert the inputs in place (WG3 less its producer warp)
-CVT_THREADS = WG - 32
 
 
 @T.macro
@@ -229,10 +225,10 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
             full_th = T.alloc_barrier(arrive_count=32)
             full_v = T.alloc_barrier(arrive_count=32)     # v over D1 (after P3)
             if cvt:     # q, k, v, dO converted in place by WG3's other three warps
-                ready_k = T.alloc_barrier(arrive_count=[CVT_THREADS] * 2)
-                ready_q = T.alloc_barrier(arrive_count=CVT_THREADS)
-                ready_do = T.alloc_barrier(arrive_count=CVT_THREADS)
-                ready_v = T.alloc_barrier(arrive_count=CVT_THREADS)
+                ready_k = T.alloc_barrier(arrive_count=[PRODUCER_SPARE_THREADS] * 2)
+                ready_q = T.alloc_barrier(arrive_count=PRODUCER_SPARE_THREADS)
+                ready_do = T.alloc_barrier(arrive_count=PRODUCER_SPARE_THREADS)
+                ready_v = T.alloc_barrier(arrive_count=PRODUCER_SPARE_THREADS)
             ph = T.alloc_barrier(arrive_count=[3 * WG] * 4)
             rb = T.alloc_barrier(arrive_count=WG)      # WG1's cw_s written
 
@@ -560,17 +556,17 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                             st = i % 2
                             cx = tx - 3 * WG - 32
                             T.barrier_wait(full_k[st], (i // 2) % 2)
-                            convert_tile(k_s[st, :, :], BT * D, T.float32(1), cx, CVT_THREADS)
+                            convert_tile(k_s[st, :, :], BT * D, T.float32(1), cx, PRODUCER_SPARE_THREADS)
                             T.barrier_arrive(ready_k[st])
                             T.barrier_wait(full_do, par)
-                            convert_tile(do_s, BT * D, sc[0], cx, CVT_THREADS)
+                            convert_tile(do_s, BT * D, sc[0], cx, PRODUCER_SPARE_THREADS)
                             T.barrier_arrive(ready_do)
                             T.barrier_wait(full_q, par)
-                            convert_tile(q_s, BT * D, T.float32(1), cx, CVT_THREADS)
+                            convert_tile(q_s, BT * D, T.float32(1), cx, PRODUCER_SPARE_THREADS)
                             T.barrier_arrive(ready_q)
                             if full:
                                 T.barrier_wait(full_v, par)
-                                convert_tile(d1_s, BT * D, sc[1], cx, CVT_THREADS)
+                                convert_tile(d1_s, BT * D, sc[1], cx, PRODUCER_SPARE_THREADS)
                                 T.barrier_arrive(ready_v)
 
     # the warm and chain forms under their own kernel names

@@ -278,8 +278,8 @@ def _scaled(b: BackwardInputs, plan):
 
 
 def _factors_arg(x: ForwardInputs, factors):
-    """The ``factors`` argument of dh_ws and dqk: a one-term plan's (``_scaled``'s), else a [2, HV] fp32 tensor that
-    their other forms do not read."""
+    """A [2, HV] fp32 argument of the one-term kernels (``factors`` of dh_ws, dqk and fused; ``in_scales`` of fused
+    and the ws tables form): the one given (``_scaled``'s), else a stand-in that their other forms do not read."""
     return factors if factors is not None else unused((2, x.HV), torch.float32, x.q.device)
 
 
@@ -519,7 +519,7 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
     ``fused_warm``, from exact end gradients with ``fused_exact`` (``maps``: ``segment_maps_of`` over them;
     ``fused_end_gradients``); the gradients (dv, dh0) and the chunk terms, dq~ and dk~ per value head in fp32
     ``[Ttot, HV, D]`` (``fused_group_sums`` sums them).  ``factors``, ``in_scales``: ``_scaled``'s (the kernel
-    reads the powers of two ``in_scales`` where it converts q and dO itself, ``plan.fused_converts``)."""
+    reads the powers of two ``in_scales`` where it converts q, k, v, dO itself, ``plan.fused_converts``)."""
     from kernels.build import get_kernel
     x = b.x
     dev, D, HV, NC, Ttot = x.q.device, x.D, x.HV, x.NC, x.n_tok

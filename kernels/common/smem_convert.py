@@ -4,6 +4,9 @@ bf16 inputs by TMA without fp16 copies of them in global memory.  A kernel that 
 
 import tilelang.language as T
 
+# the threads that convert in a warp-specialised kernel: its 128-thread producer warpgroup less the warp that loads
+PRODUCER_SPARE_THREADS = 128 - 32
+
 # bf16 pairs to fp16 pairs in place, 16 bytes a step: rd(x s), round to nearest even (as ``gdn_bwd_convert``: exact
 # for bf16 values x s within fp16's normal range; fast math flushes subnormal inputs)
 CONVERT_TILE = r"""

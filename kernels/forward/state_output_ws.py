@@ -37,7 +37,7 @@ import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
 from kernels.common.lo8 import LO8, lo8_code_of
-from kernels.common.smem_convert import CONVERT_TILE, convert_tile
+from kernels.common.smem_convert import CONVERT_TILE, PRODUCER_SPARE_THREADS, convert_tile
 from kernels.common.prologue import (dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, split_products,
                                      store_state_kt)
 
@@ -50,7 +50,6 @@ _, warm_or_start = backward_macros()
 BT = 64
 THREADS = 512
 WG = 128
-CVT_THREADS = WG - 32       # the producer warpgroup less its loading warp (the tables form's converters)
 
 
 def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool = False, warm: bool = False,
@@ -235,7 +234,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
 
             full = T.alloc_barrier(arrive_count=[32] * 2)          # a stage's loads landed (the loading warp)
             if cvt:     # a stage's k and v converted (WG3's other warps)
-                ready = T.alloc_barrier(arrive_count=[CVT_THREADS] * 2)
+                ready = T.alloc_barrier(arrive_count=[PRODUCER_SPARE_THREADS] * 2)
             readers = 1 if tables else 2 if pt and not half else 3   # the warpgroups that read a stage
             empty = T.alloc_barrier(arrive_count=[readers * WG] * 2)  # a stage read by its consumers
             s_ready = T.alloc_barrier(arrive_count=WG)             # Sh (+ Sl) written (WG0)
@@ -492,8 +491,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     for c in T.serial(nchunks):
                         st = c % 2
                         T.barrier_wait(full[st], (c // 2) % 2)
-                        convert_tile(k_s[st, :, :], BT * DK, T.float32(1), tx - 3 * WG - 32, CVT_THREADS)
-                        convert_tile(v_s[st, :, :], BT * BV, sv[0], tx - 3 * WG - 32, CVT_THREADS)
+                        convert_tile(k_s[st, :, :], BT * DK, T.float32(1), tx - 3 * WG - 32, PRODUCER_SPARE_THREADS)
+                        convert_tile(v_s[st, :, :], BT * BV, sv[0], tx - 3 * WG - 32, PRODUCER_SPARE_THREADS)
                         T.barrier_arrive(ready[st])
 
 
