@@ -94,6 +94,9 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       "ours-split": ("split", None),
       # the fused plan's kernels converting the caller's q, k, v, dO in shared memory (no gdn_bwd_convert copies)
       "ours-in-smem": ("backward", dict(convert_in_smem=True)),
+      # the fused plan's GVA group sums stored by its kernel in clusters (no fp32 rows per value head, no
+      # gdn_bwd_group_sum)
+      "ours-cluster": ("backward", dict(cluster_group_sum=True)),
       "ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompute on the main stream, after dh
       "ours-overlap": ("backward", dict(overlap_recompute=True)),  # the recompute on a side stream, beside dh
       "ours-no-cluster": ("backward", dict(cluster_group_sum=False)),  # GVA sums: fp32 rows + gdn_bwd_group_sum
@@ -122,12 +125,13 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       # dh_ws and dqk with every table and operand one fp16 term (``ONE16``)
       "ours-one16": ("both", dict(ONE16)),
       # the same with dh and dqk as one warp-specialised kernel after the recompute (dUloc from one fp16 term of P),
-      # over its warm-up segments where one CTA per value head leaves SMs idle (``fused_warm``)
-      "ours-fused": ("both", dict(ONE16, fused=True, fused_warm=True)),
+      # over its warm-up segments where one CTA per value head leaves SMs idle (``fused_warm``); its GVA sums by
+      # gdn_bwd_group_sum, as dispatched
+      "ours-fused": ("both", dict(ONE16, fused=True, fused_warm=True, cluster_group_sum=False)),
       # over the same segments from exact end gradients (its chain form, the forward CP scan's maps, the fp64 walk)
-      "ours-fused-exact": ("both", dict(ONE16, fused=True, fused_exact=True)),
+      "ours-fused-exact": ("both", dict(ONE16, fused=True, fused_exact=True, cluster_group_sum=False)),
       # the fused kernel in one pass per sequence (no segments)
-      "ours-fused-seq": ("both", dict(ONE16, fused=True)),
+      "ours-fused-seq": ("both", dict(ONE16, fused=True, cluster_group_sum=False)),
       "ours-dh-regs": ("backward", dict(dh_ws_bv=0)),  # dh's register kernel (value-first, 64 value columns a CTA)
       # dh warp-specialised, key-first, 32 value columns a CTA (the segmented pass in three passes)
       "ours-dh-ws32": ("backward", dict(dh_ws_bv=32, dh_warm=False)),
@@ -164,7 +168,10 @@ def alter(col: str):
                 return dataclasses.replace(plan, keep_tables=False)
             return dataclasses.replace(plan, **{"reads_saved_tables": False, **(change or {})})
         if isinstance(plan, BackwardPlan) and where == "backward":
-            return dataclasses.replace(plan, **segmented_only(change, plan))
+            try:
+                return dataclasses.replace(plan, **segmented_only(change, plan))
+            except ValueError:      # a change this plan cannot take (a cluster where a group is not 2, 4, 8)
+                return plan
         return plan
     if where in ("split", "both"):      # the forward keeps its tables for the split plan, none for the one-term ones
         f.keep_tables = where == "split"
@@ -264,6 +271,7 @@ def main(argv=None):
                     "(the dispatched plan through the same path as the others: what two equal columns differ by), "
                     "'ours-split' (the split plan where the fused one is dispatched), 'ours-in-smem' (the fused "
                     "plan's kernels converting the bf16 inputs in shared memory, not gdn_bwd_convert's copies), "
+                    "'ours-cluster' (the fused kernel storing the GVA group sums in clusters), "
                     "'ours-serial' "
                     "(the recompute not beside dh), 'ours-no-cluster' (the GVA sums by gdn_bwd_group_sum after fp32 "
                     "rows per value head), 'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' / 'ours-rc-bv32o2' "

@@ -72,10 +72,11 @@ def forward_configs():
                 # per dh segment from warm-up chunks (recompute_warm)
                 cfgs += [BackwardPlan(dtype, dh_segments=True, recompute_block_v=WS_CP_BV, lo8=True, DK=DK,
                                       recompute_ws=True, recompute_warm=True).recompute_configs()[1]]
-            if DK == bwd.DQK_E_ONCE_HEAD_DIM and dtype == "float16":     # the fused plan's on bf16 k and v
-                # (``BackwardPlan.convert_in_smem``)
-                cfgs += [BackwardPlan(**{**ONE_TERM_FIELDS, "fused": True}, convert_in_smem=True, recompute_ws=True,
-                                      recompute_block_v=bv, DK=DK).recompute_configs()[1] for bv in (64, 32, 16)]
+            if DK == bwd.DQK_E_ONCE_HEAD_DIM and dtype == "float16":     # the fused plan's, on fp16 copies and on
+                # bf16 k and v (``BackwardPlan.convert_in_smem``)
+                cfgs += [BackwardPlan(**{**ONE_TERM_FIELDS, "fused": True}, convert_in_smem=cis, recompute_ws=True,
+                                      recompute_block_v=bv, DK=DK).recompute_configs()[1]
+                         for cis in (True, False) for bv in (64, 32, 16)]
             for c in cfgs:
                 if c not in out:
                     out.append(c)

@@ -62,14 +62,15 @@ LAYOUTS = {"few-heads-long": (1, 4096, 2, 4, None, 128, torch.bfloat16),
            "k64-fp16": (1, 2048, 2, 8, None, 64, torch.float16)}
 
 
-def _run(layout, alter=None, grad=True):
+def _run(layout, alter=None, grad=True, l2=False):
     """The kernel launches of one call at ``layout`` (an initial state given): forward + backward, or with ``grad``
-    False the forward alone."""
+    False the forward alone; with ``l2`` q and k L2-normalised in the kernels."""
     from benchmarks.memory_plan import inputs, stub_kernel_path
     from kernels.autograd import apply
 
     B, T, H, HV, lens, DK, dtype = LAYOUTS[layout]
     leaves, kw, do, dht = inputs(B, T, H, HV, lens, dtype, DK=DK, h0=True)
+    kw["use_qk_l2norm_in_kernel"] = l2
     launches = []
     with stub_kernel_path(), mock.patch("kernels.build.get_kernel", _checking_kernel(launches)):
         with torch.set_grad_enabled(grad):
@@ -123,6 +124,24 @@ def test_fused_one_term_backward_launches_what_the_kernels_declare(layout):
     names = [n.split("[")[0] for n in launches]
     assert "bwd_fused" in names and "bwd_dh" not in names and "bwd_dqk" not in names, launches
     assert launches.count("bwd_gsum[DK=DV=128,bfloat16]") == 2 and "bwd_gsum32" not in names, launches
+
+
+@pytest.mark.parametrize("layout,l2", [("many-heads", False), ("varlen", True)])
+def test_fused_cluster_group_sums_launch_what_the_kernel_declares(layout, l2):
+    """The fused kernel storing the GVA group sums in clusters (``cluster_group_sum``): its group form, the sums'
+    buffers and flag among its arguments, and no ``gdn_bwd_group_sum``; with the L2 norm's chain too (fp32 sums)."""
+    from benchmarks.bench_kernels_bwd import alter
+    from kernels.plan import BackwardPlan
+
+    fused = alter("ours-fused")
+
+    def clusters(plan):
+        plan = fused(plan)
+        return dataclasses.replace(plan, cluster_group_sum=True) if isinstance(plan, BackwardPlan) else plan
+    clusters.keep_tables = fused.keep_tables
+    launches = _run(layout, clusters, l2=l2)
+    assert any(n.startswith("bwd_fused") and ",g2," in n for n in launches), launches
+    assert not any(n.startswith("bwd_gsum") for n in launches), launches
 
 
 @pytest.mark.parametrize("layout", ["few-heads-long", "varlen"])

@@ -203,6 +203,13 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     sites = src.count("gdn_bf16_to_f16_tile(") - src.count("void gdn_bf16_to_f16_tile(")
     want_sites = (3 if cfg.chain else 4) if cfg.cvt else 1 if (cfg.kind == "prep" and cfg.io) else 0
     assert sites == want_sites, (cfg.name, sites)
+    # the fused kernel's GVA group sums in clusters (``group``): one hand-off wait and one count site each for dq~
+    # and dk~ (``common.cluster_chain``), its counters zeroed before one cluster barrier; no other kernel hands off
+    waits = src.count("gdn_chain_wait(") - src.count("void gdn_chain_wait(")
+    signals = src.count("gdn_chain_signal(") - src.count("void gdn_chain_signal(")
+    assert (waits, signals) == ((2, 2) if cfg.group > 1 else (0, 0)), (cfg.name, waits, signals)
+    if cfg.kind == FUSED_KIND:
+        assert src.count("tl::cluster_sync()") == (cfg.group > 1), (cfg.name, src.count("tl::cluster_sync()"))
     if "ptxas" in r and cfg.kind == FUSED_KIND:
         p = r["ptxas"]
         assert p["returncode"] == 0 and "C7512" not in p["log"], p["log"][-2000:]

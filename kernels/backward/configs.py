@@ -59,6 +59,8 @@ class BwdConfig:
     #                                (dtype): dv, dq, dk stored in it ("": dtype); prep with no_du: q's and k's (k
     #                                converted in shared memory; dO's, unread); cvt: the source dtype (may be dtype)
     cvt: bool = False              # fused with io: q, k, v, dO in io, converted to dtype in shared memory
+    group: int = 1                 # fused (not chain): clusters of this many value heads (one of CLUSTER_GROUPS)
+    #                                storing the GVA group sums of dq~, dk~; 1: per value head
 
     @property
     def name(self) -> str:
@@ -68,6 +70,7 @@ class BwdConfig:
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
         flags += f",io={self.io}" if self.io else ""
+        flags += f",g{self.group}" if self.group > 1 else ""
         return f"bwd_{self.kind}[DK=DV={self.DK}{flags},{self.dtype}]"
 
 
@@ -84,9 +87,9 @@ def all_configs():
     (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
     operands with bf16 dv, dq, dk too, ``io``, and the one-term passes: the maxima and the inputs' scaling, bf16 to
     fp16 or in their dtype) and the fused kernel of both on fp16 operands (``FUSED_KIND``, dv in bf16 or fp16, the
-    inputs converted in it or not: ``cvt``, and its prep, without dUloc^T: ``no_du``, q and k in bf16 or fp16); the
-    dtype-free dgdb once.  The forward recompute runs the forward's
-    intra and state kernels (``kernels.build.forward_configs``)."""
+    inputs converted in it or not: ``cvt``, and its prep, without dUloc^T: ``no_du``, q and k in bf16 or fp16; with
+    bf16 dv, dq, dk also in clusters storing the GVA group sums, ``group``); the dtype-free dgdb once.  The forward
+    recompute runs the forward's intra and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
 
@@ -114,6 +117,8 @@ def _configs_at(D: int):
                + [BwdConfig(FUSED_KIND, "float16", D, one=True, io=io, warm=w, chain=c, cvt=cvt)
                   for io, cvt in (("bfloat16", True), ("bfloat16", False), ("", False))
                   for w, c in ((False, False), (True, False), (False, True))]
+               + [BwdConfig(FUSED_KIND, "float16", D, one=True, io="bfloat16", warm=w, cvt=cvt, group=g)
+                  for g in CLUSTER_GROUPS for cvt in (True, False) for w in (False, True)]
                + [BwdConfig("prep", "float16", D, merge="fp32", no_du=True, io=io) for io in ("", "bfloat16")]
                if D == DQK_E_ONCE_HEAD_DIM else []))
 
@@ -188,11 +193,15 @@ def prim_func(cfg: BwdConfig):
         return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
                              s_lo=not cfg.s_single, lo8=cfg.lo8, e_once=cfg.e_once, exp_mask=cfg.exp_mask,
                              one=cfg.one, io=cfg.io)
+    if cfg.group != 1 and not (cfg.kind == FUSED_KIND and cfg.group in CLUSTER_GROUPS and not cfg.chain):
+        raise ValueError(f"group (a GVA group's sums stored by a cluster) is a form of {FUSED_KIND} at "
+                         f"{CLUSTER_GROUPS}, not of its chain form: {cfg.name}")
     if cfg.chain and (cfg.kind != FUSED_KIND or cfg.warm):
         raise ValueError(f"chain (the reverse chain alone) is a form of {FUSED_KIND} without warm: {cfg.name}")
     if cfg.kind == FUSED_KIND:
         from .fused import build_bwd_fused
-        return build_bwd_fused(D, io=cfg.io or cfg.dtype, warm=cfg.warm, chain=cfg.chain, cvt=cfg.cvt)
+        return build_bwd_fused(D, io=cfg.io or cfg.dtype, warm=cfg.warm, chain=cfg.chain, cvt=cfg.cvt,
+                               group=cfg.group)
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)
