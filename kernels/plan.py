@@ -285,7 +285,8 @@ class BackwardPlan:
     ``fused_exact`` (None: one pass); ``split``: on a dispatched fused plan, the split plan ``backward_plan`` gives
     the same call otherwise (the A/B baseline there; it reads the forward's tables), else None; ``convert_in_smem``:
     the fused plan's kernels convert the caller's inputs in shared memory where they can (``fused_converts``)
-    instead of reading ``gdn_bwd_convert``'s fp16 copies (an A/B alternative, not yet timed on a GPU)."""
+    instead of reading ``gdn_bwd_convert``'s fp16 copies (an A/B alternative: slower, with less peak memory,
+    ``benchmarks/RESULTS.md``)."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
