@@ -15,9 +15,10 @@ __device__ __forceinline__ void gdn_chain_signal(void* ctr, int rank) {
 }
 __device__ __forceinline__ void gdn_chain_wait(void* ctr, int target) {
   unsigned int a = static_cast<unsigned int>(__cvta_generic_to_shared(ctr)), v;
-  while (true) {
+  for (unsigned int n = 0;; ++n) {
     asm volatile("ld.acquire.cluster.shared::cta.u32 %0, [%1];" : "=r"(v) : "r"(a) : "memory");
     if (v >= static_cast<unsigned int>(target)) break;
+    if (n == (1u << 25)) __trap();    // ~1 s and more: the hand-off never came; fail, not hang
     __nanosleep(32);
   }
 }
@@ -33,5 +34,6 @@ def chain_signal(ctr, rank):
 
 @T.macro
 def chain_wait(ctr, target):
-    """Spins until this CTA's counter ``ctr`` holds at least ``target`` (acquire, cluster scope)."""
+    """Spins until this CTA's counter ``ctr`` holds at least ``target`` (acquire, cluster scope); after 2^25 polls
+    (a second or more) the kernel traps, so that a hand-off that never comes fails the launch instead of hanging."""
     T.call_extern("handle", "gdn_chain_wait", T.access_ptr(ctr, "rw"), target)
