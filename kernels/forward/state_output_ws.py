@@ -461,10 +461,10 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         else:
                             store_rows(o_f, o, t0, eos, hv, v0)
             else:
-                # WG3: the producer (its first warp loads; the others wait out the kernel, or convert k and v: 48
-                # registers, within the tables form's budget, where the conversion would spill at 24, as the load
-                # loop alone does in the tables form at BV 32 without fp8 lo tables: 8 B)
-                T.set_max_nreg(48 if cvt or (tables and BV == 32 and not lo8) else 24, 0)
+                # WG3: the producer (its first warp loads; the others wait out the kernel, or convert k and v): 48
+                # registers in the tables form, within its budget (WG1 idles at 24), where 24 spilled (the load loop
+                # at BV 32 without fp8 lo tables: 8 B; the conversion)
+                T.set_max_nreg(48 if tables else 24, 0)
                 if tx < 3 * WG + 32:
                     for c in T.serial(nchunks):
                         st = c % 2
