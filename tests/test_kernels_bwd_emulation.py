@@ -1416,6 +1416,26 @@ def test_saved_tables_are_kept_where_the_backward_reads_them(monkeypatch):
     assert not bapi.reads_saved_tables(q.float())    # no kernel dtype: nothing to keep
 
 
+def test_one_term_plans_recompute_u_hi_alone():
+    """The one-term plans' kernels read U's hi term alone, so their recompute stores no U lo table (precision u
+    "bf16": the same hi values); the other plans' recompute keeps U hi + lo. Every such form is in the compile list."""
+    import dataclasses
+
+    from kernels import plan as kp
+    from kernels.build import all_configs
+
+    n = kp.FUSED_MIN_CTAS
+    every = all_configs()
+    fused = kp.backward_plan("bfloat16", 16, 32, 64 * n // 32, n // 32)
+    split = fused.split
+    assert fused.fused and fused.one_term and not split.one_term
+    for p in (fused, dataclasses.replace(fused, fused=False), dataclasses.replace(fused, fused_warm=True)):
+        state = p.recompute_configs()[1]
+        assert state.prec.u == "bf16" and state.prec.s == "bf16", (p, state)
+        assert state in every, state.name
+    assert split.recompute_configs()[1].prec.u == "split"
+
+
 def test_the_fused_plan_storing_group_sums_in_clusters():
     """With ``cluster_group_sum`` (off where the fused plan is dispatched) the fused kernel runs in clusters of HV / H
     value heads (2, 4, 8) that store the GVA group sums themselves: no ``gdn_bwd_group_sum`` in the plan, each form

@@ -689,6 +689,30 @@ def test_fused_cluster_group_sums_are_gdn_bwd_group_sums(monkeypatch, case, form
         assert a.dtype == r.dtype and torch.equal(a, r), (n, case.id, form, tt.max_rel(a, r))
 
 
+def test_one_term_recompute_u_hi_alone_is_the_split_forms(monkeypatch):
+    """The one-term plans' recompute stores U's hi term alone (no U lo table): its S and U hi tables are bitwise those
+    of the same kernel storing U hi + lo."""
+    from kernels.backward import pipeline as bp
+
+    case = Case(layout="varlen-ragged", T=1001, H=2, HV=8, dist="slow-decay", h0_dtype="fp32", grad=True)
+    xs, kw, do, dht = tt.bwd_args(case, CUDA)
+    b = bp.prepare_backward(*xs, do, dht, **kw)
+    plan = dataclasses.replace(bp.plan_for(b), **FUSED16)
+    b, _ = bp._scaled(b, plan)
+    tables = bp.prep(b=b, plan=plan, saved=None)
+    intra, state, *rest = plan.recompute_configs()
+    assert state.prec.u == "bf16", state.name
+    one = bp.recompute(x=b.x, plan=plan, tables=tables, side=None)
+    split = (intra, dataclasses.replace(state, prec=dataclasses.replace(state.prec, u="split")), *rest)
+    monkeypatch.setattr(type(plan), "recompute_configs", lambda self: split)
+    two = bp.recompute(x=b.x, plan=plan, tables=tables, side=None)
+    torch.cuda.synchronize()
+    assert one.Ul is one.Uh and two.Ul is not two.Uh
+    for name in ("Sch", "Uh"):
+        a, r = getattr(one, name), getattr(two, name)
+        assert torch.equal(a, r), (name, case.id, tt.max_rel(a, r))
+
+
 # FUSED_MIN_CTAS (value head, sequence) pairs: the layout from which the fused plan is dispatched
 _DISPATCHED_FUSED = Case(B=4, T=320, H=16, HV=32, grad=True)
 

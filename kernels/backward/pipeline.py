@@ -331,7 +331,7 @@ class RecomputedStates:
     Sch: torch.Tensor               # [HV, NC, D, D] chunk-start states, hi (key-first)
     Scl: torch.Tensor               # lo (Sch itself, unread, where the plan stores S hi alone; fp8 codes with lo8)
     Uh: torch.Tensor                # [HV, NC, 64, D] hi
-    Ul: torch.Tensor                # lo
+    Ul: torch.Tensor                # lo (Uh itself, unread, where the plan stores U hi alone: one_term)
 
 
 def segment_maps_of(*, x: ForwardInputs, plan, tables: PrepTables, cp=None) -> torch.Tensor:
@@ -360,7 +360,7 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
         # neither written nor read without S lo; fp8 codes under Sch's exponents with lo8 (kernels.common.lo8)
         Scl = torch.empty_like(Sch, dtype=LO8_DTYPE if cfg.lo8 else dt) if cfg.prec.s == "split" else Sch
         Uh = torch.empty(x.HV, x.NC, BT, D, device=dev, dtype=dt)
-        Ul = torch.empty_like(Uh)
+        Ul = torch.empty_like(Uh) if cfg.prec.u == "split" else Uh      # (U hi alone: neither written nor read)
         ht = no_states(x)                                      # the final state: not stored
         intra = IntraTables(tables.Agh, tables.Agl, tables.Fb, None)
         extra = (tables.Lb,) if cfg.form == "ws" else ()      # the ws form's bounds (read by its warm form alone)
