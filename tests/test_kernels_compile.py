@@ -111,8 +111,10 @@ def test_kernel_compiles_for_sm90a(compiled, cfg):
             assert src.count("tma_load(") == loads, src.count("tma_load(")
             p_tiles = not (cfg.pt or cfg.tables)
             tiles = ["sh_s", "uh_s", "xh_s", "v_s"] + (["ph_s"] if p_tiles else [])
-            if not cfg.prec.half:   # (fp16 operands have no lo tiles)
-                tiles += ["sl_s", "ul_s", "xl_s"] + (["pl_s"] if p_tiles else [])
+            if not cfg.prec.half:   # (fp16 operands have no lo tiles; each lo tile where its operand is split)
+                sp = {f: _sp(cfg.prec, f) for f in ("ks", "s", "u", "x", "upd")}
+                lo = (("sl_s", sp["ks"] or sp["s"]), ("ul_s", sp["u"]), ("xl_s", sp["x"] or sp["upd"]))
+                tiles += [t for t, on in lo if on] + (["pl_s"] if p_tiles else [])
             w = worst_degrees(src, tiles)
             assert all(d <= 1 for d, _ in w.values()) and all(n > 0 for _, n in w.values()), w
         if cfg.form == "smem":                                  # no bank conflicts (the model: module docstring)
