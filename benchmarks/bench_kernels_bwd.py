@@ -92,8 +92,6 @@ ONE16 = dict(ONE_TERM_FIELDS, fused=False, fused_warm=False, fused_exact=False)
 AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alter: the A/B's noise floor
       # the split plan where the fused one is dispatched (``BackwardPlan.split``; the forward keeps its tables)
       "ours-split": ("split", None),
-      # the fused plan's kernels converting the caller's q, k, v, dO in shared memory (no gdn_bwd_convert copies)
-      "ours-in-smem": ("backward", dict(convert_in_smem=True)),
       # the fused plan's GVA group sums stored by its kernel in clusters (no fp32 rows per value head, no
       # gdn_bwd_group_sum)
       "ours-cluster": ("backward", dict(cluster_group_sum=True)),
@@ -269,10 +267,8 @@ def main(argv=None):
     ap.add_argument("--ab", default="",
                     help="also time these A/B columns, ours with other plan values (the AB table): 'ours-again' "
                     "(the dispatched plan through the same path as the others: what two equal columns differ by), "
-                    "'ours-split' (the split plan where the fused one is dispatched), 'ours-in-smem' (the fused "
-                    "plan's kernels converting the bf16 inputs in shared memory, not gdn_bwd_convert's copies), "
-                    "'ours-cluster' (the fused kernel storing the GVA group sums in clusters), "
-                    "'ours-serial' "
+                    "'ours-split' (the split plan where the fused one is dispatched), "
+                    "'ours-cluster' (the fused kernel storing the GVA group sums in clusters), 'ours-serial' "
                     "(the recompute not beside dh), 'ours-no-cluster' (the GVA sums by gdn_bwd_group_sum after fp32 "
                     "rows per value head), 'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' / 'ours-rc-bv32o2' "
                     "(the recompute's state kernel shape), 'ours-rc-seq' (the recompute in one sequential pass at BV "

@@ -27,7 +27,7 @@ def forward_configs():
     ``block_v`` picks (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts,
     the recompute's smem state kernels (S lo swizzled, S hi alone, or S lo in fp8) and, at the ws head dims, its
     warp-specialised form (``BackwardPlan.recompute_ws``, S lo in fp8; per dh segment from warm-up chunks,
-    ``recompute_warm``; the fused plan's on the caller's bf16 k and v, ``convert_in_smem``), the intra kernel with split
+    ``recompute_warm``; the fused plan's, on fp16 copies of k and v), the intra kernel with split
     merges (the A/B alternative of ``Precision.merge`` and ``BackwardPlan.merge``; the one-term merges' kernels
     compile when a benchmark asks for them), and the fused warp-specialised state-output kernel (the plan form
     "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables,
@@ -72,11 +72,9 @@ def forward_configs():
                 # per dh segment from warm-up chunks (recompute_warm)
                 cfgs += [BackwardPlan(dtype, dh_segments=True, recompute_block_v=WS_CP_BV, lo8=True, DK=DK,
                                       recompute_ws=True, recompute_warm=True).recompute_configs()[1]]
-            if DK == bwd.DQK_E_ONCE_HEAD_DIM and dtype == "float16":     # the fused plan's, on fp16 copies and on
-                # bf16 k and v (``BackwardPlan.convert_in_smem``)
-                cfgs += [BackwardPlan(**{**ONE_TERM_FIELDS, "fused": True}, convert_in_smem=cis, recompute_ws=True,
-                                      recompute_block_v=bv, DK=DK).recompute_configs()[1]
-                         for cis in (True, False) for bv in (64, 32, 16)]
+            if DK == bwd.DQK_E_ONCE_HEAD_DIM and dtype == "float16":     # the fused plan's
+                cfgs += [BackwardPlan(**{**ONE_TERM_FIELDS, "fused": True}, recompute_ws=True, recompute_block_v=bv,
+                                      DK=DK).recompute_configs()[1] for bv in (64, 32, 16)]
             for c in cfgs:
                 if c not in out:
                     out.append(c)

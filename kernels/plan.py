@@ -143,14 +143,14 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
 
 
 @lru_cache(maxsize=512)
-def _recompute_configs(dtype, DK, s_single, merge, ks_single, cp, ws, bv, occ, lo8, warm=False, io="") -> tuple:
+def _recompute_configs(dtype, DK, s_single, merge, ks_single, cp, ws, bv, occ, lo8, warm=False,
+                       u_single=False) -> tuple:
     """``BackwardPlan.recompute_configs`` of the fields it depends on (``cp``: the CP plan's segments, 0 = none;
-    ``warm``: the ws tables form per dh segment from warm-up chunks; ``io``: its k and v in that dtype, converted
-    in the kernel)."""
-    prec = recompute_precision(s_single, merge, ks_single)
+    ``warm``: the ws tables form per dh segment from warm-up chunks; ``u_single``: U stored hi alone)."""
+    prec = recompute_precision(s_single, merge, ks_single, u_single)
     scan = ForwardPlan(dtype, preset(), "rv", RV_BV, 1, cp, DK=DK).configs()[-2:] if cp else ()
     if ws:
-        state = StateConfig(dtype, bv, prec.past_intra(), form="ws", DK=DK, lo8=lo8, tables=True, warm=warm, io=io)
+        state = StateConfig(dtype, bv, prec.past_intra(), form="ws", DK=DK, lo8=lo8, tables=True, warm=warm)
     else:
         state = StateConfig(dtype, bv, prec.past_intra(), form="smem", DK=DK, ctas_per_sm=occ,
                             sl_swizzle=prec.s == "split" and prec.ks != "split" and not lo8, lo8=lo8)
@@ -164,11 +164,13 @@ def check_head_dim(DK) -> int:
     return DK
 
 
-def recompute_precision(s_single: bool = False, merge: str = "fp32", ks_single: bool = False) -> Precision:
+def recompute_precision(s_single: bool = False, merge: str = "fp32", ks_single: bool = False,
+                        u_single: bool = False) -> Precision:
     """The backward's forward recompute: precision "recompute", with S one term where ``s_single``, S one term in
-    K S where ``ks_single``, and prep's block merges in ``merge`` (``Precision.merge``)."""
+    K S where ``ks_single``, U stored as one term where ``u_single`` (its hi term: the same values, no lo table),
+    and prep's block merges in ``merge`` (``Precision.merge``)."""
     return replace(PRESETS["recompute"], s="bf16" if s_single else "split", merge=merge,
-                   ks="bf16" if ks_single else "split")
+                   ks="bf16" if ks_single else "split", u="bf16" if u_single else "split")
 
 
 def keeps_tables(prec: Precision) -> bool:
@@ -283,10 +285,7 @@ class BackwardPlan:
     (``dh_segmented.end_gradients``), then the one-pass form over the segments; ``fused_segments``: those segments
     (``dh_segmented.PlanTensors``), set by the pipeline for the call's layout where ``fused_warm`` or
     ``fused_exact`` (None: one pass); ``split``: on a dispatched fused plan, the split plan ``backward_plan`` gives
-    the same call otherwise (the A/B baseline there; it reads the forward's tables), else None; ``convert_in_smem``:
-    the fused plan's kernels convert the caller's inputs in shared memory where they can (``fused_converts``)
-    instead of reading ``gdn_bwd_convert``'s fp16 copies (an A/B alternative: slower, with less peak memory,
-    ``benchmarks/RESULTS.md``)."""
+    the same call otherwise (the A/B baseline there; it reads the forward's tables), else None."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -316,7 +315,6 @@ class BackwardPlan:
     fused_exact: bool = False
     fused_segments: object = field(default=None, compare=False)
     split: object = field(default=None, compare=False)
-    convert_in_smem: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -359,14 +357,15 @@ class BackwardPlan:
 
     def recompute_configs(self) -> tuple:
         """(intra, state[, scan, fix-up]) of the forward recompute at precision "recompute" (S and U hi + lo,
-        key-first; S hi alone with ``s_single``), the S lo tile swizzled where it is only stored (in the input dtype,
-        not read by K S; fp8 with ``lo8``); the CP scan and fix-up of ``recompute_cp_plan`` when ``recompute_cp >
-        1`` or ``shared_scan``.  Built once per combination of the fields they depend on (a call's host time)."""
+        key-first; S hi alone with ``s_single``; U hi alone with ``one_term``, whose kernels read no U lo), the S lo
+        tile swizzled where it is only stored (in the input dtype, not read by K S; fp8 with ``lo8``); the CP scan
+        and fix-up of ``recompute_cp_plan`` when ``recompute_cp > 1`` or ``shared_scan``.  Built once per combination
+        of the fields they depend on (a call's host time)."""
         warm = self.recompute_on_warm_segments
         cp = max(2, self.recompute_cp) if (self.recompute_cp > 1 or self.shared_scan) and not warm else 0
         return _recompute_configs(self.dtype, self.DK, self.s_single, self.merge, self.ks_single, cp,
                                   self.recompute_ws, self.recompute_block_v, self.recompute_ctas_per_sm, self.lo8,
-                                  warm, self.io_dtype if self.fused_converts else "")
+                                  warm, self.one_term)
 
     def recompute_cp_plan(self) -> ForwardPlan:
         """The forward plan whose scan and fp64 fix-up (exact: ``segment_starts``; they read the state kernel's
@@ -378,10 +377,9 @@ class BackwardPlan:
     def prep_config(self, saved: bool) -> BwdConfig:
         """prep's form; ``saved``: on the forward's Tinv and Ag (and then the chunks' bounds for the warm segmented
         pass); without dUloc^T for the fused kernel (computing Tinv)."""
-        no_du = self.fused and not saved
         return BwdConfig("prep", self.dtype, self.DK, saved=saved, merge="bf16" if saved else self.merge,
                          bounds=saved and (self.segmented_warm or self.recompute_on_warm_segments),
-                         no_du=no_du, io=self.io_dtype if no_du and self.fused_converts else "")
+                         no_du=self.fused and not saved)
 
     @property
     def takes_saved_tables(self) -> bool:
@@ -412,34 +410,20 @@ class BackwardPlan:
                          exp_mask=self.dqk_exp_mask and self.lo8, one=self.one_term, io=self.io_dtype)
 
     def fused_config(self, warm: bool | None = None) -> BwdConfig:
-        """The fused kernel of dh and dqk (``fused``): fp16 operands, dv in ``io_dtype`` (else fp16), the inputs too
-        where ``fused_converts``; its warm form where ``warm`` (default: where the plan has ``fused_segments``); in
-        clusters storing the GVA group sums where ``cluster_group_sum``."""
+        """The fused kernel of dh and dqk (``fused``): fp16 operands, dv in ``io_dtype`` (else fp16); its warm form
+        where ``warm`` (default: where the plan has ``fused_segments``); in clusters storing the GVA group sums where
+        ``cluster_group_sum``."""
         warm = self.fused_segments is not None and self.fused_warm if warm is None else warm
         return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype, warm=warm,
-                         cvt=self.fused_converts, group=self.group if self.cluster_group_sum else 1)
+                         group=self.group if self.cluster_group_sum else 1)
 
     def fused_chain_config(self) -> BwdConfig:
         """The fused kernel's chain form (``fused_exact``'s pass A)."""
         return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype, chain=True)
 
-    @property
-    def fused_converts(self) -> bool:
-        """Whether the fused plan's kernels (prep, the recompute, the fused kernel) take the caller's ``io_dtype``
-        inputs and convert them in shared memory, so that no fp16 copies of q, k, v, dO are written
-        (``gdn_bwd_convert`` not run): ``convert_in_smem`` on a ``fused`` plan with ``io_dtype``, its recompute the
-        single ws pass (the CP scans of ``recompute_cp``, ``shared_scan``, warm segments and ``fused_exact`` read
-        converted k and v)."""
-        return (self.convert_in_smem and self.fused and bool(self.io_dtype) and self.recompute_ws
-                and self.recompute_cp <= 1
-                and not (self.shared_scan or self.recompute_on_warm_segments or self.fused_exact))
-
     def convert_config(self) -> BwdConfig | None:
-        """``gdn_bwd_convert`` of a one-term plan: v and dO scaled, q, k, v, dO from ``io_dtype`` (if any); None
-        where the plan converts none (``fused_converts``)."""
-        if not self.one_term or self.fused_converts:
-            return None
-        return BwdConfig(CONVERT_KIND, self.dtype, self.DK, io=self.io_dtype or self.dtype)
+        """``gdn_bwd_convert`` of a one-term plan: v and dO scaled, q, k, v, dO from ``io_dtype`` (if any)."""
+        return BwdConfig(CONVERT_KIND, self.dtype, self.DK, io=self.io_dtype or self.dtype) if self.one_term else None
 
     def amax_config(self) -> BwdConfig | None:
         """``gdn_bwd_amax`` of a one-term plan (the inputs' dtype)."""

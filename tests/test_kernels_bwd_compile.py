@@ -198,11 +198,6 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     if cfg.kind == FUSED_KIND:         # one CTA of four warpgroups per SM
         assert threads_of(src) == 512, threads_of(src)
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024, r["dyn_smem"]
-    # the caller's bf16 inputs converted in shared memory (``common.smem_convert``): the fused kernel's k, dO, q and v
-    # (no v in the chain form), prep's k; no other kernel converts
-    sites = src.count("gdn_bf16_to_f16_tile(") - src.count("void gdn_bf16_to_f16_tile(")
-    want_sites = (3 if cfg.chain else 4) if cfg.cvt else 1 if (cfg.kind == "prep" and cfg.io) else 0
-    assert sites == want_sites, (cfg.name, sites)
     # the fused kernel's GVA group sums in clusters (``group``): one hand-off wait and one count site each for dq~
     # and dk~ (``common.cluster_chain``), its counters zeroed before one cluster barrier; no other kernel hands off
     waits = src.count("gdn_chain_wait(") - src.count("void gdn_chain_wait(")

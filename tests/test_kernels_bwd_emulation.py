@@ -482,7 +482,7 @@ def _fake_kernels(monkeypatch, asked=None):
         if cfg.warm:                # the ws tables form per dh segment from warm-up chunks (its bounds: Lb)
             assert cfg.tables and cfg.lo8
 
-            def state_warm(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, Lb, ht, use_h0, store_ht, vf, in_scales):
+            def state_warm(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, Lb, ht, use_h0, store_ht, vf):
                 h = (h0.transpose(-1, -2) if vf else h0) if use_h0 else None
                 sh, sl, uh, ul = E.recompute_warm_states(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu),
                                                          cu_list(co), Lb, h, k.dtype, cfg.prec)
@@ -490,8 +490,7 @@ def _fake_kernels(monkeypatch, asked=None):
             return state_warm
 
         def state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, *tail):
-            # the ws form's Lb and in_scales: unread here (the fused plan, which converts k and v, has no stand-in)
-            ht, use_h0, store_ht, vf = tail[1:5] if cfg.form == "ws" else tail
+            ht, use_h0, store_ht, vf = tail[1:] if cfg.form == "ws" else tail    # the ws form's Lb: unread here
             h = None
             if use_h0:
                 h = h0.transpose(-1, -2) if vf else h0
@@ -1417,36 +1416,30 @@ def test_saved_tables_are_kept_where_the_backward_reads_them(monkeypatch):
     assert not bapi.reads_saved_tables(q.float())    # no kernel dtype: nothing to keep
 
 
-def test_the_fused_plan_converting_in_shared_memory():
-    """With ``convert_in_smem`` the dispatched fused plan's kernels take the caller's bf16 q, k, v, dO
-    (``fused_converts``): no ``gdn_bwd_convert``, prep, the recompute's ws tables form and the fused kernel in their
-    converting forms, each in the compile list; without it (as dispatched), and on the plans whose CP scans read
-    converted k and v (``fused_exact``, ``recompute_cp``) or without the caller's dtype, the copies as before."""
+def test_one_term_plans_recompute_u_hi_alone():
+    """The one-term plans' kernels read U's hi term alone, so their recompute stores no U lo table (precision u
+    "bf16": the same hi values); the other plans' recompute keeps U hi + lo. Every such form is in the compile list."""
     import dataclasses
 
     from kernels import plan as kp
     from kernels.build import all_configs
 
     n = kp.FUSED_MIN_CTAS
-    dispatched = kp.backward_plan("bfloat16", 16, 32, 64 * n // 32, n // 32)
-    assert dispatched.fused and not dispatched.fused_converts and dispatched.convert_config() is not None
-    fused = dataclasses.replace(dispatched, convert_in_smem=True)
-    assert fused.fused_converts and fused.convert_config() is None and fused.amax_config() is not None
-    rc, prep, kern = fused.recompute_configs()[1], fused.prep_config(False), fused.fused_config()
-    assert (rc.form, rc.tables, rc.io) == ("ws", True, "bfloat16")
-    assert (prep.no_du, prep.io) == (True, "bfloat16") and (kern.cvt, kern.io) == (True, "bfloat16")
     every = all_configs()
-    assert all(c in every for c in fused.configs(False)), [c.name for c in fused.configs(False) if c not in every]
-    for other in (dataclasses.replace(fused, fused_exact=True), dataclasses.replace(fused, recompute_cp=2),
-                  dataclasses.replace(fused, io_dtype=""), dispatched):
-        assert not other.fused_converts and other.convert_config() is not None, other
-        assert not (other.fused_config().cvt or other.prep_config(False).io or other.recompute_configs()[1].io)
+    fused = kp.backward_plan("bfloat16", 16, 32, 64 * n // 32, n // 32)
+    split = fused.split
+    assert fused.fused and fused.one_term and not split.one_term
+    for p in (fused, dataclasses.replace(fused, fused=False), dataclasses.replace(fused, fused_warm=True)):
+        state = p.recompute_configs()[1]
+        assert state.prec.u == "bf16" and state.prec.s == "bf16", (p, state)
+        assert state in every, state.name
+    assert split.recompute_configs()[1].prec.u == "split"
 
 
 def test_the_fused_plan_storing_group_sums_in_clusters():
     """With ``cluster_group_sum`` (off where the fused plan is dispatched) the fused kernel runs in clusters of HV / H
     value heads (2, 4, 8) that store the GVA group sums themselves: no ``gdn_bwd_group_sum`` in the plan, each form
-    (one pass, warm, converting or not) in the compile list; the chain form (it stores no sums) and groups of other
+    (one pass, warm) in the compile list; the chain form (it stores no sums) and groups of other
     sizes keep one CTA per value head."""
     import dataclasses
 
@@ -1463,7 +1456,7 @@ def test_the_fused_plan_storing_group_sums_in_clusters():
         assert plan.fused, plan
         assert plan.fused_config().group == HV // H and plan.fused_chain_config().group == 1
         assert plan.fused_group_sum_config(False) is None and plan.fused_group_sum_config(True) is None
-        for p in (plan, dataclasses.replace(plan, convert_in_smem=True), dataclasses.replace(plan, fused_warm=True)):
+        for p in (plan, dataclasses.replace(plan, fused_warm=True)):
             assert all(c in every for c in p.configs(False)), [c.name for c in p.configs(False) if c not in every]
             assert not any(getattr(c, "kind", "") in ("gsum", "gsum32") for c in p.configs(False)), p
         assert f",g{HV // H}," in plan.fused_config().name

@@ -643,64 +643,15 @@ def test_fused_one_term_is_the_emulations(case):
                                             "fused one fp16 term vs emulation")
 
 
-@pytest.mark.parametrize("case", _FUSED_CASES, ids=[c.id for c in _FUSED_CASES])
-def test_fused_one_term_converting_in_shared_memory_is_the_emulations(case):
-    """``BackwardPlan.convert_in_smem`` through the whole backward (no ``gdn_bwd_convert``; the exponents by torch):
-    every gradient within the input dtype's rounding floor of the emulation's one fp16 term (``p_single``) and
-    within the FLA-like baseline."""
-    from kernels.backward.emulation import ONE_TERM_FP16
-    _backward_alternative_is_the_emulations(case, dict(FUSED16, convert_in_smem=True),
-                                            dict(ONE_TERM_FP16, p_single=True), "fused in smem vs emulation")
-
-
-@pytest.mark.parametrize("case", _FUSED_CASES, ids=[c.id for c in _FUSED_CASES])
-def test_fused_plan_converting_in_shared_memory_is_the_convert_kernels(case):
-    """Where the fused plan's kernels take the caller's bf16 q, k, v, dO and convert them in shared memory
-    (``BackwardPlan.convert_in_smem``: prep, the recompute's ws tables form, the fused kernel), every output is bitwise
-    that of the same stages on ``gdn_bwd_convert``'s fp16 copies (dv, stored in bf16 rather than fp16, within one
-    bf16 rounding of it)."""
-    from kernels.backward import pipeline as bp
-
-    xs, kw, do, dht = tt.bwd_args(case, CUDA)
-    b = bp.prepare_backward(*xs, do, dht, **kw)
-    # (one recompute pass: the CP recompute a few-head case would get reads converted k and v)
-    plan = dataclasses.replace(bp.plan_for(b), **FUSED16, convert_in_smem=True, recompute_cp=1)
-    # the same stages on the convert kernel's copies: the fp16 plan without the caller's dtype
-    copies = dataclasses.replace(plan, io_dtype="")
-    assert plan.fused_converts and not copies.fused_converts
-    b1, f1, s1 = bp._scaled(b, plan)
-    b0, f0, _ = bp._scaled(b, dataclasses.replace(plan, fused=False))
-    assert {t.dtype for t in (b1.x.q, b1.x.k, b1.x.v, b1.do)} == {torch.bfloat16}
-    assert {t.dtype for t in (b0.x.q, b0.x.k, b0.x.v, b0.do)} == {torch.float16} and torch.equal(f1, f0)
-    t1 = bp.prep(b=b1, plan=plan, saved=None)
-    t0 = bp.prep(b=b0, plan=copies, saved=None)
-    s1_ = bp.recompute(x=b1.x, plan=plan, tables=t1, side=None, in_scales=s1)
-    s0_ = bp.recompute(x=b0.x, plan=copies, tables=t0, side=None)
-    g1, c1 = bp.fused(b=b1, plan=plan, tables=t1, states=s1_, factors=f1, in_scales=s1)
-    g0, c0 = bp.fused(b=b0, plan=copies, tables=t0, states=s0_, factors=f0)
-    torch.cuda.synchronize()
-    pairs = [(f"prep {n}", getattr(t1, n), getattr(t0, n)) for n in ("Th", "Agh", "Agl", "Fb")]
-    pairs += [(f"recompute {n}", getattr(s1_, n), getattr(s0_, n)) for n in ("Sch", "Uh")]
-    pairs += [(f"fused {n}", getattr(c1, n), getattr(c0, n))
-              for n in ("dqv", "dkv", "qz", "kw", "kr", "sd", "yv2", "rect", "db22")]
-    if b.x.h0 is not None:          # (else dh0 is not stored)
-        pairs.append(("fused dh0", g1.dh0, g0.dh0))
-    for name, x1, x0 in pairs:
-        assert torch.equal(x1, x0), (name, case.id, tt.max_rel(x1, x0))
-    assert g1.dv.dtype == torch.bfloat16 and g0.dv.dtype == torch.float16
-    err = tt.max_rel(g1.dv, g0.dv)
-    assert err <= 2.0 ** -8, f"dv: max |in the kernels - copies| / max {err:.3e} > 2^-8 (a bf16 rounding), {case.id}"
-
-
 # GVA groups of 2, 4 and 8 (dense, ragged, empty sequences), with the L2 norm's chain after the sums (fp32) and
-# without (the sums in bf16); each through the one pass, the in-smem conversion and the warm and exact segments
+# without (the sums in bf16); each through the one pass, and two of them over warm and exact segments
 _CLUSTER_CASES = [Case(T=1000, H=2, HV=4, dist="qwen-gates", grad=True),
                   Case(layout="varlen-ragged", T=1001, H=2, HV=8, dist="slow-decay", grad=True),
                   Case(T=777, H=1, HV=8, dist="strong-decay", h0_dtype="fp32", grad=True),
                   Case(T=700, H=2, HV=4, dist="raw-qk-l2", h0_dtype="fp32", grad=True),
                   Case(T=640, H=2, HV=8, dist="raw-qk-l2", grad=True),
                   _FUSED_CASES[-1]]
-_CLUSTER_FORMS = [(c, f) for c in _CLUSTER_CASES for f in ("one", "in-smem")] + [
+_CLUSTER_FORMS = [(c, "one") for c in _CLUSTER_CASES] + [
     (_CLUSTER_CASES[i], f) for i in (1, 3) for f in ("warm", "exact")]
 
 
@@ -708,15 +659,15 @@ _CLUSTER_FORMS = [(c, f) for c in _CLUSTER_CASES for f in ("one", "in-smem")] + 
 def test_fused_cluster_group_sums_are_gdn_bwd_group_sums(monkeypatch, case, form):
     """``cluster_group_sum`` on the fused plan: clusters of HV / H value heads hand each chunk's dq~, dk~ rows on in
     the order of ``gdn_bwd_group_sum`` and store the group sums, and every gradient is bitwise that of the same
-    plan summing fp32 rows per value head with ``gdn_bwd_group_sum``: in one pass, converting in shared memory, and
-    over warm and exact CP segments (forced on: the thresholds set to 1)."""
+    plan summing fp32 rows per value head with ``gdn_bwd_group_sum``: in one pass, and over warm and exact CP
+    segments (forced on: the thresholds set to 1)."""
     from kernels.backward import dh_segmented
     from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
     from kernels.backward.pipeline import plan_for, prepare_backward, with_fused_segments
 
     xs, kw, do, dht = tt.bwd_args(case, CUDA)
     b = prepare_backward(*xs, do, dht, **kw)
-    change = dict(FUSED16, convert_in_smem=form == "in-smem")
+    change = dict(FUSED16)
     if form in ("warm", "exact"):
         monkeypatch.setattr(dh_segmented, "MIN_CHUNKS", 1)
         monkeypatch.setattr(dh_segmented, "MIN_SEQ_CHUNKS", 1)
@@ -736,6 +687,30 @@ def test_fused_cluster_group_sums_are_gdn_bwd_group_sums(monkeypatch, case, form
             assert a is None, n
             continue
         assert a.dtype == r.dtype and torch.equal(a, r), (n, case.id, form, tt.max_rel(a, r))
+
+
+def test_one_term_recompute_u_hi_alone_is_the_split_forms(monkeypatch):
+    """The one-term plans' recompute stores U's hi term alone (no U lo table): its S and U hi tables are bitwise those
+    of the same kernel storing U hi + lo."""
+    from kernels.backward import pipeline as bp
+
+    case = Case(layout="varlen-ragged", T=1001, H=2, HV=8, dist="slow-decay", h0_dtype="fp32", grad=True)
+    xs, kw, do, dht = tt.bwd_args(case, CUDA)
+    b = bp.prepare_backward(*xs, do, dht, **kw)
+    plan = dataclasses.replace(bp.plan_for(b), **FUSED16)
+    b, _ = bp._scaled(b, plan)
+    tables = bp.prep(b=b, plan=plan, saved=None)
+    intra, state, *rest = plan.recompute_configs()
+    assert state.prec.u == "bf16", state.name
+    one = bp.recompute(x=b.x, plan=plan, tables=tables, side=None)
+    split = (intra, dataclasses.replace(state, prec=dataclasses.replace(state.prec, u="split")), *rest)
+    monkeypatch.setattr(type(plan), "recompute_configs", lambda self: split)
+    two = bp.recompute(x=b.x, plan=plan, tables=tables, side=None)
+    torch.cuda.synchronize()
+    assert one.Ul is one.Uh and two.Ul is not two.Uh
+    for name in ("Sch", "Uh"):
+        a, r = getattr(one, name), getattr(two, name)
+        assert torch.equal(a, r), (name, case.id, tt.max_rel(a, r))
 
 
 # FUSED_MIN_CTAS (value head, sequence) pairs: the layout from which the fused plan is dispatched

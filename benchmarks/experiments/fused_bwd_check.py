@@ -55,7 +55,7 @@ def plan_tables(q, k, v, g, beta, do, dht, h0, cu):
     from kernels.backward import pipeline as bp
     b = bp.prepare_backward(q, k, v, g, beta, do, dht, None, h0, True, False, cu)
     plan = dataclasses.replace(bp.plan_for(b), **ONE16)
-    b, f, _ = bp._scaled(b, plan)
+    b, f = bp._scaled(b, plan)
     tables = bp.prep(b=b, plan=plan, saved=None)
     grads = bp.dh(b=b, plan=plan, tables=tables, saved=False, maps=None, factors=f)
     states = bp.recompute(x=b.x, plan=plan, tables=tables, side=None, maps=None)

@@ -56,16 +56,14 @@ class BwdConfig:
     #                                (pass A of the exact segmented pass, ``gdn_bwd_fused_chain``)
     no_du: bool = False            # prep computing Tinv only: no dUloc^T (the fused backward forms it; dO not read)
     io: str = ""                   # dh_ws, dqk with one, fused: the caller's dtype where the operands are another
-    #                                (dtype): dv, dq, dk stored in it ("": dtype); prep with no_du: q's and k's (k
-    #                                converted in shared memory; dO's, unread); cvt: the source dtype (may be dtype)
-    cvt: bool = False              # fused with io: q, k, v, dO in io, converted to dtype in shared memory
+    #                                (dtype): dv, dq, dk stored in it ("": dtype); cvt: the source dtype (may be dtype)
     group: int = 1                 # fused (not chain): clusters of this many value heads (one of CLUSTER_GROUPS)
     #                                storing the GVA group sums of dq~, dk~; 1: per value head
 
     @property
     def name(self) -> str:
         names = ("single", "saved", "bounds", "tinv_hi", "s_single", "lo8", "e_once", "exp_mask", "one", "warm",
-                 "chain", "no_du", "cvt")
+                 "chain", "no_du")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
@@ -86,9 +84,9 @@ def all_configs():
     tables forming the intra terms' gates once (``e_once``) and widening its lo tiles with a masked power of two
     (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
     operands with bf16 dv, dq, dk too, ``io``, and the one-term passes: the maxima and the inputs' scaling, bf16 to
-    fp16 or in their dtype) and the fused kernel of both on fp16 operands (``FUSED_KIND``, dv in bf16 or fp16, the
-    inputs converted in it or not: ``cvt``, and its prep, without dUloc^T: ``no_du``, q and k in bf16 or fp16; with
-    bf16 dv, dq, dk also in clusters storing the GVA group sums, ``group``); the dtype-free dgdb once.  The forward
+    fp16 or in their dtype) and the fused kernel of both on fp16 operands (``FUSED_KIND``, dv in bf16 or fp16, and
+    its prep, without dUloc^T: ``no_du``; with bf16 dv, dq, dk also in clusters storing the GVA group sums,
+    ``group``); the dtype-free dgdb once.  The forward
     recompute runs the forward's intra and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
@@ -114,12 +112,11 @@ def _configs_at(D: int):
                   for kind in DQK_KINDS]
                + [BwdConfig(CONVERT_KIND, dt, D, io=src) for dt, src in (("float16", "bfloat16"), *zip(DTYPES, DTYPES))]
                + [BwdConfig(AMAX_KIND, dt, D) for dt in DTYPES]
-               + [BwdConfig(FUSED_KIND, "float16", D, one=True, io=io, warm=w, chain=c, cvt=cvt)
-                  for io, cvt in (("bfloat16", True), ("bfloat16", False), ("", False))
-                  for w, c in ((False, False), (True, False), (False, True))]
-               + [BwdConfig(FUSED_KIND, "float16", D, one=True, io="bfloat16", warm=w, cvt=cvt, group=g)
-                  for g in CLUSTER_GROUPS for cvt in (True, False) for w in (False, True)]
-               + [BwdConfig("prep", "float16", D, merge="fp32", no_du=True, io=io) for io in ("", "bfloat16")]
+               + [BwdConfig(FUSED_KIND, "float16", D, one=True, io=io, warm=w, chain=c)
+                  for io in ("bfloat16", "") for w, c in ((False, False), (True, False), (False, True))]
+               + [BwdConfig(FUSED_KIND, "float16", D, one=True, io="bfloat16", warm=w, group=g)
+                  for g in CLUSTER_GROUPS for w in (False, True)]
+               + [BwdConfig("prep", "float16", D, merge="fp32", no_du=True)]
                if D == DQK_E_ONCE_HEAD_DIM else []))
 
 
@@ -155,13 +152,9 @@ def prim_func(cfg: BwdConfig):
                         or (cfg.kind in DQK_KINDS and cfg.s_single and not cfg.lo8) or cfg.kind == FUSED_KIND):
         raise ValueError(f"one (every term single) is a form of the warp-specialised dh with single, of dqk with "
                          f"s_single, neither with fp8 lo tables, and of {FUSED_KIND}: {cfg.name}")
-    if cfg.cvt and not (cfg.kind == FUSED_KIND and cfg.io in DTYPES and cfg.io != cfg.dtype):
-        raise ValueError(f"cvt (the inputs converted in shared memory) is a form of {FUSED_KIND} with io: {cfg.name}")
-    if (cfg.io and not (cfg.one and cfg.io in DTYPES and cfg.io != cfg.dtype) and cfg.kind != CONVERT_KIND
-            and not (cfg.kind == "prep" and cfg.no_du and cfg.io in DTYPES and cfg.io != cfg.dtype)):
+    if cfg.io and not (cfg.one and cfg.io in DTYPES and cfg.io != cfg.dtype) and cfg.kind != CONVERT_KIND:
         raise ValueError(f"io (the caller's dtype: dv, dq, dk stored in it) is a form of the one-term dh_ws, dqk and "
-                         f"{FUSED_KIND} and of prep with no_du, another dtype of {DTYPES} than the operands': "
-                         f"{cfg.name}")
+                         f"{FUSED_KIND}, another dtype of {DTYPES} than the operands': {cfg.name}")
     if cfg.kind == CONVERT_KIND and cfg.io not in DTYPES:
         raise ValueError(f"{CONVERT_KIND} converts from its io dtype, one of {DTYPES}: {cfg.name}")
     if cfg.kind == CONVERT_KIND:
@@ -174,8 +167,7 @@ def prim_func(cfg: BwdConfig):
         raise ValueError(f"no_du (no dUloc^T) is a form of prep computing Tinv only: {cfg.name}")
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
-        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge, bounds=cfg.bounds, du=not cfg.no_du,
-                              io=cfg.io)
+        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge, bounds=cfg.bounds, du=not cfg.no_du)
     if cfg.ws_bv and (cfg.kind != "dh" or cfg.ws_bv not in DH_WS_BLOCKS):
         raise ValueError(f"ws_bv (the warp-specialised reverse pass) is a form of dh at {DH_WS_BLOCKS}: {cfg.name}")
     if cfg.warm and not ((cfg.kind == "dh" and not (cfg.single or cfg.ws_bv)) or cfg.kind == FUSED_KIND):
@@ -200,8 +192,7 @@ def prim_func(cfg: BwdConfig):
         raise ValueError(f"chain (the reverse chain alone) is a form of {FUSED_KIND} without warm: {cfg.name}")
     if cfg.kind == FUSED_KIND:
         from .fused import build_bwd_fused
-        return build_bwd_fused(D, io=cfg.io or cfg.dtype, warm=cfg.warm, chain=cfg.chain, cvt=cfg.cvt,
-                               group=cfg.group)
+        return build_bwd_fused(D, io=cfg.io or cfg.dtype, warm=cfg.warm, chain=cfg.chain, group=cfg.group)
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)

@@ -15,9 +15,7 @@ joined by mbarriers (``ph``), each chunk's inputs loaded by TMA beside them:
 * WG2, dk~: P1 D1 = rd(F1 2^x dO); P2 the S o dS' column dots (the diagonals of S^T dS' by halves of 64
   columns), R = U dS'^T (dk~, k.R); P3 W = dY S^T by halves
   of 64 keys (dk~, k.W), dk~ += M1^T Q; P4 dk~ += M2 K + M3^T K, stored after the phase's arrival.
-* WG3, one producer warp: k and the gate table in two stages; dO, S, U, q, Th as the phases free them; v after P3;
-  with ``cvt`` (the caller's bf16 inputs) its other three warps convert each chunk's k, dO, q and v to fp16 in
-  place, dO and v times their groups' powers of two (no fp16 copies of the inputs in memory).
+* WG3, one producer warp: k and the gate table in two stages; dO, S, U, q, Th as the phases free them; v after P3.
 
 No [64, 128] fragment lives beside another in WG1 or WG2 (row dots by halves, dq~ finished in P1): that keeps
 every wgmma asynchronous at registers (192, 160, 136, 24).  Elementwise steps form a fragment first and store it to
@@ -28,7 +26,6 @@ import tilelang.language as T
 
 from kernels.common.cluster_chain import CLUSTER_CHAIN, chain_signal, chain_wait
 from kernels.common.prologue import dynamic_dims, seq_span
-from kernels.common.smem_convert import CONVERT_TILE, PRODUCER_SPARE_THREADS, convert_tile
 from kernels.forward.cp_warm import backward_macros
 from kernels.forward.cumsum import LOG2E
 
@@ -165,17 +162,15 @@ def store_terms(x_f, tmp, p0, p1, out, t0, h, hv, nv, fac, keep, ctr, rank, G, k
 
 
 def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24), warm: bool = False,
-                    chain: bool = False, cvt: bool = False, group: int = 1):
+                    chain: bool = False, group: int = 1):
     """TileLang prim_func of ``gdn_bwd_fused``.  Arguments: q, k [Ttot, H, D], v, dO [Ttot, HV, D] fp16 (the one-term
-    plan's, v and dO under its powers of two), or with ``cvt`` in ``io`` (the caller's values, converted in the kernel,
-    dO and v times ``in_scales[0, hv]`` and ``in_scales[1, hv]``); Sch [HV, NC, D, D] (key-first), Uh [HV, NC, 64, D],
+    plan's, v and dO under its powers of two); Sch [HV, NC, D, D] (key-first), Uh [HV, NC, 64, D],
     Th [HV, NC, 64, 64] fp16; Fb [HV, NC, 8, 64] fp32; cu_seqlens [N + 1], chunk_offsets [N + 1] int32 ([4 N + 1] with
     ``warm``); Lb [HV, NC] fp32 (each chunk's log2 norm bound, read by ``warm`` alone); dht [N or 1, HV, D, D] fp32
     key-first; then the outputs dv [Ttot, HV, D] in ``io``, dq~, dk~ [Ttot, HV, D] fp32 per value head (times
     ``factors[1, hv]``), qz, kw, kr, yv, db2 [2, HV, NC, 64] and sd [2, HV, NC, D] fp32 (half 0 the sums, half 1 zero),
     rect [HV, NC, 64], dh0 [N or 1, HV, D, D] fp32 key-first (with ``warm``, dht and dh0 per segment); use_dht,
-    store_dh0 int32, scale fp32, factors [2, HV] fp32 (dv stored times row 0), in_scales [2, HV] fp32
-    (``scales.scales_and_factors``' rows 0, 1; read with ``cvt``); dqb, dkb [Ttot, H, D] fp32, dqo, dko [Ttot, H,
+    store_dh0 int32, scale fp32, factors [2, HV] fp32 (dv stored times row 0, dq~ and dk~ times row 1); dqb, dkb [Ttot, H, D] fp32, dqo, dko [Ttot, H,
     D] in ``io`` and out32 int32 (read with ``group``; dqb, dkb where ``out32`` or ``group > 2``, dqo, dko where not
     ``out32``: [1, H, D] where unread).
 
@@ -199,8 +194,6 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
     assert D == 128, "the fused backward is built at K = V = 128 alone (its tiles take 225 KiB of shared memory)"
     assert io in ("bfloat16", "float16"), io
     assert group in (1, 2, 4, 8) and not (chain and group > 1), "group: a cluster of 2, 4 or 8 value heads storing"
-    assert not cvt or io != f16, "cvt: inputs in another dtype than fp16"
-    idt = io if cvt else f16    # q's, k's, v's, dO's
     Ttot, H, HV, N, NCg, Nh, Nt, Tb, To = dynamic_dims("Ttot H HV N NCg Nh Nt Tb To")
     # dq~, dk~ rows: a group's sums (clusters), one per value head, or (the chain form: never stored) either
     HO = H if group > 1 else T.dynamic("Ho") if chain else HV
@@ -217,10 +210,10 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
 
     @T.prim_func
     def gdn_bwd_fused(
-        q: T.Tensor((Ttot, H, D), idt),
-        k: T.Tensor((Ttot, H, D), idt),
-        v: T.Tensor((Ttot, HV, D), idt),
-        do: T.Tensor((Ttot, HV, D), idt),
+        q: T.Tensor((Ttot, H, D), f16),
+        k: T.Tensor((Ttot, H, D), f16),
+        v: T.Tensor((Ttot, HV, D), f16),
+        do: T.Tensor((Ttot, HV, D), f16),
         Sch: T.Tensor((HV, NCg, D, D), f16),
         Uh: T.Tensor((HV, NCg, BT, D), f16),
         Th: T.Tensor((HV, NCg, BT, BT), f16),
@@ -244,7 +237,6 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
         store_dh0: T.int32,
         scale: T.float32,
         factors: T.Tensor((2, HV), f32),
-        in_scales: T.Tensor((2, HV), f32),
         dqb: T.Tensor((Tb, H, D), f32),
         dkb: T.Tensor((Tb, H, D), f32),
         dqo: T.Tensor((To, H, D), io),
@@ -252,8 +244,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
         out32: T.int32,
     ):
         with T.Kernel(HV, N, threads=4 * WG, **launch) as (hv, n):
-            if cvt or group > 1:    # (one source a kernel)
-                T.import_source((CONVERT_TILE if cvt else "") + (CLUSTER_CHAIN if group > 1 else ""))
+            if group > 1:
+                T.import_source(CLUSTER_CHAIN)
             h = hv // group if group > 1 else hv // (HV // H)     # a cluster's group size is known
             bos, eos, c0, nch = seq_span(cu_seqlens, chunk_offsets, n)
             q_s = T.alloc_shared((BT, D), f16)
@@ -270,9 +262,6 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
             xh_s = T.alloc_shared((BT, D), f16)        # dU, then D2
             yh_s = T.alloc_shared((BT, D), f16)        # dY
             m_s = T.view(dsh_s, (BT, 2 * BT), f32)     # the dg summands [64, 64] (columns 64.. unused)
-            # q, k, v, dO arrive in ``io`` over their fp16 tiles (converted there with ``cvt``; v over D1)
-            if cvt:     # (defined with cvt alone: an alias would rename the tile in the generated source)
-                q_in, k_in, do_in, v_in = (T.view(t, t.shape, io) for t in (q_s, k_s, do_s, d1_s))
             rw_s = T.alloc_shared((BT,), f32)          # their row sums
             cw_s = T.alloc_shared((BT,), f32)          # column sums less row sums
             if warm:
@@ -293,11 +282,6 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
             full_su = T.alloc_barrier(arrive_count=32)
             full_th = T.alloc_barrier(arrive_count=32)
             full_v = T.alloc_barrier(arrive_count=32)     # v over D1 (after P3)
-            if cvt:     # q, k, v, dO converted in place by WG3's other three warps
-                ready_k = T.alloc_barrier(arrive_count=[PRODUCER_SPARE_THREADS] * 2)
-                ready_q = T.alloc_barrier(arrive_count=PRODUCER_SPARE_THREADS)
-                ready_do = T.alloc_barrier(arrive_count=PRODUCER_SPARE_THREADS)
-                ready_v = T.alloc_barrier(arrive_count=PRODUCER_SPARE_THREADS)
             ph = T.alloc_barrier(arrive_count=[3 * WG] * 4)
             rb = T.alloc_barrier(arrive_count=WG)      # WG1's cw_s written
 
@@ -328,9 +312,9 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     par = i % 2
                     st = i % 2
                     # P1: P, dS', dU
-                    T.barrier_wait((ready_k if cvt else full_k)[st], (i // 2) % 2)
-                    T.barrier_wait(ready_q if cvt else full_q, par)
-                    T.barrier_wait(ready_do if cvt else full_do, par)
+                    T.barrier_wait(full_k[st], (i // 2) % 2)
+                    T.barrier_wait(full_q, par)
+                    T.barrier_wait(full_do, par)
                     xp[0] = chunk_pow2(f_s[st, 4, 0])
                     xp[1] = chunk_pow2(f_s[st, 4, 0], -1)
                     T.gemm(q_s, k_s[st, :, :], kd_f, transpose_B=True, clear_accum=True)
@@ -381,7 +365,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     T.barrier_wait(ph[2], par)
                     # P4: the dY.v dots, the diagonal of dY V^T (v by TMA over D1, read in P3)
                     if full:
-                        T.barrier_wait(ready_v if cvt else full_v, par)
+                        T.barrier_wait(full_v, par)
                         T.gemm(yh_s, d1_s, kd_f, transpose_B=True, clear_accum=True)
                         put_diagonal(kd_f, yv, hv, c, 0, nv, keep)
                     T.barrier_arrive(ph[3])
@@ -412,9 +396,9 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         par = i % 2
                         st = i % 2
                         # P1: Z = dO S^T -> dq~, q.Z; dO U^T -> M0 (over M1's tile); dq~ += M0 K
-                        T.barrier_wait((ready_k if cvt else full_k)[st], (i // 2) % 2)
-                        T.barrier_wait(ready_q if cvt else full_q, par)
-                        T.barrier_wait(ready_do if cvt else full_do, par)
+                        T.barrier_wait(full_k[st], (i // 2) % 2)
+                        T.barrier_wait(full_q, par)
+                        T.barrier_wait(full_do, par)
                         T.barrier_wait(full_su, par)
                         T.gemm(do_s, s_s, dq_f, transpose_B=True, clear_accum=True)
                         half_dots(dq_f, q_s, None, c_f, rs, rs2, nv)
@@ -512,8 +496,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                     for i in T.serial(ntot):
                         par = i % 2
                         st = i % 2
-                        T.barrier_wait((ready_k if cvt else full_k)[st], (i // 2) % 2)
-                        T.barrier_wait(ready_do if cvt else full_do, par)
+                        T.barrier_wait(full_k[st], (i // 2) % 2)
+                        T.barrier_wait(full_do, par)
                         form_d1(do_s, f_s, st, x_h, d1_s)
                         T.fence_proxy_async()
                         pass_phases(ph, par)
@@ -522,10 +506,10 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         ic, c, t0, keep, nv = chunk_step(i, ntot, c0, bos, eos)
                         par = i % 2
                         st = i % 2
-                        T.barrier_wait((ready_k if cvt else full_k)[st], (i // 2) % 2)
+                        T.barrier_wait(full_k[st], (i // 2) % 2)
                         T.barrier_wait(full_su, par)
                         # P1: D1 = rd(F1 2^x dO)
-                        T.barrier_wait(ready_do if cvt else full_do, par)
+                        T.barrier_wait(full_do, par)
                         form_d1(do_s, f_s, st, x_h, d1_s)
                         T.fence_proxy_async()
                         T.barrier_arrive(ph[0])
@@ -545,7 +529,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         T.barrier_wait(ph[1], par)
                         # P3: W = dY S^T -> dk~, k.W; dk~ += M1^T Q (q's load waited on here too, not only
                         # through ph[0])
-                        T.barrier_wait(ready_q if cvt else full_q, par)
+                        T.barrier_wait(full_q, par)
                         T.clear(rs)
                         for hh in T.unroll(2):
                             T.gemm(yh_s, s_s[hh * BT:(hh + 1) * BT, :], x_h, transpose_B=True, clear_accum=True)
@@ -579,14 +563,14 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         if j < ntot:
                             cj = c0 + ntot - 1 - j
                             tj = bos + (ntot - 1 - j) * BT
-                            T.tma_copy(k[tj:tj + BT, h, 0:D], (k_in if cvt else k_s)[j, :, :], barrier=full_k[j])
+                            T.tma_copy(k[tj:tj + BT, h, 0:D], k_s[j, :, :], barrier=full_k[j])
                             T.tma_copy(Fb[hv, cj, 0:8, 0:BT], f_s[j, :, :], barrier=full_k[j])
                             T.barrier_arrive(full_k[j])
                     c = c0 + ntot - 1
                     t0 = bos + (ntot - 1) * BT
-                    T.tma_copy(q[t0:t0 + BT, h, 0:D], q_in if cvt else q_s, barrier=full_q)
+                    T.tma_copy(q[t0:t0 + BT, h, 0:D], q_s, barrier=full_q)
                     T.barrier_arrive(full_q)
-                    T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_in if cvt else do_s, barrier=full_do)
+                    T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_s, barrier=full_do)
                     T.barrier_arrive(full_do)
                     T.tma_copy(Th[hv, c, 0:BT, 0:BT], th_s, barrier=full_th)
                     T.barrier_arrive(full_th)
@@ -602,19 +586,19 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         t0 = bos + ic * BT
                         T.barrier_wait(ph[1], par)     # dO read (P1 and WG0's P^T dO)
                         if i + 1 < ntot:
-                            T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_in if cvt else do_s, barrier=full_do)
+                            T.tma_copy(do[t0:t0 + BT, hv, 0:D], do_s, barrier=full_do)
                             T.barrier_arrive(full_do)
                         T.barrier_wait(ph[2], par)     # S, U, q, D1 read
                         if full:
                             tc = bos + (ntot - 1 - i) * BT
-                            T.tma_copy(v[tc:tc + BT, hv, 0:D], v_in if cvt else d1_s, barrier=full_v)
+                            T.tma_copy(v[tc:tc + BT, hv, 0:D], d1_s, barrier=full_v)
                             T.barrier_arrive(full_v)
                         if i + 1 < ntot:
                             if full:
                                 T.tma_copy(Sch[hv, c, 0:D, 0:D], s_s, barrier=full_su)
                                 T.tma_copy(Uh[hv, c, 0:BT, 0:D], u_s, barrier=full_su)
                                 T.barrier_arrive(full_su)
-                            T.tma_copy(q[t0:t0 + BT, h, 0:D], q_in if cvt else q_s, barrier=full_q)
+                            T.tma_copy(q[t0:t0 + BT, h, 0:D], q_s, barrier=full_q)
                             T.barrier_arrive(full_q)
                         T.barrier_wait(ph[3], par)     # Th (M3), k and the gates of chunk i, v read
                         if i + 1 < ntot:
@@ -623,34 +607,9 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         if i + 2 < ntot:
                             c2 = c0 + ntot - 3 - i
                             t2 = bos + (ntot - 3 - i) * BT
-                            T.tma_copy(k[t2:t2 + BT, h, 0:D], (k_in if cvt else k_s)[i % 2, :, :],
-                                        barrier=full_k[i % 2])
+                            T.tma_copy(k[t2:t2 + BT, h, 0:D], k_s[i % 2, :, :], barrier=full_k[i % 2])
                             T.tma_copy(Fb[hv, c2, 0:8, 0:BT], f_s[i % 2, :, :], barrier=full_k[i % 2])
                             T.barrier_arrive(full_k[i % 2])
-                elif cvt:
-                    if (tx >= 3 * WG + 32) & (ntot > 0):
-                        # WG3's other warps: each chunk's k, dO (times its group's power of two), q and v (times
-                        # its), converted in place in the order the producer loads them (v after P3)
-                        sc = T.alloc_local((2,), f32)
-                        sc[0] = in_scales[0, hv]
-                        sc[1] = in_scales[1, hv]
-                        for i in T.serial(ntot):
-                            par = i % 2
-                            st = i % 2
-                            cx = tx - 3 * WG - 32
-                            T.barrier_wait(full_k[st], (i // 2) % 2)
-                            convert_tile(k_s[st, :, :], BT * D, T.float32(1), cx, PRODUCER_SPARE_THREADS)
-                            T.barrier_arrive(ready_k[st])
-                            T.barrier_wait(full_do, par)
-                            convert_tile(do_s, BT * D, sc[0], cx, PRODUCER_SPARE_THREADS)
-                            T.barrier_arrive(ready_do)
-                            T.barrier_wait(full_q, par)
-                            convert_tile(q_s, BT * D, T.float32(1), cx, PRODUCER_SPARE_THREADS)
-                            T.barrier_arrive(ready_q)
-                            if full:
-                                T.barrier_wait(full_v, par)
-                                convert_tile(d1_s, BT * D, sc[1], cx, PRODUCER_SPARE_THREADS)
-                                T.barrier_arrive(ready_v)
 
     # the warm and chain forms under their own kernel names
     if warm or chain:

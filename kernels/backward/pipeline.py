@@ -49,6 +49,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -59,7 +60,7 @@ from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, TORCH_DTYPE, cached,
                                fp32_state, max_chunks, pad_rows, tma_ready, token_rows, unused)
 
 from .finish import finish, group_sum
-from .scales import scale_states, scales_and_factors, state_bits, unscale
+from .scales import scale_states, state_bits, unscale
 
 # layouts of the ``stages`` intermediates, the same in both implementations; every value as fp32 / fp64
 STAGE_LAYOUT = {
@@ -170,9 +171,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         raise ValueError(f"a {plan.dtype} plan for {out_dt} inputs needs io_dtype {TL_DTYPE[out_dt]} and no "
                          f"saved tables; got io_dtype={plan.io_dtype!r}, reads_saved_tables="
                          f"{plan.reads_saved_tables}")
-    f = s_in = None
+    f = None
     if plan.one_term:                   # v, dO (and h0, dht) under powers of two per GVA group, in the plan's dtype
-        b, f, s_in = _scaled(b, plan)
+        b, f = _scaled(b, plan)
         x = b.x
         mark("convert")
     saved = saved_tables if plan.takes_saved_tables else None
@@ -189,11 +190,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         tables = _without(tables, "Tl", "dUl")        # not read (dUloc^T formed in the fused kernel)
         if plan.fused_exact and plan.fused_segments is not None:      # the transfer maps over its segments
             maps = segment_maps_of(x=x, plan=plan, tables=tables, cp=plan.fused_segments)
-        states = recompute(x=x, plan=plan, tables=tables, side=None, maps=None, in_scales=s_in)
+        states = recompute(x=x, plan=plan, tables=tables, side=None, maps=None)
         mark("recompute")
         tables = _without(tables, "Agh", "Agl")       # read by the recompute only
         states = _without(states, "Scl", "Ul")        # the fused kernel reads S and U hi alone
-        grads, terms = fused(b=b, plan=plan, tables=tables, states=states, factors=f, in_scales=s_in, maps=maps)
+        grads, terms = fused(b=b, plan=plan, tables=tables, states=states, factors=f, maps=maps)
         maps = None
         # S, U, v and dO are read by the fused kernel last: freed before the group sums allocate
         states, b = None, dataclasses.replace(b, do=None, x=dataclasses.replace(x, v=None))
@@ -240,12 +241,6 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     return out
 
 
-def _kernel_dtype(plan, x: ForwardInputs) -> torch.dtype:
-    """The dtype of the kernels' tables: the plan's for a one-term plan (whose inputs may stay the caller's,
-    ``_scaled``), else the inputs'."""
-    return TORCH_DTYPE[plan.dtype] if plan.one_term else x.q.dtype
-
-
 def _io_dtype(plan, dt: torch.dtype) -> torch.dtype:
     """The dtype of dv, dq, dk: the caller's where the plan has an ``io_dtype``, else the kernels' ``dt``."""
     return TORCH_DTYPE[plan.io_dtype] if plan.io_dtype else dt
@@ -253,10 +248,8 @@ def _io_dtype(plan, dt: torch.dtype) -> torch.dtype:
 
 def _scaled(b: BackwardInputs, plan):
     """(``b`` with v, dO, h0, dht times their GVA groups' powers of two and q, k, v, dO in the plan's dtype, the
-    ``scales.factors`` [2, HV] that undo them, the powers of two [2, HV] of dO and v): ``gdn_bwd_amax`` then
-    ``gdn_bwd_convert``, which forms the exponents (no host synchronisation; torch reduces h0 and dht where given).
-    Where the plan's kernels convert the inputs themselves (``plan.fused_converts``), ``b`` keeps the caller's q, k,
-    v, dO and torch forms the exponents (``scales.scales_and_factors``)."""
+    ``scales.factors`` [2, HV] that undo them): ``gdn_bwd_amax`` then ``gdn_bwd_convert``, which forms the
+    exponents (no host synchronisation; torch reduces h0 and dht where given)."""
     from kernels.build import get_kernel
     x = b.x
     dt = TORCH_DTYPE[plan.dtype]
@@ -265,21 +258,17 @@ def _scaled(b: BackwardInputs, plan):
     for row, s in ((0, b.dht), (1, x.h0)):
         if s is not None:
             torch.maximum(bits[row], state_bits(s), out=bits[row])
-    if plan.fused_converts:
-        sf = scales_and_factors(bits, x.H)
-        q, k, v, do = x.q, x.k, x.v, b.do
-    else:
-        v, do = torch.empty_like(x.v, dtype=dt), torch.empty_like(b.do, dtype=dt)
-        q, k = (x.q, x.k) if dt == x.q.dtype else (torch.empty_like(t, dtype=dt) for t in (x.q, x.k))
-        sf = torch.empty(4, x.HV, device=x.q.device, dtype=torch.float32)
-        get_kernel(plan.convert_config())(x.q, x.k, x.v, b.do, bits, q, k, v, do, sf)
+    v, do = torch.empty_like(x.v, dtype=dt), torch.empty_like(b.do, dtype=dt)
+    q, k = (x.q, x.k) if dt == x.q.dtype else (torch.empty_like(t, dtype=dt) for t in (x.q, x.k))
+    sf = torch.empty(4, x.HV, device=x.q.device, dtype=torch.float32)
+    get_kernel(plan.convert_config())(x.q, x.k, x.v, b.do, bits, q, k, v, do, sf)
     x = dataclasses.replace(x, q=q, k=k, v=v, h0=scale_states(x.h0, sf[1]))
-    return BackwardInputs(x, do, scale_states(b.dht, sf[0])), sf[2:], sf[:2]
+    return BackwardInputs(x, do, scale_states(b.dht, sf[0])), sf[2:]
 
 
 def _factors_arg(x: ForwardInputs, factors):
-    """A [2, HV] fp32 argument of the one-term kernels (``factors`` of dh_ws, dqk and fused; ``in_scales`` of fused
-    and the ws tables form): the one given (``_scaled``'s), else a stand-in that their other forms do not read."""
+    """The ``factors`` argument of dh_ws, dqk and fused: a one-term plan's (``_scaled``'s), else a [2, HV] fp32
+    tensor that their other forms do not read."""
     return factors if factors is not None else unused((2, x.HV), torch.float32, x.q.device)
 
 
@@ -312,7 +301,7 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
     """``gdn_bwd_prep`` (parallel): on the forward's Tinv and Ag when ``saved``, else computing them."""
     from kernels.build import get_kernel
     x = b.x
-    dev, dt = x.q.device, _kernel_dtype(plan, x)
+    dev, dt = x.q.device, x.q.dtype
     if saved is not None:       # the forward's Tinv (hi alone) and Ag
         _check_saved(saved, (x.HV, x.NC, BT, BT), dt, dev)
         Th, Agh, Agl = saved["Th"], saved["Ah"], saved["Al"]
@@ -342,7 +331,7 @@ class RecomputedStates:
     Sch: torch.Tensor               # [HV, NC, D, D] chunk-start states, hi (key-first)
     Scl: torch.Tensor               # lo (Sch itself, unread, where the plan stores S hi alone; fp8 codes with lo8)
     Uh: torch.Tensor                # [HV, NC, 64, D] hi
-    Ul: torch.Tensor                # lo
+    Ul: torch.Tensor                # lo (Uh itself, unread, where the plan stores U hi alone: one_term)
 
 
 def segment_maps_of(*, x: ForwardInputs, plan, tables: PrepTables, cp=None) -> torch.Tensor:
@@ -353,7 +342,7 @@ def segment_maps_of(*, x: ForwardInputs, plan, tables: PrepTables, cp=None) -> t
                         scan_cu=cp.cu[:-1], scan_co=cp.chunk_offsets[:-1], n_seg=cp.cu.numel() - 1)
 
 
-def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None, in_scales=None) -> RecomputedStates:
+def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) -> RecomputedStates:
     """The forward's chunk-start states S and U (hi + lo, key-first) by its smem state kernel (or its ws tables form,
     ``plan.recompute_ws``) on prep's Ag and gate table: one pass over every sequence, or with ``plan.recompute_cp``
     one per CP segment from the start states of the forward's exact ``segment_starts`` (the scan and the fp64 fix-up
@@ -361,19 +350,17 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None, in
     (``segment_maps_of``), or with ``plan.recompute_warm`` one per dh segment from its warm-up chunks (prep's
     bounds ``tables.Lb``); on the stream ``side`` when given: its outputs are then allocated on it (so that none
     reuses a buffer the main stream's pending kernels still read, such as dh's) and recorded on the main stream,
-    which reads and frees them; its inputs recorded on it.  ``in_scales`` (``_scaled``'s): read where the ws form
-    converts the caller's k and v itself (``plan.fused_converts``)."""
+    which reads and frees them; its inputs recorded on it."""
     from kernels.build import get_kernel
-    dev, dt, D = x.q.device, _kernel_dtype(plan, x), x.D
+    dev, dt, D = x.q.device, x.q.dtype, x.D
     cfg = plan.recompute_configs()[1]
-    tail = (_factors_arg(x, in_scales),) if cfg.form == "ws" else ()   # (read where it converts k and v)
     main = torch.cuda.current_stream(dev) if side is not None else None
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         Sch = torch.empty(x.HV, x.NC, D, D, device=dev, dtype=dt)
         # neither written nor read without S lo; fp8 codes under Sch's exponents with lo8 (kernels.common.lo8)
         Scl = torch.empty_like(Sch, dtype=LO8_DTYPE if cfg.lo8 else dt) if cfg.prec.s == "split" else Sch
         Uh = torch.empty(x.HV, x.NC, BT, D, device=dev, dtype=dt)
-        Ul = torch.empty_like(Uh)
+        Ul = torch.empty_like(Uh) if cfg.prec.u == "split" else Uh      # (U hi alone: neither written nor read)
         ht = no_states(x)                                      # the final state: not stored
         intra = IntraTables(tables.Agh, tables.Agl, tables.Fb, None)
         extra = (tables.Lb,) if cfg.form == "ws" else ()      # the ws form's bounds (read by its warm form alone)
@@ -393,7 +380,7 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None, in
             cu, co, use_h0, v_first = x.cu, x.chunk_offsets, int(x.h0 is not None), int(x.v_first)
             h0 = initial_states(x)
         get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, *extra, ht,
-                        use_h0, 0, v_first, *tail)
+                        use_h0, 0, v_first)
     if side is not None:
         for t in (tables.Agh, tables.Agl) + ((maps,) if plan.shared_scan else ()) + extra:   # freed while the side
             t.record_stream(side)                                                           # stream may use them
@@ -511,8 +498,7 @@ def dqk(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates
     return ChunkTerms(dqv, dkv, qz, kw, kr, sd, yv2, rect, db22)
 
 
-def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates, factors, in_scales=None,
-          maps=None):
+def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStates, factors, maps=None):
     """``gdn_bwd_fused`` (``plan.fused``): dh's and dqk's outputs in one launch from the one-term plan's operands,
     the recompute's S, U hi tables and prep's Tinv hi and gate table (dUloc formed in the kernel; no dS' or dY
     tables), over ``plan.fused_segments`` where given: from their warm-up chunks (prep's bounds) with
@@ -520,13 +506,12 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
     ``fused_end_gradients``); the gradients (dv, dh0) and the chunk terms, dq~ and dk~ per value head in fp32
     ``[Ttot, HV, D]`` (``fused_group_sums`` sums them), or with ``cluster_group_sum`` their group sums
     ``[Ttot, H, D]`` (fp32 where the L2 norm's chain follows, else the final dq, dk in the caller's dtype).
-    ``factors``, ``in_scales``: ``_scaled``'s (the kernel reads the powers of two ``in_scales`` where it converts q,
-    k, v, dO itself, ``plan.fused_converts``)."""
+    ``factors``: ``_scaled``'s."""
     from kernels.build import get_kernel
     x = b.x
     dev, D, HV, NC, Ttot = x.q.device, x.D, x.HV, x.NC, x.n_tok
     f32 = torch.float32
-    dv = torch.empty(Ttot, HV, D, device=dev, dtype=_io_dtype(plan, _kernel_dtype(plan, x)))
+    dv = torch.empty(Ttot, HV, D, device=dev, dtype=_io_dtype(plan, x.q.dtype))
     G = plan.fused_config().group
     dq32, dk32 = (torch.empty(Ttot, HV if G == 1 else x.H, D, device=dev, dtype=f32) for _ in range(2))
     sums = _group_sum_buffers(x, plan, G)
@@ -541,7 +526,7 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
     dhk = None if b.dht is None else (b.dht.transpose(-1, -2).contiguous() if x.v_first else b.dht)
     outs = (dv, dq32, dk32, qz, kw, kr, yv2, db22, sd, rect)
     args = (x.q, x.k, x.v, b.do, states.Sch, states.Uh, tables.Th, tables.Fb)
-    fac = (_factors_arg(x, factors), _factors_arg(x, in_scales))
+    fac = _factors_arg(x, factors)
     if cp is not None and plan.fused_exact:         # every segment from its exact end gradient
         dht = fused_end_gradients(x=x, plan=plan, args=args, tables=tables, outs=outs, dhk=dhk, maps=maps,
                                   factors=fac)
@@ -553,21 +538,34 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
         cu, co = (x.cu, x.chunk_offsets) if cp is None else (cp.cu, cp.warm_co)
         use_dht = int(dhk is not None)
     get_kernel(plan.fused_config())(*args, cu, co, tables.Lb, dht, *outs, dh0, use_dht, int(use_h0),
-                                    float(x.scale), *fac, *sums)
+                                    float(x.scale), fac, *sums)
     if use_h0 and cp is not None:
         dh0 = dh0[cp.first]
     if use_h0 and x.v_first:
         dh0 = dh0.transpose(-1, -2).contiguous()
-    dqv, dkv = (dq32, dk32) if G == 1 else sums[:2] if sums[4] else sums[2:4]
+    dqv, dkv = (dq32, dk32) if G == 1 else sums.sums()
     return (StateGradients(None, None, None, None, dv, dh0),
             ChunkTerms(dqv, dkv, qz, kw, kr, sd, yv2, rect, db22))
 
 
-def _group_sum_buffers(x: ForwardInputs, plan, G: int) -> tuple:
-    """The fused kernel's last arguments (``dqb, dkb, dqo, dko, out32``) for clusters of ``G`` value heads storing the
-    GVA group sums (``G == 1``: none stored, every one unread): the odd ranks' fp32 partial sums ``dqb, dkb [Ttot,
-    H, D]`` (where ``G > 2`` or ``out32``; the sums themselves with ``out32``, where the L2 norm's chain follows), and
-    ``dqo, dko [Ttot, H, D]`` in the caller's dtype (the final dq, dk; without ``out32``)."""
+class GroupSumBuffers(NamedTuple):
+    """The fused kernel's last arguments for clusters of G value heads storing the GVA group sums (G == 1: none
+    stored, every one unread): the odd ranks' fp32 partial sums ``dqb, dkb [Ttot, H, D]`` (where G > 2 or
+    ``out32``; the sums themselves with ``out32``, where the L2 norm's chain follows), and ``dqo, dko [Ttot, H, D]``
+    in the caller's dtype (the final dq, dk; without ``out32``)."""
+    dqb: torch.Tensor
+    dkb: torch.Tensor
+    dqo: torch.Tensor
+    dko: torch.Tensor
+    out32: int
+
+    def sums(self) -> tuple:
+        """(dq, dk) group sums as the kernel stores them: fp32 ``dqb, dkb`` with ``out32``, else ``dqo, dko``."""
+        return (self.dqb, self.dkb) if self.out32 else (self.dqo, self.dko)
+
+
+def _group_sum_buffers(x: ForwardInputs, plan, G: int) -> GroupSumBuffers:
+    """``GroupSumBuffers`` of a call for clusters of ``G`` value heads."""
     dev, f32, H, D = x.q.device, torch.float32, x.H, x.D
     odt = TORCH_DTYPE[plan.io_dtype or plan.dtype]
     out32 = G == 1 or x.use_l2
@@ -575,7 +573,7 @@ def _group_sum_buffers(x: ForwardInputs, plan, G: int) -> tuple:
          else unused((1, H, D), f32, dev) for _ in range(2)]
     o = [unused((1, H, D), odt, dev) if out32 else torch.empty(x.n_tok, H, D, device=dev, dtype=odt)
          for _ in range(2)]
-    return (*b, *o, int(out32))
+    return GroupSumBuffers(*b, *o, int(out32))
 
 
 def fused_end_gradients(*, x: ForwardInputs, plan, args, tables: PrepTables, outs, dhk, maps, factors):
@@ -584,7 +582,7 @@ def fused_end_gradients(*, x: ForwardInputs, plan, args, tables: PrepTables, out
     sequence's last segment from its dht ``dhk``, key-first, or zero) gives each segment's start gradient; the
     forward CP scan's maps ``maps`` (rows [D, 2 D), M^T) are the transfer matrices; the fp64 walk joins them.
     ``args``: the fused kernel's inputs before ``cu_seqlens``; ``outs``: its chunk outputs (not written by the chain
-    form); ``factors``: its last two arguments (the factors and the inputs' powers of two)."""
+    form); ``factors``: its ``factors`` argument."""
     from kernels.build import get_kernel
     from kernels.forward.configs import FixupConfig
 
@@ -596,7 +594,7 @@ def fused_end_gradients(*, x: ForwardInputs, plan, args, tables: PrepTables, out
         dht_a[cp.last] = dhk
     a = torch.empty_like(dht_a)
     get_kernel(plan.fused_chain_config())(*args, cp.cu, cp.chunk_offsets, tables.Lb, dht_a, *outs, a, 1, 1,
-                                          float(x.scale), *factors, *_group_sum_buffers(x, plan, 1))
+                                          float(x.scale), factors, *_group_sum_buffers(x, plan, 1))
     return dh_segmented.end_gradients(cp, a, maps[:, :, D:, :], dhk, get_kernel(FixupConfig(D)))
 
 

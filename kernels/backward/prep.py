@@ -24,7 +24,6 @@ in shared memory after.
 import tilelang.language as T
 
 from kernels.common.prologue import chunk_span, dynamic_dims, zero_rows_past
-from kernels.common.smem_convert import CONVERT_TILE, convert_tile
 from kernels.forward.cumsum import BT, LOG2E, load_chunk_gate_cumsum
 from kernels.forward.intra_chunk import (MERGES, _merge, _merge_fp32, bound_terms, diagonal, fp32_tile, gate_kkt,
                                          l2_row_factors, solve_diag16)
@@ -33,36 +32,31 @@ THREADS = 128
 
 
 @T.macro
-def load_qk_gates(q, k, g, beta, q_s, k_s, k_in, g_s, b_s, kq_ready, tx, h, hv, t0, nv, cvt):
-    """k (by TMA into ``k_in``: ``k_s`` itself, or its bf16 view converted in place where ``cvt``) and q of the
-    chunk (as gdn_intra's k), in flight while the gates load (``load_chunk_gate_cumsum``), rows past the sequence
-    zeroed after."""
+def load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv):
+    """k and q of the chunk by TMA (as gdn_intra's k), in flight while the gates load (``load_chunk_gate_cumsum``),
+    rows past the sequence zeroed after."""
     if tx < 32:
-        T.tma_copy(k[t0:t0 + BT, h, 0:k_s.shape[1]], k_in, barrier=kq_ready)
+        T.tma_copy(k[t0:t0 + BT, h, 0:k_s.shape[1]], k_s, barrier=kq_ready)
         T.tma_copy(q[t0:t0 + BT, h, 0:q_s.shape[1]], q_s, barrier=kq_ready)
         T.barrier_arrive(kq_ready)
     load_chunk_gate_cumsum(g, beta, hv, t0, nv, g_s, b_s)
     T.barrier_wait(kq_ready, 0)
-    if cvt:
-        convert_tile(k_s, BT * k_s.shape[1], T.float32(1), tx, THREADS)
     zero_rows_past(k_s, nv)
     zero_rows_past(q_s, nv)
 
 
 def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str = "bf16", bounds: bool = False,
-                   du: bool = True, io: str = ""):
+                   du: bool = True):
     """``saved``: Tinv and Ag come from the forward (the autograd Function keeps the intra kernel's ``Th``, ``Ah``,
     ``Al``: the same operations on the same values, so bitwise this kernel's): no solve, and ``Th``, ``Tl``,
     ``Agh``, ``Agl`` are not accessed; ``Lb`` is stored where ``bounds`` (K K^T for its diagonal alone, the same
     operations as without ``saved``), else not accessed; the gate table and dUloc^T as without it.  ``merge``: the
     block merges as the intra kernel's of that name ("fp32", "bf16", or "split": 24 KiB more shared memory).
-    ``du`` False (the fused backward's, which forms dUloc itself): no P, dO not loaded, dUl not accessed; q, k and
-    dO then in ``io`` where given (the caller's bf16: q read for its L2 norms alone, k converted to fp16 in shared
-    memory).
+    ``du`` False (the fused backward's, which forms dUloc itself): no P, dO not loaded, dUl not accessed.
 
     Arguments:
-      q, k          [Ttot, H, DK]     dtype (``io`` where given)
-      do            [Ttot, HV, DV]    dtype (``io`` where given)
+      q, k          [Ttot, H, DK]     dtype
+      do            [Ttot, HV, DV]    dtype
       g, beta       [Ttot, HV]        fp32
       cu_seqlens    [N + 1] int32;  chunk_indices [NC, 2] int32
       Th, Tl        [HV, NC, 64, 64]  dtype  (out)
@@ -74,9 +68,6 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
     """
     assert DK in (64, 128) and DV in (64, 128)
     assert dtype in ("bfloat16", "float16")
-    assert not (io and du), "q in another dtype than k: only without P (du)"
-    qdt = io or dtype
-    cvt = qdt != dtype              # k converted in shared memory
     assert merge in MERGES and not (saved and merge != "bf16"), "with the forward's tables prep computes no merge"
     assert saved or not bounds, "prep computing Tinv always stores the bounds"
     merge_split = merge == "split"
@@ -87,9 +78,9 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
 
     @T.prim_func
     def gdn_bwd_prep(
-        q: T.Tensor((Ttot, H, DK), qdt),
-        k: T.Tensor((Ttot, H, DK), qdt),
-        do: T.Tensor((Ttot, HV, DV), qdt),
+        q: T.Tensor((Ttot, H, DK), dtype),
+        k: T.Tensor((Ttot, H, DK), dtype),
+        do: T.Tensor((Ttot, HV, DV), dtype),
         g: T.Tensor((Ttot, HV), f32),
         beta: T.Tensor((Ttot, HV), f32),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
@@ -106,17 +97,13 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
     ):
         # value heads fastest: a GVA group's CTAs of one chunk launch together and share its q / k tiles in L2
         with T.Kernel(HV, NC, threads=THREADS) as (hv, c):
-            if cvt:
-                T.import_source(CONVERT_TILE)
             h = hv // (HV // H)
             eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, True)
             nv = T.min(eos - t0, BT)
 
-            q_s = T.alloc_shared((BT, DK), qdt)
+            q_s = T.alloc_shared((BT, DK), dtype)
             k_s = T.alloc_shared((BT, DK), dtype)
-            do_s = T.alloc_shared((BT, DV), qdt)
-            if cvt:     # k's TMA destination (defined with cvt alone: an alias would rename the tile)
-                k_in = T.view(k_s, k_s.shape, qdt)
+            do_s = T.alloc_shared((BT, DV), dtype)
             g_s = T.alloc_shared((BT,), f32)
             b_s = T.alloc_shared((BT,), f32)
             rq_s = T.alloc_shared((BT,), f32)
@@ -157,7 +144,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
             # ones: P (from q, k) and dUloc^T = dO^T P first, so q, dO and P die before the fp32 tiles of the solve
             # are born; k dies with K K^T.  The same operations on the same values as a load-everything-first
             # order: 60 instead of 111 KiB of shared memory, 164 registers: three CTAs per SM instead of one.
-            load_qk_gates(q, k, g, beta, q_s, k_s, k_in if cvt else k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv, cvt)
+            load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv)
 
             if use_l2 != 0:
                 l2_row_factors(q_s, sq, ss, rq_s)

@@ -37,7 +37,6 @@ import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
 from kernels.common.lo8 import LO8, lo8_code_of
-from kernels.common.smem_convert import CONVERT_TILE, PRODUCER_SPARE_THREADS, convert_tile
 from kernels.common.prologue import (dynamic_dims, lo_shape, load_state_kt, seq_span, split_into, split_products,
                                      store_state_kt)
 
@@ -53,7 +52,7 @@ WG = 128
 
 
 def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool = False, warm: bool = False,
-                          tables: bool = False, lo8: bool = False, split: str = "", io: str = ""):
+                          tables: bool = False, lo8: bool = False, split: str = ""):
     """TileLang prim_func of ``gdn_state_output_ws``.
 
     Arguments:
@@ -72,9 +71,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
 
     ``tables``: ``gdn_state_tables_ws`` with ``gdn_state_smem``'s arguments and ``Lb [HV, NCg]`` fp32 after ``Ul``
     (k, v, Ah, Al, F, cu_seqlens, chunk_offsets, h0, Sch, Scl, Uh, Ul, Lb, ht, use_h0, store_ht, v_first) and its
-    tables, Scl fp8 with ``lo8``; ``Lb`` read by ``warm`` alone; then ``in_scales [2, HV]`` fp32 after ``v_first``,
-    read where ``io`` (the caller's bf16) gives k and v: converted to ``dtype`` in shared memory by the producer
-    warpgroup's other warps, v times ``in_scales[1, hv]``.  With ``warm`` (the backward's recompute per
+    tables, Scl fp8 with ``lo8``; ``Lb`` read by ``warm`` alone.  With ``warm`` (the backward's recompute per
     segment, ``gdn_state_tables_ws_warm``): ``Lb`` each chunk's log2 norm bound (prep's), ``chunk_offsets``
     ``[4 N + 1]`` (``cp_warm``'s table, then each segment's
     sequence); a segment starts ``cp_warm.warm_or_start`` chunks early, from zero or, reaching its sequence's first
@@ -98,9 +95,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     assert not lo8 or (tables and prec.s == "split"), "lo8: S's lo table as fp8, a form of the split S tables"
     assert split in ("", "warm", "exact") and (split != "warm" or warm) and (split != "exact" or not warm)
     assert not split or not (tables or prec.half), "split: the o form of the split precision"
-    assert not io or (tables and io != dtype), "io: the tables form's k and v in another dtype"
-    cvt = bool(io)                                  # (build-time bool)
-    kvt = io or dtype                               # k's and v's dtype
     NV = DV // BV
     ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits()
     p_sp = prec.p == "split"
@@ -147,12 +141,10 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
 
     @T.macro
     def fused(q, k, v, Ah, Al, F, Ph, Pl, cu_seqlens, chunk_offsets, h0, o, ht, Sch, Scl, Uh, Ul, use_h0,
-              store_ht, v_first, Lb=None, in_scales=None):
+              store_ht, v_first, Lb=None):
         """The kernel body of the prim_funcs: ``q, Ph, Pl, o`` None with ``tables``, ``Sch, Scl, Uh, Ul``
-        None without, ``Lb`` None but with ``tables`` and ``warm``, ``in_scales`` None but with ``io``."""
+        None without, ``Lb`` None but with ``tables`` and ``warm``."""
         with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, n):
-            if cvt:
-                T.import_source(CONVERT_TILE)
             h = hv // (HV // H)
             v0 = bv * BV
             if sw or sx:   # whether this kernel runs the (sequence, value head): none of its segment starts exact
@@ -203,9 +195,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
             v_s = T.alloc_shared((2, BT, BV), dtype)
             ah_s = T.alloc_shared((2, BT, BT), op)
             al_s = T.alloc_shared(lo_shape((2, BT, BT), ag_sp), op)
-            # k's and v's TMA destinations (their bf16 views where converted in place)
-            if cvt:     # (defined with io alone: an alias would rename the tile in the generated source)
-                k_in, v_in = T.view(k_s, k_s.shape, io), T.view(v_s, v_s.shape, io)
             f_s = T.alloc_shared((2, 8, BT), f32)
             # the chain's own operands (X, then rd(F2 U)) and the hand-offs to WG2, one tile each
             xh_s = T.alloc_shared((BT, BV), op)
@@ -233,8 +222,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 hs_s = T.alloc_shared((BV,), f32)                    # h0's column scales
 
             full = T.alloc_barrier(arrive_count=[32] * 2)          # a stage's loads landed (the loading warp)
-            if cvt:     # a stage's k and v converted (WG3's other warps)
-                ready = T.alloc_barrier(arrive_count=[PRODUCER_SPARE_THREADS] * 2)
             readers = 1 if tables else 2 if pt and not half else 3   # the warpgroups that read a stage
             empty = T.alloc_barrier(arrive_count=[readers * WG] * 2)  # a stage read by its consumers
             s_ready = T.alloc_barrier(arrive_count=WG)             # Sh (+ Sl) written (WG0)
@@ -289,7 +276,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     T.clear(s_f)
                 for c in T.serial(nchunks):
                     st = c % 2
-                    T.barrier_wait((ready if cvt else full)[st], (c // 2) % 2)
+                    T.barrier_wait(full[st], (c // 2) % 2)
                     T.barrier_wait(s_free, (c + 1) % 2)
                     split_into(s_f, sh_s, sl_s, sl_need)
                     T.fence_proxy_async()
@@ -367,7 +354,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     for c in T.serial(nchunks):
                         st = c % 2
                         t0 = bos + c * BT
-                        T.barrier_wait((ready if cvt else full)[st], (c // 2) % 2)
+                        T.barrier_wait(full[st], (c // 2) % 2)
                         for i, j in T.Parallel(BT, BV):     # (rows past the sequence: 0; loaded, then selected)
                             x = T.cast(v_s[st, i, j], f32)
                             v_f[i, j] = T.if_then_else(t0 + i < eos, x, T.float32(0))
@@ -396,7 +383,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     qk = T.alloc_fragment((BT, BT), f32)
                     for c in T.serial(nchunks):
                         st = c % 2
-                        T.barrier_wait((ready if cvt else full)[st], (c // 2) % 2)
+                        T.barrier_wait(full[st], (c // 2) % 2)
                         gated_scores(q_s, k_s, f_s, st, qk)
                         T.barrier_arrive(empty[st])
                         T.barrier_wait(p_free, (c + 1) % 2)
@@ -427,7 +414,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     for c in T.serial(nchunks):
                         st = c % 2
                         t0 = bos + c * BT
-                        T.barrier_wait((ready if cvt else full)[st], (c // 2) % 2)
+                        T.barrier_wait(full[st], (c // 2) % 2)
                         T.barrier_wait(s_ready, c % 2)
                         split_products(q_s[st, :, :], None, sh_s, sl_s, o_f, False, s_sp, True, False)
                         T.barrier_arrive(s_free)
@@ -461,9 +448,9 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         else:
                             store_rows(o_f, o, t0, eos, hv, v0)
             else:
-                # WG3: the producer (its first warp loads; the others wait out the kernel, or convert k and v): 48
-                # registers in the tables form, within its budget (WG1 idles at 24), where 24 spilled (the load loop
-                # at BV 32 without fp8 lo tables: 8 B; the conversion)
+                # WG3: the producer (its first warp loads; the others wait out the kernel): 48 registers in the
+                # tables form, within its budget (WG1 idles at 24), where 24 spilled (the load loop at BV 32 without
+                # fp8 lo tables: 8 B)
                 T.set_max_nreg(48 if tables else 24, 0)
                 if tx < 3 * WG + 32:
                     for c in T.serial(nchunks):
@@ -473,9 +460,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         T.barrier_wait(empty[st], (c // 2 + 1) % 2)
                         if not tables:
                             T.tma_copy(q[t0:t0 + BT, h, 0:DK], q_s[st, :, :], barrier=full[st])
-                        T.tma_copy(k[t0:t0 + BT, h, 0:DK], (k_in if cvt else k_s)[st, :, :], barrier=full[st])
-                        T.tma_copy(v[t0:t0 + BT, hv, v0:v0 + BV], (v_in if cvt else v_s)[st, :, :],
-                                    barrier=full[st])
+                        T.tma_copy(k[t0:t0 + BT, h, 0:DK], k_s[st, :, :], barrier=full[st])
+                        T.tma_copy(v[t0:t0 + BT, hv, v0:v0 + BV], v_s[st, :, :], barrier=full[st])
                         T.tma_copy(Ah[hv, cg, 0:BT, 0:BT], ah_s[st, :, :], barrier=full[st])
                         if ag_sp:
                             T.tma_copy(Al[hv, cg, 0:BT, 0:BT], al_s[st, :, :], barrier=full[st])
@@ -485,23 +471,13 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                             if p_sp:
                                 T.tma_copy(Pl[hv, cg, 0:BT, 0:BT], pl_s[st, :, :], barrier=full[st])
                         T.barrier_arrive(full[st])
-                elif cvt:
-                    # the other warps: each stage's k and v (times its group's power of two) to ``dtype`` in place
-                    sv = T.alloc_local((1,), f32)
-                    sv[0] = in_scales[1, hv]
-                    for c in T.serial(nchunks):
-                        st = c % 2
-                        T.barrier_wait(full[st], (c // 2) % 2)
-                        convert_tile(k_s[st, :, :], BT * DK, T.float32(1), tx - 3 * WG - 32, PRODUCER_SPARE_THREADS)
-                        convert_tile(v_s[st, :, :], BT * BV, sv[0], tx - 3 * WG - 32, PRODUCER_SPARE_THREADS)
-                        T.barrier_arrive(ready[st])
 
 
     if tables:
         @T.prim_func
         def gdn_state_tables_ws(
-            k: T.Tensor((Ttot, H, DK), kvt),
-            v: T.Tensor((Ttot, HV, DV), kvt),
+            k: T.Tensor((Ttot, H, DK), dtype),
+            v: T.Tensor((Ttot, HV, DV), dtype),
             Ah: T.Tensor((HV, NCg, BT, BT), dtype),
             Al: T.Tensor((HV, NCg, BT, BT), dtype),
             F: T.Tensor((HV, NCg, 8, BT), f32),
@@ -517,10 +493,9 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
             use_h0: T.int32,
             store_ht: T.int32,
             v_first: T.int32,
-            in_scales: T.Tensor((2, HV), f32),
         ):
             fused(None, k, v, Ah, Al, F, None, None, cu_seqlens, chunk_offsets, h0, None, ht, Sch, Scl, Uh, Ul, use_h0,
-                  store_ht, v_first, Lb if warm else None, in_scales if cvt else None)
+                  store_ht, v_first, Lb if warm else None)
         # the warm form under its own kernel name
         return (gdn_state_tables_ws.with_attr("global_symbol", "gdn_state_tables_ws_warm") if warm
                 else gdn_state_tables_ws)
