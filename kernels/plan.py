@@ -376,10 +376,11 @@ class BackwardPlan:
 
     def prep_config(self, saved: bool) -> BwdConfig:
         """prep's form; ``saved``: on the forward's Tinv and Ag (and then the chunks' bounds for the warm segmented
-        pass); without dUloc^T for the fused kernel (computing Tinv)."""
+        pass); computing Tinv: without dUloc^T for the fused kernel, and Tinv's hi term alone for the one-term plans
+        (their kernels read no Tinv lo)."""
         return BwdConfig("prep", self.dtype, self.DK, saved=saved, merge="bf16" if saved else self.merge,
                          bounds=saved and (self.segmented_warm or self.recompute_on_warm_segments),
-                         no_du=self.fused and not saved)
+                         no_du=self.fused and not saved, tinv_hi=self.one_term and not saved)
 
     @property
     def takes_saved_tables(self) -> bool:

@@ -520,7 +520,9 @@ def _fake_kernels(monkeypatch, asked=None):
                     if cfg.bounds:
                         put(Lb, E.chunk_bounds(q, k, g, b, cu_list(cu), bool(use_l2)))
                     return
-                put(Th, th), put(Tl, tl), put(Lb, E.chunk_bounds(q, k, g, b, cu_list(cu), bool(use_l2)))
+                put(Th, th), put(Lb, E.chunk_bounds(q, k, g, b, cu_list(cu), bool(use_l2)))
+                if not cfg.tinv_hi:     # (else Tl is Th again, not written)
+                    put(Tl, tl)
                 # Ag: the kernel's operations are intra2's (ag "split"), so its emulation stands in
                 ah, al, _ = FE.intra_chunk(q, k, g, b, cu_list(cu), scale, bool(use_l2), q.dtype,
                                            E.fwd_precision(merge=cfg.merge))
@@ -1416,9 +1418,10 @@ def test_saved_tables_are_kept_where_the_backward_reads_them(monkeypatch):
     assert not bapi.reads_saved_tables(q.float())    # no kernel dtype: nothing to keep
 
 
-def test_one_term_plans_recompute_u_hi_alone():
-    """The one-term plans' kernels read U's hi term alone, so their recompute stores no U lo table (precision u
-    "bf16": the same hi values); the other plans' recompute keeps U hi + lo. Every such form is in the compile list."""
+def test_one_term_plans_store_no_unread_lo_tables():
+    """The one-term plans' kernels read U's and Tinv's hi terms alone, so their recompute stores no U lo table
+    (precision u "bf16": the same hi values) and their prep no Tinv lo (``tinv_hi``); the other plans keep both lo
+    tables. Every such form is in the compile list."""
     import dataclasses
 
     from kernels import plan as kp
@@ -1430,10 +1433,11 @@ def test_one_term_plans_recompute_u_hi_alone():
     split = fused.split
     assert fused.fused and fused.one_term and not split.one_term
     for p in (fused, dataclasses.replace(fused, fused=False), dataclasses.replace(fused, fused_warm=True)):
-        state = p.recompute_configs()[1]
+        state, prep = p.recompute_configs()[1], p.prep_config(False)
         assert state.prec.u == "bf16" and state.prec.s == "bf16", (p, state)
-        assert state in every, state.name
-    assert split.recompute_configs()[1].prec.u == "split"
+        assert prep.tinv_hi and prep.no_du == p.fused, (p, prep)
+        assert state in every and prep in every, (state.name, prep.name)
+    assert split.recompute_configs()[1].prec.u == "split" and not split.prep_config(False).tinv_hi
 
 
 def test_the_fused_plan_storing_group_sums_in_clusters():

@@ -689,27 +689,32 @@ def test_fused_cluster_group_sums_are_gdn_bwd_group_sums(monkeypatch, case, form
         assert a.dtype == r.dtype and torch.equal(a, r), (n, case.id, form, tt.max_rel(a, r))
 
 
-def test_one_term_recompute_u_hi_alone_is_the_split_forms(monkeypatch):
-    """The one-term plans' recompute stores U's hi term alone (no U lo table): its S and U hi tables are bitwise those
-    of the same kernel storing U hi + lo."""
+def test_one_term_hi_alone_tables_are_the_split_forms(monkeypatch):
+    """The one-term plans' prep stores Tinv's hi term alone and their recompute U's (no lo tables): every table they
+    store is bitwise that of the same kernels storing Tinv and U hi + lo."""
     from kernels.backward import pipeline as bp
+    from kernels.plan import BackwardPlan
 
     case = Case(layout="varlen-ragged", T=1001, H=2, HV=8, dist="slow-decay", h0_dtype="fp32", grad=True)
     xs, kw, do, dht = tt.bwd_args(case, CUDA)
     b = bp.prepare_backward(*xs, do, dht, **kw)
     plan = dataclasses.replace(bp.plan_for(b), **FUSED16)
     b, _ = bp._scaled(b, plan)
-    tables = bp.prep(b=b, plan=plan, saved=None)
+    prep_cfg = plan.prep_config(False)
     intra, state, *rest = plan.recompute_configs()
-    assert state.prec.u == "bf16", state.name
-    one = bp.recompute(x=b.x, plan=plan, tables=tables, side=None)
+    assert prep_cfg.tinv_hi and state.prec.u == "bf16", (prep_cfg.name, state.name)
+    t1 = bp.prep(b=b, plan=plan, saved=None)
+    one = bp.recompute(x=b.x, plan=plan, tables=t1, side=None)
     split = (intra, dataclasses.replace(state, prec=dataclasses.replace(state.prec, u="split")), *rest)
-    monkeypatch.setattr(type(plan), "recompute_configs", lambda self: split)
-    two = bp.recompute(x=b.x, plan=plan, tables=tables, side=None)
+    monkeypatch.setattr(BackwardPlan, "recompute_configs", lambda self: split)
+    monkeypatch.setattr(BackwardPlan, "prep_config", lambda self, saved: dataclasses.replace(prep_cfg, tinv_hi=False))
+    t2 = bp.prep(b=b, plan=plan, saved=None)
+    two = bp.recompute(x=b.x, plan=plan, tables=t2, side=None)
     torch.cuda.synchronize()
-    assert one.Ul is one.Uh and two.Ul is not two.Uh
-    for name in ("Sch", "Uh"):
-        a, r = getattr(one, name), getattr(two, name)
+    assert t1.Tl is t1.Th and t2.Tl is not t2.Th and one.Ul is one.Uh and two.Ul is not two.Uh
+    pairs = [(f"prep {n}", getattr(t1, n), getattr(t2, n)) for n in ("Th", "Agh", "Agl", "Fb", "Lb")]
+    pairs += [(f"recompute {n}", getattr(one, n), getattr(two, n)) for n in ("Sch", "Uh")]
+    for name, a, r in pairs:
         assert torch.equal(a, r), (name, case.id, tt.max_rel(a, r))
 
 

@@ -38,7 +38,8 @@ class BwdConfig:
     single: bool = False           # dh only: Tinv, dU, F0 dX single (the sequential reverse pass)
     saved: bool = False            # prep only: Tinv and Ag from the forward (the autograd Function's saved tables)
     bounds: bool = False           # prep with saved: the chunks' log2 norm bounds Lb too (the warm segmented pass)
-    tinv_hi: bool = False          # dh only: dU and F0 dX split, Tinv's hi term alone (the forward's saved tables)
+    tinv_hi: bool = False          # dh: dU and F0 dX split, Tinv's hi term alone (the forward's saved tables);
+    #                                prep computing Tinv: its hi term alone stored (the one-term plans')
     s_single: bool = False         # dqk only: the recomputed S its hi term alone (no S lo table)
     merge: str = "bf16"            # prep only (computing Tinv): the block merges "fp32", "bf16" or "split" (the
     #                                forward's Precision.merge; "bf16" where prep reads the saved tables: no merge)
@@ -116,7 +117,7 @@ def _configs_at(D: int):
                   for io in ("bfloat16", "") for w, c in ((False, False), (True, False), (False, True))]
                + [BwdConfig(FUSED_KIND, "float16", D, one=True, io="bfloat16", warm=w, group=g)
                   for g in CLUSTER_GROUPS for w in (False, True)]
-               + [BwdConfig("prep", "float16", D, merge="fp32", no_du=True)]
+               + [BwdConfig("prep", "float16", D, merge="fp32", no_du=n, tinv_hi=True) for n in (True, False)]
                if D == DQK_E_ONCE_HEAD_DIM else []))
 
 
@@ -125,8 +126,9 @@ def prim_func(cfg: BwdConfig):
     D = cfg.DK
     if cfg.single and cfg.kind != "dh":
         raise ValueError(f"single (operands) is a form of the dh kernel only: {cfg.name}")
-    if cfg.tinv_hi and (cfg.kind != "dh" or cfg.single):
-        raise ValueError(f"tinv_hi (Tinv's hi term alone) is a form of the split dh kernel only: {cfg.name}")
+    if cfg.tinv_hi and not ((cfg.kind == "dh" and not cfg.single) or (cfg.kind == "prep" and not cfg.saved)):
+        raise ValueError(f"tinv_hi (Tinv's hi term alone) is a form of the split dh kernel and of prep computing "
+                         f"Tinv: {cfg.name}")
     if cfg.saved and cfg.kind != "prep":
         raise ValueError(f"saved (the forward's Tinv and Ag) is a form of prep only: {cfg.name}")
     if cfg.bounds and not cfg.saved:
@@ -167,7 +169,8 @@ def prim_func(cfg: BwdConfig):
         raise ValueError(f"no_du (no dUloc^T) is a form of prep computing Tinv only: {cfg.name}")
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
-        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge, bounds=cfg.bounds, du=not cfg.no_du)
+        return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge, bounds=cfg.bounds, du=not cfg.no_du,
+                              tinv_lo=not cfg.tinv_hi)
     if cfg.ws_bv and (cfg.kind != "dh" or cfg.ws_bv not in DH_WS_BLOCKS):
         raise ValueError(f"ws_bv (the warp-specialised reverse pass) is a form of dh at {DH_WS_BLOCKS}: {cfg.name}")
     if cfg.warm and not ((cfg.kind == "dh" and not (cfg.single or cfg.ws_bv)) or cfg.kind == FUSED_KIND):

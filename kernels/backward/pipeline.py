@@ -287,7 +287,7 @@ def _without(stage_out, *names):
 @dataclass
 class PrepTables:
     Th: torch.Tensor                # [HV, NC, 64, 64] Tinv hi
-    Tl: torch.Tensor                # lo (from the forward's tables: Th itself, unread)
+    Tl: torch.Tensor                # lo (Th itself, unread: from the forward's tables, or for a one-term plan)
     Agh: torch.Tensor               # [HV, NC, 64, 64] Ag = Tinv diag(beta), hi
     Agl: torch.Tensor               # lo
     Fb: torch.Tensor                # [HV, NC, 8, 64] fp32 gate table
@@ -302,16 +302,16 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
     from kernels.build import get_kernel
     x = b.x
     dev, dt = x.q.device, x.q.dtype
+    cfg = plan.prep_config(saved is not None)
     if saved is not None:       # the forward's Tinv (hi alone) and Ag
         _check_saved(saved, (x.HV, x.NC, BT, BT), dt, dev)
         Th, Agh, Agl = saved["Th"], saved["Ah"], saved["Al"]
         Tl = Th                 # not read: dh on these tables reads Tinv's hi term alone (``dh_config(saved)``)
     else:
         Th = torch.empty(x.HV, x.NC, BT, BT, device=dev, dtype=dt)
-        Tl = torch.empty_like(Th)
+        Tl = Th if cfg.tinv_hi else torch.empty_like(Th)    # (Tinv hi alone: Tl neither written nor read)
         Agh, Agl = torch.empty_like(Th), torch.empty_like(Th)
     Fb = torch.empty(x.HV, x.NC, 8, BT, device=dev, dtype=torch.float32)
-    cfg = plan.prep_config(saved is not None)
     if cfg.no_du:       # the fused kernel forms dUloc itself
         dUl = unused((1, 1, x.D, BT), torch.float32, dev)
     else:

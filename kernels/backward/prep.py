@@ -46,20 +46,21 @@ def load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv
 
 
 def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str = "bf16", bounds: bool = False,
-                   du: bool = True):
+                   du: bool = True, tinv_lo: bool = True):
     """``saved``: Tinv and Ag come from the forward (the autograd Function keeps the intra kernel's ``Th``, ``Ah``,
     ``Al``: the same operations on the same values, so bitwise this kernel's): no solve, and ``Th``, ``Tl``,
     ``Agh``, ``Agl`` are not accessed; ``Lb`` is stored where ``bounds`` (K K^T for its diagonal alone, the same
     operations as without ``saved``), else not accessed; the gate table and dUloc^T as without it.  ``merge``: the
     block merges as the intra kernel's of that name ("fp32", "bf16", or "split": 24 KiB more shared memory).
     ``du`` False (the fused backward's, which forms dUloc itself): no P, dO not loaded, dUl not accessed.
+    ``tinv_lo`` False (the one-term plans', whose kernels read Tinv's hi term alone): ``Tl`` not accessed.
 
     Arguments:
       q, k          [Ttot, H, DK]     dtype
       do            [Ttot, HV, DV]    dtype
       g, beta       [Ttot, HV]        fp32
       cu_seqlens    [N + 1] int32;  chunk_indices [NC, 2] int32
-      Th, Tl        [HV, NC, 64, 64]  dtype  (out)
+      Th, Tl        [HV, NC, 64, 64]  dtype  (out, Tinv split; Tl where ``tinv_lo``)
       Agh, Agl      [HV, NC, 64, 64]  dtype  (out, Tinv diag(beta) split, for the state kernel)
       Fb            [HV, NC, 8, 64]   fp32   (out)
       dUl           [HV, NC, DV, 64]  fp32   (out, dUloc^T; without ``du`` any [*, *, DV, 64], not accessed)
@@ -70,6 +71,7 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
     assert dtype in ("bfloat16", "float16")
     assert merge in MERGES and not (saved and merge != "bf16"), "with the forward's tables prep computes no merge"
     assert saved or not bounds, "prep computing Tinv always stores the bounds"
+    assert tinv_lo or not saved, "on the forward's tables prep stores no Tinv"
     merge_split = merge == "split"
     f32 = "float32"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
@@ -207,7 +209,8 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
                     _merge(32, a_s, l_s, lh_s, ll_s, oh_s, ol_s, xh_s, xl_s, x_f, dtype, merge_split)
                 for r, j in T.Parallel(BT, BT):
                     Th[hv, c, r, j] = T.cast(l_s[r, j], dtype)
-                    Tl[hv, c, r, j] = T.cast(l_s[r, j] - T.cast(T.cast(l_s[r, j], dtype), f32), dtype)
+                    if tinv_lo:
+                        Tl[hv, c, r, j] = T.cast(l_s[r, j] - T.cast(T.cast(l_s[r, j], dtype), f32), dtype)
                     Agh[hv, c, r, j] = T.cast(l_s[r, j] * b_s[j], dtype)
                     Agl[hv, c, r, j] = T.cast(
                         l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32), dtype)
