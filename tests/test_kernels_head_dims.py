@@ -77,15 +77,18 @@ def test_compile_list_holds_every_configuration_at_both_head_dims():
     at = {D: [c for c in cfgs if c.DK == D] for D in HEAD_DIMS}
     assert set(at) == {64, 128} and all(at.values())
     # the P-table, warm-up and recompute table forms (and the scan and fix-up of the warm-up), the fp16-operand
-    # forms, dqk's A/B forms and the one-term backward's forms (with its element-wise passes) are built at the head
-    # dims where the ws form is dispatched (WS_HEAD_DIMS) alone, as are the fused backward's (its prep without
-    # dUloc^T); the backward's warm dh (the segmented reverse pass, the register kernel) at both
+    # forms, dqk's A/B forms and the one-term backward's forms (with its element-wise passes and its prep storing
+    # Tinv hi alone) are built at the head dims where the ws form is dispatched (WS_HEAD_DIMS) alone, as are the
+    # fused backward's (its prep without dUloc^T); the backward's warm dh (the segmented reverse pass, the register
+    # kernel) at both
     ws_only = ("pt", "warm", "tables", "e_once", "exp_mask", "one", "io", "no_du")
 
     def at_128_only(c):
         half = getattr(getattr(c, "prec", None), "half", False) or getattr(c, "ag", None) == "fp16"
         flags = [f for f in ws_only if not (f == "warm" and isinstance(c, BwdConfig))]
-        return any(getattr(c, f, False) for f in flags) or half or getattr(c, "kind", None) in ONE_TERM_KINDS
+        one_prep = getattr(c, "kind", None) == "prep" and c.tinv_hi
+        one = getattr(c, "kind", None) in ONE_TERM_KINDS or one_prep
+        return any(getattr(c, f, False) for f in flags) or half or one
     assert WS_HEAD_DIMS == (128,) and not any(at_128_only(c) for c in at[64])
     assert {_at_64(c) for c in at[128] if not at_128_only(c)} == set(at[64])
     fwd = forward_configs()
