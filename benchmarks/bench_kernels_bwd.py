@@ -92,9 +92,6 @@ ONE16 = dict(ONE_TERM_FIELDS, fused=False, fused_warm=False, fused_exact=False)
 AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alter: the A/B's noise floor
       # the split plan where the fused one is dispatched (``BackwardPlan.split``; the forward keeps its tables)
       "ours-split": ("split", None),
-      # the fused plan's GVA group sums stored by its kernel in clusters (no fp32 rows per value head, no
-      # gdn_bwd_group_sum)
-      "ours-cluster": ("backward", dict(cluster_group_sum=True)),
       "ours-serial": ("backward", dict(overlap_recompute=False)),  # the recompute on the main stream, after dh
       "ours-overlap": ("backward", dict(overlap_recompute=True)),  # the recompute on a side stream, beside dh
       "ours-no-cluster": ("backward", dict(cluster_group_sum=False)),  # GVA sums: fp32 rows + gdn_bwd_group_sum
@@ -125,11 +122,11 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       # the same with dh and dqk as one warp-specialised kernel after the recompute (dUloc from one fp16 term of P),
       # over its warm-up segments where one CTA per value head leaves SMs idle (``fused_warm``); its GVA sums by
       # gdn_bwd_group_sum, as dispatched
-      "ours-fused": ("both", dict(ONE16, fused=True, fused_warm=True, cluster_group_sum=False)),
+      "ours-fused": ("both", dict(ONE16, fused=True, fused_warm=True)),
       # over the same segments from exact end gradients (its chain form, the forward CP scan's maps, the fp64 walk)
-      "ours-fused-exact": ("both", dict(ONE16, fused=True, fused_exact=True, cluster_group_sum=False)),
+      "ours-fused-exact": ("both", dict(ONE16, fused=True, fused_exact=True)),
       # the fused kernel in one pass per sequence (no segments)
-      "ours-fused-seq": ("both", dict(ONE16, fused=True, cluster_group_sum=False)),
+      "ours-fused-seq": ("both", dict(ONE16, fused=True)),
       "ours-dh-regs": ("backward", dict(dh_ws_bv=0)),  # dh's register kernel (value-first, 64 value columns a CTA)
       # dh warp-specialised, key-first, 32 value columns a CTA (the segmented pass in three passes)
       "ours-dh-ws32": ("backward", dict(dh_ws_bv=32, dh_warm=False)),
@@ -268,7 +265,7 @@ def main(argv=None):
                     help="also time these A/B columns, ours with other plan values (the AB table): 'ours-again' "
                     "(the dispatched plan through the same path as the others: what two equal columns differ by), "
                     "'ours-split' (the split plan where the fused one is dispatched), "
-                    "'ours-cluster' (the fused kernel storing the GVA group sums in clusters), 'ours-serial' "
+                    "'ours-serial' "
                     "(the recompute not beside dh), 'ours-no-cluster' (the GVA sums by gdn_bwd_group_sum after fp32 "
                     "rows per value head), 'ours-rc-bv32' / 'ours-rc-bv64' / 'ours-rc-bv16o2' / 'ours-rc-bv32o2' "
                     "(the recompute's state kernel shape), 'ours-rc-seq' (the recompute in one sequential pass at BV "

@@ -246,9 +246,8 @@ class BackwardPlan:
     tables; ``reads_saved_tables``: prep takes Tinv and Ag from the forward when given;
     ``overlap_recompute``: the forward recompute runs on a side stream beside dh; ``recompute_block_v``,
     ``recompute_ctas_per_sm``: the recompute's smem state kernel; ``group``: value heads per q/k head (HV / H);
-    ``cluster_group_sum``: dqk (or the fused kernel) sums each group itself in a thread-block cluster (groups of
-    2, 4, 8; the fused kernel's: an A/B alternative, not yet timed), else groups of more than one value head are
-    summed by ``gdn_bwd_group_sum``; ``s_single``: the recompute stores S's hi term
+    ``cluster_group_sum``: dqk sums each group itself in a thread-block cluster (groups of 2, 4, 8), else groups
+    of more than one value head are summed by ``gdn_bwd_group_sum`` (the fused plan's always); ``s_single``: the recompute stores S's hi term
     alone and dqk reads it alone (no S lo table: an A/B alternative); ``merge``: prep's block merges where it
     computes Tinv, the forward's ``Precision.merge`` ("fp32", dispatched; "split" and "bf16", the A/B alternatives
     of a forward at that merge); ``lo8``: the lo terms of the S and dS' tables that dqk reads stored as fp8 under
@@ -412,11 +411,9 @@ class BackwardPlan:
 
     def fused_config(self, warm: bool | None = None) -> BwdConfig:
         """The fused kernel of dh and dqk (``fused``): fp16 operands, dv in ``io_dtype`` (else fp16); its warm form
-        where ``warm`` (default: where the plan has ``fused_segments``); in clusters storing the GVA group sums where
-        ``cluster_group_sum``."""
+        where ``warm`` (default: where the plan has ``fused_segments``)."""
         warm = self.fused_segments is not None and self.fused_warm if warm is None else warm
-        return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype, warm=warm,
-                         group=self.group if self.cluster_group_sum else 1)
+        return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype, warm=warm)
 
     def fused_chain_config(self) -> BwdConfig:
         """The fused kernel's chain form (``fused_exact``'s pass A)."""
@@ -443,8 +440,8 @@ class BackwardPlan:
     def fused_group_sum_config(self, fp32: bool) -> BwdConfig | None:
         """The fused kernel's GVA group sums (``fused``, groups of more than one value head): to fp32 where the host
         still chains the L2 norm (``fp32``), else to the caller's dtype (``io_dtype``, or the kernels'): the final dq,
-        dk in one pass; none where the kernel's clusters store them (``cluster_group_sum``)."""
-        if self.group == 1 or self.cluster_group_sum:
+        dk in one pass."""
+        if self.group == 1:
             return None
         return BwdConfig("gsum32", self.dtype, self.DK) if fp32 else BwdConfig("gsum", self.io_dtype or self.dtype,
                                                                                self.DK)
@@ -494,7 +491,7 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     from its own warm-up chunks at the head dims of ``WS_HEAD_DIMS`` (``recompute_warm``), else from the shared
     scan's start states (``shared_scan``); every kernel built for the call's head dim ``DK`` (K == V).  Where
     ``dispatches_fused``: that plan with ``ONE_TERM_FIELDS`` and ``fused`` (dh and dqk in one kernel; its GVA sums by
-    ``gdn_bwd_group_sum``)."""
+    ``gdn_bwd_group_sum``: ``cluster_group_sum`` off)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H

@@ -114,34 +114,18 @@ def test_one_term_fp16_backward_launches_what_the_kernels_declare():
     assert any(n.startswith("bwd_cvt") for n in launches) and any(",one," in n for n in launches), launches
 
 
-@pytest.mark.parametrize("layout", ["many-heads", "varlen"])
-def test_fused_one_term_backward_launches_what_the_kernels_declare(layout):
+@pytest.mark.parametrize("layout,l2", [("many-heads", False), ("varlen", False), ("varlen", True)])
+def test_fused_one_term_backward_launches_what_the_kernels_declare(layout, l2):
     """The one-term fp16 backward with dh and dqk fused (``BackwardPlan.fused``): the fused kernel in their place,
-    then the group sums of its per-value-head dq~, dk~, straight to the caller's bf16 (no L2 norm here)."""
+    then the group sums of its per-value-head dq~, dk~: straight to the caller's bf16, or in fp32 where the L2
+    norm's chain follows (``l2``)."""
     from benchmarks.bench_kernels_bwd import alter
 
-    launches = _run(layout, alter("ours-fused"))
+    launches = _run(layout, alter("ours-fused"), l2=l2)
     names = [n.split("[")[0] for n in launches]
     assert "bwd_fused" in names and "bwd_dh" not in names and "bwd_dqk" not in names, launches
-    assert launches.count("bwd_gsum[DK=DV=128,bfloat16]") == 2 and "bwd_gsum32" not in names, launches
-
-
-@pytest.mark.parametrize("layout,l2", [("many-heads", False), ("varlen", True)])
-def test_fused_cluster_group_sums_launch_what_the_kernel_declares(layout, l2):
-    """The fused kernel storing the GVA group sums in clusters (``cluster_group_sum``): its group form, the sums'
-    buffers and flag among its arguments, and no ``gdn_bwd_group_sum``; with the L2 norm's chain too (fp32 sums)."""
-    from benchmarks.bench_kernels_bwd import alter
-    from kernels.plan import BackwardPlan
-
-    fused = alter("ours-fused")
-
-    def clusters(plan):
-        plan = fused(plan)
-        return dataclasses.replace(plan, cluster_group_sum=True) if isinstance(plan, BackwardPlan) else plan
-    clusters.keep_tables = fused.keep_tables
-    launches = _run(layout, clusters, l2=l2)
-    assert any(n.startswith("bwd_fused") and ",g2," in n for n in launches), launches
-    assert not any(n.startswith("bwd_gsum") for n in launches), launches
+    want = "bwd_gsum32[DK=DV=128,float16]" if l2 else "bwd_gsum[DK=DV=128,bfloat16]"
+    assert launches.count(want) == 2 and sum(n.startswith("bwd_gsum") for n in launches) == 2, launches
 
 
 @pytest.mark.parametrize("layout", ["few-heads-long", "varlen"])

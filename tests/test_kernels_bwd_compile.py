@@ -198,13 +198,6 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     if cfg.kind == FUSED_KIND:         # one CTA of four warpgroups per SM
         assert threads_of(src) == 512, threads_of(src)
         assert r["dyn_smem"] is not None and r["dyn_smem"] + 1024 <= 228 * 1024, r["dyn_smem"]
-    # the fused kernel's GVA group sums in clusters (``group``): one hand-off wait and one count site each for dq~
-    # and dk~ (``common.cluster_chain``), its counters zeroed before one cluster barrier; no other kernel hands off
-    waits = src.count("gdn_chain_wait(") - src.count("void gdn_chain_wait(")
-    signals = src.count("gdn_chain_signal(") - src.count("void gdn_chain_signal(")
-    assert (waits, signals) == ((2, 2) if cfg.group > 1 else (0, 0)), (cfg.name, waits, signals)
-    if cfg.kind == FUSED_KIND:
-        assert src.count("tl::cluster_sync()") == (cfg.group > 1), (cfg.name, src.count("tl::cluster_sync()"))
     if "ptxas" in r and cfg.kind == FUSED_KIND:
         p = r["ptxas"]
         assert p["returncode"] == 0 and "C7512" not in p["log"], p["log"][-2000:]

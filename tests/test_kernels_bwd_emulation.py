@@ -1440,34 +1440,6 @@ def test_one_term_plans_store_no_unread_lo_tables():
     assert split.recompute_configs()[1].prec.u == "split" and not split.prep_config(False).tinv_hi
 
 
-def test_the_fused_plan_storing_group_sums_in_clusters():
-    """With ``cluster_group_sum`` (off where the fused plan is dispatched) the fused kernel runs in clusters of HV / H
-    value heads (2, 4, 8) that store the GVA group sums themselves: no ``gdn_bwd_group_sum`` in the plan, each form
-    (one pass, warm) in the compile list; the chain form (it stores no sums) and groups of other
-    sizes keep one CTA per value head."""
-    import dataclasses
-
-    from kernels import plan as kp
-    from kernels.build import all_configs
-
-    n = kp.FUSED_MIN_CTAS
-    every = all_configs()
-    dispatched = kp.backward_plan("bfloat16", 16, 32, 64 * n // 32, n // 32)
-    assert dispatched.fused and not dispatched.cluster_group_sum and dispatched.fused_config().group == 1
-    assert dispatched.fused_group_sum_config(False) is not None
-    for H, HV in ((16, 32), (4, 16), (2, 16)):
-        plan = dataclasses.replace(kp.backward_plan("bfloat16", H, HV, 64 * n, n), cluster_group_sum=True)
-        assert plan.fused, plan
-        assert plan.fused_config().group == HV // H and plan.fused_chain_config().group == 1
-        assert plan.fused_group_sum_config(False) is None and plan.fused_group_sum_config(True) is None
-        for p in (plan, dataclasses.replace(plan, fused_warm=True)):
-            assert all(c in every for c in p.configs(False)), [c.name for c in p.configs(False) if c not in every]
-            assert not any(getattr(c, "kind", "") in ("gsum", "gsum32") for c in p.configs(False)), p
-        assert f",g{HV // H}," in plan.fused_config().name
-    with pytest.raises(ValueError, match="cluster group sums"):
-        dataclasses.replace(kp.backward_plan("bfloat16", 8, 48, 64 * n, n), cluster_group_sum=True)
-
-
 def test_the_fused_plan_is_dispatched_where_its_one_pass_fills_the_gpu(monkeypatch):
     """``backward_plan`` gives the fused one-term plan for bf16 inputs at K = 128 from ``FUSED_MIN_CTAS`` (value head,
     sequence) pairs, and the split plan below that, for fp16 inputs and at K = 64; where it does, the forward keeps

@@ -614,7 +614,7 @@ _ONE_TERM_CASES = [_S_SINGLE_CASES[0], _S_SINGLE_CASES[1], Case(T=2048, H=2, HV=
                    Case(T=1024, H=2, HV=4, dist="strong-decay", h0_dtype="fp32", grad=True)]
 # BackwardPlan.one_term on the fp16 kernels (bench_kernels_bwd's ``ours-one16``: the sequential dh_ws)
 ONE16 = dict(ONE_TERM_FIELDS, fused=False)
-# the fused one-term plan as dispatched: its GVA sums by gdn_bwd_group_sum (the clusters' form has its own test)
+# the fused one-term plan as dispatched (its GVA sums by gdn_bwd_group_sum)
 FUSED16 = dict(ONE16, fused=True, cluster_group_sum=False)
 
 
@@ -641,52 +641,6 @@ def test_fused_one_term_is_the_emulations(case):
     from kernels.backward.emulation import ONE_TERM_FP16
     _backward_alternative_is_the_emulations(case, dict(FUSED16), dict(ONE_TERM_FP16, p_single=True),
                                             "fused one fp16 term vs emulation")
-
-
-# GVA groups of 2, 4 and 8 (dense, ragged, empty sequences), with the L2 norm's chain after the sums (fp32) and
-# without (the sums in bf16); each through the one pass, and two of them over warm and exact segments
-_CLUSTER_CASES = [Case(T=1000, H=2, HV=4, dist="qwen-gates", grad=True),
-                  Case(layout="varlen-ragged", T=1001, H=2, HV=8, dist="slow-decay", grad=True),
-                  Case(T=777, H=1, HV=8, dist="strong-decay", h0_dtype="fp32", grad=True),
-                  Case(T=700, H=2, HV=4, dist="raw-qk-l2", h0_dtype="fp32", grad=True),
-                  Case(T=640, H=2, HV=8, dist="raw-qk-l2", grad=True),
-                  _FUSED_CASES[-1]]
-_CLUSTER_FORMS = [(c, "one") for c in _CLUSTER_CASES] + [
-    (_CLUSTER_CASES[i], f) for i in (1, 3) for f in ("warm", "exact")]
-
-
-@pytest.mark.parametrize("case,form", _CLUSTER_FORMS, ids=[f"{c.id}-{f}" for c, f in _CLUSTER_FORMS])
-def test_fused_cluster_group_sums_are_gdn_bwd_group_sums(monkeypatch, case, form):
-    """``cluster_group_sum`` on the fused plan: clusters of HV / H value heads hand each chunk's dq~, dk~ rows on in
-    the order of ``gdn_bwd_group_sum`` and store the group sums, and every gradient is bitwise that of the same
-    plan summing fp32 rows per value head with ``gdn_bwd_group_sum``: in one pass, and over warm and exact CP
-    segments (forced on: the thresholds set to 1)."""
-    from kernels.backward import dh_segmented
-    from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
-    from kernels.backward.pipeline import plan_for, prepare_backward, with_fused_segments
-
-    xs, kw, do, dht = tt.bwd_args(case, CUDA)
-    b = prepare_backward(*xs, do, dht, **kw)
-    change = dict(FUSED16)
-    if form in ("warm", "exact"):
-        monkeypatch.setattr(dh_segmented, "MIN_CHUNKS", 1)
-        monkeypatch.setattr(dh_segmented, "MIN_SEQ_CHUNKS", 1)
-        change[f"fused_{form}"] = True
-    rows = dataclasses.replace(plan_for(b), **change)
-    sums = dataclasses.replace(rows, cluster_group_sum=True)
-    if form in ("warm", "exact"):
-        rows, sums = with_fused_segments(rows, b), with_fused_segments(sums, b)
-        assert sums.fused_segments is not None and sums.fused_segments.cu.numel() - 1 >= 4, sums.fused_segments
-    assert sums.fused_config().group == case.HV // case.H and sums.fused_group_sum_config(False) is None
-    assert rows.fused_config().group == 1
-    want = kern(*xs, do, dht, **kw, plan=rows)
-    got = kern(*xs, do, dht, **kw, plan=sums)
-    torch.cuda.synchronize()
-    for n, a, r in zip(NAMES, got, want):
-        if r is None:
-            assert a is None, n
-            continue
-        assert a.dtype == r.dtype and torch.equal(a, r), (n, case.id, form, tt.max_rel(a, r))
 
 
 def test_one_term_hi_alone_tables_are_the_split_forms(monkeypatch):

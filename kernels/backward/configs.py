@@ -58,8 +58,6 @@ class BwdConfig:
     no_du: bool = False            # prep computing Tinv only: no dUloc^T (the fused backward forms it; dO not read)
     io: str = ""                   # dh_ws, dqk with one, fused: the caller's dtype where the operands are another
     #                                (dtype): dv, dq, dk stored in it ("": dtype); cvt: the source dtype (may be dtype)
-    group: int = 1                 # fused (not chain): clusters of this many value heads (one of CLUSTER_GROUPS)
-    #                                storing the GVA group sums of dq~, dk~; 1: per value head
 
     @property
     def name(self) -> str:
@@ -69,7 +67,6 @@ class BwdConfig:
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
         flags += f",io={self.io}" if self.io else ""
-        flags += f",g{self.group}" if self.group > 1 else ""
         return f"bwd_{self.kind}[DK=DV={self.DK}{flags},{self.dtype}]"
 
 
@@ -86,9 +83,8 @@ def all_configs():
     (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
     operands with bf16 dv, dq, dk too, ``io``, and the one-term passes: the maxima and the inputs' scaling, bf16 to
     fp16 or in their dtype) and the fused kernel of both on fp16 operands (``FUSED_KIND``, dv in bf16 or fp16, and
-    its prep, without dUloc^T: ``no_du``; with bf16 dv, dq, dk also in clusters storing the GVA group sums,
-    ``group``); the dtype-free dgdb once.  The forward
-    recompute runs the forward's intra and state kernels (``kernels.build.forward_configs``)."""
+    its prep, without dUloc^T: ``no_du``); the dtype-free dgdb once.  The forward recompute runs the forward's intra
+    and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
 
@@ -115,8 +111,6 @@ def _configs_at(D: int):
                + [BwdConfig(AMAX_KIND, dt, D) for dt in DTYPES]
                + [BwdConfig(FUSED_KIND, "float16", D, one=True, io=io, warm=w, chain=c)
                   for io in ("bfloat16", "") for w, c in ((False, False), (True, False), (False, True))]
-               + [BwdConfig(FUSED_KIND, "float16", D, one=True, io="bfloat16", warm=w, group=g)
-                  for g in CLUSTER_GROUPS for w in (False, True)]
                + [BwdConfig("prep", "float16", D, merge="fp32", no_du=n, tinv_hi=True) for n in (True, False)]
                if D == DQK_E_ONCE_HEAD_DIM else []))
 
@@ -188,14 +182,11 @@ def prim_func(cfg: BwdConfig):
         return build_bwd_dqk(D, D, cfg.dtype, group=int(cfg.kind[5:]) if cfg.kind != "dqk" else 1,
                              s_lo=not cfg.s_single, lo8=cfg.lo8, e_once=cfg.e_once, exp_mask=cfg.exp_mask,
                              one=cfg.one, io=cfg.io)
-    if cfg.group != 1 and not (cfg.kind == FUSED_KIND and cfg.group in CLUSTER_GROUPS and not cfg.chain):
-        raise ValueError(f"group (a GVA group's sums stored by a cluster) is a form of {FUSED_KIND} at "
-                         f"{CLUSTER_GROUPS}, not of its chain form: {cfg.name}")
     if cfg.chain and (cfg.kind != FUSED_KIND or cfg.warm):
         raise ValueError(f"chain (the reverse chain alone) is a form of {FUSED_KIND} without warm: {cfg.name}")
     if cfg.kind == FUSED_KIND:
         from .fused import build_bwd_fused
-        return build_bwd_fused(D, io=cfg.io or cfg.dtype, warm=cfg.warm, chain=cfg.chain, group=cfg.group)
+        return build_bwd_fused(D, io=cfg.io or cfg.dtype, warm=cfg.warm, chain=cfg.chain)
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)

@@ -24,7 +24,6 @@ branch per element around its loads).
 """
 import tilelang.language as T
 
-from kernels.common.cluster_chain import CLUSTER_CHAIN, chain_signal, chain_wait
 from kernels.common.prologue import dynamic_dims, seq_span
 from kernels.forward.cp_warm import backward_macros
 from kernels.forward.cumsum import LOG2E
@@ -35,7 +34,6 @@ warm_after, _ = backward_macros()
 
 BT = 64
 WG = 128
-GROUP_COLS = 32     # columns of a group sum's loads issued together (16 a thread)
 f32, f16 = "float32", "float16"
 
 
@@ -110,59 +108,8 @@ def store_rows(x_f, out, t0, hv, nv, fac):
             out[t0 + t, hv, d] = x_f[t, d] * fac
 
 
-@T.macro
-def add_rows(x_f, src, dst, tmp, t0, h, nv, fac):
-    """``dst[t0 + t, h, :] = src[t0 + t, h, :] + x_f[t, :] fac`` for ``t < nv`` (``dst`` fp32, or another dtype:
-    rounded), by blocks of ``C`` columns through ``tmp [64, C]`` (fp32 fragment): each block's loads issued
-    together, before any store (a load behind a store waits for it, each element pair a round trip)."""
-    C = tmp.shape[1]
-    for hh in T.unroll(x_f.shape[1] // C):
-        for t, d in T.Parallel(BT, C):
-            tmp[t, d] = T.if_then_else(t < nv, src[t0 + t, h, hh * C + d], T.float32(0))
-        for t, d in T.Parallel(BT, C):
-            if t < nv:
-                dst[t0 + t, h, hh * C + d] = T.cast(tmp[t, d] + x_f[t, hh * C + d] * fac, dst.dtype)
-
-
-@T.macro
-def store_group_rows(x_f, tmp, p0, p1, out, t0, h, nv, fac, ctr, rank, G, k, out32):
-    """GVA group sums along a cluster of ``G`` value heads (rank ``rank`` = value head ``rank`` of the group): the
-    rows ``x_f fac`` (``t < nv``) of chunk ``k`` (the CTA's k-th stored chunk) join the sums of the ranks before,
-    at head ``h`` of the fp32 partial sums ``p0``, ``p1 [Ttot, H, D]``: rank 0 stores them in ``p0``; a later rank
-    waits until the rank before has stored that chunk (``ctr`` at 128 (k + 1)), adds its rows to that rank's sums
-    (``p0`` after an even rank, ``p1`` after an odd one) and stores them in the other (``add_rows``; no load behind
-    a store to its own buffer), the last rank (odd) in ``out`` (the caller's dtype) unless ``out32``.  Every rank
-    but the last then counts its stores on the next rank's ``ctr``.  The sums are formed in the order of
-    ``gdn_bwd_group_sum``'s, so they are the same fp32 values."""
-    if rank == 0:
-        for t, d in T.Parallel(*x_f.shape):
-            if t < nv:
-                p0[t0 + t, h, d] = x_f[t, d] * fac
-    else:
-        chain_wait(ctr, WG * (k + 1))
-        if rank % 2 == 0:
-            add_rows(x_f, p1, p0, tmp, t0, h, nv, fac)
-        elif (rank == G - 1) & (out32 == 0):
-            add_rows(x_f, p0, out, tmp, t0, h, nv, fac)
-        else:
-            add_rows(x_f, p0, p1, tmp, t0, h, nv, fac)
-    if rank < G - 1:
-        chain_signal(ctr, rank + 1)
-
-
-@T.macro
-def store_terms(x_f, tmp, p0, p1, out, t0, h, hv, nv, fac, keep, ctr, rank, G, k, out32):
-    """dq~ or dk~ of a chunk stored: per value head (``G == 1``: ``store_rows`` into ``p0 [Ttot, HV, D]``), or the
-    GVA group sums of a cluster of ``G`` (``store_group_rows``; where ``keep``)."""
-    if G > 1:
-        if keep:
-            store_group_rows(x_f, tmp, p0, p1, out, t0, h, nv, fac, ctr, rank, G, k, out32)
-    else:
-        store_rows(x_f, p0, t0, hv, nv, fac)
-
-
 def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24), warm: bool = False,
-                    chain: bool = False, group: int = 1):
+                    chain: bool = False):
     """TileLang prim_func of ``gdn_bwd_fused``.  Arguments: q, k [Ttot, H, D], v, dO [Ttot, HV, D] fp16 (the one-term
     plan's, v and dO under its powers of two); Sch [HV, NC, D, D] (key-first), Uh [HV, NC, 64, D],
     Th [HV, NC, 64, 64] fp16; Fb [HV, NC, 8, 64] fp32; cu_seqlens [N + 1], chunk_offsets [N + 1] int32 ([4 N + 1] with
@@ -170,14 +117,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
     key-first; then the outputs dv [Ttot, HV, D] in ``io``, dq~, dk~ [Ttot, HV, D] fp32 per value head (times
     ``factors[1, hv]``), qz, kw, kr, yv, db2 [2, HV, NC, 64] and sd [2, HV, NC, D] fp32 (half 0 the sums, half 1 zero),
     rect [HV, NC, 64], dh0 [N or 1, HV, D, D] fp32 key-first (with ``warm``, dht and dh0 per segment); use_dht,
-    store_dh0 int32, scale fp32, factors [2, HV] fp32 (dv stored times row 0, dq~ and dk~ times row 1); dqb, dkb [Ttot, H, D] fp32, dqo, dko [Ttot, H,
-    D] in ``io`` and out32 int32 (read with ``group``; dqb, dkb where ``out32`` or ``group > 2``, dqo, dko where not
-    ``out32``: [1, H, D] where unread).
-
-    ``group`` (2, 4, 8; HV / H): clusters of ``group`` CTAs along the value heads, one GVA group each, store the
-    group sums of dq~ and dk~ themselves (``store_group_rows``, in ``gdn_bwd_group_sum``'s order): dq32, dk32 are
-    then [Ttot, H, D] fp32 partial sums (the even ranks', dqb and dkb the odd ones'), the group sums in dqo, dko,
-    or with ``out32`` in dqb, dkb.
+    store_dh0 int32, scale fp32, factors [2, HV] fp32 (dv stored times row 0, dq~ and dk~ times row 1).
 
     ``warm`` (``gdn_bwd_fused_warm``): the N "sequences" are CP segments of the call's sequences and
     ``chunk_offsets`` is ``dh_segmented.warm_table``'s; a segment that is not its sequence's last first runs its
@@ -193,11 +133,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
     full = not chain
     assert D == 128, "the fused backward is built at K = V = 128 alone (its tiles take 225 KiB of shared memory)"
     assert io in ("bfloat16", "float16"), io
-    assert group in (1, 2, 4, 8) and not (chain and group > 1), "group: a cluster of 2, 4 or 8 value heads storing"
-    Ttot, H, HV, N, NCg, Nh, Nt, Tb, To = dynamic_dims("Ttot H HV N NCg Nh Nt Tb To")
-    # dq~, dk~ rows: a group's sums (clusters), one per value head, or (the chain form: never stored) either
-    HO = H if group > 1 else T.dynamic("Ho") if chain else HV
-    launch = {"cluster_dims": (group, 1, 1)} if group > 1 else {}
+    Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
     n_co = 4 * N + 1 if warm else N + 1
 
     def chunk_step(i, ntot, c0, bos, eos):
@@ -223,8 +159,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
         Lb: T.Tensor((HV, NCg), f32),
         dht: T.Tensor((Nh, HV, D, D), f32),
         dv: T.Tensor((Ttot, HV, D), io),
-        dq32: T.Tensor((Ttot, HO, D), f32),
-        dk32: T.Tensor((Ttot, HO, D), f32),
+        dq32: T.Tensor((Ttot, HV, D), f32),
+        dk32: T.Tensor((Ttot, HV, D), f32),
         qz: T.Tensor((2, HV, NCg, BT), f32),
         kw: T.Tensor((2, HV, NCg, BT), f32),
         kr: T.Tensor((2, HV, NCg, BT), f32),
@@ -237,16 +173,9 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
         store_dh0: T.int32,
         scale: T.float32,
         factors: T.Tensor((2, HV), f32),
-        dqb: T.Tensor((Tb, H, D), f32),
-        dkb: T.Tensor((Tb, H, D), f32),
-        dqo: T.Tensor((To, H, D), io),
-        dko: T.Tensor((To, H, D), io),
-        out32: T.int32,
     ):
-        with T.Kernel(HV, N, threads=4 * WG, **launch) as (hv, n):
-            if group > 1:
-                T.import_source(CLUSTER_CHAIN)
-            h = hv // group if group > 1 else hv // (HV // H)     # a cluster's group size is known
+        with T.Kernel(HV, N, threads=4 * WG) as (hv, n):
+            h = hv // (HV // H)
             bos, eos, c0, nch = seq_span(cu_seqlens, chunk_offsets, n)
             q_s = T.alloc_shared((BT, D), f16)
             k_s = T.alloc_shared((2, BT, D), f16)
@@ -286,14 +215,6 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
             rb = T.alloc_barrier(arrive_count=WG)      # WG1's cw_s written
 
             tx = T.get_thread_binding()
-            if group > 1:   # the GVA group's hand-off counters of dq~ and dk~, zeroed before any rank counts on them
-                rank = hv % group
-                cq = T.alloc_shared((1,), "uint32")
-                ck = T.alloc_shared((1,), "uint32")
-                if tx == 0:
-                    cq[0] = T.uint32(0)
-                    ck[0] = T.uint32(0)
-                T.cluster_sync()
 
             if tx < WG:
                 # WG0: the chain
@@ -383,8 +304,6 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 rs2 = T.alloc_fragment((BT,), f32)
                 acc = T.alloc_local((1,), f32)
                 fac = T.alloc_local((1,), f32)             # dq~'s factor
-                if group > 1:
-                    gq_f = T.alloc_fragment((BT, GROUP_COLS), f32)     # the sums' loads
                 fac[0] = factors[1, hv]
                 if chain:       # the phases' barriers alone
                     for i in T.serial(ntot):
@@ -417,8 +336,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         T.barrier_arrive(ph[0])
                         T.barrier_wait(ph[0], par)
                         # P2: dq~ stored; QK -> M1; the summands' dO U^T part
-                        store_terms(dq_f, gq_f if group > 1 else None, dq32, dqb, dqo, t0, h, hv, nv, fac[0], keep,
-                                    cq if group > 1 else None, rank if group > 1 else 0, group, i - (ntot - nch), out32)
+                        store_rows(dq_f, dq32, t0, hv, nv, fac[0])
                         T.gemm(q_s, k_s[st, :, :], a_f, transpose_B=True, clear_accum=True)
                         for t, j in T.Parallel(BT, BT):
                             x = f_s[st, 5, t] * egate(f_s, st, t, j) * b_f[t, j]
@@ -489,8 +407,6 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 rs = T.alloc_fragment((BT,), f32)
                 rs2 = T.alloc_fragment((BT,), f32)
                 fac = T.alloc_local((1,), f32)             # dk~'s factor
-                if group > 1:
-                    gk_f = T.alloc_fragment((BT, GROUP_COLS), f32)     # the sums' loads
                 fac[0] = factors[1, hv]
                 if chain:       # D1 alone, for the chain
                     for i in T.serial(ntot):
@@ -551,8 +467,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         T.gemm(p_s, k_s[st, :, :], dk_f)
                         T.gemm(th_s, k_s[st, :, :], dk_f, transpose_A=True)
                         T.barrier_arrive(ph[3])
-                        store_terms(dk_f, gk_f if group > 1 else None, dk32, dkb, dko, t0, h, hv, nv, fac[0], keep,
-                                    ck if group > 1 else None, rank if group > 1 else 0, group, i - (ntot - nch), out32)
+                        store_rows(dk_f, dk32, t0, hv, nv, fac[0])
                         T.barrier_wait(ph[3], par)
             else:
                 # WG3: the producer

@@ -49,7 +49,6 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
@@ -504,17 +503,13 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
     tables), over ``plan.fused_segments`` where given: from their warm-up chunks (prep's bounds) with
     ``fused_warm``, from exact end gradients with ``fused_exact`` (``maps``: ``segment_maps_of`` over them;
     ``fused_end_gradients``); the gradients (dv, dh0) and the chunk terms, dq~ and dk~ per value head in fp32
-    ``[Ttot, HV, D]`` (``fused_group_sums`` sums them), or with ``cluster_group_sum`` their group sums
-    ``[Ttot, H, D]`` (fp32 where the L2 norm's chain follows, else the final dq, dk in the caller's dtype).
-    ``factors``: ``_scaled``'s."""
+    ``[Ttot, HV, D]`` (``fused_group_sums`` sums them).  ``factors``: ``_scaled``'s."""
     from kernels.build import get_kernel
     x = b.x
     dev, D, HV, NC, Ttot = x.q.device, x.D, x.HV, x.NC, x.n_tok
     f32 = torch.float32
     dv = torch.empty(Ttot, HV, D, device=dev, dtype=_io_dtype(plan, x.q.dtype))
-    G = plan.fused_config().group
-    dq32, dk32 = (torch.empty(Ttot, HV if G == 1 else x.H, D, device=dev, dtype=f32) for _ in range(2))
-    sums = _group_sum_buffers(x, plan, G)
+    dq32, dk32 = (torch.empty(Ttot, HV, D, device=dev, dtype=f32) for _ in range(2))
     qz, kw, kr, yv2, db22 = (torch.empty(2, HV, NC, BT, device=dev, dtype=f32) for _ in range(5))
     sd = torch.empty(2, HV, NC, D, device=dev, dtype=f32)
     rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
@@ -538,42 +533,13 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
         cu, co = (x.cu, x.chunk_offsets) if cp is None else (cp.cu, cp.warm_co)
         use_dht = int(dhk is not None)
     get_kernel(plan.fused_config())(*args, cu, co, tables.Lb, dht, *outs, dh0, use_dht, int(use_h0),
-                                    float(x.scale), fac, *sums)
+                                    float(x.scale), fac)
     if use_h0 and cp is not None:
         dh0 = dh0[cp.first]
     if use_h0 and x.v_first:
         dh0 = dh0.transpose(-1, -2).contiguous()
-    dqv, dkv = (dq32, dk32) if G == 1 else sums.sums()
     return (StateGradients(None, None, None, None, dv, dh0),
-            ChunkTerms(dqv, dkv, qz, kw, kr, sd, yv2, rect, db22))
-
-
-class GroupSumBuffers(NamedTuple):
-    """The fused kernel's last arguments for clusters of G value heads storing the GVA group sums (G == 1: none
-    stored, every one unread): the odd ranks' fp32 partial sums ``dqb, dkb [Ttot, H, D]`` (where G > 2 or
-    ``out32``; the sums themselves with ``out32``, where the L2 norm's chain follows), and ``dqo, dko [Ttot, H, D]``
-    in the caller's dtype (the final dq, dk; without ``out32``)."""
-    dqb: torch.Tensor
-    dkb: torch.Tensor
-    dqo: torch.Tensor
-    dko: torch.Tensor
-    out32: int
-
-    def sums(self) -> tuple:
-        """(dq, dk) group sums as the kernel stores them: fp32 ``dqb, dkb`` with ``out32``, else ``dqo, dko``."""
-        return (self.dqb, self.dkb) if self.out32 else (self.dqo, self.dko)
-
-
-def _group_sum_buffers(x: ForwardInputs, plan, G: int) -> GroupSumBuffers:
-    """``GroupSumBuffers`` of a call for clusters of ``G`` value heads."""
-    dev, f32, H, D = x.q.device, torch.float32, x.H, x.D
-    odt = TORCH_DTYPE[plan.io_dtype or plan.dtype]
-    out32 = G == 1 or x.use_l2
-    b = [torch.empty(x.n_tok, H, D, device=dev, dtype=f32) if G > 2 or (G > 1 and out32)
-         else unused((1, H, D), f32, dev) for _ in range(2)]
-    o = [unused((1, H, D), odt, dev) if out32 else torch.empty(x.n_tok, H, D, device=dev, dtype=odt)
-         for _ in range(2)]
-    return GroupSumBuffers(*b, *o, int(out32))
+            ChunkTerms(dq32, dk32, qz, kw, kr, sd, yv2, rect, db22))
 
 
 def fused_end_gradients(*, x: ForwardInputs, plan, args, tables: PrepTables, outs, dhk, maps, factors):
@@ -594,7 +560,7 @@ def fused_end_gradients(*, x: ForwardInputs, plan, args, tables: PrepTables, out
         dht_a[cp.last] = dhk
     a = torch.empty_like(dht_a)
     get_kernel(plan.fused_chain_config())(*args, cp.cu, cp.chunk_offsets, tables.Lb, dht_a, *outs, a, 1, 1,
-                                          float(x.scale), factors, *_group_sum_buffers(x, plan, 1))
+                                          float(x.scale), factors)
     return dh_segmented.end_gradients(cp, a, maps[:, :, D:, :], dhk, get_kernel(FixupConfig(D)))
 
 
