@@ -163,10 +163,7 @@ def alter(col: str):
                 return dataclasses.replace(plan, keep_tables=False)
             return dataclasses.replace(plan, **{"reads_saved_tables": False, **(change or {})})
         if isinstance(plan, BackwardPlan) and where == "backward":
-            try:
-                return dataclasses.replace(plan, **segmented_only(change, plan))
-            except ValueError:      # a change this plan cannot take (a cluster where a group is not 2, 4, 8)
-                return plan
+            return dataclasses.replace(plan, **segmented_only(change, plan))
         return plan
     if where in ("split", "both"):      # the forward keeps its tables for the split plan, none for the one-term ones
         f.keep_tables = where == "split"

@@ -247,7 +247,7 @@ class BackwardPlan:
     ``overlap_recompute``: the forward recompute runs on a side stream beside dh; ``recompute_block_v``,
     ``recompute_ctas_per_sm``: the recompute's smem state kernel; ``group``: value heads per q/k head (HV / H);
     ``cluster_group_sum``: dqk sums each group itself in a thread-block cluster (groups of 2, 4, 8), else groups
-    of more than one value head are summed by ``gdn_bwd_group_sum`` (the fused plan's always); ``s_single``: the recompute stores S's hi term
+    of more than one value head are summed by ``gdn_bwd_group_sum``; ``s_single``: the recompute stores S's hi term
     alone and dqk reads it alone (no S lo table: an A/B alternative); ``merge``: prep's block merges where it
     computes Tinv, the forward's ``Precision.merge`` ("fp32", dispatched; "split" and "bf16", the A/B alternatives
     of a forward at that merge); ``lo8``: the lo terms of the S and dS' tables that dqk reads stored as fp8 under
