@@ -1,14 +1,16 @@
 """Where a chunk of ``gdn_bwd_fused`` goes: a copy of ``kernels/backward/fused.py`` with ``clock64`` marks, timed
 per warpgroup and phase.
 
-    python3 benchmarks/experiments/fused_bwd_profile.py [--shape B,T,H,HV] [--first 4] [--last 60] [--compile-only]
+    python3 benchmarks/experiments/fused_bwd_profile.py [--shape B,T,H,HV] [--first 4] [--last 60] [--source F]
+        [--compile-only]
 
 The copy marks, in each warpgroup's chunk loop, the loop's start, every ``T.barrier_wait`` (after it) and every
 arrival at a phase barrier (before it): thread 0 of each warpgroup of CTA (0, 0) stores the low 32 bits of
 ``clock64`` for chunks below 128 into the otherwise unwritten ``dh0`` (no initial state).  Prints, per warpgroup,
 each mark's median cycles since the warpgroup's previous mark and its offset from the chain warpgroup's loop start
 (chunks ``first`` to ``last``), and the medians of the chunk period; then the marked and the plain kernel's time in
-the pipeline's fused stage (``triton.testing.do_bench``).  ``--compile-only``: build the marked kernel (no GPU).
+the pipeline's fused stage (``triton.testing.do_bench``).  ``--source``: another copy of ``fused.py`` (e.g. an earlier
+commit's, for an A/B in one run); ``--compile-only``: build both kernels (no GPU).
 """
 from __future__ import annotations
 
@@ -63,17 +65,30 @@ def marked_source(src: str):
     return "\n".join(out) + "\n", labels
 
 
-def marked_module():
-    """(module, labels): ``kernels.backward.fused`` rebuilt from its marked source."""
-    src = open(os.path.join(ROOT, "kernels", "backward", "fused.py")).read()
-    text, labels = marked_source(src)
-    path = os.path.join(tempfile.mkdtemp(), "fused_marked.py")
+SOURCE = os.path.join(ROOT, "kernels", "backward", "fused.py")
+
+
+def module_of(text: str, name: str):
+    """A module of ``kernels.backward`` (its relative imports resolve there) from the source ``text``."""
+    path = os.path.join(tempfile.mkdtemp(), name + ".py")
     with open(path, "w") as f:
         f.write(text)
-    spec = importlib.util.spec_from_file_location("kernels.backward._fused_marked", path)
+    spec = importlib.util.spec_from_file_location("kernels.backward." + name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod, labels
+    return mod
+
+
+def kernels_of(source: str):
+    """(plain kernel, marked kernel, labels) of the ``fused.py`` copy ``source`` (one-pass form, bf16 dv)."""
+    import tilelang
+
+    from kernels.build import TARGET, pass_configs
+    src = open(source).read()
+    text, labels = marked_source(src)
+    plain, marked = module_of(src, "_fused_plain"), module_of(text, "_fused_marked")
+    build = lambda m: tilelang.compile(m.build_bwd_fused(), target=TARGET, pass_configs=pass_configs())  # noqa: E731
+    return build(plain), build(marked), labels
 
 
 def dispatched_fused_stage(q, k, v, g, beta, do, dht):
@@ -90,22 +105,15 @@ def dispatched_fused_stage(q, k, v, g, beta, do, dht):
     return lambda: bp.fused(b=b, plan=plan, tables=tables, states=states, factors=f)[0]
 
 
-def compile_marked(mod):
-    import tilelang
-
-    from kernels.build import TARGET, pass_configs
-    return tilelang.compile(mod.build_bwd_fused(), target=TARGET, pass_configs=pass_configs())
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="8,4096,16,32")
     ap.add_argument("--first", type=int, default=4)
     ap.add_argument("--last", type=int, default=60)
+    ap.add_argument("--source", default=SOURCE)
     ap.add_argument("--compile-only", action="store_true")
     a = ap.parse_args(argv)
-    mod, labels = marked_module()
-    kern = compile_marked(mod)
+    plain_kern, kern, labels = kernels_of(a.source)
     if a.compile_only:
         for w in range(4):
             print(f"WG{w}: {len(labels[w])} marks: {', '.join(labels[w])}")
@@ -121,11 +129,15 @@ def main(argv=None):
     B, T, H, HV = (int(s) for s in a.shape.split(","))
     stage = dispatched_fused_stage(*make_inputs(B, T, H, HV, False, False, "cuda")[:7])
     get = build.get_kernel
-    marked = build.direct_launch(kern)
+    plain, marked = build.direct_launch(plain_kern), build.direct_launch(kern)
+
+    def with_plain(cfg):
+        return plain if cfg.kind == FUSED_KIND else get(cfg)
 
     def with_marks(cfg):
         return marked if cfg.kind == FUSED_KIND else get(cfg)
-    t_plain = triton.testing.do_bench(stage, warmup=5, rep=50)
+    with mock.patch.object(build, "get_kernel", with_plain):
+        t_plain = triton.testing.do_bench(stage, warmup=5, rep=50)
     with mock.patch.object(build, "get_kernel", with_marks):
         t_marked = triton.testing.do_bench(stage, warmup=5, rep=50)
         grads = stage()
@@ -137,7 +149,8 @@ def main(argv=None):
 
     def cyc(x):
         return (x % (1 << 32)).double()
-    print(torch.cuda.get_device_name(), f"B{B} T{T} H{H} HV{HV}, chunks {a.first}..{nch - 1}: fused stage "
+    print(os.path.relpath(a.source, ROOT), torch.cuda.get_device_name(), f"B{B} T{T} H{H} HV{HV}, chunks "
+          f"{a.first}..{nch - 1}: fused stage "
           f"{t_plain:.3f} ms, marked {t_marked:.3f} ms")
     period = cyc(base[a.first + 1:nch + 1] - base[a.first:nch]).median().item()
     print(f"chunk period (WG0's loop start to the next): {period:.0f} cycles")
