@@ -93,8 +93,8 @@ def kernels_of(source: str):
 
 def dispatched_fused_stage(q, k, v, g, beta, do, dht):
     """A function running the dispatched backward plan's fused kernel (``pipeline.fused``, no initial state) on the
-    stages before it, run once here; it returns the kernel's state gradients (``dh0`` unwritten by the plain
-    kernel)."""
+    stages before it, run once here; it returns the kernel's (state gradients, chunk terms); ``dh0`` is unwritten by
+    the plain kernel."""
     from kernels.backward import pipeline as bp
     b = bp.prepare_backward(q, k, v, g, beta, do, dht, None, None, False, False, None)
     plan = bp.with_fused_segments(bp.plan_for(b), b)
@@ -102,7 +102,7 @@ def dispatched_fused_stage(q, k, v, g, beta, do, dht):
     b, f = bp._scaled(b, plan)
     tables = bp.prep(b=b, plan=plan, saved=None)
     states = bp.recompute(x=b.x, plan=plan, tables=tables, side=None, maps=None)
-    return lambda: bp.fused(b=b, plan=plan, tables=tables, states=states, factors=f)[0]
+    return lambda: bp.fused(b=b, plan=plan, tables=tables, states=states, factors=f)
 
 
 def main(argv=None):
@@ -136,11 +136,21 @@ def main(argv=None):
 
     def with_marks(cfg):
         return marked if cfg.kind == FUSED_KIND else get(cfg)
+    tree_out = stage()
     with mock.patch.object(build, "get_kernel", with_plain):
         t_plain = triton.testing.do_bench(stage, warmup=5, rep=50)
+        out = stage()
+    torch.cuda.synchronize()
+    diffs = {}
+    for part, ref in zip(out, tree_out):
+        for name in ("dv", "dqv", "dkv", "qz", "kw", "kr", "yv2", "db22", "sd", "rect"):
+            x, y = getattr(part, name, None), getattr(ref, name, None)
+            if x is not None and y is not None:
+                x, y = x.double(), y.double()
+                diffs[name] = float((x - y).abs().max() / y.abs().max().clamp_min(1e-30))
     with mock.patch.object(build, "get_kernel", with_marks):
         t_marked = triton.testing.do_bench(stage, warmup=5, rep=50)
-        grads = stage()
+        grads = stage()[0]
     torch.cuda.synchronize()
     clk = grads.dh0[0, 0].contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF     # [chunk, slot]
     nch = min(a.last, T // 64 - 1, 127)
@@ -152,6 +162,7 @@ def main(argv=None):
     print(os.path.relpath(a.source, ROOT), torch.cuda.get_device_name(), f"B{B} T{T} H{H} HV{HV}, chunks "
           f"{a.first}..{nch - 1}: fused stage "
           f"{t_plain:.3f} ms, marked {t_marked:.3f} ms")
+    print("max |source - tree| / max |tree|: " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
     period = cyc(base[a.first + 1:nch + 1] - base[a.first:nch]).median().item()
     print(f"chunk period (WG0's loop start to the next): {period:.0f} cycles")
     for w in range(4):
