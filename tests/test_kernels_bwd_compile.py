@@ -53,10 +53,10 @@ _WANT_WGMMA["prep_bounds"] = 1 + 2 + 1             # the same, and K K^T for the
 _WANT_WGMMA["dh_one"] = 1 + 1 + 1 + 1              # every operand one term: dS K^T, dU Tinv, dO^T Q, dX^T K
 _WANT_WGMMA["dqk_one"] = (1 + 1 + 1) + (1 + 1 + 1 + 1 + 1 + 3)   # every table one term (S, U, dS', dY hi alone)
 # the fused kernel, a site per product (the halves' loops one site each): the chain Q K^T, K dS', P^T dO, Th^T dU,
-# Q^T D1, K^T D2 and the dY.v dots' dY V^T; the dq side dO S^T, dO U^T, M0 K, Q K^T, K K^T, dY U^T and the dg
-# rectangle's U m (three bf16 terms of m: ``FUSED_BF16_SITES``); the dk side the S o dS' dots' S^T dS', U dS'^T,
-# dY S^T, M1^T Q, M2 K, M3^T K
-_WANT_WGMMA["fused"] = 7 + 6 + 6
+# Q^T D1, K^T D2; the dq side dO S^T, dO U^T, M0 K, Q K^T, K K^T, dY U^T and the dg rectangle's U m (three bf16
+# terms of m: ``FUSED_BF16_SITES``); the dk side the dY.v dots' dY V^T (in the loop, and after it for the last chunk
+# run), the S o dS' dots' S^T dS', U dS'^T, dY S^T, M1^T Q, M2 K, M3^T K
+_WANT_WGMMA["fused"] = 6 + 6 + (2 + 6)
 FUSED_BF16_SITES = 3
 # its chain form (the exact segmented pass's pass A): the chain's six products alone
 _WANT_WGMMA["fused_chain"] = 6

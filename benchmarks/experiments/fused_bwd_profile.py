@@ -96,7 +96,7 @@ def dispatched_fused_stage(q, k, v, g, beta, do, dht):
     stages before it, run once here; it returns the kernel's (state gradients, chunk terms); ``dh0`` is unwritten by
     the plain kernel."""
     from kernels.backward import pipeline as bp
-    b = bp.prepare_backward(q, k, v, g, beta, do, dht, None, None, False, False, None)
+    b = bp.prepare_backward(q, k, v, g, beta, do, dht, None, None, True, False, None)      # q, k L2-normalised
     plan = bp.with_fused_segments(bp.plan_for(b), b)
     assert plan.fused and plan.fused_segments is None, f"not the one-pass fused plan at this shape: {plan}"
     b, f = bp._scaled(b, plan)

@@ -7,15 +7,15 @@ joined by mbarriers (``ph``), each chunk's inputs loaded by TMA beside them:
 
 * WG0, the chain (dS fp32 key-first in registers): P1 P = F5_t F6_j e^(G_t - G_j) QK^T (j <= t), dS' = rd(dS),
   dU = F2 K dS' + P^T dO by halves of 64 value columns; P2 dY = Th^T dU (dv stored), D2 = rd(-F7 F0 2^x dY);
-  P3 dS = (F3 2^x dS + Q^T D1 + K^T D2) 2^-x, ``2^x`` the chunk's power of two (``dh_ws.chunk_pow2``); P4 the
-  dY.v row dots, the diagonal of dY V^T (v loaded over D1).
+  P3 dS = (F3 2^x dS + Q^T D1 + K^T D2) 2^-x, ``2^x`` the chunk's power of two (``dh_ws.chunk_pow2``).
 * WG1, dq~: P1 Z = dO S^T (dq~, q.Z), dO U^T -> M0, dq~ += M0 K; P2 dq~ stored, QK -> M1, the dg summands'
   dO U^T part; P3 KK, dY U^T -> the dbeta row sums, the dg summands m (stored as three bf16 terms), M2, M3;
   P4 the dg rectangle, rect[c] = sum_{j < c} X[c, j] with X = U m by wgmma (U the upper triangle of ones, m
   as three bf16 terms: m to fp32's 24 bits).
-* WG2, dk~: P1 D1 = rd(F1 2^x dO); P2 the S o dS' column dots (the diagonals of S^T dS' by halves of 64
-  columns), R = U dS'^T (dk~, k.R); P3 W = dY S^T by halves
-  of 64 keys (dk~, k.W), dk~ += M1^T Q; P4 dk~ += M2 K + M3^T K, stored after the phase's arrival.
+* WG2, dk~: P1 the previous chunk's dY.v row dots (the diagonal of dY V^T, v loaded over D1 after P3, so that its
+  load is not waited for in P4), D1 = rd(F1 2^x dO); P2 the S o dS' column dots (the diagonals of S^T dS' by halves
+  of 64 columns), R = U dS'^T (dk~, k.R); P3 W = dY S^T by halves of 64 keys (dk~, k.W), dk~ += M1^T Q; P4 dk~ +=
+  M2 K + M3^T K, stored after the phase's arrival.
 * WG3, one producer warp: k and the gate table in two stages; dO, S, U, q, Th as the phases free them; v after P3.
 
 No [64, 128] fragment lives beside another in WG1 or WG2 (row dots by halves, dq~ finished in P1): that keeps
@@ -284,11 +284,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         ds_f[a, b] = ds_f[a, b] * xp[1]
                     T.barrier_arrive(ph[2])
                     T.barrier_wait(ph[2], par)
-                    # P4: the dY.v dots, the diagonal of dY V^T (v by TMA over D1, read in P3)
-                    if full:
-                        T.barrier_wait(full_v, par)
-                        T.gemm(yh_s, d1_s, kd_f, transpose_B=True, clear_accum=True)
-                        put_diagonal(kd_f, yv, hv, c, 0, nv, keep)
+                    # P4: the other warpgroups' (P, dS' and Th free once they end)
                     T.barrier_arrive(ph[3])
                     T.barrier_wait(ph[3], par)
                 if store_dh0 != 0:
@@ -417,7 +413,13 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         st = i % 2
                         T.barrier_wait(full_k[st], (i // 2) % 2)
                         T.barrier_wait(full_su, par)
-                        # P1: D1 = rd(F1 2^x dO)
+                        # P1: the previous chunk's dY.v dots (its dY and v, loaded over D1 after its P3), then
+                        # D1 = rd(F1 2^x dO) over v
+                        if i > 0:
+                            T.barrier_wait(full_v, 1 - par)
+                            T.gemm(yh_s, d1_s, x_h, transpose_B=True, clear_accum=True)
+                            put_diagonal(x_h, yv, hv, c + 1, 0, T.min(eos - t0 - BT, BT),
+                                         (t0 + BT < eos) if warm else True)
                         T.barrier_wait(full_do, par)
                         form_d1(do_s, f_s, st, x_h, d1_s)
                         T.fence_proxy_async()
@@ -462,6 +464,10 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         T.barrier_arrive(ph[3])
                         store_rows(dk_f, dk32, t0, hv, nv, fac[0])
                         T.barrier_wait(ph[3], par)
+                    if ntot > 0:                # the first chunk's dY.v dots (run last)
+                        T.barrier_wait(full_v, (ntot - 1) % 2)
+                        T.gemm(yh_s, d1_s, x_h, transpose_B=True, clear_accum=True)
+                        put_diagonal(x_h, yv, hv, c0, 0, T.min(eos - bos, BT), (bos < eos) if warm else True)
             else:
                 # WG3: the producer
                 T.set_max_nreg(nreg[3], 0)
