@@ -60,9 +60,9 @@ _WANT_WGMMA["fused"] = 6 + 6 + (2 + 6)
 FUSED_BF16_SITES = 3
 # its chain form (the exact segmented pass's pass A): the chain's six products alone
 _WANT_WGMMA["fused_chain"] = 6
-# loosened for the fused kernel: at its registers (192, 160, 136, 24) each warpgroup spills scalars of 4 or 8 bytes
-# (324 B in all: stored before the chunk loop, each reloaded a few times a chunk); its speed needs wgmma kept
-# asynchronous (ptxas C7512 serialises every wgmma of a kernel whose fragments outgrow its registers)
+# loosened for the fused kernel: at its registers (184, 168, 136, 24) each warpgroup spills scalars of 4 or 8 bytes
+# (180 B in all in the one-pass form: stored before the chunk loop, each reloaded a few times a chunk); its speed
+# needs wgmma kept asynchronous (ptxas C7512 serialises every wgmma of a kernel whose fragments outgrow its registers)
 FUSED_MAX_SPILL_BYTES = 384
 
 

@@ -19,7 +19,7 @@ joined by mbarriers (``ph``), each chunk's inputs loaded by TMA beside them:
 * WG3, one producer warp: k and the gate table in two stages; dO, S, U, q, Th as the phases free them; v after P3.
 
 No [64, 128] fragment lives beside another in WG1 or WG2 (row dots by halves, dq~ finished in P1): that keeps
-every wgmma asynchronous at registers (192, 160, 136, 24).  Elementwise steps form a fragment first and store it to
+every wgmma asynchronous at registers (184, 168, 136, 24).  Elementwise steps form a fragment first and store it to
 shared memory after, so no shared load waits behind a shared store; a masked value is formed, then selected (no
 branch per element around its loads).
 """
@@ -109,7 +109,7 @@ def store_rows(x_f, out, t0, hv, nv, fac):
             out[t0 + t, hv, d] = x_f[t, d] * fac
 
 
-def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24), warm: bool = False,
+def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24), warm: bool = False,
                     chain: bool = False):
     """TileLang prim_func of ``gdn_bwd_fused``.  Arguments: q, k [Ttot, H, D], v, dO [Ttot, HV, D] fp16 (the one-term
     plan's, v and dO under its powers of two); Sch [HV, NC, D, D] (key-first), Uh [HV, NC, 64, D],
