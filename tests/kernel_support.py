@@ -61,16 +61,20 @@ def compile_in_processes(job, n: int, label: str, name_width: int, workers: int)
     return {r["name"]: r for r in results}
 
 
-def check_wgmma(src: str, dtype: str, want: int):
-    """The compile tests' common asserts on a generated CUDA source: ``want`` wgmma call sites, each with
-    ``dtype`` operands and fp32 accumulation; no TF32 anywhere."""
+def check_wgmma(src: str, dtype: str, want: int, others: dict | None = None):
+    """The compile tests' common asserts on a generated CUDA source: ``want`` wgmma call sites with ``dtype``
+    operands, and ``others[d]`` with ``d`` operands (a kernel whose exact sums take another type), each with fp32
+    accumulation; no TF32 anywhere."""
     import re
+    from collections import Counter
 
-    operand = {"bfloat16": "kBFloat16", "float16": "kFloat16"}[dtype]
+    name = {"bfloat16": "kBFloat16", "float16": "kFloat16"}
     inst = re.findall(r"wgmma_(?:ss|rs)<tl::DataType::(\w+), tl::DataType::(\w+), tl::DataType::(\w+),", src)
-    assert len(inst) == want, f"expected {want} wgmma call sites, found {len(inst)}"
+    expected = Counter({name[dtype]: want, **{name[d]: n for d, n in (others or {}).items()}})
+    assert sum(expected.values()) == len(inst), f"expected {sum(expected.values())} wgmma call sites, found {len(inst)}"
     for a, b, c in inst:
-        assert (a, b, c) == (operand, operand, "kFloat32"), (a, b, c)
+        assert a == b and c == "kFloat32", (a, b, c)
+    assert Counter(a for a, _, _ in inst) == expected, (Counter(a for a, _, _ in inst), expected)
     assert "TensorFloat32" not in src and "tf32" not in src.lower()
 
 

@@ -4,7 +4,7 @@ output allocations; the splits compile in parallel processes first.
 
     python3 benchmarks/experiments/fused_bwd_time.py [--shape B,T,H,HV] [NREG ...]
 
-NREG: the four warpgroups' registers, "192,160,136,24" (the default).  Prints ms, the ratio to dh + dqk, ptxas'
+NREG: the four warpgroups' registers, "184,168,136,24" (the default).  Prints ms, the ratio to dh + dqk, ptxas'
 spill bytes and whether it serialised the wgmma (C7512).
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _compile(nreg):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="8,4096,16,32")
-    ap.add_argument("nreg", nargs="*", default=["192,160,136,24"])
+    ap.add_argument("nreg", nargs="*", default=["184,168,136,24"])
     a = ap.parse_args(argv)
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor

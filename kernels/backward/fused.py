@@ -7,18 +7,19 @@ joined by mbarriers (``ph``), each chunk's inputs loaded by TMA beside them:
 
 * WG0, the chain (dS fp32 key-first in registers): P1 P = F5_t F6_j e^(G_t - G_j) QK^T (j <= t), dS' = rd(dS),
   dU = F2 K dS' + P^T dO by halves of 64 value columns; P2 dY = Th^T dU (dv stored), D2 = rd(-F7 F0 2^x dY);
-  P3 dS = (F3 2^x dS + Q^T D1 + K^T D2) 2^-x, ``2^x`` the chunk's power of two (``dh_ws.chunk_pow2``); P4 the
-  dY.v row dots, the diagonal of dY V^T (v loaded over D1).
+  P3 dS = (F3 2^x dS + Q^T D1 + K^T D2) 2^-x, ``2^x`` the chunk's power of two (``dh_ws.chunk_pow2``).
 * WG1, dq~: P1 Z = dO S^T (dq~, q.Z), dO U^T -> M0, dq~ += M0 K; P2 dq~ stored, QK -> M1, the dg summands'
-  dO U^T part; P3 KK, dY U^T -> the dbeta row sums, the dg summands m and their row sums, M2, M3;
-  P4 the dg rectangle sums from m's column sums.
-* WG2, dk~: P1 D1 = rd(F1 2^x dO); P2 the S o dS' column dots (the diagonals of S^T dS' by halves of 64
-  columns), R = U dS'^T (dk~, k.R); P3 W = dY S^T by halves
-  of 64 keys (dk~, k.W), dk~ += M1^T Q; P4 dk~ += M2 K + M3^T K, stored after the phase's arrival.
+  dO U^T part; P3 KK, dY U^T -> the dbeta row sums, the dg summands m (stored as three bf16 terms), M2, M3;
+  P4 the dg rectangle, rect[c] = sum_{j < c} X[c, j] with X = U m by wgmma (U the upper triangle of ones, m
+  as three bf16 terms: m to fp32's 24 bits).
+* WG2, dk~: P1 the previous chunk's dY.v row dots (the diagonal of dY V^T, v loaded over D1 after P3, so that its
+  load is not waited for in P4), D1 = rd(F1 2^x dO); P2 the S o dS' column dots (the diagonals of S^T dS' by halves
+  of 64 columns), R = U dS'^T (dk~, k.R); P3 W = dY S^T by halves of 64 keys (dk~, k.W), dk~ += M1^T Q; P4 dk~ +=
+  M2 K + M3^T K, stored after the phase's arrival.
 * WG3, one producer warp: k and the gate table in two stages; dO, S, U, q, Th as the phases free them; v after P3.
 
 No [64, 128] fragment lives beside another in WG1 or WG2 (row dots by halves, dq~ finished in P1): that keeps
-every wgmma asynchronous at registers (192, 160, 136, 24).  Elementwise steps form a fragment first and store it to
+every wgmma asynchronous at registers (184, 168, 136, 24).  Elementwise steps form a fragment first and store it to
 shared memory after, so no shared load waits behind a shared store; a masked value is formed, then selected (no
 branch per element around its loads).
 """
@@ -34,7 +35,7 @@ warm_after, _ = backward_macros()
 
 BT = 64
 WG = 128
-f32, f16 = "float32", "float16"
+f32, f16, bf16 = "float32", "float16", "bfloat16"
 
 
 def egate(f_s, st, t, j):
@@ -108,7 +109,7 @@ def store_rows(x_f, out, t0, hv, nv, fac):
             out[t0 + t, hv, d] = x_f[t, d] * fac
 
 
-def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24), warm: bool = False,
+def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24), warm: bool = False,
                     chain: bool = False):
     """TileLang prim_func of ``gdn_bwd_fused``.  Arguments: q, k [Ttot, H, D], v, dO [Ttot, HV, D] fp16 (the one-term
     plan's, v and dO under its powers of two); Sch [HV, NC, D, D] (key-first), Uh [HV, NC, 64, D],
@@ -190,14 +191,14 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
             dsh_s = T.alloc_shared((D, D), f16)        # dS' key-first, then the dg summands
             xh_s = T.alloc_shared((BT, D), f16)        # dU, then D2
             yh_s = T.alloc_shared((BT, D), f16)        # dY
-            m_s = T.view(dsh_s, (BT, 2 * BT), f32)     # the dg summands [64, 64] (columns 64.. unused)
-            rw_s = T.alloc_shared((BT,), f32)          # their row sums
-            cw_s = T.alloc_shared((BT,), f32)          # column sums less row sums
+            # the dg summands m as three bf16 terms (quarters 0-2) and the upper triangle of ones U (quarter 3)
+            mt_s = T.view(dsh_s, (D, D), bf16)
+            rw_s = T.alloc_shared((BT,), f32)          # the warm form's scratch
             if warm:
                 w = T.alloc_local((1,), "int32")       # warm-up chunks after the segment
                 wacc = T.alloc_local((1,), f32)
                 end = chunk_offsets[chunk_offsets[2 * N + 1 + n] + 1]
-                warm_after(Lb, hv, chunk_offsets[n + 1], end, w, wacc, rw_s)    # (rw_s free until P3)
+                warm_after(Lb, hv, chunk_offsets[n + 1], end, w, wacc, rw_s)
                 # exact (from the sequence's dht) where the warm-up reaches the sequence's end
                 from_dht = T.if_then_else(c0 + nch + w[0] == end, use_dht, 0)
                 ntot = T.alloc_var("int32")            # the chunks run: the segment's, then its warm-up ones
@@ -212,7 +213,6 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
             full_th = T.alloc_barrier(arrive_count=32)
             full_v = T.alloc_barrier(arrive_count=32)     # v over D1 (after P3)
             ph = T.alloc_barrier(arrive_count=[3 * WG] * 4)
-            rb = T.alloc_barrier(arrive_count=WG)      # WG1's cw_s written
 
             tx = T.get_thread_binding()
 
@@ -284,11 +284,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         ds_f[a, b] = ds_f[a, b] * xp[1]
                     T.barrier_arrive(ph[2])
                     T.barrier_wait(ph[2], par)
-                    # P4: the dY.v dots, the diagonal of dY V^T (v by TMA over D1, read in P3)
-                    if full:
-                        T.barrier_wait(full_v, par)
-                        T.gemm(yh_s, d1_s, kd_f, transpose_B=True, clear_accum=True)
-                        put_diagonal(kd_f, yv, hv, c, 0, nv, keep)
+                    # P4: the other warpgroups' (P, dS' and Th free once they end)
                     T.barrier_arrive(ph[3])
                     T.barrier_wait(ph[3], par)
                 if store_dh0 != 0:
@@ -302,7 +298,6 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                 c_f = T.alloc_fragment((BT, BT), f32)
                 rs = T.alloc_fragment((BT,), f32)
                 rs2 = T.alloc_fragment((BT,), f32)
-                acc = T.alloc_local((1,), f32)
                 fac = T.alloc_local((1,), f32)             # dq~'s factor
                 fac[0] = factors[1, hv]
                 if chain:       # the phases' barriers alone
@@ -363,11 +358,12 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         T.reduce_sum(a_f, rs, dim=1)
                         if keep:
                             put_dots(rs, db2, hv, c)
-                        T.reduce_sum(c_f, rs2, dim=1)
                         for t, j in T.Parallel(BT, BT):
-                            m_s[t, j] = c_f[t, j]
-                        for t in T.Parallel(BT):
-                            rw_s[t] = rs2[t]
+                            x = c_f[t, j] - T.cast(T.cast(c_f[t, j], bf16), f32)
+                            mt_s[t, j] = T.cast(c_f[t, j], bf16)
+                            mt_s[t, BT + j] = T.cast(x, bf16)
+                            mt_s[BT + t, j] = T.cast(x - T.cast(T.cast(x, bf16), f32), bf16)
+                            mt_s[BT + t, BT + j] = T.cast(T.if_then_else(j >= t, 1.0, 0.0), bf16)
                         for t, j in T.Parallel(BT, BT):
                             x = f_s[st, 7, t] * b_f[t, j] * egate(f_s, st, t, j)
                             b_f[t, j] = T.if_then_else(j < t, x, 0.0)
@@ -380,23 +376,16 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         T.fence_proxy_async()
                         T.barrier_arrive(ph[2])
                         T.barrier_wait(ph[2], par)
-                        # P4: the dg rectangle
-                        # rect[c] = sum_{j < c <= t} m[t, j] = sum_{k < c} (colsum_k - rowsum_k), m strictly lower:
-                        # thread k forms colsum_k - rowsum_k, then thread c sums them below c
-                        if tx - WG < BT:
-                            acc[0] = T.float32(0)
-                            for tt in T.unroll(BT):
-                                acc[0] = acc[0] + m_s[tt, tx - WG]
-                            cw_s[tx - WG] = acc[0] - rw_s[tx - WG]
-                        T.barrier_arrive(rb)
-                        T.barrier_wait(rb, par)
-                        if tx - WG < BT:
-                            acc[0] = T.float32(0)
-                            for kk in T.unroll(BT):
-                                x = cw_s[kk]
-                                acc[0] = acc[0] + T.if_then_else(kk < tx - WG, x, T.float32(0))
-                            if keep:
-                                rect[hv, c, tx - WG] = acc[0]
+                        # P4: the dg rectangle, rect[c] = sum_{j < c <= t} m[t, j] = sum_{j < c} X[c, j], X = U m
+                        T.gemm(mt_s[BT:, BT:], mt_s[:BT, :BT], a_f, clear_accum=True)
+                        T.gemm(mt_s[BT:, BT:], mt_s[:BT, BT:], a_f)
+                        T.gemm(mt_s[BT:, BT:], mt_s[BT:, :BT], a_f)
+                        for t, j in T.Parallel(BT, BT):
+                            a_f[t, j] = T.if_then_else(j < t, a_f[t, j], 0.0)
+                        T.reduce_sum(a_f, rs, dim=1)
+                        if keep:
+                            for t in T.Parallel(BT):
+                                rect[hv, c, t] = rs[t]
                         T.barrier_arrive(ph[3])
                         T.barrier_wait(ph[3], par)
             elif tx < 3 * WG:
@@ -424,7 +413,13 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         st = i % 2
                         T.barrier_wait(full_k[st], (i // 2) % 2)
                         T.barrier_wait(full_su, par)
-                        # P1: D1 = rd(F1 2^x dO)
+                        # P1: the previous chunk's dY.v dots (its dY and v, loaded over D1 after its P3), then
+                        # D1 = rd(F1 2^x dO) over v
+                        if i > 0:
+                            T.barrier_wait(full_v, 1 - par)
+                            T.gemm(yh_s, d1_s, x_h, transpose_B=True, clear_accum=True)
+                            put_diagonal(x_h, yv, hv, c + 1, 0, T.min(eos - t0 - BT, BT),
+                                         (t0 + BT < eos) if warm else True)
                         T.barrier_wait(full_do, par)
                         form_d1(do_s, f_s, st, x_h, d1_s)
                         T.fence_proxy_async()
@@ -469,6 +464,10 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(192, 160, 136, 24)
                         T.barrier_arrive(ph[3])
                         store_rows(dk_f, dk32, t0, hv, nv, fac[0])
                         T.barrier_wait(ph[3], par)
+                    if ntot > 0:                # the first chunk's dY.v dots (run last)
+                        T.barrier_wait(full_v, (ntot - 1) % 2)
+                        T.gemm(yh_s, d1_s, x_h, transpose_B=True, clear_accum=True)
+                        put_diagonal(x_h, yv, hv, c0, 0, T.min(eos - bos, BT), (bos < eos) if warm else True)
             else:
                 # WG3: the producer
                 T.set_max_nreg(nreg[3], 0)
