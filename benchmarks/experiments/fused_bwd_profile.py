@@ -8,9 +8,10 @@ The copy marks, in each warpgroup's chunk loop, the loop's start, every ``T.barr
 arrival at a phase barrier (before it): thread 0 of each warpgroup of CTA (0, 0) stores the low 32 bits of
 ``clock64`` for chunks below 128 into the otherwise unwritten ``dh0`` (no initial state).  Prints, per warpgroup,
 each mark's median cycles since the warpgroup's previous mark and its offset from the chain warpgroup's loop start
-(chunks ``first`` to ``last``), and the medians of the chunk period; then the marked and the plain kernel's time in
-the pipeline's fused stage (``triton.testing.do_bench``).  ``--source``: another copy of ``fused.py`` (e.g. an earlier
-commit's, for an A/B in one run); ``--compile-only``: build both kernels (no GPU).
+(chunks ``first`` to ``last``), and the medians of the chunk period; before them, the marked and the plain kernel's
+time in the pipeline's fused stage (``triton.testing.do_bench``; the dispatched backward plan, q and k L2-normalised)
+and each output's largest difference from the tree's kernel's.  ``--source``: another copy of ``fused.py`` (e.g. an
+earlier commit's, for an A/B in one run); ``--compile-only``: build both kernels (no GPU).
 """
 from __future__ import annotations
 
