@@ -130,15 +130,13 @@ def main(argv=None):
     B, T, H, HV = (int(s) for s in a.shape.split(","))
     stage = dispatched_fused_stage(*make_inputs(B, T, H, HV, False, False, "cuda")[:7])
     get = build.get_kernel
-    plain, marked = build.direct_launch(plain_kern), build.direct_launch(kern)
 
-    def with_plain(cfg):
-        return plain if cfg.kind == FUSED_KIND else get(cfg)
-
-    def with_marks(cfg):
-        return marked if cfg.kind == FUSED_KIND else get(cfg)
+    def using(kern):
+        """The pipeline's fused stage on ``kern`` (every other kernel as built)."""
+        kern = build.direct_launch(kern)
+        return mock.patch.object(build, "get_kernel", lambda cfg: kern if cfg.kind == FUSED_KIND else get(cfg))
     tree_out = stage()
-    with mock.patch.object(build, "get_kernel", with_plain):
+    with using(plain_kern):
         t_plain = triton.testing.do_bench(stage, warmup=5, rep=50)
         out = stage()
     torch.cuda.synchronize()
@@ -149,17 +147,18 @@ def main(argv=None):
             if x is not None and y is not None:
                 x, y = x.double(), y.double()
                 diffs[name] = float((x - y).abs().max() / y.abs().max().clamp_min(1e-30))
-    with mock.patch.object(build, "get_kernel", with_marks):
+    with using(kern):
         t_marked = triton.testing.do_bench(stage, warmup=5, rep=50)
         grads = stage()[0]
     torch.cuda.synchronize()
     clk = grads.dh0[0, 0].contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF     # [chunk, slot]
     nch = min(a.last, T // 64 - 1, 127)
-    rows = range(a.first, nch)
+    rows = list(range(a.first, nch))
     base = clk[:, 0]
 
     def cyc(x):
-        return (x % (1 << 32)).double()
+        """Cycles between two marks' low 32 bits, signed (a warpgroup's mark may precede WG0's)."""
+        return ((x + (1 << 31)) % (1 << 32) - (1 << 31)).double()
     print(os.path.relpath(a.source, ROOT), torch.cuda.get_device_name(), f"B{B} T{T} H{H} HV{HV}, chunks "
           f"{a.first}..{nch - 1}: fused stage "
           f"{t_plain:.3f} ms, marked {t_marked:.3f} ms")
@@ -170,8 +169,8 @@ def main(argv=None):
         print(f"WG{w}        since previous mark   offset from WG0's loop start   mark")
         prev = None
         for k, lab in enumerate(labels[w]):
-            col = clk[list(rows), w * SLOTS + k]
-            off = cyc(col - base[list(rows)]).median().item()
+            col = clk[rows, w * SLOTS + k]
+            off = cyc(col - base[rows]).median().item()
             if prev is None:        # from the previous chunk's last mark
                 last = clk[[r - 1 for r in rows], w * SLOTS + len(labels[w]) - 1]
                 d = cyc(col - last).median().item()

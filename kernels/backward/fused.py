@@ -67,6 +67,15 @@ def put_diagonal(x_f, out, hv, c, o, nv, keep):
 
 
 @T.macro
+def v_dots(yh_s, d1_s, x_f, yv, hv, c, tc, eos, warm):
+    """Chunk ``c``'s dY.v row dots (its first token ``tc``), the diagonal of dY V^T, into ``yv`` (v over D1, waited
+    for by the caller; ``x_f`` [64, 64] fp32 fragment; ``put_diagonal``, kept where its tokens are the segment's:
+    ``tc < eos`` with ``warm``)."""
+    T.gemm(yh_s, d1_s, x_f, transpose_B=True, clear_accum=True)
+    put_diagonal(x_f, yv, hv, c, 0, T.min(eos - tc, BT), (tc < eos) if warm else True)
+
+
+@T.macro
 def half_dots(x_f, rows_s, st, tmp, rs, rs2, nv):
     """``rs[t] = sum_d [t < nv] rows[t, d] x_f[t, d]`` by halves of 64 columns (``x_f [64, D]`` kept; ``tmp
     [64, 64]`` fp32 fragment; ``rows`` the [64, D] tile ``rows_s``, or its stage ``st`` when ``st`` is not None)."""
@@ -417,9 +426,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24)
                         # D1 = rd(F1 2^x dO) over v
                         if i > 0:
                             T.barrier_wait(full_v, 1 - par)
-                            T.gemm(yh_s, d1_s, x_h, transpose_B=True, clear_accum=True)
-                            put_diagonal(x_h, yv, hv, c + 1, 0, T.min(eos - t0 - BT, BT),
-                                         (t0 + BT < eos) if warm else True)
+                            v_dots(yh_s, d1_s, x_h, yv, hv, c + 1, t0 + BT, eos, warm)
                         T.barrier_wait(full_do, par)
                         form_d1(do_s, f_s, st, x_h, d1_s)
                         T.fence_proxy_async()
@@ -466,8 +473,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24)
                         T.barrier_wait(ph[3], par)
                     if ntot > 0:                # the first chunk's dY.v dots (run last)
                         T.barrier_wait(full_v, (ntot - 1) % 2)
-                        T.gemm(yh_s, d1_s, x_h, transpose_B=True, clear_accum=True)
-                        put_diagonal(x_h, yv, hv, c0, 0, T.min(eos - bos, BT), (bos < eos) if warm else True)
+                        v_dots(yh_s, d1_s, x_h, yv, hv, c0, bos, eos, warm)
             else:
                 # WG3: the producer
                 T.set_max_nreg(nreg[3], 0)
