@@ -2,7 +2,7 @@
 per warpgroup and phase.
 
     python3 benchmarks/experiments/fused_bwd_profile.py [--shape B,T,H,HV] [--first 4] [--last 60] [--source F]
-        [--compile-only]
+        [--no-store dv,dq,dk] [--compile-only]
 
 The copy marks, in each warpgroup's chunk loop, the loop's start, every ``T.barrier_wait`` (after it) and every
 arrival at a phase barrier (before it): thread 0 of each warpgroup of CTA (0, 0) stores the low 32 bits of
@@ -11,7 +11,9 @@ each mark's median cycles since the warpgroup's previous mark and its offset fro
 (chunks ``first`` to ``last``), and the medians of the chunk period; before them, the marked and the plain kernel's
 time in the pipeline's fused stage (``triton.testing.do_bench``; the dispatched backward plan, q and k L2-normalised)
 and each output's largest difference from the tree's kernel's.  ``--source``: another copy of ``fused.py`` (e.g. an
-earlier commit's, for an A/B in one run); ``--compile-only``: build both kernels (no GPU).
+earlier commit's, for an A/B in one run); ``--no-store``: those outputs' global stores predicated off (the factor
+``fac`` of each is a positive power of two, so ``fac < 0`` never holds, and the work that forms them is still
+compiled and run): what the stores cost; ``--compile-only``: build both kernels (no GPU).
 """
 from __future__ import annotations
 
@@ -67,6 +69,27 @@ def marked_source(src: str):
 
 
 SOURCE = os.path.join(ROOT, "kernels", "backward", "fused.py")
+# --no-store: each output's store in fused.py, and the same store predicated off
+NO_STORE = {
+    "dv": ("if t0 + t < eos:\n", "if (t0 + t < eos) & (fac[0] < 0):\n"),
+    "dq": ("store_rows(dq_f, dq32, t0, hv, nv, fac[0])",
+           "store_rows(dq_f, dq32, t0, hv, T.if_then_else(fac[0] < 0, nv, 0), fac[0])"),
+    "dk": ("store_rows(dk_f, dk32, t0, hv, nv, fac[0])",
+           "store_rows(dk_f, dk32, t0, hv, T.if_then_else(fac[0] < 0, nv, 0), fac[0])"),
+}
+
+
+def without_stores(src: str, names) -> str:
+    """``src`` with the global stores of the outputs ``names`` (keys of ``NO_STORE``) predicated off."""
+    for name in names:
+        if name not in NO_STORE:
+            raise SystemExit(f"--no-store: unknown output {name!r}; known: {', '.join(NO_STORE)}")
+        old, new = NO_STORE[name]
+        if src.count(old) != 1:
+            raise SystemExit(f"--no-store {name}: the source has {src.count(old)} copies of its store "
+                             f"{old.strip()!r}, not one (fused.py changed: update NO_STORE)")
+        src = src.replace(old, new)
+    return src
 
 
 def module_of(text: str, name: str):
@@ -80,12 +103,13 @@ def module_of(text: str, name: str):
     return mod
 
 
-def kernels_of(source: str):
-    """(plain kernel, marked kernel, labels) of the ``fused.py`` copy ``source`` (one-pass form, bf16 dv)."""
+def kernels_of(source: str, no_store=()):
+    """(plain kernel, marked kernel, labels) of the ``fused.py`` copy ``source`` (one-pass form, bf16 dv), the
+    stores of the outputs ``no_store`` predicated off."""
     import tilelang
 
     from kernels.build import TARGET, pass_configs
-    src = open(source).read()
+    src = without_stores(open(source).read(), no_store)
     text, labels = marked_source(src)
     plain, marked = module_of(src, "_fused_plain"), module_of(text, "_fused_marked")
     build = lambda m: tilelang.compile(m.build_bwd_fused(), target=TARGET, pass_configs=pass_configs())  # noqa: E731
@@ -112,9 +136,11 @@ def main(argv=None):
     ap.add_argument("--first", type=int, default=4)
     ap.add_argument("--last", type=int, default=60)
     ap.add_argument("--source", default=SOURCE)
+    ap.add_argument("--no-store", default="", help="outputs whose stores are predicated off: dv,dq,dk")
     ap.add_argument("--compile-only", action="store_true")
     a = ap.parse_args(argv)
-    plain_kern, kern, labels = kernels_of(a.source)
+    no_store = [x for x in a.no_store.split(",") if x]
+    plain_kern, kern, labels = kernels_of(a.source, no_store)
     if a.compile_only:
         for w in range(4):
             print(f"WG{w}: {len(labels[w])} marks: {', '.join(labels[w])}")
@@ -159,7 +185,8 @@ def main(argv=None):
     def cyc(x):
         """Cycles between two marks' low 32 bits, signed (a warpgroup's mark may precede WG0's)."""
         return ((x + (1 << 31)) % (1 << 32) - (1 << 31)).double()
-    print(os.path.relpath(a.source, ROOT), torch.cuda.get_device_name(), f"B{B} T{T} H{H} HV{HV}, chunks "
+    print(os.path.relpath(a.source, ROOT) + (f" (no {', '.join(no_store)} stores)" if no_store else ""),
+          torch.cuda.get_device_name(), f"B{B} T{T} H{H} HV{HV}, chunks "
           f"{a.first}..{nch - 1}: fused stage "
           f"{t_plain:.3f} ms, marked {t_marked:.3f} ms")
     print("max |source - tree| / max |tree|: " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
