@@ -11,7 +11,9 @@ table, the emulation's ``kernel_dtype``), "one16g" (the same with dO, dht and v,
 group, ``group_scales``), "one16gc" (and dh's F1 dO, F0 dX under a power of two per chunk, ``chunk_exp``: what
 ``BackwardPlan.one_term`` on the fp16 kernels computes for bf16 inputs, ``ONE_TERM_FP16``), "one16gcp" (one16gc
 with dUloc from one fp16 term of P, ``p_single``: what a fused backward forming P in shared memory reads), "dh16"
-and "dqk16" (one kernel's operands and the tables between it and dqk one fp16 term each, the other kernels split).
+and "dqk16" (one kernel's operands and the tables between it and dqk one fp16 term each, the other kernels split),
+"store16" and "storeb16" (one16gcp with dq~ and dk~ per value head stored in fp16 under the group's powers of two,
+or in bf16, before their group sums: ``dqk_store``).
 ``--do-exp E``: dO and dht times 2^E, the emulated gradients times 2^-E (exact; the baseline's, in bf16's exponent
 range, unscaled), the range the one-term forms see.  A row marks the gradients where it is worse than the
 baseline, and under strong decay a dg past its rounding floor (the emulation tests' rule); a gradient with NaN or
@@ -39,6 +41,8 @@ ONE16 = ("one16", "one16g", "one16gc", "one16gcp")
 # one kernel's operands one fp16 term (``half_term``), the others split: dh's and the dS', dY tables it stores
 # ("dh16"), or dqk's and the S, U, dS', dY tables it reads ("dqk16")
 HYBRID = {"dh16": "dh_operands", "dqk16": "dqk_operands"}
+# one16gcp with dq~ and dk~ per value head stored in a narrower dtype before their GVA group sums (``dqk_store``)
+STORE = {"store16": "float16", "storeb16": "bfloat16"}
 
 
 def _form(op: str) -> dict:
@@ -48,6 +52,8 @@ def _form(op: str) -> dict:
                     group_scales=op != "one16", chunk_exp=op in ("one16gc", "one16gcp"), p_single=op == "one16gcp")
     if op in HYBRID:
         return {HYBRID[op]: "fp16"}
+    if op in STORE:
+        return {**_form("one16gcp"), "dqk_store": getattr(torch, STORE[op])}
     return dict(operands=op)
 
 
@@ -83,7 +89,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--T", type=int, default=1024)
     ap.add_argument("--dists", default=",".join(DISTS))
-    forms = OPERANDS + ONE16 + tuple(HYBRID)
+    forms = OPERANDS + ONE16 + tuple(HYBRID) + tuple(STORE)
     ap.add_argument("--operands", default=",".join(forms))
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--do-exp", type=int, default=0, help="dO and dht times 2^E (the gradients scaled back)")
@@ -92,8 +98,8 @@ def main(argv=None):
     bad_ops = [o for o in ops if o not in forms]
     if bad_ops:
         ap.error(f"unknown operand forms {bad_ops}; forms: {forms}")
-    if set(ops) & set(ONE16) and a.dtype != "bf16":
-        ap.error(f"{', '.join(ONE16)}: forms for bf16 inputs (one fp16 term is the input dtype's one term for fp16)")
+    if set(ops) & set(ONE16 + tuple(STORE)) and a.dtype != "bf16":
+        ap.error(f"{', '.join(ONE16 + tuple(STORE))}: forms for bf16 inputs (one fp16 term is the input dtype's one term for fp16)")
     print(f"backward gradients, rel_rmse vs fp64 (CPU emulation), B1 T{a.T} H2 HV4 K=V=128 {a.dtype}, "
           f"dO and dht x 2^{a.do_exp}")
     for dist in a.dists.split(","):

@@ -186,6 +186,24 @@ def test_fp16_operands_hold_at_any_output_gradient_scale(e):
         assert torch.equal(a, b * c), n
 
 
+@pytest.mark.parametrize("dist", ["strong-decay", "slow-decay"])
+def test_dq_dk_stored_in_fp16_before_their_group_sums_meet_the_bar(dist):
+    """dq~ and dk~ per value head rounded to fp16 under the GVA group's powers of two before their group sums
+    (``dqk_store``: what the fused kernel's stores would cost in fp16) keep every gradient of the fused plan's form
+    within the FLA-like baseline and dg of strong decay within its floor; they change dq and dk alone, and fp32
+    storage changes nothing."""
+    case = Case(T=512, H=2, HV=4, h0_dtype="fp32", dist=dist, grad=True)
+    xs, kw, do, dht = tt.bwd_args(case)
+    form = dict(ONE_TERM_FP16, p_single=True)
+    _check(case, xs, do, dht, kw, **form, dqk_store=torch.float16)
+    ref = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **form)
+    f32 = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **form, dqk_store=torch.float32)
+    f16 = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **form, dqk_store=torch.float16)
+    for n, a, b, c in zip(NAMES, ref, f32, f16):
+        assert torch.equal(a, b), n
+        assert torch.equal(a, c) == (n not in ("dq", "dk")), n
+
+
 def test_bf16_one_term_operands_lose_the_bar_under_strong_decay():
     """One input-dtype term for every operand (``operands="bf16"``, FLA's precision with our gates) puts dk and dv
     past the FLA-like baseline and dg past its rounding floor under strong decay, where fp16 terms keep all three

@@ -372,7 +372,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
                                merge: str = "fp32", lo8_tables: bool = True, operands: str = "split",
                                one_term: bool = False, kernel_dtype: torch.dtype | None = None,
                                group_scales: bool = False, chunk_exp: bool = False, dh_operands: str = "split",
-                               dqk_operands: str = "split", p_single: bool = False, stages: dict | None = None):
+                               dqk_operands: str = "split", p_single: bool = False,
+                               dqk_store: torch.dtype | None = None, stages: dict | None = None):
     """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
     pass's single operands (``BackwardPlan.dh_single``); ``tinv_hi_only``: dh reads Tinv hi alone (a zero lo term),
@@ -392,8 +393,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     ``operands`` "split", a precision study: no kernel computes them): ``OPERANDS`` of one kernel alone, dh's
     operands and the dS', dY tables it stores, or dqk's operands and every table it reads (S, U, dS', dY, one
     term each), the other kernels split.  ``p_single``: dUloc from one input-dtype term of P (``local_du``).
-    ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
-    stage-by-stage checks)."""
+    ``dqk_store`` (a precision study: no kernel computes it): dq~ and dk~ per value head rounded to that dtype
+    before their GVA group sums (under ``group_scales``, the scaled values).  ``stages``: a dict that receives the
+    intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for stage-by-stage checks)."""
     if group_scales:
         H = q.shape[2]
         ea, eb = group_exponents(do, dht, H), group_exponents(v, initial_state, H)
@@ -404,7 +406,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
             cu_seqlens,
             dh_single=dh_single, tinv_hi_only=tinv_hi_only, s_single=s_single, merge=merge, lo8_tables=lo8_tables,
             operands=operands, one_term=one_term, kernel_dtype=kernel_dtype, chunk_exp=chunk_exp,
-            dh_operands=dh_operands, dqk_operands=dqk_operands, p_single=p_single, stages=stages)
+            dh_operands=dh_operands, dqk_operands=dqk_operands, p_single=p_single, dqk_store=dqk_store,
+            stages=stages)
         return unscale(got, factors(ea, eb), H)
     out_dt, g_dt, beta_dt = q.dtype, g.dtype, beta.dtype
     if kernel_dtype is not None and kernel_dtype != q.dtype:
@@ -467,6 +470,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     m = valid
     dqv[tok[m]] = _f32(dqt1 + dqt2).permute(1, 2, 0, 3)[m].float()
     dkv[tok[m]] = _f32(dkt1 + dkt2).permute(1, 2, 0, 3)[m].float()
+    if dqk_store is not None:
+        dqv, dkv = dqv.to(dqk_store).float(), dkv.to(dqk_store).float()
     if stages is not None:
         stages.update(dqv=group_sum(dqv, H), dkv=group_sum(dkv, H))
     dq, dk, dg, db = finish(Fb=Fb, qz=qz, kw=kw, kr=kr, sd=sd, yv=yv, rect=rect, db2=db2, dqv=dqv, dkv=dkv, q=q2,
