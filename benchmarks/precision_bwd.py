@@ -98,8 +98,10 @@ def main(argv=None):
     bad_ops = [o for o in ops if o not in forms]
     if bad_ops:
         ap.error(f"unknown operand forms {bad_ops}; forms: {forms}")
-    if set(ops) & set(ONE16 + tuple(STORE)) and a.dtype != "bf16":
-        ap.error(f"{', '.join(ONE16 + tuple(STORE))}: forms for bf16 inputs (one fp16 term is the input dtype's one term for fp16)")
+    bf16_only = ONE16 + tuple(STORE)
+    if set(ops) & set(bf16_only) and a.dtype != "bf16":
+        ap.error(f"{', '.join(bf16_only)}: forms for bf16 inputs (one fp16 term is the input dtype's one term for "
+                 "fp16)")
     print(f"backward gradients, rel_rmse vs fp64 (CPU emulation), B1 T{a.T} H2 HV4 K=V=128 {a.dtype}, "
           f"dO and dht x 2^{a.do_exp}")
     for dist in a.dists.split(","):

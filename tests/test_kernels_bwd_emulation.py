@@ -29,7 +29,7 @@ NAMES = tt.GRAD_NAMES
 def _check(case, xs, do, dht, kw, dh_single=False, s_single=False, merge="fp32", lo8_tables=True,
            operands="split", **form):
     """The emulation's gradients of ``case`` (inputs ``tt.bwd_args``) against fp64 and the FLA-like baseline; by
-    default with the dispatched plan's forms (``form``: the emulation's other arguments)."""
+    default with the dispatched plan's forms (``form``: the emulation's other arguments).  Returns them."""
     want = tt.fp64_grads(case)
     base = tt.baseline_grads(case)
     ours = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, dh_single=dh_single, s_single=s_single,
@@ -51,7 +51,7 @@ def _check(case, xs, do, dht, kw, dh_single=False, s_single=False, merge="fp32",
         else:
             assert e <= eb, (case.id, n, e, eb)
     print(f"\n{case.id}: " + "  ".join(f"{n} {e:.2e} (fla-like {eb:.2e}, floor {f:.2e})" for n, e, eb, f in rows))
-    return rows
+    return ours
 
 
 CASES = [
@@ -195,10 +195,9 @@ def test_dq_dk_stored_in_fp16_before_their_group_sums_meet_the_bar(dist):
     case = Case(T=512, H=2, HV=4, h0_dtype="fp32", dist=dist, grad=True)
     xs, kw, do, dht = tt.bwd_args(case)
     form = dict(ONE_TERM_FP16, p_single=True)
-    _check(case, xs, do, dht, kw, **form, dqk_store=torch.float16)
+    f16 = _check(case, xs, do, dht, kw, **form, dqk_store=torch.float16)
     ref = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **form)
     f32 = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **form, dqk_store=torch.float32)
-    f16 = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **form, dqk_store=torch.float16)
     for n, a, b, c in zip(NAMES, ref, f32, f16):
         assert torch.equal(a, b), n
         assert torch.equal(a, c) == (n not in ("dq", "dk")), n
