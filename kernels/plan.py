@@ -285,7 +285,7 @@ class BackwardPlan:
     (``dh_segmented.PlanTensors``), set by the pipeline for the call's layout where ``fused_warm`` or
     ``fused_exact`` (None: one pass); ``fused_dq16`` (read with ``fused``): the fused kernel stores dq~ and dk~ in
     fp16 under the GVA group scales (half the bytes) and the group sums' scaled form applies the factors, for groups
-    of one value head too (an A/B alternative); ``split``: on a dispatched fused plan, the split plan
+    of one value head too (dispatched with ``fused``); ``split``: on a dispatched fused plan, the split plan
     ``backward_plan`` gives the same call otherwise (the A/B baseline there; it reads the forward's tables), else
     None."""
     dtype: str
@@ -495,8 +495,8 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     one launch, each segment from its warm-up chunks) and the recompute on dh's segments at ``WS_CP_BV`` columns,
     from its own warm-up chunks at the head dims of ``WS_HEAD_DIMS`` (``recompute_warm``), else from the shared
     scan's start states (``shared_scan``); every kernel built for the call's head dim ``DK`` (K == V).  Where
-    ``dispatches_fused``: that plan with ``ONE_TERM_FIELDS`` and ``fused`` (dh and dqk in one kernel; its GVA sums by
-    ``gdn_bwd_group_sum``: ``cluster_group_sum`` off)."""
+    ``dispatches_fused``: that plan with ``ONE_TERM_FIELDS``, ``fused`` (dh and dqk in one kernel) and ``fused_dq16``
+    (dq~, dk~ in fp16; their GVA sums by ``gdn_bwd_group_sum_scaled``: ``cluster_group_sum`` off)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
@@ -514,5 +514,5 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
                         shared_scan=not seq and DK not in WS_HEAD_DIMS, dh_warm=not seq,
                         recompute_warm=not seq and DK in WS_HEAD_DIMS)
     if dispatches_fused(dtype, HV, n_seq, DK):
-        return replace(plan, **ONE_TERM_FIELDS, fused=True, cluster_group_sum=False, split=plan)
+        return replace(plan, **ONE_TERM_FIELDS, fused=True, fused_dq16=True, cluster_group_sum=False, split=plan)
     return plan

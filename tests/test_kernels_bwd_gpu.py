@@ -722,7 +722,7 @@ def test_dispatched_fused_plan_is_the_emulations():
     args, kw, do, dht = tt.bwd_args(case, CUDA)
     assert plan_for(prepare_backward(*args, do, dht, **kw)).fused
     assert not reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
-    _backward_alternative_is_the_emulations(case, {}, dict(ONE_TERM_FP16, p_single=True),
+    _backward_alternative_is_the_emulations(case, {}, dict(ONE_TERM_FP16, p_single=True, dqk_store=torch.float16),
                                             "dispatched fused vs emulation")
 
 
