@@ -614,8 +614,8 @@ _ONE_TERM_CASES = [_S_SINGLE_CASES[0], _S_SINGLE_CASES[1], Case(T=2048, H=2, HV=
                    Case(T=1024, H=2, HV=4, dist="strong-decay", h0_dtype="fp32", grad=True)]
 # BackwardPlan.one_term on the fp16 kernels (bench_kernels_bwd's ``ours-one16``: the sequential dh_ws)
 ONE16 = dict(ONE_TERM_FIELDS, fused=False)
-# the fused one-term plan as dispatched (its GVA sums by gdn_bwd_group_sum)
-FUSED16 = dict(ONE16, fused=True, cluster_group_sum=False)
+# the fused one-term plan with dq~, dk~ in fp32 (its GVA sums by gdn_bwd_group_sum; dispatched: fused_dq16 too)
+FUSED16 = dict(ONE16, fused=True, fused_dq16=False, cluster_group_sum=False)
 
 
 @pytest.mark.parametrize("case", _ONE_TERM_CASES, ids=[c.id for c in _ONE_TERM_CASES])
