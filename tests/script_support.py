@@ -1,4 +1,4 @@
-"""The tests' loader of the command-line scripts in ``scripts/`` (a folder that is no package)."""
+"""The tests' loader of command-line scripts in folders that are no package (``scripts/`` by default)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 SCRIPTS = Path(__file__).parent.parent / "scripts"
 
 
-def load_script(name: str):
-    """The module of ``scripts/NAME.py``, executed once per call."""
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+def load_script(name: str, folder: Path = SCRIPTS):
+    """The module of ``folder/NAME.py``, executed once per call."""
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

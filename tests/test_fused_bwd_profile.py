@@ -1,20 +1,18 @@
 """``benchmarks/experiments/fused_bwd_profile.py`` on a CPU: its marks and its ``--no-store`` patches still find
 ``kernels/backward/fused.py``'s lines (a GPU run of the script is what times them)."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parent.parent / "benchmarks" / "experiments" / "fused_bwd_profile.py"
+from tests.script_support import load_script
+
+EXPERIMENTS = Path(__file__).parent.parent / "benchmarks" / "experiments"
 
 
 @pytest.fixture(scope="module")
 def prof():
-    spec = importlib.util.spec_from_file_location("fused_bwd_profile", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("fused_bwd_profile", EXPERIMENTS)
 
 
 @pytest.fixture(scope="module")

@@ -207,8 +207,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24)
             yh_s = T.alloc_shared((BT, D), f16)        # dY
             # the dg summands m as three bf16 terms (quarters 0-2) and the upper triangle of ones U (quarter 3)
             mt_s = T.view(dsh_s, (D, D), bf16)
-            rw_s = T.alloc_shared((BT,), f32)          # the warm form's scratch
             if warm:
+                rw_s = T.alloc_shared((BT,), f32)      # warm_after's scratch
                 w = T.alloc_local((1,), "int32")       # warm-up chunks after the segment
                 wacc = T.alloc_local((1,), f32)
                 end = chunk_offsets[chunk_offsets[2 * N + 1 + n] + 1]
