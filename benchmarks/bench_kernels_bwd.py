@@ -125,6 +125,9 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       "ours-fused": ("both", dict(ONE16, fused=True, fused_warm=True)),
       # over the same segments from exact end gradients (its chain form, the forward CP scan's maps, the fp64 walk)
       "ours-fused-exact": ("both", dict(ONE16, fused=True, fused_exact=True)),
+      # the dispatched fused plan with dq~, dk~ stored in fp32 times the factors (``fused_dq16`` off), the group sums
+      # reading them
+      "ours-fused-dq32": ("backward", dict(fused_dq16=False)),
       # the fused kernel in one pass per sequence (no segments)
       "ours-fused-seq": ("both", dict(ONE16, fused=True)),
       "ours-dh-regs": ("backward", dict(dh_ws_bv=0)),  # dh's register kernel (value-first, 64 value columns a CTA)

@@ -283,8 +283,11 @@ class BackwardPlan:
     gradients (``gdn_bwd_fused_chain``), the forward CP scan's maps over the segments and the fp64 walk
     (``dh_segmented.end_gradients``), then the one-pass form over the segments; ``fused_segments``: those segments
     (``dh_segmented.PlanTensors``), set by the pipeline for the call's layout where ``fused_warm`` or
-    ``fused_exact`` (None: one pass); ``split``: on a dispatched fused plan, the split plan ``backward_plan`` gives
-    the same call otherwise (the A/B baseline there; it reads the forward's tables), else None."""
+    ``fused_exact`` (None: one pass); ``fused_dq16`` (read with ``fused``): the fused kernel stores dq~ and dk~ in
+    fp16 under the GVA group scales (half the bytes) and the group sums' scaled form applies the factors, for groups
+    of one value head too (dispatched with ``fused``); ``split``: on a dispatched fused plan, the split plan
+    ``backward_plan`` gives the same call otherwise (the A/B baseline there; it reads the forward's tables), else
+    None."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -312,6 +315,7 @@ class BackwardPlan:
     fused: bool = False
     fused_warm: bool = False
     fused_exact: bool = False
+    fused_dq16: bool = False
     fused_segments: object = field(default=None, compare=False)
     split: object = field(default=None, compare=False)
 
@@ -413,11 +417,12 @@ class BackwardPlan:
         """The fused kernel of dh and dqk (``fused``): fp16 operands, dv in ``io_dtype`` (else fp16); its warm form
         where ``warm`` (default: where the plan has ``fused_segments``)."""
         warm = self.fused_segments is not None and self.fused_warm if warm is None else warm
-        return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype, warm=warm)
+        return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype, warm=warm, dq16=self.fused_dq16)
 
     def fused_chain_config(self) -> BwdConfig:
         """The fused kernel's chain form (``fused_exact``'s pass A)."""
-        return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype, chain=True)
+        return BwdConfig(FUSED_KIND, self.dtype, self.DK, one=True, io=self.io_dtype, chain=True,
+                         dq16=self.fused_dq16)
 
     def convert_config(self) -> BwdConfig | None:
         """``gdn_bwd_convert`` of a one-term plan: v and dO scaled, q, k, v, dO from ``io_dtype`` (if any)."""
@@ -438,13 +443,13 @@ class BackwardPlan:
         return BwdConfig("gsum32" if fp32 else "gsum", self.dtype, self.DK)
 
     def fused_group_sum_config(self, fp32: bool) -> BwdConfig | None:
-        """The fused kernel's GVA group sums (``fused``, groups of more than one value head): to fp32 where the host
-        still chains the L2 norm (``fp32``), else to the caller's dtype (``io_dtype``, or the kernels'): the final dq,
-        dk in one pass."""
-        if self.group == 1:
+        """The fused kernel's GVA group sums (``fused``, groups of more than one value head; every group with
+        ``fused_dq16``, their scaled form): to fp32 where the host still chains the L2 norm (``fp32``), else to the
+        caller's dtype (``io_dtype``, or the kernels'): the final dq, dk in one pass."""
+        if self.group == 1 and not self.fused_dq16:
             return None
-        return BwdConfig("gsum32", self.dtype, self.DK) if fp32 else BwdConfig("gsum", self.io_dtype or self.dtype,
-                                                                               self.DK)
+        return (BwdConfig("gsum32", self.dtype, self.DK, dq16=self.fused_dq16) if fp32
+                else BwdConfig("gsum", self.io_dtype or self.dtype, self.DK, dq16=self.fused_dq16))
 
     def configs(self, with_saved: bool) -> tuple:
         """Every kernel configuration the call runs (``with_saved``: prep on the forward's tables); with
@@ -490,8 +495,8 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     one launch, each segment from its warm-up chunks) and the recompute on dh's segments at ``WS_CP_BV`` columns,
     from its own warm-up chunks at the head dims of ``WS_HEAD_DIMS`` (``recompute_warm``), else from the shared
     scan's start states (``shared_scan``); every kernel built for the call's head dim ``DK`` (K == V).  Where
-    ``dispatches_fused``: that plan with ``ONE_TERM_FIELDS`` and ``fused`` (dh and dqk in one kernel; its GVA sums by
-    ``gdn_bwd_group_sum``: ``cluster_group_sum`` off)."""
+    ``dispatches_fused``: that plan with ``ONE_TERM_FIELDS``, ``fused`` (dh and dqk in one kernel) and ``fused_dq16``
+    (dq~, dk~ in fp16; their GVA sums by ``gdn_bwd_group_sum_scaled``: ``cluster_group_sum`` off)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
@@ -509,5 +514,5 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
                         shared_scan=not seq and DK not in WS_HEAD_DIMS, dh_warm=not seq,
                         recompute_warm=not seq and DK in WS_HEAD_DIMS)
     if dispatches_fused(dtype, HV, n_seq, DK):
-        return replace(plan, **ONE_TERM_FIELDS, fused=True, cluster_group_sum=False, split=plan)
+        return replace(plan, **ONE_TERM_FIELDS, fused=True, fused_dq16=True, cluster_group_sum=False, split=plan)
     return plan

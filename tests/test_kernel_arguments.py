@@ -183,3 +183,30 @@ def test_fused_backward_refuses_stage_records_before_any_launch():
             chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht, initial_state=kw["initial_state"],
                                        plan=alter("ours-fused"), stages={})
     assert launches == []
+
+
+@pytest.mark.parametrize("layout,l2,col", [("many-heads", False, "ours-fused"), ("varlen", True, "ours-fused"),
+                                           ("group-one", False, "ours-fused"), ("varlen", False, "ours-fused-exact")])
+def test_fused_dq16_launches_what_the_kernels_declare(monkeypatch, layout, l2, col):
+    """``fused_dq16``: the fused kernel storing dq~, dk~ in fp16 (over warm or exact segments too: the segment
+    thresholds set to 1; the exact form's chain pass takes the same buffers), then the group sums' scaled form (the
+    one-term plan's factors among their arguments) at every group size, groups of one value head included."""
+    from benchmarks.bench_kernels_bwd import alter
+    from kernels.backward import dh_segmented
+    from kernels.plan import BackwardPlan
+
+    monkeypatch.setattr(dh_segmented, "MIN_CHUNKS", 1)
+    monkeypatch.setattr(dh_segmented, "MIN_SEQ_CHUNKS", 1)
+    monkeypatch.setitem(LAYOUTS, "group-one", (1, 1024, 4, 4, None, 128, torch.bfloat16))
+    fused = alter(col)
+
+    def change(plan):
+        plan = fused(plan)
+        return dataclasses.replace(plan, fused_dq16=True) if isinstance(plan, BackwardPlan) else plan
+    launches = _run(layout, change, l2=l2)
+    kernels = [n for n in launches if n.startswith(("bwd_fused", "bwd_gsum"))]
+    assert kernels and all(",dq16" in n for n in kernels), launches
+    if col == "ours-fused-exact":
+        assert any(",chain," in n for n in kernels), launches
+    want = "bwd_gsum32[DK=DV=128,dq16,float16]" if l2 else "bwd_gsum[DK=DV=128,dq16,bfloat16]"
+    assert launches.count(want) == 2 and sum(n.startswith("bwd_gsum") for n in launches) == 2, launches

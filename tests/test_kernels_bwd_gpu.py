@@ -614,8 +614,8 @@ _ONE_TERM_CASES = [_S_SINGLE_CASES[0], _S_SINGLE_CASES[1], Case(T=2048, H=2, HV=
                    Case(T=1024, H=2, HV=4, dist="strong-decay", h0_dtype="fp32", grad=True)]
 # BackwardPlan.one_term on the fp16 kernels (bench_kernels_bwd's ``ours-one16``: the sequential dh_ws)
 ONE16 = dict(ONE_TERM_FIELDS, fused=False)
-# the fused one-term plan as dispatched (its GVA sums by gdn_bwd_group_sum)
-FUSED16 = dict(ONE16, fused=True, cluster_group_sum=False)
+# the fused one-term plan with dq~, dk~ in fp32 (its GVA sums by gdn_bwd_group_sum; dispatched: fused_dq16 too)
+FUSED16 = dict(ONE16, fused=True, fused_dq16=False, cluster_group_sum=False)
 
 
 @pytest.mark.parametrize("case", _ONE_TERM_CASES, ids=[c.id for c in _ONE_TERM_CASES])
@@ -641,6 +641,39 @@ def test_fused_one_term_is_the_emulations(case):
     from kernels.backward.emulation import ONE_TERM_FP16
     _backward_alternative_is_the_emulations(case, dict(FUSED16), dict(ONE_TERM_FP16, p_single=True),
                                             "fused one fp16 term vs emulation")
+
+
+# the fused plan's GVA groups of one value head: its group sums run only with fused_dq16
+_DQ16_CASES = _FUSED_CASES + [Case(T=1024, H=2, HV=2, dist="qwen-gates", h0_dtype="fp32", grad=True)]
+
+
+@pytest.mark.parametrize("case", _DQ16_CASES, ids=[c.id for c in _DQ16_CASES])
+def test_fused_dq16_is_the_emulations(case):
+    """``fused_dq16``: the fused kernel stores dq~, dk~ in fp16 under the GVA group scales and the group sums'
+    scaled form applies the factors: every gradient within the input dtype's rounding floor of the emulation's
+    (``dqk_store`` fp16) and within the FLA-like baseline."""
+    from kernels.backward.emulation import ONE_TERM_FP16
+    _backward_alternative_is_the_emulations(case, dict(FUSED16, fused_dq16=True),
+                                            dict(ONE_TERM_FP16, p_single=True, dqk_store=torch.float16),
+                                            "fused dq16 vs emulation")
+
+
+@pytest.mark.parametrize("case", _DQ16_CASES[-2:], ids=[c.id for c in _DQ16_CASES[-2:]])
+def test_fused_dq16_changes_dq_and_dk_alone(case):
+    """``fused_dq16`` leaves dv, dg, dbeta and dh0 bitwise those of the fp32 dq~, dk~ (the kernel's other outputs
+    and the finish are the same operations)."""
+    from kernels import autograd
+    from kernels.plan import BackwardPlan
+
+    def form(change):
+        return lambda plan: dataclasses.replace(plan, **change) if isinstance(plan, BackwardPlan) else plan
+    a = tt.function_grads(autograd.apply, case, CUDA, alter=form(FUSED16))
+    b = tt.function_grads(autograd.apply, case, CUDA, alter=form(dict(FUSED16, fused_dq16=True)))
+    for n, x, y in zip(tt.GRAD_NAMES, a, b):
+        if n in ("dq", "dk"):
+            assert x.shape == y.shape and x.dtype == y.dtype, n
+        elif x is not None:
+            assert torch.equal(x, y), f"{n}: fused_dq16 changed it ({case.id})"
 
 
 def test_one_term_hi_alone_tables_are_the_split_forms(monkeypatch):
@@ -689,7 +722,7 @@ def test_dispatched_fused_plan_is_the_emulations():
     args, kw, do, dht = tt.bwd_args(case, CUDA)
     assert plan_for(prepare_backward(*args, do, dht, **kw)).fused
     assert not reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
-    _backward_alternative_is_the_emulations(case, {}, dict(ONE_TERM_FP16, p_single=True),
+    _backward_alternative_is_the_emulations(case, {}, dict(ONE_TERM_FP16, p_single=True, dqk_store=torch.float16),
                                             "dispatched fused vs emulation")
 
 
@@ -698,27 +731,32 @@ def test_dispatched_fused_plan_is_the_emulations():
 _FUSED_SEGMENTED = [c for c in _WARM_SEGMENTED if c.K == 128]
 
 
-_FUSED_SEGMENTED_FORMS = [(c, form) for c in _FUSED_SEGMENTED for form in ("warm", "exact")]
+# (case, form, fused_dq16): every segmented case in both forms, and the last (h0) with dq~, dk~ in fp16
+_FUSED_SEGMENTED_FORMS = ([(c, form, False) for c in _FUSED_SEGMENTED for form in ("warm", "exact")]
+                          + [(_FUSED_SEGMENTED[-1], form, True) for form in ("warm", "exact")])
 
 
-@pytest.mark.parametrize("case,form", _FUSED_SEGMENTED_FORMS, ids=[f"{c.id}-{f}" for c, f in _FUSED_SEGMENTED_FORMS])
-def test_fused_segments_match_its_one_pass(monkeypatch, case, form):
+@pytest.mark.parametrize("case,form,dq16", _FUSED_SEGMENTED_FORMS,
+                         ids=[f"{c.id}-{f}" + ("-dq16" if q else "") for c, f, q in _FUSED_SEGMENTED_FORMS])
+def test_fused_segments_match_its_one_pass(monkeypatch, case, form, dq16):
     """``BackwardPlan.fused`` over CP segments (forced on: the thresholds set to 1) gives the gradients of its one
     pass per sequence on the GPU (``kernel_support.assert_segmented_matches_sequential``): each segment from its
     warm-up chunks (``fused_warm``: ``gdn_bwd_fused_warm``) or from its exact end gradient (``fused_exact``: the
-    chain form, the forward CP scan's maps and the fp64 walk; within the input dtype's rounding floor of it)."""
+    chain form, the forward CP scan's maps and the fp64 walk; within the input dtype's rounding floor of it); with
+    ``fused_dq16`` (both plans) the same."""
     from kernels.backward import dh_segmented
     from kernels.backward.pipeline import chunk_gated_delta_rule_bwd as kern
     from kernels.backward.pipeline import plan_for, prepare_backward, with_fused_segments
 
     xs, kw, do, dht = tt.bwd_args(case, CUDA)
     b = prepare_backward(*xs, do, dht, **kw)
-    one_pass = dataclasses.replace(plan_for(b), **FUSED16)
+    fused16 = dict(FUSED16, fused_dq16=dq16)
+    one_pass = dataclasses.replace(plan_for(b), **fused16)
     seq = kern(*xs, do, dht, **kw, plan=one_pass)
     monkeypatch.setattr(dh_segmented, "MIN_CHUNKS", 1)
     monkeypatch.setattr(dh_segmented, "MIN_SEQ_CHUNKS", 1)
     # the plan cache is keyed by the thresholds: no stale plan is reused
-    plan = with_fused_segments(dataclasses.replace(plan_for(b), **FUSED16, **{f"fused_{form}": True}), b)
+    plan = with_fused_segments(dataclasses.replace(plan_for(b), **fused16, **{f"fused_{form}": True}), b)
     assert plan.fused_segments is not None and plan.fused_segments.cu.numel() - 1 >= 4, plan.fused_segments
     assert plan.fused_config().warm == (form == "warm"), plan.fused_config()
     seg = kern(*xs, do, dht, **kw, plan=plan)

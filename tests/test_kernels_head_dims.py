@@ -79,9 +79,9 @@ def test_compile_list_holds_every_configuration_at_both_head_dims():
     # the P-table, warm-up and recompute table forms (and the scan and fix-up of the warm-up), the fp16-operand
     # forms, dqk's A/B forms and the one-term backward's forms (with its element-wise passes and its prep storing
     # Tinv hi alone) are built at the head dims where the ws form is dispatched (WS_HEAD_DIMS) alone, as are the
-    # fused backward's (its prep without dUloc^T); the backward's warm dh (the segmented reverse pass, the register
-    # kernel) at both
-    ws_only = ("pt", "warm", "tables", "e_once", "exp_mask", "one", "io", "no_du")
+    # fused backward's (its prep without dUloc^T, its dq16 group sums); the backward's warm dh (the segmented reverse
+    # pass, the register kernel) at both
+    ws_only = ("pt", "warm", "tables", "e_once", "exp_mask", "one", "io", "no_du", "dq16")
 
     def at_128_only(c):
         half = getattr(getattr(c, "prec", None), "half", False) or getattr(c, "ag", None) == "fp16"

@@ -58,11 +58,14 @@ class BwdConfig:
     no_du: bool = False            # prep computing Tinv only: no dUloc^T (the fused backward forms it; dO not read)
     io: str = ""                   # dh_ws, dqk with one, fused: the caller's dtype where the operands are another
     #                                (dtype): dv, dq, dk stored in it ("": dtype); cvt: the source dtype (may be dtype)
+    dq16: bool = False             # fused: dq~, dk~ stored in fp16 under the GVA group scales (the chain form: its
+    #                                unwritten dq~, dk~ arguments declared fp16); gsum, gsum32: their scaled form,
+    #                                reading those and applying the factors
 
     @property
     def name(self) -> str:
         names = ("single", "saved", "bounds", "tinv_hi", "s_single", "lo8", "e_once", "exp_mask", "one", "warm",
-                 "chain", "no_du")
+                 "chain", "no_du", "dq16")
         flags = "".join(f",{f}" for f in names if getattr(self, f))
         flags += f",merge={self.merge}" if self.merge != "bf16" else ""
         flags += f",ws{self.ws_bv}" if self.ws_bv else ""
@@ -111,6 +114,9 @@ def _configs_at(D: int):
                + [BwdConfig(AMAX_KIND, dt, D) for dt in DTYPES]
                + [BwdConfig(FUSED_KIND, "float16", D, one=True, io=io, warm=w, chain=c)
                   for io in ("bfloat16", "") for w, c in ((False, False), (True, False), (False, True))]
+               + [BwdConfig(FUSED_KIND, "float16", D, one=True, io="bfloat16", warm=w, chain=c, dq16=True)
+                  for w, c in ((False, False), (True, False), (False, True))]
+               + [BwdConfig(k, dt, D, dq16=True) for k, dt in (("gsum", "bfloat16"), ("gsum32", "float16"))]
                + [BwdConfig("prep", "float16", D, merge="fp32", no_du=n, tinv_hi=True) for n in (True, False)]
                if D == DQK_E_ONCE_HEAD_DIM else []))
 
@@ -120,6 +126,9 @@ def prim_func(cfg: BwdConfig):
     D = cfg.DK
     if cfg.single and cfg.kind != "dh":
         raise ValueError(f"single (operands) is a form of the dh kernel only: {cfg.name}")
+    if cfg.dq16 and cfg.kind not in (FUSED_KIND, "gsum", "gsum32"):
+        raise ValueError(f"dq16 (dq~, dk~ stored in fp16) is a form of {FUSED_KIND} and of its group sums: "
+                         f"{cfg.name}")
     if cfg.tinv_hi and not ((cfg.kind == "dh" and not cfg.single) or (cfg.kind == "prep" and not cfg.saved)):
         raise ValueError(f"tinv_hi (Tinv's hi term alone) is a form of the split dh kernel and of prep computing "
                          f"Tinv: {cfg.name}")
@@ -186,11 +195,11 @@ def prim_func(cfg: BwdConfig):
         raise ValueError(f"chain (the reverse chain alone) is a form of {FUSED_KIND} without warm: {cfg.name}")
     if cfg.kind == FUSED_KIND:
         from .fused import build_bwd_fused
-        return build_bwd_fused(D, io=cfg.io or cfg.dtype, warm=cfg.warm, chain=cfg.chain)
+        return build_bwd_fused(D, io=cfg.io or cfg.dtype, warm=cfg.warm, chain=cfg.chain, dq16=cfg.dq16)
     if cfg.kind == "dgdb":
         from .dg_dbeta import build_dg_dbeta
         return build_dg_dbeta(D)
     if cfg.kind in ("gsum", "gsum32"):
         from .group_sum import build_group_sum
-        return build_group_sum(D, "float32" if cfg.kind == "gsum32" else cfg.dtype)
+        return build_group_sum(D, "float32" if cfg.kind == "gsum32" else cfg.dtype, scaled=cfg.dq16)
     raise ValueError(f"unknown backward kernel kind {cfg.kind!r}: {cfg.name}")

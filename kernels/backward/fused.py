@@ -111,15 +111,15 @@ def pass_phases(ph, par):
 
 @T.macro
 def store_rows(x_f, out, t0, hv, nv, fac):
-    """``out[t0 + t, hv, :] = x_f[t, :] fac`` for ``t < nv`` (``fac`` a register: a global load inside the
-    predicated stores would be issued once per element pair, each waited for)."""
+    """``out[t0 + t, hv, :] = x_f[t, :] fac`` in ``out``'s dtype for ``t < nv`` (``fac`` a register: a global load
+    inside the predicated stores would be issued once per element pair, each waited for)."""
     for t, d in T.Parallel(*x_f.shape):
         if t < nv:
-            out[t0 + t, hv, d] = x_f[t, d] * fac
+            out[t0 + t, hv, d] = T.cast(x_f[t, d] * fac, out.dtype)
 
 
 def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24), warm: bool = False,
-                    chain: bool = False):
+                    chain: bool = False, dq16: bool = False):
     """TileLang prim_func of ``gdn_bwd_fused``.  Arguments: q, k [Ttot, H, D], v, dO [Ttot, HV, D] fp16 (the one-term
     plan's, v and dO under its powers of two); Sch [HV, NC, D, D] (key-first), Uh [HV, NC, 64, D],
     Th [HV, NC, 64, 64] fp16; Fb [HV, NC, 8, 64] fp32; cu_seqlens [N + 1], chunk_offsets [N + 1] int32 ([4 N + 1] with
@@ -128,6 +128,10 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24)
     ``factors[1, hv]``), qz, kw, kr, yv, db2 [2, HV, NC, 64] and sd [2, HV, NC, D] fp32 (half 0 the sums, half 1 zero),
     rect [HV, NC, 64], dh0 [N or 1, HV, D, D] fp32 key-first (with ``warm``, dht and dh0 per segment); use_dht,
     store_dh0 int32, scale fp32, factors [2, HV] fp32 (dv stored times row 0, dq~ and dk~ times row 1).
+
+    ``dq16``: dq~ and dk~ stored in fp16 as the kernel forms them, under the GVA group's powers of two (not times
+    ``factors[1]``: ``gdn_bwd_group_sum``'s scaled form applies it), half the bytes of fp32 (the chain form, which
+    stores neither: their arguments declared fp16, as its caller's buffers are).
 
     ``warm`` (``gdn_bwd_fused_warm``): the N "sequences" are CP segments of the call's sequences and
     ``chunk_offsets`` is ``dh_segmented.warm_table``'s; a segment that is not its sequence's last first runs its
@@ -145,6 +149,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24)
     assert io in ("bfloat16", "float16"), io
     Ttot, H, HV, N, NCg, Nh, Nt = dynamic_dims("Ttot H HV N NCg Nh Nt")
     n_co = 4 * N + 1 if warm else N + 1
+    qk_t = f16 if dq16 else f32                     # dq~, dk~ as stored
 
     def chunk_step(i, ntot, c0, bos, eos):
         """(ic, c, t0, keep, nv) of step ``i`` of a chunk loop (chunks last to first): the segment's chunk, its global
@@ -169,8 +174,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24)
         Lb: T.Tensor((HV, NCg), f32),
         dht: T.Tensor((Nh, HV, D, D), f32),
         dv: T.Tensor((Ttot, HV, D), io),
-        dq32: T.Tensor((Ttot, HV, D), f32),
-        dk32: T.Tensor((Ttot, HV, D), f32),
+        dq32: T.Tensor((Ttot, HV, D), qk_t),
+        dk32: T.Tensor((Ttot, HV, D), qk_t),
         qz: T.Tensor((2, HV, NCg, BT), f32),
         kw: T.Tensor((2, HV, NCg, BT), f32),
         kr: T.Tensor((2, HV, NCg, BT), f32),
@@ -308,7 +313,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24)
                 rs = T.alloc_fragment((BT,), f32)
                 rs2 = T.alloc_fragment((BT,), f32)
                 fac = T.alloc_local((1,), f32)             # dq~'s factor
-                fac[0] = factors[1, hv]
+                fac[0] = T.float32(1) if dq16 else factors[1, hv]
                 if chain:       # the phases' barriers alone
                     for i in T.serial(ntot):
                         par = i % 2
@@ -405,7 +410,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24)
                 rs = T.alloc_fragment((BT,), f32)
                 rs2 = T.alloc_fragment((BT,), f32)
                 fac = T.alloc_local((1,), f32)             # dk~'s factor
-                fac[0] = factors[1, hv]
+                fac[0] = T.float32(1) if dq16 else factors[1, hv]
                 if chain:       # D1 alone, for the chain
                     for i in T.serial(ntot):
                         par = i % 2

@@ -198,7 +198,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         # S, U, v and dO are read by the fused kernel last: freed before the group sums allocate
         states, b = None, dataclasses.replace(b, do=None, x=dataclasses.replace(x, v=None))
         x = b.x
-        terms = fused_group_sums(x=x, plan=plan, terms=terms)
+        terms = fused_group_sums(x=x, plan=plan, terms=terms, factors=f)
         mark("fused")
     else:
         side = _side_stream(x.q.device) if plan.overlap_recompute else None
@@ -503,13 +503,15 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
     tables), over ``plan.fused_segments`` where given: from their warm-up chunks (prep's bounds) with
     ``fused_warm``, from exact end gradients with ``fused_exact`` (``maps``: ``segment_maps_of`` over them;
     ``fused_end_gradients``); the gradients (dv, dh0) and the chunk terms, dq~ and dk~ per value head in fp32
-    ``[Ttot, HV, D]`` (``fused_group_sums`` sums them).  ``factors``: ``_scaled``'s."""
+    ``[Ttot, HV, D]`` (fp16 under the group scales with ``fused_dq16``; ``fused_group_sums`` sums them).
+    ``factors``: ``_scaled``'s."""
     from kernels.build import get_kernel
     x = b.x
     dev, D, HV, NC, Ttot = x.q.device, x.D, x.HV, x.NC, x.n_tok
     f32 = torch.float32
     dv = torch.empty(Ttot, HV, D, device=dev, dtype=_io_dtype(plan, x.q.dtype))
-    dq32, dk32 = (torch.empty(Ttot, HV, D, device=dev, dtype=f32) for _ in range(2))
+    qk_t = torch.float16 if plan.fused_dq16 else f32
+    dq32, dk32 = (torch.empty(Ttot, HV, D, device=dev, dtype=qk_t) for _ in range(2))
     qz, kw, kr, yv2, db22 = (torch.empty(2, HV, NC, BT, device=dev, dtype=f32) for _ in range(5))
     sd = torch.empty(2, HV, NC, D, device=dev, dtype=f32)
     rect = torch.empty(HV, NC, BT, device=dev, dtype=f32)
@@ -564,10 +566,11 @@ def fused_end_gradients(*, x: ForwardInputs, plan, args, tables: PrepTables, out
     return dh_segmented.end_gradients(cp, a, maps[:, :, D:, :], dhk, get_kernel(FixupConfig(D)))
 
 
-def fused_group_sums(*, x: ForwardInputs, plan, terms: ChunkTerms) -> ChunkTerms:
+def fused_group_sums(*, x: ForwardInputs, plan, terms: ChunkTerms, factors) -> ChunkTerms:
     """``terms`` with the fused kernel's dq~, dk~ summed over each GVA group in fp32 (``gdn_bwd_group_sum``; as
-    they are where a group is one value head), each per-value-head buffer freed once summed: stored in fp32 where
-    the L2 norm's chain follows, else as the final dq, dk in the caller's dtype."""
+    they are where a group is one value head, unless ``fused_dq16``: its scaled form, times ``factors[1]``, the
+    one-term plan's), each per-value-head buffer freed once summed: stored in fp32 where the L2 norm's chain
+    follows, else as the final dq, dk in the caller's dtype."""
     from kernels.build import get_kernel
     gsum = plan.fused_group_sum_config(x.use_l2)
     if gsum is None:
@@ -577,7 +580,10 @@ def fused_group_sums(*, x: ForwardInputs, plan, terms: ChunkTerms) -> ChunkTerms
     sums = []
     for name in ("dqv", "dkv"):
         out = torch.empty(x.n_tok, x.H, x.D, device=x.q.device, dtype=odt)
-        gs(getattr(terms, name), out)
+        if plan.fused_dq16:
+            gs(getattr(terms, name), factors, out)
+        else:
+            gs(getattr(terms, name), out)
         terms = _without(terms, name)
         sums.append(out)
     return dataclasses.replace(terms, dqv=sums[0], dkv=sums[1])
