@@ -78,10 +78,10 @@ def run_backward(q, k, v, g, beta, initial_state, do, dht, scale, use_qk_l2norm_
             kw["saved_tables"] = kept if isinstance(kept, dict) else dict(zip(SAVED_TABLES, kept))
     else:       # the tilelang Function's arithmetic: its fused one-term plan where dispatched, else Tinv's hi term
         #         alone where its dh reads the forward's tables
-        from kernels.backward.emulation import ONE_TERM_FP16
+        from kernels.backward.emulation import FUSED_FP16
         from kernels.backward.pipeline import reads_saved_tables, runs_fused
         if runs_fused(q, v, cu_seqlens):
-            kw.update(ONE_TERM_FP16, p_single=True)
+            kw.update(FUSED_FP16)
         else:       # (not fused: q alone decides)
             kw["tinv_hi_only"] = reads_saved_tables(q)
     dq, dk, dv, dg, db, dh0 = bwd(*args, **kw)

@@ -189,7 +189,7 @@ def test_fp16_operands_hold_at_any_output_gradient_scale(e):
 @pytest.mark.parametrize("dist", ["strong-decay", "slow-decay"])
 def test_dq_dk_stored_in_fp16_before_their_group_sums_meet_the_bar(dist):
     """dq~ and dk~ per value head rounded to fp16 under the GVA group's powers of two before their group sums
-    (``dqk_store``: what the fused kernel's stores would cost in fp16) keep every gradient of the fused plan's form
+    (``dqk_store``: the fused kernel's ``fused_dq16`` stores) keep every gradient of the fused plan's form
     within the FLA-like baseline and dg of strong decay within its floor; they change dq and dk alone, and fp32
     storage changes nothing."""
     case = Case(T=512, H=2, HV=4, h0_dtype="fp32", dist=dist, grad=True)
@@ -201,6 +201,28 @@ def test_dq_dk_stored_in_fp16_before_their_group_sums_meet_the_bar(dist):
     for n, a, b, c in zip(NAMES, ref, f32, f16):
         assert torch.equal(a, b), n
         assert torch.equal(a, c) == (n not in ("dq", "dk")), n
+
+
+def test_the_emulated_function_runs_the_dispatched_fused_arithmetic(monkeypatch):
+    """Where the fused plan is dispatched, the emulated autograd Function's gradients are bitwise the emulation's
+    ``FUSED_FP16`` form (dq~ and dk~ stored in fp16, as the dispatched kernel stores them), which differs from the
+    fp32 stores in dq and dk."""
+    from kernels import plan as kp
+    from kernels.backward.emulation import FUSED_FP16
+
+    case = Case(B=2, T=96, H=1, HV=2, h0_dtype="fp32", dist="strong-decay", grad=True)
+    monkeypatch.setattr(kp, "FUSED_MIN_CTAS", case.B * case.HV)
+    xs, kw, do, dht = tt.bwd_args(case)
+    leaves = [x.clone().requires_grad_() for x in xs]
+    h0 = kw["initial_state"].clone().requires_grad_()
+    o, ht = fn(*leaves, **dict(kw, initial_state=h0), output_final_state=True, impl="emulation")
+    (o.float() * do.float()).sum().add((ht * dht).sum()).backward()
+    got = [x.grad for x in leaves] + [h0.grad]
+    want = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **FUSED_FP16)
+    f32 = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **dict(FUSED_FP16, dqk_store=None))
+    for n, a, b, c in zip(NAMES, got, want, f32):
+        assert torch.equal(a, b), (n, case.id)
+        assert torch.equal(a, c) == (n not in ("dq", "dk")), (n, case.id)
 
 
 def test_bf16_one_term_operands_lose_the_bar_under_strong_decay():

@@ -651,11 +651,9 @@ _DQ16_CASES = _FUSED_CASES + [Case(T=1024, H=2, HV=2, dist="qwen-gates", h0_dtyp
 def test_fused_dq16_is_the_emulations(case):
     """``fused_dq16``: the fused kernel stores dq~, dk~ in fp16 under the GVA group scales and the group sums'
     scaled form applies the factors: every gradient within the input dtype's rounding floor of the emulation's
-    (``dqk_store`` fp16) and within the FLA-like baseline."""
-    from kernels.backward.emulation import ONE_TERM_FP16
-    _backward_alternative_is_the_emulations(case, dict(FUSED16, fused_dq16=True),
-                                            dict(ONE_TERM_FP16, p_single=True, dqk_store=torch.float16),
-                                            "fused dq16 vs emulation")
+    (``FUSED_FP16``) and within the FLA-like baseline."""
+    from kernels.backward.emulation import FUSED_FP16
+    _backward_alternative_is_the_emulations(case, dict(FUSED16, fused_dq16=True), FUSED_FP16, "fused dq16 vs emulation")
 
 
 @pytest.mark.parametrize("case", _DQ16_CASES[-2:], ids=[c.id for c in _DQ16_CASES[-2:]])
@@ -712,8 +710,8 @@ _DISPATCHED_FUSED = Case(B=4, T=320, H=16, HV=32, grad=True)
 def test_dispatched_fused_plan_is_the_emulations():
     """Where ``kernels.plan.dispatches_fused``: the backward's dispatched plan is the fused one, the forward keeps no
     tables, and the autograd Function's gradients are within the input dtype's rounding floor of the emulation's
-    one fp16 term (``p_single``) and within the FLA-like baseline."""
-    from kernels.backward.emulation import ONE_TERM_FP16
+    ``FUSED_FP16`` form and within the FLA-like baseline."""
+    from kernels.backward.emulation import FUSED_FP16
     from kernels.backward.pipeline import plan_for, prepare_backward, reads_saved_tables
     from kernels.plan import FUSED_MIN_CTAS
 
@@ -722,8 +720,7 @@ def test_dispatched_fused_plan_is_the_emulations():
     args, kw, do, dht = tt.bwd_args(case, CUDA)
     assert plan_for(prepare_backward(*args, do, dht, **kw)).fused
     assert not reads_saved_tables(args[0], args[2], kw.get("cu_seqlens"))
-    _backward_alternative_is_the_emulations(case, {}, dict(ONE_TERM_FP16, p_single=True, dqk_store=torch.float16),
-                                            "dispatched fused vs emulation")
+    _backward_alternative_is_the_emulations(case, {}, FUSED_FP16, "dispatched fused vs emulation")
 
 
 # the warm segmented cases the fused kernel takes (K = 128): slow decay (every segment runs on to its sequence's

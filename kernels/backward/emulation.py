@@ -41,6 +41,9 @@ HALF_TOP = 14
 # the arguments of ``chunk_gated_delta_rule_bwd`` that emulate a one-term plan on the fp16 kernels (``ours-one16``)
 ONE_TERM_FP16 = dict(dh_single=True, s_single=True, lo8_tables=False, one_term=True, kernel_dtype=torch.float16,
                      group_scales=True, chunk_exp=True)
+# the dispatched fused plan's (``BackwardPlan.fused`` with ``fused_dq16``): dUloc from one fp16 term of P, dq~ and
+# dk~ stored in fp16 before their GVA group sums
+FUSED_FP16 = dict(ONE_TERM_FP16, p_single=True, dqk_store=torch.float16)
 
 
 def half_term(x: torch.Tensor) -> torch.Tensor:
@@ -393,9 +396,10 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     ``operands`` "split", a precision study: no kernel computes them): ``OPERANDS`` of one kernel alone, dh's
     operands and the dS', dY tables it stores, or dqk's operands and every table it reads (S, U, dS', dY, one
     term each), the other kernels split.  ``p_single``: dUloc from one input-dtype term of P (``local_du``).
-    ``dqk_store`` (a precision study: no kernel computes it): dq~ and dk~ per value head rounded to that dtype
-    before their GVA group sums (under ``group_scales``, the scaled values).  ``stages``: a dict that receives the
-    intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for stage-by-stage checks)."""
+    ``dqk_store``: dq~ and dk~ per value head rounded to that dtype before their GVA group sums (under
+    ``group_scales``, the scaled values; fp16: the fused kernel's ``fused_dq16`` stores, ``FUSED_FP16``).
+    ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
+    stage-by-stage checks)."""
     if group_scales:
         H = q.shape[2]
         ea, eb = group_exponents(do, dht, H), group_exponents(v, initial_state, H)
