@@ -2,7 +2,7 @@
 per warpgroup and phase.
 
     python3 benchmarks/experiments/fused_bwd_profile.py [--shape B,T,H,HV] [--first 4] [--last 60] [--source F]
-        [--no-store dv,dq,dk] [--dq16] [--compile-only]
+        [--no-store dv,dq,dk] [--dq32] [--compile-only]
 
 The copy marks, in each warpgroup's chunk loop, the loop's start, every ``T.barrier_wait`` (after it) and every
 arrival at a phase barrier (before it): thread 0 of each warpgroup of CTA (0, 0) stores the low 32 bits of
@@ -13,8 +13,9 @@ time in the pipeline's fused stage (``triton.testing.do_bench``; the dispatched 
 and each output's largest difference from the tree's kernel's.  ``--source``: another copy of ``fused.py`` (e.g. an
 earlier commit's, for an A/B in one run); ``--no-store``: those outputs' global stores predicated off (the factor
 ``fac`` of each is a positive power of two, so ``fac < 0`` never holds, and the work that forms them is still
-compiled and run): what the stores cost; ``--dq16``: the kernel's ``dq16`` form (dq~, dk~ in fp16; the tree's
-for the comparison is the same plan's with ``fused_dq16``); ``--compile-only``: build both kernels (no GPU).
+compiled and run): what the stores cost.  The kernel is the dispatched plan's form, dq~ and dk~ stored in fp16
+(``dq16``); ``--dq32``: its fp32 form (the tree's for the comparison is then the same plan's without
+``fused_dq16``); ``--compile-only``: build both kernels (no GPU).
 """
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ def module_of(text: str, name: str):
     return mod
 
 
-def kernels_of(source: str, no_store=(), dq16: bool = False):
+def kernels_of(source: str, no_store=(), dq16: bool = True):
     """(plain kernel, marked kernel, labels) of the ``fused.py`` copy ``source`` (one-pass form, bf16 dv; its
     ``dq16`` form where asked), the stores of the outputs ``no_store`` predicated off."""
     import tilelang
@@ -119,10 +120,10 @@ def kernels_of(source: str, no_store=(), dq16: bool = False):
     return build(plain), build(marked), labels
 
 
-def dispatched_fused_stage(q, k, v, g, beta, do, dht, dq16: bool = False):
+def dispatched_fused_stage(q, k, v, g, beta, do, dht, dq16: bool = True):
     """A function running the dispatched backward plan's fused kernel (``pipeline.fused``, no initial state) on the
     stages before it, run once here; it returns the kernel's (state gradients, chunk terms); ``dh0`` is unwritten by
-    the plain kernel.  ``dq16``: the plan with ``fused_dq16``."""
+    the plain kernel.  ``dq16``: the plan with ``fused_dq16`` (the dispatched one), else without."""
     from kernels.backward import pipeline as bp
     b = bp.prepare_backward(q, k, v, g, beta, do, dht, None, None, True, False, None)      # q, k L2-normalised
     plan = dataclasses.replace(bp.with_fused_segments(bp.plan_for(b), b), fused_dq16=dq16)
@@ -140,11 +141,11 @@ def main(argv=None):
     ap.add_argument("--last", type=int, default=60)
     ap.add_argument("--source", default=SOURCE)
     ap.add_argument("--no-store", default="", help="outputs whose stores are predicated off: dv,dq,dk")
-    ap.add_argument("--dq16", action="store_true", help="the kernel's dq16 form (dq~, dk~ stored in fp16)")
+    ap.add_argument("--dq32", action="store_true", help="the kernel's fp32 form (dq~, dk~ stored in fp32)")
     ap.add_argument("--compile-only", action="store_true")
     a = ap.parse_args(argv)
     no_store = [x for x in a.no_store.split(",") if x]
-    plain_kern, kern, labels = kernels_of(a.source, no_store, a.dq16)
+    plain_kern, kern, labels = kernels_of(a.source, no_store, not a.dq32)
     if a.compile_only:
         for w in range(4):
             print(f"WG{w}: {len(labels[w])} marks: {', '.join(labels[w])}")
@@ -158,7 +159,7 @@ def main(argv=None):
     from fused_bwd_check import make_inputs
     from kernels.backward.configs import FUSED_KIND
     B, T, H, HV = (int(s) for s in a.shape.split(","))
-    stage = dispatched_fused_stage(*make_inputs(B, T, H, HV, False, False, "cuda")[:7], dq16=a.dq16)
+    stage = dispatched_fused_stage(*make_inputs(B, T, H, HV, False, False, "cuda")[:7], dq16=not a.dq32)
     get = build.get_kernel
 
     def using(kern):
