@@ -285,7 +285,9 @@ class BackwardPlan:
     (``dh_segmented.PlanTensors``), set by the pipeline for the call's layout where ``fused_warm`` or
     ``fused_exact`` (None: one pass); ``fused_dq16`` (read with ``fused``): the fused kernel stores dq~ and dk~ in
     fp16 under the GVA group scales (half the bytes) and the group sums' scaled form applies the factors, for groups
-    of one value head too (dispatched with ``fused``); ``split``: on a dispatched fused plan, the split plan
+    of one value head too (dispatched with ``fused``); ``prep_converts`` (read with ``fused``): prep's converting form
+    does ``gdn_bwd_convert``'s work on the chunks it reads (its ``io`` config), so that no conversion pass runs
+    (dispatched with ``fused``); ``split``: on a dispatched fused plan, the split plan
     ``backward_plan`` gives the same call otherwise (the A/B baseline there; it reads the forward's tables), else
     None."""
     dtype: str
@@ -316,6 +318,7 @@ class BackwardPlan:
     fused_warm: bool = False
     fused_exact: bool = False
     fused_dq16: bool = False
+    prep_converts: bool = False
     fused_segments: object = field(default=None, compare=False)
     split: object = field(default=None, compare=False)
 
@@ -380,10 +383,16 @@ class BackwardPlan:
     def prep_config(self, saved: bool) -> BwdConfig:
         """prep's form; ``saved``: on the forward's Tinv and Ag (and then the chunks' bounds for the warm segmented
         pass); computing Tinv: without dUloc^T for the fused kernel, and Tinv's hi term alone for the one-term plans
-        (their kernels read no Tinv lo)."""
+        (their kernels read no Tinv lo); converting the inputs where ``converts_in_prep``."""
         return BwdConfig("prep", self.dtype, self.DK, saved=saved, merge="bf16" if saved else self.merge,
                          bounds=saved and (self.segmented_warm or self.recompute_on_warm_segments),
-                         no_du=self.fused and not saved, tinv_hi=self.one_term and not saved)
+                         no_du=self.fused and not saved, tinv_hi=self.one_term and not saved,
+                         io=(self.io_dtype or self.dtype) if self.converts_in_prep and not saved else "")
+
+    @property
+    def converts_in_prep(self) -> bool:
+        """Whether prep's converting form replaces ``gdn_bwd_convert`` (``prep_converts`` on the fused plan)."""
+        return self.prep_converts and self.fused
 
     @property
     def takes_saved_tables(self) -> bool:
@@ -425,8 +434,10 @@ class BackwardPlan:
                          dq16=self.fused_dq16)
 
     def convert_config(self) -> BwdConfig | None:
-        """``gdn_bwd_convert`` of a one-term plan: v and dO scaled, q, k, v, dO from ``io_dtype`` (if any)."""
-        return BwdConfig(CONVERT_KIND, self.dtype, self.DK, io=self.io_dtype or self.dtype) if self.one_term else None
+        """``gdn_bwd_convert`` of a one-term plan: v and dO scaled, q, k, v, dO from ``io_dtype`` (if any); None
+        where prep does that work (``converts_in_prep``)."""
+        return (BwdConfig(CONVERT_KIND, self.dtype, self.DK, io=self.io_dtype or self.dtype)
+                if self.one_term and not self.converts_in_prep else None)
 
     def amax_config(self) -> BwdConfig | None:
         """``gdn_bwd_amax`` of a one-term plan (the inputs' dtype)."""
@@ -495,8 +506,9 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     one launch, each segment from its warm-up chunks) and the recompute on dh's segments at ``WS_CP_BV`` columns,
     from its own warm-up chunks at the head dims of ``WS_HEAD_DIMS`` (``recompute_warm``), else from the shared
     scan's start states (``shared_scan``); every kernel built for the call's head dim ``DK`` (K == V).  Where
-    ``dispatches_fused``: that plan with ``ONE_TERM_FIELDS``, ``fused`` (dh and dqk in one kernel) and ``fused_dq16``
-    (dq~, dk~ in fp16; their GVA sums by ``gdn_bwd_group_sum_scaled``: ``cluster_group_sum`` off)."""
+    ``dispatches_fused``: that plan with ``ONE_TERM_FIELDS``, ``fused`` (dh and dqk in one kernel), ``fused_dq16``
+    (dq~, dk~ in fp16; their GVA sums by ``gdn_bwd_group_sum_scaled``: ``cluster_group_sum`` off) and
+    ``prep_converts`` (no conversion pass)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
@@ -514,5 +526,6 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
                         shared_scan=not seq and DK not in WS_HEAD_DIMS, dh_warm=not seq,
                         recompute_warm=not seq and DK in WS_HEAD_DIMS)
     if dispatches_fused(dtype, HV, n_seq, DK):
-        return replace(plan, **ONE_TERM_FIELDS, fused=True, fused_dq16=True, cluster_group_sum=False, split=plan)
+        return replace(plan, **ONE_TERM_FIELDS, fused=True, fused_dq16=True, prep_converts=True,
+                       cluster_group_sum=False, split=plan)
     return plan

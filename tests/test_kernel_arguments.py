@@ -210,3 +210,23 @@ def test_fused_dq16_launches_what_the_kernels_declare(monkeypatch, layout, l2, c
         assert any(",chain," in n for n in kernels), launches
     want = "bwd_gsum32[DK=DV=128,dq16,float16]" if l2 else "bwd_gsum[DK=DV=128,dq16,bfloat16]"
     assert launches.count(want) == 2 and sum(n.startswith("bwd_gsum") for n in launches) == 2, launches
+
+
+@pytest.mark.parametrize("layout,l2", [("many-heads", False), ("varlen", True)])
+def test_converting_prep_launches_what_the_kernels_declare(layout, l2):
+    """``prep_converts`` (dispatched with the fused plan): the maxima, then prep's converting form on the caller's
+    bf16 inputs with the fp16 copies and the scale factors among its arguments, and no ``gdn_bwd_convert``."""
+    from benchmarks.bench_kernels_bwd import alter
+    from kernels.plan import BackwardPlan
+
+    fused = alter("ours-fused-seq")
+
+    def change(plan):
+        plan = fused(plan)
+        return (dataclasses.replace(plan, fused_dq16=True, prep_converts=True) if isinstance(plan, BackwardPlan)
+                else plan)
+    launches = _run(layout, change, l2=l2)
+    prep = "bwd_prep[DK=DV=128,tinv_hi,no_du,merge=fp32,io=bfloat16,float16]"
+    amax = "bwd_amax[DK=DV=128,bfloat16]"
+    assert launches.count(prep) == 1 and launches.count(amax) == 1, launches
+    assert launches.index(amax) < launches.index(prep) and not any(n.startswith("bwd_cvt") for n in launches)

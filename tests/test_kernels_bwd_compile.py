@@ -138,7 +138,9 @@ def test_bwd_kernel_compiles_for_sm90a(compiled, cfg):
     want += {"split": 8, "fp32": -4}.get(cfg.merge, 0)         # merges: 3 products a merge product, or none
     want -= 3 if cfg.no_du else 0                             # prep without dUloc^T: no Q K^T, no dO^T (Ph, Pl)
     others = {"bfloat16": FUSED_BF16_SITES} if kind == FUSED_KIND else None
-    check_wgmma(src, "bfloat16" if cfg.dtype == "float32" else cfg.dtype, want, others)  # dtype-free kinds: no wgmma
+    # dtype-free kinds: no wgmma; prep's converting form: K K^T on the caller's (io) tiles
+    wg_dtype = cfg.io if cfg.kind == "prep" and cfg.io else "bfloat16" if cfg.dtype == "float32" else cfg.dtype
+    check_wgmma(src, wg_dtype, want, others)
     assert "exp2f" in src or cfg.kind in ("dh", "gsum", "gsum32", "cvt", "amax")
     if cfg.kind == "dh":
         # the register kernel: every A operand from registers; the warp-specialised one: every operand in shared

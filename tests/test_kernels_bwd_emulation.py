@@ -1481,8 +1481,10 @@ def test_one_term_plans_store_no_unread_lo_tables():
 
 def test_the_fused_plan_is_dispatched_where_its_one_pass_fills_the_gpu(monkeypatch):
     """``backward_plan`` gives the fused one-term plan for bf16 inputs at K = 128 from ``FUSED_MIN_CTAS`` (value head,
-    sequence) pairs, and the split plan below that, for fp16 inputs and at K = 64; where it does, the forward keeps
-    no tables (``reads_saved_tables`` of q, v and cu_seqlens, and the library op's dense table count)."""
+    sequence) pairs, with prep converting the inputs, and the split plan below that, for fp16 inputs and at K = 64;
+    where it does, the forward keeps no tables (``reads_saved_tables`` of q, v and cu_seqlens, and the library op's dense table count)."""
+    import dataclasses
+
     from kernels import plan as kp
     from kernels.backward import pipeline as bapi
     from kernels.library import dense_kept_chunks
@@ -1491,6 +1493,10 @@ def test_the_fused_plan_is_dispatched_where_its_one_pass_fills_the_gpu(monkeypat
     fused = kp.backward_plan("bfloat16", 16, 32, 64 * n // 32, n // 32)
     assert fused.fused and fused.one_term and fused.dtype == "float16" and fused.io_dtype == "bfloat16"
     assert not fused.takes_saved_tables and fused.fused_config().name.startswith("bwd_fused")
+    # prep converts the inputs (no conversion pass), in the fused plan alone
+    assert fused.converts_in_prep and fused.convert_config() is None and fused.amax_config() is not None
+    assert fused.prep_config(False).io == "bfloat16" and not any(getattr(c, "kind", "") == "cvt" for c in fused.configs(False))
+    assert not dataclasses.replace(fused, fused=False).converts_in_prep
     for args, kw in [(("bfloat16", 16, 32, 64, n // 32 - 1), {}), (("float16", 16, 32, 64, n // 32), {}),
                      (("bfloat16", 16, 32, 64, n // 32), {"DK": 64})]:
         p = kp.backward_plan(*args, **kw)

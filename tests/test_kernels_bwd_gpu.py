@@ -703,6 +703,50 @@ def test_one_term_hi_alone_tables_are_the_split_forms(monkeypatch):
         assert torch.equal(a, r), (name, case.id, tt.max_rel(a, r))
 
 
+# prep's converting form (``prep_converts``, dispatched with the fused plan): the in-kernel L2 norm on GVA 2 with h0 and
+# dht, a ragged batch with empty sequences (chunks whose sequence ends inside them; CTAs of no chunk), GVA 8 under
+# strong decay
+_PREP_CONVERT_CASES = [Case(B=2, T=700, H=2, HV=4, dist="raw-qk-l2", h0_dtype="fp32", grad=True),
+                       _FUSED_CASES[-1], Case(layout="varlen-ragged", T=1001, H=1, HV=8, dist="strong-decay", grad=True)]
+
+
+@pytest.mark.parametrize("case", _PREP_CONVERT_CASES, ids=[c.id for c in _PREP_CONVERT_CASES])
+def test_converting_prep_is_convert_then_prep(case):
+    """``BackwardPlan.prep_converts``: prep's converting form (``gdn_bwd_amax`` then prep on the caller's bf16 inputs)
+    gives bitwise the q, k, v, dO copies, the scaled h0 and dht and the factors of ``gdn_bwd_convert``, and bitwise
+    the tables of prep on its copies in every chunk whose q and k copies are exact; where one is not (an element
+    outside fp16's normal range), tables within fp32 rounding of them (computed from the exact bf16 values)."""
+    from kernels.backward import pipeline as bp
+
+    xs, kw, do, dht = tt.bwd_args(case, CUDA)
+    b = bp.prepare_backward(*xs, do, dht, **kw)
+    plan = dataclasses.replace(bp.plan_for(b), **dict(FUSED16, fused_dq16=True, prep_converts=True))
+    assert plan.converts_in_prep and plan.convert_config() is None and plan.prep_config(False).io == "bfloat16"
+    b1, f1, t1 = bp.scaled_prep(b=b, plan=plan, saved=None)
+    b2, f2, t2 = bp.scaled_prep(b=b, plan=dataclasses.replace(plan, prep_converts=False), saved=None)
+    torch.cuda.synchronize()
+    pairs = [(n, getattr(b1.x, n), getattr(b2.x, n)) for n in ("q", "k", "v", "h0")]
+    pairs += [("do", b1.do, b2.do), ("dht", b1.dht, b2.dht), ("factors", f1, f2)]
+    for name, a, r in pairs:
+        assert (a is None) == (r is None), (name, case.id)
+        assert a is None or torch.equal(a, r), (name, case.id, tt.max_rel(a.float(), r.float()))
+    # the chunks (value head, chunk) whose q or k rows have an inexact fp16 copy
+    x = b.x
+    inexact = ((b1.x.q.float() != x.q.float()) | (b1.x.k.float() != x.k.float())).any(-1).cpu()     # [Ttot, H]
+    cu, ci = x.cu.cpu().tolist(), x.chunk_indices.cpu().tolist()
+    bad = torch.zeros(x.HV, x.NC, dtype=torch.bool)
+    for c, (n, j) in enumerate(ci):
+        t0 = cu[n] + 64 * j
+        bad[:, c] = inexact[t0:min(t0 + 64, cu[n + 1])].any(0).repeat_interleave(x.HV // x.H)
+    good = ~bad
+    for n in ("Th", "Agh", "Agl", "Fb", "Lb"):
+        a, r = getattr(t1, n).cpu(), getattr(t2, n).cpu()
+        assert torch.equal(a[good], r[good]), (f"prep {n}", case.id, int(bad.sum()), tt.max_rel(a.float(), r.float()))
+    ag1, ag2 = (t.Agh.float() + t.Agl.float() for t in (t1, t2))
+    for name, a, r in (("Tinv", t1.Th, t2.Th), ("Ag", ag1, ag2), ("Fb", t1.Fb, t2.Fb)):
+        assert tt.max_rel(a.float(), r.float()) <= 2 ** -10, (name, case.id, tt.max_rel(a.float(), r.float()))
+
+
 # FUSED_MIN_CTAS (value head, sequence) pairs: the layout from which the fused plan is dispatched
 _DISPATCHED_FUSED = Case(B=4, T=320, H=16, HV=32, grad=True)
 

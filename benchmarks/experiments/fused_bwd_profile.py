@@ -128,8 +128,7 @@ def dispatched_fused_stage(q, k, v, g, beta, do, dht, dq16: bool = True):
     b = bp.prepare_backward(q, k, v, g, beta, do, dht, None, None, True, False, None)      # q, k L2-normalised
     plan = dataclasses.replace(bp.with_fused_segments(bp.plan_for(b), b), fused_dq16=dq16)
     assert plan.fused and plan.fused_segments is None, f"not the one-pass fused plan at this shape: {plan}"
-    b, f = bp._scaled(b, plan)
-    tables = bp.prep(b=b, plan=plan, saved=None)
+    b, f, tables = bp.scaled_prep(b=b, plan=plan, saved=None)
     states = bp.recompute(x=b.x, plan=plan, tables=tables, side=None, maps=None)
     return lambda: bp.fused(b=b, plan=plan, tables=tables, states=states, factors=f)
 

@@ -39,7 +39,7 @@ def main(argv=None):
     B, T, H, HV = (int(s) for s in a.shape.split(","))
     q, k, v, g, beta, do, dht, h0, cu = make_inputs(B, T, H, HV, False, False, "cuda")
     b = bp.prepare_backward(q, k, v, g, beta, do, dht, None, h0, True, False, cu)
-    plan = dataclasses.replace(bp.plan_for(b), **ONE_TERM_FIELDS, fused=True)
+    plan = dataclasses.replace(bp.plan_for(b), **ONE_TERM_FIELDS, fused=True, prep_converts=False)
     b, _ = bp._scaled(b, plan)
     prep_cfg = plan.prep_config(False)
     intra, state, *rest = plan.recompute_configs()

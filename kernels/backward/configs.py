@@ -57,7 +57,8 @@ class BwdConfig:
     #                                (pass A of the exact segmented pass, ``gdn_bwd_fused_chain``)
     no_du: bool = False            # prep computing Tinv only: no dUloc^T (the fused backward forms it; dO not read)
     io: str = ""                   # dh_ws, dqk with one, fused: the caller's dtype where the operands are another
-    #                                (dtype): dv, dq, dk stored in it ("": dtype); cvt: the source dtype (may be dtype)
+    #                                (dtype): dv, dq, dk stored in it ("": dtype); cvt: the source dtype (may be dtype);
+    #                                prep with no_du: its converting form (gdn_bwd_convert's work too), from io
     dq16: bool = False             # fused: dq~, dk~ stored in fp16 under the GVA group scales (the chain form: its
     #                                unwritten dq~, dk~ arguments declared fp16); gsum, gsum32: their scaled form,
     #                                reading those and applying the factors
@@ -81,13 +82,12 @@ def all_configs():
     without the chunks' bounds), dqk also on S's hi term alone (an A/B alternative); the split dh and dqk with fp8
     lo tables (``lo8``), the split dh with fp8 lo tables also warp-specialised at 32 value columns (``ws_bv``) and
     in the segmented pass's warm-up form (``warm``, on Tinv hi + lo or hi alone), and at ``DQK_E_ONCE_HEAD_DIM`` dqk
-    with fp8 lo
-    tables forming the intra terms' gates once (``e_once``) and widening its lo tiles with a masked power of two
-    (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B alternative; fp16
-    operands with bf16 dv, dq, dk too, ``io``, and the one-term passes: the maxima and the inputs' scaling, bf16 to
-    fp16 or in their dtype) and the fused kernel of both on fp16 operands (``FUSED_KIND``, dv in bf16 or fp16, and
-    its prep, without dUloc^T: ``no_du``); the dtype-free dgdb once.  The forward recompute runs the forward's intra
-    and state kernels (``kernels.build.forward_configs``)."""
+    with fp8 lo tables forming the intra terms' gates once (``e_once``) and widening its lo tiles with a masked power
+    of two (``exp_mask``), as dispatched there, and the one-term forms of dh_ws and dqk (``one``: an A/B
+    alternative; fp16 operands with bf16 dv, dq, dk too, ``io``, and the one-term passes: the maxima and the inputs'
+    scaling, bf16 to fp16 or in their dtype) and the fused kernel of both on fp16 operands (``FUSED_KIND``, dv in
+    bf16 or fp16, and its prep, without dUloc^T: ``no_du``, also converting bf16 inputs: ``io``); the dtype-free
+    dgdb once.  The forward recompute runs the forward's intra and state kernels (``kernels.build.forward_configs``)."""
     return [c for D in sorted(HEAD_DIMS, reverse=True) for c in _configs_at(D)]
 
 
@@ -118,6 +118,7 @@ def _configs_at(D: int):
                   for w, c in ((False, False), (True, False), (False, True))]
                + [BwdConfig(k, dt, D, dq16=True) for k, dt in (("gsum", "bfloat16"), ("gsum32", "float16"))]
                + [BwdConfig("prep", "float16", D, merge="fp32", no_du=n, tinv_hi=True) for n in (True, False)]
+               + [BwdConfig("prep", "float16", D, merge="fp32", no_du=True, tinv_hi=True, io="bfloat16")]
                if D == DQK_E_ONCE_HEAD_DIM else []))
 
 
@@ -157,9 +158,12 @@ def prim_func(cfg: BwdConfig):
                         or (cfg.kind in DQK_KINDS and cfg.s_single and not cfg.lo8) or cfg.kind == FUSED_KIND):
         raise ValueError(f"one (every term single) is a form of the warp-specialised dh with single, of dqk with "
                          f"s_single, neither with fp8 lo tables, and of {FUSED_KIND}: {cfg.name}")
-    if cfg.io and not (cfg.one and cfg.io in DTYPES and cfg.io != cfg.dtype) and cfg.kind != CONVERT_KIND:
+    converting_prep = cfg.kind == "prep" and cfg.no_du and not cfg.saved and cfg.io in DTYPES
+    if cfg.io and not (cfg.one and cfg.io in DTYPES and cfg.io != cfg.dtype) and cfg.kind != CONVERT_KIND \
+            and not converting_prep:
         raise ValueError(f"io (the caller's dtype: dv, dq, dk stored in it) is a form of the one-term dh_ws, dqk and "
-                         f"{FUSED_KIND}, another dtype of {DTYPES} than the operands': {cfg.name}")
+                         f"{FUSED_KIND}, another dtype of {DTYPES} than the operands'; prep without dUloc^T: the "
+                         f"dtype it converts q, k, v, dO from: {cfg.name}")
     if cfg.kind == CONVERT_KIND and cfg.io not in DTYPES:
         raise ValueError(f"{CONVERT_KIND} converts from its io dtype, one of {DTYPES}: {cfg.name}")
     if cfg.kind == CONVERT_KIND:
@@ -173,7 +177,7 @@ def prim_func(cfg: BwdConfig):
     if cfg.kind == "prep":
         from .prep import build_bwd_prep
         return build_bwd_prep(D, D, cfg.dtype, saved=cfg.saved, merge=cfg.merge, bounds=cfg.bounds, du=not cfg.no_du,
-                              tinv_lo=not cfg.tinv_hi)
+                              tinv_lo=not cfg.tinv_hi, io=cfg.io)
     if cfg.ws_bv and (cfg.kind != "dh" or cfg.ws_bv not in DH_WS_BLOCKS):
         raise ValueError(f"ws_bv (the warp-specialised reverse pass) is a form of dh at {DH_WS_BLOCKS}: {cfg.name}")
     if cfg.warm and not ((cfg.kind == "dh" and not (cfg.single or cfg.ws_bv)) or cfg.kind == FUSED_KIND):

@@ -9,6 +9,9 @@
   (``q2, k2`` not written).  It also writes ``scales.scales_and_factors``: the powers of two it applied and the
   ``factors`` that undo them.
 
+Prep's converting form (``prep.py``, the fused plan's) does ``gdn_bwd_convert``'s work per chunk with the same group
+scales (``group_scales``, ``store_scales``).
+
 ``q, k [Ttot, H, D]``, ``v, do [Ttot, HV, D]``.  Grid (row block, value head): the CTA of value head ``hv`` takes its
 rows of v and dO, and those of q and k where ``hv < H``.  The gradients are scaled back as dh_ws and dqk store them
 (their one forms' ``factors``).
@@ -23,6 +26,43 @@ from .scales import EXP_MAX
 ROWS = 16         # token rows per CTA of 128 threads (16 elements a thread at D 128)
 AMAX_ROWS = 128   # token rows per CTA of gdn_bwd_amax (16 steps of 8 elements a thread at D 128)
 THREADS = 128
+
+
+def exponent(b):
+    """``scales.exponents_of_bits`` of one maximum's bits ``b``: floor(log2 m) clamped, 0 for 0 or inf / NaN."""
+    field = (b >> 23) & 255
+    return T.if_then_else((b == 0) | (field == 255), 0, T.max(T.min(field - 127, EXP_MAX), -EXP_MAX))
+
+
+def pow2(e):
+    """``2^e`` fp32 from its exponent bits (e in [-126, 127])."""
+    return T.reinterpret((e + 127) << 23, "float32")
+
+
+@T.macro
+def group_scales(bits, hv, G, m, e, s, h0):
+    """Value head ``hv``'s GVA group (``G`` value heads): ``m`` its largest magnitudes' bits (dO's, v's) from
+    ``bits``, ``e`` their exponents, ``s`` the powers of two ``2^-e`` applied (``h0`` the group's first value
+    head; all local arrays of 2, 2, 2, 1)."""
+    h0[0] = hv - hv % G
+    m[0] = 0
+    m[1] = 0
+    for j in T.serial(G):
+        m[0] = T.max(m[0], bits[0, h0[0] + j])
+        m[1] = T.max(m[1], bits[1, h0[0] + j])
+    e[0] = exponent(m[0])
+    e[1] = exponent(m[1])
+    s[0] = pow2(-e[0])
+    s[1] = pow2(-e[1])
+
+
+@T.macro
+def store_scales(out, hv, e, s):
+    """``out[:, hv]`` = ``scales.scales_and_factors``' column of value head ``hv`` from ``group_scales``' e, s."""
+    out[0, hv] = s[0]
+    out[1, hv] = s[1]
+    out[2, hv] = pow2(e[0])
+    out[3, hv] = pow2(T.max(T.min(e[0] + e[1], 127), -126))
 
 
 def build_amax(D: int, src: str):
@@ -77,15 +117,6 @@ def build_convert(D: int, src: str, dst: str):
     f32, i32 = "float32", "int32"
     qk = src != dst
 
-    def exponent(b):
-        """``scales.exponents_of_bits`` of one maximum's bits ``b``: floor(log2 m) clamped, 0 for 0 or inf / NaN."""
-        field = (b >> 23) & 255
-        return T.if_then_else((b == 0) | (field == 255), 0, T.max(T.min(field - 127, EXP_MAX), -EXP_MAX))
-
-    def pow2(e):
-        """``2^e`` fp32 from its exponent bits (e in [-126, 127])."""
-        return T.reinterpret((e + 127) << 23, f32)
-
     @T.prim_func
     def gdn_bwd_convert(
         q: T.Tensor((Ttot, H, D), src),
@@ -105,21 +136,9 @@ def build_convert(D: int, src: str, dst: str):
             e = T.alloc_local((2,), i32)
             s = T.alloc_local((2,), f32)
             h0 = T.alloc_local((1,), i32)          # the group's first value head
-            h0[0] = hv - hv % (HV // H)
-            m[0] = 0
-            m[1] = 0
-            for j in T.serial(HV // H):
-                m[0] = T.max(m[0], bits[0, h0[0] + j])
-                m[1] = T.max(m[1], bits[1, h0[0] + j])
-            e[0] = exponent(m[0])
-            e[1] = exponent(m[1])
-            s[0] = pow2(-e[0])
-            s[1] = pow2(-e[1])
+            group_scales(bits, hv, HV // H, m, e, s, h0)
             if bt == 0 and tx == 0:
-                out[0, hv] = s[0]
-                out[1, hv] = s[1]
-                out[2, hv] = pow2(e[0])
-                out[3, hv] = pow2(T.max(T.min(e[0] + e[1], 127), -126))
+                store_scales(out, hv, e, s)
             t0 = bt * ROWS
             for i, d in T.Parallel(ROWS, D):
                 if t0 + i < Ttot:

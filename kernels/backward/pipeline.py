@@ -170,13 +170,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
         raise ValueError(f"a {plan.dtype} plan for {out_dt} inputs needs io_dtype {TL_DTYPE[out_dt]} and no "
                          f"saved tables; got io_dtype={plan.io_dtype!r}, reads_saved_tables="
                          f"{plan.reads_saved_tables}")
-    f = None
-    if plan.one_term:                   # v, dO (and h0, dht) under powers of two per GVA group, in the plan's dtype
-        b, f = _scaled(b, plan)
-        x = b.x
-        mark("convert")
     saved = saved_tables if plan.takes_saved_tables else None
-    tables = prep(b=b, plan=plan, saved=saved)
+    b, f, tables = scaled_prep(b=b, plan=plan, saved=saved, mark=mark)
+    x = b.x
     from_saved, saved = saved is not None, None
     if isinstance(saved_tables, HandedTables):
         saved_tables.clear()
@@ -245,24 +241,63 @@ def _io_dtype(plan, dt: torch.dtype) -> torch.dtype:
     return TORCH_DTYPE[plan.io_dtype] if plan.io_dtype else dt
 
 
-def _scaled(b: BackwardInputs, plan):
-    """(``b`` with v, dO, h0, dht times their GVA groups' powers of two and q, k, v, dO in the plan's dtype, the
-    ``scales.factors`` [2, HV] that undo them): ``gdn_bwd_amax`` then ``gdn_bwd_convert``, which forms the
-    exponents (no host synchronisation; torch reduces h0 and dht where given)."""
+def scaled_prep(*, b: BackwardInputs, plan, saved: dict | None, mark=None):
+    """(``b`` as the kernels after prep read it, the one-term plan's ``scales.factors`` [2, HV] or None, prep's
+    tables): for a one-term plan the inputs' scaling (``_scaled``) and ``prep``, or where ``plan.converts_in_prep``
+    the maxima and prep's converting form, which does both; else ``prep`` alone.  ``mark``: the stage marker
+    ("convert" after the scaling or the maxima)."""
+    mark = mark or (lambda name: None)
+    if plan.converts_in_prep:
+        bits = _maxima(b, plan)
+        mark("convert")
+        return _prep_converting(b=b, plan=plan, bits=bits)
+    f = None
+    if plan.one_term:                   # v, dO (and h0, dht) under powers of two per GVA group, in the plan's dtype
+        b, f = _scaled(b, plan)
+        mark("convert")
+    return b, f, prep(b=b, plan=plan, saved=saved)
+
+
+def _maxima(b: BackwardInputs, plan) -> torch.Tensor:
+    """``bits [2, HV]`` int32: the ``magnitude_bits`` of the largest magnitudes of dO and dht (row 0), v and h0 (row
+    1) per value head (``gdn_bwd_amax``; torch reduces h0 and dht where given)."""
     from kernels.build import get_kernel
     x = b.x
-    dt = TORCH_DTYPE[plan.dtype]
     bits = torch.zeros(2, x.HV, device=x.q.device, dtype=torch.int32)
     get_kernel(plan.amax_config())(x.v, b.do, bits)
     for row, s in ((0, b.dht), (1, x.h0)):
         if s is not None:
             torch.maximum(bits[row], state_bits(s), out=bits[row])
+    return bits
+
+
+def _converted(b: BackwardInputs, plan):
+    """(q, k, v, dO in the plan's dtype, uninitialised: q, k themselves where already in it; ``sf [4, HV]``)."""
+    x = b.x
+    dt = TORCH_DTYPE[plan.dtype]
     v, do = torch.empty_like(x.v, dtype=dt), torch.empty_like(b.do, dtype=dt)
     q, k = (x.q, x.k) if dt == x.q.dtype else (torch.empty_like(t, dtype=dt) for t in (x.q, x.k))
-    sf = torch.empty(4, x.HV, device=x.q.device, dtype=torch.float32)
-    get_kernel(plan.convert_config())(x.q, x.k, x.v, b.do, bits, q, k, v, do, sf)
-    x = dataclasses.replace(x, q=q, k=k, v=v, h0=scale_states(x.h0, sf[1]))
+    return q, k, v, do, torch.empty(4, x.HV, device=x.q.device, dtype=torch.float32)
+
+
+def _with_converted(b: BackwardInputs, q, k, v, do, sf):
+    """(``b`` on the converted inputs, with h0 and dht scaled by ``sf``'s powers of two; the factors ``sf[2:]``)."""
+    x = dataclasses.replace(b.x, q=q, k=k, v=v, h0=scale_states(b.x.h0, sf[1]))
     return BackwardInputs(x, do, scale_states(b.dht, sf[0])), sf[2:]
+
+
+def _scaled(b: BackwardInputs, plan):
+    """(``b`` with v, dO, h0, dht times their GVA groups' powers of two and q, k, v, dO in the plan's dtype, the
+    ``scales.factors`` [2, HV] that undo them): ``gdn_bwd_amax`` then ``gdn_bwd_convert``, which forms the
+    exponents (no host synchronisation)."""
+    from kernels.build import get_kernel
+    if plan.converts_in_prep:
+        raise ValueError("_scaled: this plan converts its inputs in prep (converts_in_prep); call scaled_prep")
+    bits = _maxima(b, plan)
+    q, k, v, do, sf = _converted(b, plan)
+    x = b.x
+    get_kernel(plan.convert_config())(x.q, x.k, x.v, b.do, bits, q, k, v, do, sf)
+    return _with_converted(b, q, k, v, do, sf)
 
 
 def _factors_arg(x: ForwardInputs, factors):
@@ -296,12 +331,26 @@ class PrepTables:
                                     # form's bounds argument
 
 
-def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
-    """``gdn_bwd_prep`` (parallel): on the forward's Tinv and Ag when ``saved``, else computing them."""
+def _prep_converting(*, b: BackwardInputs, plan, bits: torch.Tensor):
+    """(``b`` converted, the factors, prep's tables): prep's converting form (``plan.converts_in_prep``) on the caller's
+    q, k, v, dO and the maxima ``bits`` (``_maxima``)."""
+    q, k, v, do, sf = _converted(b, plan)
+    tables = prep(b=b, plan=plan, saved=None, convert=(bits, q, k, v, do, sf))
+    b, f = _with_converted(b, q, k, v, do, sf)
+    return b, f, tables
+
+
+def prep(*, b: BackwardInputs, plan, saved: dict | None, convert: tuple | None = None) -> PrepTables:
+    """``gdn_bwd_prep`` (parallel): on the forward's Tinv and Ag when ``saved``, else computing them; with ``convert``
+    (``bits, q2, k2, v2, do2, sf``: ``_maxima``'s bits and ``_converted``'s outputs) its converting form on the
+    caller's inputs, its tables in the plan's dtype."""
     from kernels.build import get_kernel
     x = b.x
-    dev, dt = x.q.device, x.q.dtype
+    dev = x.q.device
     cfg = plan.prep_config(saved is not None)
+    if bool(cfg.io) != (convert is not None):
+        raise ValueError(f"prep: {cfg.name} takes {'' if cfg.io else 'no '}converting arguments")
+    dt = TORCH_DTYPE[plan.dtype] if convert is not None else x.q.dtype
     if saved is not None:       # the forward's Tinv (hi alone) and Ag
         _check_saved(saved, (x.HV, x.NC, BT, BT), dt, dev)
         Th, Agh, Agl = saved["Th"], saved["Ah"], saved["Al"]
@@ -320,8 +369,9 @@ def prep(*, b: BackwardInputs, plan, saved: dict | None) -> PrepTables:
     bounds = saved is None or cfg.bounds
     Lb = (torch.empty(x.HV, x.NC, device=dev, dtype=torch.float32) if bounds
           else unused((x.HV, x.NC), torch.float32, dev))
-    get_kernel(cfg)(x.q, x.k, b.do, x.g, x.beta, x.cu, x.chunk_indices, Th, Tl, Agh, Agl, Fb, dUl, Lb, x.scale,
-                    int(x.use_l2))
+    pre = ((x.q, x.k, x.v, b.do, x.g, x.beta, x.cu, x.chunk_indices, *convert) if convert is not None
+           else (x.q, x.k, b.do, x.g, x.beta, x.cu, x.chunk_indices))
+    get_kernel(cfg)(*pre, Th, Tl, Agh, Agl, Fb, dUl, Lb, x.scale, int(x.use_l2))
     return PrepTables(Th, Tl, Agh, Agl, Fb, dUl, Lb)
 
 

@@ -28,6 +28,8 @@ from kernels.forward.cumsum import BT, LOG2E, load_chunk_gate_cumsum
 from kernels.forward.intra_chunk import (MERGES, _merge, _merge_fp32, bound_terms, diagonal, fp32_tile, gate_kkt,
                                          l2_row_factors, solve_diag16)
 
+from .convert import group_scales, store_scales
+
 THREADS = 128
 
 
@@ -46,7 +48,7 @@ def load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv
 
 
 def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str = "bf16", bounds: bool = False,
-                   du: bool = True, tinv_lo: bool = True):
+                   du: bool = True, tinv_lo: bool = True, io: str = ""):
     """``saved``: Tinv and Ag come from the forward (the autograd Function keeps the intra kernel's ``Th``, ``Ah``,
     ``Al``: the same operations on the same values, so bitwise this kernel's): no solve, and ``Th``, ``Tl``,
     ``Agh``, ``Agl`` are not accessed; ``Lb`` is stored where ``bounds`` (K K^T for its diagonal alone, the same
@@ -54,10 +56,19 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
     block merges as the intra kernel's of that name ("fp32", "bf16", or "split": 24 KiB more shared memory).
     ``du`` False (the fused backward's, which forms dUloc itself): no P, dO not loaded, dUl not accessed.
     ``tinv_lo`` False (the one-term plans', whose kernels read Tinv's hi term alone): ``Tl`` not accessed.
+    ``io`` (without ``du``, not ``saved``; the converting form): q, k, v, dO arrive in ``io`` and the kernel also does
+    ``gdn_bwd_convert``'s work on its chunk (``convert.py``): value head ``hv``'s rows of v and dO times its GVA
+    group's powers of two (from ``bits``, ``gdn_bwd_amax``'s) into ``v2``, ``do2``, q's and k's rows into ``q2``,
+    ``k2`` (by the group's first value head; not written where ``io == dtype``), all in ``dtype``, and the powers
+    of two and their factors into ``sf`` (chunk 0); rows of the chunk's sequence alone, so every token is written
+    once.  The tables are computed from the ``io`` tiles, as the forward's intra kernel computes its own: bitwise
+    those of prep on the ``dtype`` copies except in chunks where a q or k element's copy is inexact (outside fp16's
+    normal range).  Its arguments: ``q, k, v, do, g, beta, cu_seqlens, chunk_indices, bits, q2, k2, v2, do2, sf,
+    Th, Tl, Agh, Agl, Fb, dUl, Lb, scale, use_l2`` (``bits [2, HV]`` int32, ``sf [4, HV]`` fp32).
 
     Arguments:
-      q, k          [Ttot, H, DK]     dtype
-      do            [Ttot, HV, DV]    dtype
+      q, k          [Ttot, H, DK]     dtype (``io`` in the converting form)
+      do            [Ttot, HV, DV]    dtype (``io``)
       g, beta       [Ttot, HV]        fp32
       cu_seqlens    [N + 1] int32;  chunk_indices [NC, 2] int32
       Th, Tl        [HV, NC, 64, 64]  dtype  (out, Tinv split; Tl where ``tinv_lo``)
@@ -72,39 +83,58 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
     assert merge in MERGES and not (saved and merge != "bf16"), "with the forward's tables prep computes no merge"
     assert saved or not bounds, "prep computing Tinv always stores the bounds"
     assert tinv_lo or not saved, "on the forward's tables prep stores no Tinv"
+    assert not io or (not du and not saved and io in ("bfloat16", "float16")), "the converting form: no dUloc^T"
+    src = io or dtype                               # q, k (and v, dO) as they arrive
+    cv, qk_copy = bool(io), bool(io) and io != dtype
     merge_split = merge == "split"
     f32 = "float32"
     Ttot, H, HV, N, NC = dynamic_dims("Ttot H HV N NC")
     # without du, dUl is a placeholder of any leading dims (not accessed)
     du_dims = (HV, NC) if du else dynamic_dims("HVu NCu")
 
-    @T.prim_func
-    def gdn_bwd_prep(
-        q: T.Tensor((Ttot, H, DK), dtype),
-        k: T.Tensor((Ttot, H, DK), dtype),
-        do: T.Tensor((Ttot, HV, DV), dtype),
-        g: T.Tensor((Ttot, HV), f32),
-        beta: T.Tensor((Ttot, HV), f32),
-        cu_seqlens: T.Tensor((N + 1,), "int32"),
-        chunk_indices: T.Tensor((NC, 2), "int32"),
-        Th: T.Tensor((HV, NC, BT, BT), dtype),
-        Tl: T.Tensor((HV, NC, BT, BT), dtype),
-        Agh: T.Tensor((HV, NC, BT, BT), dtype),
-        Agl: T.Tensor((HV, NC, BT, BT), dtype),
-        Fb: T.Tensor((HV, NC, 8, BT), f32),
-        dUl: T.Tensor((*du_dims, DV, BT), f32),
-        Lb: T.Tensor((HV, NC), f32),
-        scale: T.float32,
-        use_l2: T.int32,
-    ):
+    @T.macro
+    def scale_rows(x, x2, xb, hv, t0, nv, sx):
+        """``x2 = rd(x sx)`` on rows ``[t0, t0 + nv)`` of value head ``hv`` (``xb`` a [64, DV] fragment)."""
+        for i, d in T.Parallel(BT, DV):
+            xb[i, d] = x[T.min(t0 + i, Ttot - 1), hv, d]
+        for i, d in T.Parallel(BT, DV):
+            if i < nv:
+                x2[t0 + i, hv, d] = T.cast(T.cast(xb[i, d], f32) * sx, dtype)
+
+    @T.macro
+    def convert_chunk(q_s, k_s, v, do, bits, q2, k2, v2, do2, sf, hv, h, c, t0, nv, tx):
+        """``gdn_bwd_convert``'s work on the chunk's ``nv`` rows: v's and dO's of value head ``hv`` scaled, q's and
+        k's from their tiles; ``sf`` by chunk 0."""
+        m = T.alloc_local((2,), "int32")
+        e = T.alloc_local((2,), "int32")
+        s = T.alloc_local((2,), f32)
+        h0 = T.alloc_local((1,), "int32")
+        group_scales(bits, hv, HV // H, m, e, s, h0)
+        if c == 0 and tx == 0:
+            store_scales(sf, hv, e, s)
+        # v's tile, then dO's: each tile's loads issued before its first store (the rows clamped to the tensor: rows
+        # past ``nv`` are read, not stored; no branch around a load), one tile's registers at a time
+        xb = T.alloc_fragment((BT, DV), src)
+        scale_rows(v, v2, xb, hv, t0, nv, s[1])
+        scale_rows(do, do2, xb, hv, t0, nv, s[0])
+        if qk_copy:
+            if hv % (HV // H) == 0:
+                for i, d in T.Parallel(BT, DK):
+                    if i < nv:
+                        q2[t0 + i, h, d] = T.cast(q_s[i, d], dtype)
+                        k2[t0 + i, h, d] = T.cast(k_s[i, d], dtype)
+
+    @T.macro
+    def prep_chunks(q, k, do, g, beta, cu_seqlens, chunk_indices, Th, Tl, Agh, Agl, Fb, dUl, Lb, scale, use_l2, v,
+                    bits, q2, k2, v2, do2, sf):
         # value heads fastest: a GVA group's CTAs of one chunk launch together and share its q / k tiles in L2
         with T.Kernel(HV, NC, threads=THREADS) as (hv, c):
             h = hv // (HV // H)
             eos, t0 = chunk_span(chunk_indices, cu_seqlens, c, True)
             nv = T.min(eos - t0, BT)
 
-            q_s = T.alloc_shared((BT, DK), dtype)
-            k_s = T.alloc_shared((BT, DK), dtype)
+            q_s = T.alloc_shared((BT, DK), src)
+            k_s = T.alloc_shared((BT, DK), src)
             do_s = T.alloc_shared((BT, DV), dtype)
             g_s = T.alloc_shared((BT,), f32)
             b_s = T.alloc_shared((BT,), f32)
@@ -147,6 +177,8 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
             # are born; k dies with K K^T.  The same operations on the same values as a load-everything-first
             # order: 60 instead of 111 KiB of shared memory, 164 registers: three CTAs per SM instead of one.
             load_qk_gates(q, k, g, beta, q_s, k_s, g_s, b_s, kq_ready, tx, h, hv, t0, nv)
+            if cv:
+                convert_chunk(q_s, k_s, v, do, bits, q2, k2, v2, do2, sf, hv, h, c, t0, nv, tx)
 
             if use_l2 != 0:
                 l2_row_factors(q_s, sq, ss, rq_s)
@@ -215,4 +247,58 @@ def build_bwd_prep(DK: int, DV: int, dtype: str, saved: bool = False, merge: str
                     Agl[hv, c, r, j] = T.cast(
                         l_s[r, j] * b_s[j] - T.cast(T.cast(l_s[r, j] * b_s[j], dtype), f32), dtype)
 
-    return gdn_bwd_prep
+    if not io:
+        @T.prim_func
+        def gdn_bwd_prep(
+            q: T.Tensor((Ttot, H, DK), dtype),
+            k: T.Tensor((Ttot, H, DK), dtype),
+            do: T.Tensor((Ttot, HV, DV), dtype),
+            g: T.Tensor((Ttot, HV), f32),
+            beta: T.Tensor((Ttot, HV), f32),
+            cu_seqlens: T.Tensor((N + 1,), "int32"),
+            chunk_indices: T.Tensor((NC, 2), "int32"),
+            Th: T.Tensor((HV, NC, BT, BT), dtype),
+            Tl: T.Tensor((HV, NC, BT, BT), dtype),
+            Agh: T.Tensor((HV, NC, BT, BT), dtype),
+            Agl: T.Tensor((HV, NC, BT, BT), dtype),
+            Fb: T.Tensor((HV, NC, 8, BT), f32),
+            dUl: T.Tensor((*du_dims, DV, BT), f32),
+            Lb: T.Tensor((HV, NC), f32),
+            scale: T.float32,
+            use_l2: T.int32,
+        ):
+            prep_chunks(q, k, do, g, beta, cu_seqlens, chunk_indices, Th, Tl, Agh, Agl, Fb, dUl, Lb, scale, use_l2,
+                        None, None, None, None, None, None, None)
+
+        return gdn_bwd_prep
+
+    @T.prim_func
+    def gdn_bwd_prep_convert(
+        q: T.Tensor((Ttot, H, DK), src),
+        k: T.Tensor((Ttot, H, DK), src),
+        v: T.Tensor((Ttot, HV, DV), src),
+        do: T.Tensor((Ttot, HV, DV), src),
+        g: T.Tensor((Ttot, HV), f32),
+        beta: T.Tensor((Ttot, HV), f32),
+        cu_seqlens: T.Tensor((N + 1,), "int32"),
+        chunk_indices: T.Tensor((NC, 2), "int32"),
+        bits: T.Tensor((2, HV), "int32"),
+        q2: T.Tensor((Ttot, H, DK), dtype),
+        k2: T.Tensor((Ttot, H, DK), dtype),
+        v2: T.Tensor((Ttot, HV, DV), dtype),
+        do2: T.Tensor((Ttot, HV, DV), dtype),
+        sf: T.Tensor((4, HV), f32),
+        Th: T.Tensor((HV, NC, BT, BT), dtype),
+        Tl: T.Tensor((HV, NC, BT, BT), dtype),
+        Agh: T.Tensor((HV, NC, BT, BT), dtype),
+        Agl: T.Tensor((HV, NC, BT, BT), dtype),
+        Fb: T.Tensor((HV, NC, 8, BT), f32),
+        dUl: T.Tensor((*du_dims, DV, BT), f32),
+        Lb: T.Tensor((HV, NC), f32),
+        scale: T.float32,
+        use_l2: T.int32,
+    ):
+        prep_chunks(q, k, do, g, beta, cu_seqlens, chunk_indices, Th, Tl, Agh, Agl, Fb, dUl, Lb, scale, use_l2, v,
+                    bits, q2, k2, v2, do2, sf)
+
+    return gdn_bwd_prep_convert
