@@ -3,6 +3,9 @@
     python3 benchmarks/kernel_times.py [--shape B1_T32768_H16_HV32] [--impls ours,FlashQLA,FLA] [--fwd-only]
         [--calls 5] [--gates logsigmoid|qwen]
 
+``--impls`` also takes the A/B columns of ``benchmarks/bench_kernels_bwd.py`` (``AB``: ours with other plan
+values, e.g. ``ours,ours-convert-pass``), so that two forms of ours are timed kernel by kernel in one run.
+
 Inputs as ``benchmarks/bench_kernels_bwd.py``'s (bf16, fp32 gates, final state stored, ``do`` and ``dht`` random).
 Each implementation runs twice outside the profile (compilation, autotuning), then ``--calls`` calls under
 ``torch.profiler``; the time of every event on the GPU (kernels, and copies or fills) is summed per name (template
@@ -26,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.bench_kernels_bwd import SHAPES, backward_context, make  # noqa: E402
+from benchmarks.bench_kernels_bwd import AB, SHAPES, alter, backward_context, make  # noqa: E402
 from benchmarks.inputs import GATES  # noqa: E402
 
 IMPLS = ("ours", "FlashQLA", "FLA")
@@ -47,10 +50,12 @@ def kernel_name(raw: str) -> str:
 
 
 def implementation(name: str):
-    """(fn, context factory, None) of implementation ``name``, or (None, None, why it cannot run)."""
-    if name == "ours":
+    """(fn, context factory, None) of implementation ``name`` (one of ``IMPLS`` or an A/B column of ``AB``), or
+    (None, None, why it cannot run)."""
+    if name == "ours" or name in AB:
         from kernels.autograd import apply
-        return (lambda *a, **k: apply(*a, **k, impl="tilelang")), contextlib.nullcontext, None
+        f = None if name == "ours" else alter(name)
+        return (lambda *a, **k: apply(*a, **k, impl="tilelang", alter=f)), contextlib.nullcontext, None
     from benchmarks.bench_kernels_fwd import fla_triton, flash_qla
     fn, why = flash_qla() if name == "FlashQLA" else fla_triton()
     return fn, (lambda: backward_context(name)), why
@@ -95,8 +100,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     impls = [x for x in args.impls.split(",") if x]
     for x in impls:
-        if x not in IMPLS:
-            ap.error(f"--impls takes {', '.join(IMPLS)}; got {x!r}")
+        if x not in IMPLS and x not in AB:
+            ap.error(f"--impls takes {', '.join(IMPLS)} or an A/B column of bench_kernels_bwd.py ({', '.join(AB)}); "
+                     f"got {x!r}")
     if not torch.cuda.is_available():
         print("no CUDA device: this script times GPU kernels")
         return 2
