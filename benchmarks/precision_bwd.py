@@ -13,7 +13,8 @@ group, ``group_scales``), "one16gc" (and dh's F1 dO, F0 dX under a power of two 
 with dUloc from one fp16 term of P, ``p_single``: what a fused backward forming P in shared memory reads), "dh16"
 and "dqk16" (one kernel's operands and the tables between it and dqk one fp16 term each, the other kernels split),
 "store16" and "storeb16" (one16gcp with dq~ and dk~ per value head stored in fp16 under the group's powers of two,
-or in bf16, before their group sums: ``dqk_store``).
+or in bf16, before their group sums: ``dqk_store``), "rc16" (store16, the dispatched fused plan's form, with the
+recompute's K S, X and F2 U products one term: ``recompute_one``) and "rc16ag" (rc16 with Ag one term too).
 ``--do-exp E``: dO and dht times 2^E, the emulated gradients times 2^-E (exact; the baseline's, in bf16's exponent
 range, unscaled), the range the one-term forms see.  A row marks the gradients where it is worse than the
 baseline, and under strong decay a dg past its rounding floor (the emulation tests' rule); a gradient with NaN or
@@ -43,6 +44,8 @@ ONE16 = ("one16", "one16g", "one16gc", "one16gcp")
 HYBRID = {"dh16": "dh_operands", "dqk16": "dqk_operands"}
 # one16gcp with dq~ and dk~ per value head stored in a narrower dtype before their GVA group sums (``dqk_store``)
 STORE = {"store16": "float16", "storeb16": "bfloat16"}
+# store16 with the recompute's products of these precision fields one term (``recompute_one``)
+RECOMPUTE = {"rc16": ("ks", "x", "upd"), "rc16ag": ("ks", "x", "upd", "ag")}
 
 
 def _form(op: str) -> dict:
@@ -54,6 +57,8 @@ def _form(op: str) -> dict:
         return {HYBRID[op]: "fp16"}
     if op in STORE:
         return {**_form("one16gcp"), "dqk_store": getattr(torch, STORE[op])}
+    if op in RECOMPUTE:
+        return {**_form("store16"), "recompute_one": RECOMPUTE[op]}
     return dict(operands=op)
 
 
@@ -89,7 +94,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--T", type=int, default=1024)
     ap.add_argument("--dists", default=",".join(DISTS))
-    forms = OPERANDS + ONE16 + tuple(HYBRID) + tuple(STORE)
+    forms = OPERANDS + ONE16 + tuple(HYBRID) + tuple(STORE) + tuple(RECOMPUTE)
     ap.add_argument("--operands", default=",".join(forms))
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--do-exp", type=int, default=0, help="dO and dht times 2^E (the gradients scaled back)")
@@ -98,7 +103,7 @@ def main(argv=None):
     bad_ops = [o for o in ops if o not in forms]
     if bad_ops:
         ap.error(f"unknown operand forms {bad_ops}; forms: {forms}")
-    bf16_only = ONE16 + tuple(STORE)
+    bf16_only = ONE16 + tuple(STORE) + tuple(RECOMPUTE)
     if set(ops) & set(bf16_only) and a.dtype != "bf16":
         ap.error(f"{', '.join(bf16_only)}: forms for bf16 inputs (one fp16 term is the input dtype's one term for "
                  "fp16)")

@@ -102,3 +102,24 @@ def test_p_single_local_du_stays_near_one16gc():
     chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **ONE_TERM_FP16, stages=split)
     chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **ONE_TERM_FP16, p_single=True, stages=single)
     assert not torch.equal(split["dUloc"], single["dUloc"])
+
+
+def test_recompute_one_term_changes_only_the_gradients_after_the_recompute():
+    """``rc16`` (the fused plan's form with the recompute's K S, X and F2 U one term): dv and dh0, which dh forms
+    without the recomputed states, are bitwise store16's; dq, dk, dg, dbeta move and stay within the FLA-like
+    baseline; an unknown recompute field is refused."""
+    import torch
+
+    from kernels.backward.emulation import chunk_gated_delta_rule_bwd
+    from tests import kernel_support as tt
+
+    case = Case(T=192, H=1, HV=2, dist="slow-decay", h0_dtype="fp32", grad=True)
+    xs, kw, do, dht = tt.bwd_args(case)
+    a = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **pb._form("store16"))
+    b = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **pb._form("rc16"))
+    names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+    same = {n for n, x, y in zip(names, a, b) if torch.equal(x, y)}
+    assert {"dv", "dh0"} <= same and not {"dq", "dk", "dg"} & same, same
+    assert pb.rows(case, ["rc16"])[1][2] == []
+    with pytest.raises(ValueError, match="recompute_one"):
+        chunk_gated_delta_rule_bwd(*xs, do, dht, **kw, **pb._form("store16"), recompute_one=("p",))

@@ -77,12 +77,21 @@ def _one(hi, lo, dt: torch.dtype, operands: str):
     return _op(hi + lo, dt, False, operands)
 
 
-def fwd_precision(s_single: bool = False, merge: str = "fp32"):
+# the recompute's operand fields a precision study may take to one term (``recompute_one``)
+RECOMPUTE_OPERANDS = ("ag", "ks", "x", "upd")
+
+
+def fwd_precision(s_single: bool = False, merge: str = "fp32", one: tuple = ()):
     """Precision of the forward recompute: "recompute" (chunk state S and U stored as hi + lo), so the backward
     reads S and U to ~16 bits; ``s_single``: S one term (``BackwardPlan.s_single``); ``merge``: Tinv's block
-    merges (``BackwardPlan.merge``)."""
+    merges (``BackwardPlan.merge``); ``one``: fields of ``RECOMPUTE_OPERANDS`` one term."""
+    from dataclasses import replace
+
     from kernels.plan import recompute_precision
-    return recompute_precision(s_single, merge)
+    bad = [f for f in one if f not in RECOMPUTE_OPERANDS]
+    if bad:
+        raise ValueError(f"recompute_one: fields of {RECOMPUTE_OPERANDS}, got {bad}")
+    return replace(recompute_precision(s_single, merge), **dict.fromkeys(one, "bf16"))
 
 
 def _lo8_scale(hi, dt: torch.dtype):
@@ -376,7 +385,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
                                one_term: bool = False, kernel_dtype: torch.dtype | None = None,
                                group_scales: bool = False, chunk_exp: bool = False, dh_operands: str = "split",
                                dqk_operands: str = "split", p_single: bool = False,
-                               dqk_store: torch.dtype | None = None, stages: dict | None = None):
+                               dqk_store: torch.dtype | None = None, recompute_one: tuple = (),
+                               stages: dict | None = None):
     """Emulated backward with the kernels' shapes: returns dq, dk, dv, dg, dbeta (input dtypes / the gate
     dtypes) and dh0 (fp32, the initial state's layout; None without an initial state).  ``dh_single``: the reverse
     pass's single operands (``BackwardPlan.dh_single``); ``tinv_hi_only``: dh reads Tinv hi alone (a zero lo term),
@@ -398,7 +408,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     term each), the other kernels split.  ``p_single``: dUloc from one input-dtype term of P (``local_du``).
     ``dqk_store``: dq~ and dk~ per value head rounded to that dtype before their GVA group sums (under
     ``group_scales``, the scaled values; fp16: the fused kernel's ``fused_dq16`` stores, ``FUSED_FP16``).
-    ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
+    ``recompute_one`` (a precision study: no kernel plan computes it): the recompute's products with these fields of
+    ``RECOMPUTE_OPERANDS`` one term (``fwd_precision``).  ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
     stage-by-stage checks)."""
     if group_scales:
         H = q.shape[2]
@@ -411,7 +422,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
             dh_single=dh_single, tinv_hi_only=tinv_hi_only, s_single=s_single, merge=merge, lo8_tables=lo8_tables,
             operands=operands, one_term=one_term, kernel_dtype=kernel_dtype, chunk_exp=chunk_exp,
             dh_operands=dh_operands, dqk_operands=dqk_operands, p_single=p_single, dqk_store=dqk_store,
-            stages=stages)
+            recompute_one=recompute_one, stages=stages)
         return unscale(got, factors(ea, eb), H)
     out_dt, g_dt, beta_dt = q.dtype, g.dtype, beta.dtype
     if kernel_dtype is not None and kernel_dtype != q.dtype:
@@ -444,7 +455,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
             raise ValueError(f"{name} must be one of {OPERANDS}, got {val!r}")
         if val != "split" and (operands != "split" or one_term):
             raise ValueError(f"{name} other than 'split' goes with operands 'split' and one_term False")
-    prec = fwd_precision(s_single, merge)
+    prec = fwd_precision(s_single, merge, recompute_one)
     _, offs = chunk_tables(cu)
     Ah, Al, F = intra_chunk(q2, k2, g2, b2, cu, scale, use_l2, dt, prec)
     Sch, Scl, Uh, Ul, _ = chunk_states(k2, v2, Ah, Al, F, cu, offs, h0, dt, prec)
