@@ -45,7 +45,7 @@ HYBRID = {"dh16": "dh_operands", "dqk16": "dqk_operands"}
 # one16gcp with dq~ and dk~ per value head stored in a narrower dtype before their GVA group sums (``dqk_store``)
 STORE = {"store16": "float16", "storeb16": "bfloat16"}
 # store16 with the recompute's products of these precision fields one term (``recompute_one``)
-RECOMPUTE = {"rc16": ("ks", "x", "upd"), "rc16ag": ("ks", "x", "upd", "ag")}
+RECOMPUTE = {"rc16": ("ks", "x", "upd"), "rc16ag": ("ks", "x", "upd", "ag")}     # rc16: BackwardPlan.recompute_one
 
 
 def _form(op: str) -> dict:

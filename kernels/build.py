@@ -27,9 +27,9 @@ def forward_configs():
     ``block_v`` picks (one CTA per SM at 64 / 32 / 16, two at 32 / 16), the output kernel for both table layouts,
     the recompute's smem state kernels (S lo swizzled, S hi alone, or S lo in fp8) and, at the ws head dims, its
     warp-specialised form (``BackwardPlan.recompute_ws``, S lo in fp8; per dh segment from warm-up chunks,
-    ``recompute_warm``; the fused plan's, on fp16 copies of k and v), the intra kernel with split
-    merges (the A/B alternative of ``Precision.merge`` and ``BackwardPlan.merge``; the one-term merges' kernels
-    compile when a benchmark asks for them), and the fused warp-specialised state-output kernel (the plan form
+    ``recompute_warm``; the fused plan's, on fp16 copies of k and v, also with one-term products), the intra kernel
+    with split merges (the A/B alternative of ``Precision.merge`` and ``BackwardPlan.merge``; the one-term merges'
+    kernels compile when a benchmark asks for them), and the fused warp-specialised state-output kernel (the plan form
     "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables,
     per CP segment with warm-up starts (``ForwardPlan.warm``, with its scan and fix-up; and ``split_heads``' two
     kernels), and with fp16 operands (the A/B precision "half", at the ws head dims: BV 128, with and without P
@@ -75,6 +75,9 @@ def forward_configs():
             if DK == bwd.DQK_E_ONCE_HEAD_DIM and dtype == "float16":     # the fused plan's
                 cfgs += [BackwardPlan(**{**ONE_TERM_FIELDS, "fused": True}, recompute_ws=True, recompute_block_v=bv,
                                       DK=DK).recompute_configs()[1] for bv in (64, 32, 16)]
+                # with K S, X and F2 U one term (recompute_one, an A/B alternative)
+                cfgs += [BackwardPlan(**{**ONE_TERM_FIELDS, "fused": True}, recompute_ws=True, recompute_block_v=64,
+                                      DK=DK, recompute_one=True).recompute_configs()[1]]
             for c in cfgs:
                 if c not in out:
                     out.append(c)

@@ -144,10 +144,11 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
 
 @lru_cache(maxsize=512)
 def _recompute_configs(dtype, DK, s_single, merge, ks_single, cp, ws, bv, occ, lo8, warm=False,
-                       u_single=False) -> tuple:
+                       u_single=False, chain_single=False) -> tuple:
     """``BackwardPlan.recompute_configs`` of the fields it depends on (``cp``: the CP plan's segments, 0 = none;
-    ``warm``: the ws tables form per dh segment from warm-up chunks; ``u_single``: U stored hi alone)."""
-    prec = recompute_precision(s_single, merge, ks_single, u_single)
+    ``warm``: the ws tables form per dh segment from warm-up chunks; ``u_single``: U stored hi alone;
+    ``chain_single``: X and F2 U one term)."""
+    prec = recompute_precision(s_single, merge, ks_single, u_single, chain_single)
     scan = ForwardPlan(dtype, preset(), "rv", RV_BV, 1, cp, DK=DK).configs()[-2:] if cp else ()
     if ws:
         state = StateConfig(dtype, bv, prec.past_intra(), form="ws", DK=DK, lo8=lo8, tables=True, warm=warm)
@@ -165,12 +166,13 @@ def check_head_dim(DK) -> int:
 
 
 def recompute_precision(s_single: bool = False, merge: str = "fp32", ks_single: bool = False,
-                        u_single: bool = False) -> Precision:
+                        u_single: bool = False, chain_single: bool = False) -> Precision:
     """The backward's forward recompute: precision "recompute", with S one term where ``s_single``, S one term in
     K S where ``ks_single``, U stored as one term where ``u_single`` (its hi term: the same values, no lo table),
-    and prep's block merges in ``merge`` (``Precision.merge``)."""
+    X and F2 U one term where ``chain_single``, and prep's block merges in ``merge`` (``Precision.merge``)."""
+    one = "bf16" if chain_single else "split"
     return replace(PRESETS["recompute"], s="bf16" if s_single else "split", merge=merge,
-                   ks="bf16" if ks_single else "split", u="bf16" if u_single else "split")
+                   ks="bf16" if ks_single else "split", u="bf16" if u_single else "split", x=one, upd=one)
 
 
 def keeps_tables(prec: Precision) -> bool:
@@ -285,7 +287,9 @@ class BackwardPlan:
     (``dh_segmented.PlanTensors``), set by the pipeline for the call's layout where ``fused_warm`` or
     ``fused_exact`` (None: one pass); ``fused_dq16`` (read with ``fused``): the fused kernel stores dq~ and dk~ in
     fp16 under the GVA group scales (half the bytes) and the group sums' scaled form applies the factors, for groups
-    of one value head too (dispatched with ``fused``); ``prep_converts`` (read with ``fused``): prep's converting form
+    of one value head too (dispatched with ``fused``); ``recompute_one`` (read with ``one_term``): the recompute's K S,
+    X and F2 U products one term (the emulation's ``recompute_one``, an A/B alternative); ``prep_converts`` (read
+    with ``fused``): prep's converting form
     does ``gdn_bwd_convert``'s work on the chunks it reads (its ``io`` config), so that no conversion pass runs
     (dispatched with ``fused``); ``split``: on a dispatched fused plan, the split plan
     ``backward_plan`` gives the same call otherwise (the A/B baseline there; it reads the forward's tables), else
@@ -319,6 +323,7 @@ class BackwardPlan:
     fused_exact: bool = False
     fused_dq16: bool = False
     prep_converts: bool = False
+    recompute_one: bool = False
     fused_segments: object = field(default=None, compare=False)
     split: object = field(default=None, compare=False)
 
@@ -363,15 +368,17 @@ class BackwardPlan:
 
     def recompute_configs(self) -> tuple:
         """(intra, state[, scan, fix-up]) of the forward recompute at precision "recompute" (S and U hi + lo,
-        key-first; S hi alone with ``s_single``; U hi alone with ``one_term``, whose kernels read no U lo), the S lo
+        key-first; S hi alone with ``s_single``; U hi alone with ``one_term``, whose kernels read no U lo; K S, X and
+        F2 U one term with ``recompute_one``), the S lo
         tile swizzled where it is only stored (in the input dtype, not read by K S; fp8 with ``lo8``); the CP scan
         and fix-up of ``recompute_cp_plan`` when ``recompute_cp > 1`` or ``shared_scan``.  Built once per combination
         of the fields they depend on (a call's host time)."""
         warm = self.recompute_on_warm_segments
         cp = max(2, self.recompute_cp) if (self.recompute_cp > 1 or self.shared_scan) and not warm else 0
-        return _recompute_configs(self.dtype, self.DK, self.s_single, self.merge, self.ks_single, cp,
+        one = self.recompute_one and self.one_term
+        return _recompute_configs(self.dtype, self.DK, self.s_single, self.merge, self.ks_single or one, cp,
                                   self.recompute_ws, self.recompute_block_v, self.recompute_ctas_per_sm, self.lo8,
-                                  warm, self.one_term)
+                                  warm, self.one_term, one)
 
     def recompute_cp_plan(self) -> ForwardPlan:
         """The forward plan whose scan and fp64 fix-up (exact: ``segment_starts``; they read the state kernel's

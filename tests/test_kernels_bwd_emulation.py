@@ -372,8 +372,8 @@ def test_recompute_splits_s_in_k_s_for_dg_and_dbeta(monkeypatch):
     xs, kw, do, dht = tt.bwd_args(case)
     want = tt.fp64_grads(case)
     split = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
-    monkeypatch.setattr(E, "fwd_precision",
-                        lambda s_single=False, merge="fp32": recompute_precision(s_single, merge, ks_single=True))
+    monkeypatch.setattr(E, "fwd_precision", lambda s_single=False, merge="fp32", one=():
+                        recompute_precision(s_single, merge, ks_single=True))
     one = chunk_gated_delta_rule_bwd(*xs, do, dht, **kw)
     for i in (3, 4):                            # dg, dbeta
         floor = compare(want[i].to(xs[0].dtype), want[i]).rel_rmse
@@ -1482,7 +1482,8 @@ def test_one_term_plans_store_no_unread_lo_tables():
 def test_the_fused_plan_is_dispatched_where_its_one_pass_fills_the_gpu(monkeypatch):
     """``backward_plan`` gives the fused one-term plan for bf16 inputs at K = 128 from ``FUSED_MIN_CTAS`` (value head,
     sequence) pairs, with prep converting the inputs, and the split plan below that, for fp16 inputs and at K = 64;
-    where it does, the forward keeps no tables (``reads_saved_tables`` of q, v and cu_seqlens, and the library op's dense table count)."""
+    where it does, the forward keeps no tables (``reads_saved_tables`` of q, v and cu_seqlens, and the library op's
+    dense table count)."""
     import dataclasses
 
     from kernels import plan as kp
@@ -1495,7 +1496,8 @@ def test_the_fused_plan_is_dispatched_where_its_one_pass_fills_the_gpu(monkeypat
     assert not fused.takes_saved_tables and fused.fused_config().name.startswith("bwd_fused")
     # prep converts the inputs (no conversion pass), in the fused plan alone
     assert fused.converts_in_prep and fused.convert_config() is None and fused.amax_config() is not None
-    assert fused.prep_config(False).io == "bfloat16" and not any(getattr(c, "kind", "") == "cvt" for c in fused.configs(False))
+    kinds = {getattr(c, "kind", "") for c in fused.configs(False)}
+    assert fused.prep_config(False).io == "bfloat16" and "cvt" not in kinds, kinds
     assert not dataclasses.replace(fused, fused=False).converts_in_prep
     for args, kw in [(("bfloat16", 16, 32, 64, n // 32 - 1), {}), (("float16", 16, 32, 64, n // 32), {}),
                      (("bfloat16", 16, 32, 64, n // 32), {"DK": 64})]:
@@ -1664,3 +1666,24 @@ def test_group_scales_make_the_one_term_backward_exactly_homogeneous(case):
     for n, a, b in zip(NAMES, base, big):
         if a is not None:
             assert torch.equal(a.float() * (1 if n in ("dv", "dh0") else t), b.float()), n
+
+
+def test_recompute_one_is_the_emulations_study_form_and_compiled():
+    """``BackwardPlan.recompute_one`` (read with ``one_term``): the recompute's precision takes K S's S, X and F2 U to
+    one term, the fields the emulation's ``RECOMPUTE_ONE`` names (``precision_bwd.py``'s rc16), Ag stays split; its
+    state kernel is in the compile list; a plan without one term keeps its kernels."""
+    import dataclasses
+
+    from kernels import plan as kp
+    from kernels.backward.emulation import RECOMPUTE_ONE
+    from kernels.build import forward_configs
+
+    n = kp.FUSED_MIN_CTAS
+    fused = kp.backward_plan("bfloat16", 16, 32, 64 * n // 32, n // 32)
+    one = dataclasses.replace(fused, recompute_one=True)
+    a, b = fused.recompute_configs()[1].prec, one.recompute_configs()[1].prec
+    changed = {f for f in ("ag", "ks", "x", "upd", "s", "u", "p", "merge") if getattr(a, f) != getattr(b, f)}
+    assert changed == set(RECOMPUTE_ONE) and all(getattr(b, f) == "bf16" for f in RECOMPUTE_ONE) and b.ag == "split"
+    assert one.recompute_configs()[1] in forward_configs()
+    split = fused.split
+    assert dataclasses.replace(split, recompute_one=True).recompute_configs() == split.recompute_configs()

@@ -643,6 +643,16 @@ def test_fused_one_term_is_the_emulations(case):
                                             "fused one fp16 term vs emulation")
 
 
+@pytest.mark.parametrize("case", _FUSED_CASES[1:], ids=[c.id for c in _FUSED_CASES[1:]])
+def test_recompute_one_is_the_emulations(case):
+    """``recompute_one`` on the dispatched fused form: the recompute's K S, X and F2 U one term, every gradient within
+    the input dtype's rounding floor of the emulation's (``FUSED_FP16`` with ``recompute_one``) and within the
+    FLA-like baseline."""
+    from kernels.backward.emulation import FUSED_FP16, RECOMPUTE_ONE
+    _backward_alternative_is_the_emulations(case, dict(FUSED16, fused_dq16=True, recompute_one=True),
+                                            dict(FUSED_FP16, recompute_one=RECOMPUTE_ONE), "recompute one vs emulation")
+
+
 # the fused plan's GVA groups of one value head: its group sums run only with fused_dq16
 _DQ16_CASES = _FUSED_CASES + [Case(T=1024, H=2, HV=2, dist="qwen-gates", h0_dtype="fp32", grad=True)]
 
@@ -707,7 +717,8 @@ def test_one_term_hi_alone_tables_are_the_split_forms(monkeypatch):
 # dht, a ragged batch with empty sequences (chunks whose sequence ends inside them; CTAs of no chunk), GVA 8 under
 # strong decay
 _PREP_CONVERT_CASES = [Case(B=2, T=700, H=2, HV=4, dist="raw-qk-l2", h0_dtype="fp32", grad=True),
-                       _FUSED_CASES[-1], Case(layout="varlen-ragged", T=1001, H=1, HV=8, dist="strong-decay", grad=True)]
+                       _FUSED_CASES[-1],
+                       Case(layout="varlen-ragged", T=1001, H=1, HV=8, dist="strong-decay", grad=True)]
 
 
 @pytest.mark.parametrize("case", _PREP_CONVERT_CASES, ids=[c.id for c in _PREP_CONVERT_CASES])

@@ -79,6 +79,8 @@ def _one(hi, lo, dt: torch.dtype, operands: str):
 
 # the recompute's operand fields a precision study may take to one term (``recompute_one``)
 RECOMPUTE_OPERANDS = ("ag", "ks", "x", "upd")
+# those that ``BackwardPlan.recompute_one`` takes to one term (K S's S, X, F2 U)
+RECOMPUTE_ONE = ("ks", "x", "upd")
 
 
 def fwd_precision(s_single: bool = False, merge: str = "fp32", one: tuple = ()):
@@ -408,9 +410,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     term each), the other kernels split.  ``p_single``: dUloc from one input-dtype term of P (``local_du``).
     ``dqk_store``: dq~ and dk~ per value head rounded to that dtype before their GVA group sums (under
     ``group_scales``, the scaled values; fp16: the fused kernel's ``fused_dq16`` stores, ``FUSED_FP16``).
-    ``recompute_one`` (a precision study: no kernel plan computes it): the recompute's products with these fields of
-    ``RECOMPUTE_OPERANDS`` one term (``fwd_precision``).  ``stages``: a dict that receives the intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for
-    stage-by-stage checks)."""
+    ``recompute_one``: the recompute's products with these fields of ``RECOMPUTE_OPERANDS`` one term
+    (``fwd_precision``; ``RECOMPUTE_ONE``: ``BackwardPlan.recompute_one``'s).  ``stages``: a dict that receives the
+    intermediates in the layouts of ``pipeline.STAGE_LAYOUT`` (for stage-by-stage checks)."""
     if group_scales:
         H = q.shape[2]
         ea, eb = group_exponents(do, dht, H), group_exponents(v, initial_state, H)
