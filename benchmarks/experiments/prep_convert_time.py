@@ -28,6 +28,10 @@ def main(argv=None):
     ap.add_argument("--rep", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("no CUDA device: this script times GPU kernels")
+        return 2
     import triton
 
     from fused_bwd_check import make_inputs
