@@ -44,8 +44,9 @@ ONE16 = ("one16", "one16g", "one16gc", "one16gcp")
 HYBRID = {"dh16": "dh_operands", "dqk16": "dqk_operands"}
 # one16gcp with dq~ and dk~ per value head stored in a narrower dtype before their GVA group sums (``dqk_store``)
 STORE = {"store16": "float16", "storeb16": "bfloat16"}
-# store16 with the recompute's products of these precision fields one term (``recompute_one``)
-RECOMPUTE = {"rc16": ("ks", "x", "upd"), "rc16ag": ("ks", "x", "upd", "ag")}     # rc16: BackwardPlan.recompute_one
+# store16 with the recompute's products one term (``recompute_one``): those of ``BackwardPlan.recompute_one``
+# (``emulation.RECOMPUTE_ONE``), and these precision fields too
+RECOMPUTE = {"rc16": (), "rc16ag": ("ag",)}
 
 
 def _form(op: str) -> dict:
@@ -58,7 +59,8 @@ def _form(op: str) -> dict:
     if op in STORE:
         return {**_form("one16gcp"), "dqk_store": getattr(torch, STORE[op])}
     if op in RECOMPUTE:
-        return {**_form("store16"), "recompute_one": RECOMPUTE[op]}
+        from kernels.backward.emulation import RECOMPUTE_ONE
+        return {**_form("store16"), "recompute_one": RECOMPUTE_ONE + RECOMPUTE[op]}
     return dict(operands=op)
 
 

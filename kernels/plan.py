@@ -289,11 +289,10 @@ class BackwardPlan:
     fp16 under the GVA group scales (half the bytes) and the group sums' scaled form applies the factors, for groups
     of one value head too (dispatched with ``fused``); ``recompute_one`` (read with ``one_term``): the recompute's K S,
     X and F2 U products one term (the emulation's ``recompute_one``, an A/B alternative); ``prep_converts`` (read
-    with ``fused``): prep's converting form
-    does ``gdn_bwd_convert``'s work on the chunks it reads (its ``io`` config), so that no conversion pass runs
-    (dispatched with ``fused``); ``split``: on a dispatched fused plan, the split plan
-    ``backward_plan`` gives the same call otherwise (the A/B baseline there; it reads the forward's tables), else
-    None."""
+    with ``fused``): prep's converting form does ``gdn_bwd_convert``'s work on the chunks it reads (its ``io``
+    config), so that no conversion pass runs (dispatched with ``fused``); ``split``: on a dispatched fused plan, the
+    split plan ``backward_plan`` gives the same call otherwise (the A/B baseline there; it reads the forward's
+    tables), else None."""
     dtype: str
     dh_segments: object = field(default=None, compare=False)
     dh_single: bool = False
@@ -369,10 +368,9 @@ class BackwardPlan:
     def recompute_configs(self) -> tuple:
         """(intra, state[, scan, fix-up]) of the forward recompute at precision "recompute" (S and U hi + lo,
         key-first; S hi alone with ``s_single``; U hi alone with ``one_term``, whose kernels read no U lo; K S, X and
-        F2 U one term with ``recompute_one``), the S lo
-        tile swizzled where it is only stored (in the input dtype, not read by K S; fp8 with ``lo8``); the CP scan
-        and fix-up of ``recompute_cp_plan`` when ``recompute_cp > 1`` or ``shared_scan``.  Built once per combination
-        of the fields they depend on (a call's host time)."""
+        F2 U one term with ``recompute_one``), the S lo tile swizzled where it is only stored (in the input dtype, not
+        read by K S; fp8 with ``lo8``); the CP scan and fix-up of ``recompute_cp_plan`` when ``recompute_cp > 1`` or
+        ``shared_scan``.  Built once per combination of the fields they depend on (a call's host time)."""
         warm = self.recompute_on_warm_segments
         cp = max(2, self.recompute_cp) if (self.recompute_cp > 1 or self.shared_scan) and not warm else 0
         one = self.recompute_one and self.one_term

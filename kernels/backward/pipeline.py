@@ -250,7 +250,9 @@ def scaled_prep(*, b: BackwardInputs, plan, saved: dict | None, mark=None):
     if plan.converts_in_prep:
         bits = _maxima(b, plan)
         mark("convert")
-        return _prep_converting(b=b, plan=plan, bits=bits)
+        q, k, v, do, sf = _converted(b, plan)
+        tables = prep(b=b, plan=plan, saved=None, convert=(bits, q, k, v, do, sf))
+        return (*_with_converted(b, q, k, v, do, sf), tables)
     f = None
     if plan.one_term:                   # v, dO (and h0, dht) under powers of two per GVA group, in the plan's dtype
         b, f = _scaled(b, plan)
@@ -329,15 +331,6 @@ class PrepTables:
     Lb: torch.Tensor                # [HV, NC] fp32 the chunks' log2 norm bounds, read by the warm segmented forms
                                     # alone (an unread stand-in where prep stores none): every dh and ws recompute
                                     # form's bounds argument
-
-
-def _prep_converting(*, b: BackwardInputs, plan, bits: torch.Tensor):
-    """(``b`` converted, the factors, prep's tables): prep's converting form (``plan.converts_in_prep``) on the caller's
-    q, k, v, dO and the maxima ``bits`` (``_maxima``)."""
-    q, k, v, do, sf = _converted(b, plan)
-    tables = prep(b=b, plan=plan, saved=None, convert=(bits, q, k, v, do, sf))
-    b, f = _with_converted(b, q, k, v, do, sf)
-    return b, f, tables
 
 
 def prep(*, b: BackwardInputs, plan, saved: dict | None, convert: tuple | None = None) -> PrepTables:
