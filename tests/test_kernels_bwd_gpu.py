@@ -645,9 +645,9 @@ def test_fused_one_term_is_the_emulations(case):
 
 @pytest.mark.parametrize("case", _FUSED_CASES[1:], ids=[c.id for c in _FUSED_CASES[1:]])
 def test_recompute_one_is_the_emulations(case):
-    """``recompute_one`` (dispatched with the fused plan) where the recompute runs per CP segment: its K S, X and F2 U
-    one term, every gradient within the input dtype's rounding floor of the emulation's ``FUSED_FP16`` and within the
-    FLA-like baseline (``test_dispatched_fused_plan_is_the_emulations``: its one pass)."""
+    """``recompute_one`` (dispatched with the fused plan) on small layouts (its state kernel at 16 value columns in
+    one pass, at 64 per CP segment): K S, X and F2 U one term, every gradient within the input dtype's rounding floor
+    of the emulation's ``FUSED_FP16`` and within the FLA-like baseline."""
     from kernels.backward.emulation import FUSED_FP16
     _backward_alternative_is_the_emulations(case, dict(FUSED16, fused_dq16=True, recompute_one=True), FUSED_FP16,
                                             "recompute one vs emulation")
