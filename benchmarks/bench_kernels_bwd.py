@@ -130,8 +130,8 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       "ours-fused-dq32": ("backward", dict(fused_dq16=False)),
       # the dispatched fused plan with gdn_bwd_convert's pass before prep (``prep_converts`` off): prep on its copies
       "ours-convert-pass": ("backward", dict(prep_converts=False)),
-      # the one-term plans' recompute with K S, X and F2 U one term (``recompute_one``)
-      "ours-rc-one": ("backward", dict(recompute_one=True)),
+      # the dispatched fused plan with the recompute's K S, X and F2 U split (``recompute_one`` off)
+      "ours-rc-split": ("backward", dict(recompute_one=False)),
       # the fused kernel in one pass per sequence (no segments)
       "ours-fused-seq": ("both", dict(ONE16, fused=True)),
       "ours-dh-regs": ("backward", dict(dh_ws_bv=0)),  # dh's register kernel (value-first, 64 value columns a CTA)

@@ -13,8 +13,9 @@ group, ``group_scales``), "one16gc" (and dh's F1 dO, F0 dX under a power of two 
 with dUloc from one fp16 term of P, ``p_single``: what a fused backward forming P in shared memory reads), "dh16"
 and "dqk16" (one kernel's operands and the tables between it and dqk one fp16 term each, the other kernels split),
 "store16" and "storeb16" (one16gcp with dq~ and dk~ per value head stored in fp16 under the group's powers of two,
-or in bf16, before their group sums: ``dqk_store``), "rc16" (store16, the dispatched fused plan's form, with the
-recompute's K S, X and F2 U products one term: ``recompute_one``) and "rc16ag" (rc16 with Ag one term too).
+or in bf16, before their group sums: ``dqk_store``; store16 is the fused plan with the recompute's products split,
+``ours-rc-split``), "rc16" (store16 with the recompute's K S, X and F2 U products one term, ``recompute_one``: the
+dispatched fused plan's form, ``FUSED_FP16``) and "rc16ag" (rc16 with Ag one term too).
 ``--do-exp E``: dO and dht times 2^E, the emulated gradients times 2^-E (exact; the baseline's, in bf16's exponent
 range, unscaled), the range the one-term forms see.  A row marks the gradients where it is worse than the
 baseline, and under strong decay a dg past its rounding floor (the emulation tests' rule); a gradient with NaN or

@@ -72,10 +72,10 @@ def forward_configs():
                 # per dh segment from warm-up chunks (recompute_warm)
                 cfgs += [BackwardPlan(dtype, dh_segments=True, recompute_block_v=WS_CP_BV, lo8=True, DK=DK,
                                       recompute_ws=True, recompute_warm=True).recompute_configs()[1]]
-            if DK == bwd.DQK_E_ONCE_HEAD_DIM and dtype == "float16":     # the fused plan's
+            if DK == bwd.DQK_E_ONCE_HEAD_DIM and dtype == "float16":     # the one-term plans' (products split)
                 cfgs += [BackwardPlan(**{**ONE_TERM_FIELDS, "fused": True}, recompute_ws=True, recompute_block_v=bv,
                                       DK=DK).recompute_configs()[1] for bv in (64, 32, 16)]
-                # with K S, X and F2 U one term (recompute_one, an A/B alternative)
+                # with K S, X and F2 U one term (recompute_one), as the fused plan is dispatched (at 64 columns)
                 cfgs += [BackwardPlan(**{**ONE_TERM_FIELDS, "fused": True}, recompute_ws=True, recompute_block_v=64,
                                       DK=DK, recompute_one=True).recompute_configs()[1]]
             for c in cfgs:

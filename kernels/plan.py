@@ -288,7 +288,7 @@ class BackwardPlan:
     ``fused_exact`` (None: one pass); ``fused_dq16`` (read with ``fused``): the fused kernel stores dq~ and dk~ in
     fp16 under the GVA group scales (half the bytes) and the group sums' scaled form applies the factors, for groups
     of one value head too (dispatched with ``fused``); ``recompute_one`` (read with ``one_term``): the recompute's K S,
-    X and F2 U products one term (the emulation's ``recompute_one``, an A/B alternative); ``prep_converts`` (read
+    X and F2 U products one term (the emulation's ``RECOMPUTE_ONE``; dispatched with ``fused``); ``prep_converts`` (read
     with ``fused``): prep's converting form does ``gdn_bwd_convert``'s work on the chunks it reads (its ``io``
     config), so that no conversion pass runs (dispatched with ``fused``); ``split``: on a dispatched fused plan, the
     split plan ``backward_plan`` gives the same call otherwise (the A/B baseline there; it reads the forward's
@@ -513,7 +513,7 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     scan's start states (``shared_scan``); every kernel built for the call's head dim ``DK`` (K == V).  Where
     ``dispatches_fused``: that plan with ``ONE_TERM_FIELDS``, ``fused`` (dh and dqk in one kernel), ``fused_dq16``
     (dq~, dk~ in fp16; their GVA sums by ``gdn_bwd_group_sum_scaled``: ``cluster_group_sum`` off) and
-    ``prep_converts`` (no conversion pass)."""
+    ``prep_converts`` (no conversion pass) and ``recompute_one``."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
@@ -532,5 +532,5 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
                         recompute_warm=not seq and DK in WS_HEAD_DIMS)
     if dispatches_fused(dtype, HV, n_seq, DK):
         return replace(plan, **ONE_TERM_FIELDS, fused=True, fused_dq16=True, prep_converts=True,
-                       cluster_group_sum=False, split=plan)
+                       recompute_one=True, cluster_group_sum=False, split=plan)
     return plan

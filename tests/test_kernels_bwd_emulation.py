@@ -1669,18 +1669,21 @@ def test_group_scales_make_the_one_term_backward_exactly_homogeneous(case):
 
 
 def test_recompute_one_is_the_emulations_study_form_and_compiled():
-    """``BackwardPlan.recompute_one`` (read with ``one_term``): the recompute's precision takes K S's S, X and F2 U to
-    one term, the fields the emulation's ``RECOMPUTE_ONE`` names (``precision_bwd.py``'s rc16), Ag stays split; its
-    state kernel is in the compile list; a plan without one term keeps its kernels."""
+    """``BackwardPlan.recompute_one`` (read with ``one_term``, dispatched with the fused plan): the recompute's
+    precision takes K S's S, X and F2 U to one term, the fields the emulation's ``RECOMPUTE_ONE`` names
+    (``precision_bwd.py``'s rc16, ``FUSED_FP16``), Ag stays split; both forms' state kernels are in the compile list;
+    a plan without one term keeps its kernels."""
     import dataclasses
 
     from kernels import plan as kp
-    from kernels.backward.emulation import RECOMPUTE_ONE
+    from kernels.backward.emulation import FUSED_FP16, RECOMPUTE_ONE
     from kernels.build import forward_configs
 
     n = kp.FUSED_MIN_CTAS
-    fused = kp.backward_plan("bfloat16", 16, 32, 64 * n // 32, n // 32)
-    one = dataclasses.replace(fused, recompute_one=True)
+    one = kp.backward_plan("bfloat16", 16, 32, 64 * n // 32, n // 32)
+    fused = dataclasses.replace(one, recompute_one=False)
+    assert one.fused and one.recompute_one and FUSED_FP16["recompute_one"] == RECOMPUTE_ONE
+    assert fused.recompute_configs()[1] in forward_configs()
     a, b = fused.recompute_configs()[1].prec, one.recompute_configs()[1].prec
     changed = {f for f in ("ag", "ks", "x", "upd", "s", "u", "p", "merge") if getattr(a, f) != getattr(b, f)}
     assert changed == set(RECOMPUTE_ONE) and all(getattr(b, f) == "bf16" for f in RECOMPUTE_ONE) and b.ag == "split"

@@ -645,12 +645,12 @@ def test_fused_one_term_is_the_emulations(case):
 
 @pytest.mark.parametrize("case", _FUSED_CASES[1:], ids=[c.id for c in _FUSED_CASES[1:]])
 def test_recompute_one_is_the_emulations(case):
-    """``recompute_one`` on the dispatched fused form: the recompute's K S, X and F2 U one term, every gradient within
-    the input dtype's rounding floor of the emulation's (``FUSED_FP16`` with ``recompute_one``) and within the
-    FLA-like baseline."""
-    from kernels.backward.emulation import FUSED_FP16, RECOMPUTE_ONE
-    _backward_alternative_is_the_emulations(case, dict(FUSED16, fused_dq16=True, recompute_one=True),
-                                            dict(FUSED_FP16, recompute_one=RECOMPUTE_ONE), "recompute one vs emulation")
+    """``recompute_one`` (dispatched with the fused plan) on small layouts (its state kernel at 16 value columns in
+    one pass, at 64 per CP segment): K S, X and F2 U one term, every gradient within the input dtype's rounding floor
+    of the emulation's ``FUSED_FP16`` and within the FLA-like baseline."""
+    from kernels.backward.emulation import FUSED_FP16
+    _backward_alternative_is_the_emulations(case, dict(FUSED16, fused_dq16=True, recompute_one=True), FUSED_FP16,
+                                            "recompute one vs emulation")
 
 
 # the fused plan's GVA groups of one value head: its group sums run only with fused_dq16
@@ -661,9 +661,10 @@ _DQ16_CASES = _FUSED_CASES + [Case(T=1024, H=2, HV=2, dist="qwen-gates", h0_dtyp
 def test_fused_dq16_is_the_emulations(case):
     """``fused_dq16``: the fused kernel stores dq~, dk~ in fp16 under the GVA group scales and the group sums'
     scaled form applies the factors: every gradient within the input dtype's rounding floor of the emulation's
-    (``FUSED_FP16``) and within the FLA-like baseline."""
+    (``FUSED_FP16`` with the recompute's products split, as ``FUSED16`` runs it) and within the FLA-like baseline."""
     from kernels.backward.emulation import FUSED_FP16
-    _backward_alternative_is_the_emulations(case, dict(FUSED16, fused_dq16=True), FUSED_FP16, "fused dq16 vs emulation")
+    _backward_alternative_is_the_emulations(case, dict(FUSED16, fused_dq16=True), dict(FUSED_FP16, recompute_one=()),
+                                            "fused dq16 vs emulation")
 
 
 @pytest.mark.parametrize("case", _DQ16_CASES[-2:], ids=[c.id for c in _DQ16_CASES[-2:]])

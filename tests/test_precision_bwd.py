@@ -105,13 +105,16 @@ def test_p_single_local_du_stays_near_one16gc():
 
 
 def test_recompute_one_term_changes_only_the_gradients_after_the_recompute():
-    """``rc16`` (the fused plan's form with the recompute's K S, X and F2 U one term): dv and dh0, which dh forms
-    without the recomputed states, are bitwise store16's; dq, dk, dg, dbeta move and stay within the FLA-like
-    baseline; an unknown recompute field is refused."""
+    """``rc16`` (the dispatched fused plan's form, ``FUSED_FP16``: store16 with the recompute's K S, X and F2 U one
+    term): dv and dh0, which dh forms without the recomputed states, are bitwise store16's; dq, dk, dg, dbeta move
+    and stay within the FLA-like baseline; an unknown recompute field is refused."""
     import torch
 
-    from kernels.backward.emulation import chunk_gated_delta_rule_bwd
+    from kernels.backward.emulation import FUSED_FP16, chunk_gated_delta_rule_bwd
     from tests import kernel_support as tt
+
+    split = dict(FUSED_FP16, recompute_one=())
+    assert pb._form("rc16") == FUSED_FP16 and dict(pb._form("store16"), recompute_one=()) == split
 
     case = Case(T=192, H=1, HV=2, dist="slow-decay", h0_dtype="fp32", grad=True)
     xs, kw, do, dht = tt.bwd_args(case)

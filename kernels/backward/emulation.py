@@ -41,9 +41,6 @@ HALF_TOP = 14
 # the arguments of ``chunk_gated_delta_rule_bwd`` that emulate a one-term plan on the fp16 kernels (``ours-one16``)
 ONE_TERM_FP16 = dict(dh_single=True, s_single=True, lo8_tables=False, one_term=True, kernel_dtype=torch.float16,
                      group_scales=True, chunk_exp=True)
-# the dispatched fused plan's (``BackwardPlan.fused`` with ``fused_dq16``): dUloc from one fp16 term of P, dq~ and
-# dk~ stored in fp16 before their GVA group sums
-FUSED_FP16 = dict(ONE_TERM_FP16, p_single=True, dqk_store=torch.float16)
 
 
 def half_term(x: torch.Tensor) -> torch.Tensor:
@@ -81,6 +78,9 @@ def _one(hi, lo, dt: torch.dtype, operands: str):
 RECOMPUTE_OPERANDS = ("ag", "ks", "x", "upd")
 # those that ``BackwardPlan.recompute_one`` takes to one term (K S's S, X, F2 U)
 RECOMPUTE_ONE = ("ks", "x", "upd")
+# the dispatched fused plan's (``BackwardPlan.fused`` with ``fused_dq16`` and ``recompute_one``): dUloc from one fp16
+# term of P, dq~ and dk~ stored in fp16 before their GVA group sums, the recompute's K S, X, F2 U one term
+FUSED_FP16 = dict(ONE_TERM_FP16, p_single=True, dqk_store=torch.float16, recompute_one=RECOMPUTE_ONE)
 
 
 def fwd_precision(s_single: bool = False, merge: str = "fp32", one: tuple = ()):
