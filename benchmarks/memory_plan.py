@@ -1,6 +1,6 @@
 """Memory plan of one forward + backward of our TileLang GDN (``kernels.autograd.apply``), traced on the CPU.
 
-    python benchmarks/memory_plan.py [--shapes NAME,...] [--top 30] [--check] [--ab COL] [--record [PATH]]
+    python benchmarks/memory_plan.py [--shapes NAME,...] [--top 30] [--check] [--ab COL] [--record [PATH]] [--launches]
 
 The pipelines' host code runs as on the GPU, every TileLang kernel replaced by a no-op (``kernels.build.get_kernel``
 stubbed: outputs stay uninitialised, nothing computes), the sm_90 checks faked and the backward's side stream
@@ -17,7 +17,7 @@ also runs the call under ``torch.profiler`` (profile_memory) and prints its peak
 events, which sees every allocation (temporaries inside operators included).  ``--ab COL``: the plans of the
 backward benchmark's A/B column COL (``bench_kernels_bwd.AB``) instead of the dispatched ones.  ``--record``: the
 summary table is appended to ``benchmarks/RESULTS.md`` (``benchmarks/record.py``; its machine column says "CPU
-trace").
+trace").  ``--launches``: every kernel launch in order with the MiB its tensor arguments span (``span_bytes``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ if ROOT not in sys.path:
 
 from benchmarks.inputs import D, SHAPES  # noqa: E402
 
-__all__ = ["Allocation", "MemoryTrace", "Plan", "gpu_peak", "plan", "stub_kernel_path"]
+__all__ = ["Allocation", "Launch", "MemoryTrace", "Plan", "gpu_peak", "launch_table", "plan", "span_bytes",
+           "stub_kernel_path"]
 
 MiB = 2 ** 20
 KERNELS = os.path.join(ROOT, "kernels") + os.sep
@@ -78,6 +79,25 @@ class Allocation:
         return f"{self.site} {self.func}: {self.name}"
 
 
+def span_bytes(tensors) -> int:
+    """The bytes ``tensors`` span, each distinct view (storage, offset, shape, strides) counted once: what a kernel
+    taking them reads and writes if it touches each element once (an estimate of its traffic, not a measure)."""
+    seen = {}
+    for t in tensors:
+        key = (t.untyped_storage()._cdata, t.storage_offset(), tuple(t.shape), t.stride())
+        seen[key] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: its config's ``name``, the ``stage`` it ran in (an index into ``MemoryTrace.timeline``:
+    the stage whose end is recorded next) and the ``nbytes`` its tensor arguments span (``span_bytes``)."""
+    name: str
+    stage: int
+    nbytes: int
+
+
 @dataclass
 class MemoryTrace:
     """Allocations and frees in event order; ``timeline``: (direction, stage, bytes at its end, peak during it).
@@ -90,6 +110,7 @@ class MemoryTrace:
     peak_event: int = 0
     events: int = 0
     timeline: list = field(default_factory=list)
+    launches: list = field(default_factory=list)    # Launch per kernel launch, in launch order
     returned: int = 2 ** 62                         # the event at which the call returned
     _live: dict = field(default_factory=dict)       # storage key -> (StorageWeakRef, Allocation)
     _stage_peak: int = 0
@@ -134,6 +155,11 @@ class MemoryTrace:
         self.poll()
         self.timeline.append((direction, stage, self.current, self._stage_peak))
         self._stage_peak = self.current
+
+    def launch(self, name: str, tensors):
+        """A kernel launch of config ``name`` taking ``tensors``: recorded (``Launch``), and their last use."""
+        self.launches.append(Launch(name, len(self.timeline), span_bytes(tensors)))
+        self.use(tensors)
 
     def use(self, tensors):
         """One event (a kernel launch, an operator) that takes ``tensors``: their storages' last use."""
@@ -222,7 +248,7 @@ def stub_kernel_path(trace: MemoryTrace | None = None):
     def no_op_kernel(cfg):
         if trace is None:
             return lambda *args: None
-        return lambda *args: trace.use([a for a in args if isinstance(a, torch.Tensor)])
+        return lambda *args: trace.launch(cfg.name, [a for a in args if isinstance(a, torch.Tensor)])
 
     with contextlib.ExitStack() as st:
         st.enter_context(_patched(build, "get_kernel", no_op_kernel))
@@ -364,6 +390,20 @@ def render(p: Plan, top: int = 30) -> list:
     return lines
 
 
+def launch_table(p: Plan) -> list:
+    """Every kernel launch of the call in order: its stage, its config and the MiB its tensor arguments span
+    (``span_bytes``), with each direction's sum."""
+    t = p.trace
+    lines = [f"== {p.shape}: kernel launches, MiB their tensor arguments span (each view once)"]
+    sums = {}
+    for ln in t.launches:
+        d, s = t.timeline[ln.stage][:2] if ln.stage < len(t.timeline) else ("?", "?")
+        sums[d] = sums.get(d, 0) + ln.nbytes
+        lines.append(f"  {d:<9} {s:<17} {_mib(ln.nbytes)}  {ln.name}")
+    lines += [f"  {d:<9} {'(sum)':<17} {_mib(n)}" for d, n in sums.items()]
+    return lines
+
+
 def summary(plans) -> list:
     """The summary table (MiB)."""
     head = f"{'shape':<26} {'peak':>9} {'peak-grads':>11} {'grads':>8} {'at peak':>8} {'floor':>8}"
@@ -385,6 +425,8 @@ def main(argv=None) -> int:
                     help=f"comma-separated names of {', '.join(SHAPES)}")
     ap.add_argument("--top", type=int, default=30, help="tensors listed at the peak")
     ap.add_argument("--check", action="store_true", help="also the CPU allocator's peak (torch.profiler)")
+    ap.add_argument("--launches", action="store_true",
+                    help="also every kernel launch with the MiB its tensor arguments span (a traffic estimate)")
     ap.add_argument("--ab", default=None, metavar="COL",
                     help="the plans of benchmarks/bench_kernels_bwd.py's A/B column COL, not the dispatched ones")
     ap.add_argument("--record", default=None, metavar="PATH", nargs="?", const="",
@@ -409,6 +451,8 @@ def main(argv=None) -> int:
             continue
         plans.append(p)
         print("\n".join(render(p, args.top)) + "\n", flush=True)
+        if args.launches:
+            print("\n".join(launch_table(p)) + "\n", flush=True)
     table = summary(plans)
     print("\n".join(table))
     if args.record is not None:

@@ -223,3 +223,22 @@ def test_the_overlapped_recompute_allocates_on_the_side_stream_and_records_its_o
     made = {a.untyped_storage()._cdata for a in log["allocs"]}
     assert sorted(tuple(t.shape) for t in on_main) == sorted(tables)
     assert all(t.untyped_storage()._cdata in made for t in on_main)
+
+
+def test_span_bytes_counts_each_view_once():
+    x = torch.zeros(4, 8)
+    assert mp.span_bytes([x, x]) == x.nbytes
+    assert mp.span_bytes([x, x[:2]]) == x.nbytes + x[:2].nbytes
+    assert mp.span_bytes([x[:2], x[2:]]) == x.nbytes
+
+
+def test_every_kernel_launch_is_recorded_in_its_stage(traced):
+    """Each launch names its config and a stage of the timeline and spans some bytes; the
+    launch table lists each one and a sum per direction."""
+    t = traced.trace
+    assert t.launches and all(0 <= ln.stage < len(t.timeline) and ln.nbytes > 0 for ln in t.launches)
+    stages = {t.timeline[ln.stage][:2] for ln in t.launches}
+    assert ("forward", "intra_chunk") in stages and ("backward", "prep") in stages, stages
+    lines = mp.launch_table(traced)
+    assert len(lines) == 1 + len(t.launches) + len({d for d, _ in stages})
+    assert all(ln.name in line for ln, line in zip(t.launches, lines[1:]))
