@@ -40,3 +40,33 @@ def test_ab_columns_are_ours_with_their_plans(monkeypatch):
     assert impl0 == impl1 == "tilelang" and f0 is None
     fused = backward_plan("bfloat16", 16, 32, 512, 8)
     assert fused.prep_converts and f1(fused) == bench.alter("ours-convert-pass")(fused) and not f1(fused).prep_converts
+
+
+def test_kernel_symbol_is_the_global_functions_name():
+    src = ('#include <x.h>\nextern "C" __global__ void __launch_bounds__(384, 1) gdn_bwd_fused_kernel(half_t* q, int n)'
+           ' {\n}\n__global__ void other(int) {}')
+    assert kernel_times.kernel_symbol(src) == "gdn_bwd_fused_kernel"
+    assert kernel_times.kernel_symbol("__global__ void k() {}") == "k"
+    assert kernel_times.kernel_symbol("int main() {}") is None
+
+
+def test_launch_spans_are_the_memory_traces():
+    """``launch_spans`` over one forward + backward on the CPU kernel path (no-op kernels, named by their configs):
+    per kernel, the MiB the memory trace records for the same launches."""
+    from collections import defaultdict
+
+    from benchmarks import memory_plan as mp
+    from kernels.autograd import apply
+
+    shape = (1, 256, 2, 4, None)
+    p = mp.plan(shape)
+    want = defaultdict(float)
+    for ln in p.trace.launches:
+        want[ln.name] += ln.nbytes / 2 ** 20
+    leaves, kw, do, dht = mp.inputs(*shape)
+    call = kernel_times.caller(lambda *a, **k: apply(*a, **k, impl="tilelang"), mp.contextlib.nullcontext, leaves,
+                               kw, do, dht, False)
+    with mp.stub_kernel_path():
+        call()      # (the layout caches, as the trace's warm-up call)
+        got = kernel_times.launch_spans(call)
+    assert got == pytest.approx(dict(want)) and len(got) >= 4, (got, dict(want))
