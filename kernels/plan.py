@@ -512,8 +512,8 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     from its own warm-up chunks at the head dims of ``WS_HEAD_DIMS`` (``recompute_warm``), else from the shared
     scan's start states (``shared_scan``); every kernel built for the call's head dim ``DK`` (K == V).  Where
     ``dispatches_fused``: that plan with ``ONE_TERM_FIELDS``, ``fused`` (dh and dqk in one kernel), ``fused_dq16``
-    (dq~, dk~ in fp16; their GVA sums by ``gdn_bwd_group_sum_scaled``: ``cluster_group_sum`` off) and
-    ``prep_converts`` (no conversion pass) and ``recompute_one``."""
+    (dq~, dk~ in fp16; their GVA sums by ``gdn_bwd_group_sum_scaled``: ``cluster_group_sum`` off),
+    ``prep_converts`` (no conversion pass) and ``recompute_one`` (the recompute's K S, X and F2 U one term)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
