@@ -132,6 +132,8 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       "ours-convert-pass": ("backward", dict(prep_converts=False)),
       # the dispatched fused plan with the recompute's K S, X and F2 U split (``recompute_one`` off)
       "ours-rc-split": ("backward", dict(recompute_one=False)),
+      # the dispatched fused plan with the fused kernel's sequences issued in index order (``longest_first`` off)
+      "ours-seq-order": ("backward", dict(longest_first=False)),
       # the fused kernel in one pass per sequence (no segments)
       "ours-fused-seq": ("both", dict(ONE16, fused=True)),
       "ours-dh-regs": ("backward", dict(dh_ws_bv=0)),  # dh's register kernel (value-first, 64 value columns a CTA)

@@ -124,6 +124,15 @@ def unused(shape: tuple, dtype, dev) -> torch.Tensor:
 _DENSE_TABLES: dict = {}
 
 
+_INDEX_ORDER: dict = {}
+
+
+def index_order(n: int, dev) -> torch.Tensor:
+    """``arange(n)`` int32 on ``dev``: a per-sequence kernel's ``seq_order`` that issues its sequences (or segments)
+    in index order; one per (n, device), kept for every later call."""
+    return cached(_INDEX_ORDER, (n, str(dev)), lambda: torch.arange(n, device=dev, dtype=torch.int32))
+
+
 _CAPABILITY: dict = {}
 
 
@@ -156,7 +165,8 @@ def require_sm90(dev, what: str):
 
 
 def seq_tables(B, T, cu_seqlens, dev, cu_host=None):
-    """cu_seqlens (int32), chunk_indices [NC, 2] (int32), chunk_offsets [N + 1] (int32), NC.
+    """cu_seqlens (int32), chunk_indices [NC, 2] (int32), chunk_offsets [N + 1] (int32), NC, seq_order [N] (int32:
+    the sequences by decreasing chunk count, ties in index order; ``longest_first``).
 
     Dense tables are built on the device without a host sync and cached per (B, T, device); varlen tables
     from ``cu_host`` (cu_seqlens as a host list) when the caller already has it, else with one host sync."""
@@ -171,7 +181,15 @@ def _dense_tables(B, T, dev):
     offs = torch.arange(0, B + 1, device=dev, dtype=torch.int32) * nt
     seq = torch.arange(B, device=dev, dtype=torch.int32).repeat_interleave(nt)
     ic = torch.arange(nt, device=dev, dtype=torch.int32).repeat(B)
-    return cu, torch.stack([seq, ic], 1).contiguous(), offs, B * nt
+    order = torch.arange(B, device=dev, dtype=torch.int32)
+    return cu, torch.stack([seq, ic], 1).contiguous(), offs, B * nt, order
+
+
+def longest_first(chunks: list[int]) -> list[int]:
+    """The sequence indices by decreasing chunk count, ties in index order: the order in which a kernel with one
+    CTA per (head, sequence) issues its sequences' CTAs, so that the longest start first and the short ones fill
+    the SMs at the end (longest processing time first)."""
+    return sorted(range(len(chunks)), key=lambda n: (-chunks[n], n))
 
 
 def host_list(cu_seqlens) -> list[int]:
@@ -211,7 +229,7 @@ def _varlen_tables(T, cu_seqlens, dev, cu_host=None):
     if cu_host[0] != 0 or cu_host[-1] > T:
         raise ValueError(f"cu_seqlens must start at 0 and end at most at T={T} (tokens past its end are padding), "
                          f"got {cu_host[0]} ... {cu_host[-1]}")
-    idx, offs = [], [0]
+    idx, offs, chunks = [], [0], []
     for n in range(len(cu_host) - 1):
         L = cu_host[n + 1] - cu_host[n]
         if L < 0:
@@ -219,10 +237,12 @@ def _varlen_tables(T, cu_seqlens, dev, cu_host=None):
         nch = -(-L // BT)
         idx.extend((n, i) for i in range(nch))
         offs.append(offs[-1] + nch)
+        chunks.append(nch)
     cu = torch.tensor(cu_host, dtype=torch.int32).to(dev, non_blocking=True)
     ci = torch.tensor(idx if idx else [[0, 0]], dtype=torch.int32).reshape(-1, 2).to(dev, non_blocking=True)
     co = torch.tensor(offs, dtype=torch.int32).to(dev, non_blocking=True)
-    return cu, ci, co, len(idx)
+    order = torch.tensor(longest_first(chunks), dtype=torch.int32).to(dev, non_blocking=True)
+    return cu, ci, co, len(idx), order
 
 
 

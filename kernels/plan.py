@@ -290,7 +290,10 @@ class BackwardPlan:
     of one value head too (dispatched with ``fused``); ``recompute_one`` (read with ``one_term``): the recompute's K S,
     X and F2 U products one term (the emulation's ``RECOMPUTE_ONE``; dispatched with ``fused``); ``prep_converts`` (read
     with ``fused``): prep's converting form does ``gdn_bwd_convert``'s work on the chunks it reads (its ``io``
-    config), so that no conversion pass runs (dispatched with ``fused``); ``split``: on a dispatched fused plan, the
+    config), so that no conversion pass runs (dispatched with ``fused``); ``longest_first`` (read with ``fused``, one
+    pass per sequence): the fused kernel issues its sequences' CTAs longest first (``ForwardInputs.seq_order``), else
+    in index order (dispatched with ``fused``: on a ragged batch the long sequences otherwise start last and set the
+    kernel's time); ``split``: on a dispatched fused plan, the
     split plan ``backward_plan`` gives the same call otherwise (the A/B baseline there; it reads the forward's
     tables), else None."""
     dtype: str
@@ -323,6 +326,7 @@ class BackwardPlan:
     fused_dq16: bool = False
     prep_converts: bool = False
     recompute_one: bool = False
+    longest_first: bool = False
     fused_segments: object = field(default=None, compare=False)
     split: object = field(default=None, compare=False)
 
@@ -513,7 +517,8 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     scan's start states (``shared_scan``); every kernel built for the call's head dim ``DK`` (K == V).  Where
     ``dispatches_fused``: that plan with ``ONE_TERM_FIELDS``, ``fused`` (dh and dqk in one kernel), ``fused_dq16``
     (dq~, dk~ in fp16; their GVA sums by ``gdn_bwd_group_sum_scaled``: ``cluster_group_sum`` off),
-    ``prep_converts`` (no conversion pass) and ``recompute_one`` (the recompute's K S, X and F2 U one term)."""
+    ``prep_converts`` (no conversion pass), ``recompute_one`` (the recompute's K S, X and F2 U one term) and
+    ``longest_first`` (the fused kernel's sequences issued longest first)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
@@ -532,5 +537,5 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
                         recompute_warm=not seq and DK in WS_HEAD_DIMS)
     if dispatches_fused(dtype, HV, n_seq, DK):
         return replace(plan, **ONE_TERM_FIELDS, fused=True, fused_dq16=True, prep_converts=True,
-                       recompute_one=True, cluster_group_sum=False, split=plan)
+                       recompute_one=True, longest_first=True, cluster_group_sum=False, split=plan)
     return plan

@@ -27,7 +27,7 @@ def test_ab_column_changes_the_plan_it_names_and_no_other(col):
         assert fused.split == dataclasses.replace(fused, **{k: getattr(fused.split, k) for k in (
             "dtype", "io_dtype", "one_term", "dh_single", "s_single", "lo8", "reads_saved_tables", "dh_ws_bv",
             "dh_warm", "recompute_warm", "shared_scan", "fused", "fused_dq16", "prep_converts", "recompute_one",
-            "cluster_group_sum")})
+            "longest_first", "cluster_group_sum")})
     elif where == "both":
         assert nf == dataclasses.replace(fp, keep_tables=False) and not nb.reads_saved_tables
     elif where == "merges":

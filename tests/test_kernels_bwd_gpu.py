@@ -685,6 +685,29 @@ def test_fused_dq16_changes_dq_and_dk_alone(case):
             assert torch.equal(x, y), f"{n}: fused_dq16 changed it ({case.id})"
 
 
+def test_longest_first_changes_no_gradient():
+    """``longest_first`` (dispatched with the fused plan) changes only the order in which the fused kernel issues its
+    CTAs: on a ragged batch with empty sequences and h0 (whose order is not the index order) every gradient, dh0
+    included, is bitwise that of the index order."""
+    from kernels import autograd
+    from kernels.interface import longest_first
+    from kernels.plan import BackwardPlan
+
+    case = Case(layout="varlen-empty", T=2265, H=1, HV=2, h0_dtype="fp32", dist="mixed-heads", grad=True)
+    cu = tt.bwd_args(case, CUDA)[1]["cu_seqlens"].tolist()
+    chunks = [-(-(b - a) // 64) for a, b in zip(cu[:-1], cu[1:])]
+    assert longest_first(chunks) != sorted(range(len(chunks))), chunks
+
+    def form(first):
+        change = dict(FUSED16, fused_dq16=True, recompute_one=True, longest_first=first)
+        return lambda plan: dataclasses.replace(plan, **change) if isinstance(plan, BackwardPlan) else plan
+    a = tt.function_grads(autograd.apply, case, CUDA, alter=form(False))
+    b = tt.function_grads(autograd.apply, case, CUDA, alter=form(True))
+    for n, x, y in zip(tt.GRAD_NAMES, a, b):
+        assert (x is None) == (y is None), n
+        assert x is None or torch.equal(x, y), f"{n}: longest_first changed it ({case.id})"
+
+
 def test_one_term_hi_alone_tables_are_the_split_forms(monkeypatch):
     """The one-term plans' prep stores Tinv's hi term alone and their recompute U's (no lo tables): every table they
     store is bitwise that of the same kernels storing Tinv and U hi + lo."""

@@ -289,9 +289,9 @@ def test_padded_varlen_tables_and_segment_plans_stop_at_the_last_sequence():
 
     dev = torch.device("cpu")
     cu = torch.tensor([0, 100, 164], dtype=torch.int32)
-    cu_host, (cu_d, ci, co, NC) = call_tables(1, 300, cu, dev)
+    cu_host, (cu_d, ci, co, NC, order) = call_tables(1, 300, cu, dev)
     assert cu_host == [0, 100, 164] and NC == 2 + 1 and ci.tolist() == [[0, 0], [0, 1], [1, 0]]
-    assert co.tolist() == [0, 2, 3] and cu_d.tolist() == [0, 100, 164]
+    assert co.tolist() == [0, 2, 3] and cu_d.tolist() == [0, 100, 164] and order.tolist() == [0, 1]
     with pytest.raises(ValueError, match=r"cu_seqlens must start at 0 and end at most at T=150"):
         call_tables(1, 150, torch.tensor([0, 100, 164]), dev)
     long = [0, 300 * 64 + 5]

@@ -401,8 +401,24 @@ def test_varlen_tables_take_the_host_list_so_a_call_syncs_once():
     want = _seq_tables(1, 193, cu, torch.device("cpu"))
     got = _seq_tables(1, 193, cu.as_subclass(NoHostCopy), torch.device("cpu"), _host_list(cu))
     assert want[3] == got[3] == 1 + 1 + 0 + 3
-    for a, b in zip(want[:3], got[:3]):
+    for a, b in zip(want[:3] + want[4:], got[:3] + got[4:]):
         assert torch.equal(a, b.as_subclass(torch.Tensor))
+
+
+def test_seq_order_issues_the_longest_sequences_first():
+    """``seq_order`` (the fused backward's CTA order): sequences by decreasing chunk count, ties (and empty
+    sequences) in index order; dense input keeps the index order."""
+    from kernels.interface import longest_first
+    from kernels.interface import seq_tables as _seq_tables
+
+    cpu = torch.device("cpu")
+    # chunks: 1, 1, 0, 3, 2, 3
+    cu = torch.tensor([0, 1, 64, 64, 193, 300, 429], dtype=torch.int32)
+    assert _seq_tables(1, 429, cu, cpu)[4].tolist() == [3, 5, 4, 0, 1, 2]
+    assert longest_first([16, 110, 40, 94, 5, 141, 63, 47]) == [5, 1, 3, 6, 7, 2, 0, 4]
+    assert longest_first([]) == []
+    order = _seq_tables(3, 100, None, cpu)[4]
+    assert order.dtype == torch.int32 and order.tolist() == [0, 1, 2]
 
 
 def test_host_cache_keeps_none_and_empties_itself_past_its_bound():

@@ -123,8 +123,9 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24)
     """TileLang prim_func of ``gdn_bwd_fused``.  Arguments: q, k [Ttot, H, D], v, dO [Ttot, HV, D] fp16 (the one-term
     plan's, v and dO under its powers of two); Sch [HV, NC, D, D] (key-first), Uh [HV, NC, 64, D],
     Th [HV, NC, 64, 64] fp16; Fb [HV, NC, 8, 64] fp32; cu_seqlens [N + 1], chunk_offsets [N + 1] int32 ([4 N + 1] with
-    ``warm``); Lb [HV, NC] fp32 (each chunk's log2 norm bound, read by ``warm`` alone); dht [N or 1, HV, D, D] fp32
-    key-first; then the outputs dv [Ttot, HV, D] in ``io``, dq~, dk~ [Ttot, HV, D] fp32 per value head (times
+    ``warm``); seq_order [N] int32 (CTA (hv, i) runs sequence ``seq_order[i]``: the order in which the sequences'
+    CTAs are issued); Lb [HV, NC] fp32 (each chunk's log2 norm bound, read by ``warm`` alone); dht [N or 1, HV, D,
+    D] fp32 key-first; then the outputs dv [Ttot, HV, D] in ``io``, dq~, dk~ [Ttot, HV, D] fp32 per value head (times
     ``factors[1, hv]``), qz, kw, kr, yv, db2 [2, HV, NC, 64] and sd [2, HV, NC, D] fp32 (half 0 the sums, half 1 zero),
     rect [HV, NC, 64], dh0 [N or 1, HV, D, D] fp32 key-first (with ``warm``, dht and dh0 per segment); use_dht,
     store_dh0 int32, scale fp32, factors [2, HV] fp32 (dv stored times row 0, dq~ and dk~ times row 1).
@@ -171,6 +172,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24)
         Fb: T.Tensor((HV, NCg, 8, BT), f32),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
         chunk_offsets: T.Tensor((n_co,), "int32"),
+        seq_order: T.Tensor((N,), "int32"),
         Lb: T.Tensor((HV, NCg), f32),
         dht: T.Tensor((Nh, HV, D, D), f32),
         dv: T.Tensor((Ttot, HV, D), io),
@@ -189,7 +191,8 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24)
         scale: T.float32,
         factors: T.Tensor((2, HV), f32),
     ):
-        with T.Kernel(HV, N, threads=4 * WG) as (hv, n):
+        with T.Kernel(HV, N, threads=4 * WG) as (hv, i_n):
+            n = seq_order[i_n]
             h = hv // (HV // H)
             bos, eos, c0, nch = seq_span(cu_seqlens, chunk_offsets, n)
             q_s = T.alloc_shared((BT, D), f16)
@@ -302,7 +305,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24)
                     T.barrier_arrive(ph[3])
                     T.barrier_wait(ph[3], par)
                 if store_dh0 != 0:
-                    T.copy(ds_f, dh0[n, hv, 0:D, 0:D])
+                    T.copy(ds_f, dh0[seq_order[i_n], hv, 0:D, 0:D])     # read again: no register kept
             elif tx < 2 * WG:
                 # WG1: dq~ and the 64x64 terms
                 T.set_max_nreg(nreg[1], 1)

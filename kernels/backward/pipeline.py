@@ -56,7 +56,7 @@ from kernels.forward.pipeline import (ForwardInputs, IntraTables, fix_segment_st
                                      prepare, segment_maps, segment_starts)
 from kernels.interface import side_stream as _side_stream
 from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, TORCH_DTYPE, cached,
-                               fp32_state, max_chunks, pad_rows, tma_ready, token_rows, unused)
+                               fp32_state, index_order, max_chunks, pad_rows, tma_ready, token_rows, unused)
 
 from .finish import finish, group_sum
 from .scales import scale_states, state_bits, unscale
@@ -577,7 +577,8 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
             dht = dht.index_select(0, cp.warm_co[3 * (cp.cu.numel() - 1) + 1:])
         cu, co = (x.cu, x.chunk_offsets) if cp is None else (cp.cu, cp.warm_co)
         use_dht = int(dhk is not None)
-    get_kernel(plan.fused_config())(*args, cu, co, tables.Lb, dht, *outs, dh0, use_dht, int(use_h0),
+    order = x.seq_order if cp is None and plan.longest_first else index_order(cu.numel() - 1, dev)
+    get_kernel(plan.fused_config())(*args, cu, co, order, tables.Lb, dht, *outs, dh0, use_dht, int(use_h0),
                                     float(x.scale), fac)
     if use_h0 and cp is not None:
         dh0 = dh0[cp.first]
@@ -604,8 +605,8 @@ def fused_end_gradients(*, x: ForwardInputs, plan, args, tables: PrepTables, out
     if dhk is not None:
         dht_a[cp.last] = dhk
     a = torch.empty_like(dht_a)
-    get_kernel(plan.fused_chain_config())(*args, cp.cu, cp.chunk_offsets, tables.Lb, dht_a, *outs, a, 1, 1,
-                                          float(x.scale), factors)
+    get_kernel(plan.fused_chain_config())(*args, cp.cu, cp.chunk_offsets, index_order(NS, x.q.device), tables.Lb,
+                                          dht_a, *outs, a, 1, 1, float(x.scale), factors)
     return dh_segmented.end_gradients(cp, a, maps[:, :, D:, :], dhk, get_kernel(FixupConfig(D)))
 
 

@@ -66,6 +66,7 @@ class ForwardInputs:
     chunk_offsets: torch.Tensor     # [N + 1] int32
     NC: int
     n_tok: int                      # tokens in sequences (B * T, or cu_seqlens[-1] <= T with padding)
+    seq_order: torch.Tensor         # [N] int32: the sequences by decreasing chunk count (``longest_first``)
 
 
 def prepare(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -75,7 +76,7 @@ def prepare(q, k, v, g, beta, scale=None, initial_state=None, output_final_state
     B, T, H, HV, K, V, N = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     require_sm90(q.device, "kernels.chunk_gated_delta_rule")
     Ttot = B * T
-    cu_host, (cu, chunk_indices, chunk_offsets, NC) = call_tables(B, T, cu_seqlens, q.device)
+    cu_host, (cu, chunk_indices, chunk_offsets, NC, seq_order) = call_tables(B, T, cu_seqlens, q.device)
     n = token_count(B, T, cu_host)
 
     def rows(x, width):
@@ -87,7 +88,7 @@ def prepare(q, k, v, g, beta, scale=None, initial_state=None, output_final_state
         h0=None if initial_state is None else fp32_state(initial_state), B=B, T=T, H=H, HV=HV, K=K, V=V,
         N=N, D=K, scale=K ** -0.5 if scale is None else float(scale), use_l2=bool(use_qk_l2norm_in_kernel),
         v_first=bool(state_v_first), store_ht=bool(output_final_state), cu_seqlens=cu_seqlens, cu_host=cu_host,
-        cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, NC=NC, n_tok=n)
+        cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, NC=NC, n_tok=n, seq_order=seq_order)
 
 
 def plan_for(x: ForwardInputs, keep_tables: bool = False):
