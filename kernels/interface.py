@@ -229,7 +229,7 @@ def _varlen_tables(T, cu_seqlens, dev, cu_host=None):
     if cu_host[0] != 0 or cu_host[-1] > T:
         raise ValueError(f"cu_seqlens must start at 0 and end at most at T={T} (tokens past its end are padding), "
                          f"got {cu_host[0]} ... {cu_host[-1]}")
-    idx, offs, chunks = [], [0], []
+    idx, offs = [], [0]
     for n in range(len(cu_host) - 1):
         L = cu_host[n + 1] - cu_host[n]
         if L < 0:
@@ -237,10 +237,10 @@ def _varlen_tables(T, cu_seqlens, dev, cu_host=None):
         nch = -(-L // BT)
         idx.extend((n, i) for i in range(nch))
         offs.append(offs[-1] + nch)
-        chunks.append(nch)
     cu = torch.tensor(cu_host, dtype=torch.int32).to(dev, non_blocking=True)
     ci = torch.tensor(idx if idx else [[0, 0]], dtype=torch.int32).reshape(-1, 2).to(dev, non_blocking=True)
     co = torch.tensor(offs, dtype=torch.int32).to(dev, non_blocking=True)
+    chunks = [b - a for a, b in zip(offs, offs[1:])]
     order = torch.tensor(longest_first(chunks), dtype=torch.int32).to(dev, non_blocking=True)
     return cu, ci, co, len(idx), order
 

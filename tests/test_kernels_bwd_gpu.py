@@ -690,13 +690,13 @@ def test_longest_first_changes_no_gradient():
     CTAs: on a ragged batch with empty sequences and h0 (whose order is not the index order) every gradient, dh0
     included, is bitwise that of the index order."""
     from kernels import autograd
-    from kernels.interface import longest_first
+    from kernels.backward import pipeline as bp
     from kernels.plan import BackwardPlan
 
     case = Case(layout="varlen-empty", T=2265, H=1, HV=2, h0_dtype="fp32", dist="mixed-heads", grad=True)
-    cu = tt.bwd_args(case, CUDA)[1]["cu_seqlens"].tolist()
-    chunks = [-(-(b - a) // 64) for a, b in zip(cu[:-1], cu[1:])]
-    assert longest_first(chunks) != sorted(range(len(chunks))), chunks
+    xs, kw, do, dht = tt.bwd_args(case, CUDA)
+    order = bp.prepare_backward(*xs, do, dht, **kw).x.seq_order.tolist()
+    assert order != sorted(order), order
 
     def form(first):
         change = dict(FUSED16, fused_dq16=True, recompute_one=True, longest_first=first)

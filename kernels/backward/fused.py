@@ -305,7 +305,7 @@ def build_bwd_fused(D: int = 128, io: str = "bfloat16", nreg=(184, 168, 136, 24)
                     T.barrier_arrive(ph[3])
                     T.barrier_wait(ph[3], par)
                 if store_dh0 != 0:
-                    T.copy(ds_f, dh0[seq_order[i_n], hv, 0:D, 0:D])     # (the sequence read again at the store)
+                    T.copy(ds_f, dh0[n, hv, 0:D, 0:D])
             elif tx < 2 * WG:
                 # WG1: dq~ and the 64x64 terms
                 T.set_max_nreg(nreg[1], 1)
