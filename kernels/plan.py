@@ -65,8 +65,8 @@ class ForwardPlan:
     value head) runs in one of two "ws" kernels launched side by side, decided on the GPU: the CP segments at
     ``block_v`` where every segment start of the sequence takes a warm-up, else the whole sequence without CP at
     ``SPLIT_EXACT_BV`` columns a CTA (``state_output_ws``'s ``split``); ``longest_first`` (read by the "ws" form's
-    one pass): its CTAs run the sequences longest first (``ForwardInputs.seq_order``), else in index order, so that
-    on a ragged batch the long sequences do not start last and set the kernel's time."""
+    one pass; not dispatched until measured): its CTAs run the sequences longest first (``ForwardInputs.seq_order``),
+    else in index order, so that on a ragged batch the long sequences do not start last and set the kernel's time."""
     dtype: str
     precision: Precision
     state_form: str
@@ -217,14 +217,14 @@ def ws_cp_segments(n_seq: int, HV: int, max_chunks: int, DK: int = KERNEL_HEAD_D
 @lru_cache(maxsize=1024)
 def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: bool = False,
                  DK: int = KERNEL_HEAD_DIM) -> ForwardPlan:
-    """The forward's dispatch. At the head dims ``WS_HEAD_DIMS``: the ws form where blocks of at least 32 value
-    columns give a CTA per SM (``block_v``; its sequences issued longest first, ``longest_first``), else the ws form
-    at BV ``WS_CP_BV`` per CP segment where ``ws_cp_segments`` > 1 (with warm-up starts, ``warm``), P from the intra
-    kernel's tables (``p_table``). At the others, the rv form with CP for at most ``CP_MAX_CTAS`` CTAs over at least
-    ``CP_MIN_TOTAL_CHUNKS`` chunks (few heads, long sequences). Else the smem form without CP, two CTAs per SM when
-    BV 32 gives two per SM (else one); precision "default"; ``keep_tables`` where the precision computes the
-    backward's tables; every kernel built for the call's head dim ``DK`` (K == V), which also sets the CTA counts
-    above. Cached per argument tuple (a call's host time)."""
+    """The forward's dispatch.  At the head dims ``WS_HEAD_DIMS``: the ws form where blocks of at least 32 value
+    columns give a CTA per SM (``block_v``), else the ws form at BV ``WS_CP_BV`` per CP segment where
+    ``ws_cp_segments`` > 1 (with warm-up starts, ``warm``), P from the intra kernel's tables (``p_table``).  At the
+    others, the rv form with CP for at most ``CP_MAX_CTAS`` CTAs over at least ``CP_MIN_TOTAL_CHUNKS`` chunks (few
+    heads, long sequences).  Else the smem form without CP, two CTAs per SM when BV 32 gives two per SM (else
+    one); precision "default"; ``keep_tables`` where the precision computes the backward's tables; every kernel
+    built for the call's head dim ``DK`` (K == V), which also sets the CTA counts above.  Cached per argument
+    tuple (a call's host time)."""
     check_head_dim(DK)
     prec = preset()
     few = n_seq * HV * (DK // RV_BV) <= CP_MAX_CTAS and max_chunks >= CP_MIN_TOTAL_CHUNKS
@@ -233,7 +233,7 @@ def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: 
         return ForwardPlan(dtype, prec, "rv", RV_BV, 1, cp_segments(n_seq, HV, max_chunks, DK), keep, DK)
     bv = block_v(n_seq, HV, 1, DK)
     if bv >= 32 and DK in WS_HEAD_DIMS:
-        return ForwardPlan(dtype, prec, "ws", bv, 1, 1, keep, DK, p_table=True, longest_first=True)
+        return ForwardPlan(dtype, prec, "ws", bv, 1, 1, keep, DK, p_table=True)
     cp = ws_cp_segments(n_seq, HV, max_chunks, DK) if DK in WS_HEAD_DIMS else 1
     if cp > 1:
         return ForwardPlan(dtype, prec, "ws", WS_CP_BV, 1, cp, keep, DK, p_table=True, warm=True)
@@ -295,8 +295,8 @@ class BackwardPlan:
     with ``fused``): prep's converting form does ``gdn_bwd_convert``'s work on the chunks it reads (its ``io``
     config), so that no conversion pass runs (dispatched with ``fused``); ``longest_first`` (read by the fused kernel's
     one pass and by the recompute's ws tables form in one pass): those kernels issue their sequences' CTAs longest
-    first (``ForwardInputs.seq_order``), else in index order (dispatched: on a ragged batch the long sequences
-    otherwise start last and set the kernel's time); ``split``: on a dispatched fused plan, the
+    first (``ForwardInputs.seq_order``), else in index order (dispatched with ``fused``: on a ragged batch the long
+    sequences otherwise start last and set the kernel's time); ``split``: on a dispatched fused plan, the
     split plan ``backward_plan`` gives the same call otherwise (the A/B baseline there; it reads the forward's
     tables), else None."""
     dtype: str
@@ -517,11 +517,11 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     even 16-column blocks of one pass leave SMs idle; with the segmented reverse pass its warm form (``dh_warm``:
     one launch, each segment from its warm-up chunks) and the recompute on dh's segments at ``WS_CP_BV`` columns,
     from its own warm-up chunks at the head dims of ``WS_HEAD_DIMS`` (``recompute_warm``), else from the shared
-    scan's start states (``shared_scan``); the one-pass kernels' sequences longest first (``longest_first``); every
-    kernel built for the call's head dim ``DK`` (K == V).  Where
+    scan's start states (``shared_scan``); every kernel built for the call's head dim ``DK`` (K == V).  Where
     ``dispatches_fused``: that plan with ``ONE_TERM_FIELDS``, ``fused`` (dh and dqk in one kernel), ``fused_dq16``
     (dq~, dk~ in fp16; their GVA sums by ``gdn_bwd_group_sum_scaled``: ``cluster_group_sum`` off),
-    ``prep_converts`` (no conversion pass) and ``recompute_one`` (the recompute's K S, X and F2 U one term)."""
+    ``prep_converts`` (no conversion pass), ``recompute_one`` (the recompute's K S, X and F2 U one term) and
+    ``longest_first`` (the fused kernel's and its recompute's sequences issued longest first)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H
@@ -537,8 +537,8 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
                         recompute_block_v=rbv, recompute_ctas_per_sm=1, group=group,
                         cluster_group_sum=group in CLUSTER_GROUPS, lo8=True, DK=DK, recompute_cp=rcp,
                         shared_scan=not seq and DK not in WS_HEAD_DIMS, dh_warm=not seq,
-                        recompute_warm=not seq and DK in WS_HEAD_DIMS, longest_first=True)
+                        recompute_warm=not seq and DK in WS_HEAD_DIMS)
     if dispatches_fused(dtype, HV, n_seq, DK):
         return replace(plan, **ONE_TERM_FIELDS, fused=True, fused_dq16=True, prep_converts=True,
-                       recompute_one=True, cluster_group_sum=False, split=plan)
+                       recompute_one=True, longest_first=True, cluster_group_sum=False, split=plan)
     return plan
