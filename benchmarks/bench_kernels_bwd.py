@@ -5,7 +5,8 @@
 
 bf16 q/k/v, fp32 g/beta, no initial state, output_final_state=True; q ~ N(0,1), k L2-normalised N(0,1),
 v ~ N(0,1), g = logsigmoid(N(0,1)) (``--gates qwen``: the forward benchmark's Qwen gates), beta ~ U(0,1);
-do ~ N(0,1), dht ~ 0.1 N(0,1).  Shapes: the forward benchmark's (``benchmarks.inputs.SHAPES``).  Times are
+do ~ N(0,1), dht ~ 0.1 N(0,1).  Shapes: the forward benchmark's (``benchmarks.inputs.SHAPES``,
+``DEFAULT_SHAPES`` unless ``--shapes``).  Times are
 ``triton.testing.do_bench`` medians (ms) in this run, each the median of ``--rounds`` interleaved rounds
 (``benchmarks.rounds``; the reference ratios are per-round paired medians, and with more than one round a table of
 every column against ``ours`` per round follows):
@@ -47,7 +48,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.bench_kernels_fwd import enqueue_ms, fla_triton, flash_qla  # noqa: E402
-from benchmarks.inputs import D, GATES, SHAPES, shrunk  # noqa: E402
+from benchmarks.inputs import D, DEFAULT_SHAPES, GATES, SHAPES, shrunk  # noqa: E402
 from benchmarks.inputs import make as make_fwd_inputs  # noqa: E402
 from benchmarks.rounds import host_cell, interleave, median_of, paired_ratio, paired_table, spread  # noqa: E402
 from kernels.plan import ONE_TERM_FIELDS  # noqa: E402
@@ -251,7 +252,7 @@ def grads(fn, args, kw, do, dht, cast=lambda x: x, name: str = ""):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES))
     ap.add_argument("--rep", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3,

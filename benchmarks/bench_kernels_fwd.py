@@ -34,7 +34,9 @@ wrong variant is visible.  Step 2 times every variant on every shape.  Variants 
   ``warm`` / ``warm2`` ... ``warm16`` - the same with the warm-up starts of ``kernels.forward.cp_warm``
   (``ForwardPlan.warm``); ``split2`` - ``warm2`` per (sequence, value head) where every segment start takes a
   warm-up, else the whole sequence at BV 32 in a kernel beside it (``ForwardPlan.split_heads``: no exact scan);
-  ``exactcp`` - the dispatched plan with exact start states; ``again`` - the dispatched
+  ``exactcp`` - the dispatched plan with exact start states; ``longfirst`` - the dispatched plan with the ws
+  kernel's sequences issued longest first (``ForwardPlan.longest_first``; the one-pass ws form reads it);
+  ``again`` - the dispatched
   plan itself through the variants' path (its plan found once per layout, as theirs): what two equal columns
   differ by; ``noptab`` - the dispatched plan at the split precision with the ws kernel's P warpgroup computing P
   instead of reading the intra kernel's P tables (``ForwardPlan.p_table``; against ``split``);
@@ -80,7 +82,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.inputs import D, GATES, SHAPES, make, shrunk  # noqa: E402
+from benchmarks.inputs import D, DEFAULT_SHAPES, GATES, SHAPES, make, shrunk  # noqa: E402
 from benchmarks.rounds import host_cell, interleave, median_of, paired_table, spread  # noqa: E402
 from kernels.forward.precision import PRESETS, Precision  # noqa: E402
 from parity.execute import describe_error  # noqa: E402
@@ -191,6 +193,7 @@ VARIANTS = {
     "warm16": _wscp(16, warm=True),
     "split2": lambda p, n, HV, mc: dict(_wscp(2, warm=True)(p, n, HV, mc), split_heads=True),
     "exactcp": lambda p, n, HV, mc: dict(warm=False),
+    "longfirst": lambda p, n, HV, mc: dict(longest_first=True),
     "again": lambda p, n, HV, mc: {},         # the dispatched plan through this path: the variants' noise floor
     "noptab": lambda p, n, HV, mc: dict(p_table=False, precision=PRESETS["default"]),
     "s1": _prec(s="bf16", ks="bf16"),
@@ -326,7 +329,7 @@ def ratio_table(rows: dict, refs: list, ours: str = "default") -> list[str]:
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES))
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=25)

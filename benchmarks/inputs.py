@@ -1,12 +1,13 @@
 """The benchmarks' shapes and inputs: ``SHAPES`` (name -> (B, T, H, HV, varlen lengths or None)), K = V = ``D``,
-and ``make``, the inputs of one shape, which depend only on (shape, seed, gates)."""
+``DEFAULT_SHAPES`` (the scripts' default: the five target shapes) and ``make``, the inputs of one shape, which
+depend only on (shape, seed, gates)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as Fn
 
-__all__ = ["D", "GATES", "SHAPES", "make", "shrunk"]
+__all__ = ["D", "DEFAULT_SHAPES", "GATES", "SHAPES", "make", "shrunk"]
 
 SHAPES = {
     # name: (B, T, H, HV, varlen lengths or None)
@@ -15,7 +16,10 @@ SHAPES = {
     "B1_T8192_H4_HV8": (1, 8192, 4, 8, None),
     "B1_T65536_H2_HV4": (1, 65536, 2, 4, None),
     "varlen8_T32768_H16_HV32": (1, 32768, 16, 32, [1000, 7000, 2500, 6000, 300, 9000, 4000, 2968]),
+    # 16 sequences, the longest last: the order in which a kernel issues its sequences' CTAs shows in its time
+    "last16_T24000_H16_HV32": (1, 24000, 16, 32, [500] * 15 + [16500]),
 }
+DEFAULT_SHAPES = tuple(SHAPES)[:5]
 D = 128
 GATES = ("logsigmoid", "qwen")
 

@@ -64,7 +64,9 @@ class ForwardPlan:
     those that need an exact start state; ``split_heads`` (with ``warm``): no scan and no fix-up; each (sequence,
     value head) runs in one of two "ws" kernels launched side by side, decided on the GPU: the CP segments at
     ``block_v`` where every segment start of the sequence takes a warm-up, else the whole sequence without CP at
-    ``SPLIT_EXACT_BV`` columns a CTA (``state_output_ws``'s ``split``)."""
+    ``SPLIT_EXACT_BV`` columns a CTA (``state_output_ws``'s ``split``); ``longest_first`` (read by the "ws" form's
+    one pass; not dispatched until measured): its CTAs run the sequences longest first (``ForwardInputs.seq_order``),
+    else in index order, so that on a ragged batch the long sequences do not start last and set the kernel's time."""
     dtype: str
     precision: Precision
     state_form: str
@@ -76,6 +78,7 @@ class ForwardPlan:
     p_table: bool = False
     warm: bool = False
     split_heads: bool = False
+    longest_first: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -290,10 +293,10 @@ class BackwardPlan:
     of one value head too (dispatched with ``fused``); ``recompute_one`` (read with ``one_term``): the recompute's K S,
     X and F2 U products one term (the emulation's ``RECOMPUTE_ONE``; dispatched with ``fused``); ``prep_converts`` (read
     with ``fused``): prep's converting form does ``gdn_bwd_convert``'s work on the chunks it reads (its ``io``
-    config), so that no conversion pass runs (dispatched with ``fused``); ``longest_first`` (read with ``fused``, one
-    pass per sequence): the fused kernel issues its sequences' CTAs longest first (``ForwardInputs.seq_order``), else
-    in index order (dispatched with ``fused``: on a ragged batch the long sequences otherwise start last and set the
-    kernel's time); ``split``: on a dispatched fused plan, the
+    config), so that no conversion pass runs (dispatched with ``fused``); ``longest_first`` (read by the fused kernel's
+    one pass and by the recompute's ws tables form in one pass): those kernels issue their sequences' CTAs longest
+    first (``ForwardInputs.seq_order``), else in index order (dispatched with ``fused``: on a ragged batch the long
+    sequences otherwise start last and set the kernel's time); ``split``: on a dispatched fused plan, the
     split plan ``backward_plan`` gives the same call otherwise (the A/B baseline there; it reads the forward's
     tables), else None."""
     dtype: str
@@ -518,7 +521,7 @@ def backward_plan(dtype: str, H: int, HV: int, n_chunks: int, n_seq: int, dh_seg
     ``dispatches_fused``: that plan with ``ONE_TERM_FIELDS``, ``fused`` (dh and dqk in one kernel), ``fused_dq16``
     (dq~, dk~ in fp16; their GVA sums by ``gdn_bwd_group_sum_scaled``: ``cluster_group_sum`` off),
     ``prep_converts`` (no conversion pass), ``recompute_one`` (the recompute's K S, X and F2 U one term) and
-    ``longest_first`` (the fused kernel's sequences issued longest first)."""
+    ``longest_first`` (the fused kernel's and its recompute's sequences issued longest first)."""
     check_head_dim(DK)
     seq = dh_segments is None
     group = HV // H

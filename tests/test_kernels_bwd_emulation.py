@@ -449,6 +449,10 @@ def _fake_kernels(monkeypatch, asked=None):
     def cu_list(cu):
         return [int(x) for x in cu.tolist()]
 
+    def check_order(order, cu):
+        """A kernel's ``seq_order``: a permutation of its sequences (or segments) ``cu`` [N + 1]."""
+        assert order.dtype == torch.int32 and sorted(order.tolist()) == list(range(cu.numel() - 1)), order
+
     def ordered_group_sum(x, G):
         """``x [Ttot, HV, D]`` summed over each of the G groups of HV / G value heads, head by head in order (the
         fp32 additions of gdn_bwd_group_sum and of the cluster sums): [Ttot, G, D]."""
@@ -485,8 +489,9 @@ def _fake_kernels(monkeypatch, asked=None):
                                      q.dtype, cfg.prec))
             return output
         if isinstance(cfg, fbuild.StateConfig) and cfg.form == "ws" and not cfg.tables:  # the fused state-output
-            def state_output(q, k, v, Ah, Al, F, Ph, Pl, cu, co, h0, o2, ht, use_h0, store_ht, vf):
+            def state_output(q, k, v, Ah, Al, F, Ph, Pl, cu, co, order, h0, o2, ht, use_h0, store_ht, vf):
                 assert not cfg.prec.half, "the stand-in runs the split precision"
+                check_order(order, cu)
                 dt, f = q.dtype, F.to(f64)
                 h = (h0.transpose(-1, -2) if vf else h0) if use_h0 else None
                 sh, sl, uh, ul, end = FE.chunk_states(k, v, Ah.to(f64), Al.to(f64), f, cu_list(cu), cu_list(co), h,
@@ -521,7 +526,8 @@ def _fake_kernels(monkeypatch, asked=None):
         if cfg.warm:                # the ws tables form per dh segment from warm-up chunks (its bounds: Lb)
             assert cfg.tables and cfg.lo8
 
-            def state_warm(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, Lb, ht, use_h0, store_ht, vf):
+            def state_warm(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, Lb, order, ht, use_h0, store_ht, vf):
+                check_order(order, cu)
                 h = (h0.transpose(-1, -2) if vf else h0) if use_h0 else None
                 sh, sl, uh, ul = E.recompute_warm_states(k, v, Ah.to(f64), Al.to(f64), F.to(f64), cu_list(cu),
                                                          cu_list(co), Lb, h, k.dtype, cfg.prec)
@@ -529,7 +535,9 @@ def _fake_kernels(monkeypatch, asked=None):
             return state_warm
 
         def state(k, v, Ah, Al, F, cu, co, h0, Sch, Scl, Uh, Ul, *tail):
-            ht, use_h0, store_ht, vf = tail[1:] if cfg.form == "ws" else tail    # the ws form's Lb: unread here
+            if cfg.form == "ws":        # the ws form's Lb (unread here) and seq_order
+                check_order(tail[1], cu)
+            ht, use_h0, store_ht, vf = tail[2:] if cfg.form == "ws" else tail
             h = None
             if use_h0:
                 h = h0.transpose(-1, -2) if vf else h0

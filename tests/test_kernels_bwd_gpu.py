@@ -685,10 +685,11 @@ def test_fused_dq16_changes_dq_and_dk_alone(case):
             assert torch.equal(x, y), f"{n}: fused_dq16 changed it ({case.id})"
 
 
-def test_longest_first_changes_no_gradient():
-    """``longest_first`` (dispatched with the fused plan) changes only the order in which the fused kernel issues its
-    CTAs: on a ragged batch with empty sequences and h0 (whose order is not the index order) every gradient, dh0
-    included, is bitwise that of the index order."""
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "split"])
+def test_longest_first_changes_no_gradient(fused):
+    """``longest_first`` changes only the order in which the fused kernel (``fused``) and the recompute's ws tables
+    form (in one pass at 64 value columns, forced) issue their CTAs: on a ragged batch with empty sequences and h0
+    (whose order is not the index order) every gradient, dh0 included, is bitwise that of the index order."""
     from kernels import autograd
     from kernels.backward import pipeline as bp
     from kernels.plan import BackwardPlan
@@ -698,14 +699,16 @@ def test_longest_first_changes_no_gradient():
     order = bp.prepare_backward(*xs, do, dht, **kw).x.seq_order.tolist()
     assert order != sorted(order), order
 
-    def form(first):
-        change = dict(FUSED16, fused_dq16=True, recompute_one=True, longest_first=first)
+    def form(first):            # one sequential pass of dh and of the recompute
+        one = dict(recompute_cp=1, recompute_block_v=64, recompute_ws=True, dh_segments=None, dh_warm=False,
+                   recompute_warm=False, shared_scan=False, longest_first=first)
+        change = dict(FUSED16, fused_dq16=True, recompute_one=True, **one) if fused else one
         return lambda plan: dataclasses.replace(plan, **change) if isinstance(plan, BackwardPlan) else plan
     a = tt.function_grads(autograd.apply, case, CUDA, alter=form(False))
     b = tt.function_grads(autograd.apply, case, CUDA, alter=form(True))
     for n, x, y in zip(tt.GRAD_NAMES, a, b):
         assert (x is None) == (y is None), n
-        assert x is None or torch.equal(x, y), f"{n}: longest_first changed it ({case.id})"
+        assert x is None or torch.equal(x, y), f"{n}: longest_first changed it ({case.id}, fused={fused})"
 
 
 def test_one_term_hi_alone_tables_are_the_split_forms(monkeypatch):

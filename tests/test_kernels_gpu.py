@@ -354,6 +354,30 @@ def test_split_heads_run_each_head_as_warm_segments_or_the_whole_sequence(case):
             assert torch.equal(ht[n, h], s_ref[n, h]), f"{case.id}: final state of sequence {n}, head {h}"
 
 
+@pytest.mark.parametrize("precision", ["dispatched", "half"])
+@pytest.mark.parametrize("bv", [32, 64])
+def test_ws_longest_first_changes_no_output(bv, precision):
+    """``ForwardPlan.longest_first`` changes only the order in which the one-pass ws kernel issues its sequences'
+    CTAs: on a ragged batch with empty sequences and h0 (whose order is not the index order) o and the final
+    states are bitwise those of the index order."""
+    from kernels.forward.pipeline import chunk_gated_delta_rule as impl
+    from kernels.forward.pipeline import plan_for, prepare
+
+    case = Case(layout="varlen-empty", T=2265, H=1, HV=2, h0_dtype="fp32", dist="mixed-heads")
+    args, kw = tt.call_args(case, torch.device("cuda"))
+    kw = dict(kw, output_final_state=True)
+    x = prepare(*args, **kw)
+    order = x.seq_order.tolist()
+    assert order != sorted(order), order
+    base = dataclasses.replace(plan_for(x), state_form="ws", block_v=bv, ctas_per_sm=1, cp=1, p_table=True,
+                               warm=False, split_heads=False,
+                               **({} if precision == "dispatched" else {"precision": HALF}))
+    (o, ht), (o1, ht1) = (impl(*args, **kw, plan=dataclasses.replace(base, longest_first=f)) for f in (True, False))
+    torch.cuda.synchronize()
+    assert torch.equal(o, o1), f"o: longest_first changed it ({case.id}, BV {bv}, {precision})"
+    assert torch.equal(ht, ht1), f"final state: longest_first changed it ({case.id}, BV {bv}, {precision})"
+
+
 def test_int32_cu_seqlens_give_the_int64_result():
     import kernels
 

@@ -405,7 +405,7 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
         Ul = torch.empty_like(Uh) if cfg.prec.u == "split" else Uh      # (U hi alone: neither written nor read)
         ht = no_states(x)                                      # the final state: not stored
         intra = IntraTables(tables.Agh, tables.Agl, tables.Fb, None)
-        extra = (tables.Lb,) if cfg.form == "ws" else ()      # the ws form's bounds (read by its warm form alone)
+        extra = ()
         if plan.recompute_on_warm_segments:     # every dh segment from its warm-up chunks or its sequence's start
             cp = plan.dh_segments
             cu, co, use_h0, v_first = cp.cu, cp.warm_co, int(x.h0 is not None), int(x.v_first)
@@ -421,6 +421,9 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
         else:
             cu, co, use_h0, v_first = x.cu, x.chunk_offsets, int(x.h0 is not None), int(x.v_first)
             h0 = initial_states(x)
+        if cfg.form == "ws":    # its bounds (read by its warm form alone) and its sequences' order (one pass alone)
+            one = cu is x.cu and plan.longest_first
+            extra = (tables.Lb, x.seq_order if one else index_order(cu.numel() - 1, dev))
         get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, *extra, ht,
                         use_h0, 0, v_first)
     if side is not None:

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels.interface import (BT, TL_DTYPE, TORCH_DTYPE, cached, call_tables, check_inputs, fp32_state, host_list,
-                               max_chunks, pad_rows, require_sm90, side_stream, tma_ready, token_count, token_rows,
-                               unused)
+                               index_order, max_chunks, pad_rows, require_sm90, side_stream, tma_ready, token_count,
+                               token_rows, unused)
 
 
 @dataclass
@@ -221,8 +221,8 @@ def _p_tables(tables: IntraTables):
 
 def state_output(*, x: ForwardInputs, plan, tables: IntraTables, segments=None):
     """``gdn_state_output_ws`` (the "ws" form): (o [Ttot, HV, D] in the input dtype, the final states or None);
-    no chunk tables.  ``segments``: ``segment_starts``' result, the kernel run per CP segment from its start
-    state."""
+    no chunk tables; one pass issues its sequences longest first with ``plan.longest_first``.  ``segments``:
+    ``segment_starts``' result, the kernel run per CP segment from its start state."""
     from kernels.build import get_kernel
     o = torch.empty(x.n_tok, x.HV, x.D, device=x.q.device, dtype=x.q.dtype)
     Ph, Pl = _p_tables(tables)
@@ -230,13 +230,14 @@ def state_output(*, x: ForwardInputs, plan, tables: IntraTables, segments=None):
     k = tables.ko if tables.ko is not None else x.k
     if segments is None:
         h0, ht = initial_states(x), _final_states(x)
-        get_kernel(plan.configs()[1])(q, k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, x.cu, x.chunk_offsets, h0,
-                                      o, ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
+        order = x.seq_order if plan.longest_first else index_order(x.N, x.q.device)
+        get_kernel(plan.configs()[1])(q, k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, x.cu, x.chunk_offsets, order,
+                                      h0, o, ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
         return o, (ht if x.store_ht else None)
     seg_cu, seg_co, seg_of, h0s = segments
     hts = _segment_final_states(x, h0s)
-    get_kernel(plan.configs()[1])(q, k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, seg_cu, seg_co, h0s, o, hts, 1,
-                                  int(x.store_ht), 1)
+    get_kernel(plan.configs()[1])(q, k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, seg_cu, seg_co,
+                                  index_order(seg_cu.numel() - 1, x.q.device), h0s, o, hts, 1, int(x.store_ht), 1)
     return o, _last_segment_states(x, hts, seg_of)
 
 
@@ -254,11 +255,11 @@ def state_output_split(*, x: ForwardInputs, plan, tables: IntraTables):
     flags = (int(x.h0 is not None), int(x.store_ht), int(x.v_first))
     main, side = torch.cuda.current_stream(dev), side_stream(dev)
     side.wait_stream(main)                      # the intra kernel's tables, o and ht allocated
-    get_kernel(plan.configs()[1])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, seg_cu, warm_co, h0, o, ht,
-                                  *flags)
+    get_kernel(plan.configs()[1])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, seg_cu, warm_co,
+                                  index_order(seg_cu.numel() - 1, dev), h0, o, ht, *flags)
     with torch.cuda.stream(side):
-        get_kernel(plan.configs()[2])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, x.cu, seq_co, h0, o,
-                                      ht, *flags)
+        get_kernel(plan.configs()[2])(x.q, x.k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, x.cu, seq_co,
+                                      index_order(x.N, dev), h0, o, ht, *flags)
     main.wait_stream(side)                      # (so every tensor the side stream read is freed after it)
     return o, (ht if x.store_ht else None)
 

@@ -64,13 +64,17 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
       cu_seqlens    [N + 1]  int32;  chunk_offsets [N + 1] int32 ([3 N + 1] with ``warm``: ``cp_warm``'s
                     table of the N CP segments, each started from its warm-up or from h0[n] / h0[its first
                     segment] as ``cp_warm`` says; o written from the segment's own first chunk)
+      seq_order     [N] int32: CTA (bv, hv, i) runs sequence ``seq_order[i]`` (``ForwardPlan.longest_first``: the
+                    order in which the sequences' CTAs are issued); read in the one-pass form alone (not with
+                    ``warm`` or ``split``, whose CTA i runs segment or sequence i)
       h0       [Nh, HV, DK, DV]       fp32 (read as [.., DV, DK] when v_first)
       o        [Ttot, HV, DV]         dtype   (output)
       ht       [Nt, HV, DK, DV]       fp32    (output; [.., DV, DK] when v_first)
       use_h0, store_ht, v_first       int32
 
     ``tables``: ``gdn_state_tables_ws`` with ``gdn_state_smem``'s arguments and ``Lb [HV, NCg]`` fp32 after ``Ul``
-    (k, v, Ah, Al, F, cu_seqlens, chunk_offsets, h0, Sch, Scl, Uh, Ul, Lb, ht, use_h0, store_ht, v_first) and its
+    (k, v, Ah, Al, F, cu_seqlens, chunk_offsets, h0, Sch, Scl, Uh, Ul, Lb, seq_order, ht, use_h0, store_ht,
+    v_first) and its
     tables, Scl fp8 with ``lo8``; ``Lb`` read by ``warm`` alone.  With ``warm`` (the backward's recompute per
     segment, ``gdn_state_tables_ws_warm``): ``Lb`` each chunk's log2 norm bound (prep's), ``chunk_offsets``
     ``[4 N + 1]`` (``cp_warm``'s table, then each segment's
@@ -140,11 +144,12 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                 o[t0 + i, hv, v0 + j] = T.cast(o_f[i, j], dtype)
 
     @T.macro
-    def fused(q, k, v, Ah, Al, F, Ph, Pl, cu_seqlens, chunk_offsets, h0, o, ht, Sch, Scl, Uh, Ul, use_h0,
-              store_ht, v_first, Lb=None):
+    def fused(q, k, v, Ah, Al, F, Ph, Pl, cu_seqlens, chunk_offsets, seq_order, h0, o, ht, Sch, Scl, Uh, Ul,
+              use_h0, store_ht, v_first, Lb=None):
         """The kernel body of the prim_funcs: ``q, Ph, Pl, o`` None with ``tables``, ``Sch, Scl, Uh, Ul``
         None without, ``Lb`` None but with ``tables`` and ``warm``."""
-        with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, n):
+        with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, i_n):
+            n = i_n if warm or split else seq_order[i_n]
             h = hv // (HV // H)
             v0 = bv * BV
             if sw or sx:   # whether this kernel runs the (sequence, value head): none of its segment starts exact
@@ -489,13 +494,14 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
             Uh: T.Tensor((HV, NCg, BT, DV), dtype),
             Ul: T.Tensor((HV, NCg, BT, DV), dtype),
             Lb: T.Tensor((HV, NCg), f32),
+            seq_order: T.Tensor((N,), "int32"),
             ht: T.Tensor((Nt, HV, DK, DV), f32),
             use_h0: T.int32,
             store_ht: T.int32,
             v_first: T.int32,
         ):
-            fused(None, k, v, Ah, Al, F, None, None, cu_seqlens, chunk_offsets, h0, None, ht, Sch, Scl, Uh, Ul, use_h0,
-                  store_ht, v_first, Lb if warm else None)
+            fused(None, k, v, Ah, Al, F, None, None, cu_seqlens, chunk_offsets, seq_order, h0, None, ht, Sch, Scl, Uh,
+                  Ul, use_h0, store_ht, v_first, Lb if warm else None)
         # the warm form under its own kernel name
         return (gdn_state_tables_ws.with_attr("global_symbol", "gdn_state_tables_ws_warm") if warm
                 else gdn_state_tables_ws)
@@ -512,6 +518,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
         Pl: T.Tensor((HV, NCg, BT, BT), op),
         cu_seqlens: T.Tensor((N + 1,), "int32"),
         chunk_offsets: T.Tensor((n_co,), "int32"),
+        seq_order: T.Tensor((N,), "int32"),
         h0: T.Tensor((Nh, HV, DK, DV), f32),
         o: T.Tensor((Ttot, HV, DV), dtype),
         ht: T.Tensor((Nt, HV, DK, DV), f32),
@@ -519,6 +526,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
         store_ht: T.int32,
         v_first: T.int32,
     ):
-        fused(q, k, v, Ah, Al, F, Ph, Pl, cu_seqlens, chunk_offsets, h0, o, ht, None, None, None, None, use_h0,
-              store_ht, v_first)
+        fused(q, k, v, Ah, Al, F, Ph, Pl, cu_seqlens, chunk_offsets, seq_order, h0, o, ht, None, None, None, None,
+              use_h0, store_ht, v_first)
     return gdn_state_output_ws
