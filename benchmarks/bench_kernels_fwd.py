@@ -34,8 +34,8 @@ wrong variant is visible.  Step 2 times every variant on every shape.  Variants 
   ``warm`` / ``warm2`` ... ``warm16`` - the same with the warm-up starts of ``kernels.forward.cp_warm``
   (``ForwardPlan.warm``); ``split2`` - ``warm2`` per (sequence, value head) where every segment start takes a
   warm-up, else the whole sequence at BV 32 in a kernel beside it (``ForwardPlan.split_heads``: no exact scan);
-  ``exactcp`` - the dispatched plan with exact start states; ``longfirst`` - the dispatched plan with the ws
-  kernel's sequences issued longest first (``ForwardPlan.longest_first``; the one-pass ws form reads it);
+  ``exactcp`` - the dispatched plan with exact start states; ``seqorder`` - the dispatched plan with the ws
+  kernel's sequences issued in index order (``ForwardPlan.longest_first`` off; the one-pass ws form reads it);
   ``again`` - the dispatched
   plan itself through the variants' path (its plan found once per layout, as theirs): what two equal columns
   differ by; ``noptab`` - the dispatched plan at the split precision with the ws kernel's P warpgroup computing P
@@ -193,7 +193,7 @@ VARIANTS = {
     "warm16": _wscp(16, warm=True),
     "split2": lambda p, n, HV, mc: dict(_wscp(2, warm=True)(p, n, HV, mc), split_heads=True),
     "exactcp": lambda p, n, HV, mc: dict(warm=False),
-    "longfirst": lambda p, n, HV, mc: dict(longest_first=True),
+    "seqorder": lambda p, n, HV, mc: dict(longest_first=False),
     "again": lambda p, n, HV, mc: {},         # the dispatched plan through this path: the variants' noise floor
     "noptab": lambda p, n, HV, mc: dict(p_table=False, precision=PRESETS["default"]),
     "s1": _prec(s="bf16", ks="bf16"),

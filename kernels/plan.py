@@ -65,8 +65,8 @@ class ForwardPlan:
     value head) runs in one of two "ws" kernels launched side by side, decided on the GPU: the CP segments at
     ``block_v`` where every segment start of the sequence takes a warm-up, else the whole sequence without CP at
     ``SPLIT_EXACT_BV`` columns a CTA (``state_output_ws``'s ``split``); ``longest_first`` (read by the "ws" form's
-    one pass; not dispatched until measured): its CTAs run the sequences longest first (``ForwardInputs.seq_order``),
-    else in index order, so that on a ragged batch the long sequences do not start last and set the kernel's time."""
+    one pass, dispatched with it): its CTAs run the sequences longest first (``ForwardInputs.seq_order``), else in
+    index order, so that on a ragged batch the long sequences do not start last and set the kernel's time."""
     dtype: str
     precision: Precision
     state_form: str
@@ -218,9 +218,9 @@ def ws_cp_segments(n_seq: int, HV: int, max_chunks: int, DK: int = KERNEL_HEAD_D
 def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: bool = False,
                  DK: int = KERNEL_HEAD_DIM) -> ForwardPlan:
     """The forward's dispatch.  At the head dims ``WS_HEAD_DIMS``: the ws form where blocks of at least 32 value
-    columns give a CTA per SM (``block_v``), else the ws form at BV ``WS_CP_BV`` per CP segment where
-    ``ws_cp_segments`` > 1 (with warm-up starts, ``warm``), P from the intra kernel's tables (``p_table``).  At the
-    others, the rv form with CP for at most ``CP_MAX_CTAS`` CTAs over at least ``CP_MIN_TOTAL_CHUNKS`` chunks (few
+    columns give a CTA per SM (``block_v``; its sequences longest first, ``longest_first``), else the ws form at BV
+    ``WS_CP_BV`` per CP segment where ``ws_cp_segments`` > 1 (with warm-up starts, ``warm``), P from the intra
+    kernel's tables (``p_table``).  At the others, the rv form with CP for at most ``CP_MAX_CTAS`` CTAs over at least ``CP_MIN_TOTAL_CHUNKS`` chunks (few
     heads, long sequences).  Else the smem form without CP, two CTAs per SM when BV 32 gives two per SM (else
     one); precision "default"; ``keep_tables`` where the precision computes the backward's tables; every kernel
     built for the call's head dim ``DK`` (K == V), which also sets the CTA counts above.  Cached per argument
@@ -233,7 +233,7 @@ def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: 
         return ForwardPlan(dtype, prec, "rv", RV_BV, 1, cp_segments(n_seq, HV, max_chunks, DK), keep, DK)
     bv = block_v(n_seq, HV, 1, DK)
     if bv >= 32 and DK in WS_HEAD_DIMS:
-        return ForwardPlan(dtype, prec, "ws", bv, 1, 1, keep, DK, p_table=True)
+        return ForwardPlan(dtype, prec, "ws", bv, 1, 1, keep, DK, p_table=True, longest_first=True)
     cp = ws_cp_segments(n_seq, HV, max_chunks, DK) if DK in WS_HEAD_DIMS else 1
     if cp > 1:
         return ForwardPlan(dtype, prec, "ws", WS_CP_BV, 1, cp, keep, DK, p_table=True, warm=True)

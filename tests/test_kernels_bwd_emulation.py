@@ -1369,6 +1369,7 @@ def test_segmented_pass_runs_no_torch_operator_per_segment(monkeypatch):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     import kernels.build as build
+    import kernels.interface as interface
     from kernels.backward import dh_segmented as dh_cp
     from kernels.backward import pipeline as bapi
 
@@ -1406,6 +1407,8 @@ def test_segmented_pass_runs_no_torch_operator_per_segment(monkeypatch):
     xs, kw, do, dht = tt.bwd_args(case)
     seen = {}
     for segs in (4, 9):
+        # the cached index orders start empty at each count (an earlier test may have made one of them)
+        monkeypatch.setattr(interface, "_INDEX_ORDER", {})
         monkeypatch.setattr(bapi, "_sm_count", lambda dev, s=segs: 2 * bapi.dh_value_blocks(case.K) * s)
         plan = bapi.plan_for(bapi.prepare_backward(*xs, do, dht, **kw))
         assert plan.dh_segments is not None and plan.dh_segments.cu.numel() - 1 == segs, plan.dh_segments
