@@ -5,11 +5,10 @@
 
 bf16 q/k/v, fp32 g/beta, no initial state, output_final_state=True; q ~ N(0,1), k L2-normalised N(0,1),
 v ~ N(0,1), g = logsigmoid(N(0,1)) (``--gates qwen``: the forward benchmark's Qwen gates), beta ~ U(0,1);
-do ~ N(0,1), dht ~ 0.1 N(0,1).  Shapes: the forward benchmark's (``benchmarks.inputs.SHAPES``,
-``DEFAULT_SHAPES`` unless ``--shapes``).  Times are
-``triton.testing.do_bench`` medians (ms) in this run, each the median of ``--rounds`` interleaved rounds
-(``benchmarks.rounds``; the reference ratios are per-round paired medians, and with more than one round a table of
-every column against ``ours`` per round follows):
+do ~ N(0,1), dht ~ 0.1 N(0,1).  Shapes: the forward benchmark's (``benchmarks.inputs.SHAPES``; ``DEFAULT_SHAPES``
+unless ``--shapes``).  Times are ``triton.testing.do_bench`` medians (ms) in this run, each the median of
+``--rounds`` interleaved rounds (``benchmarks.rounds``; the reference ratios are per-round paired medians, and with
+more than one round a table of every column against ``ours`` per round follows):
 ``fwd`` = the forward with autograd recording, ``fwd+bwd`` = forward then ``torch.autograd.backward``;
 ``bwd`` = their difference; for ours and each A/B column also the backward alone (no autograd, no forward: its
 launches back to back, timed in the same rounds; at the few-head shapes it moves less between equal plans than

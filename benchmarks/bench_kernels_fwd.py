@@ -34,12 +34,11 @@ wrong variant is visible.  Step 2 times every variant on every shape.  Variants 
   ``warm`` / ``warm2`` ... ``warm16`` - the same with the warm-up starts of ``kernels.forward.cp_warm``
   (``ForwardPlan.warm``); ``split2`` - ``warm2`` per (sequence, value head) where every segment start takes a
   warm-up, else the whole sequence at BV 32 in a kernel beside it (``ForwardPlan.split_heads``: no exact scan);
-  ``exactcp`` - the dispatched plan with exact start states; ``seqorder`` - the dispatched plan with the ws
-  kernel's sequences issued in index order (``ForwardPlan.longest_first`` off; the one-pass ws form reads it);
-  ``again`` - the dispatched
-  plan itself through the variants' path (its plan found once per layout, as theirs): what two equal columns
-  differ by; ``noptab`` - the dispatched plan at the split precision with the ws kernel's P warpgroup computing P
-  instead of reading the intra kernel's P tables (``ForwardPlan.p_table``; against ``split``);
+  ``exactcp`` - the dispatched plan with exact start states; ``seqorder`` - the dispatched plan with the ws kernel's
+  sequences issued in index order (``ForwardPlan.longest_first`` off; the one-pass ws form reads it); ``again`` - the
+  dispatched plan itself through the variants' path (its plan found once per layout, as theirs): what two equal
+  columns differ by; ``noptab`` - the dispatched plan at the split precision with the ws kernel's P warpgroup
+  computing P instead of reading the intra kernel's P tables (``ForwardPlan.p_table``; against ``split``);
   ``s1`` - the chunk-start state one term in both K S and Q S; ``ks1`` - one term in K S alone; ``ag1`` / ``x1`` /
   ``u1`` / ``upd1`` / ``p1`` - that one operand one term (``kernels.forward.precision``); ``single`` - every
   operand after the intra kernel one term (what the splits cost; the merges stay fp32); ``half`` - every such

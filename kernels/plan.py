@@ -217,14 +217,14 @@ def ws_cp_segments(n_seq: int, HV: int, max_chunks: int, DK: int = KERNEL_HEAD_D
 @lru_cache(maxsize=1024)
 def forward_plan(dtype: str, n_seq: int, HV: int, max_chunks: int, keep_tables: bool = False,
                  DK: int = KERNEL_HEAD_DIM) -> ForwardPlan:
-    """The forward's dispatch.  At the head dims ``WS_HEAD_DIMS``: the ws form where blocks of at least 32 value
+    """The forward's dispatch. At the head dims ``WS_HEAD_DIMS``: the ws form where blocks of at least 32 value
     columns give a CTA per SM (``block_v``; its sequences longest first, ``longest_first``), else the ws form at BV
     ``WS_CP_BV`` per CP segment where ``ws_cp_segments`` > 1 (with warm-up starts, ``warm``), P from the intra
-    kernel's tables (``p_table``).  At the others, the rv form with CP for at most ``CP_MAX_CTAS`` CTAs over at least ``CP_MIN_TOTAL_CHUNKS`` chunks (few
-    heads, long sequences).  Else the smem form without CP, two CTAs per SM when BV 32 gives two per SM (else
-    one); precision "default"; ``keep_tables`` where the precision computes the backward's tables; every kernel
-    built for the call's head dim ``DK`` (K == V), which also sets the CTA counts above.  Cached per argument
-    tuple (a call's host time)."""
+    kernel's tables (``p_table``). At the others, the rv form with CP for at most ``CP_MAX_CTAS`` CTAs over at least
+    ``CP_MIN_TOTAL_CHUNKS`` chunks (few heads, long sequences). Else the smem form without CP, two CTAs per SM when
+    BV 32 gives two per SM (else one); precision "default"; ``keep_tables`` where the precision computes the
+    backward's tables; every kernel built for the call's head dim ``DK`` (K == V), which also sets the CTA counts
+    above. Cached per argument tuple (a call's host time)."""
     check_head_dim(DK)
     prec = preset()
     few = n_seq * HV * (DK // RV_BV) <= CP_MAX_CTAS and max_chunks >= CP_MIN_TOTAL_CHUNKS

@@ -52,8 +52,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.forward.pipeline import (ForwardInputs, IntraTables, fix_segment_starts, initial_states, no_states,
-                                     prepare, segment_maps, segment_starts)
+from kernels.forward.pipeline import (ForwardInputs, IntraTables, fix_segment_starts, initial_states, launch_order,
+                                     no_states, prepare, segment_maps, segment_starts)
 from kernels.interface import side_stream as _side_stream
 from kernels.interface import (BT, LO8_DTYPE, TL_DTYPE, TORCH_DTYPE, cached,
                                fp32_state, index_order, max_chunks, pad_rows, tma_ready, token_rows, unused)
@@ -405,7 +405,6 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
         Ul = torch.empty_like(Uh) if cfg.prec.u == "split" else Uh      # (U hi alone: neither written nor read)
         ht = no_states(x)                                      # the final state: not stored
         intra = IntraTables(tables.Agh, tables.Agl, tables.Fb, None)
-        extra = ()
         if plan.recompute_on_warm_segments:     # every dh segment from its warm-up chunks or its sequence's start
             cp = plan.dh_segments
             cu, co, use_h0, v_first = cp.cu, cp.warm_co, int(x.h0 is not None), int(x.v_first)
@@ -421,9 +420,8 @@ def recompute(*, x: ForwardInputs, plan, tables: PrepTables, side, maps=None) ->
         else:
             cu, co, use_h0, v_first = x.cu, x.chunk_offsets, int(x.h0 is not None), int(x.v_first)
             h0 = initial_states(x)
-        if cfg.form == "ws":    # its bounds (read by its warm form alone) and its sequences' order (one pass alone)
-            one = cu is x.cu and plan.longest_first
-            extra = (tables.Lb, x.seq_order if one else index_order(cu.numel() - 1, dev))
+        # the ws form's bounds (read by its warm form alone) and its sequences' order
+        extra = (tables.Lb, launch_order(x, cu, plan.longest_first)) if cfg.form == "ws" else ()
         get_kernel(cfg)(x.k, x.v, tables.Agh, tables.Agl, tables.Fb, cu, co, h0, Sch, Scl, Uh, Ul, *extra, ht,
                         use_h0, 0, v_first)
     if side is not None:
@@ -580,9 +578,8 @@ def fused(*, b: BackwardInputs, plan, tables: PrepTables, states: RecomputedStat
             dht = dht.index_select(0, cp.warm_co[3 * (cp.cu.numel() - 1) + 1:])
         cu, co = (x.cu, x.chunk_offsets) if cp is None else (cp.cu, cp.warm_co)
         use_dht = int(dhk is not None)
-    order = x.seq_order if cp is None and plan.longest_first else index_order(cu.numel() - 1, dev)
-    get_kernel(plan.fused_config())(*args, cu, co, order, tables.Lb, dht, *outs, dh0, use_dht, int(use_h0),
-                                    float(x.scale), fac)
+    get_kernel(plan.fused_config())(*args, cu, co, launch_order(x, cu, plan.longest_first), tables.Lb, dht, *outs,
+                                    dh0, use_dht, int(use_h0), float(x.scale), fac)
     if use_h0 and cp is not None:
         dh0 = dh0[cp.first]
     if use_h0 and x.v_first:

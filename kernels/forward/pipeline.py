@@ -186,6 +186,13 @@ def _state_tables(x: ForwardInputs, plan):
     return Sch, Scl, Uh, Ul
 
 
+def launch_order(x: ForwardInputs, cu: torch.Tensor, longest_first: bool) -> torch.Tensor:
+    """The ``seq_order`` [N'] int32 of a kernel with one CTA row per sequence of ``cu`` [N' + 1] (the call's
+    ``x.cu``, or its segments'): the call's sequences longest first (``x.seq_order``) where ``longest_first`` and
+    ``cu`` is ``x.cu``, else the index order."""
+    return x.seq_order if longest_first and cu is x.cu else index_order(cu.numel() - 1, cu.device)
+
+
 def no_states(x: ForwardInputs) -> torch.Tensor:
     """The [1, HV, D, D] fp32 stand-in of a state argument that is neither read nor written."""
     return unused((1, x.HV, x.D, x.D), torch.float32, x.q.device)
@@ -230,9 +237,9 @@ def state_output(*, x: ForwardInputs, plan, tables: IntraTables, segments=None):
     k = tables.ko if tables.ko is not None else x.k
     if segments is None:
         h0, ht = initial_states(x), _final_states(x)
-        order = x.seq_order if plan.longest_first else index_order(x.N, x.q.device)
-        get_kernel(plan.configs()[1])(q, k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, x.cu, x.chunk_offsets, order,
-                                      h0, o, ht, int(x.h0 is not None), int(x.store_ht), int(x.v_first))
+        get_kernel(plan.configs()[1])(q, k, x.v, tables.Ah, tables.Al, tables.F, Ph, Pl, x.cu, x.chunk_offsets,
+                                      launch_order(x, x.cu, plan.longest_first), h0, o, ht, int(x.h0 is not None),
+                                      int(x.store_ht), int(x.v_first))
         return o, (ht if x.store_ht else None)
     seg_cu, seg_co, seg_of, h0s = segments
     hts = _segment_final_states(x, h0s)
