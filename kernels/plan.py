@@ -66,7 +66,10 @@ class ForwardPlan:
     ``block_v`` where every segment start of the sequence takes a warm-up, else the whole sequence without CP at
     ``SPLIT_EXACT_BV`` columns a CTA (``state_output_ws``'s ``split``); ``longest_first`` (read by the "ws" form's
     one pass, dispatched with it): its CTAs run the sequences longest first (``ForwardInputs.seq_order``), else in
-    index order, so that on a ragged batch the long sequences do not start last and set the kernel's time."""
+    index order, so that on a ragged batch the long sequences do not start last and set the kernel's time;
+    ``multicast`` (the "ws" form's one pass at the split precision, ``block_v < DK``): a value head's value blocks
+    run as one thread-block cluster, and q, k, the Ag, P and gate tables, which they all read, are loaded once and
+    multicast to every CTA of it (v alone per CTA)."""
     dtype: str
     precision: Precision
     state_form: str
@@ -79,6 +82,7 @@ class ForwardPlan:
     warm: bool = False
     split_heads: bool = False
     longest_first: bool = False
+    multicast: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -111,6 +115,10 @@ class ForwardPlan:
             raise ValueError(f"warm-up starts are the ws form's, per CP segment (2 <= cp <= {MAX_SEGMENTS}): {self}")
         if self.split_heads and not self.warm:
             raise ValueError(f"split_heads chooses between warm-up CP segments and whole sequences (warm): {self}")
+        if self.multicast and (self.state_form != "ws" or self.cp != 1 or self.precision.half
+                               or self.block_v >= self.DK):
+            raise ValueError(f"multicast is the ws form's one pass at the split precision, with several value "
+                             f"blocks (block_v < DK): {self}")
         if self.keep_tables and not keeps_tables(self.precision):
             raise ValueError(f"precision {self.precision.tag()} does not compute the backward's tables: {self}")
 
@@ -137,7 +145,8 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
                 FixupConfig(DK, warm=plan.warm))
     if plan.state_form == "ws":                 # o from the state kernel: no output kernel
         return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables, pt=plan.p_table),
-                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table, warm=plan.warm),
+                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table, warm=plan.warm,
+                            mc=plan.multicast),
                 *scan)
     out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
            StateConfig(plan.dtype, plan.block_v, past, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),
