@@ -81,7 +81,8 @@ def forward_configs():
                                       DK=DK).recompute_configs()[1] for bv in (64, 32, 16)]
                 # with K S, X and F2 U one term (recompute_one), as the fused plan is dispatched (at 64 columns)
                 cfgs += [BackwardPlan(**{**ONE_TERM_FIELDS, "fused": True}, recompute_ws=True, recompute_block_v=64,
-                                      DK=DK, recompute_one=True).recompute_configs()[1]]
+                                      DK=DK, recompute_one=True, recompute_mc=mc).recompute_configs()[1]
+                         for mc in (False, True)]     # (mc: its value blocks in one cluster, an A/B form)
             for c in cfgs:
                 if c not in out:
                     out.append(c)

@@ -48,8 +48,8 @@ class StateConfig:
     with the smem form's arguments, the backward recompute's form, ``lo8`` allowed; with ``warm``, per segment of
     the segmented reverse pass from warm-up chunks or its sequence's start, on prep's chunk bounds); ``split``:
     "warm" / "exact", the "ws" form's two kernels of ``ForwardPlan.split_heads`` (``state_output_ws``), "" none);
-    ``mc``: the "ws" form's one pass with a value head's value blocks in one thread-block cluster, the loads they
-    share multicast (``ForwardPlan.multicast``)."""
+    ``mc``: the "ws" form's one pass (o or tables) with a value head's value blocks in one thread-block cluster, the
+    loads they share multicast (``ForwardPlan.multicast``, ``BackwardPlan.recompute_mc``)."""
     dtype: str
     BV: int
     prec: object                   # precision.Precision (frozen, hashable)

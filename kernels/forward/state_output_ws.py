@@ -100,8 +100,8 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     assert split in ("", "warm", "exact") and (split != "warm" or warm) and (split != "exact" or not warm)
     assert not split or not (tables or prec.half), "split: the o form of the split precision"
     NV = DV // BV
-    assert not mc or (NV > 1 and not (warm or split or tables or prec.half)), \
-        "mc: the one-pass o form of the split precision, several value blocks"
+    assert not mc or (NV > 1 and not (warm or split or prec.half)), \
+        "mc: the one-pass o or tables form of the split precision, several value blocks"
     ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits()
     p_sp = prec.p == "split"
     half = prec.half
