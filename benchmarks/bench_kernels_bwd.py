@@ -134,8 +134,6 @@ AB = {"ours-again": ("backward", {}),   # the dispatched plan again, through alt
       "ours-rc-split": ("backward", dict(recompute_one=False)),
       # the dispatched fused plan with the fused kernel's sequences issued in index order (``longest_first`` off)
       "ours-seq-order": ("backward", dict(longest_first=False)),
-      # the dispatched plan with the ws recompute's value blocks in one cluster, k and its tables multicast
-      "ours-rc-mc": ("backward", dict(recompute_mc=True)),
       # the fused kernel in one pass per sequence (no segments)
       "ours-fused-seq": ("both", dict(ONE16, fused=True)),
       "ours-dh-regs": ("backward", dict(dh_ws_bv=0)),  # dh's register kernel (value-first, 64 value columns a CTA)

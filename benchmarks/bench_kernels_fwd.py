@@ -35,9 +35,7 @@ wrong variant is visible.  Step 2 times every variant on every shape.  Variants 
   (``ForwardPlan.warm``); ``split2`` - ``warm2`` per (sequence, value head) where every segment start takes a
   warm-up, else the whole sequence at BV 32 in a kernel beside it (``ForwardPlan.split_heads``: no exact scan);
   ``exactcp`` - the dispatched plan with exact start states; ``seqorder`` - the dispatched plan with the ws kernel's
-  sequences issued in index order (``ForwardPlan.longest_first`` off; the one-pass ws form reads it); ``mc`` - the
-  dispatched plan with the one-pass ws kernel's value blocks in one cluster, q, k and the tables multicast to them
-  (``ForwardPlan.multicast``; where the plan is another form, the dispatched plan itself); ``again`` - the
+  sequences issued in index order (``ForwardPlan.longest_first`` off; the one-pass ws form reads it); ``again`` - the
   dispatched plan itself through the variants' path (its plan found once per layout, as theirs): what two equal
   columns differ by; ``noptab`` - the dispatched plan at the split precision with the ws kernel's P warpgroup
   computing P instead of reading the intra kernel's P tables (``ForwardPlan.p_table``; against ``split``);
@@ -195,8 +193,6 @@ VARIANTS = {
     "split2": lambda p, n, HV, mc: dict(_wscp(2, warm=True)(p, n, HV, mc), split_heads=True),
     "exactcp": lambda p, n, HV, mc: dict(warm=False),
     "seqorder": lambda p, n, HV, mc: dict(longest_first=False),
-    "mc": lambda p, n, HV, mc: dict(multicast=p.state_form == "ws" and p.cp == 1 and p.block_v < p.DK
-                                    and not p.precision.half),
     "again": lambda p, n, HV, mc: {},         # the dispatched plan through this path: the variants' noise floor
     "noptab": lambda p, n, HV, mc: dict(p_table=False, precision=PRESETS["default"]),
     "s1": _prec(s="bf16", ks="bf16"),

@@ -30,8 +30,7 @@ def forward_configs():
     ``recompute_warm``; the fused plan's, on fp16 copies of k and v, also with one-term products), the intra kernel
     with split merges (the A/B alternative of ``Precision.merge`` and ``BackwardPlan.merge``; the one-term merges'
     kernels compile when a benchmark asks for them), and the fused warp-specialised state-output kernel (the plan form
-    "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables
-    (also with the value blocks in one cluster, ``ForwardPlan.multicast``),
+    "ws") at BV 64 / 32, computing P or (as dispatched, at the ws head dims) reading the intra kernel's P tables,
     per CP segment with warm-up starts (``ForwardPlan.warm``, with its scan and fix-up; and ``split_heads``' two
     kernels), and with fp16 operands (the A/B precision "half", at the ws head dims: BV 128, with and without P
     tables, and BV 64 / 32 with them).
@@ -52,9 +51,6 @@ def forward_configs():
             if DK in WS_HEAD_DIMS:  # as dispatched: P from the intra kernel's tables (with Tinv kept, too)
                 plans += [ForwardPlan(dtype, prec, "ws", bv, 1, 1, keep_tables=kt, DK=DK, p_table=True)
                           for bv, kt in ((64, False), (32, False), (64, True))]
-                # the same with a value head's value blocks in one cluster (multicast, an A/B form)
-                plans += [ForwardPlan(dtype, prec, "ws", bv, 1, 1, DK=DK, p_table=True, multicast=True)
-                          for bv in (64, 32) if bv < DK]
                 # per CP segment with warm-up starts (and its scan and fix-up)
                 plans += [ForwardPlan(dtype, prec, "ws", WS_CP_BV, 1, 2, DK=DK, p_table=True, warm=True)]
                 # the same per (sequence, value head) beside whole sequences at BV 32 (split_heads, an A/B form)
@@ -81,8 +77,7 @@ def forward_configs():
                                       DK=DK).recompute_configs()[1] for bv in (64, 32, 16)]
                 # with K S, X and F2 U one term (recompute_one), as the fused plan is dispatched (at 64 columns)
                 cfgs += [BackwardPlan(**{**ONE_TERM_FIELDS, "fused": True}, recompute_ws=True, recompute_block_v=64,
-                                      DK=DK, recompute_one=True, recompute_mc=mc).recompute_configs()[1]
-                         for mc in (False, True)]     # (mc: its value blocks in one cluster, an A/B form)
+                                      DK=DK, recompute_one=True).recompute_configs()[1]]
             for c in cfgs:
                 if c not in out:
                     out.append(c)

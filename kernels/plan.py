@@ -66,10 +66,7 @@ class ForwardPlan:
     ``block_v`` where every segment start of the sequence takes a warm-up, else the whole sequence without CP at
     ``SPLIT_EXACT_BV`` columns a CTA (``state_output_ws``'s ``split``); ``longest_first`` (read by the "ws" form's
     one pass, dispatched with it): its CTAs run the sequences longest first (``ForwardInputs.seq_order``), else in
-    index order, so that on a ragged batch the long sequences do not start last and set the kernel's time;
-    ``multicast`` (the "ws" form's one pass at the split precision, ``block_v < DK``): a value head's value blocks
-    run as one thread-block cluster, and q, k, the Ag, P and gate tables, which they all read, are loaded once and
-    multicast to every CTA of it (v alone per CTA)."""
+    index order, so that on a ragged batch the long sequences do not start last and set the kernel's time."""
     dtype: str
     precision: Precision
     state_form: str
@@ -82,7 +79,6 @@ class ForwardPlan:
     warm: bool = False
     split_heads: bool = False
     longest_first: bool = False
-    multicast: bool = False
 
     def __post_init__(self):
         check_head_dim(self.DK)
@@ -115,10 +111,6 @@ class ForwardPlan:
             raise ValueError(f"warm-up starts are the ws form's, per CP segment (2 <= cp <= {MAX_SEGMENTS}): {self}")
         if self.split_heads and not self.warm:
             raise ValueError(f"split_heads chooses between warm-up CP segments and whole sequences (warm): {self}")
-        if self.multicast and (self.state_form != "ws" or self.cp != 1 or self.precision.half
-                               or self.block_v >= self.DK):
-            raise ValueError(f"multicast is the ws form's one pass at the split precision, with several value "
-                             f"blocks (block_v < DK): {self}")
         if self.keep_tables and not keeps_tables(self.precision):
             raise ValueError(f"precision {self.precision.tag()} does not compute the backward's tables: {self}")
 
@@ -145,8 +137,7 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
                 FixupConfig(DK, warm=plan.warm))
     if plan.state_form == "ws":                 # o from the state kernel: no output kernel
         return (IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables, pt=plan.p_table),
-                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table, warm=plan.warm,
-                            mc=plan.multicast),
+                StateConfig(plan.dtype, plan.block_v, past, form="ws", DK=DK, pt=plan.p_table, warm=plan.warm),
                 *scan)
     out = [IntraConfig(plan.dtype, prec.merge, prec.ag, DK=DK, th=plan.keep_tables),
            StateConfig(plan.dtype, plan.block_v, past, form=plan.state_form, DK=DK, ctas_per_sm=plan.ctas_per_sm),
@@ -156,14 +147,14 @@ def _forward_configs(plan: ForwardPlan) -> tuple:
 
 @lru_cache(maxsize=512)
 def _recompute_configs(dtype, DK, s_single, merge, ks_single, cp, ws, bv, occ, lo8, warm=False,
-                       u_single=False, chain_single=False, mc=False) -> tuple:
+                       u_single=False, chain_single=False) -> tuple:
     """``BackwardPlan.recompute_configs`` of the fields it depends on (``cp``: the CP plan's segments, 0 = none;
     ``warm``: the ws tables form per dh segment from warm-up chunks; ``u_single``: U stored hi alone;
-    ``chain_single``: X and F2 U one term; ``mc``: the ws tables form's value blocks in one cluster)."""
+    ``chain_single``: X and F2 U one term)."""
     prec = recompute_precision(s_single, merge, ks_single, u_single, chain_single)
     scan = ForwardPlan(dtype, preset(), "rv", RV_BV, 1, cp, DK=DK).configs()[-2:] if cp else ()
     if ws:
-        state = StateConfig(dtype, bv, prec.past_intra(), form="ws", DK=DK, lo8=lo8, tables=True, warm=warm, mc=mc)
+        state = StateConfig(dtype, bv, prec.past_intra(), form="ws", DK=DK, lo8=lo8, tables=True, warm=warm)
     else:
         state = StateConfig(dtype, bv, prec.past_intra(), form="smem", DK=DK, ctas_per_sm=occ,
                             sl_swizzle=prec.s == "split" and prec.ks != "split" and not lo8, lo8=lo8)
@@ -305,10 +296,7 @@ class BackwardPlan:
     config), so that no conversion pass runs (dispatched with ``fused``); ``longest_first`` (read by the fused kernel's
     one pass and by the recompute's ws tables form in one pass): those kernels issue their sequences' CTAs longest
     first (``ForwardInputs.seq_order``), else in index order (dispatched with ``fused``: on a ragged batch the long
-    sequences otherwise start last and set the kernel's time); ``recompute_mc`` (with ``recompute_ws``, not from
-    warm-up chunks, ``recompute_block_v < DK``): the recompute's value blocks of a value head run as one
-    thread-block cluster, k and the Ag and gate tables loaded once and multicast to them; ``split``: on a
-    dispatched fused plan, the
+    sequences otherwise start last and set the kernel's time); ``split``: on a dispatched fused plan, the
     split plan ``backward_plan`` gives the same call otherwise (the A/B baseline there; it reads the forward's
     tables), else None."""
     dtype: str
@@ -342,7 +330,6 @@ class BackwardPlan:
     prep_converts: bool = False
     recompute_one: bool = False
     longest_first: bool = False
-    recompute_mc: bool = False
     fused_segments: object = field(default=None, compare=False)
     split: object = field(default=None, compare=False)
 
@@ -381,10 +368,6 @@ class BackwardPlan:
         if self.recompute_on_warm_segments and (not self.recompute_ws or self.shared_scan):
             raise ValueError(f"recompute_warm: the recompute's ws tables form from warm-up chunks, not from the shared "
                              f"scan's start states (recompute_ws, shared_scan False); got {self}")
-        if self.recompute_mc and (not self.recompute_ws or self.recompute_on_warm_segments
-                                  or self.recompute_block_v >= self.DK):
-            raise ValueError(f"recompute_mc: the recompute's ws tables form (not from warm-up chunks) with several "
-                             f"value blocks (recompute_block_v < DK); got {self}")
         if self.segmented_warm and self.dh_ws_bv:
             raise ValueError(f"dh_warm: the segmented pass of the register dh (dh_ws_bv 0; dh_warm False runs the "
                              f"three passes); got {self}")
@@ -400,7 +383,7 @@ class BackwardPlan:
         one = self.recompute_one and self.one_term
         return _recompute_configs(self.dtype, self.DK, self.s_single, self.merge, self.ks_single or one, cp,
                                   self.recompute_ws, self.recompute_block_v, self.recompute_ctas_per_sm, self.lo8,
-                                  warm, self.one_term, one, self.recompute_mc)
+                                  warm, self.one_term, one)
 
     def recompute_cp_plan(self) -> ForwardPlan:
         """The forward plan whose scan and fp64 fix-up (exact: ``segment_starts``; they read the state kernel's

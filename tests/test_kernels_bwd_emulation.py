@@ -1249,10 +1249,9 @@ def test_recompute_dispatch_per_segment():
 def test_recompute_ws_plan_and_configuration():
     """``BackwardPlan.recompute_ws`` (dispatched at the head dims of ``WS_HEAD_DIMS``): the recompute's state
     configuration is the ws form storing the smem form's tables (``StateConfig.tables``) at the plan's BV, S lo in
-    fp8 with ``lo8``, one that ``kernels.build`` compiles; the plan refuses it at two CTAs per SM, at 128 value
-    columns and at the head dims the ws form is not built for, and a ``tables`` configuration outside the ws form is
-    refused; ``recompute_mc`` is that configuration in a cluster, refused without it, at one value block and from
-    warm-up chunks."""
+    fp8 with ``lo8``,
+    one that ``kernels.build`` compiles; the plan refuses it at two CTAs per SM, at 128 value columns and at the
+    head dims the ws form is not built for, and a ``tables`` configuration outside the ws form is refused."""
     import dataclasses
 
     from kernels.build import all_configs
@@ -1275,14 +1274,6 @@ def test_recompute_ws_plan_and_configuration():
             fwd_prim_func(StateConfig("bfloat16", 32, ws.prec, form=form, tables=True))
     with pytest.raises(ValueError, match="lo8"):
         fwd_prim_func(StateConfig("bfloat16", 32, ws.prec, form="ws", lo8=True))
-    # the recompute's value blocks in one cluster: the ws tables form in one pass with several blocks alone
-    assert dataclasses.replace(p, recompute_mc=True).recompute_configs()[1] == dataclasses.replace(ws, mc=True)
-    for bad in (dict(recompute_ws=False), dict(recompute_block_v=128),
-                dict(dh_segments=True, recompute_warm=True, recompute_block_v=64)):
-        with pytest.raises(ValueError, match="recompute_mc|recompute_ws"):
-            dataclasses.replace(p, recompute_mc=True, **bad)
-    with pytest.raises(ValueError, match="mc"):
-        fwd_prim_func(StateConfig("bfloat16", 32, ws.prec, form="smem", mc=True))
 
 
 def test_dqk_gates_once_and_masked_widening_plan_and_configurations():

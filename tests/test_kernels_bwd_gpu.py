@@ -711,28 +711,6 @@ def test_longest_first_changes_no_gradient(fused):
         assert x is None or torch.equal(x, y), f"{n}: longest_first changed it ({case.id}, fused={fused})"
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "split"])
-def test_recompute_multicast_changes_no_gradient(fused):
-    """``recompute_mc`` runs the recompute's ws tables form (one pass, 64 value columns, forced) with a value head's
-    two value blocks in one cluster that loads k and the tables once: on a ragged batch with empty sequences, h0 and
-    GVA every gradient, dh0 included, is bitwise that of CTAs that load their own."""
-    from kernels import autograd
-    from kernels.plan import BackwardPlan
-
-    case = Case(layout="varlen-empty", T=2265, H=1, HV=2, h0_dtype="fp32", dist="mixed-heads", grad=True)
-
-    def form(mc):               # one sequential pass of dh and of the recompute
-        one = dict(recompute_cp=1, recompute_block_v=64, recompute_ws=True, dh_segments=None, dh_warm=False,
-                   recompute_warm=False, shared_scan=False, recompute_mc=mc)
-        change = dict(FUSED16, fused_dq16=True, recompute_one=True, **one) if fused else one
-        return lambda plan: dataclasses.replace(plan, **change) if isinstance(plan, BackwardPlan) else plan
-    a = tt.function_grads(autograd.apply, case, CUDA, alter=form(False))
-    b = tt.function_grads(autograd.apply, case, CUDA, alter=form(True))
-    for n, x, y in zip(tt.GRAD_NAMES, a, b):
-        assert (x is None) == (y is None), n
-        assert x is None or torch.equal(x, y), f"{n}: recompute_mc changed it ({case.id}, fused={fused})"
-
-
 def test_one_term_hi_alone_tables_are_the_split_forms(monkeypatch):
     """The one-term plans' prep stores Tinv's hi term alone and their recompute U's (no lo tables): every table they
     store is bitwise that of the same kernels storing Tinv and U hi + lo."""

@@ -61,11 +61,7 @@ PLANS = {"rv": dict(state_form="rv", block_v=64, ctas_per_sm=1, cp=1, p_table=Fa
          "ws_cp16_warm_bv32_noptab": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=16, p_table=False,
                                           precision=SPLIT, warm=True),
          "ws_split2": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=2, p_table=True, precision=SPLIT,
-                           warm=True, split_heads=True),
-         "ws_bv64_mc": dict(state_form="ws", block_v=64, ctas_per_sm=1, cp=1, p_table=True, precision=SPLIT,
-                            multicast=True),
-         "ws_bv32_mc": dict(state_form="ws", block_v=32, ctas_per_sm=1, cp=1, p_table=True, precision=SPLIT,
-                            multicast=True)}
+                           warm=True, split_heads=True)}
 PLANS = {k: {"warm": False, "split_heads": False, **v} for k, v in PLANS.items()}
 
 
@@ -74,8 +70,6 @@ def plan_skip_reason(change: dict, case: Case) -> str | None:
     bv = change.get("block_v", 0)
     if bv > case.V:
         return f"a state block of {bv} value columns needs V >= {bv} (V = {case.V})"
-    if change.get("multicast") and bv >= case.V:
-        return f"multicast shares loads between value blocks: it needs V > {bv} (V = {case.V})"
     if change.get("precision") == HALF and case.K not in WS_HEAD_DIMS:
         return f"fp16 operands are built at the ws form's head dims {WS_HEAD_DIMS} (K = {case.K})"
     return None
@@ -382,30 +376,6 @@ def test_ws_longest_first_changes_no_output(bv, precision):
     torch.cuda.synchronize()
     assert torch.equal(o, o1), f"o: longest_first changed it ({case.id}, BV {bv}, {precision})"
     assert torch.equal(ht, ht1), f"final state: longest_first changed it ({case.id}, BV {bv}, {precision})"
-
-
-@pytest.mark.parametrize("v_first", [False, True])
-@pytest.mark.parametrize("bv", [32, 64])
-def test_ws_multicast_changes_no_output(bv, v_first):
-    """``ForwardPlan.multicast`` runs a value head's value blocks as one cluster that loads q, k and the tables once:
-    on a ragged batch with empty sequences, h0 and GVA (sequences longest first, and in index order), o and the final
-    states are bitwise those of CTAs that load their own."""
-    from kernels.forward.pipeline import chunk_gated_delta_rule as impl
-    from kernels.forward.pipeline import plan_for, prepare
-
-    case = Case(layout="varlen-empty", T=2265, H=1, HV=2, h0_dtype="fp32", dist="mixed-heads", state_v_first=v_first)
-    args, kw = tt.call_args(case, torch.device("cuda"))
-    kw = dict(kw, output_final_state=True)
-    x = prepare(*args, **kw)
-    for longest_first in (True, False):
-        base = dataclasses.replace(plan_for(x), state_form="ws", block_v=bv, ctas_per_sm=1, cp=1, p_table=True,
-                                   warm=False, split_heads=False, longest_first=longest_first)
-        assert not base.precision.half
-        (o, ht), (o1, ht1) = (impl(*args, **kw, plan=dataclasses.replace(base, multicast=m)) for m in (True, False))
-        torch.cuda.synchronize()
-        where = f"{case.id}, BV {bv}, longest_first {longest_first}"
-        assert torch.equal(o, o1), f"o: multicast changed it ({where})"
-        assert torch.equal(ht, ht1), f"final state: multicast changed it ({where})"
 
 
 def test_int32_cu_seqlens_give_the_int64_result():

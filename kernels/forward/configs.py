@@ -47,9 +47,7 @@ class StateConfig:
     the warm-up starts of ``cp_warm``; ``tables``: the "ws" form storing the smem form's chunk tables instead of o,
     with the smem form's arguments, the backward recompute's form, ``lo8`` allowed; with ``warm``, per segment of
     the segmented reverse pass from warm-up chunks or its sequence's start, on prep's chunk bounds); ``split``:
-    "warm" / "exact", the "ws" form's two kernels of ``ForwardPlan.split_heads`` (``state_output_ws``), "" none);
-    ``mc``: the "ws" form's one pass (o or tables) with a value head's value blocks in one thread-block cluster, the
-    loads they share multicast (``ForwardPlan.multicast``, ``BackwardPlan.recompute_mc``)."""
+    "warm" / "exact", the "ws" form's two kernels of ``ForwardPlan.split_heads`` (``state_output_ws``), "" none)."""
     dtype: str
     BV: int
     prec: object                   # precision.Precision (frozen, hashable)
@@ -64,7 +62,6 @@ class StateConfig:
     warm: bool = False
     tables: bool = False
     split: str = ""
-    mc: bool = False
 
     @property
     def name(self) -> str:
@@ -76,9 +73,8 @@ class StateConfig:
         warm = ",warm" if self.warm else ""
         tables = ",tables" if self.tables else ""
         split = f",split={self.split}" if self.split else ""
-        mc = ",mc" if self.mc else ""
         return (f"{kind}[DK=DV={self.DK},BV={self.BV},{self.prec.tag()},stages={self.num_stages}{occ}{slz}{lo8}{pt}"
-                f"{warm}{tables}{split}{mc},{self.dtype}]")
+                f"{warm}{tables}{split},{self.dtype}]")
 
 
 @dataclass(frozen=True)
@@ -127,8 +123,6 @@ def prim_func(cfg):
         if cfg.tables and (cfg.form != "ws" or cfg.scan or cfg.pt or cfg.split):
             raise ValueError(f"tables (the chunk tables instead of o) is a form of the ws kernel without P tables or "
                              f"split heads: {cfg!r}")
-        if cfg.mc and cfg.form != "ws":
-            raise ValueError(f"mc (value blocks in one cluster) is a form of the ws kernel: {cfg!r}")
         if cfg.form == "rv":
             if cfg.sl_swizzle or cfg.lo8 or cfg.pt or (cfg.warm and not cfg.scan):
                 raise ValueError(f"sl_swizzle and lo8 are forms of the smem state kernel, P tables of the ws form, "
@@ -144,7 +138,7 @@ def prim_func(cfg):
                                  f"kernel: {cfg!r}")
             from .state_output_ws import build_state_output_ws
             return build_state_output_ws(cfg.DK, cfg.DK, cfg.BV, cfg.dtype, cfg.prec, cfg.pt, cfg.warm, cfg.tables,
-                                         cfg.lo8, cfg.split, cfg.mc)
+                                         cfg.lo8, cfg.split)
         if cfg.pt or cfg.warm:
             raise ValueError(f"P tables and warm-up starts are forms of the ws kernel alone: {cfg!r}")
         from .state_smem import build_state_smem

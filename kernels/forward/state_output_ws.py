@@ -52,7 +52,7 @@ WG = 128
 
 
 def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool = False, warm: bool = False,
-                          tables: bool = False, lo8: bool = False, split: str = "", mc: bool = False):
+                          tables: bool = False, lo8: bool = False, split: str = ""):
     """TileLang prim_func of ``gdn_state_output_ws``.
 
     Arguments:
@@ -100,8 +100,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     assert split in ("", "warm", "exact") and (split != "warm" or warm) and (split != "exact" or not warm)
     assert not split or not (tables or prec.half), "split: the o form of the split precision"
     NV = DV // BV
-    assert not mc or (NV > 1 and not (warm or split or prec.half)), \
-        "mc: the one-pass o or tables form of the split precision, several value blocks"
     ks_sp, s_sp, x_sp, ag_sp, u_sp, upd_sp = prec.state_splits()
     p_sp = prec.p == "split"
     half = prec.half
@@ -111,18 +109,6 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
     tw = tables and warm                            # (build-time bool)
     n_co = (4 * N + 1 if split == "warm" or tw else dynamic_dims("NCO")[0] if split else 3 * N + 1 if warm
             else N + 1)
-
-    cm = (1 << NV) - 1 if mc else None       # the loads every value block reads: multicast to the cluster
-
-    @T.macro
-    def release(empty, st):
-        """Stage ``st`` read by this thread: on its own CTA's barrier, or with ``mc`` on every CTA's of the
-        cluster (the producer of rank 0 writes each CTA's shared tiles)."""
-        if mc:
-            for r in T.unroll(NV):
-                T.mbarrier_arrive(empty[st], r)
-        else:
-            T.barrier_arrive(empty[st])
 
     @T.macro
     def gated_scores(q_s, k_s, f_s, st, qk):
@@ -162,8 +148,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
               use_h0, store_ht, v_first, Lb=None):
         """The kernel body of the prim_funcs: ``q, Ph, Pl, o`` None with ``tables``, ``Sch, Scl, Uh, Ul``
         None without, ``Lb`` None but with ``tables`` and ``warm``."""
-        launch = {"cluster_dims": (NV, 1, 1)} if mc else {}
-        with T.Kernel(NV, HV, N, threads=THREADS, **launch) as (bv, hv, i_n):
+        with T.Kernel(NV, HV, N, threads=THREADS) as (bv, hv, i_n):
             n = i_n if warm or split else seq_order[i_n]
             h = hv // (HV // H)
             v0 = bv * BV
@@ -243,10 +228,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
 
             full = T.alloc_barrier(arrive_count=[32] * 2)          # a stage's loads landed (the loading warp)
             readers = 1 if tables else 2 if pt and not half else 3   # the warpgroups that read a stage
-            if mc:      # a stage read by the consumers of every CTA of the cluster (each arrives on all)
-                empty = T.alloc_cluster_barrier(arrive_count=[readers * WG * NV] * 2)
-            else:       # a stage read by its consumers
-                empty = T.alloc_barrier(arrive_count=[readers * WG] * 2)
+            empty = T.alloc_barrier(arrive_count=[readers * WG] * 2)  # a stage read by its consumers
             s_ready = T.alloc_barrier(arrive_count=WG)             # Sh (+ Sl) written (WG0)
             s_free = T.alloc_barrier(arrive_count=WG)              # Sh (+ Sl) read by Q S (WG2)
             u_ready = T.alloc_barrier(arrive_count=WG)             # Uh (+ Ul) written (WG0)
@@ -331,7 +313,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                     for i, j in T.Parallel(DK, BV):     # (with fp16 operands, S to this chunk's column scales)
                         s_f[i, j] = s_f[i, j] * (f_s[st, 3, 0] * rt_s[st, j] if half else f_s[st, 3, 0])
                     split_products(k_s[st, :, :], None, xh_s, xl_s, s_f, False, upd_sp, False, True)
-                    release(empty, st)
+                    T.barrier_arrive(empty[st])
                 if not tw and store_ht != 0:
                     if half:
                         if nchunks > 0:     # the last chunk's scales (its stage is not loaded again)
@@ -391,7 +373,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         T.barrier_arrive(sc_ready[st])
                         if not pt:
                             gated_scores(q_s, k_s, f_s, st, qk)
-                        release(empty, st)
+                        T.barrier_arrive(empty[st])
                         if not pt:
                             T.barrier_wait(p_free, (c + 1) % 2)
                             split_into(qk, ph_s, pl_s, p_sp)
@@ -408,7 +390,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         st = c % 2
                         T.barrier_wait(full[st], (c // 2) % 2)
                         gated_scores(q_s, k_s, f_s, st, qk)
-                        release(empty, st)
+                        T.barrier_arrive(empty[st])
                         T.barrier_wait(p_free, (c + 1) % 2)
                         split_into(qk, ph_s, pl_s, p_sp)
                         T.fence_proxy_async()
@@ -454,7 +436,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                             T.barrier_arrive(u_free)
                         else:
                             if not half:    # (the stage is read no further; with fp16 operands its scales are)
-                                release(empty, st)
+                                T.barrier_arrive(empty[st])
                             T.barrier_wait(p_ready, c % 2)
                             T.barrier_wait(u_ready, c % 2)
                             split_products(ph_s, pl_s, uh_s, ul_s, o_f, p_sp, u_sp, False, False)
@@ -464,7 +446,7 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                             for i, j in T.Parallel(BT, BV):
                                 o_f[i, j] = o_f[i, j] / sc_s[st, j]
                         if pt or half:
-                            release(empty, st)
+                            T.barrier_arrive(empty[st])
                         if warm:
                             if c >= skip:   # (warm-up chunks: o is the previous segment's)
                                 store_rows(o_f, o, t0, eos, hv, v0)
@@ -482,21 +464,18 @@ def build_state_output_ws(DK: int, DV: int, BV: int, dtype: str, prec, pt: bool 
                         cg = c0 + c
                         T.barrier_wait(empty[st], (c // 2 + 1) % 2)
                         if not tables:
-                            T.tma_copy(q[t0:t0 + BT, h, 0:DK], q_s[st, :, :], barrier=full[st], cluster_mask=cm)
-                        T.tma_copy(k[t0:t0 + BT, h, 0:DK], k_s[st, :, :], barrier=full[st], cluster_mask=cm)
+                            T.tma_copy(q[t0:t0 + BT, h, 0:DK], q_s[st, :, :], barrier=full[st])
+                        T.tma_copy(k[t0:t0 + BT, h, 0:DK], k_s[st, :, :], barrier=full[st])
                         T.tma_copy(v[t0:t0 + BT, hv, v0:v0 + BV], v_s[st, :, :], barrier=full[st])
-                        T.tma_copy(Ah[hv, cg, 0:BT, 0:BT], ah_s[st, :, :], barrier=full[st], cluster_mask=cm)
+                        T.tma_copy(Ah[hv, cg, 0:BT, 0:BT], ah_s[st, :, :], barrier=full[st])
                         if ag_sp:
-                            T.tma_copy(Al[hv, cg, 0:BT, 0:BT], al_s[st, :, :], barrier=full[st], cluster_mask=cm)
-                        T.tma_copy(F[hv, cg, 0:8, 0:BT], f_s[st, :, :], barrier=full[st], cluster_mask=cm)
+                            T.tma_copy(Al[hv, cg, 0:BT, 0:BT], al_s[st, :, :], barrier=full[st])
+                        T.tma_copy(F[hv, cg, 0:8, 0:BT], f_s[st, :, :], barrier=full[st])
                         if pt:
-                            T.tma_copy(Ph[hv, cg, 0:BT, 0:BT], ph_s[st, :, :], barrier=full[st], cluster_mask=cm)
+                            T.tma_copy(Ph[hv, cg, 0:BT, 0:BT], ph_s[st, :, :], barrier=full[st])
                             if p_sp:
-                                T.tma_copy(Pl[hv, cg, 0:BT, 0:BT], pl_s[st, :, :], barrier=full[st],
-                                           cluster_mask=cm)
+                                T.tma_copy(Pl[hv, cg, 0:BT, 0:BT], pl_s[st, :, :], barrier=full[st])
                         T.barrier_arrive(full[st])
-            if mc:      # no CTA exits while another may still arrive on its barriers
-                T.cluster_sync()
 
 
     if tables:
