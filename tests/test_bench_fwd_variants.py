@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import pytest
+
 from benchmarks import bench_kernels_fwd as bench_fwd
 from kernels.forward.precision import preset
 
@@ -81,3 +83,18 @@ def test_again_is_the_dispatched_plan_through_the_variants_path(capsys, tmp_path
     out = capsys.readouterr().out
     lines = out[out.index("column / default"):].splitlines()
     assert lines[1].split()[:2] == ["shape", "again"] and lines[2].startswith("B1_T8192_H4_HV8"), lines[:3]
+
+
+def test_variants_take_the_stage_columns_and_name_an_unknown_one(capsys, tmp_path):
+    """A stage column in ``--variants`` (timed in every run anyway) is accepted; an unknown name is refused before
+    anything runs, by an error naming it and the valid ones."""
+    assert bench_fwd.main(["--dry-run", "--no-check", "--variants", "default,intra,state", "--shapes",
+                           "B1_T8192_H4_HV8", "--rounds", "1", "--rep", "1", "--warmup", "0",
+                           "--results", str(tmp_path / "r.md")]) in (0, None)
+    out = capsys.readouterr().out
+    header = out[out.index("== summary"):].splitlines()[1].split()
+    assert header.count("intra") == 1 and header.count("state") == 1, header
+    with pytest.raises(SystemExit):
+        bench_fwd.main(["--dry-run", "--variants", "default,nosuch", "--results", str(tmp_path / "r.md")])
+    err = capsys.readouterr().err
+    assert "unknown variant(s) nosuch" in err and "half128np" in err and "timed in every run" in err, err
